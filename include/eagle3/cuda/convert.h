@@ -1,0 +1,22 @@
+// Launchers for element-type conversion on the device. Raw pointers, stream last, cudaError_t out;
+// no allocation; callable from any C++ compiler (no nvcc needed to include this header).
+// Rounding matches the host conversion in eagle3/half.h: round to nearest, ties to even.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace eagle3::cuda {
+
+// out[i] = float(in[i]).
+// in:  [n], bf16 bit patterns, device
+// out: [n], f32, device
+cudaError_t LaunchBf16ToF32(const uint16_t* in, float* out, int64_t n, cudaStream_t stream);
+
+// out[i] = bf16(in[i]) (NaN becomes a quiet NaN).
+// in:  [n], f32, device
+// out: [n], bf16 bit patterns, device
+cudaError_t LaunchF32ToBf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream);
+
+}  // namespace eagle3::cuda

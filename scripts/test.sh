@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds eagle3 and runs every check CI runs:
+#   1. Release build (CUDA code compiled whenever nvcc exists), `ctest -L cpu`, and `-L gpu` with a GPU;
+#   2. `cmake --install`, then an outside project built against the installed package with
+#      find_package(eagle3), and run;
+#   3. an AddressSanitizer + UndefinedBehaviorSanitizer build of the cpu tests;
+#   4. every libFuzzer target for EAGLE3_FUZZ_SECONDS (default 30) each, starting from its seed corpus.
+# Steps 3-4 can be skipped with EAGLE3_QUICK=1. Build trees go under build/ (or EAGLE3_BUILD_ROOT).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+eagle3_install_packages "${EAGLE3_BUILD_PACKAGES[@]}"
+[ "${EAGLE3_QUICK:-0}" = 1 ] || eagle3_install_packages "${EAGLE3_CHECK_PACKAGES[@]}"
+
+root=${EAGLE3_BUILD_ROOT:-$EAGLE3_ROOT/build}
+fuzz_seconds=${EAGLE3_FUZZ_SECONDS:-30}
+summary=()
+total_passed=0
+total_failed=0
+
+# Runs ctest with the given arguments in directory $1 and adds its counts to the totals.
+run_ctest() {
+  local dir=$1; shift
+  local log
+  log=$(mktemp)
+  set +e
+  (cd "$dir" && ctest --output-on-failure --timeout 900 "$@") 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local line passed failed
+  line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
+  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+  passed=$(( $(sed -E 's/.*failed out of ([0-9]+).*/\1/' <<<"$line") - failed ))
+  total_passed=$((total_passed + passed))
+  total_failed=$((total_failed + failed))
+  summary+=("ctest $* in ${dir#$root/}: $passed passed, $failed failed")
+  rm -f "$log"
+  return "$rc"
+}
+
+echo "==> [1/4] release build"
+cmake -S "$EAGLE3_ROOT" -B "$root/release" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_INSTALL_PREFIX="$root/install"
+cmake --build "$root/release" -j "$EAGLE3_JOBS"
+run_ctest "$root/release" -L cpu -j "$EAGLE3_JOBS"
+if eagle3_has_gpu; then
+  run_ctest "$root/release" -L gpu
+else
+  summary+=("gpu tests: no GPU here, not run")
+fi
+
+echo "==> [2/4] install + consumer project"
+cmake --install "$root/release" >/dev/null
+cmake -S "$EAGLE3_ROOT/tests/consumer" -B "$root/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$root/install"
+cmake --build "$root/consumer" -j "$EAGLE3_JOBS"
+"$root/consumer/eagle3_consumer" "$root/consumer/work"
+summary+=("consumer project against the installed package: ok")
+
+if [ "${EAGLE3_QUICK:-0}" != 1 ]; then
+  echo "==> [3/4] AddressSanitizer + UBSan build of the cpu tests"
+  cmake -S "$EAGLE3_ROOT" -B "$root/asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+    -DEAGLE3_SANITIZE=address,undefined -DEAGLE3_ENABLE_CUDA=OFF -DEAGLE3_BUILD_BENCHMARKS=OFF \
+    -DEAGLE3_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS="-O1"
+  cmake --build "$root/asan" -j "$EAGLE3_JOBS"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_ctest "$root/asan" -L cpu -j "$EAGLE3_JOBS"
+
+  echo "==> [4/4] libFuzzer targets, ${fuzz_seconds}s each"
+  CC=clang CXX=clang++ cmake -S "$EAGLE3_ROOT" -B "$root/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DEAGLE3_BUILD_FUZZERS=ON -DEAGLE3_BUILD_TESTS=OFF -DEAGLE3_BUILD_BENCHMARKS=OFF \
+    -DEAGLE3_BUILD_EXAMPLES=OFF -DEAGLE3_ENABLE_CUDA=OFF
+  cmake --build "$root/fuzz" -j "$EAGLE3_JOBS"
+  for fuzzer in "$root"/fuzz/tests/fuzz/*_fuzzer; do
+    name=$(basename "$fuzzer" _fuzzer)
+    corpus=$(mktemp -d)
+    cp -r "$EAGLE3_ROOT/tests/fuzz/corpus/$name/." "$corpus/" 2>/dev/null || true
+    echo "--- $name"
+    log="$root/fuzz/$name.log"
+    rc=0
+    "$fuzzer" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+      "$corpus" >"$log" 2>&1 || rc=$?
+    grep -E '^stat::number_of_executed_units|^#[0-9]+ +DONE' "$log" || true
+    if [ "$rc" != 0 ]; then
+      tail -n 60 "$log" >&2
+      echo "fuzzer $name failed (exit $rc); full log: $log" >&2
+      exit 1
+    fi
+    rm -rf "$corpus"
+    summary+=("fuzzer $name: ${fuzz_seconds}s, no crash")
+  done
+fi
+
+echo
+echo "==> summary"
+printf '  %s\n' "${summary[@]}"
+echo "$total_passed passed, $total_failed failed"
+[ "$total_failed" = 0 ]
