@@ -1,0 +1,15 @@
+// Writes a DeepseekV2Config as a hub-form `config.json` (rope_theta + rope_scaling), the form
+// DeepSeek's and Moonshot's published checkpoints use. DeepseekV2Config::FromJson reads it back to an
+// equal config.
+#pragma once
+
+#include <string>
+
+#include "eagle3/deepseek_v2_config.h"
+
+namespace eagle3 {
+
+// Pretty-printed JSON text (2-space indent).
+std::string DeepseekV2ConfigToHubJson(const DeepseekV2Config& config);
+
+}  // namespace eagle3

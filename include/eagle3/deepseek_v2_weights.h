@@ -1,0 +1,46 @@
+// The tensors of a DeepSeek-V2-family checkpoint: hub names, full shapes, and how tensor
+// parallelism splits each one (DESIGN §3, "TP=8 sharding"). The loader, the checkpoint checker and
+// the random-checkpoint generator all read this one table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "eagle3/checkpoint.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/shape.h"
+
+namespace eagle3 {
+
+enum class TpSplit {
+  kReplicated,  // every rank holds the whole tensor (norms, q_a/kv_a, router)
+  kRows,        // column-parallel [out, in] split on out; vocab tables
+  kColumns,     // row-parallel [out, in] split on in (o_proj, down_proj)
+};
+
+struct WeightSpec {
+  std::string name;  // hub spelling, e.g. "model.layers.3.mlp.experts.17.down_proj.weight"
+  Shape shape;       // full (unsharded) shape
+  TpSplit split = TpSplit::kReplicated;
+  // Split dim zero-padded to a multiple of this before splitting: 64 * tp for the vocab-parallel
+  // embedding and lm_head, 1 elsewhere (those dims must divide evenly; ValidateForTp checks).
+  bool vocab_padded = false;
+
+  // The slice rank `rank` of `tp_size` reads.
+  ShardSpec ForRank(int tp_size, int rank) const;
+};
+
+// Rows of the vocab-parallel tables are padded to a multiple of this per rank (64 · tp in total),
+// as SGLang and vLLM pad them.
+inline constexpr int64_t kVocabPadPerRank = 64;
+
+// Every tensor of the model, in layer order: embedding, then per layer the norms, attention (q_a /
+// q_a_layernorm / q_b, or q_proj when q_lora_rank is null; kv_a_proj_with_mqa, kv_a_layernorm,
+// kv_b_proj, o_proj) and MLP (dense gate/up/down, or router gate [+ e_score_correction_bias for
+// noaux_tc], per-expert gate/up/down, shared experts), then the final norm and lm_head (absent when
+// tie_word_embeddings). MTP layers (num_nextn_predict_layers) are not part of the target forward and
+// are not listed.
+std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
+
+}  // namespace eagle3
