@@ -1,0 +1,103 @@
+// A Hugging Face checkpoint directory: either one `model.safetensors`, or
+// `model.safetensors.index.json` ({"metadata": {...}, "weight_map": {tensor: shard file}}) plus the
+// shard files it names. Tensors are read zero-copy (View) or copied and converted (Read), and
+// tensor-parallel slices are cut straight from the mapped file (ReadShard) without materializing
+// the whole tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/allocator.h"
+#include "eagle3/safetensors.h"
+#include "eagle3/shape.h"
+#include "eagle3/tensor.h"
+#include "eagle3/tensor_view.h"
+
+namespace eagle3 {
+
+// Which tensor-parallel slice of a tensor to read. The split dim is first zero-padded up to a
+// multiple of `pad_to_multiple`, then cut into `tp_size` equal blocks; rank r gets block r.
+struct ShardSpec {
+  // 0 = rows: column-parallel weights [out, in] split on out, vocab tables, 1-D vectors.
+  // 1 = columns: row-parallel weights [out, in] split on in. Any dim < rank is accepted.
+  int dim = 0;
+  int tp_size = 1;
+  int rank = 0;
+  // E.g. 64 * tp_size for vocab-parallel embeddings and lm_head. 1 = no padding. The padded size
+  // must be divisible by tp_size.
+  int64_t pad_to_multiple = 1;
+};
+
+// `n` rounded up to a multiple of `multiple`. Requires n >= 0, multiple >= 1 and no int64
+// overflow (ReadShard checks these for you).
+int64_t PaddedSize(int64_t n, int64_t multiple);
+
+// Thread-safe for concurrent const calls (e.g. one loader thread per TP rank).
+class Checkpoint {
+ public:
+  static constexpr std::string_view kSingleFileName = "model.safetensors";
+  static constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
+
+  // Opens and validates every file up front. When both a single file and an index are present, the
+  // single file is used (transformers' precedence). Errors: NotFound (no checkpoint files, missing
+  // shard: names the shard and a tensor mapped to it; tensor listed in the index but absent from
+  // its shard), InvalidArgument (malformed index or safetensors; a tensor in two shards; a shard
+  // holding a tensor the index does not list), each naming the file, tensor or key.
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  std::vector<std::string> TensorNames() const;  // sorted
+  bool Has(std::string_view name) const;
+
+  // Offsets in the returned info are relative to the data section of the tensor's file.
+  absl::StatusOr<TensorInfo> Info(std::string_view name) const;  // NotFound names tensor and dir
+  // Path of the file holding the tensor.
+  absl::StatusOr<std::string> FileOf(std::string_view name) const;
+
+  // Zero-copy read-only host view; see SafetensorsFile::View for alignment. Valid while this
+  // Checkpoint lives.
+  absl::StatusOr<TensorView> View(std::string_view name) const;
+
+  // InvalidArgument "tensor 'x' in '<file>' has shape [a, b], expected [c, d]" on mismatch.
+  absl::Status ExpectShape(std::string_view name, const Shape& expected) const;
+
+  // The whole tensor converted to `dtype`. `allocator` must be a host allocator. Conversions: any
+  // of f32/f16/bf16/f8_e4m3 to f32/f16/bf16, i32 <-> i64, and same-dtype copies.
+  absl::StatusOr<Tensor> Read(std::string_view name, DType dtype,
+                              Allocator& allocator = DefaultHostAllocator()) const;
+
+  // The `spec` slice (shape: the tensor's, with dim `spec.dim` = padded size / tp_size), converted
+  // to `dtype` as in Read; padding rows/columns are zero. Reads only the slice's bytes.
+  absl::StatusOr<Tensor> ReadShard(std::string_view name, const ShardSpec& spec, DType dtype,
+                                   Allocator& allocator = DefaultHostAllocator()) const;
+
+  // Same into caller memory. `out`: host, contiguous, exactly the slice shape, any dtype the
+  // source converts to (see Read).
+  absl::Status ReadShardInto(std::string_view name, const ShardSpec& spec,
+                             const TensorView& out) const;
+
+  // The slice shape ReadShard would produce, after validating `spec` against the tensor.
+  absl::StatusOr<Shape> ShardShape(std::string_view name, const ShardSpec& spec) const;
+
+ private:
+  struct Entry {
+    const SafetensorsFile* file;
+    const TensorInfo* info;
+  };
+
+  Checkpoint() = default;
+  absl::StatusOr<Entry> Lookup(std::string_view name) const;
+
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Entry, std::less<>> tensors_;
+};
+
+}  // namespace eagle3
