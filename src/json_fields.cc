@@ -1,0 +1,357 @@
+#include "json_fields.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "eagle3/status.h"
+
+namespace eagle3::json_fields {
+namespace {
+
+// Config files are a few KiB; anything this large is not one.
+constexpr std::uintmax_t kMaxConfigFileBytes = 16u << 20;
+
+// Deepest bracket nesting of `text`, ignoring brackets inside strings. Stops counting past the
+// limit. Malformed text is left for the parser to report.
+int MaxNestingDepth(std::string_view text) {
+  int depth = 0;
+  int max_depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+      if (max_depth > kMaxNestingDepth) return max_depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+std::string_view TypeName(const nlohmann::json& value) {
+  switch (value.type()) {
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::boolean:
+      return "boolean";
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return "integer";
+    case nlohmann::json::value_t::number_float:
+      return "number";
+    case nlohmann::json::value_t::string:
+      return "string";
+    case nlohmann::json::value_t::array:
+      return "array";
+    case nlohmann::json::value_t::object:
+      return "object";
+    case nlohmann::json::value_t::binary:
+      return "binary";
+    case nlohmann::json::value_t::discarded:
+      return "discarded";
+  }
+  return "unknown";
+}
+
+std::string Truncated(std::string text) {
+  constexpr size_t kMaxChars = 60;
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return text;
+}
+
+bool IsInteger(const nlohmann::json& value) {
+  return value.is_number_integer() || value.is_number_unsigned();
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source) {
+  if (MaxNestingDepth(text) > kMaxNestingDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(source), ": JSON nests deeper than ", kMaxNestingDepth, " levels; not a model config"));
+  }
+  nlohmann::json document;
+  try {
+    document = nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(Sv(source), ": not valid JSON: ", e.what()));
+  }
+  if (!document.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(source), ": expected a JSON object at the top level, got ", Describe(document)));
+  }
+  return document;
+}
+
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path, std::string* resolved_path) {
+  std::error_code ec;
+  std::filesystem::path file(path);
+  if (std::filesystem::is_directory(file, ec)) file /= "config.json";
+  *resolved_path = file.string();
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat(*resolved_path, ": no such file (expected a config.json or its directory)"));
+  }
+  const std::uintmax_t size = std::filesystem::file_size(file, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(*resolved_path, ": cannot stat: ", ec.message()));
+  }
+  if (size > kMaxConfigFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(*resolved_path, ": ", size,
+                                                   " bytes is too large for a config file (limit ",
+                                                   kMaxConfigFileBytes, ")"));
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return absl::UnavailableError(absl::StrCat(*resolved_path, ": cannot open"));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) return absl::UnavailableError(absl::StrCat(*resolved_path, ": read failed"));
+  return std::move(contents).str();
+}
+
+bool IsOneOf(std::string_view name, std::span<const std::string_view> names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string Describe(const nlohmann::json& value) {
+  switch (value.type()) {
+    case nlohmann::json::value_t::array:
+      return absl::StrCat("array of ", value.size(), " elements");
+    case nlohmann::json::value_t::object:
+      return absl::StrCat("object with ", value.size(), " keys");
+    case nlohmann::json::value_t::null:
+      return "null";
+    default:
+      return absl::StrCat(Sv(TypeName(value)), " ", Truncated(value.dump()));
+  }
+}
+
+Object::Object(const nlohmann::json& json, std::string_view source, std::string_view path)
+    : json_(&json), source_(source), path_(path) {}
+
+std::string Object::Path(std::string_view key) const {
+  return path_.empty() ? std::string(key) : absl::StrCat(path_, ".", Sv(key));
+}
+
+const nlohmann::json* Object::Find(std::string_view key) const {
+  const auto it = json_->find(key);
+  return it == json_->end() ? nullptr : &*it;
+}
+
+bool Object::Contains(std::string_view key) const { return Find(key) != nullptr; }
+
+bool Object::HasValue(std::string_view key) const {
+  const nlohmann::json* value = Find(key);
+  return value != nullptr && !value->is_null();
+}
+
+absl::Status Object::Error(absl::StatusCode code, std::string_view key,
+                           std::string_view message) const {
+  return absl::Status(code, absl::StrCat(source_, ": key '", Path(key), "': ", Sv(message)));
+}
+
+absl::Status Object::TypeError(std::string_view key, std::string_view expected,
+                               const nlohmann::json& got) const {
+  return Error(absl::StatusCode::kInvalidArgument, key,
+               absl::StrCat("expected ", Sv(expected), ", got ", Describe(got)));
+}
+
+absl::Status Object::RequireValue(std::string_view key, std::string_view expected) const {
+  const nlohmann::json* value = Find(key);
+  if (value == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": missing required key '", Path(key), "'"));
+  }
+  if (value->is_null()) return TypeError(key, expected, *value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Object::ToInt(std::string_view path_key, const nlohmann::json& value,
+                                      int64_t min, int64_t max) const {
+  if (!IsInteger(value)) return TypeError(path_key, "an integer", value);
+  // Read through the stored representation: converting an out-of-range unsigned is lossy.
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return Error(absl::StatusCode::kInvalidArgument, path_key,
+                 absl::StrCat(value.get<uint64_t>(), " is out of range [", min, ", ", max, "]"));
+  }
+  const int64_t v = value.get<int64_t>();
+  if (v < min || v > max) {
+    return Error(absl::StatusCode::kInvalidArgument, path_key,
+                 absl::StrCat(v, " is out of range [", min, ", ", max, "]"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> Object::ToDouble(std::string_view key, const nlohmann::json& value) const {
+  if (!value.is_number()) return TypeError(key, "a number", value);
+  const double v = value.get<double>();
+  if (!std::isfinite(v)) {
+    return Error(absl::StatusCode::kInvalidArgument, key,
+                 absl::StrCat("expected a finite number, got ", value.dump()));
+  }
+  return v;
+}
+
+absl::StatusOr<bool> Object::ToBool(std::string_view key, const nlohmann::json& value) const {
+  if (!value.is_boolean()) return TypeError(key, "a boolean", value);
+  return value.get<bool>();
+}
+
+absl::StatusOr<std::string> Object::ToString(std::string_view key,
+                                             const nlohmann::json& value) const {
+  if (!value.is_string()) return TypeError(key, "a string", value);
+  return value.get<std::string>();
+}
+
+absl::StatusOr<std::vector<int64_t>> Object::ToIntArray(std::string_view key,
+                                                        const nlohmann::json& value, int64_t min,
+                                                        int64_t max) const {
+  if (!value.is_array()) return TypeError(key, "an array of integers", value);
+  std::vector<int64_t> out;
+  out.reserve(value.size());
+  for (size_t i = 0; i < value.size(); ++i) {
+    EAGLE3_ASSIGN_OR_RETURN(int64_t v,
+                            ToInt(absl::StrCat(Sv(key), "[", i, "]"), value[i], min, max));
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<Object> Object::ToObject(std::string_view key, const nlohmann::json& value) const {
+  if (!value.is_object()) return TypeError(key, "an object", value);
+  return Object(value, source_, Path(key));
+}
+
+template <typename T, typename Convert>
+absl::StatusOr<std::optional<T>> Object::OptionalOf(std::string_view key, Convert convert) const {
+  const nlohmann::json* value = Find(key);
+  if (value == nullptr || value->is_null()) return std::optional<T>();
+  absl::StatusOr<T> v = convert(*value);
+  if (!v.ok()) return v.status();
+  return std::optional<T>(*std::move(v));
+}
+
+absl::StatusOr<std::optional<int64_t>> Object::OptionalInt(std::string_view key, int64_t min,
+                                                           int64_t max) const {
+  return OptionalOf<int64_t>(
+      key, [&](const nlohmann::json& value) { return ToInt(key, value, min, max); });
+}
+
+absl::StatusOr<std::optional<double>> Object::OptionalDouble(std::string_view key) const {
+  return OptionalOf<double>(key, [&](const nlohmann::json& value) { return ToDouble(key, value); });
+}
+
+absl::StatusOr<std::optional<bool>> Object::OptionalBool(std::string_view key) const {
+  return OptionalOf<bool>(key, [&](const nlohmann::json& value) { return ToBool(key, value); });
+}
+
+absl::StatusOr<std::optional<std::string>> Object::OptionalString(std::string_view key) const {
+  return OptionalOf<std::string>(key,
+                                 [&](const nlohmann::json& value) { return ToString(key, value); });
+}
+
+absl::StatusOr<std::optional<std::vector<int64_t>>> Object::OptionalIntArray(std::string_view key,
+                                                                             int64_t min,
+                                                                             int64_t max) const {
+  return OptionalOf<std::vector<int64_t>>(
+      key, [&](const nlohmann::json& value) { return ToIntArray(key, value, min, max); });
+}
+
+absl::StatusOr<std::optional<Object>> Object::OptionalSubObject(std::string_view key) const {
+  return OptionalOf<Object>(key, [&](const nlohmann::json& value) { return ToObject(key, value); });
+}
+
+absl::StatusOr<int64_t> Object::Int(std::string_view key, int64_t min, int64_t max) const {
+  EAGLE3_RETURN_IF_ERROR(RequireValue(key, "an integer"));
+  return ToInt(key, *Find(key), min, max);
+}
+
+absl::StatusOr<double> Object::Double(std::string_view key) const {
+  EAGLE3_RETURN_IF_ERROR(RequireValue(key, "a number"));
+  return ToDouble(key, *Find(key));
+}
+
+absl::StatusOr<bool> Object::Bool(std::string_view key) const {
+  EAGLE3_RETURN_IF_ERROR(RequireValue(key, "a boolean"));
+  return ToBool(key, *Find(key));
+}
+
+absl::StatusOr<std::string> Object::String(std::string_view key) const {
+  EAGLE3_RETURN_IF_ERROR(RequireValue(key, "a string"));
+  return ToString(key, *Find(key));
+}
+
+absl::StatusOr<std::vector<int64_t>> Object::IntArray(std::string_view key, int64_t min,
+                                                      int64_t max) const {
+  EAGLE3_RETURN_IF_ERROR(RequireValue(key, "an array of integers"));
+  return ToIntArray(key, *Find(key), min, max);
+}
+
+absl::StatusOr<Object> Object::SubObject(std::string_view key) const {
+  EAGLE3_RETURN_IF_ERROR(RequireValue(key, "an object"));
+  return ToObject(key, *Find(key));
+}
+
+absl::StatusOr<std::vector<int64_t>> Object::IntOrIntArray(std::string_view key, int64_t min,
+                                                           int64_t max) const {
+  const nlohmann::json* value = Find(key);
+  if (value == nullptr || value->is_null()) return std::vector<int64_t>();
+  if (IsInteger(*value)) {
+    EAGLE3_ASSIGN_OR_RETURN(int64_t v, ToInt(key, *value, min, max));
+    return std::vector<int64_t>{v};
+  }
+  if (!value->is_array()) return TypeError(key, "an integer or an array of integers", *value);
+  return ToIntArray(key, *value, min, max);
+}
+
+absl::StatusOr<std::optional<std::vector<std::string>>> Object::OptionalStringArray(
+    std::string_view key) const {
+  const nlohmann::json* value = Find(key);
+  if (value == nullptr || value->is_null()) return std::optional<std::vector<std::string>>();
+  if (!value->is_array()) return TypeError(key, "an array of strings", *value);
+  std::vector<std::string> out;
+  out.reserve(value->size());
+  for (size_t i = 0; i < value->size(); ++i) {
+    EAGLE3_ASSIGN_OR_RETURN(std::string element,
+                            ToString(absl::StrCat(Sv(key), "[", i, "]"), (*value)[i]));
+    out.push_back(std::move(element));
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+absl::Status Object::CheckKnownKeys(
+    std::initializer_list<std::span<const std::string_view>> known) const {
+  for (const auto& [key, value] : json_->items()) {
+    bool is_known = false;
+    for (std::span<const std::string_view> names : known)
+      is_known = is_known || IsOneOf(key, names);
+    if (!is_known) {
+      return Error(absl::StatusCode::kInvalidArgument, key,
+                   absl::StrCat("unknown key (value ", Describe(value),
+                                "); eagle3 refuses keys that may change the model's math. If it "
+                                "is harmless, report it so it can be allowlisted"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace eagle3::json_fields
