@@ -12,6 +12,9 @@ namespace eagle3::cuda {
 
 inline absl::Status CudaStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
+  // A failed runtime call also leaves its error in the last-error slot, where a later launcher's
+  // cudaGetLastError() would report it as its own. It is reported here, so clear it.
+  cudaGetLastError();
   std::string message = std::string(what) + ": " + cudaGetErrorName(error) + " (" +
                         cudaGetErrorString(error) + ")";
   switch (error) {

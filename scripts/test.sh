@@ -26,10 +26,15 @@ run_ctest() {
   (cd "$dir" && ctest --output-on-failure --timeout 900 "$@") 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
-  local line passed failed
-  line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
-  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
-  passed=$(( $(sed -E 's/.*failed out of ([0-9]+).*/\1/' <<<"$line") - failed ))
+  # "100% tests passed, 0 tests failed out of 132" (CMake 3) or "100% tests passed out of 132" (CMake 4)
+  local line total failed passed
+  line=$(grep -E '[0-9]+% tests passed.* out of [0-9]+' "$log" | tail -1)
+  total=$(sed -nE 's/.* out of ([0-9]+).*/\1/p' <<<"$line")
+  failed=$(sed -nE 's/.* ([0-9]+) tests? failed.*/\1/p' <<<"$line")
+  total=${total:-0}
+  failed=${failed:-0}
+  [ -n "$line" ] || failed=1  # no summary line at all: ctest itself failed
+  passed=$((total - failed))
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
   summary+=("ctest $* in ${dir#$root/}: $passed passed, $failed failed")

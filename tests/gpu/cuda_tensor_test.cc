@@ -47,6 +47,8 @@ TEST_F(CudaTensorTest, BadOrdinalAndOutOfMemoryAreStatuses) {
   DeviceAllocator allocator(0);
   auto huge = Tensor::Empty(DType::kU8, Shape{int64_t{1} << 50}, allocator);  // 1 PiB
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  // The failure is reported once, as that Status: a later launch must not see it as its own error.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // CPU ≡ CUDA: every bf16 bit pattern widens identically, and f32 -> bf16 rounds like the host.
