@@ -1,5 +1,6 @@
 #include "eagle3/backend.h"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -110,6 +111,76 @@ absl::Status CheckRowsLike(const char* op, const char* name, const TensorView& t
     return Invalid(op, name, " ", t.ToString(), " must have the shape of ", ref_name, " ",
                    ref.ToString());
   }
+  return absl::OkStatus();
+}
+
+// A [d0, d1, d2] operand whose last dim is contiguous and whose dims 0/1 may have any stride.
+absl::Status CheckHeads(const char* op, const char* name, const char* layout, const TensorView& t,
+                        Device device) {
+  EAGLE3_RETURN_IF_ERROR(CheckCommon(op, name, t, device));
+  if (t.rank() != 3) return Invalid(op, name, " must be 3-D ", layout, ", got ", t.ToString());
+  if (t.dim(2) > 1 && t.stride(2) != 1) {
+    return Invalid(op, name, " ", t.ToString(),
+                   " needs unit stride along its last dim, got strides ", t.strides().ToString());
+  }
+  return absl::OkStatus();
+}
+
+// A written operand must not map two elements to one address: with the dims of size > 1 sorted by
+// stride, each stride must step past everything the smaller-strided dims span.
+absl::Status CheckDistinctElements(const char* op, const char* name, const TensorView& t) {
+  std::array<int, Shape::kMaxRank> order{};  // dims of size > 1 by increasing stride
+  int n = 0;
+  for (int i = 0; i < t.rank(); ++i) {
+    if (t.dim(i) <= 1) continue;
+    int j = n++;
+    for (; j > 0 && t.stride(order[j - 1]) > t.stride(i); --j) order[j] = order[j - 1];
+    order[j] = i;
+  }
+  int64_t span = 1;  // elements covered by the dims visited so far
+  for (int j = 0; j < n; ++j) {
+    const int d = order[j];
+    if (t.stride(d) < span) {
+      return Invalid(op, name, " ", t.ToString(), " with strides ", t.strides().ToString(),
+                     " maps several elements to one address");
+    }
+    span = (t.dim(d) - 1) * t.stride(d) + span;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMaskDType(const char* op, const TensorView& mask) {
+  if (mask.dtype() != DType::kU8 && mask.dtype() != DType::kBool) {
+    return Invalid(op, "mask ", mask.ToString(), " must be u8 or bool, got ",
+                   std::string(DTypeName(mask.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckI32(const char* op, const char* name, const TensorView& t) {
+  if (t.dtype() != DType::kI32) {
+    return Invalid(op, name, " ", t.ToString(), " must be i32, got ",
+                   std::string(DTypeName(t.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+// [num_pages, page_size, W], contiguous, page_size >= 1.
+absl::Status CheckCache(const char* op, const TensorView& cache, Device device) {
+  EAGLE3_RETURN_IF_ERROR(CheckCommon(op, "cache", cache, device));
+  if (cache.rank() != 3) {
+    return Invalid(op, "cache must be 3-D [num_pages, page_size, W], got ", cache.ToString());
+  }
+  if (!cache.is_contiguous()) {
+    return Invalid(op, "cache ", cache.ToString(), " must be contiguous, got strides ",
+                   cache.strides().ToString());
+  }
+  if (cache.dim(1) < 1) return Invalid(op, "cache ", cache.ToString(), " needs page_size >= 1");
+  return absl::OkStatus();
+}
+
+absl::Status CheckScale(const char* op, float scale) {
+  if (!std::isfinite(scale)) return Invalid(op, "scale must be finite, got ", scale);
   return absl::OkStatus();
 }
 
@@ -267,6 +338,266 @@ absl::Status Backend::CheckTopK(const TensorView& values, int k, const TensorVie
   EAGLE3_RETURN_IF_ERROR(
       CheckNoOverlap("TopK", "values", values, "out_indices", out_indices, false));
   return CheckNoOverlap("TopK", "out_values", out_values, "out_indices", out_indices, false);
+}
+
+absl::Status Backend::CheckApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
+                                     const TensorView& positions, const TensorView& cos_sin) const {
+  const Device dev = device();
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("ApplyRope", "x", "[T, N, D]", x, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDistinctElements("ApplyRope", "x", x));
+  EAGLE3_RETURN_IF_ERROR(CheckVector("ApplyRope", "positions", "[T]", positions, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckIndexDType("ApplyRope", "positions", positions));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix("ApplyRope", "cos_sin", "[P, rope_dim]", cos_sin, dev));
+  if (rope_dim < 2 || rope_dim % 2 != 0) {
+    return Invalid("ApplyRope", "rope_dim must be even and >= 2, got ", rope_dim);
+  }
+  if (offset < 0 || offset > x.dim(2) - rope_dim) {
+    return Invalid("ApplyRope", "dims [offset, offset + rope_dim) = [", offset, ", ",
+                   offset + rope_dim, ") must lie within the D = ", x.dim(2), " dims of x ",
+                   x.ToString());
+  }
+  if (positions.dim(0) != x.dim(0)) {
+    return Invalid("ApplyRope", "positions ", positions.ToString(), " must be [T] = [", x.dim(0),
+                   "] for x ", x.ToString());
+  }
+  if (cos_sin.dim(1) != rope_dim) {
+    return Invalid("ApplyRope", "cos_sin ", cos_sin.ToString(),
+                   " must be [P, rope_dim = ", rope_dim, "]");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("ApplyRope", "positions", positions, "x", x, false));
+  return CheckNoOverlap("ApplyRope", "cos_sin", cos_sin, "x", x, false);
+}
+
+absl::Status Backend::CheckAttention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& mask, float scale,
+                                     const TensorView& out) const {
+  const Device dev = device();
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("Attention", "q", "[T, N, Dk]", q, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("Attention", "k", "[S, N, Dk]", k, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("Attention", "v", "[S, N, Dv]", v, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix("Attention", "mask", "[T, S]", mask, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMaskDType("Attention", mask));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("Attention", "out", "[T, N, Dv]", out, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDistinctElements("Attention", "out", out));
+  const int64_t t = q.dim(0), n = q.dim(1), dk = q.dim(2), s = k.dim(0), dv = v.dim(2);
+  if (k.dim(1) != n || k.dim(2) != dk) {
+    return Invalid("Attention", "k ", k.ToString(), " must be [S, N, Dk] with N = ", n,
+                   ", Dk = ", dk, " from q ", q.ToString());
+  }
+  if (v.dim(0) != s || v.dim(1) != n) {
+    return Invalid("Attention", "v ", v.ToString(), " must be [S, N, Dv] with S = ", s, " from k ",
+                   k.ToString(), " and N = ", n);
+  }
+  if (mask.dim(0) != t || mask.dim(1) != s) {
+    return Invalid("Attention", "mask ", mask.ToString(), " must be [T, S] = [", t, ", ", s, "]");
+  }
+  if (out.dim(0) != t || out.dim(1) != n || out.dim(2) != dv) {
+    return Invalid("Attention", "out ", out.ToString(), " must be [T, N, Dv] = [", t, ", ", n, ", ",
+                   dv, "]");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckScale("Attention", scale));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("Attention", "q", q, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("Attention", "k", k, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("Attention", "v", v, "out", out, false));
+  return CheckNoOverlap("Attention", "mask", mask, "out", out, false);
+}
+
+absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView& cache,
+                                           const TensorView& page_table, int64_t context_len,
+                                           const TensorView& mask, float scale, int64_t value_dim,
+                                           const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "LatentAttention";
+  EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, N, W]", q, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "page_table", "[pages]", page_table, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_table", page_table));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "mask", "[T, S]", mask, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, mask));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, N, value_dim]", out, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
+  const int64_t t = q.dim(0), n = q.dim(1), w = q.dim(2);
+  const int64_t page_size = cache.dim(1);
+  if (cache.dim(2) != w) {
+    return Invalid(op, "cache ", cache.ToString(), " rows must have q's width W = ", w, " (q ",
+                   q.ToString(), ")");
+  }
+  if (context_len < 1) return Invalid(op, "context_len must be >= 1, got ", context_len);
+  const int64_t pages_needed = (context_len + page_size - 1) / page_size;
+  if (page_table.dim(0) < pages_needed) {
+    return Invalid(op, "page_table ", page_table.ToString(), " has fewer than the ceil(",
+                   context_len, " / ", page_size, ") = ", pages_needed, " pages context_len needs");
+  }
+  if (mask.dim(0) != t || mask.dim(1) != context_len) {
+    return Invalid(op, "mask ", mask.ToString(), " must be [T, S] = [", t, ", ", context_len, "]");
+  }
+  if (value_dim < 1 || value_dim > w) {
+    return Invalid(op, "value_dim must be in [1, W = ", w, "], got ", value_dim);
+  }
+  if (out.dim(0) != t || out.dim(1) != n || out.dim(2) != value_dim) {
+    return Invalid(op, "out ", out.ToString(), " must be [T, N, value_dim] = [", t, ", ", n, ", ",
+                   value_dim, "]");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "page_table", page_table, "out", out, false));
+  return CheckNoOverlap(op, "mask", mask, "out", out, false);
+}
+
+absl::Status Backend::CheckPaged(const char* op, const TensorView& rows,
+                                 const TensorView& positions, const TensorView& page_table,
+                                 const TensorView& cache) const {
+  const Device dev = device();
+  const bool write = std::string(op) == "PagedWrite";
+  const char* rows_name = write ? "rows" : "out";
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, rows_name, "[T, W]", rows, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "positions", "[T]", positions, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckIndexDType(op, "positions", positions));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "page_table", "[pages]", page_table, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_table", page_table));
+  EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  if (positions.dim(0) != rows.dim(0)) {
+    return Invalid(op, "positions ", positions.ToString(), " must be [T] = [", rows.dim(0),
+                   "] for ", rows_name, " ", rows.ToString());
+  }
+  if (cache.dim(2) != rows.dim(1)) {
+    return Invalid(op, "cache ", cache.ToString(), " rows must have the width W = ", rows.dim(1),
+                   " of ", rows_name, " ", rows.ToString());
+  }
+  // The written tensor must not overlap any other operand.
+  const TensorView& dst = write ? cache : rows;
+  const char* dst_name = write ? "cache" : rows_name;
+  if (write) EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, rows_name, rows, dst_name, dst, false));
+  if (!write) EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, dst_name, dst, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "positions", positions, dst_name, dst, false));
+  return CheckNoOverlap(op, "page_table", page_table, dst_name, dst, false);
+}
+
+absl::Status Backend::CheckMoeRoute(const TensorView& logits, const TensorView* correction_bias,
+                                    const MoeRoutingParams& params, const TensorView& ids,
+                                    const TensorView& weights) const {
+  const Device dev = device();
+  const char* op = "MoeRoute";
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "logits", "[T, E]", logits, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "ids", "[T, top_k]", ids, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "ids", ids));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "weights", "[T, top_k]", weights, dev));
+  const int64_t experts = logits.dim(1);
+  const std::string method(TopkMethodName(params.topk_method));
+  const std::string scoring(ScoringFuncName(params.scoring_func));
+  const bool noaux = params.topk_method == TopkMethod::kNoauxTc;
+  if ((params.scoring_func == ScoringFunc::kSigmoid) != noaux) {
+    return Invalid(op, "scoring_func ", scoring, " does not go with topk_method ", method,
+                   " (softmax pairs with greedy/group_limited_greedy, sigmoid with noaux_tc)");
+  }
+  if (params.top_k < 1 || params.top_k > experts) {
+    return Invalid(op, "top_k = ", params.top_k, " must be in [1, E] for logits ",
+                   logits.ToString());
+  }
+  if (params.topk_method != TopkMethod::kGreedy) {
+    if (params.n_group < 1 || experts % params.n_group != 0) {
+      return Invalid(op, "n_group = ", params.n_group, " must divide the E = ", experts,
+                     " experts of logits ", logits.ToString(), " (", method, ")");
+    }
+    const int64_t per_group = experts / params.n_group;
+    if (params.topk_group < 1 || params.topk_group > params.n_group) {
+      return Invalid(op, "topk_group = ", params.topk_group,
+                     " must be in [1, n_group = ", params.n_group, "] (", method, ")");
+    }
+    if (params.top_k > params.topk_group * per_group) {
+      return Invalid(op, "top_k = ", params.top_k, " exceeds the ", params.topk_group * per_group,
+                     " experts in the topk_group = ", params.topk_group, " kept groups of ",
+                     per_group, " (", method, ")");
+    }
+    if (noaux && per_group < 2) {
+      return Invalid(op, "noaux_tc scores a group by its two best experts but the groups have ",
+                     per_group, " (E = ", experts, ", n_group = ", params.n_group, ")");
+    }
+  }
+  if (!std::isfinite(params.routed_scaling_factor)) {
+    return Invalid(op, "routed_scaling_factor must be finite, got ", params.routed_scaling_factor);
+  }
+  if (noaux != (correction_bias != nullptr)) {
+    return Invalid(op,
+                   noaux ? "noaux_tc needs correction_bias [E]"
+                         : "correction_bias is only for noaux_tc, got one with topk_method ",
+                   noaux ? "" : method);
+  }
+  if (correction_bias != nullptr) {
+    EAGLE3_RETURN_IF_ERROR(CheckVector(op, "correction_bias", "[E]", *correction_bias, dev));
+    if (correction_bias->dim(0) != experts) {
+      return Invalid(op, "correction_bias ", correction_bias->ToString(), " must be [E] = [",
+                     experts, "]");
+    }
+  }
+  for (const TensorView* t : {&ids, &weights}) {
+    if (t->dim(0) != logits.dim(0) || t->dim(1) != params.top_k) {
+      return Invalid(op, t == &ids ? "ids " : "weights ", t->ToString(), " must be [T, top_k] = [",
+                     logits.dim(0), ", ", params.top_k, "]");
+    }
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "logits", logits, "ids", ids, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "logits", logits, "weights", weights, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "ids", ids, "weights", weights, false));
+  if (correction_bias != nullptr) {
+    EAGLE3_RETURN_IF_ERROR(
+        CheckNoOverlap(op, "correction_bias", *correction_bias, "ids", ids, false));
+    EAGLE3_RETURN_IF_ERROR(
+        CheckNoOverlap(op, "correction_bias", *correction_bias, "weights", weights, false));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckMoeExperts(const TensorView& x, const TensorView& ids,
+                                      const TensorView& weights,
+                                      std::span<const ExpertWeights> experts,
+                                      const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "MoeExperts";
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "x", "[T, H]", x, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "ids", "[T, k]", ids, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "ids", ids));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "weights", "[T, k]", weights, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "out", "[T, H]", out, dev));
+  const int64_t hidden = x.dim(1);
+  EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "out", out, "x", x));
+  if (ids.dim(0) != x.dim(0)) {
+    return Invalid(op, "ids ", ids.ToString(), " must be [T, k] with T = ", x.dim(0), " from x ",
+                   x.ToString());
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "weights", weights, "ids", ids));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "x", x, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "ids", ids, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "weights", weights, "out", out, false));
+  int64_t inter = 0;  // from experts[0]
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const std::string gate_up_name = absl::StrCat("experts[", e, "].gate_up");
+    const std::string down_name = absl::StrCat("experts[", e, "].down");
+    const TensorView& gate_up = experts[e].gate_up;
+    const TensorView& down = experts[e].down;
+    EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, gate_up_name.c_str(), "[2 * I, H]", gate_up, dev));
+    EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, down_name.c_str(), "[H, I]", down, dev));
+    if (e == 0) {
+      if (gate_up.dim(0) % 2 != 0) {
+        return Invalid(op, gate_up_name, " ", gate_up.ToString(),
+                       " must be [2 * I, H] (gate rows, then up rows): odd row count");
+      }
+      inter = gate_up.dim(0) / 2;
+    }
+    if (gate_up.dim(0) != 2 * inter || gate_up.dim(1) != hidden) {
+      return Invalid(op, gate_up_name, " ", gate_up.ToString(), " must be [2 * I, H] = [",
+                     2 * inter, ", ", hidden, "] (H from x ", x.ToString(),
+                     ", I from experts[0], the same for every expert)");
+    }
+    if (down.dim(0) != hidden || down.dim(1) != inter) {
+      return Invalid(op, down_name, " ", down.ToString(), " must be [H, I] = [", hidden, ", ",
+                     inter, "]");
+    }
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, gate_up_name.c_str(), gate_up, "out", out, false));
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, down_name.c_str(), down, "out", out, false));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace eagle3

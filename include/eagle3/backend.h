@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 #include "eagle3/allocator.h"
 #include "eagle3/device.h"
+#include "eagle3/moe_routing.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
@@ -18,6 +20,18 @@ struct GemmOptions {
   float alpha = 1.0f;
   float beta = 0.0f;
   const TensorView* bias = nullptr;  // [N], contiguous, backend device; nullptr for none
+};
+
+// Which dims of a head RoPE pairs up.
+enum class RopeStyle {
+  kAdjacentPairs,  // pair i = (x[2i], x[2i+1]): GPT-J style, DeepSeek MLA's rope dims
+  kRotateHalf,     // pair i = (x[i], x[i + rope_dim/2]): NeoX style, Llama / the EAGLE-3 draft
+};
+
+// One routed expert's weights on this rank (its 1/tp slice of the intermediate dim).
+struct ExpertWeights {
+  TensorView gate_up;  // [2 * I, H]: gate_proj rows, then up_proj rows
+  TensorView down;     // [H, I]
 };
 
 // Conventions for every op:
@@ -35,8 +49,7 @@ struct GemmOptions {
 //  - A backend object is driven by one thread at a time (like a CUDA stream); calls may run
 //    asynchronously until Synchronize().
 //
-// Ops whose semantics are still being pinned down — RoPE/YaRN, MLA attention, MoE routing and
-// experts, tree and verify ops, KV writes and compaction — are added by later issues.
+// Tree and verify ops are added with the draft and verifier (issue 4).
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -95,6 +108,89 @@ class Backend {
   virtual absl::Status TopK(const TensorView& values, int k, const TensorView& out_values,
                             const TensorView& out_indices) = 0;
 
+  // Rotary embedding in place on dims [offset, offset + rope_dim) of every head. Pair i = (a, b) of
+  // a head of token t (pairing given by `style`) becomes (a c - b s, b c + a s) with c =
+  // cos_sin[p][i], s = cos_sin[p][rope_dim/2 + i], p = positions[t] (the table, see rope_table.h,
+  // holds any YaRN attention factor already). kAdjacentPairs leaves the pairs interleaved, where
+  // DeepSeek's reference code de-interleaves q_pe/k_pe first: the q.k products are the same.
+  // Positions are all checked before anything is written (InvalidArgument naming the token).
+  //   x: [T, N, D], dims 0/1 any stride (elements distinct), dim 2 contiguous
+  //   0 <= offset, offset + rope_dim <= D, rope_dim even and >= 2
+  //   positions: [T], i32 or i64, each in [0, P)      cos_sin: [P, rope_dim], row-strided
+  virtual absl::Status ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
+                                 const TensorView& positions, const TensorView& cos_sin,
+                                 RopeStyle style) = 0;
+
+  // Masked multi-head attention (the non-absorbed MLA path for prefill/extend):
+  //   out[t, n] = sum_s softmax_s(scale * q[t, n] . k[s, n] over allowed s) * v[s, n],
+  // where mask[t][s] != 0 allows key s for query t; softmax in fp32, max-subtracted. A query row
+  // with no allowed key is InvalidArgument naming it, found before anything is written. scale is
+  // finite.
+  //   q: [T, N, Dk]      k: [S, N, Dk]      v: [S, N, Dv]
+  //   mask: [T, S], u8 or bool, row-strided      out: [T, N, Dv], elements distinct, no overlap
+  //   with the inputs
+  //   (3-D operands: dims 0/1 any stride, last dim contiguous)
+  virtual absl::Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& mask, float scale, const TensorView& out) = 0;
+
+  // Absorbed MLA attention over one sequence's paged latent cache: keys are the cache rows (all W =
+  // kv_lora_rank + rope dims, shared by every head), values their first `value_dim` columns (the
+  // normalized latent c). Position s of the sequence lives at cache[page_table[s / page_size]]
+  // [s % page_size]. Masking and scale as in Attention. The page entries used (the first ceil(S /
+  // page_size)) and the mask rows are checked before anything is written.
+  //   q: [T, N, W]      cache: [num_pages, page_size, W], contiguous      page_table: [>= ceil(S /
+  //   page_size)], i32, contiguous, entries in [0, num_pages)      context_len S >= 1
+  //   mask: [T, S]      out: [T, N, value_dim], 1 <= value_dim <= W
+  virtual absl::Status LatentAttention(const TensorView& q, const TensorView& cache,
+                                       const TensorView& page_table, int64_t context_len,
+                                       const TensorView& mask, float scale, int64_t value_dim,
+                                       const TensorView& out) = 0;
+
+  // Paged cache rows: PagedWrite stores rows[t] at position positions[t] of the sequence whose
+  // pages are page_table (slot cache[page_table[p / page_size]][p % page_size]); PagedRead loads
+  // them back. A position outside [0, pages * page_size), or whose page entry is outside
+  // [0, num_pages), is InvalidArgument naming the token and position; all are checked before
+  // anything is written. Which row lands when PagedWrite gets the same slot twice is unspecified.
+  //   rows/out: [T, W], row-strided      positions: [T], i32 or i64      page_table: [pages], i32
+  //   cache: [num_pages, page_size, W], contiguous, page_size >= 1
+  virtual absl::Status PagedWrite(const TensorView& rows, const TensorView& positions,
+                                  const TensorView& page_table, const TensorView& cache) = 0;
+  virtual absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,
+                                 const TensorView& positions, const TensorView& out) = 0;
+
+  // DeepSeek MoE routing from router logits (DESIGN §3), in fp32:
+  //  - kSoftmax scores = softmax(logits); kGreedy: top_k of the scores; kGroupLimitedGreedy: group
+  //    score = max of its experts' scores, keep the topk_group best groups, top_k among their
+  //    experts. Weights = the chosen scores, then (top_k > 1 && norm_topk_prob) ? divide by
+  //    their sum (+1e-20) : multiply by routed_scaling_factor.
+  //  - kSigmoid scores = sigmoid(logits); kNoauxTc selects with scores + correction_bias: group
+  //    score = sum of its two best biased scores, keep topk_group groups, top_k biased among their
+  //    experts; weights = the unbiased scores of the chosen experts, divided by their sum (+1e-20)
+  //    when norm_topk_prob, then always multiplied by routed_scaling_factor.
+  // Experts of dropped groups are excluded outright (as SGLang and vLLM do; the reference code
+  // fills their scores with 0, which differs only when kept biased scores are negative). Ties go to
+  // the lower expert (or group) index; ids are in descending order of selection score.
+  // Valid params: kSoftmax with kGreedy or kGroupLimitedGreedy, kSigmoid with kNoauxTc;
+  // 1 <= top_k <= E; for the grouped methods n_group divides E, 1 <= topk_group <= n_group,
+  // top_k <= topk_group * E / n_group, and kNoauxTc needs >= 2 experts per group (kGreedy ignores
+  // the group params); routed_scaling_factor finite. A non-finite logit (named by row) or bias is
+  // InvalidArgument, found before anything is written.
+  //   logits: [T, E], row-strided      correction_bias: [E] for kNoauxTc, else nullptr
+  //   ids: [T, top_k], i32, row-strided      weights: [T, top_k], row-strided
+  virtual absl::Status MoeRoute(const TensorView& logits, const TensorView* correction_bias,
+                                const MoeRoutingParams& params, const TensorView& ids,
+                                const TensorView& weights) = 0;
+
+  // Routed experts: out[t] (+)= sum_j weights[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]) with
+  // e = ids[t, j]; `accumulate` adds to out instead of overwriting it (without it, out is
+  // write-only). ids are checked before anything is written (InvalidArgument naming [t, j]).
+  //   x: [T, H]      ids: [T, k], i32, each in [0, experts.size())      weights: [T, k]
+  //   experts: per expert, see ExpertWeights, the same I for all (row-strided)      out: [T, H],
+  //   no overlap with any input
+  virtual absl::Status MoeExperts(const TensorView& x, const TensorView& ids,
+                                  const TensorView& weights, std::span<const ExpertWeights> experts,
+                                  const TensorView& out, bool accumulate) = 0;
+
   // Waits until every op issued so far has finished; reports deferred device errors.
   virtual absl::Status Synchronize() = 0;
 
@@ -115,6 +211,25 @@ class Backend {
   absl::Status CheckArgmax(const TensorView& logits, const TensorView& out) const;
   absl::Status CheckTopK(const TensorView& values, int k, const TensorView& out_values,
                          const TensorView& out_indices) const;
+  // The checks below cover what can be checked without reading tensor contents; each backend
+  // checks the data-dependent conditions (positions, page entries, masks, ids) itself.
+  absl::Status CheckApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
+                              const TensorView& positions, const TensorView& cos_sin) const;
+  absl::Status CheckAttention(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& mask, float scale, const TensorView& out) const;
+  absl::Status CheckLatentAttention(const TensorView& q, const TensorView& cache,
+                                    const TensorView& page_table, int64_t context_len,
+                                    const TensorView& mask, float scale, int64_t value_dim,
+                                    const TensorView& out) const;
+  // op is "PagedWrite" (rows is read, cache written) or "PagedRead" (cache read, rows written).
+  absl::Status CheckPaged(const char* op, const TensorView& rows, const TensorView& positions,
+                          const TensorView& page_table, const TensorView& cache) const;
+  absl::Status CheckMoeRoute(const TensorView& logits, const TensorView* correction_bias,
+                             const MoeRoutingParams& params, const TensorView& ids,
+                             const TensorView& weights) const;
+  absl::Status CheckMoeExperts(const TensorView& x, const TensorView& ids,
+                               const TensorView& weights, std::span<const ExpertWeights> experts,
+                               const TensorView& out) const;
 };
 
 }  // namespace eagle3

@@ -19,6 +19,7 @@
 
 // `EAGLE3_ASSIGN_OR_RETURN(auto x, Foo());` evaluates an absl::StatusOr<T> once; on error returns its
 // status, otherwise move-assigns the value to the left-hand side (a declaration or an lvalue).
+// It expands to several statements: under an `if`, put it in braces.
 #define EAGLE3_ASSIGN_OR_RETURN(lhs, rexpr) \
   EAGLE3_INTERNAL_ASSIGN_OR_RETURN(EAGLE3_INTERNAL_CONCAT(eagle3_statusor_, __LINE__), lhs, rexpr)
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cpu/cpu_backend_internal.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cpu {
@@ -26,20 +27,6 @@ using VectorMap = Eigen::Map<Eigen::VectorXf>;
 
 // Below this many flops a Gemm is not worth waking worker threads for.
 constexpr double kMinParallelFlops = 1 << 20;
-
-template <typename... Args>
-absl::Status Invalid(const char* op, const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
-}
-
-absl::Status CheckF32(const char* op, const char* name, const TensorView& t) {
-  if (t.dtype() == DType::kF32) return absl::OkStatus();
-  return Invalid(op, name, " is ", t.ToString(), " but CpuBackend takes f32 only (got ",
-                 std::string(DTypeName(t.dtype())), "; convert with ConvertTensor)");
-}
-
-// Row r of a row-strided f32 matrix (validated by the Backend checks).
-float* Row(const TensorView& t, int64_t r) { return t.data_as<float>() + r * t.stride(0); }
 
 // Eigen wants an outer stride of at least the row length even when there is a single row.
 Eigen::OuterStride<> OuterStrideOf(const TensorView& t) {
@@ -76,11 +63,6 @@ void NormRow(const float* x, const float* w, int64_t h, float eps, float* out) {
   ConstVectorMap xv(x, h);
   const float inv_rms = 1.0f / std::sqrt(xv.squaredNorm() / static_cast<float>(h) + eps);
   VectorMap(out, h) = (xv * inv_rms).cwiseProduct(ConstVectorMap(w, h));
-}
-
-int64_t LoadIndex(const TensorView& ids, int64_t i) {
-  return ids.dtype() == DType::kI32 ? ids.data_as<const int32_t>()[i]
-                                    : ids.data_as<const int64_t>()[i];
 }
 
 // Index of the first NaN in [x, x + n), or -1.
@@ -226,6 +208,11 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options)
 CpuBackend::~CpuBackend() = default;
 
 int CpuBackend::num_threads() const { return pool_ ? pool_->parts() : 1; }
+
+float* CpuBackend::Scratch(int64_t n) {
+  if (static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(static_cast<size_t>(n));
+  return scratch_.data();
+}
 
 absl::Status CpuBackend::Copy(const TensorView& src, const TensorView& dst) {
   EAGLE3_RETURN_IF_ERROR(CheckCopy(src, dst));

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "eagle3/allocator.h"
@@ -21,7 +23,10 @@ struct CpuBackendOptions {
 
 // Every op of Backend on host memory (Device::Cpu()), computing in fp32. Floating-point tensors
 // must be f32 (convert other dtypes with ConvertTensor first); Copy moves any dtype. Synchronous:
-// Synchronize() has nothing to wait for.
+// Synchronize() has nothing to wait for. Attention, LatentAttention, MoeRoute and MoeExperts use a
+// scratch buffer owned by the backend that grows to the largest size asked for (context length,
+// expert count, 3 * expert intermediate size) and is then reused: reserve it with a first call at
+// the largest shapes if no call may allocate.
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions());
@@ -48,13 +53,36 @@ class CpuBackend final : public Backend {
   absl::Status Argmax(const TensorView& logits, const TensorView& out) override;
   absl::Status TopK(const TensorView& values, int k, const TensorView& out_values,
                     const TensorView& out_indices) override;
+  absl::Status ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
+                         const TensorView& positions, const TensorView& cos_sin,
+                         RopeStyle style) override;
+  absl::Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& mask, float scale, const TensorView& out) override;
+  absl::Status LatentAttention(const TensorView& q, const TensorView& cache,
+                               const TensorView& page_table, int64_t context_len,
+                               const TensorView& mask, float scale, int64_t value_dim,
+                               const TensorView& out) override;
+  absl::Status PagedWrite(const TensorView& rows, const TensorView& positions,
+                          const TensorView& page_table, const TensorView& cache) override;
+  absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,
+                         const TensorView& positions, const TensorView& out) override;
+  absl::Status MoeRoute(const TensorView& logits, const TensorView* correction_bias,
+                        const MoeRoutingParams& params, const TensorView& ids,
+                        const TensorView& weights) override;
+  absl::Status MoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
+                          std::span<const ExpertWeights> experts, const TensorView& out,
+                          bool accumulate) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
   class WorkerPool;
 
+  // At least n floats of scratch_, valid until the next call.
+  float* Scratch(int64_t n);
+
   Allocator* allocator_;
   std::unique_ptr<WorkerPool> pool_;  // null when single-threaded
+  std::vector<float> scratch_;
 };
 
 }  // namespace eagle3::cpu

@@ -1,0 +1,103 @@
+// TargetModel: one tensor-parallel rank of a DeepSeek-V2-family target (DESIGN §2-§3).
+//
+// Each rank owns its weight shard, its copy of the paged latent KV cache (replicated on every rank,
+// as MLA's single latent head is) and fixed workspaces sized at creation, and talks to the other
+// ranks through a Communicator. Every rank calls Forward with the same inputs; all ranks return the
+// same logits and taps. The model's math is written once here against the Backend op interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/communicator.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/hidden_state_tap.h"
+#include "eagle3/tensor_view.h"
+
+namespace eagle3 {
+
+enum class ResidualMode {
+  kReplicated,    // every rank holds all tokens' residual; o_proj / MLP partials are all-reduced
+  kTokenSharded,  // rank r holds tokens [r*T/tp, (r+1)*T/tp); reduce-scatter + all-gather
+};
+
+enum class AttentionPath {
+  kAuto,          // absorbed when a sequence brings few new tokens (decode, tree verify)
+  kAbsorbed,      // W_UK folded into q, attention over the latent cache, W_UV after
+  kNonAbsorbed,   // k/v reconstructed from the latent cache through kv_b_proj
+};
+
+struct TargetModelOptions {
+  int tp_size = 1;
+  int rank = 0;
+  ResidualMode residual_mode = ResidualMode::kReplicated;
+  AttentionPath attention_path = AttentionPath::kAuto;
+  int64_t max_tokens_per_forward = 256;  // new tokens over all sequences of one Forward
+  int64_t max_context_len = 4096;        // cached + new tokens of one sequence
+  int64_t num_kv_pages = 256;            // pages in this rank's latent cache (per layer)
+  int64_t page_size = 64;                // tokens per page (1 allowed)
+};
+
+// One sequence of a Forward batch. Its cache holds `cache_len` tokens; the n new tokens are written
+// to cache slots cache_len .. cache_len + n - 1.
+struct SequenceInput {
+  std::span<const int64_t> tokens;     // [n], each in [0, vocab_size)
+  // [n] RoPE positions; empty = cache_len + i. With a tree mask, a node's position is its parent's
+  // plus one (positions follow depth, slots follow order).
+  std::span<const int64_t> positions;
+  std::span<const int32_t> page_table;  // pages of this sequence, in order; covers cache_len + n
+  int64_t cache_len = 0;
+  // Empty = causal. Else [n, n] row-major: tree_mask[i * n + j] != 0 iff new token i attends new
+  // token j. Must describe a forest in topological order: row i = {i} or row(parent) + {i} for a
+  // parent earlier than i.
+  std::span<const uint8_t> tree_mask;
+  bool all_logits = false;  // logits for every new token (verify) or only the last (decode)
+};
+
+class TargetModel {
+ public:
+  // Loads rank `options.rank`'s shard from a HF checkpoint directory (config.json + safetensors).
+  // `communicator` may be null when tp_size == 1; otherwise its size/rank must match. `backend`
+  // must outlive the model. Every tensor is checked against the config's schema (message names the
+  // tensor, the expected and the actual shape).
+  static absl::StatusOr<std::unique_ptr<TargetModel>> Create(const std::string& checkpoint_dir,
+                                                             const TargetModelOptions& options,
+                                                             Communicator* communicator,
+                                                             Backend* backend);
+  ~TargetModel();
+
+  const DeepseekV2Config& config() const;
+  const TargetModelOptions& options() const;
+
+  // Rows of logits one Forward returns: sum over sequences of (all_logits ? n : 1).
+  static int64_t LogitRows(std::span<const SequenceInput> batch);
+
+  // Runs the new tokens of `batch` through the model, writes their latent KV rows, and returns
+  // full-vocabulary logits for the requested rows (sequence order). When `tap` is given, also fills
+  // `aux` with the tapped boundaries of every new token, concatenated in tap order.
+  //   logits: [LogitRows(batch), vocab_size], f32, host, contiguous
+  //   aux:    [total new tokens, tap->width()], f32, host, contiguous (ignored without tap)
+  // Inputs are validated before anything is written: bad token ids, positions, page tables, tree
+  // masks or exhausted capacity are InvalidArgument / OutOfRange and leave the cache unchanged.
+  absl::Status Forward(std::span<const SequenceInput> batch, const TensorView& logits,
+                       const HiddenStateTap* tap = nullptr, const TensorView& aux = TensorView());
+
+  // After verification: keeps the new tokens at offsets `accepted` (strictly increasing, relative
+  // to cache_len) and moves their KV rows to slots cache_len, cache_len + 1, ... in every layer. The
+  // sequence's cache length becomes cache_len + accepted.size(); rows beyond it are dead.
+  absl::Status CommitAccepted(std::span<const int32_t> page_table, int64_t cache_len,
+                              std::span<const int64_t> accepted);
+
+ private:
+  struct Impl;
+  explicit TargetModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eagle3

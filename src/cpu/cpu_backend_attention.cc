@@ -1,0 +1,227 @@
+// CpuBackend: RoPE, attention over dense and paged keys, paged cache rows.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "cpu/cpu_backend_internal.h"
+#include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/status.h"
+
+namespace eagle3::cpu {
+namespace {
+
+using ConstVectorMap = Eigen::Map<const Eigen::VectorXf>;
+using VectorMap = Eigen::Map<Eigen::VectorXf>;
+
+// Element [i, j, 0] of a 3-D view whose last dim is contiguous.
+float* Head(const TensorView& t, int64_t i, int64_t j) {
+  return t.data_as<float>() + i * t.stride(0) + j * t.stride(1);
+}
+
+// Row t of a [T, S] u8/bool mask (both one byte, nonzero = allowed).
+const uint8_t* MaskRow(const TensorView& mask, int64_t t) {
+  return mask.data_as<const uint8_t>() + t * mask.stride(0);
+}
+
+// Every query row must allow at least one key; checked up front so that a bad mask writes nothing.
+absl::Status CheckMaskRows(const char* op, const TensorView& mask) {
+  for (int64_t t = 0; t < mask.dim(0); ++t) {
+    const uint8_t* row = MaskRow(mask, t);
+    if (std::none_of(row, row + mask.dim(1), [](uint8_t m) { return m != 0; })) {
+      return Invalid(op, "row ", t, " of mask ", mask.ToString(), " allows no key: query ", t,
+                     " would attend to nothing");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// out = sum_s softmax_s(scale * q . key(s) over allowed s) * value(s)[:dv], in fp32 with the
+// maximum subtracted. key(s) / value(s) return the rows of key s (dk floats) and value s.
+// `scores` holds at least S floats.
+template <typename KeyFn, typename ValueFn>
+void AttendRow(const float* q, int64_t dk, const uint8_t* mask, int64_t s_len, float scale,
+               KeyFn key, ValueFn value, int64_t dv, float* scores, float* out) {
+  const ConstVectorMap qv(q, dk);
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t s = 0; s < s_len; ++s) {
+    if (mask[s] == 0) continue;
+    scores[s] = scale * qv.dot(ConstVectorMap(key(s), dk));
+    max = std::max(max, scores[s]);
+  }
+  VectorMap o(out, dv);
+  o.setZero();
+  float sum = 0.0f;
+  for (int64_t s = 0; s < s_len; ++s) {
+    if (mask[s] == 0) continue;
+    const float p = std::exp(scores[s] - max);
+    sum += p;
+    o += p * ConstVectorMap(value(s), dv);
+  }
+  o *= 1.0f / sum;
+}
+
+// Cache row of sequence position s (page entries validated by the caller).
+struct PagedRows {
+  const float* cache;
+  const int32_t* page_table;
+  int64_t page_size;
+  int64_t width;
+
+  const float* operator()(int64_t s) const {
+    const int64_t page = page_table[s / page_size];
+    return cache + (page * page_size + s % page_size) * width;
+  }
+};
+
+// Where token t's row lives in `cache` (as a row index over all pages), or InvalidArgument naming t
+// when its position is outside the page table or its page entry outside the cache.
+absl::Status ResolveSlot(const char* op, const TensorView& positions, const TensorView& page_table,
+                         const TensorView& cache, int64_t t, int64_t* slot) {
+  const int64_t page_size = cache.dim(1);
+  const int64_t num_pages = cache.dim(0);
+  const int64_t capacity = page_table.dim(0) * page_size;
+  const int64_t pos = LoadIndex(positions, t);
+  if (pos < 0 || pos >= capacity) {
+    return Invalid(op, "positions[", t, "] = ", pos, " is outside the [0, ", capacity,
+                   ") positions of page_table ", page_table.ToString(), " with page_size ",
+                   page_size);
+  }
+  const int64_t j = pos / page_size;
+  const int64_t page = page_table.data_as<const int32_t>()[j];
+  if (page < 0 || page >= num_pages) {
+    return Invalid(op, "positions[", t, "] = ", pos, " falls in page_table[", j, "] = ", page,
+                   ", outside the [0, ", num_pages, ") pages of cache ", cache.ToString());
+  }
+  *slot = page * page_size + pos % page_size;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
+                                   const TensorView& positions, const TensorView& cos_sin,
+                                   RopeStyle style) {
+  EAGLE3_RETURN_IF_ERROR(CheckApplyRope(x, offset, rope_dim, positions, cos_sin));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("ApplyRope", "x", x));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("ApplyRope", "cos_sin", cos_sin));
+  const int64_t table_rows = cos_sin.dim(0);
+  for (int64_t t = 0; t < x.dim(0); ++t) {
+    const int64_t p = LoadIndex(positions, t);
+    if (p < 0 || p >= table_rows) {
+      return Invalid("ApplyRope", "positions[", t, "] = ", p, " is outside the [0, ", table_rows,
+                     ") rows of cos_sin ", cos_sin.ToString());
+    }
+  }
+  const int64_t half = rope_dim / 2;
+  // Pair i is (h[i * a_step], h[i * a_step + b_off]).
+  const int64_t a_step = style == RopeStyle::kAdjacentPairs ? 2 : 1;
+  const int64_t b_off = style == RopeStyle::kAdjacentPairs ? 1 : half;
+  for (int64_t t = 0; t < x.dim(0); ++t) {
+    const float* cos = Row(cos_sin, LoadIndex(positions, t));
+    const float* sin = cos + half;
+    for (int64_t n = 0; n < x.dim(1); ++n) {
+      float* h = Head(x, t, n) + offset;
+      for (int64_t i = 0; i < half; ++i) {
+        float& a = h[i * a_step];
+        float& b = h[i * a_step + b_off];
+        const float a0 = a;
+        a = a0 * cos[i] - b * sin[i];
+        b = b * cos[i] + a0 * sin[i];
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& mask, float scale, const TensorView& out) {
+  EAGLE3_RETURN_IF_ERROR(CheckAttention(q, k, v, mask, scale, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("Attention", "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("Attention", "k", k));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("Attention", "v", v));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("Attention", "out", out));
+  EAGLE3_RETURN_IF_ERROR(CheckMaskRows("Attention", mask));
+  const int64_t s_len = k.dim(0);
+  float* scores = Scratch(s_len);
+  for (int64_t t = 0; t < q.dim(0); ++t) {
+    for (int64_t n = 0; n < q.dim(1); ++n) {
+      AttendRow(
+          Head(q, t, n), q.dim(2), MaskRow(mask, t), s_len, scale,
+          [&](int64_t s) { return Head(k, s, n); }, [&](int64_t s) { return Head(v, s, n); },
+          v.dim(2), scores, Head(out, t, n));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LatentAttention(const TensorView& q, const TensorView& cache,
+                                         const TensorView& page_table, int64_t context_len,
+                                         const TensorView& mask, float scale, int64_t value_dim,
+                                         const TensorView& out) {
+  const char* op = "LatentAttention";
+  EAGLE3_RETURN_IF_ERROR(
+      CheckLatentAttention(q, cache, page_table, context_len, mask, scale, value_dim, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  const int64_t page_size = cache.dim(1);
+  const int64_t num_pages = cache.dim(0);
+  const int32_t* pages = page_table.data_as<const int32_t>();
+  for (int64_t j = 0; j < (context_len + page_size - 1) / page_size; ++j) {
+    if (pages[j] < 0 || pages[j] >= num_pages) {
+      return Invalid(op, "page_table[", j, "] = ", pages[j], " (used by positions [", j * page_size,
+                     ", ", std::min(context_len, (j + 1) * page_size), ")) is outside the [0, ",
+                     num_pages, ") pages of cache ", cache.ToString());
+    }
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckMaskRows(op, mask));
+  const PagedRows rows{cache.data_as<const float>(), pages, page_size, cache.dim(2)};
+  float* scores = Scratch(context_len);
+  for (int64_t t = 0; t < q.dim(0); ++t) {
+    for (int64_t n = 0; n < q.dim(1); ++n) {
+      // Keys and values are the same latent rows: the values are their first value_dim columns.
+      AttendRow(Head(q, t, n), q.dim(2), MaskRow(mask, t), context_len, scale, rows, rows,
+                value_dim, scores, Head(out, t, n));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& positions,
+                                    const TensorView& page_table, const TensorView& cache) {
+  EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedWrite", rows, positions, page_table, cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("PagedWrite", "rows", rows));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("PagedWrite", "cache", cache));
+  int64_t slot = 0;
+  for (int64_t t = 0; t < rows.dim(0); ++t) {
+    EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedWrite", positions, page_table, cache, t, &slot));
+  }
+  const int64_t width = rows.dim(1);
+  for (int64_t t = 0; t < rows.dim(0); ++t) {
+    EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedWrite", positions, page_table, cache, t, &slot));
+    std::memcpy(cache.data_as<float>() + slot * width, Row(rows, t), width * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PagedRead(const TensorView& cache, const TensorView& page_table,
+                                   const TensorView& positions, const TensorView& out) {
+  EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedRead", out, positions, page_table, cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("PagedRead", "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("PagedRead", "out", out));
+  int64_t slot = 0;
+  for (int64_t t = 0; t < out.dim(0); ++t) {
+    EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedRead", positions, page_table, cache, t, &slot));
+  }
+  const int64_t width = out.dim(1);
+  for (int64_t t = 0; t < out.dim(0); ++t) {
+    EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedRead", positions, page_table, cache, t, &slot));
+    std::memcpy(Row(out, t), cache.data_as<const float>() + slot * width, width * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace eagle3::cpu

@@ -1,0 +1,717 @@
+#include "eagle3/target_model.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eagle3/checkpoint.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/moe_routing.h"
+#include "eagle3/rope_table.h"
+#include "eagle3/status.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3 {
+namespace {
+
+// New tokens per sequence up to which kAuto takes the absorbed path (decode, tree verify); longer
+// extends reconstruct k/v, which costs fewer flops per new token.
+constexpr int64_t kAbsorbedMaxNewTokens = 64;
+
+int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// Sub-view of a 2-D buffer: rows [row, row + rows), columns [col, col + cols).
+TensorView Block(const TensorView& t, int64_t row, int64_t rows, int64_t col, int64_t cols) {
+  return t.Narrow(0, row, rows).Narrow(1, col, cols);
+}
+
+TensorView Rows(const TensorView& t, int64_t row, int64_t rows) { return t.Narrow(0, row, rows); }
+
+// [rows, n * d] contiguous-row buffer seen as [rows, n, d].
+TensorView Heads(const TensorView& t, int64_t n, int64_t d) {
+  return TensorView(t.data(), t.dtype(), Shape{t.dim(0), n, d}, Shape{t.stride(0), d, 1}, t.device());
+}
+
+}  // namespace
+
+struct TargetModel::Impl {
+  struct Layer {
+    Tensor input_ln, post_ln;
+    Tensor q_a, q_a_ln, q_b;  // q_b holds q_proj when q_lora_rank is null (q_a empty)
+    Tensor kv_a, kv_a_ln, kv_b, w_uk_t, o_proj;
+    bool moe = false;
+    Tensor gate_up, down;  // dense MLP
+    Tensor router, correction_bias;
+    std::vector<Tensor> expert_tensors;  // gate_up, down for each expert
+    std::vector<ExpertWeights> experts;
+    Tensor shared_gate_up, shared_down;
+    int64_t shared_inter = 0;
+    Tensor cache;  // [num_pages, page_size, W]
+  };
+
+  DeepseekV2Config config;
+  TargetModelOptions options;
+  Communicator* comm = nullptr;
+  Backend* backend = nullptr;
+  std::unique_ptr<Checkpoint> checkpoint;
+
+  // Per-rank dims.
+  int64_t heads = 0;        // attention heads on this rank
+  int64_t latent = 0;       // kv_lora_rank (R)
+  int64_t rope = 0;         // qk_rope_head_dim (P)
+  int64_t width = 0;        // R + P, one latent cache row
+  int64_t nope = 0, qk = 0, vdim = 0;
+  int64_t vocab_shard = 0;  // padded vocab / tp
+  int64_t inter_max = 0;    // widest MLP slice on this rank (dense, shared)
+  float scale = 0.0f;
+
+  Tensor embed, final_ln, lm_head;  // lm_head empty when tied to embed
+  std::vector<Layer> layers;
+  Tensor cos_sin;  // [max_context_len, P]
+
+  // Workspaces (backend device), sized at creation.
+  Tensor r, h, h_full, partial, local, zeros, qa, q, kva, rows, attn_v, q_lat, o_lat;
+  Tensor ctx_lat, ctx_kv, ctx_k, mask, gate_up, act, router_logits, ids, weights;
+  Tensor lm_in, logits_shard, logits_all, tap_rows;
+  Tensor tokens, positions, slots, iota, page_table, move_rows, move_src, move_dst;
+  std::vector<uint8_t> host_mask;
+
+  absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
+    return Tensor::Empty(dtype, shape, backend->allocator());
+  }
+  absl::Status Upload(const TensorView& host, const TensorView& device) {
+    return backend->Copy(host, device);
+  }
+
+  absl::StatusOr<Tensor> LoadShard(const WeightSpec& spec) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host, checkpoint->ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank),
+                                                               DType::kF32));
+    if (backend->device().is_cpu()) return host;
+    EAGLE3_ASSIGN_OR_RETURN(Tensor device, Alloc(DType::kF32, host.shape()));
+    EAGLE3_RETURN_IF_ERROR(Upload(host, device));
+    return device;
+  }
+
+  absl::Status LoadWeights();
+  absl::Status AllocateWorkspaces();
+
+  // Collectives; identity copies at tp 1.
+  absl::Status AllReduce(const TensorView& buf) {
+    return options.tp_size == 1 ? absl::OkStatus() : comm->AllReduceSum(buf, buf);
+  }
+  absl::Status AllGather(const TensorView& send, const TensorView& recv) {
+    return options.tp_size == 1 ? backend->Copy(send, recv) : comm->AllGather(send, recv);
+  }
+  absl::Status ReduceScatter(const TensorView& send, const TensorView& recv) {
+    return options.tp_size == 1 ? backend->Copy(send, recv) : comm->ReduceScatterSum(send, recv);
+  }
+
+  absl::Status Validate(std::span<const SequenceInput> batch, const TensorView& logits,
+                        const HiddenStateTap* tap, const TensorView& aux) const;
+  absl::Status Attention(int layer, const TensorView& x, std::span<const SequenceInput> batch);
+  absl::Status Mlp(int layer, const TensorView& x);
+  absl::Status Capture(int boundary, int64_t t, const HiddenStateTap* tap, const TensorView& aux);
+  absl::Status Forward(std::span<const SequenceInput> batch, const TensorView& logits,
+                       const HiddenStateTap* tap, const TensorView& aux);
+};
+
+absl::Status TargetModel::Impl::LoadWeights() {
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  // Every tensor is checked before any is loaded, so a bad checkpoint fails fast and completely.
+  for (const WeightSpec& spec : specs) {
+    if (!checkpoint->Has(spec.name)) {
+      return absl::NotFoundError("checkpoint '" + checkpoint->dir() + "' has no tensor '" + spec.name +
+                                 "', which its config.json requires (expected shape " +
+                                 spec.shape.ToString() + ")");
+    }
+    EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape(spec.name, spec.shape));
+  }
+  size_t next = 0;
+  auto take = [&](std::string_view suffix) -> absl::StatusOr<Tensor> {
+    const WeightSpec& spec = specs[next++];
+    if (spec.name.size() < suffix.size() ||
+        spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      return absl::InternalError("weight schema order: expected *" + std::string(suffix) + ", got " +
+                                 spec.name);
+    }
+    return LoadShard(spec);
+  };
+  // A merged [2I, H] gate_up from the separate gate_proj and up_proj shards.
+  auto take_gate_up = [&]() -> absl::StatusOr<Tensor> {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor gate, take("gate_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor up, take("up_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(DType::kF32, Shape{2 * gate.dim(0), gate.dim(1)}));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(gate, Rows(merged, 0, gate.dim(0))));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(up, Rows(merged, gate.dim(0), up.dim(0))));
+    return merged;
+  };
+
+  EAGLE3_ASSIGN_OR_RETURN(embed, take("embed_tokens.weight"));
+  layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    Layer& L = layers[static_cast<size_t>(l)];
+    EAGLE3_ASSIGN_OR_RETURN(L.input_ln, take("input_layernorm.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(L.post_ln, take("post_attention_layernorm.weight"));
+    if (config.q_lora_rank.has_value()) {
+      EAGLE3_ASSIGN_OR_RETURN(L.q_a, take("q_a_proj.weight"));
+      EAGLE3_ASSIGN_OR_RETURN(L.q_a_ln, take("q_a_layernorm.weight"));
+      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take("q_b_proj.weight"));
+    } else {
+      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take("q_proj.weight"));
+    }
+    EAGLE3_ASSIGN_OR_RETURN(L.kv_a, take("kv_a_proj_with_mqa.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(L.kv_a_ln, take("kv_a_layernorm.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(L.kv_b, take("kv_b_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(L.o_proj, take("o_proj.weight"));
+    // W_UK per head, transposed to [R, nope] so that q_nope · W_UK is one Gemm against it.
+    {
+      EAGLE3_ASSIGN_OR_RETURN(Tensor host_kv_b, checkpoint->ReadShard(
+                                                    specs[next - 2].name,
+                                                    specs[next - 2].ForRank(options.tp_size, options.rank),
+                                                    DType::kF32));
+      EAGLE3_ASSIGN_OR_RETURN(Tensor host_t, Tensor::Empty(DType::kF32, Shape{heads, latent, nope}));
+      const float* src = host_kv_b.data_as<float>();
+      float* dst = host_t.data_as<float>();
+      for (int64_t n = 0; n < heads; ++n) {
+        for (int64_t i = 0; i < nope; ++i) {
+          for (int64_t c = 0; c < latent; ++c) {
+            dst[(n * latent + c) * nope + i] = src[(n * (nope + vdim) + i) * latent + c];
+          }
+        }
+      }
+      if (backend->device().is_cpu()) {
+        L.w_uk_t = std::move(host_t);
+      } else {
+        EAGLE3_ASSIGN_OR_RETURN(L.w_uk_t, Alloc(DType::kF32, host_t.shape()));
+        EAGLE3_RETURN_IF_ERROR(Upload(host_t, L.w_uk_t));
+      }
+    }
+    L.moe = config.IsMoeLayer(l);
+    if (!L.moe) {
+      EAGLE3_ASSIGN_OR_RETURN(L.gate_up, take_gate_up());
+      EAGLE3_ASSIGN_OR_RETURN(L.down, take("down_proj.weight"));
+    } else {
+      EAGLE3_ASSIGN_OR_RETURN(L.router, take("gate.weight"));
+      if (config.topk_method == TopkMethod::kNoauxTc) {
+        EAGLE3_ASSIGN_OR_RETURN(L.correction_bias, take("e_score_correction_bias"));
+      }
+      for (int64_t e = 0; e < *config.n_routed_experts; ++e) {
+        EAGLE3_ASSIGN_OR_RETURN(Tensor gu, take_gate_up());
+        EAGLE3_ASSIGN_OR_RETURN(Tensor dn, take("down_proj.weight"));
+        L.expert_tensors.push_back(std::move(gu));
+        L.expert_tensors.push_back(std::move(dn));
+      }
+      for (size_t e = 0; e < L.expert_tensors.size(); e += 2) {
+        L.experts.push_back(ExpertWeights{L.expert_tensors[e].view(), L.expert_tensors[e + 1].view()});
+      }
+      if (config.n_shared_experts > 0) {
+        EAGLE3_ASSIGN_OR_RETURN(L.shared_gate_up, take_gate_up());
+        EAGLE3_ASSIGN_OR_RETURN(L.shared_down, take("down_proj.weight"));
+        L.shared_inter = L.shared_down.dim(1);
+      }
+    }
+    EAGLE3_ASSIGN_OR_RETURN(L.cache, Alloc(DType::kF32, Shape{options.num_kv_pages, options.page_size, width}));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(final_ln, take("model.norm.weight"));
+  if (!config.tie_word_embeddings) {
+    EAGLE3_ASSIGN_OR_RETURN(lm_head, take("lm_head.weight"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TargetModel::Impl::AllocateWorkspaces() {
+  const int64_t t_max = options.max_tokens_per_forward;
+  const int64_t t_pad = RoundUp(t_max, options.tp_size);
+  const int64_t s_max = options.max_context_len;
+  const int64_t h_dim = config.hidden_size;
+  const bool sharded = options.residual_mode == ResidualMode::kTokenSharded;
+  const int64_t t_res = sharded ? t_pad / options.tp_size : t_max;
+  EAGLE3_ASSIGN_OR_RETURN(r, Alloc(DType::kF32, Shape{t_res, h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(h, Alloc(DType::kF32, Shape{t_res, h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(local, Alloc(DType::kF32, Shape{t_res, h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(h_full, Alloc(DType::kF32, Shape{t_pad, h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(partial, Alloc(DType::kF32, Shape{t_pad, h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(tap_rows, Alloc(DType::kF32, Shape{t_pad, h_dim}));
+  {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_zeros, Tensor::Zeros(DType::kF32, Shape{options.tp_size, h_dim}));
+    EAGLE3_ASSIGN_OR_RETURN(zeros, Alloc(DType::kF32, host_zeros.shape()));
+    EAGLE3_RETURN_IF_ERROR(Upload(host_zeros, zeros));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(qa, Alloc(DType::kF32, Shape{t_max, config.q_lora_rank.value_or(1)}));
+  EAGLE3_ASSIGN_OR_RETURN(q, Alloc(DType::kF32, Shape{t_max, heads * qk}));
+  EAGLE3_ASSIGN_OR_RETURN(kva, Alloc(DType::kF32, Shape{t_max, width}));
+  EAGLE3_ASSIGN_OR_RETURN(rows, Alloc(DType::kF32, Shape{t_max, width}));
+  EAGLE3_ASSIGN_OR_RETURN(attn_v, Alloc(DType::kF32, Shape{t_max, heads * vdim}));
+  EAGLE3_ASSIGN_OR_RETURN(q_lat, Alloc(DType::kF32, Shape{t_max, heads * width}));
+  EAGLE3_ASSIGN_OR_RETURN(o_lat, Alloc(DType::kF32, Shape{t_max, heads * latent}));
+  EAGLE3_ASSIGN_OR_RETURN(ctx_lat, Alloc(DType::kF32, Shape{s_max, width}));
+  EAGLE3_ASSIGN_OR_RETURN(ctx_kv, Alloc(DType::kF32, Shape{s_max, heads * (nope + vdim)}));
+  EAGLE3_ASSIGN_OR_RETURN(ctx_k, Alloc(DType::kF32, Shape{s_max, heads * qk}));
+  EAGLE3_ASSIGN_OR_RETURN(mask, Alloc(DType::kU8, Shape{t_max * s_max}));
+  EAGLE3_ASSIGN_OR_RETURN(gate_up, Alloc(DType::kF32, Shape{t_max, 2 * inter_max}));
+  EAGLE3_ASSIGN_OR_RETURN(act, Alloc(DType::kF32, Shape{t_max, inter_max}));
+  const int64_t experts = config.n_routed_experts.value_or(1);
+  const int64_t top_k = std::max<int64_t>(config.num_experts_per_tok, 1);
+  EAGLE3_ASSIGN_OR_RETURN(router_logits, Alloc(DType::kF32, Shape{t_max, experts}));
+  EAGLE3_ASSIGN_OR_RETURN(ids, Alloc(DType::kI32, Shape{t_max, top_k}));
+  EAGLE3_ASSIGN_OR_RETURN(weights, Alloc(DType::kF32, Shape{t_max, top_k}));
+  EAGLE3_ASSIGN_OR_RETURN(lm_in, Alloc(DType::kF32, Shape{t_max, h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(logits_shard, Alloc(DType::kF32, Shape{t_max, vocab_shard}));
+  EAGLE3_ASSIGN_OR_RETURN(logits_all, Alloc(DType::kF32, Shape{options.tp_size * t_max, vocab_shard}));
+  EAGLE3_ASSIGN_OR_RETURN(tokens, Alloc(DType::kI64, Shape{t_pad}));
+  EAGLE3_ASSIGN_OR_RETURN(positions, Alloc(DType::kI64, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(slots, Alloc(DType::kI64, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(page_table, Alloc(DType::kI32, Shape{options.num_kv_pages}));
+  EAGLE3_ASSIGN_OR_RETURN(move_rows, Alloc(DType::kF32, Shape{t_max, width}));
+  EAGLE3_ASSIGN_OR_RETURN(move_src, Alloc(DType::kI64, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(move_dst, Alloc(DType::kI64, Shape{t_max}));
+  {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI64, Shape{s_max}));
+    for (int64_t i = 0; i < s_max; ++i) host_iota.data_as<int64_t>()[i] = i;
+    EAGLE3_ASSIGN_OR_RETURN(iota, Alloc(DType::kI64, Shape{s_max}));
+    EAGLE3_RETURN_IF_ERROR(Upload(host_iota, iota));
+  }
+  {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_table, Tensor::Empty(DType::kF32, Shape{s_max, rope}));
+    EAGLE3_RETURN_IF_ERROR(FillRopeCosSin(config.rope, rope, host_table));
+    EAGLE3_ASSIGN_OR_RETURN(cos_sin, Alloc(DType::kF32, host_table.shape()));
+    EAGLE3_RETURN_IF_ERROR(Upload(host_table, cos_sin));
+  }
+  host_mask.assign(static_cast<size_t>(t_max * s_max), 0);
+  return absl::OkStatus();
+}
+
+absl::Status TargetModel::Impl::Validate(std::span<const SequenceInput> batch, const TensorView& logits,
+                                         const HiddenStateTap* tap, const TensorView& aux) const {
+  if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
+  int64_t total = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& in = batch[s];
+    const std::string seq = "sequence " + Str(static_cast<int64_t>(s));
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    if (n == 0) return absl::InvalidArgumentError("Forward: " + seq + " has no new tokens");
+    total += n;
+    for (int64_t i = 0; i < n; ++i) {
+      if (in.tokens[i] < 0 || in.tokens[i] >= config.vocab_size) {
+        return absl::InvalidArgumentError("Forward: " + seq + " token " + Str(i) + " = " + Str(in.tokens[i]) +
+                                          " is outside the vocabulary [0, " + Str(config.vocab_size) + ")");
+      }
+    }
+    if (!in.positions.empty() && static_cast<int64_t>(in.positions.size()) != n) {
+      return absl::InvalidArgumentError("Forward: " + seq + " has " + Str(static_cast<int64_t>(in.positions.size())) +
+                                        " positions for " + Str(n) + " tokens");
+    }
+    if (in.cache_len < 0) {
+      return absl::InvalidArgumentError("Forward: " + seq + " cache_len " + Str(in.cache_len) + " < 0");
+    }
+    const int64_t end = in.cache_len + n;
+    const int64_t capacity = static_cast<int64_t>(in.page_table.size()) * options.page_size;
+    if (end > options.max_context_len || end > capacity) {
+      return absl::OutOfRangeError("Forward: KV capacity exhausted for " + seq + ": " + Str(in.cache_len) +
+                                   " cached + " + Str(n) + " new tokens need " + Str(end) + " slots; its " +
+                                   Str(static_cast<int64_t>(in.page_table.size())) + " pages of " +
+                                   Str(options.page_size) + " hold " + Str(capacity) +
+                                   " and max_context_len is " + Str(options.max_context_len));
+    }
+    for (size_t p = 0; p < in.page_table.size(); ++p) {
+      if (in.page_table[p] < 0 || in.page_table[p] >= options.num_kv_pages) {
+        return absl::InvalidArgumentError("Forward: " + seq + " page_table[" + Str(static_cast<int64_t>(p)) +
+                                          "] = " + Str(in.page_table[p]) + " is not a page of this cache [0, " +
+                                          Str(options.num_kv_pages) + ")");
+      }
+    }
+    auto position = [&](int64_t i) { return in.positions.empty() ? in.cache_len + i : in.positions[i]; };
+    for (int64_t i = 0; i < n; ++i) {
+      if (position(i) < 0 || position(i) >= options.max_context_len) {
+        return absl::InvalidArgumentError("Forward: " + seq + " position " + Str(i) + " = " + Str(position(i)) +
+                                          " is outside [0, max_context_len " + Str(options.max_context_len) + ")");
+      }
+    }
+    if (!in.tree_mask.empty()) {
+      if (static_cast<int64_t>(in.tree_mask.size()) != n * n) {
+        return absl::InvalidArgumentError("Forward: " + seq + " tree_mask has " +
+                                          Str(static_cast<int64_t>(in.tree_mask.size())) + " entries, expected " +
+                                          Str(n) + " x " + Str(n));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* row = &in.tree_mask[static_cast<size_t>(i * n)];
+        if (row[i] == 0) {
+          return absl::InvalidArgumentError("Forward: " + seq + " tree_mask row " + Str(i) + " does not attend to itself");
+        }
+        for (int64_t j = i + 1; j < n; ++j) {
+          if (row[j] != 0) {
+            return absl::InvalidArgumentError("Forward: " + seq + " tree_mask: node " + Str(i) + " attends node " +
+                                              Str(j) + ", which comes later; parents must precede children");
+          }
+        }
+        int64_t parent = -1;
+        for (int64_t j = i - 1; j >= 0 && parent < 0; --j) parent = row[j] != 0 ? j : -1;
+        for (int64_t j = 0; j < i; ++j) {
+          const bool expected = j == parent || (parent >= 0 && j < parent &&
+                                                in.tree_mask[static_cast<size_t>(parent * n + j)] != 0);
+          if ((row[j] != 0) != expected) {
+            return absl::InvalidArgumentError(
+                "Forward: " + seq + " tree_mask row " + Str(i) + " is not its parent's row plus itself (node " +
+                Str(i) + ", parent " + Str(parent) + ", column " + Str(j) + ")");
+          }
+        }
+        if (parent >= 0 && position(i) != position(parent) + 1) {
+          return absl::InvalidArgumentError("Forward: " + seq + " position of tree node " + Str(i) + " is " +
+                                            Str(position(i)) + ", expected its parent's (" + Str(parent) + ") + 1 = " +
+                                            Str(position(parent) + 1));
+        }
+      }
+    }
+  }
+  if (total > options.max_tokens_per_forward) {
+    return absl::OutOfRangeError("Forward: " + Str(total) + " new tokens exceed max_tokens_per_forward " +
+                                 Str(options.max_tokens_per_forward));
+  }
+  const int64_t rows_expected = LogitRows(batch);
+  if (logits.rank() != 2 || logits.dim(0) != rows_expected || logits.dim(1) != config.vocab_size ||
+      logits.dtype() != DType::kF32 || !logits.device().is_cpu() || !logits.is_contiguous()) {
+    return absl::InvalidArgumentError("Forward: logits must be f32[" + Str(rows_expected) + ", " +
+                                      Str(config.vocab_size) + "] contiguous on the host, got " + logits.ToString());
+  }
+  if (tap != nullptr) {
+    if (tap->num_layers() != config.num_hidden_layers || tap->hidden_size() != config.hidden_size) {
+      return absl::InvalidArgumentError("Forward: the tap was made for " + Str(tap->num_layers()) + " layers x " +
+                                        Str(tap->hidden_size()) + ", the target has " +
+                                        Str(config.num_hidden_layers) + " x " + Str(config.hidden_size));
+    }
+    if (aux.rank() != 2 || aux.dim(0) != total || aux.dim(1) != tap->width() || aux.dtype() != DType::kF32 ||
+        !aux.device().is_cpu() || !aux.is_contiguous()) {
+      return absl::InvalidArgumentError("Forward: aux must be f32[" + Str(total) + ", " + Str(tap->width()) +
+                                        "] contiguous on the host, got " + aux.ToString());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TargetModel::Impl::Capture(int boundary, int64_t t, const HiddenStateTap* tap,
+                                        const TensorView& aux) {
+  if (tap == nullptr) return absl::OkStatus();
+  const int slot = tap->SlotOf(boundary);
+  if (slot < 0) return absl::OkStatus();
+  const int64_t hd = config.hidden_size;
+  TensorView full = Rows(r, 0, t);
+  if (options.residual_mode == ResidualMode::kTokenSharded) {
+    // The residual is token-sharded: the tap must see every token's full stream, so gather it.
+    const int64_t t_pad = RoundUp(t, options.tp_size);
+    EAGLE3_RETURN_IF_ERROR(AllGather(Rows(r, 0, t_pad / options.tp_size), Rows(tap_rows, 0, t_pad)));
+    full = Rows(tap_rows, 0, t);
+  }
+  return backend->Copy(full, Block(aux, 0, t, slot * hd, hd));
+}
+
+absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x, std::span<const SequenceInput> batch) {
+  Layer& L = layers[static_cast<size_t>(layer)];
+  const int64_t t = x.dim(0);
+  TensorView q_t = Rows(q, 0, t);
+  if (!L.q_a.empty()) {
+    TensorView qa_t = Rows(qa, 0, t);
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_a, qa_t, {}));
+    EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(qa_t, L.q_a_ln, static_cast<float>(config.rms_norm_eps), qa_t));
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(qa_t, L.q_b, q_t, {}));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_b, q_t, {}));
+  }
+  // The latent cache row: kv_a_layernorm(c) then the rotated k_pe (what every later query reads).
+  TensorView kva_t = Rows(kva, 0, t), rows_t = Rows(rows, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, kva_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(Block(kva_t, 0, t, 0, latent), L.kv_a_ln,
+                                          static_cast<float>(config.rms_norm_eps), Block(rows_t, 0, t, 0, latent)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(kva_t, 0, t, latent, rope), Block(rows_t, 0, t, latent, rope)));
+  const TensorView pos_t = Rows(positions, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(rows_t, 1, width), latent, rope, pos_t, cos_sin,
+                                            RopeStyle::kAdjacentPairs));
+  const TensorView q3 = Heads(q_t, heads, qk);
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(q3, nope, rope, pos_t, cos_sin, RopeStyle::kAdjacentPairs));
+
+  int64_t offset = 0;
+  for (const SequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t s = in.cache_len + n;
+    const TensorView pt = Rows(page_table, 0, static_cast<int64_t>(in.page_table.size()));
+    EAGLE3_RETURN_IF_ERROR(Upload(TensorView(const_cast<int32_t*>(in.page_table.data()), DType::kI32,
+                                             Shape{static_cast<int64_t>(in.page_table.size())}),
+                                  pt));
+    EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Rows(rows_t, offset, n), Rows(slots, offset, n), pt, L.cache));
+    // Mask [n, s]: the whole cached prefix, then causal or tree among the new tokens.
+    for (int64_t i = 0; i < n; ++i) {
+      uint8_t* row = &host_mask[static_cast<size_t>(i * s)];
+      std::fill(row, row + in.cache_len, uint8_t{1});
+      for (int64_t j = 0; j < n; ++j) {
+        row[in.cache_len + j] = in.tree_mask.empty() ? (j <= i ? 1 : 0) : in.tree_mask[static_cast<size_t>(i * n + j)];
+      }
+    }
+    const TensorView mask_t = TensorView(mask.data(), DType::kU8, Shape{n, s}, mask.device());
+    EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_mask.data(), DType::kU8, Shape{n, s}), mask_t));
+
+    const TensorView q_s = q3.Narrow(0, offset, n);
+    const TensorView out_s = Heads(Rows(attn_v, offset, n), heads, vdim);
+    const bool absorbed = options.attention_path == AttentionPath::kAbsorbed ||
+                          (options.attention_path == AttentionPath::kAuto && n <= kAbsorbedMaxNewTokens);
+    if (absorbed) {
+      const TensorView q_lat_s = Heads(Rows(q_lat, 0, n), heads, width);
+      const TensorView o_lat_s = Heads(Rows(o_lat, 0, n), heads, latent);
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const TensorView w_uk_t = TensorView(L.w_uk_t.data_as<float>() + hd * latent * nope, DType::kF32,
+                                             Shape{latent, nope}, L.w_uk_t.device());
+        EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(q_t, offset, n), 0, n, hd * qk, nope), w_uk_t,
+                                             Block(Rows(q_lat, 0, n), 0, n, hd * width, latent), {}));
+      }
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(q_s.Narrow(2, nope, rope), q_lat_s.Narrow(2, latent, rope)));
+      EAGLE3_RETURN_IF_ERROR(backend->LatentAttention(q_lat_s, L.cache, pt, s, mask_t, scale, latent, o_lat_s));
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const TensorView w_uv = Block(L.kv_b, hd * (nope + vdim) + nope, vdim, 0, latent);
+        EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(o_lat, 0, n), 0, n, hd * latent, latent), w_uv,
+                                             Block(Rows(attn_v, offset, n), 0, n, hd * vdim, vdim), {}));
+      }
+    } else {
+      const TensorView lat = Rows(ctx_lat, 0, s);
+      EAGLE3_RETURN_IF_ERROR(backend->PagedRead(L.cache, pt, Rows(iota, 0, s), lat));
+      const TensorView kv = Rows(ctx_kv, 0, s);
+      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(lat, 0, s, 0, latent), L.kv_b, kv, {}));
+      const TensorView kv3 = Heads(kv, heads, nope + vdim);
+      const TensorView k3 = Heads(Rows(ctx_k, 0, s), heads, qk);
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(kv3.Narrow(2, 0, nope), k3.Narrow(2, 0, nope)));
+      // k_pe is shared by every head: broadcast it with a zero head stride.
+      const TensorView k_pe = TensorView(lat.data_as<float>() + latent, DType::kF32, Shape{s, heads, rope},
+                                         Shape{width, 0, 1}, lat.device());
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(k_pe, k3.Narrow(2, nope, rope)));
+      EAGLE3_RETURN_IF_ERROR(backend->Attention(q_s, k3, kv3.Narrow(2, nope, vdim), mask_t, scale, out_s));
+    }
+    offset += n;
+  }
+  return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), {});
+}
+
+absl::Status TargetModel::Impl::Mlp(int layer, const TensorView& x) {
+  Layer& L = layers[static_cast<size_t>(layer)];
+  const int64_t t = x.dim(0);
+  const TensorView out = Rows(partial, 0, t);
+  // SiLU MLP of width `inter` (gate_up: [2 * inter, H]); beta 1 accumulates into `out`.
+  auto mlp = [&](const Tensor& gu_w, const Tensor& down_w, int64_t inter, float beta) -> absl::Status {
+    const TensorView gu = Block(gate_up, 0, t, 0, 2 * inter);
+    const TensorView a = Block(act, 0, t, 0, inter);
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, gu_w, gu, {}));
+    EAGLE3_RETURN_IF_ERROR(backend->SiluMul(gu, a));
+    GemmOptions accumulate;
+    accumulate.beta = beta;
+    return backend->Gemm(a, down_w, out, accumulate);
+  };
+  if (!L.moe) return mlp(L.gate_up, L.down, L.down.dim(1), 0.0f);
+  const TensorView logits_t = Rows(router_logits, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.router, logits_t, {}));
+  const TensorView ids_t = Rows(ids, 0, t), w_t = Rows(weights, 0, t);
+  const TensorView bias = L.correction_bias.view();
+  EAGLE3_RETURN_IF_ERROR(backend->MoeRoute(logits_t, L.correction_bias.empty() ? nullptr : &bias,
+                                           MoeRoutingParams::FromConfig(config), ids_t, w_t));
+  EAGLE3_RETURN_IF_ERROR(backend->MoeExperts(x, ids_t, w_t, L.experts, out, /*accumulate=*/false));
+  // Shared experts join the routed output before the one reduction that follows.
+  if (!L.shared_down.empty()) return mlp(L.shared_gate_up, L.shared_down, L.shared_inter, 1.0f);
+  return absl::OkStatus();
+}
+
+absl::Status TargetModel::Impl::Forward(std::span<const SequenceInput> batch, const TensorView& logits,
+                                        const HiddenStateTap* tap, const TensorView& aux) {
+  EAGLE3_RETURN_IF_ERROR(Validate(batch, logits, tap, aux));
+  const bool sharded = options.residual_mode == ResidualMode::kTokenSharded;
+  const int tp = options.tp_size;
+  const float eps = static_cast<float>(config.rms_norm_eps);
+
+  // Stage token ids, RoPE positions and cache slots of the concatenated batch.
+  std::vector<int64_t> host_tokens, host_positions, host_slots;
+  for (const SequenceInput& in : batch) {
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      const int64_t idx = static_cast<int64_t>(i);
+      host_tokens.push_back(in.tokens[i]);
+      host_positions.push_back(in.positions.empty() ? in.cache_len + idx : in.positions[i]);
+      host_slots.push_back(in.cache_len + idx);
+    }
+  }
+  const int64_t t = static_cast<int64_t>(host_tokens.size());
+  const int64_t t_pad = sharded ? RoundUp(t, tp) : t;
+  const int64_t t_local = sharded ? t_pad / tp : t;
+  host_tokens.resize(static_cast<size_t>(t_pad), 0);  // padding rows look up token 0; never read
+  EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_tokens.data(), DType::kI64, Shape{t_pad}), Rows(tokens, 0, t_pad)));
+  EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_positions.data(), DType::kI64, Shape{t}), Rows(positions, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_slots.data(), DType::kI64, Shape{t}), Rows(slots, 0, t)));
+
+  // Reduces the partial sums of `partial` (rows [0, t)) into `dst`: all-reduce, or reduce-scatter to
+  // this rank's tokens (padding rows zeroed first so they stay zero).
+  auto reduce = [&](TensorView* dst) -> absl::Status {
+    if (!sharded) {
+      *dst = Rows(partial, 0, t);
+      return AllReduce(*dst);
+    }
+    if (t_pad > t) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(zeros, 0, t_pad - t), Rows(partial, t, t_pad - t)));
+    *dst = Rows(local, 0, t_local);
+    return ReduceScatter(Rows(partial, 0, t_pad), *dst);
+  };
+  // The normed hidden of every token, as attention and the MLP need it.
+  auto full_input = [&]() -> absl::StatusOr<TensorView> {
+    if (!sharded) return Rows(h, 0, t);
+    EAGLE3_RETURN_IF_ERROR(AllGather(Rows(h, 0, t_local), Rows(h_full, 0, t_pad)));
+    return Rows(h_full, 0, t);
+  };
+
+  const int64_t vocab_start = options.rank * vocab_shard;
+  const int64_t t_embed = sharded ? t_pad : t;
+  EAGLE3_RETURN_IF_ERROR(backend->EmbeddingLookup(Rows(tokens, 0, t_embed), embed, vocab_start, Rows(partial, 0, t_embed)));
+  TensorView reduced;
+  EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
+  const TensorView r_t = Rows(r, 0, t_local), h_t = Rows(h, 0, t_local);
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(reduced, r_t));
+  EAGLE3_RETURN_IF_ERROR(Capture(0, t, tap, aux));
+  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(r_t, layers[0].input_ln, eps, h_t));
+
+  const int num_layers = static_cast<int>(config.num_hidden_layers);
+  for (int l = 0; l < num_layers; ++l) {
+    EAGLE3_ASSIGN_OR_RETURN(TensorView x, full_input());
+    EAGLE3_RETURN_IF_ERROR(Attention(l, x, batch));
+    EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
+    EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, layers[static_cast<size_t>(l)].post_ln, eps, h_t));
+    EAGLE3_ASSIGN_OR_RETURN(x, full_input());
+    EAGLE3_RETURN_IF_ERROR(Mlp(l, x));
+    EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
+    const Tensor& next_norm = l + 1 < num_layers ? layers[static_cast<size_t>(l + 1)].input_ln : final_ln;
+    EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, next_norm, eps, h_t));
+    EAGLE3_RETURN_IF_ERROR(Capture(l + 1, t, tap, aux));
+  }
+
+  // lm_head on the requested rows, vocab-parallel, then all-gathered into full-vocabulary logits.
+  EAGLE3_ASSIGN_OR_RETURN(TensorView final_hidden, full_input());
+  int64_t out_rows = 0, offset = 0;
+  for (const SequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t first = in.all_logits ? 0 : n - 1;
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(final_hidden, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
+    out_rows += n - first;
+    offset += n;
+  }
+  const Tensor& head = lm_head.empty() ? embed : lm_head;
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
+  const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
+  EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
+  for (int q_rank = 0; q_rank < tp; ++q_rank) {
+    const int64_t col = q_rank * vocab_shard;
+    const int64_t cols = std::min(vocab_shard, config.vocab_size - col);
+    if (cols <= 0) break;
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(gathered, q_rank * out_rows, out_rows, 0, cols),
+                                         Block(logits, 0, out_rows, col, cols)));
+  }
+  return backend->Synchronize();
+}
+
+TargetModel::TargetModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TargetModel::~TargetModel() = default;
+
+const DeepseekV2Config& TargetModel::config() const { return impl_->config; }
+const TargetModelOptions& TargetModel::options() const { return impl_->options; }
+
+int64_t TargetModel::LogitRows(std::span<const SequenceInput> batch) {
+  int64_t rows = 0;
+  for (const SequenceInput& in : batch) rows += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
+  return rows;
+}
+
+absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::string& checkpoint_dir,
+                                                                 const TargetModelOptions& options,
+                                                                 Communicator* communicator, Backend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("TargetModel: backend is null");
+  if (options.tp_size < 1 || options.rank < 0 || options.rank >= options.tp_size) {
+    return absl::InvalidArgumentError("TargetModel: rank " + Str(options.rank) + " of tp_size " +
+                                      Str(options.tp_size) + " is not a valid rank");
+  }
+  if (options.tp_size > 1 &&
+      (communicator == nullptr || communicator->size() != options.tp_size || communicator->rank() != options.rank)) {
+    return absl::InvalidArgumentError(
+        "TargetModel: tp_size " + Str(options.tp_size) + " rank " + Str(options.rank) +
+        " needs a communicator of that size and rank, got " +
+        (communicator == nullptr ? std::string("none")
+                                 : "size " + Str(communicator->size()) + " rank " + Str(communicator->rank())));
+  }
+  if (options.max_tokens_per_forward < 1 || options.max_context_len < 1 || options.num_kv_pages < 1 ||
+      options.page_size < 1) {
+    return absl::InvalidArgumentError("TargetModel: capacities must be positive (max_tokens_per_forward " +
+                                      Str(options.max_tokens_per_forward) + ", max_context_len " +
+                                      Str(options.max_context_len) + ", num_kv_pages " + Str(options.num_kv_pages) +
+                                      ", page_size " + Str(options.page_size) + ")");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->comm = communicator;
+  impl->backend = backend;
+  EAGLE3_ASSIGN_OR_RETURN(impl->config, DeepseekV2Config::FromFile(checkpoint_dir));
+  EAGLE3_RETURN_IF_ERROR(impl->config.ValidateForTp(options.tp_size));
+  EAGLE3_ASSIGN_OR_RETURN(impl->checkpoint, Checkpoint::Open(checkpoint_dir));
+  const DeepseekV2Config& c = impl->config;
+  impl->heads = c.num_attention_heads / options.tp_size;
+  impl->latent = c.kv_lora_rank;
+  impl->rope = c.qk_rope_head_dim;
+  impl->width = c.latent_cache_width();
+  impl->nope = c.qk_nope_head_dim;
+  impl->qk = c.qk_head_dim();
+  impl->vdim = c.v_head_dim;
+  impl->vocab_shard = PaddedSize(c.vocab_size, kVocabPadPerRank * options.tp_size) / options.tp_size;
+  impl->inter_max = std::max<int64_t>(
+      {c.intermediate_size / options.tp_size, c.moe_intermediate_size * c.n_shared_experts / options.tp_size, 1});
+  impl->scale = static_cast<float>(c.SoftmaxScale());
+  EAGLE3_RETURN_IF_ERROR(impl->LoadWeights());
+  EAGLE3_RETURN_IF_ERROR(impl->AllocateWorkspaces());
+  return std::unique_ptr<TargetModel>(new TargetModel(std::move(impl)));
+}
+
+absl::Status TargetModel::Forward(std::span<const SequenceInput> batch, const TensorView& logits,
+                                  const HiddenStateTap* tap, const TensorView& aux) {
+  return impl_->Forward(batch, logits, tap, aux);
+}
+
+absl::Status TargetModel::CommitAccepted(std::span<const int32_t> page_table, int64_t cache_len,
+                                         std::span<const int64_t> accepted) {
+  Impl& m = *impl_;
+  const int64_t a = static_cast<int64_t>(accepted.size());
+  if (a > m.options.max_tokens_per_forward) {
+    return absl::InvalidArgumentError("CommitAccepted: " + Str(a) + " accepted tokens exceed max_tokens_per_forward " +
+                                      Str(m.options.max_tokens_per_forward));
+  }
+  const int64_t capacity = static_cast<int64_t>(page_table.size()) * m.options.page_size;
+  for (int64_t j = 0; j < a; ++j) {
+    if (accepted[j] < 0 || (j > 0 && accepted[j] <= accepted[j - 1]) || cache_len + accepted[j] >= capacity) {
+      return absl::InvalidArgumentError("CommitAccepted: accepted[" + Str(j) + "] = " + Str(accepted[j]) +
+                                        " must be increasing, >= 0 and inside the page table (" + Str(capacity) +
+                                        " slots from cache_len " + Str(cache_len) + ")");
+    }
+  }
+  for (size_t p = 0; p < page_table.size(); ++p) {
+    if (page_table[p] < 0 || page_table[p] >= m.options.num_kv_pages) {
+      return absl::InvalidArgumentError("CommitAccepted: page_table[" + Str(static_cast<int64_t>(p)) + "] = " +
+                                        Str(page_table[p]) + " is not a page of this cache");
+    }
+  }
+  if (a == 0) return absl::OkStatus();
+  std::vector<int64_t> src(static_cast<size_t>(a)), dst(static_cast<size_t>(a));
+  for (int64_t j = 0; j < a; ++j) {
+    src[static_cast<size_t>(j)] = cache_len + accepted[j];
+    dst[static_cast<size_t>(j)] = cache_len + j;
+  }
+  const TensorView pt = Rows(m.page_table, 0, static_cast<int64_t>(page_table.size()));
+  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(const_cast<int32_t*>(page_table.data()), DType::kI32,
+                                             Shape{static_cast<int64_t>(page_table.size())}),
+                                  pt));
+  const TensorView src_t = Rows(m.move_src, 0, a), dst_t = Rows(m.move_dst, 0, a), rows_t = Rows(m.move_rows, 0, a);
+  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(src.data(), DType::kI64, Shape{a}), src_t));
+  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(dst.data(), DType::kI64, Shape{a}), dst_t));
+  for (auto& layer : m.layers) {
+    EAGLE3_RETURN_IF_ERROR(m.backend->PagedRead(layer.cache, pt, src_t, rows_t));
+    EAGLE3_RETURN_IF_ERROR(m.backend->PagedWrite(rows_t, dst_t, pt, layer.cache));
+  }
+  return m.backend->Synchronize();
+}
+
+}  // namespace eagle3

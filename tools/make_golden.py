@@ -1,0 +1,910 @@
+#!/usr/bin/env python3
+"""Golden fixtures for eagle3's DeepSeek-V2-family target forward.
+
+For each tiny model below this script writes, under OUT/<name>/:
+  config.json                        hub form (rope_theta + rope_scaling, model_type, architectures)
+  model-0000{1,2}-of-00002.safetensors + model.safetensors.index.json
+                                     hub tensor names and layouts, bf16 (V3's
+                                     e_score_correction_bias in f32, as real V3/K2 checkpoints store it)
+  expected.safetensors               tokens i64 [T]; logits f32 [T, V]; boundary.<b> f32 [T, H] for
+                                     b = 0..L (b = 0 embedding output, b = i input of layer i, b = L output
+                                     of the last layer before the final norm); router.<l>.topk_ids i64 [T, K]
+                                     and router.<l>.topk_weights f32 [T, K] for every MoE layer l (sorted
+                                     by expert id; weights as multiplied into the expert outputs)
+and OUT/README.md describing them.
+
+The oracle is transformers' DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (fp32, eager attention, eager
+experts) loaded with from_pretrained from the written checkpoint. The same weights are also loaded by
+a direct hub->transformers mapping, and run through an independent fp64 implementation of DeepSeek's
+reference math (written from DeepSeek's modeling_deepseek.py, not from transformers); all three must
+agree or the script fails. The fp64 implementation also measures how much each semantic detail the
+fixtures are meant to pin down (YaRN m^2, YaRN frequencies, adjacent-pair RoPE, routing details) moves
+the logits, so a reader can see that a fixture would catch that mistake.
+
+Usage: python3 tools/make_golden.py --out tests/data/golden
+Needs torch, transformers, safetensors and numpy (versions used: see OUT/README.md).
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+# One thread and deterministic kernels: reruns reproduce the files byte for byte.
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+
+# Smallest routing gap (fp64 reference) accepted: a near-tie could flip an expert choice between
+# implementations that round differently, which would make a fixture flaky rather than wrong.
+MIN_ROUTING_MARGIN = 2e-3
+
+# ---------------------------------------------------------------------------------------------------
+# Models. Every dim shards 8 ways (heads, intermediate_size, moe_intermediate_size); rms_norm_eps is
+# 1e-6 as in every real config (DeepSeek's reference and transformers use a fixed 1e-6 for
+# q_a_layernorm / kv_a_layernorm, SGLang/vLLM/eagle3 use rms_norm_eps: identical only at 1e-6).
+
+COMMON_HUB_KEYS = {
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "ep_size": 1,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "moe_layer_freq": 1,
+    "num_key_value_heads": None,  # filled with num_attention_heads
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+}
+
+MODELS = [
+    {
+        "name": "v2_qlora_yarn",
+        "seed": 1001,
+        "num_tokens": 16,
+        "router_std": 2.0,
+        "what": "DeepSeek-V2 shape: q_lora_rank (q_a_proj -> q_a_layernorm -> q_b_proj); YaRN x4 with "
+        "mscale = mscale_all_dim = 0.707 (softmax scale m^2 = {m2:.6f}, cos/sin factor 1); "
+        "softmax routing with group_limited_greedy (group max), n_group 4 / topk_group 2, top-3 of 16; "
+        "norm_topk_prob false with routed_scaling_factor 3.0; 2 shared experts; first_k_dense_replace 1; "
+        "vocab 1000 (padded to 1024 at TP 8: the last rank holds 104 real rows).",
+        "config": {
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            "vocab_size": 1000,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "n_routed_experts": 16,
+            "n_shared_experts": 2,
+            "num_experts_per_tok": 3,
+            "routed_scaling_factor": 3.0,
+            "scoring_func": "softmax",
+            "topk_method": "group_limited_greedy",
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": False,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 16,
+            "max_position_embeddings": 256,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+        },
+    },
+    {
+        "name": "v2lite_greedy",
+        "seed": 2002,
+        "num_tokens": 12,
+        "router_std": 2.0,
+        "what": "DeepSeek-V2-Lite shape: q_lora_rank null (plain q_proj); no rope scaling "
+        "(`rope_scaling: null`, softmax scale qk_head_dim^-0.5); 16 heads (2 per rank at TP 8); "
+        "softmax routing, greedy top-2 of 8; norm_topk_prob false, routed_scaling_factor 1.0; "
+        "1 shared expert; first_k_dense_replace 1; vocab 512 (no padding at TP 8).",
+        "config": {
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 16,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "routed_scaling_factor": 1.0,
+            "scoring_func": "softmax",
+            "topk_method": "greedy",
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": False,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "max_position_embeddings": 256,
+            "rope_scaling": None,
+        },
+    },
+    {
+        "name": "v3_noaux",
+        "seed": 3003,
+        "num_tokens": 13,
+        "router_std": 1.5,
+        "what": "DeepSeek-V3 shape: q_lora_rank; YaRN x8 with mscale 1.0 and mscale_all_dim 0.8 (softmax "
+        "scale m^2 = {m2:.6f}; cos/sin factor mscale ratio {af:.6f} != 1, unlike the real V3 where "
+        "both are 1.0); sigmoid routing, noaux_tc with a random positive e_score_correction_bias "
+        "(selection only), n_group 4 / topk_group 2 (group score = sum of top-2), top-4 of 16; "
+        "norm_topk_prob true then routed_scaling_factor 2.5; 1 shared expert; first_k_dense_replace 1; "
+        "hidden 96; vocab 515 (padded to 1024 at TP 8: ranks 5..7 hold only padding, rank 4 holds 3 "
+        "real rows); num_nextn_predict_layers 0.",
+        "config": {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": 515,
+            "hidden_size": 96,
+            "intermediate_size": 192,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "n_routed_experts": 16,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 4,
+            "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 48,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 16,
+            "max_position_embeddings": 256,
+            "num_nextn_predict_layers": 0,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 8.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.8,
+            },
+        },
+    },
+]
+
+
+def hub_config(spec):
+    c = dict(COMMON_HUB_KEYS)
+    c.update(spec["config"])
+    c["num_key_value_heads"] = c["num_attention_heads"]
+    c["transformers_version"] = transformers.__version__
+    return dict(sorted(c.items()))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Weights, by hub name, in the order eagle3's schema lists them (src/deepseek_v2_weights.cc).
+
+
+def is_moe_layer(c, layer):
+    return (c["n_routed_experts"] is not None and layer >= c["first_k_dense_replace"]
+            and layer % c["moe_layer_freq"] == 0)
+
+
+def weight_shapes(c):
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    shapes = [("model.embed_tokens.weight", (c["vocab_size"], h))]
+
+    def mlp(prefix, inter):
+        shapes.extend([(prefix + "gate_proj.weight", (inter, h)), (prefix + "up_proj.weight", (inter, h)),
+                       (prefix + "down_proj.weight", (h, inter))])
+
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        shapes += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+        a = p + "self_attn."
+        if c["q_lora_rank"] is not None:
+            shapes += [(a + "q_a_proj.weight", (c["q_lora_rank"], h)),
+                       (a + "q_a_layernorm.weight", (c["q_lora_rank"],)),
+                       (a + "q_b_proj.weight", (heads * qk, c["q_lora_rank"]))]
+        else:
+            shapes.append((a + "q_proj.weight", (heads * qk, h)))
+        shapes += [(a + "kv_a_proj_with_mqa.weight", (c["kv_lora_rank"] + c["qk_rope_head_dim"], h)),
+                   (a + "kv_a_layernorm.weight", (c["kv_lora_rank"],)),
+                   (a + "kv_b_proj.weight",
+                    (heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"])),
+                   (a + "o_proj.weight", (h, heads * c["v_head_dim"]))]
+        m = p + "mlp."
+        if not is_moe_layer(c, layer):
+            mlp(m, c["intermediate_size"])
+            continue
+        shapes.append((m + "gate.weight", (c["n_routed_experts"], h)))
+        if c["topk_method"] == "noaux_tc":
+            shapes.append((m + "gate.e_score_correction_bias", (c["n_routed_experts"],)))
+        for e in range(c["n_routed_experts"]):
+            mlp(f"{m}experts.{e}.", c["moe_intermediate_size"])
+        if c["n_shared_experts"]:
+            mlp(m + "shared_experts.", c["moe_intermediate_size"] * c["n_shared_experts"])
+    shapes.append(("model.norm.weight", (h,)))
+    shapes.append(("lm_head.weight", (c["vocab_size"], h)))
+    return shapes
+
+
+def random_weights(c, seed, router_std):
+    """Random weights with O(1) activations through the layers, rounded to bf16 values (fp32 tensors).
+
+    Linears: N(0, 1/fan_in); the router gate N(0, router_std^2/fan_in) so routing is decisive yet varies
+    by token; embedding N(0, 1); RMSNorm weights N(1, 0.1^2); correction bias U(0.05, 0.5), positive
+    (as trained biases are, and so the reference's 0-fill of masked groups equals transformers' -inf).
+    """
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in weight_shapes(c):
+        if name.endswith("e_score_correction_bias"):
+            w = 0.05 + 0.45 * torch.rand(shape, generator=g, dtype=torch.float64)
+        elif len(shape) == 1:
+            w = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        elif name == "model.embed_tokens.weight":
+            w = torch.randn(shape, generator=g, dtype=torch.float64)
+        else:
+            std = (router_std if name.endswith("mlp.gate.weight") else 1.0) / math.sqrt(shape[1])
+            w = std * torch.randn(shape, generator=g, dtype=torch.float64)
+        weights[name] = w.to(torch.bfloat16).to(torch.float32)
+    return weights
+
+
+def hub_to_transformers(c, hub):
+    """transformers 5 keeps each MoE layer's experts fused: gate_up_proj [E, 2I, H] (gate rows first,
+    as its forward chunks them) and down_proj [E, H, I]; the correction bias is a buffer of the gate."""
+    out = {}
+    experts = c["n_routed_experts"] or 0
+    for name, w in hub.items():
+        if ".mlp.experts." not in name:
+            out[name] = w
+    for layer in range(c["num_hidden_layers"]):
+        if not is_moe_layer(c, layer):
+            continue
+        p = f"model.layers.{layer}.mlp.experts."
+        out[p + "gate_up_proj"] = torch.stack(
+            [torch.cat([hub[f"{p}{e}.gate_proj.weight"], hub[f"{p}{e}.up_proj.weight"]], 0) for e in range(experts)])
+        out[p + "down_proj"] = torch.stack([hub[f"{p}{e}.down_proj.weight"] for e in range(experts)])
+    return out
+
+
+SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64"}
+
+
+def save_safetensors(path, tensors, metadata):
+    """A safetensors file with its tensors in the given order and a fixed header layout (the official
+    writer emits __metadata__ in hash order, so its bytes change from run to run)."""
+    header = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs, offset = [], 0
+    # Wider dtypes first (a stable sort), so that every tensor's offset is a multiple of its element size.
+    for name, t in sorted(tensors.items(), key=lambda item: -item[1].element_size()):
+        data = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    read = load_file(path)
+    assert sorted(read) == sorted(tensors)
+    assert all(torch.equal(read[n], t) for n, t in tensors.items()), path
+    with safe_open(path, "pt") as f:
+        assert f.metadata() == metadata
+
+
+def write_checkpoint(c, hub, directory):
+    """Two shards split by bytes in schema order, plus the hub index."""
+    stored = {}
+    for name, w in hub.items():
+        stored[name] = w.contiguous() if name.endswith("e_score_correction_bias") else w.to(torch.bfloat16)
+    total = sum(t.numel() * t.element_size() for t in stored.values())
+    shards, current, size = [[], []], 0, 0
+    for name, _ in weight_shapes(c):
+        shards[current].append(name)
+        size += stored[name].numel() * stored[name].element_size()
+        if current == 0 and size >= total // 2:
+            current = 1
+    weight_map = {}
+    for i, names in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_safetensors(os.path.join(directory, file), {n: stored[n] for n in names}, {"format": "pt"})
+        weight_map.update({n: file for n in names})
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------
+# Independent fp64 implementation of DeepSeek's reference math (modeling_deepseek.py of
+# deepseek-ai/DeepSeek-V2 and -V3). `variant` switches one detail to a plausible mistake, to measure
+# how strongly each fixture pins that detail down.
+
+
+def yarn_get_mscale(scale, mscale):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_tables(c, positions, variant):
+    dim, base = c["qk_rope_head_dim"], c["rope_theta"]
+    rs = c.get("rope_scaling")
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    inv_freq = 1.0 / base**exponents
+    attn_factor = 1.0
+    if rs and rs["type"] == "yarn" and "no_yarn_freq" not in variant:
+        factor, orig = rs["factor"], rs["original_max_position_embeddings"]
+
+        def correction_dim(rotations):
+            return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(rs.get("beta_fast", 32))), 0)
+        high = min(math.ceil(correction_dim(rs.get("beta_slow", 1))), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extra_mask = 1.0 - ramp
+        inv_freq = inv_freq / factor * (1 - extra_mask) + inv_freq * extra_mask
+    if rs and rs["type"] == "yarn" and "no_attn_factor" not in variant:
+        attn_factor = (yarn_get_mscale(rs["factor"], rs.get("mscale", 1))
+                       / yarn_get_mscale(rs["factor"], rs.get("mscale_all_dim", 0)))
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos() * attn_factor, angles.sin() * attn_factor
+
+
+def apply_rope(x, cos, sin, variant):
+    """x [..., T, dim]. DeepSeek rotates adjacent pairs (2i, 2i+1) by angle i (its code de-interleaves
+    and applies rotate_half, which is the same rotation); 'neox_rope' rotates (i, i + dim/2) instead."""
+    if "neox_rope" in variant:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).flatten(-2)
+
+
+def rms_norm(x, w, eps):
+    return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def silu_mlp(x, w, prefix):
+    return (torch.nn.functional.silu(x @ w[prefix + "gate_proj.weight"].T) * (x @ w[prefix + "up_proj.weight"].T)) @ \
+        w[prefix + "down_proj.weight"].T
+
+
+def route(c, x, w, p, variant):
+    """Returns (ids [T, K], weights [T, K], margin): margin = smallest gap, over tokens, between the last
+    chosen and the first rejected score at each selection stage (groups, then experts)."""
+    logits = x @ w[p + "gate.weight"].T
+    experts, k = c["n_routed_experts"], c["num_experts_per_tok"]
+    groups, keep = c["n_group"] or 1, c["topk_group"] or 1
+    margins = []
+
+    def top(scores, n):
+        ordered = scores.sort(-1, descending=True).values
+        if n < scores.shape[-1]:
+            margins.append((ordered[:, n - 1] - ordered[:, n]).min().item())
+        return scores.topk(n, -1).indices
+
+    if c["scoring_func"] == "softmax":
+        scores = logits.softmax(-1)
+        choice = scores
+    else:
+        scores = logits.sigmoid()
+        choice = scores if "no_bias" in variant else scores + w[p + "gate.e_score_correction_bias"]
+    if c["topk_method"] != "greedy" and "no_groups" not in variant:
+        grouped = choice.view(-1, groups, experts // groups)
+        group_scores = grouped.max(-1).values if c["topk_method"] == "group_limited_greedy" else \
+            grouped.topk(2, -1).values.sum(-1)
+        mask = torch.zeros_like(group_scores).scatter_(1, top(group_scores, keep), 1.0)
+        mask = mask[:, :, None].expand(-1, -1, experts // groups).reshape(-1, experts)
+        # DeepSeek's code fills masked experts with 0; scores here are all positive, so this is -inf.
+        choice = choice.masked_fill(mask == 0, float("-inf"))
+    ids = top(choice, k)
+    weights = scores.gather(1, ids)
+    norm = c["norm_topk_prob"] != ("flip_norm_topk_prob" in variant)
+    if c["scoring_func"] == "softmax":
+        # V2 reference: normalize *or* scale.
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) if norm and k > 1 else \
+            weights * c["routed_scaling_factor"]
+    else:
+        # V3 reference: normalize, then scale.
+        if norm and k > 1:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = weights * c["routed_scaling_factor"]
+    if "rsf_twice" in variant:
+        weights = weights * c["routed_scaling_factor"]
+    order = ids.argsort(-1)
+    return ids.gather(1, order), weights.gather(1, order), min(margins)
+
+
+def reference_forward(c, hub, tokens, variant=()):
+    w = {n: t.to(torch.float64) for n, t in hub.items()}
+    heads, dn, dr, dv = (c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"],
+                         c["v_head_dim"])
+    eps, latent_eps = c["rms_norm_eps"], 1e-6  # reference: fixed 1e-6 for q_a/kv_a layernorm
+    num_tokens = tokens.shape[0]
+    rs = c.get("rope_scaling")
+    scale = (dn + dr) ** -0.5
+    if rs and rs["type"] == "yarn" and "no_m2" not in variant:
+        scale *= yarn_get_mscale(rs["factor"], rs.get("mscale_all_dim", 0)) ** 2
+    cos, sin = rope_tables(c, torch.arange(num_tokens), variant)
+    causal = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
+
+    x = w["model.embed_tokens.weight"][tokens]
+    boundaries, routing, margin = [x], {}, float("inf")
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        if c["q_lora_rank"] is not None:
+            q = rms_norm(h @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"], latent_eps)
+            q = q @ w[a + "q_b_proj.weight"].T
+        else:
+            q = h @ w[a + "q_proj.weight"].T
+        q = q.view(num_tokens, heads, dn + dr).transpose(0, 1)  # [heads, T, dn + dr]
+        q_nope, q_pe = q[..., :dn], apply_rope(q[..., dn:], cos, sin, variant)
+        kv_a = h @ w[a + "kv_a_proj_with_mqa.weight"].T
+        latent = rms_norm(kv_a[:, :c["kv_lora_rank"]], w[a + "kv_a_layernorm.weight"], latent_eps)
+        k_pe = apply_rope(kv_a[:, c["kv_lora_rank"]:], cos, sin, variant)  # [T, dr], shared by all heads
+        kv = (latent @ w[a + "kv_b_proj.weight"].T).view(num_tokens, heads, dn + dv).transpose(0, 1)
+        k_nope, v = kv[..., :dn], kv[..., dn:]
+        scores = (q_nope @ k_nope.transpose(1, 2) + q_pe @ k_pe.T) * scale
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        attn = (probs @ v).transpose(0, 1).reshape(num_tokens, heads * dv)
+        x = x + attn @ w[a + "o_proj.weight"].T
+
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        m = p + "mlp."
+        if is_moe_layer(c, layer):
+            ids, weights, layer_margin = route(c, h, w, m, variant)
+            routing[layer] = (ids, weights)
+            margin = min(margin, layer_margin)
+            out = torch.zeros_like(h)
+            for t in range(num_tokens):
+                for j in range(ids.shape[1]):
+                    e = ids[t, j].item()
+                    out[t] += weights[t, j] * silu_mlp(h[t:t + 1], w, f"{m}experts.{e}.")[0]
+            if c["n_shared_experts"]:
+                out = out + silu_mlp(h, w, m + "shared_experts.")
+        else:
+            out = silu_mlp(h, w, m)
+        x = x + out
+        boundaries.append(x)
+    logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+    return logits, boundaries, routing, margin
+
+
+# ---------------------------------------------------------------------------------------------------
+# The transformers oracle.
+
+
+def transformers_class(c):
+    return {"deepseek_v2": transformers.DeepseekV2ForCausalLM,
+            "deepseek_v3": transformers.DeepseekV3ForCausalLM}[c["model_type"]]
+
+
+def check_oracle_semantics(model, c):
+    """Assert the properties of the installed transformers that the fixtures rely on (see README)."""
+    rs = c.get("rope_scaling")
+    m = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) if rs and rs["type"] == "yarn" else 1.0
+    want = (c["qk_nope_head_dim"] + c["qk_rope_head_dim"]) ** -0.5 * m * m
+    for layer in model.model.layers:
+        got = layer.self_attn.scaling
+        if abs(got - want) > 1e-12 * want:
+            raise SystemExit(f"{c['model_type']}: attention scaling {got} != reference {want}: the installed "
+                             "transformers omits (or changes) the YaRN m^2 factor; patch it here and say so")
+    if c["model_type"] == "deepseek_v3" and not model.config.rope_interleave:
+        raise SystemExit("deepseek_v3 config has rope_interleave false; DeepSeek rotates adjacent pairs")
+
+
+class BoundaryTap:
+    """Residual stream at every boundary: a forward pre-hook on each decoder layer captures its input
+    (b = i), and a forward hook on the last layer its output (b = L, before model.norm).
+    output_hidden_states is not used: transformers replaces its last entry with the normed state."""
+
+    def __init__(self, model):
+        self.captured = {}
+        self.handles = []
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            self.handles.append(layer.register_forward_pre_hook(self._pre(i), with_kwargs=True))
+        self.handles.append(layers[-1].register_forward_hook(self._post(len(layers))))
+        self.routing = {}
+        for i, layer in enumerate(layers):
+            gate = getattr(layer.mlp, "gate", None)
+            if isinstance(gate, torch.nn.Module):
+                self.handles.append(gate.register_forward_hook(self._route(i)))
+
+    def _route(self, i):
+        def hook(module, args, output):
+            _, weights, ids = output  # (router_logits, topk_weights, topk_indices)
+            order = ids.argsort(-1)
+            self.routing[i] = (ids.gather(1, order).detach().clone(), weights.gather(1, order).detach().clone())
+        return hook
+
+    def _pre(self, i):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self.captured[i] = hidden.detach().clone()
+        return hook
+
+    def _post(self, i):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            self.captured[i] = hidden.detach().clone()
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def run_transformers(model, tokens):
+    tap = BoundaryTap(model)
+    with torch.no_grad():
+        out = model(input_ids=tokens[None], output_hidden_states=True, use_cache=False)
+    tap.remove()
+    layers = len(model.model.layers)
+    boundaries = [tap.captured[b][0] for b in range(layers + 1)]
+    hidden_states = out.hidden_states
+    # What output_hidden_states means in this version (recorded in the README).
+    assert torch.equal(hidden_states[0][0], boundaries[0])
+    for b in range(1, layers):
+        assert torch.equal(hidden_states[b][0], boundaries[b]), b
+    normed = model.model.norm(boundaries[layers][None])[0]
+    assert torch.equal(hidden_states[layers][0], normed), "output_hidden_states[-1] is expected to be normed"
+    assert not torch.equal(hidden_states[layers][0], boundaries[layers])
+    return out.logits[0].detach().clone(), boundaries, tap.routing
+
+
+def load_direct(c, hub, config):
+    model = transformers_class(c)._from_config(config, attn_implementation="eager",
+                                               experts_implementation="eager", dtype=torch.float32)
+    state = hub_to_transformers(c, hub)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"direct mapping: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def max_rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def make_prompt(c, seed, num_tokens):
+    """Ids spread over the vocab: the last id (last vocab shard at TP 8), id 0, and one repeated id
+    (same token at two positions: only RoPE tells them apart)."""
+    g = torch.Generator().manual_seed(seed + 7)
+    tokens = torch.randint(0, c["vocab_size"], (num_tokens,), generator=g)
+    tokens[2] = c["vocab_size"] - 1
+    tokens[5] = 0
+    tokens[num_tokens - 3] = tokens[3]
+    return tokens
+
+
+SENSITIVITY = {
+    "no_m2": "softmax scale without the YaRN m^2 factor",
+    "no_yarn_freq": "plain RoPE frequencies instead of YaRN's",
+    "no_attn_factor": "cos/sin without the mscale/mscale_all_dim factor",
+    "neox_rope": "rotate (i, i + d/2) pairs instead of adjacent pairs",
+    "no_groups": "ignore n_group/topk_group (plain top-k)",
+    "no_bias": "select without e_score_correction_bias",
+    "flip_norm_topk_prob": "the opposite norm_topk_prob",
+    "rsf_twice": "routed_scaling_factor applied twice",
+}
+
+
+def applicable(c, variant):
+    rs = c.get("rope_scaling")
+    yarn = bool(rs) and rs["type"] == "yarn"
+    if variant in ("no_m2", "no_yarn_freq"):
+        return yarn
+    if variant == "no_attn_factor":
+        return yarn and rs["mscale"] != rs["mscale_all_dim"]
+    if variant == "no_groups":
+        return c["topk_method"] != "greedy" and c["topk_group"] < c["n_group"]
+    if variant == "no_bias":
+        return c["topk_method"] == "noaux_tc"
+    if variant == "rsf_twice":
+        return c["routed_scaling_factor"] != 1.0
+    return True
+
+
+def build(spec, out_dir, log):
+    c = hub_config(spec)
+    directory = os.path.join(out_dir, spec["name"])
+    if os.path.isdir(directory):
+        shutil.rmtree(directory)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+        f.write("\n")
+
+    # Weights: the first seed (counting up from the model's) whose routing has no near-ties.
+    tokens = make_prompt(c, spec["seed"], spec["num_tokens"])
+    for seed in range(spec["seed"], spec["seed"] + 200):
+        hub = random_weights(c, seed, spec["router_std"])
+        ref_logits, ref_boundaries, ref_routing, margin = reference_forward(c, hub, tokens)
+        if margin >= MIN_ROUTING_MARGIN:
+            break
+    else:
+        raise SystemExit(f"{spec['name']}: no seed gave routing margins >= {MIN_ROUTING_MARGIN}")
+    checkpoint_bytes = write_checkpoint(c, hub, directory)
+
+    # Oracle: from_pretrained of the written checkpoint (transformers' own hub->fused conversion).
+    model, loading = transformers_class(c).from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
+        output_loading_info=True)
+    model.eval()
+    if any(loading.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+        raise SystemExit(f"{spec['name']}: from_pretrained loading report: {loading}")
+    check_oracle_semantics(model, c)
+    logits, boundaries, hf_routing = run_transformers(model, tokens)
+
+    # The same weights through this script's own mapping, and the written files read back.
+    direct = load_direct(c, hub, model.config)
+    direct_logits, direct_boundaries, _ = run_transformers(direct, tokens)
+    if not torch.equal(direct_logits, logits) or any(
+            not torch.equal(a, b) for a, b in zip(direct_boundaries, boundaries)):
+        raise SystemExit(f"{spec['name']}: from_pretrained and the direct mapping disagree")
+    reread = {}
+    for file in sorted(f for f in os.listdir(directory) if f.startswith("model-")):
+        reread.update(load_file(os.path.join(directory, file)))
+    assert sorted(reread) == sorted(hub) and all(torch.equal(reread[n].float(), hub[n]) for n in hub)
+
+    # transformers vs the independent fp64 reference.
+    logits_err = max_rel(logits, ref_logits)
+    boundary_err = max(max_rel(a, b) for a, b in zip(boundaries, ref_boundaries))
+    if logits_err > 1e-5 or boundary_err > 1e-5:
+        raise SystemExit(f"{spec['name']}: transformers vs fp64 reference: logits {logits_err:.2e}, "
+                         f"boundaries {boundary_err:.2e} (relative to max |value|)")
+
+    # Routing as transformers computed it must match the reference's choices.
+    expected = {"tokens": tokens.to(torch.int64).contiguous(), "logits": logits.float().contiguous()}
+    for b, t in enumerate(boundaries):
+        expected[f"boundary.{b}"] = t.float().contiguous()
+    if sorted(hf_routing) != sorted(ref_routing):
+        raise SystemExit(f"{spec['name']}: MoE layers differ: {sorted(hf_routing)} vs {sorted(ref_routing)}")
+    for layer, (ids, weights) in sorted(ref_routing.items()):
+        hf_ids, hf_weights = hf_routing[layer]
+        if not torch.equal(hf_ids, ids):
+            raise SystemExit(f"{spec['name']}: layer {layer} routing differs between transformers and reference")
+        assert max_rel(hf_weights, weights) < 1e-5
+        expected[f"router.{layer}.topk_ids"] = hf_ids.to(torch.int64).contiguous()
+        expected[f"router.{layer}.topk_weights"] = hf_weights.float().contiguous()
+    metadata = {"model": spec["name"], "torch": torch.__version__, "transformers": transformers.__version__,
+                "oracle": transformers_class(c).__name__ + " fp32 eager"}
+    save_safetensors(os.path.join(directory, "expected.safetensors"), expected, metadata)
+
+    # How strongly the fixture pins each detail.
+    sensitivity = {}
+    for variant in SENSITIVITY:
+        if applicable(c, variant):
+            v_logits = reference_forward(c, hub, tokens, (variant,))[0]
+            sensitivity[variant] = (max_rel(v_logits, ref_logits),
+                                    int((v_logits.argmax(-1) != ref_logits.argmax(-1)).sum()))
+
+    rs = c.get("rope_scaling")
+    m2 = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2 if rs else 1.0
+    af = yarn_get_mscale(rs["factor"], rs["mscale"]) / yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) \
+        if rs else 1.0
+    distinct = {layer: len({tuple(r) for r in ids.tolist()}) for layer, (ids, _) in ref_routing.items()}
+    used = {layer: len(set(ids.flatten().tolist())) for layer, (ids, _) in ref_routing.items()}
+    sizes = {f: os.path.getsize(os.path.join(directory, f)) for f in sorted(os.listdir(directory))}
+    info = {
+        "name": spec["name"],
+        "what": spec["what"].format(m2=m2, af=af),
+        "seed": seed,
+        "tokens": tokens.tolist(),
+        "num_tensors": len(hub),
+        "checkpoint_bytes": checkpoint_bytes,
+        "sizes": sizes,
+        "logits_err": logits_err,
+        "boundary_err": boundary_err,
+        "margin": margin,
+        "distinct": distinct,
+        "used": used,
+        "sensitivity": sensitivity,
+        "softmax_scale": model.model.layers[0].self_attn.scaling,
+        "attention_scaling": model.model.rotary_emb.attention_scaling,
+        "config": c,
+    }
+    log(f"{spec['name']}: seed {seed}, T {len(tokens)}, {len(hub)} tensors, {sum(sizes.values())} bytes, "
+        f"logits vs fp64 {logits_err:.1e}, routing margin {margin:.1e}")
+    return info
+
+
+def fmt_err(x):
+    return f"{x:.1e}"
+
+
+def write_readme(out_dir, infos):
+    lines = [
+        "# Golden fixtures for the DeepSeek-V2-family target forward",
+        "",
+        "Generated by `python3 tools/make_golden.py --out tests/data/golden` (deterministic: one CPU thread,",
+        "`torch.use_deterministic_algorithms(True)`, fixed seeds; a rerun reproduces every file byte for byte).",
+        "",
+        f"Versions: torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {sys.version.split()[0]} (CPU).",
+        "",
+        "## Contents of each directory",
+        "",
+        "- `config.json`: hub form (`model_type`, `architectures`, `rope_theta` + `rope_scaling` with `\"type\"`),",
+        "  the keys DeepSeek's own configs carry; `rms_norm_eps` 1e-6 as in every real config.",
+        "- `model-00001-of-00002.safetensors`, `model-00002-of-00002.safetensors`, `model.safetensors.index.json`:",
+        "  hub tensor names and layouts (per-expert `mlp.experts.{e}.{gate,up,down}_proj.weight`, `mlp.gate.weight`,",
+        "  `mlp.shared_experts.*`, ...), bf16; V3's `mlp.gate.e_score_correction_bias` is f32 as in real",
+        "  V3/Kimi-K2 checkpoints (its values are bf16-representable).",
+        "- `expected.safetensors` (metadata names the versions):",
+        "  - `tokens` i64 [T]: the prompt, at positions 0..T-1, one causal prefill;",
+        "  - `logits` f32 [T, V];",
+        "  - `boundary.<b>` f32 [T, H], b = 0..L: b = 0 the embedding output (input of layer 0), b = i the input",
+        "    of layer i (= output of layer i-1, full residual stream), b = L the output of the last layer",
+        "    before `model.norm`. Captured with forward (pre-)hooks on the decoder layers;",
+        "  - `router.<l>.topk_ids` i64 [T, K] and `router.<l>.topk_weights` f32 [T, K] for each MoE layer l: the",
+        "    experts transformers' router chose, sorted by id, and the weights it multiplies into their outputs",
+        "    (after norm_topk_prob / routed_scaling_factor). For locating a routing mismatch.",
+        "",
+        "The weights are random (linears N(0, 1/fan_in), router N(0, s^2/fan_in) with s = 1.5-2, embedding",
+        "N(0, 1), RMSNorm weights N(1, 0.1^2), correction bias U(0.05, 0.5)), rounded to bf16 before anything is",
+        "computed, so the bf16 files hold exactly the weights the references used.",
+        "",
+        "## How the expected outputs were validated",
+        "",
+        "1. The oracle is transformers' `DeepseekV2ForCausalLM` / `DeepseekV3ForCausalLM` loaded from the written",
+        "   directory with `from_pretrained(dtype=float32, attn_implementation=\"eager\",",
+        "   experts_implementation=\"eager\")`, i.e. through transformers' own hub-config parsing and",
+        "   per-expert -> fused `gate_up_proj` conversion.",
+        "2. The same weights loaded by the script's own hub -> transformers mapping give identical outputs",
+        "   (bitwise), and the shards read back equal the weights.",
+        "3. An independent fp64 implementation of DeepSeek's reference math (written from DeepSeek's",
+        "   `modeling_deepseek.py`, in the script) agrees with transformers (max |diff| / max |value|, table",
+        "   below), and chooses the same experts for every token in every MoE layer.",
+        f"4. Seeds are chosen so that every routing decision has a gap of at least {MIN_ROUTING_MARGIN} between",
+        "   the last kept and the first rejected score (group stage and expert stage), so a correct",
+        "   implementation cannot flip an expert through rounding.",
+        "5. Checked by hand when generated (not by the script): `eagle3-decode --target <dir>` parses each",
+        "   config, finds every tensor with its expected shape and none extra, and loads every tensor's TP",
+        "   slice at TP 1 and at TP 8 (ranks 0, 4, 7); its softmax scale agrees with transformers'.",
+        "",
+        "## Models",
+        "",
+    ]
+    for info in infos:
+        c = info["config"]
+        lines += [f"### `{info['name']}`", "", info["what"], ""]
+        lines += [
+            f"- {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
+            f"q_lora_rank {c['q_lora_rank']}, kv_lora_rank {c['kv_lora_rank']}, qk nope/rope "
+            f"{c['qk_nope_head_dim']}/{c['qk_rope_head_dim']}, v {c['v_head_dim']}, intermediate "
+            f"{c['intermediate_size']}, moe_intermediate {c['moe_intermediate_size']}, vocab {c['vocab_size']}.",
+            f"- softmax scale {info['softmax_scale']:.9f}; cos/sin attention factor {info['attention_scaling']:.9f}.",
+            f"- weight seed {info['seed']}; prompt (T = {len(info['tokens'])}): {info['tokens']}.",
+            f"- {info['num_tensors']} checkpoint tensors, {info['checkpoint_bytes']} bytes of weights; files: "
+            + ", ".join(f"{k} {v}" for k, v in info["sizes"].items()) + ".",
+            f"- transformers vs fp64 reference: logits {fmt_err(info['logits_err'])}, boundaries "
+            f"{fmt_err(info['boundary_err'])}; smallest routing gap {info['margin']:.2e}.",
+            "- routing per MoE layer (distinct expert sets over the T tokens / experts used): "
+            + ", ".join(f"layer {l}: {info['distinct'][l]} / {info['used'][l]}" for l in info["distinct"]) + ".",
+            "- what a mistake would change (fp64 reference with one detail altered: max |logit diff| / max "
+            "|logit|, tokens whose argmax changes): "
+            + "; ".join(f"{SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}" for k, v in info["sensitivity"].items()) + ".",
+            "",
+        ]
+    lines += README_SEMANTICS
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+
+
+README_SEMANTICS = [
+    "## Semantics checked in the installed transformers (5.17.0) and how the fixtures handle them",
+    "",
+    "No patch of the oracle was needed; each point below was read in the installed source and is either",
+    "asserted by the script or cross-checked by the fp64 reference.",
+    "",
+    "- **YaRN m^2 softmax factor.** Both `DeepseekV2Attention` and `DeepseekV3Attention` set",
+    "  `self.scaling = yarn_apply_mscale(config.rope_parameters, self.qk_head_dim ** (-0.5))`, which multiplies",
+    "  by `yarn_get_mscale(factor, mscale_all_dim) ** 2` when `mscale_all_dim` is set: DeepSeek's reference",
+    "  value (DESIGN.md notes that older versions' V2 class omitted it; 5.17.0's has it). The script asserts",
+    "  the value on every layer and stops if the installed version lacks it.",
+    "- **RoPE pairs.** V2's `apply_rotary_emb` views the rope dims as complex numbers from adjacent pairs",
+    "  (`reshape(..., -1, 2)`) and multiplies by `torch.polar(1, freqs) * attention_scaling`; V3 (with",
+    "  `rope_interleave` true, its default, asserted) uses `apply_rotary_pos_emb_interleave`, which rotates",
+    "  the even/odd slices and writes them de-interleaved, for q and k alike, so q.k equals the",
+    "  adjacent-pair rotation. Both equal DeepSeek's de-interleave + rotate_half. Only the rope dims rotate.",
+    "- **YaRN frequencies and cos/sin factor.** `_compute_yarn_parameters` uses DeepSeek's correction range",
+    "  (floor/ceil, `truncate` default true, clamp to [0, dim-1]), ramp over dim/2, dim = qk_rope_head_dim",
+    "  (transformers sets `head_dim = qk_rope_head_dim`), base = rope_theta, and",
+    "  `attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)` when both are",
+    "  set: DeepSeek's `_mscale`. The hub `rope_scaling` block (with `\"type\": \"yarn\"` and an explicit",
+    "  `original_max_position_embeddings`) is read into `rope_parameters` unchanged;",
+    "  max_position_embeddings = factor x original, so transformers does not warn about the implied factor.",
+    "- **V2 routing.** `DeepseekV2TopkRouter`: softmax; `greedy` top-k, or `group_limited_greedy` with the",
+    "  group MAX, masked experts set to 0; then always `topk_weights * routed_scaling_factor`:",
+    "  `norm_topk_prob` is ignored. DeepSeek's reference normalizes *instead of* scaling when",
+    "  `norm_topk_prob` is true, so the V2 fixtures use `norm_topk_prob: false` (as DeepSeek-V2 and V2-Lite",
+    "  do), where both agree.",
+    "- **V3 routing.** `DeepseekV3TopkRouter`: sigmoid; `e_score_correction_bias` added for selection only;",
+    "  group score = sum of each group's top-2; experts outside the kept groups masked with -inf (DeepSeek's",
+    "  reference uses 0, the same here because the bias is positive); weights gathered from the unbiased",
+    "  scores, normalized (+1e-20) when `norm_topk_prob`, then multiplied by `routed_scaling_factor`.",
+    "- **Dense vs MoE layers.** transformers makes layer i MoE when i >= first_k_dense_replace and ignores",
+    "  `moe_layer_freq`; the fixtures use moe_layer_freq 1, where that is DeepSeek's rule too.",
+    "- **Latent norms.** `q_a_layernorm` / `kv_a_layernorm` are built with the default eps 1e-6, not",
+    "  `rms_norm_eps` (as in DeepSeek's reference); the fixtures use rms_norm_eps 1e-6, so an implementation",
+    "  that passes rms_norm_eps (SGLang, vLLM, eagle3) gets the same math.",
+    "- **`output_hidden_states`.** Its first L entries are the decoder layers' inputs, but the last one is",
+    "  replaced by `last_hidden_state` (after `model.norm`, `tie_last_hidden_states=True` in",
+    "  `utils/output_capturing.py`). The boundaries come from hooks instead; the script asserts both facts.",
+    "- **MTP.** transformers' V3 config defaults `num_mtp_layers` (alias `num_nextn_predict_layers`) to 1;",
+    "  the V3 config states 0, and the V3 modeling class builds no MTP layer.",
+    "- **Deviations from the real models.** `v3_noaux` uses mscale 1.0 with mscale_all_dim 0.8 (real V3: 1.0",
+    "  and 1.0) so that the cos/sin factor differs from 1 and is exercised.",
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="output directory, e.g. tests/data/golden")
+    parser.add_argument("--only", nargs="*", help="model names to regenerate (default: all)")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    transformers.logging.set_verbosity_error()
+    infos = []
+    for spec in MODELS:
+        if args.only and spec["name"] not in args.only:
+            continue
+        infos.append(build(spec, args.out, print))
+    if not args.only:
+        write_readme(args.out, infos)
+    for info in infos:
+        total = sum(info["sizes"].values())
+        if total > 1_500_000:
+            raise SystemExit(f"{info['name']}: {total} bytes exceeds the 1.5 MB budget")
+
+
+if __name__ == "__main__":
+    main()
