@@ -2,11 +2,22 @@
 //
 //   eagle3-inspect target --model DIR --tokens 5,17,99 [--tp N] [--residual replicated|sharded]
 //                         [--attention auto|absorbed|non-absorbed] --out FILE
+//   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
+//                        [--draft-tokens N] [--convention output|input] --out FILE
+//   eagle3-inspect check --target DIR --draft DIR [--convention output|input]
 //
 // `target` runs the target on the tokens (one causal forward, CPU reference backend, N ranks on
 // threads) and writes a safetensors file with `tokens` (i64 [T]), `logits` (f32 [T, V]) and
 // `boundary.<b>` (f32 [T, H]) for every boundary b in 0..L (b = 0 the embedding output, b = L the
 // last layer's output before the final norm) — what a user compares with a training-time dump.
+//
+// `draft` runs the target on the tokens, then the draft on the aux states of every position (row p:
+// target hidden at p, token p + 1; the last row's token is the target's argmax after the last
+// token, the tree root), and writes `draft_logits` (f32 [T, draft_vocab], the first draft step of
+// every position) and the EAGLE-2 tree drafted after the last position: `tree_tokens` (target ids,
+// root first), `tree_parents`, `tree_positions`, `tree_mask` (u8 [N, N]).
+//
+// `check` validates a pair before serving and exits non-zero listing every problem.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,12 +25,15 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/draft_model.h"
+#include "eagle3/draft_tree.h"
+#include "eagle3/eagle3_drafter.h"
 #include "eagle3/hidden_state_tap.h"
-#include "eagle3/in_process_group.h"
+#include "eagle3/rank_threads.h"
+#include "eagle3/pair_check.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
@@ -29,10 +43,16 @@ namespace {
 constexpr char kUsage[] =
     "usage: eagle3-inspect target --model DIR --tokens 5,17,99,... [--tp N]\n"
     "                             [--residual replicated|sharded]\n"
-    "                             [--attention auto|absorbed|non-absorbed] --out FILE\n";
+    "                             [--attention auto|absorbed|non-absorbed] --out FILE\n"
+    "       eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]\n"
+    "                            [--draft-tokens N] [--convention output|input] --out FILE\n"
+    "       eagle3-inspect check --target DIR --draft DIR [--convention output|input]\n";
 
 struct Flags {
-  std::string model, out;
+  std::string command;
+  std::string model, out, draft;
+  eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
+  eagle3::DraftTreeParams tree;
   std::vector<int64_t> tokens;
   int tp = 1;
   eagle3::ResidualMode residual = eagle3::ResidualMode::kReplicated;
@@ -58,16 +78,44 @@ absl::StatusOr<std::vector<int64_t>> ParseTokens(const std::string& text) {
 }
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  if (argc < 2 || std::string_view(argv[1]) != "target") {
-    return absl::InvalidArgumentError(argc < 2 ? "missing subcommand" : "unknown subcommand '" + std::string(argv[1]) + "'");
+  const std::string_view command = argc < 2 ? "" : argv[1];
+  if (command != "target" && command != "draft" && command != "check") {
+    return absl::InvalidArgumentError(argc < 2 ? "missing subcommand" : "unknown subcommand '" + std::string(command) + "'");
   }
   Flags flags;
+  flags.command = std::string(command);
   for (int i = 2; i < argc; ++i) {
     const std::string_view flag = argv[i];
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + std::string(flag) + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--model") {
+    auto integer = [&](int lo, int hi, int* out) -> absl::Status {
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v < lo || v > hi) {
+        return absl::InvalidArgumentError(std::string(flag) + " must be an integer in [" + std::to_string(lo) + ", " +
+                                          std::to_string(hi) + "], got " + value);
+      }
+      *out = static_cast<int>(v);
+      return absl::OkStatus();
+    };
+    if (flag == "--model" || flag == "--target") {
       flags.model = value;
+    } else if (flag == "--draft") {
+      flags.draft = value;
+    } else if (flag == "--topk") {
+      EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 16, &flags.tree.topk));
+    } else if (flag == "--steps") {
+      EAGLE3_RETURN_IF_ERROR(integer(1, 64, &flags.tree.num_steps));
+    } else if (flag == "--draft-tokens") {
+      EAGLE3_RETURN_IF_ERROR(integer(2, 1 << 16, &flags.tree.num_draft_tokens));
+    } else if (flag == "--convention") {
+      if (value == "output") {
+        flags.convention = eagle3::LayerIdConvention::kOutputOfLayer;
+      } else if (value == "input") {
+        flags.convention = eagle3::LayerIdConvention::kInputOfLayer;
+      } else {
+        return absl::InvalidArgumentError("--convention must be output (SGLang/SpecForge) or input (vLLM), got " + value);
+      }
     } else if (flag == "--out") {
       flags.out = value;
     } else if (flag == "--tokens") {
@@ -97,8 +145,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("unknown flag " + std::string(flag));
     }
   }
-  if (flags.model.empty() || flags.out.empty() || flags.tokens.empty()) {
-    return absl::InvalidArgumentError("--model, --tokens and --out are required");
+  if (flags.command == "check") {
+    if (flags.model.empty() || flags.draft.empty()) return absl::InvalidArgumentError("--target and --draft are required");
+  } else if (flags.model.empty() || flags.out.empty() || flags.tokens.empty() ||
+             (flags.command == "draft" && flags.draft.empty())) {
+    return absl::InvalidArgumentError(flags.command == "target" ? "--model, --tokens and --out are required"
+                                                                : "--target, --draft, --tokens and --out are required");
   }
   return flags;
 }
@@ -126,32 +178,12 @@ absl::Status InspectTarget(const Flags& flags) {
 
   std::vector<float> logits(static_cast<size_t>(t * config.vocab_size));
   std::vector<float> aux(static_cast<size_t>(t * tap.width()));
-  std::shared_ptr<eagle3::InProcessGroup> group;
-  if (flags.tp > 1) {
-    EAGLE3_ASSIGN_OR_RETURN(group, eagle3::InProcessGroup::Create(flags.tp));
-  }
-  std::vector<absl::Status> statuses(static_cast<size_t>(flags.tp));
   const auto start = std::chrono::steady_clock::now();
-  auto rank_main = [&](int rank) {
-    absl::Status& status = statuses[static_cast<size_t>(rank)];
-    std::unique_ptr<eagle3::Communicator> comm;
-    if (group) {
-      auto c = group->Rank(rank);
-      if (!c.ok()) {
-        status = c.status();
-        return;
-      }
-      comm = std::move(*c);
-    }
+  EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* comm) -> absl::Status {
     eagle3::cpu::CpuBackend backend;
     eagle3::TargetModelOptions o = options;
     o.rank = rank;
-    auto model = eagle3::TargetModel::Create(flags.model, o, comm.get(), &backend);
-    if (!model.ok()) {
-      status = model.status();
-      if (group) group->Abort("rank " + std::to_string(rank) + " failed to load");
-      return;
-    }
+    EAGLE3_ASSIGN_OR_RETURN(auto model, eagle3::TargetModel::Create(flags.model, o, comm, &backend));
     eagle3::SequenceInput in;
     in.tokens = flags.tokens;
     in.page_table = pages;
@@ -166,15 +198,10 @@ absl::Status InspectTarget(const Flags& flags) {
       logits_data = rank_logits.data();
       aux_data = rank_aux.data();
     }
-    status = (*model)->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
-                               eagle3::TensorView(logits_data, eagle3::DType::kF32, eagle3::Shape{t, config.vocab_size}),
-                               &tap, eagle3::TensorView(aux_data, eagle3::DType::kF32, eagle3::Shape{t, tap.width()}));
-    if (!status.ok() && group) group->Abort("rank " + std::to_string(rank) + " failed");
-  };
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < flags.tp; ++rank) threads.emplace_back(rank_main, rank);
-  for (auto& th : threads) th.join();
-  for (const absl::Status& st : statuses) EAGLE3_RETURN_IF_ERROR(st);
+    return model->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
+                          eagle3::TensorView(logits_data, eagle3::DType::kF32, eagle3::Shape{t, config.vocab_size}), &tap,
+                          eagle3::TensorView(aux_data, eagle3::DType::kF32, eagle3::Shape{t, tap.width()}));
+  }));
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   // boundary.<b> as its own contiguous [T, H] tensor.
@@ -216,6 +243,126 @@ absl::Status InspectTarget(const Flags& flags) {
   return absl::OkStatus();
 }
 
+absl::Status InspectDraft(const Flags& flags) {
+  eagle3::cpu::CpuBackend backend;
+  const int64_t t = static_cast<int64_t>(flags.tokens.size());
+  const int64_t context = t + flags.tree.num_draft_tokens + 1;
+  const int64_t page_size = 16;
+  const int64_t pages = (context + page_size - 1) / page_size;
+  std::vector<int32_t> page_table(static_cast<size_t>(pages));
+  for (size_t p = 0; p < page_table.size(); ++p) page_table[p] = static_cast<int32_t>(p);
+
+  eagle3::DraftModelOptions dopt;
+  dopt.convention = flags.convention;
+  dopt.max_tokens_per_forward = std::max<int64_t>(t, flags.tree.num_draft_tokens);
+  dopt.max_context_len = context;
+  dopt.page_size = page_size;
+  dopt.num_kv_pages = pages;
+  EAGLE3_ASSIGN_OR_RETURN(auto draft, eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, &backend));
+  eagle3::TargetModelOptions topt;
+  topt.max_tokens_per_forward = t;
+  topt.max_context_len = context;
+  topt.page_size = page_size;
+  topt.num_kv_pages = pages;
+  EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, &backend));
+  const eagle3::HiddenStateTap& tap = draft->tap();
+  const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab();
+
+  // Target pass: aux states of every position and the root (argmax after the last token).
+  std::vector<float> last(static_cast<size_t>(vocab)), aux(static_cast<size_t>(t * tap.width()));
+  eagle3::SequenceInput in;
+  in.tokens = flags.tokens;
+  in.page_table = page_table;
+  EAGLE3_RETURN_IF_ERROR(target->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
+                                         eagle3::TensorView(last.data(), eagle3::DType::kF32, eagle3::Shape{1, vocab}),
+                                         &tap, eagle3::TensorView(aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()})));
+  int64_t root = 0;
+  for (int64_t v = 1; v < vocab; ++v) root = last[static_cast<size_t>(v)] > last[static_cast<size_t>(root)] ? v : root;
+  std::vector<int64_t> shifted(flags.tokens.begin() + 1, flags.tokens.end());
+  shifted.push_back(root);
+
+  // First draft step at every position.
+  std::vector<float> draft_logits(static_cast<size_t>(t * dv)), hidden(static_cast<size_t>(t * draft->config().hidden_size));
+  eagle3::DraftSequenceInput din;
+  din.tokens = shifted;
+  din.page_table = page_table;
+  din.all_logits = true;
+  EAGLE3_RETURN_IF_ERROR(draft->Forward(std::span<const eagle3::DraftSequenceInput>(&din, 1),
+                                        eagle3::TensorView(aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()}),
+                                        /*from_target=*/true,
+                                        eagle3::TensorView(draft_logits.data(), eagle3::DType::kF32, eagle3::Shape{t, dv}),
+                                        eagle3::TensorView(hidden.data(), eagle3::DType::kF32,
+                                                           eagle3::Shape{t, draft->config().hidden_size})));
+
+  // The tree after the last position, built as the decode loop builds it.
+  eagle3::Eagle3Drafter drafter(draft.get(), 1);
+  std::vector<float> root_logits(static_cast<size_t>(dv));
+  EAGLE3_RETURN_IF_ERROR(drafter.Reset(0));
+  EAGLE3_RETURN_IF_ERROR(drafter.Extend(0, 0, shifted,
+                                        eagle3::TensorView(aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()}),
+                                        eagle3::TensorView(root_logits.data(), eagle3::DType::kF32, eagle3::Shape{dv})));
+  eagle3::DraftExpandFn expand = [&](std::span<const eagle3::DraftCandidate> candidates, std::span<const int32_t> frontier,
+                                     const eagle3::TensorView& out) -> absl::Status {
+    if (frontier.size() == 1 && frontier[0] == 0) {
+      std::copy(root_logits.begin(), root_logits.end(), out.data_as<float>());
+      return absl::OkStatus();
+    }
+    return drafter.Expand(0, candidates, frontier, out);
+  };
+  EAGLE3_ASSIGN_OR_RETURN(eagle3::DraftTree tree,
+                          eagle3::BuildDraftTree(root, flags.tree, dv, draft->d2t(), expand));
+  const int64_t n = tree.size();
+  std::vector<int64_t> positions = tree.Positions(t);
+  std::vector<uint8_t> mask = tree.DenseMask();
+  std::vector<int64_t> tokens = flags.tokens;
+  std::vector<int32_t> parents = tree.parents;
+  std::vector<int64_t> tree_tokens = tree.tokens;
+  const std::vector<eagle3::NamedTensor> out = {
+      {"tokens", eagle3::TensorView(tokens.data(), eagle3::DType::kI64, eagle3::Shape{t})},
+      {"draft_logits", eagle3::TensorView(draft_logits.data(), eagle3::DType::kF32, eagle3::Shape{t, dv})},
+      {"tree_tokens", eagle3::TensorView(tree_tokens.data(), eagle3::DType::kI64, eagle3::Shape{n})},
+      {"tree_parents", eagle3::TensorView(parents.data(), eagle3::DType::kI32, eagle3::Shape{n})},
+      {"tree_positions", eagle3::TensorView(positions.data(), eagle3::DType::kI64, eagle3::Shape{n})},
+      {"tree_mask", eagle3::TensorView(mask.data(), eagle3::DType::kU8, eagle3::Shape{n, n})}};
+  EAGLE3_RETURN_IF_ERROR(eagle3::WriteSafetensors(flags.out, out, {{"target", flags.model}, {"draft", flags.draft}}));
+
+  std::printf("%s\n", tap.Describe().c_str());
+  std::printf("wrote %s: draft_logits [%lld, %lld], tree of %lld nodes (topk %d, steps %d)\n", flags.out.c_str(),
+              static_cast<long long>(t), static_cast<long long>(dv), static_cast<long long>(n), flags.tree.topk,
+              flags.tree.num_steps);
+  // Draft top-1 (as a target id) at each position next to the target's next token.
+  const auto d2t = draft->d2t();
+  int agree = 0;
+  // Row p (hidden p, token p + 1) predicts the token at p + 2.
+  for (int64_t p = 0; p + 2 < t; ++p) {
+    const float* row = draft_logits.data() + p * dv;
+    int64_t best = 0;
+    for (int64_t v = 1; v < dv; ++v) best = row[v] > row[best] ? v : best;
+    const int64_t as_target = best + (d2t.empty() ? 0 : d2t[static_cast<size_t>(best)]);
+    agree += as_target == flags.tokens[static_cast<size_t>(p + 2)] ? 1 : 0;
+  }
+  std::printf("tree root %lld at position %lld; nodes (token, parent, position):", static_cast<long long>(root),
+              static_cast<long long>(t));
+  for (int64_t i = 0; i < n; ++i) {
+    std::printf(" (%lld, %d, %lld)", static_cast<long long>(tree.tokens[static_cast<size_t>(i)]),
+                tree.parents[static_cast<size_t>(i)], static_cast<long long>(positions[static_cast<size_t>(i)]));
+  }
+  std::printf("\ndraft top-1 equals the prompt's token two ahead at %d of %lld positions\n", agree,
+              static_cast<long long>(std::max<int64_t>(t - 2, 0)));
+  return absl::OkStatus();
+}
+
+absl::Status Check(const Flags& flags) {
+  const eagle3::PairReport report = eagle3::CheckDraftPair(flags.model, flags.draft, flags.convention);
+  for (const std::string& fact : report.facts) std::printf("  %s\n", fact.c_str());
+  if (report.ok()) {
+    std::printf("pair OK: the draft matches the target\n");
+    return absl::OkStatus();
+  }
+  for (const std::string& problem : report.problems) std::printf("  PROBLEM: %s\n", problem.c_str());
+  return absl::FailedPreconditionError(std::to_string(report.problems.size()) + " problem(s) with this pair");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -224,7 +371,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "eagle3-inspect: %s\n%s", std::string(flags.status().message()).c_str(), kUsage);
     return 2;
   }
-  const absl::Status status = InspectTarget(*flags);
+  const absl::Status status = flags->command == "target" ? InspectTarget(*flags)
+                              : flags->command == "draft" ? InspectDraft(*flags)
+                                                          : Check(*flags);
   if (!status.ok()) {
     std::fprintf(stderr, "eagle3-inspect: %s\n", status.ToString().c_str());
     return 1;

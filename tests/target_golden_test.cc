@@ -7,12 +7,12 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "eagle3/checkpoint.h"
 #include "eagle3/cpu/cpu_backend.h"
-#include "eagle3/in_process_group.h"
+#include "eagle3/rank_threads.h"
+#include "eagle3/status.h"
 #include "eagle3/safetensors.h"
 #include "eagle3/target_model.h"
 #include "gtest/gtest.h"
@@ -62,32 +62,23 @@ Outputs RunTarget(const Golden& g, int tp, ResidualMode mode, AttentionPath path
   std::vector<int32_t> pages(static_cast<size_t>(options.num_kv_pages));
   for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(pages.size() - 1 - p);
   std::vector<Outputs> out(static_cast<size_t>(tp));
-  std::shared_ptr<InProcessGroup> group;
-  if (tp > 1) group = *InProcessGroup::Create(tp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank) {
-    threads.emplace_back([&, rank] {
-      std::unique_ptr<Communicator> comm;
-      if (group) comm = *group->Rank(rank);
-      cpu::CpuBackend backend;
-      TargetModelOptions o = options;
-      o.rank = rank;
-      auto model = TargetModel::Create(g.dir, o, comm.get(), &backend);
-      ASSERT_TRUE(model.ok()) << model.status();
-      Outputs& r = out[static_cast<size_t>(rank)];
-      r.logits.resize(static_cast<size_t>(t * g.config.vocab_size));
-      r.aux.resize(static_cast<size_t>(t * tap.width()));
-      SequenceInput in;
-      in.tokens = g.tokens;
-      in.page_table = pages;
-      in.all_logits = true;
-      ASSERT_TRUE((*model)->Forward(std::span<const SequenceInput>(&in, 1),
-                                    TensorView(r.logits.data(), DType::kF32, Shape{t, g.config.vocab_size}), &tap,
-                                    TensorView(r.aux.data(), DType::kF32, Shape{t, tap.width()}))
-                      .ok());
-    });
-  }
-  for (auto& th : threads) th.join();
+  const absl::Status status = RunRankThreads(tp, [&](int rank, Communicator* comm) -> absl::Status {
+    cpu::CpuBackend backend;
+    TargetModelOptions o = options;
+    o.rank = rank;
+    EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(g.dir, o, comm, &backend));
+    Outputs& r = out[static_cast<size_t>(rank)];
+    r.logits.resize(static_cast<size_t>(t * g.config.vocab_size));
+    r.aux.resize(static_cast<size_t>(t * tap.width()));
+    SequenceInput in;
+    in.tokens = g.tokens;
+    in.page_table = pages;
+    in.all_logits = true;
+    return model->Forward(std::span<const SequenceInput>(&in, 1),
+                          TensorView(r.logits.data(), DType::kF32, Shape{t, g.config.vocab_size}), &tap,
+                          TensorView(r.aux.data(), DType::kF32, Shape{t, tap.width()}));
+  });
+  EXPECT_TRUE(status.ok()) << status;
   return out[0];
 }
 

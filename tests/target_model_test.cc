@@ -10,11 +10,11 @@
 #include <memory>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
-#include "eagle3/in_process_group.h"
+#include "eagle3/rank_threads.h"
+#include "eagle3/status.h"
 #include "eagle3/random_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -99,26 +99,12 @@ class TargetModelTest : public ::testing::TestWithParam<const char*> {
   std::vector<Result> Run(const TargetModelOptions& base, const std::vector<std::vector<SequenceInput>>& steps,
                           bool with_tap = true) {
     const int tp = base.tp_size;
-    std::shared_ptr<InProcessGroup> group;
-    if (tp > 1) {
-      auto g = InProcessGroup::Create(tp, std::chrono::seconds(60));
-      EXPECT_TRUE(g.ok());
-      group = *g;
-    }
     std::vector<std::vector<Result>> results(static_cast<size_t>(tp));
-    std::vector<absl::Status> statuses(static_cast<size_t>(tp));
-    auto rank_main = [&](int rank) {
-      std::unique_ptr<Communicator> comm;
-      if (group) comm = *group->Rank(rank);
+    const absl::Status status = RunRankThreads(tp, [&](int rank, Communicator* comm) -> absl::Status {
       cpu::CpuBackend backend;
       TargetModelOptions o = base;
       o.rank = rank;
-      auto model = TargetModel::Create(dir_.path(), o, comm.get(), &backend);
-      if (!model.ok()) {
-        statuses[rank] = model.status();
-        if (group) group->Abort("create failed");
-        return;
-      }
+      EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(dir_.path(), o, comm, &backend));
       for (const auto& batch : steps) {
         int64_t tokens = 0;
         for (const auto& s : batch) tokens += static_cast<int64_t>(s.tokens.size());
@@ -127,26 +113,17 @@ class TargetModelTest : public ::testing::TestWithParam<const char*> {
         r.aux.resize(static_cast<size_t>(tokens * tap_->width()));
         TensorView logits(r.logits.data(), DType::kF32, Shape{TargetModel::LogitRows(batch), config_.vocab_size});
         TensorView aux(r.aux.data(), DType::kF32, Shape{tokens, tap_->width()});
-        absl::Status st = (*model)->Forward(batch, logits, with_tap ? tap_.get() : nullptr,
-                                            with_tap ? aux : TensorView());
-        if (!st.ok()) {
-          statuses[rank] = st;
-          if (group) group->Abort("forward failed");
-          return;
-        }
-        results[rank].push_back(std::move(r));
+        EAGLE3_RETURN_IF_ERROR(model->Forward(batch, logits, with_tap ? tap_.get() : nullptr,
+                                              with_tap ? aux : TensorView()));
+        results[static_cast<size_t>(rank)].push_back(std::move(r));
       }
-    };
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < tp; ++rank) threads.emplace_back(rank_main, rank);
-    for (auto& t : threads) t.join();
-    for (int rank = 0; rank < tp; ++rank) {
-      EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-      if (rank > 0 && statuses[rank].ok()) {
-        for (size_t s = 0; s < results[rank].size(); ++s) {
-          EXPECT_EQ(results[rank][s].logits, results[0][s].logits) << "rank " << rank << " step " << s;
-          EXPECT_EQ(results[rank][s].aux, results[0][s].aux) << "rank " << rank << " step " << s;
-        }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(status.ok()) << status;
+    for (int rank = 1; rank < tp && status.ok(); ++rank) {
+      for (size_t s = 0; s < results[rank].size(); ++s) {
+        EXPECT_EQ(results[rank][s].logits, results[0][s].logits) << "rank " << rank << " step " << s;
+        EXPECT_EQ(results[rank][s].aux, results[0][s].aux) << "rank " << rank << " step " << s;
       }
     }
     return results[0];

@@ -1,0 +1,137 @@
+// DraftModel: one tensor-parallel rank of an EAGLE-3 draft head (Llama-style, one layer) on top of a
+// DeepSeek-V2-family target (DESIGN §3 "Draft step").
+//
+//   g = fc(aux)                      on the first step after a target pass (aux = the tapped target
+//                                    states, [T, k·Ht]); later steps feed back the draft's own hidden
+//   x = concat(input_layernorm(embed(token)), hidden_norm(g))      embeddings first, [T, 2H]
+//   residual = g (or hidden_norm(g) with norm_before_residual)
+//   r = residual + o_proj(attn(q, k, v from x))                    GQA, NeoX rotate-half RoPE with
+//   r = r + mlp(post_attention_layernorm(r))                       the draft config's rope scaling
+//   logits = lm_head(norm(r)) over the draft vocabulary; r (un-normalized) is fed back
+//
+// Attention is Llama's: q/k/v = x W^T (no bias), RoPE on the whole head_dim (pairs (i, i + d/2))
+// with the cos/sin table of the draft's own rope config (YaRN's attention factor folded into cos/sin,
+// as transformers' LlamaRotaryEmbedding does), softmax scale head_dim^-0.5, num_key_value_heads
+// shared by num_attention_heads / num_key_value_heads query heads each. The SiLU MLP is
+// down(silu(gate x) * up x). Every RMSNorm uses rms_norm_eps.
+//
+// Variant keys of the config (all honoured; see Eagle3DraftConfig):
+//   norm_before_fc  aux = input_norm(aux) over the whole [T, k·Ht] row (tensor `input_norm.weight`
+//                   [k·Ht]; vLLM speculators' gpt-oss drafts) before fc;
+//   fc_norm         each aux slice i = fc_norm.i(slice) ([Ht] each, tensors `fc_norm.{i}.weight`;
+//                   EAGLE 3.1) before fc; mutually exclusive with norm_before_fc;
+//   norm_output     the hidden fed back (hidden_out) is norm(r) instead of r (EAGLE 3.1); the logits
+//                   are lm_head(norm(r)) either way.
+//
+// Alignment: the row for target position p pairs the target hidden at p with the token at p + 1 and
+// uses RoPE position p. Draft ids map to target ids by offset: target = draft + d2t[draft].
+//
+// Tensor parallelism (every rank runs Forward with the same inputs and gets the same outputs): fc,
+// norms and d2t replicated; q/k/v column-parallel by heads (num_key_value_heads must divide by tp),
+// o_proj row-parallel + all-reduce; gate/up column-parallel, down row-parallel + all-reduce (the
+// intermediate size must divide by tp); the embedding vocab-parallel (padded to 64·tp rows, all-
+// reduce); lm_head vocab-parallel over the draft vocabulary (padded to 64·tp rows, all-gather). The
+// residual stream is replicated on every rank. Each rank caches K (after RoPE) and V of its own
+// kv heads: one paged cache of rows [K | V], 2 · (num_key_value_heads / tp) · head_dim wide.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/communicator.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/eagle3_draft_config.h"
+#include "eagle3/hidden_state_tap.h"
+#include "eagle3/tensor_view.h"
+
+namespace eagle3 {
+
+struct DraftModelOptions {
+  int tp_size = 1;
+  int rank = 0;
+  // How the draft config's eagle_aux_hidden_state_layer_ids are read (SpecForge/SGLang: output of
+  // layer k).
+  LayerIdConvention convention = LayerIdConvention::kOutputOfLayer;
+  int64_t max_tokens_per_forward = 256;
+  int64_t max_context_len = 4096;  // cached + new rows of one sequence; also the RoPE table length
+  int64_t num_kv_pages = 256;
+  int64_t page_size = 64;
+};
+
+// One sequence of a draft Forward. Its draft KV cache holds `cache_len` rows; the n new rows are
+// written to slots cache_len .. cache_len + n - 1.
+struct DraftSequenceInput {
+  std::span<const int64_t> tokens;      // [n] target vocabulary ids (the token at p + 1 for row p)
+  std::span<const int64_t> positions;   // [n] RoPE positions in [0, max_context_len); empty = cache_len + i
+  std::span<const int32_t> page_table;  // pages of this sequence's draft cache; covers cache_len + n
+  int64_t cache_len = 0;
+  // Empty = causal over everything cached. Else [n, cache_len + n] row-major: mask[i * (cache_len
+  // + n) + j] != 0 iff row i attends slot j (tree steps attend the context and their ancestors).
+  // Row i must attend its own slot cache_len + i and no later new row (slot > cache_len + i).
+  std::span<const uint8_t> mask;
+  bool all_logits = false;  // logits for every row, or only the last
+};
+
+// The floating-point tensors of an EAGLE-3 draft checkpoint that `config` requires, with their full
+// shapes and TP splits (SpecForge / SGLang names; `layer_prefix` is "midlayer." or "layers.0."):
+// fc.weight, input_norm.weight (norm_before_fc) or fc_norm.{i}.weight (fc_norm), the layer's
+// input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+// mlp.{gate,up,down}_proj, then norm.weight and lm_head.weight (absent when tie_word_embeddings).
+// Not listed, handled by the loader: d2t (i64 [draft_vocab], required), t2d (bool [vocab], optional),
+// fc.bias ([H], optional), embed_tokens.weight ([vocab, H], optional: the target's embedding
+// otherwise).
+std::vector<WeightSpec> Eagle3DraftWeights(const Eagle3DraftConfig& config,
+                                           std::string_view layer_prefix = "midlayer.");
+
+class DraftModel {
+ public:
+  // Loads the draft (config.json + safetensors: fc, midlayer.* or layers.0.*, norm, lm_head, d2t,
+  // optional t2d and embed_tokens) and checks it against the target's config; the embedding is the
+  // target's (vocab-parallel shard of `model.embed_tokens.weight` read from `target_dir`) unless the
+  // draft ships its own. Everything is validated before the model exists: config against target
+  // (hidden and vocab sizes, aux layer ids, fc width), TP divisibility, every tensor's presence and
+  // shape (messages name the tensor, expected and actual shape), tensors the config does not
+  // account for (refused, e.g. input_norm.weight without norm_before_fc), d2t's range (every
+  // draft + d2t[draft] in [0, vocab), no target id twice) and t2d's agreement with d2t.
+  // `communicator` may be null when tp_size == 1. `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<DraftModel>> Create(const std::string& draft_dir,
+                                                            const std::string& target_dir,
+                                                            const DraftModelOptions& options,
+                                                            Communicator* communicator, Backend* backend);
+  ~DraftModel();
+
+  const Eagle3DraftConfig& config() const;
+  const DraftModelOptions& options() const;
+  const HiddenStateTap& tap() const;       // the target boundaries this draft reads
+  int64_t draft_vocab() const;
+  std::span<const int64_t> d2t() const;    // [draft_vocab] offsets, validated at load
+
+  static int64_t LogitRows(std::span<const DraftSequenceInput> batch);
+
+  // One draft pass over the rows of `batch` (concatenated in order): writes the new rows' K/V to the
+  // draft cache and returns logits and the hidden to feed back.
+  //   hidden:     from_target ? [T, tap().width()] (aux) : [T, hidden_size] (fed-back hidden_out),
+  //               f32, host, contiguous
+  //   logits:     [LogitRows(batch), draft_vocab], f32, host, contiguous
+  //   hidden_out: [T, hidden_size], f32, host, contiguous: every row's hidden to feed back (the
+  //               un-normalized r; norm(r) with norm_output). May be `hidden` itself.
+  // Inputs are validated before anything is written (token ids in [0, vocab_size), positions,
+  // page tables, capacity, masks, shapes): InvalidArgument / OutOfRange, cache unchanged.
+  absl::Status Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                       const TensorView& logits, const TensorView& hidden_out);
+
+ private:
+  struct Impl;
+  explicit DraftModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eagle3

@@ -1,0 +1,59 @@
+// Random-weight EAGLE-3 draft checkpoints for a given target, in SpecForge's layout, for tests, demos
+// and benchmarks before a trained draft is at hand.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/dtype.h"
+#include "eagle3/rope_config.h"
+
+namespace eagle3 {
+
+struct RandomDraftCheckpointOptions {
+  uint64_t seed = 0;
+  DType dtype = DType::kBF16;  // of the floating-point weights: f32, f16 or bf16
+
+  // Draft shape. 0 = derived: hidden_size = the target's (required to share its embedding unless
+  // write_embed_tokens), head_dim = hidden_size / num_attention_heads, intermediate_size =
+  // 2 * hidden_size, draft_vocab_size = half the target vocabulary (rounded up).
+  int64_t hidden_size = 0;
+  int64_t num_attention_heads = 8;
+  int64_t num_key_value_heads = 8;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  int64_t draft_vocab_size = 0;
+  int64_t max_position_embeddings = 4096;
+  double rms_norm_eps = 1e-6;
+  RopeConfig rope;  // written as rope_theta + rope_scaling (with "rope_type", as SpecForge writes it)
+
+  // eagle_aux_hidden_state_layer_ids (output-of-layer ids); empty = the key is left out, so the
+  // default taps {2, L/2, L-3} apply (targets with L >= 7).
+  std::vector<int> aux_layer_ids;
+
+  // Variant keys, written to config.json when true; their tensors (input_norm.weight,
+  // fc_norm.{i}.weight) are written with them.
+  bool norm_before_residual = false;
+  bool norm_before_fc = false;
+  bool fc_norm = false;
+  bool norm_output = false;
+
+  std::string layer_prefix = "midlayer.";  // or "layers.0."
+  bool write_t2d = true;
+  bool write_embed_tokens = false;  // the draft ships its own embedding
+};
+
+// Writes `config.json` (architectures ["LlamaForCausalLMEagle3"], model_type "llama", vocab_size and
+// target_hidden_size from `target`, draft_vocab_size, the variant keys, eagle_config with the aux
+// layer ids) and `model.safetensors` into `dir` (created if needed): the tensors of
+// Eagle3DraftWeights (see draft_model.h) — linear weights ~ N(0, 1/in_features), norm weights
+// 1 + N(0, 0.1²), embedding N(0, 1) — plus `d2t` (i64 offsets of a random sorted subset of
+// draft_vocab_size target ids) and `t2d` (bool [vocab], true exactly on that subset). Values depend
+// only on the seed and each tensor's name.
+absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, const std::string& dir,
+                                              const RandomDraftCheckpointOptions& options = {});
+
+}  // namespace eagle3

@@ -1,0 +1,84 @@
+// SpeculativeDecoder: the reference composition of one decode loop (DESIGN §1), written so that an
+// engine can copy it: prefill, then repeat {draft tree -> tree-masked target forward with taps ->
+// verify -> commit}. One object drives one TP rank; with tp > 1 every rank runs its own decoder on the
+// same inputs (all decisions depend only on logits, which are identical on every rank).
+//
+// KV bookkeeping per sequence: the target cache holds every emitted token except the newest (the
+// next tree root); the draft cache holds one row per target position p < target cache length
+// (target hidden at p with the token at p + 1). Tree steps append draft rows beyond that and are
+// dropped after verification; the accepted path is re-run through the draft from the target's
+// hidden states, exactly as at prefill.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "eagle3/draft_tree.h"
+#include "eagle3/target_model.h"
+#include "eagle3/tree_verifier.h"
+
+namespace eagle3 {
+
+// The draft side of the loop. Eagle3Drafter runs a DraftModel; tests plug in other drafters.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual int64_t draft_vocab() const = 0;
+  virtual std::span<const int64_t> d2t() const = 0;  // draft id -> target id offsets (empty: identity)
+  // The target boundaries the drafter reads (nullptr: none).
+  virtual const HiddenStateTap* tap() const = 0;
+
+  // Starts sequence `seq` over again (a new prompt).
+  virtual absl::Status Reset(int seq) = 0;
+  // Appends committed rows after a target pass: row i pairs aux[i] (the tapped target states at
+  // position first_position + i) with tokens[i] (the token at first_position + i + 1). Writes the
+  // drafter's logits for the token after the last row into root_logits ([draft_vocab], f32, host).
+  //   aux: [n, tap()->width()], f32, host
+  virtual absl::Status Extend(int seq, int64_t first_position, std::span<const int64_t> tokens,
+                              const TensorView& aux, const TensorView& root_logits) = 0;
+  // One tree step for `seq` (see DraftExpandFn); the root's expansion uses the logits of the last
+  // Extend. Tree rows are dropped by the next Extend.
+  virtual absl::Status Expand(int seq, std::span<const DraftCandidate> candidates,
+                              std::span<const int32_t> frontier, const TensorView& logits) = 0;
+};
+
+struct DecodeOptions {
+  int max_new_tokens = 64;
+  std::vector<int64_t> eos_token_ids;  // stop after emitting one of these
+  DraftTreeParams tree;                // topk 1 = chain
+  SamplingParams sampling;             // temperature 0 = greedy
+  uint64_t seed = 0;
+};
+
+struct DecodeStats {
+  int64_t generated_tokens = 0;
+  int64_t target_passes = 0;   // forwards of the target after prefill
+  int64_t draft_passes = 0;    // drafter Extend + Expand calls
+  // Per verify pass of a sequence: tokens emitted (accepted + the bonus).
+  double mean_accepted_length = 0;
+  // acceptance_by_depth[d] = fraction of verify passes that accepted at least d + 1 drafted tokens.
+  std::vector<double> acceptance_by_depth;
+  std::vector<int64_t> accepted_histogram;  // [a] = verify passes that accepted a drafted tokens
+  double target_seconds = 0, draft_seconds = 0, verify_seconds = 0, total_seconds = 0;
+  double tokens_per_second() const { return total_seconds > 0 ? generated_tokens / total_seconds : 0; }
+};
+
+class SpeculativeDecoder {
+ public:
+  // `drafter` null: plain decoding (one target token per step). Both must outlive the decoder. The
+  // target's page pool is split evenly between sequences.
+  SpeculativeDecoder(TargetModel* target, Drafter* drafter, const DecodeOptions& options);
+
+  // Generates for every prompt (a batch decoded together) and returns the generated ids only.
+  absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(std::span<const std::vector<int64_t>> prompts,
+                                                             DecodeStats* stats = nullptr);
+
+ private:
+  TargetModel* target_;
+  Drafter* drafter_;
+  DecodeOptions options_;
+};
+
+}  // namespace eagle3

@@ -1,0 +1,680 @@
+#include "eagle3/draft_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eagle3/checkpoint.h"
+#include "eagle3/rope_table.h"
+#include "eagle3/status.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3 {
+namespace {
+
+// The layer prefixes of SpecForge/SGLang (`midlayer.`) and vLLM/speculators (`layers.0.`) checkpoints.
+constexpr std::string_view kMidlayerPrefix = "midlayer.";
+constexpr std::string_view kLayersPrefix = "layers.0.";
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
+}
+
+// Sub-view of a 2-D buffer: rows [row, row + rows), columns [col, col + cols).
+TensorView Block(const TensorView& t, int64_t row, int64_t rows, int64_t col, int64_t cols) {
+  return t.Narrow(0, row, rows).Narrow(1, col, cols);
+}
+
+TensorView Rows(const TensorView& t, int64_t row, int64_t rows) { return t.Narrow(0, row, rows); }
+
+// A row-strided [rows, n * d] block seen as [rows, n, d].
+TensorView Heads(const TensorView& t, int64_t n, int64_t d) {
+  return TensorView(t.data(), t.dtype(), Shape{t.dim(0), n, d}, Shape{t.stride(0), d, 1}, t.device());
+}
+
+bool IsHostContiguousF32(const TensorView& t, int64_t rows, int64_t cols) {
+  return t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols && t.dtype() == DType::kF32 &&
+         t.device().is_cpu() && t.is_contiguous();
+}
+
+}  // namespace
+
+struct DraftModel::Impl {
+  Eagle3DraftConfig config;
+  DeepseekV2Config target;
+  DraftModelOptions options;
+  std::optional<HiddenStateTap> tap;
+  Communicator* comm = nullptr;
+  Backend* backend = nullptr;
+  std::unique_ptr<Checkpoint> checkpoint;         // the draft's
+  std::unique_ptr<Checkpoint> target_checkpoint;  // only when the embedding is the target's
+  std::string prefix;                             // "midlayer." or "layers.0."
+  std::vector<int64_t> d2t;
+
+  // Per-rank dims.
+  int64_t hidden_dim = 0, head_dim = 0, heads = 0, kv_heads = 0, group = 0;  // group = heads per kv head
+  int64_t q_width = 0, kv_width = 0, inter = 0;
+  int64_t vocab_shard = 0, draft_vocab_shard = 0;
+  float scale = 0.0f, eps = 0.0f;
+
+  Tensor fc, fc_bias, input_norm;
+  std::vector<Tensor> fc_norms;
+  Tensor input_ln, hidden_norm, qkv_w, o_proj, post_ln, gate_up_w, down_w, final_norm, lm_head, embed;
+  Tensor cache;    // [num_kv_pages, page_size, 2 * kv_width]: K (after RoPE) | V
+  Tensor cos_sin;  // [max_context_len, head_dim]
+
+  // Workspaces (backend device), sized at creation.
+  Tensor aux, g, e, x, r, h, qkv, attn, partial, gate_up, act, ctx, mask, lm_in, logits_shard, logits_all;
+  Tensor tokens, positions, slots, iota, page_table;
+  std::vector<uint8_t> host_mask;
+
+  absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
+    return Tensor::Empty(dtype, shape, backend->allocator());
+  }
+  absl::StatusOr<Tensor> ToDevice(Tensor host) {
+    if (backend->device().is_cpu()) return host;
+    EAGLE3_ASSIGN_OR_RETURN(Tensor device, Alloc(host.dtype(), host.shape()));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(host, device));
+    return device;
+  }
+  absl::StatusOr<Tensor> LoadShard(const Checkpoint& from, const WeightSpec& spec) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host,
+                            from.ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank), DType::kF32));
+    return ToDevice(std::move(host));
+  }
+  // Rows of several shards stacked into one weight (merged q/k/v, gate/up: one Gemm each).
+  absl::StatusOr<Tensor> LoadStacked(std::span<const WeightSpec* const> specs) {
+    std::vector<Tensor> parts;
+    int64_t rows = 0;
+    for (const WeightSpec* spec : specs) {
+      EAGLE3_ASSIGN_OR_RETURN(Tensor part, LoadShard(*checkpoint, *spec));
+      rows += part.dim(0);
+      parts.push_back(std::move(part));
+    }
+    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(DType::kF32, Shape{rows, parts.front().dim(1)}));
+    int64_t row = 0;
+    for (const Tensor& part : parts) {
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(part, Rows(merged, row, part.dim(0))));
+      row += part.dim(0);
+    }
+    return merged;
+  }
+
+  absl::Status CheckAgainstTarget() const;
+  absl::Status CheckTensors(const std::vector<WeightSpec>& specs, bool own_embedding) const;
+  absl::Status LoadVocabMapping();
+  absl::Status LoadWeights(const std::vector<WeightSpec>& specs, bool own_embedding);
+  absl::Status AllocateWorkspaces();
+
+  absl::Status AllReduce(const TensorView& buf) {
+    return options.tp_size == 1 ? absl::OkStatus() : comm->AllReduceSum(buf, buf);
+  }
+  absl::Status AllGather(const TensorView& send, const TensorView& recv) {
+    return options.tp_size == 1 ? backend->Copy(send, recv) : comm->AllGather(send, recv);
+  }
+
+  absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                        const TensorView& logits, const TensorView& hidden_out) const;
+  absl::Status Attention(std::span<const DraftSequenceInput> batch, int64_t t);
+  absl::Status Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                       const TensorView& logits, const TensorView& hidden_out);
+};
+
+absl::Status DraftModel::Impl::CheckAgainstTarget() const {
+  // CheckDraftAgainstTarget reads aux ids as output-of-layer ids; under the other convention the tap
+  // (created next) checks them.
+  if (options.convention == LayerIdConvention::kOutputOfLayer) return CheckDraftAgainstTarget(config, target);
+  Eagle3DraftConfig sizes_only = config;
+  sizes_only.aux_layer_ids.reset();
+  return CheckDraftAgainstTarget(sizes_only, target);
+}
+
+absl::Status DraftModel::Impl::CheckTensors(const std::vector<WeightSpec>& specs, bool own_embedding) const {
+  const std::string where = "draft checkpoint '" + checkpoint->dir() + "'";
+  // fc's input width is where a wrong number of aux layers (or a wrong target) shows first.
+  if (checkpoint->Has("fc.weight")) {
+    EAGLE3_ASSIGN_OR_RETURN(TensorInfo fc_info, checkpoint->Info("fc.weight"));
+    if (fc_info.shape.rank() == 2 && fc_info.shape[1] != config.fc_input_width()) {
+      return absl::InvalidArgumentError(
+          "tensor 'fc.weight' of the " + where + " has shape " + fc_info.shape.ToString() + ": its input width " +
+          Str(fc_info.shape[1]) + " must be the number of aux layers (" + Str(config.num_aux_layers()) +
+          ") x the target hidden size (" + Str(config.target_hidden_size) + ") = " + Str(config.fc_input_width()) +
+          "; the draft was trained on other taps or another target");
+    }
+  }
+  std::set<std::string, std::less<>> known = {"d2t", "t2d", "fc.bias", "embed_tokens.weight"};
+  for (const WeightSpec& spec : specs) {
+    known.insert(spec.name);
+    if (!checkpoint->Has(spec.name)) {
+      return absl::NotFoundError(where + " has no tensor '" + spec.name +
+                                 "', which its config.json requires (expected shape " + spec.shape.ToString() + ")");
+    }
+    EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape(spec.name, spec.shape));
+  }
+  if (checkpoint->Has("fc.bias")) EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape("fc.bias", Shape{config.hidden_size}));
+  if (own_embedding) {
+    EAGLE3_RETURN_IF_ERROR(
+        checkpoint->ExpectShape("embed_tokens.weight", Shape{config.vocab_size, config.hidden_size}));
+  }
+  // A tensor the config does not account for is a config that lost a key: refuse, never ignore.
+  for (const std::string& name : checkpoint->TensorNames()) {
+    if (known.count(name) != 0) continue;
+    std::string why = "which the draft config (" + config.source + ") does not account for";
+    if (name == "input_norm.weight") {
+      why = "an RMSNorm before fc that only norm_before_fc: true enables, and the config (" + config.source +
+            ") does not set it";
+    } else if (StartsWith(name, "fc_norm.")) {
+      why = "a per-aux-layer RMSNorm before fc that only fc_norm: true enables (one per aux layer), and the config (" +
+            config.source + ") does not set it or names another number of aux layers";
+    } else if (name == "lm_head.weight" && config.tie_word_embeddings) {
+      why = "but the config (" + config.source + ") says tie_word_embeddings: true";
+    }
+    return absl::InvalidArgumentError(where + " has tensor '" + name + "', " + why + "; refusing to ignore it");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::LoadVocabMapping() {
+  const int64_t draft_vocab = config.draft_vocab_size;
+  const int64_t vocab = config.vocab_size;
+  const std::string where = "draft checkpoint '" + checkpoint->dir() + "'";
+  if (!checkpoint->Has("d2t")) {
+    if (draft_vocab == vocab) {  // no reduced vocabulary: the identity, as SGLang and vLLM read it
+      d2t.assign(static_cast<size_t>(draft_vocab), 0);
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(where + " has no tensor 'd2t', which maps its " + Str(draft_vocab) +
+                               " draft ids to the target's " + Str(vocab) +
+                               " (i64 [draft_vocab_size] offsets: target id = draft id + d2t[draft id])");
+  }
+  EAGLE3_ASSIGN_OR_RETURN(TensorInfo info, checkpoint->Info("d2t"));
+  if (info.dtype != DType::kI64 && info.dtype != DType::kI32) {
+    return absl::InvalidArgumentError("tensor 'd2t' of the " + where + " is " + std::string(DTypeName(info.dtype)) +
+                                      "; expected integer offsets (i64)");
+  }
+  EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape("d2t", Shape{draft_vocab}));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor values, checkpoint->Read("d2t", DType::kI64));
+  const int64_t* offsets = values.data_as<int64_t>();
+  std::vector<int64_t> draft_of(static_cast<size_t>(vocab), -1);
+  for (int64_t i = 0; i < draft_vocab; ++i) {
+    const int64_t target_id = i + offsets[i];
+    if (target_id < 0 || target_id >= vocab) {
+      return absl::InvalidArgumentError(
+          "tensor 'd2t' of the " + where + ": d2t[" + Str(i) + "] = " + Str(offsets[i]) + " maps draft id " + Str(i) +
+          " to target id " + Str(target_id) + ", outside the target vocabulary [0, " + Str(vocab) +
+          "); d2t holds offsets (target id = draft id + d2t[draft id]), not target ids");
+    }
+    int64_t& other = draft_of[static_cast<size_t>(target_id)];
+    if (other >= 0) {
+      return absl::InvalidArgumentError("tensor 'd2t' of the " + where + " maps draft ids " + Str(other) + " and " +
+                                        Str(i) + " both to target id " + Str(target_id));
+    }
+    other = i;
+  }
+  if (checkpoint->Has("t2d")) {
+    EAGLE3_ASSIGN_OR_RETURN(TensorInfo t2d_info, checkpoint->Info("t2d"));
+    if (t2d_info.dtype != DType::kBool && t2d_info.dtype != DType::kU8) {
+      return absl::InvalidArgumentError("tensor 't2d' of the " + where + " is " +
+                                        std::string(DTypeName(t2d_info.dtype)) + "; expected bool");
+    }
+    EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape("t2d", Shape{vocab}));
+    EAGLE3_ASSIGN_OR_RETURN(TensorView t2d, checkpoint->View("t2d"));
+    const uint8_t* mapped = t2d.data_as<const uint8_t>();
+    for (int64_t x = 0; x < vocab; ++x) {
+      const int64_t from = draft_of[static_cast<size_t>(x)];
+      if ((mapped[x] != 0) == (from >= 0)) continue;
+      return absl::InvalidArgumentError(
+          "tensors 't2d' and 'd2t' of the " + where + " disagree: " +
+          (from >= 0
+               ? "d2t maps draft id " + Str(from) + " to target id " + Str(x) + " but t2d[" + Str(x) + "] is false"
+               : "t2d[" + Str(x) + "] is true but no draft id maps to target id " + Str(x) + " through d2t"));
+    }
+  }
+  d2t.assign(offsets, offsets + draft_vocab);
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::LoadWeights(const std::vector<WeightSpec>& specs, bool own_embedding) {
+  auto spec = [&](std::string_view name) -> const WeightSpec& {
+    return *std::find_if(specs.begin(), specs.end(), [&](const WeightSpec& s) { return s.name == name; });
+  };
+  auto load = [&](std::string_view name) { return LoadShard(*checkpoint, spec(name)); };
+  EAGLE3_ASSIGN_OR_RETURN(fc, load("fc.weight"));
+  if (checkpoint->Has("fc.bias")) {
+    EAGLE3_ASSIGN_OR_RETURN(fc_bias, LoadShard(*checkpoint, WeightSpec{"fc.bias", Shape{config.hidden_size}}));
+  }
+  if (config.norm_before_fc) {
+    EAGLE3_ASSIGN_OR_RETURN(input_norm, load("input_norm.weight"));
+  }
+  if (config.fc_norm) {
+    for (int64_t i = 0; i < config.num_aux_layers(); ++i) {
+      EAGLE3_ASSIGN_OR_RETURN(Tensor w, load("fc_norm." + Str(i) + ".weight"));
+      fc_norms.push_back(std::move(w));
+    }
+  }
+  EAGLE3_ASSIGN_OR_RETURN(input_ln, load(prefix + "input_layernorm.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(hidden_norm, load(prefix + "hidden_norm.weight"));
+  {
+    const WeightSpec* qkv_specs[] = {&spec(prefix + "self_attn.q_proj.weight"),
+                                     &spec(prefix + "self_attn.k_proj.weight"),
+                                     &spec(prefix + "self_attn.v_proj.weight")};
+    EAGLE3_ASSIGN_OR_RETURN(qkv_w, LoadStacked(qkv_specs));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(o_proj, load(prefix + "self_attn.o_proj.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(post_ln, load(prefix + "post_attention_layernorm.weight"));
+  {
+    const WeightSpec* gate_up_specs[] = {&spec(prefix + "mlp.gate_proj.weight"), &spec(prefix + "mlp.up_proj.weight")};
+    EAGLE3_ASSIGN_OR_RETURN(gate_up_w, LoadStacked(gate_up_specs));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(down_w, load(prefix + "mlp.down_proj.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(final_norm, load("norm.weight"));
+  if (!config.tie_word_embeddings) {
+    EAGLE3_ASSIGN_OR_RETURN(lm_head, load("lm_head.weight"));
+  }
+  if (own_embedding) {
+    EAGLE3_ASSIGN_OR_RETURN(
+        embed, LoadShard(*checkpoint, WeightSpec{"embed_tokens.weight", Shape{config.vocab_size, config.hidden_size},
+                                                 TpSplit::kRows, true}));
+  } else {
+    EAGLE3_ASSIGN_OR_RETURN(
+        embed, LoadShard(*target_checkpoint, WeightSpec{"model.embed_tokens.weight",
+                                                        Shape{target.vocab_size, target.hidden_size}, TpSplit::kRows,
+                                                        true}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::AllocateWorkspaces() {
+  const int64_t t_max = options.max_tokens_per_forward;
+  const int64_t s_max = options.max_context_len;
+  const int64_t kv_row = 2 * kv_width;
+  EAGLE3_ASSIGN_OR_RETURN(cache, Alloc(DType::kF32, Shape{options.num_kv_pages, options.page_size, kv_row}));
+  EAGLE3_ASSIGN_OR_RETURN(aux, Alloc(DType::kF32, Shape{t_max, config.fc_input_width()}));
+  for (Tensor* t : {&g, &e, &r, &h, &partial, &lm_in}) {
+    EAGLE3_ASSIGN_OR_RETURN(*t, Alloc(DType::kF32, Shape{t_max, hidden_dim}));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(x, Alloc(DType::kF32, Shape{t_max, 2 * hidden_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(qkv, Alloc(DType::kF32, Shape{t_max, q_width + kv_row}));
+  EAGLE3_ASSIGN_OR_RETURN(attn, Alloc(DType::kF32, Shape{t_max, q_width}));
+  EAGLE3_ASSIGN_OR_RETURN(gate_up, Alloc(DType::kF32, Shape{t_max, 2 * inter}));
+  EAGLE3_ASSIGN_OR_RETURN(act, Alloc(DType::kF32, Shape{t_max, inter}));
+  EAGLE3_ASSIGN_OR_RETURN(ctx, Alloc(DType::kF32, Shape{s_max, kv_row}));
+  EAGLE3_ASSIGN_OR_RETURN(mask, Alloc(DType::kU8, Shape{t_max * s_max}));
+  EAGLE3_ASSIGN_OR_RETURN(logits_shard, Alloc(DType::kF32, Shape{t_max, draft_vocab_shard}));
+  EAGLE3_ASSIGN_OR_RETURN(logits_all, Alloc(DType::kF32, Shape{options.tp_size * t_max, draft_vocab_shard}));
+  for (Tensor* t : {&tokens, &positions, &slots}) {
+    EAGLE3_ASSIGN_OR_RETURN(*t, Alloc(DType::kI64, Shape{t_max}));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(page_table, Alloc(DType::kI32, Shape{options.num_kv_pages}));
+  {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI64, Shape{s_max}));
+    for (int64_t i = 0; i < s_max; ++i) host_iota.data_as<int64_t>()[i] = i;
+    EAGLE3_ASSIGN_OR_RETURN(iota, ToDevice(std::move(host_iota)));
+  }
+  {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor table, MakeRopeCosSin(config.rope, head_dim, s_max));
+    EAGLE3_ASSIGN_OR_RETURN(cos_sin, ToDevice(std::move(table)));
+  }
+  host_mask.assign(static_cast<size_t>(t_max * s_max), 0);
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
+                                        bool from_target, const TensorView& logits,
+                                        const TensorView& hidden_out) const {
+  if (batch.empty()) return absl::InvalidArgumentError("DraftModel::Forward: empty batch");
+  int64_t total = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const DraftSequenceInput& in = batch[s];
+    const std::string seq = "DraftModel::Forward: sequence " + Str(static_cast<int64_t>(s));
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    if (n == 0) return absl::InvalidArgumentError(seq + " has no rows");
+    total += n;
+    for (int64_t i = 0; i < n; ++i) {
+      if (in.tokens[i] < 0 || in.tokens[i] >= config.vocab_size) {
+        return absl::InvalidArgumentError(seq + " token " + Str(i) + " = " + Str(in.tokens[i]) +
+                                          " is outside the target vocabulary [0, " + Str(config.vocab_size) +
+                                          ") (draft rows take target ids: map draft ids through d2t first)");
+      }
+    }
+    if (!in.positions.empty() && static_cast<int64_t>(in.positions.size()) != n) {
+      return absl::InvalidArgumentError(seq + " has " + Str(static_cast<int64_t>(in.positions.size())) +
+                                        " positions for " + Str(n) + " tokens");
+    }
+    if (in.cache_len < 0) return absl::InvalidArgumentError(seq + " cache_len " + Str(in.cache_len) + " < 0");
+    const int64_t end = in.cache_len + n;
+    const int64_t capacity = static_cast<int64_t>(in.page_table.size()) * options.page_size;
+    if (end > options.max_context_len || end > capacity) {
+      return absl::OutOfRangeError(seq + ": draft KV capacity exhausted: " + Str(in.cache_len) + " cached + " +
+                                   Str(n) + " new rows need " + Str(end) + " slots; its " +
+                                   Str(static_cast<int64_t>(in.page_table.size())) + " pages of " +
+                                   Str(options.page_size) + " hold " + Str(capacity) + " and max_context_len is " +
+                                   Str(options.max_context_len));
+    }
+    for (size_t p = 0; p < in.page_table.size(); ++p) {
+      if (in.page_table[p] < 0 || in.page_table[p] >= options.num_kv_pages) {
+        return absl::InvalidArgumentError(seq + " page_table[" + Str(static_cast<int64_t>(p)) + "] = " +
+                                          Str(in.page_table[p]) + " is not a page of the draft cache [0, " +
+                                          Str(options.num_kv_pages) + ")");
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = in.positions.empty() ? in.cache_len + i : in.positions[i];
+      if (pos < 0 || pos >= options.max_context_len) {
+        return absl::InvalidArgumentError(seq + " position " + Str(i) + " = " + Str(pos) +
+                                          " is outside the RoPE table [0, max_context_len " +
+                                          Str(options.max_context_len) + ")");
+      }
+    }
+    if (!in.mask.empty()) {
+      if (static_cast<int64_t>(in.mask.size()) != n * end) {
+        return absl::InvalidArgumentError(seq + " mask has " + Str(static_cast<int64_t>(in.mask.size())) +
+                                          " entries, expected [n, cache_len + n] = " + Str(n) + " x " + Str(end));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* row = &in.mask[static_cast<size_t>(i * end)];
+        if (row[in.cache_len + i] == 0) {
+          return absl::InvalidArgumentError(seq + " mask row " + Str(i) + " does not attend its own slot " +
+                                            Str(in.cache_len + i));
+        }
+        for (int64_t j = in.cache_len + i + 1; j < end; ++j) {
+          if (row[j] != 0) {
+            return absl::InvalidArgumentError(seq + " mask row " + Str(i) + " attends slot " + Str(j) +
+                                              ", a later new row (rows may attend the cache, earlier rows and "
+                                              "themselves)");
+          }
+        }
+      }
+    }
+  }
+  if (total > options.max_tokens_per_forward) {
+    return absl::OutOfRangeError("DraftModel::Forward: " + Str(total) + " rows exceed max_tokens_per_forward " +
+                                 Str(options.max_tokens_per_forward));
+  }
+  const int64_t width = from_target ? tap->width() : config.hidden_size;
+  if (!IsHostContiguousF32(hidden, total, width)) {
+    return absl::InvalidArgumentError(
+        "DraftModel::Forward: hidden must be f32[" + Str(total) + ", " + Str(width) + "] contiguous on the host (" +
+        (from_target ? "the aux states of the tap, " + tap->Describe() : std::string("the fed-back hidden_out rows")) +
+        "), got " + hidden.ToString());
+  }
+  const int64_t rows = LogitRows(batch);
+  if (!IsHostContiguousF32(logits, rows, config.draft_vocab_size)) {
+    return absl::InvalidArgumentError("DraftModel::Forward: logits must be f32[" + Str(rows) + ", " +
+                                      Str(config.draft_vocab_size) + "] contiguous on the host, got " +
+                                      logits.ToString());
+  }
+  if (!IsHostContiguousF32(hidden_out, total, config.hidden_size)) {
+    return absl::InvalidArgumentError("DraftModel::Forward: hidden_out must be f32[" + Str(total) + ", " +
+                                      Str(config.hidden_size) + "] contiguous on the host, got " +
+                                      hidden_out.ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::Attention(std::span<const DraftSequenceInput> batch, int64_t t) {
+  const TensorView qkv_t = Rows(qkv, 0, t);
+  const TensorView kv_rows = Block(qkv_t, 0, t, q_width, 2 * kv_width);  // [K | V] per row
+  const int64_t kv_row = 2 * kv_width;
+  int64_t offset = 0;
+  for (const DraftSequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t s = in.cache_len + n;
+    const int64_t pages = static_cast<int64_t>(in.page_table.size());
+    const TensorView pt = Rows(page_table, 0, pages);
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(
+        TensorView(const_cast<int32_t*>(in.page_table.data()), DType::kI32, Shape{pages}), pt));
+    EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Rows(kv_rows, offset, n), Rows(slots, offset, n), pt, cache));
+    // Mask [n, s]: the caller's, or causal over everything cached.
+    for (int64_t i = 0; i < n; ++i) {
+      uint8_t* row = &host_mask[static_cast<size_t>(i * s)];
+      for (int64_t j = 0; j < s; ++j) {
+        row[j] = in.mask.empty() ? (j <= in.cache_len + i ? 1 : 0) : in.mask[static_cast<size_t>(i * s + j)];
+      }
+    }
+    const TensorView mask_t(mask.data(), DType::kU8, Shape{n, s}, mask.device());
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_mask.data(), DType::kU8, Shape{n, s}), mask_t));
+    const TensorView context = Rows(ctx, 0, s);
+    EAGLE3_RETURN_IF_ERROR(backend->PagedRead(cache, pt, Rows(iota, 0, s), context));
+    // GQA: each kv head serves `group` query heads, seen through a zero head stride.
+    for (int64_t kv = 0; kv < kv_heads; ++kv) {
+      const int64_t q_col = kv * group * head_dim;
+      const TensorView q = Heads(Block(qkv_t, offset, n, q_col, group * head_dim), group, head_dim);
+      const TensorView out = Heads(Block(attn, offset, n, q_col, group * head_dim), group, head_dim);
+      float* k_data = context.data_as<float>() + kv * head_dim;
+      const TensorView k(k_data, DType::kF32, Shape{s, group, head_dim}, Shape{kv_row, 0, 1}, context.device());
+      const TensorView v(k_data + kv_width, DType::kF32, Shape{s, group, head_dim}, Shape{kv_row, 0, 1},
+                         context.device());
+      EAGLE3_RETURN_IF_ERROR(backend->Attention(q, k, v, mask_t, scale, out));
+    }
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
+                                       bool from_target, const TensorView& logits, const TensorView& hidden_out) {
+  EAGLE3_RETURN_IF_ERROR(Validate(batch, hidden, from_target, logits, hidden_out));
+  std::vector<int64_t> host_tokens, host_positions, host_slots;
+  for (const DraftSequenceInput& in : batch) {
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      const int64_t slot = in.cache_len + static_cast<int64_t>(i);
+      host_tokens.push_back(in.tokens[i]);
+      host_positions.push_back(in.positions.empty() ? slot : in.positions[i]);
+      host_slots.push_back(slot);
+    }
+  }
+  const int64_t t = static_cast<int64_t>(host_tokens.size());
+  const TensorView pos_t = Rows(positions, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_tokens.data(), DType::kI64, Shape{t}), Rows(tokens, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_positions.data(), DType::kI64, Shape{t}), pos_t));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_slots.data(), DType::kI64, Shape{t}), Rows(slots, 0, t)));
+
+  // g: fc over the (normalized) aux states, or the fed-back hidden as given.
+  const TensorView g_t = Rows(g, 0, t);
+  if (from_target) {
+    const TensorView aux_t = Rows(aux, 0, t);
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(hidden, aux_t));
+    if (config.norm_before_fc) EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(aux_t, input_norm, eps, aux_t));
+    const int64_t ht = config.target_hidden_size;
+    for (size_t i = 0; i < fc_norms.size(); ++i) {
+      const TensorView slice = Block(aux_t, 0, t, static_cast<int64_t>(i) * ht, ht);
+      EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(slice, fc_norms[i], eps, slice));
+    }
+    GemmOptions fc_options;
+    const TensorView bias = fc_bias.view();
+    if (!fc_bias.empty()) fc_options.bias = &bias;
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(aux_t, fc, g_t, fc_options));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(hidden, g_t));
+  }
+
+  // x = [input_layernorm(embed(token)) | hidden_norm(g)]; the residual is g or hidden_norm(g).
+  const TensorView e_t = Rows(e, 0, t), x_t = Rows(x, 0, t), r_t = Rows(r, 0, t), h_t = Rows(h, 0, t);
+  const TensorView partial_t = Rows(partial, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->EmbeddingLookup(Rows(tokens, 0, t), embed, options.rank * vocab_shard, e_t));
+  EAGLE3_RETURN_IF_ERROR(AllReduce(e_t));
+  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(e_t, input_ln, eps, Block(x_t, 0, t, 0, hidden_dim)));
+  const TensorView normed_g = Block(x_t, 0, t, hidden_dim, hidden_dim);
+  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(g_t, hidden_norm, eps, normed_g));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_before_residual ? normed_g : g_t, r_t));
+
+  // Attention: this rank's q heads and kv heads; K is cached after RoPE.
+  const TensorView qkv_t = Rows(qkv, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x_t, qkv_w, qkv_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, 0, q_width), heads, head_dim), 0, head_dim,
+                                            pos_t, cos_sin, RopeStyle::kRotateHalf));
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, q_width, kv_width), kv_heads, head_dim), 0,
+                                            head_dim, pos_t, cos_sin, RopeStyle::kRotateHalf));
+  EAGLE3_RETURN_IF_ERROR(Attention(batch, t));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, {}));
+  EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
+  EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, post_ln, eps, h_t));
+
+  // MLP, then r += mlp and h = norm(r).
+  const TensorView gate_up_t = Rows(gate_up, 0, t), act_t = Rows(act, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(h_t, gate_up_w, gate_up_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->SiluMul(gate_up_t, act_t));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(act_t, down_w, partial_t, {}));
+  EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
+  EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, final_norm, eps, h_t));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t, hidden_out));
+
+  // lm_head over the requested rows, vocab-parallel, all-gathered into draft-vocabulary logits.
+  int64_t out_rows = 0, offset = 0;
+  for (const DraftSequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t first = in.all_logits ? 0 : n - 1;
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(h_t, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
+    out_rows += n - first;
+    offset += n;
+  }
+  const Tensor& head = lm_head.empty() ? embed : lm_head;
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
+  const int tp = options.tp_size;
+  const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
+  EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
+  for (int q_rank = 0; q_rank < tp; ++q_rank) {
+    const int64_t col = q_rank * draft_vocab_shard;
+    const int64_t cols = std::min(draft_vocab_shard, config.draft_vocab_size - col);
+    if (cols <= 0) break;
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(gathered, q_rank * out_rows, out_rows, 0, cols),
+                                         Block(logits, 0, out_rows, col, cols)));
+  }
+  return backend->Synchronize();
+}
+
+DraftModel::DraftModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DraftModel::~DraftModel() = default;
+
+const Eagle3DraftConfig& DraftModel::config() const { return impl_->config; }
+const DraftModelOptions& DraftModel::options() const { return impl_->options; }
+const HiddenStateTap& DraftModel::tap() const { return *impl_->tap; }
+int64_t DraftModel::draft_vocab() const { return impl_->config.draft_vocab_size; }
+std::span<const int64_t> DraftModel::d2t() const { return impl_->d2t; }
+
+int64_t DraftModel::LogitRows(std::span<const DraftSequenceInput> batch) {
+  int64_t rows = 0;
+  for (const DraftSequenceInput& in : batch) rows += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
+  return rows;
+}
+
+absl::Status DraftModel::Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
+                                 bool from_target, const TensorView& logits, const TensorView& hidden_out) {
+  return impl_->Forward(batch, hidden, from_target, logits, hidden_out);
+}
+
+absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string& draft_dir,
+                                                               const std::string& target_dir,
+                                                               const DraftModelOptions& options,
+                                                               Communicator* communicator, Backend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("DraftModel: backend is null");
+  if (options.tp_size < 1 || options.rank < 0 || options.rank >= options.tp_size) {
+    return absl::InvalidArgumentError("DraftModel: rank " + Str(options.rank) + " of tp_size " +
+                                      Str(options.tp_size) + " is not a valid rank");
+  }
+  if (options.tp_size > 1 &&
+      (communicator == nullptr || communicator->size() != options.tp_size || communicator->rank() != options.rank)) {
+    return absl::InvalidArgumentError(
+        "DraftModel: tp_size " + Str(options.tp_size) + " rank " + Str(options.rank) +
+        " needs a communicator of that size and rank, got " +
+        (communicator == nullptr ? std::string("none")
+                                 : "size " + Str(communicator->size()) + " rank " + Str(communicator->rank())));
+  }
+  if (options.max_tokens_per_forward < 1 || options.max_context_len < 1 || options.num_kv_pages < 1 ||
+      options.page_size < 1) {
+    return absl::InvalidArgumentError("DraftModel: capacities must be positive (max_tokens_per_forward " +
+                                      Str(options.max_tokens_per_forward) + ", max_context_len " +
+                                      Str(options.max_context_len) + ", num_kv_pages " + Str(options.num_kv_pages) +
+                                      ", page_size " + Str(options.page_size) + ")");
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.options = options;
+  m.comm = communicator;
+  m.backend = backend;
+  EAGLE3_ASSIGN_OR_RETURN(m.config, Eagle3DraftConfig::FromFile(draft_dir));
+  EAGLE3_ASSIGN_OR_RETURN(m.target, DeepseekV2Config::FromFile(target_dir));
+  const Eagle3DraftConfig& c = m.config;
+  EAGLE3_RETURN_IF_ERROR(m.CheckAgainstTarget());
+  if (c.norm_before_fc && c.fc_norm) {
+    return absl::InvalidArgumentError(c.source +
+                                      ": norm_before_fc and fc_norm are both true; they are alternative norms "
+                                      "before fc (one over the whole aux row, or one per aux layer), never both");
+  }
+  const int tp = options.tp_size;
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"num_key_value_heads", c.num_key_value_heads},
+                                   std::pair<const char*, int64_t>{"intermediate_size", c.intermediate_size}}) {
+    if (value % tp != 0) {
+      return absl::InvalidArgumentError(c.source + ": " + key + " = " + Str(value) + " is not divisible by tp_size " +
+                                        Str(tp) + " (the draft's kv heads and MLP are split across the TP ranks)");
+    }
+  }
+  {
+    std::optional<std::span<const int>> ids;
+    if (c.aux_layer_ids.has_value()) ids = std::span<const int>(*c.aux_layer_ids);
+    const int layers = static_cast<int>(m.target.num_hidden_layers);
+    EAGLE3_ASSIGN_OR_RETURN(HiddenStateTap tap, HiddenStateTap::Create(ids, options.convention, layers,
+                                                                       m.target.hidden_size, c.fc_input_width()));
+    m.tap.emplace(std::move(tap));
+  }
+
+  EAGLE3_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::Open(draft_dir));
+  bool midlayer = false, layers = false;
+  for (const std::string& name : m.checkpoint->TensorNames()) {
+    midlayer = midlayer || StartsWith(name, kMidlayerPrefix);
+    layers = layers || StartsWith(name, "layers.");
+  }
+  if (midlayer && layers) {
+    return absl::InvalidArgumentError("draft checkpoint '" + draft_dir +
+                                      "' has both midlayer.* and layers.* tensors; expected one decoder layer under "
+                                      "one prefix");
+  }
+  m.prefix = std::string(layers ? kLayersPrefix : kMidlayerPrefix);
+  const bool own_embedding = m.checkpoint->Has("embed_tokens.weight");
+  if (!own_embedding && c.hidden_size != m.target.hidden_size) {
+    return absl::InvalidArgumentError(
+        c.source + ": hidden_size = " + Str(c.hidden_size) + " differs from the target's hidden_size = " +
+        Str(m.target.hidden_size) + " (" + m.target.source +
+        "), so the draft cannot share the target's embedding, and its checkpoint has no embed_tokens.weight");
+  }
+  const std::vector<WeightSpec> specs = Eagle3DraftWeights(c, m.prefix);
+  EAGLE3_RETURN_IF_ERROR(m.CheckTensors(specs, own_embedding));
+  if (!own_embedding) {
+    EAGLE3_ASSIGN_OR_RETURN(m.target_checkpoint, Checkpoint::Open(target_dir));
+    const std::string embed_name = "model.embed_tokens.weight";
+    if (!m.target_checkpoint->Has(embed_name)) {
+      return absl::NotFoundError("target checkpoint '" + target_dir + "' has no tensor '" + embed_name +
+                                 "', the embedding the draft shares");
+    }
+    EAGLE3_RETURN_IF_ERROR(
+        m.target_checkpoint->ExpectShape(embed_name, Shape{m.target.vocab_size, m.target.hidden_size}));
+  }
+  EAGLE3_RETURN_IF_ERROR(m.LoadVocabMapping());
+
+  m.hidden_dim = c.hidden_size;
+  m.head_dim = c.head_dim;
+  m.heads = c.num_attention_heads / tp;
+  m.kv_heads = c.num_key_value_heads / tp;
+  m.group = c.num_attention_heads / c.num_key_value_heads;
+  m.q_width = m.heads * m.head_dim;
+  m.kv_width = m.kv_heads * m.head_dim;
+  m.inter = c.intermediate_size / tp;
+  m.vocab_shard = PaddedSize(c.vocab_size, kVocabPadPerRank * tp) / tp;
+  m.draft_vocab_shard = PaddedSize(c.draft_vocab_size, kVocabPadPerRank * tp) / tp;
+  m.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  m.eps = static_cast<float>(c.rms_norm_eps);
+  EAGLE3_RETURN_IF_ERROR(m.LoadWeights(specs, own_embedding));
+  EAGLE3_RETURN_IF_ERROR(m.AllocateWorkspaces());
+  m.checkpoint.reset();
+  m.target_checkpoint.reset();
+  return std::unique_ptr<DraftModel>(new DraftModel(std::move(impl)));
+}
+
+}  // namespace eagle3
