@@ -189,8 +189,9 @@ absl::Status DraftTree::Validate() const {
   }
   for (int32_t i = 1; i < num; ++i) {
     if (listed_under[i] == -1) {
-      return absl::InvalidArgumentError("draft tree: node " + Str(i) + " is missing from the child list of its parent " +
-                                        Str(parents[i]) + " (first_child/next_sibling do not reach it)");
+      return absl::InvalidArgumentError("draft tree: node " + Str(i) +
+                                        " is missing from the child list of its parent " + Str(parents[i]) +
+                                        " (first_child/next_sibling do not reach it)");
     }
   }
   return absl::OkStatus();

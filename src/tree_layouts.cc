@@ -178,8 +178,8 @@ absl::StatusOr<SGLangTree> ToSGLang(const DraftTree& tree, int64_t seq_len, SGLa
       break;
     case SGLangTreeMaskMode::kQLenOnlyBitPacking: {
       if (n > 32) {
-        return absl::InvalidArgumentError("SGLang tree: QLEN_ONLY_BITPACKING holds at most 32 nodes per row, the tree has " +
-                                          Str(n));
+        return absl::InvalidArgumentError(
+            "SGLang tree: QLEN_ONLY_BITPACKING holds at most 32 nodes per row, the tree has " + Str(n));
       }
       const int64_t row_bytes = SGLangPackedRowBytes(n);
       const std::vector<uint32_t> packed = tree.PackedMask();  // one word per row for N <= 32

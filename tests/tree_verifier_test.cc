@@ -184,7 +184,8 @@ TEST(ProcessedDistributionTest, BadInputIsInvalid) {
   ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {-1.0f, 0, 1.0f}, probs), "temperature = -1");
   ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {nan, 0, 1.0f}, probs), "must be finite");
   ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {1.0f, -2, 1.0f}, probs), "top_k = -2 must be >= 0");
-  ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {1.0f, 0, 0.0f}, probs), "top_p = 0.000000 is out of range (0, 1]");
+  ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {1.0f, 0, 0.0f}, probs),
+                "top_p = 0.000000 is out of range (0, 1]");
   ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {1.0f, 0, 1.5f}, probs), "top_p = 1.500000");
   std::vector<float> short_probs(2);
   ExpectInvalid(TreeVerifier::ProcessedDistribution(ok, {1.0f, 0, 1.0f}, short_probs), "probs 2");

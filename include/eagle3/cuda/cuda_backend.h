@@ -1,0 +1,83 @@
+// CudaBackend: the Backend op interface on one CUDA device (eagle3::cuda target). Same semantics as
+// the CPU reference (eagle3/cpu/cpu_backend.h), checked op by op by the parity tests; storage f32
+// (and bf16 where an op says so), accumulation in fp32. Ops are asynchronous on the backend's stream
+// and never allocate or synchronize the host, except where an op must report a data-dependent error
+// (noted per op in the implementation); Synchronize() waits and reports deferred errors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/cuda/device_allocator.h"
+
+namespace eagle3::cuda {
+
+struct CudaBackendOptions {
+  int device = 0;
+  cudaStream_t stream = nullptr;  // null: the backend creates (and owns) a non-blocking stream
+  // cuBLASLt workspace, allocated once at creation.
+  size_t gemm_workspace_bytes = 32u << 20;
+  // Upper bounds sized at creation for ops that need scratch (no allocation per call).
+  int64_t max_rows = 4096;          // rows (tokens) of any op
+  int64_t max_context_len = 65536;  // keys of one attention call
+  int64_t max_experts = 512;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  cudaStream_t stream() const;
+  const CudaBackendOptions& options() const;
+
+  Device device() const override;
+  Allocator& allocator() override;
+
+  // Host <-> device and device <-> device; contiguous or strided (any rank <= 6) on the device side.
+  absl::Status Copy(const TensorView& src, const TensorView& dst) override;
+  absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                    const GemmOptions& options) override;
+  absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  absl::Status AddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight, float eps,
+                          const TensorView& out) override;
+  absl::Status SiluMul(const TensorView& gate_up, const TensorView& out) override;
+  absl::Status EmbeddingLookup(const TensorView& ids, const TensorView& table, int64_t vocab_start,
+                               const TensorView& out) override;
+  absl::Status Softmax(const TensorView& logits, float temperature, const TensorView& out) override;
+  absl::Status Argmax(const TensorView& logits, const TensorView& out) override;
+  absl::Status TopK(const TensorView& values, int k, const TensorView& out_values,
+                    const TensorView& out_indices) override;
+  absl::Status ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim, const TensorView& positions,
+                         const TensorView& cos_sin, RopeStyle style) override;
+  absl::Status Attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& mask,
+                         float scale, const TensorView& out) override;
+  absl::Status LatentAttention(const TensorView& q, const TensorView& cache, const TensorView& page_table,
+                               int64_t context_len, const TensorView& mask, float scale, int64_t value_dim,
+                               const TensorView& out) override;
+  absl::Status PagedWrite(const TensorView& rows, const TensorView& positions, const TensorView& page_table,
+                          const TensorView& cache) override;
+  absl::Status PagedRead(const TensorView& cache, const TensorView& page_table, const TensorView& positions,
+                         const TensorView& out) override;
+  absl::Status MoeRoute(const TensorView& logits, const TensorView* correction_bias, const MoeRoutingParams& params,
+                        const TensorView& ids, const TensorView& weights) override;
+  absl::Status MoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
+                          std::span<const ExpertWeights> experts, const TensorView& out, bool accumulate) override;
+  absl::Status Synchronize() override;
+
+  struct State;  // device handles and scratch, shared by the op implementation files
+
+ private:
+  explicit CudaBackend(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace eagle3::cuda
