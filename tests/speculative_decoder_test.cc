@@ -13,7 +13,9 @@
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
+#include "eagle3/random_draft_checkpoint.h"
 #include "gtest/gtest.h"
+#include "scoped_temp_dir.h"
 
 namespace eagle3 {
 namespace {
@@ -133,24 +135,34 @@ INSTANTIATE_TEST_SUITE_P(GoldenTargets, SpeculativeGreedyTest,
                          ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux"),
                          [](const auto& info) { return std::string(info.param); });
 
-// A real EAGLE-3 draft (random weights, golden draft_v2) through Eagle3Drafter: its trees are mostly
-// rejected, which exercises the rejection and bonus paths and the draft KV bookkeeping.
-TEST(SpeculativeDecoderTest, RealDraftBatchMatchesPlainGreedy) {
-  const std::string golden = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/";
+// A real EAGLE-3 draft with random weights (written for each golden target) through Eagle3Drafter:
+// its trees are mostly rejected, which exercises the rejection and bonus paths and the draft KV
+// bookkeeping, for a batch of prompts of different lengths, chain and tree.
+TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedy) {
+  const std::string target_dir = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/" + GetParam();
+  auto config = DeepseekV2Config::FromFile(target_dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ScopedTempDir draft_dir;
+  RandomDraftCheckpointOptions draft_options;
+  draft_options.seed = 3;
+  draft_options.num_attention_heads = 8;
+  draft_options.num_key_value_heads = 4;
+  draft_options.aux_layer_ids = {0, 1, 2};
+  ASSERT_TRUE(WriteRandomEagle3DraftCheckpoint(*config, draft_dir.path(), draft_options).ok());
   cpu::CpuBackend backend;
   TargetModelOptions topt;
   topt.max_tokens_per_forward = 64;
   topt.max_context_len = 96;
   topt.num_kv_pages = 96;
   topt.page_size = 3;
-  auto target = TargetModel::Create(golden + "v2_qlora_yarn", topt, nullptr, &backend);
+  auto target = TargetModel::Create(target_dir, topt, nullptr, &backend);
   ASSERT_TRUE(target.ok()) << target.status();
   DraftModelOptions dopt;
   dopt.max_tokens_per_forward = 64;
   dopt.max_context_len = 96;
   dopt.num_kv_pages = 96;
   dopt.page_size = 5;
-  auto draft = DraftModel::Create(golden + "draft_v2", golden + "v2_qlora_yarn", dopt, nullptr, &backend);
+  auto draft = DraftModel::Create(draft_dir.path(), target_dir, dopt, nullptr, &backend);
   ASSERT_TRUE(draft.ok()) << draft.status();
   const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 300}, {11, 23}};
   DecodeOptions options;
