@@ -2,13 +2,13 @@
 //
 //   eagle3-decode [--target DIR --draft DIR] [--tokens 5,17,...] [--max-new-tokens N] [--topk K]
 //                 [--steps S] [--draft-tokens N] [--temperature T] [--top-p P] [--seed S] [--tp N]
-//                 [--json FILE]
+//                 [--device cpu|cuda] [--json FILE]
 //
 // Without --target/--draft it writes a built-in tiny random DeepSeek-V2 target and EAGLE-3 draft to
 // a temporary directory and uses those (random weights: the draft's proposals are rarely accepted,
-// so this shows the machinery, not a speedup). Runs on the CPU reference backend; --tp N runs N
-// tensor-parallel ranks on threads. Prints the generated ids of both runs, whether greedy outputs
-// agree, and the speculative statistics; --json writes them.
+// so this shows the machinery, not a speedup). Runs on the CPU reference backend, or the GPU with
+// --device cuda; --tp N runs N tensor-parallel ranks on threads. Prints the generated ids of both
+// runs, whether greedy outputs agree, and the speculative statistics; --json writes them.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,7 +20,6 @@
 #include <string_view>
 #include <vector>
 
-#include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
 #include "eagle3/rank_threads.h"
@@ -28,6 +27,7 @@
 #include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
+#include "rank_context.h"
 
 namespace {
 
@@ -57,12 +57,13 @@ struct Flags {
   eagle3::SamplingParams sampling;
   uint64_t seed = 0;
   int tp = 1;
+  std::string device = "cpu";
 };
 
 constexpr char kUsage[] =
     "usage: eagle3-decode [--target DIR --draft DIR] [--tokens 5,17,...] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
-    "                     [--seed S] [--tp N] [--json FILE]\n"
+    "                     [--seed S] [--tp N] [--device cpu|cuda] [--json FILE]\n"
     "  without --target/--draft: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft\n";
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -92,6 +93,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.draft = value;
     } else if (flag == "--json") {
       f.json = value;
+    } else if (flag == "--device") {
+      f.device = value;
     } else if (flag == "--tokens") {
       f.tokens.clear();
       size_t start = 0;
@@ -138,8 +141,10 @@ struct RunResult {
 absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
   const int64_t context = static_cast<int64_t>(flags.tokens.size()) + flags.max_new_tokens + flags.tree.num_draft_tokens;
   RunResult result;
-  EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* comm) -> absl::Status {
-    eagle3::cpu::CpuBackend backend;
+  EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
+    EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm));
+    eagle3::Backend* backend = ctx.backend.get();
+    eagle3::Communicator* comm = ctx.comm;
     eagle3::TargetModelOptions topt;
     topt.tp_size = flags.tp;
     topt.rank = rank;
@@ -147,7 +152,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
     topt.max_context_len = context;
     topt.page_size = 16;
     topt.num_kv_pages = (context + topt.page_size - 1) / topt.page_size;
-    EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.target, topt, comm, &backend));
+    EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.target, topt, comm, backend));
     eagle3::DecodeOptions options;
     options.max_new_tokens = flags.max_new_tokens;
     options.eos_token_ids = target->config().eos_token_ids;
@@ -164,7 +169,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
       dopt.max_context_len = context;
       dopt.page_size = topt.page_size;
       dopt.num_kv_pages = topt.num_kv_pages;
-      EAGLE3_ASSIGN_OR_RETURN(draft, eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, &backend));
+      EAGLE3_ASSIGN_OR_RETURN(draft, eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend));
       drafter = std::make_unique<eagle3::Eagle3Drafter>(draft.get(), 1);
     }
     eagle3::SpeculativeDecoder decoder(target.get(), drafter.get(), options);
@@ -218,7 +223,7 @@ absl::Status Run(Flags flags) {
     }
   } cleanup{temp};
 
-  std::printf("target %s, draft %s, tp %d, %s, tree topk %d steps %d draft tokens %d\n", flags.target.c_str(),
+  std::printf("device %s, target %s, draft %s, tp %d, %s, tree topk %d steps %d draft tokens %d\n", flags.device.c_str(), flags.target.c_str(),
               flags.draft.c_str(), flags.tp,
               flags.sampling.temperature == 0 ? "greedy" : ("temperature " + std::to_string(flags.sampling.temperature)).c_str(),
               flags.tree.topk, flags.tree.num_steps, flags.tree.num_draft_tokens);

@@ -1,6 +1,7 @@
 // eagle3-inspect — answers an engine developer's questions about a model pair before serving.
 //
-//   eagle3-inspect target --model DIR --tokens 5,17,99 [--tp N] [--residual replicated|sharded]
+//   eagle3-inspect target --model DIR --tokens 5,17,99 [--tp N] [--device cpu|cuda]
+//                         [--residual replicated|sharded]
 //                         [--attention auto|absorbed|non-absorbed] --out FILE
 //   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
 //                        [--draft-tokens N] [--convention output|input] --out FILE
@@ -36,12 +37,13 @@
 #include "eagle3/pair_check.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
+#include "rank_context.h"
 #include "eagle3/target_model.h"
 
 namespace {
 
 constexpr char kUsage[] =
-    "usage: eagle3-inspect target --model DIR --tokens 5,17,99,... [--tp N]\n"
+    "usage: eagle3-inspect target --model DIR --tokens 5,17,99,... [--tp N] [--device cpu|cuda]\n"
     "                             [--residual replicated|sharded]\n"
     "                             [--attention auto|absorbed|non-absorbed] --out FILE\n"
     "       eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]\n"
@@ -53,6 +55,7 @@ struct Flags {
   std::string model, out, draft;
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
   eagle3::DraftTreeParams tree;
+  std::string device = "cpu";
   std::vector<int64_t> tokens;
   int tp = 1;
   eagle3::ResidualMode residual = eagle3::ResidualMode::kReplicated;
@@ -98,7 +101,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       *out = static_cast<int>(v);
       return absl::OkStatus();
     };
-    if (flag == "--model" || flag == "--target") {
+    if (flag == "--device") {
+      flags.device = value;
+    } else if (flag == "--model" || flag == "--target") {
       flags.model = value;
     } else if (flag == "--draft") {
       flags.draft = value;
@@ -179,11 +184,12 @@ absl::Status InspectTarget(const Flags& flags) {
   std::vector<float> logits(static_cast<size_t>(t * config.vocab_size));
   std::vector<float> aux(static_cast<size_t>(t * tap.width()));
   const auto start = std::chrono::steady_clock::now();
-  EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* comm) -> absl::Status {
-    eagle3::cpu::CpuBackend backend;
+  EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
+    EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx,
+                            eagle3::examples::MakeRankContext(flags.device, rank, host_comm));
     eagle3::TargetModelOptions o = options;
     o.rank = rank;
-    EAGLE3_ASSIGN_OR_RETURN(auto model, eagle3::TargetModel::Create(flags.model, o, comm, &backend));
+    EAGLE3_ASSIGN_OR_RETURN(auto model, eagle3::TargetModel::Create(flags.model, o, ctx.comm, ctx.backend.get()));
     eagle3::SequenceInput in;
     in.tokens = flags.tokens;
     in.page_table = pages;
@@ -225,8 +231,8 @@ absl::Status InspectTarget(const Flags& flags) {
   std::printf("target %s: %s, %d layers, hidden %lld, vocab %lld, softmax scale %.6f\n", flags.model.c_str(),
               std::string(eagle3::DeepseekModelTypeName(config.model_type)).c_str(), layers,
               static_cast<long long>(hd), static_cast<long long>(config.vocab_size), config.SoftmaxScale());
-  std::printf("run: %lld tokens, tp %d, residual %s, %.1f ms on the CPU reference backend\n", static_cast<long long>(t),
-              flags.tp, flags.residual == eagle3::ResidualMode::kReplicated ? "replicated" : "sharded", ms);
+  std::printf("run: %lld tokens, tp %d, residual %s, %.1f ms on %s\n", static_cast<long long>(t), flags.tp,
+              flags.residual == eagle3::ResidualMode::kReplicated ? "replicated" : "sharded", ms, flags.device.c_str());
   std::printf("wrote %s: tokens [%lld], logits [%lld, %lld], boundary.0..%d [%lld, %lld] "
               "(0 = embedding output, %d = before the final norm)\n",
               flags.out.c_str(), static_cast<long long>(t), static_cast<long long>(t),
