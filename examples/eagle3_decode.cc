@@ -159,6 +159,14 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
     options.tree = flags.tree;
     options.sampling = flags.sampling;
     options.seed = flags.seed;
+    if (rank == 0 && flags.max_new_tokens >= 64) {
+      // Long runs show progress on stderr.
+      options.progress = [name = speculative ? "speculative" : "plain"](int64_t done, int64_t limit) {
+        std::fprintf(stderr, "\r%-12s %lld / %lld tokens", name, static_cast<long long>(done),
+                     static_cast<long long>(limit));
+        if (done >= limit) std::fprintf(stderr, "\n");
+      };
+    }
     std::unique_ptr<eagle3::DraftModel> draft;
     std::unique_ptr<eagle3::Eagle3Drafter> drafter;
     if (speculative) {

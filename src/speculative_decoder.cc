@@ -144,6 +144,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
   int64_t verify_passes = 0, emitted_in_passes = 0;
   std::vector<int64_t> at_least(static_cast<size_t>(options_.tree.num_steps + 1), 0);
   while (true) {
+    if (options_.progress) options_.progress(st.generated_tokens, batch * options_.max_new_tokens);
     std::vector<int64_t> active;
     for (int64_t b = 0; b < batch; ++b) {
       if (!seqs[static_cast<size_t>(b)].done) active.push_back(b);

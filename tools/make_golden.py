@@ -27,7 +27,9 @@ layer, norm, lm_head, d2t and t2d) and expected.safetensors: the aux input taken
 boundaries, the draft tokens, and the logits and fed-back hidden of a causal pass over every row plus
 one more row decoded from the last row's fed-back hidden. Those come from an independent fp32
 implementation of the draft step, cross-checked against itself in fp64 and against the same draft
-assembled from transformers' Llama modules.
+assembled from transformers' Llama modules. A draft with "trees" also gets tree.safetensors: the
+EAGLE-2 dynamic trees (include/eagle3/draft_tree.h) that the decode loop builds after the target's
+prompt, from an independent implementation of the build over the same draft reference.
 
 Usage: python3 tools/make_golden.py --out tests/data/golden
 Needs torch, transformers, safetensors and numpy (versions used: see OUT/README.md).
@@ -313,7 +315,8 @@ def hub_to_transformers(c, hub):
     return out
 
 
-SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64", torch.bool: "BOOL"}
+SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64", torch.int32: "I32",
+                      torch.bool: "BOOL"}
 
 
 def save_safetensors(path, tensors, metadata):
@@ -786,6 +789,9 @@ DRAFTS = [
         "prefix": "midlayer.",
         "last_token": 500,
         "step1_token": 77,
+        # EAGLE-2 trees after the target's prompt (tree.safetensors): name, topk, num_steps,
+        # num_draft_tokens.
+        "trees": [("k3_s3_n8", 3, 3, 8), ("k1_s4_n5", 1, 4, 5), ("k2_s5_n10", 2, 5, 10), ("k4_s4_n16", 4, 4, 16)],
         "what": "Plain EAGLE-3 head (SpecForge names, `midlayer.*`) on `v2_qlora_yarn`: aux ids [0, 1, 2] "
         "(output-of-layer: boundaries 1, 2, 3); GQA 16 query heads on 8 kv heads, head_dim 16 "
         "(q width 256 != hidden 64); YaRN x4 over an original context of 64 with rope_theta 100 (the "
@@ -996,8 +1002,9 @@ class DraftReference:
         assert aux.shape[-1] == len(ids) * ht
         return aux @ w["fc.weight"].T
 
-    def step(self, tokens, g, positions):
-        """Returns (logits [n, Vd], fed-back hidden [n, H]) for n new rows."""
+    def step(self, tokens, g, positions, allowed=None):
+        """Returns (logits [n, Vd], fed-back hidden [n, H]) for n new rows. `allowed` [n, cached + n]
+        bool: which cache slots each new row attends (default: causal over everything cached)."""
         dc, w, p, variant = self.dc, self.w, self.p, self.variant
         eps = dc["rms_norm_eps"]
         h, heads, kv_heads, hd = draft_dims(dc)
@@ -1015,7 +1022,9 @@ class DraftReference:
         self.k = k if self.k is None else torch.cat([self.k, k], 1)
         self.v = v if self.v is None else torch.cat([self.v, v], 1)
         s = self.k.shape[1]
-        allowed = torch.arange(s)[None, :] <= (s - n + torch.arange(n))[:, None]  # causal over the cache
+        if allowed is None:
+            allowed = torch.arange(s)[None, :] <= (s - n + torch.arange(n))[:, None]  # causal over the cache
+        assert allowed.shape == (n, s)
         scale = hd ** -0.5
         if "softmax_m2" in variant:
             scale *= draft_rope_factor(dc.get("rope_scaling")) ** 2
@@ -1101,6 +1110,212 @@ def run_draft_transformers(directory, dc, prefix, weights, embed, aux, tokens, s
     return logits0, fed0, logits1[-1:], fed1[-1:]
 
 
+# ---------------------------------------------------------------------------------------------------
+# EAGLE-2 dynamic draft trees (tree.safetensors of a draft fixture): the first tree the decode loop
+# builds after the prompt, written from the contract in include/eagle3/draft_tree.h and the drafter's
+# (include/eagle3/eagle3_drafter.h): an extend pass over the prompt rows (row p pairs the target hidden
+# at p with the token at p + 1; the last row's token is the root, the target's argmax after the
+# prompt), whose last row's logits give the root's children; then one masked pass per step over the
+# frontier. Only DraftReference.step is shared with the draft-step fixtures above.
+
+# Smallest gap (cumulative log-prob) accepted at every selection the tree depends on: the order of
+# each expanded node's best k + 1 children, the order of each step's best k + 1 candidates (the
+# frontier and its order), and the final cut between the last kept and the first dropped candidate.
+# Another fp32 implementation's logits differ by ~1e-6, so a gap this size cannot flip.
+MIN_TREE_MARGIN = 1e-4
+
+TREE_SENSITIVITY = {
+    "causal_tree": "tree rows attend every earlier tree row (plain causal) instead of their ancestors",
+    "no_ancestors": "tree rows attend the extend rows and themselves only",
+    "root_hidden": "every node fed the root's hidden instead of its parent's",
+    "position_plus_one": "RoPE position T + d instead of (T - 1) + d",
+    "position_flat": "every tree row at RoPE position T",
+}
+
+
+class DraftTreeDrafter:
+    """The draft side of one build. Extend: rows 0..T-1 at positions 0..T-1 from fc(aux), causal. A
+    frontier node at depth d >= 1 is one new row: input hidden = its parent's fed-back hidden (the
+    root's: the last extend row's), token = the node's target id, position (T - 1) + d; it attends
+    every extend row, the tree rows of its ancestors (the root has none of its own: it is the last
+    extend row) and itself."""
+
+    def __init__(self, dc, prefix, weights, embed, aux, ext_tokens, dtype, variant=()):
+        self.ref = DraftReference(dc, prefix, weights, embed, dtype)
+        self.t, self.variant = ext_tokens.shape[0], variant
+        logits, fed = self.ref.step(ext_tokens, self.ref.fc(aux), torch.arange(self.t))
+        self.root_logits = logits[-1]
+        self.extend_cache = (self.ref.k.clone(), self.ref.v.clone())
+        self.slot = {}              # candidate -> its tree row's cache slot
+        self.hidden = {0: fed[-1]}  # candidate -> fed-back hidden
+        self.expanded_logits = {}   # candidate -> its logits (for the path check)
+        self.candidates = []
+
+    def expand(self, candidates, frontier):
+        self.candidates = candidates  # the build's list (grows in place)
+        n, first = len(frontier), self.ref.k.shape[1]
+        allowed = torch.zeros(n, first + n, dtype=torch.bool)
+        allowed[:, :self.t] = True
+        for i, c in enumerate(frontier):
+            allowed[i, first + i] = True
+            a = candidates[c]["parent"]
+            while a > 0:
+                allowed[i, self.slot[a]] = True
+                a = candidates[a]["parent"]
+        if "causal_tree" in self.variant:
+            allowed[:, self.t:first] = True
+            allowed[:, first:] = torch.ones(n, n, dtype=torch.bool).tril()
+        if "no_ancestors" in self.variant:
+            allowed[:, self.t:first] = False
+        tokens = torch.tensor([candidates[c]["token"] for c in frontier], dtype=torch.int64)
+        g = torch.stack([self.hidden[0 if "root_hidden" in self.variant else candidates[c]["parent"]]
+                         for c in frontier])
+        positions = torch.tensor([self.t - 1 + candidates[c]["depth"] for c in frontier])
+        if "position_plus_one" in self.variant:
+            positions = positions + 1
+        if "position_flat" in self.variant:
+            positions = torch.full((n,), self.t)
+        logits, fed = self.ref.step(tokens, g, positions, allowed)
+        for i, c in enumerate(frontier):
+            self.slot[c] = first + i
+            self.hidden[c] = fed[i]
+            self.expanded_logits[c] = logits[i]
+        return logits
+
+    def path_check(self):
+        """Each expanded node again, as a plain causal decode of its root path (one row per ancestor,
+        then itself) after the extend rows: what the tree mask must reproduce. Returns the largest
+        max |diff| / max |value| over the nodes."""
+        err, candidates = 0.0, self.candidates
+        for c, want in self.expanded_logits.items():
+            path = []
+            a = c
+            while a > 0:
+                path.append(a)
+                a = candidates[a]["parent"]
+            self.ref.k, self.ref.v = (t.clone() for t in self.extend_cache)
+            g = self.hidden[0]
+            for node in reversed(path):
+                logits, fed = self.ref.step(torch.tensor([candidates[node]["token"]]), g[None],
+                                            torch.tensor([self.t - 1 + candidates[node]["depth"]]))
+                g = fed[0]
+            err = max(err, max_rel(logits[0], want))
+        return err
+
+
+def build_reference_tree(root, root_logits, expand, topk, num_steps, num_draft_tokens, d2t):
+    """EAGLE-2 build as draft_tree.h documents it. Candidate 0 is the root; each step appends, per
+    frontier node in frontier order, its top-k children best first (ties: lower draft id), scored
+    parent score + log_softmax(logits in double); the next frontier is the best k of the step's
+    candidates (ties: lower candidate index); finally the best num_draft_tokens - 1 candidates over all
+    steps, in candidate order. Returns tokens, parents, scores (float64) and the smallest gap at a
+    selection the result depends on, with where it was."""
+    cands = [{"token": root, "parent": -1, "depth": 0, "score": 0.0}]
+    margin = (math.inf, "")
+
+    def note(values, what):
+        nonlocal margin
+        for i in range(len(values) - 1):
+            gap = values[i] - values[i + 1]
+            if gap < margin[0]:
+                margin = (gap, f"{what}, ranks {i}/{i + 1}")
+
+    def by_score(ids):
+        return sorted(ids, key=lambda c: (-cands[c]["score"], c))
+
+    frontier = [0]
+    for step in range(num_steps):
+        logits = root_logits[None] if step == 0 else expand(cands, frontier)
+        assert logits.shape == (len(frontier), len(d2t))
+        logp = torch.log_softmax(logits.double(), -1)
+        step_cands = []
+        for r, parent in enumerate(frontier):
+            row = logits[r].tolist()
+            ranked = sorted(range(len(row)), key=lambda j: (-row[j], j))
+            note([logp[r, j].item() for j in ranked[:topk + 1]], f"step {step} children of candidate {parent}")
+            for j in ranked[:topk]:
+                step_cands.append(len(cands))
+                cands.append({"token": j + int(d2t[j]), "parent": parent, "depth": cands[parent]["depth"] + 1,
+                              "score": cands[parent]["score"] + logp[r, j].item()})
+        if step + 1 < num_steps:
+            ranked = by_score(step_cands)
+            note([cands[c]["score"] for c in ranked[:topk + 1]], f"step {step} frontier")
+            frontier = ranked[:topk]
+    ranked = by_score(range(1, len(cands)))
+    keep = num_draft_tokens - 1
+    note([cands[c]["score"] for c in ranked[keep - 1:keep + 1]], "final cut")
+    kept = sorted(ranked[:keep])
+    node = {0: 0}
+    tokens, parents, scores = [root], [-1], [0.0]
+    for c in kept:
+        assert cands[c]["parent"] in node, "a kept candidate without its parent"
+        node[c] = len(tokens)
+        tokens.append(cands[c]["token"])
+        parents.append(node[cands[c]["parent"]])
+        scores.append(cands[c]["score"])
+    return tokens, parents, scores, margin
+
+
+def build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, target_expected, log):
+    """tree.safetensors: the trees of spec["trees"] after the target fixture's prompt. Returns the
+    README facts."""
+    prompt = target_expected["tokens"].to(torch.int64)
+    last = target_expected["logits"][-1].double()
+    top2 = last.topk(2).values
+    root = int(last.argmax())
+    root_gap = (top2[0] - top2[1]).item()
+    if root_gap < MIN_TREE_MARGIN:
+        raise SystemExit(f"{spec['name']}: the target's top-2 logits after the prompt are {root_gap:.1e} apart")
+    ext_tokens = torch.cat([prompt[1:], torch.tensor([root])])
+    expected = {"prompt": prompt, "tokens": ext_tokens, "root": torch.tensor([root], dtype=torch.int64)}
+    trees, fp64_err, path_err, margin = [], 0.0, 0.0, (math.inf, "")
+    for name, topk, num_steps, num_draft_tokens in spec["trees"]:
+        built = {}
+        for dtype in (torch.float32, torch.float64):
+            drafter = DraftTreeDrafter(dc, prefix, weights, embed, aux, ext_tokens, dtype)
+            built[dtype] = build_reference_tree(root, drafter.root_logits, drafter.expand, topk, num_steps,
+                                                num_draft_tokens, d2t)
+            if dtype == torch.float32:
+                root_logits = drafter.root_logits
+                path_err = max(path_err, drafter.path_check())
+        tokens, parents, scores, m = built[torch.float32]
+        if (tokens, parents) != built[torch.float64][:2]:
+            raise SystemExit(f"{spec['name']} tree {name}: the fp32 and fp64 builds differ")
+        fp64_err = max(fp64_err, max(abs(a - b) for a, b in zip(scores, built[torch.float64][2])))
+        if m[0] < MIN_TREE_MARGIN:
+            raise SystemExit(f"{spec['name']} tree {name}: near-tie {m[0]:.1e} at {m[1]}")
+        if m[0] < margin[0]:
+            margin = (m[0], f"{name}: {m[1]}")
+        expected[f"{name}.params"] = torch.tensor([topk, num_steps, num_draft_tokens], dtype=torch.int64)
+        expected[f"{name}.tree_tokens"] = torch.tensor(tokens, dtype=torch.int64)
+        expected[f"{name}.tree_parents"] = torch.tensor(parents, dtype=torch.int32)
+        expected[f"{name}.tree_scores"] = torch.tensor(scores, dtype=torch.float64).float()
+        trees.append({"name": name, "params": (topk, num_steps, num_draft_tokens), "tokens": tokens,
+                      "parents": parents, "scores": scores})
+        log(f"{spec['name']} tree {name}: tokens {tokens}, parents {parents}, smallest gap {m[0]:.2e} ({m[1]})")
+    # What a mistake in the drafter's tree rows would change (fp64): trees whose tokens or parents
+    # change, and the largest score difference over the kept nodes.
+    sensitivity = {}
+    for variant in TREE_SENSITIVITY:
+        changed, worst = 0, 0.0
+        for (name, topk, num_steps, num_draft_tokens), t in zip(spec["trees"], trees):
+            drafter = DraftTreeDrafter(dc, prefix, weights, embed, aux, ext_tokens, torch.float64, (variant,))
+            v = build_reference_tree(root, drafter.root_logits, drafter.expand, topk, num_steps, num_draft_tokens, d2t)
+            changed += (v[0], v[1]) != (t["tokens"], t["parents"])
+            worst = max(worst, max(abs(a - b) for a, b in zip(v[2], t["scores"])))
+        sensitivity[variant] = (changed, worst)
+    if fp64_err > 1e-5 or path_err > 1e-5:
+        raise SystemExit(f"{spec['name']} trees: fp32 vs fp64 scores {fp64_err:.1e}, tree mask vs path decode "
+                         f"{path_err:.1e}")
+    expected["root_logits"] = root_logits.float().contiguous()
+    metadata = {"model": spec["name"], "target": spec["target"], "torch": torch.__version__,
+                "oracle": "independent EAGLE-2 tree build over the fp32 draft reference",
+                "trees": " ".join(t[0] for t in spec["trees"])}
+    save_safetensors(os.path.join(directory, "tree.safetensors"), expected, metadata)
+    return {"root": root, "root_gap": root_gap, "trees": trees, "fp64_err": fp64_err, "path_err": path_err,
+            "margin": margin, "sensitivity": sensitivity}
+
+
 def read_target_fixture(out_dir, name):
     directory = os.path.join(out_dir, name)
     with open(os.path.join(directory, "config.json")) as f:
@@ -1149,6 +1364,9 @@ def build_draft(spec, out_dir, log):
     metadata = {"model": spec["name"], "target": spec["target"], "torch": torch.__version__,
                 "transformers": transformers.__version__, "oracle": "independent EAGLE-3 draft reference, fp32"}
     save_safetensors(os.path.join(directory, "expected.safetensors"), expected, metadata)
+    tree = None
+    if spec.get("trees"):
+        tree = build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, target_expected, log)
 
     sensitivity = {}
     for variant in DRAFT_SENSITIVITY:
@@ -1171,6 +1389,7 @@ def build_draft(spec, out_dir, log):
         "oracle_err": oracle_err,
         "sensitivity": sensitivity,
         "d2t_range": (int(target_ids.min()), int(target_ids.max())),
+        "tree": tree,
     }
     log(f"{spec['name']}: {len(stored)} tensors, {sum(sizes.values())} bytes, fp32 vs fp64 {fp64_err:.1e}, "
         f"vs transformers blocks {oracle_err:.1e}")
@@ -1340,6 +1559,18 @@ def draft_readme(draft_infos):
         "    0..T-1 from the aux states; `hidden_step0` is the hidden fed back (r, or norm(r) with norm_output);",
         "  - `token_step1` i64 [1] (input), `logits_step1` f32 [1, Vd], `hidden_step1` f32 [1, H]: a second pass of",
         "    one row at position T from the last row's `hidden_step0`, attending the T cached rows and itself.",
+        "- `tree.safetensors` (`draft_v2` only; checked by `tests/draft_tree_golden_test.cc` at TP 1, 2 and 8):",
+        "  EAGLE-2 dynamic trees (DESIGN §3 \"Tree\", `include/eagle3/draft_tree.h`), the first tree the decode",
+        "  loop builds after the target fixture's prompt:",
+        "  - `prompt` i64 [T]: the target fixture's `tokens`; `root` i64 [1]: the argmax of the target fixture's",
+        "    last `logits` row (the token after the prompt, the tree's root);",
+        "  - `tokens` i64 [T] (input of the extend pass): `prompt[1:]` then the root, so row p pairs the target",
+        "    hidden at p (`aux` of `expected.safetensors`, the same target boundaries) with token p + 1;",
+        "  - `root_logits` f32 [Vd]: the draft logits of that pass's last row, whose top-k are the root's",
+        "    children (for locating a mismatch: extend or tree);",
+        "  - per tree shape `<name>` (metadata `trees` lists them): `<name>.params` i64 [3] = (topk, num_steps,",
+        "    num_draft_tokens); `<name>.tree_tokens` i64 [N] (target ids, root first), `<name>.tree_parents` i32",
+        "    [N] (-1 for the root), `<name>.tree_scores` f32 [N] (cumulative draft log-probs, 0 for the root).",
         "",
         "Weights: linears N(0, 1/fan_in), RMSNorm weights N(1, 0.1^2), rounded to bf16 before anything is",
         "computed. The expected outputs come from an independent fp32 implementation of the draft step in the",
@@ -1348,6 +1579,21 @@ def draft_readme(draft_infos):
         "Llama modules (`LlamaAttention` with q/k/v widened to 2H, `LlamaRotaryEmbedding` built from the written",
         "`config.json` by `LlamaConfig.from_pretrained`, `LlamaMLP`, `LlamaRMSNorm`), must both agree within",
         "1e-5 of the largest magnitude, or the script stops.",
+        "",
+        "Trees: an independent implementation of the build in the script, over the same fp32 draft",
+        "reference. Extend: one causal pass over the T rows at positions 0..T-1 from fc(aux). Step 0 expands",
+        "the root with the extend's last-row logits; a frontier node at depth d >= 1 is one draft row with",
+        "the input hidden its parent's fed-back hidden (the root's: the last extend row's), its target id",
+        "as token, RoPE position (T - 1) + d, attending every extend row, the tree rows of its ancestors",
+        "and itself (the rows of a step are appended to the cache in frontier order). Log-softmax in double;",
+        "a node's top-k by logit (ties: lower draft id), score = parent score + log-prob; next frontier = the",
+        "best k of the step's candidates (ties: lower candidate index); the best num_draft_tokens - 1",
+        "candidates overall, in candidate order; draft ids to target ids by d2t. Checks, or the script",
+        "stops: the fp64 run builds the same trees (scores within 1e-5); each expanded node's tree-masked",
+        "logits equal a plain causal decode of its root path after the extend rows (1e-5 relative); and",
+        "every selection a tree depends on (the order of each expanded node's best k + 1 children, of each",
+        f"step's best k + 1 candidates, and the final cut) has a gap of at least {MIN_TREE_MARGIN} in",
+        "log-prob, so that rounding cannot flip it.",
         "",
     ]
     for info in draft_infos:
@@ -1368,8 +1614,23 @@ def draft_readme(draft_infos):
             "- what a mistake would change (fp64 reference with one detail altered: max |logit diff| / max "
             "|logit| over step 0, rows whose argmax changes): "
             + "; ".join(f"{DRAFT_SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}" for k, v in info["sensitivity"].items()) + ".",
-            "",
         ]
+        tree = info["tree"]
+        if tree:
+            lines += [
+                f"- trees after the prompt: root {tree['root']} (target top-2 logit gap {tree['root_gap']:.2e}); "
+                f"smallest selection gap {tree['margin'][0]:.2e} ({tree['margin'][1]}); fp32 vs fp64 scores "
+                f"{fmt_err(tree['fp64_err'])}; tree mask vs path decode {fmt_err(tree['path_err'])}.",
+            ]
+            for t in tree["trees"]:
+                k, steps, n = t["params"]
+                lines.append(f"  - `{t['name']}` (topk {k}, num_steps {steps}, num_draft_tokens {n}): tokens "
+                             f"{t['tokens']}, parents {t['parents']}.")
+            lines.append(f"- what a mistake in the tree rows would change (fp64, trees whose tokens or parents change "
+                         f"out of {len(tree['trees'])}, largest score difference): "
+                         + "; ".join(f"{TREE_SENSITIVITY[k]}: {v[0]}, {v[1]:.2e}"
+                                     for k, v in tree["sensitivity"].items()) + ".")
+        lines.append("")
     lines += DRAFT_README_SEMANTICS
     return lines
 

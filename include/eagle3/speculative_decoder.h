@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct DecodeOptions {
   DraftTreeParams tree;                // topk 1 = chain
   SamplingParams sampling;             // temperature 0 = greedy
   uint64_t seed = 0;
+  // Called after every decode step with the tokens generated so far over all sequences and the
+  // most there can be (for progress display); may be empty.
+  std::function<void(int64_t generated, int64_t limit)> progress;
 };
 
 struct DecodeStats {
