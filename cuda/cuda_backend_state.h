@@ -1,13 +1,49 @@
 // Private: what the CudaBackend op implementation files share (host code only; no .cu includes it).
 #pragma once
 
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "eagle3/cuda/core_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
 
 namespace eagle3::cuda {
+
+// Device-side data checks and the error flag (State::error_flag).
+//
+// A kernel that finds bad data records code = (check << kDeviceErrorIndexBits) | index in the flag,
+// index = the row / token / entry named below (saturating at kDeviceErrorMaxIndex = 2^24 - 1), with
+// RecordDeviceError (cuda/core_kernels.cuh): the first failing op keeps the flag, and within it the
+// lowest index. Launchers take `int* error_flag, int error_code` with error_code =
+// DeviceErrorCode(check). Synchronize() waits for the stream, reads and clears the flag, and turns
+// a nonzero code into InvalidArgument naming the op and the index (messages in cuda_backend.cc).
+// The numbers are part of the flag's format: add new checks at the end.
+enum class DeviceCheck : int {
+  kNone = 0,
+  kEmbeddingNegativeId = 1,     // EmbeddingLookup: token t with ids[t] < 0
+  kSoftmaxBadRow = 2,           // Softmax: row r holds NaN or +inf, or no finite logit
+  kArgmaxNaN = 3,               // Argmax: row r holds NaN
+  kTopKNaN = 4,                 // TopK: row r holds NaN
+  kRopePosition = 5,            // ApplyRope: token t with positions[t] outside [0, P)
+  kAttentionMaskRow = 6,        // Attention: query row t allows no key
+  kLatentAttentionPage = 7,     // LatentAttention: page_table[i] outside [0, num_pages)
+  kLatentAttentionMaskRow = 8,  // LatentAttention: query row t allows no key
+  kPagedWritePosition = 9,      // PagedWrite: token t, position or its page entry out of range
+  kPagedReadPosition = 10,      // PagedRead: token t, position or its page entry out of range
+  kMoeRouteLogits = 11,         // MoeRoute: row t holds a non-finite logit
+  kMoeRouteBias = 12,           // MoeRoute: correction_bias[e] is not finite
+  kMoeExpertsId = 13,           // MoeExperts: token t has an id outside [0, experts)
+};
+
+constexpr int DeviceErrorCode(DeviceCheck check) {
+  return static_cast<int>(check) << kDeviceErrorIndexBits;
+}
 
 struct CudaBackend::State {
   CudaBackendOptions options;
@@ -25,6 +61,20 @@ struct CudaBackend::State {
   size_t attention_scratch_bytes = 0;
   void* moe_scratch = nullptr;
   size_t moe_scratch_bytes = 0;
+  // (The destructor frees the workspace, the flag and the scratch above through `allocator`, which
+  // must be what allocated them.)
+  // cuBLASLt algorithms chosen by the heuristic, per problem key (gemm.cc): one query per shape.
+  std::map<std::array<int64_t, 11>, cublasLtMatmulAlgo_t> gemm_algos;
+  // Device copies of MoeExperts' expert pointer tables, cached by content (a MoeTableCache, see
+  // cuda_backend_moe.cc; it frees its tables through `allocator` when destroyed).
+  std::shared_ptr<void> moe_tables;
 };
+
+// Every op (and Create, Synchronize, the destructor) first makes the backend's device current on
+// the calling thread: a kernel launch fails on a stream of another device, and a rank thread need
+// not have called cudaSetDevice itself. The device stays current afterwards.
+inline cudaError_t UseBackendDevice(const CudaBackend::State& state) {
+  return cudaSetDevice(state.options.device);
+}
 
 }  // namespace eagle3::cuda

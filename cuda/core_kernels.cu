@@ -1,0 +1,519 @@
+// Kernels of the CudaBackend's core ops (launchers: eagle3/cuda/core_ops.h). Each mirrors the CPU
+// reference's arithmetic (same operation order per element, fp32, IEEE division and sqrt) so that
+// only reduction order differs. No abseil here: nvcc must never see it.
+#include <math_constants.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "core_kernels.cuh"
+#include "eagle3/cuda/core_ops.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr int kThreads = 256;              // elementwise kernels and hidden-wide rows
+constexpr int kRowThreads = 1024;          // vocabulary-wide rows: softmax, argmax, top-k
+constexpr int64_t kMaxBlocks = 65535 * 8;  // grid-stride beyond this
+
+unsigned GridFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Rows of a row-strided matrix: ld >= cols is needed only when there is more than one row.
+bool ValidMatrix(const void* p, int64_t ld, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) return false;
+  if (rows == 0 || cols == 0) return true;
+  return p != nullptr && (rows == 1 || ld >= cols);
+}
+
+// ---- Strided copy -------------------------------------------------------------------------------
+
+struct StridedCopyParams {
+  int rank;
+  int64_t shape[kStridedCopyMaxRank];
+  int64_t src_stride[kStridedCopyMaxRank];
+  int64_t dst_stride[kStridedCopyMaxRank];
+};
+
+// Element e in row-major order of the shape, so consecutive threads walk the innermost dim.
+template <typename T>
+__global__ void StridedCopyKernel(const T* __restrict__ src, T* __restrict__ dst,
+                                  StridedCopyParams p, int64_t n) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = e;
+    int64_t from = 0;
+    int64_t to = 0;
+#pragma unroll
+    for (int d = kStridedCopyMaxRank - 1; d >= 0; --d) {
+      if (d < p.rank) {
+        const int64_t i = rest % p.shape[d];
+        rest /= p.shape[d];
+        from += i * p.src_stride[d];
+        to += i * p.dst_stride[d];
+      }
+    }
+    dst[to] = src[from];
+  }
+}
+
+template <typename T>
+cudaError_t StridedCopy(const void* src, void* dst, const StridedCopyParams& p, int64_t n,
+                        cudaStream_t stream) {
+  StridedCopyKernel<T>
+      <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(src), static_cast<T*>(dst), p, n);
+  return cudaGetLastError();
+}
+
+// ---- GEMM completion ----------------------------------------------------------------------------
+
+__global__ void ScaleAddBiasKernel(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta,
+                                   const float* __restrict__ bias) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / cols;
+    const int64_t j = e - r * cols;
+    float* p = c + r * ldc + j;
+    const float scaled = beta == 0.0f ? 0.0f : beta * *p;  // beta == 0: never read c
+    *p = bias != nullptr ? scaled + bias[j] : scaled;
+  }
+}
+
+// ---- Row ops ------------------------------------------------------------------------------------
+
+// One block per row. x and out may be the same memory (in-place), so neither is __restrict__.
+__global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
+                              const float* __restrict__ weight, float eps, float* out, int64_t ldo,
+                              int64_t hidden) {
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * ldx;
+  float* rr = residual != nullptr ? residual + t * ldr : nullptr;
+  float* o = out + t * ldo;
+  float sum = 0.0f;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    float v = xr[h];
+    if (rr != nullptr) {
+      v = rr[h] + v;
+      rr[h] = v;  // read back below by this same thread
+    }
+    sum += v * v;
+  }
+  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    const float v = rr != nullptr ? rr[h] : xr[h];
+    o[h] = v * inv_rms * weight[h];
+  }
+}
+
+__global__ void SiluMulKernel(const float* __restrict__ gate_up, int64_t ldg,
+                              float* __restrict__ out, int64_t ldo, int64_t rows, int64_t inter) {
+  const int64_t n = rows * inter;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = e / inter;
+    const int64_t i = e - t * inter;
+    const float gate = gate_up[t * ldg + i];
+    const float up = gate_up[t * ldg + inter + i];
+    out[t * ldo + i] = gate / (1.0f + expf(-gate)) * up;
+  }
+}
+
+// One block per token.
+template <typename Index>
+__global__ void EmbeddingKernel(const Index* __restrict__ ids, const float* __restrict__ table,
+                                int64_t ldt, int64_t shard_rows, int64_t vocab_start,
+                                float* __restrict__ out, int64_t ldo, int64_t hidden,
+                                int* error_flag, int error_code) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = static_cast<int64_t>(ids[t]);
+  if (id < 0 && threadIdx.x == 0) RecordDeviceError(error_flag, error_code, t);
+  const int64_t local = id - vocab_start;
+  const bool in_shard = id >= 0 && local >= 0 && local < shard_rows;
+  const float* row = table + (in_shard ? local : 0) * ldt;
+  float* o = out + t * ldo;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) o[h] = in_shard ? row[h] : 0.0f;
+}
+
+// One block per row: max (and the NaN / +inf check), sum of exponentials, normalized write.
+__global__ void __launch_bounds__(kRowThreads)
+    SoftmaxKernel(const float* logits, int64_t ldl, float temperature, float* out, int64_t ldo,
+                  int64_t cols, int* error_flag, int error_code) {
+  const int64_t r = blockIdx.x;
+  const float* x = logits + r * ldl;
+  float* o = out + r * ldo;
+  float max = -CUDART_INF_F;
+  bool bad = false;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = x[i];
+    bad |= isnan(v) || v == CUDART_INF_F;
+    max = fmaxf(max, v);
+  }
+  bad = __syncthreads_or(bad);
+  max = BlockMax(max);
+  if (bad || max == -CUDART_INF_F) {
+    if (threadIdx.x == 0) RecordDeviceError(error_flag, error_code, r);
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) sum += expf((x[i] - max) / temperature);
+  const float inv_sum = 1.0f / BlockSum(sum);
+  // In place, each thread reads x[i] before writing o[i] at the same address.
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+    o[i] = expf((x[i] - max) / temperature) * inv_sum;
+}
+
+__device__ inline bool Better(float v, int64_t i, float best, int64_t best_i) {
+  return v > best || (v == best && i < best_i);
+}
+
+// One block per row: each thread scans a strided slice, then a warp and a block reduction keep the
+// larger value, ties to the lower index.
+template <typename Index>
+__global__ void __launch_bounds__(kRowThreads)
+    ArgmaxKernel(const float* __restrict__ logits, int64_t ldl, int64_t cols,
+                 Index* __restrict__ out, int* error_flag, int error_code) {
+  __shared__ float warp_best[32];
+  __shared__ int64_t warp_best_i[32];
+  const int64_t r = blockIdx.x;
+  const float* x = logits + r * ldl;
+  float best = -CUDART_INF_F;
+  int64_t best_i = INT64_MAX;
+  bool nan = false;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = x[i];
+    if (isnan(v)) {
+      nan = true;
+    } else if (Better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+  if (__syncthreads_or(nan)) {
+    if (threadIdx.x == 0) RecordDeviceError(error_flag, error_code, r);
+    return;
+  }
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_best_i[warp] = best_i;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const bool live = lane < static_cast<int>(blockDim.x >> 5);
+  best = live ? warp_best[lane] : -CUDART_INF_F;
+  best_i = live ? warp_best_i[lane] : INT64_MAX;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+  if (lane == 0) out[r] = static_cast<Index>(best_i);
+}
+
+// Unsigned key with the order of the floats (NaN excluded); -0 maps like +0 so that they tie.
+__device__ inline uint32_t OrderedKey(float v) {
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+
+// One block per row:
+//  1. radix select, 8 bits per pass from the top, finds the k-th largest key `prefix` and how many
+//     keys equal to it belong to the top k (`remaining`; every larger key does);
+//  2. an ordered pass (block-wide prefix sums) gathers the larger keys and the first `remaining`
+//     equal keys by index into shared memory;
+//  3. a bitonic sort there orders them by (key descending, index ascending).
+template <typename Index>
+__global__ void __launch_bounds__(kRowThreads)
+    TopKKernel(const float* __restrict__ values, int64_t ldv, int64_t cols, int k,
+               float* __restrict__ out_values, int64_t ldov, Index* __restrict__ out_indices,
+               int64_t ldoi, int* error_flag, int error_code) {
+  __shared__ uint32_t histogram[256];
+  __shared__ uint32_t keys[kTopKMaxK];
+  __shared__ int indices[kTopKMaxK];
+  __shared__ uint32_t chosen_prefix;
+  __shared__ int chosen_remaining;
+  const int64_t r = blockIdx.x;
+  const float* x = values + r * ldv;
+
+  uint32_t prefix = 0;
+  uint32_t mask = 0;
+  int remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) histogram[b] = 0;
+    __syncthreads();
+    bool nan = false;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      const float v = x[i];
+      nan |= isnan(v);
+      const uint32_t key = OrderedKey(v);
+      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1u);
+    }
+    if (__syncthreads_or(nan)) {
+      if (threadIdx.x == 0) RecordDeviceError(error_flag, error_code, r);
+      return;
+    }
+    if (threadIdx.x == 0) {
+      uint32_t above = 0;  // keys under the prefix with a larger digit
+      int digit = 255;
+      for (; digit > 0; --digit) {
+        if (above + histogram[digit] >= static_cast<uint32_t>(remaining)) break;
+        above += histogram[digit];
+      }
+      chosen_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
+      chosen_remaining = remaining - static_cast<int>(above);
+    }
+    __syncthreads();
+    prefix = chosen_prefix;
+    remaining = chosen_remaining;
+    mask |= 255u << shift;
+  }
+
+  const int greater = k - remaining;
+  int greater_seen = 0;
+  int equal_seen = 0;
+  for (int64_t base = 0; base < cols; base += blockDim.x) {
+    if (greater_seen == greater && equal_seen >= remaining) break;  // uniform: from scan totals
+    const int64_t i = base + threadIdx.x;
+    uint32_t key = 0;
+    bool gt = false;
+    bool eq = false;
+    if (i < cols) {
+      key = OrderedKey(x[i]);
+      gt = key > prefix;
+      eq = key == prefix;
+    }
+    if (!__syncthreads_or(gt || eq)) continue;
+    int total = 0;
+    const int before =
+        BlockExclusiveScan((gt ? 1 : 0) | (eq ? 1 << 16 : 0), &total);  // <= 1024 each
+    if (gt) {
+      const int slot = greater_seen + (before & 0xffff);
+      keys[slot] = key;
+      indices[slot] = static_cast<int>(i);
+    }
+    if (eq) {
+      const int e = equal_seen + (before >> 16);
+      if (e < remaining) {
+        keys[greater + e] = key;
+        indices[greater + e] = static_cast<int>(i);
+      }
+    }
+    greater_seen += total & 0xffff;
+    equal_seen += total >> 16;
+  }
+
+  int padded = 1;
+  while (padded < k) padded <<= 1;
+  for (int j = k + threadIdx.x; j < padded; j += blockDim.x) {
+    keys[j] = 0;  // below every real key (the smallest, -inf, is 0x007fffff)
+    indices[j] = INT_MAX;
+  }
+  __syncthreads();
+  for (int size = 2; size <= padded; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < padded; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j <= i) continue;
+        const bool j_better = keys[j] > keys[i] || (keys[j] == keys[i] && indices[j] < indices[i]);
+        if (j_better == ((i & size) == 0)) {  // best first in this half-block, else worst first
+          const uint32_t key = keys[i];
+          keys[i] = keys[j];
+          keys[j] = key;
+          const int index = indices[i];
+          indices[i] = indices[j];
+          indices[j] = index;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    const int i = indices[j];
+    out_indices[r * ldoi + j] = static_cast<Index>(i);
+    out_values[r * ldov + j] = x[i];  // the stored value itself (a -0 stays -0)
+  }
+}
+
+template <typename Index>
+cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const float* table, int64_t ldt,
+                            int64_t shard_rows, int64_t vocab_start, float* out, int64_t ldo,
+                            int64_t hidden, int* error_flag, int error_code, cudaStream_t stream) {
+  if (tokens < 0 || vocab_start < 0 || !ValidMatrix(table, ldt, shard_rows, hidden) ||
+      !ValidMatrix(out, ldo, tokens, hidden) ||
+      (tokens > 0 && (ids == nullptr || error_flag == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  EmbeddingKernel<Index><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
+      ids, table, ldt, shard_rows, vocab_start, out, ldo, hidden, error_flag, error_code);
+  return cudaGetLastError();
+}
+
+template <typename Index>
+cudaError_t Argmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, Index* out,
+                   int* error_flag, int error_code, cudaStream_t stream) {
+  if (cols < 1 || !ValidMatrix(logits, ldl, rows, cols) ||
+      (rows > 0 && (out == nullptr || error_flag == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  ArgmaxKernel<Index><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+      logits, ldl, cols, out, error_flag, error_code);
+  return cudaGetLastError();
+}
+
+template <typename Index>
+cudaError_t TopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
+                 float* out_values, int64_t ldov, Index* out_indices, int64_t ldoi, int* error_flag,
+                 int error_code, cudaStream_t stream) {
+  if (cols < 1 || cols > INT_MAX || k < 1 || k > cols || k > kTopKMaxK ||
+      !ValidMatrix(values, ldv, rows, cols) || !ValidMatrix(out_values, ldov, rows, k) ||
+      !ValidMatrix(out_indices, ldoi, rows, k) || (rows > 0 && error_flag == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  TopKKernel<Index><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+      values, ldv, cols, k, out_values, ldov, out_indices, ldoi, error_flag, error_code);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchStridedCopy(const void* src, const int64_t* src_strides, void* dst,
+                              const int64_t* dst_strides, const int64_t* shape, int rank,
+                              int element_size, cudaStream_t stream) {
+  if (rank < 0 || rank > kStridedCopyMaxRank ||
+      (rank > 0 && (shape == nullptr || src_strides == nullptr || dst_strides == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  StridedCopyParams p{};
+  p.rank = rank;
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] < 0 || src_strides[d] < 0 || dst_strides[d] < 0) return cudaErrorInvalidValue;
+    p.shape[d] = shape[d];
+    p.src_stride[d] = src_strides[d];
+    p.dst_stride[d] = dst_strides[d];
+    n *= shape[d];
+  }
+  if (n == 0) return cudaSuccess;
+  if (src == nullptr || dst == nullptr) return cudaErrorInvalidValue;
+  switch (element_size) {
+    case 1:
+      return StridedCopy<uint8_t>(src, dst, p, n, stream);
+    case 2:
+      return StridedCopy<uint16_t>(src, dst, p, n, stream);
+    case 4:
+      return StridedCopy<uint32_t>(src, dst, p, n, stream);
+    case 8:
+      return StridedCopy<uint64_t>(src, dst, p, n, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchScaleAddBias(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta,
+                               const float* bias, cudaStream_t stream) {
+  if (!ValidMatrix(c, ldc, rows, cols)) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  ScaleAddBiasKernel<<<GridFor(rows * cols), kThreads, 0, stream>>>(c, ldc, rows, cols, beta, bias);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t ldr,
+                          const float* weight, float eps, float* out, int64_t ldo, int64_t rows,
+                          int64_t hidden, cudaStream_t stream) {
+  if (!ValidMatrix(x, ldx, rows, hidden) || !ValidMatrix(out, ldo, rows, hidden) ||
+      (residual != nullptr && !ValidMatrix(residual, ldr, rows, hidden)) ||
+      (rows > 0 && hidden > 0 && weight == nullptr) || !(eps >= 0.0f)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || hidden == 0) return cudaSuccess;
+  RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, ldx, residual, ldr, weight,
+                                                                      eps, out, ldo, hidden);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t ldo, int64_t rows,
+                          int64_t inter, cudaStream_t stream) {
+  if (inter < 0 || !ValidMatrix(gate_up, ldg, rows, 2 * inter) ||
+      !ValidMatrix(out, ldo, rows, inter)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || inter == 0) return cudaSuccess;
+  SiluMulKernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(gate_up, ldg, out, ldo, rows,
+                                                                inter);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const float* table,
+                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                                  cudaStream_t stream) {
+  return EmbeddingLookup(ids, tokens, table, ldt, shard_rows, vocab_start, out, ldo, hidden,
+                         error_flag, error_code, stream);
+}
+
+cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const float* table,
+                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                                  cudaStream_t stream) {
+  return EmbeddingLookup(ids, tokens, table, ldt, shard_rows, vocab_start, out, ldo, hidden,
+                         error_flag, error_code, stream);
+}
+
+cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, float* out,
+                          int64_t ldo, int64_t rows, int64_t cols, int* error_flag, int error_code,
+                          cudaStream_t stream) {
+  if (cols < 1 || !ValidMatrix(logits, ldl, rows, cols) || !ValidMatrix(out, ldo, rows, cols) ||
+      !(temperature > 0.0f) || !std::isfinite(temperature) || (rows > 0 && error_flag == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  SoftmaxKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+      logits, ldl, temperature, out, ldo, cols, error_flag, error_code);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, int32_t* out,
+                         int* error_flag, int error_code, cudaStream_t stream) {
+  if (cols > INT32_MAX) return cudaErrorInvalidValue;
+  return Argmax(logits, ldl, rows, cols, out, error_flag, error_code, stream);
+}
+
+cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, int64_t* out,
+                         int* error_flag, int error_code, cudaStream_t stream) {
+  return Argmax(logits, ldl, rows, cols, out, error_flag, error_code, stream);
+}
+
+cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
+                       float* out_values, int64_t ldov, int32_t* out_indices, int64_t ldoi,
+                       int* error_flag, int error_code, cudaStream_t stream) {
+  return TopK(values, ldv, rows, cols, k, out_values, ldov, out_indices, ldoi, error_flag,
+              error_code, stream);
+}
+
+cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
+                       float* out_values, int64_t ldov, int64_t* out_indices, int64_t ldoi,
+                       int* error_flag, int error_code, cudaStream_t stream) {
+  return TopK(values, ldv, rows, cols, k, out_values, ldov, out_indices, ldoi, error_flag,
+              error_code, stream);
+}
+
+}  // namespace eagle3::cuda

@@ -1,0 +1,274 @@
+// CudaBackend: RoPE, attention over dense and paged keys, paged cache rows (kernels in
+// attention_kernels.cu). f32 only.
+//
+// Data-dependent errors. The CPU reference checks positions, page entries and mask rows before it
+// writes anything and returns InvalidArgument at once. Here those tensors live on the device, so
+// the checks run as kernels ahead of the op's writing kernels (eagle3/cuda/attention_ops.h): a bad
+// entry makes the op write nothing and is reported by the next Synchronize() as InvalidArgument
+// naming the op and the entry (DeviceCheck in cuda_backend_state.h). The op itself returns OK.
+//
+// Scratch (State::attention_scratch), allocated once, on the first call of any of these ops (not
+// while the stream is being captured into a CUDA graph: run the step once before capturing):
+// kFlagBytes for the per-call flag that links an op's checks to its writers, then kPartialBytes for
+// the partial results of split attention. The split count adapts to the scratch, so no call is
+// refused for its size; 32 MiB holds every decode shape of the DeepSeek models (T <= 64 query
+// rows, N = 16 heads at TP 8 or 128 at TP 1, value_dim 512) at full parallelism, independently of
+// CudaBackendOptions::max_rows and max_context_len.
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cuda_backend_state.h"
+#include "cuda_status.h"
+#include "eagle3/cuda/attention_ops.h"
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/status.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr size_t kFlagBytes = 256;
+constexpr size_t kPartialBytes = size_t{32} << 20;
+
+template <typename... Args>
+absl::Status Invalid(const char* op, const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
+}
+
+absl::Status CheckF32(const char* op, const char* name, const TensorView& t) {
+  if (t.dtype() == DType::kF32) return absl::OkStatus();
+  return Invalid(op, name, " is ", t.ToString(), " but CudaBackend::", op, " takes f32 only (got ",
+                 std::string(DTypeName(t.dtype())), "; convert with ConvertTensor)");
+}
+
+// What an op's launchers need from the scratch.
+struct Scratch {
+  int* bad = nullptr;  // the per-call flag, zeroed on the stream by Prepare
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
+};
+
+// Makes the backend's device current, allocates the scratch on first use, and zeroes the per-call
+// flag ahead of the op's checks.
+absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op) {
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(state), absl::StrCat(op, ": cudaSetDevice")));
+  if (state.attention_scratch == nullptr) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    EAGLE3_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamIsCapturing(state.stream, &capture), "cudaStreamIsCapturing"));
+    if (capture != cudaStreamCaptureStatusNone) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": the attention scratch would be allocated while the stream is being "
+                           "captured into a CUDA graph; run the step once before capturing"));
+    }
+    EAGLE3_ASSIGN_OR_RETURN(state.attention_scratch,
+                            state.allocator.Allocate(kFlagBytes + kPartialBytes, 256));
+    state.attention_scratch_bytes = kFlagBytes + kPartialBytes;
+  }
+  Scratch scratch;
+  scratch.bad = static_cast<int*>(state.attention_scratch);
+  scratch.partials =
+      reinterpret_cast<float*>(static_cast<char*>(state.attention_scratch) + kFlagBytes);
+  scratch.partial_floats =
+      static_cast<int64_t>((state.attention_scratch_bytes - kFlagBytes) / sizeof(float));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(scratch.bad, 0, sizeof(int), state.stream),
+                                    absl::StrCat(op, ": clearing the check flag")));
+  return scratch;
+}
+
+// Calls fn with positions' data as const int32_t* or const int64_t* (validated i32 / i64).
+template <typename Fn>
+cudaError_t WithIndices(const TensorView& positions, Fn fn) {
+  if (positions.dtype() == DType::kI32) return fn(positions.data_as<const int32_t>());
+  return fn(positions.data_as<const int64_t>());
+}
+
+// The attention kernel stages a chunk of key rows and kBlockRows query rows in shared memory.
+absl::Status CheckSharedMemory(const CudaBackend::State& state, const char* op, int64_t key_dim,
+                               int64_t value_dim, bool paged) {
+  int limit = 0;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, state.options.device),
+      absl::StrCat(op, ": cudaDeviceGetAttribute")));
+  const size_t needed = AttentionSharedBytes(key_dim, value_dim, paged);
+  if (needed > static_cast<size_t>(limit)) {
+    return Invalid(op, "key width ", key_dim, " and value width ", value_dim, " need ", needed,
+                   " bytes of shared memory per block in the CUDA attention kernel; cuda:",
+                   state.options.device, " allows ", limit);
+  }
+  return absl::OkStatus();
+}
+
+// Attention params for the query and output views (3-D, last dim contiguous) and the mask.
+AttentionLaunchParams QueryParams(const TensorView& q, const TensorView& mask, float scale,
+                                  const TensorView& out) {
+  AttentionLaunchParams p;
+  p.q = q.data_as<const float>();
+  p.q_token_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.mask = mask.data_as<const uint8_t>();
+  p.mask_stride = mask.stride(0);
+  p.out = out.data_as<float>();
+  p.out_token_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.tokens = q.dim(0);
+  p.heads = q.dim(1);
+  p.keys = mask.dim(1);
+  p.key_dim = q.dim(2);
+  p.value_dim = out.dim(2);
+  p.scale = scale;
+  return p;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
+                                    const TensorView& positions, const TensorView& cos_sin,
+                                    RopeStyle style) {
+  const char* op = "ApplyRope";
+  EAGLE3_RETURN_IF_ERROR(CheckApplyRope(x, offset, rope_dim, positions, cos_sin));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "x", x));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
+  State& s = *state_;
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
+                                                [&](const auto* pos) {
+                                                  return LaunchCheckIndexRange(
+                                                      pos, x.dim(0), cos_sin.dim(0), scratch.bad,
+                                                      s.error_flag,
+                                                      DeviceErrorCode(DeviceCheck::kRopePosition),
+                                                      s.stream);
+                                                }),
+                                    "ApplyRope: position check launch"));
+  return CudaStatus(WithIndices(positions,
+                                [&](const auto* pos) {
+                                  return LaunchApplyRope(
+                                      x.data_as<float>(), x.dim(0), x.dim(1), x.stride(0),
+                                      x.stride(1), offset, rope_dim, pos,
+                                      cos_sin.data_as<const float>(), cos_sin.stride(0),
+                                      style == RopeStyle::kAdjacentPairs, scratch.bad, s.stream);
+                                }),
+                    "ApplyRope: kernel launch");
+}
+
+absl::Status CudaBackend::Attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& mask, float scale, const TensorView& out) {
+  const char* op = "Attention";
+  EAGLE3_RETURN_IF_ERROR(CheckAttention(q, k, v, mask, scale, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "k", k));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "v", v));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), v.dim(2), false));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      LaunchCheckMaskRows(mask.data_as<const uint8_t>(), mask.dim(0), mask.dim(1), mask.stride(0),
+                          scratch.bad, s.error_flag,
+                          DeviceErrorCode(DeviceCheck::kAttentionMaskRow), s.stream),
+      "Attention: mask check launch"));
+  AttentionLaunchParams p = QueryParams(q, mask, scale, out);
+  p.k = k.data_as<const float>();
+  p.k_key_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v = v.data_as<const float>();
+  p.v_key_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
+                    "Attention: kernel launch");
+}
+
+absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView& cache,
+                                          const TensorView& page_table, int64_t context_len,
+                                          const TensorView& mask, float scale, int64_t value_dim,
+                                          const TensorView& out) {
+  const char* op = "LatentAttention";
+  EAGLE3_RETURN_IF_ERROR(
+      CheckLatentAttention(q, cache, page_table, context_len, mask, scale, value_dim, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), value_dim, true));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  const int64_t page_size = cache.dim(1);
+  // The CPU reference checks the page entries first, then the mask rows: so do the kernels, in
+  // stream order, and the flag keeps the first failure.
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      LaunchCheckIndexRange(page_table.data_as<const int32_t>(),
+                            (context_len + page_size - 1) / page_size, cache.dim(0), scratch.bad,
+                            s.error_flag, DeviceErrorCode(DeviceCheck::kLatentAttentionPage),
+                            s.stream),
+      "LatentAttention: page check launch"));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      LaunchCheckMaskRows(mask.data_as<const uint8_t>(), mask.dim(0), mask.dim(1), mask.stride(0),
+                          scratch.bad, s.error_flag,
+                          DeviceErrorCode(DeviceCheck::kLatentAttentionMaskRow), s.stream),
+      "LatentAttention: mask check launch"));
+  AttentionLaunchParams p = QueryParams(q, mask, scale, out);
+  p.paged = true;
+  p.cache = cache.data_as<const float>();
+  p.page_table = page_table.data_as<const int32_t>();
+  p.page_size = page_size;
+  return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
+                    "LatentAttention: kernel launch");
+}
+
+absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& positions,
+                                     const TensorView& page_table, const TensorView& cache) {
+  const char* op = "PagedWrite";
+  EAGLE3_RETURN_IF_ERROR(CheckPaged(op, rows, positions, page_table, cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "rows", rows));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  State& s = *state_;
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  const int32_t* pages = page_table.data_as<const int32_t>();
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      WithIndices(positions,
+                  [&](const auto* pos) {
+                    return LaunchCheckPagedPositions(
+                        pos, rows.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
+                        scratch.bad, s.error_flag,
+                        DeviceErrorCode(DeviceCheck::kPagedWritePosition), s.stream);
+                  }),
+      "PagedWrite: position check launch"));
+  return CudaStatus(WithIndices(positions,
+                                [&](const auto* pos) {
+                                  return LaunchPagedWrite(rows.data_as<const float>(),
+                                                          rows.stride(0), rows.dim(0), rows.dim(1),
+                                                          pos, pages, cache.dim(1),
+                                                          cache.data_as<float>(), scratch.bad,
+                                                          s.stream);
+                                }),
+                    "PagedWrite: kernel launch");
+}
+
+absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& page_table,
+                                    const TensorView& positions, const TensorView& out) {
+  const char* op = "PagedRead";
+  EAGLE3_RETURN_IF_ERROR(CheckPaged(op, out, positions, page_table, cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  State& s = *state_;
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  const int32_t* pages = page_table.data_as<const int32_t>();
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      WithIndices(positions,
+                  [&](const auto* pos) {
+                    return LaunchCheckPagedPositions(
+                        pos, out.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
+                        scratch.bad, s.error_flag,
+                        DeviceErrorCode(DeviceCheck::kPagedReadPosition), s.stream);
+                  }),
+      "PagedRead: position check launch"));
+  return CudaStatus(WithIndices(positions,
+                                [&](const auto* pos) {
+                                  return LaunchPagedRead(cache.data_as<const float>(), pages,
+                                                         cache.dim(1), pos, out.dim(0), out.dim(1),
+                                                         out.data_as<float>(), out.stride(0),
+                                                         scratch.bad, s.stream);
+                                }),
+                    "PagedRead: kernel launch");
+}
+
+}  // namespace eagle3::cuda

@@ -1,0 +1,248 @@
+// CudaBackend: DeepSeek MoE routing and routed experts (kernels in moe_kernels.cu). f32 only.
+//
+// Data-dependent errors. The CPU reference checks logits, biases and expert ids before it writes
+// anything. Here they live on the device: the kernels check them as they go, leave the offending
+// token's output row unwritten (other rows are written), and record the first bad row / token / bias
+// entry in the error flag; the next Synchronize() reports it as InvalidArgument naming the op and
+// the index (DeviceCheck in cuda_backend_state.h). The op itself returns OK.
+//
+// Device memory, all allocated on first use and reused afterwards (never per call in steady state):
+//  - act scratch (State::moe_scratch): [max_rows, top_k, I] f32, sized from
+//    CudaBackendOptions::max_rows and the first call's top_k and I (32 MiB for max_rows 4096,
+//    top_k 8, I 256: V3 at TP8; 256 MiB at TP1). A later call with a larger top_k * I regrows it
+//    (after waiting for the stream); a call with more than max_rows tokens is refused.
+//  - expert pointer tables (State::moe_tables): the experts span is host memory, so its device
+//    pointers and row strides are copied to a device table of max_experts entries (16 KiB at 512).
+//    Tables are cached by content, one per distinct expert set (each MoE layer of a model keeps
+//    its own), up to kMaxExpertTables; a call whose set is cached uploads nothing. A new set costs
+//    one small host -> device copy (into a new table, or over the least recently used one once the
+//    cache is full; the copy is stream-ordered after the kernels that read the old contents).
+// Neither first use may happen while the stream is being captured into a CUDA graph: run the step
+// once before capturing (FailedPrecondition otherwise).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cuda_backend_state.h"
+#include "cuda_status.h"
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/cuda/moe_ops.h"
+#include "eagle3/status.h"
+
+namespace eagle3::cuda {
+namespace {
+
+// Device copies of expert pointer tables, keyed by their content.
+struct MoeTableCache {
+  struct Table {
+    std::vector<MoeExpertPointers> host;  // what `device` holds
+    MoeExpertPointers* device = nullptr;  // capacity: CudaBackendOptions::max_experts entries
+    uint64_t last_use = 0;
+  };
+
+  explicit MoeTableCache(DeviceAllocator* allocator) : allocator(allocator) {}
+  ~MoeTableCache() {
+    for (Table& table : tables) allocator->Deallocate(table.device, 0);
+  }
+  MoeTableCache(const MoeTableCache&) = delete;
+  MoeTableCache& operator=(const MoeTableCache&) = delete;
+
+  DeviceAllocator* allocator;  // State::allocator, which outlives the cache
+  std::vector<Table> tables;
+  std::vector<MoeExpertPointers> wanted;  // the current call's table, reused across calls
+  uint64_t clock = 0;
+};
+
+// Distinct expert sets kept on the device (a model's MoE layers, across models on this backend).
+constexpr size_t kMaxExpertTables = 256;
+
+template <typename... Args>
+absl::Status Invalid(const char* op, const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
+}
+
+absl::Status CheckF32(const char* op, const std::string& name, const TensorView& t) {
+  if (t.dtype() == DType::kF32) return absl::OkStatus();
+  return Invalid(op, name, " is ", t.ToString(), " but CudaBackend::", op, " takes f32 only (got ",
+                 std::string(DTypeName(t.dtype())), "; convert with LaunchBf16ToF32)");
+}
+
+bool SameTable(const std::vector<MoeExpertPointers>& a, const std::vector<MoeExpertPointers>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].gate_up != b[i].gate_up || a[i].down != b[i].down ||
+        a[i].gate_up_stride != b[i].gate_up_stride || a[i].down_stride != b[i].down_stride) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Device memory may be allocated, freed or uploaded from pageable memory only outside a capture.
+absl::Status CheckNotCapturing(cudaStream_t stream, const char* what) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EAGLE3_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MoeExperts: ", what,
+                     " while the stream is being captured into a CUDA graph; run the step once "
+                     "before capturing"));
+  }
+  return absl::OkStatus();
+}
+
+// The device table of `experts` (validated by CheckMoeExperts), uploading it unless cached.
+absl::StatusOr<const MoeExpertPointers*> ExpertTable(CudaBackend::State& state,
+                                                     std::span<const ExpertWeights> experts) {
+  if (!state.moe_tables) state.moe_tables = std::make_shared<MoeTableCache>(&state.allocator);
+  auto& cache = *static_cast<MoeTableCache*>(state.moe_tables.get());
+  cache.wanted.resize(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const TensorView& gate_up = experts[e].gate_up;
+    const TensorView& down = experts[e].down;
+    cache.wanted[e] = {gate_up.data_as<const float>(), down.data_as<const float>(),
+                       gate_up.stride(0), down.stride(0)};
+  }
+  ++cache.clock;
+  MoeTableCache::Table* lru = nullptr;
+  for (MoeTableCache::Table& table : cache.tables) {
+    if (SameTable(table.host, cache.wanted)) {
+      table.last_use = cache.clock;
+      return table.device;
+    }
+    if (lru == nullptr || table.last_use < lru->last_use) lru = &table;
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNotCapturing(state.stream, "a new expert set"));
+  MoeTableCache::Table* table = lru;
+  if (cache.tables.size() < kMaxExpertTables) {
+    const size_t bytes = static_cast<size_t>(state.options.max_experts) * sizeof(MoeExpertPointers);
+    EAGLE3_ASSIGN_OR_RETURN(void* device,
+                            state.allocator.Allocate(bytes, alignof(MoeExpertPointers)));
+    table = &cache.tables.emplace_back();
+    table->device = static_cast<MoeExpertPointers*>(device);
+  }
+  // Stream-ordered after every kernel that read the old contents; the pageable source is staged
+  // before cudaMemcpyAsync returns, so `host` may change afterwards.
+  table->host = cache.wanted;
+  table->last_use = cache.clock;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(table->device, table->host.data(),
+                                                    table->host.size() * sizeof(MoeExpertPointers),
+                                                    cudaMemcpyHostToDevice, state.stream),
+                                    "MoeExperts: uploading the expert pointer table"));
+  return table->device;
+}
+
+// The act scratch for `floats` values of a call with this top_k and I.
+absl::StatusOr<float*> ActScratch(CudaBackend::State& state, int64_t floats, int64_t top_k,
+                                  int64_t inter) {
+  const size_t needed = static_cast<size_t>(floats) * sizeof(float);
+  if (needed <= state.moe_scratch_bytes) return static_cast<float*>(state.moe_scratch);
+  EAGLE3_RETURN_IF_ERROR(CheckNotCapturing(state.stream, "growing the act scratch"));
+  const size_t bytes = static_cast<size_t>(state.options.max_rows * top_k * inter) * sizeof(float);
+  if (state.moe_scratch != nullptr) {  // kernels already queued may still read it
+    EAGLE3_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamSynchronize(state.stream), "cudaStreamSynchronize"));
+    state.allocator.Deallocate(state.moe_scratch, state.moe_scratch_bytes);
+    state.moe_scratch = nullptr;
+    state.moe_scratch_bytes = 0;
+  }
+  EAGLE3_ASSIGN_OR_RETURN(state.moe_scratch, state.allocator.Allocate(bytes, 256));
+  state.moe_scratch_bytes = bytes;
+  return static_cast<float*>(state.moe_scratch);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::MoeRoute(const TensorView& logits, const TensorView* correction_bias,
+                                   const MoeRoutingParams& params, const TensorView& ids,
+                                   const TensorView& weights) {
+  const char* op = "MoeRoute";
+  EAGLE3_RETURN_IF_ERROR(CheckMoeRoute(logits, correction_bias, params, ids, weights));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "logits", logits));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "weights", weights));
+  if (correction_bias != nullptr) {
+    EAGLE3_RETURN_IF_ERROR(CheckF32(op, "correction_bias", *correction_bias));
+  }
+  const int64_t experts = logits.dim(1);
+  if (experts > kMoeRouteMaxExperts) {
+    return Invalid(op, "logits ", logits.ToString(), " has ", experts,
+                   " experts; the CUDA router takes at most ", kMoeRouteMaxExperts);
+  }
+  const bool grouped = params.topk_method != TopkMethod::kGreedy;
+  const bool noaux = params.topk_method == TopkMethod::kNoauxTc;
+  MoeRouteLaunchParams p;
+  p.top_k = params.top_k;
+  p.n_group = grouped ? params.n_group : 1;
+  p.topk_group = grouped ? params.topk_group : 1;
+  p.sigmoid = params.scoring_func == ScoringFunc::kSigmoid;
+  p.group_top2 = noaux;
+  // V2 (softmax): normalize XOR scale. V3/K2 (sigmoid): normalize if asked, then always scale.
+  p.normalize = params.norm_topk_prob && (noaux || params.top_k > 1);
+  p.scale = (noaux || !p.normalize) ? params.routed_scaling_factor : 1.0f;
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "MoeRoute: cudaSetDevice"));
+  return CudaStatus(
+      LaunchMoeRoute(logits.data_as<const float>(), logits.stride(0),
+                     correction_bias ? correction_bias->data_as<const float>() : nullptr,
+                     logits.dim(0), experts, p, ids.data_as<int32_t>(), ids.stride(0),
+                     weights.data_as<float>(), weights.stride(0), s.error_flag,
+                     DeviceErrorCode(DeviceCheck::kMoeRouteLogits),
+                     DeviceErrorCode(DeviceCheck::kMoeRouteBias), s.stream),
+      "MoeRoute: kernel launch");
+}
+
+absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
+                                     const TensorView& weights,
+                                     std::span<const ExpertWeights> experts, const TensorView& out,
+                                     bool accumulate) {
+  const char* op = "MoeExperts";
+  EAGLE3_RETURN_IF_ERROR(CheckMoeExperts(x, ids, weights, experts, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "x", x));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "weights", weights));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  for (size_t e = 0; e < experts.size(); ++e) {
+    EAGLE3_RETURN_IF_ERROR(
+        CheckF32(op, absl::StrCat("experts[", e, "].gate_up"), experts[e].gate_up));
+    EAGLE3_RETURN_IF_ERROR(CheckF32(op, absl::StrCat("experts[", e, "].down"), experts[e].down));
+  }
+  State& s = *state_;
+  const int64_t tokens = x.dim(0);
+  const int64_t top_k = ids.dim(1);
+  const int64_t hidden = x.dim(1);
+  const int64_t inter = experts.empty() ? 0 : experts[0].down.dim(1);
+  const int64_t num_experts = static_cast<int64_t>(experts.size());
+  if (tokens > s.options.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        op, ": x ", x.ToString(), " has ", tokens, " tokens but the backend was created with ",
+        "CudaBackendOptions::max_rows = ", s.options.max_rows,
+        " (the act scratch is sized from it)"));
+  }
+  if (num_experts > s.options.max_experts) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(op, ": ", num_experts, " experts given but the backend was created with ",
+                     "CudaBackendOptions::max_experts = ", s.options.max_experts,
+                     " (the pointer tables are sized from it)"));
+  }
+  if (tokens == 0) return absl::OkStatus();
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "MoeExperts: cudaSetDevice"));
+  const MoeExpertPointers* table = nullptr;
+  if (num_experts > 0) {
+    EAGLE3_ASSIGN_OR_RETURN(table, ExpertTable(s, experts));
+  }
+  float* act = nullptr;
+  if (top_k > 0 && inter > 0) {
+    EAGLE3_ASSIGN_OR_RETURN(act, ActScratch(s, tokens * top_k * inter, top_k, inter));
+  }
+  return CudaStatus(
+      LaunchMoeExperts(x.data_as<const float>(), x.stride(0), ids.data_as<const int32_t>(),
+                       ids.stride(0), weights.data_as<const float>(), weights.stride(0), table,
+                       num_experts, tokens, top_k, hidden, inter, act, out.data_as<float>(),
+                       out.stride(0), accumulate, s.error_flag,
+                       DeviceErrorCode(DeviceCheck::kMoeExpertsId), s.stream),
+      "MoeExperts: kernel launch");
+}
+
+}  // namespace eagle3::cuda

@@ -1,0 +1,80 @@
+// Launchers for DeepSeek MoE routing and routed experts on the device (the kernels behind
+// CudaBackend::MoeRoute / MoeExperts; semantics in eagle3/backend.h). Raw pointers, stream last,
+// cudaError_t out; no allocation; callable from any C++ compiler (no nvcc needed to include this
+// header). fp32 throughout. Row strides are in elements.
+//
+// Bad data (a non-finite logit or bias, an expert id out of range) does not fail the launch: the
+// kernel leaves that token's output row unwritten and records error_code | index in *error_flag
+// (the device error flag protocol of eagle3/cuda/core_ops.h: one device int, 0 = no error; the
+// first op to fail is kept, within it the lowest index); the host reads it later
+// (CudaBackend::Synchronize).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace eagle3::cuda {
+
+// The routing rule, resolved from MoeRoutingParams by the caller.
+struct MoeRouteLaunchParams {
+  int top_k = 1;            // 1 <= top_k <= experts kept after the group limit
+  int n_group = 1;          // experts form n_group groups of experts / n_group consecutive ids
+  int topk_group = 1;       // groups kept, 1 <= topk_group <= n_group (== n_group: no group limit)
+  bool sigmoid = false;     // scores = sigmoid(logits) (V3/K2), else softmax over the row (V2)
+  bool group_top2 = false;  // group score = sum of its two best biased scores (noaux_tc), else max
+  bool normalize = false;   // divide the chosen scores by their sum + 1e-20
+  float scale = 1.0f;       // then multiply by this (1 where the method does not scale)
+};
+
+// Largest expert count LaunchMoeRoute takes (per-row working set in shared memory).
+inline constexpr int64_t kMoeRouteMaxExperts = 4096;
+
+// Per token row t: selection score c[e] = score[e] + correction_bias[e] (bias only when given);
+// with topk_group < n_group, keep the topk_group groups of highest group score and exclude the
+// other groups' experts; take the top_k remaining experts by c, descending, ties to the lower id
+// (groups likewise); weights = their scores (unbiased), normalized and scaled as params say.
+// logits:          [tokens, experts], f32, row stride logits_stride, device
+// correction_bias: [experts], f32, device; nullptr for none
+// ids:             [tokens, top_k], i32, row stride ids_stride, device (written)
+// weights:         [tokens, top_k], f32, row stride weights_stride, device (written)
+// error_flag:      [1], i32, device; a row with a non-finite logit records error_code | row; a
+//                  non-finite bias leaves every row unwritten and records bias_error_code | the
+//                  lowest such expert (when both happen, either may be the one kept)
+// 1 <= experts <= kMoeRouteMaxExperts; n_group divides experts; group_top2 needs >= 2 per group.
+cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const float* correction_bias,
+                           int64_t tokens, int64_t experts, const MoeRouteLaunchParams& params,
+                           int32_t* ids, int64_t ids_stride, float* weights, int64_t weights_stride,
+                           int* error_flag, int error_code, int bias_error_code,
+                           cudaStream_t stream);
+
+// One routed expert's weights, as the device-side pointer table holds them.
+struct MoeExpertPointers {
+  const float* gate_up = nullptr;  // [2 * inter, hidden], row stride gate_up_stride, device
+  const float* down = nullptr;     // [hidden, inter], row stride down_stride, device
+  int64_t gate_up_stride = 0;
+  int64_t down_stride = 0;
+};
+
+// out[t] = (accumulate ? out[t] : 0) + sum_j weights[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]),
+// e = ids[t, j], summed in order j = 0, 1, ... (no atomics: bitwise reproducible). Two kernels: a
+// batched GEMV per (token, slot) into act, then one per (token, output row block). Only the
+// selected experts' weights are read (a decode-time design: each (token, slot) reads its expert's
+// weights again). A token t with an id outside [0, num_experts) records error_code | t and its out
+// row is left as it was.
+// x:        [tokens, hidden], f32, row stride x_stride, device
+// ids:      [tokens, top_k], i32, row stride ids_stride, device
+// weights:  [tokens, top_k], f32, row stride weights_stride, device
+// experts:  [num_experts], device table of device pointers
+// act:      [tokens, top_k, inter], f32, contiguous, device scratch (overwritten)
+// out:      [tokens, hidden], f32, row stride out_stride, device; no overlap with the inputs
+// error_flag: [1], i32, device
+// hidden and inter <= 8 * 65535 (grid rows); inter may be 0.
+cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* ids,
+                             int64_t ids_stride, const float* weights, int64_t weights_stride,
+                             const MoeExpertPointers* experts, int64_t num_experts, int64_t tokens,
+                             int64_t top_k, int64_t hidden, int64_t inter, float* act, float* out,
+                             int64_t out_stride, bool accumulate, int* error_flag, int error_code,
+                             cudaStream_t stream);
+
+}  // namespace eagle3::cuda
