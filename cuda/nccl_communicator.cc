@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/device_allocator.h"
+#include "eagle3/collective_checks.h"
 #include "eagle3/status.h"
 
 #if EAGLE3_HAVE_NCCL
@@ -224,94 +225,19 @@ std::string DescribeCollective(const char* op, int64_t count, DType dtype) {
 
 // ---- This rank's argument checks: those of InProcessGroup, with device memory instead of host ---
 
-bool IsCollectiveDType(DType d) {
-  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kI32 ||
-         d == DType::kI64;
-}
-
+// Shared with the in-process group (eagle3/collective_checks.h), with this device's memory expected.
 absl::Status CheckBuffer(const char* op, const char* name, const TensorView& t, int device) {
-  for (int i = 0; i < t.rank(); ++i) {
-    if (t.dim(i) < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": ", name, " ", t.ToString(), " has a negative dim"));
-    }
-  }
-  if (t.device() != Device::Cuda(device)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " ", t.ToString(),
-                                                   " must be memory of cuda:", device,
-                                                   " (the communicator's device)"));
-  }
-  if (!IsCollectiveDType(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " ", t.ToString(), " has dtype ",
-                                                   std::string(DTypeName(t.dtype())),
-                                                   "; expected f32, f16, bf16, i32 or i64"));
-  }
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " ", t.ToString(), " must be contiguous"));
-  }
-  if (t.data() == nullptr && t.numel() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " ", t.ToString(), " has no data"));
-  }
-  return absl::OkStatus();
+  return CheckCollectiveBuffer(op, name, t, Device::Cuda(device));
 }
 
-struct ByteRange {
-  uintptr_t begin = 0;
-  uintptr_t end = 0;
-};
-
-ByteRange RangeOf(const TensorView& t) {
-  const auto begin = reinterpret_cast<uintptr_t>(t.data());
-  return {begin, begin + t.nbytes()};
+absl::Status CheckAliasing(const char* op, const TensorView& outer, const TensorView& inner, int block,
+                           const char* outer_name, const char* inner_name) {
+  return CheckCollectiveAliasing(op, outer, inner, block, outer_name, inner_name);
 }
 
-bool Overlap(ByteRange a, ByteRange b) {
-  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
-}
-
-// `inner` may be `outer` itself (nothing to check), its block `block` of dim 0, or disjoint.
-absl::Status CheckAliasing(const char* op, const TensorView& outer, const TensorView& inner,
-                           int block, const char* outer_name, const char* inner_name) {
-  if (!Overlap(RangeOf(outer), RangeOf(inner))) return absl::OkStatus();
-  const ByteRange own = {RangeOf(outer).begin + block * inner.nbytes(),
-                         RangeOf(outer).begin + (block + 1) * inner.nbytes()};
-  const ByteRange actual = RangeOf(inner);
-  if (own.begin == actual.begin && own.end == actual.end) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      op, ": ", inner_name, " ", inner.ToString(), " overlaps ", outer_name, " ", outer.ToString(),
-      " but is not its block ", block, " (in place means exactly that block)"));
-}
-
-// Checks send/recv of one rank where big.dim(0) == factor * small.dim(0) (factor 1: same shape).
 absl::Status CheckPair(const char* op, const TensorView& small, const TensorView& big, int factor,
                        const char* small_name, const char* big_name, int device) {
-  EAGLE3_RETURN_IF_ERROR(CheckBuffer(op, small_name, small, device));
-  EAGLE3_RETURN_IF_ERROR(CheckBuffer(op, big_name, big, device));
-  if (small.dtype() != big.dtype()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": send and recv dtypes differ: ", small_name, " ", small.ToString(), ", ",
-                     big_name, " ", big.ToString()));
-  }
-  if (factor == 1) {
-    if (!(small.shape() == big.shape())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": send and recv shapes differ: ", small_name, " ", small.ToString(),
-                       ", ", big_name, " ", big.ToString()));
-    }
-    return absl::OkStatus();
-  }
-  bool ok = small.rank() >= 1 && small.rank() == big.rank() &&
-            big.dim(0) == static_cast<int64_t>(factor) * small.dim(0);
-  for (int i = 1; ok && i < small.rank(); ++i) ok = small.dim(i) == big.dim(i);
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": expected ", big_name, " = [", factor, " * ", small_name, ".dim(0), ",
-                     small_name, " dims 1..]; got ", small_name, " ", small.ToString(), ", ",
-                     big_name, " ", big.ToString()));
-  }
-  return absl::OkStatus();
+  return CheckCollectivePair(op, small, big, factor, small_name, big_name, Device::Cuda(device));
 }
 
 }  // namespace
@@ -543,7 +469,7 @@ const char* NcclCommunicator::OpName(Op op) {
 absl::Status NcclCommunicator::AllReduceSum(const TensorView& send, const TensorView& recv) {
   const char* op = OpName(Op::kAllReduceSum);
   absl::Status check = CheckPair(op, send, recv, 1, "send", "recv", device_);
-  if (check.ok() && send.data() != recv.data() && Overlap(RangeOf(send), RangeOf(recv))) {
+  if (check.ok() && send.data() != recv.data() && BuffersOverlap(send, recv)) {
     check = absl::InvalidArgumentError(
         absl::StrCat(op, ": send ", send.ToString(), " and recv ", recv.ToString(),
                      " partially overlap (must be the same buffer or disjoint)"));

@@ -1,5 +1,7 @@
 #include "eagle3/in_process_group.h"
 
+#include "eagle3/collective_checks.h"
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
@@ -54,93 +56,19 @@ std::string DescribeCall(const Call& call) {
 // ---- Local argument checks
 // -----------------------------------------------------------------------
 
-bool IsCollectiveDType(DType d) {
-  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kI32 ||
-         d == DType::kI64;
+// Shared with the NCCL communicator (eagle3/collective_checks.h), with host memory expected here.
+absl::Status CheckPair(Op op, const TensorView& small, const TensorView& big, int factor, const char* small_name,
+                       const char* big_name) {
+  return CheckCollectivePair(OpName(op), small, big, factor, small_name, big_name, Device::Cpu());
+}
+
+absl::Status CheckAliasing(Op op, const TensorView& outer, const TensorView& inner, int block,
+                           const char* outer_name, const char* inner_name) {
+  return CheckCollectiveAliasing(OpName(op), outer, inner, block, outer_name, inner_name);
 }
 
 absl::Status CheckBuffer(Op op, const char* name, const TensorView& t) {
-  for (int i = 0; i < t.rank(); ++i) {
-    if (t.dim(i) < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(OpName(op), ": ", name, " ", t.ToString(), " has a negative dim"));
-    }
-  }
-  if (!t.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(OpName(op), ": ", name, " ", t.ToString(),
-                                                   " must be host memory (device cpu)"));
-  }
-  if (!IsCollectiveDType(t.dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(OpName(op), ": ", name, " ", t.ToString(),
-                                                   " has dtype ", std::string(DTypeName(t.dtype())),
-                                                   "; expected f32, f16, bf16, i32 or i64"));
-  }
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(OpName(op), ": ", name, " ", t.ToString(), " must be contiguous"));
-  }
-  if (t.data() == nullptr && t.numel() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(OpName(op), ": ", name, " ", t.ToString(), " has no data"));
-  }
-  return absl::OkStatus();
-}
-
-struct ByteRange {
-  uintptr_t begin = 0;
-  uintptr_t end = 0;
-};
-
-ByteRange RangeOf(const TensorView& t) {
-  const auto begin = reinterpret_cast<uintptr_t>(t.data());
-  return {begin, begin + t.nbytes()};
-}
-
-bool Overlap(ByteRange a, ByteRange b) {
-  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
-}
-
-// `inner` may be `outer` itself (nothing to check), its block `block` of dim 0, or disjoint.
-absl::Status CheckAliasing(Op op, const TensorView& outer, const TensorView& inner, int block,
-                           const char* outer_name, const char* inner_name) {
-  if (!Overlap(RangeOf(outer), RangeOf(inner))) return absl::OkStatus();
-  const ByteRange own = {RangeOf(outer).begin + block * inner.nbytes(),
-                         RangeOf(outer).begin + (block + 1) * inner.nbytes()};
-  const ByteRange actual = RangeOf(inner);
-  if (own.begin == actual.begin && own.end == actual.end) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      OpName(op), ": ", inner_name, " ", inner.ToString(), " overlaps ", outer_name, " ",
-      outer.ToString(), " but is not its block ", block, " (in place means exactly that block)"));
-}
-
-// Checks send/recv of one rank where recv.dim(0) == factor * send.dim(0) (factor 1: same shape).
-absl::Status CheckPair(Op op, const TensorView& small, const TensorView& big, int factor,
-                       const char* small_name, const char* big_name) {
-  EAGLE3_RETURN_IF_ERROR(CheckBuffer(op, small_name, small));
-  EAGLE3_RETURN_IF_ERROR(CheckBuffer(op, big_name, big));
-  if (small.dtype() != big.dtype()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(OpName(op), ": send and recv dtypes differ: ", small_name, " ",
-                     small.ToString(), ", ", big_name, " ", big.ToString()));
-  }
-  if (factor == 1) {
-    if (!(small.shape() == big.shape())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(OpName(op), ": send and recv shapes differ: ", small_name, " ",
-                       small.ToString(), ", ", big_name, " ", big.ToString()));
-    }
-    return absl::OkStatus();
-  }
-  bool ok = small.rank() >= 1 && small.rank() == big.rank() &&
-            big.dim(0) == static_cast<int64_t>(factor) * small.dim(0);
-  for (int i = 1; ok && i < small.rank(); ++i) ok = small.dim(i) == big.dim(i);
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(OpName(op), ": expected ", big_name, " = [", factor, " * ", small_name,
-                     ".dim(0), ", small_name, " dims 1..]; got ", small_name, " ", small.ToString(),
-                     ", ", big_name, " ", big.ToString()));
-  }
-  return absl::OkStatus();
+  return CheckCollectiveBuffer(OpName(op), name, t, Device::Cpu());
 }
 
 // ---- Reductions
@@ -364,10 +292,10 @@ class InProcessGroupState {
       for (int s = r + 1; s < size_; ++s) {
         const Call& a = calls_[r];
         const Call& b = calls_[s];
-        if (Overlap(RangeOf(a.send), RangeOf(b.send)) ||
-            Overlap(RangeOf(a.send), RangeOf(b.recv)) ||
-            Overlap(RangeOf(a.recv), RangeOf(b.send)) ||
-            Overlap(RangeOf(a.recv), RangeOf(b.recv))) {
+        if (BuffersOverlap(a.send, b.send) ||
+            BuffersOverlap(a.send, b.recv) ||
+            BuffersOverlap(a.recv, b.send) ||
+            BuffersOverlap(a.recv, b.recv)) {
           return absl::InvalidArgumentError(
               absl::StrCat("InProcessGroup ", OpName(first.op), ": buffers of ranks ", r, " and ",
                            s, " overlap; each rank needs its own memory"));
@@ -453,7 +381,7 @@ class RankCommunicator final : public Communicator {
   absl::Status AllReduceSum(const TensorView& send, const TensorView& recv) override {
     Call call{Op::kAllReduceSum, send, recv, 0, {}};
     call.local = CheckPair(call.op, send, recv, 1, "send", "recv");
-    if (call.local.ok() && send.data() != recv.data() && Overlap(RangeOf(send), RangeOf(recv))) {
+    if (call.local.ok() && send.data() != recv.data() && BuffersOverlap(send, recv)) {
       call.local = absl::InvalidArgumentError(
           absl::StrCat("AllReduceSum: send ", send.ToString(), " and recv ", recv.ToString(),
                        " partially overlap (must be the same buffer or disjoint)"));
