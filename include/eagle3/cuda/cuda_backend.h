@@ -42,7 +42,8 @@ class CudaBackend final : public Backend {
   Device device() const override;
   Allocator& allocator() override;
 
-  // Host <-> device and device <-> device; contiguous or strided (any rank <= 6) on the device side.
+  // Device <-> device: any strides up to rank 6 (a zero-stride source broadcasts). Host <-> device:
+  // contiguous or pitched 2-D (row-strided) views; other host-side layouts are refused.
   absl::Status Copy(const TensorView& src, const TensorView& dst) override;
   absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                     const GemmOptions& options) override;
