@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/core_ops.h"
@@ -18,18 +19,6 @@
 
 namespace eagle3::cuda {
 namespace {
-
-template <typename... Args>
-absl::Status Invalid(const char* op, const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
-}
-
-// The float storage these ops take (the CPU reference's policy; bf16 operands are Gemm's alone).
-absl::Status CheckF32(const char* op, const char* name, const TensorView& t) {
-  if (t.dtype() == DType::kF32) return absl::OkStatus();
-  return Invalid(op, name, " is ", t.ToString(), " but CudaBackend::", op, " takes f32 only (got ",
-                 std::string(DTypeName(t.dtype())), "; convert with LaunchBf16ToF32)");
-}
 
 // Builds no string unless the launch failed (ops run many times per decode step).
 absl::Status Launched(const char* op, cudaError_t error) {

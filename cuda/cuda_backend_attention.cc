@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/attention_ops.h"
@@ -29,17 +30,6 @@ namespace {
 
 constexpr size_t kFlagBytes = 256;
 constexpr size_t kPartialBytes = size_t{32} << 20;
-
-template <typename... Args>
-absl::Status Invalid(const char* op, const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
-}
-
-absl::Status CheckF32(const char* op, const char* name, const TensorView& t) {
-  if (t.dtype() == DType::kF32) return absl::OkStatus();
-  return Invalid(op, name, " is ", t.ToString(), " but CudaBackend::", op, " takes f32 only (got ",
-                 std::string(DTypeName(t.dtype())), "; convert with ConvertTensor)");
-}
 
 // What an op's launchers need from the scratch.
 struct Scratch {

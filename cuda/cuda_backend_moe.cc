@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/cuda_backend.h"
@@ -57,17 +58,6 @@ struct MoeTableCache {
 
 // Distinct expert sets kept on the device (a model's MoE layers, across models on this backend).
 constexpr size_t kMaxExpertTables = 256;
-
-template <typename... Args>
-absl::Status Invalid(const char* op, const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", args...));
-}
-
-absl::Status CheckF32(const char* op, const std::string& name, const TensorView& t) {
-  if (t.dtype() == DType::kF32) return absl::OkStatus();
-  return Invalid(op, name, " is ", t.ToString(), " but CudaBackend::", op, " takes f32 only (got ",
-                 std::string(DTypeName(t.dtype())), "; convert with LaunchBf16ToF32)");
-}
 
 bool SameTable(const std::vector<MoeExpertPointers>& a, const std::vector<MoeExpertPointers>& b) {
   if (a.size() != b.size()) return false;
