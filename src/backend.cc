@@ -445,6 +445,63 @@ absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView
   return CheckNoOverlap(op, "mask", mask, "out", out, false);
 }
 
+absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                                  const TensorView& page_tables,
+                                                  const TensorView& q_start, const TensorView& kv_len,
+                                                  int64_t max_kv_len, const TensorView& tree_mask,
+                                                  float scale, int64_t value_dim,
+                                                  const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "BatchedLatentAttention";
+  EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, N, W]", q, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "page_tables", "[B, P]", page_tables, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_tables", page_tables));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "q_start", "[B + 1]", q_start, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "q_start", q_start));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "kv_len", "[B]", kv_len, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "kv_len", kv_len));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, N, value_dim]", out, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
+  const int64_t t = q.dim(0), n = q.dim(1), w = q.dim(2);
+  const int64_t b = page_tables.dim(0);
+  if (cache.dim(2) != w) {
+    return Invalid(op, "cache ", cache.ToString(), " rows must have q's width W = ", w, " (q ",
+                   q.ToString(), ")");
+  }
+  if (q_start.dim(0) != b + 1) {
+    return Invalid(op, "q_start ", q_start.ToString(), " must be [B + 1] = [", b + 1,
+                   "] for page_tables ", page_tables.ToString());
+  }
+  if (kv_len.dim(0) != b) {
+    return Invalid(op, "kv_len ", kv_len.ToString(), " must be [B] = [", b, "] for page_tables ",
+                   page_tables.ToString());
+  }
+  if (max_kv_len < 1) return Invalid(op, "max_kv_len must be >= 1, got ", max_kv_len);
+  if (HasTreeMask(tree_mask)) {
+    EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "tree_mask", "[T, M]", tree_mask, dev));
+    EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, tree_mask));
+    if (tree_mask.dim(0) != t) {
+      return Invalid(op, "tree_mask ", tree_mask.ToString(), " must have T = ", t, " rows (q ",
+                     q.ToString(), ")");
+    }
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "tree_mask", tree_mask, "out", out, false));
+  }
+  if (value_dim < 1 || value_dim > w) {
+    return Invalid(op, "value_dim must be in [1, W = ", w, "], got ", value_dim);
+  }
+  if (out.dim(0) != t || out.dim(1) != n || out.dim(2) != value_dim) {
+    return Invalid(op, "out ", out.ToString(), " must be [T, N, value_dim] = [", t, ", ", n, ", ",
+                   value_dim, "]");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "page_tables", page_tables, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q_start", q_start, "out", out, false));
+  return CheckNoOverlap(op, "kv_len", kv_len, "out", out, false);
+}
+
 absl::Status Backend::CheckPaged(const char* op, const TensorView& rows,
                                  const TensorView& positions, const TensorView& page_table,
                                  const TensorView& cache) const {

@@ -50,6 +50,11 @@ struct ExpertWeights {
 //    asynchronously until Synchronize().
 //
 // Tree and verify ops are added with the draft and verifier (issue 4).
+// Whether a BatchedLatentAttention tree_mask argument is a mask (else: causal).
+inline bool HasTreeMask(const TensorView& tree_mask) {
+  return !tree_mask.empty() && tree_mask.numel() > 0;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -146,6 +151,32 @@ class Backend {
                                        const TensorView& mask, float scale, int64_t value_dim,
                                        const TensorView& out) = 0;
 
+  // Absorbed MLA attention for a batch of sequences in one call, with every length on the device
+  // (so a decode or tree-verify step has fixed launch shapes and can be captured in a CUDA graph).
+  // Sequence b owns query rows [q_start[b], q_start[b + 1]) — its n_b newest tokens — and the keys
+  // at positions [0, kv_len[b]) of its pages: position s at cache[page_tables[b][s / page_size]]
+  // [s % page_size]; values are the first `value_dim` columns of the same rows. Query row i of
+  // sequence b (0 <= i < n_b) allows every cached key s < kv_len[b] - n_b, and the new key
+  // kv_len[b] - n_b + j (0 <= j < n_b) iff tree_mask[q_start[b] + i][j] != 0, or, with an empty
+  // tree_mask, iff j <= i (causal). This is LatentAttention with mask row i = [1 x (kv_len - n_b),
+  // new-token row i] per sequence. scale and value_dim as in LatentAttention. Data-dependent
+  // conditions are checked before anything is written (InvalidArgument naming the sequence, or the
+  // row): q_start[0] == 0, q_start nondecreasing, q_start[B] == T; n_b <= kv_len[b] <= max_kv_len and
+  // kv_len[b] <= P * page_size; the page entries used in [0, num_pages); n_b <= M with a tree mask;
+  // every query row allows a key. A sequence with n_b == 0 is skipped.
+  //   q: [T, N, W]      cache: [num_pages, page_size, W], contiguous
+  //   page_tables: [B, P], i32, row-strided      q_start: [B + 1], i32, contiguous
+  //   kv_len: [B], i32, contiguous      max_kv_len >= 1: a host bound on every kv_len[b] (it sizes
+  //   the launch; a captured graph keeps the bound it was captured with)
+  //   tree_mask: [T, M], u8 or bool, row-strided; or, for causal, a default-constructed view or one
+  //   with no elements (see HasTreeMask)
+  //   out: [T, N, value_dim], 1 <= value_dim <= W
+  virtual absl::Status BatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                              const TensorView& page_tables, const TensorView& q_start,
+                                              const TensorView& kv_len, int64_t max_kv_len,
+                                              const TensorView& tree_mask, float scale,
+                                              int64_t value_dim, const TensorView& out) = 0;
+
   // Paged cache rows: PagedWrite stores rows[t] at position positions[t] of the sequence whose
   // pages are page_table (slot cache[page_table[p / page_size]][p % page_size]); PagedRead loads
   // them back. A position outside [0, pages * page_size), or whose page entry is outside
@@ -221,6 +252,11 @@ class Backend {
                                     const TensorView& page_table, int64_t context_len,
                                     const TensorView& mask, float scale, int64_t value_dim,
                                     const TensorView& out) const;
+  absl::Status CheckBatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                           const TensorView& page_tables, const TensorView& q_start,
+                                           const TensorView& kv_len, int64_t max_kv_len,
+                                           const TensorView& tree_mask, float scale,
+                                           int64_t value_dim, const TensorView& out) const;
   // op is "PagedWrite" (rows is read, cache written) or "PagedRead" (cache read, rows written).
   absl::Status CheckPaged(const char* op, const TensorView& rows, const TensorView& positions,
                           const TensorView& page_table, const TensorView& cache) const;

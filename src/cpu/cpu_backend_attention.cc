@@ -190,6 +190,91 @@ absl::Status CpuBackend::LatentAttention(const TensorView& q, const TensorView& 
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                                const TensorView& page_tables,
+                                                const TensorView& q_start, const TensorView& kv_len,
+                                                int64_t max_kv_len, const TensorView& tree_mask,
+                                                float scale, int64_t value_dim,
+                                                const TensorView& out) {
+  const char* op = "BatchedLatentAttention";
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
+                                                     max_kv_len, tree_mask, scale, value_dim, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  const int64_t batch = page_tables.dim(0);
+  const int64_t page_size = cache.dim(1);
+  const int64_t num_pages = cache.dim(0);
+  const int64_t capacity = page_tables.dim(1) * page_size;
+  const int64_t t_all = q.dim(0);
+  const bool has_mask = HasTreeMask(tree_mask);
+  const int32_t* starts = q_start.data_as<const int32_t>();
+  const int32_t* lens = kv_len.data_as<const int32_t>();
+  auto table_row = [&](int64_t b) {
+    return page_tables.data_as<const int32_t>() + b * page_tables.stride(0);
+  };
+  // Every data-dependent condition first, in sequence order, so that a bad call writes nothing.
+  if (starts[0] != 0) return Invalid(op, "q_start[0] must be 0, got ", starts[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t begin = starts[b], end = starts[b + 1], len = lens[b];
+    if (end < begin || end > t_all) {
+      return Invalid(op, "sequence ", b, ": q_start[", b + 1, "] = ", end, " must be in [q_start[",
+                     b, "] = ", begin, ", T = ", t_all, "]");
+    }
+    const int64_t n = end - begin;
+    if (n == 0) continue;
+    if (len < n || len > max_kv_len || len > capacity) {
+      return Invalid(op, "sequence ", b, ": kv_len[", b, "] = ", len, " must be in [n = ", n,
+                     " new tokens, min(max_kv_len = ", max_kv_len, ", P * page_size = ", capacity,
+                     ")]");
+    }
+    if (has_mask && n > tree_mask.dim(1)) {
+      return Invalid(op, "sequence ", b, ": ", n, " new tokens do not fit tree_mask ",
+                     tree_mask.ToString(), " (M = ", tree_mask.dim(1), ")");
+    }
+    const int32_t* pages = table_row(b);
+    for (int64_t j = 0; j < (len + page_size - 1) / page_size; ++j) {
+      if (pages[j] < 0 || pages[j] >= num_pages) {
+        return Invalid(op, "sequence ", b, ": page_tables[", b, "][", j, "] = ", pages[j],
+                       " (positions [", j * page_size, ", ", std::min(len, (j + 1) * page_size),
+                       ")) is outside the [0, ", num_pages, ") pages of cache ", cache.ToString());
+      }
+    }
+    if (has_mask && len == n) {  // no cached prefix: each row needs a new key of its own
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* row = MaskRow(tree_mask, begin + i);
+        if (std::none_of(row, row + n, [](uint8_t m) { return m != 0; })) {
+          return Invalid(op, "sequence ", b, ": row ", begin + i, " of tree_mask ",
+                         tree_mask.ToString(), " allows no key and the sequence has no cached prefix");
+        }
+      }
+    }
+  }
+  if (starts[batch] != t_all) {
+    return Invalid(op, "q_start[B = ", batch, "] = ", starts[batch], " must be T = ", t_all);
+  }
+  // Scores, then the mask row as bytes, in one scratch.
+  float* scores = Scratch(max_kv_len + (max_kv_len + 3) / 4 + 1);
+  uint8_t* mask_row = reinterpret_cast<uint8_t*>(scores + max_kv_len);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t begin = starts[b], n = starts[b + 1] - begin, len = lens[b];
+    const PagedRows rows{cache.data_as<const float>(), table_row(b), page_size, cache.dim(2)};
+    const int64_t prefix = len - n;
+    std::fill(mask_row, mask_row + prefix, uint8_t{1});
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* tree_row = has_mask ? MaskRow(tree_mask, begin + i) : nullptr;
+      for (int64_t j = 0; j < n; ++j) {
+        mask_row[prefix + j] = has_mask ? (tree_row[j] != 0 ? 1 : 0) : (j <= i ? 1 : 0);
+      }
+      for (int64_t h = 0; h < q.dim(1); ++h) {
+        AttendRow(Head(q, begin + i, h), q.dim(2), mask_row, len, scale, rows, rows, value_dim,
+                  scores, Head(out, begin + i, h));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& positions,
                                     const TensorView& page_table, const TensorView& cache) {
   EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedWrite", rows, positions, page_table, cache));

@@ -64,6 +64,11 @@ class CudaBackend final : public Backend {
   absl::Status LatentAttention(const TensorView& q, const TensorView& cache, const TensorView& page_table,
                                int64_t context_len, const TensorView& mask, float scale, int64_t value_dim,
                                const TensorView& out) override;
+  absl::Status BatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                      const TensorView& page_tables, const TensorView& q_start,
+                                      const TensorView& kv_len, int64_t max_kv_len,
+                                      const TensorView& tree_mask, float scale, int64_t value_dim,
+                                      const TensorView& out) override;
   absl::Status PagedWrite(const TensorView& rows, const TensorView& positions, const TensorView& page_table,
                           const TensorView& cache) override;
   absl::Status PagedRead(const TensorView& cache, const TensorView& page_table, const TensorView& positions,
