@@ -11,6 +11,15 @@
 namespace eagle3 {
 namespace {
 
+// One target step: Forward, or Stage + the launcher's Launch + Finish.
+absl::Status RunTarget(TargetModel& target, StepLauncher* launcher, std::span<const SequenceInput> batch,
+                       const TensorView& logits, const HiddenStateTap* tap, const TensorView& aux) {
+  if (launcher == nullptr) return target.Forward(batch, logits, tap, aux);
+  EAGLE3_RETURN_IF_ERROR(target.Stage(batch, tap));
+  EAGLE3_RETURN_IF_ERROR(launcher->Launch(target));
+  return target.Finish(logits, aux);
+}
+
 using Clock = std::chrono::steady_clock;
 
 constexpr int32_t kNoParent = -1;
@@ -117,7 +126,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
     logits.assign(static_cast<size_t>(vocab), 0.0f);
     aux.assign(static_cast<size_t>(n * tap_width), 0.0f);
     auto t0 = Clock::now();
-    EAGLE3_RETURN_IF_ERROR(target_->Forward(std::span<const SequenceInput>(&in, 1),
+    EAGLE3_RETURN_IF_ERROR(RunTarget(*target_, options_.target_launcher, std::span<const SequenceInput>(&in, 1),
                                             TensorView(logits.data(), DType::kF32, Shape{1, vocab}), tap,
                                             tap != nullptr ? TensorView(aux.data(), DType::kF32, Shape{n, tap_width})
                                                            : TensorView()));
@@ -197,7 +206,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
     logits.assign(static_cast<size_t>(rows * vocab), 0.0f);
     aux.assign(static_cast<size_t>(rows * tap_width), 0.0f);
     auto t0 = Clock::now();
-    EAGLE3_RETURN_IF_ERROR(target_->Forward(inputs, TensorView(logits.data(), DType::kF32, Shape{rows, vocab}), tap,
+    EAGLE3_RETURN_IF_ERROR(RunTarget(*target_, options_.target_launcher, inputs, TensorView(logits.data(), DType::kF32, Shape{rows, vocab}), tap,
                                             tap != nullptr ? TensorView(aux.data(), DType::kF32, Shape{rows, tap_width})
                                                            : TensorView()));
     st.target_seconds += Seconds(t0);

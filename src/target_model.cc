@@ -1,6 +1,7 @@
 #include "eagle3/target_model.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,6 +80,26 @@ struct TargetModel::Impl {
   Tensor tokens, positions, slots, iota, page_table, move_rows, move_src, move_dst;
   std::vector<uint8_t> host_mask;
 
+  // The staged step (Stage -> Launch -> Finish). Launch's device work depends only on what
+  // StepSignature() lists; the values it reads come from the staging buffers.
+  struct Step {
+    bool staged = false;
+    bool batched = false;   // every sequence absorbed: one BatchedLatentAttention per layer
+    bool has_tree = false;  // batched: tree_mask rows staged (else causal)
+    std::optional<HiddenStateTap> tap;
+    int64_t t = 0, out_rows = 0;
+    std::vector<int64_t> n;            // new tokens per sequence
+    std::vector<uint8_t> all_logits;   // per sequence
+    std::span<const SequenceInput> batch;  // per-sequence path only: read again by Launch
+  } step;
+  // Host staging (backend->staging_allocator(): pinned on CUDA) written by Stage and read by the
+  // copies Launch enqueues; outputs written by Launch's copies and read by Finish.
+  Tensor st_tokens, st_positions, st_slots, st_tables, st_starts, st_lens, st_mask, st_logits, st_aux;
+  int64_t staging_generation = 0;  // bumped when st_aux grows (a captured graph then goes stale)
+  // Device side of the batched path.
+  Tensor d_tables, d_starts, d_lens, d_tree_mask, slot_iota;
+  int64_t max_pages = 0;  // page entries kept per sequence: ceil(max_context_len / page_size)
+
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->allocator());
   }
@@ -109,13 +130,24 @@ struct TargetModel::Impl {
     return options.tp_size == 1 ? backend->Copy(send, recv) : comm->ReduceScatterSum(send, recv);
   }
 
-  absl::Status Validate(std::span<const SequenceInput> batch, const TensorView& logits,
-                        const HiddenStateTap* tap, const TensorView& aux) const;
-  absl::Status Attention(int layer, const TensorView& x, std::span<const SequenceInput> batch);
+  absl::StatusOr<Tensor> AllocStaging(DType dtype, const Shape& shape) {
+    return Tensor::Empty(dtype, shape, backend->staging_allocator());
+  }
+  bool Absorbed(int64_t n) const {
+    return options.attention_path == AttentionPath::kAbsorbed ||
+           (options.attention_path == AttentionPath::kAuto && n <= kAbsorbedMaxNewTokens);
+  }
+
+  absl::Status ValidateBatch(std::span<const SequenceInput> batch, const HiddenStateTap* tap) const;
+  absl::Status ValidateOutputs(const TensorView& logits, const TensorView& aux) const;
+  absl::Status Attention(int layer, const TensorView& x);
+  absl::Status AttentionPerSequence(int layer, const TensorView& x);
   absl::Status Mlp(int layer, const TensorView& x);
-  absl::Status Capture(int boundary, int64_t t, const HiddenStateTap* tap, const TensorView& aux);
-  absl::Status Forward(std::span<const SequenceInput> batch, const TensorView& logits,
-                       const HiddenStateTap* tap, const TensorView& aux);
+  absl::Status Capture(int boundary, int64_t t);
+  absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap);
+  absl::Status Launch();
+  absl::Status Finish(const TensorView& logits, const TensorView& aux);
+  std::vector<int64_t> Signature() const;
 };
 
 absl::Status TargetModel::Impl::LoadWeights() {
@@ -281,11 +313,37 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
     EAGLE3_RETURN_IF_ERROR(Upload(host_table, cos_sin));
   }
   host_mask.assign(static_cast<size_t>(t_max * s_max), 0);
+
+  // Staging and the batched path's device metadata. Sequences <= tokens, so t_max bounds both.
+  max_pages = (s_max + options.page_size - 1) / options.page_size;
+  EAGLE3_ASSIGN_OR_RETURN(st_tokens, AllocStaging(DType::kI64, Shape{t_pad}));
+  EAGLE3_ASSIGN_OR_RETURN(st_positions, AllocStaging(DType::kI64, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(st_slots, AllocStaging(DType::kI64, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(st_tables, AllocStaging(DType::kI32, Shape{t_max, max_pages}));
+  EAGLE3_ASSIGN_OR_RETURN(st_starts, AllocStaging(DType::kI32, Shape{t_max + 1}));
+  EAGLE3_ASSIGN_OR_RETURN(st_lens, AllocStaging(DType::kI32, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(st_mask, AllocStaging(DType::kU8, Shape{t_max, t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(st_logits, AllocStaging(DType::kF32, Shape{t_max, config.vocab_size}));
+  // Room for the three taps of an EAGLE-3 draft; a wider tap regrows it in Stage.
+  EAGLE3_ASSIGN_OR_RETURN(st_aux, AllocStaging(DType::kF32, Shape{t_max, 3 * h_dim}));
+  EAGLE3_ASSIGN_OR_RETURN(d_tables, Alloc(DType::kI32, st_tables.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(d_starts, Alloc(DType::kI32, st_starts.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(d_lens, Alloc(DType::kI32, st_lens.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(d_tree_mask, Alloc(DType::kU8, st_mask.shape()));
+  {
+    // The batched path writes KV rows through a flat [num_pages * page_size, 1, W] view of the
+    // cache whose page table is the identity.
+    const int64_t cache_rows = options.num_kv_pages * options.page_size;
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI32, Shape{cache_rows}));
+    for (int64_t i = 0; i < cache_rows; ++i) host_iota.data_as<int32_t>()[i] = static_cast<int32_t>(i);
+    EAGLE3_ASSIGN_OR_RETURN(slot_iota, Alloc(DType::kI32, Shape{cache_rows}));
+    EAGLE3_RETURN_IF_ERROR(Upload(host_iota, slot_iota));
+  }
   return absl::OkStatus();
 }
 
-absl::Status TargetModel::Impl::Validate(std::span<const SequenceInput> batch, const TensorView& logits,
-                                         const HiddenStateTap* tap, const TensorView& aux) const {
+absl::Status TargetModel::Impl::ValidateBatch(std::span<const SequenceInput> batch,
+                                              const HiddenStateTap* tap) const {
   if (batch.empty()) return absl::InvalidArgumentError("Forward: empty batch");
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -370,31 +428,36 @@ absl::Status TargetModel::Impl::Validate(std::span<const SequenceInput> batch, c
     return absl::OutOfRangeError("Forward: " + Str(total) + " new tokens exceed max_tokens_per_forward " +
                                  Str(options.max_tokens_per_forward));
   }
-  const int64_t rows_expected = LogitRows(batch);
-  if (logits.rank() != 2 || logits.dim(0) != rows_expected || logits.dim(1) != config.vocab_size ||
+  if (tap != nullptr &&
+      (tap->num_layers() != config.num_hidden_layers || tap->hidden_size() != config.hidden_size)) {
+    return absl::InvalidArgumentError("Forward: the tap was made for " + Str(tap->num_layers()) + " layers x " +
+                                      Str(tap->hidden_size()) + ", the target has " +
+                                      Str(config.num_hidden_layers) + " x " + Str(config.hidden_size));
+  }
+  return absl::OkStatus();
+}
+
+// The outputs Finish fills, against the staged step.
+absl::Status TargetModel::Impl::ValidateOutputs(const TensorView& logits, const TensorView& aux) const {
+  if (logits.rank() != 2 || logits.dim(0) != step.out_rows || logits.dim(1) != config.vocab_size ||
       logits.dtype() != DType::kF32 || !logits.device().is_cpu() || !logits.is_contiguous()) {
-    return absl::InvalidArgumentError("Forward: logits must be f32[" + Str(rows_expected) + ", " +
+    return absl::InvalidArgumentError("Forward: logits must be f32[" + Str(step.out_rows) + ", " +
                                       Str(config.vocab_size) + "] contiguous on the host, got " + logits.ToString());
   }
-  if (tap != nullptr) {
-    if (tap->num_layers() != config.num_hidden_layers || tap->hidden_size() != config.hidden_size) {
-      return absl::InvalidArgumentError("Forward: the tap was made for " + Str(tap->num_layers()) + " layers x " +
-                                        Str(tap->hidden_size()) + ", the target has " +
-                                        Str(config.num_hidden_layers) + " x " + Str(config.hidden_size));
-    }
-    if (aux.rank() != 2 || aux.dim(0) != total || aux.dim(1) != tap->width() || aux.dtype() != DType::kF32 ||
+  if (step.tap.has_value()) {
+    const int64_t width = step.tap->width();
+    if (aux.rank() != 2 || aux.dim(0) != step.t || aux.dim(1) != width || aux.dtype() != DType::kF32 ||
         !aux.device().is_cpu() || !aux.is_contiguous()) {
-      return absl::InvalidArgumentError("Forward: aux must be f32[" + Str(total) + ", " + Str(tap->width()) +
+      return absl::InvalidArgumentError("Forward: aux must be f32[" + Str(step.t) + ", " + Str(width) +
                                         "] contiguous on the host, got " + aux.ToString());
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status TargetModel::Impl::Capture(int boundary, int64_t t, const HiddenStateTap* tap,
-                                        const TensorView& aux) {
-  if (tap == nullptr) return absl::OkStatus();
-  const int slot = tap->SlotOf(boundary);
+absl::Status TargetModel::Impl::Capture(int boundary, int64_t t) {
+  if (!step.tap.has_value()) return absl::OkStatus();
+  const int slot = step.tap->SlotOf(boundary);
   if (slot < 0) return absl::OkStatus();
   const int64_t hd = config.hidden_size;
   TensorView full = Rows(r, 0, t);
@@ -404,10 +467,11 @@ absl::Status TargetModel::Impl::Capture(int boundary, int64_t t, const HiddenSta
     EAGLE3_RETURN_IF_ERROR(AllGather(Rows(r, 0, t_pad / options.tp_size), Rows(tap_rows, 0, t_pad)));
     full = Rows(tap_rows, 0, t);
   }
+  const TensorView aux(st_aux.data(), DType::kF32, Shape{t, step.tap->width()}, st_aux.device());
   return backend->Copy(full, Block(aux, 0, t, slot * hd, hd));
 }
 
-absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x, std::span<const SequenceInput> batch) {
+absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
   Layer& L = layers[static_cast<size_t>(layer)];
   const int64_t t = x.dim(0);
   TensorView q_t = Rows(q, 0, t);
@@ -431,8 +495,35 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x, std::s
   const TensorView q3 = Heads(q_t, heads, qk);
   EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(q3, nope, rope, pos_t, cos_sin, RopeStyle::kAdjacentPairs));
 
+  if (step.batched) {
+    // Every sequence at once, lengths and page tables from the device (graph-capturable).
+    const TensorView flat_cache(L.cache.data(), DType::kF32, Shape{options.num_kv_pages * options.page_size, 1, width},
+                                L.cache.device());
+    EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(rows_t, Rows(slots, 0, t), slot_iota, flat_cache));
+    const TensorView q_lat3 = Heads(Rows(q_lat, 0, t), heads, width);
+    const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const TensorView w_uk_t = TensorView(L.w_uk_t.data_as<float>() + hd * latent * nope, DType::kF32,
+                                           Shape{latent, nope}, L.w_uk_t.device());
+      EAGLE3_RETURN_IF_ERROR(
+          backend->Gemm(Block(q_t, 0, t, hd * qk, nope), w_uk_t, Block(Rows(q_lat, 0, t), 0, t, hd * width, latent), {}));
+    }
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
+    const int64_t b = static_cast<int64_t>(step.n.size());
+    const TensorView tree = step.has_tree ? Rows(d_tree_mask, 0, t) : TensorView();
+    EAGLE3_RETURN_IF_ERROR(backend->BatchedLatentAttention(q_lat3, L.cache, Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1),
+                                                           Rows(d_lens, 0, b), options.max_context_len, tree, scale,
+                                                           latent, o_lat3));
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const TensorView w_uv = Block(L.kv_b, hd * (nope + vdim) + nope, vdim, 0, latent);
+      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(o_lat, 0, t), 0, t, hd * latent, latent), w_uv,
+                                           Block(Rows(attn_v, 0, t), 0, t, hd * vdim, vdim), {}));
+    }
+    return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), {});
+  }
+
   int64_t offset = 0;
-  for (const SequenceInput& in : batch) {
+  for (const SequenceInput& in : step.batch) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t s = in.cache_len + n;
     const TensorView pt = Rows(page_table, 0, static_cast<int64_t>(in.page_table.size()));
@@ -453,9 +544,7 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x, std::s
 
     const TensorView q_s = q3.Narrow(0, offset, n);
     const TensorView out_s = Heads(Rows(attn_v, offset, n), heads, vdim);
-    const bool absorbed = options.attention_path == AttentionPath::kAbsorbed ||
-                          (options.attention_path == AttentionPath::kAuto && n <= kAbsorbedMaxNewTokens);
-    if (absorbed) {
+    if (Absorbed(n)) {
       const TensorView q_lat_s = Heads(Rows(q_lat, 0, n), heads, width);
       const TensorView o_lat_s = Heads(Rows(o_lat, 0, n), heads, latent);
       for (int64_t hd = 0; hd < heads; ++hd) {
@@ -517,31 +606,104 @@ absl::Status TargetModel::Impl::Mlp(int layer, const TensorView& x) {
   return absl::OkStatus();
 }
 
-absl::Status TargetModel::Impl::Forward(std::span<const SequenceInput> batch, const TensorView& logits,
-                                        const HiddenStateTap* tap, const TensorView& aux) {
-  EAGLE3_RETURN_IF_ERROR(Validate(batch, logits, tap, aux));
+absl::Status TargetModel::Impl::Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap) {
+  step.staged = false;
+  EAGLE3_RETURN_IF_ERROR(ValidateBatch(batch, tap));
+  if (tap != nullptr && tap->width() > st_aux.dim(1)) {
+    // A wider tap than the staging holds: regrow it (host only; graphs captured before go stale,
+    // which the signature shows).
+    EAGLE3_ASSIGN_OR_RETURN(st_aux, AllocStaging(DType::kF32, Shape{options.max_tokens_per_forward, tap->width()}));
+    ++staging_generation;
+  }
+  Step& st = step;
+  st.tap.reset();
+  if (tap != nullptr) st.tap = *tap;
+  st.batch = batch;
+  st.n.clear();
+  st.all_logits.clear();
+  st.batched = true;
+  st.has_tree = false;
+  st.out_rows = LogitRows(batch);
+  for (const SequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    st.n.push_back(n);
+    st.all_logits.push_back(in.all_logits ? 1 : 0);
+    st.batched = st.batched && Absorbed(n);
+    st.has_tree = st.has_tree || !in.tree_mask.empty();
+  }
+  // Token ids, RoPE positions and cache slots of the concatenated batch: slots are positions in the
+  // sequence on the per-sequence path, rows of the flat cache on the batched path.
+  int64_t* tok = st_tokens.data_as<int64_t>();
+  int64_t* pos = st_positions.data_as<int64_t>();
+  int64_t* slot = st_slots.data_as<int64_t>();
+  int64_t t = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceInput& in = batch[b];
+    const int64_t n = st.n[b];
+    if (st.batched) {
+      int32_t* table = st_tables.data_as<int32_t>() + static_cast<int64_t>(b) * max_pages;
+      const int64_t kept = std::min<int64_t>(static_cast<int64_t>(in.page_table.size()), max_pages);
+      std::copy_n(in.page_table.data(), kept, table);
+      std::fill(table + kept, table + max_pages, 0);
+      st_starts.data_as<int32_t>()[b] = static_cast<int32_t>(t);
+      st_lens.data_as<int32_t>()[b] = static_cast<int32_t>(in.cache_len + n);
+      if (st.has_tree) {
+        // Rows [t, t + n) of the [T, M] mask: the sequence's tree, or causal when it has none.
+        for (int64_t i = 0; i < n; ++i) {
+          uint8_t* row = st_mask.data_as<uint8_t>() + (t + i) * st_mask.dim(1);
+          for (int64_t j = 0; j < n; ++j) {
+            row[j] = in.tree_mask.empty() ? (j <= i ? 1 : 0) : (in.tree_mask[static_cast<size_t>(i * n + j)] != 0);
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      tok[t + i] = in.tokens[static_cast<size_t>(i)];
+      pos[t + i] = in.positions.empty() ? in.cache_len + i : in.positions[static_cast<size_t>(i)];
+      const int64_t p = in.cache_len + i;
+      slot[t + i] = st.batched ? in.page_table[static_cast<size_t>(p / options.page_size)] * options.page_size +
+                                     p % options.page_size
+                               : p;
+    }
+    t += n;
+  }
+  st.t = t;
+  if (st.batched) st_starts.data_as<int32_t>()[batch.size()] = static_cast<int32_t>(t);
+  const int64_t t_pad = options.residual_mode == ResidualMode::kTokenSharded ? RoundUp(t, options.tp_size) : t;
+  std::fill(tok + t, tok + t_pad, int64_t{0});  // padding rows look up token 0; never read
+  st.staged = true;
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> TargetModel::Impl::Signature() const {
+  if (!step.staged) return {};
+  std::vector<int64_t> sig = {staging_generation, step.batched, step.has_tree, static_cast<int64_t>(step.n.size())};
+  sig.insert(sig.end(), step.n.begin(), step.n.end());
+  sig.insert(sig.end(), step.all_logits.begin(), step.all_logits.end());
+  if (step.tap.has_value()) {
+    for (int b = 0; b <= config.num_hidden_layers; ++b) sig.push_back(step.tap->SlotOf(b));
+  }
+  return sig;
+}
+
+absl::Status TargetModel::Impl::Launch() {
+  if (!step.staged) return absl::FailedPreconditionError("Launch: no batch is staged (call Stage first)");
   const bool sharded = options.residual_mode == ResidualMode::kTokenSharded;
   const int tp = options.tp_size;
   const float eps = static_cast<float>(config.rms_norm_eps);
-
-  // Stage token ids, RoPE positions and cache slots of the concatenated batch.
-  std::vector<int64_t> host_tokens, host_positions, host_slots;
-  for (const SequenceInput& in : batch) {
-    for (size_t i = 0; i < in.tokens.size(); ++i) {
-      const int64_t idx = static_cast<int64_t>(i);
-      host_tokens.push_back(in.tokens[i]);
-      host_positions.push_back(in.positions.empty() ? in.cache_len + idx : in.positions[i]);
-      host_slots.push_back(in.cache_len + idx);
-    }
-  }
-  const int64_t t = static_cast<int64_t>(host_tokens.size());
+  const int64_t t = step.t;
   const int64_t t_pad = sharded ? RoundUp(t, tp) : t;
   const int64_t t_local = sharded ? t_pad / tp : t;
-  host_tokens.resize(static_cast<size_t>(t_pad), 0);  // padding rows look up token 0; never read
-  EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_tokens.data(), DType::kI64, Shape{t_pad}), Rows(tokens, 0, t_pad)));
-  EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_positions.data(), DType::kI64, Shape{t}), Rows(positions, 0, t)));
-  EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_slots.data(), DType::kI64, Shape{t}), Rows(slots, 0, t)));
-
+  EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_tokens, 0, t_pad), Rows(tokens, 0, t_pad)));
+  EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_positions, 0, t), Rows(positions, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_slots, 0, t), Rows(slots, 0, t)));
+  if (step.batched) {
+    const int64_t b = static_cast<int64_t>(step.n.size());
+    EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_tables, 0, b), Rows(d_tables, 0, b)));
+    EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_starts, 0, b + 1), Rows(d_starts, 0, b + 1)));
+    EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_lens, 0, b), Rows(d_lens, 0, b)));
+    if (step.has_tree) EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_mask, 0, t), Rows(d_tree_mask, 0, t)));
+  }
   // Reduces the partial sums of `partial` (rows [0, t)) into `dst`: all-reduce, or reduce-scatter to
   // this rank's tokens (padding rows zeroed first so they stay zero).
   auto reduce = [&](TensorView* dst) -> absl::Status {
@@ -567,13 +729,13 @@ absl::Status TargetModel::Impl::Forward(std::span<const SequenceInput> batch, co
   EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
   const TensorView r_t = Rows(r, 0, t_local), h_t = Rows(h, 0, t_local);
   EAGLE3_RETURN_IF_ERROR(backend->Copy(reduced, r_t));
-  EAGLE3_RETURN_IF_ERROR(Capture(0, t, tap, aux));
+  EAGLE3_RETURN_IF_ERROR(Capture(0, t));
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(r_t, layers[0].input_ln, eps, h_t));
 
   const int num_layers = static_cast<int>(config.num_hidden_layers);
   for (int l = 0; l < num_layers; ++l) {
     EAGLE3_ASSIGN_OR_RETURN(TensorView x, full_input());
-    EAGLE3_RETURN_IF_ERROR(Attention(l, x, batch));
+    EAGLE3_RETURN_IF_ERROR(Attention(l, x));
     EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
     EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, layers[static_cast<size_t>(l)].post_ln, eps, h_t));
     EAGLE3_ASSIGN_OR_RETURN(x, full_input());
@@ -581,15 +743,15 @@ absl::Status TargetModel::Impl::Forward(std::span<const SequenceInput> batch, co
     EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
     const Tensor& next_norm = l + 1 < num_layers ? layers[static_cast<size_t>(l + 1)].input_ln : final_ln;
     EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, next_norm, eps, h_t));
-    EAGLE3_RETURN_IF_ERROR(Capture(l + 1, t, tap, aux));
+    EAGLE3_RETURN_IF_ERROR(Capture(l + 1, t));
   }
 
   // lm_head on the requested rows, vocab-parallel, then all-gathered into full-vocabulary logits.
   EAGLE3_ASSIGN_OR_RETURN(TensorView final_hidden, full_input());
   int64_t out_rows = 0, offset = 0;
-  for (const SequenceInput& in : batch) {
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    const int64_t first = in.all_logits ? 0 : n - 1;
+  for (size_t b = 0; b < step.n.size(); ++b) {
+    const int64_t n = step.n[b];
+    const int64_t first = step.all_logits[b] ? 0 : n - 1;
     EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(final_hidden, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
     out_rows += n - first;
     offset += n;
@@ -597,6 +759,7 @@ absl::Status TargetModel::Impl::Forward(std::span<const SequenceInput> batch, co
   const Tensor& head = lm_head.empty() ? embed : lm_head;
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
   const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
+  const TensorView logits(st_logits.data(), DType::kF32, Shape{out_rows, config.vocab_size}, st_logits.device());
   EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
   for (int q_rank = 0; q_rank < tp; ++q_rank) {
     const int64_t col = q_rank * vocab_shard;
@@ -605,8 +768,20 @@ absl::Status TargetModel::Impl::Forward(std::span<const SequenceInput> batch, co
     EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(gathered, q_rank * out_rows, out_rows, 0, cols),
                                          Block(logits, 0, out_rows, col, cols)));
   }
-  return backend->Synchronize();
+  return absl::OkStatus();
 }
+
+absl::Status TargetModel::Impl::Finish(const TensorView& logits, const TensorView& aux) {
+  if (!step.staged) return absl::FailedPreconditionError("Finish: no batch is staged (call Stage first)");
+  EAGLE3_RETURN_IF_ERROR(ValidateOutputs(logits, aux));
+  EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
+  std::copy_n(st_logits.data_as<const float>(), step.out_rows * config.vocab_size, logits.data_as<float>());
+  if (step.tap.has_value()) {
+    std::copy_n(st_aux.data_as<const float>(), step.t * step.tap->width(), aux.data_as<float>());
+  }
+  return absl::OkStatus();
+}
+
 
 TargetModel::TargetModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TargetModel::~TargetModel() = default;
@@ -669,8 +844,28 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
 
 absl::Status TargetModel::Forward(std::span<const SequenceInput> batch, const TensorView& logits,
                                   const HiddenStateTap* tap, const TensorView& aux) {
-  return impl_->Forward(batch, logits, tap, aux);
+  Impl& m = *impl_;
+  EAGLE3_RETURN_IF_ERROR(m.Stage(batch, tap));
+  EAGLE3_RETURN_IF_ERROR(m.ValidateOutputs(logits, aux));
+  EAGLE3_RETURN_IF_ERROR(m.Launch());
+  EAGLE3_RETURN_IF_ERROR(m.Finish(logits, aux));
+  m.step.batch = {};  // the caller's spans are not kept beyond the call
+  return absl::OkStatus();
 }
+
+absl::Status TargetModel::Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap) {
+  return impl_->Stage(batch, tap);
+}
+
+absl::Status TargetModel::Launch() { return impl_->Launch(); }
+
+absl::Status TargetModel::Finish(const TensorView& logits, const TensorView& aux) {
+  return impl_->Finish(logits, aux);
+}
+
+std::vector<int64_t> TargetModel::StepSignature() const { return impl_->Signature(); }
+
+bool TargetModel::StepIsCapturable() const { return impl_->step.staged && impl_->step.batched; }
 
 absl::Status TargetModel::CommitAccepted(std::span<const int32_t> page_table, int64_t cache_len,
                                          std::span<const int64_t> accepted) {

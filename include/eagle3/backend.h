@@ -63,6 +63,10 @@ class Backend {
   virtual Device device() const = 0;
   // Allocates memory on device() for callers that size their buffers at init.
   virtual Allocator& allocator() = 0;
+  // Host memory for staging inputs and outputs of a step: Copy between it and device() memory is
+  // the fastest host transfer the backend has, and a copy recorded into a CUDA graph reads it at
+  // replay time (pinned memory on CUDA). Plain host memory by default.
+  virtual Allocator& staging_allocator() { return DefaultHostAllocator(); }
 
   // dst = src. Same shape and dtype; any non-negative strides on the host backend. A backend may
   // also accept a host side on a device backend (host <-> device transfer); others are refused.

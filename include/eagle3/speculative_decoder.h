@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/draft_tree.h"
+#include "eagle3/step_launcher.h"
 #include "eagle3/target_model.h"
 #include "eagle3/tree_verifier.h"
 
@@ -54,6 +55,9 @@ struct DecodeOptions {
   // Called after every decode step with the tokens generated so far over all sequences and the
   // most there can be (for progress display); may be empty.
   std::function<void(int64_t generated, int64_t limit)> progress;
+  // How target steps are enqueued: null runs TargetModel::Launch eagerly; a
+  // cuda::GraphStepLauncher replays CUDA graphs. Must outlive Generate.
+  StepLauncher* target_launcher = nullptr;
 };
 
 struct DecodeStats {

@@ -88,6 +88,32 @@ class TargetModel {
   absl::Status Forward(std::span<const SequenceInput> batch, const TensorView& logits,
                        const HiddenStateTap* tap = nullptr, const TensorView& aux = TensorView());
 
+  // Forward in three steps, for engines that capture the device work of a step in a CUDA graph
+  // (eagle3/cuda/cuda_graph.h) and replay it:
+  //  - Stage validates `batch` (and `tap`) as Forward does and writes the step's inputs (token ids,
+  //    positions, cache slots, page tables, lengths, tree masks) into the model's host staging
+  //    buffers (Backend::staging_allocator(): pinned on CUDA). Host only: nothing is enqueued. The
+  //    tap is copied; `batch` is read again by Launch only when StepIsCapturable() is false.
+  //  - Launch enqueues the whole step on the backend: copies of the staging buffers to the device,
+  //    every layer, the logits and taps into host staging. It never allocates, never waits and
+  //    reads no staged value on the host, so a capture of it replays correctly for any later
+  //    Stage with an equal StepSignature() (same sequence count, new tokens per sequence,
+  //    all_logits flags, tree masks present or not, tap; the lengths, positions, tokens, pages and
+  //    tree contents may all differ). Capture after one eager step of the same signature (first
+  //    calls size the backends' scratch). Collectives must be capturable (NCCL; not host-staged).
+  //  - Finish waits for the backend, reports deferred device errors, and copies the logits
+  //    (and aux, with a tap) out. logits / aux as in Forward.
+  // Forward(batch, logits, tap, aux) == Stage + Launch + Finish.
+  absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap = nullptr);
+  absl::Status Launch();
+  absl::Status Finish(const TensorView& logits, const TensorView& aux = TensorView());
+  // What Launch's enqueued work depends on, for the staged batch (empty when nothing is staged).
+  std::vector<int64_t> StepSignature() const;
+  // Whether the staged batch takes the graph-capturable path: every sequence on the absorbed
+  // attention path (decode and tree verify; AttentionPath::kAuto takes it up to 64 new tokens per
+  // sequence), so attention is one BatchedLatentAttention per layer with its lengths on the device.
+  bool StepIsCapturable() const;
+
   // After verification: keeps the new tokens at offsets `accepted` (strictly increasing, relative
   // to cache_len) and moves their KV rows to slots cache_len, cache_len + 1, ... in every layer. The
   // sequence's cache length becomes cache_len + accepted.size(); rows beyond it are dead.
