@@ -63,6 +63,22 @@ absl::Status DeviceError(int code) {
     case DeviceCheck::kMoeExpertsId:
       return Invalid("MoeExperts", "token ", where, " has an expert id outside [0, experts)",
                      found);
+    case DeviceCheck::kBatchedLatentAttention: {
+      const int64_t b = index / 8;
+      const char* what[] = {"q_start[0] must be 0",
+                            ": q_start[b + 1] must be in [q_start[b], T]",
+                            ": kv_len[b] must be in [n = its new tokens, min(max_kv_len, P * page_size)]",
+                            ": its new tokens do not fit tree_mask (n > M)",
+                            ": a page entry it uses (page_tables[b][j], j < ceil(kv_len[b] / page_size)) is "
+                            "outside [0, num_pages)",
+                            ": a row of tree_mask allows no key and the sequence has no cached prefix",
+                            "q_start[B] must be T"};
+      const int64_t condition = index % 8;
+      if (condition == 0) return Invalid("BatchedLatentAttention", what[0], found);
+      if (condition == 6) return Invalid("BatchedLatentAttention", what[6], " (B = ", b, ")", found);
+      if (condition > 6) break;
+      return Invalid("BatchedLatentAttention", "sequence ", b, what[condition], found);
+    }
     case DeviceCheck::kNone:
       break;
   }
@@ -174,6 +190,8 @@ const CudaBackendOptions& CudaBackend::options() const { return state_->options;
 Device CudaBackend::device() const { return Device::Cuda(state_->options.device); }
 
 Allocator& CudaBackend::allocator() { return state_->allocator; }
+
+Allocator& CudaBackend::staging_allocator() { return state_->pinned; }
 
 absl::Status CudaBackend::Synchronize() {
   State& s = *state_;

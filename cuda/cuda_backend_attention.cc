@@ -9,12 +9,20 @@
 //
 // Scratch (State::attention_scratch), allocated once, on the first call of any of these ops (not
 // while the stream is being captured into a CUDA graph: run the step once before capturing):
-// kFlagBytes for the per-call flag that links an op's checks to its writers, then kPartialBytes for
-// the partial results of split attention. The split count adapts to the scratch, so no call is
-// refused for its size; 32 MiB holds every decode shape of the DeepSeek models (T <= 64 query
-// rows, N = 16 heads at TP 8 or 128 at TP 1, value_dim 512) at full parallelism, independently of
-// CudaBackendOptions::max_rows and max_context_len.
+// kFlagBytes for the per-call flag that links an op's checks to its writers, kTileTableBytes for
+// BatchedLatentAttention's tile table (kLatentMaxBatch + 1 ints: a call with more sequences is
+// InvalidArgument), then kPartialBytes for the partial results of split attention. The split count
+// adapts to the scratch (it is chosen on the host from T, N, value_dim and max_kv_len), so no call
+// is refused for its size: 32 MiB holds every decode shape of the DeepSeek models at full
+// parallelism (B <= 64 sequences of 1 token x 16 heads at TP 8 or 128 at TP 1, value_dim 512:
+// T N (value_dim + 2) floats per split, 15 splits at B = 64 x 16 heads, up to 1020 at B = 1);
+// tree verify (B x up to 64 rows) needs fewer splits, its token tiles fill the GPU, and beyond the
+// scratch the call runs unsplit. Independent of CudaBackendOptions::max_rows and max_context_len.
+//
+// BatchedLatentAttention and LatentAttention (key width <= kLatentMaxKeyDim) run the pipelined
+// latent kernel (attention_ops.h); wider LatentAttention rows and Attention run the split kernel.
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -29,11 +37,13 @@ namespace eagle3::cuda {
 namespace {
 
 constexpr size_t kFlagBytes = 256;
+constexpr size_t kTileTableBytes = ((kLatentMaxBatch + 1) * sizeof(int32_t) + 255) / 256 * 256;
 constexpr size_t kPartialBytes = size_t{32} << 20;
 
 // What an op's launchers need from the scratch.
 struct Scratch {
   int* bad = nullptr;  // the per-call flag, zeroed on the stream by Prepare
+  int32_t* tile_table = nullptr;
   float* partials = nullptr;
   int64_t partial_floats = 0;
 };
@@ -51,16 +61,17 @@ absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op) {
           absl::StrCat(op, ": the attention scratch would be allocated while the stream is being "
                            "captured into a CUDA graph; run the step once before capturing"));
     }
-    EAGLE3_ASSIGN_OR_RETURN(state.attention_scratch,
-                            state.allocator.Allocate(kFlagBytes + kPartialBytes, 256));
-    state.attention_scratch_bytes = kFlagBytes + kPartialBytes;
+    const size_t bytes = kFlagBytes + kTileTableBytes + kPartialBytes;
+    EAGLE3_ASSIGN_OR_RETURN(state.attention_scratch, state.allocator.Allocate(bytes, 256));
+    state.attention_scratch_bytes = bytes;
   }
+  char* base = static_cast<char*>(state.attention_scratch);
   Scratch scratch;
-  scratch.bad = static_cast<int*>(state.attention_scratch);
-  scratch.partials =
-      reinterpret_cast<float*>(static_cast<char*>(state.attention_scratch) + kFlagBytes);
-  scratch.partial_floats =
-      static_cast<int64_t>((state.attention_scratch_bytes - kFlagBytes) / sizeof(float));
+  scratch.bad = reinterpret_cast<int*>(base);
+  scratch.tile_table = reinterpret_cast<int32_t*>(base + kFlagBytes);
+  scratch.partials = reinterpret_cast<float*>(base + kFlagBytes + kTileTableBytes);
+  scratch.partial_floats = static_cast<int64_t>(
+      (state.attention_scratch_bytes - kFlagBytes - kTileTableBytes) / sizeof(float));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(scratch.bad, 0, sizeof(int), state.stream),
                                     absl::StrCat(op, ": clearing the check flag")));
   return scratch;
@@ -85,6 +96,43 @@ absl::Status CheckSharedMemory(const CudaBackend::State& state, const char* op, 
     return Invalid(op, "key width ", key_dim, " and value width ", value_dim, " need ", needed,
                    " bytes of shared memory per block in the CUDA attention kernel; cuda:",
                    state.options.device, " allows ", limit);
+  }
+  return absl::OkStatus();
+}
+
+// Latent-kernel params for q, cache and out (the mask fields are the caller's).
+LatentLaunchParams LatentParams(const TensorView& q, const TensorView& cache, float scale,
+                                int64_t value_dim, const TensorView& out) {
+  LatentLaunchParams p;
+  p.q = q.data_as<const float>();
+  p.q_token_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.cache = cache.data_as<const float>();
+  p.page_size = cache.dim(1);
+  p.num_pages = cache.dim(0);
+  p.out = out.data_as<float>();
+  p.out_token_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.tokens = q.dim(0);
+  p.heads = q.dim(1);
+  p.key_dim = q.dim(2);
+  p.value_dim = value_dim;
+  p.scale = scale;
+  return p;
+}
+
+// The latent kernel stages 48 rows of key_dim floats; the device must allow its shared memory.
+absl::Status CheckLatentSharedMemory(const CudaBackend::State& state, const char* op,
+                                     int64_t key_dim) {
+  int limit = 0;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, state.options.device),
+      absl::StrCat(op, ": cudaDeviceGetAttribute")));
+  const size_t needed = LatentSharedBytes(key_dim);
+  if (key_dim > kLatentMaxKeyDim || needed > static_cast<size_t>(limit)) {
+    return Invalid(op, "key width W = ", key_dim, " is too wide for the CUDA latent attention kernel (W <= ",
+                   kLatentMaxKeyDim, ", ", needed, " bytes of shared memory per block; cuda:",
+                   state.options.device, " allows ", limit, ")");
   }
   return absl::OkStatus();
 }
@@ -179,7 +227,8 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
-  EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), value_dim, true));
+  const bool fast = CheckLatentSharedMemory(s, op, q.dim(2)).ok();
+  if (!fast) EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), value_dim, true));
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
   const int64_t page_size = cache.dim(1);
   // The CPU reference checks the page entries first, then the mask rows: so do the kernels, in
@@ -195,6 +244,17 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
                           scratch.bad, s.error_flag,
                           DeviceErrorCode(DeviceCheck::kLatentAttentionMaskRow), s.stream),
       "LatentAttention: mask check launch"));
+  if (fast) {
+    LatentLaunchParams lp = LatentParams(q, cache, scale, value_dim, out);
+    lp.page_tables = page_table.data_as<const int32_t>();
+    lp.pages_per_seq = page_table.dim(0);
+    lp.max_kv_len = context_len;
+    lp.mask = mask.data_as<const uint8_t>();
+    lp.mask_stride = mask.stride(0);
+    return CudaStatus(
+        LaunchLatentAttention(lp, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
+        "LatentAttention: kernel launch");
+  }
   AttentionLaunchParams p = QueryParams(q, mask, scale, out);
   p.paged = true;
   p.cache = cache.data_as<const float>();
@@ -202,6 +262,47 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
   p.page_size = page_size;
   return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
                     "LatentAttention: kernel launch");
+}
+
+absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                                 const TensorView& page_tables,
+                                                 const TensorView& q_start, const TensorView& kv_len,
+                                                 int64_t max_kv_len, const TensorView& tree_mask,
+                                                 float scale, int64_t value_dim,
+                                                 const TensorView& out) {
+  const char* op = "BatchedLatentAttention";
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
+                                                     max_kv_len, tree_mask, scale, value_dim, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  if (page_tables.dim(0) > kLatentMaxBatch) {
+    return Invalid(op, "page_tables ", page_tables.ToString(), " holds ", page_tables.dim(0),
+                   " sequences; CudaBackend takes at most ", kLatentMaxBatch, " per call");
+  }
+  if (max_kv_len > std::numeric_limits<int32_t>::max()) {
+    return Invalid(op, "max_kv_len = ", max_kv_len, " exceeds the i32 range of kv_len");
+  }
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2)));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  LatentLaunchParams p = LatentParams(q, cache, scale, value_dim, out);
+  p.page_tables = page_tables.data_as<const int32_t>();
+  p.page_table_stride = page_tables.stride(0);
+  p.pages_per_seq = page_tables.dim(1);
+  p.batch = page_tables.dim(0);
+  p.q_start = q_start.data_as<const int32_t>();
+  p.kv_len = kv_len.data_as<const int32_t>();
+  p.max_kv_len = max_kv_len;
+  if (tree_mask.numel() > 0) {
+    p.tree_mask = tree_mask.data_as<const uint8_t>();
+    p.tree_mask_stride = tree_mask.stride(0);
+    p.tree_width = tree_mask.dim(1);
+  }
+  return CudaStatus(LaunchBatchedLatentAttention(
+                        p, scratch.tile_table, scratch.partials, scratch.partial_floats, scratch.bad,
+                        s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention), s.stream),
+                    "BatchedLatentAttention: kernel launch");
 }
 
 absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& positions,

@@ -12,6 +12,7 @@
 #include "eagle3/cuda/core_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
+#include "eagle3/cuda/pinned_host_allocator.h"
 
 namespace eagle3::cuda {
 
@@ -39,6 +40,7 @@ enum class DeviceCheck : int {
   kMoeRouteLogits = 11,         // MoeRoute: row t holds a non-finite logit
   kMoeRouteBias = 12,           // MoeRoute: correction_bias[e] is not finite
   kMoeExpertsId = 13,           // MoeExperts: token t has an id outside [0, experts)
+  kBatchedLatentAttention = 14,  // BatchedLatentAttention: 8 * sequence + condition (attention_ops.h)
 };
 
 constexpr int DeviceErrorCode(DeviceCheck check) {
@@ -55,6 +57,7 @@ struct CudaBackend::State {
   // by Synchronize(), which turns it into a Status naming the op.
   int* error_flag = nullptr;
   DeviceAllocator allocator{0};
+  PinnedHostAllocator pinned;  // Backend::staging_allocator()
   // Scratch buffers owned by the op files, created on first use within the options' bounds
   // (allocation happens once; later calls reuse them).
   void* attention_scratch = nullptr;

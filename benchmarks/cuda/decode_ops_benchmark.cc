@@ -1,221 +1,229 @@
-// Decode-time CUDA ops at real DeepSeek shapes, timed with CUDA events (Google Benchmark manual time,
-// medians of repetitions), each with its roofline floor from ceilings measured in the same run:
-// the device-to-device copy rate (read + write bytes / time) and the cuBLASLt bf16 GEMM rate.
+// Decode-time CUDA ops at real DeepSeek shapes, timed with CUDA events (bench_util.h: warm-up, one
+// event pair per iteration, median over repetitions), each with its roofline floor from the ceilings
+// measured in the same run.
 //
-//   BM_LatentAttentionDecode/heads/context/batch : absorbed MLA decode over the paged latent cache
-//   BM_MoeDecode/tokens                          : V3 TP8 rank MoE (256 experts, I 256, H 7168, top-8)
+//   BM_LatentAttentionDecode/heads/context/batch/qtokens : absorbed MLA decode over the paged latent
+//       cache (576-wide rows: 512 latent + 64 rope; values = the first 512), `qtokens` query rows per
+//       sequence (1 = plain decode, 8-64 = a verify tree), one LatentAttention call per sequence
+//   BM_MoeDecode/model/tokens : routing from given router logits + routed experts (+ the shared
+//       experts where the model has them, V2-Lite) at one rank; model 0 = V3 TP8 rank (256 experts,
+//       I 2048/8 = 256, H 7168, top-8), 1 = Kimi-K2 TP8 rank (384 experts, I 256, H 7168, top-8),
+//       2 = V2-Lite TP1 (64 experts, I 1408, H 2048, top-6, 2 shared experts)
 //
-// The models store f32 today, so the byte floors are counted at 4 bytes per element.
-#include <benchmark/benchmark.h>
-
+// The models store f32 today, so the byte floors count 4 bytes per element.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <memory>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
+#include "bench_util.h"
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/device_allocator.h"
 #include "eagle3/tensor.h"
 
-namespace eagle3::cuda {
+namespace eagle3::bench {
 namespace {
 
-struct Ceilings {
-  double copy_bytes_per_s = 0;  // read + write
-  double gemm_flops_per_s = 0;
+constexpr int64_t kLatentWidth = 576;  // kv_lora_rank 512 + qk_rope_head_dim 64
+constexpr int64_t kValueDim = 512;
+constexpr int64_t kPageSize = 64;
+
+// The one place that calls the library's absorbed attention: one sequence's queries against its
+// pages of the latent cache.
+absl::Status RunLatentAttention(cuda::CudaBackend& b, const TensorView& q, const TensorView& cache,
+                                const TensorView& page_table, int64_t context_len, const TensorView& mask,
+                                const TensorView& out) {
+  return b.LatentAttention(q, cache, page_table, context_len, mask, /*scale=*/0.1f, kValueDim, out);
+}
+
+// One rotation set of the MLA benchmark: a latent cache holding every sequence's pages.
+struct LatentSet {
+  Tensor cache;  // [batch * pages_per_seq, page, 576], f32
 };
 
-CudaBackend* Backend() {
-  static std::unique_ptr<CudaBackend> backend = [] {
-    CudaBackendOptions options;
-    options.max_rows = 256;
-    options.max_context_len = 65536;
-    auto b = CudaBackend::Create(options);
-    return b.ok() ? std::move(*b) : nullptr;
-  }();
-  return backend.get();
-}
-
-// Median of `reps` CUDA-event timings of fn() on the backend's stream, in seconds.
-template <typename Fn>
-double TimeMedian(int reps, Fn&& fn) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(start, Backend()->stream());
-    fn();
-    cudaEventRecord(stop, Backend()->stream());
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-const Ceilings& MeasuredCeilings() {
-  static Ceilings c = [] {
-    Ceilings out;
-    CudaBackend* b = Backend();
-    const int64_t bytes = int64_t{1} << 30;
-    auto src = Tensor::Empty(DType::kU8, Shape{bytes}, b->allocator());
-    auto dst = Tensor::Empty(DType::kU8, Shape{bytes}, b->allocator());
-    if (src.ok() && dst.ok()) {
-      const double t = TimeMedian(9, [&] {
-        cudaMemcpyAsync(dst->data(), src->data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, b->stream());
-      });
-      out.copy_bytes_per_s = 2.0 * static_cast<double>(bytes) / t;
-    }
-    const int64_t n = 8192;
-    auto a = Tensor::Empty(DType::kBF16, Shape{n, n}, b->allocator());
-    auto w = Tensor::Empty(DType::kBF16, Shape{n, n}, b->allocator());
-    auto o = Tensor::Empty(DType::kF32, Shape{n, n}, b->allocator());
-    if (a.ok() && w.ok() && o.ok()) {
-      cudaMemsetAsync(a->data(), 0, a->nbytes(), b->stream());
-      cudaMemsetAsync(w->data(), 0, w->nbytes(), b->stream());
-      const double t = TimeMedian(5, [&] { (void)b->Gemm(*a, *w, *o, GemmOptions{}); });
-      out.gemm_flops_per_s = 2.0 * static_cast<double>(n) * n * n / t;
-    }
-    return out;
-  }();
-  return c;
-}
-
-void Report(benchmark::State& state, double seconds, double bytes, double flops) {
-  const Ceilings& c = MeasuredCeilings();
-  const double floor = std::max(bytes / c.copy_bytes_per_s, flops / c.gemm_flops_per_s);
-  state.counters["us"] = seconds * 1e6;
-  state.counters["floor_us"] = floor * 1e6;
-  state.counters["of_floor"] = floor / seconds;  // fraction of the floor achieved (1 = at the floor)
-  state.counters["GB/s"] = bytes / seconds * 1e-9;
-  state.counters["copy_GB/s"] = c.copy_bytes_per_s * 1e-9;
-  state.counters["gemm_TFLOP/s"] = c.gemm_flops_per_s * 1e-12;
-}
-
-Tensor RandomDevice(DType dtype, const Shape& shape, uint32_t seed) {
-  Tensor host = *Tensor::Empty(DType::kF32, shape);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (int64_t i = 0; i < host.numel(); ++i) host.data_as<float>()[i] = dist(rng);
-  Tensor d = *Tensor::Empty(dtype, shape, Backend()->allocator());
-  (void)Backend()->Copy(host, d);
-  return d;
-}
-
-// Absorbed MLA decode: one query token per sequence, `heads` heads of width 576 (512 latent + 64
-// rope) over `context` cached rows; `batch` sequences with disjoint pages (no L2 reuse between them).
 void BM_LatentAttentionDecode(benchmark::State& state) {
-  CudaBackend* b = Backend();
+  cuda::CudaBackend* b = Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
-  const int64_t heads = state.range(0), context = state.range(1), batch = state.range(2);
-  const int64_t w = 576, r = 512, page = 64;
-  const int64_t pages_per_seq = (context + page - 1) / page;
+  const int64_t heads = state.range(0), context = state.range(1), batch = state.range(2), qtok = state.range(3);
+  const int64_t pages_per_seq = (context + kPageSize - 1) / kPageSize;
   const int64_t pages = pages_per_seq * batch;
-  Tensor cache = RandomDevice(DType::kF32, Shape{pages, page, w}, 1);
-  Tensor q = RandomDevice(DType::kF32, Shape{1, heads, w}, 2);
-  Tensor out = *Tensor::Empty(DType::kF32, Shape{1, heads, r}, b->allocator());
+  const double cache_bytes = static_cast<double>(pages) * kPageSize * kLatentWidth * 4.0;
+  Rotation<LatentSet> sets(CopiesToDefeatL2(cache_bytes), [&](int i) {
+    return LatentSet{RandomDevice(DType::kF32, Shape{pages, kPageSize, kLatentWidth}, 10 + i)};
+  });
+  Tensor q = RandomDevice(DType::kF32, Shape{qtok, heads, kLatentWidth}, 2);
+  Tensor out = *Tensor::Empty(DType::kF32, Shape{qtok, heads, kValueDim}, b->allocator());
   Tensor host_table = *Tensor::Empty(DType::kI32, Shape{pages});
   for (int64_t p = 0; p < pages; ++p) host_table.data_as<int32_t>()[p] = static_cast<int32_t>(p);
-  Tensor table = *Tensor::Empty(DType::kI32, Shape{pages}, b->allocator());
-  (void)b->Copy(host_table, table);
-  Tensor host_mask = *Tensor::Empty(DType::kU8, Shape{1, context});
-  std::fill_n(host_mask.data_as<uint8_t>(), context, uint8_t{1});
-  Tensor mask = *Tensor::Empty(DType::kU8, Shape{1, context}, b->allocator());
-  (void)b->Copy(host_mask, mask);
+  Tensor table = ToDevice(host_table);
+  // Query row i sees the context before the tree plus the tree rows up to itself (a chain: the
+  // densest tree mask), so the keys read are the whole context either way.
+  Tensor host_mask = *Tensor::Zeros(DType::kU8, Shape{qtok, context});
+  for (int64_t i = 0; i < qtok; ++i) {
+    std::fill_n(host_mask.data_as<uint8_t>() + i * context, context - qtok + i + 1, uint8_t{1});
+  }
+  Tensor mask = ToDevice(host_mask);
+  absl::Status status;
   auto step = [&] {
-    for (int64_t s = 0; s < batch; ++s) {
-      (void)b->LatentAttention(q, cache, table.view().Narrow(0, s * pages_per_seq, pages_per_seq), context, mask,
-                               0.1f, r, out);
+    const TensorView cache = sets.Next().cache.view();
+    for (int64_t s = 0; s < batch && status.ok(); ++s) {
+      status = RunLatentAttention(*b, q, cache, table.view().Narrow(0, s * pages_per_seq, pages_per_seq), context,
+                                  mask, out);
     }
   };
   step();
-  if (absl::Status st = b->Synchronize(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-  double seconds = 0;
-  for (auto _ : state) {
-    seconds = TimeMedian(1, step);
-    state.SetIterationTime(seconds);
+  if (!Check(state, status, "LatentAttention") || !Check(state, b->Synchronize(), "Synchronize")) return;
+  const double seconds = RunTimed(state, b->stream(), step);
+  if (!Check(state, status, "LatentAttention")) return;
+  // Each sequence's cache rows are read once; q and out are negligible beside them.
+  const double bytes = static_cast<double>(batch) * context * kLatentWidth * 4.0;
+  const double flops = static_cast<double>(batch) * qtok * heads * context * (2.0 * kLatentWidth + 2.0 * kValueDim);
+  state.counters["rotated_sets"] = static_cast<double>(sets.size());
+  ReportRoofline(state, seconds, bytes, flops);
+}
+
+void LatentArgs(benchmark::internal::Benchmark* bm) {
+  if (Quick()) {
+    bm->ArgsProduct({{16, 8}, {4096, 65536}, {1, 8}, {1}});
+    bm->Args({16, 4096, 1, 16});
+  } else {
+    bm->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32}, {1}});
+    bm->ArgsProduct({{16, 8}, {4096, 16384}, {1, 8}, {8, 32, 64}});
   }
-  const double bytes = static_cast<double>(batch) * context * w * 4.0;
-  const double flops = static_cast<double>(batch) * heads * context * (2.0 * w + 2.0 * r);
-  Report(state, seconds, bytes, flops);
 }
 BENCHMARK(BM_LatentAttentionDecode)
-    ->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32}})
+    ->ArgNames({"heads", "context", "batch", "qtokens"})
+    ->Apply(LatentArgs)
     ->UseManualTime()
-    ->Repetitions(5)
+    ->MinTime(Quick() ? 0.05 : 0.2)
+    ->Repetitions(Repetitions())
     ->ReportAggregatesOnly(true)
     ->Unit(benchmark::kMicrosecond);
 
-// MoE decode at one TP=8 rank of DeepSeek-V3: router logits given, MoeRoute (sigmoid, noaux_tc,
-// 8 groups keep 4, top-8) + MoeExperts over f32 expert slices.
-void BM_MoeDecode(benchmark::State& state) {
-  CudaBackend* b = Backend();
-  if (b == nullptr) return state.SkipWithError("no CUDA device");
-  const int64_t tokens = state.range(0), experts = 256, hidden = 7168, inter = 256, top_k = 8;
-  static std::vector<Tensor>* weights = [&] {
-    auto* w = new std::vector<Tensor>();
-    for (int64_t e = 0; e < experts; ++e) {
-      w->push_back(RandomDevice(DType::kF32, Shape{2 * inter, hidden}, static_cast<uint32_t>(100 + e)));
-      w->push_back(RandomDevice(DType::kF32, Shape{hidden, inter}, static_cast<uint32_t>(1000 + e)));
-    }
-    return w;
-  }();
+// One rank's MoE layer shape and routing.
+struct MoeModel {
+  const char* name;
+  int64_t experts, hidden, inter, top_k, shared_inter;  // shared_inter = n_shared * I (0: none)
+  MoeRoutingParams routing;
+};
+
+MoeModel Model(int64_t id) {
+  MoeRoutingParams v3;  // DeepSeek-V3: sigmoid, noaux_tc, 8 groups keep 4, normalize then x2.5
+  v3.scoring_func = ScoringFunc::kSigmoid;
+  v3.topk_method = TopkMethod::kNoauxTc;
+  v3.top_k = 8;
+  v3.n_group = 8;
+  v3.topk_group = 4;
+  v3.norm_topk_prob = true;
+  v3.routed_scaling_factor = 2.5f;
+  MoeRoutingParams k2 = v3;  // Kimi-K2: one group, x2.827
+  k2.n_group = 1;
+  k2.topk_group = 1;
+  k2.routed_scaling_factor = 2.827f;
+  MoeRoutingParams lite;  // V2-Lite: softmax, greedy top-6, no normalization, x1
+  lite.top_k = 6;
+  switch (id) {
+    case 0: return {"V3-TP8", 256, 7168, 2048 / 8, 8, 0, v3};
+    case 1: return {"K2-TP8", 384, 7168, 2048 / 8, 8, 0, k2};
+    default: return {"V2Lite-TP1", 64, 2048, 1408, 6, 2 * 1408, lite};
+  }
+}
+
+// Expert weights of one model, created on first use and kept for the process (the largest, K2's,
+// is 8.5 GB in f32).
+struct MoeWeights {
+  std::vector<Tensor> gate_up, down;  // per expert: [2I, H], [H, I]
+  Tensor shared_gate_up, shared_down;  // [2 * shared_inter, H], [H, shared_inter]
   std::vector<ExpertWeights> table;
-  for (int64_t e = 0; e < experts; ++e) table.push_back({(*weights)[2 * e].view(), (*weights)[2 * e + 1].view()});
-  Tensor x = RandomDevice(DType::kF32, Shape{tokens, hidden}, 3);
-  Tensor logits = RandomDevice(DType::kF32, Shape{tokens, experts}, 4);
-  Tensor bias = RandomDevice(DType::kF32, Shape{experts}, 5);
-  Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, top_k}, b->allocator());
-  Tensor w = *Tensor::Empty(DType::kF32, Shape{tokens, top_k}, b->allocator());
-  Tensor out = *Tensor::Empty(DType::kF32, Shape{tokens, hidden}, b->allocator());
-  MoeRoutingParams params;
-  params.scoring_func = ScoringFunc::kSigmoid;
-  params.topk_method = TopkMethod::kNoauxTc;
-  params.top_k = static_cast<int>(top_k);
-  params.n_group = 8;
-  params.topk_group = 4;
-  params.norm_topk_prob = true;
-  params.routed_scaling_factor = 2.5f;
+};
+
+const MoeWeights& Weights(int64_t id) {
+  static std::vector<std::unique_ptr<MoeWeights>> cache(3);
+  std::unique_ptr<MoeWeights>& w = cache[static_cast<size_t>(id)];
+  if (w == nullptr) {
+    const MoeModel m = Model(id);
+    w = std::make_unique<MoeWeights>();
+    const float std_gu = 1.0f / std::sqrt(static_cast<float>(m.hidden));
+    const float std_down = 1.0f / std::sqrt(static_cast<float>(m.inter));
+    for (int64_t e = 0; e < m.experts; ++e) {
+      w->gate_up.push_back(RandomDevice(DType::kF32, Shape{2 * m.inter, m.hidden}, 100 + e, std_gu));
+      w->down.push_back(RandomDevice(DType::kF32, Shape{m.hidden, m.inter}, 1000 + e, std_down));
+      w->table.push_back({w->gate_up.back().view(), w->down.back().view()});
+    }
+    if (m.shared_inter > 0) {
+      w->shared_gate_up = RandomDevice(DType::kF32, Shape{2 * m.shared_inter, m.hidden}, 7, std_gu);
+      w->shared_down = RandomDevice(DType::kF32, Shape{m.hidden, m.shared_inter}, 8, std_down);
+    }
+  }
+  return *w;
+}
+
+void BM_MoeDecode(benchmark::State& state) {
+  cuda::CudaBackend* b = Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const MoeModel m = Model(state.range(0));
+  const int64_t tokens = state.range(1);
+  state.SetLabel(m.name);
+  const MoeWeights& weights = Weights(state.range(0));
+  Tensor x = RandomDevice(DType::kF32, Shape{tokens, m.hidden}, 3);
+  Tensor logits = RandomDevice(DType::kF32, Shape{tokens, m.experts}, 4);
+  Tensor bias = RandomDevice(DType::kF32, Shape{m.experts}, 5, 0.1f);
+  Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, m.top_k}, b->allocator());
+  Tensor w = *Tensor::Empty(DType::kF32, Shape{tokens, m.top_k}, b->allocator());
+  Tensor out = *Tensor::Empty(DType::kF32, Shape{tokens, m.hidden}, b->allocator());
+  const int64_t si = std::max<int64_t>(m.shared_inter, 1);
+  Tensor shared_gu = *Tensor::Empty(DType::kF32, Shape{tokens, 2 * si}, b->allocator());
+  Tensor shared_act = *Tensor::Empty(DType::kF32, Shape{tokens, si}, b->allocator());
   const TensorView bias_view = bias.view();
+  const TensorView* correction = m.routing.topk_method == TopkMethod::kNoauxTc ? &bias_view : nullptr;
+  absl::Status status;
+  // As TargetModel runs a MoE layer: route, routed experts, then the shared experts added to `out`.
   auto step = [&] {
-    (void)b->MoeRoute(logits, &bias_view, params, ids, w);
-    (void)b->MoeExperts(x, ids, w, table, out, false);
+    status = b->MoeRoute(logits, correction, m.routing, ids, w);
+    if (status.ok()) status = b->MoeExperts(x, ids, w, weights.table, out, /*accumulate=*/false);
+    if (status.ok() && m.shared_inter > 0) {
+      status = b->Gemm(x, weights.shared_gate_up, shared_gu, {});
+      if (status.ok()) status = b->SiluMul(shared_gu, shared_act);
+      GemmOptions accumulate;
+      accumulate.beta = 1.0f;
+      if (status.ok()) status = b->Gemm(shared_act, weights.shared_down, out, accumulate);
+    }
   };
   step();
-  if (absl::Status st = b->Synchronize(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-  // The floor reads each selected expert once.
-  Tensor host_ids = *Tensor::Empty(DType::kI32, Shape{tokens, top_k});
+  if (!Check(state, status, "MoE step") || !Check(state, b->Synchronize(), "Synchronize")) return;
+  // The floor reads each expert the routing selected once (plus the shared experts).
+  Tensor host_ids = *Tensor::Empty(DType::kI32, Shape{tokens, m.top_k});
   (void)b->Copy(ids, host_ids);
   (void)b->Synchronize();
-  std::set<int32_t> unique(host_ids.data_as<int32_t>(), host_ids.data_as<int32_t>() + host_ids.numel());
-  double seconds = 0;
-  for (auto _ : state) {
-    seconds = TimeMedian(1, step);
-    state.SetIterationTime(seconds);
+  const std::set<int32_t> touched(host_ids.data_as<int32_t>(), host_ids.data_as<int32_t>() + host_ids.numel());
+  const double seconds = RunTimed(state, b->stream(), step);
+  if (!Check(state, status, "MoE step")) return;
+  const double expert_bytes = 3.0 * m.inter * m.hidden * 4.0;
+  const double shared_bytes = 3.0 * m.shared_inter * m.hidden * 4.0;
+  const double bytes = static_cast<double>(touched.size()) * expert_bytes + shared_bytes;
+  const double flops = static_cast<double>(tokens) * (m.top_k * m.inter + m.shared_inter) * 3.0 * 2.0 * m.hidden;
+  state.counters["experts_touched"] = static_cast<double>(touched.size());
+  ReportRoofline(state, seconds, bytes, flops);
+}
+
+void MoeArgs(benchmark::internal::Benchmark* bm) {
+  if (Quick()) {
+    bm->ArgsProduct({{0, 1, 2}, {1, 16, 64}});
+  } else {
+    bm->ArgsProduct({{0, 1, 2}, {1, 4, 16, 64, 256}});
   }
-  const double bytes = static_cast<double>(unique.size()) * 3.0 * inter * hidden * 4.0;
-  const double flops = static_cast<double>(tokens) * top_k * 3.0 * 2.0 * inter * hidden;
-  state.counters["experts_touched"] = static_cast<double>(unique.size());
-  Report(state, seconds, bytes, flops);
 }
 BENCHMARK(BM_MoeDecode)
-    ->Arg(1)->Arg(4)->Arg(16)->Arg(64)->Arg(256)
+    ->ArgNames({"model", "tokens"})
+    ->Apply(MoeArgs)
     ->UseManualTime()
-    ->Repetitions(5)
+    ->MinTime(Quick() ? 0.05 : 0.2)
+    ->Repetitions(Repetitions())
     ->ReportAggregatesOnly(true)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
-}  // namespace eagle3::cuda
+}  // namespace eagle3::bench
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }

@@ -5,11 +5,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "eagle3/backend.h"
 #include "gmock/gmock.h"
@@ -619,6 +622,250 @@ TEST_F(CudaAttentionParityTest, PagedBadPositionOrPageWritesNothing) {
   ASSERT_TRUE(gpu_->PagedWrite(rows.dev, good.dev, pt.dev, cache.dev).ok());
   ASSERT_TRUE(cpu_.PagedWrite(rows.host, good.host, pt.host, cache.host).ok());
   EXPECT_TRUE(SameBytes(Download(cache.dev), cache.host));
+}
+
+
+// ---- BatchedLatentAttention -----------------------------------------------------------------------
+
+// A batch on both backends: sequence b has n[b] new tokens and kv[b] keys, its pages a shuffled
+// subset of one shared cache (NaN outside the positions it owns), its tree-mask rows random trees
+// (ancestors + itself) or causal when !tree. The same device buffers serve eager and graph runs.
+struct BatchCase {
+  std::vector<int64_t> n, kv;
+  int64_t heads = 16, w = 576, r = 512, page_size = 64;
+  bool tree = false;
+  uint32_t seed = 1;
+};
+
+class CudaBatchedLatentTest : public CudaAttentionParityTest {
+ protected:
+  struct Batch {
+    Twin q, cache, tables, q_start, kv_len, tree_mask, out;
+    int64_t t = 0, max_kv = 1;
+  };
+  Batch MakeBatch(const BatchCase& c) {
+    const int64_t b = static_cast<int64_t>(c.n.size());
+    Batch out;
+    std::vector<int32_t> starts{0};
+    for (int64_t i = 0; i < b; ++i) {
+      out.t += c.n[i];
+      starts.push_back(static_cast<int32_t>(out.t));
+      out.max_kv = std::max(out.max_kv, c.kv[i]);
+    }
+    const int64_t pages_per_seq = (out.max_kv + c.page_size - 1) / c.page_size + 1;
+    const int64_t num_pages = b * pages_per_seq + 3;
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::mt19937 rng(c.seed);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    Tensor cache = Filled(Shape{num_pages, c.page_size, c.w}, kNaN);
+    const Tensor values = Random(Shape{b * pages_per_seq * c.page_size, c.w}, c.seed + 1);
+    std::vector<int32_t> tables(static_cast<size_t>(b * pages_per_seq), -1);
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j < (c.kv[i] + c.page_size - 1) / c.page_size; ++j) {
+        tables[i * pages_per_seq + j] = pages[i * pages_per_seq + j];
+      }
+      for (int64_t s = 0; s < c.kv[i]; ++s) {
+        const int64_t slot = tables[i * pages_per_seq + s / c.page_size] * c.page_size + s % c.page_size;
+        std::memcpy(cache.data_as<float>() + slot * c.w,
+                    values.data_as<float>() + (i * pages_per_seq * c.page_size + s) * c.w, c.w * sizeof(float));
+      }
+    }
+    const int64_t m = c.tree ? std::max<int64_t>(*std::max_element(c.n.begin(), c.n.end()), 1) + 2 : 0;
+    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{out.t, std::max<int64_t>(m, 1)});
+    if (c.tree) {
+      for (int64_t i = 0; i < b; ++i) {
+        std::vector<int64_t> parent(static_cast<size_t>(c.n[i]));
+        for (int64_t k = 0; k < c.n[i]; ++k) {
+          parent[k] = k == 0 ? -1 : static_cast<int64_t>(rng() % k);
+          uint8_t* row = mask.data_as<uint8_t>() + (starts[i] + k) * m;
+          for (int64_t a = k; a >= 0; a = parent[a]) row[a] = static_cast<uint8_t>(1 + rng() % 255);
+        }
+      }
+    }
+    out.q = Make(Random(Shape{out.t, c.heads, c.w}, c.seed + 2));
+    out.cache = Make(std::move(cache));
+    out.tables = Make(FromVector(DType::kI32, Shape{b, pages_per_seq}, tables));
+    out.q_start = Make(FromVector(DType::kI32, Shape{b + 1}, starts));
+    std::vector<int32_t> kv32(c.kv.begin(), c.kv.end());
+    out.kv_len = Make(FromVector(DType::kI32, Shape{b}, kv32));
+    out.tree_mask = Make(std::move(mask));
+    out.out = Make(Filled(Shape{out.t, c.heads, c.r}, kNaN));
+    return out;
+  }
+  TensorView MaskView(const Tensor& mask, bool tree, int64_t t) {
+    return tree ? mask.view() : TensorView(mask.data(), DType::kU8, Shape{t, 0}, Shape{1, 1}, mask.device());
+  }
+  absl::Status Run(Backend& backend, Batch& x, bool on_gpu, const BatchCase& c) {
+    auto pick = [&](Twin& twin) -> Tensor& { return on_gpu ? twin.dev : twin.host; };
+    return backend.BatchedLatentAttention(pick(x.q), pick(x.cache), pick(x.tables), pick(x.q_start),
+                                          pick(x.kv_len), x.max_kv, MaskView(pick(x.tree_mask), c.tree, x.t),
+                                          1.0f / std::sqrt(static_cast<float>(c.w)), c.r, pick(x.out));
+  }
+  double Parity(const BatchCase& c) {
+    Batch x = MakeBatch(c);
+    EXPECT_TRUE(Run(*gpu_, x, true, c).ok());
+    EXPECT_TRUE(Run(cpu_, x, false, c).ok());
+    return Diff(Download(x.out.dev), x.out.host);
+  }
+};
+
+// fp32 on both sides; the GPU sums in another order: 1e-5 relative to the largest output.
+TEST_F(CudaBatchedLatentTest, DecodeShapesMatchCpu) {
+  uint32_t seed = 10;
+  for (int64_t heads : {16, 128, 8}) {
+    for (int64_t page_size : {1, 16, 64}) {
+      BatchCase c;
+      c.heads = heads;
+      c.page_size = page_size;
+      c.seed = seed++;
+      c.n = {1, 1, 1};
+      c.kv = {1, 700, 8192};
+      SCOPED_TRACE(::testing::Message() << "N=" << heads << " page_size=" << page_size);
+      EXPECT_LE(Parity(c), kAttentionTol);
+    }
+  }
+  BatchCase c8;
+  c8.n = std::vector<int64_t>(8, 1);
+  c8.kv = {4096, 33, 1000, 4095, 64, 65, 2048, 3};
+  EXPECT_LE(Parity(c8), kAttentionTol);
+}
+
+// Mixed new-token counts (0 .. 9) with tree masks and causal; a sequence with n = 0 is skipped and
+// a sequence whose keys are all new (kv == n) attends only within the tree.
+TEST_F(CudaBatchedLatentTest, TreeAndCausalMatchCpu) {
+  for (bool tree : {true, false}) {
+    for (int64_t heads : {16, 8, 3}) {
+      BatchCase c;
+      c.tree = tree;
+      c.heads = heads;
+      c.page_size = 16;
+      c.seed = tree ? 50 : 60;
+      c.n = {1, 9, 0, 4, 7, 2, 5, 3};
+      c.kv = {100, 9, 50, 4000, 7, 300, 129, 1024};
+      SCOPED_TRACE(::testing::Message() << "tree=" << tree << " N=" << heads);
+      EXPECT_LE(Parity(c), kAttentionTol);
+    }
+  }
+  BatchCase small;  // a narrow width (W = 72, R = 64) with one 64-token tree
+  small.tree = true;
+  small.w = 72;
+  small.r = 64;
+  small.page_size = 3;
+  small.n = {64, 1};
+  small.kv = {600, 5};
+  EXPECT_LE(Parity(small), kAttentionTol);
+}
+
+TEST_F(CudaBatchedLatentTest, LongContextMatchesCpu) {
+  BatchCase c;
+  c.n = {1};
+  c.kv = {65536};
+  EXPECT_LE(Parity(c), 2e-5);  // the CPU's own sequential fp32 sums, see LatentAttentionLongContext
+}
+
+// Each bad metadata case: the CPU refuses it, Synchronize() reports InvalidArgument naming the
+// sequence, and out is untouched.
+TEST_F(CudaBatchedLatentTest, BadMetadataWritesNothing) {
+  BatchCase c;
+  c.tree = true;
+  c.heads = 2;
+  c.w = 24;
+  c.r = 16;
+  c.page_size = 4;
+  c.n = {1, 2, 2};
+  c.kv = {10, 12, 2};
+  struct BadCase {
+    const char* what;
+    std::function<void(Batch&)> edit;
+    std::string expect;
+  };
+  const std::vector<BadCase> cases = {
+      {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
+      {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
+      {"q_start[B]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = 4; }, "q_start[B]"},
+      {"kv_len < n", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 1; }, "sequence 1"},
+      {"kv_len > max", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = 13; }, "sequence 2"},
+      {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
+       "sequence 1"},
+      {"empty tree row", [](Batch& x) {
+         uint8_t* row = x.tree_mask.host.data_as<uint8_t>() + 4 * x.tree_mask.host.dim(1);
+         std::fill(row, row + x.tree_mask.host.dim(1), uint8_t{0});
+       }, "sequence 2"},
+  };
+  for (const BadCase& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    Batch x = MakeBatch(c);
+    bad.edit(x);
+    for (Twin* twin : {&x.q_start, &x.kv_len, &x.tables, &x.tree_mask}) ASSERT_TRUE(gpu_->Copy(twin->host, twin->dev).ok());
+    const absl::Status cpu = Run(cpu_, x, false, c);
+    EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+    EXPECT_TRUE(Run(*gpu_, x, true, c).ok());
+    const absl::Status deferred = gpu_->Synchronize();
+    EXPECT_EQ(deferred.code(), absl::StatusCode::kInvalidArgument) << deferred;
+    EXPECT_THAT(std::string(deferred.message()), HasSubstr("BatchedLatentAttention"));
+    EXPECT_THAT(std::string(deferred.message()), HasSubstr(bad.expect));
+    const Tensor after = Download(x.out.dev);
+    EXPECT_EQ(Diff(after, Filled(after.shape(), kNaN)), 0.0) << "out was written";
+  }
+  // n > M (the tree mask is too narrow for sequence 1's new tokens).
+  Batch x = MakeBatch(c);
+  const TensorView narrow = x.tree_mask.dev.view().Narrow(1, 0, 1);
+  EXPECT_TRUE(gpu_->BatchedLatentAttention(x.q.dev, x.cache.dev, x.tables.dev, x.q_start.dev, x.kv_len.dev,
+                                           x.max_kv, narrow, 0.5f, c.r, x.out.dev).ok());
+  const absl::Status deferred = gpu_->Synchronize();
+  EXPECT_THAT(std::string(deferred.message()), HasSubstr("sequence 1"));
+  EXPECT_LE(Parity(c), kAttentionTol);  // the next call is unaffected
+}
+
+// One call captured in a CUDA graph (after a warm-up call), replayed after kv_len and the cache
+// changed on the device: the same result as an eager call with the new contents.
+TEST_F(CudaBatchedLatentTest, GraphReplayWithNewLengthsMatchesEager) {
+  BatchCase c;
+  c.n = {1, 1, 1, 1};
+  c.kv = {4000, 100, 2500, 1};
+  c.seed = 77;
+  Batch x = MakeBatch(c);
+  const int64_t bound = 4096;
+  auto call = [&] {
+    return gpu_->BatchedLatentAttention(x.q.dev, x.cache.dev, x.tables.dev, x.q_start.dev, x.kv_len.dev,
+                                        bound, MaskView(x.tree_mask.dev, false, x.t), 0.04f, c.r, x.out.dev);
+  };
+  ASSERT_TRUE(call().ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(gpu_->stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = call();
+  ASSERT_EQ(cudaStreamEndCapture(gpu_->stream(), &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  // New lengths (within the pages each sequence owns) and new cache contents.
+  const std::vector<int32_t> lens = {3, 4000, 64, 2};
+  Tensor kv = FromVector(DType::kI32, Shape{4}, lens);
+  ASSERT_TRUE(gpu_->Copy(kv, x.kv_len.dev).ok());
+  Tensor cache = HostCopy(x.cache.host);
+  const Tensor fresh = Random(cache.shape(), 99);
+  for (int64_t i = 0; i < cache.numel(); ++i) {
+    if (!std::isnan(cache.data_as<float>()[i])) cache.data_as<float>()[i] = fresh.data_as<float>()[i];
+  }
+  ASSERT_TRUE(gpu_->Copy(cache, x.cache.dev).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  ASSERT_EQ(cudaGraphLaunch(exec, gpu_->stream()), cudaSuccess);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  const Tensor replayed = Download(x.out.dev);
+  ASSERT_TRUE(call().ok());
+  const Tensor eager = Download(x.out.dev);
+  EXPECT_TRUE(SameBytes(replayed, eager));
+  // And the eager result is the CPU's for the new contents.
+  x.kv_len.host = std::move(kv);
+  x.cache.host = std::move(cache);
+  ASSERT_TRUE(cpu_.BatchedLatentAttention(x.q.host, x.cache.host, x.tables.host, x.q_start.host, x.kv_len.host,
+                                          bound, MaskView(x.tree_mask.host, false, x.t), 0.04f, c.r, x.out.host).ok());
+  EXPECT_LE(Diff(eager, x.out.host), kAttentionTol);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 }  // namespace

@@ -150,4 +150,81 @@ size_t AttentionSharedBytes(int64_t key_dim, int64_t value_dim, bool paged);
 cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials,
                             int64_t partial_capacity, const int* bad, cudaStream_t stream);
 
+// ---- Paged latent attention, fast path ---------------------------------------------------------
+//
+// Absorbed MLA attention over a paged latent cache for one sequence with an explicit mask
+// (LatentAttention) or a batch of sequences whose lengths live on the device and whose mask is
+// generated from them (BatchedLatentAttention, semantics in eagle3/backend.h). Key rows are copied
+// to shared memory with cp.async (16-byte copies when key_dim % 4 == 0 and the cache is 16-byte
+// aligned) one 32-key chunk ahead of the compute, and page entries and mask bytes one chunk ahead
+// in registers; a block serves up to 16 query rows (heads of one token, or several tokens of one
+// sequence when there are few heads) and one range of keys; partial results are merged by a
+// combine kernel. key_dim <= kLatentMaxKeyDim (shared memory).
+inline constexpr int64_t kLatentMaxKeyDim = 704;
+// Sequences one batched call may hold (the size of the tile table in the caller's scratch).
+inline constexpr int64_t kLatentMaxBatch = 4096;
+
+struct LatentLaunchParams {
+  // q: element [t, n, d] at q[t * q_token_stride + n * q_head_stride + d], d < key_dim.
+  const float* q = nullptr;
+  int64_t q_token_stride = 0;
+  int64_t q_head_stride = 0;
+  // cache: [num_pages, page_size, key_dim], contiguous; values are the first value_dim columns.
+  const float* cache = nullptr;
+  int64_t page_size = 1;
+  int64_t num_pages = 0;
+  // page_tables: [batch, pages_per_seq], i32, row stride page_table_stride (batch 1 for the
+  // explicit-mask form).
+  const int32_t* page_tables = nullptr;
+  int64_t page_table_stride = 0;
+  int64_t pages_per_seq = 0;
+  int64_t batch = 1;
+  // Batched form: q_start [batch + 1] and kv_len [batch], i32, device; max_kv_len bounds every
+  // kv_len. Explicit-mask form: both nullptr, one sequence of `tokens` rows and max_kv_len keys.
+  const int32_t* q_start = nullptr;
+  const int32_t* kv_len = nullptr;
+  int64_t max_kv_len = 0;
+  // Explicit-mask form: mask [tokens, max_kv_len], u8 / bool bytes, row stride mask_stride.
+  const uint8_t* mask = nullptr;
+  int64_t mask_stride = 0;
+  // Batched form: tree_mask [tokens, tree_width], row stride tree_mask_stride, or nullptr (causal).
+  const uint8_t* tree_mask = nullptr;
+  int64_t tree_mask_stride = 0;
+  int64_t tree_width = 0;
+  // out: element [t, n, e] at out[t * out_token_stride + n * out_head_stride + e], e < value_dim;
+  // elements distinct, no overlap with the inputs or the scratch.
+  float* out = nullptr;
+  int64_t out_token_stride = 0;
+  int64_t out_head_stride = 0;
+  int64_t tokens = 0;
+  int64_t heads = 0;
+  int64_t key_dim = 0;
+  int64_t value_dim = 0;
+  float scale = 1.0f;
+};
+
+// Dynamic shared memory of one latent attention block (188 KiB at key_dim 576, 227 KiB at 704);
+// the launchers return cudaErrorInvalidValue when the device allows less.
+size_t LatentSharedBytes(int64_t key_dim);
+
+// Explicit-mask form (q_start, kv_len, tree_mask unused): the caller has checked the page entries
+// and mask rows (LaunchCheckIndexRange, LaunchCheckMaskRows) with the same `bad`. partials as in
+// LaunchAttention. Nothing is written when *bad != 0.
+cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
+                                  int64_t partial_capacity, const int* bad, cudaStream_t stream);
+
+// Batched form: checks the metadata on the device first (q_start, kv_len, page entries, tree-mask
+// width and rows, as CpuBackend::BatchedLatentAttention does), recording
+// error_code | (8 * b + condition) for the lowest failing sequence b (condition: 0 q_start[0] != 0,
+// 1 q_start[b + 1] outside [q_start[b], T], 2 kv_len[b] outside [n_b, min(max_kv_len,
+// pages_per_seq * page_size)], 3 n_b > tree_width, 4 a page entry used outside [0, num_pages),
+// 5 a tree-mask row with no key and no cached prefix, 6 q_start[B] != T with b = B), then runs one
+// attention launch over every sequence. tile_table: [kLatentMaxBatch + 1] i32 device scratch.
+// Launch shapes depend only on tokens, heads, key_dim, value_dim, batch, max_kv_len and the
+// capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.
+// batch in [0, kLatentMaxBatch]; nothing is written when a check fails (or *bad != 0 before).
+cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
+                                         float* partials, int64_t partial_capacity, int* bad,
+                                         int* error_flag, int error_code, cudaStream_t stream);
+
 }  // namespace eagle3::cuda

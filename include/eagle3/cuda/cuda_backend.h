@@ -41,6 +41,8 @@ class CudaBackend final : public Backend {
 
   Device device() const override;
   Allocator& allocator() override;
+  // Pinned host memory (PinnedHostAllocator).
+  Allocator& staging_allocator() override;
 
   // Device <-> device: any strides up to rank 6 (a zero-stride source broadcasts). Host <-> device:
   // contiguous or pitched 2-D (row-strided) views; other host-side layouts are refused.

@@ -1,0 +1,304 @@
+// Shared harness of the GPU benchmarks (benchmarks/cuda/*_benchmark.cc): CUDA-event timing with
+// warm-up, the two ceilings measured in the same run (device-to-device copy rate, cuBLASLt bf16 GEMM
+// rate), an L2-rotation helper, fast device fills, and the roofline counters every benchmark reports.
+//
+// Timing model: every benchmark is registered with UseManualTime(); each Google Benchmark iteration
+// is one CUDA-event measurement of the op sequence on the backend's stream (after `kWarmup`
+// untimed runs), the per-repetition value is the mean of its iterations and the reported figure is
+// the median over repetitions (ReportAggregatesOnly). The counters are computed from the median of
+// every iteration's own time, so one slow iteration (a clock ramp, a page fault) does not move them.
+//
+// Counters (all benchmarks, so make_results.py can read them generically):
+//   us             median device time of one run, microseconds
+//   bytes, flops   what the run must move / compute at minimum (the benchmark's model, stated there)
+//   GB/s, TFLOP/s  bytes / time, flops / time
+//   floor_us       max(bytes / copy rate, flops / GEMM rate), from the ceilings measured in this run
+//   frac_of_floor  floor_us / us (1.0 = at the floor)
+//   copy_GB/s, gemm_TFLOP/s   the measured ceilings
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/half.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3::bench {
+
+inline constexpr int kWarmup = 3;
+
+// Number of CUDA devices; 0 when the driver or the device is missing (never an error).
+inline int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// The backend every benchmark of a binary shares (device 0), sized for the largest shapes used
+// here. Null (and a message on stderr, once) when no device is usable.
+inline cuda::CudaBackend* Backend() {
+  static std::unique_ptr<cuda::CudaBackend> backend = [] {
+    std::unique_ptr<cuda::CudaBackend> out;
+    if (DeviceCount() == 0) return out;
+    cuda::CudaBackendOptions options;
+    options.max_rows = 4096;
+    options.max_context_len = 65536;
+    auto b = cuda::CudaBackend::Create(options);
+    if (b.ok()) {
+      out = std::move(*b);
+    } else {
+      std::fprintf(stderr, "CudaBackend::Create failed: %s\n", std::string(b.status().message()).c_str());
+    }
+    return out;
+  }();
+  return backend.get();
+}
+
+// Device time of fn() (which enqueues work on `stream`) measured with CUDA events, in seconds.
+// The host time fn() takes counts too where it stalls the stream (a synchronizing op).
+template <typename Fn>
+double TimeOnce(cudaStream_t stream, Fn&& fn) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, stream);
+  fn();
+  cudaEventRecord(stop, stream);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms * 1e-3;
+}
+
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median of `reps` timings of fn() after `warmup` untimed runs, in seconds.
+template <typename Fn>
+double TimeMedian(cudaStream_t stream, int reps, int warmup, Fn&& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaStreamSynchronize(stream);
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) times.push_back(TimeOnce(stream, fn));
+  return Median(std::move(times));
+}
+
+// Fills a device tensor (f32 or bf16) with N(0, stddev²) values: one 1 Mi-element host block drawn
+// from `seed`, uploaded, then tiled on the device by doubling copies (seconds for gigabytes, where
+// drawing every element on the host would take minutes). Only timing depends on these values: they
+// just need to be finite and not all zero (zeros would flatter the GEMM's power draw).
+inline void FillRandom(const TensorView& t, uint32_t seed, float stddev = 1.0f) {
+  const size_t elem = DTypeSize(t.dtype());
+  const size_t total = static_cast<size_t>(t.numel()) * elem;
+  if (total == 0) return;
+  const size_t block_elems = std::min<size_t>(size_t{1} << 20, static_cast<size_t>(t.numel()));
+  std::vector<uint8_t> host(block_elems * elem);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  for (size_t i = 0; i < block_elems; ++i) {
+    const float v = dist(rng);
+    if (t.dtype() == DType::kBF16) {
+      reinterpret_cast<uint16_t*>(host.data())[i] = FloatToBf16(v);
+    } else {
+      reinterpret_cast<float*>(host.data())[i] = v;
+    }
+  }
+  auto* dst = static_cast<uint8_t*>(t.data());
+  cudaMemcpy(dst, host.data(), host.size(), cudaMemcpyHostToDevice);
+  for (size_t done = host.size(); done < total;) {
+    const size_t n = std::min(done, total - done);
+    cudaMemcpy(dst + done, dst, n, cudaMemcpyDeviceToDevice);
+    done += n;
+  }
+}
+
+// A device tensor of `dtype` filled by FillRandom. Aborts with a message when the allocation fails
+// (benchmarks size their inputs up front; an H200 has room for every shape here).
+inline Tensor RandomDevice(DType dtype, const Shape& shape, uint32_t seed, float stddev = 1.0f) {
+  auto t = Tensor::Empty(dtype, shape, Backend()->allocator());
+  if (!t.ok()) {
+    std::fprintf(stderr, "allocating %s %s: %s\n", std::string(DTypeName(dtype)).c_str(), shape.ToString().c_str(),
+                 std::string(t.status().message()).c_str());
+    std::abort();
+  }
+  FillRandom(t->view(), seed, stddev);
+  return std::move(*t);
+}
+
+// Host data uploaded to a fresh device tensor of the same dtype and shape.
+inline Tensor ToDevice(const Tensor& host) {
+  Tensor d = *Tensor::Empty(host.dtype(), host.shape(), Backend()->allocator());
+  (void)Backend()->Copy(host, d);
+  return d;
+}
+
+// The device's L2 size (the H200's 50 MiB when the query fails).
+inline int64_t L2Bytes() {
+  int dev = 0, bytes = 0;
+  cudaGetDevice(&dev);
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess || bytes <= 0) {
+    (void)cudaGetLastError();
+    return int64_t{50} << 20;
+  }
+  return bytes;
+}
+
+// How many copies of an input set of `bytes` to rotate through so that the copies together exceed
+// twice the L2: each run then finds its inputs evicted by the runs between (at least 1; at most
+// `max_copies`, for sets so small that rotation would mean thousands of buffers).
+inline int CopiesToDefeatL2(double bytes, int max_copies = 64) {
+  if (bytes <= 0) return 1;
+  const double needed = 2.0 * static_cast<double>(L2Bytes()) / bytes;
+  return std::clamp(static_cast<int>(needed) + 1, 1, max_copies);
+}
+
+// Round-robin over `n` input sets built by make(i): Next() returns the set the next run uses.
+template <typename T>
+class Rotation {
+ public:
+  template <typename Make>
+  Rotation(int n, Make&& make) {
+    for (int i = 0; i < std::max(n, 1); ++i) sets_.push_back(make(i));
+  }
+  T& Next() {
+    T& t = sets_[next_];
+    next_ = (next_ + 1) % sets_.size();
+    return t;
+  }
+  size_t size() const { return sets_.size(); }
+
+ private:
+  std::vector<T> sets_;
+  size_t next_ = 0;
+};
+
+struct Ceilings {
+  double copy_bytes_per_s = 0;  // read + write bytes of a 1 GiB device-to-device copy per second
+  double gemm_flops_per_s = 0;  // 8192^3 bf16 x bf16 -> f32 GEMM through the backend (cuBLASLt)
+};
+
+// Measured once per process, before the first benchmark reports. Fails (aborts with a message)
+// only if the device cannot hold the 2 GiB + 512 MiB the measurement needs.
+inline const Ceilings& MeasuredCeilings() {
+  static const Ceilings c = [] {
+    Ceilings out;
+    cuda::CudaBackend* b = Backend();
+    const int64_t bytes = int64_t{1} << 30;
+    Tensor src = RandomDevice(DType::kF32, Shape{bytes / 4}, 1);
+    Tensor dst = *Tensor::Empty(DType::kF32, Shape{bytes / 4}, b->allocator());
+    const double t_copy = TimeMedian(b->stream(), 9, 2, [&] {
+      cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, b->stream());
+    });
+    out.copy_bytes_per_s = 2.0 * static_cast<double>(bytes) / t_copy;
+    const int64_t n = 8192;
+    Tensor a = RandomDevice(DType::kBF16, Shape{n, n}, 2);
+    Tensor w = RandomDevice(DType::kBF16, Shape{n, n}, 3);
+    Tensor o = *Tensor::Empty(DType::kF32, Shape{n, n}, b->allocator());
+    const double t_gemm = TimeMedian(b->stream(), 7, 2, [&] { (void)b->Gemm(a, w, o, {}); });
+    out.gemm_flops_per_s = 2.0 * static_cast<double>(n) * n * n / t_gemm;
+    return out;
+  }();
+  return c;
+}
+
+// Collects each iteration's time; Report() uses their median.
+class Timings {
+ public:
+  void Add(double seconds) { times_.push_back(seconds); }
+  double Median() const { return bench::Median(times_); }
+
+ private:
+  std::vector<double> times_;
+};
+
+// Runs the benchmark loop: kWarmup untimed runs of fn(), then one CUDA-event timing per iteration.
+// Returns the median iteration time in seconds (0 if an error was reported by fn via `failed`).
+template <typename Fn>
+double RunTimed(benchmark::State& state, cudaStream_t stream, Fn&& fn) {
+  for (int i = 0; i < kWarmup; ++i) fn();
+  cudaStreamSynchronize(stream);
+  Timings timings;
+  for (auto _ : state) {
+    const double t = TimeOnce(stream, fn);
+    timings.Add(t);
+    state.SetIterationTime(t);
+  }
+  return timings.Median();
+}
+
+// Sets the roofline counters (see the top of this file) for a run of `seconds` that must move
+// `bytes` and compute `flops`.
+inline void ReportRoofline(benchmark::State& state, double seconds, double bytes, double flops) {
+  const Ceilings& c = MeasuredCeilings();
+  const double floor = std::max(bytes / c.copy_bytes_per_s, flops / c.gemm_flops_per_s);
+  state.counters["us"] = seconds * 1e6;
+  state.counters["bytes"] = bytes;
+  state.counters["flops"] = flops;
+  state.counters["GB/s"] = seconds > 0 ? bytes / seconds * 1e-9 : 0;
+  state.counters["TFLOP/s"] = seconds > 0 ? flops / seconds * 1e-12 : 0;
+  state.counters["floor_us"] = floor * 1e6;
+  state.counters["frac_of_floor"] = seconds > 0 ? floor / seconds : 0;
+  state.counters["copy_GB/s"] = c.copy_bytes_per_s * 1e-9;
+  state.counters["gemm_TFLOP/s"] = c.gemm_flops_per_s * 1e-12;
+}
+
+// Skips the benchmark with `why` when `status` is not OK; returns whether it was OK.
+inline bool Check(benchmark::State& state, const absl::Status& status, const char* what) {
+  if (status.ok()) return true;
+  state.SkipWithError((std::string(what) + ": " + std::string(status.message())).c_str());
+  return false;
+}
+
+// main() of every GPU benchmark binary: refuses cleanly (exit 2, one line on stderr) without a
+// CUDA device, measures the ceilings before the first benchmark so their cost is not charged to it,
+// and prints them to stderr.
+inline int Main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (DeviceCount() == 0) {
+    std::fprintf(stderr, "%s: no CUDA device is present (cudaGetDeviceCount found none); nothing to measure\n",
+                 argv[0]);
+    return 2;
+  }
+  if (Backend() == nullptr) return 2;
+  const Ceilings& c = MeasuredCeilings();
+  std::fprintf(stderr, "ceilings: copy %.0f GB/s (read + write, 1 GiB), bf16 GEMM %.0f TFLOP/s (8192^3)\n",
+               c.copy_bytes_per_s * 1e-9, c.gemm_flops_per_s * 1e-12);
+  benchmark::AddCustomContext("copy_GB/s", std::to_string(c.copy_bytes_per_s * 1e-9));
+  benchmark::AddCustomContext("gemm_TFLOP/s", std::to_string(c.gemm_flops_per_s * 1e-12));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
+// Whether the shorter shape lists were asked for (EAGLE3_BENCH_QUICK=1, set by run_all.sh --quick):
+// registration happens before main(), so the switch is an environment variable, not a flag.
+inline bool Quick() {
+  const char* q = std::getenv("EAGLE3_BENCH_QUICK");
+  return q != nullptr && q[0] != '\0' && q[0] != '0';
+}
+
+// Repetitions per benchmark: 5, or 3 in quick mode.
+inline int Repetitions() { return Quick() ? 3 : 5; }
+
+}  // namespace eagle3::bench

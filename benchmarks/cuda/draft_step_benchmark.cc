@@ -1,0 +1,315 @@
+// The EAGLE-3 draft step at the DeepSeek-V3 EAGLE-3 head of SpecForge (hidden 7168, 56 heads / 8 kv
+// heads, head_dim 128, intermediate 40960, draft vocab 32000, target vocab 129280, three aux layers),
+// timed with CUDA events (bench_util.h), with its roofline floor.
+//
+//   BM_DraftStep/tp/tokens/from_target : one eagle3::DraftModel::Forward on a CudaBackend, as an
+//       engine calls it (host aux/hidden in, host logits and hidden out, one sequence of `tokens`
+//       rows after a 1024-row cached context, logits of the last row). tp 1 = the whole head; tp 8 =
+//       the model built as rank 0 of 8 (kv heads, MLP and lm_head sharded as DraftModel shards them;
+//       fc replicated), driven by a single-rank stand-in communicator that only moves this rank's
+//       own data, so the time is one rank's compute: the collectives are measured separately by
+//       collectives_benchmark. from_target 1 = the first step after a target pass (fc over the aux
+//       states), 0 = a later step (the fed-back hidden).
+//   BM_FcProjection/tokens/shards/bf16 : the fc GEMM [T, 3*7168] x [7168/shards, 3*7168]^T alone;
+//       shards 1 = replicated (what DraftModel runs), 8 = one rank's column shard (the modeled
+//       alternative: + an all-gather of [T, 7168], see make_results.py); bf16 0 = f32 weights and
+//       activations (the library today), 1 = bf16 (the target precision).
+//
+// Weights come from WriteRandomEagle3DraftCheckpoint (bf16 on disk) and a target directory holding
+// the DeepSeek-V3 config.json and a random model.embed_tokens.weight (the draft shares the target's
+// embedding), written once under $EAGLE3_BENCH_CKPT_DIR (default /tmp/eagle3-bench-ckpt) and reused
+// by later runs; setup_s reports what writing and loading took. DraftModel stores f32 today, so the
+// byte floors count 4 bytes per weight element.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "eagle3/communicator.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/draft_model.h"
+#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/safetensors_writer.h"
+#include "eagle3/status.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3::bench {
+namespace {
+
+// DeepSeek-V3's hub config.json (quantization_config and auto_map left out).
+constexpr const char* kV3Config = R"({"architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+ "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+ "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+ "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+ "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8,
+ "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+ "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+ "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+ "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000, "routed_scaling_factor": 2.5,
+ "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+ "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280})";
+
+// The SpecForge DeepSeek-V3 EAGLE-3 head.
+constexpr int64_t kHidden = 7168, kHeads = 56, kKvHeads = 8, kHeadDim = 128, kInter = 40960;
+constexpr int64_t kDraftVocab = 32000, kVocab = 129280, kAuxLayers = 3;
+constexpr int64_t kContext = 1024;  // draft KV rows cached before the timed step
+constexpr int64_t kPageSize = 64;
+constexpr int64_t kMaxTokens = 1024;
+
+std::string CheckpointRoot() {
+  const char* dir = std::getenv("EAGLE3_BENCH_CKPT_DIR");
+  return dir != nullptr && dir[0] != '\0' ? dir : "/tmp/eagle3-bench-ckpt";
+}
+
+// The target directory: config.json and a bf16 model.embed_tokens.weight [129280, 7168] (a random
+// 1 Mi-value block tiled: the values only need to be finite).
+absl::Status WriteTarget(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << kV3Config;
+  const size_t n = static_cast<size_t>(kVocab * kHidden);
+  std::vector<uint16_t> block(size_t{1} << 20);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (uint16_t& v : block) v = FloatToBf16(dist(rng));
+  std::vector<uint16_t> embed(n);
+  for (size_t i = 0; i < n; i += block.size()) {
+    std::copy_n(block.begin(), std::min(block.size(), n - i), embed.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  const NamedTensor t{"model.embed_tokens.weight",
+                      TensorView(embed.data(), DType::kBF16, Shape{kVocab, kHidden})};
+  return WriteSafetensors(dir + "/model.safetensors", std::span<const NamedTensor>(&t, 1));
+}
+
+// Writes (once; a `complete` marker makes later runs reuse it) the draft and target directories.
+absl::Status EnsureCheckpoints(const std::string& root) {
+  if (std::filesystem::exists(root + "/complete")) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  EAGLE3_ASSIGN_OR_RETURN(DeepseekV2Config target, DeepseekV2Config::FromJson(kV3Config, "DeepSeek-V3 config"));
+  EAGLE3_RETURN_IF_ERROR(WriteTarget(root + "/target"));
+  RandomDraftCheckpointOptions o;
+  o.seed = 1;
+  o.dtype = DType::kBF16;
+  o.hidden_size = kHidden;
+  o.num_attention_heads = kHeads;
+  o.num_key_value_heads = kKvHeads;
+  o.head_dim = kHeadDim;
+  o.intermediate_size = kInter;
+  o.draft_vocab_size = kDraftVocab;
+  o.max_position_embeddings = 4096;
+  EAGLE3_RETURN_IF_ERROR(WriteRandomEagle3DraftCheckpoint(target, root + "/draft", o));
+  std::ofstream(root + "/complete") << "ok\n";
+  std::fprintf(stderr, "draft_step_benchmark: wrote the V3 draft + target checkpoints to %s in %.1f s\n",
+               root.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return absl::OkStatus();
+}
+
+// Stands in for the other TP ranks when one rank is timed alone: the collectives move only this
+// rank's own data (AllReduceSum copies send to recv, AllGather writes this rank's block), on the
+// backend's stream. The results are therefore not the model's; only the time is of interest, and
+// the real collectives are timed by collectives_benchmark.
+class SoloRankCommunicator final : public Communicator {
+ public:
+  SoloRankCommunicator(int size, int rank, eagle3::Backend* backend) : size_(size), rank_(rank), backend_(backend) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return backend_->device(); }
+  absl::Status AllReduceSum(const TensorView& send, const TensorView& recv) override {
+    return send.data() == recv.data() ? absl::OkStatus() : backend_->Copy(send, recv);
+  }
+  absl::Status AllGather(const TensorView& send, const TensorView& recv) override {
+    const TensorView own = recv.Narrow(0, rank_ * send.dim(0), send.dim(0));
+    return send.data() == own.data() ? absl::OkStatus() : backend_->Copy(send, own);
+  }
+  absl::Status ReduceScatterSum(const TensorView& send, const TensorView& recv) override {
+    const TensorView own = send.Narrow(0, rank_ * recv.dim(0), recv.dim(0));
+    return own.data() == recv.data() ? absl::OkStatus() : backend_->Copy(own, recv);
+  }
+  absl::Status Broadcast(const TensorView&, int) override { return absl::OkStatus(); }
+
+ private:
+  int size_, rank_;
+  eagle3::Backend* backend_;
+};
+
+struct LoadedDraft {
+  std::unique_ptr<SoloRankCommunicator> comm;
+  std::unique_ptr<DraftModel> model;
+  double setup_seconds = 0;
+  absl::Status status;
+};
+
+// rank 0 of `tp`, loaded once per process.
+LoadedDraft& Draft(int tp) {
+  static std::vector<std::unique_ptr<LoadedDraft>> cache(9);
+  std::unique_ptr<LoadedDraft>& d = cache[static_cast<size_t>(tp)];
+  if (d != nullptr) return *d;
+  d = std::make_unique<LoadedDraft>();
+  const auto start = std::chrono::steady_clock::now();
+  const std::string root = CheckpointRoot();
+  d->status = EnsureCheckpoints(root);
+  if (!d->status.ok()) return *d;
+  DraftModelOptions options;
+  options.tp_size = tp;
+  options.rank = 0;
+  options.max_tokens_per_forward = kMaxTokens;
+  options.max_context_len = 2048;
+  options.page_size = kPageSize;
+  options.num_kv_pages = options.max_context_len / kPageSize;
+  if (tp > 1) d->comm = std::make_unique<SoloRankCommunicator>(tp, 0, Backend());
+  auto model = DraftModel::Create(root + "/draft", root + "/target", options, d->comm.get(), Backend());
+  if (!model.ok()) {
+    d->status = model.status();
+    return *d;
+  }
+  d->model = std::move(*model);
+  d->setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return *d;
+}
+
+void BM_DraftStep(benchmark::State& state) {
+  if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
+  const int tp = static_cast<int>(state.range(0));
+  const int64_t tokens = state.range(1);
+  const bool from_target = state.range(2) != 0;
+  LoadedDraft& d = Draft(tp);
+  if (!Check(state, d.status, "loading the draft")) return;
+  DraftModel& model = *d.model;
+  const int64_t width = from_target ? model.tap().width() : kHidden;
+
+  std::vector<int32_t> pages(static_cast<size_t>((kContext + kMaxTokens) / kPageSize));
+  for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int64_t> token(0, kVocab - 1);
+  auto random_tokens = [&](int64_t n) {
+    std::vector<int64_t> out(static_cast<size_t>(n));
+    for (int64_t& t : out) t = token(rng);
+    return out;
+  };
+  auto random_host = [&](int64_t rows, int64_t cols) {
+    Tensor t = *Tensor::Empty(DType::kF32, Shape{rows, cols});
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
+    return t;
+  };
+  // Fill the context rows of the draft cache (a prefill from the target), so the step attends real
+  // values.
+  {
+    const std::vector<int64_t> prefill = random_tokens(kContext);
+    DraftSequenceInput in;
+    in.tokens = prefill;
+    in.page_table = pages;
+    Tensor aux = random_host(kContext, model.tap().width());
+    Tensor logits = *Tensor::Empty(DType::kF32, Shape{1, kDraftVocab});
+    Tensor hidden = *Tensor::Empty(DType::kF32, Shape{kContext, kHidden});
+    if (!Check(state, model.Forward({&in, 1}, aux, true, logits, hidden), "prefill Forward")) return;
+  }
+  const std::vector<int64_t> step_tokens = random_tokens(tokens);
+  DraftSequenceInput in;
+  in.tokens = step_tokens;
+  in.page_table = pages;
+  in.cache_len = kContext;
+  Tensor hidden = random_host(tokens, width);
+  Tensor logits = *Tensor::Empty(DType::kF32, Shape{1, kDraftVocab});
+  Tensor hidden_out = *Tensor::Empty(DType::kF32, Shape{tokens, kHidden});
+  absl::Status status;
+  auto step = [&] {
+    if (status.ok()) status = model.Forward({&in, 1}, hidden, from_target, logits, hidden_out);
+  };
+  const double seconds = RunTimed(state, Backend()->stream(), step);
+  if (!Check(state, status, "Forward")) return;
+
+  // Floor: every weight of this rank's step read once (f32), the cached K/V rows read once, the
+  // embedding rows and the host-visible inputs/outputs once; flops of the GEMMs and attention.
+  const int64_t heads = kHeads / tp, kv_heads = kKvHeads / tp, inter = kInter / tp;
+  const int64_t vocab_shard = kDraftVocab / tp;
+  const double fc = from_target ? static_cast<double>(kHidden) * kAuxLayers * kHidden : 0.0;
+  const double qkv = static_cast<double>((heads + 2 * kv_heads) * kHeadDim) * 2 * kHidden;
+  const double o = static_cast<double>(kHidden) * heads * kHeadDim;
+  const double mlp = 3.0 * inter * kHidden;
+  const double lm = static_cast<double>(vocab_shard) * kHidden;
+  const double weight_elems = fc + qkv + o + mlp + lm;
+  const double kv_bytes = static_cast<double>(kContext + tokens) * 2 * kv_heads * kHeadDim * 4.0;
+  const double act_bytes = static_cast<double>(tokens) * (width + 2 * kHidden) * 4.0 + kDraftVocab * 4.0;
+  const double bytes = weight_elems * 4.0 + kv_bytes + act_bytes;
+  const double flops = 2.0 * tokens * (weight_elems - lm) + 2.0 * lm +
+                       4.0 * tokens * heads * kHeadDim * static_cast<double>(kContext + tokens);
+  state.counters["setup_s"] = d.setup_seconds;
+  state.counters["weight_bytes"] = weight_elems * 4.0;
+  ReportRoofline(state, seconds, bytes, flops);
+}
+
+void DraftArgs(benchmark::internal::Benchmark* bm) {
+  if (Quick()) {
+    bm->ArgsProduct({{1, 8}, {1, 16, 64}, {1}});
+  } else {
+    bm->ArgsProduct({{1, 8}, {1, 4, 16, 64}, {1, 0}});
+  }
+}
+BENCHMARK(BM_DraftStep)
+    ->ArgNames({"tp", "tokens", "from_target"})
+    ->Apply(DraftArgs)
+    ->UseManualTime()
+    ->MinTime(Quick() ? 0.05 : 0.2)
+    ->Repetitions(Repetitions())
+    ->ReportAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+
+struct FcSet {
+  Tensor weight;  // [7168 / shards, 3 * 7168]
+};
+
+void BM_FcProjection(benchmark::State& state) {
+  cuda::CudaBackend* b = Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const int64_t tokens = state.range(0), shards = state.range(1);
+  const DType dtype = state.range(2) != 0 ? DType::kBF16 : DType::kF32;
+  const int64_t in = kAuxLayers * kHidden, out_cols = kHidden / shards;
+  const double weight_bytes = static_cast<double>(out_cols) * in * DTypeSize(dtype);
+  Rotation<FcSet> sets(CopiesToDefeatL2(weight_bytes), [&](int i) {
+    return FcSet{RandomDevice(dtype, Shape{out_cols, in}, 20 + i, 1.0f / std::sqrt(static_cast<float>(in)))};
+  });
+  Tensor aux = RandomDevice(dtype, Shape{tokens, in}, 4);
+  Tensor g = *Tensor::Empty(DType::kF32, Shape{tokens, out_cols}, b->allocator());
+  absl::Status status;
+  auto step = [&] {
+    if (status.ok()) status = b->Gemm(aux, sets.Next().weight, g, {});
+  };
+  step();
+  if (!Check(state, status, "Gemm") || !Check(state, b->Synchronize(), "Synchronize")) return;
+  const double seconds = RunTimed(state, b->stream(), step);
+  if (!Check(state, status, "Gemm")) return;
+  const double bytes = weight_bytes + static_cast<double>(tokens) * in * DTypeSize(dtype) + tokens * out_cols * 4.0;
+  const double flops = 2.0 * tokens * in * out_cols;
+  // What the all-gather that completes a sharded fc must move per rank (f32 g), for the model.
+  state.counters["allgather_bytes"] = shards > 1 ? static_cast<double>(tokens) * kHidden * 4.0 : 0.0;
+  ReportRoofline(state, seconds, bytes, flops);
+}
+
+void FcArgs(benchmark::internal::Benchmark* bm) {
+  if (Quick()) {
+    bm->ArgsProduct({{1, 16, 64}, {1, 8}, {0, 1}});
+  } else {
+    bm->ArgsProduct({{1, 4, 16, 64}, {1, 8}, {0, 1}});
+  }
+}
+BENCHMARK(BM_FcProjection)
+    ->ArgNames({"tokens", "shards", "bf16"})
+    ->Apply(FcArgs)
+    ->UseManualTime()
+    ->MinTime(Quick() ? 0.05 : 0.2)
+    ->Repetitions(Repetitions())
+    ->ReportAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace eagle3::bench
+
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }

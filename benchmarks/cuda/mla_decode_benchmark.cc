@@ -1,0 +1,187 @@
+// Absorbed MLA decode / tree verify through CudaBackend::BatchedLatentAttention at the DeepSeek
+// shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 f32 (512 + 64 rope), values the
+// first 512 columns, page size 64, batch 1/8/32/64, context 1K-64K, 1 query token per sequence
+// (decode) or 8/32/64 (tree verify with a random tree mask). CUDA events, Google Benchmark manual
+// time, medians of repetitions. Own minimal timing and ceiling helpers (benchmarks/cuda/bench_util.h
+// is being written in parallel; switch to it once it lands).
+//
+// Counters: bytes = batch x context x 576 x 4 (each cached row read once) + q + out; floor_us =
+// bytes / the device-to-device copy rate measured here (1 GiB, read + write counted);
+// frac_of_floor = floor_us / us; GB/s = bytes / time.
+//
+// PREDICTION (written before any measurement of this kernel; fp32 cache, H200, copy ~4.16 TB/s):
+// the kernel is FMA-issue bound at 16 heads (16 x 1088 FMAs per 2304-byte row is the fp32 CUDA-core
+// rate at the copy rate), bandwidth bound at 8 heads.
+//   16 heads, 1 token, batch 32 x 4K:  floor ~73 us; predicted ~120 us (0.6 of the floor).
+//   16 heads, 1 token, batch 1 x 64K:  floor ~36 us; predicted ~60 us (0.6).
+//   8 heads: ~0.75-0.85 of the floor at >= 4K keys. 1K contexts: ~10-15 us (launch-bound).
+//   Tree verify (T = 64 per sequence) is compute bound at fp32: ~40x the decode time per sequence.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr int64_t kWidth = 576, kValues = 512, kPage = 64;
+constexpr double kL2Rotation = 50e6 * 2;  // rotate copies below twice the L2 (50 MB)
+
+CudaBackend* Backend() {
+  static std::unique_ptr<CudaBackend> backend = [] {
+    auto b = CudaBackend::Create(CudaBackendOptions{});
+    return b.ok() ? std::move(*b) : nullptr;
+  }();
+  return backend.get();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median of `reps` CUDA-event timings of fn() on the backend's stream, in seconds.
+template <typename Fn>
+double TimeMedian(int reps, Fn&& fn) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(start, Backend()->stream());
+    fn(i);
+    cudaEventRecord(stop, Backend()->stream());
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return Median(std::move(times));
+}
+
+// Device-to-device copy rate (read + write bytes per second), 1 GiB.
+double CopyRate() {
+  static const double rate = [] {
+    const int64_t bytes = int64_t{1} << 30;
+    auto src = Tensor::Empty(DType::kU8, Shape{bytes}, Backend()->allocator());
+    auto dst = Tensor::Empty(DType::kU8, Shape{bytes}, Backend()->allocator());
+    if (!src.ok() || !dst.ok()) return 0.0;
+    cudaMemsetAsync(src->data(), 1, static_cast<size_t>(bytes), Backend()->stream());
+    const double t = TimeMedian(9, [&](int) {
+      cudaMemcpyAsync(dst->data(), src->data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                      Backend()->stream());
+    });
+    return 2.0 * static_cast<double>(bytes) / t;
+  }();
+  return rate;
+}
+
+Tensor Upload(const Tensor& host) {
+  Tensor d = *Tensor::Empty(host.dtype(), host.shape(), Backend()->allocator());
+  (void)Backend()->Copy(host, d);
+  return d;
+}
+
+// Random f32 device tensor: one host block tiled by device copies (fast for gigabytes).
+Tensor RandomDevice(const Shape& shape, uint32_t seed) {
+  Tensor d = *Tensor::Empty(DType::kF32, shape, Backend()->allocator());
+  const int64_t n = d.numel(), block = std::min<int64_t>(n, int64_t{1} << 20);
+  std::vector<float> host(static_cast<size_t>(block));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : host) v = dist(rng);
+  auto* dst = d.data_as<float>();
+  cudaMemcpy(dst, host.data(), static_cast<size_t>(block) * 4, cudaMemcpyHostToDevice);
+  for (int64_t done = block; done < n;) {
+    const int64_t c = std::min(done, n - done);
+    cudaMemcpy(dst + done, dst, static_cast<size_t>(c) * 4, cudaMemcpyDeviceToDevice);
+    done += c;
+  }
+  return d;
+}
+
+// args: heads, context, batch, query tokens per sequence.
+void BM_BatchedLatentAttention(benchmark::State& state) {
+  CudaBackend* b = Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const int64_t heads = state.range(0), context = state.range(1), batch = state.range(2),
+                tokens = state.range(3), t = batch * tokens;
+  const int64_t pages_per_seq = (context + kPage - 1) / kPage;
+  const double cache_bytes = static_cast<double>(batch * pages_per_seq * kPage * kWidth * 4);
+  const int copies = cache_bytes < kL2Rotation ? static_cast<int>(kL2Rotation / cache_bytes) + 1 : 1;
+  std::vector<Tensor> caches;
+  for (int i = 0; i < copies; ++i) caches.push_back(RandomDevice(Shape{batch * pages_per_seq, kPage, kWidth}, 1 + i));
+  Tensor q = RandomDevice(Shape{t, heads, kWidth}, 100);
+  Tensor out = *Tensor::Empty(DType::kF32, Shape{t, heads, kValues}, b->allocator());
+  Tensor tables = *Tensor::Empty(DType::kI32, Shape{batch, pages_per_seq});
+  std::vector<int32_t> perm(static_cast<size_t>(batch * pages_per_seq));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+  std::copy(perm.begin(), perm.end(), tables.data_as<int32_t>());
+  Tensor starts = *Tensor::Empty(DType::kI32, Shape{batch + 1});
+  Tensor lens = *Tensor::Empty(DType::kI32, Shape{batch});
+  for (int64_t i = 0; i <= batch; ++i) starts.data_as<int32_t>()[i] = static_cast<int32_t>(i * tokens);
+  for (int64_t i = 0; i < batch; ++i) lens.data_as<int32_t>()[i] = static_cast<int32_t>(context);
+  // A random tree per sequence (ancestors + itself) when verifying more than one token.
+  Tensor mask = *Tensor::Zeros(DType::kU8, Shape{t, tokens});
+  std::mt19937 rng(9);
+  for (int64_t s = 0; s < batch && tokens > 1; ++s) {
+    std::vector<int64_t> parent(static_cast<size_t>(tokens));
+    for (int64_t k = 0; k < tokens; ++k) {
+      parent[k] = k == 0 ? -1 : static_cast<int64_t>(rng() % k);
+      for (int64_t a = k; a >= 0; a = parent[a]) mask.data_as<uint8_t>()[(s * tokens + k) * tokens + a] = 1;
+    }
+  }
+  const Tensor d_tables = Upload(tables), d_starts = Upload(starts), d_lens = Upload(lens);
+  const Tensor d_mask = Upload(mask);
+  const TensorView mask_view =
+      tokens > 1 ? d_mask.view() : TensorView(d_mask.data(), DType::kU8, Shape{t, 0}, Shape{1, 1}, d_mask.device());
+  auto step = [&](int i) {
+    (void)b->BatchedLatentAttention(q, caches[static_cast<size_t>(i) % caches.size()], d_tables, d_starts, d_lens,
+                                    context, mask_view, 0.04f, kValues, out);
+  };
+  step(0);
+  if (absl::Status st = b->Synchronize(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+  int iteration = 0;
+  std::vector<double> all;
+  for (auto _ : state) {
+    const double seconds = TimeMedian(1, [&](int) { step(iteration++); });
+    all.push_back(seconds);
+    state.SetIterationTime(seconds);
+  }
+  const double seconds = Median(all);
+  const double bytes = static_cast<double>(batch) * context * kWidth * 4.0 +
+                       static_cast<double>(t) * heads * (kWidth + kValues) * 4.0;
+  const double floor = bytes / CopyRate();
+  state.counters["us"] = seconds * 1e6;
+  state.counters["bytes"] = bytes;
+  state.counters["floor_us"] = floor * 1e6;
+  state.counters["frac_of_floor"] = floor / seconds;
+  state.counters["GB/s"] = bytes / seconds * 1e-9;
+  state.counters["copy_GB/s"] = CopyRate() * 1e-9;
+}
+BENCHMARK(BM_BatchedLatentAttention)
+    ->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32, 64}, {1}})
+    ->ArgsProduct({{16, 8}, {4096}, {1, 8, 32}, {8, 32, 64}})
+    ->UseManualTime()
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace eagle3::cuda
+
+BENCHMARK_MAIN();

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""Regenerates benchmarks/RESULTS.md and the roofline chart from a run_all.sh results directory.
+
+    make_results.py --in DIR [--out-md RESULTS.md] [--out-png roofline.png] [--notes NOTES.md]
+                    [--no-matplotlib]
+
+DIR holds <name>.json per benchmark binary (Google Benchmark JSON: rows named
+"BM_X/arg:value/.../manual_time" with the counters of benchmarks/cuda/bench_util.h; the median
+aggregate is used), peers.jsonl (JSON lines {"benchmark", "params", "peer", "us"} from
+benchmarks/peers/*.py, joined to the C++ row with the same benchmark and params), env.json and
+status.txt (from run_all.sh). Everything is generic: a new *_benchmark binary or peer shows up as a new
+table or column. The notes file (hand-written predictions and explanations) is appended verbatim.
+Standard library only; matplotlib draws the chart when importable, else a small built-in rasterizer.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import struct
+import zlib
+
+STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "flops", "copy_GB/s",
+                "gemm_TFLOP/s")
+
+
+def parse_name(run_name):
+    """'BM_X/a:1/b:2/manual_time' -> ('BM_X', {'a': 1, 'b': 2})."""
+    parts = run_name.split("/")
+    params = {}
+    for p in parts[1:]:
+        if ":" in p:
+            k, v = p.split(":", 1)
+            try:
+                params[k] = int(v)
+            except ValueError:
+                params[k] = v
+    return parts[0], params
+
+
+def load_benchmarks(indir):
+    """{binary: {"context": {...}, "rows": [row]}}, row = {bench, params, counters, label, error}."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(indir, "*.json"))):
+        name = os.path.splitext(os.path.basename(path))[0]
+        if name == "env":
+            continue
+        try:
+            data = json.load(open(path))
+        except (OSError, ValueError) as e:
+            out[name] = {"context": {}, "rows": [], "load_error": str(e)}
+            continue
+        rows, seen = [], {}
+        for b in data.get("benchmarks", []):
+            run_name = b.get("run_name", b.get("name", ""))
+            bench, params = parse_name(run_name)
+            agg = b.get("aggregate_name")
+            if agg not in (None, "", "median") or (agg is None and b.get("run_type") == "aggregate"):
+                continue
+            key = (bench, tuple(sorted(params.items())))
+            if key in seen and agg != "median":
+                continue  # keep the median aggregate over a plain iteration row
+            row = {"bench": bench, "params": params, "label": b.get("label", ""),
+                   "error": b.get("error_message") if b.get("error_occurred") else None,
+                   "counters": {k: v for k, v in b.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                and k not in (
+                       "family_index", "per_family_instance_index", "repetitions", "repetition_index",
+                       "threads", "iterations", "real_time", "cpu_time")}}
+            if key in seen:
+                rows[seen[key]] = row
+            else:
+                seen[key] = len(rows)
+                rows.append(row)
+        out[name] = {"context": data.get("context", {}), "rows": rows}
+    return out
+
+
+def load_peers(indir):
+    peers = {}
+    path = os.path.join(indir, "peers.jsonl")
+    if not os.path.exists(path):
+        return peers
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+            key = (r["benchmark"], tuple(sorted(r["params"].items())))
+            peers.setdefault(key, {})[r["peer"]] = float(r["us"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return peers
+
+
+def fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def ceilings(benchmarks):
+    for b in benchmarks.values():
+        ctx = b["context"]
+        if "copy_GB/s" in ctx:
+            return float(ctx["copy_GB/s"]), float(ctx["gemm_TFLOP/s"])
+        for r in b["rows"]:
+            if "copy_GB/s" in r["counters"]:
+                return r["counters"]["copy_GB/s"], r["counters"]["gemm_TFLOP/s"]
+    return None, None
+
+
+def interp_loglog(points, x):
+    """Log-log interpolation of sorted (x, y) points at x; (y, extrapolated?)."""
+    pts = sorted(p for p in points if p[0] > 0 and p[1] > 0)
+    if not pts:
+        return None, False
+    if len(pts) == 1:
+        return pts[0][1], x != pts[0][0]
+    if x <= pts[0][0]:
+        return pts[0][1], x < pts[0][0]  # latency-bound below the smallest size: flat
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0))), False
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0))), True
+
+
+def table(rows, peers):
+    benches = []
+    for r in rows:
+        if r["bench"] not in benches:
+            benches.append(r["bench"])
+    lines = []
+    for bench in benches:
+        rs = [r for r in rows if r["bench"] == bench]
+        pnames = sorted({p for r in rs for p in peers.get((bench, tuple(sorted(r["params"].items()))), {})})
+        pkeys = list(rs[0]["params"].keys())
+        extra = sorted({k for r in rs for k in r["counters"] if k not in STD_COUNTERS and not k.endswith("_time")})
+        has_label = any(r["label"] for r in rs)
+        head = pkeys + (["label"] if has_label else []) + ["median µs", "floor µs", "of floor", "GB/s", "TFLOP/s"]
+        head += extra
+        for p in pnames:
+            head += [f"{p} µs", f"× vs {p}"]
+        lines += [f"### `{bench}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in rs:
+            c = r["counters"]
+            cells = [str(r["params"][k]) for k in pkeys] + ([r["label"]] if has_label else [])
+            if r["error"]:
+                cells += [f"skipped: {r['error']}"] + [""] * (len(head) - len(cells) - 1)
+                lines.append("| " + " | ".join(cells) + " |")
+                continue
+            cells += [fmt(c.get("us")), fmt(c.get("floor_us")), fmt(c.get("frac_of_floor")), fmt(c.get("GB/s")),
+                      fmt(c.get("TFLOP/s"))]
+            cells += [fmt(c.get(k)) for k in extra]
+            pr = peers.get((bench, tuple(sorted(r["params"].items()))), {})
+            for p in pnames:
+                us = pr.get(p)
+                cells += [fmt(us), fmt(us / c["us"]) if us and c.get("us") else ""]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def fc_model(benchmarks):
+    """fc column-sharded over 8 ranks + the all-gather of [T, 7168] f32, from measured rows."""
+    fc = [r for b in benchmarks.values() for r in b["rows"]
+          if r["bench"] == "BM_FcProjection" and not r["error"]]
+    ag = [(r["counters"].get("bytes", 0), r["counters"].get("us", 0)) for b in benchmarks.values()
+          for r in b["rows"] if r["bench"] == "BM_AllGather" and not r["error"] and r["params"].get("bf16") == 0]
+    if not fc:
+        return []
+    lines = ["### Modeled: fc replicated vs column-sharded over 8 ranks + all-gather", "",
+             "A model, not a measurement of one program: the sharded GEMM's measured time plus the all-gather's "
+             "measured time at the gathered size (log-log interpolation between the measured message sizes; "
+             "`extrapolated` when outside them).", "",
+             "| tokens | bf16 | replicated µs | sharded GEMM µs | all-gather bytes | all-gather µs | sharded + "
+             "all-gather µs | replicated ÷ sharded |", "|---|---|---|---|---|---|---|---|"]
+    by = {(r["params"]["tokens"], r["params"]["shards"], r["params"]["bf16"]): r for r in fc}
+    for (tokens, shards, bf16), r in sorted(by.items()):
+        if shards == 1:
+            continue
+        rep = by.get((tokens, 1, bf16))
+        nbytes = r["counters"].get("allgather_bytes", 0)
+        ag_us, extra = interp_loglog(ag, nbytes) if ag else (None, False)
+        total = r["counters"]["us"] + ag_us if ag_us is not None else None
+        lines.append("| " + " | ".join([
+            str(tokens), str(bf16), fmt(rep["counters"]["us"]) if rep else "", fmt(r["counters"]["us"]),
+            fmt(nbytes), (fmt(ag_us) + (" (extrapolated)" if extra else "")) if ag_us is not None else "not measured",
+            fmt(total), fmt(rep["counters"]["us"] / total) if rep and total else ""]) + " |")
+    return lines + [""]
+
+
+# ---- roofline chart ---------------------------------------------------------------------------------
+
+def roofline_points(benchmarks):
+    pts = {}
+    for b in benchmarks.values():
+        for r in b["rows"]:
+            c = r["counters"]
+            if r["error"] or not c.get("flops") or not c.get("bytes") or not c.get("us"):
+                continue
+            pts.setdefault(r["bench"], []).append((c["flops"] / c["bytes"], c["flops"] / (c["us"] * 1e-6)))
+    return pts
+
+
+PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+
+
+def write_png_rgb(path, width, height, pixels):
+    """pixels: bytearray of width*height*3. A minimal PNG writer (zlib + struct)."""
+    raw = b"".join(b"\x00" + bytes(pixels[y * width * 3:(y + 1) * width * 3]) for y in range(height))
+
+    def chunk(tag, data):
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    with open(path, "wb") as f:
+        f.write(png)
+
+
+def raster_roofline(path, pts, copy_bps, gemm_fps):
+    """Log-log axes (AI 1e-2..1e4 flop/byte, 1e9..1e16 flop/s), the two ceilings in black, decade grid
+    lines in grey, one colour per benchmark (legend in RESULTS.md)."""
+    w, h, margin = 800, 560, 40
+    px = bytearray([255]) * (w * h * 3)
+    x_lo, x_hi, y_lo, y_hi = -2.0, 4.0, 9.0, 16.0
+
+    def to_px(ai, fps):
+        x = margin + (math.log10(ai) - x_lo) / (x_hi - x_lo) * (w - 2 * margin)
+        y = h - margin - (math.log10(fps) - y_lo) / (y_hi - y_lo) * (h - 2 * margin)
+        return int(round(x)), int(round(y))
+
+    def put(x, y, color):
+        if 0 <= x < w and 0 <= y < h:
+            i = (y * w + x) * 3
+            px[i:i + 3] = bytes(color)
+
+    def line(x0, y0, x1, y1, color):
+        n = max(abs(x1 - x0), abs(y1 - y0), 1)
+        for i in range(n + 1):
+            put(round(x0 + (x1 - x0) * i / n), round(y0 + (y1 - y0) * i / n), color)
+
+    grey = (220, 220, 220)
+    for d in range(int(x_lo), int(x_hi) + 1):
+        x, _ = to_px(10 ** d, 10 ** y_lo)
+        line(x, margin, x, h - margin, grey)
+    for d in range(int(y_lo), int(y_hi) + 1):
+        _, y = to_px(10 ** x_lo, 10 ** d)
+        line(margin, y, w - margin, y, grey)
+    line(margin, h - margin, w - margin, h - margin, (0, 0, 0))
+    line(margin, margin, margin, h - margin, (0, 0, 0))
+    if copy_bps and gemm_fps:
+        prev = None
+        for i in range(601):
+            ai = 10 ** (x_lo + (x_hi - x_lo) * i / 600)
+            p = to_px(ai, min(gemm_fps, ai * copy_bps))
+            if prev:
+                line(*prev, *p, (0, 0, 0))
+            prev = p
+    for k, (bench, ps) in enumerate(sorted(pts.items())):
+        color = PALETTE[k % len(PALETTE)]
+        for ai, fps in ps:
+            x, y = to_px(max(ai, 1e-9), max(fps, 1))
+            for dx in range(-3, 4):
+                for dy in range(-3, 4):
+                    put(x + dx, y + dy, color)
+    write_png_rgb(path, w, h, px)
+
+
+def plot_roofline(path, pts, copy_bps, gemm_fps, use_matplotlib=True):
+    """Returns a description of how the chart was drawn (for RESULTS.md)."""
+    if use_matplotlib:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            use_matplotlib = False
+    if use_matplotlib:
+        fig, ax = plt.subplots(figsize=(8, 5.6))
+        ais = [10 ** (-2 + 6 * i / 300) for i in range(301)]
+        if copy_bps and gemm_fps:
+            ax.plot(ais, [min(gemm_fps, a * copy_bps) for a in ais], "k-", label="ceilings (copy, bf16 GEMM)")
+        for k, (bench, ps) in enumerate(sorted(pts.items())):
+            ax.scatter([p[0] for p in ps], [p[1] for p in ps], s=14, label=bench,
+                       color=[c / 255 for c in PALETTE[k % len(PALETTE)]])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (flop / byte)")
+        ax.set_ylabel("achieved flop/s")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return "matplotlib"
+    raster_roofline(path, pts, copy_bps, gemm_fps)
+    return "built-in rasterizer"
+
+
+# ---- report -----------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--in", dest="indir", required=True)
+    ap.add_argument("--out-md", default=os.path.join(here, "RESULTS.md"))
+    ap.add_argument("--out-png", default=os.path.join(here, "roofline.png"))
+    ap.add_argument("--notes", default=os.path.join(here, "NOTES.md"))
+    ap.add_argument("--no-matplotlib", action="store_true", help="use the built-in rasterizer")
+    args = ap.parse_args()
+
+    benchmarks = load_benchmarks(args.indir)
+    peers = load_peers(args.indir)
+    env = {}
+    if os.path.exists(os.path.join(args.indir, "env.json")):
+        env = json.load(open(os.path.join(args.indir, "env.json")))
+    copy_gbs, gemm_tfs = ceilings(benchmarks)
+    pts = roofline_points(benchmarks)
+    how = plot_roofline(args.out_png, pts, copy_gbs and copy_gbs * 1e9, gemm_tfs and gemm_tfs * 1e12,
+                        not args.no_matplotlib)
+
+    md = ["# Benchmark results", "",
+          "Generated by `benchmarks/make_results.py` from a `benchmarks/run_all.sh` run; do not edit by hand "
+          "(hand-written notes live in `benchmarks/NOTES.md` and are appended below).", ""]
+    gpus = env.get("gpus") or ["unknown"]
+    md += [f"- GPU: {'; '.join(gpus)}", f"- driver: {', '.join(env.get('driver', [])) or 'unknown'}; "
+           f"CUDA: {', '.join(env.get('nvcc', [])) or 'unknown'}",
+           f"- commit: {env.get('commit', 'unknown')}{' (with uncommitted changes)' if env.get('dirty') else ''}",
+           f"- command (GPU host, repository root): `{env.get('command', 'benchmarks/run_all.sh')}`"]
+    if copy_gbs:
+        md.append(f"- measured ceilings: device-to-device copy {copy_gbs:.0f} GB/s (read + write counted, 1 GiB), "
+                  f"cuBLASLt bf16 GEMM {gemm_tfs:.0f} TFLOP/s (8192³)")
+    md += ["", "Timing: CUDA events around each run on the op's stream after warm-up, Google Benchmark manual "
+           "time, median over repetitions; inputs rotated so their total exceeds twice the L2 where one set "
+           "would fit. `floor µs` = max(bytes / copy rate, flops / GEMM rate) (collectives: bus bytes over the "
+           "assumed NVLink rate); `of floor` = floor / median (1.0 = at the floor). Peer columns: the PyTorch "
+           "peer's median on the same GPU and the speedup over it (peer µs ÷ ours).", ""]
+    status = os.path.join(args.indir, "status.txt")
+    if os.path.exists(status):
+        failed = [l.strip() for l in open(status) if l.strip() and "rc=0" not in l]
+        if failed:
+            md += ["Programs that did not finish cleanly in this run: " + "; ".join(f"`{f}`" for f in failed), ""]
+    md += ["## Tables", ""]
+    for name, b in benchmarks.items():
+        md += [f"## `{name}`", ""]
+        if b.get("load_error"):
+            md += [f"Could not read its JSON: {b['load_error']}", ""]
+            continue
+        if not b["rows"]:
+            md += ["No rows (the binary failed before its first benchmark; see logs/).", ""]
+            continue
+        md += table(b["rows"], peers)
+    md += fc_model(benchmarks)
+    legend = ", ".join(f"{bench} = rgb{PALETTE[k % len(PALETTE)]}" for k, bench in enumerate(sorted(pts)))
+    md += ["## Roofline", "", f"![roofline]({os.path.basename(args.out_png)})", "",
+           f"Arithmetic intensity (flop/byte) vs achieved flop/s, log-log, with the two measured ceilings "
+           f"(drawn by {how}; axes 1e-2..1e4 flop/byte and 1e9..1e16 flop/s when rasterized). Colours: {legend}.",
+           ""]
+    if os.path.exists(args.notes):
+        md += ["## Notes (benchmarks/NOTES.md)", "", open(args.notes).read().strip(), ""]
+    with open(args.out_md, "w") as f:
+        f.write("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
