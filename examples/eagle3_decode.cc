@@ -2,7 +2,7 @@
 //
 //   eagle3-decode [--target DIR --draft DIR] [--tokens 5,17,...] [--max-new-tokens N] [--topk K]
 //                 [--steps S] [--draft-tokens N] [--temperature T] [--top-p P] [--seed S] [--tp N]
-//                 [--device cpu|cuda] [--json FILE]
+//                 [--device cpu|cuda] [--graphs on|off] [--json FILE]
 //
 // Without --target/--draft it writes a built-in tiny random DeepSeek-V2 target and EAGLE-3 draft to
 // a temporary directory and uses those (random weights: the draft's proposals are rarely accepted,
@@ -58,12 +58,13 @@ struct Flags {
   uint64_t seed = 0;
   int tp = 1;
   std::string device = "cpu";
+  bool graphs = true;  // CUDA graphs for target steps (--device cuda, tp 1)
 };
 
 constexpr char kUsage[] =
     "usage: eagle3-decode [--target DIR --draft DIR] [--tokens 5,17,...] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
-    "                     [--seed S] [--tp N] [--device cpu|cuda] [--json FILE]\n"
+    "                     [--seed S] [--tp N] [--device cpu|cuda] [--graphs on|off] [--json FILE]\n"
     "  without --target/--draft: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft\n";
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -95,6 +96,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.json = value;
     } else if (flag == "--device") {
       f.device = value;
+    } else if (flag == "--graphs" && (value == "on" || value == "off")) {
+      f.graphs = value == "on";
     } else if (flag == "--tokens") {
       f.tokens.clear();
       size_t start = 0;
@@ -135,6 +138,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 struct RunResult {
   std::vector<int64_t> tokens;
   eagle3::DecodeStats stats;
+  std::string launcher;  // the graph launcher's counts, when graphs ran
 };
 
 // Runs plain or speculative decoding on `tp` ranks (threads); returns rank 0's result.
@@ -142,7 +146,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
   const int64_t context = static_cast<int64_t>(flags.tokens.size()) + flags.max_new_tokens + flags.tree.num_draft_tokens;
   RunResult result;
   EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
-    EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm));
+    EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm, flags.graphs));
     eagle3::Backend* backend = ctx.backend.get();
     eagle3::Communicator* comm = ctx.comm;
     eagle3::TargetModelOptions topt;
@@ -159,6 +163,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
     options.tree = flags.tree;
     options.sampling = flags.sampling;
     options.seed = flags.seed;
+    options.target_launcher = ctx.launcher.get();
     if (rank == 0 && flags.max_new_tokens >= 64) {
       // Long runs show progress on stderr.
       options.progress = [name = speculative ? "speculative" : "plain"](int64_t done, int64_t limit) {
@@ -184,7 +189,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
     eagle3::DecodeStats stats;
     const std::vector<std::vector<int64_t>> prompts = {flags.tokens};
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
-    if (rank == 0) result = RunResult{out[0], stats};
+    if (rank == 0) result = RunResult{out[0], stats, ctx.LauncherSummary()};
     return absl::OkStatus();
   }));
   return result;
@@ -255,6 +260,9 @@ absl::Status Run(Flags flags) {
   std::printf("mean accepted length %.3f tokens per target pass; acceptance by depth %s\n", s.mean_accepted_length,
               JoinDoubles(s.acceptance_by_depth).c_str());
   std::printf("accepted drafted tokens per pass (histogram): %s\n", JoinIds(s.accepted_histogram).c_str());
+  for (const auto& [name, run] : {std::pair<const char*, const RunResult*>{"plain", &plain}, {"speculative", &spec}}) {
+    if (!run->launcher.empty()) std::printf("%s: %s\n", name, run->launcher.c_str());
+  }
 
   if (!flags.json.empty()) {
     std::ofstream out(flags.json);

@@ -1,6 +1,8 @@
 // Shared by the example programs: the backend and communicator one TP rank runs with, for
 // --device cpu (CpuBackend, the in-process group as is) or --device cuda (CudaBackend on GPU
-// rank % device count, collectives staged through the in-process group).
+// rank % device count, collectives staged through the in-process group), and how target steps are
+// launched (CUDA graphs on one GPU rank when asked for: the host-staged collectives of tp > 1 are
+// not capturable).
 #pragma once
 
 #include <memory>
@@ -12,9 +14,11 @@
 #include "eagle3/communicator.h"
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/status.h"
+#include "eagle3/step_launcher.h"
 #ifdef EAGLE3_WITH_CUDA
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
+#include "eagle3/cuda/graph_step_launcher.h"
 #include "eagle3/cuda/host_staged_communicator.h"
 #endif
 
@@ -24,9 +28,22 @@ struct RankContext {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Communicator> staged;  // device collectives, when needed
   Communicator* comm = nullptr;          // what the models use
+  std::unique_ptr<StepLauncher> launcher;  // null: eager target steps
+  // "graphs: R replays, C captures, E eager steps" when a graph launcher ran, else empty.
+  std::string LauncherSummary() const {
+#ifdef EAGLE3_WITH_CUDA
+    if (const auto* g = dynamic_cast<const cuda::GraphStepLauncher*>(launcher.get())) {
+      const auto& c = g->counts();
+      return "CUDA graphs: " + std::to_string(c.replays) + " replays, " + std::to_string(c.captures) + " captures, " +
+             std::to_string(c.eager) + " eager steps, " + std::to_string(c.failed_captures) + " failed captures";
+    }
+#endif
+    return "";
+  }
 };
 
-inline absl::StatusOr<RankContext> MakeRankContext(std::string_view device, int rank, Communicator* host_comm) {
+inline absl::StatusOr<RankContext> MakeRankContext(std::string_view device, int rank, Communicator* host_comm,
+                                                   bool graphs = false) {
   RankContext ctx;
   if (device == "cpu") {
     ctx.backend = std::make_unique<cpu::CpuBackend>();
@@ -45,6 +62,7 @@ inline absl::StatusOr<RankContext> MakeRankContext(std::string_view device, int 
                                                                                 backend->stream(), 256 << 20));
       ctx.comm = ctx.staged.get();
     }
+    if (graphs && host_comm == nullptr) ctx.launcher = std::make_unique<cuda::GraphStepLauncher>(backend->stream());
     ctx.backend = std::move(backend);
     return ctx;
   }
