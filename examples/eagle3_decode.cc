@@ -1,14 +1,23 @@
 // eagle3-decode — plain vs speculative (EAGLE-3) decoding of a target + draft pair.
 //
-//   eagle3-decode [--target DIR --draft DIR] [--tokens 5,17,...] [--max-new-tokens N] [--topk K]
-//                 [--steps S] [--draft-tokens N] [--temperature T] [--top-p P] [--seed S] [--tp N]
-//                 [--device cpu|cuda] [--graphs on|off] [--json FILE]
+//   eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]
+//                 [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]
+//                 [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P] [--seed S]
+//                 [--tp N] [--device cpu|cuda] [--graphs on|off] [--aux-layers a,b,c]
+//                 [--convention output|input] [--json FILE]
 //
-// Without --target/--draft it writes a built-in tiny random DeepSeek-V2 target and EAGLE-3 draft to
-// a temporary directory and uses those (random weights: the draft's proposals are rarely accepted,
-// so this shows the machinery, not a speedup). Runs on the CPU reference backend, or the GPU with
-// --device cuda; --tp N runs N tensor-parallel ranks on threads. Prints the generated ids of both
-// runs, whether greedy outputs agree, and the speculative statistics; --json writes them.
+// Without --target/--draft it runs the built-in trained pair: models/tiny-v2-code (a small
+// DeepSeek-V2 code model) and models/tiny-v2-code-eagle3 (its EAGLE-3 draft), from the models
+// directory baked in at build time (--models-dir overrides it). The prompt is text, tokenized with
+// the target directory's tokenizer.json (--prompt, or --prompt-file read whole; by default a few
+// lines of Python), or raw ids (--tokens). --random-pair writes a tiny random DeepSeek-V2 target and
+// draft to a temporary directory instead (random weights: the draft's proposals are rarely
+// accepted, so that shows the machinery, not a speedup). Runs on the CPU reference backend, or the
+// GPU with --device cuda; --tp N runs N tensor-parallel ranks on threads. --aux-layers overrides
+// the draft config's aux layer ids (in --convention, default output-of-layer as in the config) to
+// measure what a mis-wired tap costs. Prints the prompt, both continuations (as text when the target
+// has a tokenizer), whether greedy outputs agree, mean accepted length, acceptance per depth,
+// tokens/s of both runs and the speedup (speculative tokens/s over plain); --json writes them.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,8 +25,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "eagle3/draft_model.h"
@@ -27,6 +39,7 @@
 #include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
+#include "eagle3/tokenizer.h"
 #include "rank_context.h"
 
 namespace {
@@ -49,31 +62,100 @@ constexpr std::string_view kDemoTarget = R"json({
   "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1
 })json";
 
+#ifndef EAGLE3_MODELS_DIR
+#define EAGLE3_MODELS_DIR "models"
+#endif
+
+// The pair the demo runs by default, under the models directory.
+constexpr char kDefaultTarget[] = "tiny-v2-code";
+constexpr char kDefaultDraft[] = "tiny-v2-code-eagle3";
+
+// The default prompt: the start of a small Python function, so the bare command shows the code
+// model continuing it. It stops mid-line: the tokenizer joins a newline with the next line's
+// indentation, so a prompt ending in a bare newline ends on a token the model rarely saw.
+constexpr char kDefaultPrompt[] =
+    "import os\n"
+    "\n"
+    "\n"
+    "def read_lines(path):\n"
+    "    \"\"\"Return the lines of the text file at path.\"\"\"\n"
+    "    with open(path";
+
+// Ids used when the target has no tokenizer and no prompt is given (the random pair).
+const std::vector<int64_t> kDefaultIds = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38};
+
 struct Flags {
   std::string target, draft, json;
-  std::vector<int64_t> tokens = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38};
-  int max_new_tokens = 32;
+  std::string models_dir = EAGLE3_MODELS_DIR;
+  bool random_pair = false;
+  std::optional<std::string> prompt;       // --prompt, or the contents of --prompt-file
+  std::string prompt_file;                 // named in messages
+  std::optional<std::vector<int64_t>> tokens;
+  int max_new_tokens = 48;
   eagle3::DraftTreeParams tree;
   eagle3::SamplingParams sampling;
   uint64_t seed = 0;
   int tp = 1;
   std::string device = "cpu";
   bool graphs = true;  // CUDA graphs for target steps (--device cuda, tp 1)
+  std::optional<std::vector<int>> aux_layers;
+  eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
 };
 
 constexpr char kUsage[] =
-    "usage: eagle3-decode [--target DIR --draft DIR] [--tokens 5,17,...] [--max-new-tokens N]\n"
+    "usage: eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]\n"
+    "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
-    "                     [--seed S] [--tp N] [--device cpu|cuda] [--graphs on|off] [--json FILE]\n"
-    "  without --target/--draft: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft\n";
+    "                     [--seed S] [--tp N] [--device cpu|cuda] [--graphs on|off]\n"
+    "                     [--aux-layers a,b,c] [--convention output|input] [--json FILE]\n"
+    "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
+    "    " EAGLE3_MODELS_DIR "\n"
+    "  --prompt/--prompt-file: text tokenized with the target's tokenizer.json (default: a few lines\n"
+    "    of Python); --tokens: raw target ids\n"
+    "  --random-pair: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft (no speedup)\n"
+    "  --aux-layers: replaces the draft config's aux layer ids (read in --convention: output = id k\n"
+    "    is the output of layer k, boundary k+1, as draft configs mean; input = id k is boundary k,\n"
+    "    0 the embedding output) to measure what a wrong tap costs\n";
+
+// "a,b,c" as integers; `flag` names the flag in the message.
+absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, const std::string& value) {
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t comma = value.find(',', start);
+    const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* e = nullptr;
+    const long long id = std::strtoll(item.c_str(), &e, 10);
+    if (item.empty() || *e != '\0') {
+      return absl::InvalidArgumentError(std::string(flag) + ": '" + item + "' is not an integer (in '" + value + "')");
+    }
+    ids.push_back(id);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("--prompt-file " + path + ": cannot open the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
+  bool models_dir_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::printf("%s", kUsage);
       std::exit(0);
+    }
+    if (flag == "--random-pair") {
+      f.random_pair = true;
+      continue;
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + std::string(flag) + " needs a value");
     const std::string value = argv[++i];
@@ -92,25 +174,30 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.target = value;
     } else if (flag == "--draft") {
       f.draft = value;
+    } else if (flag == "--models-dir") {
+      f.models_dir = value;
+      models_dir_given = true;
     } else if (flag == "--json") {
       f.json = value;
     } else if (flag == "--device") {
       f.device = value;
     } else if (flag == "--graphs" && (value == "on" || value == "off")) {
       f.graphs = value == "on";
+    } else if (flag == "--prompt") {
+      if (f.prompt.has_value()) return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
+      f.prompt = value;
+    } else if (flag == "--prompt-file") {
+      if (f.prompt.has_value()) return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
+      EAGLE3_ASSIGN_OR_RETURN(f.prompt, ReadWhole(value));
+      f.prompt_file = value;
     } else if (flag == "--tokens") {
-      f.tokens.clear();
-      size_t start = 0;
-      while (start <= value.size()) {
-        const size_t comma = value.find(',', start);
-        const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        char* e = nullptr;
-        const long long id = std::strtoll(item.c_str(), &e, 10);
-        if (item.empty() || *e != '\0') return absl::InvalidArgumentError("--tokens: '" + item + "' is not a token id");
-        f.tokens.push_back(id);
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
+      EAGLE3_ASSIGN_OR_RETURN(f.tokens, ParseIds(flag, value));
+    } else if (flag == "--aux-layers") {
+      EAGLE3_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParseIds(flag, value));
+      f.aux_layers.emplace(ids.begin(), ids.end());
+    } else if (flag == "--convention" && (value == "output" || value == "input")) {
+      f.convention = value == "output" ? eagle3::LayerIdConvention::kOutputOfLayer
+                                       : eagle3::LayerIdConvention::kInputOfLayer;
     } else if (flag == "--max-new-tokens") {
       EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 20, &f.max_new_tokens));
     } else if (flag == "--topk") {
@@ -132,6 +219,16 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     }
   }
   if (f.target.empty() != f.draft.empty()) return absl::InvalidArgumentError("give both --target and --draft, or neither");
+  if (f.random_pair && (!f.target.empty() || models_dir_given)) {
+    return absl::InvalidArgumentError("--random-pair excludes --target/--draft and --models-dir");
+  }
+  if (!f.target.empty() && models_dir_given) return absl::InvalidArgumentError("give --models-dir or --target/--draft, not both");
+  if (f.tokens.has_value() && f.prompt.has_value()) {
+    return absl::InvalidArgumentError("give a text prompt (--prompt/--prompt-file) or --tokens, not both");
+  }
+  if (f.random_pair && f.prompt.has_value()) {
+    return absl::InvalidArgumentError("the random pair has no tokenizer: give --tokens, not a text prompt");
+  }
   return f;
 }
 
@@ -142,8 +239,8 @@ struct RunResult {
 };
 
 // Runs plain or speculative decoding on `tp` ranks (threads); returns rank 0's result.
-absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
-  const int64_t context = static_cast<int64_t>(flags.tokens.size()) + flags.max_new_tokens + flags.tree.num_draft_tokens;
+absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>& prompt, bool speculative) {
+  const int64_t context = static_cast<int64_t>(prompt.size()) + flags.max_new_tokens + flags.tree.num_draft_tokens;
   RunResult result;
   EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
     EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm, flags.graphs));
@@ -152,7 +249,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
     eagle3::TargetModelOptions topt;
     topt.tp_size = flags.tp;
     topt.rank = rank;
-    topt.max_tokens_per_forward = std::max<int64_t>(static_cast<int64_t>(flags.tokens.size()), flags.tree.num_draft_tokens);
+    topt.max_tokens_per_forward = std::max<int64_t>(static_cast<int64_t>(prompt.size()), flags.tree.num_draft_tokens);
     topt.max_context_len = context;
     topt.page_size = 16;
     topt.num_kv_pages = (context + topt.page_size - 1) / topt.page_size;
@@ -182,12 +279,20 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, bool speculative) {
       dopt.max_context_len = context;
       dopt.page_size = topt.page_size;
       dopt.num_kv_pages = topt.num_kv_pages;
-      EAGLE3_ASSIGN_OR_RETURN(draft, eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend));
+      dopt.convention = flags.convention;
+      dopt.aux_layer_ids_override = flags.aux_layers;
+      auto created = eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend);
+      if (!created.ok() && flags.aux_layers.has_value()) {
+        return absl::Status(created.status().code(),
+                            "with --aux-layers: " + std::string(created.status().message()));
+      }
+      EAGLE3_ASSIGN_OR_RETURN(draft, std::move(created));
+      if (rank == 0) std::printf("draft tap: %s\n", draft->tap().Describe().c_str());
       drafter = std::make_unique<eagle3::Eagle3Drafter>(draft.get(), 1);
     }
     eagle3::SpeculativeDecoder decoder(target.get(), drafter.get(), options);
     eagle3::DecodeStats stats;
-    const std::vector<std::vector<int64_t>> prompts = {flags.tokens};
+    const std::vector<std::vector<int64_t>> prompts = {prompt};
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
     if (rank == 0) result = RunResult{out[0], stats, ctx.LauncherSummary()};
     return absl::OkStatus();
@@ -211,43 +316,125 @@ std::string JoinDoubles(const std::vector<double>& v) {
   return s + "]";
 }
 
-absl::Status Run(Flags flags) {
-  std::string temp;
-  if (flags.target.empty()) {
-    temp = (std::filesystem::temp_directory_path() /
-            ("eagle3-demo-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())))
-               .string();
+// JSON string literal of UTF-8 text.
+std::string JsonString(std::string_view text) {
+  std::string s = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"': s += "\\\""; break;
+      case '\\': s += "\\\\"; break;
+      case '\n': s += "\\n"; break;
+      case '\r': s += "\\r"; break;
+      case '\t': s += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          s += buf;
+        } else {
+          s += c;
+        }
+    }
+  }
+  return s + "\"";
+}
+
+// Writes a temporary random pair (removed by the destructor) and points `flags` at it.
+struct RandomPair {
+  std::string dir;
+  ~RandomPair() {
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+  absl::Status Write(Flags& flags) {
+    dir = (std::filesystem::temp_directory_path() /
+           ("eagle3-demo-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())))
+              .string();
     EAGLE3_ASSIGN_OR_RETURN(auto config, eagle3::DeepseekV2Config::FromJson(kDemoTarget, "built-in demo target"));
     eagle3::RandomCheckpointOptions topt;
     topt.seed = flags.seed;
-    flags.target = temp + "/target";
-    flags.draft = temp + "/draft";
+    flags.target = dir + "/target";
+    flags.draft = dir + "/draft";
     EAGLE3_RETURN_IF_ERROR(eagle3::WriteRandomDeepseekV2Checkpoint(config, flags.target, topt));
     eagle3::RandomDraftCheckpointOptions dopt;
     dopt.seed = flags.seed + 1;
     dopt.num_key_value_heads = 8;
     EAGLE3_RETURN_IF_ERROR(eagle3::WriteRandomEagle3DraftCheckpoint(config, flags.draft, dopt));
-    std::printf("built-in random pair (random weights: drafts are rarely accepted) in %s\n", temp.c_str());
+    std::printf("built-in random pair (random weights: drafts are rarely accepted) in %s\n", dir.c_str());
+    return absl::OkStatus();
   }
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      if (!dir.empty()) std::filesystem::remove_all(dir);
+};
+
+absl::Status Run(Flags flags) {
+  RandomPair random_pair;
+  if (flags.random_pair) {
+    EAGLE3_RETURN_IF_ERROR(random_pair.Write(flags));
+  } else if (flags.target.empty()) {
+    flags.target = (std::filesystem::path(flags.models_dir) / kDefaultTarget).string();
+    flags.draft = (std::filesystem::path(flags.models_dir) / kDefaultDraft).string();
+  }
+
+  // The tokenizer: required for a text prompt; otherwise used when the target has one (to show text).
+  const std::filesystem::path tokenizer_file = std::filesystem::path(flags.target) / "tokenizer.json";
+  std::optional<eagle3::Tokenizer> tokenizer;
+  std::error_code ec;
+  if (flags.prompt.has_value() || std::filesystem::exists(tokenizer_file, ec)) {
+    auto loaded = eagle3::Tokenizer::FromFile(tokenizer_file);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          std::string(flags.prompt.has_value() ? "the text prompt needs the target's tokenizer: "
+                                                               : "cannot load the target's tokenizer: ") +
+                              std::string(loaded.status().message()));
     }
-  } cleanup{temp};
+    tokenizer.emplace(*std::move(loaded));
+  }
+  std::vector<int64_t> prompt;
+  std::optional<std::string> prompt_text;
+  if (flags.tokens.has_value()) {
+    prompt = *flags.tokens;
+  } else if (tokenizer.has_value()) {
+    prompt_text = flags.prompt.value_or(kDefaultPrompt);
+    auto encoded = tokenizer->Encode(*prompt_text);
+    if (!encoded.ok()) {
+      return absl::Status(encoded.status().code(),
+                          (flags.prompt_file.empty() ? std::string("--prompt") : "--prompt-file " + flags.prompt_file) +
+                              ": " + std::string(encoded.status().message()));
+    }
+    prompt = *std::move(encoded);
+  } else {
+    prompt = kDefaultIds;
+  }
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: it has no tokens to continue");
+  // Text of ids, when the target has a tokenizer (ids it cannot decode are refused by the target).
+  auto text_of = [&](const std::vector<int64_t>& ids) -> absl::StatusOr<std::optional<std::string>> {
+    if (!tokenizer.has_value()) return std::optional<std::string>();
+    EAGLE3_ASSIGN_OR_RETURN(std::string text, tokenizer->Decode(ids));
+    return std::optional<std::string>(std::move(text));
+  };
 
   std::printf("device %s, target %s, draft %s, tp %d, %s, tree topk %d steps %d draft tokens %d\n", flags.device.c_str(), flags.target.c_str(),
               flags.draft.c_str(), flags.tp,
               flags.sampling.temperature == 0 ? "greedy" : ("temperature " + std::to_string(flags.sampling.temperature)).c_str(),
               flags.tree.topk, flags.tree.num_steps, flags.tree.num_draft_tokens);
-  std::printf("prompt %s\n", JoinIds(flags.tokens).c_str());
-  EAGLE3_ASSIGN_OR_RETURN(RunResult plain, Decode(flags, /*speculative=*/false));
-  std::printf("plain       %s\n", JoinIds(plain.tokens).c_str());
-  EAGLE3_ASSIGN_OR_RETURN(RunResult spec, Decode(flags, /*speculative=*/true));
-  std::printf("speculative %s\n", JoinIds(spec.tokens).c_str());
-  if (flags.sampling.temperature == 0) {
-    std::printf("greedy outputs %s\n", plain.tokens == spec.tokens ? "identical" : "DIFFER");
+  if (!prompt_text.has_value()) {
+    EAGLE3_ASSIGN_OR_RETURN(prompt_text, text_of(prompt));
   }
+  std::printf("prompt (%zu tokens)%s\n", prompt.size(),
+              prompt_text.has_value() ? (":\n" + *prompt_text).c_str() : (" " + JoinIds(prompt)).c_str());
+  EAGLE3_ASSIGN_OR_RETURN(RunResult plain, Decode(flags, prompt, /*speculative=*/false));
+  EAGLE3_ASSIGN_OR_RETURN(RunResult spec, Decode(flags, prompt, /*speculative=*/true));
+  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> plain_text, text_of(plain.tokens));
+  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> spec_text, text_of(spec.tokens));
+  for (const auto& [name, run, text] :
+       {std::tuple<const char*, const RunResult*, const std::optional<std::string>*>{"plain", &plain, &plain_text},
+        {"speculative", &spec, &spec_text}}) {
+    if (text->has_value()) {
+      std::printf("\n--- %s continuation ---\n%s\n--- end ---\n", name, (*text)->c_str());
+    } else {
+      std::printf("%-12s %s\n", name, JoinIds(run->tokens).c_str());
+    }
+  }
+  const bool greedy = flags.sampling.temperature == 0;
+  if (greedy) std::printf("greedy outputs %s\n", plain.tokens == spec.tokens ? "identical" : "DIFFER");
   const eagle3::DecodeStats& s = spec.stats;
   std::printf("\n%-12s %8s %10s %12s %10s %10s %10s\n", "run", "tokens", "tokens/s", "target pass", "target s",
               "draft s", "verify s");
@@ -257,20 +444,32 @@ absl::Status Run(Flags flags) {
                 st->tokens_per_second(), static_cast<long long>(st->target_passes), st->target_seconds,
                 st->draft_seconds, st->verify_seconds);
   }
+  const double speedup =
+      plain.stats.tokens_per_second() > 0 ? s.tokens_per_second() / plain.stats.tokens_per_second() : 0;
   std::printf("mean accepted length %.3f tokens per target pass; acceptance by depth %s\n", s.mean_accepted_length,
               JoinDoubles(s.acceptance_by_depth).c_str());
   std::printf("accepted drafted tokens per pass (histogram): %s\n", JoinIds(s.accepted_histogram).c_str());
+  std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s)\n", speedup,
+              s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str());
   for (const auto& [name, run] : {std::pair<const char*, const RunResult*>{"plain", &plain}, {"speculative", &spec}}) {
     if (!run->launcher.empty()) std::printf("%s: %s\n", name, run->launcher.c_str());
   }
 
   if (!flags.json.empty()) {
+    auto text_field = [](const std::optional<std::string>& text) {
+      return text.has_value() ? ", \"text\": " + JsonString(*text) : std::string();
+    };
     std::ofstream out(flags.json);
-    out << "{\"plain\": {\"tokens\": " << JoinIds(plain.tokens) << ", \"tokens_per_s\": " << plain.stats.tokens_per_second()
-        << "}, \"speculative\": {\"tokens\": " << JoinIds(spec.tokens) << ", \"tokens_per_s\": " << s.tokens_per_second()
-        << ", \"mean_accepted_length\": " << s.mean_accepted_length
+    out << "{\"target\": " << JsonString(flags.target) << ", \"draft\": " << JsonString(flags.draft)
+        << ", \"prompt\": {\"tokens\": " << JoinIds(prompt) << text_field(prompt_text) << "}"
+        << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens) << text_field(plain_text)
+        << ", \"tokens_per_s\": " << plain.stats.tokens_per_second()
+        << "}, \"speculative\": {\"tokens\": " << JoinIds(spec.tokens) << text_field(spec_text)
+        << ", \"tokens_per_s\": " << s.tokens_per_second() << ", \"mean_accepted_length\": " << s.mean_accepted_length
         << ", \"acceptance_by_depth\": " << JoinDoubles(s.acceptance_by_depth)
-        << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram) << "}}\n";
+        << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram) << "}, \"speedup\": " << speedup;
+    if (greedy) out << ", \"greedy_outputs_agree\": " << (plain.tokens == spec.tokens ? "true" : "false");
+    out << "}\n";
     if (!out) return absl::InternalError("cannot write " + flags.json);
     std::printf("wrote %s\n", flags.json.c_str());
   }

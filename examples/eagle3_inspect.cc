@@ -6,6 +6,9 @@
 //   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
 //                        [--draft-tokens N] [--convention output|input] --out FILE
 //   eagle3-inspect check --target DIR --draft DIR [--convention output|input]
+//   eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N] [--depth K]
+//                           [--device cpu|cuda] [--aux-layers a,b,c] [--convention output|input]
+//                           [--out FILE]
 //
 // `target` runs the target on the tokens (one causal forward, CPU reference backend, N ranks on
 // threads) and writes a safetensors file with `tokens` (i64 [T]), `logits` (f32 [T, V]) and
@@ -19,11 +22,28 @@
 // root first), `tree_parents`, `tree_positions`, `tree_mask` (u8 [N, N]).
 //
 // `check` validates a pair before serving and exits non-zero listing every problem.
+//
+// `accuracy` is the standalone wiring check (DESIGN §9): the draft's top-1 agreement with the
+// target's greedy token from the target's own hidden states, with no tree and no verifier. The text
+// x_0 .. x_{T-1} (the file tokenized with the target's tokenizer.json, at most --tokens-max tokens)
+// runs through the target once (causal prefill, logits of every position, aux states of the draft's
+// taps); y_t = argmax of the target's logits at t (its greedy token for position t + 1). Then for
+// every start p the draft is teacher-forced on the TRUE tokens, as when decoding a chain whose
+// tokens keep being accepted:
+//   depth 1: draft row (aux_p, x_{p+1}) at RoPE position p over the cache of rows 0..p (every row
+//            from the target's aux states) -> top-1 draft id, mapped through d2t, vs y_{p+1};
+//   depth d: row (hidden fed back by depth d-1 of start p, x_{p+d}) at position p+d-1, attending
+//            rows 0..p and the chain's own depth 1..d-1 rows -> top-1 vs y_{p+d}.
+// Depth d is counted over p = 0 .. T-1-d. --aux-layers replaces the draft config's aux layer ids
+// (in --convention) to measure what a mis-wired tap costs.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,8 +57,9 @@
 #include "eagle3/pair_check.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
-#include "rank_context.h"
 #include "eagle3/target_model.h"
+#include "eagle3/tokenizer.h"
+#include "rank_context.h"
 
 namespace {
 
@@ -48,7 +69,16 @@ constexpr char kUsage[] =
     "                             [--attention auto|absorbed|non-absorbed] --out FILE\n"
     "       eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]\n"
     "                            [--draft-tokens N] [--convention output|input] --out FILE\n"
-    "       eagle3-inspect check --target DIR --draft DIR [--convention output|input]\n";
+    "       eagle3-inspect check --target DIR --draft DIR [--convention output|input]\n"
+    "       eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N]\n"
+    "                               [--depth K] [--device cpu|cuda] [--aux-layers a,b,c]\n"
+    "                               [--convention output|input] [--out FILE]\n"
+    "  accuracy: the draft's top-1 (through d2t) against the target's greedy token, teacher-forced\n"
+    "    from the target's own hidden states on the text's true tokens. With the text x and the\n"
+    "    target's greedy y_t = argmax logits(x_0..x_t): depth 1 at start p feeds (aux_p, x_{p+1})\n"
+    "    and compares with y_{p+1}; depth d feeds depth d-1's hidden with x_{p+d} and compares with\n"
+    "    y_{p+d} (p = 0..T-1-d). --aux-layers replaces the draft config's aux layer ids (in\n"
+    "    --convention; output: id k = boundary k+1, input: id k = boundary k, 0 = embedding).\n";
 
 struct Flags {
   std::string command;
@@ -57,12 +87,17 @@ struct Flags {
   eagle3::DraftTreeParams tree;
   std::string device = "cpu";
   std::vector<int64_t> tokens;
+  std::string text_file;
+  int tokens_max = 512;
+  int depth = 5;
+  std::optional<std::vector<int>> aux_layers;
   int tp = 1;
   eagle3::ResidualMode residual = eagle3::ResidualMode::kReplicated;
   eagle3::AttentionPath attention = eagle3::AttentionPath::kAuto;
 };
 
-absl::StatusOr<std::vector<int64_t>> ParseTokens(const std::string& text) {
+// "a,b,c" as integers; `flag` names the flag in the message.
+absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, const std::string& text) {
   std::vector<int64_t> tokens;
   size_t start = 0;
   while (start <= text.size()) {
@@ -71,7 +106,7 @@ absl::StatusOr<std::vector<int64_t>> ParseTokens(const std::string& text) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0') {
-      return absl::InvalidArgumentError("--tokens: '" + item + "' is not an integer token id");
+      return absl::InvalidArgumentError(std::string(flag) + ": '" + item + "' is not an integer (in '" + text + "')");
     }
     tokens.push_back(v);
     if (comma == std::string::npos) break;
@@ -82,7 +117,7 @@ absl::StatusOr<std::vector<int64_t>> ParseTokens(const std::string& text) {
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   const std::string_view command = argc < 2 ? "" : argv[1];
-  if (command != "target" && command != "draft" && command != "check") {
+  if (command != "target" && command != "draft" && command != "check" && command != "accuracy") {
     return absl::InvalidArgumentError(argc < 2 ? "missing subcommand" : "unknown subcommand '" + std::string(command) + "'");
   }
   Flags flags;
@@ -121,10 +156,19 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       } else {
         return absl::InvalidArgumentError("--convention must be output (SGLang/SpecForge) or input (vLLM), got " + value);
       }
+    } else if (flag == "--text-file") {
+      flags.text_file = value;
+    } else if (flag == "--tokens-max") {
+      EAGLE3_RETURN_IF_ERROR(integer(2, 1 << 20, &flags.tokens_max));
+    } else if (flag == "--depth") {
+      EAGLE3_RETURN_IF_ERROR(integer(1, 64, &flags.depth));
+    } else if (flag == "--aux-layers") {
+      EAGLE3_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParseIds(flag, value));
+      flags.aux_layers.emplace(ids.begin(), ids.end());
     } else if (flag == "--out") {
       flags.out = value;
     } else if (flag == "--tokens") {
-      EAGLE3_ASSIGN_OR_RETURN(flags.tokens, ParseTokens(value));
+      EAGLE3_ASSIGN_OR_RETURN(flags.tokens, ParseIds(flag, value));
     } else if (flag == "--tp") {
       flags.tp = std::atoi(value.c_str());
       if (flags.tp < 1 || flags.tp > 64) return absl::InvalidArgumentError("--tp must be in [1, 64], got " + value);
@@ -150,8 +194,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("unknown flag " + std::string(flag));
     }
   }
+  if (flags.aux_layers.has_value() && flags.command != "accuracy") {
+    return absl::InvalidArgumentError("--aux-layers applies to the accuracy subcommand only");
+  }
   if (flags.command == "check") {
     if (flags.model.empty() || flags.draft.empty()) return absl::InvalidArgumentError("--target and --draft are required");
+  } else if (flags.command == "accuracy") {
+    if (flags.model.empty() || flags.draft.empty() || flags.text_file.empty()) {
+      return absl::InvalidArgumentError("--target, --draft and --text-file are required");
+    }
   } else if (flags.model.empty() || flags.out.empty() || flags.tokens.empty() ||
              (flags.command == "draft" && flags.draft.empty())) {
     return absl::InvalidArgumentError(flags.command == "target" ? "--model, --tokens and --out are required"
@@ -369,6 +420,187 @@ absl::Status Check(const Flags& flags) {
   return absl::FailedPreconditionError(std::to_string(report.problems.size()) + " problem(s) with this pair");
 }
 
+
+// JSON string literal of UTF-8 text.
+std::string JsonString(std::string_view text) {
+  std::string s = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      s += '\\';
+      s += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+      s += buf;
+    } else {
+      s += c;
+    }
+  }
+  return s + "\"";
+}
+
+int64_t ArgMax(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < n; ++v) best = row[v] > row[best] ? v : best;
+  return best;
+}
+
+// The teacher-forced draft accuracy by depth (see the file comment for the exact definition).
+absl::Status Accuracy(const Flags& flags) {
+  EAGLE3_ASSIGN_OR_RETURN(eagle3::Tokenizer tokenizer, eagle3::Tokenizer::FromFile(flags.model));
+  std::ifstream file(flags.text_file, std::ios::binary);
+  if (!file) return absl::NotFoundError("--text-file " + flags.text_file + ": cannot open the file");
+  std::stringstream whole;
+  whole << file.rdbuf();
+  auto encoded = tokenizer.Encode(whole.str());
+  if (!encoded.ok()) {
+    return absl::Status(encoded.status().code(),
+                        "--text-file " + flags.text_file + ": " + std::string(encoded.status().message()));
+  }
+  std::vector<int64_t> x = *std::move(encoded);
+  if (static_cast<int64_t>(x.size()) > flags.tokens_max) x.resize(static_cast<size_t>(flags.tokens_max));
+  const int64_t t = static_cast<int64_t>(x.size());
+  const int depth = flags.depth;
+  if (t < depth + 1) {
+    return absl::InvalidArgumentError("--text-file " + flags.text_file + " has " + std::to_string(t) +
+                                      " tokens; depth " + std::to_string(depth) + " needs at least " +
+                                      std::to_string(depth + 1));
+  }
+
+  // Draft cache: the T rows of depth 1, then the rows of depth 2, 3, ... (T - d rows at depth d).
+  int64_t cache_rows = 0;
+  for (int d = 1; d <= depth; ++d) cache_rows += t - (d == 1 ? 0 : d);
+  const int64_t page_size = 64;
+  const int64_t pages = (std::max(cache_rows, t) + page_size - 1) / page_size;
+  std::vector<int32_t> page_table(static_cast<size_t>(pages));
+  for (size_t i = 0; i < page_table.size(); ++i) page_table[i] = static_cast<int32_t>(i);
+
+  EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, 0, nullptr));
+  eagle3::DraftModelOptions dopt;
+  dopt.convention = flags.convention;
+  dopt.aux_layer_ids_override = flags.aux_layers;
+  dopt.max_tokens_per_forward = t;
+  dopt.max_context_len = std::max(cache_rows, t);
+  dopt.page_size = page_size;
+  dopt.num_kv_pages = pages;
+  auto created = eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, ctx.backend.get());
+  if (!created.ok() && flags.aux_layers.has_value()) {
+    return absl::Status(created.status().code(), "with --aux-layers: " + std::string(created.status().message()));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<eagle3::DraftModel> draft, std::move(created));
+  eagle3::TargetModelOptions topt;
+  topt.max_tokens_per_forward = t;
+  topt.max_context_len = t;
+  topt.page_size = page_size;
+  topt.num_kv_pages = (t + page_size - 1) / page_size;
+  EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, ctx.backend.get()));
+  const eagle3::HiddenStateTap& tap = draft->tap();
+  const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab(), hd = draft->config().hidden_size;
+  const auto d2t = draft->d2t();
+
+  const auto start = std::chrono::steady_clock::now();
+  // Target: y_t for every position and the aux states of the draft's taps.
+  std::vector<int64_t> y(static_cast<size_t>(t));
+  std::vector<float> aux(static_cast<size_t>(t * tap.width()));
+  {
+    std::vector<float> logits(static_cast<size_t>(t * vocab));
+    eagle3::SequenceInput in;
+    in.tokens = x;
+    in.page_table = std::span<const int32_t>(page_table).first(static_cast<size_t>(topt.num_kv_pages));
+    in.all_logits = true;
+    EAGLE3_RETURN_IF_ERROR(target->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
+                                           eagle3::TensorView(logits.data(), eagle3::DType::kF32, eagle3::Shape{t, vocab}),
+                                           &tap, eagle3::TensorView(aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()})));
+    for (int64_t i = 0; i < t; ++i) y[static_cast<size_t>(i)] = ArgMax(logits.data() + i * vocab, vocab);
+  }
+  int64_t target_agree = 0;  // the target's own greedy accuracy on the text, for scale
+  for (int64_t i = 0; i + 1 < t; ++i) target_agree += y[static_cast<size_t>(i)] == x[static_cast<size_t>(i + 1)] ? 1 : 0;
+
+  std::vector<int64_t> agree(static_cast<size_t>(depth), 0), count(static_cast<size_t>(depth), 0);
+  // Depth d's rows (one per start p = 0 .. n_d - 1) and where they sit in the cache.
+  std::vector<float> hidden(aux), hidden_out(static_cast<size_t>(t * hd)), logits(static_cast<size_t>(t * dv));
+  std::vector<int64_t> row_slot_base(static_cast<size_t>(depth + 1), 0);  // first cache slot of depth d's rows
+  int64_t cache_len = 0;
+  for (int d = 1; d <= depth; ++d) {
+    // Depth 1 runs a row for every position (rows p > T-2 only serve as context); depth d >= 2 one
+    // per start p = 0 .. T-1-d.
+    const int64_t n = d == 1 ? t : t - d;
+    std::vector<int64_t> tokens(static_cast<size_t>(n)), positions(static_cast<size_t>(n));
+    for (int64_t p = 0; p < n; ++p) {
+      // Row p's token is x_{p+d}; the last depth-1 row has none (the text ends): x_{T-1} stands in,
+      // and that row is never scored.
+      tokens[static_cast<size_t>(p)] = x[static_cast<size_t>(std::min(p + d, t - 1))];
+      positions[static_cast<size_t>(p)] = p + d - 1;
+    }
+    std::vector<uint8_t> mask;
+    if (d > 1) {
+      // Row p attends the depth-1 rows 0..p and its own chain's rows at depths 2..d (itself last).
+      const int64_t width = cache_len + n;
+      mask.assign(static_cast<size_t>(n * width), 0);
+      for (int64_t p = 0; p < n; ++p) {
+        uint8_t* row = mask.data() + p * width;
+        for (int64_t j = 0; j <= p; ++j) row[j] = 1;
+        for (int e = 2; e < d; ++e) row[row_slot_base[static_cast<size_t>(e)] + p] = 1;
+        row[cache_len + p] = 1;
+      }
+    }
+    row_slot_base[static_cast<size_t>(d)] = cache_len;
+    eagle3::DraftSequenceInput in;
+    in.tokens = tokens;
+    in.positions = positions;
+    in.page_table = page_table;
+    in.cache_len = cache_len;
+    in.mask = mask;
+    in.all_logits = true;
+    const int64_t width = d == 1 ? tap.width() : hd;
+    EAGLE3_RETURN_IF_ERROR(draft->Forward(
+        std::span<const eagle3::DraftSequenceInput>(&in, 1),
+        eagle3::TensorView(hidden.data(), eagle3::DType::kF32, eagle3::Shape{n, width}), /*from_target=*/d == 1,
+        eagle3::TensorView(logits.data(), eagle3::DType::kF32, eagle3::Shape{n, dv}),
+        eagle3::TensorView(hidden_out.data(), eagle3::DType::kF32, eagle3::Shape{n, hd})));
+    for (int64_t p = 0; p + d < t; ++p) {
+      const int64_t best = ArgMax(logits.data() + p * dv, dv);
+      const int64_t as_target = best + (d2t.empty() ? 0 : d2t[static_cast<size_t>(best)]);
+      agree[static_cast<size_t>(d - 1)] += as_target == y[static_cast<size_t>(p + d)] ? 1 : 0;
+      ++count[static_cast<size_t>(d - 1)];
+    }
+    cache_len += n;
+    hidden.assign(hidden_out.begin(), hidden_out.begin() + n * hd);  // row p of depth d+1 continues row p
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::printf("%s\n", tap.Describe().c_str());
+  std::printf("text %s: %lld tokens; target greedy = next text token at %.4f of positions; %.2f s on %s\n",
+              flags.text_file.c_str(), static_cast<long long>(t),
+              static_cast<double>(target_agree) / static_cast<double>(t - 1), seconds, flags.device.c_str());
+  std::printf("%6s %10s %8s %8s   (draft top-1 vs the target's greedy token, teacher-forced)\n", "depth",
+              "agreement", "agree", "count");
+  for (int d = 1; d <= depth; ++d) {
+    const auto i = static_cast<size_t>(d - 1);
+    std::printf("%6d %10.4f %8lld %8lld\n", d, static_cast<double>(agree[i]) / static_cast<double>(count[i]),
+                static_cast<long long>(agree[i]), static_cast<long long>(count[i]));
+  }
+  if (!flags.out.empty()) {
+    std::ofstream out(flags.out);
+    out << "{\"target\": " << JsonString(flags.model) << ", \"draft\": " << JsonString(flags.draft)
+        << ", \"text_file\": " << JsonString(flags.text_file) << ", \"tokens\": " << t
+        << ", \"boundaries\": [";
+    for (size_t i = 0; i < tap.boundaries().size(); ++i) out << (i ? ", " : "") << tap.boundaries()[i];
+    out << "], \"tap\": " << JsonString(tap.Describe())
+        << ", \"target_next_token_accuracy\": " << static_cast<double>(target_agree) / static_cast<double>(t - 1)
+        << ", \"depths\": [";
+    for (int d = 1; d <= depth; ++d) {
+      const auto i = static_cast<size_t>(d - 1);
+      out << (d > 1 ? ", " : "") << "{\"depth\": " << d << ", \"agreement\": "
+          << static_cast<double>(agree[i]) / static_cast<double>(count[i]) << ", \"agree\": " << agree[i]
+          << ", \"count\": " << count[i] << "}";
+    }
+    out << "]}\n";
+    if (!out) return absl::InternalError("cannot write --out " + flags.out);
+    std::printf("wrote %s\n", flags.out.c_str());
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -377,9 +609,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "eagle3-inspect: %s\n%s", std::string(flags.status().message()).c_str(), kUsage);
     return 2;
   }
-  const absl::Status status = flags->command == "target" ? InspectTarget(*flags)
-                              : flags->command == "draft" ? InspectDraft(*flags)
-                                                          : Check(*flags);
+  const absl::Status status = flags->command == "target"     ? InspectTarget(*flags)
+                              : flags->command == "draft"    ? InspectDraft(*flags)
+                              : flags->command == "accuracy" ? Accuracy(*flags)
+                                                             : Check(*flags);
   if (!status.ok()) {
     std::fprintf(stderr, "eagle3-inspect: %s\n", status.ToString().c_str());
     return 1;

@@ -22,6 +22,12 @@ constexpr std::string_view kLayersPrefix = "layers.0.";
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + Str(v[i]);
+  return s + "]";
+}
+
 bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
 }
@@ -127,9 +133,11 @@ struct DraftModel::Impl {
 };
 
 absl::Status DraftModel::Impl::CheckAgainstTarget() const {
-  // CheckDraftAgainstTarget reads aux ids as output-of-layer ids; under the other convention the tap
-  // (created next) checks them.
-  if (options.convention == LayerIdConvention::kOutputOfLayer) return CheckDraftAgainstTarget(config, target);
+  // CheckDraftAgainstTarget reads aux ids as output-of-layer ids; under the other convention, or when
+  // the ids are overridden, the tap (created next) checks the ids in use.
+  if (options.convention == LayerIdConvention::kOutputOfLayer && !options.aux_layer_ids_override.has_value()) {
+    return CheckDraftAgainstTarget(config, target);
+  }
   Eagle3DraftConfig sizes_only = config;
   sizes_only.aux_layer_ids.reset();
   return CheckDraftAgainstTarget(sizes_only, target);
@@ -618,11 +626,22 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string
   }
   {
     std::optional<std::span<const int>> ids;
-    if (c.aux_layer_ids.has_value()) ids = std::span<const int>(*c.aux_layer_ids);
+    if (options.aux_layer_ids_override.has_value()) {
+      ids = std::span<const int>(*options.aux_layer_ids_override);
+    } else if (c.aux_layer_ids.has_value()) {
+      ids = std::span<const int>(*c.aux_layer_ids);
+    }
     const int layers = static_cast<int>(m.target.num_hidden_layers);
-    EAGLE3_ASSIGN_OR_RETURN(HiddenStateTap tap, HiddenStateTap::Create(ids, options.convention, layers,
-                                                                       m.target.hidden_size, c.fc_input_width()));
-    m.tap.emplace(std::move(tap));
+    absl::StatusOr<HiddenStateTap> tap =
+        HiddenStateTap::Create(ids, options.convention, layers, m.target.hidden_size, c.fc_input_width());
+    if (!tap.ok() && options.aux_layer_ids_override.has_value()) {
+      return absl::Status(tap.status().code(), "DraftModelOptions::aux_layer_ids_override " +
+                                                   JoinInts(*options.aux_layer_ids_override) + " (replacing " +
+                                                   c.source + "'s aux layer ids): " +
+                                                   std::string(tap.status().message()));
+    }
+    if (!tap.ok()) return tap.status();
+    m.tap.emplace(*std::move(tap));
   }
 
   EAGLE3_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::Open(draft_dir));

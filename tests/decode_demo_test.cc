@@ -1,5 +1,6 @@
-// eagle3-decode end to end: the built-in random pair and the golden pair, greedy, at TP 1 and 2; the
-// JSON it writes holds identical plain and speculative tokens.
+// eagle3-decode end to end: the default trained pair (models/) on its default text prompt — greedy
+// speculative output equals plain output and drafts are accepted — text prompts from a flag and a
+// file, the built-in random pair and the golden pair at TP 2, and refused inputs.
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -7,29 +8,102 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
 
 namespace eagle3 {
 namespace {
 
+using ::testing::HasSubstr;
+
+const std::string kModels = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 nlohmann::json RunDecode(const std::string& args, const ScopedTempDir& dir) {
   const std::string json = dir.File("out.json");
   const std::string command = std::string(EAGLE3_DECODE) + " " + args + " --json " + json + " > " + dir.File("log.txt") + " 2>&1";
   const int rc = std::system(command.c_str());
-  std::ifstream log(dir.File("log.txt"));
-  std::stringstream text;
-  text << log.rdbuf();
-  EXPECT_EQ(rc, 0) << command << "\n" << text.str();
+  EXPECT_EQ(rc, 0) << command << "\n" << ReadFile(dir.File("log.txt"));
   std::ifstream in(json);
   return rc == 0 ? nlohmann::json::parse(in) : nlohmann::json();
 }
 
-TEST(DecodeDemoTest, BuiltInPairGreedySpeculativeEqualsPlain) {
+// Runs eagle3-decode expecting failure; returns what it printed.
+std::string RunFailing(const std::string& args, const ScopedTempDir& dir) {
+  const std::string command = std::string(EAGLE3_DECODE) + " " + args + " > " + dir.File("fail.txt") + " 2>&1";
+  EXPECT_NE(std::system(command.c_str()), 0) << command;
+  return ReadFile(dir.File("fail.txt"));
+}
+
+TEST(DecodeDemoTest, DefaultTrainedPairSpeculatesOnTheDefaultPrompt) {
   ScopedTempDir dir;
-  const nlohmann::json out = RunDecode("--max-new-tokens 12 --topk 3 --steps 3 --draft-tokens 6", dir);
+  // The bare command (the models directory baked in at build time) and --models-dir must agree.
+  const nlohmann::json out = RunDecode("", dir);
+  ASSERT_TRUE(out.contains("plain"));
+  EXPECT_THAT(out["target"].get<std::string>(), HasSubstr("tiny-v2-code"));
+  EXPECT_THAT(out["prompt"]["text"].get<std::string>(), HasSubstr("def read_lines(path):"));
+  EXPECT_GT(out["prompt"]["tokens"].size(), 10u);
+  EXPECT_TRUE(out["greedy_outputs_agree"].get<bool>());
+  EXPECT_EQ(out["plain"]["tokens"], out["speculative"]["tokens"]);
+  EXPECT_EQ(out["plain"]["text"], out["speculative"]["text"]);
+  EXPECT_FALSE(out["plain"]["text"].get<std::string>().empty());
+  // Measured 3.33 tokens per target pass (topk 4, steps 3, 8 draft tokens, 48 new tokens).
+  EXPECT_GT(out["speculative"]["mean_accepted_length"].get<double>(), 1.5);
+  EXPECT_GT(out["speculative"]["acceptance_by_depth"][0].get<double>(), 0.5);
+  EXPECT_NEAR(out["speedup"].get<double>(),
+              out["speculative"]["tokens_per_s"].get<double>() / out["plain"]["tokens_per_s"].get<double>(), 1e-3);
+  const std::string log = ReadFile(dir.File("log.txt"));
+  EXPECT_THAT(log, HasSubstr("--- speculative continuation ---"));
+  EXPECT_THAT(log, HasSubstr("speedup "));
+  EXPECT_THAT(log, HasSubstr("boundaries [2, 4, 5]"));
+
+  ScopedTempDir again;
+  const nlohmann::json explicit_dir = RunDecode("--models-dir " + kModels, again);
+  ASSERT_TRUE(explicit_dir.contains("plain"));
+  EXPECT_EQ(explicit_dir["plain"]["tokens"], out["plain"]["tokens"]);
+}
+
+TEST(DecodeDemoTest, TextPromptFromAFlagAndFromAFile) {
+  ScopedTempDir dir;
+  const std::string prompt = "def add(a, b):\n    return";
+  const nlohmann::json flag = RunDecode("--prompt '" + prompt + "' --max-new-tokens 6", dir);
+  ASSERT_TRUE(flag.contains("prompt"));
+  EXPECT_EQ(flag["prompt"]["text"].get<std::string>(), prompt);
+  EXPECT_EQ(flag["plain"]["tokens"].size(), 6u);
+  EXPECT_EQ(flag["plain"]["tokens"], flag["speculative"]["tokens"]);
+
+  // A prompt file is read whole: the same text gives the same ids and output.
+  std::ofstream(dir.File("prompt.py")) << prompt;
+  const nlohmann::json file = RunDecode("--prompt-file " + dir.File("prompt.py") + " --max-new-tokens 6", dir);
+  ASSERT_TRUE(file.contains("prompt"));
+  EXPECT_EQ(file["prompt"]["tokens"], flag["prompt"]["tokens"]);
+  EXPECT_EQ(file["plain"]["tokens"], flag["plain"]["tokens"]);
+}
+
+TEST(DecodeDemoTest, AWiringFaultStillDecodesTheSameGreedyOutput) {
+  ScopedTempDir dir;
+  // Taps shifted by one layer: drafts are worse, the verified output is the same.
+  const nlohmann::json shifted = RunDecode("--aux-layers 2,4,5 --max-new-tokens 16", dir);
+  ASSERT_TRUE(shifted.contains("plain"));
+  EXPECT_EQ(shifted["plain"]["tokens"], shifted["speculative"]["tokens"]);
+  EXPECT_THAT(ReadFile(dir.File("log.txt")), HasSubstr("boundaries [3, 5, 6]"));
+  EXPECT_THAT(RunFailing("--aux-layers 1,3 --max-new-tokens 2", dir),
+              HasSubstr("--aux-layers: DraftModelOptions::aux_layer_ids_override [1, 3]"));
+}
+
+TEST(DecodeDemoTest, RandomPairGreedySpeculativeEqualsPlain) {
+  ScopedTempDir dir;
+  const nlohmann::json out = RunDecode("--random-pair --max-new-tokens 12 --topk 3 --steps 3 --draft-tokens 6", dir);
   ASSERT_TRUE(out.contains("plain"));
   EXPECT_EQ(out["plain"]["tokens"].size(), 12u);
+  EXPECT_FALSE(out["plain"].contains("text"));  // no tokenizer
   EXPECT_EQ(out["plain"]["tokens"], out["speculative"]["tokens"]);
   EXPECT_EQ(out["speculative"]["acceptance_by_depth"].size(), 3u);
   EXPECT_GE(out["speculative"]["mean_accepted_length"].get<double>(), 1.0);
@@ -48,10 +122,16 @@ TEST(DecodeDemoTest, GoldenPairAtTp2) {
 
 TEST(DecodeDemoTest, BadFlagsAreRefused) {
   ScopedTempDir dir;
-  const std::string command = std::string(EAGLE3_DECODE) + " --topk 0 > " + dir.File("log.txt") + " 2>&1";
-  EXPECT_NE(std::system(command.c_str()), 0);
-  const std::string missing = std::string(EAGLE3_DECODE) + " --target /nonexistent > " + dir.File("log.txt") + " 2>&1";
-  EXPECT_NE(std::system(missing.c_str()), 0);
+  RunFailing("--topk 0", dir);
+  RunFailing("--target /nonexistent", dir);
+  EXPECT_THAT(RunFailing("--random-pair --prompt 'x = 1'", dir), HasSubstr("the random pair has no tokenizer"));
+  EXPECT_THAT(RunFailing("--prompt 'x' --tokens 1,2", dir), HasSubstr("not both"));
+  EXPECT_THAT(RunFailing("--prompt-file " + dir.File("none.txt"), dir),
+              HasSubstr("--prompt-file " + dir.File("none.txt") + ": cannot open"));
+  // A text prompt for a target without tokenizer.json names the missing file.
+  const std::string golden = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/";
+  EXPECT_THAT(RunFailing("--target " + golden + "v2_qlora_yarn --draft " + golden + "draft_v2 --prompt 'x = 1'", dir),
+              HasSubstr(golden + "v2_qlora_yarn/tokenizer.json: no such file"));
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -60,6 +61,11 @@ struct DraftModelOptions {
   // How the draft config's eagle_aux_hidden_state_layer_ids are read (SpecForge/SGLang: output of
   // layer k).
   LayerIdConvention convention = LayerIdConvention::kOutputOfLayer;
+  // When set, these aux layer ids replace the config's eagle_aux_hidden_state_layer_ids (read under
+  // `convention`, in concatenation order): a deliberate rewiring, to measure what a wrong tap costs
+  // (eagle3-decode / eagle3-inspect accuracy --aux-layers). Checked like the config's ids: in range,
+  // distinct boundaries, and as many taps as fc's input width needs.
+  std::optional<std::vector<int>> aux_layer_ids_override;
   int64_t max_tokens_per_forward = 256;
   int64_t max_context_len = 4096;  // cached + new rows of one sequence; also the RoPE table length
   int64_t num_kv_pages = 256;
