@@ -24,18 +24,38 @@ STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "
                 "gemm_TFLOP/s")
 
 
+# Run settings that Google Benchmark puts into names; they are shown but never join a peer row.
+RUN_SETTINGS = ("min_time", "repeats", "iterations")
+# Argument names of benchmarks that older runs registered without ArgNames (positional "/16/4096").
+POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens"]}
+
+
 def parse_name(run_name):
-    """'BM_X/a:1/b:2/manual_time' -> ('BM_X', {'a': 1, 'b': 2})."""
+    """'BM_X/a:1/b:2/manual_time' -> ('BM_X', {'a': 1, 'b': 2}); positional '/16/4096' args are
+    named from POSITIONAL_ARG_NAMES (else arg0, arg1, ...)."""
     parts = run_name.split("/")
     params = {}
+    names = POSITIONAL_ARG_NAMES.get(parts[0], [])
+    positional = 0
     for p in parts[1:]:
         if ":" in p:
             k, v = p.split(":", 1)
-            try:
-                params[k] = int(v)
-            except ValueError:
-                params[k] = v
+        elif p.lstrip("-").isdigit():
+            k = names[positional] if positional < len(names) else "arg%d" % positional
+            v = p
+            positional += 1
+        else:
+            continue
+        try:
+            params[k] = int(v)
+        except ValueError:
+            params[k] = v
     return parts[0], params
+
+
+def join_key(bench, params):
+    """The key a peer row and a C++ row share: the benchmark and its shape arguments."""
+    return (bench, tuple(sorted((k, v) for k, v in params.items() if k not in RUN_SETTINGS)))
 
 
 def load_benchmarks(indir):
@@ -86,7 +106,11 @@ def load_peers(indir):
             continue
         try:
             r = json.loads(line)
-            key = (r["benchmark"], tuple(sorted(r["params"].items())))
+            if "benchmark" not in r and "name" in r:
+                # verify_peer.py's form: {"name", "batch", "tokens", "vocab", "dtype", "median_us"}.
+                r = {"benchmark": r["name"], "params": {k: r[k] for k in ("batch", "tokens", "vocab")},
+                     "peer": "torch", "us": r["median_us"]}
+            key = join_key(r["benchmark"], r["params"])
             peers.setdefault(key, {})[r["peer"]] = float(r["us"])
         except (ValueError, KeyError, TypeError):
             continue
@@ -147,7 +171,7 @@ def table(rows, peers):
     lines = []
     for bench in benches:
         rs = [r for r in rows if r["bench"] == bench]
-        pnames = sorted({p for r in rs for p in peers.get((bench, tuple(sorted(r["params"].items()))), {})})
+        pnames = sorted({p for r in rs for p in peers.get(join_key(bench, r["params"]), {})})
         pkeys = list(rs[0]["params"].keys())
         extra = sorted({k for r in rs for k in r["counters"] if k not in STD_COUNTERS and not k.endswith("_time")})
         has_label = any(r["label"] for r in rs)
@@ -166,7 +190,7 @@ def table(rows, peers):
             cells += [fmt(c.get("us")), fmt(c.get("floor_us")), fmt(c.get("frac_of_floor")), fmt(c.get("GB/s")),
                       fmt(c.get("TFLOP/s"))]
             cells += [fmt(c.get(k)) for k in extra]
-            pr = peers.get((bench, tuple(sorted(r["params"].items()))), {})
+            pr = peers.get(join_key(bench, r["params"]), {})
             for p in pnames:
                 us = pr.get(p)
                 cells += [fmt(us), fmt(us / c["us"]) if us and c.get("us") else ""]
