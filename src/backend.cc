@@ -402,6 +402,31 @@ absl::Status Backend::CheckAttention(const TensorView& q, const TensorView& k, c
   return CheckNoOverlap("Attention", "mask", mask, "out", out, false);
 }
 
+namespace {
+
+// What LatentAttention and BatchedLatentAttention share: q / cache widths, value_dim, out's shape,
+// the scale, and no overlap of out with q or the cache.
+absl::Status CheckLatentShapes(const char* op, const TensorView& q, const TensorView& cache,
+                               float scale, int64_t value_dim, const TensorView& out) {
+  const int64_t t = q.dim(0), n = q.dim(1), w = q.dim(2);
+  if (cache.dim(2) != w) {
+    return Invalid(op, "cache ", cache.ToString(), " rows must have q's width W = ", w, " (q ",
+                   q.ToString(), ")");
+  }
+  if (value_dim < 1 || value_dim > w) {
+    return Invalid(op, "value_dim must be in [1, W = ", w, "], got ", value_dim);
+  }
+  if (out.dim(0) != t || out.dim(1) != n || out.dim(2) != value_dim) {
+    return Invalid(op, "out ", out.ToString(), " must be [T, N, value_dim] = [", t, ", ", n, ", ",
+                   value_dim, "]");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
+  return CheckNoOverlap(op, "cache", cache, "out", out, false);
+}
+
+}  // namespace
+
 absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView& cache,
                                            const TensorView& page_table, int64_t context_len,
                                            const TensorView& mask, float scale, int64_t value_dim,
@@ -416,12 +441,9 @@ absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView
   EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, mask));
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, N, value_dim]", out, dev));
   EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
-  const int64_t t = q.dim(0), n = q.dim(1), w = q.dim(2);
+  EAGLE3_RETURN_IF_ERROR(CheckLatentShapes(op, q, cache, scale, value_dim, out));
+  const int64_t t = q.dim(0);
   const int64_t page_size = cache.dim(1);
-  if (cache.dim(2) != w) {
-    return Invalid(op, "cache ", cache.ToString(), " rows must have q's width W = ", w, " (q ",
-                   q.ToString(), ")");
-  }
   if (context_len < 1) return Invalid(op, "context_len must be >= 1, got ", context_len);
   const int64_t pages_needed = (context_len + page_size - 1) / page_size;
   if (page_table.dim(0) < pages_needed) {
@@ -431,16 +453,6 @@ absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView
   if (mask.dim(0) != t || mask.dim(1) != context_len) {
     return Invalid(op, "mask ", mask.ToString(), " must be [T, S] = [", t, ", ", context_len, "]");
   }
-  if (value_dim < 1 || value_dim > w) {
-    return Invalid(op, "value_dim must be in [1, W = ", w, "], got ", value_dim);
-  }
-  if (out.dim(0) != t || out.dim(1) != n || out.dim(2) != value_dim) {
-    return Invalid(op, "out ", out.ToString(), " must be [T, N, value_dim] = [", t, ", ", n, ", ",
-                   value_dim, "]");
-  }
-  EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, "out", out, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "page_table", page_table, "out", out, false));
   return CheckNoOverlap(op, "mask", mask, "out", out, false);
 }
@@ -463,12 +475,9 @@ absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const Ten
   EAGLE3_RETURN_IF_ERROR(CheckI32(op, "kv_len", kv_len));
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, N, value_dim]", out, dev));
   EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
-  const int64_t t = q.dim(0), n = q.dim(1), w = q.dim(2);
+  EAGLE3_RETURN_IF_ERROR(CheckLatentShapes(op, q, cache, scale, value_dim, out));
+  const int64_t t = q.dim(0);
   const int64_t b = page_tables.dim(0);
-  if (cache.dim(2) != w) {
-    return Invalid(op, "cache ", cache.ToString(), " rows must have q's width W = ", w, " (q ",
-                   q.ToString(), ")");
-  }
   if (q_start.dim(0) != b + 1) {
     return Invalid(op, "q_start ", q_start.ToString(), " must be [B + 1] = [", b + 1,
                    "] for page_tables ", page_tables.ToString());
@@ -487,16 +496,6 @@ absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const Ten
     }
     EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "tree_mask", tree_mask, "out", out, false));
   }
-  if (value_dim < 1 || value_dim > w) {
-    return Invalid(op, "value_dim must be in [1, W = ", w, "], got ", value_dim);
-  }
-  if (out.dim(0) != t || out.dim(1) != n || out.dim(2) != value_dim) {
-    return Invalid(op, "out ", out.ToString(), " must be [T, N, value_dim] = [", t, ", ", n, ", ",
-                   value_dim, "]");
-  }
-  EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, "out", out, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "page_tables", page_tables, "out", out, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q_start", q_start, "out", out, false));
   return CheckNoOverlap(op, "kv_len", kv_len, "out", out, false);

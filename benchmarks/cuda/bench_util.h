@@ -301,4 +301,14 @@ inline bool Quick() {
 // Repetitions per benchmark: 5, or 3 in quick mode.
 inline int Repetitions() { return Quick() ? 3 : 5; }
 
+// The settings every harness benchmark shares: CUDA-event (manual) time, the run length and
+// repetitions of the mode, medians only, microseconds. Use as BENCHMARK(F)->Apply(Timed)->...
+inline void Timed(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()
+      ->MinTime(Quick() ? 0.05 : 0.2)
+      ->Repetitions(Repetitions())
+      ->ReportAggregatesOnly(true)
+      ->Unit(benchmark::kMicrosecond);
+}
+
 }  // namespace eagle3::bench

@@ -158,19 +158,11 @@ void CollectiveArgs(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_AllReduce)
     ->ArgNames({"bytes", "bf16"})
     ->Apply(CollectiveArgs)
-    ->UseManualTime()
-    ->MinTime(Quick() ? 0.05 : 0.2)
-    ->Repetitions(Repetitions())
-    ->ReportAggregatesOnly(true)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(Timed);
 BENCHMARK(BM_AllGather)
     ->ArgNames({"bytes", "bf16"})
     ->Apply(CollectiveArgs)
-    ->UseManualTime()
-    ->MinTime(Quick() ? 0.05 : 0.2)
-    ->Repetitions(Repetitions())
-    ->ReportAggregatesOnly(true)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(Timed);
 
 }  // namespace
 }  // namespace eagle3::bench

@@ -95,11 +95,7 @@ void LatentArgs(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_LatentAttentionDecode)
     ->ArgNames({"heads", "context", "batch", "qtokens"})
     ->Apply(LatentArgs)
-    ->UseManualTime()
-    ->MinTime(Quick() ? 0.05 : 0.2)
-    ->Repetitions(Repetitions())
-    ->ReportAggregatesOnly(true)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(Timed);
 
 // One rank's MoE layer shape and routing.
 struct MoeModel {
@@ -217,11 +213,7 @@ void MoeArgs(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_MoeDecode)
     ->ArgNames({"model", "tokens"})
     ->Apply(MoeArgs)
-    ->UseManualTime()
-    ->MinTime(Quick() ? 0.05 : 0.2)
-    ->Repetitions(Repetitions())
-    ->ReportAggregatesOnly(true)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(Timed);
 
 }  // namespace
 }  // namespace eagle3::bench

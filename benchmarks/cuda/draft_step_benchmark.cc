@@ -256,11 +256,7 @@ void DraftArgs(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_DraftStep)
     ->ArgNames({"tp", "tokens", "from_target"})
     ->Apply(DraftArgs)
-    ->UseManualTime()
-    ->MinTime(Quick() ? 0.05 : 0.2)
-    ->Repetitions(Repetitions())
-    ->ReportAggregatesOnly(true)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(Timed);
 
 struct FcSet {
   Tensor weight;  // [7168 / shards, 3 * 7168]
@@ -303,11 +299,7 @@ void FcArgs(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_FcProjection)
     ->ArgNames({"tokens", "shards", "bf16"})
     ->Apply(FcArgs)
-    ->UseManualTime()
-    ->MinTime(Quick() ? 0.05 : 0.2)
-    ->Repetitions(Repetitions())
-    ->ReportAggregatesOnly(true)
-    ->Unit(benchmark::kMicrosecond);
+    ->Apply(Timed);
 
 }  // namespace
 }  // namespace eagle3::bench
