@@ -82,5 +82,25 @@ TEST(InspectCheckTest, AcceptsTheMatchingPairAndListsEveryProblemOfAMismatch) {
   EXPECT_THAT(ReadFile(dir.File("input.txt")), HasSubstr("boundaries [0, 1, 2]"));
 }
 
+
+// The committed trained pair passes the check with the default taps; its draft against another
+// target (a golden fixture: hidden 64, vocabulary 1000) is refused with every mismatch listed.
+TEST(InspectCheckTest, ShippedPairPassesAndItsDraftOnAnotherTargetIsRefused) {
+  ScopedTempDir dir;
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  const std::string good = std::string(EAGLE3_INSPECT) + " check --target " + models + "tiny-v2-code --draft " +
+                           models + "tiny-v2-code-eagle3 > " + dir.File("good.txt") + " 2>&1";
+  ASSERT_EQ(std::system(good.c_str()), 0) << ReadFile(dir.File("good.txt"));
+  EXPECT_THAT(ReadFile(dir.File("good.txt")), HasSubstr("boundaries [2, 4, 5]"));
+  EXPECT_THAT(ReadFile(dir.File("good.txt")), HasSubstr("pair OK"));
+
+  const std::string bad = std::string(EAGLE3_INSPECT) + " check --target " + kTarget + " --draft " + models +
+                          "tiny-v2-code-eagle3 > " + dir.File("bad.txt") + " 2>&1";
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  const std::string report = ReadFile(dir.File("bad.txt"));
+  EXPECT_THAT(report, HasSubstr("target_hidden_size 256 != target hidden_size 64"));
+  EXPECT_THAT(report, HasSubstr("vocab_size 8192 != target vocab_size 1000"));
+}
+
 }  // namespace
 }  // namespace eagle3
