@@ -1,6 +1,8 @@
 #include "eagle3/cuda/graph_step_launcher.h"
 
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "eagle3/status.h"
 
@@ -11,7 +13,10 @@ absl::Status GraphStepLauncher::Launch(TargetModel& model) {
     ++counts_.eager;
     return model.Launch();
   }
-  Entry& e = entries_[model.StepSignature()];
+  // Graphs belong to one model's buffers: the key is the model and its step signature.
+  std::vector<int64_t> key = model.StepSignature();
+  key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&model)));
+  Entry& e = entries_[std::move(key)];
   e.last_use = ++clock_;
   ++e.seen;
   if (e.graph == nullptr && (e.eager_only || e.seen == 1)) {

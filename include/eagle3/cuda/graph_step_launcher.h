@@ -3,6 +3,8 @@
 // the backend's scratch), its second is captured and replayed, later ones are replayed. Steps that
 // are not capturable (TargetModel::StepIsCapturable: long extends) always run eagerly. A capture
 // that fails (for example a host-staged collective) marks the signature eager and is counted.
+// Graphs are kept per model (one launcher may serve several live models); call Clear() when a model
+// is destroyed, before another one could take its address.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,8 @@ class GraphStepLauncher final : public StepLauncher {
     int64_t eager = 0, captures = 0, replays = 0, failed_captures = 0;
   };
   const Counts& counts() const { return counts_; }
+  // Drops every graph (and what was learned about each signature).
+  void Clear() { entries_.clear(); }
 
  private:
   struct Entry {
