@@ -294,7 +294,7 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
   p.q_start = q_start.data_as<const int32_t>();
   p.kv_len = kv_len.data_as<const int32_t>();
   p.max_kv_len = max_kv_len;
-  if (tree_mask.numel() > 0) {
+  if (HasTreeMask(tree_mask)) {  // the shared definition (backend.h): else causal
     p.tree_mask = tree_mask.data_as<const uint8_t>();
     p.tree_mask_stride = tree_mask.stride(0);
     p.tree_width = tree_mask.dim(1);
