@@ -40,6 +40,7 @@
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
 #include "eagle3/tokenizer.h"
+#include "parse_ids.h"
 #include "rank_context.h"
 
 namespace {
@@ -117,24 +118,7 @@ constexpr char kUsage[] =
     "    is the output of layer k, boundary k+1, as draft configs mean; input = id k is boundary k,\n"
     "    0 the embedding output) to measure what a wrong tap costs\n";
 
-// "a,b,c" as integers; `flag` names the flag in the message.
-absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, const std::string& value) {
-  std::vector<int64_t> ids;
-  size_t start = 0;
-  while (start <= value.size()) {
-    const size_t comma = value.find(',', start);
-    const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* e = nullptr;
-    const long long id = std::strtoll(item.c_str(), &e, 10);
-    if (item.empty() || *e != '\0') {
-      return absl::InvalidArgumentError(std::string(flag) + ": '" + item + "' is not an integer (in '" + value + "')");
-    }
-    ids.push_back(id);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return ids;
-}
+using eagle3::examples::ParseIds;
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

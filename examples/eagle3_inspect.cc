@@ -59,6 +59,7 @@
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
 #include "eagle3/tokenizer.h"
+#include "parse_ids.h"
 #include "rank_context.h"
 
 namespace {
@@ -96,24 +97,7 @@ struct Flags {
   eagle3::AttentionPath attention = eagle3::AttentionPath::kAuto;
 };
 
-// "a,b,c" as integers; `flag` names the flag in the message.
-absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, const std::string& text) {
-  std::vector<int64_t> tokens;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0') {
-      return absl::InvalidArgumentError(std::string(flag) + ": '" + item + "' is not an integer (in '" + text + "')");
-    }
-    tokens.push_back(v);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return tokens;
-}
+using eagle3::examples::ParseIds;
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   const std::string_view command = argc < 2 ? "" : argv[1];
