@@ -228,6 +228,104 @@ def fc_model(benchmarks):
     return lines + [""]
 
 
+# DeepSeek-V2 at TP 8 (BM_DecodeStep / BM_VerifyStep model 1 = one rank's compute, see
+# decode_step_benchmark.cc): the rank's collectives per target step are the embedding all-reduce, two
+# all-reduces per layer (attention output, MLP/MoE output) of [tokens, 5120] f32 and the all-gather of
+# the logits shards ([tokens, 102400] f32 gathered); the draft (the SpecForge V3 head at its TP 8 rank
+# shape, BM_DraftStep tp 8: no public EAGLE-3 head for V2 exists, and V3's is larger than a V2-sized
+# one would be) adds two all-reduces of [tokens, 7168] f32 per draft pass.
+V2_LAYERS, V2_HIDDEN, V2_VOCAB, DRAFT_HIDDEN = 60, 5120, 102400, 7168
+E2E_TREES = ((4, 3, 8), (4, 5, 16), (8, 6, 32), (8, 7, 64))  # (topk, draft passes, tree tokens)
+E2E_ACCEPT = (2.4, 5.2)  # mean accepted length: Kimi-K2 EAGLE-3, chat and code (the issue's range)
+
+
+def e2e_model(benchmarks, collective_dirs=()):
+    """The modeled end-to-end speedup table for the V2 TP 8 rank; [] without its inputs."""
+    rows = [r for b in benchmarks.values() for r in b["rows"] if not r["error"]]
+    step = {(r["params"]["batch"], r["params"]["context"]): r["counters"]["us"] for r in rows
+            if r["bench"] == "BM_DecodeStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
+    verify = {(r["params"]["batch"], r["params"]["tokens"]): r["counters"]["us"] for r in rows
+              if r["bench"] == "BM_VerifyStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
+    draft = {}
+    for r in rows:
+        if r["bench"] == "BM_DraftStep" and r["params"].get("tp") == 8:
+            draft.setdefault(r["params"].get("from_target", 1), []).append((r["params"]["tokens"], r["counters"]["us"]))
+    tree = {}
+    for r in rows:
+        if r["bench"] == "BM_TreeBuild":
+            p = r["params"]
+            tree[(p.get("batch"), p.get("topk"), p.get("steps"), p.get("tokens"))] = r["counters"]["us"]
+    # Collectives: this run's, else the newest earlier run's under benchmarks/runs/ (named in the text).
+    ar_rows, source = [], "this run"
+    for r in rows:
+        if r["bench"] in ("BM_AllReduce", "BM_AllGather") and r["params"].get("bf16") == 0:
+            ar_rows.append(r)
+    if not ar_rows:
+        for d in collective_dirs:
+            older = load_benchmarks(d)
+            ar_rows = [r for b in older.values() for r in b["rows"] if not r["error"] and
+                       r["bench"] in ("BM_AllReduce", "BM_AllGather") and r["params"].get("bf16") == 0]
+            if ar_rows:
+                source = "the run in `%s`" % os.path.relpath(d, os.path.dirname(os.path.abspath(__file__)))
+                break
+    ar = [(r["params"]["bytes"], r["counters"]["us"]) for r in ar_rows if r["bench"] == "BM_AllReduce"]
+    ag = [(r["params"]["bytes"], r["counters"]["us"]) for r in ar_rows if r["bench"] == "BM_AllGather"]
+    if not step or not verify or not draft or not ar or not ag:
+        missing = [n for n, v in (("BM_DecodeStep model 1", step), ("BM_VerifyStep model 1", verify),
+                                  ("BM_DraftStep tp 8", draft), ("BM_AllReduce", ar), ("BM_AllGather", ag)) if not v]
+        return ["### Modeled: end-to-end speedup of EAGLE-3 on a DeepSeek-V2 TP 8 rank", "",
+                "Not computed: this run lacks " + ", ".join(missing) + ".", ""]
+
+    def allreduce(nbytes):
+        return interp_loglog(ar, nbytes)[0]
+
+    def target_collectives(tokens):
+        return ((1 + 2 * V2_LAYERS) * allreduce(tokens * V2_HIDDEN * 4) +
+                interp_loglog(ag, tokens * V2_VOCAB * 4)[0])
+
+    def draft_pass(tokens, first):
+        pts = draft.get(1 if first else 0) or draft.get(1) or draft.get(0)
+        return interp_loglog([(t, us) for t, us in pts], tokens)[0] + 2 * allreduce(tokens * DRAFT_HIDDEN * 4)
+
+    context = max(c for (_, c) in step)
+    lines = ["### Modeled: end-to-end speedup of EAGLE-3 on a DeepSeek-V2 TP 8 rank", "",
+             "**A model, not a measurement of one program.** speedup = mean accepted length × vanilla step ÷ "
+             "(draft round + verify step), every term from measured rows of this page: vanilla step = "
+             f"`BM_DecodeStep` model 1 (one V2 rank, graph) at context {context} + the rank's collectives "
+             "(1 + 2 × 60 all-reduces of [tokens, 5120] f32, the logits all-gather) interpolated from "
+             f"`BM_AllReduce` / `BM_AllGather` of {source} (measured on 2 GPUs; 8 GPUs cost more per call); "
+             "verify step = `BM_VerifyStep` model 1 (a complete 4-ary tree of the given size after "
+             f"{context} cached tokens, graph) + the same collectives at batch × tree tokens; draft round = "
+             "the first draft pass over the accepted tokens (mean accepted length + 1 per sequence, "
+             "`BM_DraftStep` tp 8, from_target 1) + (passes − 1) passes over topk tokens per sequence "
+             "(from_target 0, or 1 when not measured), each with two all-reduces, + the device tree build "
+             "(`BM_TreeBuild`, when measured). The draft is the SpecForge V3 head at its TP 8 rank shape "
+             "(no public V2 head; a V2-sized head would be smaller). Mean accepted lengths 2.4 and 5.2 are "
+             "the range reported for Kimi-K2's EAGLE-3 head (chat vs code), not measured here.", "",
+             "| batch | topk | passes | tree tokens | vanilla step µs | verify step µs | draft round µs (τ 2.4 / 5.2) "
+             "| speedup at τ 2.4 | speedup at τ 5.2 |", "|---|---|---|---|---|---|---|---|---|"]
+    for batch in sorted({b for (b, _) in step}):
+        if (batch, context) not in step:
+            continue
+        vanilla = step[(batch, context)] + target_collectives(batch)
+        for topk, passes, n in E2E_TREES:
+            if (batch, n) not in verify:
+                continue
+            ver = verify[(batch, n)] + target_collectives(batch * n)
+            build = tree.get((batch, topk, passes, n), 0.0)
+            rounds, speedups = [], []
+            for tau in E2E_ACCEPT:
+                rnd = (draft_pass(batch * (tau + 1), True) + (passes - 1) * draft_pass(batch * topk, False) + build)
+                rounds.append(rnd)
+                speedups.append(tau * vanilla / (rnd + ver))
+            lines.append("| " + " | ".join([str(batch), str(topk), str(passes), str(n), fmt(vanilla), fmt(ver),
+                                            f"{fmt(rounds[0])} / {fmt(rounds[1])}", fmt(speedups[0]) + "×",
+                                            fmt(speedups[1]) + "×"]) + " |")
+    if not tree:
+        lines += ["", "The device tree build was not measured in this run; its time is left out of the draft round."]
+    return lines + [""]
+
+
 # ---- roofline chart ---------------------------------------------------------------------------------
 
 def roofline_points(benchmarks):
@@ -391,6 +489,8 @@ def main():
             continue
         md += table(b["rows"], peers)
     md += fc_model(benchmarks)
+    runs = sorted(glob.glob(os.path.join(here, "runs", "*")), reverse=True)
+    md += e2e_model(benchmarks, [d for d in runs if os.path.abspath(d) != os.path.abspath(args.indir)])
     legend = ", ".join(f"{bench} = rgb{PALETTE[k % len(PALETTE)]}" for k, bench in enumerate(sorted(pts)))
     md += ["## Roofline", "", f"![roofline]({os.path.basename(args.out_png)})", "",
            f"Arithmetic intensity (flop/byte) vs achieved flop/s, log-log, with the two measured ceilings "
