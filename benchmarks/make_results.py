@@ -27,7 +27,7 @@ STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "
 # Run settings that Google Benchmark puts into names; they are shown but never join a peer row.
 RUN_SETTINGS = ("min_time", "repeats", "iterations")
 # Argument names of benchmarks that older runs registered without ArgNames (positional "/16/4096").
-POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens"]}
+POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens", "cache_bits"]}
 
 
 def parse_name(run_name):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <cuda_bf16.h>
 #include <math_constants.h>
 
 #include "core_kernels.cuh"
@@ -157,26 +158,38 @@ __device__ inline int64_t SlotOf(int64_t pos, const int32_t* __restrict__ page_t
   return static_cast<int64_t>(page_table[pos / page_size]) * page_size + pos % page_size;
 }
 
+// Cache elements: f32, or bf16 bit patterns (stored rounded to nearest even, read exactly).
+__device__ inline float LoadCached(const float* p) { return *p; }
+__device__ inline float LoadCached(const uint16_t* p) {
+  return __uint_as_float(static_cast<unsigned>(*p) << 16);
+}
+__device__ inline void StoreCached(float* p, float v) { *p = v; }
+__device__ inline void StoreCached(uint16_t* p, float v) {
+  *p = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
 // One block per token: rows[t] -> its slot (to_cache) or its slot -> rows[t].
-template <typename Index>
+template <typename Index, typename Cached>
 __global__ void PagedCopyKernel(float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
                                 const Index* __restrict__ positions,
                                 const int32_t* __restrict__ page_table, int64_t page_size,
-                                float* cache, bool to_cache, const int* __restrict__ bad) {
+                                Cached* cache, bool to_cache, const int* __restrict__ bad) {
   if (*bad != 0) return;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float* row = rows + t * rows_stride;
-    float* slot = cache + SlotOf(positions[t], page_table, page_size) * width;
-    const float* from = to_cache ? row : slot;
-    float* to = to_cache ? slot : row;
-    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) to[c] = from[c];
+    Cached* slot = cache + SlotOf(positions[t], page_table, page_size) * width;
+    if (to_cache) {
+      for (int64_t c = threadIdx.x; c < width; c += blockDim.x) StoreCached(slot + c, row[c]);
+    } else {
+      for (int64_t c = threadIdx.x; c < width; c += blockDim.x) row[c] = LoadCached(slot + c);
+    }
   }
 }
 
-template <typename Index>
+template <typename Index, typename Cached>
 cudaError_t PagedCopy(float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
                       const Index* positions, const int32_t* page_table, int64_t page_size,
-                      float* cache, bool to_cache, const int* bad, cudaStream_t stream) {
+                      Cached* cache, bool to_cache, const int* bad, cudaStream_t stream) {
   if (tokens < 0 || width < 0 || rows_stride < 0 || page_size < 1) return cudaErrorInvalidValue;
   if (tokens == 0 || width == 0) return cudaSuccess;
   // page_table may be null when it is empty: the check then fails every token.
@@ -527,7 +540,9 @@ struct LatentArgs {
   int64_t value_tiles;
   int64_t splits;
   int64_t keys_per_split;     // a multiple of kLatentChunk
-  int wp;                     // floats per staged row: key_dim rounded up to 32 (zero padded)
+  int wp;                     // f32: floats per staged row, key_dim rounded up to 32 (zero
+                              // padded); bf16: elements per staged row, key_dim rounded up to 64,
+                              // + 8 (MmaRowStride)
   bool vec;                   // 16-byte cp.async
   float* partials;
   const int* bad;
@@ -542,7 +557,7 @@ size_t LatentSharedFloats(int64_t key_dim) {
                              2 * kLatentMaxRows + kLatentMaxRows);
 }
 
-__device__ inline void CpAsync16(float* smem, const float* gmem) {
+__device__ inline void CpAsync16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
@@ -876,6 +891,369 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
   }
 }
 
+// ---- Paged latent attention over a bf16 cache: tensor cores -------------------------------------
+//
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32. Fragment layouts (PTX ISA, "Matrix
+// Fragments for mma.m16n8k16 with floating point type"); lane = 4 g + t (g = groupID = lane / 4,
+// t = threadID_in_group = lane % 4); a register holds two bf16, the lower index in the low half:
+//   A (16 x 16, row):  a0 = A[g][2t, 2t+1]   a1 = A[g+8][2t, 2t+1]
+//                      a2 = A[g][2t+8, 2t+9] a3 = A[g+8][2t+8, 2t+9]
+//   B (16 x 8, col):   b0 = B[2t, 2t+1][g]   b1 = B[2t+8, 2t+9][g]
+//   C, D (16 x 8, f32): c0, c1 = C[g][2t, 2t+1]   c2, c3 = C[g+8][2t, 2t+1]
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j .. 8j+7 give the row addresses (16
+// bytes each) of 8x8 matrix j; register j of lane l gets matrix j's row l / 4, elements 2 (l % 4),
+// 2 (l % 4) + 1 (.trans: elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)). Hence:
+//   A from row-major X[m][k] at k0: matrix j = rows 8 (j % 2) + 0..7, columns k0 + 8 (j / 2) + 0..7
+//     gives a0, a1, a2, a3 (matrix 0 = rows 0-7 x cols 0-7 = a0, 1 = rows 8-15 = a1, ...);
+//   B = K^T from key rows K[n][k] (no .trans) at (n0, k0): matrix j = keys n0 + 8 (j / 2) + 0..7,
+//     dims k0 + 8 (j % 2) + 0..7 gives b0, b1 of n-tile n0, then b0, b1 of n-tile n0 + 8;
+//   B = V from key rows V[k][n] (.trans) at (k0, n0): matrix j = keys k0 + 8 (j % 2) + 0..7,
+//     columns n0 + 8 (j / 2) + 0..7 gives b0, b1 of n-tile n0, then b0, b1 of n-tile n0 + 8.
+//
+// A block is 8 warps, 16 query rows (G tokens x H heads, as LatentKernel) and one split of the
+// keys, walked in 32-key chunks that cp.async stages kMmaStages - 1 chunks ahead (page entries
+// one chunk earlier still, mask bytes one chunk ahead). Scores: warp w takes keys 16 (w / 4) ..
+// + 15 (two n-tiles) over dim quarter w % 4, whose q fragments stay in registers; the four
+// partial tiles meet in shared memory. Softmax: 16 threads per row, 2 keys each, fp32, online.
+// Values: warp w owns output columns col0 + 64 w .. + 63 (8 n-tiles), A = the probabilities in
+// bf16; B registers of keys no row allows are zeroed (such rows may be stale or garbage).
+// Staged rows are padded by 16 bytes (row stride = 4 banks mod 32): ldmatrix is conflict-free.
+
+constexpr int kMmaThreads = 256;
+constexpr int kMmaWarps = kMmaThreads / 32;
+constexpr int kMmaRows = 16;
+constexpr int kMmaStages = 4;
+constexpr int kMmaMaxKSteps = static_cast<int>(kLatentMaxKeyDim / 64);  // per dim quarter
+constexpr int kRedStride = 36;  // floats per partial score row (float2 / float4 aligned)
+constexpr int kPStride = 40;    // bf16 per probability row (80 bytes: conflict-free ldmatrix)
+static_assert(kLatentMaxKeyDim % 64 == 0, "the dim quarters hold whole k-steps");
+
+int MmaRowStride(int64_t key_dim) { return static_cast<int>((key_dim + 63) / 64 * 64 + 8); }
+
+size_t MmaSharedBytes(int64_t key_dim) {
+  const size_t rs = static_cast<size_t>(MmaRowStride(key_dim));
+  return 2 * rs * (kMmaRows + kMmaStages * kLatentChunk) + 4 * (4 * kMmaRows * kRedStride) +
+         2 * (kMmaRows * kPStride) + 4 * (3 * kMmaRows + kMmaWarps);
+}
+
+template <int kPending>
+__device__ inline void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ inline void LdMatrixX4(unsigned (&r)[4], const uint16_t* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
+
+__device__ inline void LdMatrixX4Trans(unsigned (&r)[4], const uint16_t* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
+
+// c += A B for one m16n8k16 tile (bf16 in, fp32 accumulate).
+__device__ inline void MmaBf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline uint16_t Bf16Bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// Keeps the bf16 halves of a B register whose keys (key, key + 1) are set in `used`.
+__device__ inline unsigned PairMask(unsigned used, int key) {
+  return (((used >> key) & 1u) != 0 ? 0x0000ffffu : 0u) |
+         (((used >> (key + 1)) & 1u) != 0 ? 0xffff0000u : 0u);
+}
+
+__global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentArgs a) {
+  if (*a.bad != 0) return;
+  const LatentLaunchParams& p = a.p;
+  LatentTile tile;
+  if (!FindLatentTile(a, blockIdx.x, &tile)) return;
+  const int64_t s_begin = static_cast<int64_t>(blockIdx.y) * a.keys_per_split;
+  const int64_t s_end = std::min(tile.kv, s_begin + a.keys_per_split);
+  if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
+  const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
+  const int64_t heads_per_tile = a.heads_per_tile;
+  const int64_t n0 = (blockIdx.z / a.value_tiles) * heads_per_tile;
+  const int64_t tile_tokens = std::min<int64_t>(a.tokens_per_tile, tile.n - tile.i0);
+  const int64_t prefix = tile.kv - tile.n;
+  const int key_dim = static_cast<int>(p.key_dim);
+  const int rs = a.wp;            // staged row stride: key_dim rounded up to 64, + 8
+  const int nks = (rs - 8) / 64;  // k-steps per dim quarter
+
+  extern __shared__ float4 mma_shared[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_shared);            // [kMmaRows][rs]
+  uint16_t* ks = qs + kMmaRows * rs;                                  // [kMmaStages][32][rs]
+  float* red = reinterpret_cast<float*>(ks + kMmaStages * kLatentChunk * rs);  // [4][16][36]
+  uint16_t* ps = reinterpret_cast<uint16_t*>(red + 4 * kMmaRows * kRedStride);  // [16][40]
+  float* row_alpha = reinterpret_cast<float*>(ps + kMmaRows * kPStride);        // [16]
+  float* row_m = row_alpha + kMmaRows;                                          // [16]
+  float* row_l = row_m + kMmaRows;                                              // [16]
+  unsigned* used_by_warp = reinterpret_cast<unsigned*>(row_l + kMmaRows);       // [8]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t4 = lane % 4;
+  const int mat = lane / 8;  // the ldmatrix matrix this lane addresses
+  const int mrow = lane % 8;
+
+  // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
+  auto row_valid = [&](int r) {
+    return r < heads_per_tile * a.tokens_per_tile && r / heads_per_tile < tile_tokens &&
+           n0 + r % heads_per_tile < p.heads;
+  };
+  for (int i = tid; i < kMmaRows * rs; i += kMmaThreads) {
+    const int r = i / rs;
+    const int d = i % rs;
+    const int64_t t = tile.q0 + tile.i0 + r / heads_per_tile;
+    const int64_t n = n0 + r % heads_per_tile;
+    qs[i] = Bf16Bits(row_valid(r) && d < key_dim
+                         ? p.q[t * p.q_token_stride + n * p.q_head_stride + d] : 0.0f);
+  }
+  // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN).
+  const int pad = rs - 8 - key_dim;
+  for (int i = tid; i < kMmaStages * kLatentChunk * pad; i += kMmaThreads) {
+    ks[(i / pad) * rs + key_dim + i % pad] = 0;
+  }
+
+  auto allow_byte = [&](int64_t lt, int64_t s) -> const uint8_t* {
+    if (lt >= tile_tokens || s >= s_end) return &kMaskConstants[0];
+    const int64_t i = tile.i0 + lt;
+    if (p.mask != nullptr) return p.mask + (tile.q0 + i) * p.mask_stride + s;
+    if (s < prefix) return &kMaskConstants[1];
+    const int64_t j = s - prefix;
+    if (p.tree_mask != nullptr) return p.tree_mask + (tile.q0 + i) * p.tree_mask_stride + j;
+    return &kMaskConstants[j <= i ? 1 : 0];
+  };
+  // Warp w copies keys w, w + 8, w + 16, w + 24 of a chunk.
+  auto load_pages = [&](int64_t base, int32_t (&page)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t s = base + warp + kMmaWarps * k;
+      page[k] = s < s_end ? tile.pages[s / p.page_size] : 0;
+    }
+  };
+  auto issue = [&](int64_t base, int stage, const int32_t (&page)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int key = warp + kMmaWarps * k;
+      const int64_t s = base + key;
+      if (s >= s_end) continue;
+      const uint16_t* src =
+          p.cache_bf16 + (static_cast<int64_t>(page[k]) * p.page_size + s % p.page_size) * key_dim;
+      uint16_t* dst = ks + (stage * kLatentChunk + key) * rs;
+      if (a.vec) {
+        for (int e = lane * 8; e < key_dim; e += 256) CpAsync16(dst + e, src + e);
+      } else {
+        for (int e = lane; e < key_dim; e += 32) dst[e] = src[e];
+      }
+    }
+  };
+
+  const int64_t chunks = (s_end - s_begin + kLatentChunk - 1) / kLatentChunk;
+  int32_t page[4];
+  {
+    int32_t first[kMmaStages - 1][4];
+#pragma unroll
+    for (int st = 0; st < kMmaStages - 1; ++st) load_pages(s_begin + st * kLatentChunk, first[st]);
+#pragma unroll
+    for (int st = 0; st < kMmaStages - 1; ++st) {
+      if (st < chunks) issue(s_begin + st * kLatentChunk, st, first[st]);
+      CpAsyncCommit();
+    }
+  }
+  load_pages(s_begin + (kMmaStages - 1) * kLatentChunk, page);
+
+  // Softmax role: row sr, keys sk, sk + 1 of each chunk; the row's running max and sum.
+  const int sr = tid / 16;
+  const int sk = 2 * (tid % 16);
+  const bool sr_valid = row_valid(sr);
+  const int64_t sr_token = sr / heads_per_tile;
+  float m_run = -CUDART_INF_F, l_run = 0.0f;
+  uint8_t mask_next[2] = {*allow_byte(sr_token, s_begin + sk), *allow_byte(sr_token, s_begin + sk + 1)};
+
+  __syncthreads();  // qs staged
+  const int quarter = warp % 4;  // score role: dims of this quarter, keys 16 * key_half ..
+  const int key_half = warp / 4;
+  unsigned qa[kMmaMaxKSteps][4];
+#pragma unroll
+  for (int i = 0; i < kMmaMaxKSteps; ++i) {
+    if (i < nks) {
+      const int d0 = (quarter * nks + i) * 16;
+      LdMatrixX4(qa[i], qs + ((mat % 2) * 8 + mrow) * rs + d0 + (mat / 2) * 8);
+    } else {
+      qa[i][0] = qa[i][1] = qa[i][2] = qa[i][3] = 0u;
+    }
+  }
+
+  const int64_t vcol = col0 + 64 * warp;  // value role: columns vcol .. + 63
+  float o[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t base = s_begin + c * kLatentChunk;
+    const uint16_t* kst = ks + static_cast<int>(c % kMmaStages) * kLatentChunk * rs;
+    CpAsyncWait<kMmaStages - 2>();
+    __syncthreads();  // chunk c staged by every thread; iteration c - 1 is done with its stage
+    if (c + kMmaStages - 1 < chunks) {
+      issue(base + (kMmaStages - 1) * kLatentChunk,
+            static_cast<int>((c + kMmaStages - 1) % kMmaStages), page);
+    }
+    CpAsyncCommit();
+    if (c + kMmaStages < chunks) load_pages(base + kMmaStages * kLatentChunk, page);
+    const uint8_t mask_now[2] = {mask_next[0], mask_next[1]};
+    if (c + 1 < chunks) {
+      mask_next[0] = *allow_byte(sr_token, base + kLatentChunk + sk);
+      mask_next[1] = *allow_byte(sr_token, base + kLatentChunk + sk + 1);
+    }
+
+    // Partial scores of this warp's quarter: 16 rows x 16 keys.
+    {
+      unsigned kb[kMmaMaxKSteps][4];
+#pragma unroll
+      for (int i = 0; i < kMmaMaxKSteps; ++i) {
+        if (i < nks) {
+          const int d0 = (quarter * nks + i) * 16;
+          LdMatrixX4(kb[i], kst + (key_half * 16 + (mat / 2) * 8 + mrow) * rs + d0 + (mat % 2) * 8);
+        }
+      }
+      float sacc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int i = 0; i < kMmaMaxKSteps; ++i) {
+        if (i < nks) {
+          MmaBf16(sacc[0], qa[i], kb[i][0], kb[i][1]);
+          MmaBf16(sacc[1], qa[i], kb[i][2], kb[i][3]);
+        }
+      }
+      float* part = red + quarter * kMmaRows * kRedStride;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int key = key_half * 16 + nt * 8 + 2 * t4;
+        *reinterpret_cast<float2*>(part + g * kRedStride + key) = make_float2(sacc[nt][0], sacc[nt][1]);
+        *reinterpret_cast<float2*>(part + (g + 8) * kRedStride + key) =
+            make_float2(sacc[nt][2], sacc[nt][3]);
+      }
+    }
+    __syncthreads();  // partial scores written
+
+    // Online softmax over the 16 lanes of row sr (a half warp).
+    {
+      float2 dot = make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        const float2 v = *reinterpret_cast<const float2*>(red + (q4 * kMmaRows + sr) * kRedStride + sk);
+        dot.x += v.x;
+        dot.y += v.y;
+      }
+      const bool allow0 = sr_valid && mask_now[0] != 0;
+      const bool allow1 = sr_valid && mask_now[1] != 0;
+      const float s0 = allow0 ? p.scale * dot.x : -CUDART_INF_F;
+      const float s1 = allow1 ? p.scale * dot.y : -CUDART_INF_F;
+      float chunk_max = fmaxf(s0, s1);
+#pragma unroll
+      for (int offset = 8; offset >= 1; offset >>= 1) {
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(kFullMask, chunk_max, offset));
+      }
+      const float new_max = fmaxf(m_run, chunk_max);
+      float p0 = 0.0f, p1 = 0.0f, alpha = 1.0f;  // no allowed key yet: m = -inf, l = 0 stay
+      if (new_max != -CUDART_INF_F) {
+        p0 = expf(s0 - new_max);
+        p1 = expf(s1 - new_max);
+        alpha = expf(m_run - new_max);
+      }
+      float psum = p0 + p1;
+#pragma unroll
+      for (int offset = 8; offset >= 1; offset >>= 1) psum += __shfl_xor_sync(kFullMask, psum, offset);
+      l_run = l_run * alpha + psum;
+      m_run = new_max;
+      *reinterpret_cast<__nv_bfloat162*>(ps + sr * kPStride + sk) = __floats2bfloat162_rn(p0, p1);
+      if (sk == 0) row_alpha[sr] = alpha;
+      const unsigned bits = (allow0 ? 1u << sk : 0u) | (allow1 ? 2u << sk : 0u);
+      const unsigned warp_bits = __reduce_or_sync(kFullMask, bits);
+      if (lane == 0) used_by_warp[warp] = warp_bits;
+    }
+    __syncthreads();  // probabilities, alpha and used bits written
+
+    unsigned used = 0;  // keys of the chunk that some row allows (block-uniform)
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) used |= used_by_warp[w];
+    if (used == 0) continue;  // every alpha is 1
+    const float alpha_lo = row_alpha[g], alpha_hi = row_alpha[g + 8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      unsigned pa[4];
+      LdMatrixX4(pa, ps + ((mat % 2) * 8 + mrow) * kPStride + 16 * kk + (mat / 2) * 8);
+      const unsigned keep0 = PairMask(used, 16 * kk + 2 * t4);
+      const unsigned keep1 = PairMask(used, 16 * kk + 8 + 2 * t4);
+      const uint16_t* v_rows = kst + (16 * kk + (mat % 2) * 8 + mrow) * rs + (mat / 2) * 8;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int64_t cb = vcol + 16 * jj;
+        if (cb >= p.value_dim) continue;  // warp-uniform; cb + 16 <= the staged width
+        unsigned vb[4];
+        LdMatrixX4Trans(vb, v_rows + cb);
+        MmaBf16(o[2 * jj], pa, vb[0] & keep0, vb[1] & keep1);
+        MmaBf16(o[2 * jj + 1], pa, vb[2] & keep0, vb[3] & keep1);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  if (sk == 0) {
+    row_m[sr] = m_run;
+    row_l[sr] = l_run;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = g + 8 * half;
+    if (!row_valid(row)) continue;
+    const int64_t t = tile.q0 + tile.i0 + row / heads_per_tile;
+    const int64_t n = n0 + row % heads_per_tile;
+    float* dst;
+    float factor = 1.0f;
+    if (a.splits == 1) {
+      // Every key of the sequence is in this block and the row allows one (checked): l > 0.
+      dst = p.out + t * p.out_token_stride + n * p.out_head_stride;
+      factor = 1.0f / row_l[row];
+    } else {
+      const int64_t entry = (t * p.heads + n) * a.splits + blockIdx.y;
+      dst = a.partials + entry * p.value_dim;
+      if (blockIdx.z % a.value_tiles == 0 && warp == 0 && t4 == 0) {
+        float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry;
+        max_sum[0] = row_m[row];
+        max_sum[1] = row_l[row];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t col = vcol + 8 * j + 2 * t4;
+      if (col < p.value_dim) dst[col] = o[j][2 * half] * factor;
+      if (col + 1 < p.value_dim) dst[col + 1] = o[j][2 * half + 1] * factor;
+    }
+  }
+}
+
 // One block per (query row, 128 value columns): out = sum_i w_i acc_i / sum_i w_i l_i over the
 // splits that hold keys of the row's sequence, w_i = exp(m_i - max m) (0 for m_i = -inf).
 __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const LatentArgs a) {
@@ -1002,13 +1380,17 @@ bool ValidLatentParams(const LatentLaunchParams& p) {
       p.page_table_stride < 0 || p.tree_width < 0) {
     return false;
   }
+  if (p.cache != nullptr && p.cache_bf16 != nullptr) return false;
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return true;
-  return p.q != nullptr && p.out != nullptr && p.cache != nullptr && p.page_tables != nullptr;
+  return p.q != nullptr && p.out != nullptr && (p.cache != nullptr || p.cache_bf16 != nullptr) &&
+         p.page_tables != nullptr;
 }
 
-// Query rows per block: 8 when there are few heads and at most one query token per sequence
-// (decode at 8 heads per rank), else 16. Host values only; the tile table and the kernels agree.
+// Query rows per block: 16 for the bf16 (tensor-core) kernel; for the f32 kernel 8 when there are
+// few heads and at most one query token per sequence (decode at 8 heads per rank), else 16. Host
+// values only; the tile table and the kernels agree.
 int LatentBlockRows(const LatentLaunchParams& p) {
+  if (p.cache_bf16 != nullptr) return kMmaRows;
   const bool one_token_per_sequence = p.tokens <= std::max<int64_t>(p.batch, 1);
   return p.heads <= 8 && one_token_per_sequence ? 8 : 16;
 }
@@ -1025,7 +1407,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
     error = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
   if (error != cudaSuccess) return error;
-  const size_t shared_bytes = LatentSharedFloats(p.key_dim) * sizeof(float);
+  const bool bf16 = p.cache_bf16 != nullptr;
+  const size_t shared_bytes =
+      bf16 ? MmaSharedBytes(p.key_dim) : LatentSharedFloats(p.key_dim) * sizeof(float);
   if (shared_bytes > static_cast<size_t>(max_shared)) return cudaErrorInvalidValue;
 
   LatentArgs a{};
@@ -1033,8 +1417,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.tile_table = tile_table;
   a.partials = partials;
   a.bad = bad;
-  a.wp = LatentRowStride(p.key_dim);
-  a.vec = p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
+  a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
+  a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
+               : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
   const int rows = LatentBlockRows(p);
   a.heads_per_tile = std::min<int64_t>(p.heads, rows);
   a.tokens_per_tile = rows / a.heads_per_tile;
@@ -1072,7 +1457,11 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
-  if (row_tile == 2) {
+  if (bf16) {
+    error = cudaFuncSetAttribute(LatentMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(shared_bytes));
+    if (error == cudaSuccess) LatentMmaKernel<<<grid, kMmaThreads, shared_bytes, stream>>>(a);
+  } else if (row_tile == 2) {
     error = cudaFuncSetAttribute(LatentKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(shared_bytes));
     if (error == cudaSuccess) LatentKernel<2><<<grid, kLatentThreads, shared_bytes, stream>>>(a);
@@ -1175,6 +1564,34 @@ cudaError_t LaunchPagedRead(const float* cache, const int32_t* page_table, int64
                    const_cast<float*>(cache), false, bad, stream);
 }
 
+cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
+                             const int32_t* positions, const int32_t* page_table, int64_t page_size,
+                             uint16_t* cache, const int* bad, cudaStream_t stream) {
+  return PagedCopy(const_cast<float*>(rows), rows_stride, tokens, width, positions, page_table,
+                   page_size, cache, true, bad, stream);
+}
+
+cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
+                             const int64_t* positions, const int32_t* page_table, int64_t page_size,
+                             uint16_t* cache, const int* bad, cudaStream_t stream) {
+  return PagedCopy(const_cast<float*>(rows), rows_stride, tokens, width, positions, page_table,
+                   page_size, cache, true, bad, stream);
+}
+
+cudaError_t LaunchPagedRead(const uint16_t* cache, const int32_t* page_table, int64_t page_size,
+                            const int32_t* positions, int64_t tokens, int64_t width, float* out,
+                            int64_t out_stride, const int* bad, cudaStream_t stream) {
+  return PagedCopy(out, out_stride, tokens, width, positions, page_table, page_size,
+                   const_cast<uint16_t*>(cache), false, bad, stream);
+}
+
+cudaError_t LaunchPagedRead(const uint16_t* cache, const int32_t* page_table, int64_t page_size,
+                            const int64_t* positions, int64_t tokens, int64_t width, float* out,
+                            int64_t out_stride, const int* bad, cudaStream_t stream) {
+  return PagedCopy(out, out_stride, tokens, width, positions, page_table, page_size,
+                   const_cast<uint16_t*>(cache), false, bad, stream);
+}
+
 size_t AttentionSharedBytes(int64_t key_dim, int64_t value_dim, bool paged) {
   return SharedFloats(key_dim, value_dim, paged) * sizeof(float);
 }
@@ -1248,6 +1665,8 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 }
 
 size_t LatentSharedBytes(int64_t key_dim) { return LatentSharedFloats(key_dim) * sizeof(float); }
+
+size_t LatentBf16SharedBytes(int64_t key_dim) { return MmaSharedBytes(key_dim); }
 
 cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
                                   int64_t partial_capacity, const int* bad, cudaStream_t stream) {

@@ -1,5 +1,8 @@
 // CudaBackend: RoPE, attention over dense and paged keys, paged cache rows (kernels in
-// attention_kernels.cu). f32 only.
+// attention_kernels.cu). f32 operands; the paged latent cache of LatentAttention,
+// BatchedLatentAttention, PagedWrite and PagedRead may also be bf16 (PagedWrite rounds to nearest
+// even; the attention ops run the tensor-core kernel on it, with q rounded to bf16: see
+// attention_ops.h).
 //
 // Data-dependent errors. The CPU reference checks positions, page entries and mask rows before it
 // writes anything and returns InvalidArgument at once. Here those tensors live on the device, so
@@ -100,6 +103,13 @@ absl::Status CheckSharedMemory(const CudaBackend::State& state, const char* op, 
   return absl::OkStatus();
 }
 
+// The paged latent cache: f32 or bf16.
+absl::Status CheckLatentCache(const char* op, const TensorView& cache) {
+  if (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) return absl::OkStatus();
+  return Invalid(op, "cache is ", cache.ToString(), " but CudaBackend::", op,
+                 " takes an f32 or bf16 cache (got ", std::string(DTypeName(cache.dtype())), ")");
+}
+
 // Latent-kernel params for q, cache and out (the mask fields are the caller's).
 LatentLaunchParams LatentParams(const TensorView& q, const TensorView& cache, float scale,
                                 int64_t value_dim, const TensorView& out) {
@@ -107,7 +117,11 @@ LatentLaunchParams LatentParams(const TensorView& q, const TensorView& cache, fl
   p.q = q.data_as<const float>();
   p.q_token_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
-  p.cache = cache.data_as<const float>();
+  if (cache.dtype() == DType::kBF16) {
+    p.cache_bf16 = cache.data_as<const uint16_t>();
+  } else {
+    p.cache = cache.data_as<const float>();
+  }
   p.page_size = cache.dim(1);
   p.num_pages = cache.dim(0);
   p.out = out.data_as<float>();
@@ -121,14 +135,15 @@ LatentLaunchParams LatentParams(const TensorView& q, const TensorView& cache, fl
   return p;
 }
 
-// The latent kernel stages 48 rows of key_dim floats; the device must allow its shared memory.
+// The latent kernel stages 48 rows of key_dim floats (the bf16 kernel 144 rows of key_dim bf16);
+// the device must allow its shared memory.
 absl::Status CheckLatentSharedMemory(const CudaBackend::State& state, const char* op,
-                                     int64_t key_dim) {
+                                     int64_t key_dim, bool bf16) {
   int limit = 0;
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, state.options.device),
       absl::StrCat(op, ": cudaDeviceGetAttribute")));
-  const size_t needed = LatentSharedBytes(key_dim);
+  const size_t needed = bf16 ? LatentBf16SharedBytes(key_dim) : LatentSharedBytes(key_dim);
   if (key_dim > kLatentMaxKeyDim || needed > static_cast<size_t>(limit)) {
     return Invalid(op, "key width W = ", key_dim, " is too wide for the CUDA latent attention kernel (W <= ",
                    kLatentMaxKeyDim, ", ", needed, " bytes of shared memory per block; cuda:",
@@ -224,10 +239,13 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
   EAGLE3_RETURN_IF_ERROR(
       CheckLatentAttention(q, cache, page_table, context_len, mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
-  const bool fast = CheckLatentSharedMemory(s, op, q.dim(2)).ok();
+  const bool bf16 = cache.dtype() == DType::kBF16;
+  // A bf16 cache has no fallback: the split kernel reads f32 keys.
+  if (bf16) EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2), true));
+  const bool fast = bf16 || CheckLatentSharedMemory(s, op, q.dim(2), false).ok();
   if (!fast) EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), value_dim, true));
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
   const int64_t page_size = cache.dim(1);
@@ -274,7 +292,7 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
   EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
                                                      max_kv_len, tree_mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   if (page_tables.dim(0) > kLatentMaxBatch) {
     return Invalid(op, "page_tables ", page_tables.ToString(), " holds ", page_tables.dim(0),
@@ -284,7 +302,7 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
     return Invalid(op, "max_kv_len = ", max_kv_len, " exceeds the i32 range of kv_len");
   }
   State& s = *state_;
-  EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2)));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2), cache.dtype() == DType::kBF16));
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
   LatentLaunchParams p = LatentParams(q, cache, scale, value_dim, out);
   p.page_tables = page_tables.data_as<const int32_t>();
@@ -310,7 +328,7 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
   const char* op = "PagedWrite";
   EAGLE3_RETURN_IF_ERROR(CheckPaged(op, rows, positions, page_table, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "rows", rows));
-  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
   const int32_t* pages = page_table.data_as<const int32_t>();
@@ -323,11 +341,18 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
                         DeviceErrorCode(DeviceCheck::kPagedWritePosition), s.stream);
                   }),
       "PagedWrite: position check launch"));
+  const bool bf16 = cache.dtype() == DType::kBF16;
   return CudaStatus(WithIndices(positions,
                                 [&](const auto* pos) {
-                                  return LaunchPagedWrite(rows.data_as<const float>(),
-                                                          rows.stride(0), rows.dim(0), rows.dim(1),
-                                                          pos, pages, cache.dim(1),
+                                  const float* from = rows.data_as<const float>();
+                                  if (bf16) {
+                                    return LaunchPagedWrite(from, rows.stride(0), rows.dim(0),
+                                                            rows.dim(1), pos, pages, cache.dim(1),
+                                                            cache.data_as<uint16_t>(), scratch.bad,
+                                                            s.stream);
+                                  }
+                                  return LaunchPagedWrite(from, rows.stride(0), rows.dim(0),
+                                                          rows.dim(1), pos, pages, cache.dim(1),
                                                           cache.data_as<float>(), scratch.bad,
                                                           s.stream);
                                 }),
@@ -338,7 +363,7 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                                     const TensorView& positions, const TensorView& out) {
   const char* op = "PagedRead";
   EAGLE3_RETURN_IF_ERROR(CheckPaged(op, out, positions, page_table, cache));
-  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
@@ -352,8 +377,15 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                         DeviceErrorCode(DeviceCheck::kPagedReadPosition), s.stream);
                   }),
       "PagedRead: position check launch"));
+  const bool bf16 = cache.dtype() == DType::kBF16;
   return CudaStatus(WithIndices(positions,
                                 [&](const auto* pos) {
+                                  if (bf16) {
+                                    return LaunchPagedRead(cache.data_as<const uint16_t>(), pages,
+                                                           cache.dim(1), pos, out.dim(0),
+                                                           out.dim(1), out.data_as<float>(),
+                                                           out.stride(0), scratch.bad, s.stream);
+                                  }
                                   return LaunchPagedRead(cache.data_as<const float>(), pages,
                                                          cache.dim(1), pos, out.dim(0), out.dim(1),
                                                          out.data_as<float>(), out.stride(0),

@@ -583,6 +583,43 @@ TEST(CpuBackendPagedTest, WriteThenReadAtScatteredPositions) {
   }
 }
 
+// The CPU reference keeps the latent cache in f32: a bf16 cache (which CudaBackend takes) is
+// refused by every op that touches it, naming the tensor and its dtype, before anything is written.
+TEST(CpuBackendPagedTest, RefusesBf16CacheNamingIt) {
+  CpuBackend backend;
+  std::vector<uint16_t> cache_bits(4 * 3 * 2, 0x3f80);  // 1.0
+  const TensorView cache(cache_bits.data(), DType::kBF16, Shape{4, 3, 2});
+  std::vector<int32_t> table = {2, 0};
+  const TensorView table_view(table.data(), DType::kI32, Shape{2});
+  std::vector<float> rows = {1, 2, 3, 4};
+  const TensorView rows_view(rows.data(), DType::kF32, Shape{2, 2});
+  std::vector<int32_t> positions = {0, 4};
+  const TensorView pos_view(positions.data(), DType::kI32, Shape{2});
+  const std::string named = "cache is bf16[4, 3, 2] cpu but CpuBackend takes f32 only";
+  ExpectInvalid(backend.PagedWrite(rows_view, pos_view, table_view, cache), {"PagedWrite", named});
+  EXPECT_TRUE(std::all_of(cache_bits.begin(), cache_bits.end(), [](uint16_t b) { return b == 0x3f80; }));
+  std::vector<float> out(4, kNaN);
+  const TensorView out_view(out.data(), DType::kF32, Shape{2, 2});
+  ExpectInvalid(backend.PagedRead(cache, table_view, pos_view, out_view), {"PagedRead", named});
+  std::vector<float> q(1 * 2 * 2, 1.0f), attn(1 * 2 * 2, kNaN);
+  std::vector<uint8_t> mask(5, 1);
+  const TensorView q_view(q.data(), DType::kF32, Shape{1, 2, 2});
+  const TensorView attn_view(attn.data(), DType::kF32, Shape{1, 2, 2});
+  ExpectInvalid(backend.LatentAttention(q_view, cache, table_view, 5,
+                                        TensorView(mask.data(), DType::kU8, Shape{1, 5}), 1.0f, 2,
+                                        attn_view),
+                {"LatentAttention", named});
+  std::vector<int32_t> starts = {0, 1}, lens = {5};
+  ExpectInvalid(backend.BatchedLatentAttention(
+                    q_view, cache, TensorView(table.data(), DType::kI32, Shape{1, 2}),
+                    TensorView(starts.data(), DType::kI32, Shape{2}),
+                    TensorView(lens.data(), DType::kI32, Shape{1}), 5, TensorView(), 1.0f, 2,
+                    attn_view),
+                {"BatchedLatentAttention", named});
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float f) { return std::isnan(f); }));
+  EXPECT_TRUE(std::all_of(attn.begin(), attn.end(), [](float f) { return std::isnan(f); }));
+}
+
 TEST(CpuBackendPagedTest, RejectsPositionsOutsideThePageTableWithoutWriting) {
   CpuBackend backend;
   Cache cache(4, 3, 2);

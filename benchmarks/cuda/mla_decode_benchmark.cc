@@ -1,13 +1,23 @@
 // Absorbed MLA decode / tree verify through CudaBackend::BatchedLatentAttention at the DeepSeek
-// shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 f32 (512 + 64 rope), values the
-// first 512 columns, page size 64, batch 1/8/32/64, context 1K-64K, 1 query token per sequence
-// (decode) or 8/32/64 (tree verify with a random tree mask). CUDA events, Google Benchmark manual
-// time, medians of repetitions. Own minimal timing and ceiling helpers (benchmarks/cuda/bench_util.h
-// is being written in parallel; switch to it once it lands).
+// shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 (512 + 64 rope) in a bf16 or f32
+// cache (cache_bits 16 / 32), values the first 512 columns, page size 64, batch 1/8/32/64, context
+// 1K-64K, 1 query token per sequence (decode) or 8/32/64 (tree verify with a random tree mask).
+// CUDA events, Google Benchmark manual time, medians of repetitions. Own minimal timing and ceiling
+// helpers (benchmarks/cuda/bench_util.h is being written in parallel; switch to it once it lands).
 //
-// Counters: bytes = batch x context x 576 x 4 (each cached row read once) + q + out; floor_us =
-// bytes / the device-to-device copy rate measured here (1 GiB, read + write counted);
+// Counters: bytes = batch x context x 576 x (2 or 4) (each cached row read once) + q + out (f32);
+// floor_us = bytes / the device-to-device copy rate measured here (1 GiB, read + write counted);
 // frac_of_floor = floor_us / us; GB/s = bytes / time.
+//
+// PREDICTION for the bf16 cache (tensor-core kernel; written before any run of it; H200, copy
+// ~4.16 TB/s). Per 32-key chunk a block spends ~1300 cycles (~0.7 us) of dependent MMA / softmax /
+// barrier latency while the chunk's 36.9 KB take ~1.15 us at 1/132 of the copy rate, so decode is
+// bandwidth bound with one block per SM and 3 chunks (110 KB) in flight:
+//   16 heads, 1 token, batch 32 x 4K:  floor ~37 us; predicted ~45 us (0.8 of the floor).
+//   16 heads, 1 token, batch 1 x 64K:  floor ~18 us; predicted ~26 us (0.7: prologue, combine).
+//   16 heads, 8 tokens, batch 32 x 4K: floor ~41 us; predicted ~190 us (0.2): a block serves one
+//     token's 16 heads, so each key row is read (from L2) by 8 blocks and the chunk latency
+//     (256 blocks x 128 chunks x ~0.7 us over 132 SMs) bounds it; blocks of 64 rows would fix it.
 //
 // PREDICTION (written before any measurement of this kernel; fp32 cache, H200, copy ~4.16 TB/s):
 // the kernel is FMA-issue bound at 16 heads (16 x 1088 FMAs per 2304-byte row is the fp32 CUDA-core
@@ -31,6 +41,7 @@
 #include <cuda_runtime_api.h>
 
 #include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/half.h"
 #include "eagle3/tensor.h"
 
 namespace eagle3::cuda {
@@ -96,35 +107,43 @@ Tensor Upload(const Tensor& host) {
   return d;
 }
 
-// Random f32 device tensor: one host block tiled by device copies (fast for gigabytes).
-Tensor RandomDevice(const Shape& shape, uint32_t seed) {
-  Tensor d = *Tensor::Empty(DType::kF32, shape, Backend()->allocator());
+// Random f32 or bf16 device tensor: one host block tiled by device copies (fast for gigabytes).
+Tensor RandomDevice(const Shape& shape, uint32_t seed, DType dtype = DType::kF32) {
+  Tensor d = *Tensor::Empty(dtype, shape, Backend()->allocator());
+  const size_t elem = dtype == DType::kBF16 ? 2 : 4;
   const int64_t n = d.numel(), block = std::min<int64_t>(n, int64_t{1} << 20);
   std::vector<float> host(static_cast<size_t>(block));
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (float& v : host) v = dist(rng);
-  auto* dst = d.data_as<float>();
-  cudaMemcpy(dst, host.data(), static_cast<size_t>(block) * 4, cudaMemcpyHostToDevice);
+  std::vector<uint16_t> host_bf16(dtype == DType::kBF16 ? host.size() : 0);
+  for (size_t i = 0; i < host_bf16.size(); ++i) host_bf16[i] = FloatToBf16(host[i]);
+  auto* dst = static_cast<char*>(d.data());
+  const void* src = dtype == DType::kBF16 ? static_cast<const void*>(host_bf16.data()) : host.data();
+  cudaMemcpy(dst, src, static_cast<size_t>(block) * elem, cudaMemcpyHostToDevice);
   for (int64_t done = block; done < n;) {
     const int64_t c = std::min(done, n - done);
-    cudaMemcpy(dst + done, dst, static_cast<size_t>(c) * 4, cudaMemcpyDeviceToDevice);
+    cudaMemcpy(dst + done * elem, dst, static_cast<size_t>(c) * elem, cudaMemcpyDeviceToDevice);
     done += c;
   }
   return d;
 }
 
-// args: heads, context, batch, query tokens per sequence.
+// args: heads, context, batch, query tokens per sequence, cache bits (16: bf16, 32: f32).
 void BM_BatchedLatentAttention(benchmark::State& state) {
   CudaBackend* b = Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
   const int64_t heads = state.range(0), context = state.range(1), batch = state.range(2),
                 tokens = state.range(3), t = batch * tokens;
+  const DType cache_dtype = state.range(4) == 16 ? DType::kBF16 : DType::kF32;
+  const double elem = cache_dtype == DType::kBF16 ? 2.0 : 4.0;
   const int64_t pages_per_seq = (context + kPage - 1) / kPage;
-  const double cache_bytes = static_cast<double>(batch * pages_per_seq * kPage * kWidth * 4);
+  const double cache_bytes = static_cast<double>(batch * pages_per_seq * kPage * kWidth) * elem;
   const int copies = cache_bytes < kL2Rotation ? static_cast<int>(kL2Rotation / cache_bytes) + 1 : 1;
   std::vector<Tensor> caches;
-  for (int i = 0; i < copies; ++i) caches.push_back(RandomDevice(Shape{batch * pages_per_seq, kPage, kWidth}, 1 + i));
+  for (int i = 0; i < copies; ++i) {
+    caches.push_back(RandomDevice(Shape{batch * pages_per_seq, kPage, kWidth}, 1 + i, cache_dtype));
+  }
   Tensor q = RandomDevice(Shape{t, heads, kWidth}, 100);
   Tensor out = *Tensor::Empty(DType::kF32, Shape{t, heads, kValues}, b->allocator());
   Tensor tables = *Tensor::Empty(DType::kI32, Shape{batch, pages_per_seq});
@@ -164,7 +183,7 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
     state.SetIterationTime(seconds);
   }
   const double seconds = Median(all);
-  const double bytes = static_cast<double>(batch) * context * kWidth * 4.0 +
+  const double bytes = static_cast<double>(batch) * context * kWidth * elem +
                        static_cast<double>(t) * heads * (kWidth + kValues) * 4.0;
   const double floor = bytes / CopyRate();
   state.counters["us"] = seconds * 1e6;
@@ -176,22 +195,24 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
 }
 // The shapes; EAGLE3_BENCH_QUICK=1 (run_all.sh --quick) keeps the issue's headline rows only, because
 // filling the larger caches (up to 64 x 64K x 576 f32 = 9.7 GB) dominates the full run's time.
+// The quick rows include the issue's headline tree-verify row (32 x 4K x 8 tokens).
 void Shapes(benchmark::internal::Benchmark* b) {
   const char* quick_env = std::getenv("EAGLE3_BENCH_QUICK");
   const bool quick = quick_env != nullptr && std::string(quick_env) != "0" && std::string(quick_env) != "";
   if (quick) {
-    b->ArgsProduct({{16, 8}, {4096, 65536}, {1, 32}, {1}});
-    b->ArgsProduct({{16}, {4096}, {8}, {8, 64}});
+    b->ArgsProduct({{16, 8}, {4096, 65536}, {1, 32}, {1}, {16, 32}});
+    b->ArgsProduct({{16}, {4096}, {8, 32}, {8, 64}, {16, 32}});
     return;
   }
-  b->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32, 64}, {1}});
-  b->ArgsProduct({{16, 8}, {4096}, {1, 8, 32}, {8, 32, 64}});
+  b->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32, 64}, {1}, {16, 32}});
+  b->ArgsProduct({{16, 8}, {4096}, {1, 8, 32}, {8, 32, 64}, {16, 32}});
 }
 BENCHMARK(BM_BatchedLatentAttention)
     ->Apply(Shapes)
-    ->ArgNames({"heads", "context", "batch", "qtokens"})
+    ->ArgNames({"heads", "context", "batch", "qtokens", "cache_bits"})
     ->UseManualTime()
-    ->Repetitions(5)
+    ->Repetitions(3)
+    ->MinTime(0.05)
     ->ReportAggregatesOnly(true)
     ->Unit(benchmark::kMicrosecond);
 

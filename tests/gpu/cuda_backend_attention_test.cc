@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "eagle3/backend.h"
+#include "eagle3/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parity_util.h"
@@ -133,6 +134,15 @@ class CudaAttentionParityTest : public ParityTest {
     twin.dev = Upload(host);
     twin.host = std::move(host);
     return twin;
+  }
+
+  // A device bf16 copy (round to nearest even) of a host f32 tensor: a bf16 latent cache.
+  Tensor UploadBf16(const Tensor& host) {
+    Tensor bits = *Tensor::Empty(DType::kBF16, host.shape());
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      bits.data_as<uint16_t>()[i] = FloatToBf16(host.data_as<const float>()[i]);
+    }
+    return Upload(bits);
   }
 
   // A contiguous host copy of a (strided) host view.
@@ -523,33 +533,39 @@ TEST_F(CudaAttentionParityTest, LatentAttentionEqualsAttentionOverBroadcastRows)
 
 // A bad page entry among the first ceil(S / page_size) (entry 1), or a mask row with no key
 // (row 2), writes nothing.
+// The same with a bf16 cache on the device (the tensor-core kernel; the CPU keeps f32).
 TEST_F(CudaAttentionParityTest, LatentAttentionBadPageOrMaskWritesNothing) {
   const int64_t t = 4, n = 2, s = 20, page_size = 4, w = 24, r = 16;
   const PagedCache c = MakeCache(s, page_size, w, 1);  // seeds 1 and 2
+  const Tensor cache_bf16 = UploadBf16(c.cache.host);
   const Twin q = Make(Random(Shape{t, n, w}, 10));
   const Twin out = Make(Filled(Shape{t, n, r}, 7.0f));
-  {
-    Tensor table = HostCopy(c.table.host);
-    table.data_as<int32_t>()[1] = static_cast<int32_t>(c.num_pages);
-    const Twin bad_table = Make(std::move(table));
-    const Twin mask = Make(MakeMask(MaskKind::kCausal, t, s, 3));
-    EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, bad_table.host, s,
-                                      mask.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
-    ExpectDeferredError(gpu_->LatentAttention(q.dev, c.cache.dev, bad_table.dev, s,
-                                              mask.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
-                        "LatentAttention");
-    EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
-  }
-  {
-    Tensor mask = MakeMask(MaskKind::kCausal, t, s, 4);
-    std::fill(mask.data_as<uint8_t>() + 2 * (s + 3), mask.data_as<uint8_t>() + 3 * (s + 3), 0);
-    const Twin m = Make(std::move(mask));
-    EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, c.table.host, s,
-                                      m.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
-    ExpectDeferredError(gpu_->LatentAttention(q.dev, c.cache.dev, c.table.dev, s,
-                                              m.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
-                        "LatentAttention");
-    EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 cache" : "f32 cache");
+    const Tensor& cache_dev = bf16 ? cache_bf16 : c.cache.dev;
+    {
+      Tensor table = HostCopy(c.table.host);
+      table.data_as<int32_t>()[1] = static_cast<int32_t>(c.num_pages);
+      const Twin bad_table = Make(std::move(table));
+      const Twin mask = Make(MakeMask(MaskKind::kCausal, t, s, 3));
+      EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, bad_table.host, s,
+                                        mask.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
+      ExpectDeferredError(gpu_->LatentAttention(q.dev, cache_dev, bad_table.dev, s,
+                                                mask.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
+                          "LatentAttention");
+      EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
+    }
+    {
+      Tensor mask = MakeMask(MaskKind::kCausal, t, s, 4);
+      std::fill(mask.data_as<uint8_t>() + 2 * (s + 3), mask.data_as<uint8_t>() + 3 * (s + 3), 0);
+      const Twin m = Make(std::move(mask));
+      EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, c.table.host, s,
+                                        m.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
+      ExpectDeferredError(gpu_->LatentAttention(q.dev, cache_dev, c.table.dev, s,
+                                                m.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
+                          "LatentAttention");
+      EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
+    }
   }
   EXPECT_LE(RunLatent(t, n, s, page_size, w, r, MaskKind::kCausal, false, 5), kAttentionTol);
 }
@@ -600,10 +616,13 @@ TEST_F(CudaAttentionParityTest, PagedWriteThenReadMatchesCpu) {
 
 // A position outside the page table's capacity, or one whose page entry is outside the cache,
 // makes PagedWrite / PagedRead write nothing at all (not even the good tokens' rows).
+// The same for a bf16 cache (its bytes must stay as uploaded).
 TEST_F(CudaAttentionParityTest, PagedBadPositionOrPageWritesNothing) {
   const int64_t t = 4, page_size = 3, w = 8, num_pages = 3;
   const Twin pt = Make(Indices(DType::kI32, {2, 0, -1}));  // positions 6..8 map to a bad page
   const Twin cache = Make(Random(Shape{num_pages, page_size, w}, 1));
+  const Tensor cache_bf16 = UploadBf16(cache.host);
+  const Tensor cache_bf16_before = Download(cache_bf16);
   const Twin rows = Make(Random(Shape{t, w}, 2));
   const Twin out = Make(Filled(Shape{t, w}, 7.0f));
   for (const std::vector<int64_t>& bad : {std::vector<int64_t>{0, 4, 9, 1},    // 9 >= 3 * 3
@@ -616,6 +635,10 @@ TEST_F(CudaAttentionParityTest, PagedBadPositionOrPageWritesNothing) {
     EXPECT_TRUE(SameBytes(Download(cache.dev), cache.host));
     EXPECT_FALSE(cpu_.PagedRead(cache.host, pt.host, pos.host, out.host).ok());
     ExpectDeferredError(gpu_->PagedRead(cache.dev, pt.dev, pos.dev, out.dev), "PagedRead");
+    EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
+    ExpectDeferredError(gpu_->PagedWrite(rows.dev, pos.dev, pt.dev, cache_bf16), "PagedWrite");
+    EXPECT_TRUE(SameBytes(Download(cache_bf16), cache_bf16_before));
+    ExpectDeferredError(gpu_->PagedRead(cache_bf16, pt.dev, pos.dev, out.dev), "PagedRead");
     EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
   }
   const Twin good = Make(Indices(DType::kI32, {0, 4, 5, 1}));
@@ -800,13 +823,20 @@ TEST_F(CudaBatchedLatentTest, BadMetadataWritesNothing) {
     for (Twin* twin : {&x.q_start, &x.kv_len, &x.tables, &x.tree_mask}) ASSERT_TRUE(gpu_->Copy(twin->host, twin->dev).ok());
     const absl::Status cpu = Run(cpu_, x, false, c);
     EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
-    EXPECT_TRUE(Run(*gpu_, x, true, c).ok());
-    const absl::Status deferred = gpu_->Synchronize();
-    EXPECT_EQ(deferred.code(), absl::StatusCode::kInvalidArgument) << deferred;
-    EXPECT_THAT(std::string(deferred.message()), HasSubstr("BatchedLatentAttention"));
-    EXPECT_THAT(std::string(deferred.message()), HasSubstr(bad.expect));
-    const Tensor after = Download(x.out.dev);
-    EXPECT_EQ(Diff(after, Filled(after.shape(), kNaN)), 0.0) << "out was written";
+    const Tensor cache_bf16 = UploadBf16(x.cache.host);
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(bf16 ? "bf16 cache" : "f32 cache");
+      EXPECT_TRUE(gpu_->BatchedLatentAttention(x.q.dev, bf16 ? cache_bf16 : x.cache.dev, x.tables.dev,
+                                               x.q_start.dev, x.kv_len.dev, x.max_kv,
+                                               MaskView(x.tree_mask.dev, c.tree, x.t), 0.5f, c.r,
+                                               x.out.dev).ok());
+      const absl::Status deferred = gpu_->Synchronize();
+      EXPECT_EQ(deferred.code(), absl::StatusCode::kInvalidArgument) << deferred;
+      EXPECT_THAT(std::string(deferred.message()), HasSubstr("BatchedLatentAttention"));
+      EXPECT_THAT(std::string(deferred.message()), HasSubstr(bad.expect));
+      const Tensor after = Download(x.out.dev);
+      EXPECT_EQ(Diff(after, Filled(after.shape(), kNaN)), 0.0) << "out was written";
+    }
   }
   // n > M (the tree mask is too narrow for sequence 1's new tokens).
   Batch x = MakeBatch(c);

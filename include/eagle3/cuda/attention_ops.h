@@ -2,7 +2,8 @@
 // the device: the kernels behind CudaBackend::ApplyRope, Attention, LatentAttention, PagedWrite and
 // PagedRead (semantics in eagle3/backend.h). Raw pointers, stream last, cudaError_t out; no
 // allocation; callable from any C++ compiler (no nvcc needed to include this header). fp32
-// throughout; strides are in elements. A launcher returns cudaErrorInvalidValue for negative sizes,
+// throughout, except the paged latent cache, which may also be bf16 (bit patterns, uint16_t): its
+// writer rounds to nearest even, its readers widen exactly; strides are in elements. A launcher returns cudaErrorInvalidValue for negative sizes,
 // a missing pointer, or a parameter outside what it documents.
 //
 // "Checked before anything is written" on the device. The data-dependent checks (positions, page
@@ -92,6 +93,20 @@ cudaError_t LaunchPagedRead(const float* cache, const int32_t* page_table, int64
 cudaError_t LaunchPagedRead(const float* cache, const int32_t* page_table, int64_t page_size,
                             const int64_t* positions, int64_t tokens, int64_t width, float* out,
                             int64_t out_stride, const int* bad, cudaStream_t stream);
+// The same for a bf16 cache (bit patterns): PagedWrite stores bf16(rows[t]) (round to nearest
+// even, NaN stays NaN), PagedRead widens the stored bf16 to f32 (exact).
+cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
+                             const int32_t* positions, const int32_t* page_table, int64_t page_size,
+                             uint16_t* cache, const int* bad, cudaStream_t stream);
+cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
+                             const int64_t* positions, const int32_t* page_table, int64_t page_size,
+                             uint16_t* cache, const int* bad, cudaStream_t stream);
+cudaError_t LaunchPagedRead(const uint16_t* cache, const int32_t* page_table, int64_t page_size,
+                            const int32_t* positions, int64_t tokens, int64_t width, float* out,
+                            int64_t out_stride, const int* bad, cudaStream_t stream);
+cudaError_t LaunchPagedRead(const uint16_t* cache, const int32_t* page_table, int64_t page_size,
+                            const int64_t* positions, int64_t tokens, int64_t width, float* out,
+                            int64_t out_stride, const int* bad, cudaStream_t stream);
 
 // One masked attention call (Backend::Attention, or Backend::LatentAttention when `paged`):
 //   out[t, n] = sum_s softmax_s(scale * q[t, n] . key(s, n) over s with mask[t][s] != 0) * value(s, n)
@@ -160,6 +175,17 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 // in registers; a block serves up to 16 query rows (heads of one token, or several tokens of one
 // sequence when there are few heads) and one range of keys; partial results are merged by a
 // combine kernel. key_dim <= kLatentMaxKeyDim (shared memory).
+//
+// bf16 cache (cache_bf16 set instead of cache): a tensor-core kernel (mma.sync m16n8k16, bf16
+// operands, fp32 accumulation). q is rounded to bf16 (nearest even) as it is staged, scores are
+// scaled, masked and soft-maxed in fp32 (online, as above), and the probabilities are rounded to
+// bf16 for the value product (as FlashMLA does); the row sums stay fp32. So the result is that of
+// the fp32 path on bf16(q) and the stored rows, up to fp32 accumulation of bf16 products and the
+// bf16 rounding of each probability (relative 2^-9). Blocks of 16 query rows, 32-key chunks staged
+// four deep with cp.async (16-byte copies when key_dim % 8 == 0 and the cache is 16-byte aligned,
+// else plain loads). A key that no row of a block allows is never read for the value product; a
+// key some row of the block allows is multiplied (by probability 0) into the block's other rows
+// too, so a non-finite value there reaches them (the fp32 path and the CPU skip it per row).
 inline constexpr int64_t kLatentMaxKeyDim = 704;
 // Sequences one batched call may hold (the size of the tile table in the caller's scratch).
 inline constexpr int64_t kLatentMaxBatch = 4096;
@@ -170,7 +196,9 @@ struct LatentLaunchParams {
   int64_t q_token_stride = 0;
   int64_t q_head_stride = 0;
   // cache: [num_pages, page_size, key_dim], contiguous; values are the first value_dim columns.
+  // Exactly one of cache (f32) and cache_bf16 (bf16 bit patterns, same layout) is set.
   const float* cache = nullptr;
+  const uint16_t* cache_bf16 = nullptr;
   int64_t page_size = 1;
   int64_t num_pages = 0;
   // page_tables: [batch, pages_per_seq], i32, row stride page_table_stride (batch 1 for the
@@ -206,6 +234,8 @@ struct LatentLaunchParams {
 // Dynamic shared memory of one latent attention block (188 KiB at key_dim 576, 227 KiB at 704);
 // the launchers return cudaErrorInvalidValue when the device allows less.
 size_t LatentSharedBytes(int64_t key_dim);
+// The same for the bf16-cache kernel (175 KiB at key_dim 576, 211 KiB at 704).
+size_t LatentBf16SharedBytes(int64_t key_dim);
 
 // Explicit-mask form (q_start, kv_len, tree_mask unused): the caller has checked the page entries
 // and mask rows (LaunchCheckIndexRange, LaunchCheckMaskRows) with the same `bad`. partials as in

@@ -1,0 +1,352 @@
+// CudaBackend with a bf16 latent cache: PagedWrite rounds rows to bf16 (nearest even, bitwise as
+// the host's FloatToBf16), PagedRead widens them exactly, and LatentAttention /
+// BatchedLatentAttention (the tensor-core kernel) match the CPU reference run on an f32 cache that
+// holds the same rounded rows, with q rounded to bf16 too.
+//
+// Tolerance (kBf16Tol, relative to the largest output): the kernel multiplies bf16 operands exactly
+// and accumulates in fp32 (differences ~1e-6), but it rounds each softmax probability to bf16 for
+// the value product (relative 2^-9 = 0.002 per weight, unbiased), so an output moves by at most
+// ~0.002 of the values it averages; 1e-2 leaves room for the largest of many rows. The same run
+// against unrounded q shows the q-rounding error (scores off by ~2^-9 |q| |k| scale), bounded by
+// kUnroundedTol and printed.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "eagle3/backend.h"
+#include "eagle3/half.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parity_util.h"
+
+namespace eagle3::parity {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kBf16Tol = 1e-2;
+constexpr double kUnroundedTol = 3e-2;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// max |a - b| / max |b| over the elements that are numbers in both; +inf when NaN-ness differs.
+double NanAwareError(const TensorView& a, const TensorView& b) {
+  EXPECT_EQ(a.numel(), b.numel());
+  double diff = 0, scale = 1e-30;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
+    const float x = a.data_as<const float>()[i], y = b.data_as<const float>()[i];
+    if (std::isnan(x) != std::isnan(y)) return std::numeric_limits<double>::infinity();
+    if (std::isnan(y)) continue;
+    diff = std::max(diff, std::fabs(static_cast<double>(x) - y));
+    scale = std::max(scale, std::fabs(static_cast<double>(y)));
+  }
+  return diff / scale;
+}
+
+// The bf16 bits of a host f32 tensor (round to nearest even).
+Tensor ToBf16(const Tensor& f32) {
+  Tensor out = *Tensor::Empty(DType::kBF16, f32.shape());
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    out.data_as<uint16_t>()[i] = FloatToBf16(f32.data_as<const float>()[i]);
+  }
+  return out;
+}
+
+// f32 values rounded to bf16 (the values a bf16 cache holds).
+Tensor Rounded(const Tensor& f32) {
+  Tensor out = *Tensor::Empty(DType::kF32, f32.shape());
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    out.data_as<float>()[i] = Bf16ToFloat(FloatToBf16(f32.data_as<const float>()[i]));
+  }
+  return out;
+}
+
+Tensor Filled(const Shape& shape, float value) {
+  Tensor t = *Tensor::Empty(DType::kF32, shape);
+  std::fill(t.data_as<float>(), t.data_as<float>() + t.numel(), value);
+  return t;
+}
+
+Tensor I32(const std::vector<int32_t>& values) {
+  Tensor t = *Tensor::Empty(DType::kI32, Shape{static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.data_as<int32_t>());
+  return t;
+}
+
+class CudaLatentBf16Test : public ParityTest {
+ protected:
+  // One latent problem: the rows (already bf16-rounded, NaN where no position lives) as an f32
+  // host cache and as a bf16 device cache, shuffled pages.
+  struct Cache {
+    Tensor host_f32;  // [num_pages, page_size, W], bf16-rounded values
+    Tensor dev_bf16;
+    std::vector<int32_t> pages;  // position p lives on page pages[p / page_size]
+    int64_t num_pages = 0;
+  };
+  Cache MakeCache(int64_t positions, int64_t page_size, int64_t w, uint32_t seed) {
+    Cache c;
+    const int64_t used = (positions + page_size - 1) / page_size;
+    c.num_pages = used + 2;
+    std::vector<int32_t> order(static_cast<size_t>(c.num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    c.pages.assign(order.begin(), order.begin() + used);
+    Tensor cache = Filled(Shape{c.num_pages, page_size, w}, kNaN);
+    const Tensor values = Rounded(Random(Shape{std::max<int64_t>(positions, 1), w}, seed + 1));
+    for (int64_t p = 0; p < positions; ++p) {
+      std::memcpy(cache.data_as<float>() + (c.pages[p / page_size] * page_size + p % page_size) * w,
+                  values.data_as<float>() + p * w, w * sizeof(float));
+    }
+    c.dev_bf16 = Upload(ToBf16(cache));
+    c.host_f32 = std::move(cache);
+    return c;
+  }
+
+  // LatentAttention: q [T, N, W] random, mask random / causal. Returns {error vs the CPU on
+  // rounded q, error vs the CPU on unrounded q}.
+  std::pair<double, double> RunLatent(int64_t t, int64_t n, int64_t s, int64_t page_size, int64_t w,
+                                      int64_t r, bool causal, uint32_t seed) {
+    const Cache c = MakeCache(s, page_size, w, seed);
+    const Tensor q = Random(Shape{t, n, w}, seed + 2);
+    const Tensor q_rounded = Rounded(q);
+    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{t, s});
+    std::mt19937 rng(seed + 3);
+    for (int64_t i = 0; i < t; ++i) {
+      uint8_t* row = mask.data_as<uint8_t>() + i * s;
+      for (int64_t j = 0; j < s; ++j) {
+        row[j] = causal ? (j <= s - t + i ? 1 : 0) : (rng() % 3 == 0 ? 1 : 0);
+      }
+      row[causal ? 0 : rng() % s] = 1;
+    }
+    const Tensor table = I32(c.pages);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(w));
+    const Tensor d_q = Upload(q), d_mask = Upload(mask), d_table = Upload(table);
+    Tensor d_out = Upload(Filled(Shape{t, n, r}, kNaN));
+    EXPECT_TRUE(gpu_->LatentAttention(d_q, c.dev_bf16, d_table, s, d_mask, scale, r, d_out).ok());
+    Tensor ref = Filled(Shape{t, n, r}, kNaN), ref_unrounded = Filled(Shape{t, n, r}, kNaN);
+    EXPECT_TRUE(cpu_.LatentAttention(q_rounded, c.host_f32, table, s, mask, scale, r, ref).ok());
+    EXPECT_TRUE(cpu_.LatentAttention(q, c.host_f32, table, s, mask, scale, r, ref_unrounded).ok());
+    const Tensor got = Download(d_out);
+    return {NanAwareError(got, ref), NanAwareError(got, ref_unrounded)};
+  }
+
+  // BatchedLatentAttention: sequence b has n[b] new tokens and kv[b] keys on its own shuffled
+  // pages of one shared cache; tree masks are random trees (ancestors + itself), else causal.
+  std::pair<double, double> RunBatched(const std::vector<int64_t>& n, const std::vector<int64_t>& kv,
+                                       int64_t heads, int64_t page_size, int64_t w, int64_t r,
+                                       bool tree, uint32_t seed) {
+    const int64_t b = static_cast<int64_t>(n.size());
+    int64_t t = 0, max_kv = 1, max_n = 1;
+    std::vector<int32_t> starts{0};
+    for (int64_t i = 0; i < b; ++i) {
+      t += n[i];
+      starts.push_back(static_cast<int32_t>(t));
+      max_kv = std::max(max_kv, kv[i]);
+      max_n = std::max(max_n, n[i]);
+    }
+    const int64_t pages_per_seq = (max_kv + page_size - 1) / page_size + 1;
+    // One cache for all sequences: sequence i owns pages [i * pages_per_seq, ...) of the shuffle.
+    const Cache c = MakeCache(b * pages_per_seq * page_size, page_size, w, seed);
+    std::vector<int32_t> tables(static_cast<size_t>(b * pages_per_seq));
+    for (int64_t i = 0; i < b * pages_per_seq; ++i) tables[i] = c.pages[i];
+    Tensor table_t = *Tensor::Empty(DType::kI32, Shape{b, pages_per_seq});
+    std::copy(tables.begin(), tables.end(), table_t.data_as<int32_t>());
+    const int64_t m = tree ? max_n + 1 : 0;
+    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{t, std::max<int64_t>(m, 1)});
+    std::mt19937 rng(seed + 5);
+    for (int64_t i = 0; i < b && tree; ++i) {
+      std::vector<int64_t> parent(static_cast<size_t>(n[i]));
+      for (int64_t k = 0; k < n[i]; ++k) {
+        parent[k] = k == 0 ? -1 : static_cast<int64_t>(rng() % k);
+        uint8_t* row = mask.data_as<uint8_t>() + (starts[i] + k) * m;
+        for (int64_t a = k; a >= 0; a = parent[a]) row[a] = 1;
+      }
+    }
+    std::vector<int32_t> kv32(kv.begin(), kv.end());
+    const Tensor q = Random(Shape{t, heads, w}, seed + 2);
+    const Tensor q_rounded = Rounded(q);
+    const Tensor starts_t = I32(starts), kv_t = I32(kv32);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(w));
+    auto mask_view = [&](const Tensor& mt) {
+      return tree ? mt.view() : TensorView(mt.data(), DType::kU8, Shape{t, 0}, Shape{1, 1}, mt.device());
+    };
+    const Tensor d_q = Upload(q), d_tables = Upload(table_t), d_starts = Upload(starts_t);
+    const Tensor d_kv = Upload(kv_t), d_mask = Upload(mask);
+    Tensor d_out = Upload(Filled(Shape{t, heads, r}, kNaN));
+    EXPECT_TRUE(gpu_->BatchedLatentAttention(d_q, c.dev_bf16, d_tables, d_starts, d_kv, max_kv,
+                                             mask_view(d_mask), scale, r, d_out).ok());
+    Tensor ref = Filled(Shape{t, heads, r}, kNaN), ref_unrounded = Filled(Shape{t, heads, r}, kNaN);
+    EXPECT_TRUE(cpu_.BatchedLatentAttention(q_rounded, c.host_f32, table_t, starts_t, kv_t, max_kv,
+                                            mask_view(mask), scale, r, ref).ok());
+    EXPECT_TRUE(cpu_.BatchedLatentAttention(q, c.host_f32, table_t, starts_t, kv_t, max_kv,
+                                            mask_view(mask), scale, r, ref_unrounded).ok());
+    const Tensor got = Download(d_out);
+    return {NanAwareError(got, ref), NanAwareError(got, ref_unrounded)};
+  }
+};
+
+// Rows of awkward values (ties, subnormals, infinities, large finite values that round to inf)
+// written at scattered positions through shuffled pages: every cache element is bitwise the host's
+// FloatToBf16 of its row element (untouched slots keep their bits), and PagedRead returns exactly
+// their widening. NaN rows stay NaN.
+TEST_F(CudaLatentBf16Test, PagedWriteRoundsAndReadWidens) {
+  uint32_t seed = 1;
+  for (int64_t page_size : {1, 3, 64}) {
+    for (int64_t w : {5, 576}) {
+      for (DType pos_dtype : {DType::kI32, DType::kI64}) {
+        SCOPED_TRACE(::testing::Message() << "page_size=" << page_size << " W=" << w
+                                          << " i64=" << (pos_dtype == DType::kI64));
+        const int64_t t = 37, pages = (2 * t + page_size - 1) / page_size, num_pages = pages + 2;
+        std::mt19937 rng(seed++);
+        std::vector<int32_t> table(static_cast<size_t>(num_pages));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng);
+        table.resize(static_cast<size_t>(pages));
+        std::vector<int64_t> positions(static_cast<size_t>(pages * page_size));
+        std::iota(positions.begin(), positions.end(), 0);
+        std::shuffle(positions.begin(), positions.end(), rng);
+        positions.resize(static_cast<size_t>(t));
+        Tensor pos = *Tensor::Empty(pos_dtype, Shape{t});
+        for (int64_t i = 0; i < t; ++i) {
+          if (pos_dtype == DType::kI64) pos.data_as<int64_t>()[i] = positions[i];
+          if (pos_dtype == DType::kI32) pos.data_as<int32_t>()[i] = static_cast<int32_t>(positions[i]);
+        }
+        // Rows in a [t, w + 3] buffer (row-strided view).
+        Tensor rows = Random(Shape{t, w + 3}, seed++, 3.0f);
+        const float specials[] = {1.0f + 0x1p-8f,  1.0f + 3 * 0x1p-8f, -1.0f - 0x1p-8f, 0x1p-130f,
+                                  -0x1p-133f,       3.4e38f,            -3.39e38f,       INFINITY,
+                                  -INFINITY,        0.0f,               -0.0f,           1.00390625f};
+        for (int64_t i = 0; i < std::min<int64_t>(t * w, 12); ++i) {
+          rows.data_as<float>()[(i % t) * (w + 3) + (i * 7) % w] = specials[i];
+        }
+        rows.data_as<float>()[(t - 1) * (w + 3)] = kNaN;
+        Tensor cache_bits = *Tensor::Empty(DType::kBF16, Shape{num_pages, page_size, w});
+        for (int64_t i = 0; i < cache_bits.numel(); ++i) cache_bits.data_as<uint16_t>()[i] = 0x1234;
+        const Tensor d_rows = Upload(rows), d_pos = Upload(pos), d_table = Upload(I32(table));
+        Tensor d_cache = Upload(cache_bits);
+        ASSERT_TRUE(gpu_->PagedWrite(d_rows.view().Narrow(1, 0, w), d_pos, d_table, d_cache).ok());
+        for (int64_t i = 0; i < t; ++i) {
+          const int64_t p = positions[i];
+          uint16_t* slot = cache_bits.data_as<uint16_t>() + (table[p / page_size] * page_size + p % page_size) * w;
+          for (int64_t e = 0; e < w; ++e) slot[e] = FloatToBf16(rows.data_as<float>()[i * (w + 3) + e]);
+        }
+        const Tensor got = Download(d_cache);
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < got.numel(); ++i) {
+          const uint16_t g = got.data_as<uint16_t>()[i], e = cache_bits.data_as<uint16_t>()[i];
+          const bool both_nan = (g & 0x7fff) > 0x7f80 && (e & 0x7fff) > 0x7f80;
+          if (g != e && !both_nan) ++mismatches;
+        }
+        EXPECT_EQ(mismatches, 0);
+
+        Tensor d_out = Upload(Filled(Shape{t, w + 2}, kNaN));
+        ASSERT_TRUE(gpu_->PagedRead(d_cache, d_table, d_pos, d_out.view().Narrow(1, 0, w)).ok());
+        const Tensor out = Download(d_out);
+        Tensor expect = Filled(Shape{t, w + 2}, kNaN);
+        for (int64_t i = 0; i < t; ++i) {
+          for (int64_t e = 0; e < w; ++e) {
+            expect.data_as<float>()[i * (w + 2) + e] =
+                Bf16ToFloat(FloatToBf16(rows.data_as<float>()[i * (w + 3) + e]));
+          }
+        }
+        EXPECT_EQ(NanAwareError(out, expect), 0.0);
+      }
+    }
+  }
+}
+
+// The explicit-mask form over contexts that are and are not multiples of the 32-key chunk and of
+// the page size, page sizes 1 / 3 / 64, 16 / 8 / 5 heads, widths 576 / 512 (values 512), 72 (values
+// 64: pad dims) and 36 (not a multiple of 8: the kernel's plain-load path).
+TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
+  struct Case {
+    int64_t t, n, s, page_size, w, r;
+    bool causal;
+  };
+  const std::vector<Case> cases = {
+      {1, 16, 1, 64, 576, 512, true},     {1, 16, 33, 1, 576, 512, true},
+      {1, 16, 4097, 64, 576, 512, true},  {1, 8, 1000, 3, 576, 512, true},
+      {8, 16, 100, 64, 576, 512, false},  {32, 8, 4096, 64, 512, 512, true},
+      {7, 5, 65, 1, 72, 64, false},       {3, 2, 250, 3, 36, 20, true},
+      {64, 1, 300, 64, 576, 512, false},  {1, 20, 129, 64, 72, 64, true},
+  };
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "T=" << c.t << " N=" << c.n << " S=" << c.s
+                                      << " page_size=" << c.page_size << " W=" << c.w
+                                      << " R=" << c.r << (c.causal ? " causal" : " random"));
+    const auto [rounded, unrounded] = RunLatent(c.t, c.n, c.s, c.page_size, c.w, c.r, c.causal, seed);
+    seed += 10;
+    EXPECT_LE(rounded, kBf16Tol);
+    EXPECT_LE(unrounded, kUnroundedTol);
+    std::printf("T=%ld N=%ld S=%ld: error %.2e vs rounded q, %.2e vs unrounded q\n",
+                static_cast<long>(c.t), static_cast<long>(c.n), static_cast<long>(c.s), rounded,
+                unrounded);
+  }
+}
+
+// Decode (1 token) and tree verify (8 / 32 tokens, random trees) over batches of different
+// lengths, page sizes 1 and 64, 16 and 8 heads.
+TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
+  struct Case {
+    std::vector<int64_t> n, kv;
+    int64_t heads, page_size, w, r;
+    bool tree;
+  };
+  const std::vector<Case> cases = {
+      {{1}, {1}, 16, 64, 576, 512, false},
+      {{1}, {4096}, 16, 64, 576, 512, false},
+      {{1, 1, 1, 1}, {1, 33, 64, 1000}, 16, 1, 576, 512, false},
+      {{1, 1, 1, 1, 1, 1, 1, 1}, {4096, 65, 1, 2049, 300, 31, 32, 4000}, 8, 64, 576, 512, false},
+      {{8, 8}, {8, 700}, 16, 64, 576, 512, true},
+      {{32, 1, 8}, {4096, 2, 100}, 16, 1, 576, 512, true},
+      {{8, 8, 8}, {50, 3000, 8}, 8, 64, 576, 512, true},
+      {{5, 3}, {5, 40}, 16, 64, 576, 512, false},  // causal, several tokens
+      {{1, 2, 0, 3}, {7, 9, 4, 100}, 4, 3, 72, 64, true},
+  };
+  uint32_t seed = 500;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.n.size() << " heads=" << c.heads << " page_size="
+                                      << c.page_size << " W=" << c.w << " n0=" << c.n[0]
+                                      << " kv0=" << c.kv[0] << (c.tree ? " tree" : " causal"));
+    const auto [rounded, unrounded] =
+        RunBatched(c.n, c.kv, c.heads, c.page_size, c.w, c.r, c.tree, seed);
+    seed += 10;
+    EXPECT_LE(rounded, kBf16Tol);
+    EXPECT_LE(unrounded, kUnroundedTol);
+    std::printf("B=%zu heads=%ld kv0=%ld: error %.2e vs rounded q, %.2e vs unrounded q\n",
+                c.n.size(), static_cast<long>(c.heads), static_cast<long>(c.kv[0]), rounded, unrounded);
+  }
+}
+
+// Host-side refusals: q and out stay f32; the cache is f32 or bf16 (an f16 cache is named).
+TEST_F(CudaLatentBf16Test, RefusesOtherDtypesNamingTheTensor) {
+  const Cache c = MakeCache(10, 4, 16, 1);
+  const Tensor d_table = Upload(I32(c.pages));
+  const Tensor d_mask = Upload(*Tensor::Zeros(DType::kU8, Shape{1, 10}));
+  const Tensor q = Upload(Random(Shape{1, 2, 16}, 2));
+  const Tensor q16 = Upload(ToBf16(Random(Shape{1, 2, 16}, 2)));
+  Tensor out = Upload(Filled(Shape{1, 2, 8}, 0.0f));
+  const Tensor f16_cache = *Tensor::Empty(DType::kF16, c.dev_bf16.shape(), gpu_->allocator());
+  absl::Status st = gpu_->LatentAttention(q16, c.dev_bf16, d_table, 10, d_mask, 1.0f, 8, out);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("q is bf16"));
+  st = gpu_->LatentAttention(q, f16_cache, d_table, 10, d_mask, 1.0f, 8, out);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("cache is f16"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("f32 or bf16 cache"));
+  const Tensor pos = Upload(I32({0}));
+  st = gpu_->PagedWrite(Upload(Random(Shape{1, 16}, 3)), pos, d_table, f16_cache);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("cache is f16"));
+  st = gpu_->PagedRead(c.dev_bf16, d_table, pos, Upload(ToBf16(Random(Shape{1, 16}, 3))));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("out is bf16"));
+}
+
+}  // namespace
+}  // namespace eagle3::parity
