@@ -22,6 +22,19 @@ __global__ void F32ToBf16Kernel(const float* __restrict__ in, uint16_t* __restri
   }
 }
 
+// One grid-stride pass over rows * cols elements (flat index i = r * cols + c).
+__global__ void F32ToBf16RowsKernel(const float* __restrict__ in, int64_t ld_in,
+                                    uint16_t* __restrict__ out, int64_t ld_out, int64_t rows,
+                                    int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols;
+    const int64_t c = i - r * cols;
+    out[r * ld_out + c] = __bfloat16_as_ushort(__float2bfloat16_rn(in[r * ld_in + c]));
+  }
+}
+
 unsigned GridFor(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8);  // grid-stride beyond this
@@ -40,6 +53,21 @@ cudaError_t LaunchF32ToBf16(const float* in, uint16_t* out, int64_t n, cudaStrea
   if (n < 0 || (n > 0 && (in == nullptr || out == nullptr))) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   F32ToBf16Kernel<<<GridFor(n), kThreads, 0, stream>>>(in, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchF32ToBf16Rows(const float* in, int64_t ld_in, uint16_t* out, int64_t ld_out,
+                                int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr || (rows > 1 && (ld_in < cols || ld_out < cols))) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 1 || (ld_in == cols && ld_out == cols)) {
+    return LaunchF32ToBf16(in, out, rows * cols, stream);
+  }
+  const int64_t n = rows * cols;
+  F32ToBf16RowsKernel<<<GridFor(n), kThreads, 0, stream>>>(in, ld_in, out, ld_out, rows, cols);
   return cudaGetLastError();
 }
 

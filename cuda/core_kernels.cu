@@ -123,9 +123,11 @@ __global__ void SiluMulKernel(const float* __restrict__ gate_up, int64_t ldg,
 }
 
 // One block per token.
+// table holds f32, or bf16 bit patterns when `bf16` (a uniform branch: one instantiation per
+// index type).
 template <typename Index>
-__global__ void EmbeddingKernel(const Index* __restrict__ ids, const float* __restrict__ table,
-                                int64_t ldt, int64_t shard_rows, int64_t vocab_start,
+__global__ void EmbeddingKernel(const Index* __restrict__ ids, const void* __restrict__ table,
+                                bool bf16, int64_t ldt, int64_t shard_rows, int64_t vocab_start,
                                 float* __restrict__ out, int64_t ldo, int64_t hidden,
                                 int* error_flag, int error_code) {
   const int64_t t = blockIdx.x;
@@ -133,9 +135,19 @@ __global__ void EmbeddingKernel(const Index* __restrict__ ids, const float* __re
   if (id < 0 && threadIdx.x == 0) RecordDeviceError(error_flag, error_code, t);
   const int64_t local = id - vocab_start;
   const bool in_shard = id >= 0 && local >= 0 && local < shard_rows;
-  const float* row = table + (in_shard ? local : 0) * ldt;
+  const int64_t offset = (in_shard ? local : 0) * ldt;
   float* o = out + t * ldo;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) o[h] = in_shard ? row[h] : 0.0f;
+  if (!in_shard) {
+    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) o[h] = 0.0f;
+  } else if (bf16) {
+    const uint16_t* row = static_cast<const uint16_t*>(table) + offset;
+    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+      o[h] = __uint_as_float(static_cast<uint32_t>(row[h]) << 16);
+    }
+  } else {
+    const float* row = static_cast<const float*>(table) + offset;
+    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) o[h] = row[h];
+  }
 }
 
 // One block per row: max (and the NaN / +inf check), sum of exponentials, normalized write.
@@ -351,9 +363,10 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 template <typename Index>
-cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const float* table, int64_t ldt,
-                            int64_t shard_rows, int64_t vocab_start, float* out, int64_t ldo,
-                            int64_t hidden, int* error_flag, int error_code, cudaStream_t stream) {
+cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const void* table, bool bf16,
+                            int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                            int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                            cudaStream_t stream) {
   if (tokens < 0 || vocab_start < 0 || !ValidMatrix(table, ldt, shard_rows, hidden) ||
       !ValidMatrix(out, ldo, tokens, hidden) ||
       (tokens > 0 && (ids == nullptr || error_flag == nullptr))) {
@@ -361,7 +374,7 @@ cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const float* table
   }
   if (tokens == 0) return cudaSuccess;
   EmbeddingKernel<Index><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-      ids, table, ldt, shard_rows, vocab_start, out, ldo, hidden, error_flag, error_code);
+      ids, table, bf16, ldt, shard_rows, vocab_start, out, ldo, hidden, error_flag, error_code);
   return cudaGetLastError();
 }
 
@@ -466,7 +479,15 @@ cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const floa
                                   int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
                                   int64_t ldo, int64_t hidden, int* error_flag, int error_code,
                                   cudaStream_t stream) {
-  return EmbeddingLookup(ids, tokens, table, ldt, shard_rows, vocab_start, out, ldo, hidden,
+  return EmbeddingLookup(ids, tokens, table, false, ldt, shard_rows, vocab_start, out, ldo, hidden,
+                         error_flag, error_code, stream);
+}
+
+cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const uint16_t* table,
+                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                                  cudaStream_t stream) {
+  return EmbeddingLookup(ids, tokens, table, true, ldt, shard_rows, vocab_start, out, ldo, hidden,
                          error_flag, error_code, stream);
 }
 
@@ -474,7 +495,15 @@ cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const floa
                                   int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
                                   int64_t ldo, int64_t hidden, int* error_flag, int error_code,
                                   cudaStream_t stream) {
-  return EmbeddingLookup(ids, tokens, table, ldt, shard_rows, vocab_start, out, ldo, hidden,
+  return EmbeddingLookup(ids, tokens, table, false, ldt, shard_rows, vocab_start, out, ldo, hidden,
+                         error_flag, error_code, stream);
+}
+
+cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const uint16_t* table,
+                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                                  cudaStream_t stream) {
+  return EmbeddingLookup(ids, tokens, table, true, ldt, shard_rows, vocab_start, out, ldo, hidden,
                          error_flag, error_code, stream);
 }
 

@@ -158,6 +158,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     EAGLE3_ASSIGN_OR_RETURN(s.gemm_workspace,
                             s.allocator.Allocate(options.gemm_workspace_bytes, 256));
   }
+  if (options.activation_scratch_bytes > 0) {
+    EAGLE3_ASSIGN_OR_RETURN(void* scratch,
+                            s.allocator.Allocate(options.activation_scratch_bytes, 256));
+    s.activation_scratch.emplace_back(scratch, options.activation_scratch_bytes);
+  }
   EAGLE3_ASSIGN_OR_RETURN(void* flag, s.allocator.Allocate(sizeof(int), 256));
   s.error_flag = static_cast<int*>(flag);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(s.error_flag, 0, sizeof(int), s.stream),
@@ -178,6 +183,7 @@ CudaBackend::~CudaBackend() {
   for (const auto& [p, bytes] : buffers) {
     if (p != nullptr) s.allocator.Deallocate(p, bytes);
   }
+  for (const auto& [p, bytes] : s.activation_scratch) s.allocator.Deallocate(p, bytes);
   if (s.lt != nullptr) cublasLtDestroy(s.lt);
   if (s.owns_stream && s.stream != nullptr) cudaStreamDestroy(s.stream);
   cudaGetLastError();  // a teardown failure must not be reported by a later, unrelated launch
@@ -304,20 +310,26 @@ absl::Status CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& o
                                            out.dim(1), state_->stream));
 }
 
-// Negative ids are found on the device: Synchronize reports the lowest such token; its out row is
-// zeros meanwhile.
+// The table is f32 or bf16 (out f32). Negative ids are found on the device: Synchronize reports
+// the lowest such token; its out row is zeros meanwhile.
 absl::Status CudaBackend::EmbeddingLookup(const TensorView& ids, const TensorView& table,
                                           int64_t vocab_start, const TensorView& out) {
   EAGLE3_RETURN_IF_ERROR(CheckEmbeddingLookup(ids, table, vocab_start, out));
-  EAGLE3_RETURN_IF_ERROR(CheckF32("EmbeddingLookup", "table", table));
+  if (table.dtype() != DType::kBF16) {
+    EAGLE3_RETURN_IF_ERROR(CheckF32("EmbeddingLookup", "table", table));
+  }
   EAGLE3_RETURN_IF_ERROR(CheckF32("EmbeddingLookup", "out", out));
   State& s = *state_;
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "EmbeddingLookup: cudaSetDevice"));
   const int code = DeviceErrorCode(DeviceCheck::kEmbeddingNegativeId);
   const auto launch = [&](const auto* id_data) {
-    return LaunchEmbeddingLookup(id_data, ids.dim(0), table.data_as<const float>(), table.stride(0),
-                                 table.dim(0), vocab_start, out.data_as<float>(), out.stride(0),
-                                 table.dim(1), s.error_flag, code, s.stream);
+    const auto with_table = [&](const auto* table_data) {
+      return LaunchEmbeddingLookup(id_data, ids.dim(0), table_data, table.stride(0), table.dim(0),
+                                   vocab_start, out.data_as<float>(), out.stride(0), table.dim(1),
+                                   s.error_flag, code, s.stream);
+    };
+    return table.dtype() == DType::kBF16 ? with_table(table.data_as<const uint16_t>())
+                                         : with_table(table.data_as<const float>());
   };
   return Launched("EmbeddingLookup", ids.dtype() == DType::kI32
                                          ? launch(ids.data_as<const int32_t>())

@@ -1,4 +1,5 @@
-// CudaBackend: DeepSeek MoE routing and routed experts (kernels in moe_kernels.cu). f32 only.
+// CudaBackend: DeepSeek MoE routing and routed experts (kernels in moe_kernels.cu). Everything f32,
+// except that the routed experts' weights may all be bf16 instead (x, weights, out stay f32).
 //
 // Data-dependent errors. The CPU reference checks logits, biases and expert ids before it writes
 // anything. Here they live on the device: the kernels check them as they go, leave the offending
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -93,8 +95,7 @@ absl::StatusOr<const MoeExpertPointers*> ExpertTable(CudaBackend::State& state,
   for (size_t e = 0; e < experts.size(); ++e) {
     const TensorView& gate_up = experts[e].gate_up;
     const TensorView& down = experts[e].down;
-    cache.wanted[e] = {gate_up.data_as<const float>(), down.data_as<const float>(),
-                       gate_up.stride(0), down.stride(0)};
+    cache.wanted[e] = {gate_up.data(), down.data(), gate_up.stride(0), down.stride(0)};
   }
   ++cache.clock;
   MoeTableCache::Table* lru = nullptr;
@@ -193,10 +194,21 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "x", x));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "weights", weights));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  // One weight dtype for every expert: experts[0].gate_up's, f32 or bf16.
+  const DType weight_dtype = experts.empty() ? DType::kF32 : experts[0].gate_up.dtype();
+  if (weight_dtype != DType::kF32 && weight_dtype != DType::kBF16) {
+    return Invalid(op, "experts[0].gate_up is ", experts[0].gate_up.ToString(),
+                   " but CudaBackend::MoeExperts takes expert weights in f32 or bf16");
+  }
   for (size_t e = 0; e < experts.size(); ++e) {
-    EAGLE3_RETURN_IF_ERROR(
-        CheckF32(op, absl::StrCat("experts[", e, "].gate_up"), experts[e].gate_up));
-    EAGLE3_RETURN_IF_ERROR(CheckF32(op, absl::StrCat("experts[", e, "].down"), experts[e].down));
+    for (const auto& [name, w] : {std::pair<const char*, const TensorView*>{"gate_up", &experts[e].gate_up},
+                                  {"down", &experts[e].down}}) {
+      if (w->dtype() != weight_dtype) {
+        return Invalid(op, "experts[", e, "].", name, " is ", w->ToString(), " but experts[0].gate_up is ",
+                       std::string(DTypeName(weight_dtype)),
+                       ": every expert's weights must share one dtype (mixed f32 / bf16 experts)");
+      }
+    }
   }
   State& s = *state_;
   const int64_t tokens = x.dim(0);
@@ -229,6 +241,7 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   return CudaStatus(
       LaunchMoeExperts(x.data_as<const float>(), x.stride(0), ids.data_as<const int32_t>(),
                        ids.stride(0), weights.data_as<const float>(), weights.stride(0), table,
+                       weight_dtype == DType::kBF16 ? MoeWeightType::kBF16 : MoeWeightType::kF32,
                        num_experts, tokens, top_k, hidden, inter, act, out.data_as<float>(),
                        out.stride(0), accumulate, s.error_flag,
                        DeviceErrorCode(DeviceCheck::kMoeExpertsId), s.stream),

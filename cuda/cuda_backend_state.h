@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -64,6 +66,9 @@ struct CudaBackend::State {
   size_t attention_scratch_bytes = 0;
   void* moe_scratch = nullptr;
   size_t moe_scratch_bytes = 0;
+  // Gemm's bf16 copies of f32 activations (gemm.cc): every buffer allocated, the current (largest)
+  // last. None is freed before the backend is destroyed: a captured graph may still read it.
+  std::vector<std::pair<void*, size_t>> activation_scratch;
   // (The destructor frees the workspace, the flag and the scratch above through `allocator`, which
   // must be what allocated them.)
   // cuBLASLt algorithms chosen by the heuristic, per problem key (gemm.cc): one query per shape.

@@ -1,11 +1,14 @@
 // CudaBackend::Gemm on cuBLASLt: c = alpha * a * b^T + beta * c + bias, row-major, row-strided.
 //
-// Types: a and b both f32 or both bf16 (weights and activations in bf16), c and bias f32;
-// accumulation in fp32 (CUBLAS_COMPUTE_32F: no TF32, so f32 inputs keep full precision and match
-// the CPU reference). cuBLASLt has no f32 x bf16 matmul, so a bf16 b with an f32 a is refused: the
-// caller converts a (LaunchF32ToBf16) or b. The bias is added by a small kernel after the matmul
-// (one pass over c, whatever the pointers' alignment), and an empty product (K = 0) is that same
-// kernel alone.
+// Types: a and b both f32, both bf16, or a f32 with b bf16 (bf16 weights, f32 activations); c and
+// bias f32; accumulation in fp32 (CUBLAS_COMPUTE_32F: no TF32, so f32 inputs keep full precision
+// and match the CPU reference). cuBLASLt has no f32 x bf16 matmul, so for the mixed case `a` is
+// first rounded into a contiguous bf16 copy in backend-owned scratch (State::activation_scratch,
+// LaunchF32ToBf16Rows) and the product runs as bf16 x bf16. The scratch grows when a larger `a`
+// comes (refused while the stream is being captured: capture after one eager step); outgrown
+// buffers stay allocated until the backend is destroyed, since a captured graph may read them.
+// The bias is added by a small kernel after the matmul (one pass over c, whatever the pointers'
+// alignment), and an empty product (K = 0) is that same kernel alone.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -14,9 +17,11 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
+#include "eagle3/cuda/convert.h"
 #include "eagle3/cuda/core_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/status.h"
@@ -65,38 +70,40 @@ uint32_t AlignmentOf(const void* p) {
   return lowest_bit == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(lowest_bit, 256));
 }
 
-}  // namespace
+// Scratch for `bytes` of bf16 activation: the current buffer, or a new one at least twice its size
+// (the old one is kept: see the file comment).
+absl::StatusOr<void*> ActivationScratch(CudaBackend::State& s, size_t bytes) {
+  if (!s.activation_scratch.empty() && s.activation_scratch.back().second >= bytes) {
+    return s.activation_scratch.back().first;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EAGLE3_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(s.stream, &capture), "Gemm: cudaStreamIsCapturing"));
+  const size_t have = s.activation_scratch.empty() ? 0 : s.activation_scratch.back().second;
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Gemm: the bf16 copy of an f32 activation needs ", bytes, " bytes of scratch but ", have,
+        " are allocated, and the stream is being captured into a CUDA graph (no allocation "
+        "there); run the step once before capturing, or raise "
+        "CudaBackendOptions::activation_scratch_bytes"));
+  }
+  const size_t grown = std::max(bytes, 2 * have);
+  EAGLE3_ASSIGN_OR_RETURN(void* buffer, s.allocator.Allocate(grown, 256));
+  s.activation_scratch.emplace_back(buffer, grown);
+  return buffer;
+}
 
-absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
-                               const GemmOptions& options) {
-  EAGLE3_RETURN_IF_ERROR(CheckGemm(a, b, c, options));
-  const bool f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32;
-  const bool bf16 = a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16;
-  if (!f32 && !bf16) {
-    return Invalid(
-        "a ", a.ToString(), " and b ", b.ToString(),
-        " must be both f32 or both bf16 on CudaBackend (cuBLASLt has no mixed f32 x bf16 "
-        "matmul; convert one side with LaunchF32ToBf16 / LaunchBf16ToF32)");
-  }
-  if (c.dtype() != DType::kF32) {
-    return Invalid("c ", c.ToString(), " must be f32 on CudaBackend (outputs accumulate in fp32)");
-  }
-  if (options.bias != nullptr && options.bias->dtype() != DType::kF32) {
-    return Invalid("bias ", options.bias->ToString(), " must be f32 on CudaBackend");
-  }
+// The cuBLASLt product for checked operands of one storage type (both f32 or both bf16), m, n, k
+// > 0.
+absl::Status Matmul(CudaBackend::State& s, const TensorView& a, const TensorView& b,
+                    const TensorView& c, const GemmOptions& options) {
+  const bool bf16 = a.dtype() == DType::kBF16;
   const int64_t m = a.dim(0);
   const int64_t n = b.dim(0);
   const int64_t k = a.dim(1);
-  if (m == 0 || n == 0) return absl::OkStatus();
-  State& s = *state_;
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "Gemm: cudaSetDevice"));
   float* c_data = c.data_as<float>();
   const int64_t ldc = LeadingDim(c);
   const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
-  if (k == 0) {  // empty product: c = beta * c + bias
-    return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, options.beta, bias, s.stream),
-                      "Gemm: bias kernel launch");
-  }
 
   // Row-major c = a b^T is column-major c^T = b a^T: cuBLASLt's A is our b (column-major [K, N],
   // transposed), its B our a (column-major [K, M]), its C and D our c (column-major [N, M]).
@@ -186,6 +193,50 @@ absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const T
   if (bias == nullptr) return absl::OkStatus();
   return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, 1.0f, bias, s.stream),
                     "Gemm: bias kernel launch");
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                               const GemmOptions& options) {
+  EAGLE3_RETURN_IF_ERROR(CheckGemm(a, b, c, options));
+  const bool f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32;
+  const bool mixed = a.dtype() == DType::kF32 && b.dtype() == DType::kBF16;
+  const bool bf16 = mixed || (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16);
+  if (!f32 && !bf16) {
+    return Invalid("a ", a.ToString(), " and b ", b.ToString(),
+                   " must be both f32, both bf16, or a f32 with b bf16 on CudaBackend");
+  }
+  if (c.dtype() != DType::kF32) {
+    return Invalid("c ", c.ToString(), " must be f32 on CudaBackend (outputs accumulate in fp32)");
+  }
+  if (options.bias != nullptr && options.bias->dtype() != DType::kF32) {
+    return Invalid("bias ", options.bias->ToString(), " must be f32 on CudaBackend");
+  }
+  const int64_t m = a.dim(0);
+  const int64_t n = b.dim(0);
+  const int64_t k = a.dim(1);
+  if (m == 0 || n == 0) return absl::OkStatus();
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "Gemm: cudaSetDevice"));
+  float* c_data = c.data_as<float>();
+  const int64_t ldc = LeadingDim(c);
+  const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
+  if (k == 0) {  // empty product: c = beta * c + bias
+    return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, options.beta, bias, s.stream),
+                      "Gemm: bias kernel launch");
+  }
+  if (mixed) {  // a rounded to bf16 into contiguous scratch, then the bf16 x bf16 product
+    EAGLE3_ASSIGN_OR_RETURN(void* scratch,
+                            ActivationScratch(s, static_cast<size_t>(m * k) * sizeof(uint16_t)));
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        LaunchF32ToBf16Rows(a.data_as<const float>(), LeadingDim(a),
+                            static_cast<uint16_t*>(scratch), k, m, k, s.stream),
+        "Gemm: converting a to bf16"));
+    const TensorView a_bf16(scratch, DType::kBF16, Shape{m, k}, a.device());
+    return Matmul(s, a_bf16, b, c, options);
+  }
+  return Matmul(s, a, b, c, options);
 }
 
 }  // namespace eagle3::cuda

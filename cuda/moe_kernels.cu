@@ -52,13 +52,39 @@ __device__ __forceinline__ bool Aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// kVec weights from 16 bytes at chunk i of a 16-byte aligned row, as floats.
+__device__ __forceinline__ void LoadChunk(const float* row, int64_t i, float (&w)[4]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(row) + i);
+  w[0] = a.x;
+  w[1] = a.y;
+  w[2] = a.z;
+  w[3] = a.w;
+}
+__device__ __forceinline__ void LoadChunk(const uint16_t* row, int64_t i, float (&w)[8]) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(row) + i);
+  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // little endian: the lower half is the earlier element
+    w[2 * q] = __uint_as_float(words[q] << 16);
+    w[2 * q + 1] = __uint_as_float(words[q] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ float LoadWeight(const float* row, int64_t i) { return __ldg(row + i); }
+__device__ __forceinline__ float LoadWeight(const uint16_t* row, int64_t i) {
+  return __uint_as_float(static_cast<uint32_t>(__ldg(row + i)) << 16);
+}
+
 // dots[r] = rows[r][0, n) . v[0, n) for R rows by one warp, in a fixed order (reproducible); every
-// lane gets the results. float4 loads when every pointer is 16-byte aligned and n % 4 == 0.
-template <int R>
-__device__ void WarpDots(const float* const (&rows)[R], const float* v, int64_t n, int lane,
+// lane gets the results. W is the weight storage: float, or uint16_t holding bf16 (widened to f32
+// exactly; v stays f32). 16-byte loads of the rows (4 floats or 8 bf16, and the matching floats of
+// v) when every pointer is 16-byte aligned and n is a multiple of that; products are summed in
+// groups of 4 before they join the lane's accumulator.
+template <int R, typename W>
+__device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, int lane,
                          float (&dots)[R]) {
+  constexpr int kVec = 16 / sizeof(W);
   float acc[R];
-  bool vec = (n % 4 == 0) && Aligned16(v);
+  bool vec = (n % kVec == 0) && Aligned16(v);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     acc[r] = 0.0f;
@@ -67,12 +93,19 @@ __device__ void WarpDots(const float* const (&rows)[R], const float* v, int64_t 
   if (vec) {
     const float4* v4 = reinterpret_cast<const float4*>(v);
 #pragma unroll 4
-    for (int64_t i = lane; i < n / 4; i += kWarpSize) {
-      const float4 b = __ldg(v4 + i);
+    for (int64_t i = lane; i < n / kVec; i += kWarpSize) {
+      float4 b[kVec / 4];
+#pragma unroll
+      for (int q = 0; q < kVec / 4; ++q) b[q] = __ldg(v4 + i * (kVec / 4) + q);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(rows[r]) + i);
-        acc[r] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        float a[kVec];
+        LoadChunk(rows[r], i, a);
+#pragma unroll
+        for (int q = 0; q < kVec / 4; ++q) {
+          acc[r] += a[4 * q] * b[q].x + a[4 * q + 1] * b[q].y + a[4 * q + 2] * b[q].z +
+                    a[4 * q + 3] * b[q].w;
+        }
       }
     }
   } else {
@@ -80,7 +113,7 @@ __device__ void WarpDots(const float* const (&rows)[R], const float* v, int64_t 
     for (int64_t i = lane; i < n; i += kWarpSize) {
       const float b = __ldg(v + i);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] += __ldg(rows[r] + i) * b;
+      for (int r = 0; r < R; ++r) acc[r] += LoadWeight(rows[r], i) * b;
     }
   }
 #pragma unroll
@@ -205,6 +238,7 @@ constexpr int64_t kMaxGridY = 65535;
 
 // act[t, j, i] = silu(gate_e[i] . x[t]) * (up_e[i] . x[t]) for slot (t, j) = blockIdx.x and rows
 // i of blockIdx.y; e = ids[t, j].
+template <typename W>
 __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
                              const int32_t* __restrict__ ids, int64_t ids_stride,
                              const MoeExpertPointers* __restrict__ experts, int64_t num_experts,
@@ -221,10 +255,11 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
   if (row >= inter) return;
   const int lane = threadIdx.x % kWarpSize;
   const MoeExpertPointers w = experts[e];
-  const float* const rows[2] = {w.gate_up + row * w.gate_up_stride,
-                                w.gate_up + (inter + row) * w.gate_up_stride};
+  const W* gate_up = static_cast<const W*>(w.gate_up);
+  const W* const rows[2] = {gate_up + row * w.gate_up_stride,
+                            gate_up + (inter + row) * w.gate_up_stride};
   float dots[2];
-  WarpDots<2>(rows, x + t * x_stride, hidden, lane, dots);
+  WarpDots<2, W>(rows, x + t * x_stride, hidden, lane, dots);
   if (lane == 0) {
     const float g = dots[0];
     act[slot * inter + row] = g / (1.0f + expf(-g)) * dots[1];
@@ -233,6 +268,7 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
 
 // out[t, h] = (accumulate ? out[t, h] : 0) + sum over j in order of weights[t, j] * down_e[h] .
 // act[t, j] for token t = blockIdx.x and rows h of blockIdx.y. A token with a bad id is left alone.
+template <typename W>
 __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_stride,
                               const float* __restrict__ weights, int64_t weights_stride,
                               const MoeExpertPointers* __restrict__ experts, int64_t num_experts,
@@ -255,9 +291,9 @@ __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_strid
   float acc = accumulate ? *o : 0.0f;  // without accumulate out is write-only (may hold NaN)
   for (int64_t j = 0; j < top_k; ++j) {
     const MoeExpertPointers w = experts[id[j]];
-    const float* const rows[1] = {w.down + h * w.down_stride};
+    const W* const rows[1] = {static_cast<const W*>(w.down) + h * w.down_stride};
     float dot[1];
-    WarpDots<1>(rows, act + (t * top_k + j) * inter, inter, lane, dot);
+    WarpDots<1, W>(rows, act + (t * top_k + j) * inter, inter, lane, dot);
     acc += weights[t * weights_stride + j] * dot[0];
   }
   if (lane == 0) *o = acc;
@@ -296,10 +332,14 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
 
 cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* ids,
                              int64_t ids_stride, const float* weights, int64_t weights_stride,
-                             const MoeExpertPointers* experts, int64_t num_experts, int64_t tokens,
-                             int64_t top_k, int64_t hidden, int64_t inter, float* act, float* out,
-                             int64_t out_stride, bool accumulate, int* error_flag, int error_code,
+                             const MoeExpertPointers* experts, MoeWeightType weight_type,
+                             int64_t num_experts, int64_t tokens, int64_t top_k, int64_t hidden,
+                             int64_t inter, float* act, float* out, int64_t out_stride,
+                             bool accumulate, int* error_flag, int error_code,
                              cudaStream_t stream) {
+  if (weight_type != MoeWeightType::kF32 && weight_type != MoeWeightType::kBF16) {
+    return cudaErrorInvalidValue;
+  }
   if (tokens < 0 || top_k < 0 || hidden < 0 || inter < 0 || num_experts < 0 || x_stride < 0 ||
       ids_stride < 0 || weights_stride < 0 || out_stride < 0) {
     return cudaErrorInvalidValue;
@@ -318,18 +358,22 @@ cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* id
       (gemv && (x == nullptr || act == nullptr)) || (num_experts > 0 && experts == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  if (gemv) {
-    const dim3 grid(static_cast<unsigned>(tokens * top_k), static_cast<unsigned>(inter_blocks));
-    MoeActKernel<<<grid, kGemvWarps * kWarpSize, 0, stream>>>(x, x_stride, ids, ids_stride, experts,
-                                                              num_experts, top_k, hidden, inter,
-                                                              act, error_flag, error_code);
-    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
-  }
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(hidden_blocks));
-  MoeDownKernel<<<grid, kGemvWarps * kWarpSize, 0, stream>>>(
-      ids, ids_stride, weights, weights_stride, experts, num_experts, top_k, hidden, inter, act,
-      out, out_stride, accumulate, error_flag, error_code);
-  return cudaGetLastError();
+  const auto launch = [&](auto weight) {  // weight: a W value, selecting the instantiation
+    using W = decltype(weight);
+    if (gemv) {
+      const dim3 grid(static_cast<unsigned>(tokens * top_k), static_cast<unsigned>(inter_blocks));
+      MoeActKernel<W><<<grid, kGemvWarps * kWarpSize, 0, stream>>>(
+          x, x_stride, ids, ids_stride, experts, num_experts, top_k, hidden, inter, act,
+          error_flag, error_code);
+      if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+    }
+    const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(hidden_blocks));
+    MoeDownKernel<W><<<grid, kGemvWarps * kWarpSize, 0, stream>>>(
+        ids, ids_stride, weights, weights_stride, experts, num_experts, top_k, hidden, inter, act,
+        out, out_stride, accumulate, error_flag, error_code);
+    return cudaGetLastError();
+  };
+  return weight_type == MoeWeightType::kBF16 ? launch(uint16_t{0}) : launch(0.0f);
 }
 
 }  // namespace eagle3::cuda

@@ -99,6 +99,7 @@ struct Flags {
   int tp = 1;
   std::string device = "cpu";
   bool graphs = true;  // CUDA graphs for target steps (--device cuda, tp 1)
+  std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
   std::optional<std::vector<int>> aux_layers;
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
 };
@@ -108,12 +109,15 @@ constexpr char kUsage[] =
     "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
     "                     [--seed S] [--tp N] [--device cpu|cuda] [--graphs on|off]\n"
+    "                     [--weights bf16|f32]\n"
     "                     [--aux-layers a,b,c] [--convention output|input] [--json FILE]\n"
     "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
     "    " EAGLE3_MODELS_DIR "\n"
     "  --prompt/--prompt-file: text tokenized with the target's tokenizer.json (default: a few lines\n"
     "    of Python); --tokens: raw target ids\n"
     "  --random-pair: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft (no speedup)\n"
+    "  --weights: storage of both models' weights (default: the device's preference, bf16 on cuda,\n"
+    "    f32 on cpu, which takes nothing else)\n"
     "  --aux-layers: replaces the draft config's aux layer ids (read in --convention: output = id k\n"
     "    is the output of layer k, boundary k+1, as draft configs mean; input = id k is boundary k,\n"
     "    0 the embedding output) to measure what a wrong tap costs\n";
@@ -165,6 +169,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.json = value;
     } else if (flag == "--device") {
       f.device = value;
+    } else if (flag == "--weights") {
+      EAGLE3_ASSIGN_OR_RETURN(f.weights, eagle3::examples::ParseWeights(flag, value));
     } else if (flag == "--graphs" && (value == "on" || value == "off")) {
       f.graphs = value == "on";
     } else if (flag == "--prompt") {
@@ -220,6 +226,7 @@ struct RunResult {
   std::vector<int64_t> tokens;
   eagle3::DecodeStats stats;
   std::string launcher;  // the graph launcher's counts, when graphs ran
+  std::string weights;   // the weight dtype the models ran with
 };
 
 // Runs plain or speculative decoding on `tp` ranks (threads); returns rank 0's result.
@@ -237,6 +244,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
     topt.max_context_len = context;
     topt.page_size = 16;
     topt.num_kv_pages = (context + topt.page_size - 1) / topt.page_size;
+    topt.weight_dtype = flags.weights;
     EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.target, topt, comm, backend));
     eagle3::DecodeOptions options;
     options.max_new_tokens = flags.max_new_tokens;
@@ -265,6 +273,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
       dopt.num_kv_pages = topt.num_kv_pages;
       dopt.convention = flags.convention;
       dopt.aux_layer_ids_override = flags.aux_layers;
+      dopt.weight_dtype = flags.weights;
       auto created = eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend);
       if (!created.ok() && flags.aux_layers.has_value()) {
         return absl::Status(created.status().code(),
@@ -278,7 +287,9 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
     eagle3::DecodeStats stats;
     const std::vector<std::vector<int64_t>> prompts = {prompt};
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
-    if (rank == 0) result = RunResult{out[0], stats, ctx.LauncherSummary()};
+    if (rank == 0) {
+      result = RunResult{out[0], stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend)};
+    }
     return absl::OkStatus();
   }));
   return result;
@@ -433,8 +444,8 @@ absl::Status Run(Flags flags) {
   std::printf("mean accepted length %.3f tokens per target pass; acceptance by depth %s\n", s.mean_accepted_length,
               JoinDoubles(s.acceptance_by_depth).c_str());
   std::printf("accepted drafted tokens per pass (histogram): %s\n", JoinIds(s.accepted_histogram).c_str());
-  std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s)\n", speedup,
-              s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str());
+  std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s, %s weights)\n", speedup,
+              s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str(), spec.weights.c_str());
   for (const auto& [name, run] : {std::pair<const char*, const RunResult*>{"plain", &plain}, {"speculative", &spec}}) {
     if (!run->launcher.empty()) std::printf("%s: %s\n", name, run->launcher.c_str());
   }
@@ -445,6 +456,7 @@ absl::Status Run(Flags flags) {
     };
     std::ofstream out(flags.json);
     out << "{\"target\": " << JsonString(flags.target) << ", \"draft\": " << JsonString(flags.draft)
+        << ", \"weights\": " << JsonString(spec.weights)
         << ", \"prompt\": {\"tokens\": " << JoinIds(prompt) << text_field(prompt_text) << "}"
         << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens) << text_field(plain_text)
         << ", \"tokens_per_s\": " << plain.stats.tokens_per_second()

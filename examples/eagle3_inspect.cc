@@ -74,6 +74,8 @@ constexpr char kUsage[] =
     "       eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N]\n"
     "                               [--depth K] [--device cpu|cuda] [--aux-layers a,b,c]\n"
     "                               [--convention output|input] [--out FILE]\n"
+    "  target, draft, accuracy: [--weights bf16|f32] (default: the device's preference, bf16 on\n"
+    "    cuda, f32 on cpu; draft runs on cpu)\n"
     "  accuracy: the draft's top-1 (through d2t) against the target's greedy token, teacher-forced\n"
     "    from the target's own hidden states on the text's true tokens. With the text x and the\n"
     "    target's greedy y_t = argmax logits(x_0..x_t): depth 1 at start p feeds (aux_p, x_{p+1})\n"
@@ -95,6 +97,7 @@ struct Flags {
   int tp = 1;
   eagle3::ResidualMode residual = eagle3::ResidualMode::kReplicated;
   eagle3::AttentionPath attention = eagle3::AttentionPath::kAuto;
+  std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
 };
 
 using eagle3::examples::ParseIds;
@@ -122,6 +125,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     };
     if (flag == "--device") {
       flags.device = value;
+    } else if (flag == "--weights") {
+      EAGLE3_ASSIGN_OR_RETURN(flags.weights, eagle3::examples::ParseWeights(flag, value));
     } else if (flag == "--model" || flag == "--target") {
       flags.model = value;
     } else if (flag == "--draft") {
@@ -213,6 +218,8 @@ absl::Status InspectTarget(const Flags& flags) {
   options.max_context_len = t;
   options.page_size = 64;
   options.num_kv_pages = (t + options.page_size - 1) / options.page_size;
+  options.weight_dtype = flags.weights;
+  std::string weights;  // rank 0's, for the summary
   std::vector<int32_t> pages(static_cast<size_t>(options.num_kv_pages));
   for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
 
@@ -225,6 +232,7 @@ absl::Status InspectTarget(const Flags& flags) {
     eagle3::TargetModelOptions o = options;
     o.rank = rank;
     EAGLE3_ASSIGN_OR_RETURN(auto model, eagle3::TargetModel::Create(flags.model, o, ctx.comm, ctx.backend.get()));
+    if (rank == 0) weights = eagle3::examples::WeightsName(flags.weights, *ctx.backend);
     eagle3::SequenceInput in;
     in.tokens = flags.tokens;
     in.page_table = pages;
@@ -266,8 +274,9 @@ absl::Status InspectTarget(const Flags& flags) {
   std::printf("target %s: %s, %d layers, hidden %lld, vocab %lld, softmax scale %.6f\n", flags.model.c_str(),
               std::string(eagle3::DeepseekModelTypeName(config.model_type)).c_str(), layers,
               static_cast<long long>(hd), static_cast<long long>(config.vocab_size), config.SoftmaxScale());
-  std::printf("run: %lld tokens, tp %d, residual %s, %.1f ms on %s\n", static_cast<long long>(t), flags.tp,
-              flags.residual == eagle3::ResidualMode::kReplicated ? "replicated" : "sharded", ms, flags.device.c_str());
+  std::printf("run: %lld tokens, tp %d, residual %s, %.1f ms on %s, %s weights\n", static_cast<long long>(t),
+              flags.tp, flags.residual == eagle3::ResidualMode::kReplicated ? "replicated" : "sharded", ms,
+              flags.device.c_str(), weights.c_str());
   std::printf("wrote %s: tokens [%lld], logits [%lld, %lld], boundary.0..%d [%lld, %lld] "
               "(0 = embedding output, %d = before the final norm)\n",
               flags.out.c_str(), static_cast<long long>(t), static_cast<long long>(t),
@@ -299,8 +308,10 @@ absl::Status InspectDraft(const Flags& flags) {
   dopt.max_context_len = context;
   dopt.page_size = page_size;
   dopt.num_kv_pages = pages;
+  dopt.weight_dtype = flags.weights;
   EAGLE3_ASSIGN_OR_RETURN(auto draft, eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, &backend));
   eagle3::TargetModelOptions topt;
+  topt.weight_dtype = flags.weights;
   topt.max_tokens_per_forward = t;
   topt.max_context_len = context;
   topt.page_size = page_size;
@@ -467,6 +478,7 @@ absl::Status Accuracy(const Flags& flags) {
   dopt.max_context_len = std::max(cache_rows, t);
   dopt.page_size = page_size;
   dopt.num_kv_pages = pages;
+  dopt.weight_dtype = flags.weights;
   auto created = eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, ctx.backend.get());
   if (!created.ok() && flags.aux_layers.has_value()) {
     return absl::Status(created.status().code(), "with --aux-layers: " + std::string(created.status().message()));
@@ -477,6 +489,7 @@ absl::Status Accuracy(const Flags& flags) {
   topt.max_context_len = t;
   topt.page_size = page_size;
   topt.num_kv_pages = (t + page_size - 1) / page_size;
+  topt.weight_dtype = flags.weights;
   EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, ctx.backend.get()));
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab(), hd = draft->config().hidden_size;
@@ -554,9 +567,10 @@ absl::Status Accuracy(const Flags& flags) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::printf("%s\n", tap.Describe().c_str());
-  std::printf("text %s: %lld tokens; target greedy = next text token at %.4f of positions; %.2f s on %s\n",
+  std::printf("text %s: %lld tokens; target greedy = next text token at %.4f of positions; %.2f s on %s, %s weights\n",
               flags.text_file.c_str(), static_cast<long long>(t),
-              static_cast<double>(target_agree) / static_cast<double>(t - 1), seconds, flags.device.c_str());
+              static_cast<double>(target_agree) / static_cast<double>(t - 1), seconds, flags.device.c_str(),
+              eagle3::examples::WeightsName(flags.weights, *ctx.backend).c_str());
   std::printf("%6s %10s %8s %8s   (draft top-1 vs the target's greedy token, teacher-forced)\n", "depth",
               "agreement", "agree", "count");
   for (int d = 1; d <= depth; ++d) {

@@ -1,13 +1,16 @@
-// Shared by the example programs: "a,b,c" command-line lists of integers.
+// Shared by the example programs: "a,b,c" command-line lists of integers, and --weights.
 #pragma once
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/dtype.h"
 
 namespace eagle3::examples {
 
@@ -28,6 +31,18 @@ inline absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, cons
     start = comma + 1;
   }
   return ids;
+}
+
+// --weights bf16|f32: the models' weight storage (unset: the backend's preferred_weight_dtype()).
+inline absl::StatusOr<DType> ParseWeights(std::string_view flag, const std::string& value) {
+  if (value == "bf16") return DType::kBF16;
+  if (value == "f32") return DType::kF32;
+  return absl::InvalidArgumentError(std::string(flag) + " must be bf16 or f32, got '" + value + "'");
+}
+
+// The weight dtype a run uses, for its summary: the --weights value or the backend's preference.
+inline std::string WeightsName(const std::optional<DType>& weights, const Backend& backend) {
+  return std::string(DTypeName(weights.value_or(backend.preferred_weight_dtype())));
 }
 
 }  // namespace eagle3::examples

@@ -11,6 +11,7 @@
 #include "eagle3/checkpoint.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
+#include "eagle3/target_model.h"
 #include "eagle3/tensor.h"
 
 namespace eagle3 {
@@ -62,6 +63,7 @@ struct DraftModel::Impl {
   std::unique_ptr<Checkpoint> target_checkpoint;  // only when the embedding is the target's
   std::string prefix;                             // "midlayer." or "layers.0."
   std::vector<int64_t> d2t;
+  DType weight_dtype = DType::kF32;  // resolved options.weight_dtype
 
   // Per-rank dims.
   int64_t hidden_dim = 0, head_dim = 0, heads = 0, kv_heads = 0, group = 0;  // group = heads per kv head
@@ -89,9 +91,10 @@ struct DraftModel::Impl {
     EAGLE3_RETURN_IF_ERROR(backend->Copy(host, device));
     return device;
   }
-  absl::StatusOr<Tensor> LoadShard(const Checkpoint& from, const WeightSpec& spec) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host,
-                            from.ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank), DType::kF32));
+  // This rank's shard of `spec`, read straight into `dtype` (weight_dtype for Gemm weights and the
+  // embedding, f32 for norms and fc.bias).
+  absl::StatusOr<Tensor> LoadShard(const Checkpoint& from, const WeightSpec& spec, DType dtype) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host, from.ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank), dtype));
     return ToDevice(std::move(host));
   }
   // Rows of several shards stacked into one weight (merged q/k/v, gate/up: one Gemm each).
@@ -99,11 +102,11 @@ struct DraftModel::Impl {
     std::vector<Tensor> parts;
     int64_t rows = 0;
     for (const WeightSpec* spec : specs) {
-      EAGLE3_ASSIGN_OR_RETURN(Tensor part, LoadShard(*checkpoint, *spec));
+      EAGLE3_ASSIGN_OR_RETURN(Tensor part, LoadShard(*checkpoint, *spec, weight_dtype));
       rows += part.dim(0);
       parts.push_back(std::move(part));
     }
-    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(DType::kF32, Shape{rows, parts.front().dim(1)}));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(weight_dtype, Shape{rows, parts.front().dim(1)}));
     int64_t row = 0;
     for (const Tensor& part : parts) {
       EAGLE3_RETURN_IF_ERROR(backend->Copy(part, Rows(merged, row, part.dim(0))));
@@ -252,10 +255,12 @@ absl::Status DraftModel::Impl::LoadWeights(const std::vector<WeightSpec>& specs,
   auto spec = [&](std::string_view name) -> const WeightSpec& {
     return *std::find_if(specs.begin(), specs.end(), [&](const WeightSpec& s) { return s.name == name; });
   };
-  auto load = [&](std::string_view name) { return LoadShard(*checkpoint, spec(name)); };
-  EAGLE3_ASSIGN_OR_RETURN(fc, load("fc.weight"));
+  auto load = [&](std::string_view name) { return LoadShard(*checkpoint, spec(name), DType::kF32); };
+  auto load_w = [&](std::string_view name) { return LoadShard(*checkpoint, spec(name), weight_dtype); };
+  EAGLE3_ASSIGN_OR_RETURN(fc, load_w("fc.weight"));
   if (checkpoint->Has("fc.bias")) {
-    EAGLE3_ASSIGN_OR_RETURN(fc_bias, LoadShard(*checkpoint, WeightSpec{"fc.bias", Shape{config.hidden_size}}));
+    EAGLE3_ASSIGN_OR_RETURN(fc_bias,
+                            LoadShard(*checkpoint, WeightSpec{"fc.bias", Shape{config.hidden_size}}, DType::kF32));
   }
   if (config.norm_before_fc) {
     EAGLE3_ASSIGN_OR_RETURN(input_norm, load("input_norm.weight"));
@@ -274,26 +279,29 @@ absl::Status DraftModel::Impl::LoadWeights(const std::vector<WeightSpec>& specs,
                                      &spec(prefix + "self_attn.v_proj.weight")};
     EAGLE3_ASSIGN_OR_RETURN(qkv_w, LoadStacked(qkv_specs));
   }
-  EAGLE3_ASSIGN_OR_RETURN(o_proj, load(prefix + "self_attn.o_proj.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(o_proj, load_w(prefix + "self_attn.o_proj.weight"));
   EAGLE3_ASSIGN_OR_RETURN(post_ln, load(prefix + "post_attention_layernorm.weight"));
   {
     const WeightSpec* gate_up_specs[] = {&spec(prefix + "mlp.gate_proj.weight"), &spec(prefix + "mlp.up_proj.weight")};
     EAGLE3_ASSIGN_OR_RETURN(gate_up_w, LoadStacked(gate_up_specs));
   }
-  EAGLE3_ASSIGN_OR_RETURN(down_w, load(prefix + "mlp.down_proj.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(down_w, load_w(prefix + "mlp.down_proj.weight"));
   EAGLE3_ASSIGN_OR_RETURN(final_norm, load("norm.weight"));
   if (!config.tie_word_embeddings) {
-    EAGLE3_ASSIGN_OR_RETURN(lm_head, load("lm_head.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(lm_head, load_w("lm_head.weight"));
   }
   if (own_embedding) {
     EAGLE3_ASSIGN_OR_RETURN(
-        embed, LoadShard(*checkpoint, WeightSpec{"embed_tokens.weight", Shape{config.vocab_size, config.hidden_size},
-                                                 TpSplit::kRows, true}));
+        embed, LoadShard(*checkpoint,
+                         WeightSpec{"embed_tokens.weight", Shape{config.vocab_size, config.hidden_size}, TpSplit::kRows,
+                                    true},
+                         weight_dtype));
   } else {
     EAGLE3_ASSIGN_OR_RETURN(
-        embed, LoadShard(*target_checkpoint, WeightSpec{"model.embed_tokens.weight",
-                                                        Shape{target.vocab_size, target.hidden_size}, TpSplit::kRows,
-                                                        true}));
+        embed, LoadShard(*target_checkpoint,
+                         WeightSpec{"model.embed_tokens.weight", Shape{target.vocab_size, target.hidden_size},
+                                    TpSplit::kRows, true},
+                         weight_dtype));
   }
   return absl::OkStatus();
 }
@@ -689,6 +697,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string
   m.draft_vocab_shard = PaddedSize(c.draft_vocab_size, kVocabPadPerRank * tp) / tp;
   m.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   m.eps = static_cast<float>(c.rms_norm_eps);
+  EAGLE3_ASSIGN_OR_RETURN(m.weight_dtype, ResolveWeightDtype(options.weight_dtype, *backend, "DraftModel"));
   EAGLE3_RETURN_IF_ERROR(m.LoadWeights(specs, own_embedding));
   EAGLE3_RETURN_IF_ERROR(m.AllocateWorkspaces());
   m.checkpoint.reset();

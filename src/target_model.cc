@@ -12,6 +12,7 @@
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor.h"
+#include "eagle3/tensor_convert.h"
 
 namespace eagle3 {
 namespace {
@@ -36,7 +37,37 @@ TensorView Heads(const TensorView& t, int64_t n, int64_t d) {
   return TensorView(t.data(), t.dtype(), Shape{t.dim(0), n, d}, Shape{t.stride(0), d, 1}, t.device());
 }
 
+// Slice [i] of a contiguous [n, rows, cols] tensor, as a [rows, cols] matrix.
+TensorView Slice(const Tensor& t, int64_t i) {
+  const int64_t rows = t.shape()[1], cols = t.shape()[2];
+  return TensorView(static_cast<char*>(t.data()) + i * rows * cols * static_cast<int64_t>(DTypeSize(t.dtype())),
+                    t.dtype(), Shape{rows, cols}, t.device());
+}
+
+// Valid storage dtypes of weights and of the latent cache; `what` names the option.
+absl::Status CheckStorageDtype(DType dtype, const std::string& what) {
+  if (dtype == DType::kF32 || dtype == DType::kBF16) return absl::OkStatus();
+  return absl::InvalidArgumentError(what + " is " + std::string(DTypeName(dtype)) + "; only f32 and bf16 are supported");
+}
+
 }  // namespace
+
+absl::StatusOr<DType> ResolveWeightDtype(std::optional<DType> requested, Backend& backend, const std::string& who) {
+  const DType dtype = requested.value_or(backend.preferred_weight_dtype());
+  EAGLE3_RETURN_IF_ERROR(CheckStorageDtype(dtype, who + ": weight_dtype"));
+  // Probe: the backend runs (or refuses) the Gemm every weight takes part in, before any loading.
+  EAGLE3_ASSIGN_OR_RETURN(Tensor a, Tensor::Empty(DType::kF32, Shape{1, 1}, backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor b, Tensor::Empty(dtype, Shape{1, 1}, backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor c, Tensor::Empty(DType::kF32, Shape{1, 1}, backend.allocator()));
+  if (const absl::Status probe = backend.Gemm(a, b, c, {}); !probe.ok()) {
+    return absl::Status(probe.code(), who + ": weight_dtype " + std::string(DTypeName(dtype)) +
+                                          " is not supported by this backend (" + std::string(probe.message()) +
+                                          ")");
+  }
+  // The probe's buffers are freed when this returns: let the backend finish with them first.
+  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  return dtype;
+}
 
 struct TargetModel::Impl {
   struct Layer {
@@ -58,6 +89,8 @@ struct TargetModel::Impl {
   Communicator* comm = nullptr;
   Backend* backend = nullptr;
   std::unique_ptr<Checkpoint> checkpoint;
+  DType weight_dtype = DType::kF32;  // resolved options.weight_dtype
+  DType cache_dtype = DType::kF32;   // resolved options.kv_cache_dtype
 
   // Per-rank dims.
   int64_t heads = 0;        // attention heads on this rank
@@ -107,13 +140,18 @@ struct TargetModel::Impl {
     return backend->Copy(host, device);
   }
 
-  absl::StatusOr<Tensor> LoadShard(const WeightSpec& spec) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host, checkpoint->ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank),
-                                                               DType::kF32));
+  // A host tensor on the backend's device (itself on a host backend).
+  absl::StatusOr<Tensor> ToDevice(Tensor host) {
     if (backend->device().is_cpu()) return host;
-    EAGLE3_ASSIGN_OR_RETURN(Tensor device, Alloc(DType::kF32, host.shape()));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor device, Alloc(host.dtype(), host.shape()));
     EAGLE3_RETURN_IF_ERROR(Upload(host, device));
     return device;
+  }
+  // This rank's shard of `spec`, read straight into `dtype`.
+  absl::StatusOr<Tensor> LoadShard(const WeightSpec& spec, DType dtype) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host,
+                            checkpoint->ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank), dtype));
+    return ToDevice(std::move(host));
   }
 
   absl::Status LoadWeights();
@@ -162,43 +200,48 @@ absl::Status TargetModel::Impl::LoadWeights() {
     EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape(spec.name, spec.shape));
   }
   size_t next = 0;
-  auto take = [&](std::string_view suffix) -> absl::StatusOr<Tensor> {
+  // The next tensor of the schema, in `dtype`: weight_dtype for Gemm weights and the embedding, f32
+  // for norms, the router and its bias.
+  auto take_as = [&](std::string_view suffix, DType dtype) -> absl::StatusOr<Tensor> {
     const WeightSpec& spec = specs[next++];
     if (spec.name.size() < suffix.size() ||
         spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       return absl::InternalError("weight schema order: expected *" + std::string(suffix) + ", got " +
                                  spec.name);
     }
-    return LoadShard(spec);
+    return LoadShard(spec, dtype);
   };
+  auto take = [&](std::string_view suffix) { return take_as(suffix, DType::kF32); };
+  auto take_w = [&](std::string_view suffix) { return take_as(suffix, weight_dtype); };
   // A merged [2I, H] gate_up from the separate gate_proj and up_proj shards.
   auto take_gate_up = [&]() -> absl::StatusOr<Tensor> {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor gate, take("gate_proj.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(Tensor up, take("up_proj.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(DType::kF32, Shape{2 * gate.dim(0), gate.dim(1)}));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor gate, take_w("gate_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor up, take_w("up_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(weight_dtype, Shape{2 * gate.dim(0), gate.dim(1)}));
     EAGLE3_RETURN_IF_ERROR(backend->Copy(gate, Rows(merged, 0, gate.dim(0))));
     EAGLE3_RETURN_IF_ERROR(backend->Copy(up, Rows(merged, gate.dim(0), up.dim(0))));
     return merged;
   };
 
-  EAGLE3_ASSIGN_OR_RETURN(embed, take("embed_tokens.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(embed, take_w("embed_tokens.weight"));
   layers.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& L = layers[static_cast<size_t>(l)];
     EAGLE3_ASSIGN_OR_RETURN(L.input_ln, take("input_layernorm.weight"));
     EAGLE3_ASSIGN_OR_RETURN(L.post_ln, take("post_attention_layernorm.weight"));
     if (config.q_lora_rank.has_value()) {
-      EAGLE3_ASSIGN_OR_RETURN(L.q_a, take("q_a_proj.weight"));
+      EAGLE3_ASSIGN_OR_RETURN(L.q_a, take_w("q_a_proj.weight"));
       EAGLE3_ASSIGN_OR_RETURN(L.q_a_ln, take("q_a_layernorm.weight"));
-      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take("q_b_proj.weight"));
+      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take_w("q_b_proj.weight"));
     } else {
-      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take("q_proj.weight"));
+      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take_w("q_proj.weight"));
     }
-    EAGLE3_ASSIGN_OR_RETURN(L.kv_a, take("kv_a_proj_with_mqa.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(L.kv_a, take_w("kv_a_proj_with_mqa.weight"));
     EAGLE3_ASSIGN_OR_RETURN(L.kv_a_ln, take("kv_a_layernorm.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(L.kv_b, take("kv_b_proj.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(L.o_proj, take("o_proj.weight"));
-    // W_UK per head, transposed to [R, nope] so that q_nope · W_UK is one Gemm against it.
+    EAGLE3_ASSIGN_OR_RETURN(L.kv_b, take_w("kv_b_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(L.o_proj, take_w("o_proj.weight"));
+    // W_UK per head, transposed to [R, nope] so that q_nope · W_UK is one Gemm against it (from the
+    // f32 values; rounding to bf16 afterwards gives the same values as kv_b's bf16 copy).
     {
       EAGLE3_ASSIGN_OR_RETURN(Tensor host_kv_b, checkpoint->ReadShard(
                                                     specs[next - 2].name,
@@ -214,17 +257,17 @@ absl::Status TargetModel::Impl::LoadWeights() {
           }
         }
       }
-      if (backend->device().is_cpu()) {
-        L.w_uk_t = std::move(host_t);
-      } else {
-        EAGLE3_ASSIGN_OR_RETURN(L.w_uk_t, Alloc(DType::kF32, host_t.shape()));
-        EAGLE3_RETURN_IF_ERROR(Upload(host_t, L.w_uk_t));
+      if (weight_dtype != DType::kF32) {
+        EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(weight_dtype, host_t.shape()));
+        EAGLE3_RETURN_IF_ERROR(ConvertTensor(host_t, converted));
+        host_t = std::move(converted);
       }
+      EAGLE3_ASSIGN_OR_RETURN(L.w_uk_t, ToDevice(std::move(host_t)));
     }
     L.moe = config.IsMoeLayer(l);
     if (!L.moe) {
       EAGLE3_ASSIGN_OR_RETURN(L.gate_up, take_gate_up());
-      EAGLE3_ASSIGN_OR_RETURN(L.down, take("down_proj.weight"));
+      EAGLE3_ASSIGN_OR_RETURN(L.down, take_w("down_proj.weight"));
     } else {
       EAGLE3_ASSIGN_OR_RETURN(L.router, take("gate.weight"));
       if (config.topk_method == TopkMethod::kNoauxTc) {
@@ -232,7 +275,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
       }
       for (int64_t e = 0; e < *config.n_routed_experts; ++e) {
         EAGLE3_ASSIGN_OR_RETURN(Tensor gu, take_gate_up());
-        EAGLE3_ASSIGN_OR_RETURN(Tensor dn, take("down_proj.weight"));
+        EAGLE3_ASSIGN_OR_RETURN(Tensor dn, take_w("down_proj.weight"));
         L.expert_tensors.push_back(std::move(gu));
         L.expert_tensors.push_back(std::move(dn));
       }
@@ -241,15 +284,15 @@ absl::Status TargetModel::Impl::LoadWeights() {
       }
       if (config.n_shared_experts > 0) {
         EAGLE3_ASSIGN_OR_RETURN(L.shared_gate_up, take_gate_up());
-        EAGLE3_ASSIGN_OR_RETURN(L.shared_down, take("down_proj.weight"));
+        EAGLE3_ASSIGN_OR_RETURN(L.shared_down, take_w("down_proj.weight"));
         L.shared_inter = L.shared_down.dim(1);
       }
     }
-    EAGLE3_ASSIGN_OR_RETURN(L.cache, Alloc(DType::kF32, Shape{options.num_kv_pages, options.page_size, width}));
+    EAGLE3_ASSIGN_OR_RETURN(L.cache, Alloc(cache_dtype, Shape{options.num_kv_pages, options.page_size, width}));
   }
   EAGLE3_ASSIGN_OR_RETURN(final_ln, take("model.norm.weight"));
   if (!config.tie_word_embeddings) {
-    EAGLE3_ASSIGN_OR_RETURN(lm_head, take("lm_head.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(lm_head, take_w("lm_head.weight"));
   }
   return absl::OkStatus();
 }
@@ -497,16 +540,14 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
 
   if (step.batched) {
     // Every sequence at once, lengths and page tables from the device (graph-capturable).
-    const TensorView flat_cache(L.cache.data(), DType::kF32, Shape{options.num_kv_pages * options.page_size, 1, width},
-                                L.cache.device());
+    const TensorView flat_cache(L.cache.data(), L.cache.dtype(),
+                                Shape{options.num_kv_pages * options.page_size, 1, width}, L.cache.device());
     EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(rows_t, Rows(slots, 0, t), slot_iota, flat_cache));
     const TensorView q_lat3 = Heads(Rows(q_lat, 0, t), heads, width);
     const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
     for (int64_t hd = 0; hd < heads; ++hd) {
-      const TensorView w_uk_t = TensorView(L.w_uk_t.data_as<float>() + hd * latent * nope, DType::kF32,
-                                           Shape{latent, nope}, L.w_uk_t.device());
-      EAGLE3_RETURN_IF_ERROR(
-          backend->Gemm(Block(q_t, 0, t, hd * qk, nope), w_uk_t, Block(Rows(q_lat, 0, t), 0, t, hd * width, latent), {}));
+      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(q_t, 0, t, hd * qk, nope), Slice(L.w_uk_t, hd),
+                                           Block(Rows(q_lat, 0, t), 0, t, hd * width, latent), {}));
     }
     EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
     const int64_t b = static_cast<int64_t>(step.n.size());
@@ -548,9 +589,7 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
       const TensorView q_lat_s = Heads(Rows(q_lat, 0, n), heads, width);
       const TensorView o_lat_s = Heads(Rows(o_lat, 0, n), heads, latent);
       for (int64_t hd = 0; hd < heads; ++hd) {
-        const TensorView w_uk_t = TensorView(L.w_uk_t.data_as<float>() + hd * latent * nope, DType::kF32,
-                                             Shape{latent, nope}, L.w_uk_t.device());
-        EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(q_t, offset, n), 0, n, hd * qk, nope), w_uk_t,
+        EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(q_t, offset, n), 0, n, hd * qk, nope), Slice(L.w_uk_t, hd),
                                              Block(Rows(q_lat, 0, n), 0, n, hd * width, latent), {}));
       }
       EAGLE3_RETURN_IF_ERROR(backend->Copy(q_s.Narrow(2, nope, rope), q_lat_s.Narrow(2, latent, rope)));
@@ -837,6 +876,9 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
   impl->inter_max = std::max<int64_t>(
       {c.intermediate_size / options.tp_size, c.moe_intermediate_size * c.n_shared_experts / options.tp_size, 1});
   impl->scale = static_cast<float>(c.SoftmaxScale());
+  EAGLE3_ASSIGN_OR_RETURN(impl->weight_dtype, ResolveWeightDtype(options.weight_dtype, *backend, "TargetModel"));
+  impl->cache_dtype = options.kv_cache_dtype.value_or(DType::kF32);
+  EAGLE3_RETURN_IF_ERROR(CheckStorageDtype(impl->cache_dtype, "TargetModel: kv_cache_dtype"));
   EAGLE3_RETURN_IF_ERROR(impl->LoadWeights());
   EAGLE3_RETURN_IF_ERROR(impl->AllocateWorkspaces());
   return std::unique_ptr<TargetModel>(new TargetModel(std::move(impl)));

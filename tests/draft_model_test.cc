@@ -626,6 +626,26 @@ TEST_F(DraftModelTest, BadCheckpointsAreRefusedWithTheReason) {
   EXPECT_THAT(st.message(), AllOf(HasSubstr("[2] = 3"), HasSubstr("output-of-layer")));
 }
 
+// The CPU reference refuses bf16 weights at Create (naming the option and the dtype); a dtype
+// that is neither f32 nor bf16 is InvalidArgument naming the option.
+TEST_F(DraftModelTest, WeightDtypeIsCheckedAtCreate) {
+  cpu::CpuBackend backend;
+  DraftModelOptions o = Options(1);
+  o.weight_dtype = DType::kBF16;
+  auto bf16 = DraftModel::Create(draft_dir_->path(), target_dir_->path(), o, nullptr, &backend);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument) << bf16.status();
+  EXPECT_THAT(std::string(bf16.status().message()), HasSubstr("DraftModel: weight_dtype bf16"));
+  EXPECT_THAT(std::string(bf16.status().message()), HasSubstr("CpuBackend takes f32 only"));
+  o.weight_dtype = DType::kI32;
+  auto i32 = DraftModel::Create(draft_dir_->path(), target_dir_->path(), o, nullptr, &backend);
+  ASSERT_FALSE(i32.ok());
+  EXPECT_EQ(i32.status().code(), absl::StatusCode::kInvalidArgument) << i32.status();
+  EXPECT_THAT(std::string(i32.status().message()), HasSubstr("DraftModel: weight_dtype is i32"));
+  o.weight_dtype = DType::kF32;
+  EXPECT_TRUE(DraftModel::Create(draft_dir_->path(), target_dir_->path(), o, nullptr, &backend).ok());
+}
+
 TEST_F(DraftModelTest, BadInputsAreRefusedAndLeaveTheCacheUnchanged) {
   cpu::CpuBackend backend;
   auto model = DraftModel::Create(draft_dir_->path(), target_dir_->path(), Options(1), nullptr, &backend);

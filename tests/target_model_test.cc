@@ -442,6 +442,35 @@ TEST_P(TargetModelTest, MissingOrMisshapedTensorsAreNamed) {
   EXPECT_FALSE(missing.ok());
 }
 
+// Storage dtypes: the CPU reference (f32 only) refuses bf16 weights at Create, naming the option
+// and the dtype; a dtype that is neither f32 nor bf16 is InvalidArgument naming the option.
+TEST_P(TargetModelTest, WeightAndCacheDtypesAreCheckedAtCreate) {
+  cpu::CpuBackend backend;
+  EXPECT_EQ(backend.preferred_weight_dtype(), DType::kF32);
+  TargetModelOptions o = Options(1, ResidualMode::kReplicated);
+  o.weight_dtype = DType::kBF16;
+  auto bf16 = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument) << bf16.status();
+  EXPECT_THAT(std::string(bf16.status().message()), HasSubstr("weight_dtype bf16"));
+  EXPECT_THAT(std::string(bf16.status().message()), HasSubstr("CpuBackend takes f32 only"));
+  o.weight_dtype = DType::kI32;
+  auto i32 = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_FALSE(i32.ok());
+  EXPECT_EQ(i32.status().code(), absl::StatusCode::kInvalidArgument) << i32.status();
+  EXPECT_THAT(std::string(i32.status().message()), HasSubstr("weight_dtype is i32"));
+  o.weight_dtype = DType::kF32;
+  o.kv_cache_dtype = DType::kF16;
+  auto f16_cache = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_FALSE(f16_cache.ok());
+  EXPECT_EQ(f16_cache.status().code(), absl::StatusCode::kInvalidArgument) << f16_cache.status();
+  EXPECT_THAT(std::string(f16_cache.status().message()), HasSubstr("kv_cache_dtype is f16"));
+  // Unset means the backend's preference (f32 here): the model loads and runs.
+  o.weight_dtype.reset();
+  o.kv_cache_dtype.reset();
+  EXPECT_TRUE(TargetModel::Create(dir_.path(), o, nullptr, &backend).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, TargetModelTest, ::testing::Values(kV2Config, kV3Config),
                          [](const auto& info) { return info.index == 0 ? "V2" : "V3"; });
 

@@ -1,24 +1,45 @@
-// One target decode step of DeepSeek-V2-Lite at TP 1 (all 27 layers by default), eager vs replayed
-// from a CUDA graph, timed with CUDA events around the step's device work (TargetModel::Launch or
-// the graph launch; the GPU idles wherever the host is slow to enqueue, so host overhead counts) and,
-// separately, the whole step as an engine calls it (Stage + launch + Finish, host wall clock).
+// Whole target steps of two models, eager vs replayed from a CUDA graph, timed with CUDA events around
+// the step's device work (TargetModel::Launch or the graph launch; the GPU idles wherever the host is
+// slow to enqueue, so host overhead counts) and, separately, the whole step as an engine calls it
+// (Stage + launch + Finish, host wall clock):
 //
-//   BM_DecodeStep/batch/context/graph   batch sequences x 1 new token after `context` cached tokens
+//   model 0  DeepSeek-V2-Lite at TP 1 (all 27 layers)
+//   model 1  one TP = 8 rank of DeepSeek-V2 (236B, all 60 layers) as a TP 1 model of the rank's
+//            shapes: 16 of the 128 heads, the dense MLP at 12288 / 8, every routed and shared expert
+//            at moe_intermediate_size 1536 / 8 = 192 (DeepSeek shards each expert's intermediate over
+//            the ranks), the vocabulary shard of 102400 / 8 rows for the embedding and lm_head. The
+//            rank's compute and memory traffic are exactly this model's; its collectives (the
+//            embedding and 2 per layer all-reduces, the logits all-gather) are not in these figures:
+//            make_results.py adds them from BM_AllReduce / BM_AllGather, labeled as a model.
 //
-// Weights are random: one 1 Mi-value N(0, 0.02²) bf16 block tiled into every tensor of a hub
-// checkpoint written once to $EAGLE3_BENCH_CKPT_DIR/v2lite-L<layers> (about 31 GB for all 27
-// layers; EAGLE3_BENCH_LAYERS=N writes and times the first N layers instead). The model stores f32
-// (4 bytes per weight): the floor counts the weights a step must read — attention of every layer,
-// the dense MLP, per MoE layer the router, the 2 shared experts and the routed experts touched
-// (estimated as 64 (1 - (1 - 6/64)^batch), the expected count under uniform routing: the benchmark
-// does not read the routing), lm_head — plus the latent KV rows, at the measured copy rate.
+//   BM_DecodeStep/model/batch/context/graph   batch sequences x 1 new token after `context` cached
+//   BM_VerifyStep/model/batch/tokens/graph    batch sequences x a `tokens`-node draft tree (a complete
+//                                             4-ary tree, tree mask, logits of every node) after
+//                                             MaxContext() cached tokens: the target's verify forward
+//
+// Weights: a sparse checkpoint (written once to $EAGLE3_BENCH_CKPT_DIR/<model>, default
+// /tmp/eagle3-bench-ckpt): the embedding and each MoE router are N(0, 0.02²) bf16, norms are 1, every
+// other matrix is a file hole (zeros; the file takes well under a gigabyte on disk whatever its size).
+// Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
+// and routers make the routing realistic (the residual stream is the embedding, every token routes
+// to its own experts). EAGLE3_BENCH_MODELS=0 or =1 runs one model only.
+//
+// Floor: the bytes a step must read at the measured copy rate — attention weights of every layer, the
+// dense MLP, per MoE layer the router (f32), the shared experts and the routed experts touched
+// (estimated as E (1 - (1 - k/E)^tokens), the expected count under uniform routing: the benchmark
+// does not read the routing), lm_head, the latent KV rows — or its flops (2 per weight per token,
+// plus the attention's q·k and p·v) at the measured GEMM rate, whichever is larger. Element sizes are
+// the model's: weights in the backend's storage dtype (bf16 on CUDA), the cache in its dtype.
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -30,126 +51,205 @@
 #include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/draft_tree.h"
 #include "eagle3/half.h"
-#include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
 
 namespace eagle3::bench {
 namespace {
 
-// DeepSeek-V2-Lite-Chat's hub config.json (auto_map and training-only keys left out);
-// num_hidden_layers is filled in.
+// DeepSeek-V2-Lite-Chat's hub config.json (auto_map and training-only keys left out).
 constexpr const char* kV2LiteConfig = R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
  "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
  "hidden_size": 2048, "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
  "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
  "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6,
- "num_hidden_layers": LAYERS, "num_key_value_heads": 16, "q_lora_rank": null, "qk_nope_head_dim": 128,
+ "num_hidden_layers": 27, "num_key_value_heads": 16, "q_lora_rank": null, "qk_nope_head_dim": 128,
  "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1,
  "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
  "type": "yarn"}, "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
  "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128,
  "vocab_size": 102400})";
 
+// DeepSeek-V2's hub config.json with the per-rank widths of TP = 8 (see the top of the file):
+// num_attention_heads 128 -> 16, intermediate_size 12288 -> 1536, moe_intermediate_size 1536 -> 192,
+// vocab_size 102400 -> 12800 (bos/eos ids, beyond the shard, left out). Everything else as published.
+constexpr const char* kV2RankConfig = R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+ "first_k_dense_replace": 1, "hidden_act": "silu",
+ "hidden_size": 5120, "intermediate_size": 1536, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+ "moe_intermediate_size": 192, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 160,
+ "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6,
+ "num_hidden_layers": 60, "num_key_value_heads": 16, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+ "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1,
+ "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+ "type": "yarn"}, "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax",
+ "tie_word_embeddings": false, "topk_group": 3, "topk_method": "group_limited_greedy", "v_head_dim": 128,
+ "vocab_size": 12800})";
+
+constexpr const char* kModelNames[] = {"v2lite-tp1", "v2-tp8-rank"};
+constexpr const char* kModelConfigs[] = {kV2LiteConfig, kV2RankConfig};
+constexpr int kNumModels = 2;
+
 constexpr int64_t kPageSize = 64;
+constexpr int64_t kMaxBatch = 32;
+constexpr int64_t kMaxTreeTokens = 64;
+constexpr int kTreeArity = 4;
+int64_t MaxContext() { return Quick() ? 1024 : 4096; }
 
-int Layers() {
-  const char* s = std::getenv("EAGLE3_BENCH_LAYERS");
-  const int n = s != nullptr ? std::atoi(s) : 0;
-  return n >= 2 && n <= 27 ? n : 27;
+bool ModelWanted(int model) {
+  const char* s = std::getenv("EAGLE3_BENCH_MODELS");
+  return s == nullptr || s[0] == '\0' || std::string(s).find(std::to_string(model)) != std::string::npos;
 }
 
-std::string ConfigJson() {
-  std::string json = kV2LiteConfig;
-  json.replace(json.find("LAYERS"), 6, std::to_string(Layers()));
-  return json;
-}
-
-std::string CheckpointDir() {
+std::string CheckpointDir(int model) {
   const char* dir = std::getenv("EAGLE3_BENCH_CKPT_DIR");
   const std::string root = dir != nullptr && dir[0] != '\0' ? dir : "/tmp/eagle3-bench-ckpt";
-  return root + "/v2lite-L" + std::to_string(Layers());
+  return root + "/" + kModelNames[model] + "-sparse";
 }
 
-// Writes the checkpoint once (a `complete` marker makes later runs reuse it): every tensor of the
-// schema views the same tiled random block, so the host holds one embedding's worth of memory.
-absl::Status EnsureCheckpoint(const std::string& dir, const DeepseekV2Config& config) {
+bool Ends(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// Writes config.json and a single model.safetensors whose big matrices are holes (see the top of the
+// file). Tensors are laid out contiguously in schema order, as the reader requires.
+absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::string& config_json,
+                                    const DeepseekV2Config& config) {
   if (std::filesystem::exists(dir + "/complete")) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << ConfigJson();
+  std::ofstream(dir + "/config.json") << config_json;
   const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
-  int64_t largest = 0;
-  for (const WeightSpec& s : specs) largest = std::max(largest, s.shape.numel());
-  std::vector<uint16_t> block(size_t{1} << 20);
+  std::string header = R"({"__metadata__":{"format":"pt"})";
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (const WeightSpec& s : specs) {
+    std::string shape;
+    for (int d = 0; d < s.shape.rank(); ++d) shape += (d ? "," : "") + std::to_string(s.shape[d]);
+    const int64_t bytes = 2 * s.shape.numel();
+    header += ",\"" + s.name + "\":{\"dtype\":\"BF16\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
+    offsets.push_back(offset);
+    offset += bytes;
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  const std::string path = dir + "/model.safetensors";
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  if (fd < 0) return absl::InternalError("cannot create " + path + ": " + std::strerror(errno));
+  const uint64_t header_len = header.size();
+  const int64_t data_start = 8 + static_cast<int64_t>(header_len);
+  bool ok = ::pwrite(fd, &header_len, 8, 0) == 8 &&
+            ::pwrite(fd, header.data(), header.size(), 8) == static_cast<ssize_t>(header.size());
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 0.02f);
-  for (uint16_t& v : block) v = FloatToBf16(dist(rng));
-  std::vector<uint16_t> data(static_cast<size_t>(largest));
-  for (size_t i = 0; i < data.size(); i += block.size()) {
-    std::copy_n(block.begin(), std::min(block.size(), data.size() - i), data.begin() + static_cast<std::ptrdiff_t>(i));
+  std::vector<uint16_t> data;
+  for (size_t i = 0; ok && i < specs.size(); ++i) {
+    const std::string& name = specs[i].name;
+    const bool norm = Ends(name, "norm.weight");
+    const bool random = Ends(name, "embed_tokens.weight") || Ends(name, "mlp.gate.weight");
+    if (!norm && !random) continue;  // a hole: zeros
+    data.resize(static_cast<size_t>(specs[i].shape.numel()));
+    for (uint16_t& v : data) v = norm ? FloatToBf16(1.0f) : FloatToBf16(dist(rng));
+    const size_t bytes = data.size() * 2;
+    ok = ::pwrite(fd, data.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
   }
-  std::vector<NamedTensor> tensors;
-  for (const WeightSpec& s : specs) tensors.push_back({s.name, TensorView(data.data(), DType::kBF16, s.shape)});
-  EAGLE3_RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", tensors));
+  ok = ok && ::ftruncate(fd, data_start + offset) == 0;
+  ::close(fd);
+  if (!ok) return absl::InternalError("writing " + path + " failed: " + std::strerror(errno));
   std::ofstream(dir + "/complete") << "ok\n";
-  std::fprintf(stderr, "decode_step_benchmark: wrote %s in %.1f s\n", dir.c_str(),
+  std::fprintf(stderr, "decode_step_benchmark: wrote %s (%.1f GB, sparse) in %.1f s\n", path.c_str(),
+               static_cast<double>(data_start + offset) * 1e-9,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
 }
 
-// Bytes one decode step of `batch` sequences at `context` cached tokens must read (f32 weights).
-double StepBytes(const DeepseekV2Config& c, int64_t batch, int64_t context) {
+struct Model {
+  int id = -1;
+  DeepseekV2Config config;
+  std::unique_ptr<TargetModel> target;
+  std::vector<std::vector<int32_t>> pages;
+  double weight_bytes = 2;  // per element, in the model's storage dtype
+  double cache_bytes = 4;
+};
+
+double ElementBytes(DType t) { return t == DType::kBF16 || t == DType::kF16 ? 2.0 : 4.0; }
+
+// What one target step over `tokens` new tokens (split over `batch` sequences, each after `context`
+// cached tokens) must read and compute; see the top of the file.
+struct StepCost {
+  double bytes = 0;
+  double flops = 0;
+};
+StepCost Cost(const Model& m, int64_t batch, int64_t tokens_per_seq, int64_t context) {
+  const DeepseekV2Config& c = m.config;
   const double h = static_cast<double>(c.hidden_size);
   const double heads = static_cast<double>(c.num_attention_heads);
-  const double attention = h * heads * c.qk_head_dim() + h * c.latent_cache_width() +
+  const double q = c.q_lora_rank.has_value()
+                       ? h * static_cast<double>(*c.q_lora_rank) + static_cast<double>(*c.q_lora_rank) * heads * c.qk_head_dim()
+                       : h * heads * c.qk_head_dim();
+  const double attention = q + h * c.latent_cache_width() +
                            static_cast<double>(c.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim) +
                            heads * c.v_head_dim * h;
   const double expert = 3.0 * h * static_cast<double>(c.moe_intermediate_size);
   const double experts = static_cast<double>(*c.n_routed_experts);
-  const double touched = experts * (1.0 - std::pow(1.0 - c.num_experts_per_tok / experts, static_cast<double>(batch)));
-  const double moe_layer = h * experts + c.n_shared_experts * expert + touched * expert;
+  const double tokens = static_cast<double>(batch * tokens_per_seq);
+  const double touched = experts * (1.0 - std::pow(1.0 - c.num_experts_per_tok / experts, tokens));
   const double dense = 3.0 * h * static_cast<double>(c.intermediate_size);
   const int64_t layers = c.num_hidden_layers;
   const int64_t dense_layers = std::min<int64_t>(c.first_k_dense_replace, layers);
-  const double weights = layers * attention + dense_layers * dense + (layers - dense_layers) * moe_layer +
-                         static_cast<double>(c.vocab_size) * h;
-  const double kv = static_cast<double>(batch) * (context + 1) * c.latent_cache_width() * layers;
-  return 4.0 * (weights + kv);
+  const int64_t moe_layers = layers - dense_layers;
+  const double lm_head = static_cast<double>(c.vocab_size) * h;
+  const double streamed = layers * attention + dense_layers * dense +
+                          moe_layers * (c.n_shared_experts * expert + touched * expert) + lm_head;
+  const double router = moe_layers * h * experts;  // f32
+  const double kv_rows = static_cast<double>(batch) * (context + tokens_per_seq) * layers;
+  StepCost cost;
+  cost.bytes = m.weight_bytes * streamed + 4.0 * router + m.cache_bytes * kv_rows * c.latent_cache_width();
+  // Per token: 2 flops per weight it uses (its own experts: k + shared), and the absorbed attention
+  // over its keys (q·k over the latent width, p·v over kv_lora_rank, every head).
+  const double per_token = 2.0 * (layers * attention + dense_layers * dense + lm_head +
+                                  moe_layers * (c.num_experts_per_tok + c.n_shared_experts) * expert + router);
+  const double attention_flops = 2.0 * heads * (c.latent_cache_width() + c.kv_lora_rank) * layers *
+                                 static_cast<double>(batch) * tokens_per_seq * (context + tokens_per_seq);
+  cost.flops = tokens * per_token + attention_flops;
+  return cost;
 }
 
-struct Model {
-  DeepseekV2Config config;
-  std::unique_ptr<TargetModel> target;
-  std::vector<std::vector<int32_t>> pages;
-};
-
-constexpr int64_t kMaxBatch = 32;
-int64_t MaxContext() { return Quick() ? 1024 : 4096; }
-
-// One model for every shape (loading the f32 weights takes a while): kMaxBatch sequences, each
-// prefilled once to MaxContext() tokens; a step at a shorter context reads only its first rows.
-absl::StatusOr<Model*> Shared() {
-  static absl::StatusOr<std::unique_ptr<Model>> shared = []() -> absl::StatusOr<std::unique_ptr<Model>> {
+// One model in memory at a time (the V2 rank alone is ~60 GB in bf16): asking for another frees the
+// current one first. Each model holds kMaxBatch sequences prefilled to MaxContext() tokens; a step at
+// a shorter context reads only its first rows.
+absl::StatusOr<Model*> Get(int id) {
+  static std::unique_ptr<Model> current;
+  static absl::Status failed[kNumModels];
+  if (current != nullptr && current->id == id) return current.get();
+  if (!failed[id].ok()) return failed[id];
+  current.reset();
+  auto load = [&]() -> absl::StatusOr<std::unique_ptr<Model>> {
     auto m = std::make_unique<Model>();
-    EAGLE3_ASSIGN_OR_RETURN(m->config, DeepseekV2Config::FromJson(ConfigJson(), "DeepSeek-V2-Lite config"));
-    const std::string dir = CheckpointDir();
-    EAGLE3_RETURN_IF_ERROR(EnsureCheckpoint(dir, m->config));
+    m->id = id;
+    EAGLE3_ASSIGN_OR_RETURN(m->config, DeepseekV2Config::FromJson(kModelConfigs[id], kModelNames[id]));
+    const std::string dir = CheckpointDir(id);
+    EAGLE3_RETURN_IF_ERROR(EnsureSparseCheckpoint(dir, kModelConfigs[id], m->config));
     const auto start = std::chrono::steady_clock::now();
     TargetModelOptions o;
-    o.max_tokens_per_forward = 512;
-    o.max_context_len = MaxContext() + kPageSize;
+    o.max_tokens_per_forward = kMaxBatch * kMaxTreeTokens;  // the largest verify step
+    o.max_context_len = MaxContext() + kMaxTreeTokens + kPageSize;
     const int64_t pages_per_seq = (o.max_context_len + kPageSize - 1) / kPageSize;
     o.page_size = kPageSize;
     o.num_kv_pages = kMaxBatch * pages_per_seq;
     EAGLE3_ASSIGN_OR_RETURN(m->target, TargetModel::Create(dir, o, nullptr, Backend()));
+    m->weight_bytes = ElementBytes(m->target->options().weight_dtype.value_or(Backend()->preferred_weight_dtype()));
+    m->cache_bytes = ElementBytes(m->target->options().kv_cache_dtype.value_or(DType::kF32));
     for (int64_t b = 0; b < kMaxBatch; ++b) {
       std::vector<int32_t> p(static_cast<size_t>(pages_per_seq));
       for (int64_t i = 0; i < pages_per_seq; ++i) p[i] = static_cast<int32_t>(b * pages_per_seq + i);
       m->pages.push_back(std::move(p));
     }
-    // Prefill in chunks of 512 tokens (the per-sequence extend path).
+    // Prefill in chunks of 512 tokens (the per-sequence extend path): the cache rows must hold
+    // finite values (they are zeros: the kv_a projection is a hole).
     std::vector<float> logits(static_cast<size_t>(m->config.vocab_size));
     for (int64_t b = 0; b < kMaxBatch; ++b) {
       for (int64_t done = 0; done < MaxContext();) {
@@ -162,33 +262,24 @@ absl::StatusOr<Model*> Shared() {
         done += n;
       }
     }
-    std::fprintf(stderr, "decode_step_benchmark: loaded %d layers and prefilled %lld x %lld tokens in %.1f s\n",
-                 static_cast<int>(m->config.num_hidden_layers), static_cast<long long>(kMaxBatch),
-                 static_cast<long long>(MaxContext()),
+    std::fprintf(stderr, "decode_step_benchmark: %s: loaded (weights %.0f B, cache %.0f B per element) and "
+                 "prefilled %lld x %lld tokens in %.1f s\n", kModelNames[id], m->weight_bytes, m->cache_bytes,
+                 static_cast<long long>(kMaxBatch), static_cast<long long>(MaxContext()),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return m;
-  }();
-  if (!shared.ok()) return shared.status();
-  return shared->get();
+  };
+  absl::StatusOr<std::unique_ptr<Model>> loaded = load();
+  if (!loaded.ok()) {
+    failed[id] = loaded.status();
+    return failed[id];
+  }
+  current = std::move(*loaded);
+  return current.get();
 }
 
-void BM_DecodeStep(benchmark::State& state) {
-  if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
-  const int64_t batch = state.range(0), context = state.range(1);
-  const bool graph = state.range(2) != 0;
-  auto shared = Shared();
-  if (!Check(state, shared.status(), "setup")) return;
-  Model& m = **shared;
-  if (batch > kMaxBatch || context > MaxContext()) return state.SkipWithError("shape beyond the shared model");
-  // The step: every sequence decodes one token at position `context` (the same slot each time).
-  std::vector<int64_t> tokens(static_cast<size_t>(batch));
-  std::vector<SequenceInput> inputs;
-  for (int64_t b = 0; b < batch; ++b) {
-    tokens[b] = (31 * b + 5) % m.config.vocab_size;
-    inputs.push_back(SequenceInput{std::span<const int64_t>(&tokens[b], 1), {}, m.pages[b], context, {}, false});
-  }
-  std::vector<float> logits(static_cast<size_t>(batch * m.config.vocab_size));
-  const TensorView out(logits.data(), DType::kF32, Shape{batch, m.config.vocab_size});
+// Times the staged step `inputs` eager or from a graph and sets the counters.
+void TimeStep(benchmark::State& state, Model& m, std::span<const SequenceInput> inputs, bool graph,
+              const TensorView& out, const StepCost& cost) {
   if (!Check(state, m.target->Forward(inputs, out), "eager warm-up step")) return;
   if (!Check(state, m.target->Stage(inputs), "stage")) return;
   std::unique_ptr<cuda::CudaGraph> captured;
@@ -214,19 +305,84 @@ void BM_DecodeStep(benchmark::State& state) {
     (void)m.target->Finish(out);
     wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  ReportRoofline(state, Median(device), StepBytes(m.config, batch, context), 0.0);
+  ReportRoofline(state, Median(device), cost.bytes, cost.flops);
   state.counters["step_wall_us"] = Median(wall) * 1e6;
   state.counters["layers"] = static_cast<double>(m.config.num_hidden_layers);
+  state.counters["weight_elem_bytes"] = m.weight_bytes;
+  state.counters["cache_elem_bytes"] = m.cache_bytes;
 }
 
-void StepArgs(benchmark::internal::Benchmark* b) {
-  if (Quick()) {
-    b->ArgsProduct({{1, 32}, {1024}, {0, 1}});
-  } else {
-    b->ArgsProduct({{1, 8, 32}, {1024, 4096}, {0, 1}});  // MaxContext() is 4096 here
+void BM_DecodeStep(benchmark::State& state) {
+  if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
+  const int model = static_cast<int>(state.range(0));
+  const int64_t batch = state.range(1), context = state.range(2);
+  const bool graph = state.range(3) != 0;
+  auto got = Get(model);
+  if (!Check(state, got.status(), "setup")) return;
+  Model& m = **got;
+  if (batch > kMaxBatch || context > MaxContext()) return state.SkipWithError("shape beyond the shared model");
+  // Every sequence decodes one token at position `context` (the same slot each time).
+  std::vector<int64_t> tokens(static_cast<size_t>(batch));
+  std::vector<SequenceInput> inputs;
+  for (int64_t b = 0; b < batch; ++b) {
+    tokens[b] = (31 * b + 5) % m.config.vocab_size;
+    inputs.push_back(SequenceInput{std::span<const int64_t>(&tokens[b], 1), {}, m.pages[b], context, {}, false});
   }
+  std::vector<float> logits(static_cast<size_t>(batch * m.config.vocab_size));
+  TimeStep(state, m, inputs, graph, TensorView(logits.data(), DType::kF32, Shape{batch, m.config.vocab_size}),
+           Cost(m, batch, 1, context));
 }
-BENCHMARK(BM_DecodeStep)->ArgNames({"batch", "context", "graph"})->Apply(StepArgs)->Apply(Timed);
+
+void BM_VerifyStep(benchmark::State& state) {
+  if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
+  const int model = static_cast<int>(state.range(0));
+  const int64_t batch = state.range(1), n = state.range(2);
+  const bool graph = state.range(3) != 0;
+  auto got = Get(model);
+  if (!Check(state, got.status(), "setup")) return;
+  Model& m = **got;
+  if (batch > kMaxBatch || n > kMaxTreeTokens) return state.SkipWithError("shape beyond the shared model");
+  const int64_t context = MaxContext();
+  // A complete 4-ary tree of n nodes (node i's parent is (i - 1) / 4): the shape of an EAGLE-2 tree.
+  std::vector<int64_t> tree_tokens(static_cast<size_t>(n));
+  std::vector<int32_t> parents(static_cast<size_t>(n), -1);
+  for (int64_t i = 0; i < n; ++i) {
+    tree_tokens[i] = (131 * i + 7) % m.config.vocab_size;
+    if (i > 0) parents[i] = static_cast<int32_t>((i - 1) / kTreeArity);
+  }
+  auto tree = DraftTree::FromParents(tree_tokens, parents);
+  if (!Check(state, tree.status(), "tree")) return;
+  const std::vector<int64_t> positions = tree->Positions(context);
+  const std::vector<uint8_t> mask = tree->DenseMask();
+  std::vector<SequenceInput> inputs;
+  for (int64_t b = 0; b < batch; ++b) {
+    inputs.push_back(SequenceInput{tree_tokens, positions, m.pages[b], context, mask, true});
+  }
+  std::vector<float> logits(static_cast<size_t>(batch * n * m.config.vocab_size));
+  TimeStep(state, m, inputs, graph, TensorView(logits.data(), DType::kF32, Shape{batch * n, m.config.vocab_size}),
+           Cost(m, batch, n, context));
+}
+
+// Registration per model (decode, then verify), so each model is loaded once.
+[[maybe_unused]] const bool registered = [] {
+  for (int model = 0; model < kNumModels; ++model) {
+    if (!ModelWanted(model)) continue;
+    auto* decode = benchmark::RegisterBenchmark("BM_DecodeStep", BM_DecodeStep)
+                       ->ArgNames({"model", "batch", "context", "graph"});
+    auto* verify = benchmark::RegisterBenchmark("BM_VerifyStep", BM_VerifyStep)
+                       ->ArgNames({"model", "batch", "tokens", "graph"});
+    if (Quick()) {
+      decode->ArgsProduct({{model}, {1, 32}, {1024}, {0, 1}});
+      verify->ArgsProduct({{model}, {1, 32}, {16, 64}, {1}});
+    } else {
+      decode->ArgsProduct({{model}, {1, 8, 32}, {1024, 4096}, {0, 1}});
+      verify->ArgsProduct({{model}, {1, 8, 32}, {8, 16, 32, 64}, {0, 1}});
+    }
+    Timed(decode);
+    Timed(verify);
+  }
+  return true;
+}();
 
 }  // namespace
 }  // namespace eagle3::bench

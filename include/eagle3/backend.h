@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "eagle3/allocator.h"
 #include "eagle3/device.h"
+#include "eagle3/dtype.h"
 #include "eagle3/moe_routing.h"
 #include "eagle3/tensor_view.h"
 
@@ -61,6 +62,10 @@ class Backend {
 
   // Where the tensors of every op must live.
   virtual Device device() const = 0;
+  // The storage dtype for model weights (Gemm's b, MoeExperts' expert weights, EmbeddingLookup's
+  // table) that this backend streams fastest; models load their weights in it unless told
+  // otherwise. f32 by default (the CPU reference takes nothing else).
+  virtual DType preferred_weight_dtype() const { return DType::kF32; }
   // Allocates memory on device() for callers that size their buffers at init.
   virtual Allocator& allocator() = 0;
   // Host memory for staging inputs and outputs of a step: Copy between it and device() memory is
@@ -72,7 +77,10 @@ class Backend {
   // also accept a host side on a device backend (host <-> device transfer); others are refused.
   virtual absl::Status Copy(const TensorView& src, const TensorView& dst) = 0;
 
-  // Linear layer (PyTorch layout), see GemmOptions.
+  // Linear layer (PyTorch layout), see GemmOptions. c and bias are f32. A backend that stores
+  // weights in bf16 (preferred_weight_dtype() == kBF16) also takes `a` f32 with `b` bf16: `a` is
+  // rounded to bf16 (round to nearest, ties to even) and the bf16 x bf16 products accumulate in
+  // fp32, as a bf16 PyTorch linear layer computes. The CPU reference takes f32 only.
   //   a: [M, K], row-strided      b: [N, K] (weights), row-strided      c: [M, N], row-strided
   virtual absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                             const GemmOptions& options) = 0;
@@ -188,6 +196,11 @@ class Backend {
   // anything is written. Which row lands when PagedWrite gets the same slot twice is unspecified.
   //   rows/out: [T, W], row-strided      positions: [T], i32 or i64      page_table: [pages], i32
   //   cache: [num_pages, page_size, W], contiguous, page_size >= 1
+  // A backend may store the cache in bf16 (the CUDA backend does; the CPU reference takes f32 only):
+  // PagedWrite rounds each f32 row to nearest even (NaN stays NaN), PagedRead widens exactly, and
+  // LatentAttention / BatchedLatentAttention over a bf16 cache round q to bf16 and multiply bf16
+  // operands with fp32 accumulation (softmax in fp32, its weights rounded to bf16 for the value
+  // product, as FlashMLA does).
   virtual absl::Status PagedWrite(const TensorView& rows, const TensorView& positions,
                                   const TensorView& page_table, const TensorView& cache) = 0;
   virtual absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,

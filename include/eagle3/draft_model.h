@@ -49,6 +49,7 @@
 #include "eagle3/communicator.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/dtype.h"
 #include "eagle3/eagle3_draft_config.h"
 #include "eagle3/hidden_state_tap.h"
 #include "eagle3/tensor_view.h"
@@ -70,6 +71,11 @@ struct DraftModelOptions {
   int64_t max_context_len = 4096;  // cached + new rows of one sequence; also the RoPE table length
   int64_t num_kv_pages = 256;
   int64_t page_size = 64;
+  // Storage of fc, q/k/v (merged), o_proj, gate_up, down, lm_head and the embedding (the draft's
+  // own or the target's it borrows): kF32 or kBF16; unset = backend->preferred_weight_dtype().
+  // Norms and fc.bias stay f32. Checked as TargetModelOptions::weight_dtype is
+  // (ResolveWeightDtype).
+  std::optional<DType> weight_dtype;
 };
 
 // One sequence of a draft Forward. Its draft KV cache holds `cache_len` rows; the n new rows are

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "eagle3/backend.h"
 #include "eagle3/communicator.h"
 #include "eagle3/deepseek_v2_config.h"
+#include "eagle3/dtype.h"
 #include "eagle3/hidden_state_tap.h"
 #include "eagle3/tensor_view.h"
 
@@ -42,7 +44,23 @@ struct TargetModelOptions {
   int64_t max_context_len = 4096;        // cached + new tokens of one sequence
   int64_t num_kv_pages = 256;            // pages in this rank's latent cache (per layer)
   int64_t page_size = 64;                // tokens per page (1 allowed)
+  // Storage of every Gemm weight (q_a/q_b or q_proj, kv_a, kv_b and the W_UK / W_UV taken from it,
+  // o_proj, dense, routed and shared expert gate_up/down, lm_head) and of the embedding table:
+  // kF32 or kBF16; unset = backend->preferred_weight_dtype(). Norm weights, the MoE router
+  // (`gate.weight`: router logits in fp32) and e_score_correction_bias stay f32. Shards are read
+  // straight into this dtype. A backend that cannot run it is refused at Create, naming the dtype.
+  std::optional<DType> weight_dtype;
+  // Storage of the per-layer latent KV cache: kF32 or kBF16; unset = kF32. The backend's paged
+  // cache and latent-attention ops decide whether they take it.
+  std::optional<DType> kv_cache_dtype;
 };
+
+// The weight dtype a model loads: `requested`, or else backend.preferred_weight_dtype(). Only kF32
+// and kBF16 are valid (InvalidArgument naming `who`.weight_dtype otherwise), and the backend must
+// run a Gemm with f32 activations and weights of that dtype (its refusal is returned, prefixed by
+// `who`). Shared by TargetModel and DraftModel.
+absl::StatusOr<DType> ResolveWeightDtype(std::optional<DType> requested, Backend& backend,
+                                         const std::string& who);
 
 // One sequence of a Forward batch. Its cache holds `cache_len` tokens; the n new tokens are written
 // to cache slots cache_len .. cache_len + n - 1.

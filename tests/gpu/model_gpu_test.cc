@@ -55,6 +55,7 @@ absl::Status RunGolden(const std::string& dir, int tp, ResidualMode mode, Attent
       EAGLE3_ASSIGN_OR_RETURN(comm, cuda::HostStagedCommunicator::Create(host_comm, 0, backend->stream(), 64 << 20));
     }
     TargetModelOptions o;
+    o.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
     o.tp_size = tp;
     o.rank = rank;
     o.residual_mode = mode;
@@ -139,6 +140,7 @@ TEST(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheGpu) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   const std::string target_dir = kGolden + "v2_qlora_yarn", draft_dir = kGolden + "draft_v2";
   TargetModelOptions topt;
+  topt.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
   topt.max_tokens_per_forward = 64;
   topt.max_context_len = 96;
   topt.num_kv_pages = 96;
@@ -146,6 +148,7 @@ TEST(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheGpu) {
   auto target = TargetModel::Create(target_dir, topt, nullptr, backend->get());
   ASSERT_TRUE(target.ok()) << target.status();
   DraftModelOptions dopt;
+  dopt.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
   dopt.max_tokens_per_forward = 64;
   dopt.max_context_len = 96;
   dopt.num_kv_pages = 96;

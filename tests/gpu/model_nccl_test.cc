@@ -24,6 +24,7 @@ const std::string kModel = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/v2_qlora
 
 TargetModelOptions Options(int tp, int rank) {
   TargetModelOptions o;
+  o.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
   o.tp_size = tp;
   o.rank = rank;
   o.max_tokens_per_forward = 16;

@@ -35,6 +35,7 @@ class TargetGraphTest : public ::testing::Test {
       ASSERT_TRUE(backend.ok()) << backend.status();
       side->backend = std::move(*backend);
       TargetModelOptions o;
+      o.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
       o.max_tokens_per_forward = 32;
       o.max_context_len = 256;
       o.num_kv_pages = 64;
@@ -183,11 +184,13 @@ TEST(GraphStepLauncherTest, DecodeLoopWithGraphsEqualsEagerLoop) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   const std::string target_dir = kModel, draft_dir = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/draft_v2";
   TargetModelOptions topt;
+  topt.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
   topt.max_tokens_per_forward = 64;
   topt.max_context_len = 96;
   topt.num_kv_pages = 96;
   topt.page_size = 3;
   DraftModelOptions dopt;
+  dopt.weight_dtype = DType::kF32;  // the f32 path, compared at f32 tolerances
   dopt.max_tokens_per_forward = 64;
   dopt.max_context_len = 96;
   dopt.num_kv_pages = 96;

@@ -19,4 +19,10 @@ cudaError_t LaunchBf16ToF32(const uint16_t* in, float* out, int64_t n, cudaStrea
 // out: [n], bf16 bit patterns, device
 cudaError_t LaunchF32ToBf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream);
 
+// out[r][c] = bf16(in[r][c]) for a row-strided matrix (a Gemm activation into bf16 scratch).
+// in:  [rows, cols], f32, row stride ld_in >= cols (any when rows == 1), device
+// out: [rows, cols], bf16 bit patterns, row stride ld_out >= cols, device, no overlap with in
+cudaError_t LaunchF32ToBf16Rows(const float* in, int64_t ld_in, uint16_t* out, int64_t ld_out,
+                                int64_t rows, int64_t cols, cudaStream_t stream);
+
 }  // namespace eagle3::cuda

@@ -66,13 +66,22 @@ cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t
 // Vocab-parallel embedding: out[t] = table[ids[t] - vocab_start] when 0 <= ids[t] - vocab_start <
 // shard_rows, else zeros. A negative id writes zeros and records index t in the error flag.
 // ids:   [tokens], i32 or i64, device
-// table: [shard_rows, hidden], f32, leading dimension ldt, device
+// table: [shard_rows, hidden], f32 (or bf16 bit patterns: the uint16_t overloads, widened exactly
+//        to f32), leading dimension ldt, device
 // out:   [tokens, hidden], f32, leading dimension ldo, device, no overlap with ids or table
 cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const float* table,
                                   int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
                                   int64_t ldo, int64_t hidden, int* error_flag, int error_code,
                                   cudaStream_t stream);
 cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const float* table,
+                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                                  cudaStream_t stream);
+cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const uint16_t* table,
+                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
+                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+                                  cudaStream_t stream);
+cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const uint16_t* table,
                                   int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
                                   int64_t ldo, int64_t hidden, int* error_flag, int error_code,
                                   cudaStream_t stream);

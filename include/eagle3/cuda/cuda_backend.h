@@ -1,6 +1,7 @@
 // CudaBackend: the Backend op interface on one CUDA device (eagle3::cuda target). Same semantics as
 // the CPU reference (eagle3/cpu/cpu_backend.h), checked op by op by the parity tests; storage f32
-// (and bf16 where an op says so), accumulation in fp32. Ops are asynchronous on the backend's stream
+// (and bf16 where an op says so: Gemm's b, MoeExperts' expert weights and EmbeddingLookup's table,
+// see preferred_weight_dtype), accumulation in fp32. Ops are asynchronous on the backend's stream
 // and never allocate or synchronize the host, except where an op must report a data-dependent error
 // (noted per op in the implementation); Synchronize() waits and reports deferred errors.
 #pragma once
@@ -23,6 +24,10 @@ struct CudaBackendOptions {
   cudaStream_t stream = nullptr;  // null: the backend creates (and owns) a non-blocking stream
   // cuBLASLt workspace, allocated once at creation.
   size_t gemm_workspace_bytes = 32u << 20;
+  // Scratch for Gemm's bf16 copy of an f32 activation `a` (f32 a x bf16 b), allocated at creation
+  // (0: at first need). A larger `a` grows it (never while the stream is being captured), and the
+  // outgrown buffer is kept until the backend is destroyed (a captured graph may read it).
+  size_t activation_scratch_bytes = 16u << 20;
   // Upper bounds sized at creation for ops that need scratch (no allocation per call).
   int64_t max_rows = 4096;          // rows (tokens) of any op
   int64_t max_context_len = 65536;  // keys of one attention call
@@ -40,6 +45,8 @@ class CudaBackend final : public Backend {
   const CudaBackendOptions& options() const;
 
   Device device() const override;
+  // kBF16: weights stored in bf16 halve the bytes a decode step streams (fp32 accumulation).
+  DType preferred_weight_dtype() const override { return DType::kBF16; }
   Allocator& allocator() override;
   // Pinned host memory (PinnedHostAllocator).
   Allocator& staging_allocator() override;

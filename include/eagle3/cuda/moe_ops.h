@@ -1,7 +1,8 @@
 // Launchers for DeepSeek MoE routing and routed experts on the device (the kernels behind
 // CudaBackend::MoeRoute / MoeExperts; semantics in eagle3/backend.h). Raw pointers, stream last,
 // cudaError_t out; no allocation; callable from any C++ compiler (no nvcc needed to include this
-// header). fp32 throughout. Row strides are in elements.
+// header). fp32 math throughout; routed expert weights may be stored f32 or bf16. Row strides are
+// in elements.
 //
 // Bad data (a non-finite logit or bias, an expert id out of range) does not fail the launch: the
 // kernel leaves that token's output row unwritten and records error_code | index in *error_flag
@@ -48,10 +49,17 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
                            int* error_flag, int error_code, int bias_error_code,
                            cudaStream_t stream);
 
-// One routed expert's weights, as the device-side pointer table holds them.
+// How every routed expert's weights are stored (one type for all experts of a call).
+enum class MoeWeightType : int {
+  kF32 = 0,   // float
+  kBF16 = 1,  // bf16 bit patterns (uint16_t), widened exactly to f32 as they are read
+};
+
+// One routed expert's weights, as the device-side pointer table holds them (elements of the
+// call's MoeWeightType).
 struct MoeExpertPointers {
-  const float* gate_up = nullptr;  // [2 * inter, hidden], row stride gate_up_stride, device
-  const float* down = nullptr;     // [hidden, inter], row stride down_stride, device
+  const void* gate_up = nullptr;  // [2 * inter, hidden], row stride gate_up_stride, device
+  const void* down = nullptr;     // [hidden, inter], row stride down_stride, device
   int64_t gate_up_stride = 0;
   int64_t down_stride = 0;
 };
@@ -61,20 +69,22 @@ struct MoeExpertPointers {
 // batched GEMV per (token, slot) into act, then one per (token, output row block). Only the
 // selected experts' weights are read (a decode-time design: each (token, slot) reads its expert's
 // weights again). A token t with an id outside [0, num_experts) records error_code | t and its out
-// row is left as it was.
+// row is left as it was. With bf16 weights, x and act stay f32 (only the weights are bf16), and
+// rows are read 8 weights (16 bytes) at a time where pointers are 16-byte aligned and the row
+// length a multiple of 8.
 // x:        [tokens, hidden], f32, row stride x_stride, device
 // ids:      [tokens, top_k], i32, row stride ids_stride, device
 // weights:  [tokens, top_k], f32, row stride weights_stride, device
-// experts:  [num_experts], device table of device pointers
+// experts:  [num_experts], device table of device pointers to weights of type weight_type
 // act:      [tokens, top_k, inter], f32, contiguous, device scratch (overwritten)
 // out:      [tokens, hidden], f32, row stride out_stride, device; no overlap with the inputs
 // error_flag: [1], i32, device
 // hidden and inter <= 8 * 65535 (grid rows); inter may be 0.
 cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* ids,
                              int64_t ids_stride, const float* weights, int64_t weights_stride,
-                             const MoeExpertPointers* experts, int64_t num_experts, int64_t tokens,
-                             int64_t top_k, int64_t hidden, int64_t inter, float* act, float* out,
-                             int64_t out_stride, bool accumulate, int* error_flag, int error_code,
-                             cudaStream_t stream);
+                             const MoeExpertPointers* experts, MoeWeightType weight_type,
+                             int64_t num_experts, int64_t tokens, int64_t top_k, int64_t hidden,
+                             int64_t inter, float* act, float* out, int64_t out_stride,
+                             bool accumulate, int* error_flag, int error_code, cudaStream_t stream);
 
 }  // namespace eagle3::cuda
