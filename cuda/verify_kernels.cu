@@ -1,15 +1,19 @@
 // Tree verification kernels (launcher and semantics: eagle3/cuda/verify_ops.h; reference:
 // src/tree_verifier.cc). No abseil here: nvcc must never see it.
 //
-// Kernel 1 (RowPassKernel): rows x splits blocks, each reads its slice of one row once and writes a
-// partial (max, lowest argmax, sum of exp((z - max) / T) relative to its own max, lowest NaN/+inf id).
-// Kernel 2 (WalkKernel): one block per sequence combines its rows' partials, checks the sequence,
-// and walks the tree; sampling reads the visited rows again through the block-wide row passes below.
+// Kernel 1 (RowPassKernel): rows x splits blocks, each reads its slice of one row once (16-byte
+// vectors; per chunk of them a NaN-propagating max, single elements only in rare chunks) and writes
+// a partial (max, lowest argmax, sum of exp((z - max) / T) relative to its own max, lowest NaN/+inf
+// id).
+// Kernel 2 (WalkKernel): one block per sequence combines its rows' partials (a warp per row),
+// checks the sequence (in parallel, lowest failing node per kind), and walks the tree; sampling
+// reads the visited rows again through the block-wide row passes below.
 #include <math_constants.h>
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -23,7 +27,7 @@ constexpr int kPassThreads = 256;
 constexpr int kWalkThreads = 512;
 constexpr int kGroup = 8;                 // consecutive elements per thread and load (16 or 32 bytes)
 constexpr int64_t kMinSplitElems = 2048;  // a split never gets fewer elements...
-constexpr int64_t kMaxSplitElems = 16384; // ...nor more
+constexpr int64_t kMaxSplitElems = 32768; // ...nor more (a block's final reduction is amortized)
 constexpr int64_t kTargetBlocks = 512;    // enough blocks to fill an H100/H200 (132 SMs) a few times
 constexpr int64_t kNone64 = INT64_MAX;
 constexpr int kDigitBits = 4;             // radix search: 16 buckets per level, 8 levels
@@ -112,81 +116,258 @@ __device__ __forceinline__ bool Aligned16(const T* p) {
 }
 
 // ---- Kernel 1: one read of every row ---------------------------------------------------------------
+//
+// A block owns [begin, end) of one row: a scalar head up to the first 16-byte boundary, a body of
+// 16-byte vectors, kUnroll of them per thread in flight (a chunk), and a scalar tail. Every thread
+// meets its elements in increasing id order (head, its chunks, tail). Per chunk only the
+// NaN-propagating maximum (packed bf16x2 or f32) is compared with the thread's running max: a chunk
+// that beats it records itself (and, kSum, rescales the sum once); the lowest id reaching the max is
+// looked up at the end, by the threads holding the block's max only, in the one chunk they
+// recorded (a re-read of 64 bytes, usually by one thread). NaN / +inf turn the chunk max into NaN /
+// +inf; that rare chunk is searched for the lowest bad id and the thread stops (its later ids are
+// higher, and the row is an error whatever the rest holds).
+
+constexpr int kUnroll = 4;  // 16-byte vectors per thread and chunk
+
+template <typename T>
+inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+
+// max(a, b), NaN when either is NaN (PTX max.NaN, sm_80+).
+__device__ __forceinline__ float MaxNaN(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a != a ? a : (b != b ? b : fmaxf(a, b));
+#endif
+}
+
+// Lane-wise max of two packed bf16 pairs, NaN when either lane is NaN.
+__device__ __forceinline__ uint32_t MaxNaNBf16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  const float lo = MaxNaN(__uint_as_float(a << 16), __uint_as_float(b << 16));
+  const float hi = MaxNaN(__uint_as_float(a & 0xFFFF0000u), __uint_as_float(b & 0xFFFF0000u));
+  return (__float_as_uint(hi) & 0xFFFF0000u) | (__float_as_uint(lo) >> 16);  // exact: bf16 inputs
+#endif
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Element k of a 16-byte vector of T, as float (k a compile-time constant after unrolling).
+template <typename T>
+__device__ __forceinline__ float VecElem(const uint4& v, int k) {
+  if constexpr (sizeof(T) == 2) {
+    const uint32_t w = Word(v, k >> 1);
+    return __uint_as_float((k & 1) != 0 ? (w & 0xFFFF0000u) : (w << 16));
+  } else {
+    return __uint_as_float(Word(v, k));
+  }
+}
+
+// A chunk: vector j of the thread's chunk at vector index c is vector c + j · kPassThreads of the
+// body (-inf past its `vectors`).
+template <typename T>
+__device__ __forceinline__ void LoadChunk(const uint4* body, int32_t c, int32_t vectors, uint4 (&v)[kUnroll]) {
+  const uint32_t w = sizeof(T) == 2 ? 0xFF80FF80u : 0xFF800000u;  // -inf
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const int32_t at = c + j * kPassThreads;
+    v[j] = at < vectors ? __ldg(body + at) : make_uint4(w, w, w, w);
+  }
+}
+
+// The chunk's maximum; NaN when it holds a NaN.
+template <typename T>
+__device__ __forceinline__ float ChunkMax(const uint4 (&v)[kUnroll]) {
+  if constexpr (sizeof(T) == 2) {
+    uint32_t a = MaxNaNBf16x2(v[0].x, v[0].y), b = MaxNaNBf16x2(v[0].z, v[0].w);
+#pragma unroll
+    for (int j = 1; j < kUnroll; ++j) {
+      a = MaxNaNBf16x2(a, MaxNaNBf16x2(v[j].x, v[j].y));
+      b = MaxNaNBf16x2(b, MaxNaNBf16x2(v[j].z, v[j].w));
+    }
+    a = MaxNaNBf16x2(a, b);
+    return MaxNaN(__uint_as_float(a << 16), __uint_as_float(a & 0xFFFF0000u));
+  } else {
+    float a = MaxNaN(__uint_as_float(v[0].x), __uint_as_float(v[0].y));
+    float b = MaxNaN(__uint_as_float(v[0].z), __uint_as_float(v[0].w));
+#pragma unroll
+    for (int j = 1; j < kUnroll; ++j) {
+      a = MaxNaN(a, MaxNaN(__uint_as_float(v[j].x), __uint_as_float(v[j].y)));
+      b = MaxNaN(b, MaxNaN(__uint_as_float(v[j].z), __uint_as_float(v[j].w)));
+    }
+    return MaxNaN(a, b);
+  }
+}
+
+// One thread's running partial over its elements, met in increasing id order.
+template <bool kSum>
+struct RowState {
+  float max = -std::numeric_limits<float>::infinity();
+  int32_t arg = INT32_MAX;  // the lowest id reaching max when known (a head or tail element)...
+  int32_t chunk = -1;       // ...else the first chunk (its vector index) reaching max
+  int32_t bad = INT32_MAX;  // lowest NaN / +inf id
+  double sum = 0.0;         // Σ expf((z - max) * inv_t), kSum only
+
+  // Moves the max up to z > max (finite), rescaling the sum.
+  __device__ __forceinline__ void Raise(float z, float inv_t) {
+    if (kSum && max > -CUDART_INF_F) sum *= static_cast<double>(expf((max - z) * inv_t));
+    max = z;
+  }
+  // One element; true when it is NaN or +inf (the thread stops).
+  __device__ __forceinline__ bool Visit(float z, int32_t i, float inv_t) {
+    if (!(z < CUDART_INF_F)) {
+      bad = i;
+      return true;
+    }
+    if (z > max) {
+      Raise(z, inv_t);
+      arg = i;
+      chunk = -1;
+    }
+    if (kSum && z > -CUDART_INF_F) sum += static_cast<double>(expf((z - max) * inv_t));
+    return false;
+  }
+  // The chunk at vector index c (element k of its vector j has id first + j·stride + k); true on
+  // NaN / +inf.
+  template <typename T>
+  __device__ __forceinline__ bool Chunk(const uint4 (&v)[kUnroll], int32_t c, int32_t first, int32_t stride,
+                                        float inv_t) {
+    const float cm = ChunkMax<T>(v);
+    if (!(cm <= max)) {  // a new max, or NaN / +inf (NaN compares false)
+      if (!(cm < CUDART_INF_F)) {
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+#pragma unroll
+          for (int k = 0; k < kVec<T>; ++k) {
+            if (!(VecElem<T>(v[j], k) < CUDART_INF_F)) {
+              bad = first + j * stride + k;
+              return true;
+            }
+          }
+        }
+      }
+      Raise(cm, inv_t);
+      arg = INT32_MAX;
+      chunk = c;
+    }
+    if (kSum && max > -CUDART_INF_F) {
+      // Weights in float within a 16-byte vector, vectors added in double.
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kVec<T>; ++k) s += expf((VecElem<T>(v[j], k) - max) * inv_t);
+        sum += static_cast<double>(s);
+      }
+    }
+    return false;
+  }
+};
 
 struct MaxArg {
   float max;
   int32_t arg;
 };
-struct MaxArgOp {
+struct MaxArgOp {  // the larger max, the lower id among equal maxima
   __device__ MaxArg operator()(const MaxArg& a, const MaxArg& b) const {
     return (b.max > a.max || (b.max == a.max && b.arg < a.arg)) ? b : a;
   }
 };
+struct MaxFloatOp {
+  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
+};
 struct MinOp {
-  __device__ int64_t operator()(int64_t a, int64_t b) const { return b < a ? b : a; }
+  __device__ int32_t operator()(int32_t a, int32_t b) const { return b < a ? b : a; }
 };
 
-// The block's partial over [begin, end) of one row. A thread keeps a running max, the lowest index
-// reaching it and (kSum) the sum of expf((z - max) * inv_t) rescaled when the max grows; -inf terms
-// add nothing, NaN and +inf are only recorded.
+// The block's partial over [begin, end) of one row: max, lowest argmax, (kSum) the sum of
+// expf((z - max) * inv_t) relative to the block's max, lowest NaN / +inf id (with a bad id the
+// others are left -inf / none / 0). -inf adds nothing.
 template <typename T, bool kSum>
 __global__ void __launch_bounds__(kPassThreads)
-    RowPassKernel(const T* __restrict__ logits, int64_t ld, int64_t vocab, int64_t split_elems,
-                  int64_t splits, float inv_t, Partials out) {
+    RowPassKernel(const T* __restrict__ logits, int64_t ld, int32_t vocab, int32_t split_elems, int32_t splits,
+                  float inv_t, Partials out) {
+  constexpr int kV = kVec<T>;
   const int64_t row = blockIdx.x / splits;
-  const int64_t split = blockIdx.x % splits;
+  const int32_t split = static_cast<int32_t>(blockIdx.x % splits);
   const T* x = logits + row * ld;
-  const int64_t begin = split * split_elems;
-  const int64_t end = begin + split_elems < vocab ? begin + split_elems : vocab;
-  const bool aligned = Aligned16(x);
-  float m = -CUDART_INF_F;
-  int32_t arg = INT32_MAX;
-  double s = 0.0;
-  int64_t bad = kNone64;
-  for (int64_t g = begin + static_cast<int64_t>(threadIdx.x) * kGroup; g < end;
-       g += static_cast<int64_t>(kPassThreads) * kGroup) {
-    float v[kGroup];
-    LoadGroup(x, g, end, aligned, v);
+  const int32_t begin = split * split_elems;
+  const int32_t end = begin + split_elems < vocab ? begin + split_elems : vocab;
+  // begin is a multiple of kGroup (>= kV): the head is the row's own misalignment.
+  const int32_t misaligned = static_cast<int32_t>((reinterpret_cast<uintptr_t>(x) & 15u) / sizeof(T));
+  const int32_t head_end = begin + ((kV - misaligned) & (kV - 1));
+  const int32_t body = head_end < end ? head_end : end;
+  const int32_t vectors = (end - body) / kV;
+  const int32_t tail = body + vectors * kV;
+  const uint4* vx = reinterpret_cast<const uint4*>(x + body);
+  constexpr int32_t kStride = kPassThreads * kV;  // ids between a chunk's vectors
+  const int tid = static_cast<int>(threadIdx.x);
+  RowState<kSum> st;
+  bool stop = tid < body - begin && st.Visit(ToFloat(x[begin + tid]), begin + tid, inv_t);
+  for (int32_t c = tid; !stop && c < vectors; c += kPassThreads * kUnroll) {
+    uint4 v[kUnroll];
+    LoadChunk<T>(vx, c, vectors, v);
+    stop = st.template Chunk<T>(v, c, body + c * kV, kStride, inv_t);
+  }
+  if (!stop && tid < end - tail) st.Visit(ToFloat(x[tail + tid]), tail + tid, inv_t);
+
+  using FloatReduce = cub::BlockReduce<float, kPassThreads>;
+  using IntReduce = cub::BlockReduce<int32_t, kPassThreads>;
+  using SumReduce = cub::BlockReduce<double, kPassThreads>;
+  __shared__ union {
+    typename FloatReduce::TempStorage f;
+    typename IntReduce::TempStorage i;
+    typename SumReduce::TempStorage s;
+  } temp;
+  __shared__ float block_max;
+  const int64_t p = blockIdx.x;
+  if (__syncthreads_or(st.bad != INT32_MAX)) {  // an error row: only the lowest bad id matters
+    const int32_t lowest = IntReduce(temp.i).Reduce(st.bad, MinOp{});
+    if (tid == 0) {
+      out.max[p] = -CUDART_INF_F;
+      out.arg[p] = INT32_MAX;
+      out.bad[p] = lowest;
+      if (kSum) out.sum[p] = 0.0;
+    }
+    return;
+  }
+  const float m = FloatReduce(temp.f).Reduce(st.max, MaxFloatOp{});
+  if (tid == 0) block_max = m;
+  __syncthreads();
+  const float bm = block_max;
+  if (st.max == bm && st.chunk >= 0) {
+    // The lowest id of the recorded chunk reaching the max (every earlier element is lower).
+    uint4 v[kUnroll];
+    LoadChunk<T>(vx, st.chunk, vectors, v);
+    const int32_t first = body + st.chunk * kV;
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const float z = v[k];
-      if (g + k >= end) break;
-      if (!(z < CUDART_INF_F)) {
-        bad = bad < g + k ? bad : g + k;
-      } else if (z > m) {
-        if (kSum) s = s * static_cast<double>(expf((m - z) * inv_t)) + 1.0;
-        m = z;
-        arg = static_cast<int32_t>(g + k);
-      } else if (kSum && z > -CUDART_INF_F) {
-        s += static_cast<double>(expf((z - m) * inv_t));
+    for (int j = kUnroll - 1; j >= 0; --j) {
+#pragma unroll
+      for (int k = kV - 1; k >= 0; --k) {
+        if (VecElem<T>(v[j], k) == bm) st.arg = first + j * kStride + k;
       }
     }
   }
-  using MaxArgReduce = cub::BlockReduce<MaxArg, kPassThreads>;
-  using SumReduce = cub::BlockReduce<double, kPassThreads>;
-  using BadReduce = cub::BlockReduce<int64_t, kPassThreads>;
-  __shared__ union {
-    typename MaxArgReduce::TempStorage max_arg;
-    typename SumReduce::TempStorage sum;
-    typename BadReduce::TempStorage bad;
-  } temp;
-  __shared__ MaxArg block_best;
-  const MaxArg best = MaxArgReduce(temp.max_arg).Reduce(MaxArg{m, arg}, MaxArgOp{});
-  if (threadIdx.x == 0) block_best = best;
-  __syncthreads();
-  const int64_t p = blockIdx.x;
+  const int32_t arg = IntReduce(temp.i).Reduce(st.max == bm ? st.arg : INT32_MAX, MinOp{});
   if (kSum) {
-    const float bm = block_best.max;
-    const double scaled = m == -CUDART_INF_F ? 0.0 : s * static_cast<double>(expf((m - bm) * inv_t));
-    const double total = SumReduce(temp.sum).Sum(scaled);
-    if (threadIdx.x == 0) out.sum[p] = total;
-    __syncthreads();
+    __syncthreads();  // temp is reused
+    const double scaled =
+        st.max == -CUDART_INF_F ? 0.0 : st.sum * static_cast<double>(expf((st.max - bm) * inv_t));
+    const double total = SumReduce(temp.s).Sum(scaled);
+    if (tid == 0) out.sum[p] = total;
   }
-  const int64_t lowest_bad = BadReduce(temp.bad).Reduce(bad, MinOp{});
-  if (threadIdx.x == 0) {
-    out.max[p] = block_best.max;
-    out.arg[p] = block_best.arg;
-    out.bad[p] = lowest_bad;
+  if (tid == 0) {
+    out.max[p] = bm;
+    out.arg[p] = arg;
+    out.bad[p] = kNone64;
   }
 }
 
@@ -221,6 +402,9 @@ struct RowView {
     return static_cast<double>(expf((z - max) * inv_t));
   }
   __device__ double WeightAt(int64_t i) const { return Weight(ToFloat(x[i]), i); }
+  // Whether every token is kept (top-k and top-p off): Weight(z, i) is then expf((z - max) ·
+  // inv_t) for every z (0 for -inf).
+  __device__ bool KeepsAll() const { return keep_key == 0u && keep_limit == kNone64; }
 };
 
 // Membership in a sorted list of token ids, for one thread whose queries only increase.
@@ -232,6 +416,11 @@ struct SortedCursor {
     while (pos < n && ids[pos] < i) ++pos;
     return pos < n && ids[pos] == i;
   }
+  // Whether none of [i, i + kGroup) is listed (the cursor stays usable for ids >= i).
+  __device__ bool NoneInGroup(int64_t i) {
+    while (pos < n && ids[pos] < i) ++pos;
+    return pos == n || ids[pos] >= i + kGroup;
+  }
 };
 
 using WalkSum = cub::BlockReduce<double, kWalkThreads>;
@@ -242,7 +431,22 @@ struct MaxOp {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return b > a ? b : a; }
 };
 
+// kUnroll tiles' sums (ResidualTiles reduces them together).
+struct TileSums {
+  double v[kUnroll];
+};
+struct TileSumsOp {
+  __device__ TileSums operator()(const TileSums& a, const TileSums& b) const {
+    TileSums out;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) out.v[u] = a.v[u] + b.v[u];
+    return out;
+  }
+};
+using WalkTileSum = cub::BlockReduce<TileSums, kWalkThreads>;
+
 union WalkTemp {
+  typename WalkTileSum::TempStorage tiles;
   typename WalkSum::TempStorage sum;
   typename WalkMax::TempStorage max;
   typename WalkScan::TempStorage scan;
@@ -253,13 +457,26 @@ template <typename T>
 __device__ double SumExcluding(const RowView<T>& row, const int64_t* excluded, int n_excluded, WalkTemp& temp,
                                double* broadcast) {
   SortedCursor cursor{excluded, n_excluded};
+  const bool keeps_all = row.KeepsAll();
   double s = 0.0;
-  for (int64_t g = static_cast<int64_t>(threadIdx.x) * kGroup; g < row.vocab; g += kTile) {
-    float v[kGroup];
-    LoadGroup(row.x, g, row.vocab, row.aligned, v);
+  // kUnroll tiles per step, their loads in flight together; a whole group with nothing excluded or
+  // filtered skips the per-token tests (same terms, same order).
+  for (int64_t g0 = static_cast<int64_t>(threadIdx.x) * kGroup; g0 < row.vocab; g0 += kUnroll * kTile) {
+    float v[kUnroll][kGroup];
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      if (g + k < row.vocab && !cursor.Contains(g + k)) s += row.Weight(v[k], g + k);
+    for (int u = 0; u < kUnroll; ++u) LoadGroup(row.x, g0 + u * kTile, row.vocab, row.aligned, v[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t g = g0 + u * kTile;
+      if (keeps_all && g + kGroup <= row.vocab && cursor.NoneInGroup(g)) {
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) s += static_cast<double>(expf((v[u][k] - row.max) * row.inv_t));
+        continue;
+      }
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        if (g + k < row.vocab && !cursor.Contains(g + k)) s += row.Weight(v[u][k], g + k);
+      }
     }
   }
   const double total = WalkSum(temp.sum).Sum(s);
@@ -272,10 +489,12 @@ __device__ double SumExcluding(const RowView<T>& row, const int64_t* excluded, i
 
 // The reference's SampleResidual over r(i) = w(i) for i not in `excluded`, 0 otherwise: the smallest
 // id with u · m < Σ_{j <= i} r(j), m = Σ r; if rounding leaves none, the largest id with r > 0 (-1
-// when r is all zero). Phase A sums each tile of kTile tokens; phase B rescans the crossing tile
-// with a block scan.
+// when r is all zero). Phase A (ResidualTiles, which also gives the walk its residual mass, so a
+// correction after rejections reuses it) sums each tile of kTile tokens; phase B rescans the
+// crossing tile with a block scan.
 struct SampleShared {
   double tile_sum[kMaxTiles];
+  double mass;  // Σ tile_sum
   int64_t result;
   int64_t last_positive;
   int crossing_tile;
@@ -283,38 +502,76 @@ struct SampleShared {
   double target;  // u · m
 };
 
+// Phase A: the residual's tile sums sh.tile_sum[t] = Σ r(i) over tile t, its last positive id
+// sh.last_positive (-1 if none) and its mass sh.mass = Σ_t tile_sum[t] (tile order), returned.
 template <typename T>
-__device__ int64_t SampleExcluding(const RowView<T>& row, const int64_t* excluded, int n_excluded, float u,
-                                   WalkTemp& temp, SampleShared& sh) {
+__device__ double ResidualTiles(const RowView<T>& row, const int64_t* excluded, int n_excluded, WalkTemp& temp,
+                                SampleShared& sh) {
   const int tiles = static_cast<int>((row.vocab + kTile - 1) / kTile);
   int64_t last_positive = -1;
   {
+    // kUnroll tiles per step: their loads in flight together, one block reduction.
     SortedCursor cursor{excluded, n_excluded};
-    for (int t = 0; t < tiles; ++t) {
-      const int64_t g = t * kTile + static_cast<int64_t>(threadIdx.x) * kGroup;
-      double s = 0.0;
-      float v[kGroup];
-      LoadGroup(row.x, g, row.vocab, row.aligned, v);
+    const bool keeps_all = row.KeepsAll();
+    for (int t0 = 0; t0 < tiles; t0 += kUnroll) {
+      float v[kUnroll][kGroup];
 #pragma unroll
-      for (int k = 0; k < kGroup; ++k) {
-        if (g + k < row.vocab && !cursor.Contains(g + k)) {
-          const double w = row.Weight(v[k], g + k);
-          s += w;
-          if (w > 0.0) last_positive = g + k;
+      for (int u = 0; u < kUnroll; ++u) {
+        LoadGroup(row.x, (t0 + u) * kTile + static_cast<int64_t>(threadIdx.x) * kGroup, row.vocab, row.aligned, v[u]);
+      }
+      TileSums s;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t g = (t0 + u) * kTile + static_cast<int64_t>(threadIdx.x) * kGroup;
+        s.v[u] = 0.0;
+        if (keeps_all && g + kGroup <= row.vocab && cursor.NoneInGroup(g)) {  // as SumExcluding
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k) {
+            const double w = static_cast<double>(expf((v[u][k] - row.max) * row.inv_t));
+            s.v[u] += w;
+            if (w > 0.0) last_positive = g + k;
+          }
+          continue;
+        }
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          if (g + k < row.vocab && !cursor.Contains(g + k)) {
+            const double w = row.Weight(v[u][k], g + k);
+            s.v[u] += w;
+            if (w > 0.0) last_positive = g + k;
+          }
         }
       }
-      const double tile_sum = WalkSum(temp.sum).Sum(s);
-      if (threadIdx.x == 0) sh.tile_sum[t] = tile_sum;
+      const TileSums sums = WalkTileSum(temp.tiles).Reduce(s, TileSumsOp{});
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (t0 + u < tiles) sh.tile_sum[t0 + u] = sums.v[u];
+        }
+      }
       __syncthreads();
     }
   }
   const int64_t last = WalkMax(temp.max).Reduce(last_positive, MaxOp{});
   if (threadIdx.x == 0) {
     sh.last_positive = last;
-    sh.result = -1;
     double mass = 0.0;
     for (int t = 0; t < tiles; ++t) mass += sh.tile_sum[t];
-    const double target = static_cast<double>(u) * mass;
+    sh.mass = mass;
+  }
+  __syncthreads();
+  return sh.mass;  // rewritten only by thread 0 of a later call, after its barriers
+}
+
+// The residual sample: `tiles_ready` when ResidualTiles ran last on this row and exclusion set.
+template <typename T>
+__device__ int64_t SampleExcluding(const RowView<T>& row, const int64_t* excluded, int n_excluded, float u,
+                                   bool tiles_ready, WalkTemp& temp, SampleShared& sh) {
+  const int tiles = static_cast<int>((row.vocab + kTile - 1) / kTile);
+  if (!tiles_ready) ResidualTiles(row, excluded, n_excluded, temp, sh);
+  if (threadIdx.x == 0) {
+    sh.result = -1;
+    const double target = static_cast<double>(u) * sh.mass;
     double before = 0.0;
     sh.crossing_tile = -1;
     for (int t = 0; t < tiles; ++t) {
@@ -556,6 +813,10 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
   __shared__ int32_t s_arg[kVerifyMaxNodes];
   __shared__ double s_sum[kVerifyMaxNodes];
   __shared__ int64_t s_bad[kVerifyMaxNodes];
+  __shared__ int64_t s_tokens[kVerifyMaxNodes];  // the tree
+  __shared__ int32_t s_first_child[kVerifyMaxNodes];
+  __shared__ int32_t s_next_sibling[kVerifyMaxNodes];
+  __shared__ int s_first_error[3];  // lowest node with a bad tree entry, token, logits row
   __shared__ int32_t s_child[kVerifyMaxNodes];      // children of the current node, sibling order
   __shared__ int64_t s_child_token[kVerifyMaxNodes];
   __shared__ double s_child_weight[kVerifyMaxNodes];
@@ -580,60 +841,72 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
     }
     return;
   }
-  const int64_t* tokens = p.tokens + base;
-  const int32_t* first_child = p.first_child + base;
-  const int32_t* next_sibling = p.next_sibling + base;
-
-  // Combine the rows' split partials (splits are in token order: the first split reaching the
-  // max holds the lowest argmax).
+  // The tree, in shared memory (the checks and the walk read it many times).
   for (int i = tid; i < n; i += kWalkThreads) {
+    s_tokens[i] = p.tokens[base + i];
+    s_first_child[i] = p.first_child[base + i];
+    s_next_sibling[i] = p.next_sibling[base + i];
+  }
+  if (tid < 3) s_first_error[tid] = INT_MAX;
+  const int64_t* tokens = s_tokens;
+  const int32_t* first_child = s_first_child;
+  const int32_t* next_sibling = s_next_sibling;
+
+  // Combine the rows' split partials, one warp per row (splits are in token order: MaxArgOp's
+  // lowest id is the first split reaching the max).
+  const int lane = tid & 31;
+  for (int i = tid >> 5; i < n; i += kWalkThreads / 32) {
     const int64_t first = (base + i) * p.splits;
-    float m = -CUDART_INF_F;
-    int32_t arg = INT32_MAX;
+    MaxArg best{-CUDART_INF_F, INT32_MAX};
     int64_t bad = kNone64;
-    for (int64_t s = 0; s < p.splits; ++s) {
-      const float pm = p.partials.max[first + s];
-      if (pm > m) {
-        m = pm;
-        arg = p.partials.arg[first + s];
-      }
+    for (int64_t s = lane; s < p.splits; s += 32) {
+      best = MaxArgOp{}(best, MaxArg{p.partials.max[first + s], p.partials.arg[first + s]});
       const int64_t pb = p.partials.bad[first + s];
       bad = pb < bad ? pb : bad;
     }
-    double sum = 0.0;
-    if (p.sampling && m > -CUDART_INF_F) {
-      for (int64_t s = 0; s < p.splits; ++s) {
-        const float pm = p.partials.max[first + s];
-        if (pm > -CUDART_INF_F) sum += p.partials.sum[first + s] * static_cast<double>(expf((pm - m) * p.inv_t));
-      }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const MaxArg other{__shfl_xor_sync(0xffffffffu, best.max, offset), __shfl_xor_sync(0xffffffffu, best.arg, offset)};
+      best = MaxArgOp{}(best, other);
+      const int64_t ob = __shfl_xor_sync(0xffffffffu, bad, offset);
+      bad = ob < bad ? ob : bad;
     }
-    s_max[i] = m;
-    s_arg[i] = arg;
-    s_sum[i] = sum;
-    s_bad[i] = bad;
+    double sum = 0.0;
+    if (p.sampling && best.max > -CUDART_INF_F) {
+      for (int64_t s = lane; s < p.splits; s += 32) {
+        const float pm = p.partials.max[first + s];
+        if (pm > -CUDART_INF_F) sum += p.partials.sum[first + s] * static_cast<double>(expf((pm - best.max) * p.inv_t));
+      }
+      for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (lane == 0) {
+      s_max[i] = best.max;
+      s_arg[i] = best.arg;
+      s_sum[i] = sum;
+      s_bad[i] = bad;
+    }
   }
   __syncthreads();
 
-  // Checks, in the reference's order.
+  // Checks, in the reference's order: the lowest failing node of each kind, in parallel.
+  for (int i = tid; i < n; i += kWalkThreads) {
+    const int32_t fc = first_child[i], ns = next_sibling[i];
+    if (!(fc == -1 || (fc > i && fc < n)) || !(ns == -1 || (ns >= 1 && ns < n))) atomicMin(&s_first_error[0], i);
+    if (i >= 1 && (tokens[i] < 0 || tokens[i] >= p.vocab)) atomicMin(&s_first_error[1], i);
+    if (s_bad[i] != kNone64 || s_max[i] == -CUDART_INF_F) atomicMin(&s_first_error[2], i);
+  }
+  __syncthreads();
   if (tid == 0) {
     VerifyError e{static_cast<int64_t>(VerifyErrorKind::kNone), 0, 0};
-    for (int i = 0; i < n && e.kind == 0; ++i) {
-      const int32_t fc = first_child[i], ns = next_sibling[i];
-      if (!(fc == -1 || (fc > i && fc < n)) || !(ns == -1 || (ns >= 1 && ns < n))) {
-        e = VerifyError{static_cast<int64_t>(VerifyErrorKind::kBadTree), i, 0};
-      }
-    }
-    for (int i = 1; i < n && e.kind == 0; ++i) {
-      if (tokens[i] < 0 || tokens[i] >= p.vocab) {
-        e = VerifyError{static_cast<int64_t>(VerifyErrorKind::kTokenOutOfRange), i, tokens[i]};
-      }
-    }
-    for (int i = 0; i < n && e.kind == 0; ++i) {
+    if (const int i = s_first_error[0]; i != INT_MAX) {
+      e = VerifyError{static_cast<int64_t>(VerifyErrorKind::kBadTree), i, 0};
+    } else if (const int i = s_first_error[1]; i != INT_MAX) {
+      e = VerifyError{static_cast<int64_t>(VerifyErrorKind::kTokenOutOfRange), i, tokens[i]};
+    } else if (const int i = s_first_error[2]; i != INT_MAX) {
       if (s_bad[i] != kNone64) {
         const float z = ToFloat(logits[(base + i) * p.ld + s_bad[i]]);
         e = VerifyError{static_cast<int64_t>(isnan(z) ? VerifyErrorKind::kNaN : VerifyErrorKind::kPosInf), i,
                         s_bad[i]};
-      } else if (s_max[i] == -CUDART_INF_F) {
+      } else {
         e = VerifyError{static_cast<int64_t>(VerifyErrorKind::kNoFiniteLogit), i, 0};
       }
     }
@@ -721,7 +994,7 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
       double mass = total;
       if (rejected > 0.0) {
         if (!have_rest) {
-          rest = SumExcluding(row, s_excluded, s_num_excluded, temp, &s_broadcast);
+          rest = ResidualTiles(row, s_excluded, s_num_excluded, temp, sample);  // reused by the sample
           have_rest = true;
         }
         mass = rest + s_suffix[j];
@@ -744,7 +1017,7 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
     }
     // Every child rejected (or a leaf): the correction / bonus token from the residual.
     const float u0 = PhiloxCoin(p.seed, p.offset, static_cast<uint32_t>(b), 0u);
-    const int64_t token = SampleExcluding(row, s_excluded, s_num_excluded, u0, temp, sample);
+    const int64_t token = SampleExcluding(row, s_excluded, s_num_excluded, u0, have_rest, temp, sample);
     if (tid == 0) {
       out_tokens[k] = token;
       p.num_accepted[b] = k;
@@ -762,12 +1035,16 @@ cudaError_t Launch(const TreeVerifyLaunchParams& params, cudaStream_t stream) {
   const Partials partials = CarvePartials(params.workspace, params.total_rows * split.count);
   const T* logits = static_cast<const T*>(params.logits);
   const unsigned blocks = static_cast<unsigned>(params.total_rows * split.count);
+  // vocab <= kVerifyMaxVocab: in-row ids fit int32.
+  const auto vocab = static_cast<int32_t>(params.vocab);
+  const auto elems = static_cast<int32_t>(split.elems);
+  const auto count = static_cast<int32_t>(split.count);
   if (sampling) {
-    RowPassKernel<T, true><<<blocks, kPassThreads, 0, stream>>>(logits, params.ld, params.vocab, split.elems,
-                                                                split.count, inv_t, partials);
+    RowPassKernel<T, true><<<blocks, kPassThreads, 0, stream>>>(logits, params.ld, vocab, elems, count, inv_t,
+                                                                partials);
   } else {
-    RowPassKernel<T, false><<<blocks, kPassThreads, 0, stream>>>(logits, params.ld, params.vocab, split.elems,
-                                                                 split.count, inv_t, partials);
+    RowPassKernel<T, false><<<blocks, kPassThreads, 0, stream>>>(logits, params.ld, vocab, elems, count, inv_t,
+                                                                 partials);
   }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   WalkParams w{params.row_offsets, params.tokens, params.first_child, params.next_sibling, params.ld,

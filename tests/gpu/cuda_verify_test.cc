@@ -410,6 +410,299 @@ TEST_F(CudaVerifyTest, FirstTokenFollowsTheTargetDistribution) {
   }
 }
 
+// ---- The row pass's scalar head, vector body and scalar tail (raw launcher) -----------------------
+
+// The raw launcher's outputs for a batch.
+struct RawOutputs {
+  std::vector<int32_t> num_accepted;  // -1 for a failing sequence
+  std::vector<VerifyResult> results;  // empty entries for failing sequences
+  std::vector<VerifyError> errors;
+};
+
+template <typename V>
+void Upload(const DeviceBuffer& d, const std::vector<V>& host) {
+  EXPECT_EQ(cudaMemcpy(d.ptr, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+// Flattened trees (verify_ops.h's layout) on the device with the launcher's workspace and outputs:
+// Params() sets everything of TreeVerifyLaunchParams but the logits (pointer, type, ld) and the
+// sampling; Read() copies the outputs back.
+class RawLaunch {
+ public:
+  RawLaunch(const std::vector<int32_t>& offsets, const std::vector<int64_t>& tokens,
+            const std::vector<int32_t>& first_child, const std::vector<int32_t>& next_sibling, int max_nodes,
+            int64_t vocab)
+      : batch_(static_cast<int>(offsets.size()) - 1),
+        rows_(static_cast<int64_t>(tokens.size())),
+        max_nodes_(max_nodes),
+        vocab_(vocab),
+        offsets_(offsets.size() * 4),
+        tokens_(tokens.size() * 8),
+        first_child_(first_child.size() * 4),
+        next_sibling_(next_sibling.size() * 4),
+        workspace_(TreeVerifyWorkspaceBytes(rows_, vocab)),
+        num_(batch_ * 4),
+        nodes_(static_cast<size_t>(batch_) * max_nodes * 4),
+        out_(static_cast<size_t>(batch_) * max_nodes * 8),
+        errors_(batch_ * sizeof(VerifyError)) {
+    Upload(offsets_, offsets);
+    Upload(tokens_, tokens);
+    Upload(first_child_, first_child);
+    Upload(next_sibling_, next_sibling);
+  }
+
+  TreeVerifyLaunchParams Params() const {
+    TreeVerifyLaunchParams p;
+    p.batch = batch_;
+    p.row_offsets = static_cast<int32_t*>(offsets_.ptr);
+    p.total_rows = rows_;
+    p.max_nodes = max_nodes_;
+    p.tokens = static_cast<int64_t*>(tokens_.ptr);
+    p.first_child = static_cast<int32_t*>(first_child_.ptr);
+    p.next_sibling = static_cast<int32_t*>(next_sibling_.ptr);
+    p.vocab = vocab_;
+    p.workspace = workspace_.ptr;
+    p.workspace_bytes = TreeVerifyWorkspaceBytes(rows_, vocab_);
+    p.num_accepted = static_cast<int32_t*>(num_.ptr);
+    p.accepted_nodes = static_cast<int32_t*>(nodes_.ptr);
+    p.out_tokens = static_cast<int64_t*>(out_.ptr);
+    p.errors = static_cast<VerifyError*>(errors_.ptr);
+    return p;
+  }
+
+  RawOutputs Read() const {
+    const size_t slots = static_cast<size_t>(batch_) * max_nodes_;
+    std::vector<int32_t> nodes(slots);
+    std::vector<int64_t> out(slots);
+    RawOutputs r;
+    r.num_accepted.resize(batch_);
+    r.errors.resize(batch_);
+    EXPECT_EQ(cudaMemcpy(r.num_accepted.data(), num_.ptr, batch_ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(nodes.data(), nodes_.ptr, slots * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), out_.ptr, slots * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(r.errors.data(), errors_.ptr, batch_ * sizeof(VerifyError), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int b = 0; b < batch_; ++b) {
+      VerifyResult v;
+      const int n = r.num_accepted[b];
+      if (n >= 0) {
+        v.accepted_nodes.assign(nodes.begin() + b * max_nodes_, nodes.begin() + b * max_nodes_ + n);
+        v.tokens.assign(out.begin() + b * max_nodes_, out.begin() + b * max_nodes_ + n + 1);
+      }
+      r.results.push_back(std::move(v));
+    }
+    return r;
+  }
+
+ private:
+  int batch_;
+  int64_t rows_;
+  int max_nodes_;
+  int64_t vocab_;
+  DeviceBuffer offsets_, tokens_, first_child_, next_sibling_, workspace_, num_, nodes_, out_, errors_;
+};
+
+// Verifies `data` through LaunchTreeVerify with its logits stored `shift` elements into the buffer
+// with row stride `ld` (>= V): rows start off the 16-byte boundary when shift or ld is not a
+// multiple of the vector width. The padding (columns [V, ld) and the shift) holds NaN, which the
+// kernels must never read.
+RawOutputs RawVerify(const Batch& data, const SamplingParams& sampling, uint64_t seed, uint64_t offset, DType dtype,
+                     int64_t ld, int64_t shift) {
+  const int64_t rows = data.rows(), vocab = data.vocab;
+  std::vector<int32_t> offsets = {0};
+  std::vector<int64_t> tokens;
+  std::vector<int32_t> first_child, next_sibling;
+  int max_nodes = 1;
+  for (const DraftTree& t : data.trees) {
+    offsets.push_back(offsets.back() + t.size());
+    tokens.insert(tokens.end(), t.tokens.begin(), t.tokens.end());
+    first_child.insert(first_child.end(), t.first_child.begin(), t.first_child.end());
+    next_sibling.insert(next_sibling.end(), t.next_sibling.begin(), t.next_sibling.end());
+    max_nodes = std::max(max_nodes, t.size());
+  }
+  const RawLaunch launch(offsets, tokens, first_child, next_sibling, max_nodes, vocab);
+  const size_t elems = static_cast<size_t>(shift + rows * ld);
+  std::vector<float> padded(elems, kNaN);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(data.logits.begin() + r * vocab, vocab, padded.begin() + shift + r * ld);
+  }
+  DeviceBuffer d_logits(elems * DTypeSize(dtype));
+  if (dtype == DType::kF32) {
+    Upload(d_logits, padded);
+  } else {
+    std::vector<uint16_t> bits(elems);
+    for (size_t i = 0; i < elems; ++i) bits[i] = FloatToBf16(padded[i]);
+    Upload(d_logits, bits);
+  }
+  TreeVerifyLaunchParams p = launch.Params();
+  p.logits = static_cast<char*>(d_logits.ptr) + shift * DTypeSize(dtype);
+  p.logits_type = dtype == DType::kF32 ? VerifyLogitsType::kF32 : VerifyLogitsType::kBf16;
+  p.ld = ld;
+  p.temperature = sampling.temperature;
+  p.top_k = sampling.top_k;
+  p.top_p = sampling.top_p;
+  p.seed = seed;
+  p.offset = offset;
+  EXPECT_EQ(LaunchTreeVerify(p, nullptr), cudaSuccess);
+  return launch.Read();
+}
+
+// Row layouts: (ld, shift) for rows on and off the 16-byte boundary, the vocabulary a multiple of 8
+// or not.
+std::vector<std::pair<int64_t, int64_t>> Layouts(int64_t vocab) {
+  return {{vocab, 0}, {vocab + 1, 0}, {vocab, 1}, {vocab + 3, 5}, {vocab + 8, 7}};
+}
+
+TEST_F(CudaVerifyTest, UnalignedRowsAndOddVocabulariesMatchTheReference) {
+  for (int64_t vocab : {int64_t{1003}, int64_t{40003}, int64_t{163840}}) {
+    // At V 163840 ~100 rows: 5 splits of 32768 ids, several chunks per thread.
+    const int batch = vocab == 163840 ? 24 : 4, max_nodes = vocab == 163840 ? 8 : 6;
+    Batch data = RandomBatch(static_cast<uint64_t>(vocab), batch, max_nodes, vocab, 3.0f);
+    for (const SamplingParams& sampling : {SamplingParams{}, SamplingParams{1.0f, 0, 1.0f}, SamplingParams{0.7f, 0, 1.0f}}) {
+      for (uint64_t seed = 0; seed < 3; ++seed) {
+        auto want = TreeVerifier::Verify(data.trees, data.HostViews(), sampling, seed, 9);
+        ASSERT_TRUE(want.ok()) << want.status();
+        for (auto [ld, shift] : Layouts(vocab)) {
+          for (DType dtype : {DType::kF32, DType::kBF16}) {
+            SCOPED_TRACE("V " + std::to_string(vocab) + " ld " + std::to_string(ld) + " shift " + std::to_string(shift) +
+                         " T " + std::to_string(sampling.temperature) + " seed " + std::to_string(seed) + " " +
+                         std::string(DTypeName(dtype)));
+            const RawOutputs got = RawVerify(data, sampling, seed, 9, dtype, ld, shift);
+            for (size_t b = 0; b < want->size(); ++b) {
+              EXPECT_EQ(got.errors[b].kind, static_cast<int64_t>(VerifyErrorKind::kNone)) << "sequence " << b;
+              if (got.results[b].tokens == (*want)[b].tokens &&
+                  got.results[b].accepted_nodes == (*want)[b].accepted_nodes) {
+                continue;
+              }
+              EXPECT_TRUE(sampling.temperature > 0.0f &&
+                          NearThreshold(data.trees[b], data.logits.data() + data.offset(b) * vocab, vocab, sampling,
+                                        seed, 9, static_cast<uint32_t>(b), (*want)[b]))
+                  << "sequence " << b << " differs from the reference";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// V = 40003 (not a multiple of 8) over 128 rows: 4 splits of 10008 ids per row, so a thread of the
+// row pass meets several chunks (256 threads x 4 vectors of 8 bf16 / 4 f32 per chunk).
+constexpr int64_t kOddVocab = 40003;
+constexpr int64_t kManyRows = 128;
+
+// One-node trees: the emitted token is the row's argmax (greedy). Ties placed inside one vector,
+// across the vectors of one chunk, across chunks and splits, between the head and the body, the
+// body and the tail; a row whose only finite logits sit in the head or the tail; -0 against +0.
+TEST_F(CudaVerifyTest, ArgmaxTiesAcrossHeadBodyAndTailGoToTheLowestId) {
+  const int64_t vocab = kOddVocab;
+  const std::vector<std::vector<int64_t>> ties = {
+      {3, 5},          {5, 3},           {9, 9 + 2048},   {9 + 2048, 9},   {17, 17 + 8192},
+      {17 + 8192, 17}, {30000, 100},     {0, 20000},      {1, 2},          {vocab - 1, 4},
+      {vocab - 2, vocab - 1}, {10007, 10008, 10009}, {12, 12 + 1024, 12 + 4096, 12 + 16384},
+      {9000, 8999, 8192 + 3},
+  };
+  Batch data;
+  data.vocab = vocab;
+  for (const std::vector<int64_t>& ids : ties) {
+    const size_t at = data.logits.size();
+    data.logits.resize(at + vocab, -1.0f);
+    for (int64_t id : ids) data.logits[at + id] = 4.0f;
+  }
+  for (int64_t id : {int64_t{0}, int64_t{2}, vocab - 1}) {  // only one finite logit, the rest -inf
+    const size_t at = data.logits.size();
+    data.logits.resize(at + vocab, -kInf);
+    data.logits[at + id] = -7.0f;
+  }
+  {
+    const size_t at = data.logits.size();  // signed zeros tie: the lower id wins
+    data.logits.resize(at + vocab, -1.0f);
+    data.logits[at + 20] = 0.0f;
+    data.logits[at + 10] = -0.0f;
+  }
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  while (data.rows() < kManyRows) {  // random rows up to many rows (long splits)
+    for (int64_t i = 0; i < vocab; ++i) data.logits.push_back(Bf16ToFloat(FloatToBf16(normal(rng))));
+  }
+  for (int64_t r = 0; r < data.rows(); ++r) {
+    data.trees.push_back(*DraftTree::FromParents(std::vector<int64_t>{0}, std::vector<int32_t>{-1}));
+  }
+  auto want = TreeVerifier::Verify(data.trees, data.HostViews(), SamplingParams{}, 0, 0);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t r = 0; r < ties.size(); ++r) {
+    EXPECT_EQ((*want)[r].tokens[0], *std::min_element(ties[r].begin(), ties[r].end()));
+  }
+  for (auto [ld, shift] : Layouts(vocab)) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE("ld " + std::to_string(ld) + " shift " + std::to_string(shift) + " " + std::string(DTypeName(dtype)));
+      const RawOutputs got = RawVerify(data, SamplingParams{}, 0, 0, dtype, ld, shift);
+      for (size_t b = 0; b < want->size(); ++b) {
+        EXPECT_EQ(got.results[b].tokens, (*want)[b].tokens) << "row " << b;
+      }
+      // Sampling over a row with one finite logit must emit it.
+      const RawOutputs sampled = RawVerify(data, SamplingParams{1.0f, 0, 1.0f}, 4, 5, dtype, ld, shift);
+      for (size_t b = ties.size(); b < ties.size() + 3; ++b) {
+        EXPECT_EQ(sampled.results[b].tokens, (*want)[b].tokens) << "row " << b;
+      }
+    }
+  }
+}
+
+// NaN / +inf anywhere in a row (the head, the vector body, the tail, split and chunk boundaries) is
+// reported at the lowest bad id, with its kind; an all -inf row has no finite logit.
+TEST_F(CudaVerifyTest, BadLogitsAreFoundInHeadBodyAndTail) {
+  const int64_t vocab = kOddVocab;
+  Batch data = RandomBatch(21, 3, 3, vocab, 1.0f);
+  while (data.rows() < kManyRows) {  // one-node sequences up to many rows (long splits)
+    data.trees.push_back(*DraftTree::FromParents(std::vector<int64_t>{0}, std::vector<int32_t>{-1}));
+    data.logits.resize(data.logits.size() + vocab, 0.5f);
+  }
+  const int64_t row = data.offset(1);  // sequence 1, local row 0
+  struct Case {
+    std::vector<std::pair<int64_t, float>> bad;  // (id, NaN or +inf)
+    int64_t want_id;
+    VerifyErrorKind want_kind;
+  };
+  std::vector<Case> cases;
+  for (int64_t id : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{2050},
+                     int64_t{8191}, int64_t{8192}, int64_t{8193}, int64_t{10007}, int64_t{10008}, int64_t{10009},
+                     int64_t{30015}, vocab - 2, vocab - 1}) {
+    cases.push_back({{{id, kNaN}}, id, VerifyErrorKind::kNaN});
+    cases.push_back({{{id, kInf}}, id, VerifyErrorKind::kPosInf});
+  }
+  cases.push_back({{{40, kNaN}, {37, kInf}}, 37, VerifyErrorKind::kPosInf});          // one vector
+  cases.push_back({{{37, kNaN}, {40, kInf}}, 37, VerifyErrorKind::kNaN});
+  cases.push_back({{{37 + 2048, kNaN}, {37, kInf}}, 37, VerifyErrorKind::kPosInf});   // one chunk
+  cases.push_back({{{vocab - 1, kNaN}, {30000, kInf}}, 30000, VerifyErrorKind::kPosInf});  // body and tail
+  cases.push_back({{{5000, kNaN}, {1, kInf}}, 1, VerifyErrorKind::kPosInf});          // head and body
+  for (auto [ld, shift] : {std::pair{vocab, int64_t{0}}, std::pair{vocab + 1, int64_t{0}}, std::pair{vocab + 3, int64_t{5}}}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const SamplingParams& sampling : {SamplingParams{}, SamplingParams{1.0f, 0, 1.0f}}) {
+        for (const Case& c : cases) {
+          Batch bad = data;
+          for (auto [id, value] : c.bad) bad.logits[row * vocab + id] = value;
+          SCOPED_TRACE("ld " + std::to_string(ld) + " shift " + std::to_string(shift) + " " +
+                       std::string(DTypeName(dtype)) + " T " + std::to_string(sampling.temperature) + " id " +
+                       std::to_string(c.want_id));
+          const RawOutputs got = RawVerify(bad, sampling, 1, 2, dtype, ld, shift);
+          EXPECT_EQ(got.errors[1].kind, static_cast<int64_t>(c.want_kind));
+          EXPECT_EQ(got.errors[1].row, 0);
+          EXPECT_EQ(got.errors[1].token, c.want_id);
+          for (size_t b = 0; b < got.errors.size(); ++b) {
+            if (b != 1) EXPECT_EQ(got.errors[b].kind, static_cast<int64_t>(VerifyErrorKind::kNone)) << b;
+          }
+        }
+        Batch dead = data;
+        std::fill_n(dead.logits.begin() + row * vocab, vocab, -kInf);
+        const RawOutputs got = RawVerify(dead, sampling, 1, 2, dtype, ld, shift);
+        EXPECT_EQ(got.errors[1].kind, static_cast<int64_t>(VerifyErrorKind::kNoFiniteLogit));
+        EXPECT_EQ(got.errors[1].row, 0);
+      }
+    }
+  }
+}
+
 // ---- Bad input -----------------------------------------------------------------------------------
 
 void ExpectInvalid(const absl::Status& status, const std::string& text) {
@@ -472,41 +765,19 @@ TEST_F(CudaVerifyTest, LauncherReportsErrorsPerSequence) {
   const std::vector<int32_t> next_sibling = {-1, -1, -1, -1, -1, -1};
   std::vector<float> logits(6 * vocab, 0.0f);
   logits[3] = 1.0f;  // root argmax 3 -> node 1 accepted
-  const size_t ws = TreeVerifyWorkspaceBytes(6, vocab);
-  DeviceBuffer d_off(16 * 4), d_tok(6 * 8), d_fc(6 * 4), d_ns(6 * 4), d_logits(logits.size() * 4), d_ws(ws),
-      d_num(3 * 4), d_nodes(3 * 2 * 4), d_out(3 * 2 * 8), d_err(3 * sizeof(VerifyError));
-  cudaMemcpy(d_off.ptr, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_tok.ptr, tokens.data(), tokens.size() * 8, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_fc.ptr, first_child.data(), first_child.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_ns.ptr, next_sibling.data(), next_sibling.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_logits.ptr, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice);
-  TreeVerifyLaunchParams p;
-  p.batch = 3;
-  p.row_offsets = static_cast<int32_t*>(d_off.ptr);
-  p.total_rows = 6;
-  p.max_nodes = 2;
-  p.tokens = static_cast<int64_t*>(d_tok.ptr);
-  p.first_child = static_cast<int32_t*>(d_fc.ptr);
-  p.next_sibling = static_cast<int32_t*>(d_ns.ptr);
+  const RawLaunch launch(offsets, tokens, first_child, next_sibling, 2, vocab);
+  DeviceBuffer d_logits(logits.size() * 4);
+  Upload(d_logits, logits);
+  TreeVerifyLaunchParams p = launch.Params();
   p.logits = d_logits.ptr;
   p.ld = vocab;
-  p.vocab = vocab;
-  p.workspace = d_ws.ptr;
-  p.workspace_bytes = ws;
-  p.num_accepted = static_cast<int32_t*>(d_num.ptr);
-  p.accepted_nodes = static_cast<int32_t*>(d_nodes.ptr);
-  p.out_tokens = static_cast<int64_t*>(d_out.ptr);
-  p.errors = static_cast<VerifyError*>(d_err.ptr);
   ASSERT_EQ(LaunchTreeVerify(p, nullptr), cudaSuccess);
-  std::vector<int32_t> num(3);
-  std::vector<VerifyError> err(3);
-  std::vector<int64_t> out(6);
-  ASSERT_EQ(cudaMemcpy(num.data(), d_num.ptr, 12, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(err.data(), d_err.ptr, 3 * sizeof(VerifyError), cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(out.data(), d_out.ptr, 48, cudaMemcpyDeviceToHost), cudaSuccess);
+  const RawOutputs got = launch.Read();
+  const std::vector<int32_t>& num = got.num_accepted;
+  const std::vector<VerifyError>& err = got.errors;
   EXPECT_EQ(num[0], 1);
-  EXPECT_EQ(out[0], 3);  // accepted node 1's token
-  EXPECT_EQ(out[1], 0);  // bonus: argmax of row 1 (all zeros) = token 0
+  // Node 1's token, then the bonus: the argmax of row 1 (all zeros) is token 0.
+  EXPECT_EQ(got.results[0].tokens, (std::vector<int64_t>{3, 0}));
   EXPECT_EQ(err[0].kind, static_cast<int64_t>(VerifyErrorKind::kNone));
   EXPECT_EQ(num[1], -1);
   EXPECT_EQ(err[1].kind, static_cast<int64_t>(VerifyErrorKind::kTokenOutOfRange));
@@ -516,6 +787,7 @@ TEST_F(CudaVerifyTest, LauncherReportsErrorsPerSequence) {
   EXPECT_EQ(err[2].kind, static_cast<int64_t>(VerifyErrorKind::kBadTree));
   EXPECT_EQ(err[2].row, 1);
 
+  const size_t ws = p.workspace_bytes;
   TreeVerifyLaunchParams small = p;
   small.workspace_bytes = ws - 1;
   EXPECT_EQ(LaunchTreeVerify(small, nullptr), cudaErrorInvalidValue);

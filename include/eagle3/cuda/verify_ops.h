@@ -15,7 +15,8 @@
 // by radix search over its keys (a few passes over that row, which is then L2-resident).
 //
 // Arithmetic and where it can differ from the double-precision CPU reference: every weight is
-// w(z) = expf((z - max) * (1 / T)) in float, summed in double; the accept test is
+// w(z) = expf((z - max) * (1 / T)) in float; the row pass adds the weights of one 16-byte load (8
+// bf16 or 4 f32 logits) in float and those partial sums in double; the accept test is
 // u < w(x) / m in double, with m the residual mass (the row total before any rejection at a node,
 // else the row re-summed without the children's tokens plus the untried children). The emitted
 // tokens can differ from the reference only when a coin lies within ~1e-6 of its threshold, or when
