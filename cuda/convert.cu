@@ -22,16 +22,20 @@ __global__ void F32ToBf16Kernel(const float* __restrict__ in, uint16_t* __restri
   }
 }
 
-// One grid-stride pass over rows * cols elements (flat index i = r * cols + c).
-__global__ void F32ToBf16RowsKernel(const float* __restrict__ in, int64_t ld_in,
-                                    uint16_t* __restrict__ out, int64_t ld_out, int64_t rows,
-                                    int64_t cols) {
-  const int64_t n = rows * cols;
+// One grid-stride pass over batch * rows * cols elements (flat index i = (b * rows + r) * cols + c);
+// the output is contiguous per item: out[(b * rows + r) * ld_out + c] with ld_out >= cols.
+__global__ void F32ToBf16RowsKernel(const float* __restrict__ in, int64_t batch_stride_in,
+                                    int64_t ld_in, uint16_t* __restrict__ out, int64_t ld_out,
+                                    int64_t batch, int64_t rows, int64_t cols) {
+  const int64_t n = batch * rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols;
-    const int64_t c = i - r * cols;
-    out[r * ld_out + c] = __bfloat16_as_ushort(__float2bfloat16_rn(in[r * ld_in + c]));
+    const int64_t row = i / cols;  // b * rows + r
+    const int64_t c = i - row * cols;
+    const int64_t b = row / rows;
+    const int64_t r = row - b * rows;
+    out[row * ld_out + c] =
+        __bfloat16_as_ushort(__float2bfloat16_rn(in[b * batch_stride_in + r * ld_in + c]));
   }
 }
 
@@ -67,7 +71,22 @@ cudaError_t LaunchF32ToBf16Rows(const float* in, int64_t ld_in, uint16_t* out, i
     return LaunchF32ToBf16(in, out, rows * cols, stream);
   }
   const int64_t n = rows * cols;
-  F32ToBf16RowsKernel<<<GridFor(n), kThreads, 0, stream>>>(in, ld_in, out, ld_out, rows, cols);
+  F32ToBf16RowsKernel<<<GridFor(n), kThreads, 0, stream>>>(in, 0, ld_in, out, ld_out, 1, rows,
+                                                           cols);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchF32ToBf16Batched(const float* in, int64_t batch_stride_in, int64_t ld_in,
+                                   uint16_t* out, int64_t batch, int64_t rows, int64_t cols,
+                                   cudaStream_t stream) {
+  if (batch < 0 || rows < 0 || cols < 0 || batch_stride_in < 0 || ld_in < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (batch == 0 || rows == 0 || cols == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr || (rows > 1 && ld_in < cols)) return cudaErrorInvalidValue;
+  const int64_t n = batch * rows * cols;
+  F32ToBf16RowsKernel<<<GridFor(n), kThreads, 0, stream>>>(in, batch_stride_in, ld_in, out, cols,
+                                                           batch, rows, cols);
   return cudaGetLastError();
 }
 

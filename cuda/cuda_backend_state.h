@@ -72,7 +72,7 @@ struct CudaBackend::State {
   // (The destructor frees the workspace, the flag and the scratch above through `allocator`, which
   // must be what allocated them.)
   // cuBLASLt algorithms chosen by the heuristic, per problem key (gemm.cc): one query per shape.
-  std::map<std::array<int64_t, 11>, cublasLtMatmulAlgo_t> gemm_algos;
+  std::map<std::array<int64_t, 15>, cublasLtMatmulAlgo_t> gemm_algos;
   // Device copies of MoeExperts' expert pointer tables, cached by content (a MoeTableCache, see
   // cuda_backend_moe.cc; it frees its tables through `allocator` when destroyed).
   std::shared_ptr<void> moe_tables;

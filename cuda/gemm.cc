@@ -93,10 +93,36 @@ absl::StatusOr<void*> ActivationScratch(CudaBackend::State& s, size_t bytes) {
   return buffer;
 }
 
+// The storage types CudaBackend's products take (see the file comment).
+absl::Status CheckTypes(const TensorView& a, const TensorView& b, const TensorView& c,
+                        const GemmOptions& options) {
+  const bool f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32;
+  const bool mixed = a.dtype() == DType::kF32 && b.dtype() == DType::kBF16;
+  const bool bf16 = mixed || (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16);
+  if (!f32 && !bf16) {
+    return Invalid("a ", a.ToString(), " and b ", b.ToString(),
+                   " must be both f32, both bf16, or a f32 with b bf16 on CudaBackend");
+  }
+  if (c.dtype() != DType::kF32) {
+    return Invalid("c ", c.ToString(), " must be f32 on CudaBackend (outputs accumulate in fp32)");
+  }
+  if (options.bias != nullptr && options.bias->dtype() != DType::kF32) {
+    return Invalid("bias ", options.bias->ToString(), " must be f32 on CudaBackend");
+  }
+  return absl::OkStatus();
+}
+
+// A strided batch of products (BatchedGemm): item i of each operand starts stride_* elements after
+// item i - 1. count 1 is a plain Gemm.
+struct Batch {
+  int64_t count = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
 // The cuBLASLt product for checked operands of one storage type (both f32 or both bf16), m, n, k
-// > 0.
+// > 0; a, b, c are item 0 of `batch` (no bias when batch.count > 1).
 absl::Status Matmul(CudaBackend::State& s, const TensorView& a, const TensorView& b,
-                    const TensorView& c, const GemmOptions& options) {
+                    const TensorView& c, const GemmOptions& options, const Batch& batch = {}) {
   const bool bf16 = a.dtype() == DType::kBF16;
   const int64_t m = a.dim(0);
   const int64_t n = b.dim(0);
@@ -129,14 +155,37 @@ absl::Status Matmul(CudaBackend::State& s, const TensorView& a, const TensorView
       LtCheck(cublasLtMatrixLayoutInit(&a_layout, ab_type, k, m, lda), "layout of a"));
   EAGLE3_RETURN_IF_ERROR(
       LtCheck(cublasLtMatrixLayoutInit(&c_layout, CUDA_R_32F, n, m, ldc), "layout of c"));
+  if (batch.count > 1) {
+    const int32_t count = static_cast<int32_t>(batch.count);
+    const std::array<std::pair<cublasLtMatrixLayout_t, int64_t>, 3> strided = {{
+        {&b_layout, batch.stride_b}, {&a_layout, batch.stride_a}, {&c_layout, batch.stride_c}}};
+    for (const auto& [layout, stride] : strided) {
+      EAGLE3_RETURN_IF_ERROR(LtCheck(cublasLtMatrixLayoutSetAttribute(
+                                         layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+                                     "setting the batch count"));
+      EAGLE3_RETURN_IF_ERROR(LtCheck(cublasLtMatrixLayoutSetAttribute(layout,
+                                                                      CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                                      &stride, sizeof stride),
+                                     "setting a batch stride"));
+    }
+  }
 
   // The heuristic is a host-side search worth tens of microseconds: run it once per problem
   // (shape, strides, types, pointer alignments, whether c is read).
   const uint64_t workspace_bytes = s.gemm_workspace != nullptr ? s.options.gemm_workspace_bytes : 0;
-  const uint32_t align_b = AlignmentOf(b.data());
-  const uint32_t align_a = AlignmentOf(a.data());
-  const uint32_t align_c = AlignmentOf(c_data);
-  const std::array<int64_t, 11> key = {m,
+  // Every item's start must meet the alignment: item 0's address and the batch strides in bytes.
+  const size_t ab_size = bf16 ? 2 : 4;
+  auto aligned = [](const void* p, int64_t stride_bytes) {
+    return std::min(AlignmentOf(p), AlignmentOf(reinterpret_cast<const void*>(stride_bytes)));
+  };
+  const uint32_t align_b = aligned(b.data(), batch.stride_b * static_cast<int64_t>(ab_size));
+  const uint32_t align_a = aligned(a.data(), batch.stride_a * static_cast<int64_t>(ab_size));
+  const uint32_t align_c = aligned(c_data, batch.stride_c * 4);
+  const std::array<int64_t, 15> key = {batch.count,
+                                       batch.stride_a,
+                                       batch.stride_b,
+                                       batch.stride_c,
+                                       m,
                                        n,
                                        k,
                                        lda,
@@ -200,19 +249,8 @@ absl::Status Matmul(CudaBackend::State& s, const TensorView& a, const TensorView
 absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                                const GemmOptions& options) {
   EAGLE3_RETURN_IF_ERROR(CheckGemm(a, b, c, options));
-  const bool f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32;
+  EAGLE3_RETURN_IF_ERROR(CheckTypes(a, b, c, options));
   const bool mixed = a.dtype() == DType::kF32 && b.dtype() == DType::kBF16;
-  const bool bf16 = mixed || (a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16);
-  if (!f32 && !bf16) {
-    return Invalid("a ", a.ToString(), " and b ", b.ToString(),
-                   " must be both f32, both bf16, or a f32 with b bf16 on CudaBackend");
-  }
-  if (c.dtype() != DType::kF32) {
-    return Invalid("c ", c.ToString(), " must be f32 on CudaBackend (outputs accumulate in fp32)");
-  }
-  if (options.bias != nullptr && options.bias->dtype() != DType::kF32) {
-    return Invalid("bias ", options.bias->ToString(), " must be f32 on CudaBackend");
-  }
   const int64_t m = a.dim(0);
   const int64_t n = b.dim(0);
   const int64_t k = a.dim(1);
@@ -237,6 +275,33 @@ absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const T
     return Matmul(s, a_bf16, b, c, options);
   }
   return Matmul(s, a, b, c, options);
+}
+
+absl::Status CudaBackend::BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                                      const GemmOptions& options) {
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedGemm(a, b, c));
+  const int64_t items = a.dim(0), m = a.dim(1), n = b.dim(1), k = a.dim(2);
+  if (items == 0 || m == 0 || n == 0) return absl::OkStatus();
+  if (items == 1 || options.bias != nullptr || k == 0) return Backend::BatchedGemm(a, b, c, options);
+  // Every item shares item 0's shape, strides and dtypes: its checks are every item's.
+  const TensorView a0 = BatchItem(a, 0), b0 = BatchItem(b, 0), c0 = BatchItem(c, 0);
+  EAGLE3_RETURN_IF_ERROR(CheckGemm(a0, b0, c0, options));
+  EAGLE3_RETURN_IF_ERROR(CheckTypes(a0, b0, c0, options));
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "BatchedGemm: cudaSetDevice"));
+  Batch batch{items, a.stride(0), b.stride(0), c.stride(0)};
+  if (a.dtype() == DType::kF32 && b.dtype() == DType::kBF16) {
+    // Every item's activation rounded to bf16 in one pass, into contiguous [B, M, K] scratch.
+    EAGLE3_ASSIGN_OR_RETURN(void* scratch,
+                            ActivationScratch(s, static_cast<size_t>(items * m * k) * sizeof(uint16_t)));
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        LaunchF32ToBf16Batched(a.data_as<const float>(), a.stride(0), a.stride(1),
+                               static_cast<uint16_t*>(scratch), items, m, k, s.stream),
+        "BatchedGemm: converting a to bf16"));
+    batch.stride_a = m * k;
+    return Matmul(s, TensorView(scratch, DType::kBF16, Shape{m, k}, a.device()), b0, c0, options, batch);
+  }
+  return Matmul(s, a0, b0, c0, options, batch);
 }
 
 }  // namespace eagle3::cuda

@@ -227,6 +227,55 @@ absl::Status Backend::CheckGemm(const TensorView& a, const TensorView& b, const 
   return CheckNoOverlap("Gemm", "b", b, "c", c, false);
 }
 
+absl::Status Backend::CheckBatchedGemm(const TensorView& a, const TensorView& b,
+                                       const TensorView& c) const {
+  const Device dev = device();
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("BatchedGemm", "a", "[B, M, K]", a, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("BatchedGemm", "b", "[B, N, K]", b, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads("BatchedGemm", "c", "[B, M, N]", c, dev));
+  if (b.dim(0) != a.dim(0) || c.dim(0) != a.dim(0)) {
+    return Invalid("BatchedGemm", "batch mismatch: a ", a.ToString(), ", b ", b.ToString(), ", c ",
+                   c.ToString(), " must share dim 0 (B)");
+  }
+  if (a.dim(2) != b.dim(2)) {
+    return Invalid("BatchedGemm", "K mismatch: a ", a.ToString(), " is [B, M, K] with K = ", a.dim(2), ", b ",
+                   b.ToString(), " is [B, N, K] with K = ", b.dim(2));
+  }
+  if (c.dim(1) != a.dim(1) || c.dim(2) != b.dim(1)) {
+    return Invalid("BatchedGemm", "c ", c.ToString(), " must be [B, M, N] = [", a.dim(0), ", ", a.dim(1), ", ",
+                   b.dim(1), "] for a ", a.ToString(), " and b ", b.ToString());
+  }
+  const int64_t items = c.dim(0), m = c.dim(1), n = c.dim(2);
+  if (items > 1 && m > 0 && n > 0) {
+    const int64_t extent = (m - 1) * c.stride(1) + n;  // elements item 0 spans (rows row-strided)
+    const bool item_major = c.stride(0) >= extent;
+    const bool interleaved = c.stride(0) >= n && (m == 1 || c.stride(1) >= items * c.stride(0));
+    if (!item_major && !interleaved) {
+      return Invalid("BatchedGemm", "the items of c ", c.ToString(),
+                     " overlap one another (need stride(0) >= the item extent ", extent,
+                     ", or stride(0) >= N and stride(1) >= B * stride(0))");
+    }
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("BatchedGemm", "a", a, "c", c, false));
+  return CheckNoOverlap("BatchedGemm", "b", b, "c", c, false);
+}
+
+TensorView Backend::BatchItem(const TensorView& t, int64_t i) {
+  auto* data = static_cast<char*>(t.data()) + i * t.stride(0) * static_cast<int64_t>(DTypeSize(t.dtype()));
+  return TensorView(data, t.dtype(), Shape{t.dim(1), t.dim(2)}, Shape{t.stride(1), 1}, t.device());
+}
+
+absl::Status Backend::BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                                  const GemmOptions& options) {
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedGemm(a, b, c));
+  for (int64_t i = 0; i < a.dim(0); ++i) {
+    if (absl::Status st = Gemm(BatchItem(a, i), BatchItem(b, i), BatchItem(c, i), options); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("BatchedGemm item ", i, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::CheckRmsNorm(const char* op, const TensorView& x, const TensorView* residual,
                                    const TensorView& weight, float eps,
                                    const TensorView& out) const {

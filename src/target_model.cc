@@ -37,11 +37,11 @@ TensorView Heads(const TensorView& t, int64_t n, int64_t d) {
   return TensorView(t.data(), t.dtype(), Shape{t.dim(0), n, d}, Shape{t.stride(0), d, 1}, t.device());
 }
 
-// Slice [i] of a contiguous [n, rows, cols] tensor, as a [rows, cols] matrix.
-TensorView Slice(const Tensor& t, int64_t i) {
-  const int64_t rows = t.shape()[1], cols = t.shape()[2];
-  return TensorView(static_cast<char*>(t.data()) + i * rows * cols * static_cast<int64_t>(DTypeSize(t.dtype())),
-                    t.dtype(), Shape{rows, cols}, t.device());
+// Columns [col, col + cols) of each of the n heads of a [rows, n * d] buffer, head-major:
+// [n, rows, cols] with strides [d, row stride, 1] (a BatchedGemm operand, one item per head).
+TensorView HeadMajor(const TensorView& t, int64_t n, int64_t d, int64_t col, int64_t cols) {
+  auto* data = static_cast<char*>(t.data()) + col * static_cast<int64_t>(DTypeSize(t.dtype()));
+  return TensorView(data, t.dtype(), Shape{n, t.dim(0), cols}, Shape{d, t.stride(0), 1}, t.device());
 }
 
 // Valid storage dtypes of weights and of the latent cache; `what` names the option.
@@ -132,6 +132,13 @@ struct TargetModel::Impl {
   // Device side of the batched path.
   Tensor d_tables, d_starts, d_lens, d_tree_mask, slot_iota;
   int64_t max_pages = 0;  // page entries kept per sequence: ceil(max_context_len / page_size)
+
+  // W_UV of every head: rows [h (nope + vdim) + nope, + vdim) of kv_b, as [heads, vdim, latent].
+  TensorView WUv(const Layer& L) const {
+    const int64_t elem = static_cast<int64_t>(DTypeSize(L.kv_b.dtype()));
+    return TensorView(static_cast<char*>(L.kv_b.data()) + nope * latent * elem, L.kv_b.dtype(),
+                      Shape{heads, vdim, latent}, Shape{(nope + vdim) * latent, latent, 1}, L.kv_b.device());
+  }
 
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->allocator());
@@ -545,21 +552,16 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(rows_t, Rows(slots, 0, t), slot_iota, flat_cache));
     const TensorView q_lat3 = Heads(Rows(q_lat, 0, t), heads, width);
     const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
-    for (int64_t hd = 0; hd < heads; ++hd) {
-      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(q_t, 0, t, hd * qk, nope), Slice(L.w_uk_t, hd),
-                                           Block(Rows(q_lat, 0, t), 0, t, hd * width, latent), {}));
-    }
+    EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(q_t, heads, qk, 0, nope), L.w_uk_t,
+                                                HeadMajor(Rows(q_lat, 0, t), heads, width, 0, latent), {}));
     EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
     const int64_t b = static_cast<int64_t>(step.n.size());
     const TensorView tree = step.has_tree ? Rows(d_tree_mask, 0, t) : TensorView();
     EAGLE3_RETURN_IF_ERROR(backend->BatchedLatentAttention(q_lat3, L.cache, Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1),
                                                            Rows(d_lens, 0, b), options.max_context_len, tree, scale,
                                                            latent, o_lat3));
-    for (int64_t hd = 0; hd < heads; ++hd) {
-      const TensorView w_uv = Block(L.kv_b, hd * (nope + vdim) + nope, vdim, 0, latent);
-      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(o_lat, 0, t), 0, t, hd * latent, latent), w_uv,
-                                           Block(Rows(attn_v, 0, t), 0, t, hd * vdim, vdim), {}));
-    }
+    EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(o_lat, 0, t), heads, latent, 0, latent), WUv(L),
+                                                HeadMajor(Rows(attn_v, 0, t), heads, vdim, 0, vdim), {}));
     return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), {});
   }
 
@@ -588,17 +590,12 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     if (Absorbed(n)) {
       const TensorView q_lat_s = Heads(Rows(q_lat, 0, n), heads, width);
       const TensorView o_lat_s = Heads(Rows(o_lat, 0, n), heads, latent);
-      for (int64_t hd = 0; hd < heads; ++hd) {
-        EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(q_t, offset, n), 0, n, hd * qk, nope), Slice(L.w_uk_t, hd),
-                                             Block(Rows(q_lat, 0, n), 0, n, hd * width, latent), {}));
-      }
+      EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(q_t, offset, n), heads, qk, 0, nope), L.w_uk_t,
+                                                  HeadMajor(Rows(q_lat, 0, n), heads, width, 0, latent), {}));
       EAGLE3_RETURN_IF_ERROR(backend->Copy(q_s.Narrow(2, nope, rope), q_lat_s.Narrow(2, latent, rope)));
       EAGLE3_RETURN_IF_ERROR(backend->LatentAttention(q_lat_s, L.cache, pt, s, mask_t, scale, latent, o_lat_s));
-      for (int64_t hd = 0; hd < heads; ++hd) {
-        const TensorView w_uv = Block(L.kv_b, hd * (nope + vdim) + nope, vdim, 0, latent);
-        EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(Rows(o_lat, 0, n), 0, n, hd * latent, latent), w_uv,
-                                             Block(Rows(attn_v, offset, n), 0, n, hd * vdim, vdim), {}));
-      }
+      EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(o_lat, 0, n), heads, latent, 0, latent), WUv(L),
+                                                  HeadMajor(Rows(attn_v, offset, n), heads, vdim, 0, vdim), {}));
     } else {
       const TensorView lat = Rows(ctx_lat, 0, s);
       EAGLE3_RETURN_IF_ERROR(backend->PagedRead(L.cache, pt, Rows(iota, 0, s), lat));

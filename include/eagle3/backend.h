@@ -85,6 +85,18 @@ class Backend {
   virtual absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                             const GemmOptions& options) = 0;
 
+  // B independent linear layers in one call: c[i] = a[i] b[i]^T for i < B, with Gemm's options
+  // (alpha, beta; a bias [N] is added to every item) and Gemm's dtype rules. Items are strided views
+  // along dim 0, so per-head projections of one activation row need no copy (a head-major view of
+  // [T, heads * d] has stride(0) = d and stride(1) = the row stride). Every item must satisfy Gemm's
+  // contract, and the items of c must not overlap one another (item-major: stride(0) >= the
+  // item's extent; or interleaved: stride(0) >= N and stride(1) >= B * stride(0)).
+  //   a: [B, M, K]      b: [B, N, K]      c: [B, M, N]      dims 0 and 1 any stride, dim 2 unit
+  // The default runs B Gemm calls; a backend may run one batched call instead (same results up to
+  // fp32 summation order).
+  virtual absl::Status BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                                   const GemmOptions& options);
+
   // out = x * rsqrt(mean(x^2 over the row) + eps) * weight, in fp32 (HF LlamaRMSNorm /
   // DeepseekV2RMSNorm). eps >= 0.
   //   x: [T, H]      weight: [H]      out: [T, H] (may be x itself)
@@ -248,6 +260,10 @@ class Backend {
   absl::Status CheckCopy(const TensorView& src, const TensorView& dst) const;
   absl::Status CheckGemm(const TensorView& a, const TensorView& b, const TensorView& c,
                          const GemmOptions& options) const;
+  // The batched shapes and the items' mutual overlap; each item is then checked by CheckGemm.
+  absl::Status CheckBatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c) const;
+  // Item i of a [B, rows, cols] batch, as a [rows, cols] matrix view.
+  static TensorView BatchItem(const TensorView& t, int64_t i);
   // residual: nullptr for plain RmsNorm.
   absl::Status CheckRmsNorm(const char* op, const TensorView& x, const TensorView* residual,
                             const TensorView& weight, float eps, const TensorView& out) const;

@@ -25,4 +25,13 @@ cudaError_t LaunchF32ToBf16(const float* in, uint16_t* out, int64_t n, cudaStrea
 cudaError_t LaunchF32ToBf16Rows(const float* in, int64_t ld_in, uint16_t* out, int64_t ld_out,
                                 int64_t rows, int64_t cols, cudaStream_t stream);
 
+// out[b][r][c] = bf16(in[b * batch_stride_in + r * ld_in + c]): a batch of row-strided matrices
+// (BatchedGemm's activations, e.g. the heads of one row) into a contiguous bf16 copy.
+// in:  [batch, rows, cols], f32, item stride batch_stride_in >= 0, row stride ld_in >= cols (any
+//      when rows == 1), device
+// out: [batch, rows, cols], bf16 bit patterns, contiguous, device, no overlap with in
+cudaError_t LaunchF32ToBf16Batched(const float* in, int64_t batch_stride_in, int64_t ld_in,
+                                   uint16_t* out, int64_t batch, int64_t rows, int64_t cols,
+                                   cudaStream_t stream);
+
 }  // namespace eagle3::cuda

@@ -56,6 +56,10 @@ class CudaBackend final : public Backend {
   absl::Status Copy(const TensorView& src, const TensorView& dst) override;
   absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                     const GemmOptions& options) override;
+  // One strided-batched cuBLASLt call (f32 activations of a mixed product converted in one pass);
+  // with a bias or K = 0, Backend's per-item loop.
+  absl::Status BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                           const GemmOptions& options) override;
   absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
   absl::Status AddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight, float eps,
                           const TensorView& out) override;
