@@ -28,6 +28,9 @@ STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "
 RUN_SETTINGS = ("min_time", "repeats", "iterations")
 # Argument names of benchmarks that older runs registered without ArgNames (positional "/16/4096").
 POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens", "cache_bits"]}
+# Arguments that older runs did not have, with the value those runs implied: rows of different runs
+# then join (a newer row replaces an older one of the same shape).
+DEFAULT_PARAMS = {"BM_BatchedLatentAttention": {"cache_bits": 32}, "BM_DecodeStep": {"model": 0}}
 
 
 def parse_name(run_name):
@@ -74,6 +77,8 @@ def load_benchmarks(indir):
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name", b.get("name", ""))
             bench, params = parse_name(run_name)
+            for k, v in DEFAULT_PARAMS.get(bench, {}).items():
+                params.setdefault(k, v)
             agg = b.get("aggregate_name")
             if agg not in (None, "", "median") or (agg is None and b.get("run_type") == "aggregate"):
                 continue
@@ -93,6 +98,34 @@ def load_benchmarks(indir):
                 rows.append(row)
         out[name] = {"context": data.get("context", {}), "rows": rows}
     return out
+
+
+def load_runs(indirs):
+    """Rows of several run directories (oldest first), merged per binary: a newer row replaces an older
+    row of the same benchmark and shape; each row records its run (the directory's name)."""
+    merged = {}
+    for d in indirs:
+        run = os.path.basename(os.path.normpath(d))
+        for name, b in load_benchmarks(d).items():
+            m = merged.setdefault(name, {"context": {}, "rows": [], "index": {}})
+            if b.get("load_error"):
+                m.setdefault("load_error", b["load_error"])
+                continue
+            if b["context"]:
+                m["context"] = b["context"]
+            for r in b["rows"]:
+                r["run"] = run
+                key = (r["bench"], tuple(sorted((k, str(v)) for k, v in r["params"].items() if k not in RUN_SETTINGS)))
+                if key in m["index"]:
+                    m["rows"][m["index"][key]] = r
+                else:
+                    m["index"][key] = len(m["rows"])
+                    m["rows"].append(r)
+    for m in merged.values():
+        m.pop("index")
+        if m["rows"]:
+            m.pop("load_error", None)
+    return merged
 
 
 def load_peers(indir):
@@ -172,7 +205,11 @@ def table(rows, peers):
     for bench in benches:
         rs = [r for r in rows if r["bench"] == bench]
         pnames = sorted({p for r in rs for p in peers.get(join_key(bench, r["params"]), {})})
-        pkeys = list(rs[0]["params"].keys())
+        pkeys = []
+        for r in rs:
+            pkeys += [k for k in r["params"] if k not in pkeys]
+        if len({r.get("run") for r in rs}) > 1:
+            pkeys.append("run")
         extra = sorted({k for r in rs for k in r["counters"] if k not in STD_COUNTERS and not k.endswith("_time")})
         has_label = any(r["label"] for r in rs)
         head = pkeys + (["label"] if has_label else []) + ["median µs", "floor µs", "of floor", "GB/s", "TFLOP/s"]
@@ -182,7 +219,8 @@ def table(rows, peers):
         lines += [f"### `{bench}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rs:
             c = r["counters"]
-            cells = [str(r["params"][k]) for k in pkeys] + ([r["label"]] if has_label else [])
+            cells = [str(r.get("run", "")) if k == "run" and k not in r["params"] else str(r["params"].get(k, ""))
+                     for k in pkeys] + ([r["label"]] if has_label else [])
             if r["error"]:
                 cells += [f"skipped: {r['error']}"] + [""] * (len(head) - len(cells) - 1)
                 lines.append("| " + " | ".join(cells) + " |")
@@ -304,6 +342,7 @@ def e2e_model(benchmarks, collective_dirs=()):
              "the range reported for Kimi-K2's EAGLE-3 head (chat vs code), not measured here.", "",
              "| batch | topk | passes | tree tokens | vanilla step µs | verify step µs | draft round µs (τ 2.4 / 5.2) "
              "| speedup at τ 2.4 | speedup at τ 5.2 |", "|---|---|---|---|---|---|---|---|---|"]
+    unmatched = []
     for batch in sorted({b for (b, _) in step}):
         if (batch, context) not in step:
             continue
@@ -312,7 +351,13 @@ def e2e_model(benchmarks, collective_dirs=()):
             if (batch, n) not in verify:
                 continue
             ver = verify[(batch, n)] + target_collectives(batch * n)
-            build = tree.get((batch, topk, passes, n), 0.0)
+            # The device tree build at this batch / topk / passes; its time barely depends on the tree
+            # size (the logits read dominate), so the nearest measured size stands in.
+            sizes = sorted((abs(tokens - n), us) for (b, k, st, tokens), us in tree.items()
+                           if (b, k, st) == (batch, topk, passes))
+            build = sizes[0][1] if sizes else 0.0
+            if not sizes and tree:
+                unmatched.append(f"batch {batch} topk {topk} passes {passes}")
             rounds, speedups = [], []
             for tau in E2E_ACCEPT:
                 rnd = (draft_pass(batch * (tau + 1), True) + (passes - 1) * draft_pass(batch * topk, False) + build)
@@ -322,7 +367,13 @@ def e2e_model(benchmarks, collective_dirs=()):
                                             f"{fmt(rounds[0])} / {fmt(rounds[1])}", fmt(speedups[0]) + "×",
                                             fmt(speedups[1]) + "×"]) + " |")
     if not tree:
-        lines += ["", "The device tree build was not measured in this run; its time is left out of the draft round."]
+        lines += ["", "The device tree build was not measured; its time is left out of the draft round."]
+    elif unmatched:
+        lines += ["", "No tree-build row at " + "; ".join(unmatched) + ": left out of those draft rounds."]
+    runs = sorted({r.get("run", "") for r in rows if r["bench"] == "BM_DraftStep"})
+    if runs:
+        lines += ["", "Draft-pass rows come from run(s) " + ", ".join(f"`{x}`" for x in runs) + " (check the "
+                  "`BM_DraftStep` table for the weight dtype of that run)."]
     return lines + [""]
 
 
@@ -440,18 +491,24 @@ def plot_roofline(path, pts, copy_bps, gemm_fps, use_matplotlib=True):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--in", dest="indir", required=True)
+    ap.add_argument("--in", dest="indirs", nargs="+", required=True,
+                    help="run directories, oldest first: a newer run's row replaces an older one of the same shape")
     ap.add_argument("--out-md", default=os.path.join(here, "RESULTS.md"))
     ap.add_argument("--out-png", default=os.path.join(here, "roofline.png"))
     ap.add_argument("--notes", default=os.path.join(here, "NOTES.md"))
     ap.add_argument("--no-matplotlib", action="store_true", help="use the built-in rasterizer")
     args = ap.parse_args()
 
-    benchmarks = load_benchmarks(args.indir)
-    peers = load_peers(args.indir)
-    env = {}
-    if os.path.exists(os.path.join(args.indir, "env.json")):
-        env = json.load(open(os.path.join(args.indir, "env.json")))
+    benchmarks = load_runs(args.indirs)
+    peers = {}
+    for d in args.indirs:
+        for key, by_peer in load_peers(d).items():
+            peers.setdefault(key, {}).update(by_peer)
+    envs = []
+    for d in args.indirs:
+        if os.path.exists(os.path.join(d, "env.json")):
+            envs.append((os.path.basename(os.path.normpath(d)), json.load(open(os.path.join(d, "env.json")))))
+    env = envs[-1][1] if envs else {}
     copy_gbs, gemm_tfs = ceilings(benchmarks)
     pts = roofline_points(benchmarks)
     how = plot_roofline(args.out_png, pts, copy_gbs and copy_gbs * 1e9, gemm_tfs and gemm_tfs * 1e12,
@@ -460,11 +517,15 @@ def main():
     md = ["# Benchmark results", "",
           "Generated by `benchmarks/make_results.py` from a `benchmarks/run_all.sh` run; do not edit by hand "
           "(hand-written notes live in `benchmarks/NOTES.md` and are appended below).", ""]
-    gpus = env.get("gpus") or ["unknown"]
-    md += [f"- GPU: {'; '.join(gpus)}", f"- driver: {', '.join(env.get('driver', [])) or 'unknown'}; "
-           f"CUDA: {', '.join(env.get('nvcc', [])) or 'unknown'}",
-           f"- commit: {env.get('commit', 'unknown')}{' (with uncommitted changes)' if env.get('dirty') else ''}",
-           f"- command (GPU host, repository root): `{env.get('command', 'benchmarks/run_all.sh')}`"]
+    if len(envs) > 1:
+        md += ["Rows come from several runs (a newer run's row replaces an older one of the same shape; tables "
+               "that mix runs have a `run` column):", ""]
+    for run, e in envs or [("unknown", {})]:
+        gpus = e.get("gpus") or ["unknown"]
+        md += [f"- run `{run}`: GPU {'; '.join(gpus)}; driver {', '.join(e.get('driver', [])) or 'unknown'}; "
+               f"CUDA {', '.join(e.get('nvcc', [])) or 'unknown'}; commit {e.get('commit', 'unknown')}"
+               f"{' (with uncommitted changes)' if e.get('dirty') else ''}; command (GPU host, repository root): "
+               f"`{e.get('command', 'benchmarks/run_all.sh')}`" + (f"; {e['note']}" if e.get("note") else "")]
     if copy_gbs:
         md.append(f"- measured ceilings: device-to-device copy {copy_gbs:.0f} GB/s (read + write counted, 1 GiB), "
                   f"cuBLASLt bf16 GEMM {gemm_tfs:.0f} TFLOP/s (8192³)")
@@ -473,11 +534,13 @@ def main():
            "would fit. `floor µs` = max(bytes / copy rate, flops / GEMM rate) (collectives: bus bytes over the "
            "assumed NVLink rate); `of floor` = floor / median (1.0 = at the floor). Peer columns: the PyTorch "
            "peer's median on the same GPU and the speedup over it (peer µs ÷ ours).", ""]
-    status = os.path.join(args.indir, "status.txt")
-    if os.path.exists(status):
-        failed = [l.strip() for l in open(status) if l.strip() and "rc=0" not in l]
-        if failed:
-            md += ["Programs that did not finish cleanly in this run: " + "; ".join(f"`{f}`" for f in failed), ""]
+    for d in args.indirs:
+        status = os.path.join(d, "status.txt")
+        if os.path.exists(status):
+            failed = [l.strip() for l in open(status) if l.strip() and "rc=0" not in l]
+            if failed:
+                md += [f"Programs of run `{os.path.basename(os.path.normpath(d))}` that did not finish cleanly or "
+                       "ran partially: " + "; ".join(f"`{f}`" for f in failed), ""]
     md += ["## Tables", ""]
     for name, b in benchmarks.items():
         md += [f"## `{name}`", ""]
@@ -490,7 +553,8 @@ def main():
         md += table(b["rows"], peers)
     md += fc_model(benchmarks)
     runs = sorted(glob.glob(os.path.join(here, "runs", "*")), reverse=True)
-    md += e2e_model(benchmarks, [d for d in runs if os.path.abspath(d) != os.path.abspath(args.indir)])
+    given = {os.path.abspath(d) for d in args.indirs}
+    md += e2e_model(benchmarks, [d for d in runs if os.path.abspath(d) not in given])
     legend = ", ".join(f"{bench} = rgb{PALETTE[k % len(PALETTE)]}" for k, bench in enumerate(sorted(pts)))
     md += ["## Roofline", "", f"![roofline]({os.path.basename(args.out_png)})", "",
            f"Arithmetic intensity (flop/byte) vs achieved flop/s, log-log, with the two measured ceilings "
