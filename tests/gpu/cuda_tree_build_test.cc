@@ -27,6 +27,7 @@
 #include "eagle3/draft_tree.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "device_buffer.h"
 
 namespace eagle3::cuda {
 namespace {
@@ -35,19 +36,6 @@ using ::testing::HasSubstr;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// A device buffer freed at scope exit.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&ptr, bytes == 0 ? 1 : bytes), cudaSuccess); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
 
 template <typename T>
 std::vector<T> Download(const DeviceBuffer& d, size_t n) {

@@ -24,6 +24,7 @@
 #include "eagle3/tree_verifier.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "device_buffer.h"
 
 namespace eagle3::cuda {
 namespace {
@@ -32,15 +33,6 @@ using ::testing::HasSubstr;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// A device buffer freed at scope exit.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 // A batch: trees and their logits, flattened [Σ N_b, V] row-major on the host (f32).
 struct Batch {
