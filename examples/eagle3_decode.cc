@@ -3,7 +3,8 @@
 //   eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]
 //                 [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]
 //                 [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P] [--seed S]
-//                 [--tp N] [--device cpu|cuda] [--graphs on|off] [--aux-layers a,b,c]
+//                 [--tp N] [--device cpu|cuda] [--comm auto|nccl|staged] [--graphs on|off]
+//                 [--aux-layers a,b,c]
 //                 [--convention output|input] [--json FILE]
 //
 // Without --target/--draft it runs the built-in trained pair: models/tiny-v2-code (a small
@@ -13,7 +14,8 @@
 // lines of Python), or raw ids (--tokens). --random-pair writes a tiny random DeepSeek-V2 target and
 // draft to a temporary directory instead (random weights: the draft's proposals are rarely
 // accepted, so that shows the machinery, not a speedup). Runs on the CPU reference backend, or the
-// GPU with --device cuda; --tp N runs N tensor-parallel ranks on threads. --aux-layers overrides
+// GPU with --device cuda; --tp N runs N tensor-parallel ranks on threads (on CUDA over NCCL, one GPU
+// per rank, or staged through the host when ranks share a GPU: --comm). --aux-layers overrides
 // the draft config's aux layer ids (in --convention, default output-of-layer as in the config) to
 // measure what a mis-wired tap costs. Prints the prompt, both continuations (as text when the target
 // has a tokenizer), whether greedy outputs agree, mean accepted length, acceptance per depth,
@@ -98,7 +100,8 @@ struct Flags {
   uint64_t seed = 0;
   int tp = 1;
   std::string device = "cpu";
-  bool graphs = true;  // CUDA graphs for target steps (--device cuda, tp 1)
+  bool graphs = true;  // CUDA graphs for target steps (--device cuda; tp 1 or NCCL)
+  std::string comm = "auto";  // --comm: tp > 1 collectives on CUDA
   std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
   std::optional<std::vector<int>> aux_layers;
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
@@ -108,7 +111,8 @@ constexpr char kUsage[] =
     "usage: eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]\n"
     "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
-    "                     [--seed S] [--tp N] [--device cpu|cuda] [--graphs on|off]\n"
+    "                     [--seed S] [--tp N] [--device cpu|cuda] [--comm auto|nccl|staged]\n"
+    "                     [--graphs on|off]\n"
     "                     [--weights bf16|f32]\n"
     "                     [--aux-layers a,b,c] [--convention output|input] [--json FILE]\n"
     "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
@@ -116,6 +120,8 @@ constexpr char kUsage[] =
     "  --prompt/--prompt-file: text tokenized with the target's tokenizer.json (default: a few lines\n"
     "    of Python); --tokens: raw target ids\n"
     "  --random-pair: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft (no speedup)\n"
+    "  --comm: collectives of --tp N on cuda: nccl (one GPU per rank), staged (through the host; ranks\n"
+    "    may share a GPU), auto (nccl when there are N GPUs)\n"
     "  --weights: storage of both models' weights (default: the device's preference, bf16 on cuda,\n"
     "    f32 on cpu, which takes nothing else)\n"
     "  --aux-layers: replaces the draft config's aux layer ids (read in --convention: output = id k\n"
@@ -171,6 +177,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.device = value;
     } else if (flag == "--weights") {
       EAGLE3_ASSIGN_OR_RETURN(f.weights, eagle3::examples::ParseWeights(flag, value));
+    } else if (flag == "--comm" && (value == "auto" || value == "nccl" || value == "staged")) {
+      f.comm = value;
     } else if (flag == "--graphs" && (value == "on" || value == "off")) {
       f.graphs = value == "on";
     } else if (flag == "--prompt") {
@@ -227,6 +235,7 @@ struct RunResult {
   eagle3::DecodeStats stats;
   std::string launcher;  // the graph launcher's counts, when graphs ran
   std::string weights;   // the weight dtype the models ran with
+  std::string comm;      // the collectives of tp > 1
 };
 
 // Runs plain or speculative decoding on `tp` ranks (threads); returns rank 0's result.
@@ -234,7 +243,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
   const int64_t context = static_cast<int64_t>(prompt.size()) + flags.max_new_tokens + flags.tree.num_draft_tokens;
   RunResult result;
   EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
-    EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm, flags.graphs));
+    EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm, flags.graphs, flags.comm));
     eagle3::Backend* backend = ctx.backend.get();
     eagle3::Communicator* comm = ctx.comm;
     eagle3::TargetModelOptions topt;
@@ -288,7 +297,8 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
     const std::vector<std::vector<int64_t>> prompts = {prompt};
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
     if (rank == 0) {
-      result = RunResult{out[0], stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend)};
+      result = RunResult{out[0], stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend),
+                         ctx.comm_name};
     }
     return absl::OkStatus();
   }));
@@ -446,6 +456,7 @@ absl::Status Run(Flags flags) {
   std::printf("accepted drafted tokens per pass (histogram): %s\n", JoinIds(s.accepted_histogram).c_str());
   std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s, %s weights)\n", speedup,
               s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str(), spec.weights.c_str());
+  if (flags.tp > 1) std::printf("collectives of tp %d: %s\n", flags.tp, spec.comm.c_str());
   for (const auto& [name, run] : {std::pair<const char*, const RunResult*>{"plain", &plain}, {"speculative", &spec}}) {
     if (!run->launcher.empty()) std::printf("%s: %s\n", name, run->launcher.c_str());
   }
@@ -456,7 +467,8 @@ absl::Status Run(Flags flags) {
     };
     std::ofstream out(flags.json);
     out << "{\"target\": " << JsonString(flags.target) << ", \"draft\": " << JsonString(flags.draft)
-        << ", \"weights\": " << JsonString(spec.weights)
+        << ", \"weights\": " << JsonString(spec.weights) << ", \"tp\": " << flags.tp
+        << ", \"comm\": " << JsonString(spec.comm)
         << ", \"prompt\": {\"tokens\": " << JoinIds(prompt) << text_field(prompt_text) << "}"
         << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens) << text_field(plain_text)
         << ", \"tokens_per_s\": " << plain.stats.tokens_per_second()

@@ -1,8 +1,10 @@
 // Shared by the example programs: the backend and communicator one TP rank runs with, for
 // --device cpu (CpuBackend, the in-process group as is) or --device cuda (CudaBackend on GPU
-// rank % device count, collectives staged through the in-process group), and how target steps are
-// launched (CUDA graphs on one GPU rank when asked for: the host-staged collectives of tp > 1 are
-// not capturable).
+// rank % device count), and how target steps are launched. With --device cuda and tp > 1 the
+// collectives (`--comm`) run over NCCL when every rank has its own GPU ("auto" or "nccl": rank 0's
+// unique id reaches the others through the in-process group, and the communicator enqueues on the
+// backend's stream, so graphs capture the collectives too), or are staged through the in-process
+// group ("staged", or "auto" when ranks share a GPU: not capturable, so target steps run eagerly).
 #pragma once
 
 #include <memory>
@@ -20,6 +22,9 @@
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/graph_step_launcher.h"
 #include "eagle3/cuda/host_staged_communicator.h"
+#ifdef EAGLE3_HAVE_NCCL
+#include "eagle3/cuda/nccl_communicator.h"
+#endif
 #endif
 
 namespace eagle3::examples {
@@ -28,6 +33,7 @@ struct RankContext {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Communicator> staged;  // device collectives, when needed
   Communicator* comm = nullptr;          // what the models use
+  std::string comm_name = "none";        // "in-process", "nccl" or "host-staged" (tp > 1)
   std::unique_ptr<StepLauncher> launcher;  // null: eager target steps
   // "graphs: R replays, C captures, E eager steps" when a graph launcher ran, else empty.
   std::string LauncherSummary() const {
@@ -42,12 +48,17 @@ struct RankContext {
   }
 };
 
+// `comm_mode`: "auto", "nccl" or "staged" (see the top of the file; ignored for --device cpu and tp 1).
 inline absl::StatusOr<RankContext> MakeRankContext(std::string_view device, int rank, Communicator* host_comm,
-                                                   bool graphs = false) {
+                                                   bool graphs = false, std::string_view comm_mode = "auto") {
   RankContext ctx;
+  if (comm_mode != "auto" && comm_mode != "nccl" && comm_mode != "staged") {
+    return absl::InvalidArgumentError("--comm must be auto, nccl or staged, got " + std::string(comm_mode));
+  }
   if (device == "cpu") {
     ctx.backend = std::make_unique<cpu::CpuBackend>();
     ctx.comm = host_comm;
+    if (host_comm != nullptr) ctx.comm_name = "in-process";
     return ctx;
   }
 #ifdef EAGLE3_WITH_CUDA
@@ -57,12 +68,42 @@ inline absl::StatusOr<RankContext> MakeRankContext(std::string_view device, int 
     cuda::CudaBackendOptions options;
     options.device = rank % count;
     EAGLE3_ASSIGN_OR_RETURN(auto backend, cuda::CudaBackend::Create(options));
+    bool capturable = host_comm == nullptr;
     if (host_comm != nullptr) {
-      EAGLE3_ASSIGN_OR_RETURN(ctx.staged, cuda::HostStagedCommunicator::Create(host_comm, options.device,
-                                                                                backend->stream(), 256 << 20));
+      const int tp = host_comm->size();
+      bool nccl = false;
+#ifdef EAGLE3_HAVE_NCCL
+      nccl = comm_mode == "nccl" || (comm_mode == "auto" && tp <= count);
+#endif
+      if (comm_mode == "nccl" && !nccl) {
+        return absl::FailedPreconditionError("--comm nccl: this build has no NCCL");
+      }
+      if (nccl && tp > count) {
+        return absl::FailedPreconditionError("--comm nccl needs one GPU per rank: tp " + std::to_string(tp) + ", " +
+                                             std::to_string(count) + " visible GPUs (--comm staged shares them)");
+      }
+#ifdef EAGLE3_HAVE_NCCL
+      if (nccl) {
+        cuda::NcclUniqueId id{};
+        if (rank == 0) {
+          EAGLE3_ASSIGN_OR_RETURN(id, cuda::NcclCommunicator::NewUniqueId());
+        }
+        EAGLE3_RETURN_IF_ERROR(
+            host_comm->Broadcast(TensorView(id.bytes, DType::kU8, Shape{static_cast<int64_t>(sizeof id.bytes)}), 0));
+        EAGLE3_ASSIGN_OR_RETURN(ctx.staged, cuda::NcclCommunicator::CreateFromUniqueId(id, tp, rank, options.device,
+                                                                                       backend->stream()));
+        ctx.comm_name = "nccl";
+        capturable = true;
+      }
+#endif
+      if (!nccl) {
+        EAGLE3_ASSIGN_OR_RETURN(ctx.staged, cuda::HostStagedCommunicator::Create(host_comm, options.device,
+                                                                                  backend->stream(), 256 << 20));
+        ctx.comm_name = "host-staged";
+      }
       ctx.comm = ctx.staged.get();
     }
-    if (graphs && host_comm == nullptr) ctx.launcher = std::make_unique<cuda::GraphStepLauncher>(backend->stream());
+    if (graphs && capturable) ctx.launcher = std::make_unique<cuda::GraphStepLauncher>(backend->stream());
     ctx.backend = std::move(backend);
     return ctx;
   }
