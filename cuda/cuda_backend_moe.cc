@@ -18,8 +18,16 @@
 //    its own), up to kMaxExpertTables; a call whose set is cached uploads nothing. A new set costs
 //    one small host -> device copy (into a new table, or over the least recently used one once the
 //    cache is full; the copy is stream-ordered after the kernels that read the old contents).
-// Neither first use may happen while the stream is being captured into a CUDA graph: run the step
-// once before capturing (FailedPrecondition otherwise).
+//  - grouped-path workspace (State::moe_grouped_scratch; calls with many tokens, see
+//    MoeExpertsUseGrouped in moe_ops.h): the expert-sorted pair list, the tile list and the
+//    per-pair outputs y [pairs, H] f32 of one chunk of tokens. A chunk holds min(max_rows, what fits
+//    kGroupedPartialBytes = 256 MiB of y) tokens: 1170 tokens at V3 TP8 (top-8, H 7168), 2184 at
+//    V2 TP8 (top-6, H 5120); longer calls run in several rounds. Sized at the first grouped call
+//    from its top_k and H; a later call with a larger top_k * H allocates a larger one, keeping
+//    the old (a captured graph may still use it).
+// None of these first uses may happen while the stream is being captured into a CUDA graph: run
+// the step once before capturing (FailedPrecondition otherwise).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -145,6 +153,50 @@ absl::StatusOr<float*> ActScratch(CudaBackend::State& state, int64_t floats, int
   return static_cast<float*>(state.moe_scratch);
 }
 
+// Bytes of per-pair outputs a grouped round may hold (see the file comment).
+constexpr int64_t kGroupedPartialBytes = int64_t{256} << 20;
+
+// Every grouped-path workspace allocated (the current one last), freed with the backend.
+struct MoeGroupedScratch {
+  explicit MoeGroupedScratch(DeviceAllocator* allocator) : allocator(allocator) {}
+  ~MoeGroupedScratch() {
+    for (const auto& [buffer, bytes] : buffers) allocator->Deallocate(buffer, bytes);
+  }
+  MoeGroupedScratch(const MoeGroupedScratch&) = delete;
+  MoeGroupedScratch& operator=(const MoeGroupedScratch&) = delete;
+
+  DeviceAllocator* allocator;  // State::allocator, which outlives this
+  std::vector<std::pair<void*, size_t>> buffers;
+  MoeGroupedWorkspace current;
+};
+
+// The grouped-path workspace for calls with this top_k and H: chunks of min(max_rows, what fits
+// kGroupedPartialBytes) tokens.
+absl::StatusOr<MoeGroupedWorkspace> GroupedWorkspace(CudaBackend::State& state, int64_t top_k,
+                                                     int64_t hidden) {
+  if (!state.moe_grouped_scratch) {
+    state.moe_grouped_scratch = std::make_shared<MoeGroupedScratch>(&state.allocator);
+  }
+  auto& scratch = *static_cast<MoeGroupedScratch*>(state.moe_grouped_scratch.get());
+  const int64_t fit = std::max<int64_t>(1, kGroupedPartialBytes / (top_k * hidden * 4));
+  const int64_t pairs = std::min(state.options.max_rows, fit) * top_k;
+  const MoeGroupedWorkspace& have = scratch.current;
+  if (have.max_pairs >= pairs && have.hidden >= hidden &&
+      have.max_experts >= state.options.max_experts) {
+    return have;
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNotCapturing(state.stream, "growing the grouped-path workspace"));
+  const int64_t max_pairs = std::max(have.max_pairs, pairs);
+  const int64_t max_hidden = std::max(have.hidden, hidden);
+  const size_t bytes =
+      MoeGroupedWorkspaceBytes(max_pairs, state.options.max_experts, max_hidden);
+  EAGLE3_ASSIGN_OR_RETURN(void* buffer, state.allocator.Allocate(bytes, 256));
+  scratch.buffers.emplace_back(buffer, bytes);
+  scratch.current =
+      MoeGroupedWorkspaceAt(buffer, max_pairs, state.options.max_experts, max_hidden);
+  return scratch.current;
+}
+
 }  // namespace
 
 absl::Status CudaBackend::MoeRoute(const TensorView& logits, const TensorView* correction_bias,
@@ -234,6 +286,23 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   if (num_experts > 0) {
     EAGLE3_ASSIGN_OR_RETURN(table, ExpertTable(s, experts));
   }
+  const MoeWeightType weight_type =
+      weight_dtype == DType::kBF16 ? MoeWeightType::kBF16 : MoeWeightType::kF32;
+  if (MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter)) {
+    EAGLE3_ASSIGN_OR_RETURN(const MoeGroupedWorkspace workspace,
+                            GroupedWorkspace(s, top_k, hidden));
+    const int64_t chunk = std::min(tokens, workspace.max_pairs / top_k);
+    EAGLE3_ASSIGN_OR_RETURN(float* act, ActScratch(s, chunk * top_k * inter, top_k, inter));
+    return CudaStatus(
+        LaunchMoeExpertsGrouped(x.data_as<const float>(), x.stride(0),
+                                ids.data_as<const int32_t>(), ids.stride(0),
+                                weights.data_as<const float>(), weights.stride(0), table,
+                                weight_type, num_experts, tokens, top_k, hidden, inter, act,
+                                workspace, out.data_as<float>(), out.stride(0), accumulate,
+                                s.error_flag, DeviceErrorCode(DeviceCheck::kMoeExpertsId),
+                                s.stream),
+        "MoeExperts: grouped kernel launch");
+  }
   float* act = nullptr;
   if (top_k > 0 && inter > 0) {
     EAGLE3_ASSIGN_OR_RETURN(act, ActScratch(s, tokens * top_k * inter, top_k, inter));
@@ -241,9 +310,8 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   return CudaStatus(
       LaunchMoeExperts(x.data_as<const float>(), x.stride(0), ids.data_as<const int32_t>(),
                        ids.stride(0), weights.data_as<const float>(), weights.stride(0), table,
-                       weight_dtype == DType::kBF16 ? MoeWeightType::kBF16 : MoeWeightType::kF32,
-                       num_experts, tokens, top_k, hidden, inter, act, out.data_as<float>(),
-                       out.stride(0), accumulate, s.error_flag,
+                       weight_type, num_experts, tokens, top_k, hidden, inter, act,
+                       out.data_as<float>(), out.stride(0), accumulate, s.error_flag,
                        DeviceErrorCode(DeviceCheck::kMoeExpertsId), s.stream),
       "MoeExperts: kernel launch");
 }

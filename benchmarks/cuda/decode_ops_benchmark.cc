@@ -8,7 +8,10 @@
 //   BM_MoeDecode/model/tokens : routing from given router logits + routed experts (+ the shared
 //       experts where the model has them, V2-Lite) at one rank; model 0 = V3 TP8 rank (256 experts,
 //       I 2048/8 = 256, H 7168, top-8), 1 = Kimi-K2 TP8 rank (384 experts, I 256, H 7168, top-8),
-//       2 = V2-Lite TP1 (64 experts, I 1408, H 2048, top-6, 2 shared experts)
+//       2 = V2-Lite TP1 (64 experts, I 1408, H 2048, top-6, 2 shared experts), 3 = DeepSeek-V2 TP8
+//       rank (160 experts, I 1536/8 = 192, H 5120, top-6, 2 shared experts of I 192); tokens up to
+//       2048 (a verify step of 32 sequences x 64 tree tokens), where MoeExperts takes its grouped
+//       path (each selected expert's weights read once per tile of its tokens)
 //
 // The models store f32 today, so the byte floors count 4 bytes per element.
 #include <algorithm>
@@ -119,9 +122,15 @@ MoeModel Model(int64_t id) {
   k2.routed_scaling_factor = 2.827f;
   MoeRoutingParams lite;  // V2-Lite: softmax, greedy top-6, no normalization, x1
   lite.top_k = 6;
+  MoeRoutingParams v2 = lite;  // DeepSeek-V2: group-limited greedy, 8 groups keep 3, x16
+  v2.topk_method = TopkMethod::kGroupLimitedGreedy;
+  v2.n_group = 8;
+  v2.topk_group = 3;
+  v2.routed_scaling_factor = 16.0f;
   switch (id) {
     case 0: return {"V3-TP8", 256, 7168, 2048 / 8, 8, 0, v3};
     case 1: return {"K2-TP8", 384, 7168, 2048 / 8, 8, 0, k2};
+    case 3: return {"V2-TP8", 160, 5120, 1536 / 8, 6, 2 * 1536 / 8, v2};
     default: return {"V2Lite-TP1", 64, 2048, 1408, 6, 2 * 1408, lite};
   }
 }
@@ -135,7 +144,7 @@ struct MoeWeights {
 };
 
 const MoeWeights& Weights(int64_t id) {
-  static std::vector<std::unique_ptr<MoeWeights>> cache(3);
+  static std::vector<std::unique_ptr<MoeWeights>> cache(4);
   std::unique_ptr<MoeWeights>& w = cache[static_cast<size_t>(id)];
   if (w == nullptr) {
     const MoeModel m = Model(id);
@@ -205,9 +214,9 @@ void BM_MoeDecode(benchmark::State& state) {
 
 void MoeArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
-    bm->ArgsProduct({{0, 1, 2}, {1, 16, 64}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {1, 16, 64}});
   } else {
-    bm->ArgsProduct({{0, 1, 2}, {1, 4, 16, 64, 256}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {1, 4, 16, 64, 256, 512, 2048}});
   }
 }
 BENCHMARK(BM_MoeDecode)
