@@ -79,6 +79,10 @@ absl::Status DeviceError(int code) {
       if (condition > 6) break;
       return Invalid("BatchedLatentAttention", "sequence ", b, what[condition], found);
     }
+    case DeviceCheck::kCompactAccepted:
+      return CompactAcceptedDeviceError(index, found);
+    case DeviceCheck::kBatchedPagedAttention:
+      return BatchedPagedAttentionDeviceError(index, found);
     case DeviceCheck::kNone:
       break;
   }

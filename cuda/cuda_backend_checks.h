@@ -1,6 +1,7 @@
 // Private: argument checks shared by the CudaBackend op files (host code only; no .cu includes it).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -21,5 +22,15 @@ inline absl::Status CheckF32(const char* op, std::string_view name, const Tensor
   return Invalid(op, absl::string_view(name.data(), name.size()), " is ", t.ToString(), " but CudaBackend::", op,
                  " takes f32 only (got ", std::string(DTypeName(t.dtype())), "; convert with LaunchBf16ToF32)");
 }
+
+// CompactAccepted's device error (cuda_backend_compact.cc): the Status for the index part of a flag
+// code of its DeviceCheck (format: CompactErrorIndex in eagle3/compact_accepted_check.h); `found`
+// is the suffix Synchronize appends to every device error.
+absl::Status CompactAcceptedDeviceError(int64_t index, const char* found);
+
+// BatchedPagedAttention's device error (cuda_backend_paged_attention.cc): the Status for the index
+// part of a flag code of its DeviceCheck (8 * sequence or row + condition, paged_attention_ops.h);
+// `found` is the suffix Synchronize appends to every device error.
+absl::Status BatchedPagedAttentionDeviceError(int64_t index, const char* found);
 
 }  // namespace eagle3::cuda

@@ -43,6 +43,9 @@ enum class DeviceCheck : int {
   kMoeRouteBias = 12,           // MoeRoute: correction_bias[e] is not finite
   kMoeExpertsId = 13,           // MoeExperts: token t has an id outside [0, experts)
   kBatchedLatentAttention = 14,  // BatchedLatentAttention: 8 * sequence + condition (attention_ops.h)
+  // 15 is not assigned.
+  kCompactAccepted = 16,         // CompactAccepted: CompactErrorIndex (compact_accepted_check.h)
+  kBatchedPagedAttention = 17,   // BatchedPagedAttention: 8 * sequence-or-row + condition (paged_attention_ops.h)
 };
 
 constexpr int DeviceErrorCode(DeviceCheck check) {
@@ -76,6 +79,10 @@ struct CudaBackend::State {
   // Device copies of MoeExperts' expert pointer tables, cached by content (a MoeTableCache, see
   // cuda_backend_moe.cc; it frees its tables through `allocator` when destroyed).
   std::shared_ptr<void> moe_tables;
+  // MoeExperts' grouped-path workspaces (a MoeGroupedScratch, see cuda_backend_moe.cc): every one
+  // allocated, the current (largest) last; none is freed before the backend is destroyed, since a
+  // captured graph may still use it.
+  std::shared_ptr<void> moe_grouped_scratch;
 };
 
 // Every op (and Create, Synchronize, the destructor) first makes the backend's device current on

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
+#include "eagle3/cuda/compact_ops.h"
 #include "eagle3/cuda/verify_ops.h"
 #include "eagle3/status.h"
 
@@ -31,14 +33,18 @@ struct InputLayout {
   }
 };
 
+// The results; Launch downloads the first download_bytes (the commit arrays stay on the device).
 struct OutputLayout {
-  size_t num_accepted, accepted_nodes, tokens, errors, bytes;
+  size_t num_accepted, accepted_nodes, tokens, errors, download_bytes, commit_offsets, commit_counts, bytes;
   OutputLayout(int64_t batch, int64_t max_nodes) {
     num_accepted = 0;
     accepted_nodes = Align16(static_cast<size_t>(batch) * sizeof(int32_t));
     tokens = accepted_nodes + Align16(static_cast<size_t>(batch * max_nodes) * sizeof(int32_t));
     errors = tokens + Align16(static_cast<size_t>(batch * max_nodes) * sizeof(int64_t));
-    bytes = errors + Align16(static_cast<size_t>(batch) * sizeof(VerifyError));
+    download_bytes = errors + Align16(static_cast<size_t>(batch) * sizeof(VerifyError));
+    commit_offsets = download_bytes;
+    commit_counts = commit_offsets + Align16(static_cast<size_t>(batch * max_nodes) * sizeof(int32_t));
+    bytes = commit_counts + Align16(static_cast<size_t>(batch) * sizeof(int32_t));
   }
 };
 
@@ -82,6 +88,13 @@ struct DeviceTreeVerifier::State {
   char* device_out = nullptr;
   char* host_in = nullptr;  // pinned
   char* host_out = nullptr;  // pinned
+  // The staged step (Stage -> Launch -> Finish).
+  bool staged = false;
+  int64_t batch = 0, rows = 0;
+  std::vector<int32_t> sizes;  // nodes per staged tree; capacity max_batch, reserved at Create
+  TensorView logits;
+  SamplingParams sampling;
+  uint64_t seed = 0, offset = 0;
 
   ~State() {
     cudaSetDevice(options.device);
@@ -132,8 +145,9 @@ absl::StatusOr<std::unique_ptr<DeviceTreeVerifier>> DeviceTreeVerifier::Create(
                                     "DeviceTreeVerifier: cudaMalloc"));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_in), in.bytes),
                                     "DeviceTreeVerifier: cudaMallocHost"));
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_out), out.bytes),
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_out), out.download_bytes),
                                     "DeviceTreeVerifier: cudaMallocHost"));
+  s.sizes.reserve(static_cast<size_t>(options.max_batch));
   return std::unique_ptr<DeviceTreeVerifier>(new DeviceTreeVerifier(std::move(state)));
 }
 
@@ -141,15 +155,22 @@ absl::StatusOr<std::vector<VerifyResult>> DeviceTreeVerifier::Verify(std::span<c
                                                                      const TensorView& logits,
                                                                      const SamplingParams& sampling,
                                                                      uint64_t seed, uint64_t offset) {
+  EAGLE3_RETURN_IF_ERROR(Stage(trees, logits, sampling, seed, offset));
+  EAGLE3_RETURN_IF_ERROR(Launch());
+  return Finish();
+}
+
+absl::Status DeviceTreeVerifier::Stage(std::span<const DraftTree> trees, const TensorView& logits,
+                                       const SamplingParams& sampling, uint64_t seed, uint64_t offset) {
   State& s = *state_;
+  s.staged = false;
+  s.batch = 0;
   const int64_t batch = static_cast<int64_t>(trees.size());
   if (batch > s.options.max_batch) {
     return absl::InvalidArgumentError("verify: batch of " + Str(batch) + " sequences exceeds max_batch " +
                                       Str(s.options.max_batch) + " of this DeviceTreeVerifier");
   }
   EAGLE3_RETURN_IF_ERROR(sampling.Validate());
-  std::vector<VerifyResult> results;
-  if (batch == 0) return results;
   int64_t rows = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const DraftTree& tree = trees[b];
@@ -164,16 +185,18 @@ absl::StatusOr<std::vector<VerifyResult>> DeviceTreeVerifier::Verify(std::span<c
     rows += tree.size();
   }
   const int64_t vocab = logits.rank() == 2 ? logits.dim(1) : 0;
-  const bool dtype_ok = logits.dtype() == DType::kF32 || logits.dtype() == DType::kBF16;
-  if (logits.rank() != 2 || !dtype_ok || !logits.device().is_cuda() ||
-      logits.device().index != s.options.device || logits.dim(0) != rows || vocab < 1 ||
-      vocab > s.options.max_vocab || (vocab > 1 && logits.stride(1) != 1) ||
-      (rows > 1 && logits.stride(0) < vocab) || logits.data() == nullptr) {
-    return absl::InvalidArgumentError(
-        "verify: target logits are " + logits.ToString() + (logits.data() == nullptr ? " (null)" : "") +
-        ", expected f32 or bf16[" + Str(rows) + ", V] on cuda:" + Str(s.options.device) +
-        " with unit stride along the vocabulary, V in [1, " + Str(s.options.max_vocab) + "] (" + Str(rows) +
-        " tree nodes over " + Str(batch) + " sequences)");
+  if (batch > 0) {
+    const bool dtype_ok = logits.dtype() == DType::kF32 || logits.dtype() == DType::kBF16;
+    if (logits.rank() != 2 || !dtype_ok || !logits.device().is_cuda() ||
+        logits.device().index != s.options.device || logits.dim(0) != rows || vocab < 1 ||
+        vocab > s.options.max_vocab || (vocab > 1 && logits.stride(1) != 1) ||
+        (rows > 1 && logits.stride(0) < vocab) || logits.data() == nullptr) {
+      return absl::InvalidArgumentError(
+          "verify: target logits are " + logits.ToString() + (logits.data() == nullptr ? " (null)" : "") +
+          ", expected f32 or bf16[" + Str(rows) + ", V] on cuda:" + Str(s.options.device) +
+          " with unit stride along the vocabulary, V in [1, " + Str(s.options.max_vocab) + "] (" + Str(rows) +
+          " tree nodes over " + Str(batch) + " sequences)");
+    }
   }
   for (int64_t b = 0; b < batch; ++b) {
     const DraftTree& tree = trees[b];
@@ -185,12 +208,13 @@ absl::StatusOr<std::vector<VerifyResult>> DeviceTreeVerifier::Verify(std::span<c
     }
   }
 
-  // Flatten into the pinned staging buffer, then one upload.
+  // Flatten into the pinned staging buffer (Launch uploads it in one copy).
   const InputLayout in(s.options.max_batch, s.max_rows);
   auto* row_offsets = reinterpret_cast<int32_t*>(s.host_in + in.row_offsets);
   auto* tokens = reinterpret_cast<int64_t*>(s.host_in + in.tokens);
   auto* first_child = reinterpret_cast<int32_t*>(s.host_in + in.first_child);
   auto* next_sibling = reinterpret_cast<int32_t*>(s.host_in + in.next_sibling);
+  s.sizes.clear();
   int32_t row = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const DraftTree& tree = trees[b];
@@ -199,30 +223,47 @@ absl::StatusOr<std::vector<VerifyResult>> DeviceTreeVerifier::Verify(std::span<c
     std::memcpy(first_child + row, tree.first_child.data(), tree.first_child.size() * sizeof(int32_t));
     std::memcpy(next_sibling + row, tree.next_sibling.data(), tree.next_sibling.size() * sizeof(int32_t));
     row += tree.size();
+    s.sizes.push_back(tree.size());
   }
   row_offsets[batch] = row;
+  s.batch = batch;
+  s.rows = rows;
+  s.logits = logits;
+  s.sampling = sampling;
+  s.seed = seed;
+  s.offset = offset;
+  s.staged = true;
+  return absl::OkStatus();
+}
 
+absl::Status DeviceTreeVerifier::Launch() {
+  State& s = *state_;
+  if (!s.staged) return absl::FailedPreconditionError("DeviceTreeVerifier::Launch: nothing is staged");
+  if (s.batch == 0) return absl::OkStatus();
+  const InputLayout in(s.options.max_batch, s.max_rows);
+  const OutputLayout out(s.options.max_batch, s.options.max_nodes);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(s.options.device), "DeviceTreeVerifier: cudaSetDevice"));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(s.device_in, s.host_in, in.bytes, cudaMemcpyHostToDevice, s.stream),
                                     "DeviceTreeVerifier: upload"));
-  const OutputLayout out(s.options.max_batch, s.options.max_nodes);
+  const TensorView& logits = s.logits;
+  const int64_t vocab = logits.dim(1);
   TreeVerifyLaunchParams p;
-  p.batch = static_cast<int32_t>(batch);
+  p.batch = static_cast<int32_t>(s.batch);
   p.row_offsets = reinterpret_cast<const int32_t*>(s.device_in + in.row_offsets);
-  p.total_rows = rows;
+  p.total_rows = s.rows;
   p.max_nodes = s.options.max_nodes;
   p.tokens = reinterpret_cast<const int64_t*>(s.device_in + in.tokens);
   p.first_child = reinterpret_cast<const int32_t*>(s.device_in + in.first_child);
   p.next_sibling = reinterpret_cast<const int32_t*>(s.device_in + in.next_sibling);
   p.logits = logits.data();
   p.logits_type = logits.dtype() == DType::kF32 ? VerifyLogitsType::kF32 : VerifyLogitsType::kBf16;
-  p.ld = rows > 1 ? logits.stride(0) : vocab;
+  p.ld = s.rows > 1 ? logits.stride(0) : vocab;
   p.vocab = vocab;
-  p.temperature = sampling.temperature;
-  p.top_k = sampling.top_k;
-  p.top_p = sampling.top_p;
-  p.seed = seed;
-  p.offset = offset;
+  p.temperature = s.sampling.temperature;
+  p.top_k = s.sampling.top_k;
+  p.top_p = s.sampling.top_p;
+  p.seed = s.seed;
+  p.offset = s.offset;
   p.workspace = s.workspace;
   p.workspace_bytes = s.workspace_bytes;
   p.num_accepted = reinterpret_cast<int32_t*>(s.device_out + out.num_accepted);
@@ -230,29 +271,75 @@ absl::StatusOr<std::vector<VerifyResult>> DeviceTreeVerifier::Verify(std::span<c
   p.out_tokens = reinterpret_cast<int64_t*>(s.device_out + out.tokens);
   p.errors = reinterpret_cast<VerifyError*>(s.device_out + out.errors);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(LaunchTreeVerify(p, s.stream), "verify: LaunchTreeVerify"));
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(s.host_out, s.device_out, out.bytes, cudaMemcpyDeviceToHost, s.stream),
-                                    "DeviceTreeVerifier: download"));
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s.stream), "DeviceTreeVerifier: cudaStreamSynchronize"));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      LaunchVerifyCommitOffsets(p.num_accepted, p.accepted_nodes, p.batch, p.max_nodes,
+                                reinterpret_cast<int32_t*>(s.device_out + out.commit_offsets),
+                                reinterpret_cast<int32_t*>(s.device_out + out.commit_counts), s.stream),
+      "verify: LaunchVerifyCommitOffsets"));
+  return CudaStatus(cudaMemcpyAsync(s.host_out, s.device_out, out.download_bytes, cudaMemcpyDeviceToHost, s.stream),
+                    "DeviceTreeVerifier: download");
+}
 
+absl::StatusOr<std::vector<VerifyResult>> DeviceTreeVerifier::Finish() {
+  State& s = *state_;
+  if (!s.staged) return absl::FailedPreconditionError("DeviceTreeVerifier::Finish: nothing is staged");
+  std::vector<VerifyResult> results;
+  if (s.batch == 0) return results;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(s.options.device), "DeviceTreeVerifier: cudaSetDevice"));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s.stream), "DeviceTreeVerifier: cudaStreamSynchronize"));
+  const OutputLayout out(s.options.max_batch, s.options.max_nodes);
   const auto* num_accepted = reinterpret_cast<const int32_t*>(s.host_out + out.num_accepted);
   const auto* accepted_nodes = reinterpret_cast<const int32_t*>(s.host_out + out.accepted_nodes);
   const auto* out_tokens = reinterpret_cast<const int64_t*>(s.host_out + out.tokens);
   const auto* errors = reinterpret_cast<const VerifyError*>(s.host_out + out.errors);
-  for (int64_t b = 0; b < batch; ++b) {
-    if (errors[b].kind != static_cast<int64_t>(VerifyErrorKind::kNone)) return DeviceError(b, errors[b], vocab);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    if (errors[b].kind != static_cast<int64_t>(VerifyErrorKind::kNone)) {
+      return DeviceError(b, errors[b], s.logits.dim(1));
+    }
   }
-  results.resize(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
+  results.resize(static_cast<size_t>(s.batch));
+  for (int64_t b = 0; b < s.batch; ++b) {
     const int32_t n = num_accepted[b];
-    if (n < 0 || n >= trees[b].size()) {
+    const int32_t size = s.sizes[static_cast<size_t>(b)];
+    if (n < 0 || n >= size) {
       return absl::InternalError("verify: sequence " + Str(b) + ": the device reported " + Str(n) +
-                                 " accepted nodes for a tree of " + Str(trees[b].size()));
+                                 " accepted nodes for a tree of " + Str(size));
     }
     const int64_t at = b * s.options.max_nodes;
     results[b].accepted_nodes.assign(accepted_nodes + at, accepted_nodes + at + n);
     results[b].tokens.assign(out_tokens + at, out_tokens + at + n + 1);
   }
   return results;
+}
+
+namespace {
+
+// The staged batch's part of one device result array: [batch] or, for a matrix, [batch, max_nodes].
+TensorView OutputView(const DeviceTreeVerifierOptions& options, char* device_out, int64_t batch,
+                      size_t OutputLayout::*field, DType dtype, bool matrix) {
+  const OutputLayout out(options.max_batch, options.max_nodes);
+  void* data = device_out + out.*field;
+  const Device device = Device::Cuda(options.device);
+  if (!matrix) return TensorView(data, dtype, Shape{batch}, Shape{1}, device);
+  return TensorView(data, dtype, Shape{batch, options.max_nodes}, Shape{options.max_nodes, 1}, device);
+}
+
+}  // namespace
+
+TensorView DeviceTreeVerifier::num_accepted() const {
+  return OutputView(state_->options, state_->device_out, state_->batch, &OutputLayout::num_accepted, DType::kI32, false);
+}
+TensorView DeviceTreeVerifier::accepted_nodes() const {
+  return OutputView(state_->options, state_->device_out, state_->batch, &OutputLayout::accepted_nodes, DType::kI32, true);
+}
+TensorView DeviceTreeVerifier::out_tokens() const {
+  return OutputView(state_->options, state_->device_out, state_->batch, &OutputLayout::tokens, DType::kI64, true);
+}
+TensorView DeviceTreeVerifier::commit_offsets() const {
+  return OutputView(state_->options, state_->device_out, state_->batch, &OutputLayout::commit_offsets, DType::kI32, true);
+}
+TensorView DeviceTreeVerifier::commit_counts() const {
+  return OutputView(state_->options, state_->device_out, state_->batch, &OutputLayout::commit_counts, DType::kI32, false);
 }
 
 }  // namespace eagle3::cuda

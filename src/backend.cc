@@ -474,6 +474,32 @@ absl::Status CheckLatentShapes(const char* op, const TensorView& q, const Tensor
   return CheckNoOverlap(op, "cache", cache, "out", out, false);
 }
 
+// The batch metadata of BatchedLatentAttention and BatchedPagedAttention: page_tables [B, P] i32,
+// q_start [B + 1] i32, kv_len [B] i32, max_kv_len >= 1, none overlapping `out`.
+absl::Status CheckBatchMetadata(const char* op, const TensorView& page_tables, const TensorView& q_start,
+                                const TensorView& kv_len, int64_t max_kv_len, const TensorView& out,
+                                Device dev) {
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "page_tables", "[B, P]", page_tables, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_tables", page_tables));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "q_start", "[B + 1]", q_start, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "q_start", q_start));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "kv_len", "[B]", kv_len, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "kv_len", kv_len));
+  const int64_t b = page_tables.dim(0);
+  if (q_start.dim(0) != b + 1) {
+    return Invalid(op, "q_start ", q_start.ToString(), " must be [B + 1] = [", b + 1,
+                   "] for page_tables ", page_tables.ToString());
+  }
+  if (kv_len.dim(0) != b) {
+    return Invalid(op, "kv_len ", kv_len.ToString(), " must be [B] = [", b, "] for page_tables ",
+                   page_tables.ToString());
+  }
+  if (max_kv_len < 1) return Invalid(op, "max_kv_len must be >= 1, got ", max_kv_len);
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "page_tables", page_tables, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q_start", q_start, "out", out, false));
+  return CheckNoOverlap(op, "kv_len", kv_len, "out", out, false);
+}
+
 }  // namespace
 
 absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView& cache,
@@ -516,26 +542,11 @@ absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const Ten
   const char* op = "BatchedLatentAttention";
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, N, W]", q, dev));
   EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "page_tables", "[B, P]", page_tables, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_tables", page_tables));
-  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "q_start", "[B + 1]", q_start, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "q_start", q_start));
-  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "kv_len", "[B]", kv_len, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "kv_len", kv_len));
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, N, value_dim]", out, dev));
   EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
+  EAGLE3_RETURN_IF_ERROR(CheckBatchMetadata(op, page_tables, q_start, kv_len, max_kv_len, out, dev));
   EAGLE3_RETURN_IF_ERROR(CheckLatentShapes(op, q, cache, scale, value_dim, out));
   const int64_t t = q.dim(0);
-  const int64_t b = page_tables.dim(0);
-  if (q_start.dim(0) != b + 1) {
-    return Invalid(op, "q_start ", q_start.ToString(), " must be [B + 1] = [", b + 1,
-                   "] for page_tables ", page_tables.ToString());
-  }
-  if (kv_len.dim(0) != b) {
-    return Invalid(op, "kv_len ", kv_len.ToString(), " must be [B] = [", b, "] for page_tables ",
-                   page_tables.ToString());
-  }
-  if (max_kv_len < 1) return Invalid(op, "max_kv_len must be >= 1, got ", max_kv_len);
   if (HasTreeMask(tree_mask)) {
     EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "tree_mask", "[T, M]", tree_mask, dev));
     EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, tree_mask));
@@ -545,9 +556,43 @@ absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const Ten
     }
     EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "tree_mask", tree_mask, "out", out, false));
   }
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "page_tables", page_tables, "out", out, false));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q_start", q_start, "out", out, false));
-  return CheckNoOverlap(op, "kv_len", kv_len, "out", out, false);
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckBatchedPagedAttention(const TensorView& q, const TensorView& cache,
+                                                 const TensorView& page_tables,
+                                                 const TensorView& q_start, const TensorView& kv_len,
+                                                 int64_t max_kv_len, const TensorView& mask,
+                                                 float scale, const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "BatchedPagedAttention";
+  EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, Nq, D]", q, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "mask", "[T, max_kv_len]", mask, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, mask));
+  EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, Nq, D]", out, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
+  EAGLE3_RETURN_IF_ERROR(CheckBatchMetadata(op, page_tables, q_start, kv_len, max_kv_len, out, dev));
+  const int64_t t = q.dim(0), nq = q.dim(1), d = q.dim(2);
+  if (d < 1 || cache.dim(2) % (2 * d) != 0 || cache.dim(2) == 0) {
+    return Invalid(op, "cache ", cache.ToString(), " rows must be 2 * Nkv * D wide with Nkv >= 1 and D = ", d,
+                   " from q ", q.ToString());
+  }
+  const int64_t nkv = cache.dim(2) / (2 * d);
+  if (nq % nkv != 0) {
+    return Invalid(op, "q ", q.ToString(), " has Nq = ", nq, " heads, not a multiple of the Nkv = ", nkv,
+                   " kv heads of cache ", cache.ToString());
+  }
+  if (mask.dim(0) != t || mask.dim(1) != max_kv_len) {
+    return Invalid(op, "mask ", mask.ToString(), " must be [T, max_kv_len] = [", t, ", ", max_kv_len, "]");
+  }
+  if (!(out.shape() == q.shape())) {
+    return Invalid(op, "out ", out.ToString(), " must be [T, Nq, D] = [", t, ", ", nq, ", ", d, "] like q");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, "out", out, false));
+  return CheckNoOverlap(op, "mask", mask, "out", out, false);
 }
 
 absl::Status Backend::CheckPaged(const char* op, const TensorView& rows,
@@ -577,6 +622,38 @@ absl::Status Backend::CheckPaged(const char* op, const TensorView& rows,
   if (!write) EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, dst_name, dst, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "positions", positions, dst_name, dst, false));
   return CheckNoOverlap(op, "page_table", page_table, dst_name, dst, false);
+}
+
+absl::Status Backend::CheckCompactAccepted(const TensorView& cache, const TensorView& page_tables,
+                                           const TensorView& cache_len, const TensorView& accepted,
+                                           const TensorView& num_accepted) const {
+  const Device dev = device();
+  const char* op = "CompactAccepted";
+  EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "page_tables", "[B, P]", page_tables, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_tables", page_tables));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "cache_len", "[B]", cache_len, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckIndexDType(op, "cache_len", cache_len));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "accepted", "[B, max_nodes]", accepted, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "accepted", accepted));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "num_accepted", "[B]", num_accepted, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "num_accepted", num_accepted));
+  const int64_t b = page_tables.dim(0);
+  const std::pair<const char*, const TensorView*> per_sequence[] = {
+      {"cache_len", &cache_len}, {"accepted", &accepted}, {"num_accepted", &num_accepted}};
+  for (const auto& [name, view] : per_sequence) {
+    if (view->dim(0) != b) {
+      return Invalid(op, name, " ", view->ToString(), " must have B = ", b,
+                     " rows (one per sequence of page_tables ", page_tables.ToString(), ")");
+    }
+  }
+  const std::pair<const char*, const TensorView*> inputs[] = {
+      {"page_tables", &page_tables}, {"cache_len", &cache_len}, {"accepted", &accepted},
+      {"num_accepted", &num_accepted}};
+  for (const auto& [name, view] : inputs) {
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, name, *view, "cache", cache, false));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Backend::CheckMoeRoute(const TensorView& logits, const TensorView* correction_bias,

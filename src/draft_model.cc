@@ -78,12 +78,32 @@ struct DraftModel::Impl {
   Tensor cos_sin;  // [max_context_len, head_dim]
 
   // Workspaces (backend device), sized at creation.
-  Tensor aux, g, e, x, r, h, qkv, attn, partial, gate_up, act, ctx, mask, lm_in, logits_shard, logits_all;
-  Tensor tokens, positions, slots, iota, page_table;
-  std::vector<uint8_t> host_mask;
+  Tensor aux, g, e, x, r, h, qkv, attn, partial, gate_up, act, lm_in, logits_shard, logits_all;
+  Tensor tokens, positions, slots;
+  // Device metadata of BatchedPagedAttention, and the identity page table of the flat-cache view
+  // that PagedWrite stores every new row through (slots are cache rows).
+  Tensor d_tables, d_starts, d_lens, d_mask, slot_iota;
+  int64_t max_pages = 0;  // page entries kept per sequence: ceil(max_context_len / page_size)
+
+  // The staged step (Stage -> Launch -> Finish): Launch's work depends only on what Signature()
+  // lists; every value it reads comes from the staging buffers below.
+  struct Step {
+    bool staged = false;
+    bool from_target = false;
+    int64_t t = 0, out_rows = 0;
+    std::vector<int64_t> n;           // rows per sequence
+    std::vector<uint8_t> all_logits;  // per sequence
+  } step;
+  // Host staging (backend->staging_allocator(): pinned on CUDA). Inputs are written by Stage and
+  // read by the copies Launch enqueues; outputs are written by Launch's copies and read by Finish.
+  Tensor st_tokens, st_positions, st_slots, st_tables, st_starts, st_lens, st_mask, st_hidden;
+  Tensor st_logits, st_hidden_out;
 
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->allocator());
+  }
+  absl::StatusOr<Tensor> AllocStaging(DType dtype, const Shape& shape) {
+    return Tensor::Empty(dtype, shape, backend->staging_allocator());
   }
   absl::StatusOr<Tensor> ToDevice(Tensor host) {
     if (backend->device().is_cpu()) return host;
@@ -128,11 +148,13 @@ struct DraftModel::Impl {
     return options.tp_size == 1 ? backend->Copy(send, recv) : comm->AllGather(send, recv);
   }
 
-  absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
-                        const TensorView& logits, const TensorView& hidden_out) const;
-  absl::Status Attention(std::span<const DraftSequenceInput> batch, int64_t t);
-  absl::Status Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
-                       const TensorView& logits, const TensorView& hidden_out);
+  absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target) const;
+  absl::Status ValidateOutputs(const TensorView& logits, const TensorView& hidden_out) const;
+  absl::Status Attention();
+  absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target);
+  absl::Status Launch();
+  absl::Status Finish(const TensorView& logits, const TensorView& hidden_out);
+  std::vector<int64_t> Signature() const;
 };
 
 absl::Status DraftModel::Impl::CheckAgainstTarget() const {
@@ -320,30 +342,44 @@ absl::Status DraftModel::Impl::AllocateWorkspaces() {
   EAGLE3_ASSIGN_OR_RETURN(attn, Alloc(DType::kF32, Shape{t_max, q_width}));
   EAGLE3_ASSIGN_OR_RETURN(gate_up, Alloc(DType::kF32, Shape{t_max, 2 * inter}));
   EAGLE3_ASSIGN_OR_RETURN(act, Alloc(DType::kF32, Shape{t_max, inter}));
-  EAGLE3_ASSIGN_OR_RETURN(ctx, Alloc(DType::kF32, Shape{s_max, kv_row}));
-  EAGLE3_ASSIGN_OR_RETURN(mask, Alloc(DType::kU8, Shape{t_max * s_max}));
   EAGLE3_ASSIGN_OR_RETURN(logits_shard, Alloc(DType::kF32, Shape{t_max, draft_vocab_shard}));
   EAGLE3_ASSIGN_OR_RETURN(logits_all, Alloc(DType::kF32, Shape{options.tp_size * t_max, draft_vocab_shard}));
   for (Tensor* t : {&tokens, &positions, &slots}) {
     EAGLE3_ASSIGN_OR_RETURN(*t, Alloc(DType::kI64, Shape{t_max}));
   }
-  EAGLE3_ASSIGN_OR_RETURN(page_table, Alloc(DType::kI32, Shape{options.num_kv_pages}));
-  {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI64, Shape{s_max}));
-    for (int64_t i = 0; i < s_max; ++i) host_iota.data_as<int64_t>()[i] = i;
-    EAGLE3_ASSIGN_OR_RETURN(iota, ToDevice(std::move(host_iota)));
-  }
   {
     EAGLE3_ASSIGN_OR_RETURN(Tensor table, MakeRopeCosSin(config.rope, head_dim, s_max));
     EAGLE3_ASSIGN_OR_RETURN(cos_sin, ToDevice(std::move(table)));
   }
-  host_mask.assign(static_cast<size_t>(t_max * s_max), 0);
+  // Staging and the attention metadata. Every sequence brings a row, so t_max bounds the sequences.
+  max_pages = (s_max + options.page_size - 1) / options.page_size;
+  for (Tensor* t : {&st_tokens, &st_positions, &st_slots}) {
+    EAGLE3_ASSIGN_OR_RETURN(*t, AllocStaging(DType::kI64, Shape{t_max}));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(st_tables, AllocStaging(DType::kI32, Shape{t_max, max_pages}));
+  EAGLE3_ASSIGN_OR_RETURN(st_starts, AllocStaging(DType::kI32, Shape{t_max + 1}));
+  EAGLE3_ASSIGN_OR_RETURN(st_lens, AllocStaging(DType::kI32, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(st_mask, AllocStaging(DType::kU8, Shape{t_max, s_max}));
+  EAGLE3_ASSIGN_OR_RETURN(st_hidden,
+                          AllocStaging(DType::kF32, Shape{t_max * std::max(config.fc_input_width(), hidden_dim)}));
+  EAGLE3_ASSIGN_OR_RETURN(st_logits, AllocStaging(DType::kF32, Shape{t_max, config.draft_vocab_size}));
+  EAGLE3_ASSIGN_OR_RETURN(st_hidden_out, AllocStaging(DType::kF32, Shape{t_max, hidden_dim}));
+  std::fill_n(st_mask.data_as<uint8_t>(), t_max * s_max, uint8_t{0});  // columns past a kv_len are never read
+  EAGLE3_ASSIGN_OR_RETURN(d_tables, Alloc(DType::kI32, st_tables.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(d_starts, Alloc(DType::kI32, st_starts.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(d_lens, Alloc(DType::kI32, st_lens.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(d_mask, Alloc(DType::kU8, st_mask.shape()));
+  {
+    const int64_t cache_rows = options.num_kv_pages * options.page_size;
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI32, Shape{cache_rows}));
+    for (int64_t i = 0; i < cache_rows; ++i) host_iota.data_as<int32_t>()[i] = static_cast<int32_t>(i);
+    EAGLE3_ASSIGN_OR_RETURN(slot_iota, ToDevice(std::move(host_iota)));
+  }
   return absl::OkStatus();
 }
 
 absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
-                                        bool from_target, const TensorView& logits,
-                                        const TensorView& hidden_out) const {
+                                        bool from_target) const {
   if (batch.empty()) return absl::InvalidArgumentError("DraftModel::Forward: empty batch");
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -420,7 +456,12 @@ absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batc
         (from_target ? "the aux states of the tap, " + tap->Describe() : std::string("the fed-back hidden_out rows")) +
         "), got " + hidden.ToString());
   }
-  const int64_t rows = LogitRows(batch);
+  return absl::OkStatus();
+}
+
+// The outputs Finish fills, against the staged step.
+absl::Status DraftModel::Impl::ValidateOutputs(const TensorView& logits, const TensorView& hidden_out) const {
+  const int64_t rows = step.out_rows, total = step.t;
   if (!IsHostContiguousF32(logits, rows, config.draft_vocab_size)) {
     return absl::InvalidArgumentError("DraftModel::Forward: logits must be f32[" + Str(rows) + ", " +
                                       Str(config.draft_vocab_size) + "] contiguous on the host, got " +
@@ -434,69 +475,97 @@ absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batc
   return absl::OkStatus();
 }
 
-absl::Status DraftModel::Impl::Attention(std::span<const DraftSequenceInput> batch, int64_t t) {
-  const TensorView qkv_t = Rows(qkv, 0, t);
-  const TensorView kv_rows = Block(qkv_t, 0, t, q_width, 2 * kv_width);  // [K | V] per row
+// K (after RoPE) | V of every new row into its cache slot, then every sequence's attention at once,
+// lengths, page tables and mask rows from the device.
+absl::Status DraftModel::Impl::Attention() {
+  const int64_t t = step.t;
+  const int64_t b = static_cast<int64_t>(step.n.size());
   const int64_t kv_row = 2 * kv_width;
-  int64_t offset = 0;
-  for (const DraftSequenceInput& in : batch) {
+  const TensorView qkv_t = Rows(qkv, 0, t);
+  const TensorView flat_cache(cache.data(), cache.dtype(), Shape{options.num_kv_pages * options.page_size, 1, kv_row},
+                              cache.device());
+  EAGLE3_RETURN_IF_ERROR(
+      backend->PagedWrite(Block(qkv_t, 0, t, q_width, kv_row), Rows(slots, 0, t), slot_iota, flat_cache));
+  return backend->BatchedPagedAttention(Heads(Block(qkv_t, 0, t, 0, q_width), heads, head_dim), cache,
+                                        Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1), Rows(d_lens, 0, b),
+                                        options.max_context_len, Rows(d_mask, 0, t), scale,
+                                        Heads(Rows(attn, 0, t), heads, head_dim));
+}
+
+absl::Status DraftModel::Impl::Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
+                                     bool from_target) {
+  step.staged = false;
+  EAGLE3_RETURN_IF_ERROR(Validate(batch, hidden, from_target));
+  step.from_target = from_target;
+  step.n.clear();
+  step.all_logits.clear();
+  step.out_rows = LogitRows(batch);
+  int64_t* tok = st_tokens.data_as<int64_t>();
+  int64_t* pos = st_positions.data_as<int64_t>();
+  int64_t* slot = st_slots.data_as<int64_t>();
+  const int64_t s_max = options.max_context_len, page_size = options.page_size;
+  int64_t t = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const DraftSequenceInput& in = batch[b];
     const int64_t n = static_cast<int64_t>(in.tokens.size());
-    const int64_t s = in.cache_len + n;
-    const int64_t pages = static_cast<int64_t>(in.page_table.size());
-    const TensorView pt = Rows(page_table, 0, pages);
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(
-        TensorView(const_cast<int32_t*>(in.page_table.data()), DType::kI32, Shape{pages}), pt));
-    EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Rows(kv_rows, offset, n), Rows(slots, offset, n), pt, cache));
-    // Mask [n, s]: the caller's, or causal over everything cached.
+    const int64_t end = in.cache_len + n;
+    step.n.push_back(n);
+    step.all_logits.push_back(in.all_logits ? 1 : 0);
+    int32_t* table = st_tables.data_as<int32_t>() + static_cast<int64_t>(b) * max_pages;
+    const int64_t kept = std::min<int64_t>(static_cast<int64_t>(in.page_table.size()), max_pages);
+    std::copy_n(in.page_table.data(), kept, table);
+    std::fill(table + kept, table + max_pages, 0);
+    st_starts.data_as<int32_t>()[b] = static_cast<int32_t>(t);
+    st_lens.data_as<int32_t>()[b] = static_cast<int32_t>(end);
     for (int64_t i = 0; i < n; ++i) {
-      uint8_t* row = &host_mask[static_cast<size_t>(i * s)];
-      for (int64_t j = 0; j < s; ++j) {
-        row[j] = in.mask.empty() ? (j <= in.cache_len + i ? 1 : 0) : in.mask[static_cast<size_t>(i * s + j)];
+      const int64_t p = in.cache_len + i;
+      tok[t + i] = in.tokens[static_cast<size_t>(i)];
+      pos[t + i] = in.positions.empty() ? p : in.positions[static_cast<size_t>(i)];
+      slot[t + i] = in.page_table[static_cast<size_t>(p / page_size)] * page_size + p % page_size;
+      // Mask row over the sequence's end = cache_len + n slots: the caller's, or causal.
+      uint8_t* row = st_mask.data_as<uint8_t>() + (t + i) * s_max;
+      for (int64_t j = 0; j < end; ++j) {
+        row[j] = in.mask.empty() ? (j <= p ? 1 : 0) : (in.mask[static_cast<size_t>(i * end + j)] != 0 ? 1 : 0);
       }
     }
-    const TensorView mask_t(mask.data(), DType::kU8, Shape{n, s}, mask.device());
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_mask.data(), DType::kU8, Shape{n, s}), mask_t));
-    const TensorView context = Rows(ctx, 0, s);
-    EAGLE3_RETURN_IF_ERROR(backend->PagedRead(cache, pt, Rows(iota, 0, s), context));
-    // GQA: each kv head serves `group` query heads, seen through a zero head stride.
-    for (int64_t kv = 0; kv < kv_heads; ++kv) {
-      const int64_t q_col = kv * group * head_dim;
-      const TensorView q = Heads(Block(qkv_t, offset, n, q_col, group * head_dim), group, head_dim);
-      const TensorView out = Heads(Block(attn, offset, n, q_col, group * head_dim), group, head_dim);
-      float* k_data = context.data_as<float>() + kv * head_dim;
-      const TensorView k(k_data, DType::kF32, Shape{s, group, head_dim}, Shape{kv_row, 0, 1}, context.device());
-      const TensorView v(k_data + kv_width, DType::kF32, Shape{s, group, head_dim}, Shape{kv_row, 0, 1},
-                         context.device());
-      EAGLE3_RETURN_IF_ERROR(backend->Attention(q, k, v, mask_t, scale, out));
-    }
-    offset += n;
+    t += n;
   }
+  st_starts.data_as<int32_t>()[batch.size()] = static_cast<int32_t>(t);
+  step.t = t;
+  // The input rows, [t, width] contiguous at the start of st_hidden.
+  std::copy_n(hidden.data_as<const float>(), hidden.numel(), st_hidden.data_as<float>());
+  step.staged = true;
   return absl::OkStatus();
 }
 
-absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
-                                       bool from_target, const TensorView& logits, const TensorView& hidden_out) {
-  EAGLE3_RETURN_IF_ERROR(Validate(batch, hidden, from_target, logits, hidden_out));
-  std::vector<int64_t> host_tokens, host_positions, host_slots;
-  for (const DraftSequenceInput& in : batch) {
-    for (size_t i = 0; i < in.tokens.size(); ++i) {
-      const int64_t slot = in.cache_len + static_cast<int64_t>(i);
-      host_tokens.push_back(in.tokens[i]);
-      host_positions.push_back(in.positions.empty() ? slot : in.positions[i]);
-      host_slots.push_back(slot);
-    }
-  }
-  const int64_t t = static_cast<int64_t>(host_tokens.size());
+std::vector<int64_t> DraftModel::Impl::Signature() const {
+  if (!step.staged) return {};
+  std::vector<int64_t> sig = {step.from_target, static_cast<int64_t>(step.n.size())};
+  sig.insert(sig.end(), step.n.begin(), step.n.end());
+  sig.insert(sig.end(), step.all_logits.begin(), step.all_logits.end());
+  return sig;
+}
+
+absl::Status DraftModel::Impl::Launch() {
+  if (!step.staged) return absl::FailedPreconditionError("DraftModel::Launch: no batch is staged (call Stage first)");
+  const int64_t t = step.t;
+  const int64_t b = static_cast<int64_t>(step.n.size());
   const TensorView pos_t = Rows(positions, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_tokens.data(), DType::kI64, Shape{t}), Rows(tokens, 0, t)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_positions.data(), DType::kI64, Shape{t}), pos_t));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(TensorView(host_slots.data(), DType::kI64, Shape{t}), Rows(slots, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_tokens, 0, t), Rows(tokens, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_positions, 0, t), pos_t));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_slots, 0, t), Rows(slots, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_tables, 0, b), Rows(d_tables, 0, b)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_starts, 0, b + 1), Rows(d_starts, 0, b + 1)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_lens, 0, b), Rows(d_lens, 0, b)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_mask, 0, t), Rows(d_mask, 0, t)));
+  const int64_t width = step.from_target ? tap->width() : hidden_dim;
+  const TensorView staged_hidden(st_hidden.data(), DType::kF32, Shape{t, width}, st_hidden.device());
 
   // g: fc over the (normalized) aux states, or the fed-back hidden as given.
   const TensorView g_t = Rows(g, 0, t);
-  if (from_target) {
+  if (step.from_target) {
     const TensorView aux_t = Rows(aux, 0, t);
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(hidden, aux_t));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(staged_hidden, aux_t));
     if (config.norm_before_fc) EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(aux_t, input_norm, eps, aux_t));
     const int64_t ht = config.target_hidden_size;
     for (size_t i = 0; i < fc_norms.size(); ++i) {
@@ -508,7 +577,7 @@ absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch
     if (!fc_bias.empty()) fc_options.bias = &bias;
     EAGLE3_RETURN_IF_ERROR(backend->Gemm(aux_t, fc, g_t, fc_options));
   } else {
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(hidden, g_t));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(staged_hidden, g_t));
   }
 
   // x = [input_layernorm(embed(token)) | hidden_norm(g)]; the residual is g or hidden_norm(g).
@@ -528,7 +597,7 @@ absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch
                                             pos_t, cos_sin, RopeStyle::kRotateHalf));
   EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, q_width, kv_width), kv_heads, head_dim), 0,
                                             head_dim, pos_t, cos_sin, RopeStyle::kRotateHalf));
-  EAGLE3_RETURN_IF_ERROR(Attention(batch, t));
+  EAGLE3_RETURN_IF_ERROR(Attention());
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, {}));
   EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, post_ln, eps, h_t));
@@ -540,13 +609,13 @@ absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(act_t, down_w, partial_t, {}));
   EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, final_norm, eps, h_t));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t, hidden_out));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t, Rows(st_hidden_out, 0, t)));
 
   // lm_head over the requested rows, vocab-parallel, all-gathered into draft-vocabulary logits.
   int64_t out_rows = 0, offset = 0;
-  for (const DraftSequenceInput& in : batch) {
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    const int64_t first = in.all_logits ? 0 : n - 1;
+  for (size_t s = 0; s < step.n.size(); ++s) {
+    const int64_t n = step.n[s];
+    const int64_t first = step.all_logits[s] ? 0 : n - 1;
     EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(h_t, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
     out_rows += n - first;
     offset += n;
@@ -556,6 +625,7 @@ absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch
   const int tp = options.tp_size;
   const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
   EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
+  const TensorView logits = Rows(st_logits, 0, out_rows);
   for (int q_rank = 0; q_rank < tp; ++q_rank) {
     const int64_t col = q_rank * draft_vocab_shard;
     const int64_t cols = std::min(draft_vocab_shard, config.draft_vocab_size - col);
@@ -563,7 +633,16 @@ absl::Status DraftModel::Impl::Forward(std::span<const DraftSequenceInput> batch
     EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(gathered, q_rank * out_rows, out_rows, 0, cols),
                                          Block(logits, 0, out_rows, col, cols)));
   }
-  return backend->Synchronize();
+  return absl::OkStatus();
+}
+
+absl::Status DraftModel::Impl::Finish(const TensorView& logits, const TensorView& hidden_out) {
+  if (!step.staged) return absl::FailedPreconditionError("DraftModel::Finish: no batch is staged (call Stage first)");
+  EAGLE3_RETURN_IF_ERROR(ValidateOutputs(logits, hidden_out));
+  EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
+  std::copy_n(st_logits.data_as<const float>(), step.out_rows * config.draft_vocab_size, logits.data_as<float>());
+  std::copy_n(st_hidden_out.data_as<const float>(), step.t * hidden_dim, hidden_out.data_as<float>());
+  return absl::OkStatus();
 }
 
 DraftModel::DraftModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -583,8 +662,27 @@ int64_t DraftModel::LogitRows(std::span<const DraftSequenceInput> batch) {
 
 absl::Status DraftModel::Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
                                  bool from_target, const TensorView& logits, const TensorView& hidden_out) {
-  return impl_->Forward(batch, hidden, from_target, logits, hidden_out);
+  Impl& m = *impl_;
+  EAGLE3_RETURN_IF_ERROR(m.Stage(batch, hidden, from_target));
+  EAGLE3_RETURN_IF_ERROR(m.ValidateOutputs(logits, hidden_out));
+  EAGLE3_RETURN_IF_ERROR(m.Launch());
+  return m.Finish(logits, hidden_out);
 }
+
+absl::Status DraftModel::Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
+                               bool from_target) {
+  return impl_->Stage(batch, hidden, from_target);
+}
+
+absl::Status DraftModel::Launch() { return impl_->Launch(); }
+
+absl::Status DraftModel::Finish(const TensorView& logits, const TensorView& hidden_out) {
+  return impl_->Finish(logits, hidden_out);
+}
+
+std::vector<int64_t> DraftModel::StepSignature() const { return impl_->Signature(); }
+
+bool DraftModel::StepIsCapturable() const { return impl_->step.staged; }
 
 absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string& draft_dir,
                                                                const std::string& target_dir,

@@ -110,7 +110,8 @@ struct TargetModel::Impl {
   Tensor r, h, h_full, partial, local, zeros, qa, q, kva, rows, attn_v, q_lat, o_lat;
   Tensor ctx_lat, ctx_kv, ctx_k, mask, gate_up, act, router_logits, ids, weights;
   Tensor lm_in, logits_shard, logits_all, tap_rows;
-  Tensor tokens, positions, slots, iota, page_table, move_rows, move_src, move_dst;
+  Tensor tokens, positions, slots, iota, page_table;
+  Tensor commit_i32, commit_len;  // CommitAccepted's inputs: [num_accepted, accepted...], [cache_len]
   std::vector<uint8_t> host_mask;
 
   // The staged step (Stage -> Launch -> Finish). Launch's device work depends only on what
@@ -347,9 +348,8 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
   EAGLE3_ASSIGN_OR_RETURN(positions, Alloc(DType::kI64, Shape{t_max}));
   EAGLE3_ASSIGN_OR_RETURN(slots, Alloc(DType::kI64, Shape{t_max}));
   EAGLE3_ASSIGN_OR_RETURN(page_table, Alloc(DType::kI32, Shape{options.num_kv_pages}));
-  EAGLE3_ASSIGN_OR_RETURN(move_rows, Alloc(DType::kF32, Shape{t_max, width}));
-  EAGLE3_ASSIGN_OR_RETURN(move_src, Alloc(DType::kI64, Shape{t_max}));
-  EAGLE3_ASSIGN_OR_RETURN(move_dst, Alloc(DType::kI64, Shape{t_max}));
+  EAGLE3_ASSIGN_OR_RETURN(commit_i32, Alloc(DType::kI32, Shape{t_max + 1}));
+  EAGLE3_ASSIGN_OR_RETURN(commit_len, Alloc(DType::kI64, Shape{1}));
   {
     EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI64, Shape{s_max}));
     for (int64_t i = 0; i < s_max; ++i) host_iota.data_as<int64_t>()[i] = i;
@@ -910,16 +910,19 @@ absl::Status TargetModel::CommitAccepted(std::span<const int32_t> page_table, in
                                          std::span<const int64_t> accepted) {
   Impl& m = *impl_;
   const int64_t a = static_cast<int64_t>(accepted.size());
-  if (a > m.options.max_tokens_per_forward) {
+  const int64_t max_nodes = m.options.max_tokens_per_forward;
+  if (a > max_nodes) {
     return absl::InvalidArgumentError("CommitAccepted: " + Str(a) + " accepted tokens exceed max_tokens_per_forward " +
-                                      Str(m.options.max_tokens_per_forward));
+                                      Str(max_nodes));
   }
   const int64_t capacity = static_cast<int64_t>(page_table.size()) * m.options.page_size;
   for (int64_t j = 0; j < a; ++j) {
-    if (accepted[j] < 0 || (j > 0 && accepted[j] <= accepted[j - 1]) || cache_len + accepted[j] >= capacity) {
+    if (accepted[j] < 0 || accepted[j] >= max_nodes || (j > 0 && accepted[j] <= accepted[j - 1]) ||
+        cache_len < 0 || cache_len + accepted[j] >= capacity) {
       return absl::InvalidArgumentError("CommitAccepted: accepted[" + Str(j) + "] = " + Str(accepted[j]) +
-                                        " must be increasing, >= 0 and inside the page table (" + Str(capacity) +
-                                        " slots from cache_len " + Str(cache_len) + ")");
+                                        " must be increasing, in [0, max_tokens_per_forward = " + Str(max_nodes) +
+                                        ") and inside the page table (" + Str(capacity) + " slots from cache_len " +
+                                        Str(cache_len) + ")");
     }
   }
   for (size_t p = 0; p < page_table.size(); ++p) {
@@ -929,23 +932,32 @@ absl::Status TargetModel::CommitAccepted(std::span<const int32_t> page_table, in
     }
   }
   if (a == 0) return absl::OkStatus();
-  std::vector<int64_t> src(static_cast<size_t>(a)), dst(static_cast<size_t>(a));
-  for (int64_t j = 0; j < a; ++j) {
-    src[static_cast<size_t>(j)] = cache_len + accepted[j];
-    dst[static_cast<size_t>(j)] = cache_len + j;
-  }
-  const TensorView pt = Rows(m.page_table, 0, static_cast<int64_t>(page_table.size()));
-  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(const_cast<int32_t*>(page_table.data()), DType::kI32,
-                                             Shape{static_cast<int64_t>(page_table.size())}),
-                                  pt));
-  const TensorView src_t = Rows(m.move_src, 0, a), dst_t = Rows(m.move_dst, 0, a), rows_t = Rows(m.move_rows, 0, a);
-  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(src.data(), DType::kI64, Shape{a}), src_t));
-  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(dst.data(), DType::kI64, Shape{a}), dst_t));
-  for (auto& layer : m.layers) {
-    EAGLE3_RETURN_IF_ERROR(m.backend->PagedRead(layer.cache, pt, src_t, rows_t));
-    EAGLE3_RETURN_IF_ERROR(m.backend->PagedWrite(rows_t, dst_t, pt, layer.cache));
-  }
+  // The one-sequence batch CommitAcceptedOnDevice takes: [num_accepted, accepted...] and cache_len.
+  const int64_t pages = static_cast<int64_t>(page_table.size());
+  std::vector<int32_t> args(static_cast<size_t>(a + 1));
+  args[0] = static_cast<int32_t>(a);
+  for (int64_t j = 0; j < a; ++j) args[static_cast<size_t>(j + 1)] = static_cast<int32_t>(accepted[j]);
+  int64_t len = cache_len;
+  const TensorView pt = Rows(m.page_table, 0, pages);
+  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(const_cast<int32_t*>(page_table.data()), DType::kI32, Shape{pages}), pt));
+  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(args.data(), DType::kI32, Shape{a + 1}), Rows(m.commit_i32, 0, a + 1)));
+  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(&len, DType::kI64, Shape{1}), m.commit_len));
+  EAGLE3_RETURN_IF_ERROR(CommitAcceptedOnDevice(pt.Reshape(Shape{1, pages}), m.commit_len,
+                                                Rows(m.commit_i32, 1, max_nodes).Reshape(Shape{1, max_nodes}),
+                                                Rows(m.commit_i32, 0, 1)));
   return m.backend->Synchronize();
+}
+
+absl::Status TargetModel::CommitAcceptedOnDevice(const TensorView& page_tables, const TensorView& cache_len,
+                                                 const TensorView& accepted, const TensorView& num_accepted) {
+  Impl& m = *impl_;
+  // Every layer, even after an error: a bad sequence is then skipped in all of them alike.
+  absl::Status first_error;
+  for (auto& layer : m.layers) {
+    absl::Status st = m.backend->CompactAccepted(layer.cache, page_tables, cache_len, accepted, num_accepted);
+    if (!st.ok() && first_error.ok()) first_error = std::move(st);
+  }
+  return first_error;
 }
 
 }  // namespace eagle3

@@ -334,6 +334,106 @@ TEST_P(TargetModelTest, CommitAcceptedMatchesDecodingThePath) {
   EXPECT_LT(RelDiff(got, ref[0].logits), 1e-5);
 }
 
+// CommitAcceptedOnDevice over a batch ≡ CommitAccepted per sequence (same cache afterwards, seen
+// through the next decode step of every sequence, bit for bit): a sequence with num_accepted = -1
+// is skipped; one with a bad entry is named, left unwritten in every layer, and the others are
+// still compacted in every layer.
+TEST_P(TargetModelTest, CommitAcceptedOnDeviceEqualsCommitAcceptedPerSequence) {
+  const std::vector<std::vector<int32_t>> pages = {
+      {pages0_.begin(), pages0_.begin() + 5}, {pages0_.begin() + 5, pages0_.begin() + 10},
+      {pages1_.begin(), pages1_.begin() + 5}};
+  const std::vector<int64_t> prefix_len = {5, 3, 4};
+  constexpr int64_t kChain = 6, kMaxNodes = 8;
+  const std::vector<std::vector<int32_t>> keep = {{0, 2, 3, 5}, {}, {0, 1, 4, 5}};  // [1]: skipped
+  // The prefixes, then a 6-token chain per sequence (the verify forward).
+  auto prepare = [&](TargetModel& model) {
+    std::vector<std::vector<int64_t>> tokens;
+    std::vector<SequenceInput> batch(3);
+    for (int s = 0; s < 3; ++s) tokens.push_back(Prompt(static_cast<int>(prefix_len[s]), s));
+    for (int s = 0; s < 3; ++s) {
+      batch[s].tokens = tokens[s];
+      batch[s].page_table = pages[s];
+    }
+    std::vector<float> logits(static_cast<size_t>(3 * config_.vocab_size));
+    EXPECT_TRUE(model.Forward(batch, TensorView(logits.data(), DType::kF32, Shape{3, config_.vocab_size})).ok());
+    tokens.clear();
+    for (int s = 0; s < 3; ++s) tokens.push_back(Prompt(kChain, 10 + s));
+    for (int s = 0; s < 3; ++s) {
+      batch[s].tokens = tokens[s];
+      batch[s].cache_len = prefix_len[s];
+    }
+    EXPECT_TRUE(model.Forward(batch, TensorView(logits.data(), DType::kF32, Shape{3, config_.vocab_size})).ok());
+  };
+  // One more token per sequence on top of the committed caches; returns the logits.
+  auto next = [&](TargetModel& model) {
+    std::vector<SequenceInput> batch(3);
+    const std::vector<int64_t> token = {42};
+    for (int s = 0; s < 3; ++s) {
+      batch[s].tokens = token;
+      batch[s].page_table = pages[s];
+      batch[s].cache_len = prefix_len[s] + (s == 1 ? kChain : static_cast<int64_t>(keep[s].size()));
+    }
+    std::vector<float> logits(static_cast<size_t>(3 * config_.vocab_size));
+    EXPECT_TRUE(model.Forward(batch, TensorView(logits.data(), DType::kF32, Shape{3, config_.vocab_size})).ok());
+    return logits;
+  };
+  auto create = [&](cpu::CpuBackend& backend) {
+    auto model = TargetModel::Create(dir_.path(), Options(1, ResidualMode::kReplicated), nullptr, &backend);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return std::move(model).value();
+  };
+
+  cpu::CpuBackend backend_host;
+  auto host = create(backend_host);
+  prepare(*host);
+  for (int s : {0, 2}) {
+    const std::vector<int64_t> accepted(keep[s].begin(), keep[s].end());
+    ASSERT_TRUE(host->CommitAccepted(pages[s], prefix_len[s], accepted).ok());
+  }
+  const std::vector<float> want = next(*host);
+
+  // The batch inputs (host memory is the CPU backend's device memory).
+  std::vector<int32_t> tables;
+  for (const auto& p : pages) tables.insert(tables.end(), p.begin(), p.end());
+  std::vector<int64_t> cache_len = prefix_len;
+  std::vector<int32_t> accepted(3 * kMaxNodes, 0);
+  for (int s = 0; s < 3; ++s) std::copy(keep[s].begin(), keep[s].end(), accepted.begin() + s * kMaxNodes);
+  accepted[kMaxNodes] = 4;  // sequence 1: entries that would be bad, never read while skipped
+  accepted[kMaxNodes + 1] = 1;
+  std::vector<int32_t> num = {4, -1, 4};
+  const TensorView tables_t(tables.data(), DType::kI32, Shape{3, 5});
+  const TensorView len_t(cache_len.data(), DType::kI64, Shape{3});
+  const TensorView accepted_t(accepted.data(), DType::kI32, Shape{3, kMaxNodes});
+  const TensorView num_t(num.data(), DType::kI32, Shape{3});
+  {
+    cpu::CpuBackend backend;
+    auto model = create(backend);
+    prepare(*model);
+    const absl::Status st = model->CommitAcceptedOnDevice(tables_t, len_t, accepted_t, num_t);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(next(*model), want);
+  }
+  {
+    num[1] = 2;  // now read: accepted[1] = {4, 1} is not increasing
+    cpu::CpuBackend backend;
+    auto model = create(backend);
+    prepare(*model);
+    const absl::Status st = model->CommitAcceptedOnDevice(tables_t, len_t, accepted_t, num_t);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("CompactAccepted: sequence 1, entry 1"));
+    EXPECT_EQ(next(*model), want);
+  }
+  // Shapes are checked: a [3] accepted is not [B, max_nodes].
+  const absl::Status st = host->CommitAcceptedOnDevice(tables_t, len_t, num_t, num_t);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("accepted"));
+  // CommitAccepted's offsets must lie among the rows a Forward can write.
+  const std::vector<int64_t> beyond = {0, 32};
+  const absl::Status far = host->CommitAccepted(pages0_, 0, beyond);
+  EXPECT_EQ(far.code(), absl::StatusCode::kInvalidArgument) << far;
+  EXPECT_THAT(std::string(far.message()), HasSubstr("max_tokens_per_forward = 32"));
+}
+
 TEST_P(TargetModelTest, BadInputIsRefusedAndLeavesTheCacheUnchanged) {
   cpu::CpuBackend backend;
   auto model = TargetModel::Create(dir_.path(), Options(1, ResidualMode::kReplicated), nullptr, &backend);

@@ -201,6 +201,30 @@ class Backend {
                                               const TensorView& tree_mask, float scale,
                                               int64_t value_dim, const TensorView& out) = 0;
 
+  // Grouped-query attention for a batch of sequences over a paged K|V cache (the EAGLE-3 draft's),
+  // every length on the device (graph-capturable, like BatchedLatentAttention). Each cache row holds
+  // K of every kv head, then V of every kv head: key s of kv head g is row[g * D, (g + 1) * D),
+  // its value row[(Nkv + g) * D, (Nkv + g + 1) * D). Sequence b owns query rows [q_start[b],
+  // q_start[b + 1]) and the keys at positions [0, kv_len[b]) of its pages: position s at
+  // cache[page_tables[b][s / page_size]][s % page_size]. Query row t of sequence b allows key s <
+  // kv_len[b] iff mask[t][s] != 0 (columns >= kv_len[b] are never read). Query head h uses kv head
+  // h / (Nq / Nkv). Softmax in fp32, max-subtracted; scale finite. Data-dependent conditions are
+  // InvalidArgument naming the sequence, or the row: q_start[0] == 0, q_start nondecreasing,
+  // q_start[B] == T; kv_len[b] <= min(max_kv_len, P * page_size); the page entries used (j <
+  // ceil(kv_len[b] / page_size)) in [0, num_pages); every query row allows a key. A sequence with
+  // no query rows is skipped. The CPU reference checks all before writing; a device backend reports
+  // them at Synchronize and may have written the rows of other sequences.
+  //   q: [T, Nq, D]      cache: [num_pages, page_size, 2 * Nkv * D], contiguous (Nkv >= 1 divides Nq)
+  //   page_tables: [B, P], i32, row-strided      q_start: [B + 1], i32      kv_len: [B], i32
+  //   max_kv_len >= 1: a host bound on every kv_len[b] (a captured graph keeps it)
+  //   mask: [T, max_kv_len], u8 or bool, row-strided      out: [T, Nq, D], elements distinct, no
+  //   overlap with the inputs      (3-D operands: dims 0/1 any stride, last dim contiguous)
+  virtual absl::Status BatchedPagedAttention(const TensorView& q, const TensorView& cache,
+                                             const TensorView& page_tables, const TensorView& q_start,
+                                             const TensorView& kv_len, int64_t max_kv_len,
+                                             const TensorView& mask, float scale,
+                                             const TensorView& out) = 0;
+
   // Paged cache rows: PagedWrite stores rows[t] at position positions[t] of the sequence whose
   // pages are page_table (slot cache[page_table[p / page_size]][p % page_size]); PagedRead loads
   // them back. A position outside [0, pages * page_size), or whose page entry is outside
@@ -217,6 +241,25 @@ class Backend {
                                   const TensorView& page_table, const TensorView& cache) = 0;
   virtual absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,
                                  const TensorView& positions, const TensorView& out) = 0;
+
+  // The commit after tree verification, every input on the device (graph-capturable): for each
+  // sequence b and i < num_accepted[b], the row at position cache_len[b] + accepted[b][i] moves to
+  // position cache_len[b] + i (positions through page_tables[b] as in PagedWrite), in place; rows
+  // are copied bit for bit (any cache dtype the backend stores). Equal to moving the rows one by one
+  // in increasing i. The slots touched must be distinct (no page shared by two sequences or listed
+  // twice in one table within the positions moved; not checked). A sequence with
+  // num_accepted[b] < 0 (a failed sequence of the device verifier) is skipped. Data-dependent
+  // conditions (eagle3/compact_accepted_check.h: num_accepted[b] <= max_nodes; offsets strictly
+  // increasing in [0, max_nodes); positions inside P * page_size; their page entries in
+  // [0, num_pages)) are InvalidArgument naming the sequence and entry; a sequence with a bad entry
+  // is left unwritten, the others are compacted (on every backend), and the lowest bad sequence is
+  // reported: by the call on the CPU, by Synchronize on a device backend.
+  //   cache: [num_pages, page_size, W], contiguous      page_tables: [B, P], i32, row-strided
+  //   cache_len: [B], i32 or i64      accepted: [B, max_nodes], i32, row-strided
+  //   num_accepted: [B], i32
+  virtual absl::Status CompactAccepted(const TensorView& cache, const TensorView& page_tables,
+                                       const TensorView& cache_len, const TensorView& accepted,
+                                       const TensorView& num_accepted) = 0;
 
   // DeepSeek MoE routing from router logits (DESIGN §3), in fp32:
   //  - kSoftmax scores = softmax(logits); kGreedy: top_k of the scores; kGroupLimitedGreedy: group
@@ -290,9 +333,17 @@ class Backend {
                                            const TensorView& kv_len, int64_t max_kv_len,
                                            const TensorView& tree_mask, float scale,
                                            int64_t value_dim, const TensorView& out) const;
+  absl::Status CheckBatchedPagedAttention(const TensorView& q, const TensorView& cache,
+                                          const TensorView& page_tables, const TensorView& q_start,
+                                          const TensorView& kv_len, int64_t max_kv_len,
+                                          const TensorView& mask, float scale,
+                                          const TensorView& out) const;
   // op is "PagedWrite" (rows is read, cache written) or "PagedRead" (cache read, rows written).
   absl::Status CheckPaged(const char* op, const TensorView& rows, const TensorView& positions,
                           const TensorView& page_table, const TensorView& cache) const;
+  absl::Status CheckCompactAccepted(const TensorView& cache, const TensorView& page_tables,
+                                    const TensorView& cache_len, const TensorView& accepted,
+                                    const TensorView& num_accepted) const;
   absl::Status CheckMoeRoute(const TensorView& logits, const TensorView* correction_bias,
                              const MoeRoutingParams& params, const TensorView& ids,
                              const TensorView& weights) const;

@@ -140,6 +140,31 @@ class DraftModel {
   absl::Status Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
                        const TensorView& logits, const TensorView& hidden_out);
 
+  // Forward in three steps, for engines that capture the device work of a draft step in a CUDA graph
+  // (eagle3/cuda/cuda_graph.h) and replay it, as TargetModel's Stage / Launch / Finish:
+  //  - Stage validates `batch` and `hidden` as Forward does and writes the step's inputs (token ids,
+  //    RoPE positions, cache slots, page tables, q_start / kv_len, the [T, max_context_len] mask
+  //    rows, and the hidden rows) into the model's host staging buffers
+  //    (Backend::staging_allocator(): pinned on CUDA). Host only: nothing is enqueued, and neither
+  //    `batch` nor `hidden` is read after Stage returns.
+  //  - Launch enqueues the whole step: copies of the staging buffers to the device, one PagedWrite
+  //    of every new K|V row, one BatchedPagedAttention, the MLP, and the logits and hidden_out into
+  //    host staging. It never allocates, never waits and reads no staged value on the host, so a
+  //    capture of it replays correctly for any later Stage with an equal StepSignature() (same
+  //    from_target, sequence count, rows per sequence and all_logits flags; tokens, positions,
+  //    cache lengths, pages, masks and hidden rows may all differ). Capture after one eager step of
+  //    the same signature (first calls size the backend's scratch). Collectives must be capturable.
+  //  - Finish waits for the backend, reports deferred device errors, and copies the logits and
+  //    hidden_out (shapes as in Forward, against the staged batch) out.
+  // Forward(batch, hidden, from_target, logits, hidden_out) == Stage + Launch + Finish.
+  absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target);
+  absl::Status Launch();
+  absl::Status Finish(const TensorView& logits, const TensorView& hidden_out);
+  // What Launch's enqueued work depends on, for the staged batch (empty when nothing is staged).
+  std::vector<int64_t> StepSignature() const;
+  // Whether a batch is staged: every draft step takes the capturable path.
+  bool StepIsCapturable() const;
+
  private:
   struct Impl;
   explicit DraftModel(std::unique_ptr<Impl> impl);

@@ -135,8 +135,29 @@ class TargetModel {
   // After verification: keeps the new tokens at offsets `accepted` (strictly increasing, relative
   // to cache_len) and moves their KV rows to slots cache_len, cache_len + 1, ... in every layer. The
   // sequence's cache length becomes cache_len + accepted.size(); rows beyond it are dead.
+  // Validated on the host (InvalidArgument, the cache unchanged), then one
+  // Backend::CompactAccepted per layer; synchronizes. Offsets must also be below
+  // max_tokens_per_forward (no row beyond is ever written by a Forward).
   absl::Status CommitAccepted(std::span<const int32_t> page_table, int64_t cache_len,
                               std::span<const int64_t> accepted);
+
+  // CommitAccepted for a batch with every input on the backend's device: one
+  // Backend::CompactAccepted per layer (see its contract in eagle3/backend.h). Sequence b keeps
+  // its rows at offsets accepted[b][0 .. num_accepted[b]) from cache_len[b] and moves them to
+  // cache_len[b], cache_len[b] + 1, ...; num_accepted[b] < 0 skips it (a sequence the device
+  // verifier failed). Enqueues only: no allocation, no host synchronization and no host read of any
+  // input, so it can be captured in a CUDA graph (with DeviceTreeVerifier::Launch, whose
+  // commit_offsets() / commit_counts() are accepted / num_accepted for trees verified at cache_len).
+  // Shape errors are returned; bad entries are InvalidArgument naming the sequence and entry, from
+  // this call on the CPU backend and from the next Synchronize (the next Finish or CommitAccepted)
+  // on a device backend. Either way every layer is treated alike: a bad sequence is left unwritten
+  // in all of them, the others are compacted in all of them.
+  //   page_tables: [B, P], i32, row-strided, entries in [0, num_kv_pages)
+  //   cache_len:   [B], i32 or i64
+  //   accepted:    [B, max_nodes], i32, row-strided: offsets strictly increasing in [0, max_nodes)
+  //   num_accepted: [B], i32, <= max_nodes
+  absl::Status CommitAcceptedOnDevice(const TensorView& page_tables, const TensorView& cache_len,
+                                      const TensorView& accepted, const TensorView& num_accepted);
 
  private:
   struct Impl;

@@ -99,6 +99,30 @@ absl::Status ResolveSlot(const char* op, const TensorView& positions, const Tens
   return absl::OkStatus();
 }
 
+// Sequence b of a batched op owns query rows [begin, end) of T: end must be in [begin, T].
+absl::Status CheckQueryRows(const char* op, int64_t b, int64_t begin, int64_t end, int64_t t_all) {
+  if (end < begin || end > t_all) {
+    return Invalid(op, "sequence ", b, ": q_start[", b + 1, "] = ", end, " must be in [q_start[", b,
+                   "] = ", begin, ", T = ", t_all, "]");
+  }
+  return absl::OkStatus();
+}
+
+// The page entries sequence b uses for its first `len` positions, each in [0, num_pages).
+absl::Status CheckSequencePages(const char* op, int64_t b, const int32_t* pages, int64_t len,
+                                const TensorView& cache) {
+  const int64_t page_size = cache.dim(1);
+  const int64_t num_pages = cache.dim(0);
+  for (int64_t j = 0; j < (len + page_size - 1) / page_size; ++j) {
+    if (pages[j] < 0 || pages[j] >= num_pages) {
+      return Invalid(op, "sequence ", b, ": page_tables[", b, "][", j, "] = ", pages[j],
+                     " (positions [", j * page_size, ", ", std::min(len, (j + 1) * page_size),
+                     ")) is outside the [0, ", num_pages, ") pages of cache ", cache.ToString());
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CpuBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
@@ -204,7 +228,6 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   const int64_t batch = page_tables.dim(0);
   const int64_t page_size = cache.dim(1);
-  const int64_t num_pages = cache.dim(0);
   const int64_t capacity = page_tables.dim(1) * page_size;
   const int64_t t_all = q.dim(0);
   const bool has_mask = HasTreeMask(tree_mask);
@@ -217,10 +240,7 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
   if (starts[0] != 0) return Invalid(op, "q_start[0] must be 0, got ", starts[0]);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t begin = starts[b], end = starts[b + 1], len = lens[b];
-    if (end < begin || end > t_all) {
-      return Invalid(op, "sequence ", b, ": q_start[", b + 1, "] = ", end, " must be in [q_start[",
-                     b, "] = ", begin, ", T = ", t_all, "]");
-    }
+    EAGLE3_RETURN_IF_ERROR(CheckQueryRows(op, b, begin, end, t_all));
     const int64_t n = end - begin;
     if (n == 0) continue;
     if (len < n || len > max_kv_len || len > capacity) {
@@ -232,14 +252,7 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
       return Invalid(op, "sequence ", b, ": ", n, " new tokens do not fit tree_mask ",
                      tree_mask.ToString(), " (M = ", tree_mask.dim(1), ")");
     }
-    const int32_t* pages = table_row(b);
-    for (int64_t j = 0; j < (len + page_size - 1) / page_size; ++j) {
-      if (pages[j] < 0 || pages[j] >= num_pages) {
-        return Invalid(op, "sequence ", b, ": page_tables[", b, "][", j, "] = ", pages[j],
-                       " (positions [", j * page_size, ", ", std::min(len, (j + 1) * page_size),
-                       ")) is outside the [0, ", num_pages, ") pages of cache ", cache.ToString());
-      }
-    }
+    EAGLE3_RETURN_IF_ERROR(CheckSequencePages(op, b, table_row(b), len, cache));
     if (has_mask && len == n) {  // no cached prefix: each row needs a new key of its own
       for (int64_t i = 0; i < n; ++i) {
         const uint8_t* row = MaskRow(tree_mask, begin + i);
@@ -269,6 +282,68 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
       for (int64_t h = 0; h < q.dim(1); ++h) {
         AttendRow(Head(q, begin + i, h), q.dim(2), mask_row, len, scale, rows, rows, value_dim,
                   scores, Head(out, begin + i, h));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchedPagedAttention(const TensorView& q, const TensorView& cache,
+                                               const TensorView& page_tables,
+                                               const TensorView& q_start, const TensorView& kv_len,
+                                               int64_t max_kv_len, const TensorView& mask,
+                                               float scale, const TensorView& out) {
+  const char* op = "BatchedPagedAttention";
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedPagedAttention(q, cache, page_tables, q_start, kv_len,
+                                                    max_kv_len, mask, scale, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  const int64_t batch = page_tables.dim(0);
+  const int64_t page_size = cache.dim(1);
+  const int64_t capacity = page_tables.dim(1) * page_size;
+  const int64_t t_all = q.dim(0);
+  const int64_t dim = q.dim(2);
+  const int64_t kv_heads = cache.dim(2) / (2 * dim);
+  const int64_t group = q.dim(1) / kv_heads;
+  const int32_t* starts = q_start.data_as<const int32_t>();
+  const int32_t* lens = kv_len.data_as<const int32_t>();
+  auto table_row = [&](int64_t b) {
+    return page_tables.data_as<const int32_t>() + b * page_tables.stride(0);
+  };
+  // Every data-dependent condition first, in sequence order, so that a bad call writes nothing.
+  if (starts[0] != 0) return Invalid(op, "q_start[0] must be 0, got ", starts[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t begin = starts[b], end = starts[b + 1], len = lens[b];
+    EAGLE3_RETURN_IF_ERROR(CheckQueryRows(op, b, begin, end, t_all));
+    if (end == begin) continue;
+    if (len < 0 || len > max_kv_len || len > capacity) {
+      return Invalid(op, "sequence ", b, ": kv_len[", b, "] = ", len, " must be in [0, min(max_kv_len = ",
+                     max_kv_len, ", P * page_size = ", capacity, ")]");
+    }
+    EAGLE3_RETURN_IF_ERROR(CheckSequencePages(op, b, table_row(b), len, cache));
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* row = MaskRow(mask, t);
+      if (std::none_of(row, row + len, [](uint8_t m) { return m != 0; })) {
+        return Invalid(op, "sequence ", b, ": row ", t, " of mask ", mask.ToString(),
+                       " allows no key among its kv_len[", b, "] = ", len);
+      }
+    }
+  }
+  if (starts[batch] != t_all) {
+    return Invalid(op, "q_start[B = ", batch, "] = ", starts[batch], " must be T = ", t_all);
+  }
+  float* scores = Scratch(max_kv_len);
+  for (int64_t b = 0; b < batch; ++b) {
+    const PagedRows rows{cache.data_as<const float>(), table_row(b), page_size, cache.dim(2)};
+    for (int64_t t = starts[b]; t < starts[b + 1]; ++t) {
+      for (int64_t h = 0; h < q.dim(1); ++h) {
+        const int64_t key_col = h / group * dim;  // K of kv head h / group; its V Nkv heads later
+        const int64_t value_col = key_col + kv_heads * dim;
+        AttendRow(
+            Head(q, t, h), dim, MaskRow(mask, t), lens[b], scale,
+            [&](int64_t s) { return rows(s) + key_col; },
+            [&](int64_t s) { return rows(s) + value_col; }, dim, scores, Head(out, t, h));
       }
     }
   }

@@ -67,10 +67,19 @@ class CpuBackend final : public Backend {
                                       const TensorView& kv_len, int64_t max_kv_len,
                                       const TensorView& tree_mask, float scale, int64_t value_dim,
                                       const TensorView& out) override;
+  absl::Status BatchedPagedAttention(const TensorView& q, const TensorView& cache,
+                                     const TensorView& page_tables, const TensorView& q_start,
+                                     const TensorView& kv_len, int64_t max_kv_len,
+                                     const TensorView& mask, float scale,
+                                     const TensorView& out) override;
   absl::Status PagedWrite(const TensorView& rows, const TensorView& positions,
                           const TensorView& page_table, const TensorView& cache) override;
   absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,
                          const TensorView& positions, const TensorView& out) override;
+  // Moves rows of any dtype (bytes; the f32-only policy is for arithmetic).
+  absl::Status CompactAccepted(const TensorView& cache, const TensorView& page_tables,
+                               const TensorView& cache_len, const TensorView& accepted,
+                               const TensorView& num_accepted) override;
   absl::Status MoeRoute(const TensorView& logits, const TensorView* correction_bias,
                         const MoeRoutingParams& params, const TensorView& ids,
                         const TensorView& weights) override;

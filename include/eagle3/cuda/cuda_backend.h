@@ -82,10 +82,22 @@ class CudaBackend final : public Backend {
                                       const TensorView& kv_len, int64_t max_kv_len,
                                       const TensorView& tree_mask, float scale, int64_t value_dim,
                                       const TensorView& out) override;
+  // BatchedPagedAttention: f32 only; a kv head's query heads x head_dim must fit the kernel's shared
+  // memory (PagedAttentionSharedBytes <= 48 KiB, e.g. 4 x 128 or 8 x 128); device-side errors at
+  // Synchronize (cuda_backend_paged_attention.cc).
+  absl::Status BatchedPagedAttention(const TensorView& q, const TensorView& cache,
+                                     const TensorView& page_tables, const TensorView& q_start,
+                                     const TensorView& kv_len, int64_t max_kv_len,
+                                     const TensorView& mask, float scale,
+                                     const TensorView& out) override;
   absl::Status PagedWrite(const TensorView& rows, const TensorView& positions, const TensorView& page_table,
                           const TensorView& cache) override;
   absl::Status PagedRead(const TensorView& cache, const TensorView& page_table, const TensorView& positions,
                          const TensorView& out) override;
+  // Any cache dtype of 2, 4 or 8 bytes (rows moved bit for bit); bad entries are reported by
+  // Synchronize (cuda_backend_compact.cc).
+  absl::Status CompactAccepted(const TensorView& cache, const TensorView& page_tables, const TensorView& cache_len,
+                               const TensorView& accepted, const TensorView& num_accepted) override;
   absl::Status MoeRoute(const TensorView& logits, const TensorView* correction_bias, const MoeRoutingParams& params,
                         const TensorView& ids, const TensorView& weights) override;
   absl::Status MoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,

@@ -7,8 +7,10 @@
 // differ). Bad logits (NaN, +inf, a row without a finite logit) are found on the device and become
 // the CPU verifier's InvalidArgument, naming the sequence, the row and the token id.
 //
-// An engine that keeps the decode step on the device calls LaunchTreeVerify directly on its own
-// buffers instead; this class is the host-side convenience and the reference harness for it.
+// Verify = Stage + Launch + Finish. An engine that keeps the decode step on the device calls Stage,
+// then Launch (capturable in a CUDA graph together with TargetModel::CommitAcceptedOnDevice, which
+// takes commit_offsets() / commit_counts() directly), and Finish only where it needs the results on
+// the host.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +49,46 @@ class DeviceTreeVerifier {
   //   logits: [Σ N_b, V], f32 or bf16, on CUDA device options.device, unit stride along V (rows
   //           may be strided), V <= max_vocab; written by work ordered before this call's stream
   //   sampling, seed, offset: as TreeVerifier::Verify (sequence b draws Philox stream b)
-  // Synchronizes the stream before returning.
+  // Synchronizes the stream before returning. Equal to Stage, Launch, Finish.
   absl::StatusOr<std::vector<VerifyResult>> Verify(std::span<const DraftTree> trees, const TensorView& logits,
                                                    const SamplingParams& sampling, uint64_t seed,
                                                    uint64_t offset);
+
+  // Verify in three steps:
+  //  - Stage validates as Verify does and flattens the trees into pinned staging. Host only:
+  //    nothing is enqueued and nothing allocated. The logits view, sampling, seed and offset are
+  //    kept for Launch; `trees` is not kept.
+  //  - Launch enqueues on stream(): the upload of the staged trees (an async copy from pinned
+  //    memory, which a captured graph reads at replay time), the verify kernels, the commit offsets
+  //    (LaunchVerifyCommitOffsets, eagle3/cuda/compact_ops.h) and the download of the results into
+  //    pinned memory. It never allocates, waits or reads a result on the host, so it can be captured.
+  //    A capture keeps the batch size, the total node count, the logits view (pointer, V, row
+  //    stride, dtype), the sampling parameters, seed and offset of the Stage before it: a replay is
+  //    valid after a later Stage with all of these equal (tree shapes and tokens may differ). Note
+  //    that a replay therefore draws the captured offset's coins (stochastic sampling needs a fresh
+  //    capture, or the offset on the device, per step; greedy is unaffected).
+  //  - Finish waits for the stream and returns Verify's results (device errors as Verify reports
+  //    them) for the last Launch or replay.
+  // FailedPrecondition for Launch or Finish before any Stage.
+  absl::Status Stage(std::span<const DraftTree> trees, const TensorView& logits, const SamplingParams& sampling,
+                     uint64_t seed, uint64_t offset);
+  absl::Status Launch();
+  absl::StatusOr<std::vector<VerifyResult>> Finish();
+
+  // The device results Launch writes, for the staged batch of B sequences (B = 0 before any Stage);
+  // valid once the stream has run Launch's work, overwritten by the next Launch. cuda:options.device.
+  //   num_accepted:   [B] i32: accepted drafted nodes, -1 for a sequence with an error
+  //   accepted_nodes: [B, max_nodes] i32: the accepted node ids, root excluded (num_accepted each)
+  //   out_tokens:     [B, max_nodes] i64: their tokens, then the bonus / correction token
+  //   commit_offsets: [B, max_nodes] i32: {0, accepted_nodes...}: the KV offsets (from the cache_len
+  //                   the trees were verified at: node i sits at offset i) to keep, the root first
+  //   commit_counts:  [B] i32: num_accepted + 1, or -1 for a sequence with an error (skipped by
+  //                   Backend::CompactAccepted / TargetModel::CommitAcceptedOnDevice)
+  TensorView num_accepted() const;
+  TensorView accepted_nodes() const;
+  TensorView out_tokens() const;
+  TensorView commit_offsets() const;
+  TensorView commit_counts() const;
 
   cudaStream_t stream() const;
 

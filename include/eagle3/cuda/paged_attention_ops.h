@@ -1,0 +1,77 @@
+// Launcher for grouped-query attention over a paged K|V cache for a batch of sequences, every
+// length on the device: the kernels behind CudaBackend::BatchedPagedAttention (semantics in
+// eagle3/backend.h). Raw pointers, stream last, cudaError_t out; no allocation, no host sync;
+// callable from any C++ compiler (no nvcc needed to include this header). fp32 throughout; strides
+// are in elements. Returns cudaErrorInvalidValue for negative sizes, a missing pointer, or a
+// parameter outside what is documented here.
+//
+// Two kernels on `stream`: a check kernel (one block per sequence) that records bad metadata in the
+// backend's error flag as error_code | (8 * index + condition), with
+//   condition 0: q_start[0] != 0 (index 0)
+//   condition 1: sequence b: q_start[b + 1] outside [q_start[b], T] (index b)
+//   condition 2: sequence b with rows: kv_len[b] outside [0, min(max_kv_len, P * page_size)]
+//   condition 3: sequence b: a page entry it uses (j < ceil(kv_len[b] / page_size)) outside
+//                [0, num_pages)
+//   condition 4: query row t allows no key (index t; recorded by the attention kernel)
+//   condition 5: q_start[B] != T (index B)
+// (RecordDeviceError in cuda/core_kernels.cuh keeps the lowest code of the first failing op), and
+// the attention kernel, one block of kPagedAttentionThreads per (query row, kv head): it finds the
+// row's sequence by binary search over q_start, walks the sequence's keys (warps take interleaved
+// chunks of 32 keys, a lane a key, online softmax in fp32 per query head of the group) and merges
+// the warps' partial results. A row whose metadata is bad (no sequence, kv_len out of range) is not
+// written; a key whose page entry is bad is skipped; a row with no allowed key is not written. Rows
+// of good sequences are written even when another sequence is bad.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace eagle3::cuda {
+
+inline constexpr int kPagedAttentionThreads = 256;
+inline constexpr int kPagedAttentionWarps = kPagedAttentionThreads / 32;
+// The attention kernel's dynamic shared memory is at most this (no opt-in beyond the default).
+inline constexpr int64_t kPagedAttentionMaxSharedBytes = 48 * 1024;
+
+// Dynamic shared memory of the attention kernel for `group` query heads per kv head of head_dim
+// floats: the scaled queries, each warp's accumulators, and each warp's running max / sum.
+inline constexpr int64_t PagedAttentionSharedBytes(int64_t group, int64_t head_dim) {
+  return static_cast<int64_t>(sizeof(float)) *
+         ((1 + kPagedAttentionWarps) * group * head_dim + 2 * kPagedAttentionWarps * group);
+}
+
+struct PagedAttentionParams {
+  // q: [tokens, q_heads, head_dim], last dim contiguous.
+  const float* q = nullptr;
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  // cache: [num_pages, page_size, 2 * kv_heads * head_dim], contiguous: per row K of every kv
+  // head, then V of every kv head.
+  const float* cache = nullptr;
+  int64_t num_pages = 0, page_size = 1;
+  // page_tables: [batch, pages_per_seq], i32, row stride page_table_stride.
+  const int32_t* page_tables = nullptr;
+  int64_t page_table_stride = 0, pages_per_seq = 0;
+  const int32_t* q_start = nullptr;  // [batch + 1]
+  const int32_t* kv_len = nullptr;   // [batch]
+  int64_t batch = 0, tokens = 0;
+  int64_t max_kv_len = 1;  // >= 1, <= INT32_MAX: the host bound on every kv_len[b]
+  // mask: [tokens, max_kv_len] bytes (nonzero = allowed), row stride mask_stride.
+  const uint8_t* mask = nullptr;
+  int64_t mask_stride = 0;
+  // q_heads = group * kv_heads; PagedAttentionSharedBytes(group, head_dim) <=
+  // kPagedAttentionMaxSharedBytes; kv_heads <= 65535.
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  // out: [tokens, q_heads, head_dim], last dim contiguous; no overlap with the inputs.
+  float* out = nullptr;
+  int64_t out_token_stride = 0, out_head_stride = 0;
+};
+
+// error_flag: [1], i32, device (the backend's flag); error_code: the op's id shifted left by
+// kDeviceErrorIndexBits (core_ops.h).
+cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int* error_flag,
+                                        int error_code, cudaStream_t stream);
+
+}  // namespace eagle3::cuda
