@@ -288,7 +288,7 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   }
   const MoeWeightType weight_type =
       weight_dtype == DType::kBF16 ? MoeWeightType::kBF16 : MoeWeightType::kF32;
-  if (MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter)) {
+  if (s.options.moe_grouped_experts && MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter)) {
     EAGLE3_ASSIGN_OR_RETURN(const MoeGroupedWorkspace workspace,
                             GroupedWorkspace(s, top_k, hidden));
     const int64_t chunk = std::min(tokens, workspace.max_pairs / top_k);

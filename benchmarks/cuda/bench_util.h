@@ -57,6 +57,9 @@ inline cuda::CudaBackend* Backend() {
     cuda::CudaBackendOptions options;
     options.max_rows = 4096;
     options.max_context_len = 65536;
+    // EAGLE3_BENCH_MOE_GROUPED=1 measures MoeExperts' opt-in grouped path.
+    const char* grouped = std::getenv("EAGLE3_BENCH_MOE_GROUPED");
+    options.moe_grouped_experts = grouped != nullptr && grouped[0] == '1';
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

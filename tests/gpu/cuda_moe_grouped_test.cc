@@ -61,6 +61,17 @@ struct Routing {
 
 class CudaMoeGroupedTest : public ParityTest {
  protected:
+  // The grouped path is opt-in (CudaBackendOptions::moe_grouped_experts): this suite turns it on.
+  void SetUp() override {
+    ParityTest::SetUp();
+    if (IsSkipped()) return;
+    cuda::CudaBackendOptions options;
+    options.moe_grouped_experts = true;
+    auto backend = cuda::CudaBackend::Create(options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    gpu_ = std::move(*backend);
+  }
+
   // Uniform values of standard deviation `stddev`, fast enough for the V3 pools (~100M values).
   static void Fill(Tensor& t, uint32_t seed, float stddev) {
     std::mt19937 rng(seed);

@@ -32,6 +32,10 @@ struct CudaBackendOptions {
   int64_t max_rows = 4096;          // rows (tokens) of any op
   int64_t max_context_len = 65536;  // keys of one attention call
   int64_t max_experts = 512;
+  // MoeExperts' grouped path (expert-sorted tiles on tensor cores) for calls with many (token,
+  // expert) pairs (MoeExpertsUseGrouped in moe_ops.h); off: the per-pair path for every call. Off by
+  // default until its parity tests have run on a GPU (tests/GPU_RESULTS.md).
+  bool moe_grouped_experts = false;
 };
 
 class CudaBackend final : public Backend {
