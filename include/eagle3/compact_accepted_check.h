@@ -15,13 +15,7 @@
 
 #include <cstdint>
 
-#ifndef EAGLE3_HOST_DEVICE
-#if defined(__CUDACC__)
-#define EAGLE3_HOST_DEVICE __host__ __device__
-#else
-#define EAGLE3_HOST_DEVICE
-#endif
-#endif
+#include "eagle3/host_device.h"
 
 namespace eagle3 {
 
