@@ -1,4 +1,10 @@
-// CudaBackend::Gemm on cuBLASLt: c = alpha * a * b^T + beta * c + bias, row-major, row-strided.
+// CudaBackend::Gemm and BatchedGemm: c = alpha * a * b^T + beta * c + bias, row-major, row-strided.
+//
+// Up to kGemvMaxRows activation rows (decode steps) take the GEMV kernel of gemv_ops.h whenever the
+// weight rows are 16-byte aligned: one launch that streams the weights once, rounds a f32 `a` to
+// bf16 in registers for bf16 weights (no scratch, no conversion kernel) and applies alpha, beta and
+// the bias itself, for a plain product and for every item of a batch alike. Everything else runs
+// on cuBLASLt as follows.
 //
 // Types: a and b both f32, both bf16, or a f32 with b bf16 (bf16 weights, f32 activations); c and
 // bias f32; accumulation in fp32 (CUBLAS_COMPUTE_32F: no TF32, so f32 inputs keep full precision
@@ -24,6 +30,7 @@
 #include "eagle3/cuda/convert.h"
 #include "eagle3/cuda/core_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/cuda/gemv_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {
@@ -118,6 +125,29 @@ struct Batch {
   int64_t count = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
+
+GemvType GemvTypeOf(const TensorView& t) {
+  return t.dtype() == DType::kBF16 ? GemvType::kBF16 : GemvType::kF32;
+}
+
+// The GEMV path for checked operands (item 0 of `batch`, k > 0): whether it took the product (it
+// leaves what it does not take, untouched, to cuBLASLt).
+absl::StatusOr<bool> TryGemv(CudaBackend::State& s, const TensorView& a, const TensorView& b,
+                             const TensorView& c, const GemmOptions& options, const Batch& batch,
+                             const char* op) {
+  const int64_t m = a.dim(0), n = b.dim(0), k = a.dim(1);
+  if (!s.options.small_m_gemv || m > kGemvMaxRows || batch.count > 65535 ||
+      !GemvWeightsAligned(b.data(), GemvTypeOf(b), LeadingDim(b), batch.stride_b, n, batch.count)) {
+    return false;
+  }
+  const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
+  const cudaError_t error =
+      LaunchGemv(a.data(), GemvTypeOf(a), LeadingDim(a), batch.stride_a, b.data(), GemvTypeOf(b),
+                 LeadingDim(b), batch.stride_b, c.data_as<float>(), LeadingDim(c), batch.stride_c,
+                 bias, batch.count, m, n, k, options.alpha, options.beta, s.stream);
+  if (error != cudaSuccess) return CudaStatus(error, absl::StrCat(op, ": GEMV kernel launch"));
+  return true;
+}
 
 // The cuBLASLt product for checked operands of one storage type (both f32 or both bf16), m, n, k
 // > 0; a, b, c are item 0 of `batch` (no bias when batch.count > 1).
@@ -264,6 +294,8 @@ absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const T
     return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, options.beta, bias, s.stream),
                       "Gemm: bias kernel launch");
   }
+  EAGLE3_ASSIGN_OR_RETURN(const bool gemv, TryGemv(s, a, b, c, options, Batch{}, "Gemm"));
+  if (gemv) return absl::OkStatus();
   if (mixed) {  // a rounded to bf16 into contiguous scratch, then the bf16 x bf16 product
     EAGLE3_ASSIGN_OR_RETURN(void* scratch,
                             ActivationScratch(s, static_cast<size_t>(m * k) * sizeof(uint16_t)));
@@ -282,14 +314,27 @@ absl::Status CudaBackend::BatchedGemm(const TensorView& a, const TensorView& b, 
   EAGLE3_RETURN_IF_ERROR(CheckBatchedGemm(a, b, c));
   const int64_t items = a.dim(0), m = a.dim(1), n = b.dim(1), k = a.dim(2);
   if (items == 0 || m == 0 || n == 0) return absl::OkStatus();
-  if (items == 1 || options.bias != nullptr || k == 0) return Backend::BatchedGemm(a, b, c, options);
-  // Every item shares item 0's shape, strides and dtypes: its checks are every item's.
+  if (items == 1 || k == 0) return Backend::BatchedGemm(a, b, c, options);
+  // Every item shares item 0's shape, strides and dtypes: its checks are every item's, except
+  // where the bias lies against the other items of c.
   const TensorView a0 = BatchItem(a, 0), b0 = BatchItem(b, 0), c0 = BatchItem(c, 0);
   EAGLE3_RETURN_IF_ERROR(CheckGemm(a0, b0, c0, options));
   EAGLE3_RETURN_IF_ERROR(CheckTypes(a0, b0, c0, options));
+  if (options.bias != nullptr) {
+    for (int64_t i = 1; i < items; ++i) {
+      if (absl::Status st = CheckGemm(BatchItem(a, i), BatchItem(b, i), BatchItem(c, i), options);
+          !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("BatchedGemm item ", i, ": ", st.message()));
+      }
+    }
+  }
   State& s = *state_;
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "BatchedGemm: cudaSetDevice"));
   Batch batch{items, a.stride(0), b.stride(0), c.stride(0)};
+  EAGLE3_ASSIGN_OR_RETURN(const bool gemv, TryGemv(s, a0, b0, c0, options, batch, "BatchedGemm"));
+  if (gemv) return absl::OkStatus();
+  // cuBLASLt's batched product has no bias here: the per-item calls add it.
+  if (options.bias != nullptr) return Backend::BatchedGemm(a, b, c, options);
   if (a.dtype() == DType::kF32 && b.dtype() == DType::kBF16) {
     // Every item's activation rounded to bf16 in one pass, into contiguous [B, M, K] scratch.
     EAGLE3_ASSIGN_OR_RETURN(void* scratch,

@@ -60,6 +60,9 @@ inline cuda::CudaBackend* Backend() {
     // EAGLE3_BENCH_MOE_GROUPED=1 measures MoeExperts' opt-in grouped path.
     const char* grouped = std::getenv("EAGLE3_BENCH_MOE_GROUPED");
     options.moe_grouped_experts = grouped != nullptr && grouped[0] == '1';
+    // EAGLE3_BENCH_SMALL_M_GEMV=1 measures the opt-in GEMV path of Gemm / BatchedGemm.
+    const char* gemv = std::getenv("EAGLE3_BENCH_SMALL_M_GEMV");
+    options.small_m_gemv = gemv != nullptr && gemv[0] == '1';
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -65,11 +66,16 @@ class ParityTest : public ::testing::Test {
   cpu::CpuBackend cpu_;
 };
 
-// max |a - b| / max(max |b|, 1e-30) over two host f32 tensors of equal size.
+// max |a - b| / max(max |b|, 1e-30) over two host f32 tensors of equal size; +inf when an element
+// is NaN on one side only (std::max would otherwise drop it and pass the comparison).
 inline double RelError(const TensorView& a, const TensorView& b) {
   EXPECT_EQ(a.numel(), b.numel());
   double diff = 0, scale = 1e-30;
   for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
+    if (std::isnan(a.data_as<float>()[i]) != std::isnan(b.data_as<float>()[i])) {
+      return std::numeric_limits<double>::infinity();
+    }
+    if (std::isnan(a.data_as<float>()[i])) continue;
     diff = std::max(diff, static_cast<double>(std::fabs(a.data_as<float>()[i] - b.data_as<float>()[i])));
     scale = std::max(scale, static_cast<double>(std::fabs(b.data_as<float>()[i])));
   }

@@ -36,6 +36,10 @@ struct CudaBackendOptions {
   // expert) pairs (MoeExpertsUseGrouped in moe_ops.h); off: the per-pair path for every call. Off by
   // default until its parity tests have run on a GPU (tests/GPU_RESULTS.md).
   bool moe_grouped_experts = false;
+  // Gemm / BatchedGemm of up to kGemvMaxRows (gemv_ops.h) activation rows on the GEMV kernel (no
+  // activation scratch, no conversion kernel) instead of cuBLASLt. Off by default until its parity
+  // tests have run on a GPU (tests/GPU_RESULTS.md).
+  bool small_m_gemv = false;
 };
 
 class CudaBackend final : public Backend {

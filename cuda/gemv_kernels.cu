@@ -1,0 +1,398 @@
+// The small-M product (eagle3/cuda/gemv_ops.h). No abseil here: nvcc must never see it.
+//
+// Work split: a block of 8 warps covers 4 * (8 / wk) weight rows; each warp holds 4 rows x 8 lanes,
+// and the wk warps of a row group split K between their 8 * wk lanes in 16-byte chunks (lane slot s
+// takes chunks s, s + 8 wk, ...), so one warp load is four fully used 128-byte row segments and the
+// 8 distinct activation addresses of a warp read are one shared-memory wavefront. The activation
+// rows (padded with zeros to kM rows and to whole chunks) are staged in shared memory a K tile at a
+// time, laid out [kM][quad][chunk] as float4 so that those 8 reads are conflict-free. Each lane keeps
+// two batches of weight chunks in flight (the first while the tile is staged). Each lane sums its
+// chunks in order; the 8 lanes of a row reduce by an xor butterfly (every lane ends with the same
+// bits) and the wk warps of a group add their partials in warp order: deterministic.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "eagle3/cuda/gemv_ops.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kLanesPerRow = 8;
+constexpr int kRowsPerWarp = 32 / kLanesPerRow;
+// Activation tile: within the 48 KiB a block gets without opting in, beside the partial sums (up to
+// 1 KiB) and with a margin.
+constexpr int kTileBytes = 46 * 1024;
+
+struct GemvArgs {
+  const void* a;
+  int64_t lda, stride_a;
+  bool a_bf16;   // a holds bf16 bit patterns (widened exactly)
+  bool round_a;  // f32 a times bf16 b: round a to bf16 as it is staged
+  bool a_quads;  // a f32 with every row of every item 16-byte aligned: staged with float4 loads
+  const void* b;
+  int64_t ldb, stride_b;
+  float* c;
+  int64_t ldc, stride_c;
+  const float* bias;
+  int m;
+  int64_t n, k;
+  float alpha, beta;
+  int wk;           // warps per row group: 1, 2, 4 or 8
+  int tile_chunks;  // chunks per activation tile
+};
+
+__device__ __forceinline__ float Bf16Bits(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+// The partial last chunk of a weight row (k not a multiple of the chunk), element by element with
+// zeros past k: never reading beyond the row, nor multiplying padding by whatever lies there. Read
+// after the main loop, by the one lane that owns it.
+template <typename W>
+__device__ __forceinline__ uint4 LoadPartialChunk(const W* row, int64_t chunk, int64_t k) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(W));
+  uint32_t words[4];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const int64_t i = chunk * kVec + e;
+    if constexpr (sizeof(W) == 2) {
+      const uint32_t v = i < k ? static_cast<uint32_t>(row[i]) : 0u;
+      words[e / 2] = e % 2 == 0 ? v : words[e / 2] | (v << 16);
+    } else {
+      words[e] = i < k ? __float_as_uint(row[i]) : 0u;
+    }
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// One 16-byte chunk of a weight row, 16 / sizeof(W) elements.
+template <typename W>
+struct Chunk {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(W));
+  uint4 bits;
+
+  __device__ __forceinline__ void Load(const W* row, int64_t chunk) {
+    bits = __ldcs(reinterpret_cast<const uint4*>(row) + chunk);  // read once: evict first
+  }
+
+  // Element e (0 <= e < kVec) as a float.
+  __device__ __forceinline__ float operator[](int e) const {
+    const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+    if constexpr (sizeof(W) == 2) {
+      const uint32_t word = words[e / 2];
+      return e % 2 == 0 ? Bf16Bits(word & 0xffffu) : __uint_as_float(word & 0xffff0000u);
+    } else {
+      return __uint_as_float(words[e]);
+    }
+  }
+};
+
+// acc[m] += sum over the chunk's elements of w[e] * a[m][e], in element order.
+template <typename W, int kM>
+__device__ __forceinline__ void ChunkFma(const Chunk<W>& w, const float4* tile, int tc, int cc,
+                                         float (&acc)[kM]) {
+  constexpr int kQuads = Chunk<W>::kVec / 4;
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      const float4 av = tile[(m * kQuads + q) * tc + cc];
+      acc[m] = fmaf(w[4 * q + 0], av.x, acc[m]);
+      acc[m] = fmaf(w[4 * q + 1], av.y, acc[m]);
+      acc[m] = fmaf(w[4 * q + 2], av.z, acc[m]);
+      acc[m] = fmaf(w[4 * q + 3], av.w, acc[m]);
+    }
+  }
+}
+
+// Loads of the activation tile a thread has in flight at once (the tile comes from L2: one round
+// trip per batch), in elements.
+constexpr int kStageElements = 16;
+
+__device__ __forceinline__ float StagedValue(const GemvArgs& p, float v) {
+  return p.round_a ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
+// Elements k .. k + kUnit - 1 of activation row m (zeros past the end of the row, and for m >= M): one
+// element of any alignment, or (kUnit 4, a_quads) one aligned quad, the last one of a row read
+// element by element so as never to read past k.
+template <int kUnit>
+__device__ __forceinline__ void LoadUnit(const GemvArgs& p, const void* a, int m, int64_t k,
+                                         float (&v)[kUnit]) {
+#pragma unroll
+  for (int j = 0; j < kUnit; ++j) v[j] = 0.0f;
+  if (m >= p.m || k >= p.k) return;
+  const int64_t at = m * p.lda + k;
+  if constexpr (kUnit == 1) {
+    v[0] = p.a_bf16 ? Bf16Bits(static_cast<const uint16_t*>(a)[at]) : static_cast<const float*>(a)[at];
+  } else {
+    const float* row = static_cast<const float*>(a) + at;
+    if (k + kUnit <= p.k) {
+      const float4 q = *reinterpret_cast<const float4*>(row);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      for (int j = 0; j < kUnit && k + j < p.k; ++j) v[j] = row[j];
+    }
+  }
+}
+
+// Stages activation columns [t0 * kVec, (t0 + tc) * kVec) of item `item`'s rows into the tile, in
+// units of kUnit elements.
+template <int kUnit, int kVec, int kM>
+__device__ __forceinline__ void StageUnits(const GemvArgs& p, int64_t item, int64_t t0, int tc,
+                                           float* tile) {
+  constexpr int kQuads = kVec / 4, kBatch = kStageElements / kUnit;
+  const int64_t k0 = t0 * kVec;
+  const int units = tc * kVec / kUnit, total = kM * units;
+  const size_t a_size = p.a_bf16 ? sizeof(uint16_t) : sizeof(float);
+  const void* a = static_cast<const char*>(p.a) + item * p.stride_a * static_cast<int64_t>(a_size);
+  for (int base = threadIdx.x; base < total; base += kThreads * kBatch) {
+    float v[kBatch][kUnit];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      const int m = i / units;
+      LoadUnit<kUnit>(p, a, i < total ? m : kM, k0 + kUnit * (i - m * units), v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      if (i >= total) break;
+      const int m = i / units, col = kUnit * (i - m * units);
+      const int chunk = col / kVec, e = col % kVec;
+      float* out = tile + ((m * kQuads + e / 4) * tc + chunk) * 4 + e % 4;
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) out[j] = StagedValue(p, v[u][j]);
+    }
+  }
+}
+
+template <int kVec, int kM>
+__device__ __forceinline__ void StageTile(const GemvArgs& p, int64_t item, int64_t t0, int tc,
+                                          float* tile) {
+  if (p.a_quads) {
+    StageUnits<4, kVec, kM>(p, item, t0, tc, tile);
+  } else {
+    StageUnits<1, kVec, kM>(p, item, t0, tc, tile);
+  }
+}
+
+// One lane's view of the work: its weight row and its chunk slot among the lanes of that row.
+template <typename W>
+struct LaneWork {
+  const W* row;
+  bool active;  // row < n
+  int slot, slots;
+  int64_t full_chunks, chunks;
+  int tile_chunks;
+
+  // Chunks in the tile that starts at chunk t0, and the whole ones among them.
+  __device__ __forceinline__ int TileChunks(int64_t t0) const {
+    return static_cast<int>(chunks - t0 < tile_chunks ? chunks - t0 : tile_chunks);
+  }
+  __device__ __forceinline__ int WholeChunks(int64_t t0) const {
+    return static_cast<int>(full_chunks - t0 < tile_chunks ? full_chunks - t0 : tile_chunks);
+  }
+};
+
+// The lane's batch of kBatch whole chunks base, base + slots, ... of the tile at t0 (those past the
+// tile's whole chunks, or of an inactive lane, are not read).
+template <typename W, int kBatch>
+__device__ __forceinline__ void LoadBatch(const LaneWork<W>& lw, int64_t t0, int base,
+                                          Chunk<W> (&w)[kBatch]) {
+  const int whole = lw.WholeChunks(t0);
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    if (lw.active && base + u * lw.slots < whole) w[u].Load(lw.row, t0 + base + u * lw.slots);
+  }
+}
+
+// Blocks per SM the register budget is set for: 2 (128 registers), where every bucket fits without
+// spilling.
+constexpr int kBlocksPerSm = 2;
+// Chunks of a lane's batch (two batches overlap: the next is loaded while the current one is
+// multiplied): with 8, a lane of a 5120-wide bf16 row has its whole share in flight at once; fewer
+// where the accumulators of more rows take the registers.
+template <int kM>
+constexpr int kBatchChunks = kM >= 8 ? 2 : kM >= 4 ? 4 : 8;
+
+template <typename W, int kM>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(GemvArgs p) {
+  static_assert(kM <= kLanesPerRow, "one output row per lane of a row's lanes");
+  constexpr int kVec = Chunk<W>::kVec;
+  constexpr int kBatch = kBatchChunks<kM>;
+  extern __shared__ float4 tile[];
+  __shared__ float partial[kWarps][kRowsPerWarp][kM];
+
+  const int64_t item = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = warp / p.wk, warp_in_group = warp % p.wk;
+  const int rows_per_block = kRowsPerWarp * (kWarps / p.wk);
+  const int row_in_warp = lane / kLanesPerRow, lane_in_row = lane % kLanesPerRow;
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * rows_per_block + group * kRowsPerWarp + row_in_warp;
+  LaneWork<W> lw;
+  lw.active = row < p.n;
+  lw.row = static_cast<const W*>(p.b) + item * p.stride_b + (lw.active ? row * p.ldb : 0);
+  lw.slot = warp_in_group * kLanesPerRow + lane_in_row;
+  lw.slots = p.wk * kLanesPerRow;
+  lw.full_chunks = p.k / kVec;
+  lw.chunks = (p.k + kVec - 1) / kVec;
+  lw.tile_chunks = p.tile_chunks;
+
+  float acc[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;
+  // Software pipeline over the lane's chunks, tile after tile: the first batch of a tile is in
+  // flight while its activations are staged, and each batch while the previous one is multiplied.
+  Chunk<W> cur[kBatch] = {}, next[kBatch] = {};
+  LoadBatch<W, kBatch>(lw, 0, lw.slot, cur);
+  int64_t t0 = 0;
+  for (;; t0 += p.tile_chunks) {
+    const int tc = lw.TileChunks(t0), whole = lw.WholeChunks(t0);
+    StageTile<kVec, kM>(p, item, t0, tc, reinterpret_cast<float*>(tile));
+    __syncthreads();
+    for (int base = lw.slot; base < whole; base += kBatch * lw.slots) {
+      const int next_base = base + kBatch * lw.slots;
+      if (next_base < whole) {
+        LoadBatch<W, kBatch>(lw, t0, next_base, next);
+      } else if (t0 + p.tile_chunks < lw.chunks) {
+        LoadBatch<W, kBatch>(lw, t0 + p.tile_chunks, lw.slot, next);
+      }
+      if (lw.active) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int cc = base + u * lw.slots;
+          if (cc < whole) ChunkFma<W, kM>(cur[u], tile, tc, cc, acc);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) cur[u] = next[u];
+    }
+    if (t0 + p.tile_chunks >= lw.chunks) break;
+    __syncthreads();  // every lane is done with this tile before the next is staged
+  }
+  // The partial last chunk (k not a multiple of kVec), in the last tile, still staged.
+  const int partial_cc = static_cast<int>(lw.full_chunks - t0);
+  if (lw.active && lw.chunks > lw.full_chunks && partial_cc % lw.slots == lw.slot) {
+    Chunk<W> w;
+    w.bits = LoadPartialChunk(lw.row, lw.full_chunks, p.k);
+    ChunkFma<W, kM>(w, tile, lw.TileChunks(t0), partial_cc, acc);
+  }
+
+#pragma unroll
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], offset);
+  }
+  // Lane lane_in_row of the row now owns output row m = lane_in_row.
+  const int m = lane_in_row;
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kM; ++i) sum = i == m ? acc[i] : sum;
+  if (p.wk > 1) {
+    if (m < kM) partial[warp][row_in_warp][m] = sum;
+    __syncthreads();
+    if (warp_in_group != 0) return;
+    if (m < kM) {
+      sum = partial[warp][row_in_warp][m];
+      for (int w = 1; w < p.wk; ++w) sum += partial[warp + w][row_in_warp][m];
+    }
+  }
+  if (!lw.active || m >= p.m) return;
+  float* out = p.c + item * p.stride_c + m * p.ldc + row;
+  float v = p.alpha * sum;
+  if (p.beta != 0.0f) v += p.beta * *out;
+  if (p.bias != nullptr) v += p.bias[row];
+  *out = v;
+}
+
+template <typename W, int kM>
+cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
+  constexpr int kVec = Chunk<W>::kVec;
+  const int64_t chunks = (p.k + kVec - 1) / kVec;
+  const int64_t budget = kTileBytes / (kM * kVec * static_cast<int64_t>(sizeof(float)));
+  p.tile_chunks = static_cast<int>(chunks < budget ? chunks : budget);
+  // Warps per row: the most that keep the grid within one wave of resident blocks (fewer, longer
+  // blocks keep more of each lane's chunks in flight and pay the tile staging and the reduction
+  // less often) and leave each lane two chunks of a tile; past 4 activation rows at most 4, so
+  // that the tile a block stages stays small beside the weight bytes it streams.
+  const int max_wk = kM >= 8 ? 4 : kWarps;
+  const int64_t wave = static_cast<int64_t>(kBlocksPerSm) * sm_count;
+  const auto blocks_for = [&](int wk) {
+    const int64_t rows_per_block = kRowsPerWarp * (kWarps / wk);
+    return (p.n + rows_per_block - 1) / rows_per_block;
+  };
+  p.wk = 1;
+  while (p.wk < max_wk && 2 * p.wk * kLanesPerRow * 2 <= p.tile_chunks &&
+         blocks_for(2 * p.wk) * batch <= wave) {
+    p.wk *= 2;
+  }
+  const int64_t blocks = blocks_for(p.wk);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(kM) * kVec * sizeof(float) * p.tile_chunks;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
+  GemvKernel<W, kM><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename W>
+cudaError_t LaunchRows(const GemvArgs& p, int64_t batch, int sm_count, cudaStream_t stream) {
+  if (p.m <= 1) return Launch<W, 1>(p, batch, sm_count, stream);
+  if (p.m <= 2) return Launch<W, 2>(p, batch, sm_count, stream);
+  if (p.m <= 4) return Launch<W, 4>(p, batch, sm_count, stream);
+  return Launch<W, 8>(p, batch, sm_count, stream);
+}
+
+}  // namespace
+
+cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                       const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b, float* c,
+                       int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                       cudaStream_t stream) {
+  static_assert(kGemvMaxRows <= kLanesPerRow, "LaunchRows' largest bucket");
+  if (a == nullptr || b == nullptr || c == nullptr) return cudaErrorInvalidValue;
+  if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || batch > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if ((m > 1 && (lda < k || ldc < n)) || (n > 1 && ldb < k)) return cudaErrorInvalidValue;
+  if (batch > 1 && (batch_stride_a < 0 || batch_stride_b < 0 || batch_stride_c < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a_type == GemvType::kBF16 && b_type != GemvType::kBF16) return cudaErrorInvalidValue;
+  if (!GemvWeightsAligned(b, b_type, ldb, batch_stride_b, n, batch)) return cudaErrorInvalidValue;
+  const bool b_bf16 = b_type == GemvType::kBF16;
+  GemvArgs p{};
+  p.a = a;
+  p.lda = m > 1 ? lda : 0;
+  p.stride_a = batch > 1 ? batch_stride_a : 0;
+  p.a_bf16 = a_type == GemvType::kBF16;
+  p.round_a = b_bf16 && !p.a_bf16;
+  p.a_quads = !p.a_bf16 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && p.lda % 4 == 0 &&
+              p.stride_a % 4 == 0;
+  p.b = b;
+  p.ldb = n > 1 ? ldb : 0;
+  p.stride_b = batch > 1 ? batch_stride_b : 0;
+  p.c = c;
+  p.ldc = m > 1 ? ldc : 0;
+  p.stride_c = batch > 1 ? batch_stride_c : 0;
+  p.bias = bias;
+  p.m = static_cast<int>(m);
+  p.n = n;
+  p.k = k;
+  p.alpha = alpha;
+  p.beta = beta;
+  int device = 0, sm_count = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
+  if (const cudaError_t error =
+          cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+      error != cudaSuccess) {
+    return error;
+  }
+  return b_bf16 ? LaunchRows<uint16_t>(p, batch, sm_count, stream)
+                : LaunchRows<float>(p, batch, sm_count, stream);
+}
+
+}  // namespace eagle3::cuda

@@ -1,0 +1,59 @@
+// Launcher for the small-M product behind CudaBackend::Gemm and BatchedGemm (decode steps: a few
+// activation rows against a large weight matrix). Raw pointers, stream last, cudaError_t out; no
+// allocation, no host synchronization (capturable); callable from any C++ compiler (no nvcc needed
+// to include this header). Semantics are Gemm's (eagle3/backend.h):
+//   c = alpha * a b^T + beta * c + bias      (beta == 0: c is never read)
+// with the bias added last (cuBLASLt's epilogue order). Weights are streamed once with 16-byte
+// loads, the activation rows are staged in shared memory (rounded to bf16 there when the weights are
+// bf16 and `a` is f32, exactly as the cuBLASLt path's conversion rounds them), and products
+// accumulate in fp32 in a fixed order: same result every run, and only the fp32 summation order
+// differs from the cuBLASLt path. Row strides and batch strides are in elements.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace eagle3::cuda {
+
+// Most activation rows the GEMV path takes. Past 8 rows each bf16 weight element feeds more than 8
+// fp32 FMAs on CUDA cores and the activation tile in shared memory grows with M, so the kernel stops
+// being bandwidth-bound; cuBLASLt (tensor cores) is the better product there.
+inline constexpr int64_t kGemvMaxRows = 8;
+
+// Storage type of a GEMV operand.
+enum class GemvType : int {
+  kF32 = 0,   // float
+  kBF16 = 1,  // bf16 bit patterns (uint16_t)
+};
+
+// Whether LaunchGemv takes weights stored like this: every weight row of every item must start on
+// a 16-byte boundary (b itself, the row stride when n > 1 and the item stride when batch > 1, in
+// bytes). `a` and `c` may start anywhere.
+inline bool GemvWeightsAligned(const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b,
+                               int64_t n, int64_t batch) {
+  const int64_t size = b_type == GemvType::kBF16 ? 2 : 4;
+  return reinterpret_cast<uintptr_t>(b) % 16 == 0 && (n <= 1 || (ldb * size) % 16 == 0) &&
+         (batch <= 1 || (batch_stride_b * size) % 16 == 0);
+}
+
+// For each item i < batch: c_i = alpha * a_i b_i^T + beta * c_i + bias, where x_i starts
+// i * batch_stride_x elements after x. fp32 accumulation; with b bf16 and a f32, a is rounded to
+// bf16 (round to nearest, ties to even) before it is multiplied; f32 x f32 is full fp32 (no TF32).
+// a:    [batch, m, k], a_type (f32, or bf16 with b bf16), row stride lda >= k (any when m == 1),
+//       item stride batch_stride_a >= 0, device, any alignment
+// b:    [batch, n, k], b_type, row stride ldb >= k (any when n == 1), item stride batch_stride_b
+//       >= 0, device; GemvWeightsAligned must hold
+// c:    [batch, m, n], f32, row stride ldc >= n (any when m == 1), item stride batch_stride_c,
+//       device, any alignment; items and rows must not overlap one another, a, b or bias
+// bias: [n], f32, device, added to every row of every item; nullptr for none
+// 1 <= m <= kGemvMaxRows, n >= 1, k >= 1, 1 <= batch <= 65535; alpha and beta finite.
+// Returns cudaErrorInvalidValue for sizes or strides outside this, a missing pointer, f32 weights
+// with bf16 activations, or misaligned weights.
+cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                       const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b, float* c,
+                       int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch,
+                       int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                       cudaStream_t stream);
+
+}  // namespace eagle3::cuda
