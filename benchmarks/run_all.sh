@@ -3,11 +3,16 @@
 # roofline.png. From the repository root, after `source .gpu-host/env.sh`:
 #
 #   benchmarks/run_all.sh [--quick] [--out DIR] [--build DIR] [--timeout SECONDS] [--no-build]
+#                         [--only NAME,NAME...] [--no-peers] [--no-report]
 #
 #   --quick     fewer shapes and repetitions (EAGLE3_BENCH_QUICK=1), about 6 minutes in all
 #   --out       where the JSON goes (default /tmp/eagle3-bench-results; $OUT/bench when $OUT is set)
 #   --build     the CMake build directory (default /tmp/b-bench-gpu)
 #   --timeout   per-binary / per-peer limit in seconds (default 600, 180 with --quick)
+#   --only      run only these benchmark binaries (names without _benchmark, e.g. verify,mla_decode):
+#               a device call is limited to 10 minutes, so a full run is split over several calls
+#               into the same --out DIR (JSON of earlier calls stays; status.txt is appended to)
+#   --no-peers  skip the PyTorch peers; --no-report skips make_results.py
 #
 # Each benchmarks/cuda/*_benchmark binary writes DIR/<name>.json (Google Benchmark JSON); every
 # benchmarks/peers/*.py (helpers starting with '_' excepted) appends JSON lines to DIR/peers.jsonl;
@@ -22,6 +27,9 @@ OUT_DIR=${OUT_DIR:-/tmp/eagle3-bench-results}
 BUILD=/tmp/b-bench-gpu
 TIMEOUT=
 DO_BUILD=1
+ONLY=
+PEERS=1
+REPORT=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -29,6 +37,9 @@ while [ $# -gt 0 ]; do
     --build) BUILD=$2; shift ;;
     --timeout) TIMEOUT=$2; shift ;;
     --no-build) DO_BUILD=0 ;;
+    --only) ONLY=",$2,"; shift ;;
+    --no-peers) PEERS=0 ;;
+    --no-report) REPORT=0 ;;
     *) echo "run_all.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
@@ -38,8 +49,12 @@ if [ -z "$TIMEOUT" ]; then
 fi
 export EAGLE3_BENCH_QUICK=$QUICK
 mkdir -p "$OUT_DIR/logs"
-: > "$OUT_DIR/status.txt"
-: > "$OUT_DIR/peers.jsonl"
+# A partial call (--only) adds to an earlier call's directory instead of starting over.
+if [ -z "$ONLY" ]; then
+  : > "$OUT_DIR/status.txt"
+fi
+touch "$OUT_DIR/status.txt"
+[ $PEERS = 0 ] || : > "$OUT_DIR/peers.jsonl"
 START=$(date +%s)
 note() { echo "[run_all $(( $(date +%s) - START ))s] $*" >&2; }
 
@@ -51,7 +66,8 @@ if [ $DO_BUILD = 1 ]; then
     echo "cmake failed" >> "$OUT_DIR/status.txt"
   fi
   # Build every GPU benchmark target; one that fails to compile does not stop the others (-k 0).
-  targets=$(cd "$ROOT/benchmarks/cuda" && ls *_benchmark.cc 2>/dev/null | sed 's/\.cc$//')
+  targets=$(cd "$ROOT/benchmarks/cuda" && ls *_benchmark.cc 2>/dev/null | sed 's/\.cc$//' |
+    while read -r t; do case "$ONLY" in ""|*",${t%_benchmark},"*) echo "$t" ;; esac; done)
   if ! cmake --build "$BUILD" -j16 --target $targets -- -k 0 > "$OUT_DIR/logs/build.log" 2>&1; then
     note "some benchmark failed to build (see $OUT_DIR/logs/build.log)"; grep -E "error|FAILED" "$OUT_DIR/logs/build.log" | head -20 >&2
     echo "build: some targets failed" >> "$OUT_DIR/status.txt"
@@ -82,6 +98,7 @@ PY
 
 for src in "$ROOT"/benchmarks/cuda/*_benchmark.cc; do
   name=$(basename "$src" .cc)
+  case "$ONLY" in ""|*",${name%_benchmark},"*) ;; *) continue ;; esac
   bin="$BUILD/benchmarks/$name"
   if [ ! -x "$bin" ]; then
     note "$name: not built, skipped"; echo "$name: not built" >> "$OUT_DIR/status.txt"; continue
@@ -96,6 +113,7 @@ done
 
 PY_PEER=${PYTHON:-python3}
 for peer in "$ROOT"/benchmarks/peers/*.py; do
+  [ $PEERS = 1 ] || break
   name=$(basename "$peer" .py)
   case "$name" in _*) continue ;; esac
   note "peer $name"
@@ -106,8 +124,10 @@ for peer in "$ROOT"/benchmarks/peers/*.py; do
   [ $rc = 0 ] || { note "peer $name exited $rc"; tail -5 "$OUT_DIR/logs/peer_$name.log" >&2; }
 done
 
+if [ $REPORT = 1 ]; then
 note "make_results.py"
 python3 "$ROOT/benchmarks/make_results.py" --in "$OUT_DIR" --out-md "$ROOT/benchmarks/RESULTS.md" \
   --out-png "$ROOT/benchmarks/roofline.png" --notes "$ROOT/benchmarks/NOTES.md"
 cp "$ROOT/benchmarks/RESULTS.md" "$ROOT/benchmarks/roofline.png" "$OUT_DIR/" 2>/dev/null
+fi
 note "done; status:"; cat "$OUT_DIR/status.txt" >&2
