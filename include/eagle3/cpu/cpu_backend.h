@@ -23,10 +23,10 @@ struct CpuBackendOptions {
 
 // Every op of Backend on host memory (Device::Cpu()), computing in fp32. Floating-point tensors
 // must be f32 (convert other dtypes with ConvertTensor first); Copy moves any dtype. Synchronous:
-// Synchronize() has nothing to wait for. Attention, LatentAttention, MoeRoute and MoeExperts use a
-// scratch buffer owned by the backend that grows to the largest size asked for (context length,
-// expert count, 3 * expert intermediate size) and is then reused: reserve it with a first call at
-// the largest shapes if no call may allocate.
+// Synchronize() has nothing to wait for. Attention, LatentAttention, BatchedLatentAttention,
+// BatchedPagedAttention, MoeRoute and MoeExperts use a scratch buffer owned by the backend that
+// grows to the largest size asked for (context length, expert count, 3 * expert intermediate size)
+// and is then reused: reserve it with a first call at the largest shapes if no call may allocate.
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions());
