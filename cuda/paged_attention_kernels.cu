@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
   const int64_t key_col = kv_head * p.head_dim, value_col = (p.kv_heads + kv_head) * p.head_dim;
   const int32_t* pages = p.page_tables + b * p.page_table_stride;
   const uint8_t* mask_row = p.mask + t * p.mask_stride;
+  bool seen_key = false;  // whether this thread's warp met an allowed key (also with no query heads)
   for (int64_t base = static_cast<int64_t>(warp) * 32; base < len; base += kPagedAttentionWarps * 32) {
     const int64_t s = base + lane;
     bool valid = false;
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
       }
     }
     if (__ballot_sync(kFullMask, valid) == 0) continue;
+    seen_key = true;
     const float* key = p.cache + row + key_col;
     for (int g = 0; g < group; ++g) {
       const float* qg = q_s + g * dim;
@@ -144,14 +146,17 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
       __syncwarp();
     }
   }
-  __syncthreads();
+  if (!__syncthreads_or(seen_key)) {  // uniform: the row allows no key
+    if (kv_head == 0 && threadIdx.x == 0) RecordDeviceError(error_flag, error_code, 8 * t + 4);
+    return;
+  }
 
-  // Merge the warps: out = sum_w e^(m_w - M) acc_w / sum_w e^(m_w - M) l_w.
+  // Merge the warps: out = sum_w e^(m_w - M) acc_w / sum_w e^(m_w - M) l_w (some warp has m_w = M
+  // finite, so the total is >= 1).
   for (int i = threadIdx.x; i < group * dim; i += blockDim.x) {
     const int g = i / dim, d = i % dim;
     float top = -CUDART_INF_F;
     for (int w = 0; w < kPagedAttentionWarps; ++w) top = fmaxf(top, max_s[w * group + g]);
-    if (top == -CUDART_INF_F) continue;  // no allowed key: reported below
     float total = 0.0f, value = 0.0f;
     for (int w = 0; w < kPagedAttentionWarps; ++w) {
       const float f = expf(max_s[w * group + g] - top);
@@ -159,11 +164,6 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
       value += acc[(w * group + g) * dim + d] * f;
     }
     p.out[t * p.out_token_stride + (first_head + g) * p.out_head_stride + d] = value / total;
-  }
-  if (kv_head == 0 && threadIdx.x == 0) {
-    float top = -CUDART_INF_F;
-    for (int w = 0; w < kPagedAttentionWarps; ++w) top = fmaxf(top, max_s[w * group]);
-    if (top == -CUDART_INF_F) RecordDeviceError(error_flag, error_code, 8 * t + 4);
   }
 }
 
@@ -174,9 +174,11 @@ cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int*
   const PagedAttentionParams& p = params;
   if (p.batch < 0 || p.tokens < 0 || p.tokens > INT32_MAX || p.num_pages < 0 || p.page_size < 1 || p.pages_per_seq < 0 ||
       p.max_kv_len < 1 || p.max_kv_len > INT32_MAX || p.head_dim < 1 || p.kv_heads < 1 || p.kv_heads > 65535 ||
-      p.q_heads < p.kv_heads || p.q_heads % p.kv_heads != 0 || error_flag == nullptr || p.q_start == nullptr ||
-      (p.batch > 0 && (p.kv_len == nullptr || p.page_tables == nullptr)) ||
-      (p.tokens > 0 && (p.q == nullptr || p.cache == nullptr || p.mask == nullptr || p.out == nullptr))) {
+      p.q_heads < 0 || p.q_heads % p.kv_heads != 0 || error_flag == nullptr || p.q_start == nullptr ||
+      (p.batch > 0 && (p.kv_len == nullptr || (p.pages_per_seq > 0 && p.page_tables == nullptr))) ||
+      (p.tokens > 0 && p.mask == nullptr) ||
+      (p.tokens > 0 && p.q_heads > 0 && (p.q == nullptr || p.out == nullptr)) ||
+      (p.num_pages > 0 && p.cache == nullptr)) {
     return cudaErrorInvalidValue;
   }
   const int64_t group = p.q_heads / p.kv_heads;

@@ -221,6 +221,21 @@ TEST(CpuBackendRopeTest, RotateHalfMatchesExplicitRotation) {
 
 // Head-major memory [N, T, D] viewed as [T, N, D]; and the MLA k_pe, a [T, 1, rope] view into the
 // kv_a output rows [T, kv_lora + rope].
+// A contiguous [T, 0, D] view (no heads) has stride 0 along dim 0 but maps no element twice: it is
+// an empty operand, not an aliasing one.
+TEST(CpuBackendRopeTest, NoHeadsIsAnEmptyOperand) {
+  CpuBackend backend;
+  std::mt19937 rng(13);
+  std::vector<float> table = RandomTable(8, 6, 1.0f, rng);
+  std::vector<int32_t> positions = {1, 2, 3};
+  std::vector<float> none(1);
+  const absl::Status st =
+      backend.ApplyRope(TensorView(none.data(), DType::kF32, Shape{3, 0, 6}), 0, 6,
+                        TensorView(positions.data(), DType::kI32, Shape{3}),
+                        TensorView(table.data(), DType::kF32, Shape{8, 6}), RopeStyle::kAdjacentPairs);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
 TEST(CpuBackendRopeTest, HeadMajorAndSingleHeadViews) {
   CpuBackend backend;
   std::mt19937 rng(12);

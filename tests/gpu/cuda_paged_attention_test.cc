@@ -1,8 +1,9 @@
 // CudaBackend::BatchedPagedAttention ≡ the CPU reference (1e-5) over GQA groups (the draft's 4 x 128
 // included), page sizes 1 and 16, shuffled pages, random masks, 1..8 query rows per sequence and
 // contexts long enough for every warp of a block to take several key chunks; bad metadata is
-// reported by Synchronize, naming the sequence or row; the op records into a CUDA graph and a replay
-// reads the device metadata as it is then.
+// reported by Synchronize, naming the sequence or row; empty operands (no query heads, no pages)
+// behave as on the CPU; the op records into a CUDA graph and a replay reads the device metadata as
+// it is then.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -105,6 +106,67 @@ TEST_F(CudaPagedAttentionTest, BadMetadataIsReportedBySynchronize) {
     EXPECT_THAT(std::string(st.message()), HasSubstr("BatchedPagedAttention"));
     for (const std::string& needle : c.needles) EXPECT_THAT(std::string(st.message()), HasSubstr(needle));
     EXPECT_TRUE(gpu_->Synchronize().ok()) << "the flag is cleared once reported";
+  }
+}
+
+// Empty operands as the CPU reference takes them: q and out with no heads ([T, 0, D]; given the
+// strides of [T, 1, D], as contiguous ones would map every row to one address) are accepted and
+// still have their mask rows checked; a cache of no pages makes every page entry bad.
+TEST_F(CudaPagedAttentionTest, NoQueryHeadsOrNoPagesAgreeWithTheCpuReference) {
+  std::mt19937 rng(13);
+  PagedBatch x = MakePagedBatch(rng, 2, 2, 8, 4, {2, 1}, {5, 9});
+  Device d = Up(x);
+  auto headless = [&](const TensorView& t) {
+    return TensorView(t.data(), DType::kF32, Shape{x.total, 0, x.dim}, Shape{x.dim, x.dim, 1}, t.device());
+  };
+  auto cpu_run = [&](const TensorView& q, const TensorView& cache, const TensorView& out) {
+    return cpu_.BatchedPagedAttention(q, cache, x.Tables(), x.Starts(), x.Lens(), x.max_kv_len, x.Mask(), kScale,
+                                      out);
+  };
+  auto gpu_run = [&](const TensorView& q, const TensorView& cache, const TensorView& out) {
+    return gpu_->BatchedPagedAttention(q, cache, d.tables, d.starts, d.lens, x.max_kv_len, d.mask, kScale, out);
+  };
+  ASSERT_TRUE(cpu_run(headless(x.Q()), x.Cache(), headless(x.Out())).ok());
+  ASSERT_TRUE(gpu_run(headless(d.q), d.cache, headless(d.out)).ok());
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+
+  const TensorView no_pages(nullptr, DType::kF32, Shape{0, x.page_size, x.row()}, d.cache.device());
+  const TensorView host_no_pages(nullptr, DType::kF32, Shape{0, x.page_size, x.row()}, ::eagle3::Device::Cpu());
+  EXPECT_EQ(cpu_run(x.Q(), host_no_pages, x.Out()).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(gpu_run(d.q, no_pages, d.out).ok()) << "the op itself returns OK; the error is deferred";
+  absl::Status st = gpu_->Synchronize();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("sequence 0"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("page entry"));
+
+  for (int64_t j = 0; j < x.len[0]; ++j) x.mask[1 * x.max_kv_len + j] = 0;  // row 1 allows no key
+  ASSERT_TRUE(gpu_->Copy(x.Mask(), d.mask).ok());
+  EXPECT_EQ(cpu_run(headless(x.Q()), x.Cache(), headless(x.Out())).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(gpu_run(headless(d.q), d.cache, headless(d.out)).ok());
+  st = gpu_->Synchronize();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("row 1"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("allows no key"));
+
+  // Sequences without rows and page tables without columns (no data): nothing to do, on both.
+  std::vector<int32_t> starts = {0, 0, 0}, lens = {0, 3};
+  const TensorView host_starts(starts.data(), DType::kI32, Shape{3}), host_lens(lens.data(), DType::kI32, Shape{2});
+  Tensor d_starts = *Tensor::Empty(DType::kI32, Shape{3}, gpu_->allocator());
+  Tensor d_lens = *Tensor::Empty(DType::kI32, Shape{2}, gpu_->allocator());
+  ASSERT_TRUE(gpu_->Copy(host_starts, d_starts).ok());
+  ASSERT_TRUE(gpu_->Copy(host_lens, d_lens).ok());
+  auto none = [](DType dtype, const Shape& shape, ::eagle3::Device where) {
+    return TensorView(nullptr, dtype, shape, where);
+  };
+  for (const ::eagle3::Device where : {::eagle3::Device::Cpu(), d.q.device()}) {
+    Backend& backend = where.is_cpu() ? static_cast<Backend&>(cpu_) : *gpu_;
+    const bool on_cpu = where.is_cpu();
+    st = backend.BatchedPagedAttention(
+        none(DType::kF32, Shape{0, 2, 8}, where), on_cpu ? x.Cache() : d.cache, none(DType::kI32, Shape{2, 0}, where),
+        on_cpu ? host_starts : d_starts.view(), on_cpu ? host_lens : d_lens.view(), 4,
+        none(DType::kU8, Shape{0, 4}, where), kScale, none(DType::kF32, Shape{0, 2, 8}, where));
+    EXPECT_TRUE(st.ok()) << where.ToString() << ": " << st;
+    EXPECT_TRUE(backend.Synchronize().ok()) << where.ToString();
   }
 }
 

@@ -1,6 +1,7 @@
 // DraftModel steps captured in a CUDA graph and replayed ≡ the same steps run eagerly, bit for bit:
-// fed-back decode steps of two sequences with growing cache lengths, and tree steps whose masks,
-// tokens and pages change every replay (golden draft_v2 on v2_qlora_yarn, f32 weights).
+// fed-back decode steps of two sequences with growing cache lengths, tree steps whose masks, tokens
+// and hidden rows change every replay, and replays of the tree graph at another cache length with
+// a new page every replay (golden draft_v2 on v2_qlora_yarn, f32 weights).
 #include <memory>
 #include <random>
 #include <string>
@@ -184,6 +185,15 @@ TEST_F(DraftGraphTest, DecodeAndTreeStepsReplayEqualEagerSteps) {
     const Out want = Eager(eager_, c);
     const Out got = step == 0 ? Eager(graphed_, c) : Replay(&tree, &tree_sig, c);
     ExpectSame(got, want, "tree step " + std::to_string(step));
+  }
+  // The tree graph replayed for steps it was not captured with: sequence 0's rows start a page
+  // (cache_len 16), which is a page never used before and a different one every replay, so the
+  // replay must take its page table, slots and kv_len from the step staged for it.
+  for (int step = 0; step < 4; ++step) {
+    pages_[0][2] = 32 + step;
+    const Call c = Make({4, 3}, {16, 9}, false, true);
+    const Out want = Eager(eager_, c);
+    ExpectSame(Replay(&tree, &tree_sig, c), want, "tree step on a new page " + std::to_string(step));
   }
 }
 

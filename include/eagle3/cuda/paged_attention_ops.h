@@ -3,7 +3,8 @@
 // eagle3/backend.h). Raw pointers, stream last, cudaError_t out; no allocation, no host sync;
 // callable from any C++ compiler (no nvcc needed to include this header). fp32 throughout; strides
 // are in elements. Returns cudaErrorInvalidValue for negative sizes, a missing pointer, or a
-// parameter outside what is documented here.
+// parameter outside what is documented here (a pointer may be null where its operand has no
+// elements: q and out with no query heads, cache with no pages, page_tables with no columns).
 //
 // Two kernels on `stream`: a check kernel (one block per sequence) that records bad metadata in the
 // backend's error flag as error_code | (8 * index + condition), with
@@ -12,7 +13,8 @@
 //   condition 2: sequence b with rows: kv_len[b] outside [0, min(max_kv_len, P * page_size)]
 //   condition 3: sequence b: a page entry it uses (j < ceil(kv_len[b] / page_size)) outside
 //                [0, num_pages)
-//   condition 4: query row t allows no key (index t; recorded by the attention kernel)
+//   condition 4: query row t allows no key whose page entry is good (index t; recorded by the
+//                attention kernel, also with no query heads)
 //   condition 5: q_start[B] != T (index B)
 // (RecordDeviceError in cuda/core_kernels.cuh keeps the lowest code of the first failing op), and
 // the attention kernel, one block of kPagedAttentionThreads per (query row, kv head): it finds the
@@ -60,7 +62,7 @@ struct PagedAttentionParams {
   // mask: [tokens, max_kv_len] bytes (nonzero = allowed), row stride mask_stride.
   const uint8_t* mask = nullptr;
   int64_t mask_stride = 0;
-  // q_heads = group * kv_heads; PagedAttentionSharedBytes(group, head_dim) <=
+  // q_heads = group * kv_heads, group >= 0; PagedAttentionSharedBytes(group, head_dim) <=
   // kPagedAttentionMaxSharedBytes; kv_heads <= 65535.
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
