@@ -424,6 +424,13 @@ absl::Status TargetModel::Impl::ValidateBatch(std::span<const SequenceInput> bat
                                    Str(options.page_size) + " hold " + Str(capacity) +
                                    " and max_context_len is " + Str(options.max_context_len));
     }
+    // The pages the step uses; a sequence needing more pages than the cache has lists one twice.
+    const int64_t used_pages = (end + options.page_size - 1) / options.page_size;
+    if (used_pages > options.num_kv_pages) {
+      return absl::InvalidArgumentError("Forward: " + seq + " needs " + Str(used_pages) + " pages for " + Str(end) +
+                                        " tokens, more than the cache's num_kv_pages = " +
+                                        Str(options.num_kv_pages) + " (its page table must repeat a page)");
+    }
     for (size_t p = 0; p < in.page_table.size(); ++p) {
       if (in.page_table[p] < 0 || in.page_table[p] >= options.num_kv_pages) {
         return absl::InvalidArgumentError("Forward: " + seq + " page_table[" + Str(static_cast<int64_t>(p)) +
@@ -569,10 +576,11 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
   for (const SequenceInput& in : step.batch) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t s = in.cache_len + n;
-    const TensorView pt = Rows(page_table, 0, static_cast<int64_t>(in.page_table.size()));
-    EAGLE3_RETURN_IF_ERROR(Upload(TensorView(const_cast<int32_t*>(in.page_table.data()), DType::kI32,
-                                             Shape{static_cast<int64_t>(in.page_table.size())}),
-                                  pt));
+    // Only the pages this step uses (a caller's table may be longer than the device buffer).
+    const int64_t used_pages = (s + options.page_size - 1) / options.page_size;
+    const TensorView pt = Rows(page_table, 0, used_pages);
+    EAGLE3_RETURN_IF_ERROR(
+        Upload(TensorView(const_cast<int32_t*>(in.page_table.data()), DType::kI32, Shape{used_pages}), pt));
     EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Rows(rows_t, offset, n), Rows(slots, offset, n), pt, L.cache));
     // Mask [n, s]: the whole cached prefix, then causal or tree among the new tokens.
     for (int64_t i = 0; i < n; ++i) {
@@ -933,13 +941,23 @@ absl::Status TargetModel::CommitAccepted(std::span<const int32_t> page_table, in
   }
   if (a == 0) return absl::OkStatus();
   // The one-sequence batch CommitAcceptedOnDevice takes: [num_accepted, accepted...] and cache_len.
-  const int64_t pages = static_cast<int64_t>(page_table.size());
+  // Only the page entries the moves touch travel (m.page_table holds num_kv_pages entries; the
+  // caller's table may be longer), with cache_len taken relative to the first of them.
+  const int64_t first_page = cache_len / m.options.page_size;
+  const int64_t pages = (cache_len + accepted[a - 1]) / m.options.page_size + 1 - first_page;
+  if (pages > m.options.num_kv_pages) {
+    return absl::InvalidArgumentError("CommitAccepted: the moved positions [" + Str(cache_len) + ", " +
+                                      Str(cache_len + accepted[a - 1]) + "] span " + Str(pages) +
+                                      " entries of page_table, more than the cache's num_kv_pages " +
+                                      Str(m.options.num_kv_pages) + " (so they repeat a page)");
+  }
   std::vector<int32_t> args(static_cast<size_t>(a + 1));
   args[0] = static_cast<int32_t>(a);
   for (int64_t j = 0; j < a; ++j) args[static_cast<size_t>(j + 1)] = static_cast<int32_t>(accepted[j]);
-  int64_t len = cache_len;
+  int64_t len = cache_len - first_page * m.options.page_size;
   const TensorView pt = Rows(m.page_table, 0, pages);
-  EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(const_cast<int32_t*>(page_table.data()), DType::kI32, Shape{pages}), pt));
+  EAGLE3_RETURN_IF_ERROR(m.Upload(
+      TensorView(const_cast<int32_t*>(page_table.data()) + first_page, DType::kI32, Shape{pages}), pt));
   EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(args.data(), DType::kI32, Shape{a + 1}), Rows(m.commit_i32, 0, a + 1)));
   EAGLE3_RETURN_IF_ERROR(m.Upload(TensorView(&len, DType::kI64, Shape{1}), m.commit_len));
   EAGLE3_RETURN_IF_ERROR(CommitAcceptedOnDevice(pt.Reshape(Shape{1, pages}), m.commit_len,

@@ -222,6 +222,41 @@ TEST_P(TargetModelTest, AbsorbedMatchesNonAbsorbed) {
   }
 }
 
+// A page table longer than the cache's page pool (its entries valid; only the first pages used):
+// the per-sequence path uploads only the pages the step uses, with the same results as a short table.
+TEST_P(TargetModelTest, PageTableLongerThanThePoolUsesItsFirstPages) {
+  const auto prompt = Prompt(10, 4);
+  std::vector<int32_t> long_table(64);  // num_kv_pages is 32
+  for (size_t i = 0; i < long_table.size(); ++i) long_table[i] = static_cast<int32_t>(i < pages1_.size() ? pages1_[i] : 0);
+  for (const AttentionPath path : {AttentionPath::kAbsorbed, AttentionPath::kNonAbsorbed}) {
+    SequenceInput short_in, long_in;
+    short_in.tokens = long_in.tokens = prompt;
+    short_in.page_table = pages1_;
+    long_in.page_table = long_table;
+    short_in.all_logits = long_in.all_logits = true;
+    const auto a = Run(Options(1, ResidualMode::kReplicated, path), {{short_in}});
+    const auto b = Run(Options(1, ResidualMode::kReplicated, path), {{long_in}});
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(a[0].logits, b[0].logits);
+  }
+  // A sequence that needs more pages than the pool has can only list a page twice: refused.
+  cpu::CpuBackend backend;
+  TargetModelOptions o = Options(1, ResidualMode::kReplicated);
+  o.num_kv_pages = 2;
+  auto model = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> repeating = {0, 1, 0, 1};
+  SequenceInput in;
+  in.tokens = prompt;
+  in.page_table = repeating;
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  const absl::Status st = (*model)->Forward(std::span<const SequenceInput>(&in, 1),
+                                            TensorView(logits.data(), DType::kF32, Shape{1, config_.vocab_size}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("more than the cache's num_kv_pages = 2"), std::string::npos) << st;
+}
+
 // A tree over a 5-token prefix: root r (last verified token) with children a, b; a has child c.
 // Nodes in order [r, a, b, c]; parents [-1, 0, 0, 1]. Branch r-a-c and branch r-b decoded alone must
 // give the same logits as their nodes in the tree forward.

@@ -215,6 +215,21 @@ TEST_F(CudaCompactTest, CapturedCallReplaysOnNewDeviceInputs) {
   }
 }
 
+// CudaBackend::CompactAccepted copies rows in 2-, 4- or 16-byte units: a cache of 1-byte elements
+// is refused by name before anything is launched (the CPU reference takes it).
+TEST_F(CudaCompactTest, OneByteCacheIsRefused) {
+  std::mt19937 rng(5);
+  const Case c = MakeCase(rng, DType::kF32, 2, 4, 6, 8, 10, 0, true);
+  Tensor d_cache = *Tensor::Empty(DType::kU8, Shape{c.num_pages, c.page_size, 24}, gpu_->allocator());
+  Tensor d_tables = Upload(c.tables), d_len = Upload(c.cache_len), d_accepted = Upload(c.accepted);
+  Tensor d_num = Upload(c.num);
+  const absl::Status st = gpu_->CompactAccepted(d_cache, d_tables, d_len, d_accepted, d_num);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("cache is u8")) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("2, 4 or 8 bytes")) << st;
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
 // Stage + Launch leave the results on the device: commit_offsets = {0, accepted nodes...} and
 // commit_counts = num_accepted + 1, or -1 for a sequence whose logits hold NaN (Finish then reports
 // it), which CompactAccepted skips.
@@ -274,6 +289,32 @@ struct Side {
   Tensor logits, tables, lens;  // device: [10, V] f32, [2, 16] i32, [2] i32
 };
 
+// A CudaBackend with the golden target model on it (64 pages of 8 rows unless told).
+void CreateModel(Side* side, int64_t num_kv_pages = 64, int64_t page_size = 8) {
+  auto backend = cuda::CudaBackend::Create();
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  side->backend = std::move(*backend);
+  TargetModelOptions o;
+  o.weight_dtype = DType::kF32;
+  o.max_tokens_per_forward = 32;
+  o.max_context_len = 128;
+  o.num_kv_pages = num_kv_pages;
+  o.page_size = page_size;
+  auto model = TargetModel::Create(kModel, o, nullptr, side->backend.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  side->model = std::move(*model);
+}
+
+// The logits of one Forward of `batch` on the side's model.
+std::vector<float> RunForward(Side& side, const std::vector<SequenceInput>& batch) {
+  const int64_t vocab = side.model->config().vocab_size;
+  const int64_t rows = TargetModel::LogitRows(batch);
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  const absl::Status st = side.model->Forward(batch, TensorView(logits.data(), DType::kF32, Shape{rows, vocab}));
+  EXPECT_TRUE(st.ok()) << st;
+  return logits;
+}
+
 TEST(CompactGraphTest, VerifyLaunchAndDeviceCommitReplaysEqualEagerVerifyAndHostCommit) {
   if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::vector<int32_t>> pages = {{3, 7, 1, 12, 5, 9, 20, 2, 14, 30, 6, 8, 10, 11, 13, 15},
@@ -281,18 +322,7 @@ TEST(CompactGraphTest, VerifyLaunchAndDeviceCommitReplaysEqualEagerVerifyAndHost
   Side eager, graphed;
   int64_t vocab = 0;
   for (Side* side : {&eager, &graphed}) {
-    auto backend = cuda::CudaBackend::Create();
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    side->backend = std::move(*backend);
-    TargetModelOptions o;
-    o.weight_dtype = DType::kF32;
-    o.max_tokens_per_forward = 32;
-    o.max_context_len = 128;
-    o.num_kv_pages = 64;
-    o.page_size = 8;
-    auto model = TargetModel::Create(kModel, o, nullptr, side->backend.get());
-    ASSERT_TRUE(model.ok()) << model.status();
-    side->model = std::move(*model);
+    ASSERT_NO_FATAL_FAILURE(CreateModel(side));
     vocab = side->model->config().vocab_size;
     cuda::DeviceTreeVerifierOptions vo;
     vo.max_batch = 2;
@@ -309,17 +339,10 @@ TEST(CompactGraphTest, VerifyLaunchAndDeviceCommitReplaysEqualEagerVerifyAndHost
     flat.insert(flat.end(), pages[1].begin(), pages[1].end());
     ASSERT_TRUE(side->backend->Copy(TensorView(flat.data(), DType::kI32, Shape{2, 16}), side->tables).ok());
   }
-  auto forward = [&](Side& side, const std::vector<SequenceInput>& batch) {
-    std::vector<float> logits(static_cast<size_t>(TargetModel::LogitRows(batch) * vocab));
-    const absl::Status st =
-        side.model->Forward(batch, TensorView(logits.data(), DType::kF32, Shape{TargetModel::LogitRows(batch), vocab}));
-    EXPECT_TRUE(st.ok()) << st;
-    return logits;
-  };
   const std::vector<int64_t> p0 = {5, 9, 2, 7, 3, 8, 1}, p1 = {4, 4, 6, 10, 11};
   const std::vector<SequenceInput> prefill = {SequenceInput{p0, {}, pages[0], 0, {}, false},
                                               SequenceInput{p1, {}, pages[1], 0, {}, false}};
-  ASSERT_EQ(forward(eager, prefill), forward(graphed, prefill));
+  ASSERT_EQ(RunForward(eager, prefill), RunForward(graphed, prefill));
   int64_t len[2] = {7, 5};
 
   // 5-node trees of changing shapes; designed argmaxes accept the first or the last child of each
@@ -346,7 +369,7 @@ TEST(CompactGraphTest, VerifyLaunchAndDeviceCommitReplaysEqualEagerVerifyAndHost
     const std::vector<SequenceInput> batch = {SequenceInput{tokens[0], positions[0], pages[0], len[0], masks[0], true},
                                               SequenceInput{tokens[1], positions[1], pages[1], len[1], masks[1], true}};
     // The verify forward writes the trees' KV rows; equal logits also show equal caches so far.
-    ASSERT_EQ(forward(eager, batch), forward(graphed, batch)) << "step " << step;
+    ASSERT_EQ(RunForward(eager, batch), RunForward(graphed, batch)) << "step " << step;
     // New logits every step (the graph reads them from the same buffer).
     std::vector<float> logits(static_cast<size_t>(10 * vocab));
     std::normal_distribution<float> noise(0.0f, 1.0f);
@@ -414,7 +437,52 @@ TEST(CompactGraphTest, VerifyLaunchAndDeviceCommitReplaysEqualEagerVerifyAndHost
   const std::vector<int64_t> t0 = {17}, t1 = {23};
   const std::vector<SequenceInput> last = {SequenceInput{t0, {}, pages[0], len[0], {}, false},
                                            SequenceInput{t1, {}, pages[1], len[1], {}, false}};
-  EXPECT_EQ(forward(eager, last), forward(graphed, last));
+  EXPECT_EQ(RunForward(eager, last), RunForward(graphed, last));
+}
+
+// TargetModel::CommitAccepted with a page table longer than the cache's page pool (80 entries,
+// num_kv_pages 64) uploads only the entries its moves touch: the same commit as through the table's
+// first 16 entries, seen through the next forward's logits. Moves cross a page boundary past page 0.
+TEST(CompactGraphTest, CommitAcceptedTakesAPageTableLongerThanThePool) {
+  if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<int32_t> pages = {3, 7, 1, 12, 5, 9, 20, 2, 14, 30, 6, 8, 10, 11, 13, 15};
+  std::vector<int32_t> long_pages = pages;
+  for (int32_t p = 0; p < 64; ++p) long_pages.push_back(p);
+  Side with_long, with_short;
+  for (Side* side : {&with_long, &with_short}) ASSERT_NO_FATAL_FAILURE(CreateModel(side));
+  const int64_t vocab = with_long.model->config().vocab_size;
+  std::vector<int64_t> prompt(13);
+  for (int i = 0; i < 13; ++i) prompt[i] = (7 * i + 3) % vocab;
+  // A 5-node chain at cache_len 13: slots 13..17 (pages 1 and 2 of the table).
+  const std::vector<int64_t> tokens = {4 % vocab, 9 % vocab, 2 % vocab, 6 % vocab, 8 % vocab};
+  auto tree = DraftTree::FromParents(tokens, std::vector<int32_t>{-1, 0, 1, 2, 3});
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  const std::vector<int64_t> positions = tree->Positions(13);
+  const std::vector<uint8_t> mask = tree->DenseMask();
+  for (Side* side : {&with_long, &with_short}) {
+    RunForward(*side, {SequenceInput{prompt, {}, pages, 0, {}, false}});
+    RunForward(*side, {SequenceInput{tokens, positions, pages, 13, mask, true}});
+  }
+  const std::vector<int64_t> keep = {0, 2, 4};  // 15 -> 14 and 17 -> 15
+  const absl::Status long_status = with_long.model->CommitAccepted(long_pages, 13, keep);
+  ASSERT_TRUE(long_status.ok()) << long_status;
+  ASSERT_TRUE(with_short.model->CommitAccepted(pages, 13, keep).ok());
+  const std::vector<int64_t> next = {5};
+  EXPECT_EQ(RunForward(with_long, {SequenceInput{next, {}, pages, 16, {}, false}}),
+            RunForward(with_short, {SequenceInput{next, {}, pages, 16, {}, false}}));
+}
+
+// Moves whose positions span more page entries than the pool has pages must list a page twice:
+// InvalidArgument from the host checks.
+TEST(CompactGraphTest, CommitAcceptedRefusesMovesSpanningMorePagesThanThePool) {
+  if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  Side side;
+  ASSERT_NO_FATAL_FAILURE(CreateModel(&side, /*num_kv_pages=*/2, /*page_size=*/1));
+  const std::vector<int32_t> table = {0, 1, 0, 1, 0, 1, 0, 1};
+  const absl::Status st = side.model->CommitAccepted(table, 0, std::vector<int64_t>{0, 5});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("span 6 entries of page_table")) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("num_kv_pages 2")) << st;
 }
 
 }  // namespace

@@ -57,7 +57,8 @@ class DeviceTreeVerifier {
   // Verify in three steps:
   //  - Stage validates as Verify does and flattens the trees into pinned staging. Host only:
   //    nothing is enqueued and nothing allocated. The logits view, sampling, seed and offset are
-  //    kept for Launch; `trees` is not kept.
+  //    kept for Launch; `trees` is not kept. It overwrites the staging the previous Launch (or
+  //    replay) uploads from: call Finish (or synchronize stream()) before the next Stage.
   //  - Launch enqueues on stream(): the upload of the staged trees (an async copy from pinned
   //    memory, which a captured graph reads at replay time), the verify kernels, the commit offsets
   //    (LaunchVerifyCommitOffsets, eagle3/cuda/compact_ops.h) and the download of the results into
