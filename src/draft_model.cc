@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_staging.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
@@ -369,12 +370,7 @@ absl::Status DraftModel::Impl::AllocateWorkspaces() {
   EAGLE3_ASSIGN_OR_RETURN(d_starts, Alloc(DType::kI32, st_starts.shape()));
   EAGLE3_ASSIGN_OR_RETURN(d_lens, Alloc(DType::kI32, st_lens.shape()));
   EAGLE3_ASSIGN_OR_RETURN(d_mask, Alloc(DType::kU8, st_mask.shape()));
-  {
-    const int64_t cache_rows = options.num_kv_pages * options.page_size;
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI32, Shape{cache_rows}));
-    for (int64_t i = 0; i < cache_rows; ++i) host_iota.data_as<int32_t>()[i] = static_cast<int32_t>(i);
-    EAGLE3_ASSIGN_OR_RETURN(slot_iota, ToDevice(std::move(host_iota)));
-  }
+  EAGLE3_ASSIGN_OR_RETURN(slot_iota, DeviceIota(options.num_kv_pages * options.page_size, *backend));
   return absl::OkStatus();
 }
 
@@ -511,12 +507,7 @@ absl::Status DraftModel::Impl::Stage(std::span<const DraftSequenceInput> batch, 
     const int64_t end = in.cache_len + n;
     step.n.push_back(n);
     step.all_logits.push_back(in.all_logits ? 1 : 0);
-    int32_t* table = st_tables.data_as<int32_t>() + static_cast<int64_t>(b) * max_pages;
-    const int64_t kept = std::min<int64_t>(static_cast<int64_t>(in.page_table.size()), max_pages);
-    std::copy_n(in.page_table.data(), kept, table);
-    std::fill(table + kept, table + max_pages, 0);
-    st_starts.data_as<int32_t>()[b] = static_cast<int32_t>(t);
-    st_lens.data_as<int32_t>()[b] = static_cast<int32_t>(end);
+    StageSequence(in.page_table, static_cast<int64_t>(b), t, end, max_pages, st_tables, st_starts, st_lens);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t p = in.cache_len + i;
       tok[t + i] = in.tokens[static_cast<size_t>(i)];

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_staging.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/moe_routing.h"
@@ -380,15 +381,9 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
   EAGLE3_ASSIGN_OR_RETURN(d_starts, Alloc(DType::kI32, st_starts.shape()));
   EAGLE3_ASSIGN_OR_RETURN(d_lens, Alloc(DType::kI32, st_lens.shape()));
   EAGLE3_ASSIGN_OR_RETURN(d_tree_mask, Alloc(DType::kU8, st_mask.shape()));
-  {
-    // The batched path writes KV rows through a flat [num_pages * page_size, 1, W] view of the
-    // cache whose page table is the identity.
-    const int64_t cache_rows = options.num_kv_pages * options.page_size;
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI32, Shape{cache_rows}));
-    for (int64_t i = 0; i < cache_rows; ++i) host_iota.data_as<int32_t>()[i] = static_cast<int32_t>(i);
-    EAGLE3_ASSIGN_OR_RETURN(slot_iota, Alloc(DType::kI32, Shape{cache_rows}));
-    EAGLE3_RETURN_IF_ERROR(Upload(host_iota, slot_iota));
-  }
+  // The batched path writes KV rows through a flat [num_pages * page_size, 1, W] view of the cache
+  // whose page table is the identity.
+  EAGLE3_ASSIGN_OR_RETURN(slot_iota, DeviceIota(options.num_kv_pages * options.page_size, *backend));
   return absl::OkStatus();
 }
 
@@ -685,12 +680,8 @@ absl::Status TargetModel::Impl::Stage(std::span<const SequenceInput> batch, cons
     const SequenceInput& in = batch[b];
     const int64_t n = st.n[b];
     if (st.batched) {
-      int32_t* table = st_tables.data_as<int32_t>() + static_cast<int64_t>(b) * max_pages;
-      const int64_t kept = std::min<int64_t>(static_cast<int64_t>(in.page_table.size()), max_pages);
-      std::copy_n(in.page_table.data(), kept, table);
-      std::fill(table + kept, table + max_pages, 0);
-      st_starts.data_as<int32_t>()[b] = static_cast<int32_t>(t);
-      st_lens.data_as<int32_t>()[b] = static_cast<int32_t>(in.cache_len + n);
+      StageSequence(in.page_table, static_cast<int64_t>(b), t, in.cache_len + n, max_pages, st_tables, st_starts,
+                    st_lens);
       if (st.has_tree) {
         // Rows [t, t + n) of the [T, M] mask: the sequence's tree, or causal when it has none.
         for (int64_t i = 0; i < n; ++i) {
