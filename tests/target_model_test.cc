@@ -255,6 +255,15 @@ TEST_P(TargetModelTest, PageTableLongerThanThePoolUsesItsFirstPages) {
                                             TensorView(logits.data(), DType::kF32, Shape{1, config_.vocab_size}));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("more than the cache's num_kv_pages = 2"), std::string::npos) << st;
+  // CommitAccepted likewise: moves spanning more page entries than the pool, and a negative cache_len.
+  const std::vector<int64_t> spanning = {0, 12};
+  const absl::Status commit = (*model)->CommitAccepted(repeating, 0, spanning);
+  EXPECT_EQ(commit.code(), absl::StatusCode::kInvalidArgument) << commit;
+  EXPECT_NE(commit.message().find("more than the cache's num_kv_pages 2"), std::string::npos) << commit;
+  const std::vector<int64_t> first = {0};
+  const absl::Status negative = (*model)->CommitAccepted(repeating, -1, first);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
+  EXPECT_NE(negative.message().find("cache_len -1"), std::string::npos) << negative;
 }
 
 // A tree over a 5-token prefix: root r (last verified token) with children a, b; a has child c.
