@@ -77,6 +77,8 @@ class CudaBackendCoreTest : public ParityTest {
     EXPECT_LE(RelError(back, m.host), tolerance);
   }
   void ExpectExact(const Mirror& m) { ExpectSameBytes(Download(m.dev), m.host); }
+
+  void CheckGemmMatchesCpu();  // defined with the Gemm tests
 };
 
 // ---- Creation -----------------------------------------------------------------------------------
@@ -255,7 +257,9 @@ struct GemmCase {
   int64_t m, n, k;
 };
 
-TEST_F(CudaBackendCoreTest, GemmMatchesCpu) {
+// Gemm vs the CPU at decode and prefill row counts, contiguous and strided; with the default
+// options rows <= kGemvMaxRows (gemv_ops.h) take the GEMV kernel, the rest cuBLASLt.
+void CudaBackendCoreTest::CheckGemmMatchesCpu() {
   uint32_t seed = 100;
   for (const GemmCase& g : {GemmCase{1, 192, 7168}, GemmCase{8, 192, 7168}, GemmCase{64, 192, 7168},
                             GemmCase{1, 7168, 128}, GemmCase{8, 7168, 128}, GemmCase{64, 7168, 128},
@@ -292,6 +296,21 @@ TEST_F(CudaBackendCoreTest, GemmMatchesCpu) {
     }
   }
 }
+
+TEST_F(CudaBackendCoreTest, GemmMatchesCpu) { CheckGemmMatchesCpu(); }
+
+// The GEMV path off (CudaBackendOptions::small_m_gemv = false): cuBLASLt at every row count, as a
+// backend created so runs.
+class CudaBackendCoreCublasTest : public CudaBackendCoreTest {
+ protected:
+  cuda::CudaBackendOptions Options() const override {
+    cuda::CudaBackendOptions options;
+    options.small_m_gemv = false;
+    return options;
+  }
+};
+
+TEST_F(CudaBackendCoreCublasTest, GemmMatchesCpu) { CheckGemmMatchesCpu(); }
 
 TEST_F(CudaBackendCoreTest, GemmBetaZeroNeverReadsC) {
   Mirror a = Mirrored(Random(Shape{8, 64}, 20));
@@ -361,7 +380,7 @@ TEST_F(CudaBackendCoreTest, GemmBf16OperandsMatchCpu) {
 
 TEST_F(CudaBackendCoreTest, RmsNormMatchesCpu) {
   uint32_t seed = 200;
-  for (int64_t h : {int64_t{7168}, int64_t{512}, int64_t{37}}) {
+  for (int64_t h : {int64_t{7168}, int64_t{5120}, int64_t{512}, int64_t{37}, int64_t{8200}}) {
     for (int64_t t : {int64_t{1}, int64_t{8}, int64_t{64}}) {
       SCOPED_TRACE(testing::Message() << "T " << t << " H " << h);
       Mirror w = Mirrored(Random(Shape{h}, ++seed));
@@ -389,7 +408,7 @@ TEST_F(CudaBackendCoreTest, RmsNormMatchesCpu) {
 
 TEST_F(CudaBackendCoreTest, AddRmsNormMatchesCpu) {
   uint32_t seed = 300;
-  for (int64_t h : {int64_t{7168}, int64_t{37}}) {
+  for (int64_t h : {int64_t{7168}, int64_t{37}, int64_t{8200}}) {
     for (int64_t t : {int64_t{1}, int64_t{8}, int64_t{64}}) {
       SCOPED_TRACE(testing::Message() << "T " << t << " H " << h);
       Mirror w = Mirrored(Random(Shape{h}, ++seed));

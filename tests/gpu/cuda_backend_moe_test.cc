@@ -497,33 +497,58 @@ struct ExpertsCase {
 void PrintTo(const ExpertsCase& c, std::ostream* os) { *os << c.name; }
 
 class CudaBackendMoeExpertsShapeTest : public CudaBackendMoeExpertsTest,
-                                       public ::testing::WithParamInterface<ExpertsCase> {};
-
-TEST_P(CudaBackendMoeExpertsShapeTest, MatchesCpu) {
-  const ExpertsCase& c = GetParam();
-  const Experts experts = MakeExperts(c.num_experts, c.hidden, c.inter, c.pad, 21);
-  for (const int64_t tokens : {1, 5, 64}) {
-    for (const bool accumulate : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "T = " << tokens << ", accumulate = " << accumulate);
-      Tensor ids, weights;
-      MakeRouting(tokens, c.top_k, c.num_experts, 30 + tokens, &ids, &weights);
-      EXPECT_LE(RunBoth(experts, tokens, c.hidden, ids, weights, accumulate, 40 + tokens),
-                kExpertTolerance);
+                                       public ::testing::WithParamInterface<ExpertsCase> {
+ protected:
+  void CheckMatchesCpu() {
+    const ExpertsCase& c = GetParam();
+    const Experts experts = MakeExperts(c.num_experts, c.hidden, c.inter, c.pad, 21);
+    for (const int64_t tokens : {1, 5, 64}) {
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "T = " << tokens << ", accumulate = " << accumulate);
+        Tensor ids, weights;
+        MakeRouting(tokens, c.top_k, c.num_experts, 30 + tokens, &ids, &weights);
+        EXPECT_LE(RunBoth(experts, tokens, c.hidden, ids, weights, accumulate, 40 + tokens),
+                  kExpertTolerance);
+      }
     }
   }
+};
+
+// With the default options, 64 tokens take the grouped path (MoeExpertsUseGrouped), 1 and 5 the
+// per-pair path.
+TEST_P(CudaBackendMoeExpertsShapeTest, MatchesCpu) { CheckMatchesCpu(); }
+
+// The grouped path off (CudaBackendOptions::moe_grouped_experts = false): the per-pair path for
+// every token count, which is what a backend created so runs.
+class CudaBackendMoePerPairShapeTest : public CudaBackendMoeExpertsShapeTest {
+ protected:
+  cuda::CudaBackendOptions Options() const override {
+    cuda::CudaBackendOptions options;
+    options.moe_grouped_experts = false;
+    return options;
+  }
+};
+
+TEST_P(CudaBackendMoePerPairShapeTest, MatchesCpu) { CheckMatchesCpu(); }
+
+const ExpertsCase kExpertsCases[] = {
+    // DeepSeek-V3 / Kimi-K2 at TP8: H 7168, I 2048 / 8 (16 of the 256 experts: the kernels'
+    // shapes do not depend on E).
+    ExpertsCase{"V3_TP8_H7168_I256_k8", 7168, 256, 16, 8, 0},
+    // Small and odd: the scalar (unaligned) load path, row-strided experts.
+    ExpertsCase{"small_H37_I11_k3_strided", 37, 11, 10, 3, 3},
+    // Aligned, row-strided (float4 path through strides), I not a multiple of the row block.
+    ExpertsCase{"small_H64_I20_k6_strided", 64, 20, 12, 6, 4},
+};
+
+std::string ExpertsCaseName(const ::testing::TestParamInfo<ExpertsCase>& info) {
+  return std::string(info.param.name);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaBackendMoeExpertsShapeTest,
-    ::testing::Values(
-        // DeepSeek-V3 / Kimi-K2 at TP8: H 7168, I 2048 / 8 (16 of the 256 experts: the kernels'
-        // shapes do not depend on E).
-        ExpertsCase{"V3_TP8_H7168_I256_k8", 7168, 256, 16, 8, 0},
-        // Small and odd: the scalar (unaligned) load path, row-strided experts.
-        ExpertsCase{"small_H37_I11_k3_strided", 37, 11, 10, 3, 3},
-        // Aligned, row-strided (float4 path through strides), I not a multiple of the row block.
-        ExpertsCase{"small_H64_I20_k6_strided", 64, 20, 12, 6, 4}),
-    [](const ::testing::TestParamInfo<ExpertsCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackendMoeExpertsShapeTest, ::testing::ValuesIn(kExpertsCases),
+                         ExpertsCaseName);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackendMoePerPairShapeTest, ::testing::ValuesIn(kExpertsCases),
+                         ExpertsCaseName);
 
 // No atomics: the same call gives bitwise the same output.
 TEST_F(CudaBackendMoeExpertsTest, Reproducible) {

@@ -91,7 +91,7 @@ struct GemmCase {
 
 class CudaGemvTest : public ParityTest {
  protected:
-  // The GEMV path is opt-in (CudaBackendOptions::small_m_gemv): this suite turns it on.
+  // The GEMV path (CudaBackendOptions::small_m_gemv, on by default) is on for this whole suite.
   void SetUp() override {
     ParityTest::SetUp();
     if (IsSkipped()) return;

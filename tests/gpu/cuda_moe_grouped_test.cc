@@ -61,7 +61,7 @@ struct Routing {
 
 class CudaMoeGroupedTest : public ParityTest {
  protected:
-  // The grouped path is opt-in (CudaBackendOptions::moe_grouped_experts): this suite turns it on.
+  // The grouped path (CudaBackendOptions::moe_grouped_experts, on by default) is on for this suite.
   void SetUp() override {
     ParityTest::SetUp();
     if (IsSkipped()) return;
@@ -227,6 +227,8 @@ TEST_P(CudaMoeGroupedShapeTest, MatchesCpu) {
   const GroupedCase& c = GetParam();
   const ExpertSet experts = MakeExperts(c.shape, c.dtype, 11);
   for (const int64_t tokens : {16, 64, 256, 2048}) {
+    // Token counts the backend runs per pair (16 of the rank shapes) are cuda_backend_moe_test's.
+    if (!cuda::MoeExpertsUseGrouped(tokens, c.shape.top_k, c.shape.experts, c.shape.hidden, c.shape.inter)) continue;
     const Routing r = MakeRouting(c.shape, tokens, static_cast<uint32_t>(20 + tokens));
     for (const bool accumulate : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "T = " << tokens << ", accumulate = " << accumulate);
@@ -293,10 +295,12 @@ TEST_F(CudaMoeGroupedTest, Reproducible) {
 // Where the backend switches paths (a host-side rule, checked here with the ranks' shapes).
 TEST(MoeExpertsUseGroupedTest, SwitchPoint) {
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(4, 8, 256, 7168, 256));   // decode: per pair
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(15, 8, 256, 7168, 256));  // 120 pairs < E / 2
-  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(16, 8, 256, 7168, 256));
-  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(16, 6, 160, 5120, 192));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(13, 6, 160, 5120, 192));
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(16, 8, 256, 7168, 256));  // 128 pairs < 2 E
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(63, 8, 256, 7168, 256));  // 504 pairs < 2 E
+  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(64, 8, 256, 7168, 256));
+  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(54, 6, 160, 5120, 192));
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(53, 6, 160, 5120, 192));
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 8, 384, 7168, 256));  // K2: 512 pairs < 2 E
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(7, 3, 7, 72, 40));  // tiny token counts stay per pair
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 0, 7, 72, 40));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 3, 7, 72, 0));

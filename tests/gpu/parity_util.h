@@ -23,10 +23,13 @@ class ParityTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    auto backend = cuda::CudaBackend::Create();
+    auto backend = cuda::CudaBackend::Create(Options());
     ASSERT_TRUE(backend.ok()) << backend.status();
     gpu_ = std::move(*backend);
   }
+
+  // The GPU backend's options; a suite overrides them to test a path the defaults do not take.
+  virtual cuda::CudaBackendOptions Options() const { return {}; }
 
   // Host tensor of N(0, stddev) values (f32), or uniform integers in [lo, hi) for integer dtypes.
   static Tensor Random(const Shape& shape, uint32_t seed, float stddev = 1.0f) {

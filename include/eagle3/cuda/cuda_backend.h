@@ -33,13 +33,11 @@ struct CudaBackendOptions {
   int64_t max_context_len = 65536;  // keys of one attention call
   int64_t max_experts = 512;
   // MoeExperts' grouped path (expert-sorted tiles on tensor cores) for calls with many (token,
-  // expert) pairs (MoeExpertsUseGrouped in moe_ops.h); off: the per-pair path for every call. Off by
-  // default until its parity tests have run on a GPU (tests/GPU_RESULTS.md).
-  bool moe_grouped_experts = false;
+  // expert) pairs (MoeExpertsUseGrouped in moe_ops.h); off: the per-pair path for every call.
+  bool moe_grouped_experts = true;
   // Gemm / BatchedGemm of up to kGemvMaxRows (gemv_ops.h) activation rows on the GEMV kernel (no
-  // activation scratch, no conversion kernel) instead of cuBLASLt. Off by default until its parity
-  // tests have run on a GPU (tests/GPU_RESULTS.md).
-  bool small_m_gemv = false;
+  // activation scratch, no conversion kernel) instead of cuBLASLt; off: cuBLASLt for every call.
+  bool small_m_gemv = true;
 };
 
 class CudaBackend final : public Backend {

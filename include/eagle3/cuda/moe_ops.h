@@ -156,18 +156,19 @@ inline MoeGroupedWorkspace MoeGroupedWorkspaceAt(void* buffer, int64_t max_pairs
 }
 
 // Whether the grouped path should run a call (and can: 1 <= num_experts <= kMoeGroupedMaxExperts,
-// top_k, hidden and inter >= 1). Per-pair reads tokens * top_k expert weight sets, grouped reads
-// the distinct experts touched, about E (1 - exp(-tokens * top_k / E)) of them: at
-// tokens * top_k = E / 2 that is 0.39 E for 0.5 E pairs, 1.27x fewer, and the saving grows from
-// there (2.3x at 2 E pairs); below it the per-pair GEMV (one kernel pair, no grouping round, no
-// tile padding) is as good. Tiny token counts always stay per-pair.
+// top_k, hidden and inter >= 1): from tokens * top_k >= 2 E pairs (and 8 tokens) on. Per-pair reads
+// tokens * top_k expert weight sets, grouped the distinct experts touched (about
+// E (1 - exp(-pairs / E)) of them), but pays a grouping round and tile padding. Measured on the
+// H200 (BM_MoeDecode, graph-timed, benchmarks/NOTES.md): at 0.5-0.6 E pairs (16 tokens of V3, V2,
+// V2-Lite) grouped took 1.5-2x the per-pair time; at 2-6 E pairs (64 tokens of V3, V2, V2-Lite)
+// 0.6-0.9x; K2 at 64 tokens (1.3 E pairs) was even. Between, per-pair is kept.
 inline bool MoeExpertsUseGrouped(int64_t tokens, int64_t top_k, int64_t num_experts,
                                  int64_t hidden, int64_t inter) {
   if (top_k < 1 || hidden < 1 || inter < 1 || num_experts < 1 ||
       num_experts > kMoeGroupedMaxExperts) {
     return false;
   }
-  return tokens >= 8 && 2 * tokens * top_k >= num_experts;
+  return tokens >= 8 && tokens * top_k >= 2 * num_experts;
 }
 
 // The op of LaunchMoeExperts on the grouped path (any token count; MoeExpertsUseGrouped says when
