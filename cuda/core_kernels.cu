@@ -3,6 +3,7 @@
 // only reduction order differs. No abseil here: nvcc must never see it.
 #include <math_constants.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -106,6 +107,60 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int6
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
     const float v = rr != nullptr ? rr[h] : xr[h];
     o[h] = v * inv_rms * weight[h];
+  }
+}
+
+// Rows of at most blockDim.x * kNormPerThread elements (every model's hidden size): each thread
+// keeps its kNormPerThread elements (h = threadIdx.x + i * blockDim.x) in registers, so all loads of
+// the row are issued before the first store. RmsNormKernel's loops, whose loads may alias their
+// stores (x, residual and out are not __restrict__), wait one memory latency per element per
+// thread: 19 us for one 5120-wide row with a residual (ncu, H200), ~2 us here.
+constexpr int kNormPerThread = 8;
+constexpr int kNormMaxThreads = 1024;
+
+__global__ void __launch_bounds__(kNormMaxThreads)
+    RmsNormRegistersKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
+                           const float* __restrict__ weight, float eps, float* out, int64_t ldo,
+                           int64_t hidden) {
+  const int64_t t = blockIdx.x;
+  const float* xr = x + t * ldx;
+  float* rr = residual != nullptr ? residual + t * ldr : nullptr;
+  float* o = out + t * ldo;
+  const int64_t stride = blockDim.x;
+  float v[kNormPerThread];
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int64_t h = threadIdx.x + i * stride;
+    v[i] = h < hidden ? xr[h] : 0.0f;
+  }
+  if (rr != nullptr) {
+    float r[kNormPerThread];
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      const int64_t h = threadIdx.x + i * stride;
+      r[i] = h < hidden ? rr[h] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      const int64_t h = threadIdx.x + i * stride;
+      v[i] = r[i] + v[i];
+      if (h < hidden) rr[h] = v[i];
+    }
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) sum += v[i] * v[i];
+  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
+  float w[kNormPerThread];
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int64_t h = threadIdx.x + i * stride;
+    w[i] = h < hidden ? weight[h] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int64_t h = threadIdx.x + i * stride;
+    if (h < hidden) o[h] = v[i] * inv_rms * w[i];
   }
 }
 
@@ -458,6 +513,14 @@ cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t 
     return cudaErrorInvalidValue;
   }
   if (rows == 0 || hidden == 0) return cudaSuccess;
+  if (hidden <= int64_t{kNormMaxThreads} * kNormPerThread) {
+    // Whole warps, enough that kNormPerThread elements each cover the row.
+    const int64_t threads = std::max<int64_t>(
+        32, (hidden + kNormPerThread * 32 - 1) / (kNormPerThread * 32) * 32);
+    RmsNormRegistersKernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0,
+                             stream>>>(x, ldx, residual, ldr, weight, eps, out, ldo, hidden);
+    return cudaGetLastError();
+  }
   RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, ldx, residual, ldr, weight,
                                                                       eps, out, ldo, hidden);
   return cudaGetLastError();
