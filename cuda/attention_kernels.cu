@@ -635,6 +635,29 @@ __device__ inline void StageBatched(int count, int tid, int threads, Value&& val
   }
 }
 
+// Stages a block's query rows, rows x stride elements (row r: token i0 + r / H of the tile, head
+// n0 + r % H; 0 for rows the tile does not hold and for dims >= key_dim), through store(i, value).
+template <typename Store>
+__device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile& tile, int64_t n0,
+                                          int64_t tile_tokens, int rows, int stride, int threads,
+                                          Store&& store) {
+  const LatentLaunchParams& p = a.p;
+  const int64_t heads = a.heads_per_tile;
+  StageBatched(
+      rows * stride, static_cast<int>(threadIdx.x), threads,
+      [&](int i) {
+        const int r = i / stride;
+        const int d = i % stride;
+        const bool held = r < heads * a.tokens_per_tile && r / heads < tile_tokens &&
+                          n0 + r % heads < p.heads && d < p.key_dim;
+        if (!held) return 0.0f;
+        const int64_t t = tile.q0 + tile.i0 + r / heads;
+        const int64_t n = n0 + r % heads;
+        return p.q[t * p.q_token_stride + n * p.q_head_stride + d];
+      },
+      store);
+}
+
 template <int kRT>
 __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentArgs a) {
   if (*a.bad != 0) return;
@@ -672,17 +695,8 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
     return r < heads_per_tile * a.tokens_per_tile && r / heads_per_tile < tile_tokens &&
            n0 + r % heads_per_tile < p.heads;
   };
-  StageBatched(
-      kRows * wp, tid, kLatentThreads,
-      [&](int i) {
-        const int r = i / wp;
-        const int d = i % wp;
-        const int64_t t = tile.q0 + tile.i0 + r / heads_per_tile;
-        const int64_t n = n0 + r % heads_per_tile;
-        return row_valid(r) && d < key_dim ? p.q[t * p.q_token_stride + n * p.q_head_stride + d]
-                                           : 0.0f;
-      },
-      [&](int i, float v) { qs[i] = v; });
+  StageLatentQueries(a, tile, n0, tile_tokens, kRows, wp, kLatentThreads,
+                     [&](int i, float v) { qs[i] = v; });
   // Pad columns are never copied: zero them once in both stages (pad x 0 must not be NaN).
   const int pad = wp - key_dim;
   for (int i = tid; i < 2 * kLatentChunk * pad; i += kLatentThreads) {
@@ -1041,17 +1055,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
     return r < heads_per_tile * a.tokens_per_tile && r / heads_per_tile < tile_tokens &&
            n0 + r % heads_per_tile < p.heads;
   };
-  StageBatched(
-      kMmaRows * rs, tid, kMmaThreads,
-      [&](int i) {
-        const int r = i / rs;
-        const int d = i % rs;
-        const int64_t t = tile.q0 + tile.i0 + r / heads_per_tile;
-        const int64_t n = n0 + r % heads_per_tile;
-        return row_valid(r) && d < key_dim ? p.q[t * p.q_token_stride + n * p.q_head_stride + d]
-                                           : 0.0f;
-      },
-      [&](int i, float v) { qs[i] = Bf16Bits(v); });
+  StageLatentQueries(a, tile, n0, tile_tokens, kMmaRows, rs, kMmaThreads,
+                     [&](int i, float v) { qs[i] = Bf16Bits(v); });
   // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN).
   const int pad = rs - 8 - key_dim;
   for (int i = tid; i < kMmaStages * kLatentChunk * pad; i += kMmaThreads) {

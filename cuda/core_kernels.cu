@@ -118,31 +118,30 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int6
 constexpr int kNormPerThread = 8;
 constexpr int kNormMaxThreads = 1024;
 
+// Thread threadIdx.x's elements h = threadIdx.x + i * blockDim.x of a row (0 past its end).
+__device__ inline void LoadRowSlice(const float* row, int64_t hidden, float (&out)[kNormPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    out[i] = h < hidden ? row[h] : 0.0f;
+  }
+}
+
 __global__ void __launch_bounds__(kNormMaxThreads)
     RmsNormRegistersKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
                            const float* __restrict__ weight, float eps, float* out, int64_t ldo,
                            int64_t hidden) {
   const int64_t t = blockIdx.x;
-  const float* xr = x + t * ldx;
   float* rr = residual != nullptr ? residual + t * ldr : nullptr;
   float* o = out + t * ldo;
-  const int64_t stride = blockDim.x;
   float v[kNormPerThread];
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + i * stride;
-    v[i] = h < hidden ? xr[h] : 0.0f;
-  }
+  LoadRowSlice(x + t * ldx, hidden, v);
   if (rr != nullptr) {
     float r[kNormPerThread];
+    LoadRowSlice(rr, hidden, r);
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) {
-      const int64_t h = threadIdx.x + i * stride;
-      r[i] = h < hidden ? rr[h] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i) {
-      const int64_t h = threadIdx.x + i * stride;
+      const int64_t h = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
       v[i] = r[i] + v[i];
       if (h < hidden) rr[h] = v[i];
     }
@@ -152,14 +151,10 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   for (int i = 0; i < kNormPerThread; ++i) sum += v[i] * v[i];
   const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
   float w[kNormPerThread];
+  LoadRowSlice(weight, hidden, w);
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + i * stride;
-    w[i] = h < hidden ? weight[h] : 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + i * stride;
+    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
     if (h < hidden) o[h] = v[i] * inv_rms * w[i];
   }
 }
