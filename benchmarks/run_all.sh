@@ -5,7 +5,7 @@
 #   benchmarks/run_all.sh [--quick] [--out DIR] [--build DIR] [--timeout SECONDS] [--no-build]
 #                         [--only NAME,NAME...] [--no-peers] [--no-report]
 #
-#   --quick     fewer shapes and repetitions (EAGLE3_BENCH_QUICK=1), about 6 minutes in all
+#   --quick     fewer shapes, repetitions and iterations (EAGLE3_BENCH_QUICK=1)
 #   --out       where the JSON goes (default /tmp/eagle3-bench-results; $OUT/bench when $OUT is set)
 #   --build     the CMake build directory (default /tmp/b-bench-gpu)
 #   --timeout   per-binary / per-peer limit in seconds (default 600, 180 with --quick)

@@ -7,6 +7,9 @@
 // untimed runs), the per-repetition value is the mean of its iterations and the reported figure is
 // the median over repetitions (ReportAggregatesOnly). The counters are computed from the median of
 // every iteration's own time, so one slow iteration (a clock ramp, a page fault) does not move them.
+// Small ops that a decode step runs from a CUDA graph (gemm_benchmark, BM_MoeDecode) are timed per
+// call of a graph replay instead (RunTimedInGraph): one eager call's event pair also counts the
+// host's launch path, which is several microseconds and larger than the op itself at one token.
 //
 // Counters (all benchmarks, so make_results.py can read them generically):
 //   us             median device time of one run, microseconds
@@ -57,12 +60,12 @@ inline cuda::CudaBackend* Backend() {
     cuda::CudaBackendOptions options;
     options.max_rows = 4096;
     options.max_context_len = 65536;
-    // EAGLE3_BENCH_MOE_GROUPED=1 measures MoeExperts' opt-in grouped path.
+    // EAGLE3_BENCH_MOE_GROUPED=0 / EAGLE3_BENCH_SMALL_M_GEMV=0 turn off MoeExperts' grouped path
+    // and the GEMV path of Gemm / BatchedGemm (both on by default) to measure the paths they replace.
     const char* grouped = std::getenv("EAGLE3_BENCH_MOE_GROUPED");
-    options.moe_grouped_experts = grouped != nullptr && grouped[0] == '1';
-    // EAGLE3_BENCH_SMALL_M_GEMV=1 measures the opt-in GEMV path of Gemm / BatchedGemm.
+    if (grouped != nullptr && grouped[0] != '\0') options.moe_grouped_experts = grouped[0] != '0';
     const char* gemv = std::getenv("EAGLE3_BENCH_SMALL_M_GEMV");
-    options.small_m_gemv = gemv != nullptr && gemv[0] == '1';
+    if (gemv != nullptr && gemv[0] != '\0') options.small_m_gemv = gemv[0] != '0';
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);
@@ -252,6 +255,44 @@ double RunTimed(benchmark::State& state, cudaStream_t stream, Fn&& fn) {
   return timings.Median();
 }
 
+// Device time per call of fn(), replayed from one CUDA graph of `calls` consecutive calls: how a
+// decode step runs its ops (no host enqueue time in the figure; graph node gaps included), where
+// RunTimed's single eager call also counts the host's launch path of a small op. fn() must be
+// capturable (no allocation, no synchronization); when the capture fails, falls back to RunTimed.
+// Sets the counter in_graph (1 graph, 0 fallback).
+template <typename Fn>
+double RunTimedInGraph(benchmark::State& state, cudaStream_t stream, int calls, Fn&& fn) {
+  for (int i = 0; i < kWarmup; ++i) fn();
+  cudaStreamSynchronize(stream);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t error = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (error == cudaSuccess) {
+    for (int i = 0; i < calls; ++i) fn();
+    error = cudaStreamEndCapture(stream, &graph);
+  }
+  if (error == cudaSuccess) error = cudaGraphInstantiate(&exec, graph, 0);
+  if (error == cudaSuccess) error = cudaGraphLaunch(exec, stream);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    state.counters["in_graph"] = 0;
+    return RunTimed(state, stream, fn);
+  }
+  Timings timings;
+  for (auto _ : state) {
+    const double t = TimeOnce(stream, [&] { cudaGraphLaunch(exec, stream); }) / calls;
+    timings.Add(t);
+    state.SetIterationTime(t);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  state.counters["in_graph"] = 1;
+  return timings.Median();
+}
+
 // Sets the roofline counters (see the top of this file) for a run of `seconds` that must move
 // `bytes` and compute `flops`.
 inline void ReportRoofline(benchmark::State& state, double seconds, double bytes, double flops) {
@@ -307,11 +348,28 @@ inline bool Quick() {
 // Repetitions per benchmark: 5, or 3 in quick mode.
 inline int Repetitions() { return Quick() ? 3 : 5; }
 
-// The settings every harness benchmark shares: CUDA-event (manual) time, the run length and
-// repetitions of the mode, medians only, microseconds. Use as BENCHMARK(F)->Apply(Timed)->...
+// Timed iterations per repetition: a fixed count, not a minimum time. With manual time Google
+// Benchmark sizes a run by the measured device time, so a 10-us op ran ~20000 iterations per
+// repetition, each paying ~100 us of host time (events, synchronization): minutes per row, which
+// is what kept full runs from finishing inside a device call.
+inline int TimedIterations() { return Quick() ? 30 : 100; }
+
+// The settings every harness benchmark shares: CUDA-event (manual) time, TimedIterations() per
+// repetition, the repetitions of the mode, medians only, microseconds. Use as
+// BENCHMARK(F)->Apply(Timed)->...
 inline void Timed(benchmark::internal::Benchmark* b) {
   b->UseManualTime()
-      ->MinTime(Quick() ? 0.05 : 0.2)
+      ->Iterations(TimedIterations())
+      ->Repetitions(Repetitions())
+      ->ReportAggregatesOnly(true)
+      ->Unit(benchmark::kMicrosecond);
+}
+
+// Timed for whole model steps (milliseconds to a second each): 10 iterations per repetition, 5 in
+// quick mode.
+inline void StepTimed(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()
+      ->Iterations(Quick() ? 5 : 10)
       ->Repetitions(Repetitions())
       ->ReportAggregatesOnly(true)
       ->Unit(benchmark::kMicrosecond);

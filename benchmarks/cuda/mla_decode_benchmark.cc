@@ -212,7 +212,7 @@ BENCHMARK(BM_BatchedLatentAttention)
     ->ArgNames({"heads", "context", "batch", "qtokens", "cache_bits"})
     ->UseManualTime()
     ->Repetitions(3)
-    ->MinTime(0.05)
+    ->Iterations(50)  // a fixed count: see TimedIterations in bench_util.h
     ->ReportAggregatesOnly(true)
     ->Unit(benchmark::kMicrosecond);
 

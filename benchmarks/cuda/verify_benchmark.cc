@@ -204,7 +204,7 @@ void Register() {
           ->ArgsProduct({{1, 8, 32}, {8, 32, 64}, {102400, 129280, 163840}})
           ->UseManualTime()
           ->Repetitions(3)
-          ->MinTime(0.05)  // each iteration is already the median of 5 calls
+          ->Iterations(20)  // each iteration is already the median of 5 calls
           ->ReportAggregatesOnly(true)
           ->Unit(benchmark::kMicrosecond);
     }
@@ -214,7 +214,7 @@ void Register() {
         ->Args({32, 64, 163840})
         ->UseManualTime()
         ->Repetitions(3)
-        ->MinTime(0.05)
+        ->Iterations(20)
         ->ReportAggregatesOnly(true)
         ->Unit(benchmark::kMicrosecond);
   }
