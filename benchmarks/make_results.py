@@ -77,6 +77,8 @@ def load_benchmarks(indir):
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name", b.get("name", ""))
             bench, params = parse_name(run_name)
+            # Run settings (min_time, repeats, iterations) say how a row was timed, not its shape.
+            params = {k: v for k, v in params.items() if k not in RUN_SETTINGS}
             for k, v in DEFAULT_PARAMS.get(bench, {}).items():
                 params.setdefault(k, v)
             agg = b.get("aggregate_name")
