@@ -23,10 +23,11 @@ size_t Align16(size_t n) { return (n + 15) / 16 * 16; }
 // Byte offsets of the arrays inside one buffer (the same layout on the host and the device, so
 // one copy moves them all).
 struct InputLayout {
-  size_t row_offsets, tokens, first_child, next_sibling, bytes;
+  size_t seed_offset, row_offsets, tokens, first_child, next_sibling, bytes;
   InputLayout(int64_t batch, int64_t rows) {
-    row_offsets = 0;
-    tokens = Align16(static_cast<size_t>(batch + 1) * sizeof(int32_t));
+    seed_offset = 0;  // {seed, offset}: staged with the trees, so a graph replay draws the new coins
+    row_offsets = Align16(2 * sizeof(uint64_t));
+    tokens = row_offsets + Align16(static_cast<size_t>(batch + 1) * sizeof(int32_t));
     first_child = tokens + Align16(static_cast<size_t>(rows) * sizeof(int64_t));
     next_sibling = first_child + Align16(static_cast<size_t>(rows) * sizeof(int32_t));
     bytes = next_sibling + Align16(static_cast<size_t>(rows) * sizeof(int32_t));
@@ -210,6 +211,9 @@ absl::Status DeviceTreeVerifier::Stage(std::span<const DraftTree> trees, const T
 
   // Flatten into the pinned staging buffer (Launch uploads it in one copy).
   const InputLayout in(s.options.max_batch, s.max_rows);
+  auto* seed_offset = reinterpret_cast<uint64_t*>(s.host_in + in.seed_offset);
+  seed_offset[0] = seed;
+  seed_offset[1] = offset;
   auto* row_offsets = reinterpret_cast<int32_t*>(s.host_in + in.row_offsets);
   auto* tokens = reinterpret_cast<int64_t*>(s.host_in + in.tokens);
   auto* first_child = reinterpret_cast<int32_t*>(s.host_in + in.first_child);
@@ -264,6 +268,7 @@ absl::Status DeviceTreeVerifier::Launch() {
   p.top_p = s.sampling.top_p;
   p.seed = s.seed;
   p.offset = s.offset;
+  p.seed_offset = reinterpret_cast<const uint64_t*>(s.device_in + in.seed_offset);
   p.workspace = s.workspace;
   p.workspace_bytes = s.workspace_bytes;
   p.num_accepted = reinterpret_cast<int32_t*>(s.device_out + out.num_accepted);

@@ -800,6 +800,7 @@ struct WalkParams {
   float top_p;
   uint64_t seed;
   uint64_t offset;
+  const uint64_t* seed_offset;  // when set: {seed, offset} on the device, read instead
   Partials partials;
   int32_t* num_accepted;
   int32_t* accepted_nodes;
@@ -832,6 +833,8 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
 
   const int b = blockIdx.x;
   const int tid = threadIdx.x;
+  const uint64_t philox_seed = p.seed_offset != nullptr ? p.seed_offset[0] : p.seed;
+  const uint64_t philox_offset = p.seed_offset != nullptr ? p.seed_offset[1] : p.offset;
   const int64_t base = p.row_offsets[b];
   const int64_t n = p.row_offsets[b + 1] - base;
   if (n < 1 || n > p.max_nodes) {
@@ -990,7 +993,7 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
     double rest = 0.0, rejected = 0.0;
     for (int j = 0; j < num_children; ++j) {
       if (s_dup[j]) continue;  // r(x) = 0 on its second try: rejected whatever the coin
-      const float u = PhiloxCoin(p.seed, p.offset, static_cast<uint32_t>(b), static_cast<uint32_t>(s_child[j]));
+      const float u = PhiloxCoin(philox_seed, philox_offset, static_cast<uint32_t>(b), static_cast<uint32_t>(s_child[j]));
       double mass = total;
       if (rejected > 0.0) {
         if (!have_rest) {
@@ -1016,7 +1019,7 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
       continue;
     }
     // Every child rejected (or a leaf): the correction / bonus token from the residual.
-    const float u0 = PhiloxCoin(p.seed, p.offset, static_cast<uint32_t>(b), 0u);
+    const float u0 = PhiloxCoin(philox_seed, philox_offset, static_cast<uint32_t>(b), 0u);
     const int64_t token = SampleExcluding(row, s_excluded, s_num_excluded, u0, have_rest, temp, sample);
     if (tid == 0) {
       out_tokens[k] = token;
@@ -1049,7 +1052,7 @@ cudaError_t Launch(const TreeVerifyLaunchParams& params, cudaStream_t stream) {
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   WalkParams w{params.row_offsets, params.tokens, params.first_child, params.next_sibling, params.ld,
                params.vocab, split.count, params.max_nodes, sampling, inv_t, params.top_k, params.top_p,
-               params.seed, params.offset, partials, params.num_accepted, params.accepted_nodes,
+               params.seed, params.offset, params.seed_offset, partials, params.num_accepted, params.accepted_nodes,
                params.out_tokens, params.errors};
   WalkKernel<T><<<static_cast<unsigned>(params.batch), kWalkThreads, 0, stream>>>(logits, w);
   return cudaGetLastError();

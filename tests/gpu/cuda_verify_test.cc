@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/device_tree_verifier.h"
 #include "eagle3/cuda/verify_ops.h"
@@ -306,6 +307,42 @@ INSTANTIATE_TEST_SUITE_P(Sampling, CudaVerifyStochasticTest,
                                            StochasticCase{0.7f, 20, 1.0f}, StochasticCase{1.0f, 20, 1.0f},
                                            StochasticCase{0.7f, 0, 0.9f}, StochasticCase{1.0f, 0, 0.9f},
                                            StochasticCase{0.7f, 20, 0.9f}, StochasticCase{1.0f, 20, 0.9f}));
+
+// Seed and offset travel with the staged trees: a Launch captured once and replayed after Stages
+// with other seeds or offsets draws each Stage's coins (the same results as an eager Verify with
+// them), and those coins differ between the Stages (so the test fails if a replay reused the
+// captured ones).
+TEST_F(CudaVerifyTest, CapturedLaunchDrawsTheCoinsOfEachStage) {
+  const SamplingParams sampling{1.0f, 0, 1.0f};
+  const Batch data = RandomBatch(77, 32, 8, 1000, 1.0f);
+  const size_t n = data.logits.size();
+  DeviceBuffer d(n * sizeof(float));
+  ASSERT_EQ(cudaMemcpy(d.ptr, data.logits.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  const TensorView view(d.ptr, DType::kF32, Shape{data.rows(), data.vocab}, Device::Cuda(0));
+  ASSERT_TRUE(verifier_->Stage(data.trees, view, sampling, 1, 1).ok());
+  auto graph = CudaGraph::Capture(verifier_->stream(), [&] { return verifier_->Launch(); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  std::vector<std::vector<VerifyResult>> replayed;
+  for (const auto& [seed, offset] : {std::pair<uint64_t, uint64_t>{1, 2}, {1, 3}, {9, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " offset " << offset);
+    ASSERT_TRUE(verifier_->Stage(data.trees, view, sampling, seed, offset).ok());
+    ASSERT_TRUE((*graph)->Launch(verifier_->stream()).ok());
+    auto got = verifier_->Finish();
+    ASSERT_TRUE(got.ok()) << got.status();
+    auto eager = verifier_->Verify(data.trees, view, sampling, seed, offset);
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    ExpectSame(*got, *eager);
+    replayed.push_back(std::move(*got));
+  }
+  const auto differ = [](const std::vector<VerifyResult>& a, const std::vector<VerifyResult>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].tokens != b[i].tokens) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(differ(replayed[0], replayed[1])) << "offsets 2 and 3 gave every sequence the same tokens";
+  EXPECT_TRUE(differ(replayed[0], replayed[2])) << "seeds 1 and 9 gave every sequence the same tokens";
+}
 
 TEST_F(CudaVerifyTest, Bf16MatchesF32OnRepresentableLogits) {
   for (const SamplingParams& sampling : {SamplingParams{}, SamplingParams{1.0f, 0, 1.0f}, SamplingParams{0.7f, 20, 0.9f}}) {

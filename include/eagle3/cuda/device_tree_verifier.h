@@ -64,10 +64,9 @@ class DeviceTreeVerifier {
   //    (LaunchVerifyCommitOffsets, eagle3/cuda/compact_ops.h) and the download of the results into
   //    pinned memory. It never allocates, waits or reads a result on the host, so it can be captured.
   //    A capture keeps the batch size, the total node count, the logits view (pointer, V, row
-  //    stride, dtype), the sampling parameters, seed and offset of the Stage before it: a replay is
-  //    valid after a later Stage with all of these equal (tree shapes and tokens may differ). Note
-  //    that a replay therefore draws the captured offset's coins (stochastic sampling needs a fresh
-  //    capture, or the offset on the device, per step; greedy is unaffected).
+  //    stride, dtype) and the sampling parameters of the Stage before it: a replay is valid after a
+  //    later Stage with all of these equal (tree shapes and tokens may differ). The seed and offset
+  //    travel with the staged trees, so a replay draws the coins of the Stage before it.
   //  - Finish waits for the stream and returns Verify's results (device errors as Verify reports
   //    them) for the last Launch or replay.
   // FailedPrecondition for Launch or Finish before any Stage.

@@ -84,6 +84,10 @@ struct TreeVerifyLaunchParams {
   float top_p = 1.0f;
   uint64_t seed = 0;    // Philox key; sequence b draws from stream b
   uint64_t offset = 0;  // Philox counter base
+  // Optional [2] u64, device: {seed, offset}. When set, the kernels read the Philox key and counter
+  // base from it (seed and offset above are ignored), so a launch captured in a CUDA graph draws
+  // the coins of whatever the buffer holds at each replay.
+  const uint64_t* seed_offset = nullptr;
   // Scratch: TreeVerifyWorkspaceBytes(total_rows, vocab) bytes, device, 16-byte aligned.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
