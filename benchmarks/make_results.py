@@ -65,15 +65,19 @@ def load_benchmarks(indir):
     """{binary: {"context": {...}, "rows": [row]}}, row = {bench, params, counters, label, error}."""
     out = {}
     for path in sorted(glob.glob(os.path.join(indir, "*.json"))):
-        name = os.path.splitext(os.path.basename(path))[0]
+        # <binary>.json, or <binary>.<tag>.json for one part of a binary run over several calls
+        # (run_all.sh --tag): the parts' rows join under the binary, later files replacing earlier
+        # rows of the same shape.
+        name = os.path.basename(path)[:-len(".json")].split(".")[0]
         if name == "env":
             continue
         try:
             data = json.load(open(path))
         except (OSError, ValueError) as e:
-            out[name] = {"context": {}, "rows": [], "load_error": str(e)}
+            out.setdefault(name, {"context": {}, "rows": [], "load_error": str(e)})
             continue
-        rows, seen = [], {}
+        prior = out.get(name)
+        rows, seen = ([], {}) if prior is None or not prior["rows"] else (prior["rows"], prior["seen"])
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name", b.get("name", ""))
             bench, params = parse_name(run_name)
@@ -98,7 +102,9 @@ def load_benchmarks(indir):
             else:
                 seen[key] = len(rows)
                 rows.append(row)
-        out[name] = {"context": data.get("context", {}), "rows": rows}
+        out[name] = {"context": data.get("context", {}), "rows": rows, "seen": seen}
+    for b in out.values():
+        b.pop("seen", None)
     return out
 
 

@@ -3,7 +3,7 @@
 # roofline.png. From the repository root, after `source .gpu-host/env.sh`:
 #
 #   benchmarks/run_all.sh [--quick] [--out DIR] [--build DIR] [--timeout SECONDS] [--no-build]
-#                         [--only NAME,NAME...] [--no-peers] [--no-report]
+#                         [--only NAME,NAME...] [--filter REGEX] [--tag TAG] [--no-peers] [--no-report]
 #
 #   --quick     fewer shapes, repetitions and iterations (EAGLE3_BENCH_QUICK=1)
 #   --out       where the JSON goes (default /tmp/eagle3-bench-results; $OUT/bench when $OUT is set)
@@ -12,7 +12,14 @@
 #   --only      run only these benchmark binaries (names without _benchmark, e.g. verify,mla_decode):
 #               a device call is limited to 10 minutes, so a full run is split over several calls
 #               into the same --out DIR (JSON of earlier calls stays; status.txt is appended to)
+#   --filter    --benchmark_filter for every binary run (with --only one binary: split its shapes
+#               over calls); --tag TAG names the outputs DIR/<name>.TAG.json, so the parts of one
+#               binary do not overwrite each other (make_results.py merges every *.json of DIR)
 #   --no-peers  skip the PyTorch peers; --no-report skips make_results.py
+#
+# A binary stopped at its time limit writes no --benchmark_out file; its streamed JSON
+# (DIR/logs/<name>.stream.json) keeps every finished row, and recover_json.py turns it into
+# DIR/<name>.json, so a cut run still reports what it measured (status.txt says "partial").
 #
 # Each benchmarks/cuda/*_benchmark binary writes DIR/<name>.json (Google Benchmark JSON); every
 # benchmarks/peers/*.py (helpers starting with '_' excepted) appends JSON lines to DIR/peers.jsonl;
@@ -28,6 +35,8 @@ BUILD=/tmp/b-bench-gpu
 TIMEOUT=
 DO_BUILD=1
 ONLY=
+FILTER=
+TAG=
 PEERS=1
 REPORT=1
 while [ $# -gt 0 ]; do
@@ -38,6 +47,8 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT=$2; shift ;;
     --no-build) DO_BUILD=0 ;;
     --only) ONLY=",$2,"; shift ;;
+    --filter) FILTER=$2; shift ;;
+    --tag) TAG=".$2"; shift ;;
     --no-peers) PEERS=0 ;;
     --no-report) REPORT=0 ;;
     *) echo "run_all.sh: unknown argument '$1'" >&2; exit 1 ;;
@@ -103,12 +114,19 @@ for src in "$ROOT"/benchmarks/cuda/*_benchmark.cc; do
   if [ ! -x "$bin" ]; then
     note "$name: not built, skipped"; echo "$name: not built" >> "$OUT_DIR/status.txt"; continue
   fi
-  note "$name"
-  timeout --kill-after=10 "$TIMEOUT" "$bin" --benchmark_format=json --benchmark_out="$OUT_DIR/$name.json" \
-    --benchmark_out_format=json > /dev/null 2> "$OUT_DIR/logs/$name.log"
+  note "$name${FILTER:+ (filter $FILTER)}"
+  out="$OUT_DIR/$name$TAG.json"
+  stream="$OUT_DIR/logs/$name$TAG.stream.json"
+  rm -f "$out"
+  timeout --kill-after=10 "$TIMEOUT" "$bin" --benchmark_format=json --benchmark_out="$out" \
+    --benchmark_out_format=json ${FILTER:+--benchmark_filter="$FILTER"} > "$stream" \
+    2> "$OUT_DIR/logs/$name$TAG.log"
   rc=$?
-  echo "$name: rc=$rc$([ $rc = 124 ] && echo ' (timed out)')" >> "$OUT_DIR/status.txt"
-  [ $rc = 0 ] || { note "$name exited $rc"; tail -5 "$OUT_DIR/logs/$name.log" >&2; }
+  partial=
+  if [ $rc != 0 ] && python3 "$ROOT/benchmarks/recover_json.py" "$stream" "$out"; then partial=", partial"; fi
+  echo "$name$TAG: rc=$rc$([ $rc = 124 ] && echo ' (timed out)')$partial${FILTER:+, filter $FILTER}" \
+    >> "$OUT_DIR/status.txt"
+  [ $rc = 0 ] || { note "$name exited $rc"; tail -5 "$OUT_DIR/logs/$name$TAG.log" >&2; }
 done
 
 PY_PEER=${PYTHON:-python3}
