@@ -135,8 +135,11 @@ MoeModel Model(int64_t id) {
   }
 }
 
-// Expert weights of one model, created on first use and kept for the process (the largest, K2's,
-// is 8.5 GB in f32).
+// Expert weights are stored as the models store them on CUDA (bf16; Backend::preferred_weight_dtype),
+// created on first use and kept for the process (the largest, K2's, is 4.2 GB). The runs up to
+// 2026-12-01b used f32 experts (twice the bytes and the floor): weight_elem_bytes tells them apart.
+constexpr DType kExpertDtype = DType::kBF16;
+
 struct MoeWeights {
   std::vector<Tensor> gate_up, down;  // per expert: [2I, H], [H, I]
   Tensor shared_gate_up, shared_down;  // [2 * shared_inter, H], [H, shared_inter]
@@ -152,13 +155,13 @@ const MoeWeights& Weights(int64_t id) {
     const float std_gu = 1.0f / std::sqrt(static_cast<float>(m.hidden));
     const float std_down = 1.0f / std::sqrt(static_cast<float>(m.inter));
     for (int64_t e = 0; e < m.experts; ++e) {
-      w->gate_up.push_back(RandomDevice(DType::kF32, Shape{2 * m.inter, m.hidden}, 100 + e, std_gu));
-      w->down.push_back(RandomDevice(DType::kF32, Shape{m.hidden, m.inter}, 1000 + e, std_down));
+      w->gate_up.push_back(RandomDevice(kExpertDtype, Shape{2 * m.inter, m.hidden}, 100 + e, std_gu));
+      w->down.push_back(RandomDevice(kExpertDtype, Shape{m.hidden, m.inter}, 1000 + e, std_down));
       w->table.push_back({w->gate_up.back().view(), w->down.back().view()});
     }
     if (m.shared_inter > 0) {
-      w->shared_gate_up = RandomDevice(DType::kF32, Shape{2 * m.shared_inter, m.hidden}, 7, std_gu);
-      w->shared_down = RandomDevice(DType::kF32, Shape{m.hidden, m.shared_inter}, 8, std_down);
+      w->shared_gate_up = RandomDevice(kExpertDtype, Shape{2 * m.shared_inter, m.hidden}, 7, std_gu);
+      w->shared_down = RandomDevice(kExpertDtype, Shape{m.hidden, m.shared_inter}, 8, std_down);
     }
   }
   return *w;
@@ -205,11 +208,13 @@ void BM_MoeDecode(benchmark::State& state) {
   // Timed inside a graph of 4 steps, as a decode step runs it.
   const double seconds = RunTimedInGraph(state, b->stream(), 4, step);
   if (!Check(state, status, "MoE step")) return;
-  const double expert_bytes = 3.0 * m.inter * m.hidden * 4.0;
-  const double shared_bytes = 3.0 * m.shared_inter * m.hidden * 4.0;
+  const double elem = static_cast<double>(DTypeSize(kExpertDtype));
+  const double expert_bytes = 3.0 * m.inter * m.hidden * elem;
+  const double shared_bytes = 3.0 * m.shared_inter * m.hidden * elem;
   const double bytes = static_cast<double>(touched.size()) * expert_bytes + shared_bytes;
   const double flops = static_cast<double>(tokens) * (m.top_k * m.inter + m.shared_inter) * 3.0 * 2.0 * m.hidden;
   state.counters["experts_touched"] = static_cast<double>(touched.size());
+  state.counters["weight_elem_bytes"] = elem;
   ReportRoofline(state, seconds, bytes, flops);
 }
 
