@@ -2,12 +2,14 @@
 # Runs every GPU benchmark and every PyTorch peer on the GPU host and regenerates RESULTS.md and
 # roofline.png. From the repository root, after `source .gpu-host/env.sh`:
 #
-#   benchmarks/run_all.sh [--quick] [--out DIR] [--build DIR] [--timeout SECONDS] [--no-build]
+#   benchmarks/run_all.sh [--quick] [--out DIR] [--build DIR | --bin DIR] [--timeout SECONDS] [--no-build]
 #                         [--only NAME,NAME...] [--filter REGEX] [--tag TAG] [--no-peers] [--no-report]
 #
 #   --quick     fewer shapes, repetitions and iterations (EAGLE3_BENCH_QUICK=1)
 #   --out       where the JSON goes (default /tmp/eagle3-bench-results; $OUT/bench when $OUT is set)
 #   --build     the CMake build directory (default /tmp/b-bench-gpu)
+#   --bin       run carried binaries DIR/<name>_benchmark (scripts/pack_gpu_binaries.sh) instead
+#               of building: no build, no CMake on the host
 #   --timeout   per-binary / per-peer limit in seconds (default 600, 180 with --quick)
 #   --only      run only these benchmark binaries (names without _benchmark, e.g. verify,mla_decode):
 #               a device call is limited to 10 minutes, so a full run is split over several calls
@@ -34,6 +36,7 @@ OUT_DIR=${OUT_DIR:-/tmp/eagle3-bench-results}
 BUILD=/tmp/b-bench-gpu
 TIMEOUT=
 DO_BUILD=1
+BIN_DIR=
 ONLY=
 FILTER=
 TAG=
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --build) BUILD=$2; shift ;;
     --timeout) TIMEOUT=$2; shift ;;
     --no-build) DO_BUILD=0 ;;
+    --bin) BIN_DIR=$2; DO_BUILD=0; shift ;;
     --only) ONLY=",$2,"; shift ;;
     --filter) FILTER=$2; shift ;;
     --tag) TAG=".$2"; shift ;;
@@ -110,7 +114,8 @@ PY
 for src in "$ROOT"/benchmarks/cuda/*_benchmark.cc; do
   name=$(basename "$src" .cc)
   case "$ONLY" in ""|*",${name%_benchmark},"*) ;; *) continue ;; esac
-  bin="$BUILD/benchmarks/$name"
+  bin=${BIN_DIR:+$BIN_DIR/$name}
+  bin=${bin:-$BUILD/benchmarks/$name}
   if [ ! -x "$bin" ]; then
     note "$name: not built, skipped"; echo "$name: not built" >> "$OUT_DIR/status.txt"; continue
   fi
