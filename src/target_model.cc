@@ -145,6 +145,19 @@ struct TargetModel::Impl {
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->allocator());
   }
+
+  // Zeroes a contiguous [pages, page_size, width] cache: one zero row uploaded, then broadcast over
+  // every row by one Copy (zero strides on the leading dims).
+  absl::Status ZeroCache(const Tensor& cache) {
+    if (cache.numel() == 0) return absl::OkStatus();
+    const int64_t width = cache.dim(2);
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host_zero, Tensor::Zeros(cache.dtype(), Shape{width}));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor zero, Alloc(cache.dtype(), Shape{width}));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(host_zero, zero));
+    const TensorView rows(zero.data(), cache.dtype(), cache.shape(), Shape{0, 0, 1}, cache.device());
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(rows, cache));
+    return backend->Synchronize();  // `zero` is freed on return
+  }
   absl::Status Upload(const TensorView& host, const TensorView& device) {
     return backend->Copy(host, device);
   }
@@ -298,6 +311,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
       }
     }
     EAGLE3_ASSIGN_OR_RETURN(L.cache, Alloc(cache_dtype, Shape{options.num_kv_pages, options.page_size, width}));
+    EAGLE3_RETURN_IF_ERROR(ZeroCache(L.cache));
   }
   EAGLE3_ASSIGN_OR_RETURN(final_ln, take("model.norm.weight"));
   if (!config.tie_word_embeddings) {
@@ -823,6 +837,11 @@ TargetModel::~TargetModel() = default;
 
 const DeepseekV2Config& TargetModel::config() const { return impl_->config; }
 const TargetModelOptions& TargetModel::options() const { return impl_->options; }
+
+TensorView TargetModel::kv_cache(int layer) const {
+  if (layer < 0 || layer >= static_cast<int>(impl_->layers.size())) return TensorView();
+  return impl_->layers[static_cast<size_t>(layer)].cache.view();
+}
 
 int64_t TargetModel::LogitRows(std::span<const SequenceInput> batch) {
   int64_t rows = 0;

@@ -564,6 +564,48 @@ TEST_P(TargetModelTest, BadInputIsRefusedAndLeavesTheCacheUnchanged) {
   EXPECT_LT(RelDiff(got, ref[0].logits), 1e-6);
 }
 
+// Create zeroes every layer's KV cache, and kv_cache(l) shows what a step writes: after a 6-token
+// prefill the rows of positions 0..5 (through the page table: pages 3 and 7) hold values, every
+// other row of every layer is still zero. Layers outside the model give a null view.
+TEST_P(TargetModelTest, KvCacheStartsZeroedAndShowsTheRowsAStepWrote) {
+  cpu::CpuBackend backend;
+  const TargetModelOptions o = Options(1, ResidualMode::kReplicated);
+  auto model = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int layers = static_cast<int>(config_.num_hidden_layers);
+  const int64_t width = config_.kv_lora_rank + config_.qk_rope_head_dim;
+  EXPECT_EQ((*model)->kv_cache(-1).data(), nullptr);
+  EXPECT_EQ((*model)->kv_cache(layers).data(), nullptr);
+  // Rows (page * page_size + slot) holding a nonzero element, per layer.
+  const auto written_rows = [&](int layer) {
+    const TensorView c = (*model)->kv_cache(layer);
+    EXPECT_EQ(c.shape(), (Shape{o.num_kv_pages, o.page_size, width}));
+    EXPECT_EQ(c.dtype(), DType::kF32);
+    std::vector<int64_t> rows;
+    const float* data = c.data_as<const float>();
+    for (int64_t r = 0; r < o.num_kv_pages * o.page_size; ++r) {
+      if (std::any_of(data + r * width, data + (r + 1) * width, [](float v) { return v != 0.0f; })) {
+        rows.push_back(r);
+      }
+    }
+    return rows;
+  };
+  for (int l = 0; l < layers; ++l) EXPECT_THAT(written_rows(l), ::testing::IsEmpty()) << "layer " << l;
+
+  const auto prompt = Prompt(6, 2);
+  SequenceInput pre;
+  pre.tokens = prompt;
+  pre.page_table = pages0_;
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  ASSERT_TRUE((*model)->Forward(std::span<const SequenceInput>(&pre, 1),
+                                TensorView(logits.data(), DType::kF32, Shape{1, config_.vocab_size}))
+                  .ok());
+  std::vector<int64_t> want;
+  for (int64_t s = 0; s < 6; ++s) want.push_back(pages0_[s / o.page_size] * o.page_size + s % o.page_size);
+  std::sort(want.begin(), want.end());
+  for (int l = 0; l < layers; ++l) EXPECT_EQ(written_rows(l), want) << "layer " << l;
+}
+
 TEST_P(TargetModelTest, MissingOrMisshapedTensorsAreNamed) {
   ScopedTempDir broken;
   auto config = config_;

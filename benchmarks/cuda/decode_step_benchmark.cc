@@ -221,8 +221,9 @@ StepCost Cost(const Model& m, int64_t batch, int64_t tokens_per_seq, int64_t con
 }
 
 // One model in memory at a time (the V2 rank alone is ~60 GB in bf16): asking for another frees the
-// current one first. Each model holds kMaxBatch sequences prefilled to MaxContext() tokens; a step at
-// a shorter context reads only its first rows.
+// current one first. Each model holds kMaxBatch sequences of up to MaxContext() cached tokens with no
+// prefill: TargetModel::Create zeroes the cache, which is what a prefill through these checkpoints
+// writes (their kv_a projection is a hole), and a step reads the first `context` rows of its pages.
 absl::StatusOr<Model*> Get(int id) {
   static std::unique_ptr<Model> current;
   static absl::Status failed[kNumModels];
@@ -250,22 +251,8 @@ absl::StatusOr<Model*> Get(int id) {
       for (int64_t i = 0; i < pages_per_seq; ++i) p[i] = static_cast<int32_t>(b * pages_per_seq + i);
       m->pages.push_back(std::move(p));
     }
-    // Prefill in chunks of 512 tokens (the per-sequence extend path): the cache rows must hold
-    // finite values (they are zeros: the kv_a projection is a hole).
-    std::vector<float> logits(static_cast<size_t>(m->config.vocab_size));
-    for (int64_t b = 0; b < kMaxBatch; ++b) {
-      for (int64_t done = 0; done < MaxContext();) {
-        const int64_t n = std::min<int64_t>(512, MaxContext() - done);
-        std::vector<int64_t> tokens(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) tokens[i] = (7919 * (done + i) + 104729 * b) % m->config.vocab_size;
-        const SequenceInput in{tokens, {}, m->pages[b], done, {}, false};
-        EAGLE3_RETURN_IF_ERROR(m->target->Forward(std::span<const SequenceInput>(&in, 1),
-                                                  TensorView(logits.data(), DType::kF32, Shape{1, m->config.vocab_size})));
-        done += n;
-      }
-    }
-    std::fprintf(stderr, "decode_step_benchmark: %s: loaded (weights %.0f B, cache %.0f B per element) and "
-                 "prefilled %lld x %lld tokens in %.1f s\n", kModelNames[id], m->weight_bytes, m->cache_bytes,
+    std::fprintf(stderr, "decode_step_benchmark: %s: loaded (weights %.0f B, cache %.0f B per element, %lld x %lld "
+                 "cached tokens) in %.1f s\n", kModelNames[id], m->weight_bytes, m->cache_bytes,
                  static_cast<long long>(kMaxBatch), static_cast<long long>(MaxContext()),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return m;
@@ -296,7 +283,7 @@ void TimeStep(benchmark::State& state, Model& m, std::span<const SequenceInput> 
   std::vector<double> device, wall;
   for (auto _ : state) {
     if (!Check(state, m.target->Stage(inputs), "stage")) return;
-    // The NVTX range lets a profiler pick one step's kernels out of the load and prefill
+    // The NVTX range lets a profiler pick one step's kernels out of the load and warm-up
     // (ncu --nvtx --nvtx-include "eagle3_step/"); without a tool attached it costs nothing.
     const double t = TimeOnce(Backend()->stream(), [&] {
       nvtxRangePushA("eagle3_step");

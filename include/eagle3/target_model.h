@@ -83,7 +83,8 @@ class TargetModel {
   // Loads rank `options.rank`'s shard from a HF checkpoint directory (config.json + safetensors).
   // `communicator` may be null when tp_size == 1; otherwise its size/rank must match. `backend`
   // must outlive the model. Every tensor is checked against the config's schema (message names the
-  // tensor, the expected and the actual shape).
+  // tensor, the expected and the actual shape). Every layer's KV cache starts zeroed (a slot no step
+  // wrote reads as zeros, never as whatever the allocation held).
   static absl::StatusOr<std::unique_ptr<TargetModel>> Create(const std::string& checkpoint_dir,
                                                              const TargetModelOptions& options,
                                                              Communicator* communicator,
@@ -92,6 +93,14 @@ class TargetModel {
 
   const DeepseekV2Config& config() const;
   const TargetModelOptions& options() const;
+
+  // Layer `layer`'s latent KV cache, on the backend's device: [num_kv_pages, page_size,
+  // kv_lora_rank + qk_rope_head_dim] in options().kv_cache_dtype (f32 unset), contiguous; position s
+  // of a sequence lives at row [page_table[s / page_size]][s % page_size] (the normalized latent,
+  // then the rotated k_pe). For engines that inspect or export KV; writing it directly bypasses
+  // the model's checks. A default-constructed (null) view for a layer outside
+  // [0, num_hidden_layers).
+  TensorView kv_cache(int layer) const;
 
   // Rows of logits one Forward returns: sum over sequences of (all_logits ? n : 1).
   static int64_t LogitRows(std::span<const SequenceInput> batch);
