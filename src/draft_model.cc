@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batch_staging.h"
+#include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
@@ -334,6 +335,7 @@ absl::Status DraftModel::Impl::AllocateWorkspaces() {
   const int64_t s_max = options.max_context_len;
   const int64_t kv_row = 2 * kv_width;
   EAGLE3_ASSIGN_OR_RETURN(cache, Alloc(DType::kF32, Shape{options.num_kv_pages, options.page_size, kv_row}));
+  EAGLE3_RETURN_IF_ERROR(ZeroFill(*backend, cache));  // unwritten slots read as zeros
   EAGLE3_ASSIGN_OR_RETURN(aux, Alloc(DType::kF32, Shape{t_max, config.fc_input_width()}));
   for (Tensor* t : {&g, &e, &r, &h, &partial, &lm_in}) {
     EAGLE3_ASSIGN_OR_RETURN(*t, Alloc(DType::kF32, Shape{t_max, hidden_dim}));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "batch_staging.h"
+#include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/moe_routing.h"
@@ -146,18 +147,6 @@ struct TargetModel::Impl {
     return Tensor::Empty(dtype, shape, backend->allocator());
   }
 
-  // Zeroes a contiguous [pages, page_size, width] cache: one zero row uploaded, then broadcast over
-  // every row by one Copy (zero strides on the leading dims).
-  absl::Status ZeroCache(const Tensor& cache) {
-    if (cache.numel() == 0) return absl::OkStatus();
-    const int64_t width = cache.dim(2);
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host_zero, Tensor::Zeros(cache.dtype(), Shape{width}));
-    EAGLE3_ASSIGN_OR_RETURN(Tensor zero, Alloc(cache.dtype(), Shape{width}));
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(host_zero, zero));
-    const TensorView rows(zero.data(), cache.dtype(), cache.shape(), Shape{0, 0, 1}, cache.device());
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(rows, cache));
-    return backend->Synchronize();  // `zero` is freed on return
-  }
   absl::Status Upload(const TensorView& host, const TensorView& device) {
     return backend->Copy(host, device);
   }
@@ -311,7 +300,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
       }
     }
     EAGLE3_ASSIGN_OR_RETURN(L.cache, Alloc(cache_dtype, Shape{options.num_kv_pages, options.page_size, width}));
-    EAGLE3_RETURN_IF_ERROR(ZeroCache(L.cache));
+    EAGLE3_RETURN_IF_ERROR(ZeroFill(*backend, L.cache));
   }
   EAGLE3_ASSIGN_OR_RETURN(final_ln, take("model.norm.weight"));
   if (!config.tie_word_embeddings) {
