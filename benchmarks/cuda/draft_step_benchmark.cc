@@ -18,8 +18,9 @@
 // Weights come from WriteRandomEagle3DraftCheckpoint (bf16 on disk) and a target directory holding
 // the DeepSeek-V3 config.json and a random model.embed_tokens.weight (the draft shares the target's
 // embedding), written once under $EAGLE3_BENCH_CKPT_DIR (default /tmp/eagle3-bench-ckpt) and reused
-// by later runs; setup_s reports what writing and loading took. DraftModel stores f32 today, so the
-// byte floors count 4 bytes per weight element.
+// by later runs; setup_s reports what writing and loading took. The byte floors count the element
+// size of the weights the model stores (DraftModelOptions::weight_dtype unset: the backend's
+// preference, bf16 on CUDA; counter weight_elem_bytes). Runs up to 2026-12-01b stored f32.
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -226,8 +227,9 @@ void BM_DraftStep(benchmark::State& state) {
   const double seconds = RunTimed(state, Backend()->stream(), step);
   if (!Check(state, status, "Forward")) return;
 
-  // Floor: every weight of this rank's step read once (f32), the cached K/V rows read once, the
-  // embedding rows and the host-visible inputs/outputs once; flops of the GEMMs and attention.
+  // Floor: every weight of this rank's step read once (in its stored dtype), the cached K/V rows
+  // read once, the embedding rows and the host-visible inputs/outputs once; flops of the GEMMs and
+  // attention.
   const int64_t heads = kHeads / tp, kv_heads = kKvHeads / tp, inter = kInter / tp;
   const int64_t vocab_shard = kDraftVocab / tp;
   const double fc = from_target ? static_cast<double>(kHidden) * kAuxLayers * kHidden : 0.0;
@@ -238,11 +240,14 @@ void BM_DraftStep(benchmark::State& state) {
   const double weight_elems = fc + qkv + o + mlp + lm;
   const double kv_bytes = static_cast<double>(kContext + tokens) * 2 * kv_heads * kHeadDim * 4.0;
   const double act_bytes = static_cast<double>(tokens) * (width + 2 * kHidden) * 4.0 + kDraftVocab * 4.0;
-  const double bytes = weight_elems * 4.0 + kv_bytes + act_bytes;
+  const double weight_elem_bytes = static_cast<double>(
+      DTypeSize(model.options().weight_dtype.value_or(Backend()->preferred_weight_dtype())));
+  const double bytes = weight_elems * weight_elem_bytes + kv_bytes + act_bytes;
   const double flops = 2.0 * tokens * (weight_elems - lm) + 2.0 * lm +
                        4.0 * tokens * heads * kHeadDim * static_cast<double>(kContext + tokens);
   state.counters["setup_s"] = d.setup_seconds;
-  state.counters["weight_bytes"] = weight_elems * 4.0;
+  state.counters["weight_bytes"] = weight_elems * weight_elem_bytes;
+  state.counters["weight_elem_bytes"] = weight_elem_bytes;
   ReportRoofline(state, seconds, bytes, flops);
 }
 
