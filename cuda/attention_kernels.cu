@@ -635,8 +635,15 @@ __device__ inline void StageBatched(int count, int tid, int threads, Value&& val
   }
 }
 
-// Stages a block's query rows, rows x stride elements (row r: token i0 + r / H of the tile, head
-// n0 + r % H; 0 for rows the tile does not hold and for dims >= key_dim), through store(i, value).
+// Whether block row r (token i0 + r / H of the tile, head n0 + r % H, H = heads_per_tile) is a query
+// row the tile holds.
+__device__ inline bool LatentRowHeld(const LatentArgs& a, int64_t n0, int64_t tile_tokens, int r) {
+  const int64_t heads = a.heads_per_tile;
+  return r < heads * a.tokens_per_tile && r / heads < tile_tokens && n0 + r % heads < a.p.heads;
+}
+
+// Stages a block's query rows, rows x stride elements (0 for rows the tile does not hold, see
+// LatentRowHeld, and for dims >= key_dim), through store(i, value).
 template <typename Store>
 __device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile& tile, int64_t n0,
                                           int64_t tile_tokens, int rows, int stride, int threads,
@@ -648,9 +655,7 @@ __device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile&
       [&](int i) {
         const int r = i / stride;
         const int d = i % stride;
-        const bool held = r < heads * a.tokens_per_tile && r / heads < tile_tokens &&
-                          n0 + r % heads < p.heads && d < p.key_dim;
-        if (!held) return 0.0f;
+        if (d >= p.key_dim || !LatentRowHeld(a, n0, tile_tokens, r)) return 0.0f;
         const int64_t t = tile.q0 + tile.i0 + r / heads;
         const int64_t n = n0 + r % heads;
         return p.q[t * p.q_token_stride + n * p.q_head_stride + d];
@@ -691,10 +696,7 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
   const int lane = tid % 32;
 
   // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
-  auto row_valid = [&](int r) {
-    return r < heads_per_tile * a.tokens_per_tile && r / heads_per_tile < tile_tokens &&
-           n0 + r % heads_per_tile < p.heads;
-  };
+  auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
   StageLatentQueries(a, tile, n0, tile_tokens, kRows, wp, kLatentThreads,
                      [&](int i, float v) { qs[i] = v; });
   // Pad columns are never copied: zero them once in both stages (pad x 0 must not be NaN).
@@ -1051,10 +1053,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   const int mrow = lane % 8;
 
   // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
-  auto row_valid = [&](int r) {
-    return r < heads_per_tile * a.tokens_per_tile && r / heads_per_tile < tile_tokens &&
-           n0 + r % heads_per_tile < p.heads;
-  };
+  auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
   StageLatentQueries(a, tile, n0, tile_tokens, kMmaRows, rs, kMmaThreads,
                      [&](int i, float v) { qs[i] = Bf16Bits(v); });
   // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN).
