@@ -92,14 +92,10 @@ struct GemmCase {
 class CudaGemvTest : public ParityTest {
  protected:
   // The GEMV path (CudaBackendOptions::small_m_gemv, on by default) is on for this whole suite.
-  void SetUp() override {
-    ParityTest::SetUp();
-    if (IsSkipped()) return;
+  cuda::CudaBackendOptions Options() const override {
     cuda::CudaBackendOptions options;
     options.small_m_gemv = true;
-    auto backend = cuda::CudaBackend::Create(options);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    gpu_ = std::move(*backend);
+    return options;
   }
 
   // ld 0: rows of k. The padding past k is NaN: a product that read it would show.

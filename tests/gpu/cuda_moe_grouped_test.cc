@@ -62,14 +62,10 @@ struct Routing {
 class CudaMoeGroupedTest : public ParityTest {
  protected:
   // The grouped path (CudaBackendOptions::moe_grouped_experts, on by default) is on for this suite.
-  void SetUp() override {
-    ParityTest::SetUp();
-    if (IsSkipped()) return;
+  cuda::CudaBackendOptions Options() const override {
     cuda::CudaBackendOptions options;
     options.moe_grouped_experts = true;
-    auto backend = cuda::CudaBackend::Create(options);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    gpu_ = std::move(*backend);
+    return options;
   }
 
   // Uniform values of standard deviation `stddev`, fast enough for the V3 pools (~100M values).
