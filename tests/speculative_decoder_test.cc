@@ -16,6 +16,7 @@
 #include "eagle3/random_draft_checkpoint.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
+#include "speculative_greedy_check.h"
 
 namespace eagle3 {
 namespace {
@@ -164,21 +165,11 @@ TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedy) {
   dopt.page_size = 5;
   auto draft = DraftModel::Create(draft_dir.path(), target_dir, dopt, nullptr, &backend);
   ASSERT_TRUE(draft.ok()) << draft.status();
-  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 300}, {11, 23}};
-  DecodeOptions options;
-  options.max_new_tokens = 16;
-  SpeculativeDecoder plain(target->get(), nullptr, options);
-  auto reference = plain.Generate(prompts);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  for (const DraftTreeParams& tree : {DraftTreeParams{1, 4, 5}, DraftTreeParams{4, 3, 10}}) {
-    Eagle3Drafter drafter(draft->get(), static_cast<int>(prompts.size()));
-    DecodeOptions spec_options = options;
-    spec_options.tree = tree;
-    SpeculativeDecoder spec(target->get(), &drafter, spec_options);
-    DecodeStats stats;
-    auto got = spec.Generate(prompts, &stats);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, *reference) << "topk " << tree.topk;
+  SpeculativeGreedyRuns runs;
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), &runs);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_EQ(runs.stats.size(), 2u);
+  for (const DecodeStats& stats : runs.stats) {
     EXPECT_EQ(stats.generated_tokens, 48);
     EXPECT_GE(stats.mean_accepted_length, 1.0);
   }

@@ -33,6 +33,7 @@
 #include "eagle3/target_model.h"
 #include "parity_util.h"
 #include "scoped_temp_dir.h"
+#include "speculative_greedy_check.h"
 
 namespace eagle3::parity {
 namespace {
@@ -462,21 +463,7 @@ TEST_F(CudaBf16WeightsTest, SpeculativeGreedyEqualsPlainGreedyInBf16) {
   dopt.page_size = 5;
   auto draft = DraftModel::Create(draft_dir, target_dir, dopt, nullptr, gpu_.get());
   ASSERT_TRUE(draft.ok()) << draft.status();
-  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 300}, {11, 23}};
-  DecodeOptions options;
-  options.max_new_tokens = 16;
-  SpeculativeDecoder plain(target->get(), nullptr, options);
-  auto reference = plain.Generate(prompts);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  for (const DraftTreeParams& tree : {DraftTreeParams{1, 4, 5}, DraftTreeParams{4, 3, 10}}) {
-    Eagle3Drafter drafter(draft->get(), static_cast<int>(prompts.size()));
-    DecodeOptions spec_options = options;
-    spec_options.tree = tree;
-    SpeculativeDecoder spec(target->get(), &drafter, spec_options);
-    auto got = spec.Generate(prompts);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, *reference) << "topk " << tree.topk;
-  }
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get());
 }
 
 // A random bf16 draft on the golden V2 target's config: the GPU in bf16 against the CPU in f32.

@@ -19,6 +19,7 @@
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
 #include "gtest/gtest.h"
+#include "speculative_greedy_check.h"
 
 namespace eagle3 {
 namespace {
@@ -155,30 +156,16 @@ TEST(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheGpu) {
   dopt.page_size = 5;
   auto draft = DraftModel::Create(draft_dir, target_dir, dopt, nullptr, backend->get());
   ASSERT_TRUE(draft.ok()) << draft.status();
-  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 300}, {11, 23}};
-  DecodeOptions options;
-  options.max_new_tokens = 16;
-  SpeculativeDecoder plain(target->get(), nullptr, options);
-  auto reference = plain.Generate(prompts);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-
+  SpeculativeGreedyRuns runs;
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), &runs);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   cpu::CpuBackend cpu;
   auto cpu_target = TargetModel::Create(target_dir, topt, nullptr, &cpu);
   ASSERT_TRUE(cpu_target.ok());
-  SpeculativeDecoder cpu_plain(cpu_target->get(), nullptr, options);
-  auto cpu_reference = cpu_plain.Generate(prompts);
+  SpeculativeDecoder cpu_plain(cpu_target->get(), nullptr, SpeculativeGreedyOptions());
+  auto cpu_reference = cpu_plain.Generate(SpeculativeGreedyPrompts());
   ASSERT_TRUE(cpu_reference.ok());
-  EXPECT_EQ(*reference, *cpu_reference);
-
-  for (const DraftTreeParams& tree : {DraftTreeParams{1, 4, 5}, DraftTreeParams{4, 3, 10}}) {
-    Eagle3Drafter drafter(draft->get(), static_cast<int>(prompts.size()));
-    DecodeOptions spec_options = options;
-    spec_options.tree = tree;
-    SpeculativeDecoder spec(target->get(), &drafter, spec_options);
-    auto got = spec.Generate(prompts);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, *reference) << "topk " << tree.topk;
-  }
+  EXPECT_EQ(runs.plain, *cpu_reference);
 }
 
 }  // namespace
