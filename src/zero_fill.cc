@@ -1,7 +1,5 @@
 #include "zero_fill.h"
 
-#include <vector>
-
 #include "eagle3/status.h"
 
 namespace eagle3 {
@@ -12,13 +10,9 @@ absl::Status ZeroFill(Backend& backend, const Tensor& t) {
   EAGLE3_ASSIGN_OR_RETURN(Tensor host_zero, Tensor::Zeros(t.dtype(), Shape{width}));
   EAGLE3_ASSIGN_OR_RETURN(Tensor zero, Tensor::Empty(t.dtype(), Shape{width}, backend.allocator()));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host_zero, zero));
-  std::vector<int64_t> strides(static_cast<size_t>(t.rank()), 0);
-  strides.back() = 1;
-  Shape stride_shape;
-  if (!Shape::FromSpan(strides, &stride_shape)) {
-    return absl::InvalidArgumentError("ZeroFill: " + t.view().ToString() + " has more dims than a Shape holds");
-  }
-  const TensorView rows(zero.data(), t.dtype(), t.shape(), stride_shape, t.device());
+  Shape strides = t.shape();  // the same rank: 0 on every leading dim, 1 on the last
+  for (int d = 0; d < strides.rank(); ++d) strides[d] = d + 1 == strides.rank() ? 1 : 0;
+  const TensorView rows(zero.data(), t.dtype(), t.shape(), strides, t.device());
   EAGLE3_RETURN_IF_ERROR(backend.Copy(rows, t));
   return backend.Synchronize();  // `zero` is freed on return
 }
