@@ -539,7 +539,8 @@ struct LatentArgs {
   int64_t tokens_per_tile;    // G
   int64_t value_tiles;
   int64_t splits;
-  int64_t keys_per_split;     // a multiple of kLatentChunk
+  int64_t keys_per_split;     // a multiple of kLatentChunk: the split length at max_kv_len (host
+                              // geometry); the kernels split each sequence by LatentSplitKeys
   int wp;                     // f32: floats per staged row, key_dim rounded up to 32 (zero
                               // padded); bf16: elements per staged row, key_dim rounded up to 64,
                               // + 8 (MmaRowStride)
@@ -591,6 +592,17 @@ __device__ inline int64_t LastNotAbove(const int32_t* values, int64_t count, int
     }
   }
   return lo;
+}
+
+// Keys per split for a sequence of kv keys: its keys spread evenly over the a.splits splits, in
+// whole chunks. The host sizes a.splits for max_kv_len (the cache capacity a captured graph must
+// cover), so the split length follows each sequence's real length on the device: a 1K-key sequence
+// in a 4K-capacity cache uses every split, not the first quarter of them (with the host's
+// keys_per_split it ran all its keys in one block per row tile: the V2 TP8 decode step at batch 32
+// took 56 ms at capacity 4224 vs 37 ms at 1152, same 1K context). Never above a.keys_per_split.
+__device__ inline int64_t LatentSplitKeys(const LatentArgs& a, int64_t kv) {
+  const int64_t per = (kv + a.splits - 1) / a.splits;
+  return std::max<int64_t>(kLatentChunk, (per + kLatentChunk - 1) / kLatentChunk * kLatentChunk);
 }
 
 __device__ inline bool FindLatentTile(const LatentArgs& a, int64_t x, LatentTile* tile) {
@@ -670,8 +682,9 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
   const LatentLaunchParams& p = a.p;
   LatentTile tile;
   if (!FindLatentTile(a, blockIdx.x, &tile)) return;
-  const int64_t s_begin = static_cast<int64_t>(blockIdx.y) * a.keys_per_split;
-  const int64_t s_end = std::min(tile.kv, s_begin + a.keys_per_split);
+  const int64_t split_keys = LatentSplitKeys(a, tile.kv);
+  const int64_t s_begin = static_cast<int64_t>(blockIdx.y) * split_keys;
+  const int64_t s_end = std::min(tile.kv, s_begin + split_keys);
   if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
   const int64_t head_tile = blockIdx.z / a.value_tiles;
   const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
@@ -1022,8 +1035,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   const LatentLaunchParams& p = a.p;
   LatentTile tile;
   if (!FindLatentTile(a, blockIdx.x, &tile)) return;
-  const int64_t s_begin = static_cast<int64_t>(blockIdx.y) * a.keys_per_split;
-  const int64_t s_end = std::min(tile.kv, s_begin + a.keys_per_split);
+  const int64_t split_keys = LatentSplitKeys(a, tile.kv);
+  const int64_t s_begin = static_cast<int64_t>(blockIdx.y) * split_keys;
+  const int64_t s_end = std::min(tile.kv, s_begin + split_keys);
   if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
   const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
   const int64_t heads_per_tile = a.heads_per_tile;
@@ -1299,7 +1313,8 @@ __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const Late
   const int64_t n = row % p.heads;
   int64_t kv = p.max_kv_len;
   if (p.q_start != nullptr) kv = p.kv_len[LastNotAbove(p.q_start, p.batch, t)];
-  const int64_t splits = std::min(a.splits, (kv + a.keys_per_split - 1) / a.keys_per_split);
+  const int64_t split_keys = LatentSplitKeys(a, kv);
+  const int64_t splits = std::min(a.splits, (kv + split_keys - 1) / split_keys);
   const float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * row * a.splits;
   const int tid = static_cast<int>(threadIdx.x);
   float row_max = -CUDART_INF_F;
