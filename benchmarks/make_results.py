@@ -30,7 +30,8 @@ RUN_SETTINGS = ("min_time", "repeats", "iterations")
 POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens", "cache_bits"]}
 # Arguments that older runs did not have, with the value those runs implied: rows of different runs
 # then join (a newer row replaces an older one of the same shape).
-DEFAULT_PARAMS = {"BM_BatchedLatentAttention": {"cache_bits": 32}, "BM_DecodeStep": {"model": 0}}
+DEFAULT_PARAMS = {"BM_BatchedLatentAttention": {"cache_bits": 32}, "BM_DecodeStep": {"model": 0},
+                  "BM_DraftStep": {"graph": 0}}  # rows of runs before the parameter existed
 
 
 def parse_name(run_name):
@@ -292,9 +293,13 @@ def e2e_model(benchmarks, collective_dirs=()):
             if r["bench"] == "BM_DecodeStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
     verify = {(r["params"]["batch"], r["params"]["tokens"]): r["counters"]["us"] for r in rows
               if r["bench"] == "BM_VerifyStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
+    # A graphed decode loop replays the draft step's Launch (graph 1); rows without the graph
+    # parameter (runs before 2026-12-01c) are Forward calls with host I/O (graph 0).
+    draft_rows = [r for r in rows if r["bench"] == "BM_DraftStep" and r["params"].get("tp") == 8]
+    draft_graph = 1 if any(r["params"].get("graph", 0) == 1 for r in draft_rows) else 0
     draft = {}
-    for r in rows:
-        if r["bench"] == "BM_DraftStep" and r["params"].get("tp") == 8:
+    for r in draft_rows:
+        if r["params"].get("graph", 0) == draft_graph:
             draft.setdefault(r["params"].get("from_target", 1), []).append((r["params"]["tokens"], r["counters"]["us"]))
     tree = {}
     for r in rows:
@@ -343,7 +348,7 @@ def e2e_model(benchmarks, collective_dirs=()):
              "verify step = `BM_VerifyStep` model 1 (a complete 4-ary tree of the given size after "
              f"{context} cached tokens, graph) + the same collectives at batch × tree tokens; draft round = "
              "the first draft pass over the accepted tokens (mean accepted length + 1 per sequence, "
-             "`BM_DraftStep` tp 8, from_target 1) + (passes − 1) passes over topk tokens per sequence "
+             "`BM_DraftStep` tp 8, from_target 1, graph 1 where measured) + (passes − 1) passes over topk tokens per sequence "
              "(from_target 0, or 1 when not measured), each with two all-reduces, + the device tree build "
              "(`BM_TreeBuild`, when measured). The draft is the SpecForge V3 head at its TP 8 rank shape "
              "(no public V2 head; a V2-sized head would be smaller). Mean accepted lengths 2.4 and 5.2 are "

@@ -10,9 +10,11 @@
 #   --jobs             test binaries run at once (default 4)
 #   --only             these binaries only (names, comma-separated)
 #   --sanitize         compute-sanitizer tools after the tests, comma-separated (default
-#                      memcheck,racecheck; "none" skips); racecheck skips cuBLAS's own kernels
-#                      (--kernel-name-exclude kns=nvjet: racecheck does not model their TMA and
-#                      mbarrier synchronization and reports hazards inside them)
+#                      memcheck,racecheck; "none" skips); racecheck instruments cuBLAS's own
+#                      kernels too (excluding them with --kernel-name-exclude kns=nvjet made the
+#                      sanitizer fail on a hardware exception in the bf16 GEMMs, 2026-12-01c), and
+#                      does not model their TMA / mbarrier synchronization: the summary counts the
+#                      hazards reported in nvjet_* kernels apart from the others
 #   --sanitize-seconds per binary and tool (default 150; a timeout is recorded as such)
 #   --sanitize-jobs    sanitizer runs at once (default 8)
 #
@@ -76,7 +78,6 @@ grep -q "rc=[1-9]" "$OUT/summary.txt" && test_rc=1
 san_rc=0
 run_sanitizer() {
   local name=$1 tool=$SAN_TOOL log="$OUT/logs/${SAN_TOOL}_$1.log" extra=()
-  [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=nvjet)
   # CUDA API errors are not memory errors, and the library turns every one into a Status already;
   # tests provoke some on purpose (a capture that must fail, NCCL's own probes).
   [ "$tool" = memcheck ] && extra=(--report-api-errors no)
@@ -85,8 +86,16 @@ run_sanitizer() {
   timeout "$SAN_SECONDS" compute-sanitizer --tool "$tool" --error-exitcode 99 "${extra[@]}" "$BIN/$name" \
     --gtest_filter='-*OutOfMemory*:*LongContext*' > "$log" 2>&1
   local rc=$?
-  echo "$tool $name rc=$rc$([ $rc = 124 ] && echo ' (timed out)') $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  FAILED' "$log" | tr '\n' ' ')" \
+  local ours=0 cublas=0
+  if [ "$tool" = racecheck ]; then
+    # A hazard report names its kernel on the "Race reported" / "Potential" lines that follow it.
+    cublas=$(grep -cE '(Race reported|Potential).*nvjet_' "$log")
+    ours=$(grep -E 'Race reported|Potential' "$log" | grep -vc 'nvjet_')
+  fi
+  echo "$tool $name rc=$rc$([ $rc = 124 ] && echo ' (timed out)') $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  FAILED|Internal Sanitizer Error' "$log" | tr '\n' ' ')$([ "$tool" = racecheck ] && echo " hazards: $ours outside cuBLAS, $cublas in nvjet_*")" \
     >> "$OUT/summary.txt"
+  # racecheck's exit status counts cuBLAS's (unmodelled) hazards too: ours decide.
+  if [ "$tool" = racecheck ] && [ $rc = 99 ] && [ "$ours" = 0 ] && ! grep -q 'Internal Sanitizer Error\|^\[  FAILED' "$log"; then rc=0; fi
   [ $rc = 0 ] || [ $rc = 124 ] || echo "$tool $name" >> "$OUT/sanitizer_failed.txt"
 }
 rm -f "$OUT/sanitizer_failed.txt"

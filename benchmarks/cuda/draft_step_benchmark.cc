@@ -2,9 +2,12 @@
 // heads, head_dim 128, intermediate 40960, draft vocab 32000, target vocab 129280, three aux layers),
 // timed with CUDA events (bench_util.h), with its roofline floor.
 //
-//   BM_DraftStep/tp/tokens/from_target : one eagle3::DraftModel::Forward on a CudaBackend, as an
-//       engine calls it (host aux/hidden in, host logits and hidden out, one sequence of `tokens`
-//       rows after a 1024-row cached context, logits of the last row). tp 1 = the whole head; tp 8 =
+//   BM_DraftStep/tp/tokens/from_target/graph : one draft step on a CudaBackend, one sequence of
+//       `tokens` rows after a 1024-row cached context, logits of the last row. graph 0 = one
+//       eagle3::DraftModel::Forward as the simple API runs it (host aux/hidden in, host logits and
+//       hidden out, eager launches, a host synchronization); graph 1 = the step staged once and its
+//       Launch captured in a CUDA graph and replayed (what a graphed decode loop runs per step: the
+//       staging copies and every kernel, no host work, no synchronization). tp 1 = the whole head; tp 8 =
 //       the model built as rank 0 of 8 (kv heads, MLP and lm_head sharded as DraftModel shards them;
 //       fc replicated), driven by a single-rank stand-in communicator that only moves this rank's
 //       own data, so the time is one rank's compute: the collectives are measured separately by
@@ -180,6 +183,7 @@ void BM_DraftStep(benchmark::State& state) {
   const int tp = static_cast<int>(state.range(0));
   const int64_t tokens = state.range(1);
   const bool from_target = state.range(2) != 0;
+  const bool graph = state.range(3) != 0;
   LoadedDraft& d = Draft(tp);
   if (!Check(state, d.status, "loading the draft")) return;
   DraftModel& model = *d.model;
@@ -221,11 +225,20 @@ void BM_DraftStep(benchmark::State& state) {
   Tensor logits = *Tensor::Empty(DType::kF32, Shape{1, kDraftVocab});
   Tensor hidden_out = *Tensor::Empty(DType::kF32, Shape{tokens, kHidden});
   absl::Status status;
-  auto step = [&] {
-    if (status.ok()) status = model.Forward({&in, 1}, hidden, from_target, logits, hidden_out);
-  };
-  const double seconds = RunTimed(state, Backend()->stream(), step);
-  if (!Check(state, status, "Forward")) return;
+  double seconds = 0;
+  if (graph) {
+    if (!Check(state, model.Stage({&in, 1}, hidden, from_target), "Stage")) return;
+    seconds = RunTimedInGraph(state, Backend()->stream(), 1, [&] {
+      if (status.ok()) status = model.Launch();
+    });
+    if (status.ok()) status = model.Finish(logits, hidden_out);
+    if (!Check(state, status, "Launch / Finish")) return;
+  } else {
+    seconds = RunTimed(state, Backend()->stream(), [&] {
+      if (status.ok()) status = model.Forward({&in, 1}, hidden, from_target, logits, hidden_out);
+    });
+    if (!Check(state, status, "Forward")) return;
+  }
 
   // Floor: every weight of this rank's step read once (in its stored dtype), the cached K/V rows
   // read once, the embedding rows and the host-visible inputs/outputs once; flops of the GEMMs and
@@ -253,13 +266,13 @@ void BM_DraftStep(benchmark::State& state) {
 
 void DraftArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
-    bm->ArgsProduct({{1, 8}, {1, 16, 64}, {1}});
+    bm->ArgsProduct({{1, 8}, {1, 16, 64}, {1}, {1}});
   } else {
-    bm->ArgsProduct({{1, 8}, {1, 4, 16, 64}, {1, 0}});
+    bm->ArgsProduct({{1, 8}, {1, 4, 16, 64}, {1, 0}, {1, 0}});
   }
 }
 BENCHMARK(BM_DraftStep)
-    ->ArgNames({"tp", "tokens", "from_target"})
+    ->ArgNames({"tp", "tokens", "from_target", "graph"})
     ->Apply(DraftArgs)
     ->Apply(Timed);
 
