@@ -32,6 +32,10 @@ POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch
 # then join (a newer row replaces an older one of the same shape).
 DEFAULT_PARAMS = {"BM_BatchedLatentAttention": {"cache_bits": 32}, "BM_DecodeStep": {"model": 0},
                   "BM_DraftStep": {"graph": 0}}  # rows of runs before the parameter existed
+# BM_VerifyStep had no context argument before 2026-12-01c: it ran at decode_step_benchmark's
+# MaxContext(), 1024 in quick runs and 4096 in full ones. The runs that recorded verify rows so far:
+VERIFY_CONTEXT_OF_RUN = {"2026-12-01-h200": 1024, "2026-12-01b-h200": 1024, "2026-12-01c-h200": 4096,
+                         "2026-12-01d-h200": 4096}
 
 
 def parse_name(run_name):
@@ -86,6 +90,9 @@ def load_benchmarks(indir):
             params = {k: v for k, v in params.items() if k not in RUN_SETTINGS}
             for k, v in DEFAULT_PARAMS.get(bench, {}).items():
                 params.setdefault(k, v)
+            run_dir = os.path.basename(os.path.normpath(indir))
+            if bench == "BM_VerifyStep" and "context" not in params and run_dir in VERIFY_CONTEXT_OF_RUN:
+                params["context"] = VERIFY_CONTEXT_OF_RUN[run_dir]
             agg = b.get("aggregate_name")
             if agg not in (None, "", "median") or (agg is None and b.get("run_type") == "aggregate"):
                 continue
@@ -291,8 +298,11 @@ def e2e_model(benchmarks, collective_dirs=()):
     rows = [r for b in benchmarks.values() for r in b["rows"] if not r["error"]]
     step = {(r["params"]["batch"], r["params"]["context"]): r["counters"]["us"] for r in rows
             if r["bench"] == "BM_DecodeStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
+    context = max((c for (_, c) in step), default=0)
+    # Verify rows at the vanilla step's context only (rows of unknown context are left out).
     verify = {(r["params"]["batch"], r["params"]["tokens"]): r["counters"]["us"] for r in rows
-              if r["bench"] == "BM_VerifyStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
+              if r["bench"] == "BM_VerifyStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1
+              and r["params"].get("context") == context}
     # A graphed decode loop replays the draft step's Launch (graph 1); rows without the graph
     # parameter (runs before 2026-12-01c) are Forward calls with host I/O (graph 0).
     draft_rows = [r for r in rows if r["bench"] == "BM_DraftStep" and r["params"].get("tp") == 8]
@@ -338,7 +348,6 @@ def e2e_model(benchmarks, collective_dirs=()):
         pts = draft.get(1 if first else 0) or draft.get(1) or draft.get(0)
         return interp_loglog([(t, us) for t, us in pts], tokens)[0] + 2 * allreduce(tokens * DRAFT_HIDDEN * 4)
 
-    context = max(c for (_, c) in step)
     lines = ["### Modeled: end-to-end speedup of EAGLE-3 on a DeepSeek-V2 TP 8 rank", "",
              "**A model, not a measurement of one program.** speedup = mean accepted length × vanilla step ÷ "
              "(draft round + verify step), every term from measured rows of this page: vanilla step = "

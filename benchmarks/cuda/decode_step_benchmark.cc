@@ -13,9 +13,12 @@
 //            make_results.py adds them from BM_AllReduce / BM_AllGather, labeled as a model.
 //
 //   BM_DecodeStep/model/batch/context/graph   batch sequences x 1 new token after `context` cached
-//   BM_VerifyStep/model/batch/tokens/graph    batch sequences x a `tokens`-node draft tree (a complete
+//   BM_VerifyStep/model/batch/tokens/context/graph
+//                                             batch sequences x a `tokens`-node draft tree (a complete
 //                                             4-ary tree, tree mask, logits of every node) after
-//                                             MaxContext() cached tokens: the target's verify forward
+//                                             `context` cached tokens: the target's verify forward
+//                                             (runs before 2026-12-01c had no context argument: they
+//                                             ran at MaxContext(), see make_results.py)
 //
 // Weights: a sparse checkpoint (written once to $EAGLE3_BENCH_CKPT_DIR/<model>, default
 // /tmp/eagle3-bench-ckpt): the embedding and each MoE router are N(0, 0.02²) bf16, norms are 1, every
@@ -331,13 +334,14 @@ void BM_DecodeStep(benchmark::State& state) {
 void BM_VerifyStep(benchmark::State& state) {
   if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
   const int model = static_cast<int>(state.range(0));
-  const int64_t batch = state.range(1), n = state.range(2);
-  const bool graph = state.range(3) != 0;
+  const int64_t batch = state.range(1), n = state.range(2), context = state.range(3);
+  const bool graph = state.range(4) != 0;
   auto got = Get(model);
   if (!Check(state, got.status(), "setup")) return;
   Model& m = **got;
-  if (batch > kMaxBatch || n > kMaxTreeTokens) return state.SkipWithError("shape beyond the shared model");
-  const int64_t context = MaxContext();
+  if (batch > kMaxBatch || n > kMaxTreeTokens || context > MaxContext()) {
+    return state.SkipWithError("shape beyond the shared model");
+  }
   // A complete 4-ary tree of n nodes (node i's parent is (i - 1) / 4): the shape of an EAGLE-2 tree.
   std::vector<int64_t> tree_tokens(static_cast<size_t>(n));
   std::vector<int32_t> parents(static_cast<size_t>(n), -1);
@@ -365,13 +369,15 @@ void BM_VerifyStep(benchmark::State& state) {
     auto* decode = benchmark::RegisterBenchmark("BM_DecodeStep", BM_DecodeStep)
                        ->ArgNames({"model", "batch", "context", "graph"});
     auto* verify = benchmark::RegisterBenchmark("BM_VerifyStep", BM_VerifyStep)
-                       ->ArgNames({"model", "batch", "tokens", "graph"});
+                       ->ArgNames({"model", "batch", "tokens", "context", "graph"});
+    // Verify from a graph only (an engine's verify step is the graphed one; eager vs graph is shown
+    // by the decode rows), at the largest context (the modeled end-to-end table's vanilla step).
     if (Quick()) {
       decode->ArgsProduct({{model}, {1, 32}, {1024}, {0, 1}});
-      verify->ArgsProduct({{model}, {1, 32}, {16, 64}, {1}});
+      verify->ArgsProduct({{model}, {1, 32}, {16, 64}, {MaxContext()}, {1}});
     } else {
       decode->ArgsProduct({{model}, {1, 8, 32}, {1024, 4096}, {0, 1}});
-      verify->ArgsProduct({{model}, {1, 8, 32}, {8, 16, 32, 64}, {0, 1}});
+      verify->ArgsProduct({{model}, {1, 8, 32}, {8, 16, 32, 64}, {MaxContext()}, {1}});
     }
     StepTimed(decode);
     StepTimed(verify);
