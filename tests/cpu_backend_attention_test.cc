@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/half.h"
 #include "eagle3/rope_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -598,21 +599,21 @@ TEST(CpuBackendPagedTest, WriteThenReadAtScatteredPositions) {
   }
 }
 
-// The CPU reference keeps the latent cache in f32: a bf16 cache (which CudaBackend takes) is
-// refused by every op that touches it, naming the tensor and its dtype, before anything is written.
-TEST(CpuBackendPagedTest, RefusesBf16CacheNamingIt) {
+// A latent cache of another dtype than f32 / bf16 is refused by every op that touches it, naming
+// the tensor and its dtype, before anything is written.
+TEST(CpuBackendPagedTest, RefusesAnF16CacheNamingIt) {
   CpuBackend backend;
-  std::vector<uint16_t> cache_bits(4 * 3 * 2, 0x3f80);  // 1.0
-  const TensorView cache(cache_bits.data(), DType::kBF16, Shape{4, 3, 2});
+  std::vector<uint16_t> cache_bits(4 * 3 * 2, 0x3c00);  // 1.0 in f16
+  const TensorView cache(cache_bits.data(), DType::kF16, Shape{4, 3, 2});
   std::vector<int32_t> table = {2, 0};
   const TensorView table_view(table.data(), DType::kI32, Shape{2});
   std::vector<float> rows = {1, 2, 3, 4};
   const TensorView rows_view(rows.data(), DType::kF32, Shape{2, 2});
   std::vector<int32_t> positions = {0, 4};
   const TensorView pos_view(positions.data(), DType::kI32, Shape{2});
-  const std::string named = "cache is bf16[4, 3, 2] cpu but CpuBackend takes f32 only";
+  const std::string named = "cache f16[4, 3, 2] cpu must be f32 or bf16, got f16";
   ExpectInvalid(backend.PagedWrite(rows_view, pos_view, table_view, cache), {"PagedWrite", named});
-  EXPECT_TRUE(std::all_of(cache_bits.begin(), cache_bits.end(), [](uint16_t b) { return b == 0x3f80; }));
+  EXPECT_TRUE(std::all_of(cache_bits.begin(), cache_bits.end(), [](uint16_t b) { return b == 0x3c00; }));
   std::vector<float> out(4, kNaN);
   const TensorView out_view(out.data(), DType::kF32, Shape{2, 2});
   ExpectInvalid(backend.PagedRead(cache, table_view, pos_view, out_view), {"PagedRead", named});
@@ -633,6 +634,124 @@ TEST(CpuBackendPagedTest, RefusesBf16CacheNamingIt) {
                 {"BatchedLatentAttention", named});
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float f) { return std::isnan(f); }));
   EXPECT_TRUE(std::all_of(attn.begin(), attn.end(), [](float f) { return std::isnan(f); }));
+}
+
+// A bf16 cache (eagle3/backend.h): PagedWrite rounds each value to nearest even (NaN stays NaN,
+// large values overflow to inf), PagedRead widens the stored bits exactly.
+TEST(CpuBackendPagedTest, Bf16CacheRoundsToNearestEvenAndReadsBackExactly) {
+  CpuBackend backend;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // 1 + 2^-8 is a tie (to even: 1), 1 + 3 * 2^-8 a tie (to even: 1 + 2^-6), 1 + 2^-8 + 2^-12 rounds
+  // up, 3.4e38 overflows.
+  const std::vector<float> values = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-12f,
+                                     -2.5f, kNaN, 3.4e38f};
+  const std::vector<float> expected = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -2.5f, kNaN, kInf};
+  const int64_t width = static_cast<int64_t>(values.size());
+  std::vector<uint16_t> cache_bits(3 * 2 * width, 0xffff);  // NaN: untouched slots stay so
+  const TensorView cache(cache_bits.data(), DType::kBF16, Shape{3, 2, width});
+  std::vector<int32_t> table = {2, 0};
+  const TensorView table_view(table.data(), DType::kI32, Shape{2});
+  std::vector<float> rows(values);
+  rows.insert(rows.end(), values.rbegin(), values.rend());
+  std::vector<int64_t> positions = {3, 0};  // page 0 slot 1, page 2 slot 0
+  const TensorView pos_view(positions.data(), DType::kI64, Shape{2});
+  ASSERT_TRUE(backend.PagedWrite(TensorView(rows.data(), DType::kF32, Shape{2, width}), pos_view,
+                                 table_view, cache).ok());
+  std::vector<float> out(2 * width, 0.0f);
+  ASSERT_TRUE(backend.PagedRead(cache, table_view, pos_view,
+                                TensorView(out.data(), DType::kF32, Shape{2, width})).ok());
+  for (int64_t i = 0; i < width; ++i) {
+    for (int64_t t = 0; t < 2; ++t) {
+      const float want = expected[t == 0 ? i : width - 1 - i];
+      const float got = out[t * width + i];
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << t << " " << i;
+      } else {
+        EXPECT_EQ(got, want) << t << " " << i;
+      }
+    }
+  }
+  // Only the two slots written changed: page 0 slot 1 and page 2 slot 0.
+  for (int64_t slot = 0; slot < 6; ++slot) {
+    if (slot == 1 || slot == 4) continue;
+    for (int64_t i = 0; i < width; ++i) EXPECT_EQ(cache_bits[slot * width + i], 0xffff) << slot;
+  }
+}
+
+// Rounds like a bf16 cache stores.
+float RoundBf16(float v) { return Bf16ToFloat(FloatToBf16(v)); }
+
+// LatentAttention and BatchedLatentAttention over a bf16 cache follow eagle3/backend.h: q rounded to
+// bf16, the keys / values the cache's bf16 rows, fp32 scores and softmax, the weights rounded to
+// bf16 in the value product and not in their sum. Checked against a naive double reference that
+// rounds at exactly those points, and the f32-cache result is close but not equal.
+TEST(CpuBackendPagedTest, LatentAttentionOverABf16CacheRoundsQAndTheWeights) {
+  CpuBackend backend;
+  std::mt19937 rng(17);
+  const int64_t page_size = 4, context = 11, width = 12, value_dim = 8, heads = 3, t_len = 2;
+  const int64_t pages = (context + page_size - 1) / page_size;
+  std::vector<int32_t> table = ScrambledTable(pages, pages + 2, rng);
+  const TensorView table_view(table.data(), DType::kI32, Shape{pages});
+  std::vector<float> rows(context * width);
+  for (float& f : rows) f = std::normal_distribution<float>()(rng);
+  std::vector<int64_t> positions(context);
+  std::iota(positions.begin(), positions.end(), 0);
+  const TensorView rows_view(rows.data(), DType::kF32, Shape{context, width});
+  const TensorView pos_view(positions.data(), DType::kI64, Shape{context});
+  std::vector<uint16_t> bf16_bits((pages + 2) * page_size * width, 0);
+  const TensorView bf16_cache(bf16_bits.data(), DType::kBF16, Shape{pages + 2, page_size, width});
+  Cache f32_cache(pages + 2, page_size, width);
+  ASSERT_TRUE(backend.PagedWrite(rows_view, pos_view, table_view, bf16_cache).ok());
+  ASSERT_TRUE(backend.PagedWrite(rows_view, pos_view, table_view, f32_cache.view()).ok());
+
+  Buf3 q(t_len, heads, width);
+  q.Fill(rng, 2.0f);
+  // The last t_len keys are the new tokens: causal among them (BatchedLatentAttention's rule).
+  Mask mask = Mask::Causal(t_len, context, 1);
+  const float scale = 0.7f;
+  Buf3 latent(t_len, heads, value_dim), batched(t_len, heads, value_dim), f32_out(t_len, heads, value_dim);
+  ASSERT_TRUE(backend.LatentAttention(q.view(), bf16_cache, table_view, context, mask.view(), scale,
+                                      value_dim, latent.view()).ok());
+  std::vector<int32_t> starts = {0, static_cast<int32_t>(t_len)}, lens = {static_cast<int32_t>(context)};
+  ASSERT_TRUE(backend.BatchedLatentAttention(
+                  q.view(), bf16_cache, TensorView(table.data(), DType::kI32, Shape{1, pages}),
+                  TensorView(starts.data(), DType::kI32, Shape{2}),
+                  TensorView(lens.data(), DType::kI32, Shape{1}), context, TensorView(), scale,
+                  value_dim, batched.view()).ok());
+  ASSERT_TRUE(backend.LatentAttention(q.view(), f32_cache.view(), table_view, context, mask.view(),
+                                      scale, value_dim, f32_out.view()).ok());
+  float max_f32_diff = 0.0f;
+  for (int64_t t = 0; t < t_len; ++t) {
+    for (int64_t n = 0; n < heads; ++n) {
+      std::vector<double> logits(context, -INFINITY);
+      double max = -INFINITY;
+      for (int64_t s = 0; s < context; ++s) {
+        if (mask.at(t, s) == 0) continue;
+        double dot = 0;
+        for (int64_t d = 0; d < width; ++d) dot += double{RoundBf16(q.at(t, n, d))} * RoundBf16(rows[s * width + d]);
+        logits[s] = scale * dot;
+        max = std::max(max, logits[s]);
+      }
+      double sum = 0;
+      std::vector<double> expected(value_dim, 0.0);
+      for (int64_t s = 0; s < context; ++s) {
+        if (mask.at(t, s) == 0) continue;
+        const double p = std::exp(logits[s] - max);
+        sum += p;
+        const double p_rounded = RoundBf16(static_cast<float>(p));
+        for (int64_t d = 0; d < value_dim; ++d) expected[d] += p_rounded * RoundBf16(rows[s * width + d]);
+      }
+      for (int64_t d = 0; d < value_dim; ++d) {
+        const double want = expected[d] / sum;
+        EXPECT_NEAR(latent.at(t, n, d), want, 2e-5 * (1 + std::abs(want))) << t << " " << n << " " << d;
+        EXPECT_NEAR(batched.at(t, n, d), want, 2e-5 * (1 + std::abs(want))) << t << " " << n << " " << d;
+        max_f32_diff = std::max(max_f32_diff, std::abs(f32_out.at(t, n, d) - latent.at(t, n, d)));
+      }
+    }
+  }
+  // bf16 rounding moves the result (the op did round), but only by about bf16's precision.
+  EXPECT_GT(max_f32_diff, 1e-4f);
+  EXPECT_LT(max_f32_diff, 0.1f);
 }
 
 TEST(CpuBackendPagedTest, RejectsPositionsOutsideThePageTableWithoutWriting) {

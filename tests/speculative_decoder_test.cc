@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -139,8 +140,9 @@ INSTANTIATE_TEST_SUITE_P(GoldenTargets, SpeculativeGreedyTest,
 // A real EAGLE-3 draft with random weights (written for each golden target) through Eagle3Drafter:
 // its trees are mostly rejected, which exercises the rejection and bonus paths and the draft KV
 // bookkeeping, for a batch of prompts of different lengths, chain and tree.
-TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedy) {
-  const std::string target_dir = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/" + GetParam();
+// kv_cache_dtype: the target's cache dtype (f32 unset).
+void ExpectRandomDraftBatchMatchesPlainGreedy(const std::string& golden, std::optional<DType> kv_cache_dtype) {
+  const std::string target_dir = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/" + golden;
   auto config = DeepseekV2Config::FromFile(target_dir);
   ASSERT_TRUE(config.ok()) << config.status();
   ScopedTempDir draft_dir;
@@ -156,6 +158,7 @@ TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedy) {
   topt.max_context_len = 96;
   topt.num_kv_pages = 96;
   topt.page_size = 3;
+  topt.kv_cache_dtype = kv_cache_dtype;
   auto target = TargetModel::Create(target_dir, topt, nullptr, &backend);
   ASSERT_TRUE(target.ok()) << target.status();
   DraftModelOptions dopt;
@@ -173,6 +176,17 @@ TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedy) {
     EXPECT_EQ(stats.generated_tokens, 48);
     EXPECT_GE(stats.mean_accepted_length, 1.0);
   }
+}
+
+TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedy) {
+  ExpectRandomDraftBatchMatchesPlainGreedy(GetParam(), std::nullopt);
+}
+
+// The same with the target's latent cache in bf16: verification writes a tree's rows and the
+// commit moves the accepted ones bit for bit, so the rounded rows a verified token leaves are the
+// ones plain decoding writes for it.
+TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedyWithABf16Cache) {
+  ExpectRandomDraftBatchMatchesPlainGreedy(GetParam(), DType::kBF16);
 }
 
 // Same seed, same tokens; another seed, (almost surely) other tokens. Sampling at temperature 1.

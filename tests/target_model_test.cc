@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/half.h"
 #include "eagle3/rank_threads.h"
 #include "eagle3/status.h"
 #include "eagle3/random_checkpoint.h"
@@ -128,6 +129,9 @@ class TargetModelTest : public ::testing::TestWithParam<const char*> {
     }
     return results[0];
   }
+
+  // The body of Bf16KvCacheStoresRoundedRows for one attention path.
+  void ExpectBf16CacheStoresRoundedRows(AttentionPath path);
 
   std::vector<int64_t> Prompt(int n, int salt = 0) const {
     std::vector<int64_t> t(static_cast<size_t>(n));
@@ -604,6 +608,73 @@ TEST_P(TargetModelTest, KvCacheStartsZeroedAndShowsTheRowsAStepWrote) {
   for (int64_t s = 0; s < 6; ++s) want.push_back(pages0_[s / o.page_size] * o.page_size + s % o.page_size);
   std::sort(want.begin(), want.end());
   for (int l = 0; l < layers; ++l) EXPECT_EQ(written_rows(l), want) << "layer " << l;
+}
+
+// kv_cache_dtype bf16 (eagle3/backend.h's bf16 cache semantics, on the CPU reference too): the
+// cache is bf16 and zeroed at Create; layer 0's rows are the f32 model's rows rounded to bf16 (its
+// input, the embedding, is the same on both); every layer's attention then reads the rounded rows,
+// so the logits move by about bf16's precision, no more.
+TEST_P(TargetModelTest, Bf16KvCacheStoresRoundedRows) {
+  for (const AttentionPath path : {AttentionPath::kAuto, AttentionPath::kNonAbsorbed}) {
+    SCOPED_TRACE(path == AttentionPath::kAuto ? "absorbed" : "non-absorbed");
+    ExpectBf16CacheStoresRoundedRows(path);
+  }
+}
+
+void TargetModelTest::ExpectBf16CacheStoresRoundedRows(AttentionPath path) {
+  cpu::CpuBackend backend;
+  TargetModelOptions o = Options(1, ResidualMode::kReplicated, path);
+  auto f32_model = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_TRUE(f32_model.ok()) << f32_model.status();
+  o.kv_cache_dtype = DType::kBF16;
+  auto bf16_model = TargetModel::Create(dir_.path(), o, nullptr, &backend);
+  ASSERT_TRUE(bf16_model.ok()) << bf16_model.status();
+  const int layers = static_cast<int>(config_.num_hidden_layers);
+  const int64_t width = config_.kv_lora_rank + config_.qk_rope_head_dim;
+  const int64_t slots = o.num_kv_pages * o.page_size;
+  for (int l = 0; l < layers; ++l) {
+    const TensorView c = (*bf16_model)->kv_cache(l);
+    ASSERT_EQ(c.dtype(), DType::kBF16) << "layer " << l;
+    const uint16_t* bits = c.data_as<const uint16_t>();
+    EXPECT_TRUE(std::all_of(bits, bits + slots * width, [](uint16_t b) { return b == 0; })) << "layer " << l;
+  }
+
+  const auto prompt = Prompt(7, 3);
+  std::vector<SequenceInput> steps(2);
+  steps[0].tokens = prompt;
+  steps[0].page_table = pages0_;
+  const std::vector<int64_t> next = {prompt[2]};
+  steps[1].tokens = next;
+  steps[1].page_table = pages0_;
+  steps[1].cache_len = static_cast<int64_t>(prompt.size());
+  double max_rel = 0.0;
+  for (const SequenceInput& in : steps) {
+    std::vector<float> want(static_cast<size_t>(config_.vocab_size)), got(want.size());
+    const Shape shape{1, config_.vocab_size};
+    ASSERT_TRUE((*f32_model)->Forward(std::span<const SequenceInput>(&in, 1), TensorView(want.data(), DType::kF32, shape)).ok());
+    ASSERT_TRUE((*bf16_model)->Forward(std::span<const SequenceInput>(&in, 1), TensorView(got.data(), DType::kF32, shape)).ok());
+    float scale = 1e-30f, diff = 0.0f;
+    for (size_t i = 0; i < want.size(); ++i) {
+      scale = std::max(scale, std::abs(want[i]));
+      diff = std::max(diff, std::abs(got[i] - want[i]));
+    }
+    max_rel = std::max(max_rel, static_cast<double>(diff / scale));
+  }
+  EXPECT_GT(max_rel, 0.0) << "the bf16 cache changed nothing: not rounded?";
+  EXPECT_LT(max_rel, 3e-2);
+
+  // Layer 0, every written slot: bf16 bits == the f32 row rounded to nearest even.
+  const float* f32_rows = (*f32_model)->kv_cache(0).data_as<const float>();
+  const uint16_t* bf16_rows = (*bf16_model)->kv_cache(0).data_as<const uint16_t>();
+  int64_t written = 0;
+  for (int64_t s = 0; s <= static_cast<int64_t>(prompt.size()); ++s) {
+    const int64_t slot = pages0_[s / o.page_size] * o.page_size + s % o.page_size;
+    for (int64_t d = 0; d < width; ++d) {
+      ASSERT_EQ(bf16_rows[slot * width + d], FloatToBf16(f32_rows[slot * width + d])) << "position " << s << " dim " << d;
+    }
+    written += f32_rows[slot * width] != 0.0f ? 1 : 0;
+  }
+  EXPECT_EQ(written, static_cast<int64_t>(prompt.size()) + 1);
 }
 
 TEST_P(TargetModelTest, MissingOrMisshapedTensorsAreNamed) {

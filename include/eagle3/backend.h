@@ -232,11 +232,14 @@ class Backend {
   // anything is written. Which row lands when PagedWrite gets the same slot twice is unspecified.
   //   rows/out: [T, W], row-strided      positions: [T], i32 or i64      page_table: [pages], i32
   //   cache: [num_pages, page_size, W], contiguous, page_size >= 1
-  // A backend may store the cache in bf16 (the CUDA backend does; the CPU reference takes f32 only):
-  // PagedWrite rounds each f32 row to nearest even (NaN stays NaN), PagedRead widens exactly, and
-  // LatentAttention / BatchedLatentAttention over a bf16 cache round q to bf16 and multiply bf16
-  // operands with fp32 accumulation (softmax in fp32, its weights rounded to bf16 for the value
-  // product, as FlashMLA does).
+  // The latent cache may be bf16 (both backends; other cache dtypes are InvalidArgument naming the
+  // cache): PagedWrite rounds each f32 row to nearest even (NaN stays NaN), PagedRead widens
+  // exactly, and LatentAttention / BatchedLatentAttention over a bf16 cache round q to bf16 and
+  // multiply bf16 operands with fp32 accumulation (softmax in fp32, its weights rounded to bf16 for
+  // the value product and not in the sum that divides it, as FlashMLA does). Where the rounding of
+  // the weights happens relative to the maximum is the backend's: the CPU reference rounds
+  // exp(score - row max), the CUDA kernel exp(score - running max) of its online softmax, so the
+  // two agree to about bf16's precision, not bit for bit. BatchedPagedAttention takes f32 only.
   virtual absl::Status PagedWrite(const TensorView& rows, const TensorView& positions,
                                   const TensorView& page_table, const TensorView& cache) = 0;
   virtual absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,

@@ -50,8 +50,9 @@ struct TargetModelOptions {
   // (`gate.weight`: router logits in fp32) and e_score_correction_bias stay f32. Shards are read
   // straight into this dtype. A backend that cannot run it is refused at Create, naming the dtype.
   std::optional<DType> weight_dtype;
-  // Storage of the per-layer latent KV cache: kF32 or kBF16; unset = kF32. The backend's paged
-  // cache and latent-attention ops decide whether they take it.
+  // Storage of the per-layer latent KV cache: kF32 or kBF16 (half the bytes a step reads and
+  // writes; rounding as eagle3/backend.h's PagedWrite / LatentAttention describe, on every backend);
+  // unset = kF32.
   std::optional<DType> kv_cache_dtype;
 };
 

@@ -1,13 +1,18 @@
-// CpuBackend: RoPE, attention over dense and paged keys, paged cache rows.
+// CpuBackend: RoPE, attention over dense and paged keys, paged cache rows. The paged latent cache
+// of LatentAttention, BatchedLatentAttention, PagedWrite and PagedRead may be f32 or bf16, with the
+// bf16 semantics of eagle3/backend.h (PagedWrite rounds to nearest even, PagedRead widens; the
+// attention rounds q to bf16 and the softmax weights to bf16 for the value product, fp32 sums).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "cpu/cpu_backend_internal.h"
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/half.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cpu {
@@ -39,11 +44,14 @@ absl::Status CheckMaskRows(const char* op, const TensorView& mask) {
 }
 
 // out = sum_s softmax_s(scale * q . key(s) over allowed s) * value(s)[:dv], in fp32 with the
-// maximum subtracted. key(s) / value(s) return the rows of key s (dk floats) and value s.
+// maximum subtracted. key(s) / value(s) return the rows of key s (dk floats) and value s; each
+// pointer is used before the next call. round_weights: the weights exp(score - max) enter the value
+// sum rounded to bf16 (the sum of weights that divides it stays fp32), as over a bf16 cache.
 // `scores` holds at least S floats.
 template <typename KeyFn, typename ValueFn>
 void AttendRow(const float* q, int64_t dk, const uint8_t* mask, int64_t s_len, float scale,
-               KeyFn key, ValueFn value, int64_t dv, float* scores, float* out) {
+               KeyFn key, ValueFn value, int64_t dv, float* scores, float* out,
+               bool round_weights = false) {
   const ConstVectorMap qv(q, dk);
   float max = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < s_len; ++s) {
@@ -58,23 +66,44 @@ void AttendRow(const float* q, int64_t dk, const uint8_t* mask, int64_t s_len, f
     if (mask[s] == 0) continue;
     const float p = std::exp(scores[s] - max);
     sum += p;
-    o += p * ConstVectorMap(value(s), dv);
+    o += (round_weights ? Bf16ToFloat(FloatToBf16(p)) : p) * ConstVectorMap(value(s), dv);
   }
   o *= 1.0f / sum;
 }
 
-// Cache row of sequence position s (page entries validated by the caller).
+// Cache row of sequence position s (page entries validated by the caller), as f32: an f32 cache's
+// row in place; a bf16 cache's row widened into `widened` (width floats), valid until the next call.
 struct PagedRows {
-  const float* cache;
+  const void* cache;
+  bool bf16;
   const int32_t* page_table;
   int64_t page_size;
   int64_t width;
+  float* widened = nullptr;
 
   const float* operator()(int64_t s) const {
     const int64_t page = page_table[s / page_size];
-    return cache + (page * page_size + s % page_size) * width;
+    const int64_t row = (page * page_size + s % page_size) * width;
+    if (!bf16) return static_cast<const float*>(cache) + row;
+    const uint16_t* bits = static_cast<const uint16_t*>(cache) + row;
+    for (int64_t i = 0; i < width; ++i) widened[i] = Bf16ToFloat(bits[i]);
+    return widened;
   }
 };
+
+// The paged latent cache: f32 or bf16.
+absl::Status CheckLatentCacheDType(const char* op, const TensorView& cache) {
+  if (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) return absl::OkStatus();
+  return Invalid(op, "cache ", cache.ToString(), " must be f32 or bf16, got ", std::string(DTypeName(cache.dtype())));
+}
+
+// Query row q[t, n] as the attention multiplies it: as is over an f32 cache, rounded to bf16 over a
+// bf16 cache (written to `rounded`, dk floats).
+const float* QueryRow(const float* q, int64_t dk, bool bf16, float* rounded) {
+  if (!bf16) return q;
+  for (int64_t i = 0; i < dk; ++i) rounded[i] = Bf16ToFloat(FloatToBf16(q[i]));
+  return rounded;
+}
 
 // Where token t's row lives in `cache` (as a row index over all pages), or InvalidArgument naming t
 // when its position is outside the page table or its page entry outside the cache.
@@ -189,7 +218,7 @@ absl::Status CpuBackend::LatentAttention(const TensorView& q, const TensorView& 
   EAGLE3_RETURN_IF_ERROR(
       CheckLatentAttention(q, cache, page_table, context_len, mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   const int64_t page_size = cache.dim(1);
   const int64_t num_pages = cache.dim(0);
@@ -202,13 +231,17 @@ absl::Status CpuBackend::LatentAttention(const TensorView& q, const TensorView& 
     }
   }
   EAGLE3_RETURN_IF_ERROR(CheckMaskRows(op, mask));
-  const PagedRows rows{cache.data_as<const float>(), pages, page_size, cache.dim(2)};
-  float* scores = Scratch(context_len);
+  const bool bf16 = cache.dtype() == DType::kBF16;
+  const int64_t width = cache.dim(2), dk = q.dim(2);
+  // Scores, then a widened cache row and a rounded query row (bf16 cache).
+  float* scores = Scratch(context_len + width + dk);
+  const PagedRows rows{cache.data(), bf16, pages, page_size, width, scores + context_len};
+  float* q_row = scores + context_len + width;
   for (int64_t t = 0; t < q.dim(0); ++t) {
     for (int64_t n = 0; n < q.dim(1); ++n) {
       // Keys and values are the same latent rows: the values are their first value_dim columns.
-      AttendRow(Head(q, t, n), q.dim(2), MaskRow(mask, t), context_len, scale, rows, rows,
-                value_dim, scores, Head(out, t, n));
+      AttendRow(QueryRow(Head(q, t, n), dk, bf16, q_row), dk, MaskRow(mask, t), context_len, scale,
+                rows, rows, value_dim, scores, Head(out, t, n), bf16);
     }
   }
   return absl::OkStatus();
@@ -224,7 +257,7 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
   EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
                                                      max_kv_len, tree_mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   const int64_t batch = page_tables.dim(0);
   const int64_t page_size = cache.dim(1);
@@ -266,12 +299,17 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
   if (starts[batch] != t_all) {
     return Invalid(op, "q_start[B = ", batch, "] = ", starts[batch], " must be T = ", t_all);
   }
-  // Scores, then the mask row as bytes, in one scratch.
-  float* scores = Scratch(max_kv_len + (max_kv_len + 3) / 4 + 1);
-  uint8_t* mask_row = reinterpret_cast<uint8_t*>(scores + max_kv_len);
+  // Scores, a widened cache row and a rounded query row (bf16 cache), then the mask row as bytes,
+  // in one scratch.
+  const bool bf16 = cache.dtype() == DType::kBF16;
+  const int64_t width = cache.dim(2), dk = q.dim(2);
+  float* scores = Scratch(max_kv_len + width + dk + (max_kv_len + 3) / 4 + 1);
+  float* widened = scores + max_kv_len;
+  float* q_row = widened + width;
+  uint8_t* mask_row = reinterpret_cast<uint8_t*>(q_row + dk);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t begin = starts[b], n = starts[b + 1] - begin, len = lens[b];
-    const PagedRows rows{cache.data_as<const float>(), table_row(b), page_size, cache.dim(2)};
+    const PagedRows rows{cache.data(), bf16, table_row(b), page_size, width, widened};
     const int64_t prefix = len - n;
     std::fill(mask_row, mask_row + prefix, uint8_t{1});
     for (int64_t i = 0; i < n; ++i) {
@@ -280,8 +318,8 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
         mask_row[prefix + j] = has_mask ? (tree_row[j] != 0 ? 1 : 0) : (j <= i ? 1 : 0);
       }
       for (int64_t h = 0; h < q.dim(1); ++h) {
-        AttendRow(Head(q, begin + i, h), q.dim(2), mask_row, len, scale, rows, rows, value_dim,
-                  scores, Head(out, begin + i, h));
+        AttendRow(QueryRow(Head(q, begin + i, h), dk, bf16, q_row), dk, mask_row, len, scale, rows,
+                  rows, value_dim, scores, Head(out, begin + i, h), bf16);
       }
     }
   }
@@ -335,7 +373,7 @@ absl::Status CpuBackend::BatchedPagedAttention(const TensorView& q, const Tensor
   }
   float* scores = Scratch(max_kv_len);
   for (int64_t b = 0; b < batch; ++b) {
-    const PagedRows rows{cache.data_as<const float>(), table_row(b), page_size, cache.dim(2)};
+    const PagedRows rows{cache.data(), false, table_row(b), page_size, cache.dim(2)};
     for (int64_t t = starts[b]; t < starts[b + 1]; ++t) {
       for (int64_t h = 0; h < q.dim(1); ++h) {
         const int64_t key_col = h / group * dim;  // K of kv head h / group; its V Nkv heads later
@@ -354,7 +392,7 @@ absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& po
                                     const TensorView& page_table, const TensorView& cache) {
   EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedWrite", rows, positions, page_table, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32("PagedWrite", "rows", rows));
-  EAGLE3_RETURN_IF_ERROR(CheckF32("PagedWrite", "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType("PagedWrite", cache));
   int64_t slot = 0;
   for (int64_t t = 0; t < rows.dim(0); ++t) {
     EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedWrite", positions, page_table, cache, t, &slot));
@@ -362,7 +400,13 @@ absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& po
   const int64_t width = rows.dim(1);
   for (int64_t t = 0; t < rows.dim(0); ++t) {
     EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedWrite", positions, page_table, cache, t, &slot));
-    std::memcpy(cache.data_as<float>() + slot * width, Row(rows, t), width * sizeof(float));
+    if (cache.dtype() == DType::kBF16) {
+      uint16_t* dst = cache.data_as<uint16_t>() + slot * width;
+      const float* src = Row(rows, t);
+      for (int64_t i = 0; i < width; ++i) dst[i] = FloatToBf16(src[i]);
+    } else {
+      std::memcpy(cache.data_as<float>() + slot * width, Row(rows, t), width * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }
@@ -370,7 +414,7 @@ absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& po
 absl::Status CpuBackend::PagedRead(const TensorView& cache, const TensorView& page_table,
                                    const TensorView& positions, const TensorView& out) {
   EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedRead", out, positions, page_table, cache));
-  EAGLE3_RETURN_IF_ERROR(CheckF32("PagedRead", "cache", cache));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType("PagedRead", cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32("PagedRead", "out", out));
   int64_t slot = 0;
   for (int64_t t = 0; t < out.dim(0); ++t) {
@@ -379,7 +423,13 @@ absl::Status CpuBackend::PagedRead(const TensorView& cache, const TensorView& pa
   const int64_t width = out.dim(1);
   for (int64_t t = 0; t < out.dim(0); ++t) {
     EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedRead", positions, page_table, cache, t, &slot));
-    std::memcpy(Row(out, t), cache.data_as<const float>() + slot * width, width * sizeof(float));
+    if (cache.dtype() == DType::kBF16) {
+      const uint16_t* src = cache.data_as<const uint16_t>() + slot * width;
+      float* dst = Row(out, t);
+      for (int64_t i = 0; i < width; ++i) dst[i] = Bf16ToFloat(src[i]);
+    } else {
+      std::memcpy(Row(out, t), cache.data_as<const float>() + slot * width, width * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }

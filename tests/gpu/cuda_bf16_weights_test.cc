@@ -18,6 +18,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,6 +90,8 @@ class CudaBf16WeightsTest : public ParityTest {
     EXPECT_TRUE(cpu.ok()) << cpu;
     return RelError(Download(c_gpu), c_cpu);
   }
+  // The body of SpeculativeGreedyEqualsPlainGreedyInBf16 for one target cache dtype.
+  void ExpectSpeculativeGreedyInBf16(DType kv_cache_dtype);
 };
 
 // The rounded copy of a host f32 activation that the CPU reference multiplies.
@@ -379,9 +382,11 @@ double RelDiff(const std::vector<float>& got, const std::vector<float>& want) {
 
 // Prefill of 12 tokens (all logits), then 3 decode steps, on `backend`: every step's logits.
 absl::StatusOr<std::vector<std::vector<float>>> RunTarget(const std::string& dir, Backend* backend, DType weights,
-                                                          AttentionPath path) {
+                                                          AttentionPath path,
+                                                          std::optional<DType> kv_cache_dtype = std::nullopt) {
   TargetModelOptions o;
   o.weight_dtype = weights;
+  o.kv_cache_dtype = kv_cache_dtype;
   o.attention_path = path;
   o.max_tokens_per_forward = 16;
   o.max_context_len = 64;
@@ -443,12 +448,50 @@ TEST_F(CudaBf16WeightsTest, TargetModelInBf16MatchesCpuF32) {
   }
 }
 
+// A bf16 latent cache (f32 weights, to see the cache's rounding alone): the GPU (bf16 tensor-core
+// latent kernel, online softmax) against the CPU reference of the same semantics (eagle3/backend.h),
+// and both apart from the f32 cache by about bf16's precision.
+TEST_F(CudaBf16WeightsTest, Bf16KvCacheMatchesTheCpuReference) {
+  auto config = DeepseekV2Config::FromFile(kGolden + "v2_qlora_yarn");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ScopedTempDir dir;
+  RandomCheckpointOptions options;
+  options.seed = 11;
+  ASSERT_TRUE(WriteRandomDeepseekV2Checkpoint(*config, dir.path(), options).ok());
+  for (const AttentionPath path : {AttentionPath::kAuto, AttentionPath::kNonAbsorbed}) {
+    SCOPED_TRACE(path == AttentionPath::kAuto ? "absorbed" : "non-absorbed");
+    auto want = RunTarget(dir.path(), &cpu_, DType::kF32, path, DType::kBF16);
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = RunTarget(dir.path(), gpu_.get(), DType::kF32, path, DType::kBF16);
+    ASSERT_TRUE(got.ok()) << got.status();
+    auto f32_cache = RunTarget(dir.path(), &cpu_, DType::kF32, path);
+    ASSERT_TRUE(f32_cache.ok()) << f32_cache.status();
+    for (size_t s = 0; s < want->size(); ++s) {
+      const double error = RelDiff((*got)[s], (*want)[s]);
+      const double cache_effect = RelDiff((*want)[s], (*f32_cache)[s]);
+      std::printf("  step %zu: GPU vs CPU (bf16 cache) rel. error %.2e; bf16 vs f32 cache (CPU) %.2e\n", s,
+                  error, cache_effect);
+      EXPECT_LT(error, 1e-2) << "step " << s;
+      EXPECT_GT(cache_effect, 0.0) << "step " << s << ": the bf16 cache changed nothing";
+      EXPECT_LT(cache_effect, 3e-2) << "step " << s;
+    }
+  }
+}
+
 // Speculative greedy == plain greedy on the GPU with both models in bf16 (same weights on both
-// paths; the golden pair, chain and tree).
+// paths; the golden pair, chain and tree), with the target's latent cache in f32 and in bf16.
 TEST_F(CudaBf16WeightsTest, SpeculativeGreedyEqualsPlainGreedyInBf16) {
+  for (const DType cache : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(cache == DType::kF32 ? "f32 cache" : "bf16 cache");
+    ExpectSpeculativeGreedyInBf16(cache);
+  }
+}
+
+void CudaBf16WeightsTest::ExpectSpeculativeGreedyInBf16(DType kv_cache_dtype) {
   const std::string target_dir = kGolden + "v2_qlora_yarn", draft_dir = kGolden + "draft_v2";
   TargetModelOptions topt;
   topt.weight_dtype = DType::kBF16;
+  topt.kv_cache_dtype = kv_cache_dtype;
   topt.max_tokens_per_forward = 64;
   topt.max_context_len = 96;
   topt.num_kv_pages = 96;
