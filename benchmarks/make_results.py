@@ -90,6 +90,9 @@ def load_benchmarks(indir):
             params = {k: v for k, v in params.items() if k not in RUN_SETTINGS}
             for k, v in DEFAULT_PARAMS.get(bench, {}).items():
                 params.setdefault(k, v)
+            if bench in ("BM_DecodeStep", "BM_VerifyStep"):
+                # The cache dtype is an environment setting (EAGLE3_BENCH_KV_CACHE), not in the name.
+                params["cache_bits"] = int(8 * b.get("cache_elem_bytes", 4))
             run_dir = os.path.basename(os.path.normpath(indir))
             if bench == "BM_VerifyStep" and "context" not in params and run_dir in VERIFY_CONTEXT_OF_RUN:
                 params["context"] = VERIFY_CONTEXT_OF_RUN[run_dir]
@@ -296,6 +299,12 @@ E2E_ACCEPT = (2.4, 5.2)  # mean accepted length: Kimi-K2 EAGLE-3, chat and code 
 def e2e_model(benchmarks, collective_dirs=()):
     """The modeled end-to-end speedup table for the V2 TP 8 rank; [] without its inputs."""
     rows = [r for b in benchmarks.values() for r in b["rows"] if not r["error"]]
+    # One cache dtype for both steps: bf16 where this page has bf16-cache rows of the V2 rank (what an
+    # engine would run), else f32.
+    cache_bits = 16 if any(r["bench"] == "BM_DecodeStep" and r["params"].get("model") == 1 and
+                           r["params"].get("cache_bits") == 16 for r in rows) else 32
+    rows = [r for r in rows if r["bench"] not in ("BM_DecodeStep", "BM_VerifyStep") or
+            r["params"].get("cache_bits") == cache_bits]
     step = {(r["params"]["batch"], r["params"]["context"]): r["counters"]["us"] for r in rows
             if r["bench"] == "BM_DecodeStep" and r["params"].get("model") == 1 and r["params"].get("graph") == 1}
     context = max((c for (_, c) in step), default=0)
@@ -351,7 +360,8 @@ def e2e_model(benchmarks, collective_dirs=()):
     lines = ["### Modeled: end-to-end speedup of EAGLE-3 on a DeepSeek-V2 TP 8 rank", "",
              "**A model, not a measurement of one program.** speedup = mean accepted length × vanilla step ÷ "
              "(draft round + verify step), every term from measured rows of this page: vanilla step = "
-             f"`BM_DecodeStep` model 1 (one V2 rank, graph) at context {context} + the rank's collectives "
+             f"`BM_DecodeStep` model 1 (one V2 rank, graph, {'bf16' if cache_bits == 16 else 'f32'} latent cache) "
+             f"at context {context} + the rank's collectives "
              "(1 + 2 × 60 all-reduces of [tokens, 5120] f32, the logits all-gather) interpolated from "
              f"`BM_AllReduce` / `BM_AllGather` of {source} (measured on 2 GPUs; 8 GPUs cost more per call); "
              "verify step = `BM_VerifyStep` model 1 (a complete 4-ary tree of the given size after "

@@ -25,7 +25,8 @@
 // other matrix is a file hole (zeros; the file takes well under a gigabyte on disk whatever its size).
 // Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
 // and routers make the routing realistic (the residual stream is the embedding, every token routes
-// to its own experts). EAGLE3_BENCH_MODELS=0 or =1 runs one model only.
+// to its own experts). EAGLE3_BENCH_MODELS=0 or =1 runs one model only; EAGLE3_BENCH_KV_CACHE=bf16
+// stores the latent caches in bf16 (make_results.py keys the rows by cache_bits).
 //
 // Floor: the bytes a step must read at the measured copy rate — attention weights of every layer, the
 // dense MLP, per MoE layer the router (f32), the shared experts and the routed experts touched
@@ -101,6 +102,13 @@ constexpr int64_t kMaxBatch = 32;
 constexpr int64_t kMaxTreeTokens = 64;
 constexpr int kTreeArity = 4;
 int64_t MaxContext() { return Quick() ? 1024 : 4096; }
+
+// EAGLE3_BENCH_KV_CACHE=bf16: the models' latent caches in bf16 (TargetModelOptions::kv_cache_dtype;
+// the bf16 tensor-core latent kernel); unset or f32: f32 caches. Rows report cache_elem_bytes.
+bool KvCacheBf16() {
+  const char* s = std::getenv("EAGLE3_BENCH_KV_CACHE");
+  return s != nullptr && std::string(s) == "bf16";
+}
 
 bool ModelWanted(int model) {
   const char* s = std::getenv("EAGLE3_BENCH_MODELS");
@@ -246,6 +254,7 @@ absl::StatusOr<Model*> Get(int id) {
     const int64_t pages_per_seq = (o.max_context_len + kPageSize - 1) / kPageSize;
     o.page_size = kPageSize;
     o.num_kv_pages = kMaxBatch * pages_per_seq;
+    if (KvCacheBf16()) o.kv_cache_dtype = DType::kBF16;
     EAGLE3_ASSIGN_OR_RETURN(m->target, TargetModel::Create(dir, o, nullptr, Backend()));
     m->weight_bytes = ElementBytes(m->target->options().weight_dtype.value_or(Backend()->preferred_weight_dtype()));
     m->cache_bytes = ElementBytes(m->target->options().kv_cache_dtype.value_or(DType::kF32));
