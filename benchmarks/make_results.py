@@ -90,6 +90,9 @@ def load_benchmarks(indir):
             params = {k: v for k, v in params.items() if k not in RUN_SETTINGS}
             for k, v in DEFAULT_PARAMS.get(bench, {}).items():
                 params.setdefault(k, v)
+            if bench == "BM_DraftStep":
+                # EAGLE3_BENCH_PAGED_REGISTERS: which kernel ran the draft's attention.
+                params["paged_registers"] = int(b.get("paged_registers", 0))
             if bench in ("BM_DecodeStep", "BM_VerifyStep"):
                 # The cache dtype is an environment setting (EAGLE3_BENCH_KV_CACHE), not in the name.
                 params["cache_bits"] = int(8 * b.get("cache_elem_bytes", 4))
@@ -315,6 +318,9 @@ def e2e_model(benchmarks, collective_dirs=()):
     # A graphed decode loop replays the draft step's Launch (graph 1); rows without the graph
     # parameter (runs before 2026-12-01c) are Forward calls with host I/O (graph 0).
     draft_rows = [r for r in rows if r["bench"] == "BM_DraftStep" and r["params"].get("tp") == 8]
+    # The draft's attention kernel: the register kernel's rows where measured.
+    if any(r["params"].get("paged_registers") == 1 for r in draft_rows):
+        draft_rows = [r for r in draft_rows if r["params"].get("paged_registers") == 1]
     draft_graph = 1 if any(r["params"].get("graph", 0) == 1 for r in draft_rows) else 0
     draft = {}
     for r in draft_rows:

@@ -103,6 +103,7 @@ absl::Status CudaBackend::BatchedPagedAttention(const TensorView& q, const Tenso
   p.out = out.data_as<float>();
   p.out_token_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
+  p.register_kernel = s.options.paged_attention_registers;
   return CudaStatus(LaunchBatchedPagedAttention(
                         p, s.error_flag, DeviceErrorCode(kBatchedPagedAttentionCheck),
                         s.stream),

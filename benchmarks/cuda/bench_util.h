@@ -66,6 +66,10 @@ inline cuda::CudaBackend* Backend() {
     if (grouped != nullptr && grouped[0] != '\0') options.moe_grouped_experts = grouped[0] != '0';
     const char* gemv = std::getenv("EAGLE3_BENCH_SMALL_M_GEMV");
     if (gemv != nullptr && gemv[0] != '\0') options.small_m_gemv = gemv[0] != '0';
+    // EAGLE3_BENCH_PAGED_REGISTERS=1: BatchedPagedAttention (the draft's attention) on its register
+    // kernel (off by default until GPU-validated).
+    const char* paged = std::getenv("EAGLE3_BENCH_PAGED_REGISTERS");
+    if (paged != nullptr && paged[0] != '\0') options.paged_attention_registers = paged[0] != '0';
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

@@ -261,6 +261,7 @@ void BM_DraftStep(benchmark::State& state) {
   state.counters["setup_s"] = d.setup_seconds;
   state.counters["weight_bytes"] = weight_elems * weight_elem_bytes;
   state.counters["weight_elem_bytes"] = weight_elem_bytes;
+  state.counters["paged_registers"] = Backend()->options().paged_attention_registers ? 1 : 0;
   ReportRoofline(state, seconds, bytes, flops);
 }
 

@@ -1,9 +1,10 @@
-// CudaBackend::BatchedPagedAttention ≡ the CPU reference (1e-5) over GQA groups (the draft's 4 x 128
-// included), page sizes 1 and 16, shuffled pages, random masks, 1..8 query rows per sequence and
-// contexts long enough for every warp of a block to take several key chunks; bad metadata is
-// reported by Synchronize, naming the sequence or row; empty operands (no query heads, no pages)
-// behave as on the CPU; the op records into a CUDA graph and a replay reads the device metadata as
-// it is then.
+// CudaBackend::BatchedPagedAttention ≡ the CPU reference (1e-5), on both of its kernels (shared
+// memory and registers: CudaBackendOptions::paged_attention_registers), over GQA groups (the draft's
+// 4 x 128 and the SpecForge V3 head's 7 x 128 included, 16 heads per kv head, head_dim up to 260),
+// page sizes 1 and 16, shuffled pages, random masks, 1..8 query rows per sequence and contexts long
+// enough for every warp of a block to take several key chunks; bad metadata is reported by
+// Synchronize, naming the sequence or row; empty operands (no query heads, no pages) behave as on the
+// CPU; the op records into a CUDA graph and a replay reads the device metadata as it is then.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -25,8 +26,16 @@ using ::testing::HasSubstr;
 
 constexpr float kScale = 0.125f;
 
-class CudaPagedAttentionTest : public parity::ParityTest {
+// Parameter: PagedAttentionParams::register_kernel (CudaBackendOptions::paged_attention_registers):
+// every test runs on the shared-memory kernel and on the register kernel.
+class CudaPagedAttentionTest : public parity::ParityTest, public ::testing::WithParamInterface<bool> {
  protected:
+  cuda::CudaBackendOptions Options() const override {
+    cuda::CudaBackendOptions o;
+    o.paged_attention_registers = GetParam();
+    return o;
+  }
+
   // Device copies of a batch's inputs and output.
   struct Device {
     Tensor q, cache, tables, starts, lens, mask, out;
@@ -48,7 +57,7 @@ class CudaPagedAttentionTest : public parity::ParityTest {
   }
 };
 
-TEST_F(CudaPagedAttentionTest, EqualsCpuReference) {
+TEST_P(CudaPagedAttentionTest, EqualsCpuReference) {
   std::mt19937 rng(7);
   struct Case {
     int64_t nq, nkv, dim, page_size;
@@ -62,6 +71,10 @@ TEST_F(CudaPagedAttentionTest, EqualsCpuReference) {
       {16, 2, 64, 16, {5, 1}, {60, 600}},              // groups of 8
       {6, 3, 6, 1, {3, 0, 2}, {9, 0, 40}},             // head_dim % 4 != 0 (scalar loads), an empty sequence
       {2, 2, 36, 16, {1, 1, 1, 1, 1}, {16, 1, 32, 15, 300}},
+      {7, 1, 128, 16, {1, 2}, {1024, 300}},           // the SpecForge V3 head: 56 q / 8 kv heads (7 per kv head)
+      {32, 2, 64, 16, {1, 3}, {200, 77}},             // 16 q heads per kv head: two passes of the register kernel
+      {4, 1, 256, 16, {1, 1}, {130, 64}},             // the register kernel's largest head_dim
+      {2, 1, 260, 16, {1}, {70}},                     // beyond it: the shared-memory kernel runs
   };
   for (const Case& c : cases) {
     for (const double density : {1.0, 0.3}) {
@@ -78,7 +91,7 @@ TEST_F(CudaPagedAttentionTest, EqualsCpuReference) {
   }
 }
 
-TEST_F(CudaPagedAttentionTest, BadMetadataIsReportedBySynchronize) {
+TEST_P(CudaPagedAttentionTest, BadMetadataIsReportedBySynchronize) {
   struct Case {
     void (*edit)(PagedBatch&);
     std::vector<std::string> needles;
@@ -112,7 +125,7 @@ TEST_F(CudaPagedAttentionTest, BadMetadataIsReportedBySynchronize) {
 // Empty operands as the CPU reference takes them: q and out with no heads ([T, 0, D]; given the
 // strides of [T, 1, D], as contiguous ones would map every row to one address) are accepted and
 // still have their mask rows checked; a cache of no pages makes every page entry bad.
-TEST_F(CudaPagedAttentionTest, NoQueryHeadsOrNoPagesAgreeWithTheCpuReference) {
+TEST_P(CudaPagedAttentionTest, NoQueryHeadsOrNoPagesAgreeWithTheCpuReference) {
   std::mt19937 rng(13);
   PagedBatch x = MakePagedBatch(rng, 2, 2, 8, 4, {2, 1}, {5, 9});
   Device d = Up(x);
@@ -170,7 +183,7 @@ TEST_F(CudaPagedAttentionTest, NoQueryHeadsOrNoPagesAgreeWithTheCpuReference) {
   }
 }
 
-TEST_F(CudaPagedAttentionTest, TooManyQueryHeadsPerKvHeadIsRefused) {
+TEST_P(CudaPagedAttentionTest, TooManyQueryHeadsPerKvHeadIsRefused) {
   std::mt19937 rng(1);
   PagedBatch x = MakePagedBatch(rng, 16, 1, 128, 16, {1}, {4});  // 16 x 128 floats per warp: beyond 48 KiB
   Device d = Up(x);
@@ -179,7 +192,7 @@ TEST_F(CudaPagedAttentionTest, TooManyQueryHeadsPerKvHeadIsRefused) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("shared memory"));
 }
 
-TEST_F(CudaPagedAttentionTest, GraphReplayReadsTheMetadataOfTheReplay) {
+TEST_P(CudaPagedAttentionTest, GraphReplayReadsTheMetadataOfTheReplay) {
   std::mt19937 rng(5);
   PagedBatch x = MakePagedBatch(rng, 4, 1, 128, 16, {1, 2}, {40, 90});
   Device d = Up(x);
@@ -201,6 +214,11 @@ TEST_F(CudaPagedAttentionTest, GraphReplayReadsTheMetadataOfTheReplay) {
   ASSERT_TRUE(gpu_->Synchronize().ok());
   ExpectAllNear(Out(d), y.Reference(kScale));
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaPagedAttentionTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Registers" : "Shared");
+                         });
 
 }  // namespace
 }  // namespace eagle3

@@ -38,6 +38,10 @@ struct CudaBackendOptions {
   // Gemm / BatchedGemm of up to kGemvMaxRows (gemv_ops.h) activation rows on the GEMV kernel (no
   // activation scratch, no conversion kernel) instead of cuBLASLt; off: cuBLASLt for every call.
   bool small_m_gemv = true;
+  // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
+  // register_kernel in paged_attention_ops.h). Off: written 2026-12-01 without a GPU; on by
+  // default once cuda_paged_attention_test has passed with it on the H200.
+  bool paged_attention_registers = false;
 };
 
 class CudaBackend final : public Backend {

@@ -33,6 +33,9 @@
 namespace eagle3::cuda {
 
 inline constexpr int kPagedAttentionThreads = 256;
+// The register kernel (PagedAttentionParams::register_kernel) holds a lane's value sums in
+// registers: head_dim up to this; a larger head_dim runs the shared-memory kernel.
+inline constexpr int64_t kPagedAttentionRegisterMaxDim = 256;
 inline constexpr int kPagedAttentionWarps = kPagedAttentionThreads / 32;
 // The attention kernel's dynamic shared memory is at most this (no opt-in beyond the default).
 inline constexpr int64_t kPagedAttentionMaxSharedBytes = 48 * 1024;
@@ -69,6 +72,12 @@ struct PagedAttentionParams {
   // out: [tokens, q_heads, head_dim], last dim contiguous; no overlap with the inputs.
   float* out = nullptr;
   int64_t out_token_stride = 0, out_head_stride = 0;
+  // Run the register kernel (same results to fp32 rounding, same checks and reports): each lane
+  // reads its key once per 8 query heads and keeps its value sums in registers, instead of re-reading
+  // the key per head and accumulating the value rows one by one in shared memory. head_dim <=
+  // kPagedAttentionRegisterMaxDim, else the shared-memory kernel runs. Off by default until the GPU
+  // suite has run it (CudaBackendOptions::paged_attention_registers).
+  bool register_kernel = false;
 };
 
 // error_flag: [1], i32, device (the backend's flag); error_code: the op's id shifted left by
