@@ -103,6 +103,7 @@ struct Flags {
   bool graphs = true;  // CUDA graphs for target steps (--device cuda; tp 1 or NCCL)
   std::string comm = "auto";  // --comm: tp > 1 collectives on CUDA
   std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
+  std::optional<eagle3::DType> kv_cache;  // --kv-cache: the target's latent cache; unset: f32
   std::optional<std::vector<int>> aux_layers;
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
 };
@@ -113,7 +114,7 @@ constexpr char kUsage[] =
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
     "                     [--seed S] [--tp N] [--device cpu|cuda] [--comm auto|nccl|staged]\n"
     "                     [--graphs on|off]\n"
-    "                     [--weights bf16|f32]\n"
+    "                     [--weights bf16|f32] [--kv-cache bf16|f32]\n"
     "                     [--aux-layers a,b,c] [--convention output|input] [--json FILE]\n"
     "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
     "    " EAGLE3_MODELS_DIR "\n"
@@ -124,6 +125,8 @@ constexpr char kUsage[] =
     "    may share a GPU), auto (nccl when there are N GPUs)\n"
     "  --weights: storage of both models' weights (default: the device's preference, bf16 on cuda,\n"
     "    f32 on cpu, which takes nothing else)\n"
+    "  --kv-cache: storage of the target's latent KV cache (default f32; bf16 halves what attention\n"
+    "    reads, rounding as eagle3/backend.h describes, on either device)\n"
     "  --aux-layers: replaces the draft config's aux layer ids (read in --convention: output = id k\n"
     "    is the output of layer k, boundary k+1, as draft configs mean; input = id k is boundary k,\n"
     "    0 the embedding output) to measure what a wrong tap costs\n";
@@ -176,7 +179,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (flag == "--device") {
       f.device = value;
     } else if (flag == "--weights") {
-      EAGLE3_ASSIGN_OR_RETURN(f.weights, eagle3::examples::ParseWeights(flag, value));
+      EAGLE3_ASSIGN_OR_RETURN(f.weights, eagle3::examples::ParseStorageDType(flag, value));
+    } else if (flag == "--kv-cache") {
+      EAGLE3_ASSIGN_OR_RETURN(f.kv_cache, eagle3::examples::ParseStorageDType(flag, value));
     } else if (flag == "--comm" && (value == "auto" || value == "nccl" || value == "staged")) {
       f.comm = value;
     } else if (flag == "--graphs" && (value == "on" || value == "off")) {
@@ -254,6 +259,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
     topt.page_size = 16;
     topt.num_kv_pages = (context + topt.page_size - 1) / topt.page_size;
     topt.weight_dtype = flags.weights;
+    topt.kv_cache_dtype = flags.kv_cache;
     EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.target, topt, comm, backend));
     eagle3::DecodeOptions options;
     options.max_new_tokens = flags.max_new_tokens;
@@ -454,8 +460,10 @@ absl::Status Run(Flags flags) {
   std::printf("mean accepted length %.3f tokens per target pass; acceptance by depth %s\n", s.mean_accepted_length,
               JoinDoubles(s.acceptance_by_depth).c_str());
   std::printf("accepted drafted tokens per pass (histogram): %s\n", JoinIds(s.accepted_histogram).c_str());
-  std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s, %s weights)\n", speedup,
-              s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str(), spec.weights.c_str());
+  const std::string kv_cache(eagle3::DTypeName(flags.kv_cache.value_or(eagle3::DType::kF32)));
+  std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s, %s weights, %s KV cache)\n",
+              speedup, s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str(),
+              spec.weights.c_str(), kv_cache.c_str());
   if (flags.tp > 1) std::printf("collectives of tp %d: %s\n", flags.tp, spec.comm.c_str());
   for (const auto& [name, run] : {std::pair<const char*, const RunResult*>{"plain", &plain}, {"speculative", &spec}}) {
     if (!run->launcher.empty()) std::printf("%s: %s\n", name, run->launcher.c_str());
@@ -467,7 +475,8 @@ absl::Status Run(Flags flags) {
     };
     std::ofstream out(flags.json);
     out << "{\"target\": " << JsonString(flags.target) << ", \"draft\": " << JsonString(flags.draft)
-        << ", \"weights\": " << JsonString(spec.weights) << ", \"tp\": " << flags.tp
+        << ", \"weights\": " << JsonString(spec.weights) << ", \"kv_cache\": " << JsonString(kv_cache)
+        << ", \"tp\": " << flags.tp
         << ", \"comm\": " << JsonString(spec.comm)
         << ", \"prompt\": {\"tokens\": " << JoinIds(prompt) << text_field(prompt_text) << "}"
         << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens) << text_field(plain_text)

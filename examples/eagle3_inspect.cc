@@ -126,7 +126,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (flag == "--device") {
       flags.device = value;
     } else if (flag == "--weights") {
-      EAGLE3_ASSIGN_OR_RETURN(flags.weights, eagle3::examples::ParseWeights(flag, value));
+      EAGLE3_ASSIGN_OR_RETURN(flags.weights, eagle3::examples::ParseStorageDType(flag, value));
     } else if (flag == "--model" || flag == "--target") {
       flags.model = value;
     } else if (flag == "--draft") {

@@ -33,8 +33,8 @@ inline absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, cons
   return ids;
 }
 
-// --weights bf16|f32: the models' weight storage (unset: the backend's preferred_weight_dtype()).
-inline absl::StatusOr<DType> ParseWeights(std::string_view flag, const std::string& value) {
+// A storage dtype flag (--weights, --kv-cache): bf16 or f32.
+inline absl::StatusOr<DType> ParseStorageDType(std::string_view flag, const std::string& value) {
   if (value == "bf16") return DType::kBF16;
   if (value == "f32") return DType::kF32;
   return absl::InvalidArgumentError(std::string(flag) + " must be bf16 or f32, got '" + value + "'");

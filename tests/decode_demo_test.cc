@@ -109,6 +109,20 @@ TEST(DecodeDemoTest, RandomPairGreedySpeculativeEqualsPlain) {
   EXPECT_GE(out["speculative"]["mean_accepted_length"].get<double>(), 1.0);
 }
 
+// --kv-cache bf16: the target's latent cache in bf16 (the CPU reference rounds as the GPU does);
+// speculative greedy still equals plain greedy, and the run says which cache it used.
+TEST(DecodeDemoTest, Bf16KvCacheGreedySpeculativeEqualsPlain) {
+  ScopedTempDir dir;
+  const nlohmann::json out = RunDecode("--kv-cache bf16 --max-new-tokens 16", dir);
+  ASSERT_TRUE(out.contains("plain"));
+  EXPECT_EQ(out["kv_cache"].get<std::string>(), "bf16");
+  EXPECT_EQ(out["plain"]["tokens"].size(), 16u);
+  EXPECT_EQ(out["plain"]["tokens"], out["speculative"]["tokens"]);
+  EXPECT_GT(out["speculative"]["mean_accepted_length"].get<double>(), 1.5);
+  EXPECT_THAT(ReadFile(dir.File("log.txt")), HasSubstr("bf16 KV cache"));
+  EXPECT_THAT(RunFailing("--kv-cache f16", dir), HasSubstr("--kv-cache must be bf16 or f32, got 'f16'"));
+}
+
 TEST(DecodeDemoTest, GoldenPairAtTp2) {
   ScopedTempDir dir;
   const std::string golden = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/";
