@@ -469,9 +469,13 @@ TEST_F(CudaBf16WeightsTest, Bf16KvCacheMatchesTheCpuReference) {
     for (size_t s = 0; s < want->size(); ++s) {
       const double error = RelDiff((*got)[s], (*want)[s]);
       const double cache_effect = RelDiff((*want)[s], (*f32_cache)[s]);
-      std::printf("  step %zu: GPU vs CPU (bf16 cache) rel. error %.2e; bf16 vs f32 cache (CPU) %.2e\n", s,
-                  error, cache_effect);
+      const double gpu_vs_f32 = RelDiff((*got)[s], (*f32_cache)[s]);
+      std::printf("  step %zu: GPU vs CPU (bf16 cache) rel. error %.2e; GPU (bf16) vs CPU (f32 cache) %.2e; "
+                  "bf16 vs f32 cache (CPU) %.2e\n", s, error, gpu_vs_f32, cache_effect);
+      // The CPU measured ~3e-3 for the cache's effect on these logits (2026-12-01); the GPU must sit
+      // nearer the bf16 reference than the f32 one (it rounds where the reference does).
       EXPECT_LT(error, 1e-2) << "step " << s;
+      EXPECT_LT(error, gpu_vs_f32) << "step " << s << ": the GPU is nearer the f32 cache than the bf16 one";
       EXPECT_GT(cache_effect, 0.0) << "step " << s << ": the bf16 cache changed nothing";
       EXPECT_LT(cache_effect, 3e-2) << "step " << s;
     }
