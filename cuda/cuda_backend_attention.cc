@@ -103,13 +103,6 @@ absl::Status CheckSharedMemory(const CudaBackend::State& state, const char* op, 
   return absl::OkStatus();
 }
 
-// The paged latent cache: f32 or bf16.
-absl::Status CheckLatentCache(const char* op, const TensorView& cache) {
-  if (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) return absl::OkStatus();
-  return Invalid(op, "cache is ", cache.ToString(), " but CudaBackend::", op,
-                 " takes an f32 or bf16 cache (got ", std::string(DTypeName(cache.dtype())), ")");
-}
-
 // Latent-kernel params for q, cache and out (the mask fields are the caller's).
 LatentLaunchParams LatentParams(const TensorView& q, const TensorView& cache, float scale,
                                 int64_t value_dim, const TensorView& out) {
@@ -239,7 +232,6 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
   EAGLE3_RETURN_IF_ERROR(
       CheckLatentAttention(q, cache, page_table, context_len, mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
   const bool bf16 = cache.dtype() == DType::kBF16;
@@ -292,7 +284,6 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
   EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
                                                      max_kv_len, tree_mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   if (page_tables.dim(0) > kLatentMaxBatch) {
     return Invalid(op, "page_tables ", page_tables.ToString(), " holds ", page_tables.dim(0),
@@ -328,7 +319,6 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
   const char* op = "PagedWrite";
   EAGLE3_RETURN_IF_ERROR(CheckPaged(op, rows, positions, page_table, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "rows", rows));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
   const int32_t* pages = page_table.data_as<const int32_t>();
@@ -363,7 +353,6 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                                     const TensorView& positions, const TensorView& out) {
   const char* op = "PagedRead";
   EAGLE3_RETURN_IF_ERROR(CheckPaged(op, out, positions, page_table, cache));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCache(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));

@@ -166,6 +166,14 @@ absl::Status CheckI32(const char* op, const char* name, const TensorView& t) {
   return absl::OkStatus();
 }
 
+// The paged latent cache of LatentAttention, BatchedLatentAttention, PagedWrite and PagedRead:
+// f32 or bf16 (eagle3/backend.h), on every backend.
+absl::Status CheckLatentCacheDType(const char* op, const TensorView& cache) {
+  if (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) return absl::OkStatus();
+  return Invalid(op, "cache is ", cache.ToString(), " but ", op, " takes an f32 or bf16 cache (got ",
+                 std::string(DTypeName(cache.dtype())), ")");
+}
+
 // [num_pages, page_size, W], contiguous, page_size >= 1.
 absl::Status CheckCache(const char* op, const TensorView& cache, Device device) {
   EAGLE3_RETURN_IF_ERROR(CheckCommon(op, "cache", cache, device));
@@ -511,6 +519,7 @@ absl::Status Backend::CheckLatentAttention(const TensorView& q, const TensorView
   const char* op = "LatentAttention";
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, N, W]", q, dev));
   EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckVector(op, "page_table", "[pages]", page_table, dev));
   EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_table", page_table));
   EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "mask", "[T, S]", mask, dev));
@@ -543,6 +552,7 @@ absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const Ten
   const char* op = "BatchedLatentAttention";
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, N, W]", q, dev));
   EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, N, value_dim]", out, dev));
   EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
   EAGLE3_RETURN_IF_ERROR(CheckBatchMetadata(op, page_tables, q_start, kv_len, max_kv_len, out, dev));
@@ -608,6 +618,7 @@ absl::Status Backend::CheckPaged(const char* op, const TensorView& rows,
   EAGLE3_RETURN_IF_ERROR(CheckVector(op, "page_table", "[pages]", page_table, dev));
   EAGLE3_RETURN_IF_ERROR(CheckI32(op, "page_table", page_table));
   EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   if (positions.dim(0) != rows.dim(0)) {
     return Invalid(op, "positions ", positions.ToString(), " must be [T] = [", rows.dim(0),
                    "] for ", rows_name, " ", rows.ToString());

@@ -611,12 +611,13 @@ TEST(CpuBackendPagedTest, RefusesAnF16CacheNamingIt) {
   const TensorView rows_view(rows.data(), DType::kF32, Shape{2, 2});
   std::vector<int32_t> positions = {0, 4};
   const TensorView pos_view(positions.data(), DType::kI32, Shape{2});
-  const std::string named = "cache f16[4, 3, 2] cpu must be f32 or bf16, got f16";
-  ExpectInvalid(backend.PagedWrite(rows_view, pos_view, table_view, cache), {"PagedWrite", named});
+  const std::string named = "cache is f16[4, 3, 2] cpu but ";
+  const std::string rule = "takes an f32 or bf16 cache (got f16)";
+  ExpectInvalid(backend.PagedWrite(rows_view, pos_view, table_view, cache), {"PagedWrite", named, rule});
   EXPECT_TRUE(std::all_of(cache_bits.begin(), cache_bits.end(), [](uint16_t b) { return b == 0x3c00; }));
   std::vector<float> out(4, kNaN);
   const TensorView out_view(out.data(), DType::kF32, Shape{2, 2});
-  ExpectInvalid(backend.PagedRead(cache, table_view, pos_view, out_view), {"PagedRead", named});
+  ExpectInvalid(backend.PagedRead(cache, table_view, pos_view, out_view), {"PagedRead", named, rule});
   std::vector<float> q(1 * 2 * 2, 1.0f), attn(1 * 2 * 2, kNaN);
   std::vector<uint8_t> mask(5, 1);
   const TensorView q_view(q.data(), DType::kF32, Shape{1, 2, 2});
@@ -624,14 +625,14 @@ TEST(CpuBackendPagedTest, RefusesAnF16CacheNamingIt) {
   ExpectInvalid(backend.LatentAttention(q_view, cache, table_view, 5,
                                         TensorView(mask.data(), DType::kU8, Shape{1, 5}), 1.0f, 2,
                                         attn_view),
-                {"LatentAttention", named});
+                {"LatentAttention", named, rule});
   std::vector<int32_t> starts = {0, 1}, lens = {5};
   ExpectInvalid(backend.BatchedLatentAttention(
                     q_view, cache, TensorView(table.data(), DType::kI32, Shape{1, 2}),
                     TensorView(starts.data(), DType::kI32, Shape{2}),
                     TensorView(lens.data(), DType::kI32, Shape{1}), 5, TensorView(), 1.0f, 2,
                     attn_view),
-                {"BatchedLatentAttention", named});
+                {"BatchedLatentAttention", named, rule});
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float f) { return std::isnan(f); }));
   EXPECT_TRUE(std::all_of(attn.begin(), attn.end(), [](float f) { return std::isnan(f); }));
 }

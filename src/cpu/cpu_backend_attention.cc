@@ -91,12 +91,6 @@ struct PagedRows {
   }
 };
 
-// The paged latent cache: f32 or bf16.
-absl::Status CheckLatentCacheDType(const char* op, const TensorView& cache) {
-  if (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) return absl::OkStatus();
-  return Invalid(op, "cache ", cache.ToString(), " must be f32 or bf16, got ", std::string(DTypeName(cache.dtype())));
-}
-
 // Query row q[t, n] as the attention multiplies it: as is over an f32 cache, rounded to bf16 over a
 // bf16 cache (written to `rounded`, dk floats).
 const float* QueryRow(const float* q, int64_t dk, bool bf16, float* rounded) {
@@ -218,7 +212,6 @@ absl::Status CpuBackend::LatentAttention(const TensorView& q, const TensorView& 
   EAGLE3_RETURN_IF_ERROR(
       CheckLatentAttention(q, cache, page_table, context_len, mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   const int64_t page_size = cache.dim(1);
   const int64_t num_pages = cache.dim(0);
@@ -257,7 +250,6 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
   EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
                                                      max_kv_len, tree_mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType(op, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   const int64_t batch = page_tables.dim(0);
   const int64_t page_size = cache.dim(1);
@@ -392,7 +384,6 @@ absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& po
                                     const TensorView& page_table, const TensorView& cache) {
   EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedWrite", rows, positions, page_table, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32("PagedWrite", "rows", rows));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType("PagedWrite", cache));
   int64_t slot = 0;
   for (int64_t t = 0; t < rows.dim(0); ++t) {
     EAGLE3_RETURN_IF_ERROR(ResolveSlot("PagedWrite", positions, page_table, cache, t, &slot));
@@ -414,7 +405,6 @@ absl::Status CpuBackend::PagedWrite(const TensorView& rows, const TensorView& po
 absl::Status CpuBackend::PagedRead(const TensorView& cache, const TensorView& page_table,
                                    const TensorView& positions, const TensorView& out) {
   EAGLE3_RETURN_IF_ERROR(CheckPaged("PagedRead", out, positions, page_table, cache));
-  EAGLE3_RETURN_IF_ERROR(CheckLatentCacheDType("PagedRead", cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32("PagedRead", "out", out));
   int64_t slot = 0;
   for (int64_t t = 0; t < out.dim(0); ++t) {
