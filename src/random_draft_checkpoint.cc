@@ -32,8 +32,10 @@ uint64_t NameHash(std::string_view s) {  // FNV-1a
   return h;
 }
 
-// Linear weights N(0, 1/in_features), vectors (RMSNorm weights) N(1, 0.1²), embedding N(0, 1).
-absl::StatusOr<Tensor> RandomWeight(const std::string& name, const Shape& shape, uint64_t seed, DType dtype) {
+// Linear weights N(0, 1/in_features), vectors (RMSNorm weights) N(1, 0.1²), embedding N(0, 1);
+// tiled: the first kRandomDraftTileValues values repeated.
+absl::StatusOr<Tensor> RandomWeight(const std::string& name, const Shape& shape, uint64_t seed, DType dtype,
+                                    bool tiled) {
   EAGLE3_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty(DType::kF32, shape));
   std::mt19937_64 rng(seed ^ NameHash(name));
   const bool vector = shape.rank() == 1;
@@ -41,7 +43,11 @@ absl::StatusOr<Tensor> RandomWeight(const std::string& name, const Shape& shape,
   std::normal_distribution<float> dist(vector ? 1.0f : 0.0f,
                                        vector ? 0.1f : table ? 1.0f : 1.0f / std::sqrt(static_cast<float>(shape[1])));
   float* v = values.data_as<float>();
-  for (int64_t i = 0; i < values.numel(); ++i) v[i] = dist(rng);
+  const int64_t drawn = tiled ? std::min(values.numel(), kRandomDraftTileValues) : values.numel();
+  for (int64_t i = 0; i < drawn; ++i) v[i] = dist(rng);
+  for (int64_t i = drawn; i < values.numel(); i += drawn) {
+    std::copy_n(v, std::min(drawn, values.numel() - i), v + i);
+  }
   if (dtype == DType::kF32) return values;
   EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(dtype, shape));
   EAGLE3_RETURN_IF_ERROR(ConvertTensor(values, converted));
@@ -132,7 +138,7 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
   std::vector<Tensor> tensors;
   std::vector<NamedTensor> named;
   for (const WeightSpec& spec : specs) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomWeight(spec.name, spec.shape, o.seed, o.dtype));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomWeight(spec.name, spec.shape, o.seed, o.dtype, o.tiled_values));
     tensors.push_back(std::move(t));
   }
   for (size_t i = 0; i < specs.size(); ++i) named.push_back({specs[i].name, tensors[i]});

@@ -515,6 +515,45 @@ TEST_F(DraftModelTest, LayersPrefixAndOwnEmbedding) {
   EXPECT_LT(RelDiff(own_out[0].logits, ref[0].logits), 1e-5);
 }
 
+// tiled_values: every tensor is its untiled first kRandomDraftTileValues values, repeated (the same
+// seed and name give the same draws), and the checkpoint loads and runs.
+TEST_F(DraftModelTest, TiledValuesRepeatTheFirstDraws) {
+  RandomDraftCheckpointOptions options = DraftOptions();
+  options.dtype = DType::kF32;
+  options.intermediate_size = 2048;  // MLP weights of 131072 values: twice the tile
+  const std::string full_dir = WriteDraft(options);
+  options.tiled_values = true;
+  const std::string tiled_dir = WriteDraft(options);
+  auto full = Checkpoint::Open(full_dir);
+  auto tiled = Checkpoint::Open(tiled_dir);
+  ASSERT_TRUE(full.ok() && tiled.ok());
+  int64_t checked = 0;
+  for (const std::string name :
+       {"midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight"}) {
+    auto a = (*full)->Read(name, DType::kF32);
+    auto b = (*tiled)->Read(name, DType::kF32);
+    ASSERT_TRUE(a.ok() && b.ok()) << name;
+    ASSERT_GT(a->numel(), kRandomDraftTileValues) << name << ": too small to show the tiling";
+    const float* x = a->data_as<const float>();
+    const float* y = b->data_as<const float>();
+    for (int64_t i = 0; i < b->numel(); ++i) {
+      ASSERT_EQ(y[i], x[i % kRandomDraftTileValues]) << name << " [" << i << "]";
+    }
+    EXPECT_NE(x[kRandomDraftTileValues], x[0]) << name << ": the untiled tensor does not repeat";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+  // A tensor within one tile is drawn whole either way.
+  auto fc_full = (*full)->Read("fc.weight", DType::kF32);
+  auto fc_tiled = (*tiled)->Read("fc.weight", DType::kF32);
+  ASSERT_TRUE(fc_full.ok() && fc_tiled.ok());
+  ASSERT_LE(fc_full->numel(), kRandomDraftTileValues);
+  EXPECT_TRUE(std::equal(fc_full->data_as<const float>(), fc_full->data_as<const float>() + fc_full->numel(),
+                         fc_tiled->data_as<const float>()));
+  cpu::CpuBackend backend;
+  EXPECT_TRUE(DraftModel::Create(tiled_dir, target_dir_->path(), Options(1), nullptr, &backend).ok());
+}
+
 TEST_F(DraftModelTest, LoadsTheVocabularyMapping) {
   cpu::CpuBackend backend;
   auto model = DraftModel::Create(draft_dir_->path(), target_dir_->path(), Options(1), nullptr, &backend);

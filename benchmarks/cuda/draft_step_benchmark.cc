@@ -108,6 +108,7 @@ absl::Status EnsureCheckpoints(const std::string& root) {
   o.intermediate_size = kInter;
   o.draft_vocab_size = kDraftVocab;
   o.max_position_embeddings = 4096;
+  o.tiled_values = true;  // 2.9 GB: seconds instead of a minute of drawing (63 s on the H200 host)
   EAGLE3_RETURN_IF_ERROR(WriteRandomEagle3DraftCheckpoint(target, root + "/draft", o));
   std::ofstream(root + "/complete") << "ok\n";
   std::fprintf(stderr, "draft_step_benchmark: wrote the V3 draft + target checkpoints to %s in %.1f s\n",

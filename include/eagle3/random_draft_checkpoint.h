@@ -44,7 +44,15 @@ struct RandomDraftCheckpointOptions {
   std::string layer_prefix = "midlayer.";  // or "layers.0."
   bool write_t2d = true;
   bool write_embed_tokens = false;  // the draft ships its own embedding
+
+  // Each tensor's first kRandomDraftTileValues values drawn as below, then repeated (the same
+  // distribution, periodic): a multi-gigabyte head (the SpecForge DeepSeek-V3 one: 2.9 GB in bf16)
+  // is written in seconds instead of a minute of drawing every value, for benchmarks, whose timing
+  // does not depend on the values. Off: every value drawn.
+  bool tiled_values = false;
 };
+
+inline constexpr int64_t kRandomDraftTileValues = int64_t{1} << 16;
 
 // Writes `config.json` (architectures ["LlamaForCausalLMEagle3"], model_type "llama", vocab_size and
 // target_hidden_size from `target`, draft_vocab_size, the variant keys, eagle_config with the aux
