@@ -539,8 +539,6 @@ struct LatentArgs {
   int64_t tokens_per_tile;    // G
   int64_t value_tiles;
   int64_t splits;
-  int64_t keys_per_split;     // a multiple of kLatentChunk: the split length at max_kv_len (host
-                              // geometry); the kernels split each sequence by LatentSplitKeys
   int wp;                     // f32: floats per staged row, key_dim rounded up to 32 (zero
                               // padded); bf16: elements per staged row, key_dim rounded up to 64,
                               // + 8 (MmaRowStride)
@@ -598,8 +596,9 @@ __device__ inline int64_t LastNotAbove(const int32_t* values, int64_t count, int
 // whole chunks. The host sizes a.splits for max_kv_len (the cache capacity a captured graph must
 // cover), so the split length follows each sequence's real length on the device: a 1K-key sequence
 // in a 4K-capacity cache uses every split, not the first quarter of them (with the host's
-// keys_per_split it ran all its keys in one block per row tile: the V2 TP8 decode step at batch 32
-// took 56 ms at capacity 4224 vs 37 ms at 1152, same 1K context). Never above a.keys_per_split.
+// split length it ran all its keys in one block per row tile: the V2 TP8 decode step at batch 32
+// took 56 ms at capacity 4224 vs 37 ms at 1152, same 1K context). Never above the host's split
+// length for max_kv_len, so a.splits splits cover every sequence.
 __device__ inline int64_t LatentSplitKeys(const LatentArgs& a, int64_t kv) {
   const int64_t per = (kv + a.splits - 1) / a.splits;
   return std::max<int64_t>(kLatentChunk, (per + kLatentChunk - 1) / kLatentChunk * kLatentChunk);
@@ -1497,7 +1496,6 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
     const int64_t cost = waves * (kps / kLatentChunk + 2) + (eff > 1 ? 1 : 0);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
-      a.keys_per_split = kps;
       a.splits = eff;
     }
   }
