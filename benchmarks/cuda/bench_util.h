@@ -32,6 +32,7 @@
 #include <vector>
 
 #include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/half.h"
@@ -66,8 +67,8 @@ inline cuda::CudaBackend* Backend() {
     if (grouped != nullptr && grouped[0] != '\0') options.moe_grouped_experts = grouped[0] != '0';
     const char* gemv = std::getenv("EAGLE3_BENCH_SMALL_M_GEMV");
     if (gemv != nullptr && gemv[0] != '\0') options.small_m_gemv = gemv[0] != '0';
-    // EAGLE3_BENCH_PAGED_REGISTERS=1: BatchedPagedAttention (the draft's attention) on its register
-    // kernel (off by default until GPU-validated).
+    // EAGLE3_BENCH_PAGED_REGISTERS=0: BatchedPagedAttention (the draft's attention) on its
+    // shared-memory kernel instead of the register kernel (the default since 2026-12-01).
     const char* paged = std::getenv("EAGLE3_BENCH_PAGED_REGISTERS");
     if (paged != nullptr && paged[0] != '\0') options.paged_attention_registers = paged[0] != '0';
     auto b = cuda::CudaBackend::Create(options);
@@ -82,14 +83,19 @@ inline cuda::CudaBackend* Backend() {
 }
 
 // Device time of fn() (which enqueues work on `stream`) measured with CUDA events, in seconds.
-// The host time fn() takes counts too where it stalls the stream (a synchronizing op).
+// The host time fn() takes counts too where it stalls the stream (a synchronizing op). fn() runs in
+// an NVTX range "eagle3_step", so a profiler can pick the timed work out of the setup and warm-up
+// (`ncu --nvtx --nvtx-include "eagle3_step/" --launch-count N ...`); without a tool attached the
+// range costs nothing.
 template <typename Fn>
 double TimeOnce(cudaStream_t stream, Fn&& fn) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   cudaEventRecord(start, stream);
+  nvtxRangePushA("eagle3_step");
   fn();
+  nvtxRangePop();
   cudaEventRecord(stop, stream);
   cudaEventSynchronize(stop);
   float ms = 0;

@@ -39,9 +39,9 @@ struct CudaBackendOptions {
   // activation scratch, no conversion kernel) instead of cuBLASLt; off: cuBLASLt for every call.
   bool small_m_gemv = true;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
-  // register_kernel in paged_attention_ops.h). Off: written 2026-12-01 without a GPU; on by
-  // default once cuda_paged_attention_test has passed with it on the H200.
-  bool paged_attention_registers = false;
+  // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
+  // kernels). Off: the shared-memory kernel, 1.8x slower in the draft step (benchmarks/NOTES.md).
+  bool paged_attention_registers = true;
 };
 
 class CudaBackend final : public Backend {
