@@ -1012,15 +1012,6 @@ __device__ inline void LdMatrixX4Trans(unsigned (&r)[4], const uint16_t* smem) {
                : "memory");
 }
 
-// c += A B for one m16n8k16 tile (bf16 in, fp32 accumulate).
-__device__ inline void MmaBf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ inline uint16_t Bf16Bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 // Keeps the bf16 halves of a B register whose keys (key, key + 1) are set in `used`.

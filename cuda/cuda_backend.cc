@@ -183,7 +183,8 @@ CudaBackend::~CudaBackend() {
   const std::pair<void*, size_t> buffers[] = {{s.gemm_workspace, s.options.gemm_workspace_bytes},
                                               {s.error_flag, sizeof(int)},
                                               {s.attention_scratch, s.attention_scratch_bytes},
-                                              {s.moe_scratch, s.moe_scratch_bytes}};
+                                              {s.moe_scratch, s.moe_scratch_bytes},
+                                              {s.paged_partials, s.paged_partials_bytes}};
   for (const auto& [p, bytes] : buffers) {
     if (p != nullptr) s.allocator.Deallocate(p, bytes);
   }

@@ -1,5 +1,7 @@
 // CudaBackend::BatchedPagedAttention (kernels in paged_attention_kernels.cu): f32 queries, cache and
-// output. No scratch, no allocation, no host synchronization: capturable from the first call.
+// output. No host synchronization. Scratch: kPartialBytes of partial results for the split register
+// kernel, allocated on the first call that is not being captured into a CUDA graph (a call captured
+// before any eager one runs the kernel unsplit: the same results, one block per row and kv head).
 //
 // Data-dependent errors (q_start, kv_len, page entries, mask rows) are found on the device and
 // reported by the next Synchronize() as InvalidArgument naming the sequence or row (the conditions
@@ -22,6 +24,24 @@ namespace {
 // BatchedPagedAttention's number in the error flag's DeviceCheck registry (cuda_backend_state.h;
 // DeviceError in cuda_backend.cc maps it to BatchedPagedAttentionDeviceError).
 constexpr DeviceCheck kBatchedPagedAttentionCheck = DeviceCheck::kBatchedPagedAttention;
+// The split kernel's partials: a split takes tokens x q_heads x (head_dim + 2) floats (the
+// DeepSeek-V3 draft at TP 1: 7280 per split at one token, 466K at 64 tokens).
+constexpr size_t kPartialBytes = size_t{4} << 20;
+
+// Allocates the partials and reads the multiprocessor count on the first call outside a capture.
+absl::Status PreparePartials(CudaBackend::State& s) {
+  if (s.paged_partials != nullptr) return absl::OkStatus();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(s.stream, &capture),
+                                    "BatchedPagedAttention: cudaStreamIsCapturing"));
+  if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&s.multiprocessors, cudaDevAttrMultiProcessorCount, s.options.device),
+      "BatchedPagedAttention: cudaDeviceGetAttribute"));
+  EAGLE3_ASSIGN_OR_RETURN(s.paged_partials, s.allocator.Allocate(kPartialBytes, 256));
+  s.paged_partials_bytes = kPartialBytes;
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -104,6 +124,12 @@ absl::Status CudaBackend::BatchedPagedAttention(const TensorView& q, const Tenso
   p.out_token_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
   p.register_kernel = s.options.paged_attention_registers;
+  if (p.register_kernel) {
+    EAGLE3_RETURN_IF_ERROR(PreparePartials(s));
+    p.partials = static_cast<float*>(s.paged_partials);
+    p.partial_floats = static_cast<int64_t>(s.paged_partials_bytes / sizeof(float));
+    p.target_blocks = 2 * static_cast<int64_t>(s.multiprocessors);
+  }
   return CudaStatus(LaunchBatchedPagedAttention(
                         p, s.error_flag, DeviceErrorCode(kBatchedPagedAttentionCheck),
                         s.stream),

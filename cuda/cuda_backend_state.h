@@ -69,6 +69,10 @@ struct CudaBackend::State {
   size_t attention_scratch_bytes = 0;
   void* moe_scratch = nullptr;
   size_t moe_scratch_bytes = 0;
+  // BatchedPagedAttention's partial results (cuda_backend_paged_attention.cc).
+  void* paged_partials = nullptr;
+  size_t paged_partials_bytes = 0;
+  int multiprocessors = 0;  // of options.device, read on first use
   // Gemm's bf16 copies of f32 activations (gemm.cc): every buffer allocated, the current (largest)
   // last. None is freed before the backend is destroyed: a captured graph may still read it.
   std::vector<std::pair<void*, size_t>> activation_scratch;

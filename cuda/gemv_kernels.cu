@@ -9,10 +9,17 @@
 // two batches of weight chunks in flight (the first while the tile is staged). Each lane sums its
 // chunks in order; the 8 lanes of a row reduce by an xor butterfly (every lane ends with the same
 // bits) and the wk warps of a group add their partials in warp order: deterministic.
+//
+// Two to kGemvMaxRows activation rows with bf16 weights run GemvMmaKernel instead (below): the
+// weights are the A operand of m16n8k16 tensor-core products and the (bf16-rounded) activation rows
+// the B operand, so a weight element costs no CUDA-core FMAs whatever M is. On the H200 the FMA
+// kernel above reached 2.0-2.3 TB/s at M = 4 against 3.9 TB/s at M = 1 (ncu, the DeepSeek-V3 draft
+// step at TP 1): each 16-byte chunk fed 32 FMAs, 8 shared loads and the bf16 unpacking.
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "core_kernels.cuh"
 #include "eagle3/cuda/gemv_ops.h"
 
 namespace eagle3::cuda {
@@ -337,6 +344,169 @@ cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream)
   return cudaGetLastError();
 }
 
+// GemvMmaKernel: block (x, item) computes 8 / wk groups of 16 weight rows of item `item` for all M
+// (<= 8) activation rows, one m16n8k16 tile of C^T (rows x activation rows) per group. The wk warps
+// of a group split each activation tile (256 wk elements of k, staged in shared memory as bf16) in
+// 32-element blocks, 8 per warp (all in flight while the tile is staged), and add their C
+// fragments in warp order at the end: deterministic. In a 32-block, lane (g, c) = (lane / 4,
+// lane % 4) loads 16 bytes of weight rows g and g + 8 at k = 8c .. 8c + 7 and the activation row g
+// at the same k from the tile; the first product takes k 8c + 0..3, the second 8c + 4..7 (a
+// permutation of the k order that A and B share: the sums are those of the natural order up to
+// fp32 reassociation). Lanes of activation rows >= M feed zeros.
+constexpr int kMmaRows = 16;
+constexpr int kMmaBlockK = 32;
+constexpr int kMmaSteps = 8;                                   // 32-blocks per warp per tile
+constexpr int kMmaMaxTileK = kMmaBlockK * kMmaSteps * kWarps;  // with wk = 8: 2048
+constexpr int kMmaTileStride = kMmaMaxTileK + 8;  // bf16 per staged row: +16 bytes, no bank conflicts
+
+// 8 bf16 weights of `row` at k .. k + 7 (zeros past k_end; 16-byte aligned when whole).
+__device__ __forceinline__ uint4 LoadWeights8(const uint16_t* row, int64_t k, int64_t k_end) {
+  if (k + 8 <= k_end) return __ldcs(reinterpret_cast<const uint4*>(row + k));
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (k + e < k_end) w[e / 2] |= static_cast<uint32_t>(row[k + e]) << (16 * (e % 2));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__global__ void __launch_bounds__(kThreads) GemvMmaKernel(GemvArgs p) {
+  __shared__ __align__(16) uint16_t tile[kGemvMaxRows * kMmaTileStride];
+  __shared__ float partial[kWarps][kMmaRows][kGemvMaxRows];
+  const int64_t item = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int group = warp / p.wk, part = warp % p.wk;
+  const int tile_k = kMmaBlockK * kMmaSteps * p.wk;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarps / p.wk) + group) * kMmaRows;
+  const uint16_t* b = static_cast<const uint16_t*>(p.b) + item * p.stride_b;
+  // Rows past n read row n - 1 (in bounds; their results are not written).
+  const uint16_t* lo_row = b + min(row0 + g, p.n - 1) * p.ldb;
+  const uint16_t* hi_row = b + min(row0 + g + 8, p.n - 1) * p.ldb;
+  const size_t a_size = p.a_bf16 ? sizeof(uint16_t) : sizeof(float);
+  const char* a = static_cast<const char*>(p.a) + item * p.stride_a * static_cast<int64_t>(a_size);
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t k0 = 0; k0 < p.k; k0 += tile_k) {
+    // This warp's weights of the tile, in flight while the activations are staged.
+    uint4 wlo[kMmaSteps], whi[kMmaSteps];
+#pragma unroll
+    for (int s = 0; s < kMmaSteps; ++s) {
+      const int64_t k = k0 + (s * p.wk + part) * kMmaBlockK + 8 * c;
+      wlo[s] = k < p.k ? LoadWeights8(lo_row, k, p.k) : make_uint4(0u, 0u, 0u, 0u);
+      whi[s] = k < p.k ? LoadWeights8(hi_row, k, p.k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    // Activation rows [M][tk32] as bf16 (rounded when a is f32, exact when bf16): the tile's
+    // columns up to the last 32-block that holds any k, zeros past k.
+    const int64_t tk = p.k - k0 < tile_k ? p.k - k0 : tile_k;
+    const int tk32 = static_cast<int>((tk + kMmaBlockK - 1) / kMmaBlockK * kMmaBlockK);
+    if (p.a_quads) {  // f32 rows 16-byte aligned: quads (the last quad of a row may be partial)
+      const int quads = tk32 / 4, total = p.m * quads;
+      for (int base = threadIdx.x; base < total; base += kThreads * 4) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int i = base + u * kThreads, m = i / quads, kk = 4 * (i % quads);
+          v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (i < total && kk < tk) {
+            const float* src = reinterpret_cast<const float*>(a) + m * p.lda + k0 + kk;
+            if (kk + 4 <= tk) {
+              v[u] = *reinterpret_cast<const float4*>(src);
+            } else {
+              v[u].x = src[0];
+              if (kk + 1 < tk) v[u].y = src[1];
+              if (kk + 2 < tk) v[u].z = src[2];
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int i = base + u * kThreads;
+          if (i < total) {
+            uint16_t* out = tile + (i / quads) * kMmaTileStride + 4 * (i % quads);
+            const uint2 packed = make_uint2(
+                __bfloat16_as_ushort(__float2bfloat16_rn(v[u].x)) |
+                    (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v[u].y))) << 16),
+                __bfloat16_as_ushort(__float2bfloat16_rn(v[u].z)) |
+                    (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v[u].w))) << 16));
+            *reinterpret_cast<uint2*>(out) = packed;
+          }
+        }
+      }
+    } else {
+      const int total = p.m * tk32;
+      for (int base = threadIdx.x; base < total; base += kThreads * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int i = base + u * kThreads, m = i / tk32, kk = i % tk32;
+          v[u] = 0.0f;
+          if (i < total && kk < tk) {
+            const int64_t at = m * p.lda + k0 + kk;
+            v[u] = p.a_bf16 ? Bf16Bits(reinterpret_cast<const uint16_t*>(a)[at])
+                            : reinterpret_cast<const float*>(a)[at];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int i = base + u * kThreads;
+          if (i < total) {
+            tile[(i / tk32) * kMmaTileStride + i % tk32] = __bfloat16_as_ushort(__float2bfloat16_rn(v[u]));
+          }
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < kMmaSteps; ++s) {
+      const int kb = (s * p.wk + part) * kMmaBlockK;  // warp-uniform
+      if (k0 + kb >= p.k) break;
+      uint4 x = make_uint4(0u, 0u, 0u, 0u);  // activation rows >= M: zeros
+      if (g < p.m) x = *reinterpret_cast<const uint4*>(tile + g * kMmaTileStride + kb + 8 * c);
+      const unsigned a1[4] = {wlo[s].x, whi[s].x, wlo[s].y, whi[s].y};
+      const unsigned a2[4] = {wlo[s].z, whi[s].z, wlo[s].w, whi[s].w};
+      MmaBf16(acc, a1, x.x, x.y);
+      MmaBf16(acc, a2, x.z, x.w);
+    }
+    __syncthreads();  // the tile is rewritten by the next iteration
+  }
+  // acc holds C^T at (row g, activation 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
+  partial[warp][g][2 * c] = acc[0];
+  partial[warp][g][2 * c + 1] = acc[1];
+  partial[warp][g + 8][2 * c] = acc[2];
+  partial[warp][g + 8][2 * c + 1] = acc[3];
+  __syncthreads();
+  const int groups = kWarps / p.wk;
+  for (int i = threadIdx.x; i < groups * kMmaRows * kGemvMaxRows; i += kThreads) {
+    const int grp = i / (kMmaRows * kGemvMaxRows), r = i / kGemvMaxRows % kMmaRows, m = i % kGemvMaxRows;
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) * groups + grp) * kMmaRows + r;
+    if (m >= p.m || row >= p.n) continue;
+    float sum = 0.0f;
+    for (int w = 0; w < p.wk; ++w) sum += partial[grp * p.wk + w][r][m];
+    float* out = p.c + item * p.stride_c + m * p.ldc + row;
+    float v = p.alpha * sum;
+    if (p.beta != 0.0f) v += p.beta * *out;
+    if (p.bias != nullptr) v += p.bias[row];
+    *out = v;
+  }
+}
+
+// Warps per row group of GemvMmaKernel: the fewest (so the most rows per block: each block stages
+// all M activation rows of K, which with 16 rows per block is as many bytes as the block's weights
+// at M = 8) that still give one block per multiprocessor over all items.
+cudaError_t LaunchMma(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
+  p.wk = 1;
+  const auto blocks_for = [&](int wk) {
+    const int64_t rows_per_block = kMmaRows * (kWarps / wk);
+    return (p.n + rows_per_block - 1) / rows_per_block;
+  };
+  while (p.wk < kWarps && blocks_for(p.wk) * batch < static_cast<int64_t>(sm_count)) p.wk *= 2;
+  const int64_t blocks = blocks_for(p.wk);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  GemvMmaKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename W>
 cudaError_t LaunchRows(const GemvArgs& p, int64_t batch, int sm_count, cudaStream_t stream) {
   if (p.m <= 1) return Launch<W, 1>(p, batch, sm_count, stream);
@@ -391,6 +561,7 @@ cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batc
       error != cudaSuccess) {
     return error;
   }
+  if (b_bf16 && m >= 2) return LaunchMma(p, batch, sm_count, stream);
   return b_bf16 ? LaunchRows<uint16_t>(p, batch, sm_count, stream)
                 : LaunchRows<float>(p, batch, sm_count, stream);
 }

@@ -419,16 +419,6 @@ __device__ __forceinline__ void Split3(float2 v, uint32_t (&parts)[3]) {
   }
 }
 
-// c += a b for one m16n8k16 tile: a [16, 16] bf16 (row), b [16, 8] bf16 (col), c [16, 8] f32.
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 struct GroupedGemmArgs {
   const float* x = nullptr;  // stage 1: the chunk's token rows [tokens, hidden]
   int64_t x_stride = 0;
@@ -661,7 +651,7 @@ __global__ void __launch_bounds__(kTileThreads, 2) MoeGroupedGemmKernel(GroupedG
           for (int order = 2; order >= 0; --order) {
 #pragma unroll
             for (int p = 0; p < kParts; ++p) {
-              if (order - p >= 0) Mma(part, af[mt][order - p], bf[p][0], bf[p][1]);
+              if (order - p >= 0) MmaBf16(part, af[mt][order - p], bf[p][0], bf[p][1]);
             }
           }
 #pragma unroll

@@ -204,150 +204,263 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
   MergePagedWarps(p, t, first_head, group, dim, sh);
 }
 
-// The register kernel (PagedAttentionParams::register_kernel): the same blocks, keys, masks,
-// skipped pages and error reports as the kernel above, restructured for latency. Above, for each
-// 32-key chunk and each head of the group, every lane re-reads its whole key and the warp then adds
-// the chunk's 32 value rows one after another into shared-memory accumulators; the compiler cannot
-// prove those shared stores do not alias the next value's global load, so each of the 32 x group
-// value rows waits a full memory latency (the DeepSeek-V3 draft step: ~0.8 ms of a 1K-key context
-// at one token, TP 1 or TP 8 alike). Here a lane reads its key once per pass of up to
-// kRegisterHeads heads, the value sums live in registers (a lane holds dims lane, lane + 32, ...),
-// and the value rows of a chunk are independent loads the compiler can keep in flight.
-constexpr int kRegisterHeads = 8;
-constexpr int kRegisterDimsPerLane = kPagedAttentionRegisterMaxDim / 32;
-constexpr int kValueBatch = 4;  // value rows a lane has in flight
+// The split register kernel (PagedAttentionParams::register_kernel). Block (t, g, split): query
+// row t, kv head g and its `group` query heads, over the split's share of the row's keys (the
+// sequence's kv_len spread evenly over gridDim.z splits, in whole chunks). Per 32-key chunk each
+// warp takes 4 consecutive keys: its lanes read the keys' K and V rows across head_dim (dims
+// lane + 32 i, coalesced; 8 rows in flight per lane), the 4 x kSplitHeads dot products are reduced
+// over the warp in one butterfly, the block's online softmax per head runs in shared memory (warp h
+// updates head h), and each lane adds its dims of the 4 value rows into registers. The shared-
+// memory kernel above instead walks all of a (row, kv head)'s keys in one block, a lane per key
+// over the whole head_dim: a chain of dependent loads that took 0.23 ms over 1K keys at one token.
+// After the key loop the warps' sums are added per head; one split writes out (as the other
+// kernel would), several write their partial (sum, max, total) for PagedCombineKernel. Keys,
+// masks, skipped pages and the reports are those of the kernel above; a row with no allowed key is
+// reported here with one split and by the combine with several.
+constexpr int kSplitHeads = 8;                              // query heads per pass of the key loop
+constexpr int kSplitKeysPerWarp = 4;                        // keys a warp reads per chunk
+constexpr int kSplitChunk = kSplitKeysPerWarp * kPagedAttentionWarps;  // keys per chunk (32)
+// Most splits of a row: past this the combine's serial sum over the splits costs more than the
+// blocks save (measured: 64 splits of a 1K-key row, 7.9 us split kernel + 14.5 us combine).
+constexpr int kPagedMaxSplits = 32;
+static_assert(kSplitKeysPerWarp * kSplitHeads == 32, "one butterfly reduces a warp's dot products");
 
+// Shared memory of the split kernel: the scaled queries [group][D], the chunk's scores and its
+// softmax weights [kSplitHeads][kSplitChunk] each, the running max / total / correction per head of
+// the pass, and the warps' value sums of one head [kPagedAttentionWarps][D] for the final reduction.
+inline int64_t PagedSplitSharedFloats(int64_t group, int64_t dim) {
+  return group * dim + 2 * kSplitHeads * kSplitChunk + 3 * kSplitHeads + kPagedAttentionWarps * dim;
+}
+
+// One step of WarpSumEach32: lanes with bit kHalf set keep the upper kHalf of their values, the
+// others the lower, each adding its partner's (lane ^ kHalf) copy of the kept half. Selects by bit
+// masks: written as `upper ? v[k + kHalf] : v[k]` the compiler turns the select into an indexed
+// address and moves v to local memory.
+template <int kHalf>
+__device__ __forceinline__ void ButterflyStep(float (&v)[32], int lane) {
+  const unsigned upper = (lane & kHalf) != 0 ? 0xffffffffu : 0u;
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    const unsigned lo = __float_as_uint(v[k]), hi = __float_as_uint(v[k + kHalf]);
+    const float keep = __uint_as_float((hi & upper) | (lo & ~upper));
+    const float give = __uint_as_float((lo & upper) | (hi & ~upper));
+    v[k] = keep + __shfl_xor_sync(kFullMask, give, kHalf);
+  }
+}
+
+// v[i], i < 32: lane L of the warp gets the warp's sum of v[L] (a butterfly that halves the values
+// a lane holds at every step: 31 shuffles for 32 sums instead of 5 per sum).
+__device__ __forceinline__ float WarpSumEach32(float (&v)[32]) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  ButterflyStep<16>(v, lane);
+  ButterflyStep<8>(v, lane);
+  ButterflyStep<4>(v, lane);
+  ButterflyStep<2>(v, lane);
+  ButterflyStep<1>(v, lane);
+  return v[0];
+}
+
+template <int kDims>  // head_dim <= 32 * kDims
 __global__ void __launch_bounds__(kPagedAttentionThreads)
-    BatchedPagedAttentionRegistersKernel(const PagedAttentionParams p, bool vec4, int* error_flag, int error_code) {
+    PagedSplitKernel(const PagedAttentionParams p, int* error_flag, int error_code) {
   extern __shared__ __align__(16) float smem[];
   const int64_t t = blockIdx.x;
   const int64_t kv_head = blockIdx.y;
+  const int64_t split = blockIdx.z, splits = gridDim.z;
   const int group = static_cast<int>(p.q_heads / p.kv_heads);
   const int dim = static_cast<int>(p.head_dim);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const PagedShared sh = PagedSharedLayout(smem, group, dim);  // the kernel above's: the merge is shared
-  const float* q_s = sh.q;
+  float* q_s = smem;
+  float* score_s = q_s + group * dim;              // [kSplitHeads][kSplitChunk]
+  float* weight_s = score_s + kSplitHeads * kSplitChunk;
+  float* max_s = weight_s + kSplitHeads * kSplitChunk;
+  float* total_s = max_s + kSplitHeads;
+  float* scale_s = total_s + kSplitHeads;          // the chunk's correction of the old sums
+  float* reduce_s = scale_s + kSplitHeads;         // [kPagedAttentionWarps][D]
 
   const int64_t first_head = kv_head * group;
   int64_t b = 0, len = 0;
-  if (!PagedRowSetup(p, t, first_head, group, dim, sh, &b, &len)) return;
-  __syncthreads();
+  PagedShared setup;
+  setup.q = q_s;
+  if (!PagedRowSetup(p, t, first_head, group, dim, setup, &b, &len)) return;
 
+  const int64_t per_split = (len + splits * kSplitChunk - 1) / (splits * kSplitChunk) * kSplitChunk;
+  const int64_t begin = split * per_split, end = min(len, begin + per_split);
   const int64_t row_width = 2 * p.kv_heads * p.head_dim;
   const int64_t key_col = kv_head * p.head_dim, value_col = (p.kv_heads + kv_head) * p.head_dim;
   const int32_t* pages = p.page_tables + b * p.page_table_stride;
   const uint8_t* mask_row = p.mask + t * p.mask_stride;
-  bool seen_key = false;  // whether this thread's warp met an allowed key (also with no query heads)
-  // Passes of up to kRegisterHeads heads; one pass with none when the group is empty, so that a
-  // row with no allowed key is still found.
-  for (int g0 = 0; g0 < max(group, 1); g0 += kRegisterHeads) {
-    const int gn = min(kRegisterHeads, group - g0);  // warp-uniform; <= 0 with no query heads
-    float m[kRegisterHeads], l[kRegisterHeads], acc[kRegisterHeads][kRegisterDimsPerLane];
-#pragma unroll
-    for (int g = 0; g < kRegisterHeads; ++g) {
-      m[g] = -CUDART_INF_F;
-      l[g] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kRegisterDimsPerLane; ++i) acc[g][i] = 0.0f;
+  bool seen_key = false;  // whether this thread's warp met an allowed key
+  for (int g0 = 0; g0 < group; g0 += kSplitHeads) {
+    const int gn = min(kSplitHeads, group - g0);  // block-uniform, >= 1
+    if (threadIdx.x < kSplitHeads) {
+      max_s[threadIdx.x] = -CUDART_INF_F;
+      total_s[threadIdx.x] = 0.0f;
     }
-    for (int64_t base = static_cast<int64_t>(warp) * 32; base < len; base += kPagedAttentionWarps * 32) {
-      long long row = 0;  // the key's first element in the cache
-      const bool valid = PagedKey(p, pages, mask_row, base + lane, len, row_width, &row);
-      const unsigned allowed = __ballot_sync(kFullMask, valid);
-      if (allowed == 0) continue;
-      seen_key = true;
-      if (gn <= 0) continue;
-      // This lane's key against every head of the pass (q pre-scaled), one read of the key.
-      float score[kRegisterHeads];
+    float acc[kSplitHeads][kDims];
 #pragma unroll
-      for (int g = 0; g < kRegisterHeads; ++g) score[g] = 0.0f;
-      if (valid) {
-        const float* key = p.cache + row + key_col;
-        if (vec4) {
-          for (int d = 0; d < dim; d += 4) {
-            const float4 k4 = *reinterpret_cast<const float4*>(key + d);
+    for (int g = 0; g < kSplitHeads; ++g) {
 #pragma unroll
-            for (int g = 0; g < kRegisterHeads; ++g) {
-              if (g < gn) {
-                const float4 q4 = *reinterpret_cast<const float4*>(q_s + (g0 + g) * dim + d);
-                score[g] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
-              }
-            }
-          }
-        } else {
-          for (int d = 0; d < dim; ++d) {
-            const float k = key[d];
+      for (int i = 0; i < kDims; ++i) acc[g][i] = 0.0f;
+    }
+    __syncthreads();  // q_s staged (first pass), max_s / total_s reset, the last pass's reads done
+    for (int64_t chunk = begin; chunk < end; chunk += kSplitChunk) {
+      // Lane j < 4 finds key chunk + 4 warp + j; the warp then reads the 4 K and V rows together.
+      long long my_row = 0;
+      const bool my_valid =
+          lane < kSplitKeysPerWarp && PagedKey(p, pages, mask_row, chunk + warp * kSplitKeysPerWarp + lane, end,
+                                               row_width, &my_row);
+      const unsigned valid_bits = __ballot_sync(kFullMask, my_valid);
+      seen_key = seen_key || valid_bits != 0;
+      float k[kSplitKeysPerWarp][kDims], v[kSplitKeysPerWarp][kDims];
 #pragma unroll
-            for (int g = 0; g < kRegisterHeads; ++g) {
-              if (g < gn) score[g] += q_s[(g0 + g) * dim + d] * k;
-            }
-          }
+      for (int j = 0; j < kSplitKeysPerWarp; ++j) {
+        const long long row = __shfl_sync(kFullMask, my_row, j);
+        const bool valid = ((valid_bits >> j) & 1u) != 0;
+#pragma unroll
+        for (int i = 0; i < kDims; ++i) {
+          const int d = lane + 32 * i;
+          k[j][i] = valid && d < dim ? p.cache[row + key_col + d] : 0.0f;
+          v[j][i] = valid && d < dim ? p.cache[row + value_col + d] : 0.0f;
         }
       }
-      // Online softmax per head over the chunk: the warp's running max / sum (every lane holds them).
-      float prob[kRegisterHeads];
+      float dots[32];  // [key j][head g] at j * kSplitHeads + g
 #pragma unroll
-      for (int g = 0; g < kRegisterHeads; ++g) {
-        prob[g] = 0.0f;
+      for (int g = 0; g < kSplitHeads; ++g) {
+        float q[kDims];
+#pragma unroll
+        for (int i = 0; i < kDims; ++i) {
+          const int d = lane + 32 * i;
+          q[i] = g < gn && d < dim ? q_s[(g0 + g) * dim + d] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kSplitKeysPerWarp; ++j) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kDims; ++i) dot = fmaf(q[i], k[j][i], dot);
+          dots[j * kSplitHeads + g] = dot;
+        }
+      }
+      const float dot = WarpSumEach32(dots);  // lane L: key L / kSplitHeads, head L % kSplitHeads
+      {
+        const int j = lane / kSplitHeads, g = lane % kSplitHeads;
+        const bool valid = ((valid_bits >> j) & 1u) != 0;
+        score_s[g * kSplitChunk + warp * kSplitKeysPerWarp + j] = valid ? dot : -CUDART_INF_F;
+      }
+      __syncthreads();
+      if (warp < gn) {  // warp h: the online softmax of head h over the chunk (a lane a key)
+        const float score = score_s[warp * kSplitChunk + lane];
+        const float old_max = max_s[warp];
+        const float new_max = fmaxf(old_max, WarpMax(score));
+        // Nothing allowed so far (new_max = -inf): weights 0 and the (zero) sums kept as they are.
+        const bool none = new_max == -CUDART_INF_F;
+        const float w = none ? 0.0f : expf(score - new_max);
+        const float correction = none ? 1.0f : expf(old_max - new_max);
+        const float total = total_s[warp] * correction + WarpSum(w);
+        weight_s[warp * kSplitChunk + lane] = w;
+        __syncwarp();  // every lane has read max_s / total_s before lane 0 replaces them
+        if (lane == 0) {
+          max_s[warp] = new_max;
+          total_s[warp] = total;
+          scale_s[warp] = correction;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int g = 0; g < kSplitHeads; ++g) {
         if (g < gn) {
-          const float sc = valid ? score[g] : -CUDART_INF_F;
-          const float new_max = fmaxf(m[g], WarpMax(sc));  // finite: some lane is valid
-          const float correction = expf(m[g] - new_max);     // 0 while nothing was seen
-          prob[g] = valid ? expf(sc - new_max) : 0.0f;
-          l[g] = l[g] * correction + WarpSum(prob[g]);
-          m[g] = new_max;
+          const float correction = scale_s[g];
 #pragma unroll
-          for (int i = 0; i < kRegisterDimsPerLane; ++i) acc[g][i] *= correction;
-        }
-      }
-      // The chunk's allowed value rows, in key order, kValueBatch rows loaded before any is used
-      // (the loads do not depend on the sums). A disallowed key's row is not read: its weight is 0.
-      for (int k0 = 0; k0 < 32; k0 += kValueBatch) {
-        if (((allowed >> k0) & ((1u << kValueBatch) - 1u)) == 0) continue;  // warp-uniform
-        float v[kValueBatch][kRegisterDimsPerLane];
+          for (int i = 0; i < kDims; ++i) acc[g][i] *= correction;
 #pragma unroll
-        for (int j = 0; j < kValueBatch; ++j) {
-          const long long rk = __shfl_sync(kFullMask, row, k0 + j);
-          const bool use = ((allowed >> (k0 + j)) & 1u) != 0;
-          const float* value = p.cache + rk + value_col;
+          for (int j = 0; j < kSplitKeysPerWarp; ++j) {
+            const float w = weight_s[g * kSplitChunk + warp * kSplitKeysPerWarp + j];
 #pragma unroll
-          for (int i = 0; i < kRegisterDimsPerLane; ++i) {
-            const int d = lane + 32 * i;
-            v[j][i] = use && d < dim ? value[d] : 0.0f;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kValueBatch; ++j) {
-#pragma unroll
-          for (int g = 0; g < kRegisterHeads; ++g) {
-            if (g < gn) {
-              const float pk = __shfl_sync(kFullMask, prob[g], k0 + j);
-#pragma unroll
-              for (int i = 0; i < kRegisterDimsPerLane; ++i) acc[g][i] = fmaf(pk, v[j][i], acc[g][i]);
-            }
+            for (int i = 0; i < kDims; ++i) acc[g][i] = fmaf(w, v[j][i], acc[g][i]);
           }
         }
       }
+      // No barrier here: the next chunk writes score_s (read before the barrier above) and writes
+      // weight_s / the statistics only after its first barrier, which every warp reaches after
+      // adding this chunk.
     }
-    // This warp's part of the pass, for the merge.
-    for (int g = 0; g < gn; ++g) {
+    // The warps' sums of each head of the pass, added; then out (one split) or the partials.
 #pragma unroll
-      for (int i = 0; i < kRegisterDimsPerLane; ++i) {
+    for (int g = 0; g < kSplitHeads; ++g) {
+      if (g >= gn) break;  // block-uniform
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) {
         const int d = lane + 32 * i;
-        if (d < dim) sh.acc[(warp * group + g0 + g) * dim + d] = acc[g][i];
+        if (d < dim) reduce_s[warp * dim + d] = acc[g][i];
       }
-      if (lane == 0) {
-        sh.max[warp * group + g0 + g] = m[g];
-        sh.sum[warp * group + g0 + g] = l[g];
+      __syncthreads();
+      const int64_t head = first_head + g0 + g;
+      const float row_max = max_s[g], row_total = total_s[g];
+      for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < kPagedAttentionWarps; ++w) sum += reduce_s[w * dim + d];
+        if (splits == 1) {
+          if (row_total > 0.0f) p.out[t * p.out_token_stride + head * p.out_head_stride + d] = sum / row_total;
+        } else {
+          p.partials[((t * p.q_heads + head) * splits + split) * dim + d] = sum;
+        }
       }
+      if (splits > 1 && threadIdx.x == 0) {
+        float* stats = p.partials + p.tokens * p.q_heads * splits * dim;
+        stats[2 * ((t * p.q_heads + head) * splits + split)] = row_max;
+        stats[2 * ((t * p.q_heads + head) * splits + split) + 1] = row_total;
+      }
+      __syncthreads();  // reduce_s is rewritten by the next head
     }
   }
-  if (!__syncthreads_or(seen_key)) {  // uniform: the row allows no key
+  if (splits == 1 && !__syncthreads_or(seen_key)) {  // uniform: the row allows no key
     if (kv_head == 0 && threadIdx.x == 0) RecordDeviceError(error_flag, error_code, 8 * t + 4);
+  }
+}
+
+// Block (t, h): query row t, query head h: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
+// over the splits (a split with no allowed key has m = -inf, l = 0). A row whose metadata is bad
+// was not written by the split kernel and is not written here; a row with no allowed key in any
+// split is reported (by head 0) and not written.
+__global__ void __launch_bounds__(128) PagedCombineKernel(const PagedAttentionParams p, int splits,
+                                                          int* error_flag, int error_code) {
+  __shared__ float weight[kPagedMaxSplits];  // e^(m_s - M), then divided by the total
+  __shared__ float top_s;
+  const int64_t t = blockIdx.x, head = blockIdx.y;
+  const int64_t b = SequenceOf(p.q_start, p.batch, t);
+  if (b < 0) return;
+  const int64_t len = p.kv_len[b];
+  if (len < 0 || len > p.max_kv_len || len > p.pages_per_seq * p.page_size) return;
+  const int dim = static_cast<int>(p.head_dim);
+  const int64_t entry = (t * p.q_heads + head) * splits;
+  const float* stats = p.partials + p.tokens * p.q_heads * splits * dim + 2 * entry;
+  if (threadIdx.x < 32) {  // warp 0: the splits' maximum and total, in parallel over the splits
+    float top = -CUDART_INF_F;
+    for (int i = threadIdx.x; i < splits; i += 32) top = fmaxf(top, stats[2 * i]);
+    top = WarpMax(top);
+    float total = 0.0f;
+    if (top != -CUDART_INF_F) {
+      for (int i = threadIdx.x; i < splits; i += 32) {
+        weight[i] = expf(stats[2 * i] - top);
+        total += stats[2 * i + 1] * weight[i];
+      }
+    }
+    total = WarpSum(total);
+    for (int i = threadIdx.x; i < splits && top != -CUDART_INF_F; i += 32) weight[i] /= total;
+    if (threadIdx.x == 0) top_s = top;
+  }
+  __syncthreads();
+  if (top_s == -CUDART_INF_F) {  // uniform: no split met an allowed key
+    if (head == 0 && threadIdx.x == 0) RecordDeviceError(error_flag, error_code, 8 * t + 4);
     return;
   }
-
-  MergePagedWarps(p, t, first_head, group, dim, sh);
+  const float* part = p.partials + entry * dim;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float value = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < splits; ++i) value = fmaf(part[i * dim + d], weight[i], value);
+    p.out[t * p.out_token_stride + head * p.out_head_stride + d] = value;
+  }
 }
 
 }  // namespace
@@ -371,13 +484,34 @@ cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int*
                             kCheckThreads, 0, stream>>>(p, error_flag, error_code);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess || p.tokens == 0) return error;
-  // float4 loads of keys and queries: every key row and the queries' shared rows 16-byte aligned.
-  const bool vec4 = p.head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.kv_heads));
-  if (p.register_kernel && p.head_dim <= kPagedAttentionRegisterMaxDim) {
-    BatchedPagedAttentionRegistersKernel<<<grid, kPagedAttentionThreads, static_cast<size_t>(shared), stream>>>(
-        p, vec4, error_flag, error_code);
+  if (p.register_kernel && p.head_dim <= kPagedAttentionRegisterMaxDim && p.q_heads > 0) {
+    // Splits: enough blocks to fill the device, at most one per chunk of the longest sequence, and
+    // what the partials hold (dim + 2 floats per row, query head and split).
+    const int64_t rows = p.tokens * p.kv_heads;
+    const int64_t per_split_floats = p.tokens * p.q_heads * (p.head_dim + 2);
+    int64_t splits = std::max<int64_t>(1, (p.target_blocks + rows - 1) / std::max<int64_t>(rows, 1));
+    splits = std::min(splits, (p.max_kv_len + kSplitChunk - 1) / kSplitChunk);
+    splits = std::min<int64_t>(splits, p.partials == nullptr ? 1 : p.partial_floats / per_split_floats);
+    splits = std::clamp<int64_t>(splits, 1, kPagedMaxSplits);
+    const size_t bytes = sizeof(float) * static_cast<size_t>(PagedSplitSharedFloats(group, p.head_dim));
+    const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.kv_heads),
+                    static_cast<unsigned>(splits));
+    if (p.head_dim <= 128) {
+      PagedSplitKernel<4><<<grid, kPagedAttentionThreads, bytes, stream>>>(p, error_flag, error_code);
+    } else {
+      PagedSplitKernel<kPagedAttentionRegisterMaxDim / 32>
+          <<<grid, kPagedAttentionThreads, bytes, stream>>>(p, error_flag, error_code);
+    }
+    if (splits > 1) {
+      error = cudaGetLastError();
+      if (error != cudaSuccess) return error;
+      PagedCombineKernel<<<dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.q_heads)), 128, 0,
+                           stream>>>(p, static_cast<int>(splits), error_flag, error_code);
+    }
   } else {
+    // float4 loads of keys and queries: every key row and the queries' shared rows 16-byte aligned.
+    const bool vec4 = p.head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
+    const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.kv_heads));
     BatchedPagedAttentionKernel<<<grid, kPagedAttentionThreads, static_cast<size_t>(shared), stream>>>(
         p, vec4, error_flag, error_code);
   }

@@ -1,5 +1,6 @@
 // CudaBackend::BatchedPagedAttention ≡ the CPU reference (1e-5), on both of its kernels (shared
-// memory and registers: CudaBackendOptions::paged_attention_registers), over GQA groups (the draft's
+// memory and the split register kernel: CudaBackendOptions::paged_attention_registers; splits
+// whose keys are all masked, captured before any eager call), over GQA groups (the draft's
 // 4 x 128 and the SpecForge V3 head's 7 x 128 included, 16 heads per kv head, head_dim up to 260),
 // page sizes 1 and 16, shuffled pages, random masks, 1..8 query rows per sequence and contexts long
 // enough for every warp of a block to take several key chunks; bad metadata is reported by
@@ -213,6 +214,61 @@ TEST_P(CudaPagedAttentionTest, GraphReplayReadsTheMetadataOfTheReplay) {
   ASSERT_TRUE((*graph)->Launch(gpu_->stream()).ok());
   ASSERT_TRUE(gpu_->Synchronize().ok());
   ExpectAllNear(Out(d), y.Reference(kScale));
+}
+
+// The register kernel spreads a row's keys over several blocks (splits of whole 32-key chunks) and
+// merges their partial results: splits whose keys are all masked (a partial of max -inf) must drop
+// out of the merge, a row allowing no key in any split must be reported, and sequences of very
+// different lengths share one split count (each spreads its own keys).
+TEST_P(CudaPagedAttentionTest, SparseMasksOverManySplitsAgreeWithTheReference) {
+  std::mt19937 rng(21);
+  // The SpecForge V3 head's TP 8 rank (7 q heads on 1 kv head) at one token and a 3-row tree step.
+  PagedBatch x = MakePagedBatch(rng, 7, 1, 128, 16, {1, 3, 1}, {1024, 1000, 5});
+  std::fill(x.mask.begin(), x.mask.end(), 0);
+  auto allow = [&](int64_t t, int64_t j) { x.mask[t * x.max_kv_len + j] = 1; };
+  allow(0, 5);  // two keys, 995 apart: every split between them holds none
+  allow(0, 1000);
+  allow(1, 999);  // one key, in the last split
+  for (int64_t j = 0; j < 1000; j += 97) allow(2, j);
+  allow(3, 0);  // one key, in the first split
+  allow(4, 4);
+  Device d = Up(x);
+  ASSERT_TRUE(Run(d, x.max_kv_len).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  ExpectAllNear(Out(d), x.Reference(kScale));
+
+  for (int64_t j = 0; j < 1000; ++j) x.mask[2 * x.max_kv_len + j] = 0;  // row 2 allows no key
+  ASSERT_TRUE(gpu_->Copy(x.Mask(), d.mask).ok());
+  ASSERT_TRUE(Run(d, x.max_kv_len).ok());
+  const absl::Status st = gpu_->Synchronize();
+  ASSERT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("row 2"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("allows no key"));
+}
+
+// A call captured into a graph before any eager call (the register kernel's partials are not yet
+// allocated, and are not allocated during a capture) runs unsplit; both graphs and the eager call
+// agree with the reference.
+TEST_P(CudaPagedAttentionTest, CapturedBeforeAnyEagerCallAgreesWithTheReference) {
+  std::mt19937 rng(8);
+  PagedBatch x = MakePagedBatch(rng, 7, 1, 128, 16, {1, 2}, {900, 300});
+  Device d = Up(x);
+  const std::vector<float> want = x.Reference(kScale);
+  auto first = cuda::CudaGraph::Capture(gpu_->stream(), [&] { return Run(d, x.max_kv_len); });
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->Launch(gpu_->stream()).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  ExpectAllNear(Out(d), want);
+  ASSERT_TRUE(gpu_->Copy(x.Out(), d.out).ok());  // cleared between runs
+  ASSERT_TRUE(Run(d, x.max_kv_len).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  ExpectAllNear(Out(d), want);
+  auto second = cuda::CudaGraph::Capture(gpu_->stream(), [&] { return Run(d, x.max_kv_len); });
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(gpu_->Copy(x.Out(), d.out).ok());
+  ASSERT_TRUE((*second)->Launch(gpu_->stream()).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  ExpectAllNear(Out(d), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaPagedAttentionTest, ::testing::Values(false, true),

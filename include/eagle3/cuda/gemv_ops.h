@@ -16,9 +16,10 @@
 
 namespace eagle3::cuda {
 
-// Most activation rows the GEMV path takes. Past 8 rows each bf16 weight element feeds more than 8
-// fp32 FMAs on CUDA cores and the activation tile in shared memory grows with M, so the kernel stops
-// being bandwidth-bound; cuBLASLt (tensor cores) is the better product there.
+// Most activation rows the GEMV path takes: with bf16 weights, 2 to 8 rows run on the tensor cores
+// as one m16n8k16 tile of activation rows (one row, and f32 weights, on CUDA cores: each weight
+// element feeds M fp32 FMAs, which past a few rows stops the kernel being bandwidth-bound).
+// Beyond 8 rows cuBLASLt's tiles are the better product.
 inline constexpr int64_t kGemvMaxRows = 8;
 
 // Storage type of a GEMV operand.

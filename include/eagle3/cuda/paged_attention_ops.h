@@ -17,10 +17,12 @@
 //                attention kernel, also with no query heads)
 //   condition 5: q_start[B] != T (index B)
 // (RecordDeviceError in cuda/core_kernels.cuh keeps the lowest code of the first failing op), and
-// the attention kernel, one block of kPagedAttentionThreads per (query row, kv head): it finds the
-// row's sequence by binary search over q_start, walks the sequence's keys (warps take interleaved
-// chunks of 32 keys, a lane a key, online softmax in fp32 per query head of the group) and merges
-// the warps' partial results. A row whose metadata is bad (no sequence, kv_len out of range) is not
+// the attention kernel, one block of kPagedAttentionThreads per (query row, kv head) (the split
+// register kernel: per (query row, kv head, split of its keys), then a combine kernel; see
+// PagedAttentionParams::register_kernel): it finds the row's sequence by binary search over
+// q_start, walks the sequence's keys (the shared-memory kernel: warps take interleaved chunks of 32
+// keys, a lane a key, online softmax in fp32 per query head of the group) and merges the warps'
+// partial results. A row whose metadata is bad (no sequence, kv_len out of range) is not
 // written; a key whose page entry is bad is skipped; a row with no allowed key is not written. Rows
 // of good sequences are written even when another sequence is bad.
 #pragma once
@@ -72,12 +74,23 @@ struct PagedAttentionParams {
   // out: [tokens, q_heads, head_dim], last dim contiguous; no overlap with the inputs.
   float* out = nullptr;
   int64_t out_token_stride = 0, out_head_stride = 0;
-  // Run the register kernel (same results to fp32 rounding, same checks and reports): each lane
-  // reads its key once per 8 query heads and keeps its value sums in registers, instead of re-reading
-  // the key per head and accumulating the value rows one by one in shared memory. head_dim <=
-  // kPagedAttentionRegisterMaxDim, else the shared-memory kernel runs. Off by default until the GPU
-  // suite has run it (CudaBackendOptions::paged_attention_registers).
+  // Run the split register kernel (same results to fp32 rounding, same checks and reports) when
+  // head_dim <= kPagedAttentionRegisterMaxDim and q_heads > 0; else the shared-memory kernel runs.
+  // It spreads each row's keys over up to `splits` blocks per (row, kv head) (chosen on the host so
+  // that tokens x kv_heads x splits is about target_blocks; never more than partials can hold), a
+  // warp reads 4 keys and their values at once with its lanes across head_dim, the block keeps an
+  // online softmax over 32-key chunks and the value sums in registers; with more than one split a
+  // combine kernel merges the blocks' partial results from `partials`. The shared-memory kernel is
+  // one block per (row, kv head) over all its keys (the DeepSeek-V3 draft step: 0.23 ms at one
+  // token over 1K keys, a chain of dependent loads on one SM). The backend sets it from
+  // CudaBackendOptions::paged_attention_registers (on by default).
   bool register_kernel = false;
+  // Device scratch of partial_floats floats for the split kernel's partial results (null or too
+  // small for two splits: one block per (row, kv head)); target_blocks: the grid size to aim for
+  // (about twice the multiprocessors).
+  float* partials = nullptr;
+  int64_t partial_floats = 0;
+  int64_t target_blocks = 0;
 };
 
 // error_flag: [1], i32, device (the backend's flag); error_code: the op's id shifted left by
