@@ -586,10 +586,11 @@ absl::Status DraftModel::Impl::Launch() {
   // Attention: this rank's q heads and kv heads; K is cached after RoPE.
   const TensorView qkv_t = Rows(qkv, 0, t);
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(x_t, qkv_w, qkv_t, {}));
-  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, 0, q_width), heads, head_dim), 0, head_dim,
-                                            pos_t, cos_sin, RopeStyle::kRotateHalf));
-  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, q_width, kv_width), kv_heads, head_dim), 0,
-                                            head_dim, pos_t, cos_sin, RopeStyle::kRotateHalf));
+  // RoPE on the q heads and the k heads at once: they are adjacent in each qkv row ([q | k | v]) and
+  // rotate alike (one launch and one position check instead of two of each on a device).
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, 0, q_width + kv_width), heads + kv_heads,
+                                                  head_dim),
+                                            0, head_dim, pos_t, cos_sin, RopeStyle::kRotateHalf));
   EAGLE3_RETURN_IF_ERROR(Attention());
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, {}));
   EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
