@@ -232,7 +232,9 @@ def table(rows, peers):
             pkeys += [k for k in r["params"] if k not in pkeys]
         if len({r.get("run") for r in rs}) > 1:
             pkeys.append("run")
-        extra = sorted({k for r in rs for k in r["counters"] if k not in STD_COUNTERS and not k.endswith("_time")})
+        # Counters that are also row keys (paged_registers, cache_bits' source) are shown once, as keys.
+        extra = sorted({k for r in rs for k in r["counters"]
+                        if k not in STD_COUNTERS and not k.endswith("_time") and k not in pkeys})
         has_label = any(r["label"] for r in rs)
         head = pkeys + (["label"] if has_label else []) + ["median µs", "floor µs", "of floor", "GB/s", "TFLOP/s"]
         head += extra
