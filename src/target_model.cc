@@ -109,7 +109,7 @@ struct TargetModel::Impl {
   Tensor cos_sin;  // [max_context_len, P]
 
   // Workspaces (backend device), sized at creation.
-  Tensor r, h, h_full, partial, local, zeros, qa, q, kva, rows, attn_v, q_lat, o_lat;
+  Tensor r, h, h_full, partial, local, zeros, qa, q, kva, attn_v, q_lat, o_lat;
   Tensor ctx_lat, ctx_kv, ctx_k, mask, gate_up, act, router_logits, ids, weights;
   Tensor lm_in, logits_shard, logits_all, tap_rows;
   Tensor tokens, positions, slots, iota, page_table;
@@ -330,9 +330,10 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
   EAGLE3_ASSIGN_OR_RETURN(qa, Alloc(DType::kF32, Shape{t_max, config.q_lora_rank.value_or(1)}));
   EAGLE3_ASSIGN_OR_RETURN(q, Alloc(DType::kF32, Shape{t_max, heads * qk}));
   EAGLE3_ASSIGN_OR_RETURN(kva, Alloc(DType::kF32, Shape{t_max, width}));
-  EAGLE3_ASSIGN_OR_RETURN(rows, Alloc(DType::kF32, Shape{t_max, width}));
   EAGLE3_ASSIGN_OR_RETURN(attn_v, Alloc(DType::kF32, Shape{t_max, heads * vdim}));
-  EAGLE3_ASSIGN_OR_RETURN(q_lat, Alloc(DType::kF32, Shape{t_max, heads * width}));
+  // q_lat row t: the absorbed query of each head, then (as head `heads`) token t's latent cache row,
+  // so that one ApplyRope rotates the heads' q_pe and the row's k_pe together (Attention).
+  EAGLE3_ASSIGN_OR_RETURN(q_lat, Alloc(DType::kF32, Shape{t_max, (heads + 1) * width}));
   EAGLE3_ASSIGN_OR_RETURN(o_lat, Alloc(DType::kF32, Shape{t_max, heads * latent}));
   EAGLE3_ASSIGN_OR_RETURN(ctx_lat, Alloc(DType::kF32, Shape{s_max, width}));
   EAGLE3_ASSIGN_OR_RETURN(ctx_kv, Alloc(DType::kF32, Shape{s_max, heads * (nope + vdim)}));
@@ -538,28 +539,31 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
   } else {
     EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_b, q_t, {}));
   }
-  // The latent cache row: kv_a_layernorm(c) then the rotated k_pe (what every later query reads).
-  TensorView kva_t = Rows(kva, 0, t), rows_t = Rows(rows, 0, t);
+  // The latent cache row: kv_a_layernorm(c) then the rotated k_pe (what every later query reads),
+  // kept in q_lat's last head.
+  const TensorView kva_t = Rows(kva, 0, t), q_lat_t = Rows(q_lat, 0, t);
+  const TensorView rows_t = Block(q_lat_t, 0, t, heads * width, width);
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, kva_t, {}));
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(Block(kva_t, 0, t, 0, latent), L.kv_a_ln,
                                           static_cast<float>(config.rms_norm_eps), Block(rows_t, 0, t, 0, latent)));
   EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(kva_t, 0, t, latent, rope), Block(rows_t, 0, t, latent, rope)));
   const TensorView pos_t = Rows(positions, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(rows_t, 1, width), latent, rope, pos_t, cos_sin,
-                                            RopeStyle::kAdjacentPairs));
   const TensorView q3 = Heads(q_t, heads, qk);
-  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(q3, nope, rope, pos_t, cos_sin, RopeStyle::kAdjacentPairs));
 
   if (step.batched) {
     // Every sequence at once, lengths and page tables from the device (graph-capturable).
+    const TensorView q_lat3 = Heads(q_lat_t, heads, width);
+    const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
+    EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(q_t, heads, qk, 0, nope), L.w_uk_t,
+                                                HeadMajor(q_lat_t, heads, width, 0, latent), {}));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
+    // q_pe of every head and the cache row's k_pe: heads + 1 rows of q_lat, rotated alike (one launch
+    // and one position check instead of two of each on a device).
+    EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(q_lat_t, heads + 1, width), latent, rope, pos_t, cos_sin,
+                                              RopeStyle::kAdjacentPairs));
     const TensorView flat_cache(L.cache.data(), L.cache.dtype(),
                                 Shape{options.num_kv_pages * options.page_size, 1, width}, L.cache.device());
     EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(rows_t, Rows(slots, 0, t), slot_iota, flat_cache));
-    const TensorView q_lat3 = Heads(Rows(q_lat, 0, t), heads, width);
-    const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
-    EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(q_t, heads, qk, 0, nope), L.w_uk_t,
-                                                HeadMajor(Rows(q_lat, 0, t), heads, width, 0, latent), {}));
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
     const int64_t b = static_cast<int64_t>(step.n.size());
     const TensorView tree = step.has_tree ? Rows(d_tree_mask, 0, t) : TensorView();
     EAGLE3_RETURN_IF_ERROR(backend->BatchedLatentAttention(q_lat3, L.cache, Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1),
@@ -570,6 +574,11 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), {});
   }
 
+  // Per sequence: q3 (every head's q_pe) and the cache rows' k_pe rotated apart, since the
+  // unabsorbed path attends with q3 itself.
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(rows_t, 1, width), latent, rope, pos_t, cos_sin,
+                                            RopeStyle::kAdjacentPairs));
+  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(q3, nope, rope, pos_t, cos_sin, RopeStyle::kAdjacentPairs));
   int64_t offset = 0;
   for (const SequenceInput& in : step.batch) {
     const int64_t n = static_cast<int64_t>(in.tokens.size());
