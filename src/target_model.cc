@@ -109,7 +109,7 @@ struct TargetModel::Impl {
   Tensor cos_sin;  // [max_context_len, P]
 
   // Workspaces (backend device), sized at creation.
-  Tensor r, h, h_full, partial, local, zeros, qa, q, kva, attn_v, q_lat, o_lat;
+  Tensor r, h, h_full, partial, local, zeros, qa, q, attn_v, q_lat, o_lat;
   Tensor ctx_lat, ctx_kv, ctx_k, mask, gate_up, act, router_logits, ids, weights;
   Tensor lm_in, logits_shard, logits_all, tap_rows;
   Tensor tokens, positions, slots, iota, page_table;
@@ -329,7 +329,6 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
   }
   EAGLE3_ASSIGN_OR_RETURN(qa, Alloc(DType::kF32, Shape{t_max, config.q_lora_rank.value_or(1)}));
   EAGLE3_ASSIGN_OR_RETURN(q, Alloc(DType::kF32, Shape{t_max, heads * qk}));
-  EAGLE3_ASSIGN_OR_RETURN(kva, Alloc(DType::kF32, Shape{t_max, width}));
   EAGLE3_ASSIGN_OR_RETURN(attn_v, Alloc(DType::kF32, Shape{t_max, heads * vdim}));
   // q_lat row t: the absorbed query of each head, then (as head `heads`) token t's latent cache row,
   // so that one ApplyRope rotates the heads' q_pe and the row's k_pe together (Attention).
@@ -539,14 +538,13 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
   } else {
     EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_b, q_t, {}));
   }
-  // The latent cache row: kv_a_layernorm(c) then the rotated k_pe (what every later query reads),
-  // kept in q_lat's last head.
-  const TensorView kva_t = Rows(kva, 0, t), q_lat_t = Rows(q_lat, 0, t);
+  // The latent cache row [c | k_pe] = kv_a x, written straight into q_lat's last head; then
+  // kv_a_layernorm(c) in place and (below) the rotation of k_pe: what every later query reads.
+  const TensorView q_lat_t = Rows(q_lat, 0, t);
   const TensorView rows_t = Block(q_lat_t, 0, t, heads * width, width);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, kva_t, {}));
-  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(Block(kva_t, 0, t, 0, latent), L.kv_a_ln,
-                                          static_cast<float>(config.rms_norm_eps), Block(rows_t, 0, t, 0, latent)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(kva_t, 0, t, latent, rope), Block(rows_t, 0, t, latent, rope)));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, rows_t, {}));
+  const TensorView c_t = Block(rows_t, 0, t, 0, latent);
+  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(c_t, L.kv_a_ln, static_cast<float>(config.rms_norm_eps), c_t));
   const TensorView pos_t = Rows(positions, 0, t);
   const TensorView q3 = Heads(q_t, heads, qk);
 
