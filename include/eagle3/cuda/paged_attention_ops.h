@@ -76,13 +76,14 @@ struct PagedAttentionParams {
   int64_t out_token_stride = 0, out_head_stride = 0;
   // Run the split register kernel (same results to fp32 rounding, same checks and reports) when
   // head_dim <= kPagedAttentionRegisterMaxDim and q_heads > 0; else the shared-memory kernel runs.
-  // It spreads each row's keys over up to `splits` blocks per (row, kv head) (chosen on the host so
-  // that tokens x kv_heads x splits is about target_blocks; never more than partials can hold), a
-  // warp reads 4 keys and their values at once with its lanes across head_dim, the block keeps an
-  // online softmax over 32-key chunks and the value sums in registers; with more than one split a
-  // combine kernel merges the blocks' partial results from `partials`. The shared-memory kernel is
-  // one block per (row, kv head) over all its keys (the DeepSeek-V3 draft step: 0.23 ms at one
-  // token over 1K keys, a chain of dependent loads on one SM). The backend sets it from
+  // It spreads each row's keys over up to 32 splits, one block per (row, kv head, split) (the count
+  // chosen on the host so that tokens x kv_heads x splits is about target_blocks, never more than
+  // partials can hold); a warp reads 4 keys and their values at once with its lanes across
+  // head_dim, the block keeps an online softmax over 32-key chunks and the value sums in registers;
+  // with more than one split a combine kernel merges the blocks' partial results from `partials`.
+  // The shared-memory kernel is one block per (row, kv head) over all its keys, a lane per key: in
+  // the DeepSeek-V3 draft step at TP 8 (one token, 1K keys) about 0.68 ms, against 15 µs for the
+  // split kernel with its combine (benchmarks/NOTES.md). The backend sets it from
   // CudaBackendOptions::paged_attention_registers (on by default).
   bool register_kernel = false;
   // Device scratch of partial_floats floats for the split kernel's partial results (null or too
