@@ -40,7 +40,8 @@ struct CudaBackendOptions {
   bool small_m_gemv = true;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
   // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
-  // kernels). Off: the shared-memory kernel, 1.8x slower in the draft step (benchmarks/NOTES.md).
+  // kernels). Off: the shared-memory kernel (the TP 8 draft step at one token: 986 vs 321 us,
+  // benchmarks/NOTES.md).
   bool paged_attention_registers = true;
 };
 
