@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Regenerates benchmarks/RESULTS.md and the roofline chart from a run_all.sh results directory.
 
-    make_results.py --in DIR [--out-md RESULTS.md] [--out-png roofline.png] [--notes NOTES.md]
-                    [--no-matplotlib]
+    make_results.py --in DIR [DIR=NAME[,NAME...] ...] [--out-md RESULTS.md] [--out-png roofline.png]
+                    [--notes NOTES.md] [--no-matplotlib]
 
 DIR holds <name>.json per benchmark binary (Google Benchmark JSON: rows named
 "BM_X/arg:value/.../manual_time" with the counters of benchmarks/cuda/bench_util.h; the median
 aggregate is used), peers.jsonl (JSON lines {"benchmark", "params", "peer", "us"} from
 benchmarks/peers/*.py, joined to the C++ row with the same benchmark and params), env.json and
 status.txt (from run_all.sh). Everything is generic: a new *_benchmark binary or peer shows up as a new
-table or column. The notes file (hand-written predictions and explanations) is appended verbatim.
+table or column. DIR=NAME,... takes only the named binaries' rows from DIR (e.g. the collectives of
+an older two-GPU run beside a complete one-GPU run: runs/OLD=collectives_benchmark); such a run adds
+no peers and no status lines. The notes file (hand-written predictions and explanations) is appended verbatim.
 Standard library only; matplotlib draws the chart when importable, else a small built-in rasterizer.
 """
 import argparse
@@ -122,13 +124,25 @@ def load_benchmarks(indir):
     return out
 
 
+def split_run_arg(arg):
+    """'DIR' -> (DIR, None); 'DIR=a,b' -> (DIR, {'a', 'b'}): the binaries whose rows DIR contributes."""
+    if "=" not in arg:
+        return arg, None
+    d, names = arg.split("=", 1)
+    return d, {n.strip() for n in names.split(",") if n.strip()}
+
+
 def load_runs(indirs):
-    """Rows of several run directories (oldest first), merged per binary: a newer row replaces an older
-    row of the same benchmark and shape; each row records its run (the directory's name)."""
+    """Rows of several run directories (oldest first; DIR=NAME,... keeps only the named binaries), merged
+    per binary: a newer row replaces an older row of the same benchmark and shape; each row records its
+    run (the directory's name)."""
     merged = {}
-    for d in indirs:
+    for arg in indirs:
+        d, only = split_run_arg(arg)
         run = os.path.basename(os.path.normpath(d))
         for name, b in load_benchmarks(d).items():
+            if only is not None and name not in only:
+                continue
             m = merged.setdefault(name, {"context": {}, "rows": [], "index": {}})
             if b.get("load_error"):
                 m.setdefault("load_error", b["load_error"])
@@ -532,7 +546,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--in", dest="indirs", nargs="+", required=True,
-                    help="run directories, oldest first: a newer run's row replaces an older one of the same shape")
+                    help="run directories, oldest first: a newer run's row replaces an older one of the same shape; "
+                         "DIR=NAME,... takes only the named binaries' rows from DIR")
     ap.add_argument("--out-md", default=os.path.join(here, "RESULTS.md"))
     ap.add_argument("--out-png", default=os.path.join(here, "roofline.png"))
     ap.add_argument("--notes", default=os.path.join(here, "NOTES.md"))
@@ -540,14 +555,21 @@ def main():
     args = ap.parse_args()
 
     benchmarks = load_runs(args.indirs)
+    selected = [split_run_arg(a) for a in args.indirs]
+    args.indirs = [d for d, _ in selected]
+    whole = [d for d, only in selected if only is None]
     peers = {}
-    for d in args.indirs:
+    for d in whole:
         for key, by_peer in load_peers(d).items():
             peers.setdefault(key, {}).update(by_peer)
     envs = []
-    for d in args.indirs:
+    for d, only in selected:
         if os.path.exists(os.path.join(d, "env.json")):
-            envs.append((os.path.basename(os.path.normpath(d)), json.load(open(os.path.join(d, "env.json")))))
+            e = json.load(open(os.path.join(d, "env.json")))
+            if only is not None:
+                e["note"] = "; ".join(x for x in (e.get("note"), "rows taken from it: " + ", ".join(sorted(only)) +
+                                                  " only") if x)
+            envs.append((os.path.basename(os.path.normpath(d)), e))
     env = envs[-1][1] if envs else {}
     copy_gbs, gemm_tfs = ceilings(benchmarks)
     pts = roofline_points(benchmarks)
@@ -574,7 +596,7 @@ def main():
            "would fit. `floor µs` = max(bytes / copy rate, flops / GEMM rate) (collectives: bus bytes over the "
            "assumed NVLink rate); `of floor` = floor / median (1.0 = at the floor). Peer columns: the PyTorch "
            "peer's median on the same GPU and the speedup over it (peer µs ÷ ours).", ""]
-    for d in args.indirs:
+    for d in whole:
         status = os.path.join(d, "status.txt")
         if os.path.exists(status):
             failed = [l.strip() for l in open(status) if l.strip() and "rc=0" not in l]
