@@ -2,12 +2,13 @@
 // shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 (512 + 64 rope) in a bf16 or f32
 // cache (cache_bits 16 / 32), values the first 512 columns, page size 64, batch 1/8/32/64, context
 // 1K-64K, 1 query token per sequence (decode) or 8/32/64 (tree verify with a random tree mask).
-// CUDA events, Google Benchmark manual time, medians of repetitions. Own minimal timing and ceiling
-// helpers (benchmarks/cuda/bench_util.h is being written in parallel; switch to it once it lands).
+// CUDA events, Google Benchmark manual time, medians of repetitions; its own timing loop, the
+// ceilings and counters of benchmarks/cuda/bench_util.h.
 //
-// Counters: bytes = batch x context x 576 x (2 or 4) (each cached row read once) + q + out (f32);
-// floor_us = bytes / the device-to-device copy rate measured here (1 GiB, read + write counted);
-// frac_of_floor = floor_us / us; GB/s = bytes / time.
+// Counters (bench_util.h's ReportRoofline): bytes = batch x context x 576 x (2 or 4) (each cached
+// row read once) + q + out (f32); flops = query rows x heads x context x 2 x (576 + 512) (scores and
+// values; runs before 2026-12-01g's follow-up counted no flops, so their tree-verify floors were the
+// bytes alone); floor_us = max(bytes / copy rate, flops / bf16 GEMM rate), both measured in the run.
 //
 // PREDICTION for the bf16 cache (tensor-core kernel; written before any run of it; H200, copy
 // ~4.16 TB/s). Per 32-key chunk a block spends ~1300 cycles (~0.7 us) of dependent MMA / softmax /
@@ -40,6 +41,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_util.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/half.h"
 #include "eagle3/tensor.h"
@@ -82,23 +84,6 @@ double TimeMedian(int reps, Fn&& fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return Median(std::move(times));
-}
-
-// Device-to-device copy rate (read + write bytes per second), 1 GiB.
-double CopyRate() {
-  static const double rate = [] {
-    const int64_t bytes = int64_t{1} << 30;
-    auto src = Tensor::Empty(DType::kU8, Shape{bytes}, Backend()->allocator());
-    auto dst = Tensor::Empty(DType::kU8, Shape{bytes}, Backend()->allocator());
-    if (!src.ok() || !dst.ok()) return 0.0;
-    cudaMemsetAsync(src->data(), 1, static_cast<size_t>(bytes), Backend()->stream());
-    const double t = TimeMedian(9, [&](int) {
-      cudaMemcpyAsync(dst->data(), src->data(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
-                      Backend()->stream());
-    });
-    return 2.0 * static_cast<double>(bytes) / t;
-  }();
-  return rate;
 }
 
 Tensor Upload(const Tensor& host) {
@@ -185,13 +170,9 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
   const double seconds = Median(all);
   const double bytes = static_cast<double>(batch) * context * kWidth * elem +
                        static_cast<double>(t) * heads * (kWidth + kValues) * 4.0;
-  const double floor = bytes / CopyRate();
-  state.counters["us"] = seconds * 1e6;
-  state.counters["bytes"] = bytes;
-  state.counters["floor_us"] = floor * 1e6;
-  state.counters["frac_of_floor"] = floor / seconds;
-  state.counters["GB/s"] = bytes / seconds * 1e-9;
-  state.counters["copy_GB/s"] = CopyRate() * 1e-9;
+  // Every query row scores `context` keys (576-wide dot products) and sums as many 512-wide values.
+  const double flops = static_cast<double>(t) * heads * context * 2.0 * (kWidth + kValues);
+  bench::ReportRoofline(state, seconds, bytes, flops);
 }
 // The shapes; EAGLE3_BENCH_QUICK=1 (run_all.sh --quick) keeps the issue's headline rows only, because
 // filling the larger caches (up to 64 x 64K x 576 f32 = 9.7 GB) dominates the full run's time.
@@ -219,4 +200,4 @@ BENCHMARK(BM_BatchedLatentAttention)
 }  // namespace
 }  // namespace eagle3::cuda
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }
