@@ -965,31 +965,48 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 //   B = V from key rows V[k][n] (.trans) at (k0, n0): matrix j = keys k0 + 8 (j % 2) + 0..7,
 //     columns n0 + 8 (j / 2) + 0..7 gives b0, b1 of n-tile n0, then b0, b1 of n-tile n0 + 8.
 //
-// A block is 8 warps, 16 query rows (G tokens x H heads, as LatentKernel) and one split of the
-// keys, walked in 32-key chunks that cp.async stages kMmaStages - 1 chunks ahead (page entries
-// one chunk earlier still, mask bytes one chunk ahead). Scores: warp w takes keys 16 (w / 4) ..
-// + 15 (two n-tiles) over dim quarter w % 4, whose q fragments stay in registers; the four
-// partial tiles meet in shared memory. Softmax: 16 threads per row, 2 keys each, fp32, online.
-// Values: warp w owns output columns col0 + 64 w .. + 63 (8 n-tiles), A = the probabilities in
-// bf16; B registers of keys no row allows are zeroed (such rows may be stale or garbage).
-// Staged rows are padded by 16 bytes (row stride = 4 banks mod 32): ldmatrix is conflict-free.
+// A block is 8 warps, 16 kGroups query rows (G tokens x H heads, as LatentKernel; kGroups = 1 or
+// 4 row groups of 16) and one split of the keys, walked in 32-key chunks that cp.async stages
+// MmaStages(kGroups) - 1 chunks ahead (page entries one chunk earlier still, mask bytes one chunk
+// ahead). Scores: warp w takes keys 16 (w / 4) .. + 15 (two n-tiles); with one row group it takes
+// dim quarter w % 4, whose q fragments stay in registers, and the four partial tiles meet in shared
+// memory; with four it takes row group w % 4 over every dim, loading q fragments from shared memory
+// a quarter at a time. Softmax: 256 / rows threads per row, fp32, online. Values: warp w owns row
+// group w % kGroups and output columns col0 + 64 kGroups (w / kGroups) .. + 64 kGroups - 1,
+// A = the probabilities in bf16; B registers of keys no row allows are zeroed (such rows may be
+// stale or garbage). Staged rows are padded by 16 bytes (row stride = 4 banks mod 32): ldmatrix is
+// conflict-free.
+//
+// Why 64 rows: a block reads every key of its split once per chunk, whatever its row count, so a
+// sequence of R query rows reads its keys R / rows times (from L2 at best). Tree verify at 16 heads
+// x 64 tokens is 1024 rows: with 16-row blocks the key stream was re-read 64 times and the chunk's
+// barrier chain ran 64 times per key (32 x 4K x 64 tokens: 7.3 ms, 40 TFLOP/s, 2026-12-01g).
 
 constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
-constexpr int kMmaRows = 16;
-constexpr int kMmaStages = 4;
 constexpr int kMmaMaxKSteps = static_cast<int>(kLatentMaxKeyDim / 64);  // per dim quarter
 constexpr int kRedStride = 36;  // floats per partial score row (float2 / float4 aligned)
 constexpr int kPStride = 40;    // bf16 per probability row (80 bytes: conflict-free ldmatrix)
 static_assert(kLatentMaxKeyDim % 64 == 0, "the dim quarters hold whole k-steps");
 
+// Chunks in flight: four for 16-row blocks; three for 64-row blocks (their queries take 48 KiB more
+// shared memory at key_dim 576).
+__host__ __device__ constexpr int MmaStages(int groups) { return groups == 1 ? 4 : 3; }
+
 int MmaRowStride(int64_t key_dim) { return static_cast<int>((key_dim + 63) / 64 * 64 + 8); }
 
-size_t MmaSharedBytes(int64_t key_dim) {
+// Shared memory of a block of 16 x groups rows: queries, staged chunks, partial scores (64 rows x
+// kRedStride in either layout: 4 quarters x 16 rows or 1 x 64), probabilities, per-row state.
+size_t MmaSharedBytes(int64_t key_dim, int groups) {
   const size_t rs = static_cast<size_t>(MmaRowStride(key_dim));
-  return 2 * rs * (kMmaRows + kMmaStages * kLatentChunk) + 4 * (4 * kMmaRows * kRedStride) +
-         2 * (kMmaRows * kPStride) + 4 * (3 * kMmaRows + kMmaWarps);
+  const size_t rows = static_cast<size_t>(16 * groups);
+  return 2 * rs * (rows + MmaStages(groups) * kLatentChunk) + 4 * (64 * kRedStride) +
+         2 * (rows * kPStride) + 4 * (3 * rows + kMmaWarps);
 }
+
+// The largest dynamic shared memory a block may opt into on sm_90 (227 KiB): 64-row blocks run only
+// where they fit it (key_dim <= 640; DeepSeek's 576 takes 197 KiB).
+constexpr size_t kMmaWideSharedLimit = 227 * 1024;
 
 template <int kPending>
 __device__ inline void CpAsyncWait() {
@@ -1020,7 +1037,15 @@ __device__ inline unsigned PairMask(unsigned used, int key) {
          (((used >> (key + 1)) & 1u) != 0 ? 0xffff0000u : 0u);
 }
 
+template <int kGroups>
 __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentArgs a) {
+  static_assert(kGroups == 1 || kGroups == 4, "16 or 64 rows");
+  constexpr int kRows = 16 * kGroups;
+  constexpr int kStages = MmaStages(kGroups);
+  constexpr int kQuarters = 4 / kGroups;   // dim quarters of the score role
+  constexpr int kRowThreads = 256 / kRows;  // softmax threads per row: 16 or 4
+  constexpr int kRowKeys = kLatentChunk / kRowThreads;  // keys per softmax thread: 2 or 8
+  constexpr int kValueTiles = 8 * kGroups;  // n-tiles of 8 columns per warp: 64 or 256 columns
   if (*a.bad != 0) return;
   const LatentLaunchParams& p = a.p;
   LatentTile tile;
@@ -1039,14 +1064,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   const int nks = (rs - 8) / 64;  // k-steps per dim quarter
 
   extern __shared__ float4 mma_shared[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_shared);            // [kMmaRows][rs]
-  uint16_t* ks = qs + kMmaRows * rs;                                  // [kMmaStages][32][rs]
-  float* red = reinterpret_cast<float*>(ks + kMmaStages * kLatentChunk * rs);  // [4][16][36]
-  uint16_t* ps = reinterpret_cast<uint16_t*>(red + 4 * kMmaRows * kRedStride);  // [16][40]
-  float* row_alpha = reinterpret_cast<float*>(ps + kMmaRows * kPStride);        // [16]
-  float* row_m = row_alpha + kMmaRows;                                          // [16]
-  float* row_l = row_m + kMmaRows;                                              // [16]
-  unsigned* used_by_warp = reinterpret_cast<unsigned*>(row_l + kMmaRows);       // [8]
+  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_shared);          // [kRows][rs]
+  uint16_t* ks = qs + kRows * rs;                                   // [kStages][32][rs]
+  float* red = reinterpret_cast<float*>(ks + kStages * kLatentChunk * rs);  // [kQuarters][kRows][36]
+  uint16_t* ps = reinterpret_cast<uint16_t*>(red + 64 * kRedStride);        // [kRows][40]
+  float* row_alpha = reinterpret_cast<float*>(ps + kRows * kPStride);       // [kRows]
+  float* row_m = row_alpha + kRows;                                         // [kRows]
+  float* row_l = row_m + kRows;                                             // [kRows]
+  unsigned* used_by_warp = reinterpret_cast<unsigned*>(row_l + kRows);      // [8]
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
@@ -1058,11 +1083,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
 
   // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
   auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
-  StageLatentQueries(a, tile, n0, tile_tokens, kMmaRows, rs, kMmaThreads,
+  StageLatentQueries(a, tile, n0, tile_tokens, kRows, rs, kMmaThreads,
                      [&](int i, float v) { qs[i] = Bf16Bits(v); });
   // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN).
   const int pad = rs - 8 - key_dim;
-  for (int i = tid; i < kMmaStages * kLatentChunk * pad; i += kMmaThreads) {
+  for (int i = tid; i < kStages * kLatentChunk * pad; i += kMmaThreads) {
     ks[(i / pad) * rs + key_dim + i % pad] = 0;
   }
 
@@ -1103,80 +1128,101 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   const int64_t chunks = (s_end - s_begin + kLatentChunk - 1) / kLatentChunk;
   int32_t page[4];
   {
-    int32_t first[kMmaStages - 1][4];
+    int32_t first[kStages - 1][4];
 #pragma unroll
-    for (int st = 0; st < kMmaStages - 1; ++st) load_pages(s_begin + st * kLatentChunk, first[st]);
+    for (int st = 0; st < kStages - 1; ++st) load_pages(s_begin + st * kLatentChunk, first[st]);
 #pragma unroll
-    for (int st = 0; st < kMmaStages - 1; ++st) {
+    for (int st = 0; st < kStages - 1; ++st) {
       if (st < chunks) issue(s_begin + st * kLatentChunk, st, first[st]);
       CpAsyncCommit();
     }
   }
-  load_pages(s_begin + (kMmaStages - 1) * kLatentChunk, page);
+  load_pages(s_begin + (kStages - 1) * kLatentChunk, page);
 
-  // Softmax role: row sr, keys sk, sk + 1 of each chunk; the row's running max and sum.
-  const int sr = tid / 16;
-  const int sk = 2 * (tid % 16);
+  // Softmax role: row sr, keys sk .. sk + kRowKeys - 1 of each chunk; the row's running max, sum.
+  const int sr = tid / kRowThreads;
+  const int sk = kRowKeys * (tid % kRowThreads);
   const bool sr_valid = row_valid(sr);
   const int64_t sr_token = sr / heads_per_tile;
   float m_run = -CUDART_INF_F, l_run = 0.0f;
-  uint8_t mask_next[2] = {*allow_byte(sr_token, s_begin + sk), *allow_byte(sr_token, s_begin + sk + 1)};
+  uint8_t mask_next[kRowKeys];
+#pragma unroll
+  for (int k = 0; k < kRowKeys; ++k) mask_next[k] = *allow_byte(sr_token, s_begin + sk + k);
 
   __syncthreads();  // qs staged
-  const int quarter = warp % 4;  // score role: dims of this quarter, keys 16 * key_half ..
+  // Score role: keys 16 key_half .. + 15 of row group sg, over dim quarter `quarter` (one row
+  // group) or every dim (four).
+  const int quarter = (warp % 4) % kQuarters;
+  const int sg = (warp % 4) / kQuarters;
   const int key_half = warp / 4;
-  unsigned qa[kMmaMaxKSteps][4];
+  const uint16_t* q_rows = qs + (sg * 16 + (mat % 2) * 8 + mrow) * rs + (mat / 2) * 8;
+  unsigned qa[kGroups == 1 ? kMmaMaxKSteps : 1][4];  // one group: its quarter's q fragments
+  if constexpr (kGroups == 1) {
 #pragma unroll
-  for (int i = 0; i < kMmaMaxKSteps; ++i) {
-    if (i < nks) {
-      const int d0 = (quarter * nks + i) * 16;
-      LdMatrixX4(qa[i], qs + ((mat % 2) * 8 + mrow) * rs + d0 + (mat / 2) * 8);
-    } else {
-      qa[i][0] = qa[i][1] = qa[i][2] = qa[i][3] = 0u;
+    for (int i = 0; i < kMmaMaxKSteps; ++i) {
+      if (i < nks) {
+        LdMatrixX4(qa[i], q_rows + (quarter * nks + i) * 16);
+      } else {
+        qa[i][0] = qa[i][1] = qa[i][2] = qa[i][3] = 0u;
+      }
     }
   }
 
-  const int64_t vcol = col0 + 64 * warp;  // value role: columns vcol .. + 63
-  float o[8][4];
+  // Value role: row group vg, columns vcol .. + 8 kValueTiles - 1.
+  const int vg = warp % kGroups;
+  const int64_t vcol = col0 + 8 * kValueTiles * (warp / kGroups);
+  float o[kValueTiles][4];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int j = 0; j < kValueTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t base = s_begin + c * kLatentChunk;
-    const uint16_t* kst = ks + static_cast<int>(c % kMmaStages) * kLatentChunk * rs;
-    CpAsyncWait<kMmaStages - 2>();
+    const uint16_t* kst = ks + static_cast<int>(c % kStages) * kLatentChunk * rs;
+    CpAsyncWait<kStages - 2>();
     __syncthreads();  // chunk c staged by every thread; iteration c - 1 is done with its stage
-    if (c + kMmaStages - 1 < chunks) {
-      issue(base + (kMmaStages - 1) * kLatentChunk,
-            static_cast<int>((c + kMmaStages - 1) % kMmaStages), page);
+    if (c + kStages - 1 < chunks) {
+      issue(base + (kStages - 1) * kLatentChunk, static_cast<int>((c + kStages - 1) % kStages), page);
     }
     CpAsyncCommit();
-    if (c + kMmaStages < chunks) load_pages(base + kMmaStages * kLatentChunk, page);
-    const uint8_t mask_now[2] = {mask_next[0], mask_next[1]};
+    if (c + kStages < chunks) load_pages(base + kStages * kLatentChunk, page);
+    uint8_t mask_now[kRowKeys];
+#pragma unroll
+    for (int k = 0; k < kRowKeys; ++k) mask_now[k] = mask_next[k];
     if (c + 1 < chunks) {
-      mask_next[0] = *allow_byte(sr_token, base + kLatentChunk + sk);
-      mask_next[1] = *allow_byte(sr_token, base + kLatentChunk + sk + 1);
+#pragma unroll
+      for (int k = 0; k < kRowKeys; ++k) mask_next[k] = *allow_byte(sr_token, base + kLatentChunk + sk + k);
     }
 
-    // Partial scores of this warp's quarter: 16 rows x 16 keys.
+    // Scores of this warp's 16 rows x 16 keys (partial over its quarter with one row group).
     {
-      unsigned kb[kMmaMaxKSteps][4];
-#pragma unroll
-      for (int i = 0; i < kMmaMaxKSteps; ++i) {
-        if (i < nks) {
-          const int d0 = (quarter * nks + i) * 16;
-          LdMatrixX4(kb[i], kst + (key_half * 16 + (mat / 2) * 8 + mrow) * rs + d0 + (mat % 2) * 8);
-        }
-      }
       float sacc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      const uint16_t* k_rows = kst + (key_half * 16 + (mat / 2) * 8 + mrow) * rs + (mat % 2) * 8;
+      if constexpr (kGroups == 1) {
+        unsigned kb[kMmaMaxKSteps][4];
 #pragma unroll
-      for (int i = 0; i < kMmaMaxKSteps; ++i) {
-        if (i < nks) {
-          MmaBf16(sacc[0], qa[i], kb[i][0], kb[i][1]);
-          MmaBf16(sacc[1], qa[i], kb[i][2], kb[i][3]);
+        for (int i = 0; i < kMmaMaxKSteps; ++i) {
+          if (i < nks) LdMatrixX4(kb[i], k_rows + (quarter * nks + i) * 16);
+        }
+#pragma unroll
+        for (int i = 0; i < kMmaMaxKSteps; ++i) {
+          if (i < nks) {
+            MmaBf16(sacc[0], qa[i], kb[i][0], kb[i][1]);
+            MmaBf16(sacc[1], qa[i], kb[i][2], kb[i][3]);
+          }
+        }
+      } else {
+        // Every dim: q and key fragments a k-step at a time (the 64-row block's 128 accumulator
+        // registers leave no room for a quarter's fragments).
+#pragma unroll 4
+        for (int i = 0; i < 4 * nks; ++i) {
+          unsigned qf[4], kf[4];
+          LdMatrixX4(qf, q_rows + i * 16);
+          LdMatrixX4(kf, k_rows + i * 16);
+          MmaBf16(sacc[0], qf, kf[0], kf[1]);
+          MmaBf16(sacc[1], qf, kf[2], kf[3]);
         }
       }
-      float* part = red + quarter * kMmaRows * kRedStride;
+      float* part = red + (quarter * kRows + sg * 16) * kRedStride;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int key = key_half * 16 + nt * 8 + 2 * t4;
@@ -1187,39 +1233,53 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
     }
     __syncthreads();  // partial scores written
 
-    // Online softmax over the 16 lanes of row sr (a half warp).
+    // Online softmax over the kRowThreads lanes of row sr.
     {
-      float2 dot = make_float2(0.0f, 0.0f);
+      float sc[kRowKeys];
 #pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        const float2 v = *reinterpret_cast<const float2*>(red + (q4 * kMmaRows + sr) * kRedStride + sk);
-        dot.x += v.x;
-        dot.y += v.y;
+      for (int k = 0; k < kRowKeys; k += 2) {
+        float2 dot = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int q4 = 0; q4 < kQuarters; ++q4) {
+          const float2 v = *reinterpret_cast<const float2*>(red + (q4 * kRows + sr) * kRedStride + sk + k);
+          dot.x += v.x;
+          dot.y += v.y;
+        }
+        sc[k] = dot.x;
+        sc[k + 1] = dot.y;
       }
-      const bool allow0 = sr_valid && mask_now[0] != 0;
-      const bool allow1 = sr_valid && mask_now[1] != 0;
-      const float s0 = allow0 ? p.scale * dot.x : -CUDART_INF_F;
-      const float s1 = allow1 ? p.scale * dot.y : -CUDART_INF_F;
-      float chunk_max = fmaxf(s0, s1);
+      unsigned bits = 0;
+      float chunk_max = -CUDART_INF_F;
 #pragma unroll
-      for (int offset = 8; offset >= 1; offset >>= 1) {
+      for (int k = 0; k < kRowKeys; ++k) {
+        const bool allow = sr_valid && mask_now[k] != 0;
+        sc[k] = allow ? p.scale * sc[k] : -CUDART_INF_F;
+        bits |= allow ? 1u << (sk + k) : 0u;
+        chunk_max = fmaxf(chunk_max, sc[k]);
+      }
+#pragma unroll
+      for (int offset = kRowThreads / 2; offset >= 1; offset >>= 1) {
         chunk_max = fmaxf(chunk_max, __shfl_xor_sync(kFullMask, chunk_max, offset));
       }
       const float new_max = fmaxf(m_run, chunk_max);
-      float p0 = 0.0f, p1 = 0.0f, alpha = 1.0f;  // no allowed key yet: m = -inf, l = 0 stay
-      if (new_max != -CUDART_INF_F) {
-        p0 = expf(s0 - new_max);
-        p1 = expf(s1 - new_max);
-        alpha = expf(m_run - new_max);
-      }
-      float psum = p0 + p1;
+      float alpha = 1.0f, psum = 0.0f;  // no allowed key yet: m = -inf, l = 0 stay
 #pragma unroll
-      for (int offset = 8; offset >= 1; offset >>= 1) psum += __shfl_xor_sync(kFullMask, psum, offset);
+      for (int k = 0; k < kRowKeys; ++k) {
+        sc[k] = new_max != -CUDART_INF_F ? expf(sc[k] - new_max) : 0.0f;
+        psum += sc[k];
+      }
+      if (new_max != -CUDART_INF_F) alpha = expf(m_run - new_max);
+#pragma unroll
+      for (int offset = kRowThreads / 2; offset >= 1; offset >>= 1) {
+        psum += __shfl_xor_sync(kFullMask, psum, offset);
+      }
       l_run = l_run * alpha + psum;
       m_run = new_max;
-      *reinterpret_cast<__nv_bfloat162*>(ps + sr * kPStride + sk) = __floats2bfloat162_rn(p0, p1);
+#pragma unroll
+      for (int k = 0; k < kRowKeys; k += 2) {
+        *reinterpret_cast<__nv_bfloat162*>(ps + sr * kPStride + sk + k) = __floats2bfloat162_rn(sc[k], sc[k + 1]);
+      }
       if (sk == 0) row_alpha[sr] = alpha;
-      const unsigned bits = (allow0 ? 1u << sk : 0u) | (allow1 ? 2u << sk : 0u);
       const unsigned warp_bits = __reduce_or_sync(kFullMask, bits);
       if (lane == 0) used_by_warp[warp] = warp_bits;
     }
@@ -1229,9 +1289,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) used |= used_by_warp[w];
     if (used == 0) continue;  // every alpha is 1
-    const float alpha_lo = row_alpha[g], alpha_hi = row_alpha[g + 8];
+    const float alpha_lo = row_alpha[vg * 16 + g], alpha_hi = row_alpha[vg * 16 + g + 8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kValueTiles; ++j) {
       o[j][0] *= alpha_lo;
       o[j][1] *= alpha_lo;
       o[j][2] *= alpha_hi;
@@ -1240,12 +1300,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       unsigned pa[4];
-      LdMatrixX4(pa, ps + ((mat % 2) * 8 + mrow) * kPStride + 16 * kk + (mat / 2) * 8);
+      LdMatrixX4(pa, ps + (vg * 16 + (mat % 2) * 8 + mrow) * kPStride + 16 * kk + (mat / 2) * 8);
       const unsigned keep0 = PairMask(used, 16 * kk + 2 * t4);
       const unsigned keep1 = PairMask(used, 16 * kk + 8 + 2 * t4);
       const uint16_t* v_rows = kst + (16 * kk + (mat % 2) * 8 + mrow) * rs + (mat / 2) * 8;
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
+      for (int jj = 0; jj < kValueTiles / 2; ++jj) {
         const int64_t cb = vcol + 16 * jj;
         if (cb >= p.value_dim) continue;  // warp-uniform; cb + 16 <= the staged width
         unsigned vb[4];
@@ -1264,7 +1324,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   __syncthreads();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = g + 8 * half;
+    const int row = vg * 16 + g + 8 * half;
     if (!row_valid(row)) continue;
     const int64_t t = tile.q0 + tile.i0 + row / heads_per_tile;
     const int64_t n = n0 + row % heads_per_tile;
@@ -1277,14 +1337,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
     } else {
       const int64_t entry = (t * p.heads + n) * a.splits + blockIdx.y;
       dst = a.partials + entry * p.value_dim;
-      if (blockIdx.z % a.value_tiles == 0 && warp == 0 && t4 == 0) {
+      if (blockIdx.z % a.value_tiles == 0 && warp / kGroups == 0 && t4 == 0) {
         float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry;
         max_sum[0] = row_m[row];
         max_sum[1] = row_l[row];
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kValueTiles; ++j) {
       const int64_t col = vcol + 8 * j + 2 * t4;
       if (col < p.value_dim) dst[col] = o[j][2 * half] * factor;
       if (col + 1 < p.value_dim) dst[col + 1] = o[j][2 * half + 1] * factor;
@@ -1425,12 +1485,26 @@ bool ValidLatentParams(const LatentLaunchParams& p) {
          p.page_tables != nullptr;
 }
 
-// Query rows per block: 16 for the bf16 (tensor-core) kernel; for the f32 kernel 8 when there are
-// few heads and at most one query token per sequence (decode at 8 heads per rank), else 16. Host
-// values only; the tile table and the kernels agree.
+// Query rows (tokens x heads) from which the bf16 kernel runs 64-row blocks, measured on one H200
+// (runs/2026-12-01h-h200, 16 and 8 heads, 4K keys, 8-64 tree tokens): 64-row blocks took 0.89-0.96x
+// the time of 16-row blocks at 2048-4096 rows and 0.54-0.55x from 8192, but 1.02-1.80x at 64-1024
+// rows (one exception, 0.89x at 1024), where 16-row blocks fill more SMs with shorter chunk chains.
+constexpr int64_t kMmaWideMinRows = 2048;
+
+// Query rows per block. The bf16 (tensor-core) kernel: 64 when a sequence holds at least 64 query
+// rows on average (heads x its tokens: tree verify, or 64+ heads), the call at least
+// kMmaWideMinRows, and 64-row blocks fit in shared memory; else 16. The f32 kernel: 8 when there
+// are few heads and at most one query token per sequence (decode at 8 heads per rank), else 16.
+// Host values only; the tile table and the kernels agree.
 int LatentBlockRows(const LatentLaunchParams& p) {
-  if (p.cache_bf16 != nullptr) return kMmaRows;
-  const bool one_token_per_sequence = p.tokens <= std::max<int64_t>(p.batch, 1);
+  const int64_t sequences = std::max<int64_t>(p.batch, 1);
+  if (p.cache_bf16 != nullptr) {
+    const int64_t rows_per_sequence = p.heads * ((p.tokens + sequences - 1) / sequences);
+    const bool wide = rows_per_sequence >= 64 && p.tokens * p.heads >= kMmaWideMinRows &&
+                      MmaSharedBytes(p.key_dim, 4) <= kMmaWideSharedLimit;
+    return wide ? 64 : 16;
+  }
+  const bool one_token_per_sequence = p.tokens <= sequences;
   return p.heads <= 8 && one_token_per_sequence ? 8 : 16;
 }
 
@@ -1447,8 +1521,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   }
   if (error != cudaSuccess) return error;
   const bool bf16 = p.cache_bf16 != nullptr;
+  const int rows = LatentBlockRows(p);
   const size_t shared_bytes =
-      bf16 ? MmaSharedBytes(p.key_dim) : LatentSharedFloats(p.key_dim) * sizeof(float);
+      bf16 ? MmaSharedBytes(p.key_dim, rows / 16) : LatentSharedFloats(p.key_dim) * sizeof(float);
   if (shared_bytes > static_cast<size_t>(max_shared)) return cudaErrorInvalidValue;
 
   LatentArgs a{};
@@ -1459,7 +1534,6 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
-  const int rows = LatentBlockRows(p);
   a.heads_per_tile = std::min<int64_t>(p.heads, rows);
   a.tokens_per_tile = rows / a.heads_per_tile;
   const int64_t head_tiles = (p.heads + a.heads_per_tile - 1) / a.heads_per_tile;
@@ -1495,10 +1569,14 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
-  if (bf16) {
-    error = cudaFuncSetAttribute(LatentMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (bf16 && rows == 64) {
+    error = cudaFuncSetAttribute(LatentMmaKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(shared_bytes));
-    if (error == cudaSuccess) LatentMmaKernel<<<grid, kMmaThreads, shared_bytes, stream>>>(a);
+    if (error == cudaSuccess) LatentMmaKernel<4><<<grid, kMmaThreads, shared_bytes, stream>>>(a);
+  } else if (bf16) {
+    error = cudaFuncSetAttribute(LatentMmaKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(shared_bytes));
+    if (error == cudaSuccess) LatentMmaKernel<1><<<grid, kMmaThreads, shared_bytes, stream>>>(a);
   } else if (row_tile == 2) {
     error = cudaFuncSetAttribute(LatentKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(shared_bytes));
@@ -1704,7 +1782,7 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 
 size_t LatentSharedBytes(int64_t key_dim) { return LatentSharedFloats(key_dim) * sizeof(float); }
 
-size_t LatentBf16SharedBytes(int64_t key_dim) { return MmaSharedBytes(key_dim); }
+size_t LatentBf16SharedBytes(int64_t key_dim) { return MmaSharedBytes(key_dim, 1); }
 
 cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
                                   int64_t partial_capacity, const int* bad, cudaStream_t stream) {

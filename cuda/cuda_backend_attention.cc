@@ -128,8 +128,9 @@ LatentLaunchParams LatentParams(const TensorView& q, const TensorView& cache, fl
   return p;
 }
 
-// The latent kernel stages 48 rows of key_dim floats (the bf16 kernel 144 rows of key_dim bf16);
-// the device must allow its shared memory.
+// The latent kernel stages 48 rows of key_dim floats (the bf16 kernel 144 rows of key_dim bf16 in
+// its 16-row blocks; its 64-row blocks are used only where they fit); the device must allow its
+// shared memory.
 absl::Status CheckLatentSharedMemory(const CudaBackend::State& state, const char* op,
                                      int64_t key_dim, bool bf16) {
   int limit = 0;

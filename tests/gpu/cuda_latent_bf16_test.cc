@@ -275,6 +275,10 @@ TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
       {8, 16, 100, 64, 576, 512, false},  {32, 8, 4096, 64, 512, 512, true},
       {7, 5, 65, 1, 72, 64, false},       {3, 2, 250, 3, 36, 20, true},
       {64, 1, 300, 64, 576, 512, false},  {1, 20, 129, 64, 72, 64, true},
+      // >= 2048 query rows (tokens x heads): 64-row blocks, also with rows a tile leaves empty (5
+      // heads x 12 tokens = 60 of 64), 64 values (warps 4-7 own no column) and the plain-load path.
+      {410, 5, 450, 1, 72, 64, false},    {683, 3, 700, 3, 36, 20, true},
+      {128, 16, 200, 64, 576, 512, false},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) {
@@ -292,7 +296,8 @@ TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
 }
 
 // Decode (1 token) and tree verify (8 / 32 tokens, random trees) over batches of different
-// lengths, page sizes 1 and 64, 16 and 8 heads.
+// lengths, page sizes 1 and 64, 16 and 8 heads: 16-row blocks (decode) and 64-row blocks (a
+// sequence averaging >= 64 query rows).
 TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
   struct Case {
     std::vector<int64_t> n, kv;
@@ -309,6 +314,10 @@ TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
       {{8, 8, 8}, {50, 3000, 8}, 8, 64, 576, 512, true},
       {{5, 3}, {5, 40}, 16, 64, 576, 512, false},  // causal, several tokens
       {{1, 2, 0, 3}, {7, 9, 4, 100}, 4, 3, 72, 64, true},
+      // 64-row blocks (>= 2048 rows): 64 values, sequences of 3 tokens (a partly empty tile); 16
+      // heads x 64 tokens of 576.
+      {{256, 3, 256, 256, 3, 256, 256, 256}, {300, 3, 256, 1000, 30, 400, 256, 257}, 4, 64, 72, 64, true},
+      {{64, 64, 8}, {1500, 100, 700}, 16, 64, 576, 512, true},
   };
   uint32_t seed = 500;
   for (const Case& c : cases) {

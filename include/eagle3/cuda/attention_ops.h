@@ -181,11 +181,14 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 // scaled, masked and soft-maxed in fp32 (online, as above), and the probabilities are rounded to
 // bf16 for the value product (as FlashMLA does); the row sums stay fp32. So the result is that of
 // the fp32 path on bf16(q) and the stored rows, up to fp32 accumulation of bf16 products and the
-// bf16 rounding of each probability (relative 2^-9). Blocks of 16 query rows, 32-key chunks staged
-// four deep with cp.async (16-byte copies when key_dim % 8 == 0 and the cache is 16-byte aligned,
-// else plain loads). A key that no row of a block allows is never read for the value product; a
-// key some row of the block allows is multiplied (by probability 0) into the block's other rows
-// too, so a non-finite value there reaches them (the fp32 path and the CPU skip it per row).
+// bf16 rounding of each probability (relative 2^-9). Blocks of 16 query rows (64 when a sequence
+// averages >= 64 query rows, heads x tokens, as tree verify does, the call holds >= 2048 and
+// key_dim <= 640), 32-key chunks
+// staged four (64 rows: three) deep with cp.async (16-byte copies when key_dim % 8 == 0 and the
+// cache is 16-byte aligned, else plain loads). A key that no row of a block allows is never read
+// for the value product; a key some row of the block allows is multiplied (by probability 0) into
+// the block's other rows too, so a non-finite value there reaches them (the fp32 path and the CPU
+// skip it per row).
 inline constexpr int64_t kLatentMaxKeyDim = 704;
 // Sequences one batched call may hold (the size of the tile table in the caller's scratch).
 inline constexpr int64_t kLatentMaxBatch = 4096;
@@ -234,7 +237,8 @@ struct LatentLaunchParams {
 // Dynamic shared memory of one latent attention block (188 KiB at key_dim 576, 227 KiB at 704);
 // the launchers return cudaErrorInvalidValue when the device allows less.
 size_t LatentSharedBytes(int64_t key_dim);
-// The same for the bf16-cache kernel (175 KiB at key_dim 576, 211 KiB at 704).
+// The same for the bf16-cache kernel's 16-row blocks (175 KiB at key_dim 576, 211 KiB at 704); its
+// 64-row blocks (197 KiB at 576) run only where they fit sm_90's 227 KiB.
 size_t LatentBf16SharedBytes(int64_t key_dim);
 
 // Explicit-mask form (q_start, kv_len, tree_mask unused): the caller has checked the page entries
