@@ -554,8 +554,19 @@ def main():
     ap.add_argument("--no-matplotlib", action="store_true", help="use the built-in rasterizer")
     args = ap.parse_args()
 
-    benchmarks = load_runs(args.indirs)
     selected = [split_run_arg(a) for a in args.indirs]
+    for d, only in selected:
+        if not os.path.isdir(d):
+            ap.error(f"--in {d}: not a directory")
+        if only is not None:
+            if not only:
+                ap.error(f"--in {d}=: no binary named after '='")
+            present = set(load_benchmarks(d))
+            missing = sorted(only - present)
+            if missing:
+                ap.error(f"--in {d}={','.join(sorted(only))}: {', '.join(missing)} has no NAME[.TAG].json in {d} "
+                         f"(it has: {', '.join(sorted(present)) or 'none'})")
+    benchmarks = load_runs(args.indirs)
     args.indirs = [d for d, _ in selected]
     whole = [d for d, only in selected if only is None]
     peers = {}
@@ -601,8 +612,9 @@ def main():
         if os.path.exists(status):
             failed = [l.strip() for l in open(status) if l.strip() and "rc=0" not in l]
             if failed:
-                md += [f"Programs of run `{os.path.basename(os.path.normpath(d))}` that did not finish cleanly or "
-                       "ran partially: " + "; ".join(f"`{f}`" for f in failed), ""]
+                md += [f"Status of run `{os.path.basename(os.path.normpath(d))}` (its status.txt, lines other "
+                       "than a clean `rc=0`: partial programs, commands, notes): " +
+                       "; ".join(f"`{f}`" for f in failed), ""]
     md += ["## Tables", ""]
     for name, b in benchmarks.items():
         md += [f"## `{name}`", ""]
