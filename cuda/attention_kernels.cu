@@ -970,8 +970,8 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 // MmaStages(kGroups) - 1 chunks ahead (page entries one chunk earlier still, mask bytes one chunk
 // ahead). Scores: warp w takes keys 16 (w / 4) .. + 15 (two n-tiles); with one row group it takes
 // dim quarter w % 4, whose q fragments stay in registers, and the four partial tiles meet in shared
-// memory; with four it takes row group w % 4 over every dim, loading q fragments from shared memory
-// a quarter at a time. Softmax: 256 / rows threads per row, fp32, online. Values: warp w owns row
+// memory; with four it takes row group w % 4 over every dim, loading q and key fragments from
+// shared memory a k-step at a time. Softmax: 256 / rows threads per row, fp32, online. Values: warp w owns row
 // group w % kGroups and output columns col0 + 64 kGroups (w / kGroups) .. + 64 kGroups - 1,
 // A = the probabilities in bf16; B registers of keys no row allows are zeroed (such rows may be
 // stale or garbage). Staged rows are padded by 16 bytes (row stride = 4 banks mod 32): ldmatrix is
@@ -980,7 +980,8 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 // Why 64 rows: a block reads every key of its split once per chunk, whatever its row count, so a
 // sequence of R query rows reads its keys R / rows times (from L2 at best). Tree verify at 16 heads
 // x 64 tokens is 1024 rows: with 16-row blocks the key stream was re-read 64 times and the chunk's
-// barrier chain ran 64 times per key (32 x 4K x 64 tokens: 7.3 ms, 40 TFLOP/s, 2026-12-01g).
+// barrier chain ran 64 times per key (32 x 4K x 64 tokens: 7.3 ms, 40 TFLOP/s, 2026-12-01g; 4.0 ms
+// with 64-row blocks, which lose below 2048 rows: kMmaWideMinRows).
 
 constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;
