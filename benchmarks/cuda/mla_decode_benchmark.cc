@@ -2,8 +2,8 @@
 // shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 (512 + 64 rope) in a bf16 or f32
 // cache (cache_bits 16 / 32), values the first 512 columns, page size 64, batch 1/8/32/64, context
 // 1K-64K, 1 query token per sequence (decode) or 8/32/64 (tree verify with a random tree mask).
-// CUDA events, Google Benchmark manual time, medians of repetitions; its own timing loop, the
-// ceilings and counters of benchmarks/cuda/bench_util.h.
+// CUDA events (bench_util.h's TimeOnce per iteration, in its NVTX range), Google Benchmark manual
+// time, medians of repetitions; the backend, inputs, ceilings and counters of bench_util.h.
 //
 // Counters (bench_util.h's ReportRoofline): bytes = batch x context x 576 x (2 or 4) (each cached
 // row read once) + q + out (f32); flops = query rows x heads x context x 2 x (576 + 512) (scores and
@@ -32,8 +32,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstdint>
-#include <cstdio>
-#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -43,76 +41,17 @@
 
 #include "bench_util.h"
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/half.h"
 #include "eagle3/tensor.h"
 
 namespace eagle3::cuda {
 namespace {
 
 constexpr int64_t kWidth = 576, kValues = 512, kPage = 64;
-constexpr double kL2Rotation = 50e6 * 2;  // rotate copies below twice the L2 (50 MB)
 
-CudaBackend* Backend() {
-  static std::unique_ptr<CudaBackend> backend = [] {
-    auto b = CudaBackend::Create(CudaBackendOptions{});
-    return b.ok() ? std::move(*b) : nullptr;
-  }();
-  return backend.get();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median of `reps` CUDA-event timings of fn() on the backend's stream, in seconds.
-template <typename Fn>
-double TimeMedian(int reps, Fn&& fn) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(start, Backend()->stream());
-    fn(i);
-    cudaEventRecord(stop, Backend()->stream());
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return Median(std::move(times));
-}
-
-Tensor Upload(const Tensor& host) {
-  Tensor d = *Tensor::Empty(host.dtype(), host.shape(), Backend()->allocator());
-  (void)Backend()->Copy(host, d);
-  return d;
-}
-
-// Random f32 or bf16 device tensor: one host block tiled by device copies (fast for gigabytes).
-Tensor RandomDevice(const Shape& shape, uint32_t seed, DType dtype = DType::kF32) {
-  Tensor d = *Tensor::Empty(dtype, shape, Backend()->allocator());
-  const size_t elem = dtype == DType::kBF16 ? 2 : 4;
-  const int64_t n = d.numel(), block = std::min<int64_t>(n, int64_t{1} << 20);
-  std::vector<float> host(static_cast<size_t>(block));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (float& v : host) v = dist(rng);
-  std::vector<uint16_t> host_bf16(dtype == DType::kBF16 ? host.size() : 0);
-  for (size_t i = 0; i < host_bf16.size(); ++i) host_bf16[i] = FloatToBf16(host[i]);
-  auto* dst = static_cast<char*>(d.data());
-  const void* src = dtype == DType::kBF16 ? static_cast<const void*>(host_bf16.data()) : host.data();
-  cudaMemcpy(dst, src, static_cast<size_t>(block) * elem, cudaMemcpyHostToDevice);
-  for (int64_t done = block; done < n;) {
-    const int64_t c = std::min(done, n - done);
-    cudaMemcpy(dst + done * elem, dst, static_cast<size_t>(c) * elem, cudaMemcpyDeviceToDevice);
-    done += c;
-  }
-  return d;
-}
+using bench::Backend;
+using bench::Median;
+using bench::RandomDevice;
+using bench::ToDevice;
 
 // args: heads, context, batch, query tokens per sequence, cache bits (16: bf16, 32: f32).
 void BM_BatchedLatentAttention(benchmark::State& state) {
@@ -124,12 +63,13 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
   const double elem = cache_dtype == DType::kBF16 ? 2.0 : 4.0;
   const int64_t pages_per_seq = (context + kPage - 1) / kPage;
   const double cache_bytes = static_cast<double>(batch * pages_per_seq * kPage * kWidth) * elem;
-  const int copies = cache_bytes < kL2Rotation ? static_cast<int>(kL2Rotation / cache_bytes) + 1 : 1;
+  // Rotated copies of the cache exceed twice the L2 (up to 128 of them: 1.2 MB at batch 1 x 1K bf16).
+  const int copies = bench::CopiesToDefeatL2(cache_bytes, 128);
   std::vector<Tensor> caches;
   for (int i = 0; i < copies; ++i) {
-    caches.push_back(RandomDevice(Shape{batch * pages_per_seq, kPage, kWidth}, 1 + i, cache_dtype));
+    caches.push_back(RandomDevice(cache_dtype, Shape{batch * pages_per_seq, kPage, kWidth}, 1 + i));
   }
-  Tensor q = RandomDevice(Shape{t, heads, kWidth}, 100);
+  Tensor q = RandomDevice(DType::kF32, Shape{t, heads, kWidth}, 100);
   Tensor out = *Tensor::Empty(DType::kF32, Shape{t, heads, kValues}, b->allocator());
   Tensor tables = *Tensor::Empty(DType::kI32, Shape{batch, pages_per_seq});
   std::vector<int32_t> perm(static_cast<size_t>(batch * pages_per_seq));
@@ -150,8 +90,8 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
       for (int64_t a = k; a >= 0; a = parent[a]) mask.data_as<uint8_t>()[(s * tokens + k) * tokens + a] = 1;
     }
   }
-  const Tensor d_tables = Upload(tables), d_starts = Upload(starts), d_lens = Upload(lens);
-  const Tensor d_mask = Upload(mask);
+  const Tensor d_tables = ToDevice(tables), d_starts = ToDevice(starts), d_lens = ToDevice(lens);
+  const Tensor d_mask = ToDevice(mask);
   const TensorView mask_view =
       tokens > 1 ? d_mask.view() : TensorView(d_mask.data(), DType::kU8, Shape{t, 0}, Shape{1, 1}, d_mask.device());
   auto step = [&](int i) {
@@ -163,7 +103,7 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
   int iteration = 0;
   std::vector<double> all;
   for (auto _ : state) {
-    const double seconds = TimeMedian(1, [&](int) { step(iteration++); });
+    const double seconds = bench::TimeOnce(b->stream(), [&] { step(iteration++); });
     all.push_back(seconds);
     state.SetIterationTime(seconds);
   }
