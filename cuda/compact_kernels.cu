@@ -95,7 +95,7 @@ __global__ void VerifyCommitOffsetsKernel(const int32_t* num_accepted, const int
   const int32_t n = num_accepted[b];
   if (j == 0) {
     commit_counts[b] = n < 0 ? -1 : n + 1;
-    commit_offsets[idx] = 0;
+    if (n >= 0) commit_offsets[idx] = 0;  // a failed sequence's row is left as it is
   } else if (j <= n) {
     commit_offsets[idx] = accepted_nodes[idx - 1];
   }

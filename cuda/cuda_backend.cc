@@ -83,6 +83,15 @@ absl::Status DeviceError(int code) {
       return CompactAcceptedDeviceError(index, found);
     case DeviceCheck::kBatchedPagedAttention:
       return BatchedPagedAttentionDeviceError(index, found);
+    case DeviceCheck::kGatherRowsIndex:
+      return Invalid("GatherRows", "index[", where, "] is outside [0, R) of src", found);
+    case DeviceCheck::kExtendMaskRowsIndex:
+      if (index == kDeviceErrorMaxIndex) {
+        return Invalid("ExtendMaskRows", "parent[i] or column[i] is out of range for some i >= ", index / 2,
+                       found);
+      }
+      return Invalid("ExtendMaskRows", index % 2 == 0 ? "parent[" : "column[", index / 2,
+                     index % 2 == 0 ? "] is outside [0, R) of src" : "] is outside [0, M) of src", found);
     case DeviceCheck::kNone:
       break;
   }

@@ -3,10 +3,10 @@
 // kernel, allocated on the first call that is not being captured into a CUDA graph (a call captured
 // before any eager one runs the kernel unsplit: the same results, one block per row and kv head).
 //
-// Data-dependent errors (q_start, kv_len, page entries, mask rows) are found on the device and
-// reported by the next Synchronize() as InvalidArgument naming the sequence or row (the conditions
-// are listed in eagle3/cuda/paged_attention_ops.h); the op itself returns OK, and may have written
-// the rows of the sequences that were good.
+// Data-dependent errors (q_start, kv_len, page entries, mask rows, causal rows beyond kv_len) are
+// found on the device and reported by the next Synchronize() as InvalidArgument naming the sequence
+// or row (the conditions are listed in eagle3/cuda/paged_attention_ops.h); the op itself returns
+// OK, and may have written the rows of the sequences that were good.
 #include <cstdint>
 #include <limits>
 
@@ -67,6 +67,10 @@ absl::Status BatchedPagedAttentionDeviceError(int64_t index, const char* found) 
       return Invalid(op, "row ", at, " of mask allows no key below its sequence's kv_len", found);
     case 5:
       return Invalid(op, "q_start[B] must be T (B = ", at, ")", found);
+    case 6:
+      return Invalid(op, "sequence ", at,
+                     ": with no mask (causal) its q_start[b + 1] - q_start[b] query rows must not exceed kv_len[b]",
+                     found);
     default:
       return absl::InternalError(absl::StrCat(op, ": unknown device error index ", index));
   }
@@ -114,8 +118,10 @@ absl::Status CudaBackend::BatchedPagedAttention(const TensorView& q, const Tenso
   p.batch = page_tables.dim(0);
   p.tokens = q.dim(0);
   p.max_kv_len = max_kv_len;
-  p.mask = mask.data_as<const uint8_t>();
-  p.mask_stride = mask.stride(0);
+  if (HasTreeMask(mask)) {  // else causal: a null mask
+    p.mask = mask.data_as<const uint8_t>();
+    p.mask_stride = mask.stride(0);
+  }
   p.q_heads = q.dim(1);
   p.kv_heads = kv_heads;
   p.head_dim = dim;

@@ -46,6 +46,8 @@ enum class DeviceCheck : int {
   // 15 is not assigned.
   kCompactAccepted = 16,         // CompactAccepted: CompactErrorIndex (compact_accepted_check.h)
   kBatchedPagedAttention = 17,   // BatchedPagedAttention: 8 * sequence-or-row + condition (paged_attention_ops.h)
+  kGatherRowsIndex = 18,         // GatherRows: index[i] outside [0, R)
+  kExtendMaskRowsIndex = 19,     // ExtendMaskRows: 2 * i + (0: parent[i], 1: column[i]) out of range
 };
 
 constexpr int DeviceErrorCode(DeviceCheck check) {
@@ -87,6 +89,9 @@ struct CudaBackend::State {
   // allocated, the current (largest) last; none is freed before the backend is destroyed, since a
   // captured graph may still use it.
   std::shared_ptr<void> moe_grouped_scratch;
+  // TreeVerify's tree lists and verify workspace (a VerifyScratch, see cuda_backend_verify.cc):
+  // every buffer allocated, the current (largest) last, none freed before the backend is destroyed.
+  std::shared_ptr<void> verify_scratch;
 };
 
 // Every op (and Create, Synchronize, the destructor) first makes the backend's device current on

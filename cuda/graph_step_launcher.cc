@@ -16,21 +16,26 @@ absl::Status GraphStepLauncher::Launch(TargetModel& model) {
   // Graphs belong to one model's buffers: the key is the model and its step signature.
   std::vector<int64_t> key = model.StepSignature();
   key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&model)));
-  Entry& e = entries_[std::move(key)];
+  return LaunchWork(key, [&] { return model.Launch(); });
+}
+
+absl::Status GraphStepLauncher::LaunchWork(const std::vector<int64_t>& signature,
+                                           const std::function<absl::Status()>& enqueue) {
+  Entry& e = entries_[signature];
   e.last_use = ++clock_;
   ++e.seen;
   if (e.graph == nullptr && (e.eager_only || e.seen == 1)) {
     ++counts_.eager;
-    return model.Launch();
+    return enqueue();
   }
   if (e.graph == nullptr) {
-    auto captured = CudaGraph::Capture(stream_, [&] { return model.Launch(); });
+    auto captured = CudaGraph::Capture(stream_, enqueue);
     if (!captured.ok()) {
       // Not capturable on this setup: run this and every later step of the signature eagerly.
       e.eager_only = true;
       ++counts_.failed_captures;
       ++counts_.eager;
-      return model.Launch();
+      return enqueue();
     }
     e.graph = std::move(*captured);
     ++counts_.captures;

@@ -33,6 +33,10 @@ __global__ void CheckBatchedPagedKernel(const PagedAttentionParams p, int* error
       if (threadIdx.x == 0) RecordDeviceError(error_flag, error_code, 8 * b + 2);
       continue;
     }
+    if (p.mask == nullptr && end - begin > len) {
+      if (threadIdx.x == 0) RecordDeviceError(error_flag, error_code, 8 * b + 6);
+      continue;
+    }
     const int32_t* pages = p.page_tables + b * p.page_table_stride;
     for (int64_t j = threadIdx.x; j < (len + p.page_size - 1) / p.page_size; j += blockDim.x) {
       if (pages[j] < 0 || pages[j] >= p.num_pages) RecordDeviceError(error_flag, error_code, 8 * b + 3);
@@ -73,26 +77,51 @@ __device__ inline PagedShared PagedSharedLayout(float* smem, int group, int dim)
   return sh;
 }
 
-// Query row t's sequence *b and its key count *len, and the row's `group` query heads from
-// first_head, scaled, into sh.q (no barrier). False when the metadata is bad (the check kernel
-// reports it): the block returns without writing.
+// What a block knows of its query row: its sequence, the keys [0, keys) it may attend to, and its
+// mask row (null: causal, every key below `keys`).
+struct PagedRow {
+  int64_t b = 0;
+  int64_t keys = 0;
+  const uint8_t* mask = nullptr;
+};
+
+// Query row t's PagedRow: keys is kv_len[b] with a mask, and kv_len[b] - n_b + i + 1 for row i of
+// the sequence when causal (the bound replaces the mask, so causal keys cost no extra loads). False
+// when the metadata is bad (the check kernel reports it): the row is not written.
+__device__ inline bool FindPagedRow(const PagedAttentionParams& p, int64_t t, PagedRow* row) {
+  row->b = SequenceOf(p.q_start, p.batch, t);
+  if (row->b < 0) return false;
+  const int64_t len = p.kv_len[row->b];
+  if (len < 0 || len > p.max_kv_len || len > p.pages_per_seq * p.page_size) return false;
+  if (p.mask != nullptr) {
+    row->keys = len;
+    row->mask = p.mask + t * p.mask_stride;
+    return true;
+  }
+  const int64_t begin = p.q_start[row->b], n = p.q_start[row->b + 1] - begin;
+  if (n > len) return false;
+  row->keys = len - n + (t - begin) + 1;
+  row->mask = nullptr;
+  return true;
+}
+
+// Query row t's PagedRow, and the row's `group` query heads from first_head, scaled, into sh.q (no
+// barrier). False when the metadata is bad: the block returns without writing.
 __device__ inline bool PagedRowSetup(const PagedAttentionParams& p, int64_t t, int64_t first_head, int group,
-                                     int dim, const PagedShared& sh, int64_t* b, int64_t* len) {
-  *b = SequenceOf(p.q_start, p.batch, t);
-  if (*b < 0) return false;
-  *len = p.kv_len[*b];
-  if (*len < 0 || *len > p.max_kv_len || *len > p.pages_per_seq * p.page_size) return false;
+                                     int dim, const PagedShared& sh, PagedRow* row) {
+  if (!FindPagedRow(p, t, row)) return false;
   for (int i = threadIdx.x; i < group * dim; i += blockDim.x) {
     sh.q[i] = p.q[t * p.q_token_stride + (first_head + i / dim) * p.q_head_stride + i % dim] * p.scale;
   }
   return true;
 }
 
-// Key s of a sequence of len keys: whether the row's mask allows it and its page entry is good; if
-// so *row is its first element in the cache (a key with a bad page entry is skipped).
+// Key s, below the bound `keys`: whether the row's mask (null: causal, all below the bound) allows
+// it and its page entry is good; if so *row is its first element in the cache (a key with a bad
+// page entry is skipped).
 __device__ inline bool PagedKey(const PagedAttentionParams& p, const int32_t* pages, const uint8_t* mask_row,
-                                int64_t s, int64_t len, int64_t row_width, long long* row) {
-  if (s >= len || mask_row[s] == 0) return false;
+                                int64_t s, int64_t keys, int64_t row_width, long long* row) {
+  if (s >= keys || (mask_row != nullptr && mask_row[s] == 0)) return false;
   const int32_t page = pages[s / p.page_size];
   if (page < 0 || page >= p.num_pages) return false;
   *row = (static_cast<long long>(page) * p.page_size + s % p.page_size) * row_width;
@@ -136,8 +165,8 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
   float* sum_s = sh.sum;
 
   const int64_t first_head = kv_head * group;
-  int64_t b = 0, len = 0;
-  if (!PagedRowSetup(p, t, first_head, group, dim, sh, &b, &len)) return;
+  PagedRow r;
+  if (!PagedRowSetup(p, t, first_head, group, dim, sh, &r)) return;
   for (int i = threadIdx.x; i < kPagedAttentionWarps * group * dim; i += blockDim.x) acc[i] = 0.0f;
   for (int i = threadIdx.x; i < kPagedAttentionWarps * group; i += blockDim.x) {
     max_s[i] = -CUDART_INF_F;
@@ -147,12 +176,11 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
 
   const int64_t row_width = 2 * p.kv_heads * p.head_dim;
   const int64_t key_col = kv_head * p.head_dim, value_col = (p.kv_heads + kv_head) * p.head_dim;
-  const int32_t* pages = p.page_tables + b * p.page_table_stride;
-  const uint8_t* mask_row = p.mask + t * p.mask_stride;
+  const int32_t* pages = p.page_tables + r.b * p.page_table_stride;
   bool seen_key = false;  // whether this thread's warp met an allowed key (also with no query heads)
-  for (int64_t base = static_cast<int64_t>(warp) * 32; base < len; base += kPagedAttentionWarps * 32) {
+  for (int64_t base = static_cast<int64_t>(warp) * 32; base < r.keys; base += kPagedAttentionWarps * 32) {
     long long row = 0;  // the key's first element in the cache
-    const bool valid = PagedKey(p, pages, mask_row, base + lane, len, row_width, &row);
+    const bool valid = PagedKey(p, pages, r.mask, base + lane, r.keys, row_width, &row);
     if (__ballot_sync(kFullMask, valid) == 0) continue;
     seen_key = true;
     const float* key = p.cache + row + key_col;
@@ -205,8 +233,8 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
 }
 
 // The split register kernel (PagedAttentionParams::register_kernel). Block (t, g, split): query
-// row t, kv head g and its `group` query heads, over the split's share of the row's keys (the
-// sequence's kv_len spread evenly over gridDim.z splits, in whole chunks). Per 32-key chunk each
+// row t, kv head g and its `group` query heads, over the split's share of the row's keys (its
+// PagedRow::keys spread evenly over gridDim.z splits, in whole chunks). Per 32-key chunk each
 // warp takes 4 consecutive keys: its lanes read the keys' K and V rows across head_dim (dims
 // lane + 32 i, coalesced; 8 rows in flight per lane), the 4 x kSplitHeads dot products are reduced
 // over the warp in one butterfly, the block's online softmax per head runs in shared memory (warp h
@@ -281,17 +309,16 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
   float* reduce_s = scale_s + kSplitHeads;         // [kPagedAttentionWarps][D]
 
   const int64_t first_head = kv_head * group;
-  int64_t b = 0, len = 0;
+  PagedRow r;
   PagedShared setup;
   setup.q = q_s;
-  if (!PagedRowSetup(p, t, first_head, group, dim, setup, &b, &len)) return;
+  if (!PagedRowSetup(p, t, first_head, group, dim, setup, &r)) return;
 
-  const int64_t per_split = (len + splits * kSplitChunk - 1) / (splits * kSplitChunk) * kSplitChunk;
-  const int64_t begin = split * per_split, end = min(len, begin + per_split);
+  const int64_t per_split = (r.keys + splits * kSplitChunk - 1) / (splits * kSplitChunk) * kSplitChunk;
+  const int64_t begin = split * per_split, end = min(r.keys, begin + per_split);
   const int64_t row_width = 2 * p.kv_heads * p.head_dim;
   const int64_t key_col = kv_head * p.head_dim, value_col = (p.kv_heads + kv_head) * p.head_dim;
-  const int32_t* pages = p.page_tables + b * p.page_table_stride;
-  const uint8_t* mask_row = p.mask + t * p.mask_stride;
+  const int32_t* pages = p.page_tables + r.b * p.page_table_stride;
   bool seen_key = false;  // whether this thread's warp met an allowed key
   for (int g0 = 0; g0 < group; g0 += kSplitHeads) {
     const int gn = min(kSplitHeads, group - g0);  // block-uniform, >= 1
@@ -310,7 +337,7 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
       // Lane j < 4 finds key chunk + 4 warp + j; the warp then reads the 4 K and V rows together.
       long long my_row = 0;
       const bool my_valid =
-          lane < kSplitKeysPerWarp && PagedKey(p, pages, mask_row, chunk + warp * kSplitKeysPerWarp + lane, end,
+          lane < kSplitKeysPerWarp && PagedKey(p, pages, r.mask, chunk + warp * kSplitKeysPerWarp + lane, end,
                                                row_width, &my_row);
       const unsigned valid_bits = __ballot_sync(kFullMask, my_valid);
       seen_key = seen_key || valid_bits != 0;
@@ -429,10 +456,8 @@ __global__ void __launch_bounds__(128) PagedCombineKernel(const PagedAttentionPa
   __shared__ float weight[kPagedMaxSplits];  // e^(m_s - M), then divided by the total
   __shared__ float top_s;
   const int64_t t = blockIdx.x, head = blockIdx.y;
-  const int64_t b = SequenceOf(p.q_start, p.batch, t);
-  if (b < 0) return;
-  const int64_t len = p.kv_len[b];
-  if (len < 0 || len > p.max_kv_len || len > p.pages_per_seq * p.page_size) return;
+  PagedRow r;
+  if (!FindPagedRow(p, t, &r)) return;
   const int dim = static_cast<int>(p.head_dim);
   const int64_t entry = (t * p.q_heads + head) * splits;
   const float* stats = p.partials + p.tokens * p.q_heads * splits * dim + 2 * entry;
@@ -474,7 +499,6 @@ cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int*
       p.max_kv_len < 1 || p.max_kv_len > INT32_MAX || p.head_dim < 1 || p.kv_heads < 1 || p.kv_heads > 65535 ||
       p.q_heads < 0 || p.q_heads % p.kv_heads != 0 || error_flag == nullptr || p.q_start == nullptr ||
       (p.batch > 0 && (p.kv_len == nullptr || (p.pages_per_seq > 0 && p.page_tables == nullptr))) ||
-      (p.tokens > 0 && p.mask == nullptr) ||
       (p.tokens > 0 && p.q_heads > 0 && (p.q == nullptr || p.out == nullptr)) ||
       (p.num_pages > 0 && p.cache == nullptr)) {
     return cudaErrorInvalidValue;

@@ -278,7 +278,9 @@ __device__ __forceinline__ void CombineSequence(const StepArgs& a, int64_t b, Co
   if (out.draft_ids != nullptr) out.draft_ids[o] = id;
   if (out.tokens != nullptr) out.tokens[o] = token;
   if (out.parents != nullptr) out.parents[o] = parent;
-  if (out.parent_rows != nullptr) out.parent_rows[o] = a.step == 0 ? 0 : tid / k;
+  const int32_t parent_row = a.step == 0 ? 0 : tid / k;
+  if (out.parent_rows != nullptr) out.parent_rows[o] = parent_row;
+  if (out.parent_global_rows != nullptr) out.parent_global_rows[o] = static_cast<int32_t>(b * F) + parent_row;
   if (out.depths != nullptr) out.depths[o] = a.step + 1;
   if (out.scores != nullptr) out.scores[o] = static_cast<float>(score);
 }
@@ -477,9 +479,9 @@ __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs 
     node_depth[i] = depth;
     out.tokens[b * N + i] = i == 0 ? out.root_tokens[b] : w.cand_token[b * C + c];
     out.parents[b * N + i] = parent;
-    out.depths[b * N + i] = depth;
+    if (out.depths != nullptr) out.depths[b * N + i] = depth;
     out.positions[b * N + i] = root_position + depth;
-    out.scores[b * N + i] = static_cast<float>(score[c]);
+    if (out.scores != nullptr) out.scores[b * N + i] = static_cast<float>(score[c]);
   }
   __syncthreads();
   // mask[i][j] = 1 iff j is i or an ancestor of i: walk i up to j's depth.
@@ -549,7 +551,7 @@ cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& p, const TreeBuildOut
   if (!ParamsOk(p)) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   if (o.root_tokens == nullptr || o.root_positions == nullptr || o.tokens == nullptr || o.parents == nullptr ||
-      o.depths == nullptr || o.positions == nullptr || o.scores == nullptr || o.mask == nullptr) {
+      o.positions == nullptr || o.mask == nullptr) {
     return cudaErrorInvalidValue;
   }
   FinalizeArgs a;

@@ -1,10 +1,11 @@
 // eagle3-decode — plain vs speculative (EAGLE-3) decoding of a target + draft pair.
 //
 //   eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]
-//                 [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]
-//                 [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P] [--seed S]
+//                 [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--batch N]
+//                 [--prompt-tokens T] [--max-new-tokens N] [--topk K] [--steps S]
+//                 [--draft-tokens N] [--temperature T] [--top-p P] [--seed S]
 //                 [--tp N] [--device cpu|cuda] [--comm auto|nccl|staged] [--graphs on|off]
-//                 [--aux-layers a,b,c]
+//                 [--loop device|host] [--aux-layers a,b,c]
 //                 [--convention output|input] [--json FILE]
 //
 // Without --target/--draft it runs the built-in trained pair: models/tiny-v2-code (a small
@@ -17,13 +18,18 @@
 // GPU with --device cuda; --tp N runs N tensor-parallel ranks on threads (on CUDA over NCCL, one GPU
 // per rank, or staged through the host when ranks share a GPU: --comm). --aux-layers overrides
 // the draft config's aux layer ids (in --convention, default output-of-layer as in the config) to
-// measure what a mis-wired tap costs. Prints the prompt, both continuations (as text when the target
-// has a tokenizer), whether greedy outputs agree, mean accepted length, acceptance per depth,
-// tokens/s of both runs and the speedup (speculative tokens/s over plain); --json writes them.
+// measure what a mis-wired tap costs. --batch N decodes N prompts together in one Generate call: a
+// given prompt (or, without a tokenizer, the default ids) N times, or else the first N entries of
+// DIR/heldout_prompts.jsonl cut to --prompt-tokens T tokens each, so that the batch's lengths are
+// comparable. Prints the prompt, both continuations (as text when the target has a tokenizer;
+// prompt 0's with a batch, plus a line per prompt), whether greedy outputs agree, mean accepted
+// length, acceptance per depth, tokens/s of both runs over all sequences and the speedup
+// (speculative tokens/s over plain); --json writes them.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -33,6 +39,8 @@
 #include <string_view>
 #include <tuple>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
@@ -87,6 +95,10 @@ constexpr char kDefaultPrompt[] =
 // Ids used when the target has no tokenizer and no prompt is given (the random pair).
 const std::vector<int64_t> kDefaultIds = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38};
 
+// Under the models directory: the trained pair's held-out prompts (JSON lines with a "text" field),
+// which --batch N without a prompt decodes.
+constexpr char kHeldoutPrompts[] = "heldout_prompts.jsonl";
+
 struct Flags {
   std::string target, draft, json;
   std::string models_dir = EAGLE3_MODELS_DIR;
@@ -94,6 +106,8 @@ struct Flags {
   std::optional<std::string> prompt;       // --prompt, or the contents of --prompt-file
   std::string prompt_file;                 // named in messages
   std::optional<std::vector<int64_t>> tokens;
+  int batch = 1;            // sequences decoded together
+  int prompt_tokens = 96;   // held-out prompts are cut to this many tokens
   int max_new_tokens = 48;
   eagle3::DraftTreeParams tree;
   eagle3::SamplingParams sampling;
@@ -101,6 +115,7 @@ struct Flags {
   int tp = 1;
   std::string device = "cpu";
   bool graphs = true;  // CUDA graphs for target steps (--device cuda; tp 1 or NCCL)
+  bool host_loop = false;  // --loop host: the reference loop (trees and verification on the host)
   std::string comm = "auto";  // --comm: tp > 1 collectives on CUDA
   std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
   std::optional<eagle3::DType> kv_cache;  // --kv-cache: the target's latent cache; unset: f32
@@ -110,17 +125,23 @@ struct Flags {
 
 constexpr char kUsage[] =
     "usage: eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]\n"
-    "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--max-new-tokens N]\n"
+    "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--batch N]\n"
+    "                     [--prompt-tokens T] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
     "                     [--seed S] [--tp N] [--device cpu|cuda] [--comm auto|nccl|staged]\n"
-    "                     [--graphs on|off]\n"
+    "                     [--graphs on|off] [--loop device|host]\n"
     "                     [--weights bf16|f32] [--kv-cache bf16|f32]\n"
     "                     [--aux-layers a,b,c] [--convention output|input] [--json FILE]\n"
     "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
     "    " EAGLE3_MODELS_DIR "\n"
     "  --prompt/--prompt-file: text tokenized with the target's tokenizer.json (default: a few lines\n"
     "    of Python); --tokens: raw target ids\n"
+    "  --batch N: decode N prompts together (default 1): the given prompt N times, or without one the\n"
+    "    first N entries of DIR/heldout_prompts.jsonl (without a tokenizer: the default ids N times)\n"
+    "  --prompt-tokens T: cut each held-out prompt of a batch to its first T tokens (default 96)\n"
     "  --random-pair: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft (no speedup)\n"
+    "  --loop: device (default) runs each decode step as one SpeculativeStep on the device; host runs\n"
+    "    the reference loop (trees built and verified on the host, logits and taps copied every step)\n"
     "  --comm: collectives of --tp N on cuda: nccl (one GPU per rank), staged (through the host; ranks\n"
     "    may share a GPU), auto (nccl when there are N GPUs)\n"
     "  --weights: storage of both models' weights (default: the device's preference, bf16 on cuda,\n"
@@ -186,6 +207,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.comm = value;
     } else if (flag == "--graphs" && (value == "on" || value == "off")) {
       f.graphs = value == "on";
+    } else if (flag == "--loop" && (value == "device" || value == "host")) {
+      f.host_loop = value == "host";
     } else if (flag == "--prompt") {
       if (f.prompt.has_value()) return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
       f.prompt = value;
@@ -201,6 +224,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (flag == "--convention" && (value == "output" || value == "input")) {
       f.convention = value == "output" ? eagle3::LayerIdConvention::kOutputOfLayer
                                        : eagle3::LayerIdConvention::kInputOfLayer;
+    } else if (flag == "--batch") {
+      EAGLE3_RETURN_IF_ERROR(integer(1, 1024, &f.batch));
+    } else if (flag == "--prompt-tokens") {
+      EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 20, &f.prompt_tokens));
     } else if (flag == "--max-new-tokens") {
       EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 20, &f.max_new_tokens));
     } else if (flag == "--topk") {
@@ -236,16 +263,32 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 }
 
 struct RunResult {
-  std::vector<int64_t> tokens;
+  std::vector<std::vector<int64_t>> tokens;  // per prompt
   eagle3::DecodeStats stats;
   std::string launcher;  // the graph launcher's counts, when graphs ran
   std::string weights;   // the weight dtype the models ran with
   std::string comm;      // the collectives of tp > 1
 };
 
-// Runs plain or speculative decoding on `tp` ranks (threads); returns rank 0's result.
-absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>& prompt, bool speculative) {
-  const int64_t context = static_cast<int64_t>(prompt.size()) + flags.max_new_tokens + flags.tree.num_draft_tokens;
+// Runs plain or speculative decoding of `prompts` (one batch) on `tp` ranks (threads); returns rank 0's
+// result.
+absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vector<int64_t>>& prompts,
+                                 bool speculative) {
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  int64_t longest = 0;
+  for (const std::vector<int64_t>& p : prompts) longest = std::max(longest, static_cast<int64_t>(p.size()));
+  const eagle3::DraftTreeParams& tree = flags.tree;
+  // Per sequence: the target holds the prompt, the output and one tree's nodes; the draft holds
+  // SpeculativeStep::draft_slots_per_step() tree rows instead, max(N, (S - 1) k).
+  const int64_t target_context = longest + flags.max_new_tokens + tree.num_draft_tokens;
+  const int64_t draft_context =
+      longest + flags.max_new_tokens + std::max<int64_t>(tree.num_draft_tokens, (tree.num_steps - 1) * tree.topk);
+  constexpr int64_t kPageSize = 16;
+  // The decoder splits each page pool evenly between the sequences.
+  auto pages = [&](int64_t context) { return batch * ((context + kPageSize - 1) / kPageSize); };
+  // A prompt is prefilled alone; a step runs B * N target rows and B * max(N, k) draft rows.
+  const int64_t max_tokens_per_forward =
+      std::max(longest, batch * std::max<int64_t>(tree.num_draft_tokens, tree.topk));
   RunResult result;
   EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
     EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, rank, host_comm, flags.graphs, flags.comm));
@@ -254,10 +297,10 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
     eagle3::TargetModelOptions topt;
     topt.tp_size = flags.tp;
     topt.rank = rank;
-    topt.max_tokens_per_forward = std::max<int64_t>(static_cast<int64_t>(prompt.size()), flags.tree.num_draft_tokens);
-    topt.max_context_len = context;
-    topt.page_size = 16;
-    topt.num_kv_pages = (context + topt.page_size - 1) / topt.page_size;
+    topt.max_tokens_per_forward = max_tokens_per_forward;
+    topt.max_context_len = target_context;
+    topt.page_size = kPageSize;
+    topt.num_kv_pages = pages(target_context);
     topt.weight_dtype = flags.weights;
     topt.kv_cache_dtype = flags.kv_cache;
     EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.target, topt, comm, backend));
@@ -277,15 +320,14 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
       };
     }
     std::unique_ptr<eagle3::DraftModel> draft;
-    std::unique_ptr<eagle3::Eagle3Drafter> drafter;
     if (speculative) {
       eagle3::DraftModelOptions dopt;
       dopt.tp_size = flags.tp;
       dopt.rank = rank;
-      dopt.max_tokens_per_forward = topt.max_tokens_per_forward;
-      dopt.max_context_len = context;
-      dopt.page_size = topt.page_size;
-      dopt.num_kv_pages = topt.num_kv_pages;
+      dopt.max_tokens_per_forward = max_tokens_per_forward;
+      dopt.max_context_len = draft_context;
+      dopt.page_size = kPageSize;
+      dopt.num_kv_pages = pages(draft_context);
       dopt.convention = flags.convention;
       dopt.aux_layer_ids_override = flags.aux_layers;
       dopt.weight_dtype = flags.weights;
@@ -296,14 +338,26 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<int64_t>&
       }
       EAGLE3_ASSIGN_OR_RETURN(draft, std::move(created));
       if (rank == 0) std::printf("draft tap: %s\n", draft->tap().Describe().c_str());
-      drafter = std::make_unique<eagle3::Eagle3Drafter>(draft.get(), 1);
     }
-    eagle3::SpeculativeDecoder decoder(target.get(), drafter.get(), options);
+    // The device step (the product), or the host reference loop over an Eagle3Drafter.
+    std::unique_ptr<eagle3::Eagle3Drafter> drafter;
+    if (flags.host_loop && draft != nullptr) {
+      drafter = std::make_unique<eagle3::Eagle3Drafter>(draft.get(), static_cast<int>(batch));
+    }
+    auto make_decoder = [&](const eagle3::DecodeOptions& o) {
+      return flags.host_loop ? eagle3::SpeculativeDecoder(target.get(), drafter.get(), o)
+                             : eagle3::SpeculativeDecoder(target.get(), draft.get(), backend, o);
+    };
     eagle3::DecodeStats stats;
-    const std::vector<std::vector<int64_t>> prompts = {prompt};
+    // A first run warms up (first-call scratch sizing, graph captures, caches); the second is timed,
+    // so that neither plain nor speculative decoding is charged a one-time cost.
+    eagle3::DecodeOptions warmup_options = options;
+    warmup_options.progress = nullptr;
+    EAGLE3_RETURN_IF_ERROR(make_decoder(warmup_options).Generate(prompts, &stats).status());
+    eagle3::SpeculativeDecoder decoder = make_decoder(options);
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
     if (rank == 0) {
-      result = RunResult{out[0], stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend),
+      result = RunResult{std::move(out), stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend),
                          ctx.comm_name};
     }
     return absl::OkStatus();
@@ -375,6 +429,45 @@ struct RandomPair {
   }
 };
 
+// The first `count` prompts of a JSON-lines file (a "text" field per line), tokenized and each cut to
+// its first `max_tokens` tokens; a file of fewer prompts is cycled through (a large batch then holds
+// repeats, which decode alike but still cost their share of every step).
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadHeldoutPrompts(const std::string& path, int count,
+                                                                     int max_tokens,
+                                                                     const eagle3::Tokenizer& tokenizer) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError("--batch " + std::to_string(count) + " without a prompt reads " + path +
+                               ": cannot open the file");
+  }
+  std::vector<std::vector<int64_t>> prompts;
+  std::string line;
+  for (int line_number = 1; static_cast<int>(prompts.size()) < count && std::getline(in, line); ++line_number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + " line " + std::to_string(line_number);
+    const nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (entry.is_discarded() || !entry.is_object() || !entry.contains("text") || !entry["text"].is_string()) {
+      return absl::InvalidArgumentError(where + ": not a JSON object with a \"text\" string");
+    }
+    auto ids = tokenizer.Encode(entry["text"].get<std::string>());
+    if (!ids.ok()) return absl::Status(ids.status().code(), where + ": " + std::string(ids.status().message()));
+    if (ids->empty()) return absl::InvalidArgumentError(where + ": the text has no tokens to continue");
+    if (static_cast<int64_t>(ids->size()) > max_tokens) ids->resize(static_cast<size_t>(max_tokens));
+    prompts.push_back(*std::move(ids));
+  }
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(path + " holds no prompt; --batch " + std::to_string(count) +
+                                      " needs at least one (or give a prompt to repeat: --prompt, --prompt-file "
+                                      "or --tokens)");
+  }
+  const size_t distinct = prompts.size();
+  while (static_cast<int>(prompts.size()) < count) {
+    std::vector<int64_t> repeat = prompts[prompts.size() % distinct];
+    prompts.push_back(std::move(repeat));
+  }
+  return prompts;
+}
+
 absl::Status Run(Flags flags) {
   RandomPair random_pair;
   if (flags.random_pair) {
@@ -398,23 +491,36 @@ absl::Status Run(Flags flags) {
     }
     tokenizer.emplace(*std::move(loaded));
   }
-  std::vector<int64_t> prompt;
-  std::optional<std::string> prompt_text;
-  if (flags.tokens.has_value()) {
-    prompt = *flags.tokens;
-  } else if (tokenizer.has_value()) {
-    prompt_text = flags.prompt.value_or(kDefaultPrompt);
-    auto encoded = tokenizer->Encode(*prompt_text);
-    if (!encoded.ok()) {
-      return absl::Status(encoded.status().code(),
-                          (flags.prompt_file.empty() ? std::string("--prompt") : "--prompt-file " + flags.prompt_file) +
-                              ": " + std::string(encoded.status().message()));
-    }
-    prompt = *std::move(encoded);
+  // The batch: held-out prompts when a batch has no prompt to repeat and the target can read text.
+  std::vector<std::vector<int64_t>> prompts;
+  std::optional<std::string> prompt_text;  // prompt 0's, when given as text
+  std::string batch_source;
+  if (flags.batch > 1 && !flags.tokens.has_value() && !flags.prompt.has_value() && tokenizer.has_value()) {
+    const std::string heldout = (std::filesystem::path(flags.models_dir) / kHeldoutPrompts).string();
+    EAGLE3_ASSIGN_OR_RETURN(prompts, ReadHeldoutPrompts(heldout, flags.batch, flags.prompt_tokens, *tokenizer));
+    batch_source = "the first " + std::to_string(flags.batch) + " prompts (cycled) of " + heldout + ", at most " +
+                   std::to_string(flags.prompt_tokens) + " tokens each";
   } else {
-    prompt = kDefaultIds;
+    std::vector<int64_t> prompt;
+    if (flags.tokens.has_value()) {
+      prompt = *flags.tokens;
+    } else if (tokenizer.has_value()) {
+      prompt_text = flags.prompt.value_or(kDefaultPrompt);
+      auto encoded = tokenizer->Encode(*prompt_text);
+      if (!encoded.ok()) {
+        return absl::Status(encoded.status().code(),
+                            (flags.prompt_file.empty() ? std::string("--prompt") : "--prompt-file " + flags.prompt_file) +
+                                ": " + std::string(encoded.status().message()));
+      }
+      prompt = *std::move(encoded);
+    } else {
+      prompt = kDefaultIds;
+    }
+    if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: it has no tokens to continue");
+    prompts.assign(static_cast<size_t>(flags.batch), prompt);
+    batch_source = "the same prompt " + std::to_string(flags.batch) + " times";
   }
-  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: it has no tokens to continue");
+  const std::vector<int64_t>& prompt = prompts[0];
   // Text of ids, when the target has a tokenizer (ids it cannot decode are refused by the target).
   auto text_of = [&](const std::vector<int64_t>& ids) -> absl::StatusOr<std::optional<std::string>> {
     if (!tokenizer.has_value()) return std::optional<std::string>();
@@ -429,31 +535,55 @@ absl::Status Run(Flags flags) {
   if (!prompt_text.has_value()) {
     EAGLE3_ASSIGN_OR_RETURN(prompt_text, text_of(prompt));
   }
-  std::printf("prompt (%zu tokens)%s\n", prompt.size(),
+  const bool batched = flags.batch > 1;
+  if (batched) std::printf("batch of %d sequences: %s\n", flags.batch, batch_source.c_str());
+  std::printf("%s (%zu tokens)%s\n", batched ? "prompt 0" : "prompt", prompt.size(),
               prompt_text.has_value() ? (":\n" + *prompt_text).c_str() : (" " + JoinIds(prompt)).c_str());
-  EAGLE3_ASSIGN_OR_RETURN(RunResult plain, Decode(flags, prompt, /*speculative=*/false));
-  EAGLE3_ASSIGN_OR_RETURN(RunResult spec, Decode(flags, prompt, /*speculative=*/true));
-  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> plain_text, text_of(plain.tokens));
-  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> spec_text, text_of(spec.tokens));
+  EAGLE3_ASSIGN_OR_RETURN(RunResult plain, Decode(flags, prompts, /*speculative=*/false));
+  EAGLE3_ASSIGN_OR_RETURN(RunResult spec, Decode(flags, prompts, /*speculative=*/true));
+  // With a batch, only prompt 0's continuations are shown in full.
+  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> plain_text, text_of(plain.tokens[0]));
+  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> spec_text, text_of(spec.tokens[0]));
   for (const auto& [name, run, text] :
        {std::tuple<const char*, const RunResult*, const std::optional<std::string>*>{"plain", &plain, &plain_text},
         {"speculative", &spec, &spec_text}}) {
     if (text->has_value()) {
-      std::printf("\n--- %s continuation ---\n%s\n--- end ---\n", name, (*text)->c_str());
+      std::printf("\n--- %s continuation%s ---\n%s\n--- end ---\n", name, batched ? " of prompt 0" : "",
+                  (*text)->c_str());
     } else {
-      std::printf("%-12s %s\n", name, JoinIds(run->tokens).c_str());
+      std::printf("%-12s %s\n", name, JoinIds(run->tokens[0]).c_str());
     }
   }
   const bool greedy = flags.sampling.temperature == 0;
-  if (greedy) std::printf("greedy outputs %s\n", plain.tokens == spec.tokens ? "identical" : "DIFFER");
+  int differing = 0;
+  for (int i = 0; i < flags.batch; ++i) {
+    const bool agree = plain.tokens[i] == spec.tokens[i];
+    differing += agree ? 0 : 1;
+    if (batched) {
+      std::printf("prompt %d: %zu prompt tokens, %zu plain / %zu speculative tokens generated%s\n", i,
+                  prompts[i].size(), plain.tokens[i].size(), spec.tokens[i].size(),
+                  greedy ? (agree ? ", greedy outputs identical" : ", greedy outputs DIFFER") : "");
+    }
+  }
+  if (greedy && !batched) std::printf("greedy outputs %s\n", differing == 0 ? "identical" : "DIFFER");
+  if (greedy && batched) {
+    if (differing == 0) {
+      std::printf("greedy outputs identical for all %d prompts\n", flags.batch);
+    } else {
+      std::printf("greedy outputs DIFFER for %d of %d prompts\n", differing, flags.batch);
+    }
+  }
   const eagle3::DecodeStats& s = spec.stats;
-  std::printf("\n%-12s %8s %10s %12s %10s %10s %10s\n", "run", "tokens", "tokens/s", "target pass", "target s",
-              "draft s", "verify s");
+  std::printf("\n%s loop, timed run after one warm-up run%s\n", flags.host_loop ? "host reference" : "device step",
+              batched ? (", tokens and tokens/s over all " + std::to_string(flags.batch) + " sequences").c_str() : "");
+  std::printf("%-12s %8s %10s %12s %10s %12s %12s\n", "run", "tokens", "tokens/s", "target pass", "total s",
+              "syncs/step", "D2H B/step");
+  auto per_step = [](int64_t total, int64_t steps) { return steps > 0 ? static_cast<double>(total) / steps : 0.0; };
   for (const auto& [name, st] : {std::pair<const char*, const eagle3::DecodeStats*>{"plain", &plain.stats},
                                  {"speculative", &spec.stats}}) {
-    std::printf("%-12s %8lld %10.1f %12lld %10.3f %10.3f %10.3f\n", name, static_cast<long long>(st->generated_tokens),
-                st->tokens_per_second(), static_cast<long long>(st->target_passes), st->target_seconds,
-                st->draft_seconds, st->verify_seconds);
+    std::printf("%-12s %8lld %10.1f %12lld %10.3f %12.1f %12.1f\n", name, static_cast<long long>(st->generated_tokens),
+                st->tokens_per_second(), static_cast<long long>(st->target_passes), st->total_seconds,
+                per_step(st->host_syncs, st->device_steps), per_step(st->device_to_host_bytes, st->device_steps));
   }
   const double speedup =
       plain.stats.tokens_per_second() > 0 ? s.tokens_per_second() / plain.stats.tokens_per_second() : 0;
@@ -478,14 +608,28 @@ absl::Status Run(Flags flags) {
         << ", \"weights\": " << JsonString(spec.weights) << ", \"kv_cache\": " << JsonString(kv_cache)
         << ", \"tp\": " << flags.tp
         << ", \"comm\": " << JsonString(spec.comm)
+        << ", \"batch\": " << flags.batch
         << ", \"prompt\": {\"tokens\": " << JoinIds(prompt) << text_field(prompt_text) << "}"
-        << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens) << text_field(plain_text)
+        << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens[0]) << text_field(plain_text)
         << ", \"tokens_per_s\": " << plain.stats.tokens_per_second()
-        << "}, \"speculative\": {\"tokens\": " << JoinIds(spec.tokens) << text_field(spec_text)
+        << ", \"host_syncs_per_step\": " << per_step(plain.stats.host_syncs, plain.stats.device_steps)
+        << ", \"device_to_host_bytes_per_step\": " << per_step(plain.stats.device_to_host_bytes, plain.stats.device_steps)
+        << "}, \"speculative\": {\"tokens\": " << JoinIds(spec.tokens[0]) << text_field(spec_text)
         << ", \"tokens_per_s\": " << s.tokens_per_second() << ", \"mean_accepted_length\": " << s.mean_accepted_length
         << ", \"acceptance_by_depth\": " << JoinDoubles(s.acceptance_by_depth)
-        << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram) << "}, \"speedup\": " << speedup;
-    if (greedy) out << ", \"greedy_outputs_agree\": " << (plain.tokens == spec.tokens ? "true" : "false");
+        << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram)
+        << ", \"host_syncs_per_step\": " << per_step(s.host_syncs, s.device_steps)
+        << ", \"device_to_host_bytes_per_step\": " << per_step(s.device_to_host_bytes, s.device_steps)
+        << "}, \"loop\": " << JsonString(flags.host_loop ? "host" : "device") << ", \"speedup\": " << speedup;
+    if (greedy) out << ", \"greedy_outputs_agree\": " << (differing == 0 ? "true" : "false");
+    if (batched) {
+      out << ", \"prompts\": [";
+      for (int i = 0; i < flags.batch; ++i) {
+        out << (i ? ", " : "") << "{\"prompt_tokens\": " << prompts[i].size()
+            << ", \"plain\": " << JoinIds(plain.tokens[i]) << ", \"speculative\": " << JoinIds(spec.tokens[i]) << "}";
+      }
+      out << "]";
+    }
     out << "}\n";
     if (!out) return absl::InternalError("cannot write " + flags.json);
     std::printf("wrote %s\n", flags.json.c_str());

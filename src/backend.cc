@@ -3,10 +3,14 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "eagle3/draft_tree.h"
 #include "eagle3/status.h"
 
 namespace eagle3 {
@@ -158,12 +162,31 @@ absl::Status CheckMaskDType(const char* op, const TensorView& mask) {
   return absl::OkStatus();
 }
 
-absl::Status CheckI32(const char* op, const char* name, const TensorView& t) {
-  if (t.dtype() != DType::kI32) {
-    return Invalid(op, name, " ", t.ToString(), " must be i32, got ",
-                   std::string(DTypeName(t.dtype())));
+absl::Status CheckDTypeIs(const char* op, const char* name, const TensorView& t, DType dtype) {
+  if (t.dtype() != dtype) {
+    return Invalid(op, name, " ", t.ToString(), " must be ", std::string(DTypeName(dtype)),
+                   ", got ", std::string(DTypeName(t.dtype())));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckI32(const char* op, const char* name, const TensorView& t) {
+  return CheckDTypeIs(op, name, t, DType::kI32);
+}
+
+// A contiguous operand of `rank` dims and the given dtype: what a device kernel addresses with
+// strides of its own (per-sequence arrays of the speculative step).
+absl::Status CheckDense(const char* op, const char* name, const char* layout, const TensorView& t,
+                        int rank, DType dtype, Device device) {
+  EAGLE3_RETURN_IF_ERROR(CheckCommon(op, name, t, device));
+  if (t.rank() != rank) {
+    return Invalid(op, name, " must be ", rank, "-D ", layout, ", got ", t.ToString());
+  }
+  if (!t.is_contiguous()) {
+    return Invalid(op, name, " ", t.ToString(), " must be contiguous, got strides ",
+                   t.strides().ToString());
+  }
+  return CheckDTypeIs(op, name, t, dtype);
 }
 
 // The paged latent cache of LatentAttention, BatchedLatentAttention, PagedWrite and PagedRead:
@@ -579,8 +602,6 @@ absl::Status Backend::CheckBatchedPagedAttention(const TensorView& q, const Tens
   const char* op = "BatchedPagedAttention";
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "q", "[T, Nq, D]", q, dev));
   EAGLE3_RETURN_IF_ERROR(CheckCache(op, cache, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "mask", "[T, max_kv_len]", mask, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, mask));
   EAGLE3_RETURN_IF_ERROR(CheckHeads(op, "out", "[T, Nq, D]", out, dev));
   EAGLE3_RETURN_IF_ERROR(CheckDistinctElements(op, "out", out));
   EAGLE3_RETURN_IF_ERROR(CheckBatchMetadata(op, page_tables, q_start, kv_len, max_kv_len, out, dev));
@@ -594,15 +615,18 @@ absl::Status Backend::CheckBatchedPagedAttention(const TensorView& q, const Tens
     return Invalid(op, "q ", q.ToString(), " has Nq = ", nq, " heads, not a multiple of the Nkv = ", nkv,
                    " kv heads of cache ", cache.ToString());
   }
-  if (mask.dim(0) != t || mask.dim(1) != max_kv_len) {
-    return Invalid(op, "mask ", mask.ToString(), " must be [T, max_kv_len] = [", t, ", ", max_kv_len, "]");
-  }
   if (!(out.shape() == q.shape())) {
     return Invalid(op, "out ", out.ToString(), " must be [T, Nq, D] = [", t, ", ", nq, ", ", d, "] like q");
   }
   EAGLE3_RETURN_IF_ERROR(CheckScale(op, scale));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "q", q, "out", out, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "cache", cache, "out", out, false));
+  if (!HasTreeMask(mask)) return absl::OkStatus();  // causal
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "mask", "[T, max_kv_len]", mask, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, mask));
+  if (mask.dim(0) != t || mask.dim(1) != max_kv_len) {
+    return Invalid(op, "mask ", mask.ToString(), " must be [T, max_kv_len] = [", t, ", ", max_kv_len, "]");
+  }
   return CheckNoOverlap(op, "mask", mask, "out", out, false);
 }
 
@@ -792,6 +816,245 @@ absl::Status Backend::CheckMoeExperts(const TensorView& x, const TensorView& ids
     EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, down_name.c_str(), down, "out", out, false));
   }
   return absl::OkStatus();
+}
+
+absl::Status Backend::CheckTreeVerify(const TensorView& tokens, const TensorView& parents,
+                                      const TensorView& logits, const SamplingParams& sampling,
+                                      const TensorView& seed_offset,
+                                      const TreeVerifyOutputs& out) const {
+  const Device dev = device();
+  const char* op = "TreeVerify";
+  EAGLE3_RETURN_IF_ERROR(CheckDense(op, "tokens", "[B, N]", tokens, 2, DType::kI64, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDense(op, "parents", "[B, N]", parents, 2, DType::kI32, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "parents", parents, "tokens", tokens));
+  const int64_t batch = tokens.dim(0);
+  const int64_t nodes = tokens.dim(1);
+  if (nodes < 1) {
+    return Invalid(op, "tokens ", tokens.ToString(), " must hold N >= 1 nodes per tree (the root)");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "logits", "[B * N, V]", logits, dev));
+  if (logits.dim(0) != batch * nodes || logits.dim(1) < 1) {
+    return Invalid(op, "logits ", logits.ToString(), " must be [B * N, V] with B * N = ",
+                   batch * nodes, " (tokens ", tokens.ToString(), ") and V >= 1");
+  }
+  if (absl::Status st = sampling.Validate(); !st.ok()) return Invalid(op, st.message());
+  EAGLE3_RETURN_IF_ERROR(CheckDense(op, "seed_offset", "[2]", seed_offset, 1, DType::kI64, dev));
+  if (seed_offset.dim(0) != 2) {
+    return Invalid(op, "seed_offset ", seed_offset.ToString(), " must be [2]: {seed, offset}");
+  }
+  struct Output {
+    const char* name;
+    const char* layout;
+    const TensorView* view;
+    DType dtype;
+    Shape shape;
+  };
+  const Output outputs[] = {
+      {"out.num_accepted", "[B]", &out.num_accepted, DType::kI32, Shape{batch}},
+      {"out.accepted", "[B, N]", &out.accepted, DType::kI32, Shape{batch, nodes}},
+      {"out.out_tokens", "[B, N]", &out.out_tokens, DType::kI64, Shape{batch, nodes}},
+      {"out.commit_offsets", "[B, N]", &out.commit_offsets, DType::kI32, Shape{batch, nodes}},
+      {"out.commit_counts", "[B]", &out.commit_counts, DType::kI32, Shape{batch}},
+      {"out.errors", "[B, 3]", &out.errors, DType::kI64, Shape{batch, kVerifyErrorWidth}},
+  };
+  const std::pair<const char*, const TensorView*> inputs[] = {
+      {"tokens", &tokens}, {"parents", &parents}, {"logits", &logits}, {"seed_offset", &seed_offset}};
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    const Output& o = outputs[i];
+    EAGLE3_RETURN_IF_ERROR(
+        CheckDense(op, o.name, o.layout, *o.view, o.shape.rank(), o.dtype, dev));
+    if (!(o.view->shape() == o.shape)) {
+      return Invalid(op, o.name, " ", o.view->ToString(), " must be ", o.layout, " = ",
+                     o.shape.ToString(), " (tokens ", tokens.ToString(), ")");
+    }
+    for (const auto& [name, view] : inputs) {
+      EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, name, *view, o.name, *o.view, false));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      EAGLE3_RETURN_IF_ERROR(
+          CheckNoOverlap(op, outputs[j].name, *outputs[j].view, o.name, *o.view, false));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckGatherRows(const TensorView& src, const TensorView& index, const TensorView& out,
+                                      int64_t groups) const {
+  const Device dev = device();
+  const char* op = "GatherRows";
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "src", "[R, C]", src, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "index", "[n]", index, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "index", index));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "out", "[n, C]", out, dev));
+  if (out.dtype() != src.dtype()) {
+    return Invalid(op, "out ", out.ToString(), " must have the dtype of src ", src.ToString());
+  }
+  if (out.dim(0) != index.dim(0) || out.dim(1) != src.dim(1)) {
+    return Invalid(op, "out ", out.ToString(), " must be [n, C] = [", index.dim(0), ", ",
+                   src.dim(1), "] (index ", index.ToString(), ", src ", src.ToString(), ")");
+  }
+  if (groups < 1 || src.dim(0) % groups != 0 || index.dim(0) % groups != 0) {
+    return Invalid(op, "groups = ", groups, " must be >= 1 and divide the rows of src ", src.ToString(),
+                   " and of index ", index.ToString());
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "src", src, "out", out, false));
+  return CheckNoOverlap(op, "index", index, "out", out, false);
+}
+
+absl::Status Backend::CheckExtendMaskRows(const TensorView& src, const TensorView& parent,
+                                          const TensorView& column, const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "ExtendMaskRows";
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "src", "[R, M]", src, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDTypeIs(op, "src", src, DType::kU8));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "parent", "[n]", parent, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "parent", parent));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "column", "[n]", column, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckI32(op, "column", column));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "out", "[n, M]", out, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDTypeIs(op, "out", out, DType::kU8));
+  if (column.dim(0) != parent.dim(0)) {
+    return Invalid(op, "column ", column.ToString(), " must be [n] = [", parent.dim(0),
+                   "] like parent ", parent.ToString());
+  }
+  if (out.dim(0) != parent.dim(0) || out.dim(1) != src.dim(1)) {
+    return Invalid(op, "out ", out.ToString(), " must be [n, M] = [", parent.dim(0), ", ",
+                   src.dim(1), "] (parent ", parent.ToString(), ", src ", src.ToString(), ")");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "src", src, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "parent", parent, "out", out, false));
+  return CheckNoOverlap(op, "column", column, "out", out, false);
+}
+
+namespace {
+
+// A dense operand of exactly `shape`; `layout` names its dims ("[B, N]").
+absl::Status CheckDenseShape(const char* op, const char* name, const char* layout,
+                             const TensorView& t, const Shape& shape, DType dtype, Device device) {
+  EAGLE3_RETURN_IF_ERROR(CheckDense(op, name, layout, t, shape.rank(), dtype, device));
+  if (t.shape() == shape) return absl::OkStatus();
+  return Invalid(op, name, " ", t.ToString(), " must be ", layout, " = ", shape.ToString());
+}
+
+struct Operand {
+  const char* name;
+  const TensorView* view;
+  bool written;
+};
+
+// No written operand shares memory with another operand (an absent optional one is skipped).
+absl::Status CheckWritesApart(const char* op, std::span<const Operand> operands) {
+  for (size_t i = 0; i < operands.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (!operands[i].written && !operands[j].written) continue;
+      if (operands[i].view->empty() || operands[j].view->empty()) continue;
+      const Operand& in = operands[i].written ? operands[j] : operands[i];
+      const Operand& out = operands[i].written ? operands[i] : operands[j];
+      EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, in.name, *in.view, out.name, *out.view, false));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What both tree-build ops take: the shape, the workspace and the error records.
+absl::Status CheckTreeBuildState(const Backend& backend, const char* op,
+                                 const TreeBuildShape& shape, const TensorView& workspace,
+                                 const TensorView& errors) {
+  if (shape.batch < 0) return Invalid(op, "shape.batch = ", shape.batch, " must be >= 0");
+  const DraftTreeParams params{shape.topk, shape.num_steps, shape.num_draft_tokens};
+  if (absl::Status st = params.Validate(shape.vocab); !st.ok()) {
+    return Invalid(op, st.message(), " (TreeBuildShape)");
+  }
+  const int64_t bytes = backend.TreeBuildWorkspaceBytes(shape);
+  if (bytes == 0 && shape.batch > 0) {
+    return Invalid(op, "TreeBuildShape {batch ", shape.batch, ", topk ", shape.topk,
+                   ", num_steps ", shape.num_steps, ", num_draft_tokens ",
+                   shape.num_draft_tokens, ", vocab ", shape.vocab,
+                   "} is outside this backend's limits (TreeBuildWorkspaceBytes is 0)");
+  }
+  const Device dev = backend.device();
+  EAGLE3_RETURN_IF_ERROR(CheckDense(op, "workspace", "[bytes]", workspace, 1, DType::kU8, dev));
+  if (workspace.numel() < bytes) {
+    return Invalid(op, "workspace ", workspace.ToString(), " has ", workspace.numel(),
+                   " bytes, TreeBuildWorkspaceBytes(shape) = ", bytes);
+  }
+  if (reinterpret_cast<uintptr_t>(workspace.data()) % 16 != 0) {
+    return Invalid(op, "workspace ", workspace.ToString(), " must be 16-byte aligned");
+  }
+  return CheckDenseShape(op, "errors", "[B, 4]", errors, Shape{shape.batch, kTreeBuildErrorWidth},
+                         DType::kI64, dev);
+}
+
+}  // namespace
+
+absl::Status Backend::CheckTreeBuildStep(const TreeBuildShape& shape, int step,
+                                         const TensorView& logits, const TensorView& d2t,
+                                         const TensorView& workspace, const TensorView& errors,
+                                         const TensorView& frontier_tokens,
+                                         const TensorView& frontier_parents) const {
+  const Device dev = device();
+  const char* op = "TreeBuildStep";
+  EAGLE3_RETURN_IF_ERROR(CheckTreeBuildState(*this, op, shape, workspace, errors));
+  if (step < 0 || step >= shape.num_steps) {
+    return Invalid(op, "step = ", step, " is outside [0, num_steps = ", shape.num_steps, ")");
+  }
+  const int64_t rows = shape.batch * (step == 0 ? 1 : shape.topk);
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "logits", "[B * F, Vd]", logits, dev));
+  if (logits.dim(0) != rows || logits.dim(1) != shape.vocab) {
+    return Invalid(op, "logits ", logits.ToString(), " must be [B * F, Vd] = [", rows, ", ",
+                   shape.vocab, "] at step ", step, " (F = 1 at step 0, else topk = ", shape.topk,
+                   ")");
+  }
+  if (!d2t.empty()) {
+    EAGLE3_RETURN_IF_ERROR(
+        CheckDenseShape(op, "d2t", "[Vd]", d2t, Shape{shape.vocab}, DType::kI64, dev));
+  }
+  const Shape frontier{shape.batch * shape.topk};
+  EAGLE3_RETURN_IF_ERROR(CheckDenseShape(op, "frontier_tokens", "[B * topk]", frontier_tokens,
+                                         frontier, DType::kI64, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckDenseShape(op, "frontier_parents", "[B * topk]", frontier_parents,
+                                         frontier, DType::kI32, dev));
+  const Operand operands[] = {{"logits", &logits, false},
+                              {"d2t", &d2t, false},
+                              {"workspace", &workspace, true},
+                              {"errors", &errors, true},
+                              {"frontier_tokens", &frontier_tokens, true},
+                              {"frontier_parents", &frontier_parents, true}};
+  return CheckWritesApart(op, operands);
+}
+
+absl::Status Backend::CheckTreeBuildFinalize(const TreeBuildShape& shape,
+                                             const TensorView& workspace, const TensorView& errors,
+                                             const TensorView& root_tokens,
+                                             const TensorView& root_positions,
+                                             const TensorView& tokens, const TensorView& parents,
+                                             const TensorView& positions,
+                                             const TensorView& mask) const {
+  const Device dev = device();
+  const char* op = "TreeBuildFinalize";
+  EAGLE3_RETURN_IF_ERROR(CheckTreeBuildState(*this, op, shape, workspace, errors));
+  const int64_t b = shape.batch, n = shape.num_draft_tokens;
+  EAGLE3_RETURN_IF_ERROR(
+      CheckDenseShape(op, "root_tokens", "[B]", root_tokens, Shape{b}, DType::kI64, dev));
+  EAGLE3_RETURN_IF_ERROR(
+      CheckDenseShape(op, "root_positions", "[B]", root_positions, Shape{b}, DType::kI64, dev));
+  EAGLE3_RETURN_IF_ERROR(
+      CheckDenseShape(op, "tokens", "[B, N]", tokens, Shape{b, n}, DType::kI64, dev));
+  EAGLE3_RETURN_IF_ERROR(
+      CheckDenseShape(op, "parents", "[B, N]", parents, Shape{b, n}, DType::kI32, dev));
+  EAGLE3_RETURN_IF_ERROR(
+      CheckDenseShape(op, "positions", "[B, N]", positions, Shape{b, n}, DType::kI64, dev));
+  EAGLE3_RETURN_IF_ERROR(
+      CheckDenseShape(op, "mask", "[B * N, N]", mask, Shape{b * n, n}, DType::kU8, dev));
+  const Operand operands[] = {{"workspace", &workspace, false},
+                              {"errors", &errors, false},
+                              {"root_tokens", &root_tokens, false},
+                              {"root_positions", &root_positions, false},
+                              {"tokens", &tokens, true},
+                              {"parents", &parents, true},
+                              {"positions", &positions, true},
+                              {"mask", &mask, true}};
+  return CheckWritesApart(op, operands);
 }
 
 }  // namespace eagle3

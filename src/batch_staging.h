@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "eagle3/backend.h"
@@ -25,6 +26,23 @@ inline void StageSequence(std::span<const int32_t> page_table, int64_t b, int64_
   starts.data_as<int32_t>()[b] = static_cast<int32_t>(first_row);
   lens.data_as<int32_t>()[b] = static_cast<int32_t>(kv_len);
 }
+
+// A device-side input or output of a staged step (TargetStepIO, DraftStepIO): empty, or exactly
+// `dtype` [shape] contiguous on `device`. InvalidArgument naming `who`.`name` otherwise.
+inline absl::Status CheckStepView(const std::string& who, const char* name, const TensorView& view, DType dtype,
+                                  const Shape& shape, Device device) {
+  if (view.empty()) return absl::OkStatus();
+  if (view.dtype() != dtype || view.shape() != shape || !view.is_contiguous() || view.device() != device) {
+    return absl::InvalidArgumentError(who + "." + name + " must be " + std::string(DTypeName(dtype)) +
+                                      shape.ToString() + " contiguous on " + device.ToString() + ", got " +
+                                      view.ToString());
+  }
+  return absl::OkStatus();
+}
+
+// The address of a view, for step signatures (a captured graph keeps the buffers it was captured
+// with).
+inline int64_t ViewAddress(const TensorView& view) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(view.data())); }
 
 // [rows] i32 = 0, 1, ..., rows - 1 on the backend's device.
 inline absl::StatusOr<Tensor> DeviceIota(int64_t rows, Backend& backend) {

@@ -95,6 +95,8 @@ struct DraftModel::Impl {
     int64_t t = 0, out_rows = 0;
     std::vector<int64_t> n;           // rows per sequence
     std::vector<uint8_t> all_logits;  // per sequence
+    DraftStepIO io;                   // device-side inputs / outputs (empty views: host path)
+    bool causal = false;              // no sequence brings a mask: attention is causal by position
   } step;
   // Host staging (backend->staging_allocator(): pinned on CUDA). Inputs are written by Stage and
   // read by the copies Launch enqueues; outputs are written by Launch's copies and read by Finish.
@@ -150,10 +152,14 @@ struct DraftModel::Impl {
     return options.tp_size == 1 ? backend->Copy(send, recv) : comm->AllGather(send, recv);
   }
 
-  absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target) const;
+  // device_hidden: the input rows come from DraftStepIO::hidden (`hidden` is not checked).
+  absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                        bool device_hidden) const;
   absl::Status ValidateOutputs(const TensorView& logits, const TensorView& hidden_out) const;
   absl::Status Attention();
-  absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target);
+  absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                     const DraftStepIO& io);
+  absl::Status CheckIO(const DraftStepIO& io) const;
   absl::Status Launch();
   absl::Status Finish(const TensorView& logits, const TensorView& hidden_out);
   std::vector<int64_t> Signature() const;
@@ -377,7 +383,7 @@ absl::Status DraftModel::Impl::AllocateWorkspaces() {
 }
 
 absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
-                                        bool from_target) const {
+                                        bool from_target, bool device_hidden) const {
   if (batch.empty()) return absl::InvalidArgumentError("DraftModel::Forward: empty batch");
   int64_t total = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -448,7 +454,7 @@ absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batc
                                  Str(options.max_tokens_per_forward));
   }
   const int64_t width = from_target ? tap->width() : config.hidden_size;
-  if (!IsHostContiguousF32(hidden, total, width)) {
+  if (!device_hidden && !IsHostContiguousF32(hidden, total, width)) {
     return absl::InvalidArgumentError(
         "DraftModel::Forward: hidden must be f32[" + Str(total) + ", " + Str(width) + "] contiguous on the host (" +
         (from_target ? "the aux states of the tap, " + tap->Describe() : std::string("the fed-back hidden_out rows")) +
@@ -460,12 +466,17 @@ absl::Status DraftModel::Impl::Validate(std::span<const DraftSequenceInput> batc
 // The outputs Finish fills, against the staged step.
 absl::Status DraftModel::Impl::ValidateOutputs(const TensorView& logits, const TensorView& hidden_out) const {
   const int64_t rows = step.out_rows, total = step.t;
-  if (!IsHostContiguousF32(logits, rows, config.draft_vocab_size)) {
+  if ((!step.io.logits.empty() && !logits.empty()) || (!step.io.hidden_out.empty() && !hidden_out.empty())) {
+    return absl::InvalidArgumentError(
+        "DraftModel::Finish: the staged step leaves its logits / hidden_out on the device (DraftStepIO); pass "
+        "empty views for them");
+  }
+  if (step.io.logits.empty() && !IsHostContiguousF32(logits, rows, config.draft_vocab_size)) {
     return absl::InvalidArgumentError("DraftModel::Forward: logits must be f32[" + Str(rows) + ", " +
                                       Str(config.draft_vocab_size) + "] contiguous on the host, got " +
                                       logits.ToString());
   }
-  if (!IsHostContiguousF32(hidden_out, total, config.hidden_size)) {
+  if (step.io.hidden_out.empty() && !IsHostContiguousF32(hidden_out, total, config.hidden_size)) {
     return absl::InvalidArgumentError("DraftModel::Forward: hidden_out must be f32[" + Str(total) + ", " +
                                       Str(config.hidden_size) + "] contiguous on the host, got " +
                                       hidden_out.ToString());
@@ -482,19 +493,55 @@ absl::Status DraftModel::Impl::Attention() {
   const TensorView qkv_t = Rows(qkv, 0, t);
   const TensorView flat_cache(cache.data(), cache.dtype(), Shape{options.num_kv_pages * options.page_size, 1, kv_row},
                               cache.device());
-  EAGLE3_RETURN_IF_ERROR(
-      backend->PagedWrite(Block(qkv_t, 0, t, q_width, kv_row), Rows(slots, 0, t), slot_iota, flat_cache));
-  return backend->BatchedPagedAttention(Heads(Block(qkv_t, 0, t, 0, q_width), heads, head_dim), cache,
-                                        Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1), Rows(d_lens, 0, b),
-                                        options.max_context_len, Rows(d_mask, 0, t), scale,
-                                        Heads(Rows(attn, 0, t), heads, head_dim));
+  EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Block(qkv_t, 0, t, q_width, kv_row),
+                                             step.io.slots.empty() ? Rows(slots, 0, t) : step.io.slots, slot_iota,
+                                             flat_cache));
+  const DraftStepIO& io = step.io;
+  return backend->BatchedPagedAttention(
+      Heads(Block(qkv_t, 0, t, 0, q_width), heads, head_dim), cache,
+      io.page_tables.empty() ? Rows(d_tables, 0, b) : io.page_tables,
+      io.q_start.empty() ? Rows(d_starts, 0, b + 1) : io.q_start, io.kv_len.empty() ? Rows(d_lens, 0, b) : io.kv_len,
+      options.max_context_len,
+      !io.mask.empty() ? io.mask : step.causal ? TensorView() : Rows(d_mask, 0, t),  // empty: causal
+      scale,
+      Heads(Rows(attn, 0, t), heads, head_dim));
+}
+
+absl::Status DraftModel::Impl::CheckIO(const DraftStepIO& io) const {
+  const std::string who = "DraftStepIO";
+  const Device dev = backend->device();
+  const int64_t t = step.t;
+  const int64_t b = static_cast<int64_t>(step.n.size());
+  const int64_t width = step.from_target ? tap->width() : hidden_dim;
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "tokens", io.tokens, DType::kI64, Shape{t}, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "hidden", io.hidden, DType::kF32, Shape{t, width}, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "mask", io.mask, DType::kU8, Shape{t, options.max_context_len}, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "positions", io.positions, DType::kI64, Shape{t}, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "slots", io.slots, DType::kI64, Shape{t}, dev));
+  if (!io.page_tables.empty()) {
+    const int64_t p = io.page_tables.rank() == 2 ? std::clamp<int64_t>(io.page_tables.dim(1), 1, max_pages) : max_pages;
+    EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "page_tables", io.page_tables, DType::kI32, Shape{b, p}, dev));
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "q_start", io.q_start, DType::kI32, Shape{b + 1}, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "kv_len", io.kv_len, DType::kI32, Shape{b}, dev));
+  int64_t rows = step.out_rows;
+  if (!io.logit_rows.empty()) {
+    if (std::any_of(step.n.begin(), step.n.end(), [&](int64_t n) { return n != step.n.front(); })) {
+      return absl::InvalidArgumentError("DraftStepIO.logit_rows needs every sequence to bring the same number of rows");
+    }
+    EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "logit_rows", io.logit_rows, DType::kI32, Shape{b}, dev));
+    rows = b;
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "logits", io.logits, DType::kF32, Shape{rows, config.draft_vocab_size}, dev));
+  return CheckStepView(who, "hidden_out", io.hidden_out, DType::kF32, Shape{t, hidden_dim}, dev);
 }
 
 absl::Status DraftModel::Impl::Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
-                                     bool from_target) {
+                                     bool from_target, const DraftStepIO& io) {
   step.staged = false;
-  EAGLE3_RETURN_IF_ERROR(Validate(batch, hidden, from_target));
+  EAGLE3_RETURN_IF_ERROR(Validate(batch, hidden, from_target, !io.hidden.empty()));
   step.from_target = from_target;
+  step.causal = std::all_of(batch.begin(), batch.end(), [](const DraftSequenceInput& in) { return in.mask.empty(); });
   step.n.clear();
   step.all_logits.clear();
   step.out_rows = LogitRows(batch);
@@ -515,6 +562,7 @@ absl::Status DraftModel::Impl::Stage(std::span<const DraftSequenceInput> batch, 
       tok[t + i] = in.tokens[static_cast<size_t>(i)];
       pos[t + i] = in.positions.empty() ? p : in.positions[static_cast<size_t>(i)];
       slot[t + i] = in.page_table[static_cast<size_t>(p / page_size)] * page_size + p % page_size;
+      if (!io.mask.empty() || step.causal) continue;
       // Mask row over the sequence's end = cache_len + n slots: the caller's, or causal.
       uint8_t* row = st_mask.data_as<uint8_t>() + (t + i) * s_max;
       for (int64_t j = 0; j < end; ++j) {
@@ -525,17 +573,26 @@ absl::Status DraftModel::Impl::Stage(std::span<const DraftSequenceInput> batch, 
   }
   st_starts.data_as<int32_t>()[batch.size()] = static_cast<int32_t>(t);
   step.t = t;
+  step.io = DraftStepIO();
+  EAGLE3_RETURN_IF_ERROR(CheckIO(io));
+  step.io = io;
+  if (!io.logit_rows.empty()) step.out_rows = static_cast<int64_t>(batch.size());
   // The input rows, [t, width] contiguous at the start of st_hidden.
-  std::copy_n(hidden.data_as<const float>(), hidden.numel(), st_hidden.data_as<float>());
+  if (io.hidden.empty()) std::copy_n(hidden.data_as<const float>(), hidden.numel(), st_hidden.data_as<float>());
   step.staged = true;
   return absl::OkStatus();
 }
 
 std::vector<int64_t> DraftModel::Impl::Signature() const {
   if (!step.staged) return {};
-  std::vector<int64_t> sig = {step.from_target, static_cast<int64_t>(step.n.size())};
+  std::vector<int64_t> sig = {step.from_target, step.causal, static_cast<int64_t>(step.n.size())};
   sig.insert(sig.end(), step.n.begin(), step.n.end());
   sig.insert(sig.end(), step.all_logits.begin(), step.all_logits.end());
+  for (const TensorView* v : {&step.io.tokens, &step.io.hidden, &step.io.mask, &step.io.logit_rows, &step.io.logits,
+                              &step.io.hidden_out, &step.io.positions, &step.io.slots, &step.io.page_tables,
+                              &step.io.q_start, &step.io.kv_len}) {
+    sig.push_back(ViewAddress(*v));
+  }
   return sig;
 }
 
@@ -543,16 +600,20 @@ absl::Status DraftModel::Impl::Launch() {
   if (!step.staged) return absl::FailedPreconditionError("DraftModel::Launch: no batch is staged (call Stage first)");
   const int64_t t = step.t;
   const int64_t b = static_cast<int64_t>(step.n.size());
-  const TensorView pos_t = Rows(positions, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_tokens, 0, t), Rows(tokens, 0, t)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_positions, 0, t), pos_t));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_slots, 0, t), Rows(slots, 0, t)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_tables, 0, b), Rows(d_tables, 0, b)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_starts, 0, b + 1), Rows(d_starts, 0, b + 1)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_lens, 0, b), Rows(d_lens, 0, b)));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_mask, 0, t), Rows(d_mask, 0, t)));
+  const DraftStepIO& io = step.io;
+  // Inputs the caller keeps on the device are read in place; the others are copied from staging.
+  const TensorView tokens_t = io.tokens.empty() ? Rows(tokens, 0, t) : io.tokens;
+  const TensorView pos_t = io.positions.empty() ? Rows(positions, 0, t) : io.positions;
+  if (io.tokens.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_tokens, 0, t), tokens_t));
+  if (io.positions.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_positions, 0, t), pos_t));
+  if (io.slots.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_slots, 0, t), Rows(slots, 0, t)));
+  if (io.page_tables.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_tables, 0, b), Rows(d_tables, 0, b)));
+  if (io.q_start.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_starts, 0, b + 1), Rows(d_starts, 0, b + 1)));
+  if (io.kv_len.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_lens, 0, b), Rows(d_lens, 0, b)));
+  if (io.mask.empty() && !step.causal) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(st_mask, 0, t), Rows(d_mask, 0, t)));
   const int64_t width = step.from_target ? tap->width() : hidden_dim;
-  const TensorView staged_hidden(st_hidden.data(), DType::kF32, Shape{t, width}, st_hidden.device());
+  const TensorView staged_hidden =
+      io.hidden.empty() ? TensorView(st_hidden.data(), DType::kF32, Shape{t, width}, st_hidden.device()) : io.hidden;
 
   // g: fc over the (normalized) aux states, or the fed-back hidden as given.
   const TensorView g_t = Rows(g, 0, t);
@@ -576,7 +637,7 @@ absl::Status DraftModel::Impl::Launch() {
   // x = [input_layernorm(embed(token)) | hidden_norm(g)]; the residual is g or hidden_norm(g).
   const TensorView e_t = Rows(e, 0, t), x_t = Rows(x, 0, t), r_t = Rows(r, 0, t), h_t = Rows(h, 0, t);
   const TensorView partial_t = Rows(partial, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->EmbeddingLookup(Rows(tokens, 0, t), embed, options.rank * vocab_shard, e_t));
+  EAGLE3_RETURN_IF_ERROR(backend->EmbeddingLookup(tokens_t, embed, options.rank * vocab_shard, e_t));
   EAGLE3_RETURN_IF_ERROR(AllReduce(e_t));
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(e_t, input_ln, eps, Block(x_t, 0, t, 0, hidden_dim)));
   const TensorView normed_g = Block(x_t, 0, t, hidden_dim, hidden_dim);
@@ -603,23 +664,30 @@ absl::Status DraftModel::Impl::Launch() {
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(act_t, down_w, partial_t, {}));
   EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, final_norm, eps, h_t));
-  EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t, Rows(st_hidden_out, 0, t)));
+  EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t,
+                                       io.hidden_out.empty() ? Rows(st_hidden_out, 0, t) : io.hidden_out));
 
   // lm_head over the requested rows, vocab-parallel, all-gathered into draft-vocabulary logits.
   int64_t out_rows = 0, offset = 0;
-  for (size_t s = 0; s < step.n.size(); ++s) {
-    const int64_t n = step.n[s];
-    const int64_t first = step.all_logits[s] ? 0 : n - 1;
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(h_t, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
-    out_rows += n - first;
-    offset += n;
+  if (!io.logit_rows.empty()) {
+    // One row per sequence, chosen on the device (indices local to each sequence's n rows).
+    out_rows = b;
+    EAGLE3_RETURN_IF_ERROR(backend->GatherRows(h_t, io.logit_rows, Rows(lm_in, 0, b), b));
+  } else {
+    for (size_t s = 0; s < step.n.size(); ++s) {
+      const int64_t n = step.n[s];
+      const int64_t first = step.all_logits[s] ? 0 : n - 1;
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(h_t, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
+      out_rows += n - first;
+      offset += n;
+    }
   }
   const Tensor& head = lm_head.empty() ? embed : lm_head;
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
   const int tp = options.tp_size;
   const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
   EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
-  const TensorView logits = Rows(st_logits, 0, out_rows);
+  const TensorView logits = io.logits.empty() ? Rows(st_logits, 0, out_rows) : io.logits;
   for (int q_rank = 0; q_rank < tp; ++q_rank) {
     const int64_t col = q_rank * draft_vocab_shard;
     const int64_t cols = std::min(draft_vocab_shard, config.draft_vocab_size - col);
@@ -634,8 +702,12 @@ absl::Status DraftModel::Impl::Finish(const TensorView& logits, const TensorView
   if (!step.staged) return absl::FailedPreconditionError("DraftModel::Finish: no batch is staged (call Stage first)");
   EAGLE3_RETURN_IF_ERROR(ValidateOutputs(logits, hidden_out));
   EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
-  std::copy_n(st_logits.data_as<const float>(), step.out_rows * config.draft_vocab_size, logits.data_as<float>());
-  std::copy_n(st_hidden_out.data_as<const float>(), step.t * hidden_dim, hidden_out.data_as<float>());
+  if (step.io.logits.empty()) {
+    std::copy_n(st_logits.data_as<const float>(), step.out_rows * config.draft_vocab_size, logits.data_as<float>());
+  }
+  if (step.io.hidden_out.empty()) {
+    std::copy_n(st_hidden_out.data_as<const float>(), step.t * hidden_dim, hidden_out.data_as<float>());
+  }
   return absl::OkStatus();
 }
 
@@ -657,7 +729,7 @@ int64_t DraftModel::LogitRows(std::span<const DraftSequenceInput> batch) {
 absl::Status DraftModel::Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
                                  bool from_target, const TensorView& logits, const TensorView& hidden_out) {
   Impl& m = *impl_;
-  EAGLE3_RETURN_IF_ERROR(m.Stage(batch, hidden, from_target));
+  EAGLE3_RETURN_IF_ERROR(m.Stage(batch, hidden, from_target, DraftStepIO()));
   EAGLE3_RETURN_IF_ERROR(m.ValidateOutputs(logits, hidden_out));
   EAGLE3_RETURN_IF_ERROR(m.Launch());
   return m.Finish(logits, hidden_out);
@@ -665,7 +737,12 @@ absl::Status DraftModel::Forward(std::span<const DraftSequenceInput> batch, cons
 
 absl::Status DraftModel::Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden,
                                bool from_target) {
-  return impl_->Stage(batch, hidden, from_target);
+  return impl_->Stage(batch, hidden, from_target, DraftStepIO());
+}
+
+absl::Status DraftModel::Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                               const DraftStepIO& io) {
+  return impl_->Stage(batch, hidden, from_target, io);
 }
 
 absl::Status DraftModel::Launch() { return impl_->Launch(); }

@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "draft_tree_steps.h"
 #include "eagle3/status.h"
 
 namespace eagle3 {
@@ -14,24 +18,28 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// Log-softmax normalizer of one row, in double: lse = max + log(sum exp(x - max)). Rejects values the
-// tree cannot rank (NaN, +inf) and rows with nothing finite; the caller prefixes the message.
-absl::StatusOr<double> LogSumExp(const float* row, int64_t n) {
+}  // namespace
+
+namespace draft_tree_internal {
+namespace {
+
+// Log-softmax normalizer of one row, in double: lse = max + log(sum exp(x - max)). NaN and +inf
+// cannot be ranked and a row with nothing finite has no distribution: those come back as the
+// error (its row left for the caller).
+RowError LogSumExp(const float* row, int64_t n, double& lse) {
   double max = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < n; ++j) {
     const float x = row[j];
     if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) {
-      return absl::InvalidArgumentError(std::string("has ") + (std::isnan(x) ? "NaN" : "+inf") +
-                                        " at draft id " + Str(j));
+      return {std::isnan(x) ? RowProblem::kNaN : RowProblem::kPosInf, 0, j};
     }
     max = std::max(max, static_cast<double>(x));
   }
-  if (max == -std::numeric_limits<double>::infinity()) {
-    return absl::InvalidArgumentError("has no finite logit (all -inf)");
-  }
+  if (max == -std::numeric_limits<double>::infinity()) return {RowProblem::kNoFiniteLogit, 0, -1};
   double sum = 0.0;
   for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(row[j]) - max);
-  return max + std::log(sum);
+  lse = max + std::log(sum);
+  return {};
 }
 
 // The k largest entries of `row`, largest first; equal values keep the lower index first.
@@ -46,14 +54,97 @@ void TopKIndices(const float* row, int64_t n, int k, std::vector<int64_t>& ids) 
 
 // Candidate order of the frontier and the final pick: higher score first, then lower index.
 struct ScoreOrder {
-  const std::vector<double>* scores;
+  const double* scores;
   bool operator()(int32_t a, int32_t b) const {
-    const double sa = (*scores)[a], sb = (*scores)[b];
+    const double sa = scores[a], sb = scores[b];
     return sa > sb || (sa == sb && a < b);
   }
 };
 
 }  // namespace
+
+int64_t MaxCandidates(int topk, int num_steps) { return CandidatesBefore(topk, num_steps); }
+
+int64_t CandidatesBefore(int topk, int step) {
+  const int64_t k = topk;
+  return step == 0 ? 1 : 1 + k + (static_cast<int64_t>(step) - 1) * k * k;
+}
+
+void StartBuild(int64_t root_token, const CandidateStore& store) {
+  store.candidates[0] = DraftCandidate{root_token, -1, -1, 0, 0.0f};
+  store.scores[0] = 0.0;
+  store.frontier[0] = 0;
+  *store.count = 1;
+}
+
+RowError ExpandPass(const DraftTreeParams& params, int step, const float* logits, int64_t ld,
+                    int64_t vocab, std::span<const int64_t> d2t, const CandidateStore& store) {
+  const int k = params.topk;
+  const int64_t rows = step == 0 ? 1 : k;
+  const int64_t first = *store.count;
+  std::vector<int64_t> top;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * ld;
+    double lse = 0.0;
+    RowError error = LogSumExp(row, vocab, lse);
+    if (error.kind != RowProblem::kNone) {
+      error.row = r;
+      return error;
+    }
+    const int32_t parent = store.frontier[r];
+    TopKIndices(row, vocab, k, top);
+    for (const int64_t id : top) {
+      const double score = store.scores[parent] + (static_cast<double>(row[id]) - lse);
+      const int64_t c = (*store.count)++;
+      store.candidates[c] = DraftCandidate{d2t.empty() ? id : id + d2t[id], id, parent,
+                                           store.candidates[parent].depth + 1,
+                                           static_cast<float>(score)};
+      store.scores[c] = score;
+    }
+  }
+  if (step + 1 < params.num_steps) {
+    // Next frontier: the best k of this pass's candidates, best first.
+    std::vector<int32_t> pass(static_cast<size_t>(*store.count - first));
+    std::iota(pass.begin(), pass.end(), static_cast<int32_t>(first));
+    std::partial_sort(pass.begin(), pass.begin() + k, pass.end(), ScoreOrder{store.scores});
+    std::copy_n(pass.begin(), k, store.frontier);
+  }
+  return {};
+}
+
+absl::StatusOr<DraftTree> PickTree(const CandidateStore& store, int64_t root_token,
+                                   int num_draft_tokens) {
+  // The best num_draft_tokens - 1 candidates, then back to candidate order.
+  const int64_t count = *store.count;
+  std::vector<int32_t> picked(static_cast<size_t>(count - 1));
+  std::iota(picked.begin(), picked.end(), 1);
+  const size_t keep = static_cast<size_t>(num_draft_tokens - 1);
+  std::partial_sort(picked.begin(), picked.begin() + static_cast<ptrdiff_t>(keep), picked.end(),
+                    ScoreOrder{store.scores});
+  picked.resize(keep);
+  std::sort(picked.begin(), picked.end());
+
+  std::vector<int32_t> node_of(static_cast<size_t>(count), -1);
+  node_of[0] = 0;
+  std::vector<int64_t> tokens = {root_token};
+  std::vector<int32_t> parents = {-1};
+  for (const int32_t c : picked) {
+    const int32_t parent_node = node_of[store.candidates[c].parent];
+    if (parent_node < 0) {
+      // Impossible: a parent scores at least as high as its child and has the lower index.
+      return absl::InternalError("draft tree: candidate " + Str(c) + " was kept without its parent " +
+                                 Str(store.candidates[c].parent));
+    }
+    node_of[c] = static_cast<int32_t>(tokens.size());
+    tokens.push_back(store.candidates[c].token);
+    parents.push_back(parent_node);
+  }
+  EAGLE3_ASSIGN_OR_RETURN(DraftTree tree, DraftTree::FromParents(tokens, parents));
+  for (size_t i = 0; i < picked.size(); ++i) tree.scores[i + 1] = store.candidates[picked[i]].score;
+  return tree;
+}
+
+}  // namespace draft_tree_internal
 
 absl::Status DraftTreeParams::Validate(int64_t draft_vocab) const {
   if (draft_vocab < 1) {
@@ -255,81 +346,38 @@ absl::StatusOr<DraftTree> BuildDraftTree(int64_t root_token, const DraftTreePara
   }
   if (!expand) return absl::InvalidArgumentError("draft tree: no draft expand callback");
 
-  const int k = params.topk;
-  std::vector<DraftCandidate> candidates;
-  std::vector<double> scores;  // exact cumulative scores; DraftCandidate::score is their float copy
-  const size_t max_candidates = 1 + static_cast<size_t>(k) +
-                                static_cast<size_t>(params.num_steps - 1) * static_cast<size_t>(k) * k;
-  candidates.reserve(max_candidates);
-  scores.reserve(max_candidates);
-  candidates.push_back(DraftCandidate{root_token, -1, -1, 0, 0.0f});
-  scores.push_back(0.0);
+  using draft_tree_internal::RowProblem;
+  const size_t capacity =
+      static_cast<size_t>(draft_tree_internal::MaxCandidates(params.topk, params.num_steps));
+  std::vector<DraftCandidate> candidates(capacity);
+  std::vector<double> scores(capacity);
+  std::vector<int32_t> frontier(static_cast<size_t>(params.topk));
+  int64_t count = 0;
+  const draft_tree_internal::CandidateStore store{candidates.data(), scores.data(), frontier.data(),
+                                                  &count};
+  draft_tree_internal::StartBuild(root_token, store);
 
-  std::vector<int32_t> frontier = {0};
   std::vector<float> logits;
-  std::vector<int64_t> top;
-  std::vector<int32_t> step_candidates;
   for (int step = 0; step < params.num_steps; ++step) {
-    const int64_t rows = static_cast<int64_t>(frontier.size());
+    const int64_t rows = step == 0 ? 1 : params.topk;
     logits.assign(static_cast<size_t>(rows * draft_vocab), 0.0f);
     const TensorView view(logits.data(), DType::kF32, Shape{rows, draft_vocab});
-    EAGLE3_RETURN_IF_ERROR(expand(candidates, frontier, view));
-
-    step_candidates.clear();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = logits.data() + r * draft_vocab;
-      const int32_t parent = frontier[r];
-      const absl::StatusOr<double> lse = LogSumExp(row, draft_vocab);
-      if (!lse.ok()) {
-        return absl::InvalidArgumentError("draft tree: logits of step " + Str(step) + " row " + Str(r) +
-                                          " (candidate " + Str(parent) + ") " +
-                                          std::string(lse.status().message()));
-      }
-      TopKIndices(row, draft_vocab, k, top);
-      for (const int64_t id : top) {
-        const double score = scores[parent] + (static_cast<double>(row[id]) - *lse);
-        const int64_t token = d2t.empty() ? id : id + d2t[id];
-        step_candidates.push_back(static_cast<int32_t>(candidates.size()));
-        candidates.push_back(DraftCandidate{token, id, parent, candidates[parent].depth + 1,
-                                            static_cast<float>(score)});
-        scores.push_back(score);
-      }
-    }
-    if (step + 1 < params.num_steps) {
-      // Next frontier: the best k of this step's candidates, best first.
-      std::partial_sort(step_candidates.begin(), step_candidates.begin() + k, step_candidates.end(),
-                        ScoreOrder{&scores});
-      frontier.assign(step_candidates.begin(), step_candidates.begin() + k);
+    EAGLE3_RETURN_IF_ERROR(expand(std::span<const DraftCandidate>(candidates.data(), count),
+                                  std::span<const int32_t>(frontier.data(), rows), view));
+    const draft_tree_internal::RowError error = draft_tree_internal::ExpandPass(
+        params, step, logits.data(), draft_vocab, draft_vocab, d2t, store);
+    if (error.kind != RowProblem::kNone) {
+      const std::string what =
+          error.kind == RowProblem::kNoFiniteLogit
+              ? std::string("has no finite logit (all -inf)")
+              : std::string("has ") + (error.kind == RowProblem::kNaN ? "NaN" : "+inf") +
+                    " at draft id " + Str(error.draft_id);
+      return absl::InvalidArgumentError("draft tree: logits of step " + Str(step) + " row " +
+                                        Str(error.row) + " (candidate " +
+                                        Str(frontier[static_cast<size_t>(error.row)]) + ") " + what);
     }
   }
-
-  // Final pick: the best num_draft_tokens - 1 candidates, then back to candidate order.
-  std::vector<int32_t> picked(candidates.size() - 1);
-  std::iota(picked.begin(), picked.end(), 1);
-  const size_t keep = static_cast<size_t>(params.num_draft_tokens - 1);
-  std::partial_sort(picked.begin(), picked.begin() + static_cast<ptrdiff_t>(keep), picked.end(),
-                    ScoreOrder{&scores});
-  picked.resize(keep);
-  std::sort(picked.begin(), picked.end());
-
-  std::vector<int32_t> node_of(candidates.size(), -1);
-  node_of[0] = 0;
-  std::vector<int64_t> tokens = {root_token};
-  std::vector<int32_t> parents = {-1};
-  for (const int32_t c : picked) {
-    const int32_t parent_node = node_of[candidates[c].parent];
-    if (parent_node < 0) {
-      // Impossible: a parent scores at least as high as its child and has the lower index.
-      return absl::InternalError("draft tree: candidate " + Str(c) + " was kept without its parent " +
-                                 Str(candidates[c].parent));
-    }
-    node_of[c] = static_cast<int32_t>(tokens.size());
-    tokens.push_back(candidates[c].token);
-    parents.push_back(parent_node);
-  }
-  EAGLE3_ASSIGN_OR_RETURN(DraftTree tree, DraftTree::FromParents(tokens, parents));
-  for (size_t i = 0; i < picked.size(); ++i) tree.scores[i + 1] = candidates[picked[i]].score;
-  return tree;
+  return draft_tree_internal::PickTree(store, root_token, params.num_draft_tokens);
 }
 
 }  // namespace eagle3

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "decode_tally.h"
 #include "eagle3/status.h"
 
 namespace eagle3 {
@@ -42,11 +43,20 @@ struct Sequence {
 SpeculativeDecoder::SpeculativeDecoder(TargetModel* target, Drafter* drafter, const DecodeOptions& options)
     : target_(target), drafter_(drafter), options_(options) {}
 
+SpeculativeDecoder::SpeculativeDecoder(TargetModel* target, DraftModel* draft, Backend* backend,
+                                       const DecodeOptions& options)
+    : target_(target), draft_(draft), backend_(backend), options_(options) {}
+
 absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
     std::span<const std::vector<int64_t>> prompts, DecodeStats* stats) {
   DecodeStats local_stats;
   DecodeStats& st = stats != nullptr ? *stats : local_stats;
   st = DecodeStats();
+  return backend_ != nullptr ? GenerateOnDevice(prompts, st) : GenerateOnHost(prompts, st);
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOnHost(
+    std::span<const std::vector<int64_t>> prompts, DecodeStats& st) {
   const auto start = Clock::now();
   const TargetModelOptions& topt = target_->options();
   const int64_t vocab = target_->config().vocab_size;
@@ -87,16 +97,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
 
   uint64_t verify_offset = 0;  // Philox counter base, advanced per verify call
   std::vector<float> logits, aux;
-  // Appends emitted tokens to a sequence, stopping at EOS or max_new_tokens.
   auto emit = [&](Sequence& s, std::span<const int64_t> tokens) {
-    for (int64_t tok : tokens) {
-      if (s.done) break;
-      s.generated.push_back(tok);
-      st.generated_tokens += 1;
-      const bool eos = std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), tok) !=
-                       options_.eos_token_ids.end();
-      if (eos || static_cast<int>(s.generated.size()) >= options_.max_new_tokens) s.done = true;
-    }
+    s.done = EmitTokens(tokens, options_, s.generated, s.done, st);
   };
   // Root-only trees: the verifier then samples (or takes the argmax of) each row.
   auto sample_rows = [&](const std::vector<int64_t>& roots, const std::vector<float>& rows,
@@ -150,8 +152,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
     }
   }
 
-  int64_t verify_passes = 0, emitted_in_passes = 0;
-  std::vector<int64_t> at_least(static_cast<size_t>(options_.tree.num_steps + 1), 0);
+  AcceptanceTally tally(options_.tree.num_steps);
   while (true) {
     if (options_.progress) options_.progress(st.generated_tokens, batch * options_.max_new_tokens);
     std::vector<int64_t> active;
@@ -232,12 +233,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
       std::vector<int64_t> accepted = {0};
       for (int32_t node : r.accepted_nodes) accepted.push_back(node);
       EAGLE3_RETURN_IF_ERROR(target_->CommitAccepted(s.pages, s.cache_len, accepted));
-      verify_passes += 1;
-      emitted_in_passes += static_cast<int64_t>(r.tokens.size());
-      const size_t a = static_cast<size_t>(r.num_accepted());
-      if (st.accepted_histogram.size() <= a) st.accepted_histogram.resize(a + 1, 0);
-      st.accepted_histogram[a] += 1;
-      for (size_t d = 0; d < a && d < at_least.size(); ++d) at_least[d] += 1;
+      tally.Add(r.num_accepted(), static_cast<int64_t>(r.tokens.size()), st);
       const int64_t first_position = s.cache_len;
       s.cache_len += static_cast<int64_t>(accepted.size());
       s.root = r.tokens.back();
@@ -260,15 +256,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
     }
   }
 
-  st.mean_accepted_length = verify_passes > 0 ? static_cast<double>(emitted_in_passes) / verify_passes : 0;
-  if (speculative) {
-    st.acceptance_by_depth.clear();
-    for (int d = 0; d < options_.tree.num_steps; ++d) {
-      st.acceptance_by_depth.push_back(verify_passes > 0 ? static_cast<double>(at_least[static_cast<size_t>(d)]) /
-                                                               verify_passes
-                                                         : 0);
-    }
-  }
+  tally.Finish(speculative, options_.tree.num_steps, st);
   st.total_seconds = Seconds(start);
   std::vector<std::vector<int64_t>> out;
   for (Sequence& s : seqs) out.push_back(std::move(s.generated));

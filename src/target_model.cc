@@ -127,6 +127,7 @@ struct TargetModel::Impl {
     std::vector<int64_t> n;            // new tokens per sequence
     std::vector<uint8_t> all_logits;   // per sequence
     std::span<const SequenceInput> batch;  // per-sequence path only: read again by Launch
+    TargetStepIO io;                       // device-side inputs / outputs (empty views: host path)
   } step;
   // Host staging (backend->staging_allocator(): pinned on CUDA) written by Stage and read by the
   // copies Launch enqueues; outputs written by Launch's copies and read by Finish.
@@ -193,7 +194,8 @@ struct TargetModel::Impl {
   absl::Status AttentionPerSequence(int layer, const TensorView& x);
   absl::Status Mlp(int layer, const TensorView& x);
   absl::Status Capture(int boundary, int64_t t);
-  absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap);
+  absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap, const TargetStepIO& io);
+  absl::Status CheckIO(const TargetStepIO& io) const;
   absl::Status Launch();
   absl::Status Finish(const TensorView& logits, const TensorView& aux);
   std::vector<int64_t> Signature() const;
@@ -494,12 +496,18 @@ absl::Status TargetModel::Impl::ValidateBatch(std::span<const SequenceInput> bat
 
 // The outputs Finish fills, against the staged step.
 absl::Status TargetModel::Impl::ValidateOutputs(const TensorView& logits, const TensorView& aux) const {
-  if (logits.rank() != 2 || logits.dim(0) != step.out_rows || logits.dim(1) != config.vocab_size ||
-      logits.dtype() != DType::kF32 || !logits.device().is_cpu() || !logits.is_contiguous()) {
+  if (!step.io.logits.empty() || !step.io.aux.empty()) {
+    if ((!step.io.logits.empty() && !logits.empty()) || (!step.io.aux.empty() && step.tap.has_value() && !aux.empty())) {
+      return absl::InvalidArgumentError(
+          "Finish: the staged step leaves its logits / aux on the device (TargetStepIO); pass empty views for them");
+    }
+  }
+  if (step.io.logits.empty() && (logits.rank() != 2 || logits.dim(0) != step.out_rows || logits.dim(1) != config.vocab_size ||
+      logits.dtype() != DType::kF32 || !logits.device().is_cpu() || !logits.is_contiguous())) {
     return absl::InvalidArgumentError("Forward: logits must be f32[" + Str(step.out_rows) + ", " +
                                       Str(config.vocab_size) + "] contiguous on the host, got " + logits.ToString());
   }
-  if (step.tap.has_value()) {
+  if (step.tap.has_value() && step.io.aux.empty()) {
     const int64_t width = step.tap->width();
     if (aux.rank() != 2 || aux.dim(0) != step.t || aux.dim(1) != width || aux.dtype() != DType::kF32 ||
         !aux.device().is_cpu() || !aux.is_contiguous()) {
@@ -522,7 +530,9 @@ absl::Status TargetModel::Impl::Capture(int boundary, int64_t t) {
     EAGLE3_RETURN_IF_ERROR(AllGather(Rows(r, 0, t_pad / options.tp_size), Rows(tap_rows, 0, t_pad)));
     full = Rows(tap_rows, 0, t);
   }
-  const TensorView aux(st_aux.data(), DType::kF32, Shape{t, step.tap->width()}, st_aux.device());
+  const TensorView aux = !step.io.aux.empty()
+                             ? step.io.aux
+                             : TensorView(st_aux.data(), DType::kF32, Shape{t, step.tap->width()}, st_aux.device());
   return backend->Copy(full, Block(aux, 0, t, slot * hd, hd));
 }
 
@@ -545,7 +555,7 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, rows_t, {}));
   const TensorView c_t = Block(rows_t, 0, t, 0, latent);
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(c_t, L.kv_a_ln, static_cast<float>(config.rms_norm_eps), c_t));
-  const TensorView pos_t = Rows(positions, 0, t);
+  const TensorView pos_t = step.io.positions.empty() ? Rows(positions, 0, t) : step.io.positions;
   const TensorView q3 = Heads(q_t, heads, qk);
 
   if (step.batched) {
@@ -563,7 +573,9 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
                                 Shape{options.num_kv_pages * options.page_size, 1, width}, L.cache.device());
     EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(rows_t, Rows(slots, 0, t), slot_iota, flat_cache));
     const int64_t b = static_cast<int64_t>(step.n.size());
-    const TensorView tree = step.has_tree ? Rows(d_tree_mask, 0, t) : TensorView();
+    const TensorView tree = !step.io.tree_mask.empty() ? step.io.tree_mask
+                            : step.has_tree            ? Rows(d_tree_mask, 0, t)
+                                                       : TensorView();
     EAGLE3_RETURN_IF_ERROR(backend->BatchedLatentAttention(q_lat3, L.cache, Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1),
                                                            Rows(d_lens, 0, b), options.max_context_len, tree, scale,
                                                            latent, o_lat3));
@@ -655,7 +667,33 @@ absl::Status TargetModel::Impl::Mlp(int layer, const TensorView& x) {
   return absl::OkStatus();
 }
 
-absl::Status TargetModel::Impl::Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap) {
+absl::Status TargetModel::Impl::CheckIO(const TargetStepIO& io) const {
+  const std::string who = "TargetStepIO";
+  const Device dev = backend->device();
+  const int64_t t = step.t;
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "tokens", io.tokens, DType::kI64, Shape{t}, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "positions", io.positions, DType::kI64, Shape{t}, dev));
+  if (!io.tree_mask.empty()) {
+    const int64_t n_max = *std::max_element(step.n.begin(), step.n.end());
+    const int64_t m = io.tree_mask.rank() == 2 ? std::max(io.tree_mask.dim(1), n_max) : n_max;
+    EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "tree_mask", io.tree_mask, DType::kU8, Shape{t, m}, dev));
+    if (!step.batched) {
+      return absl::InvalidArgumentError(
+          "TargetStepIO.tree_mask needs the batched path (every sequence absorbed: at most " +
+          Str(kAbsorbedMaxNewTokens) + " new tokens each under AttentionPath::kAuto)");
+    }
+  }
+  EAGLE3_RETURN_IF_ERROR(
+      CheckStepView(who, "logits", io.logits, DType::kF32, Shape{step.out_rows, config.vocab_size}, dev));
+  if (!io.aux.empty()) {
+    if (!step.tap.has_value()) return absl::InvalidArgumentError("TargetStepIO.aux is set but the step has no tap");
+    EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "aux", io.aux, DType::kF32, Shape{t, step.tap->width()}, dev));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TargetModel::Impl::Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap,
+                                      const TargetStepIO& io) {
   step.staged = false;
   EAGLE3_RETURN_IF_ERROR(ValidateBatch(batch, tap));
   if (tap != nullptr && tap->width() > st_aux.dim(1)) {
@@ -714,6 +752,10 @@ absl::Status TargetModel::Impl::Stage(std::span<const SequenceInput> batch, cons
   }
   st.t = t;
   if (st.batched) st_starts.data_as<int32_t>()[batch.size()] = static_cast<int32_t>(t);
+  st.io = TargetStepIO();
+  EAGLE3_RETURN_IF_ERROR(CheckIO(io));
+  st.io = io;
+  st.has_tree = st.has_tree || !io.tree_mask.empty();
   const int64_t t_pad = options.residual_mode == ResidualMode::kTokenSharded ? RoundUp(t, options.tp_size) : t;
   std::fill(tok + t, tok + t_pad, int64_t{0});  // padding rows look up token 0; never read
   st.staged = true;
@@ -728,6 +770,9 @@ std::vector<int64_t> TargetModel::Impl::Signature() const {
   if (step.tap.has_value()) {
     for (int b = 0; b <= config.num_hidden_layers; ++b) sig.push_back(step.tap->SlotOf(b));
   }
+  for (const TensorView* v : {&step.io.tokens, &step.io.positions, &step.io.tree_mask, &step.io.logits, &step.io.aux}) {
+    sig.push_back(ViewAddress(*v));
+  }
   return sig;
 }
 
@@ -740,14 +785,18 @@ absl::Status TargetModel::Impl::Launch() {
   const int64_t t_pad = sharded ? RoundUp(t, tp) : t;
   const int64_t t_local = sharded ? t_pad / tp : t;
   EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_tokens, 0, t_pad), Rows(tokens, 0, t_pad)));
-  EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_positions, 0, t), Rows(positions, 0, t)));
+  // Device tokens replace the staged ones (padding rows of the sharded mode stay staged zeros).
+  if (!step.io.tokens.empty()) EAGLE3_RETURN_IF_ERROR(backend->Copy(step.io.tokens, Rows(tokens, 0, t)));
+  if (step.io.positions.empty()) EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_positions, 0, t), Rows(positions, 0, t)));
   EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_slots, 0, t), Rows(slots, 0, t)));
   if (step.batched) {
     const int64_t b = static_cast<int64_t>(step.n.size());
     EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_tables, 0, b), Rows(d_tables, 0, b)));
     EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_starts, 0, b + 1), Rows(d_starts, 0, b + 1)));
     EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_lens, 0, b), Rows(d_lens, 0, b)));
-    if (step.has_tree) EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_mask, 0, t), Rows(d_tree_mask, 0, t)));
+    if (step.has_tree && step.io.tree_mask.empty()) {
+      EAGLE3_RETURN_IF_ERROR(Upload(Rows(st_mask, 0, t), Rows(d_tree_mask, 0, t)));
+    }
   }
   // Reduces the partial sums of `partial` (rows [0, t)) into `dst`: all-reduce, or reduce-scatter to
   // this rank's tokens (padding rows zeroed first so they stay zero).
@@ -804,7 +853,10 @@ absl::Status TargetModel::Impl::Launch() {
   const Tensor& head = lm_head.empty() ? embed : lm_head;
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
   const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
-  const TensorView logits(st_logits.data(), DType::kF32, Shape{out_rows, config.vocab_size}, st_logits.device());
+  const TensorView logits =
+      !step.io.logits.empty()
+          ? step.io.logits
+          : TensorView(st_logits.data(), DType::kF32, Shape{out_rows, config.vocab_size}, st_logits.device());
   EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
   for (int q_rank = 0; q_rank < tp; ++q_rank) {
     const int64_t col = q_rank * vocab_shard;
@@ -820,8 +872,10 @@ absl::Status TargetModel::Impl::Finish(const TensorView& logits, const TensorVie
   if (!step.staged) return absl::FailedPreconditionError("Finish: no batch is staged (call Stage first)");
   EAGLE3_RETURN_IF_ERROR(ValidateOutputs(logits, aux));
   EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
-  std::copy_n(st_logits.data_as<const float>(), step.out_rows * config.vocab_size, logits.data_as<float>());
-  if (step.tap.has_value()) {
+  if (step.io.logits.empty()) {
+    std::copy_n(st_logits.data_as<const float>(), step.out_rows * config.vocab_size, logits.data_as<float>());
+  }
+  if (step.tap.has_value() && step.io.aux.empty()) {
     std::copy_n(st_aux.data_as<const float>(), step.t * step.tap->width(), aux.data_as<float>());
   }
   return absl::OkStatus();
@@ -898,7 +952,7 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
 absl::Status TargetModel::Forward(std::span<const SequenceInput> batch, const TensorView& logits,
                                   const HiddenStateTap* tap, const TensorView& aux) {
   Impl& m = *impl_;
-  EAGLE3_RETURN_IF_ERROR(m.Stage(batch, tap));
+  EAGLE3_RETURN_IF_ERROR(m.Stage(batch, tap, TargetStepIO()));
   EAGLE3_RETURN_IF_ERROR(m.ValidateOutputs(logits, aux));
   EAGLE3_RETURN_IF_ERROR(m.Launch());
   EAGLE3_RETURN_IF_ERROR(m.Finish(logits, aux));
@@ -907,7 +961,12 @@ absl::Status TargetModel::Forward(std::span<const SequenceInput> batch, const Te
 }
 
 absl::Status TargetModel::Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap) {
-  return impl_->Stage(batch, tap);
+  return impl_->Stage(batch, tap, TargetStepIO());
+}
+
+absl::Status TargetModel::Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap,
+                                const TargetStepIO& io) {
+  return impl_->Stage(batch, tap, io);
 }
 
 absl::Status TargetModel::Launch() { return impl_->Launch(); }

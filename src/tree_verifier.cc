@@ -5,29 +5,36 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "eagle3/philox.h"
 #include "eagle3/status.h"
+#include "tree_verifier_internal.h"
 
 namespace eagle3 {
 namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// NaN and +inf cannot be ranked or normalized; -inf is a masked token. OK iff the row has a finite
-// logit; otherwise the message says what is wrong (the caller names the row).
-absl::Status CheckRow(const float* row, int64_t v) {
+// NaN and +inf cannot be ranked or normalized; -inf is a masked token. The row's problem (kind and
+// the lowest bad token id; the caller sets the row), or kind kNone when it has a finite logit.
+VerifyErrorRecord CheckRow(const float* row, int64_t v) {
   bool any_finite = false;
   for (int64_t j = 0; j < v; ++j) {
     const float x = row[j];
-    if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) {
-      return absl::InvalidArgumentError(std::string("has ") + (std::isnan(x) ? "NaN" : "+inf") +
-                                        " at token id " + Str(j));
-    }
+    if (std::isnan(x)) return {VerifyErrorRecord::kNaN, 0, j};
+    if (x == std::numeric_limits<float>::infinity()) return {VerifyErrorRecord::kPosInf, 0, j};
     any_finite = any_finite || std::isfinite(x);
   }
-  if (!any_finite) return absl::InvalidArgumentError("has no finite logit (all -inf)");
-  return absl::OkStatus();
+  if (!any_finite) return {VerifyErrorRecord::kNoFiniteLogit, 0, 0};
+  return {};
+}
+
+// What a row problem of CheckRow says (the caller names the row).
+std::string RowProblemText(const VerifyErrorRecord& e) {
+  if (e.kind == VerifyErrorRecord::kNoFiniteLogit) return "has no finite logit (all -inf)";
+  return std::string("has ") + (e.kind == VerifyErrorRecord::kNaN ? "NaN" : "+inf") + " at token id " +
+         Str(e.token);
 }
 
 // Index of the largest logit, the lowest id among ties.
@@ -112,6 +119,7 @@ const float* Row(const TensorView& logits, int64_t i) {
   return logits.data_as<const float>() + i * logits.stride(0);
 }
 
+// The structure and the logits' layout of sequence b; VerifyTree checks the data.
 absl::Status CheckSequence(int64_t b, const DraftTree& tree, const TensorView& logits, int64_t vocab) {
   const std::string seq = "verify: sequence " + Str(b);
   if (absl::Status st = tree.Validate(); !st.ok()) {
@@ -126,18 +134,17 @@ absl::Status CheckSequence(int64_t b, const DraftTree& tree, const TensorView& l
                                       Str(n) + ", " + Str(vocab) + "] cpu with unit stride along the vocabulary (" +
                                       Str(n) + " tree nodes)");
   }
-  for (int64_t i = 1; i < n; ++i) {
-    if (tree.tokens[i] < 0 || tree.tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(seq + ": node " + Str(i) + " token " + Str(tree.tokens[i]) +
-                                        " is out of range [0, " + Str(vocab) + ")");
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (absl::Status st = CheckRow(Row(logits, i), vocab); !st.ok()) {
-      return absl::InvalidArgumentError(seq + ": target logits row " + Str(i) + " " + std::string(st.message()));
-    }
-  }
   return absl::OkStatus();
+}
+
+// TreeVerifier::Verify's message for a data problem of sequence b.
+absl::Status SequenceError(int64_t b, const VerifyErrorRecord& e, int64_t vocab) {
+  const std::string seq = "verify: sequence " + Str(b);
+  if (e.kind == VerifyErrorRecord::kTokenOutOfRange) {
+    return absl::InvalidArgumentError(seq + ": node " + Str(e.row) + " token " + Str(e.token) +
+                                      " is out of range [0, " + Str(vocab) + ")");
+  }
+  return absl::InvalidArgumentError(seq + ": target logits row " + Str(e.row) + " " + RowProblemText(e));
 }
 
 VerifyResult VerifyGreedy(const DraftTree& tree, const TensorView& logits, int64_t vocab) {
@@ -190,6 +197,30 @@ VerifyResult VerifyStochastic(const DraftTree& tree, const TensorView& logits, i
 
 }  // namespace
 
+TreeVerifyOutcome VerifyTree(const DraftTree& tree, const TensorView& logits, const SamplingParams& sampling,
+                             uint64_t seed, uint64_t offset, uint32_t stream) {
+  TreeVerifyOutcome outcome;
+  const int64_t n = tree.size();
+  const int64_t vocab = logits.dim(1);
+  for (int64_t i = 1; i < n; ++i) {
+    if (tree.tokens[i] < 0 || tree.tokens[i] >= vocab) {
+      outcome.error = {VerifyErrorRecord::kTokenOutOfRange, i, tree.tokens[i]};
+      return outcome;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (VerifyErrorRecord e = CheckRow(Row(logits, i), vocab); e.kind != VerifyErrorRecord::kNone) {
+      e.row = i;
+      outcome.error = e;
+      return outcome;
+    }
+  }
+  outcome.result = sampling.temperature == 0.0f
+                       ? VerifyGreedy(tree, logits, vocab)
+                       : VerifyStochastic(tree, logits, vocab, sampling, seed, offset, stream);
+  return outcome;
+}
+
 absl::Status SamplingParams::Validate() const {
   if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
     return absl::InvalidArgumentError("sampling: temperature = " + std::to_string(temperature) +
@@ -217,8 +248,8 @@ absl::Status TreeVerifier::ProcessedDistribution(std::span<const float> logits, 
                                       " entries, probs " + Str(probs.size()) + "; both must be V >= 1");
   }
   const int64_t v = static_cast<int64_t>(logits.size());
-  if (absl::Status st = CheckRow(logits.data(), v); !st.ok()) {
-    return absl::InvalidArgumentError("processed distribution: logits " + std::string(st.message()));
+  if (const VerifyErrorRecord e = CheckRow(logits.data(), v); e.kind != VerifyErrorRecord::kNone) {
+    return absl::InvalidArgumentError("processed distribution: logits " + RowProblemText(e));
   }
   std::vector<double> p;
   std::vector<int64_t> order;
@@ -247,17 +278,14 @@ absl::StatusOr<std::vector<VerifyResult>> TreeVerifier::Verify(std::span<const D
     return absl::InvalidArgumentError("verify: sequence 0: target logits are " + target_logits[0].ToString() +
                                       ", expected f32[N, V] with V >= 1");
   }
-  for (size_t b = 0; b < trees.size(); ++b) {
-    EAGLE3_RETURN_IF_ERROR(CheckSequence(static_cast<int64_t>(b), trees[b], target_logits[b], vocab));
-  }
   results.reserve(trees.size());
   for (size_t b = 0; b < trees.size(); ++b) {
-    if (sampling.temperature == 0.0f) {
-      results.push_back(VerifyGreedy(trees[b], target_logits[b], vocab));
-    } else {
-      results.push_back(VerifyStochastic(trees[b], target_logits[b], vocab, sampling, seed, offset,
-                                         static_cast<uint32_t>(b)));
-    }
+    const auto seq = static_cast<int64_t>(b);
+    EAGLE3_RETURN_IF_ERROR(CheckSequence(seq, trees[b], target_logits[b], vocab));
+    TreeVerifyOutcome outcome =
+        VerifyTree(trees[b], target_logits[b], sampling, seed, offset, static_cast<uint32_t>(b));
+    if (outcome.error.kind != VerifyErrorRecord::kNone) return SequenceError(seq, outcome.error, vocab);
+    results.push_back(std::move(outcome.result));
   }
   return results;
 }

@@ -1,6 +1,6 @@
 // Test helper shared by the CPU and CUDA BatchedPagedAttention tests: a random batch (shuffled,
-// disjoint pages; random masks with at least one allowed key per row) and a plain per-sequence
-// reference computed in double.
+// disjoint pages; random masks with at least one allowed key per row, or the causal mode's mask)
+// and a plain per-sequence reference computed in double.
 #pragma once
 
 #include <algorithm>
@@ -68,6 +68,17 @@ struct PagedBatch {
       }
     }
     return ref;
+  }
+
+  // The explicit mask of the causal mode (an empty mask): row i of sequence s allows keys
+  // j <= len[s] - n[s] + i; the columns from len[s] on are junk ones, never read.
+  void SetCausalMask() {
+    for (int64_t s = 0; s < b(); ++s) {
+      for (int64_t i = 0; i < n[s]; ++i) {
+        uint8_t* row = &mask[static_cast<size_t>((starts[s] + i) * max_kv_len)];
+        for (int64_t j = 0; j < max_kv_len; ++j) row[j] = (j <= len[s] - n[s] + i || j >= len[s]) ? 1 : 0;
+      }
+    }
   }
 
   const float* KeyRow(int64_t s, int64_t j) const {

@@ -1,6 +1,7 @@
 // CpuBackend::BatchedPagedAttention: equal to a plain per-sequence reference (GQA groups, page sizes
-// 1 and 16, shuffled pages, arbitrary masks, 1..8 query rows per sequence), and every bad input
-// refused by name before anything is written.
+// 1 and 16, shuffled pages, arbitrary masks, 1..8 query rows per sequence), an empty mask equal to
+// the explicit causal one, and every bad input refused by name before anything is written.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -50,6 +51,53 @@ TEST(CpuBatchedPagedAttentionTest, EqualsPerSequenceReference) {
       ExpectAllNear(x.out, x.Reference(kScale));
     }
   }
+}
+
+// An empty mask is causal: the same results, bit for bit, as the explicit causal mask, over mixed
+// query rows per sequence (n_b == kv_len included) and a skipped sequence.
+TEST(CpuBatchedPagedAttentionTest, EmptyMaskEqualsTheExplicitCausalMask) {
+  std::mt19937 rng(17);
+  struct Case {
+    int64_t nq, nkv, dim, page_size;
+    std::vector<int64_t> n, len;
+  };
+  const std::vector<Case> cases = {
+      {4, 2, 8, 16, {1}, {1}},
+      {4, 4, 8, 1, {3, 1}, {3, 40}},
+      {8, 2, 16, 16, {8, 2, 1, 5}, {8, 33, 17, 70}},
+      {6, 1, 4, 1, {2, 7, 0, 4}, {2, 9, 0, 31}},
+  };
+  for (const Case& c : cases) {
+    PagedBatch x = MakePagedBatch(rng, c.nq, c.nkv, c.dim, c.page_size, c.n, c.len);
+    x.SetCausalMask();
+    CpuBackend backend;
+    ASSERT_TRUE(RunOp(backend, x).ok());
+    ExpectAllNear(x.out, x.Reference(kScale));
+    const std::vector<float> masked = x.out;
+    const TensorView no_elements(x.mask.data(), DType::kU8, Shape{x.total, 0}, Device::Cpu());
+    for (const TensorView& causal : {TensorView(), no_elements}) {
+      std::fill(x.out.begin(), x.out.end(), NAN);
+      ASSERT_TRUE(backend
+                      .BatchedPagedAttention(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(), x.max_kv_len,
+                                             causal, kScale, x.Out())
+                      .ok());
+      EXPECT_EQ(x.out, masked);
+    }
+  }
+}
+
+// Causal rows end at their own key kv_len[b] - n_b + i: more rows than keys is refused by name.
+TEST(CpuBatchedPagedAttentionTest, CausalRowsBeyondKvLenAreRefusedWithoutWriting) {
+  std::mt19937 rng(19);
+  PagedBatch x = MakePagedBatch(rng, 4, 2, 8, 4, {2, 3, 2}, {6, 10, 20});
+  x.lens[1] = 2;  // 3 rows over 2 keys
+  CpuBackend backend;
+  const absl::Status st = backend.BatchedPagedAttention(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(),
+                                                        x.max_kv_len, TensorView(), kScale, x.Out());
+  ASSERT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("sequence 1"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("kv_len[1] = 2"));
+  for (float v : x.out) ASSERT_TRUE(std::isnan(v)) << "written despite " << st;
 }
 
 TEST(CpuBatchedPagedAttentionTest, StridedQueriesAndOutputs) {

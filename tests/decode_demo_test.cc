@@ -1,7 +1,9 @@
 // eagle3-decode end to end: the default trained pair (models/) on its default text prompt — greedy
 // speculative output equals plain output and drafts are accepted — text prompts from a flag and a
-// file, the built-in random pair and the golden pair at TP 2, and refused inputs.
+// file, batches (held-out prompts, a repeated prompt), the built-in random pair and the golden pair
+// at TP 2, and refused inputs.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -87,6 +89,64 @@ TEST(DecodeDemoTest, TextPromptFromAFlagAndFromAFile) {
   EXPECT_EQ(file["plain"]["tokens"], flag["plain"]["tokens"]);
 }
 
+// --batch 3 without a prompt: the first three held-out prompts decoded together, each prompt's
+// greedy speculative output equal to its plain output.
+TEST(DecodeDemoTest, BatchOfHeldoutPromptsAgreesPerPrompt) {
+  ScopedTempDir dir;
+  const nlohmann::json out = RunDecode("--batch 3 --max-new-tokens 12", dir);
+  ASSERT_TRUE(out.contains("prompts"));
+  EXPECT_EQ(out["batch"].get<int>(), 3);
+  ASSERT_EQ(out["prompts"].size(), 3u);
+  for (const nlohmann::json& p : out["prompts"]) {
+    EXPECT_EQ(p["prompt_tokens"].get<int>(), 96);  // held-out prompts are longer, cut to --prompt-tokens
+    EXPECT_EQ(p["plain"].size(), 12u);
+    EXPECT_EQ(p["plain"], p["speculative"]);
+  }
+  EXPECT_NE(out["prompts"][0]["plain"], out["prompts"][1]["plain"]);  // different prompts
+  EXPECT_EQ(out["prompt"]["tokens"].size(), 96u);
+  EXPECT_EQ(out["plain"]["tokens"], out["prompts"][0]["plain"]);
+  EXPECT_TRUE(out["greedy_outputs_agree"].get<bool>());
+  EXPECT_GT(out["speculative"]["mean_accepted_length"].get<double>(), 1.5);
+  const std::string log = ReadFile(dir.File("log.txt"));
+  EXPECT_THAT(log, HasSubstr("heldout_prompts.jsonl"));
+  EXPECT_THAT(log, HasSubstr("prompt 2: 96 prompt tokens"));
+  EXPECT_THAT(log, HasSubstr("greedy outputs identical for all 3 prompts"));
+
+  // The reference loop decodes the same batch to the same tokens.
+  ScopedTempDir host;
+  const nlohmann::json host_out = RunDecode("--batch 3 --max-new-tokens 12 --loop host", host);
+  ASSERT_TRUE(host_out.contains("prompts"));
+  EXPECT_EQ(host_out["prompts"], out["prompts"]);
+}
+
+// A batch repeats a given prompt (here the random pair's default ids): every sequence decodes alike.
+TEST(DecodeDemoTest, RandomPairBatchRepeatsThePrompt) {
+  ScopedTempDir dir;
+  const nlohmann::json out = RunDecode("--random-pair --batch 2 --max-new-tokens 8", dir);
+  ASSERT_TRUE(out.contains("prompts"));
+  EXPECT_EQ(out["batch"].get<int>(), 2);
+  ASSERT_EQ(out["prompts"].size(), 2u);
+  EXPECT_EQ(out["prompts"][0], out["prompts"][1]);
+  EXPECT_EQ(out["prompts"][0]["plain"], out["prompts"][0]["speculative"]);
+  EXPECT_EQ(out["prompts"][0]["prompt_tokens"].get<size_t>(), out["prompt"]["tokens"].size());
+}
+
+// Fewer held-out prompts than the batch: the file is cycled through; an empty file is refused,
+// naming it.
+TEST(DecodeDemoTest, BatchLargerThanTheHeldoutFileRepeatsItsPrompts) {
+  ScopedTempDir dir;
+  for (const char* model : {"tiny-v2-code", "tiny-v2-code-eagle3"}) {
+    std::filesystem::create_directory_symlink(std::filesystem::absolute(kModels + "/" + model), dir.File(model));
+  }
+  std::ofstream(dir.File("heldout_prompts.jsonl")) << "{\"text\": \"def f(x):\\n    return x\"}\n";
+  const nlohmann::json out = RunDecode("--models-dir " + dir.path() + " --batch 2 --max-new-tokens 4", dir);
+  ASSERT_EQ(out["prompts"].size(), 2u);
+  EXPECT_EQ(out["prompts"][0], out["prompts"][1]);
+  std::ofstream(dir.File("heldout_prompts.jsonl"), std::ios::trunc) << "\n";
+  EXPECT_THAT(RunFailing("--models-dir " + dir.path() + " --batch 2 --max-new-tokens 2", dir),
+              HasSubstr(dir.File("heldout_prompts.jsonl") + " holds no prompt"));
+}
+
 TEST(DecodeDemoTest, AWiringFaultStillDecodesTheSameGreedyOutput) {
   ScopedTempDir dir;
   // Taps shifted by one layer: drafts are worse, the verified output is the same.
@@ -137,6 +197,9 @@ TEST(DecodeDemoTest, GoldenPairAtTp2) {
 TEST(DecodeDemoTest, BadFlagsAreRefused) {
   ScopedTempDir dir;
   RunFailing("--topk 0", dir);
+  EXPECT_THAT(RunFailing("--batch 0", dir), HasSubstr("--batch must be an integer in [1, 1024], got 0"));
+  EXPECT_THAT(RunFailing("--batch two", dir), HasSubstr("--batch must be an integer"));
+  EXPECT_THAT(RunFailing("--prompt-tokens 0", dir), HasSubstr("--prompt-tokens must be an integer"));
   RunFailing("--target /nonexistent", dir);
   EXPECT_THAT(RunFailing("--random-pair --prompt 'x = 1'", dir), HasSubstr("the random pair has no tokenizer"));
   EXPECT_THAT(RunFailing("--prompt 'x' --tokens 1,2", dir), HasSubstr("not both"));

@@ -231,13 +231,20 @@ TEST_F(DraftStageTest, SignatureFollowsTheLaunchedWork) {
   Call aux = steps[1];
   FillHidden(aux, true, rng);
   EXPECT_NE(signature(aux), base);
-  Call values = steps[1];  // other tokens, lengths and masks: the same work
+  Call values = steps[1];  // other tokens and lengths: the same work
   values.tokens[2][0] = 7;
   values.cache_len[0] = 1;
-  values.masks[1] = {1, 1, 0, 0, 0, 0, 0};
-  values.masks[1].back() = 1;
   FillHidden(values, false, rng);
   EXPECT_EQ(signature(values), base);
+  // A batch with no masks attends causally on the device (no mask rows staged); one with masks
+  // does other work, whatever the masks hold.
+  Call masked = steps[1];
+  masked.masks[1] = {1, 1, 0, 0, 0, 0, 0};
+  masked.masks[1].back() = 1;
+  const std::vector<int64_t> with_mask = signature(masked);
+  EXPECT_NE(with_mask, base);
+  masked.masks[1][0] = 0;
+  EXPECT_EQ(signature(masked), with_mask);
 }
 
 TEST_F(DraftStageTest, MisuseIsRefused) {

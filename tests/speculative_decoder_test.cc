@@ -169,7 +169,7 @@ void ExpectRandomDraftBatchMatchesPlainGreedy(const std::string& golden, std::op
   auto draft = DraftModel::Create(draft_dir.path(), target_dir, dopt, nullptr, &backend);
   ASSERT_TRUE(draft.ok()) << draft.status();
   SpeculativeGreedyRuns runs;
-  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), &runs);
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), &backend, &runs);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   ASSERT_EQ(runs.stats.size(), 2u);
   for (const DecodeStats& stats : runs.stats) {

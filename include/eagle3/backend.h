@@ -12,6 +12,7 @@
 #include "eagle3/dtype.h"
 #include "eagle3/moe_routing.h"
 #include "eagle3/tensor_view.h"
+#include "eagle3/tree_verifier.h"
 
 namespace eagle3 {
 
@@ -51,10 +52,42 @@ struct ExpertWeights {
 //    asynchronously until Synchronize().
 //
 // Tree and verify ops are added with the draft and verifier (issue 4).
-// Whether a BatchedLatentAttention tree_mask argument is a mask (else: causal).
+// Whether a BatchedLatentAttention tree_mask or BatchedPagedAttention mask argument is a mask (else:
+// causal).
 inline bool HasTreeMask(const TensorView& tree_mask) {
   return !tree_mask.empty() && tree_mask.numel() > 0;
 }
+
+// The shape of a batched EAGLE-2 tree build (eagle3/draft_tree.h), the same for every call of one
+// build: B sequences, each expanding k = topk children per frontier node over S = num_steps draft
+// passes and keeping N = num_draft_tokens nodes (the root included) over a draft vocabulary Vd.
+struct TreeBuildShape {
+  int64_t batch = 0;
+  int topk = 4;
+  int num_steps = 3;
+  int num_draft_tokens = 8;
+  int64_t vocab = 0;
+};
+
+// Tree-build error records ([B, 4] i64 per build: kind, step, row, draft_id), the layout of
+// eagle3::cuda::TreeBuildError: kind 0 none, 1 NaN at draft_id (the lowest), 2 +inf at draft_id, 3 a
+// row with no finite logit (draft_id -1); step = the draft pass, row = the frontier row within the
+// sequence.
+inline constexpr int64_t kTreeBuildErrorWidth = 4;
+// Verify error records ([B, 3] i64: kind, row, token), the layout of eagle3::cuda::VerifyError:
+// kind 0 none, 1 bad tree (node `row`), 2 token out of range (node `row`, `token`), 3 NaN, 4 +inf
+// (logits row `row`, the lowest bad token id), 5 a row with no finite logit.
+inline constexpr int64_t kVerifyErrorWidth = 3;
+
+// What TreeVerify writes, for B trees of N nodes (all on the backend's device, contiguous).
+struct TreeVerifyOutputs {
+  TensorView num_accepted;    // [B] i32: accepted drafted nodes, -1 for a sequence in error
+  TensorView accepted;        // [B, N] i32: accepted node ids root to leaf (root excluded)
+  TensorView out_tokens;      // [B, N] i64: their tokens, then the bonus / correction token
+  TensorView commit_offsets;  // [B, N] i32: {0, accepted...}: the KV offsets to keep (CompactAccepted)
+  TensorView commit_counts;   // [B] i32: num_accepted + 1, or -1 for a sequence in error
+  TensorView errors;          // [B, kVerifyErrorWidth] i64
+};
 
 class Backend {
  public:
@@ -207,18 +240,23 @@ class Backend {
   // its value row[(Nkv + g) * D, (Nkv + g + 1) * D). Sequence b owns query rows [q_start[b],
   // q_start[b + 1]) and the keys at positions [0, kv_len[b]) of its pages: position s at
   // cache[page_tables[b][s / page_size]][s % page_size]. Query row t of sequence b allows key s <
-  // kv_len[b] iff mask[t][s] != 0 (columns >= kv_len[b] are never read). Query head h uses kv head
-  // h / (Nq / Nkv). Softmax in fp32, max-subtracted; scale finite. Data-dependent conditions are
-  // InvalidArgument naming the sequence, or the row: q_start[0] == 0, q_start nondecreasing,
-  // q_start[B] == T; kv_len[b] <= min(max_kv_len, P * page_size); the page entries used (j <
-  // ceil(kv_len[b] / page_size)) in [0, num_pages); every query row allows a key. A sequence with
-  // no query rows is skipped. The CPU reference checks all before writing; a device backend reports
-  // them at Synchronize and may have written the rows of other sequences.
+  // kv_len[b] iff mask[t][s] != 0 (columns >= kv_len[b] are never read); with an empty mask
+  // (causal, so a step need not upload mask rows), row i of sequence b (0 <= i < n_b = q_start[b +
+  // 1] - q_start[b]) allows key s iff s <= kv_len[b] - n_b + i: its own position and all before it.
+  // Query head h uses kv head h / (Nq / Nkv). Softmax in fp32, max-subtracted; scale finite.
+  // Data-dependent conditions are InvalidArgument naming the sequence, or the row: q_start[0] == 0,
+  // q_start nondecreasing, q_start[B] == T; kv_len[b] <= min(max_kv_len, P * page_size); n_b <=
+  // kv_len[b] when causal; the page entries used (j < ceil(kv_len[b] / page_size)) in [0,
+  // num_pages); every query row allows a key. A sequence with no query rows is skipped. The CPU
+  // reference checks all before writing; a device backend reports them at Synchronize and may have
+  // written the rows of other sequences.
   //   q: [T, Nq, D]      cache: [num_pages, page_size, 2 * Nkv * D], contiguous (Nkv >= 1 divides Nq)
   //   page_tables: [B, P], i32, row-strided      q_start: [B + 1], i32      kv_len: [B], i32
   //   max_kv_len >= 1: a host bound on every kv_len[b] (a captured graph keeps it)
-  //   mask: [T, max_kv_len], u8 or bool, row-strided      out: [T, Nq, D], elements distinct, no
-  //   overlap with the inputs      (3-D operands: dims 0/1 any stride, last dim contiguous)
+  //   mask: [T, max_kv_len], u8 or bool, row-strided; or, for causal, a default-constructed view or
+  //   one with no elements (see HasTreeMask)
+  //   out: [T, Nq, D], elements distinct, no overlap with the inputs
+  //   (3-D operands: dims 0/1 any stride, last dim contiguous)
   virtual absl::Status BatchedPagedAttention(const TensorView& q, const TensorView& cache,
                                              const TensorView& page_tables, const TensorView& q_start,
                                              const TensorView& kv_len, int64_t max_kv_len,
@@ -297,6 +335,83 @@ class Backend {
                                   const TensorView& weights, std::span<const ExpertWeights> experts,
                                   const TensorView& out, bool accumulate) = 0;
 
+  // ---- The speculative step's ops (tree build, verification, row gathers): a whole step stays on
+  // the device. Data errors of the tree ops are per-sequence records, never a returned Status, so
+  // that a step needs no host synchronization; shapes, dtypes and devices are checked as usual.
+
+  // Bytes of the u8 workspace TreeBuildStep / TreeBuildFinalize need for `shape` on this backend
+  // (0 when the shape is outside the backend's limits). Zero-fill it once before its first use; it
+  // then serves every later build whose size it covers.
+  virtual int64_t TreeBuildWorkspaceBytes(const TreeBuildShape& shape) const = 0;
+
+  // Draft pass `step` (0 <= step < S, in order, once each) of BuildDraftTree (eagle3/draft_tree.h:
+  // candidate indices, ties, double scores) for every sequence at once; the candidate store lives in
+  // `workspace` between the calls. Step 0 resets every error record; a sequence whose logits row
+  // holds NaN / +inf or nothing finite gets a record and is skipped by the later passes and by
+  // TreeBuildFinalize. When step + 1 < S the pass writes the next frontier: for sequence b, rows
+  // [b k, (b + 1) k) in decreasing score (ties: lower candidate index), which are the rows of the
+  // next pass's logits.
+  //   logits: [B * F, Vd] f32, row-strided; F = 1 at step 0, else k: row b F + f = the draft's
+  //           logits after frontier row f of sequence b
+  //   d2t: [Vd] i64 offsets (target = draft + d2t[draft], validated by the caller), or an empty
+  //        view for the identity
+  //   workspace: [>= TreeBuildWorkspaceBytes(shape)] u8, 16-byte aligned
+  //   errors: [B, kTreeBuildErrorWidth] i64
+  //   frontier_tokens: [B * k] i64: target ids       frontier_parents: [B * k] i32: the parent's
+  //   row in this pass's logits (b F + f, so that a gather of this pass's rows by it lines up)
+  virtual absl::Status TreeBuildStep(const TreeBuildShape& shape, int step, const TensorView& logits,
+                                     const TensorView& d2t, const TensorView& workspace,
+                                     const TensorView& errors, const TensorView& frontier_tokens,
+                                     const TensorView& frontier_parents) = 0;
+
+  // The trees after the last pass: for each sequence not in error, the DraftTree BuildDraftTree
+  // returns for the same logits (node 0 the root, nodes in candidate order, parents first);
+  // sequences in error write nothing.
+  //   root_tokens: [B] i64      root_positions: [B] i64: RoPE position of each root
+  //   tokens: [B, N] i64      parents: [B, N] i32, -1 for the root      positions: [B, N] i64:
+  //   root position + depth      mask: [B * N, N] u8: row b N + i, column j = 1 iff node j is i or
+  //   an ancestor of i (the tree mask of a target verify forward)
+  virtual absl::Status TreeBuildFinalize(const TreeBuildShape& shape, const TensorView& workspace,
+                                         const TensorView& errors, const TensorView& root_tokens,
+                                         const TensorView& root_positions, const TensorView& tokens,
+                                         const TensorView& parents, const TensorView& positions,
+                                         const TensorView& mask) = 0;
+
+  // TreeVerifier::Verify (eagle3/tree_verifier.h: greedy or lossless stochastic, the same Philox
+  // coins, sequence b drawing stream b) for B trees of N nodes each, then the commit offsets of each
+  // accepted path. Tree b: tokens[b], parents[b] with parents[0] = -1 and parents[i] < i; siblings
+  // are tried in node order (as DraftTree::FromParents lists them). A sequence whose tree is
+  // malformed, whose drafted tokens lie outside [0, V) or whose logits rows (all N, visited or
+  // not) hold NaN / +inf or nothing finite gets an error record (checked in TreeVerifier's order),
+  // num_accepted = commit_counts = -1, and writes nothing else. Sampling parameters are checked
+  // (InvalidArgument).
+  //   tokens: [B, N] i64 (the root's unused)      parents: [B, N] i32
+  //   logits: [B * N, V] f32 (a backend may also take bf16), row-strided: row b N + i = the
+  //           target's logits after node i
+  //   seed_offset: [2] i64: the Philox key and counter base as bit patterns, read when the op runs
+  //                (a captured step draws the coins of whatever the buffer then holds)
+  virtual absl::Status TreeVerify(const TensorView& tokens, const TensorView& parents,
+                                  const TensorView& logits, const SamplingParams& sampling,
+                                  const TensorView& seed_offset, const TreeVerifyOutputs& out) = 0;
+
+  // out[i] = src[index[i]], row by row, bit for bit (any dtype). With `groups` G > 1 the rows form
+  // G equal groups and each index is local to its group: out[g q + j] = src[g m + index[g q + j]]
+  // for q = n / G, m = R / G (a per-sequence gather over a batch of sequences of equal row counts).
+  // An index outside [0, m) is InvalidArgument naming i: from the call on the CPU, from Synchronize
+  // on a device backend (the other rows are written). G >= 1 divides R and n.
+  //   src: [R, C] row-strided      index: [n] i32      out: [n, C] row-strided, src's dtype, no
+  //   overlap with src
+  virtual absl::Status GatherRows(const TensorView& src, const TensorView& index, const TensorView& out,
+                                  int64_t groups = 1) = 0;
+
+  // Attention rows of a tree's next level: out[i] = src[parent[i]], then out[i][column[i]] = 1 (a
+  // node sees what its parent sees, and its own slot). Indices outside their range are
+  // InvalidArgument naming i, as in GatherRows.
+  //   src: [R, M] u8 row-strided      parent: [n] i32 in [0, R)      column: [n] i32 in [0, M)
+  //   out: [n, M] u8 row-strided, no overlap with src
+  virtual absl::Status ExtendMaskRows(const TensorView& src, const TensorView& parent,
+                                      const TensorView& column, const TensorView& out) = 0;
+
   // Waits until every op issued so far has finished; reports deferred device errors.
   virtual absl::Status Synchronize() = 0;
 
@@ -353,6 +468,26 @@ class Backend {
   absl::Status CheckMoeExperts(const TensorView& x, const TensorView& ids,
                                const TensorView& weights, std::span<const ExpertWeights> experts,
                                const TensorView& out) const;
+  // Everything but the logits' floating dtype (backend policy) and the backend's size limits;
+  // sampling parameters included.
+  absl::Status CheckTreeVerify(const TensorView& tokens, const TensorView& parents,
+                               const TensorView& logits, const SamplingParams& sampling,
+                               const TensorView& seed_offset, const TreeVerifyOutputs& out) const;
+  absl::Status CheckGatherRows(const TensorView& src, const TensorView& index, const TensorView& out,
+                               int64_t groups) const;
+  absl::Status CheckExtendMaskRows(const TensorView& src, const TensorView& parent,
+                                   const TensorView& column, const TensorView& out) const;
+  // The shape (DraftTreeParams' ranges, then this backend's limits: TreeBuildWorkspaceBytes), the
+  // workspace's size and alignment, and every tensor but the logits' floating dtype.
+  absl::Status CheckTreeBuildStep(const TreeBuildShape& shape, int step, const TensorView& logits,
+                                  const TensorView& d2t, const TensorView& workspace,
+                                  const TensorView& errors, const TensorView& frontier_tokens,
+                                  const TensorView& frontier_parents) const;
+  absl::Status CheckTreeBuildFinalize(const TreeBuildShape& shape, const TensorView& workspace,
+                                      const TensorView& errors, const TensorView& root_tokens,
+                                      const TensorView& root_positions, const TensorView& tokens,
+                                      const TensorView& parents, const TensorView& positions,
+                                      const TensorView& mask) const;
 };
 
 }  // namespace eagle3

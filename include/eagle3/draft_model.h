@@ -103,6 +103,39 @@ struct DraftSequenceInput {
 std::vector<WeightSpec> Eagle3DraftWeights(const Eagle3DraftConfig& config,
                                            std::string_view layer_prefix = "midlayer.");
 
+// Device-side inputs and outputs of a staged draft step (as TargetStepIO): a set view replaces what
+// Stage stages from the batch, or what Launch would copy into host staging. Every view is on the
+// backend's device and contiguous; an empty (default) view keeps the host path. T = the staged rows.
+struct DraftStepIO {
+  // [T] i64 target-vocabulary ids (a device-built tree frontier, say); the batch's tokens then only
+  // stand in for them in the host checks. The caller guarantees ids in [0, vocab_size).
+  TensorView tokens;
+  // [T, width] f32: the input rows (from_target: the tapped target states; else fed-back hidden).
+  // Stage's `hidden` argument is then unused (pass an empty view).
+  TensorView hidden;
+  // [T, max_context_len] u8: attention mask rows (BatchedPagedAttention's, over each sequence's
+  // slots); the batch's masks are then unused. Columns at or past a row's kv length are never read.
+  // Unset with no batch masks: causal, computed on the device (no mask rows are staged).
+  TensorView mask;
+  // The rest of a step's metadata on the device, for a caller that issues several draft steps
+  // without waiting (the staging buffers hold one step's inputs): with all five set, Launch copies
+  // nothing from the host. Each replaces what Stage derives from the batch (which must describe
+  // the same step: its checks run on the batch). Kept as given; not checked against the batch.
+  TensorView positions;    // [T] i64 RoPE positions
+  TensorView slots;        // [T] i64: row p of the flat cache, page_table[p / page_size] * page_size + p % page_size
+  TensorView page_tables;  // [B, P] i32, P <= ceil(max_context_len / page_size), entries as the batch's
+  TensorView q_start;      // [B + 1] i32: first row of each sequence, then T
+  TensorView kv_len;       // [B] i32: cache_len + n of each sequence
+  // [B] i32, only with every sequence bringing the same number n of rows: the row (in [0, n), local
+  // to its sequence) whose logits are computed; replaces all_logits (then one logits row per
+  // sequence). A row outside [0, n) is InvalidArgument at the next Synchronize on a device backend.
+  TensorView logit_rows;
+  // [LogitRows, draft_vocab] f32: the logits stay here (Finish takes an empty logits view).
+  TensorView logits;
+  // [T, hidden_size] f32: hidden_out stays here (Finish takes an empty hidden_out view).
+  TensorView hidden_out;
+};
+
 class DraftModel {
  public:
   // Loads the draft (config.json + safetensors: fc, midlayer.* or layers.0.*, norm, lm_head, d2t,
@@ -158,6 +191,10 @@ class DraftModel {
   //    hidden_out (shapes as in Forward, against the staged batch) out.
   // Forward(batch, hidden, from_target, logits, hidden_out) == Stage + Launch + Finish.
   absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target);
+  // Stage with device-side inputs and outputs (see DraftStepIO; checked here, InvalidArgument naming
+  // the view). The views are part of StepSignature().
+  absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
+                     const DraftStepIO& io);
   absl::Status Launch();
   absl::Status Finish(const TensorView& logits, const TensorView& hidden_out);
   // What Launch's enqueued work depends on, for the staged batch (empty when nothing is staged).

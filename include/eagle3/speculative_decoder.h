@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/draft_model.h"
 #include "eagle3/draft_tree.h"
 #include "eagle3/step_launcher.h"
 #include "eagle3/target_model.h"
@@ -55,8 +57,9 @@ struct DecodeOptions {
   // Called after every decode step with the tokens generated so far over all sequences and the
   // most there can be (for progress display); may be empty.
   std::function<void(int64_t generated, int64_t limit)> progress;
-  // How target steps are enqueued: null runs TargetModel::Launch eagerly; a
-  // cuda::GraphStepLauncher replays CUDA graphs. Must outlive Generate.
+  // How steps are enqueued: null runs them eagerly; a cuda::GraphStepLauncher replays CUDA graphs
+  // (of target steps in the host reference loop, of whole speculative steps on the device step).
+  // Must outlive Generate.
   StepLauncher* target_launcher = nullptr;
 };
 
@@ -69,23 +72,40 @@ struct DecodeStats {
   // acceptance_by_depth[d] = fraction of verify passes that accepted at least d + 1 drafted tokens.
   std::vector<double> acceptance_by_depth;
   std::vector<int64_t> accepted_histogram;  // [a] = verify passes that accepted a drafted tokens
+  // Host-side phase times of the reference loop (the device step runs its phases as one unit and
+  // reports only total_seconds).
   double target_seconds = 0, draft_seconds = 0, verify_seconds = 0, total_seconds = 0;
+  // Device step only: its decode steps (prefills excluded), the host synchronizations and the bytes
+  // copied to the host over those steps.
+  int64_t device_steps = 0, host_syncs = 0, device_to_host_bytes = 0;
   double tokens_per_second() const { return total_seconds > 0 ? generated_tokens / total_seconds : 0; }
 };
 
 class SpeculativeDecoder {
  public:
-  // `drafter` null: plain decoding (one target token per step). Both must outlive the decoder. The
-  // target's page pool is split evenly between sequences.
+  // The host reference loop over any Drafter: trees built and verified on the host one sequence at
+  // a time, logits and taps brought to the host every step. `drafter` null: plain decoding. Both
+  // must outlive the decoder. The target's page pool is split evenly between sequences.
   SpeculativeDecoder(TargetModel* target, Drafter* drafter, const DecodeOptions& options);
+  // The product loop: every decode step is one SpeculativeStep (eagle3/speculative_step.h) on
+  // `backend`, the device the models run on; `draft` null: plain decoding through the same step.
+  // The target's and the draft's page pools are split evenly between sequences.
+  SpeculativeDecoder(TargetModel* target, DraftModel* draft, Backend* backend, const DecodeOptions& options);
 
   // Generates for every prompt (a batch decoded together) and returns the generated ids only.
   absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(std::span<const std::vector<int64_t>> prompts,
                                                              DecodeStats* stats = nullptr);
 
  private:
+  absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateOnHost(std::span<const std::vector<int64_t>> prompts,
+                                                                   DecodeStats& stats);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> GenerateOnDevice(std::span<const std::vector<int64_t>> prompts,
+                                                                     DecodeStats& stats);
+
   TargetModel* target_;
-  Drafter* drafter_;
+  Drafter* drafter_ = nullptr;
+  DraftModel* draft_ = nullptr;
+  Backend* backend_ = nullptr;  // set: the device step
   DecodeOptions options_;
 };
 

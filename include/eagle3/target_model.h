@@ -79,6 +79,26 @@ struct SequenceInput {
   bool all_logits = false;  // logits for every new token (verify) or only the last (decode)
 };
 
+// Device-side inputs and outputs of a staged step, for a decode loop that keeps the whole step on
+// the backend's device (eagle3/speculative_step.h): a set view replaces what Stage stages from the
+// batch, or what Launch would copy into host staging. Every view is on the backend's device and
+// contiguous; an empty (default) view keeps the host path. T = the staged batch's new tokens.
+struct TargetStepIO {
+  // [T] i64: the new tokens (a tree built on the device, say). The batch's tokens then only stand
+  // in for them in the host checks; the caller guarantees ids in [0, vocab_size).
+  TensorView tokens;
+  // [T] i64 RoPE positions. The batch's positions (or cache_len + i) must bound them from above,
+  // since capacity is checked against those.
+  TensorView positions;
+  // [T, M] u8: tree mask rows of the batched path (BatchedLatentAttention's tree_mask, row i of a
+  // sequence over its own new tokens, M >= the largest n). The batch's tree masks are then unused.
+  TensorView tree_mask;
+  // [LogitRows(batch), vocab_size] f32: the logits stay here (Finish takes an empty logits view).
+  TensorView logits;
+  // [T, tap width] f32: the tapped states stay here (Finish takes an empty aux view).
+  TensorView aux;
+};
+
 class TargetModel {
  public:
   // Loads rank `options.rank`'s shard from a HF checkpoint directory (config.json + safetensors).
@@ -133,6 +153,10 @@ class TargetModel {
   //    (and aux, with a tap) out. logits / aux as in Forward.
   // Forward(batch, logits, tap, aux) == Stage + Launch + Finish.
   absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap = nullptr);
+  // Stage with device-side inputs and outputs (see TargetStepIO; checked here, InvalidArgument naming
+  // the view). A device tree_mask needs the batched path (every sequence absorbed). The views are
+  // part of StepSignature(): a captured graph replays reading and writing the same buffers.
+  absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap, const TargetStepIO& io);
   absl::Status Launch();
   absl::Status Finish(const TensorView& logits, const TensorView& aux = TensorView());
   // What Launch's enqueued work depends on, for the staged batch (empty when nothing is staged).

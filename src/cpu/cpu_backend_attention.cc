@@ -336,6 +336,7 @@ absl::Status CpuBackend::BatchedPagedAttention(const TensorView& q, const Tensor
   const int64_t dim = q.dim(2);
   const int64_t kv_heads = cache.dim(2) / (2 * dim);
   const int64_t group = q.dim(1) / kv_heads;
+  const bool has_mask = HasTreeMask(mask);
   const int32_t* starts = q_start.data_as<const int32_t>();
   const int32_t* lens = kv_len.data_as<const int32_t>();
   auto table_row = [&](int64_t b) {
@@ -351,7 +352,12 @@ absl::Status CpuBackend::BatchedPagedAttention(const TensorView& q, const Tensor
       return Invalid(op, "sequence ", b, ": kv_len[", b, "] = ", len, " must be in [0, min(max_kv_len = ",
                      max_kv_len, ", P * page_size = ", capacity, ")]");
     }
+    if (!has_mask && end - begin > len) {
+      return Invalid(op, "sequence ", b, ": ", end - begin, " query rows exceed kv_len[", b, "] = ", len,
+                     " (causal: row i's own key is kv_len[b] - n_b + i)");
+    }
     EAGLE3_RETURN_IF_ERROR(CheckSequencePages(op, b, table_row(b), len, cache));
+    if (!has_mask) continue;  // causal: every row allows its own key
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* row = MaskRow(mask, t);
       if (std::none_of(row, row + len, [](uint8_t m) { return m != 0; })) {
@@ -363,15 +369,21 @@ absl::Status CpuBackend::BatchedPagedAttention(const TensorView& q, const Tensor
   if (starts[batch] != t_all) {
     return Invalid(op, "q_start[B = ", batch, "] = ", starts[batch], " must be T = ", t_all);
   }
-  float* scores = Scratch(max_kv_len);
+  // Scores, then (causal) a row of ones: row i attends to the first kv_len[b] - n_b + i + 1 keys.
+  float* scores = Scratch(max_kv_len + (max_kv_len + 3) / 4);
+  uint8_t* all_keys = reinterpret_cast<uint8_t*>(scores + max_kv_len);
+  if (!has_mask) std::fill(all_keys, all_keys + max_kv_len, uint8_t{1});
   for (int64_t b = 0; b < batch; ++b) {
     const PagedRows rows{cache.data(), false, table_row(b), page_size, cache.dim(2)};
-    for (int64_t t = starts[b]; t < starts[b + 1]; ++t) {
+    const int64_t begin = starts[b], end = starts[b + 1];
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* mask_row = has_mask ? MaskRow(mask, t) : all_keys;
+      const int64_t keys = has_mask ? lens[b] : lens[b] - (end - begin) + (t - begin) + 1;
       for (int64_t h = 0; h < q.dim(1); ++h) {
         const int64_t key_col = h / group * dim;  // K of kv head h / group; its V Nkv heads later
         const int64_t value_col = key_col + kv_heads * dim;
         AttendRow(
-            Head(q, t, h), dim, MaskRow(mask, t), lens[b], scale,
+            Head(q, t, h), dim, mask_row, keys, scale,
             [&](int64_t s) { return rows(s) + key_col; },
             [&](int64_t s) { return rows(s) + value_col; }, dim, scores, Head(out, t, h));
       }

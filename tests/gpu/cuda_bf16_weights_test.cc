@@ -510,7 +510,7 @@ void CudaBf16WeightsTest::ExpectSpeculativeGreedyInBf16(DType kv_cache_dtype) {
   dopt.page_size = 5;
   auto draft = DraftModel::Create(draft_dir, target_dir, dopt, nullptr, gpu_.get());
   ASSERT_TRUE(draft.ok()) << draft.status();
-  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get());
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), gpu_.get());
 }
 
 // A random bf16 draft on the golden V2 target's config: the GPU in bf16 against the CPU in f32.

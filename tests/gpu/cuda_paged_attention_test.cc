@@ -2,10 +2,12 @@
 // memory and the split register kernel: CudaBackendOptions::paged_attention_registers; splits
 // whose keys are all masked, captured before any eager call), over GQA groups (the draft's
 // 4 x 128 and the SpecForge V3 head's 7 x 128 included, 16 heads per kv head, head_dim up to 260),
-// page sizes 1 and 16, shuffled pages, random masks, 1..8 query rows per sequence and contexts long
-// enough for every warp of a block to take several key chunks; bad metadata is reported by
-// Synchronize, naming the sequence or row; empty operands (no query heads, no pages) behave as on the
-// CPU; the op records into a CUDA graph and a replay reads the device metadata as it is then.
+// page sizes 1 and 16, shuffled pages, random masks or none (causal), 1..8 query rows per sequence
+// and contexts long enough for every warp of a block to take several key chunks; bad metadata is
+// reported by Synchronize, naming the sequence or row; empty operands (no query heads, no pages)
+// behave as on the CPU; the op records into a CUDA graph and a replay reads the device metadata as
+// it is then.
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -49,8 +51,10 @@ class CudaPagedAttentionTest : public parity::ParityTest, public ::testing::With
     };
     return {up(x.Q()), up(x.Cache()), up(x.Tables()), up(x.Starts()), up(x.Lens()), up(x.Mask()), up(x.Out())};
   }
-  absl::Status Run(Device& d, int64_t max_kv_len) {
-    return gpu_->BatchedPagedAttention(d.q, d.cache, d.tables, d.starts, d.lens, max_kv_len, d.mask, kScale, d.out);
+  // causal: an empty mask instead of d.mask.
+  absl::Status Run(Device& d, int64_t max_kv_len, bool causal = false) {
+    const TensorView mask = causal ? TensorView() : d.mask.view();
+    return gpu_->BatchedPagedAttention(d.q, d.cache, d.tables, d.starts, d.lens, max_kv_len, mask, kScale, d.out);
   }
   std::vector<float> Out(const Device& d) {
     Tensor h = Download(d.out);
@@ -88,6 +92,63 @@ TEST_P(CudaPagedAttentionTest, EqualsCpuReference) {
       ASSERT_TRUE(Run(d, x.max_kv_len).ok());
       ASSERT_TRUE(gpu_->Synchronize().ok());
       ExpectAllNear(Out(d), x.out);
+    }
+  }
+}
+
+// The causal mode (an empty mask: no mask reads, each row's keys end at its own position) against
+// the CPU's, over mixed rows per sequence (n_b == kv_len included), contexts long enough for many
+// splits, and the CPU's explicit causal mask through the test's reference.
+TEST_P(CudaPagedAttentionTest, CausalEqualsCpuReference) {
+  std::mt19937 rng(29);
+  struct Case {
+    int64_t nq, nkv, dim, page_size;
+    std::vector<int64_t> n, len;
+  };
+  const std::vector<Case> cases = {
+      {4, 1, 128, 16, {1}, {1}},
+      {4, 1, 128, 16, {8, 1, 3}, {8, 700, 257}},  // a sequence of only new tokens; decode; a tree step
+      {4, 1, 128, 1, {8, 0, 3}, {400, 0, 20}},    // page_size 1, a skipped sequence
+      {8, 2, 64, 16, {2, 7, 4}, {2, 90, 31}},
+      {6, 3, 6, 1, {3, 2}, {9, 40}},              // scalar loads
+      {7, 1, 128, 16, {5, 2}, {1024, 300}},       // the SpecForge V3 head: rows ending in different splits
+      {2, 1, 260, 16, {3}, {70}},                 // the shared-memory kernel only
+  };
+  for (const Case& c : cases) {
+    PagedBatch x = MakePagedBatch(rng, c.nq, c.nkv, c.dim, c.page_size, c.n, c.len);
+    ASSERT_TRUE(cpu_.BatchedPagedAttention(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(), x.max_kv_len,
+                                           TensorView(), kScale, x.Out())
+                    .ok());
+    x.SetCausalMask();
+    ExpectAllNear(x.out, x.Reference(kScale));
+    Device d = Up(x);
+    ASSERT_TRUE(Run(d, x.max_kv_len, /*causal=*/true).ok());
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+    ExpectAllNear(Out(d), x.out);
+  }
+}
+
+TEST_P(CudaPagedAttentionTest, CausalRowsBeyondKvLenAreReportedBySynchronize) {
+  std::mt19937 rng(3);
+  PagedBatch x = MakePagedBatch(rng, 4, 2, 8, 4, {2, 3, 2}, {6, 10, 20});
+  x.lens[1] = 2;  // 3 rows over 2 keys
+  Device d = Up(x);
+  ASSERT_TRUE(Run(d, x.max_kv_len, /*causal=*/true).ok()) << "the op itself returns OK; the error is deferred";
+  const absl::Status st = gpu_->Synchronize();
+  ASSERT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("sequence 1"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("causal"));
+  EXPECT_TRUE(gpu_->Synchronize().ok()) << "the flag is cleared once reported";
+  // The rows of the good sequences are written, those of the bad one are not.
+  x.SetCausalMask();  // over x.len, still the good lengths
+  const std::vector<float> want = x.Reference(kScale), got = Out(d);
+  const int64_t row = x.nq * x.dim;
+  for (int64_t i = 0; i < x.total * row; ++i) {
+    const bool bad = i >= x.starts[1] * row && i < x.starts[2] * row;
+    if (bad) {
+      ASSERT_TRUE(std::isnan(got[i])) << "element " << i;
+    } else {
+      ASSERT_NEAR(got[i], want[i], 1e-5) << "element " << i;
     }
   }
 }
@@ -214,6 +275,25 @@ TEST_P(CudaPagedAttentionTest, GraphReplayReadsTheMetadataOfTheReplay) {
   ASSERT_TRUE((*graph)->Launch(gpu_->stream()).ok());
   ASSERT_TRUE(gpu_->Synchronize().ok());
   ExpectAllNear(Out(d), y.Reference(kScale));
+}
+
+// A causal launch in a graph: the replay reads the lengths (and so each row's causal end) as they
+// are then.
+TEST_P(CudaPagedAttentionTest, CausalGraphReplayReadsTheLengthsOfTheReplay) {
+  std::mt19937 rng(31);
+  PagedBatch x = MakePagedBatch(rng, 4, 1, 128, 16, {1, 3}, {40, 900});
+  Device d = Up(x);
+  ASSERT_TRUE(Run(d, x.max_kv_len, /*causal=*/true).ok());  // eager first: the split kernel's partials
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  auto graph = cuda::CudaGraph::Capture(gpu_->stream(), [&] { return Run(d, x.max_kv_len, /*causal=*/true); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  x.len = {17, 3};
+  x.lens = {17, 3};
+  ASSERT_TRUE(gpu_->Copy(x.Lens(), d.lens).ok());
+  ASSERT_TRUE((*graph)->Launch(gpu_->stream()).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  x.SetCausalMask();
+  ExpectAllNear(Out(d), x.Reference(kScale));
 }
 
 // The register kernel spreads a row's keys over several blocks (splits of whole 32-key chunks) and

@@ -157,7 +157,7 @@ TEST(SpeculativeGpuTest, SpeculativeGreedyEqualsPlainGreedyOnTheGpu) {
   auto draft = DraftModel::Create(draft_dir, target_dir, dopt, nullptr, backend->get());
   ASSERT_TRUE(draft.ok()) << draft.status();
   SpeculativeGreedyRuns runs;
-  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), &runs);
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), backend->get(), &runs);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   cpu::CpuBackend cpu;
   auto cpu_target = TargetModel::Create(target_dir, topt, nullptr, &cpu);

@@ -54,7 +54,8 @@ cudaError_t LaunchCompactAccepted(const CompactLaunchParams& params, int* error_
 // sequence) as CompactAccepted's inputs for a tree verified at cache_len, where node i's KV row sits
 // at offset i: the root (offset 0) and then the accepted nodes.
 //   commit_offsets[b] = {0, accepted_nodes[b][0], ..., accepted_nodes[b][n - 1]} (n =
-//   num_accepted[b]; entries from n + 1 on are left as they are)
+//   num_accepted[b]; entries from n + 1 on, and every entry of a sequence with n < 0, are left as
+//   they are)
 //   commit_counts[b] = n + 1, or -1 when n < 0 (CompactAccepted then skips the sequence)
 // Shapes (device, contiguous): num_accepted [batch] i32; accepted_nodes, commit_offsets
 // [batch, max_nodes] i32 (row stride max_nodes); commit_counts [batch] i32. n < max_nodes is the

@@ -113,6 +113,22 @@ class CudaBackend final : public Backend {
                         const TensorView& ids, const TensorView& weights) override;
   absl::Status MoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
                           std::span<const ExpertWeights> experts, const TensorView& out, bool accumulate) override;
+  // The speculative step's ops (tree build: cuda/cuda_backend_tree.cc; verify and gathers: cuda/cuda_backend_verify.cc).
+  int64_t TreeBuildWorkspaceBytes(const TreeBuildShape& shape) const override;
+  absl::Status TreeBuildStep(const TreeBuildShape& shape, int step, const TensorView& logits,
+                             const TensorView& d2t, const TensorView& workspace, const TensorView& errors,
+                             const TensorView& frontier_tokens, const TensorView& frontier_parents) override;
+  absl::Status TreeBuildFinalize(const TreeBuildShape& shape, const TensorView& workspace, const TensorView& errors,
+                                 const TensorView& root_tokens, const TensorView& root_positions,
+                                 const TensorView& tokens, const TensorView& parents, const TensorView& positions,
+                                 const TensorView& mask) override;
+  absl::Status TreeVerify(const TensorView& tokens, const TensorView& parents, const TensorView& logits,
+                          const SamplingParams& sampling, const TensorView& seed_offset,
+                          const TreeVerifyOutputs& out) override;
+  absl::Status GatherRows(const TensorView& src, const TensorView& index, const TensorView& out,
+                          int64_t groups = 1) override;
+  absl::Status ExtendMaskRows(const TensorView& src, const TensorView& parent, const TensorView& column,
+                              const TensorView& out) override;
   absl::Status Synchronize() override;
 
   struct State;  // device handles and scratch, shared by the op implementation files

@@ -1,5 +1,6 @@
-// GraphStepLauncher: replays a captured CUDA graph for every target step whose signature it has
-// seen before (TargetModel::StepSignature). A signature's first step runs eagerly (first calls size
+// GraphStepLauncher: replays a captured CUDA graph for every step whose signature it has seen
+// before: target steps (TargetModel::StepSignature), or any step's work (LaunchWork, as
+// SpeculativeStep enqueues a whole speculative step). A signature's first step runs eagerly (first calls size
 // the backend's scratch), its second is captured and replayed, later ones are replayed. Steps that
 // are not capturable (TargetModel::StepIsCapturable: long extends) always run eagerly. A capture
 // that fails (for example a host-staged collective) marks the signature eager and is counted.
@@ -28,6 +29,10 @@ class GraphStepLauncher final : public StepLauncher {
       : stream_(stream), max_graphs_(max_graphs) {}
 
   absl::Status Launch(TargetModel& model) override;
+  // The first call of a signature runs `enqueue` eagerly, the second captures it, later ones replay
+  // the capture; a failed capture marks the signature eager. Include in `signature` whatever tells
+  // apart the owners of the buffers the work uses (for example an object's address).
+  absl::Status LaunchWork(const std::vector<int64_t>& signature, const std::function<absl::Status()>& enqueue) override;
 
   struct Counts {
     int64_t eager = 0, captures = 0, replays = 0, failed_captures = 0;

@@ -4,7 +4,8 @@
 // callable from any C++ compiler (no nvcc needed to include this header). fp32 throughout; strides
 // are in elements. Returns cudaErrorInvalidValue for negative sizes, a missing pointer, or a
 // parameter outside what is documented here (a pointer may be null where its operand has no
-// elements: q and out with no query heads, cache with no pages, page_tables with no columns).
+// elements: q and out with no query heads, cache with no pages, page_tables with no columns; and
+// mask, which null makes causal).
 //
 // Two kernels on `stream`: a check kernel (one block per sequence) that records bad metadata in the
 // backend's error flag as error_code | (8 * index + condition), with
@@ -16,15 +17,17 @@
 //   condition 4: query row t allows no key whose page entry is good (index t; recorded by the
 //                attention kernel, also with no query heads)
 //   condition 5: q_start[B] != T (index B)
+//   condition 6: causal (null mask), sequence b: n_b = q_start[b + 1] - q_start[b] > kv_len[b]
+//                (index b; its page entries are then not checked)
 // (RecordDeviceError in cuda/core_kernels.cuh keeps the lowest code of the first failing op), and
 // the attention kernel, one block of kPagedAttentionThreads per (query row, kv head) (the split
 // register kernel: per (query row, kv head, split of its keys), then a combine kernel; see
 // PagedAttentionParams::register_kernel): it finds the row's sequence by binary search over
 // q_start, walks the sequence's keys (the shared-memory kernel: warps take interleaved chunks of 32
 // keys, a lane a key, online softmax in fp32 per query head of the group) and merges the warps'
-// partial results. A row whose metadata is bad (no sequence, kv_len out of range) is not
-// written; a key whose page entry is bad is skipped; a row with no allowed key is not written. Rows
-// of good sequences are written even when another sequence is bad.
+// partial results. A row whose metadata is bad (no sequence, kv_len out of range, n_b > kv_len[b]
+// when causal) is not written; a key whose page entry is bad is skipped; a row with no allowed key
+// is not written. Rows of good sequences are written even when another sequence is bad.
 #pragma once
 
 #include <cstddef>
@@ -64,7 +67,8 @@ struct PagedAttentionParams {
   const int32_t* kv_len = nullptr;   // [batch]
   int64_t batch = 0, tokens = 0;
   int64_t max_kv_len = 1;  // >= 1, <= INT32_MAX: the host bound on every kv_len[b]
-  // mask: [tokens, max_kv_len] bytes (nonzero = allowed), row stride mask_stride.
+  // mask: [tokens, max_kv_len] bytes (nonzero = allowed), row stride mask_stride; or null for
+  // causal: row i of sequence b (n_b rows) allows keys s <= kv_len[b] - n_b + i, with no mask reads.
   const uint8_t* mask = nullptr;
   int64_t mask_stride = 0;
   // q_heads = group * kv_heads, group >= 0; PagedAttentionSharedBytes(group, head_dim) <=

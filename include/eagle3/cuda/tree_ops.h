@@ -104,6 +104,8 @@ struct TreeFrontier {
                                    // logits (local to the sequence: 0 at step 0, else in [0, topk))
   int32_t* depths = nullptr;       // [batch, topk], i32, device: step + 1
   float* scores = nullptr;         // [batch, topk], f32, device: cumulative log-probability
+  int32_t* parent_global_rows = nullptr;  // [batch, topk], i32, device: the parent's row in this
+                                          // step's logits, b * F + parent_rows (a row gather's index)
 };
 
 // Draft pass `step` (0 <= step < num_steps, in order, once each).
@@ -121,15 +123,15 @@ struct TreeBuildOutputs {
   const int64_t* root_positions = nullptr;  // [batch], i64, device: RoPE position of the root
   int64_t* tokens = nullptr;     // [batch, N], i64, device (N = num_draft_tokens)
   int32_t* parents = nullptr;    // [batch, N], i32, device: node index, -1 for the root
-  int32_t* depths = nullptr;     // [batch, N], i32, device
+  int32_t* depths = nullptr;     // [batch, N], i32, device, or null (not written)
   int64_t* positions = nullptr;  // [batch, N], i64, device: root position + depth
-  float* scores = nullptr;       // [batch, N], f32, device: 0 for the root
+  float* scores = nullptr;       // [batch, N], f32, device: 0 for the root; or null (not written)
   uint8_t* mask = nullptr;       // [batch, N, N], u8, device: mask[i][j] = 1 iff j is i or an ancestor
 };
 
 // The final pick: the best N - 1 candidates over all steps (ties: lower candidate index), sorted by
 // candidate index, the root prepended. Sequences in error write nothing. cudaErrorInvalidValue as
-// for LaunchTreeBuildStep, or for a null pointer in `outputs`.
+// for LaunchTreeBuildStep, or for a null pointer in `outputs` other than depths and scores.
 cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& params, const TreeBuildOutputs& outputs,
                                     cudaStream_t stream);
 

@@ -1,0 +1,150 @@
+// SpeculativeDecoder's product loop: prefill each prompt, then one SpeculativeStep per decode step
+// for every unfinished sequence together.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "decode_tally.h"
+#include "eagle3/speculative_decoder.h"
+#include "eagle3/speculative_step.h"
+#include "eagle3/status.h"
+
+namespace eagle3 {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+struct DeviceSequence {
+  std::vector<int64_t> generated;
+  std::vector<int32_t> target_pages, draft_pages;
+  int64_t cache_len = 0;  // target KV rows = draft KV rows: every emitted token but `root`
+  int64_t root = 0;
+  int row = 0;            // its row of the step's root state
+  bool done = false;
+};
+
+// The pages of sequence b when `pages` are split evenly between `batch` sequences.
+std::vector<int32_t> PageSlice(int64_t pages, int64_t batch, int64_t b) {
+  const int64_t per_seq = pages / batch;
+  std::vector<int32_t> out(static_cast<size_t>(per_seq));
+  for (int64_t p = 0; p < per_seq; ++p) out[static_cast<size_t>(p)] = static_cast<int32_t>(b * per_seq + p);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOnDevice(
+    std::span<const std::vector<int64_t>> prompts, DecodeStats& st) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  if (batch == 0) return std::vector<std::vector<int64_t>>();
+  if (options_.max_new_tokens < 1) {
+    return absl::InvalidArgumentError("Generate: max_new_tokens must be >= 1, got " +
+                                      std::to_string(options_.max_new_tokens));
+  }
+  SpeculativeStepOptions so;
+  so.max_batch = static_cast<int>(batch);
+  so.tree = options_.tree;
+  so.sampling = options_.sampling;
+  so.seed = options_.seed;
+  so.launcher = options_.target_launcher;
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<SpeculativeStep> step,
+                          SpeculativeStep::Create(target_, draft_, backend_, so));
+  const int64_t nodes = step->nodes_per_step();
+  const TargetModelOptions& topt = target_->options();
+
+  std::vector<DeviceSequence> seqs(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    DeviceSequence& s = seqs[static_cast<size_t>(b)];
+    const int64_t prompt_len = static_cast<int64_t>(prompts[static_cast<size_t>(b)].size());
+    if (prompt_len == 0) return absl::InvalidArgumentError("Generate: prompt " + Str(b) + " is empty");
+    s.target_pages = PageSlice(topt.num_kv_pages, batch, b);
+    const int64_t need = prompt_len + options_.max_new_tokens + nodes;
+    const int64_t have = std::min(static_cast<int64_t>(s.target_pages.size()) * topt.page_size, topt.max_context_len);
+    if (need > have) {
+      return absl::OutOfRangeError("Generate: prompt " + Str(b) + " (" + Str(prompt_len) + " tokens) + max_new_tokens " +
+                                   Str(options_.max_new_tokens) + " + " + Str(nodes) + " tree nodes need " + Str(need) +
+                                   " KV slots; each of the " + Str(batch) + " sequences has " + Str(have));
+    }
+    if (draft_ != nullptr) {
+      const DraftModelOptions& dopt = draft_->options();
+      s.draft_pages = PageSlice(dopt.num_kv_pages, batch, b);
+      const int64_t draft_need = prompt_len + options_.max_new_tokens + step->draft_slots_per_step();
+      const int64_t draft_have =
+          std::min(static_cast<int64_t>(s.draft_pages.size()) * dopt.page_size, dopt.max_context_len);
+      if (draft_need > draft_have) {
+        return absl::OutOfRangeError("Generate: prompt " + Str(b) + " (" + Str(prompt_len) +
+                                     " tokens) + max_new_tokens " + Str(options_.max_new_tokens) + " + " +
+                                     Str(step->draft_slots_per_step()) + " draft tree rows need " + Str(draft_need) +
+                                     " draft KV slots; each of the " + Str(batch) + " sequences has " +
+                                     Str(draft_have));
+      }
+    }
+  }
+
+  auto emit = [&](DeviceSequence& s, std::span<const int64_t> tokens) {
+    s.done = EmitTokens(tokens, options_, s.generated, s.done, st);
+  };
+
+  for (int64_t b = 0; b < batch; ++b) {
+    DeviceSequence& s = seqs[static_cast<size_t>(b)];
+    const std::vector<int64_t>& prompt = prompts[static_cast<size_t>(b)];
+    EAGLE3_ASSIGN_OR_RETURN(const int64_t first,
+                            step->Prefill(static_cast<int>(b), prompt, s.target_pages, s.draft_pages));
+    s.row = static_cast<int>(b);
+    s.cache_len = static_cast<int64_t>(prompt.size());
+    s.root = first;
+    emit(s, std::span<const int64_t>(&first, 1));
+  }
+  const StepCounters prefill_counters = step->counters();
+
+  const bool speculative = draft_ != nullptr;
+  AcceptanceTally tally(options_.tree.num_steps);
+  std::vector<StepSequence> inputs;
+  std::vector<int64_t> active;
+  std::vector<StepOutput> outputs;
+  while (true) {
+    if (options_.progress) options_.progress(st.generated_tokens, batch * options_.max_new_tokens);
+    active.clear();
+    inputs.clear();
+    for (int64_t b = 0; b < batch; ++b) {
+      const DeviceSequence& s = seqs[static_cast<size_t>(b)];
+      if (s.done) continue;
+      active.push_back(b);
+      StepSequence in;
+      in.row = s.row;
+      in.root = s.root;
+      in.cache_len = s.cache_len;
+      in.target_pages = s.target_pages;
+      in.draft_pages = s.draft_pages;
+      inputs.push_back(in);
+    }
+    if (active.empty()) break;
+    EAGLE3_RETURN_IF_ERROR(step->Run(inputs, &outputs));
+    st.target_passes += 1;
+    if (speculative) st.draft_passes += options_.tree.num_steps;
+    for (size_t i = 0; i < active.size(); ++i) {
+      DeviceSequence& s = seqs[static_cast<size_t>(active[i])];
+      const StepOutput& o = outputs[i];
+      tally.Add(o.num_accepted, static_cast<int64_t>(o.tokens.size()), st);
+      s.row = static_cast<int>(i);
+      s.cache_len += static_cast<int64_t>(o.tokens.size());
+      s.root = o.tokens.back();
+      emit(s, o.tokens);
+    }
+  }
+
+  tally.Finish(speculative, options_.tree.num_steps, st);
+  const StepCounters& counters = step->counters();
+  st.device_steps = counters.steps - prefill_counters.steps;
+  st.host_syncs = counters.host_syncs - prefill_counters.host_syncs;
+  st.device_to_host_bytes = counters.device_to_host_bytes - prefill_counters.device_to_host_bytes;
+  st.total_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<std::vector<int64_t>> out;
+  for (DeviceSequence& s : seqs) out.push_back(std::move(s.generated));
+  return out;
+}
+
+}  // namespace eagle3

@@ -1,0 +1,242 @@
+// SpeculativeStep on the CPU reference backend: the same code path the CUDA backend runs. Greedy
+// speculation through the step equals plain decoding (speculative_decoder_test.cc checks that for
+// every golden target); here: the step against the host reference loop step by step, sampling,
+// sequences leaving the batch, and the refusals of bad inputs before anything is written.
+#include "eagle3/speculative_step.h"
+
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/draft_model.h"
+#include "eagle3/eagle3_drafter.h"
+#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/speculative_decoder.h"
+#include "eagle3/target_model.h"
+#include "eagle3/tokenizer.h"
+#include "gtest/gtest.h"
+#include "scoped_temp_dir.h"
+
+namespace eagle3 {
+namespace {
+
+const std::string kGolden = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/";
+
+class SpeculativeStepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string target_dir = kGolden + "v2lite_greedy";
+    auto config = DeepseekV2Config::FromFile(target_dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    RandomDraftCheckpointOptions draft_options;
+    draft_options.seed = 5;
+    draft_options.num_attention_heads = 8;
+    draft_options.num_key_value_heads = 4;
+    draft_options.aux_layer_ids = {0, 1, 2};
+    ASSERT_TRUE(WriteRandomEagle3DraftCheckpoint(*config, draft_dir_.path(), draft_options).ok());
+    TargetModelOptions topt;
+    topt.max_tokens_per_forward = 64;
+    topt.max_context_len = 96;
+    topt.num_kv_pages = 96;
+    topt.page_size = 4;
+    auto target = TargetModel::Create(target_dir, topt, nullptr, &backend_);
+    ASSERT_TRUE(target.ok()) << target.status();
+    target_ = *std::move(target);
+    DraftModelOptions dopt;
+    dopt.max_tokens_per_forward = 64;
+    dopt.max_context_len = 96;
+    dopt.num_kv_pages = 96;
+    dopt.page_size = 3;
+    auto draft = DraftModel::Create(draft_dir_.path(), target_dir, dopt, nullptr, &backend_);
+    ASSERT_TRUE(draft.ok()) << draft.status();
+    draft_ = *std::move(draft);
+  }
+
+  std::vector<int32_t> Pages(int first, int count) {
+    std::vector<int32_t> pages(static_cast<size_t>(count));
+    std::iota(pages.begin(), pages.end(), first);
+    return pages;
+  }
+
+  cpu::CpuBackend backend_;
+  ScopedTempDir draft_dir_;
+  std::unique_ptr<TargetModel> target_;
+  std::unique_ptr<DraftModel> draft_;
+};
+
+// Sampling through the device step draws the host reference loop's coins (the same Philox streams
+// per sequence and step) over the same logits: the same tokens, for a batch whose sequences finish
+// at different steps (so the step's root state is re-gathered as rows leave).
+TEST_F(SpeculativeStepTest, SamplingMatchesTheHostReferenceLoop) {
+  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 30}, {11, 23}};
+  for (const DraftTreeParams& tree : {DraftTreeParams{1, 3, 4}, DraftTreeParams{3, 3, 7}}) {
+    DecodeOptions options;
+    options.max_new_tokens = 12;
+    options.tree = tree;
+    options.sampling.temperature = 0.8f;
+    options.sampling.top_p = 0.9f;
+    options.seed = 11;
+    options.eos_token_ids = {3};
+    SpeculativeDecoder device(target_.get(), draft_.get(), &backend_, options);
+    DecodeStats stats;
+    auto got = device.Generate(prompts, &stats);
+    ASSERT_TRUE(got.ok()) << got.status();
+    Eagle3Drafter drafter(draft_.get(), static_cast<int>(prompts.size()));
+    SpeculativeDecoder host(target_.get(), &drafter, options);
+    auto want = host.Generate(prompts);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(*got, *want) << "topk " << tree.topk;
+    EXPECT_EQ(stats.host_syncs, stats.device_steps);
+  }
+}
+
+// What Run refuses, before anything is enqueued: the step's state (and the caches) are untouched, so
+// the same step then runs as if the bad call had not happened.
+TEST_F(SpeculativeStepTest, RefusesBadInputsBeforeWriting) {
+  SpeculativeStepOptions options;
+  options.max_batch = 2;
+  options.tree = {2, 3, 6};
+  auto created = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  SpeculativeStep& step = **created;
+  const std::vector<int64_t> prompt = {5, 17, 99, 3};
+  const std::vector<int32_t> tpages = Pages(0, 24), dpages = Pages(0, 32);
+  auto first = step.Prefill(0, prompt, tpages, dpages);
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  StepSequence seq;
+  seq.row = 0;
+  seq.root = *first;
+  seq.cache_len = static_cast<int64_t>(prompt.size());
+  seq.target_pages = tpages;
+  seq.draft_pages = dpages;
+  std::vector<StepOutput> out;
+  auto expect_refused = [&](const StepSequence& bad, absl::StatusCode code, const std::string& text) {
+    const absl::Status status = step.Run(std::span<const StepSequence>(&bad, 1), &out);
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_NE(std::string(status.message()).find(text), std::string::npos) << status;
+  };
+  StepSequence bad = seq;
+  const std::vector<int32_t> short_draft = Pages(0, 3);  // 9 slots: fewer than cache_len + 6
+  bad.draft_pages = short_draft;
+  expect_refused(bad, absl::StatusCode::kOutOfRange, "draft KV slots");
+  bad = seq;
+  const std::vector<int32_t> short_target = Pages(0, 2);  // 8 slots: fewer than cache_len + 6
+  bad.target_pages = short_target;
+  expect_refused(bad, absl::StatusCode::kOutOfRange, "KV capacity exhausted");
+  bad = seq;
+  bad.root = target_->config().vocab_size;
+  expect_refused(bad, absl::StatusCode::kInvalidArgument, "root token");
+  bad = seq;
+  bad.row = 2;
+  expect_refused(bad, absl::StatusCode::kInvalidArgument, "row 2");
+  const std::vector<StepSequence> three = {seq, seq, seq};
+  const absl::Status over = step.Run(three, &out);
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument) << over;
+  const std::vector<StepSequence> same_row = {seq, seq};
+  EXPECT_EQ(step.Run(same_row, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(step.counters().steps, 0);
+
+  // A tree larger than the models' workspaces is refused at Create.
+  SpeculativeStepOptions big = options;
+  big.max_batch = 8;
+  big.tree = {4, 3, 12};  // 8 x 12 target rows > 64
+  auto refused = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(std::string(refused.status().message()).find("max_tokens_per_forward"), std::string::npos);
+
+  // After the refusals, the step continues exactly like a fresh one that never saw them.
+  ASSERT_TRUE(step.Run(std::span<const StepSequence>(&seq, 1), &out).ok());
+  auto fresh = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, options);
+  ASSERT_TRUE(fresh.ok());
+  auto fresh_first = (*fresh)->Prefill(0, prompt, tpages, dpages);
+  ASSERT_TRUE(fresh_first.ok());
+  EXPECT_EQ(*fresh_first, *first);
+  std::vector<StepOutput> fresh_out;
+  ASSERT_TRUE((*fresh)->Run(std::span<const StepSequence>(&seq, 1), &fresh_out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(fresh_out.size(), 1u);
+  EXPECT_EQ(out[0].tokens, fresh_out[0].tokens);
+  EXPECT_EQ(step.counters().steps, 1);
+  EXPECT_EQ(step.counters().host_syncs, 1);
+}
+
+// Prefill's refusals: a row outside max_batch, an empty prompt, a token outside the vocabulary.
+TEST_F(SpeculativeStepTest, PrefillRefusesBadRowsAndPrompts) {
+  SpeculativeStepOptions options;
+  options.max_batch = 1;
+  auto created = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::vector<int32_t> pages = Pages(0, 24);
+  const std::vector<int64_t> prompt = {1, 2};
+  EXPECT_EQ((*created)->Prefill(1, prompt, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*created)->Prefill(0, {}, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> bad_token = {1, target_->config().vocab_size};
+  EXPECT_EQ((*created)->Prefill(0, bad_token, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The shipped trained pair accepts most drafts, so the accept paths (the commit of several rows,
+// the catch-up over a long path, bonus tokens at the leaves) run every step: greedy through the
+// device step equals plain greedy for a batch of code prompts, chain and tree, with real
+// acceptance; sampling equals the host reference loop.
+TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLoop) {
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  cpu::CpuBackend backend;
+  TargetModelOptions topt;
+  topt.max_tokens_per_forward = 64;
+  topt.max_context_len = 160;
+  topt.num_kv_pages = 60;
+  topt.page_size = 8;
+  auto target = TargetModel::Create(models + "tiny-v2-code", topt, nullptr, &backend);
+  ASSERT_TRUE(target.ok()) << target.status();
+  DraftModelOptions dopt;
+  dopt.max_tokens_per_forward = 64;
+  dopt.max_context_len = 160;
+  dopt.num_kv_pages = 60;
+  dopt.page_size = 8;
+  auto draft = DraftModel::Create(models + "tiny-v2-code-eagle3", models + "tiny-v2-code", dopt, nullptr, &backend);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::vector<std::vector<int64_t>> prompts;
+  for (const char* text : {"def fibonacci(n):\n    if n < 2:\n        return n\n",
+                           "import os\n\nfor name in os.listdir(path):\n",
+                           "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"}) {
+    auto ids = tokenizer->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    prompts.push_back(*ids);
+  }
+  DecodeOptions options;
+  options.max_new_tokens = 32;
+  SpeculativeDecoder plain(target->get(), nullptr, options);
+  auto reference = plain.Generate(prompts);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const DraftTreeParams& tree : {DraftTreeParams{1, 4, 5}, DraftTreeParams{4, 4, 12}}) {
+    DecodeOptions spec = options;
+    spec.tree = tree;
+    SpeculativeDecoder device(target->get(), draft->get(), &backend, spec);
+    DecodeStats stats;
+    auto got = device.Generate(prompts, &stats);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *reference) << "topk " << tree.topk;
+    EXPECT_GT(stats.mean_accepted_length, 2.0) << "topk " << tree.topk;
+    EXPECT_EQ(stats.host_syncs, stats.device_steps);
+
+    spec.sampling.temperature = 0.7f;
+    spec.seed = 21;
+    SpeculativeDecoder sampled(target->get(), draft->get(), &backend, spec);
+    auto sampled_got = sampled.Generate(prompts);
+    ASSERT_TRUE(sampled_got.ok()) << sampled_got.status();
+    Eagle3Drafter drafter(draft->get(), static_cast<int>(prompts.size()));
+    SpeculativeDecoder host(target->get(), &drafter, spec);
+    auto host_got = host.Generate(prompts);
+    ASSERT_TRUE(host_got.ok()) << host_got.status();
+    EXPECT_EQ(*sampled_got, *host_got) << "topk " << tree.topk;
+  }
+}
+
+}  // namespace
+}  // namespace eagle3
