@@ -99,6 +99,10 @@ const std::vector<int64_t> kDefaultIds = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38}
 // which --batch N without a prompt decodes.
 constexpr char kHeldoutPrompts[] = "heldout_prompts.jsonl";
 
+// The largest batch the device loop drafts for by default: measured on one H200 with the trained
+// pair (benchmarks/NOTES.md, issue 16), where speculation stops paying between batch 8 and 32.
+constexpr int kDefaultSpeculateUpTo = -1;
+
 struct Flags {
   std::string target, draft, json;
   std::string models_dir = EAGLE3_MODELS_DIR;
@@ -116,6 +120,9 @@ struct Flags {
   std::string device = "cpu";
   bool graphs = true;  // CUDA graphs for target steps (--device cuda; tp 1 or NCCL)
   bool host_loop = false;  // --loop host: the reference loop (trees and verification on the host)
+  // --speculate-up-to: the device step drafts while at most this many sequences are active (-1: at
+  // every batch size); above, its steps draft nothing and keep the draft in sync.
+  int speculate_up_to = kDefaultSpeculateUpTo;
   std::string comm = "auto";  // --comm: tp > 1 collectives on CUDA
   std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
   std::optional<eagle3::DType> kv_cache;  // --kv-cache: the target's latent cache; unset: f32
@@ -142,6 +149,8 @@ constexpr char kUsage[] =
     "  --random-pair: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft (no speedup)\n"
     "  --loop: device (default) runs each decode step as one SpeculativeStep on the device; host runs\n"
     "    the reference loop (trees built and verified on the host, logits and taps copied every step)\n"
+    "  --speculate-up-to B|all: the device loop drafts while at most B sequences are active; larger\n"
+    "    batches decode plainly through the same step, the draft kept in sync (default all)\n"
     "  --comm: collectives of --tp N on cuda: nccl (one GPU per rank), staged (through the host; ranks\n"
     "    may share a GPU), auto (nccl when there are N GPUs)\n"
     "  --weights: storage of both models' weights (default: the device's preference, bf16 on cuda,\n"
@@ -209,6 +218,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.graphs = value == "on";
     } else if (flag == "--loop" && (value == "device" || value == "host")) {
       f.host_loop = value == "host";
+    } else if (flag == "--speculate-up-to") {
+      if (value == "all") {
+        f.speculate_up_to = -1;
+      } else {
+        EAGLE3_RETURN_IF_ERROR(integer(0, 1 << 20, &f.speculate_up_to));
+      }
     } else if (flag == "--prompt") {
       if (f.prompt.has_value()) return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
       f.prompt = value;
@@ -308,6 +323,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
     options.max_new_tokens = flags.max_new_tokens;
     options.eos_token_ids = target->config().eos_token_ids;
     options.tree = flags.tree;
+    if (flags.speculate_up_to >= 0) options.schedule = eagle3::SpeculateUpToBatch(flags.tree, flags.speculate_up_to);
     options.sampling = flags.sampling;
     options.seed = flags.seed;
     options.target_launcher = ctx.launcher.get();
@@ -620,6 +636,7 @@ absl::Status Run(Flags flags) {
         << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram)
         << ", \"host_syncs_per_step\": " << per_step(s.host_syncs, s.device_steps)
         << ", \"device_to_host_bytes_per_step\": " << per_step(s.device_to_host_bytes, s.device_steps)
+        << ", \"undrafted_steps\": " << s.undrafted_steps << ", \"device_steps\": " << s.device_steps
         << "}, \"loop\": " << JsonString(flags.host_loop ? "host" : "device") << ", \"speedup\": " << speedup;
     if (greedy) out << ", \"greedy_outputs_agree\": " << (differing == 0 ? "true" : "false");
     if (batched) {

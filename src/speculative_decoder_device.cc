@@ -24,6 +24,44 @@ struct DeviceSequence {
   bool done = false;
 };
 
+// The trees the schedule drafts (distinct, in order of first use) and, per row, the index of its
+// tree among them or kNoDraftTokens. An empty schedule drafts `tree` at every batch size.
+struct ScheduleTrees {
+  std::vector<DraftTreeParams> trees;
+  std::vector<int> row_tree;
+};
+
+ScheduleTrees ResolveSchedule(const DecodeOptions& options) {
+  ScheduleTrees out;
+  if (options.schedule.empty()) {
+    out.trees = {options.tree};
+    out.row_tree = {0};
+    return out;
+  }
+  for (const SpeculationScheduleEntry& e : options.schedule) {
+    if (!e.speculate) {
+      out.row_tree.push_back(kNoDraftTokens);
+      continue;
+    }
+    auto same = [&](const DraftTreeParams& t) {
+      return t.topk == e.tree.topk && t.num_steps == e.tree.num_steps && t.num_draft_tokens == e.tree.num_draft_tokens;
+    };
+    const auto it = std::find_if(out.trees.begin(), out.trees.end(), same);
+    out.row_tree.push_back(static_cast<int>(it - out.trees.begin()));
+    if (it == out.trees.end()) out.trees.push_back(e.tree);
+  }
+  if (out.trees.empty()) out.trees = {options.tree};  // never drafted; sizes the unused buffers
+  return out;
+}
+
+// The schedule row for `active` sequences: the first whose max_batch covers it, else the last.
+size_t ScheduleRow(const DecodeOptions& options, int64_t active) {
+  for (size_t i = 0; i < options.schedule.size(); ++i) {
+    if (active <= options.schedule[i].max_batch) return i;
+  }
+  return options.schedule.empty() ? 0 : options.schedule.size() - 1;
+}
+
 // The pages of sequence b when `pages` are split evenly between `batch` sequences.
 std::vector<int32_t> PageSlice(int64_t pages, int64_t batch, int64_t b) {
   const int64_t per_seq = pages / batch;
@@ -33,6 +71,17 @@ std::vector<int32_t> PageSlice(int64_t pages, int64_t batch, int64_t b) {
 }
 
 }  // namespace
+
+std::vector<SpeculationScheduleEntry> SpeculateUpToBatch(const DraftTreeParams& tree, int max_speculative_batch) {
+  SpeculationScheduleEntry on;
+  on.max_batch = max_speculative_batch;
+  on.tree = tree;
+  SpeculationScheduleEntry off;
+  off.max_batch = max_speculative_batch + 1;
+  off.speculate = false;
+  off.tree = tree;
+  return {on, off};
+}
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOnDevice(
     std::span<const std::vector<int64_t>> prompts, DecodeStats& st) {
@@ -44,9 +93,10 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
     return absl::InvalidArgumentError("Generate: max_new_tokens must be >= 1, got " +
                                       std::to_string(options_.max_new_tokens));
   }
+  const ScheduleTrees schedule = ResolveSchedule(options_);
   SpeculativeStepOptions so;
   so.max_batch = static_cast<int>(batch);
-  so.tree = options_.tree;
+  so.trees = schedule.trees;
   so.sampling = options_.sampling;
   so.seed = options_.seed;
   so.launcher = options_.target_launcher;
@@ -101,7 +151,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
   const StepCounters prefill_counters = step->counters();
 
   const bool speculative = draft_ != nullptr;
-  AcceptanceTally tally(options_.tree.num_steps);
+  int max_steps = 0;
+  for (const DraftTreeParams& t : schedule.trees) max_steps = std::max(max_steps, t.num_steps);
+  AcceptanceTally tally(max_steps);
   std::vector<StepSequence> inputs;
   std::vector<int64_t> active;
   std::vector<StepOutput> outputs;
@@ -122,13 +174,19 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
       inputs.push_back(in);
     }
     if (active.empty()) break;
-    EAGLE3_RETURN_IF_ERROR(step->Run(inputs, &outputs));
+    const int tree = speculative ? schedule.row_tree[ScheduleRow(options_, static_cast<int64_t>(active.size()))]
+                                 : kNoDraftTokens;
+    EAGLE3_RETURN_IF_ERROR(step->Run(inputs, &outputs, tree));
     st.target_passes += 1;
-    if (speculative) st.draft_passes += options_.tree.num_steps;
+    if (speculative) {
+      // A drafting step's tree passes and catch-up, or the catch-up alone.
+      st.draft_passes += tree == kNoDraftTokens ? 1 : schedule.trees[static_cast<size_t>(tree)].num_steps;
+    }
+    if (speculative && tree == kNoDraftTokens) st.undrafted_steps += 1;
     for (size_t i = 0; i < active.size(); ++i) {
       DeviceSequence& s = seqs[static_cast<size_t>(active[i])];
       const StepOutput& o = outputs[i];
-      tally.Add(o.num_accepted, static_cast<int64_t>(o.tokens.size()), st);
+      if (!speculative || tree != kNoDraftTokens) tally.Add(o.num_accepted, static_cast<int64_t>(o.tokens.size()), st);
       s.row = static_cast<int>(i);
       s.cache_len += static_cast<int64_t>(o.tokens.size());
       s.root = o.tokens.back();
@@ -136,7 +194,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
     }
   }
 
-  tally.Finish(speculative, options_.tree.num_steps, st);
+  tally.Finish(speculative, max_steps, st);
   const StepCounters& counters = step->counters();
   st.device_steps = counters.steps - prefill_counters.steps;
   st.host_syncs = counters.host_syncs - prefill_counters.host_syncs;

@@ -161,20 +161,26 @@ struct SpeculativeStep::Impl {
   StepCounters counters;
   uint64_t coin_counter = 0;  // Philox counter base of the next Prefill / Run
 
-  // Shape.
-  int64_t max_batch = 0, nodes = 1, k = 1, passes = 0;  // passes = draft forwards of a tree (S - 1)
+  // The shape of the step being staged (SelectTree); passes = draft forwards of its tree (S - 1).
+  int64_t max_batch = 0, nodes = 1, k = 1, passes = 0;
+  bool drafting = false;  // a tree is built this step (else the roots alone are verified)
+  // The largest of each over options.trees (buffers are sized for them).
+  int64_t max_nodes = 1, max_k = 1, max_passes = 0, max_draft_slots = 0, workspace_bytes = 0;
   int64_t vocab = 0, draft_vocab = 0, hidden = 0, tap_width = 0, mask_width = 0, table_width = 0;
   int64_t draft_table_width = 0;  // page entries of a draft page table: ceil(draft max_context_len / page_size)
   TreeBuildShape tree_shape;
 
   // Root state: the draft's logits and fed-back hidden after each sequence's newest token, by row.
   Tensor root_logits, root_hidden, root_logits_tmp, root_hidden_tmp;
-  // Tree build.
+  // Tree build. The trees of a step are contiguous [B, N] views from the start of buffers sized
+  // for the largest tree.
   Tensor d2t, tree_workspace, frontier_tokens, frontier_parents;  // frontier_*: [max(S, 1), B k]
   Tensor pass_logits, hidden_in, hidden_out, masks[2];
   Tensor tree_tokens, tree_parents, tree_positions, tree_mask;
-  // Verify forward, verification and commit.
-  Tensor verify_logits, aux, accepted, commit_offsets, commit_counts;
+  // Verify forward, verification and commit. zero_offsets: zeros for commit_offsets when trees of
+  // several sizes alternate (TreeVerify writes only each path's entries, and the catch-up's padding
+  // rows gather through the rest, which must stay below the current tree's node count).
+  Tensor verify_logits, aux, accepted, commit_offsets, commit_counts, zero_offsets;
   // Draft catch-up (also the prefill's draft pass).
   Tensor catch_in, catch_out;
   Mirrored upload, download;
@@ -195,6 +201,15 @@ struct SpeculativeStep::Impl {
   absl::Status AllocateBuffers();
   TreeVerifyOutputs VerifyOutputs(int64_t b, int64_t n) const;
   absl::Status CheckSequences(std::span<const StepSequence> seqs) const;
+  // Makes options.trees[tree] (or no drafted tokens: kNoDraftTokens) the current shape.
+  void SelectTree(int tree) {
+    drafting = draft != nullptr && tree != kNoDraftTokens;
+    const DraftTreeParams& t = options.trees[static_cast<size_t>(drafting ? tree : 0)];
+    nodes = drafting ? t.num_draft_tokens : 1;
+    k = drafting ? t.topk : 1;
+    passes = drafting ? t.num_steps - 1 : 0;
+    tree_shape = TreeBuildShape{max_batch, t.topk, t.num_steps, t.num_draft_tokens, draft_vocab};
+  }
   StepDims Dims(int64_t b) const {
     return StepDims{b, nodes, k, passes, table_width, draft_table_width, draft != nullptr ? mask_width : 0};
   }
@@ -204,8 +219,9 @@ struct SpeculativeStep::Impl {
   // `launch`, enqueues the step's device work after each: the upload, the tree passes, the verify
   // forward, verification, the results' download, the commit and the catch-up. Without `launch`
   // nothing is enqueued (the stages a replayed capture needs).
+  // results_copied: set once the results' download is enqueued.
   absl::Status Enqueue(std::span<const StepSequence> seqs, const StepUploadLayout& up, const ResultLayout& res,
-                       bool launch);
+                       bool launch, bool* results_copied = nullptr);
   absl::Status DraftTreePass(std::span<const StepSequence> seqs, int64_t pass, const StepUploadLayout& up,
                              bool launch);
   // The results of b sequences with n nodes each; check_tree: a tree was built (its records count).
@@ -218,14 +234,19 @@ struct SpeculativeStep::Impl {
 };
 
 absl::Status SpeculativeStep::Impl::AllocateBuffers() {
-  const int64_t b = max_batch, n = nodes;
+  const int64_t b = max_batch, n = max_nodes, k = max_k;
   const int64_t t_target = target->options().max_tokens_per_forward;
   const int64_t t_draft = draft != nullptr ? draft->options().max_tokens_per_forward : 0;
   EAGLE3_ASSIGN_OR_RETURN(verify_logits, Alloc(DType::kF32, Shape{b * n, vocab}));
   EAGLE3_ASSIGN_OR_RETURN(accepted, AllocZeroed(DType::kI32, Shape{b, n}));
   EAGLE3_ASSIGN_OR_RETURN(commit_offsets, AllocZeroed(DType::kI32, Shape{b, n}));
   EAGLE3_ASSIGN_OR_RETURN(commit_counts, AllocZeroed(DType::kI32, Shape{b}));
-  int64_t up_bytes = StepUploadLayout(Dims(b)).bytes;
+  if (options.trees.size() > 1) {
+    EAGLE3_ASSIGN_OR_RETURN(zero_offsets, AllocZeroed(DType::kI32, Shape{b * n}));
+  }
+  int64_t up_bytes = StepUploadLayout(StepDims{b, n, k, max_passes, table_width, draft_table_width,
+                                               draft != nullptr ? mask_width : 0})
+                         .bytes;
   up_bytes = std::max(up_bytes, PrefillUploadLayout(std::max(t_target, t_draft)).bytes);
   EAGLE3_ASSIGN_OR_RETURN(upload.host, Tensor::Empty(DType::kU8, Shape{up_bytes}, backend->staging_allocator()));
   EAGLE3_ASSIGN_OR_RETURN(upload.device, AllocZeroed(DType::kU8, Shape{up_bytes}));
@@ -247,8 +268,8 @@ absl::Status SpeculativeStep::Impl::AllocateBuffers() {
     EAGLE3_ASSIGN_OR_RETURN(d2t, Alloc(DType::kI64, Shape{draft_vocab}));
     EAGLE3_RETURN_IF_ERROR(backend->Copy(host, d2t));
   }
-  EAGLE3_ASSIGN_OR_RETURN(tree_workspace, AllocZeroed(DType::kU8, Shape{backend->TreeBuildWorkspaceBytes(tree_shape)}));
-  const int64_t steps = options.tree.num_steps;
+  EAGLE3_ASSIGN_OR_RETURN(tree_workspace, AllocZeroed(DType::kU8, Shape{workspace_bytes}));
+  const int64_t steps = max_passes + 1;
   EAGLE3_ASSIGN_OR_RETURN(frontier_tokens, AllocZeroed(DType::kI64, Shape{steps, b * k}));
   EAGLE3_ASSIGN_OR_RETURN(frontier_parents, AllocZeroed(DType::kI32, Shape{steps, b * k}));
   EAGLE3_ASSIGN_OR_RETURN(pass_logits, Alloc(DType::kF32, Shape{b * k, draft_vocab}));
@@ -286,7 +307,7 @@ absl::Status SpeculativeStep::Impl::CheckSequences(std::span<const StepSequence>
                                       Str(max_batch));
   }
   std::vector<uint8_t> seen(static_cast<size_t>(max_batch), 0);
-  const int64_t draft_slots = draft != nullptr ? std::max(nodes, passes * k) : 0;
+  const int64_t draft_slots = draft != nullptr ? std::max(nodes, passes * k) : 0;  // this step's
   for (int64_t i = 0; i < b; ++i) {
     const StepSequence& s = seqs[static_cast<size_t>(i)];
     const std::string seq = "SpeculativeStep::Run: sequence " + Str(i);
@@ -389,7 +410,7 @@ absl::Status SpeculativeStep::Impl::DraftTreePass(std::span<const StepSequence> 
 }
 
 absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, const StepUploadLayout& up,
-                                            const ResultLayout& res, bool launch) {
+                                            const ResultLayout& res, bool launch, bool* results_copied) {
   const int64_t b = static_cast<int64_t>(seqs.size());
   const int64_t n = nodes;
   if (launch) EAGLE3_RETURN_IF_ERROR(backend->Copy(upload.HostBytes(up.bytes), upload.DeviceBytes(up.bytes)));
@@ -399,7 +420,7 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   bool identity_rows = true;
   for (int64_t i = 0; i < b; ++i) identity_rows = identity_rows && seqs[static_cast<size_t>(i)].row == i;
 
-  if (draft != nullptr) {
+  if (drafting) {
     // The root state of the rows this step keeps, in this step's order.
     if (launch && !identity_rows) {
       const TensorView rows = upload.Device(up.rows, DType::kI32, Shape{b});
@@ -430,7 +451,7 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
     if (launch) {
       EAGLE3_RETURN_IF_ERROR(backend->TreeBuildFinalize(
           shape, tree_workspace, tree_errors, roots, upload.Device(up.root_positions, DType::kI64, Shape{b}),
-          Rows(tree_tokens, 0, b), Rows(tree_parents, 0, b), Rows(tree_positions, 0, b), Rows(tree_mask, 0, b * n)));
+          At(tree_tokens, 0, DType::kI64, Shape{b, n}), At(tree_parents, 0, DType::kI32, Shape{b, n}), At(tree_positions, 0, DType::kI64, Shape{b, n}), At(tree_mask, 0, DType::kU8, Shape{b * n, n})));
     }
   }
 
@@ -448,20 +469,22 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   }
   TargetStepIO tio;
   tio.logits = Rows(verify_logits, 0, b * n);
-  const HiddenStateTap* tap = nullptr;
-  if (draft != nullptr) {
-    tap = &draft->tap();
-    tio.tokens = Rows(tree_tokens, 0, b).Reshape(Shape{b * n});
-    tio.positions = Rows(tree_positions, 0, b).Reshape(Shape{b * n});
-    tio.tree_mask = Rows(tree_mask, 0, b * n);
-    tio.aux = Rows(aux, 0, b * n);
+  const HiddenStateTap* tap = draft != nullptr ? &draft->tap() : nullptr;
+  if (draft != nullptr) tio.aux = Rows(aux, 0, b * n);
+  if (drafting) {
+    tio.tokens = At(tree_tokens, 0, DType::kI64, Shape{b, n}).Reshape(Shape{b * n});
+    tio.positions = At(tree_positions, 0, DType::kI64, Shape{b, n}).Reshape(Shape{b * n});
+    tio.tree_mask = At(tree_mask, 0, DType::kU8, Shape{b * n, n});
   }
   EAGLE3_RETURN_IF_ERROR(target->Stage(target_batch, tap, tio));
   const TreeVerifyOutputs vout = VerifyOutputs(b, n);
   if (launch) {
     EAGLE3_RETURN_IF_ERROR(target->Launch());
-    if (draft != nullptr) {
-      EAGLE3_RETURN_IF_ERROR(backend->TreeVerify(Rows(tree_tokens, 0, b), Rows(tree_parents, 0, b), tio.logits,
+    if (drafting && !zero_offsets.empty()) {
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(zero_offsets, 0, b * n), vout.commit_offsets.Reshape(Shape{b * n})));
+    }
+    if (drafting) {
+      EAGLE3_RETURN_IF_ERROR(backend->TreeVerify(At(tree_tokens, 0, DType::kI64, Shape{b, n}), At(tree_parents, 0, DType::kI32, Shape{b, n}), tio.logits,
                                                  options.sampling, seed_offset, vout));
     } else {
       EAGLE3_RETURN_IF_ERROR(backend->TreeVerify(roots.Reshape(Shape{b, 1}),
@@ -470,14 +493,17 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
     }
     // The step's one transfer to the host, in flight while the commit and the catch-up run.
     EAGLE3_RETURN_IF_ERROR(backend->Copy(download.DeviceBytes(res.bytes), download.HostBytes(res.bytes)));
+    if (results_copied != nullptr) *results_copied = true;
   }
   if (draft == nullptr) return absl::OkStatus();
 
-  if (launch) {
-    // Commit the accepted paths' target KV rows.
+  if (launch && drafting) {
+    // Commit the accepted paths' target KV rows (a root alone is already in place).
     EAGLE3_RETURN_IF_ERROR(target->CommitAcceptedOnDevice(
         upload.Device(up.tables, DType::kI32, Shape{b, table_width}), upload.Device(up.cache_len, DType::kI32, Shape{b}),
         vout.commit_offsets, vout.commit_counts));
+  }
+  if (launch) {
     // Catch-up: row j of sequence b pairs the tapped states of its j-th path node with the token after
     // it (out_tokens[b][j]), at position cache_len + j. Rows past the path (j > num_accepted) are
     // padding that keeps the shape fixed: they read valid stale entries and write draft KV only past
@@ -545,10 +571,8 @@ SpeculativeStep::SpeculativeStep(std::unique_ptr<Impl> impl) : impl_(std::move(i
 SpeculativeStep::~SpeculativeStep() = default;
 
 const SpeculativeStepOptions& SpeculativeStep::options() const { return impl_->options; }
-int SpeculativeStep::nodes_per_step() const { return static_cast<int>(impl_->nodes); }
-int64_t SpeculativeStep::draft_slots_per_step() const {
-  return impl_->draft != nullptr ? std::max(impl_->nodes, impl_->passes * impl_->k) : 0;
-}
+int SpeculativeStep::nodes_per_step() const { return static_cast<int>(impl_->max_nodes); }
+int64_t SpeculativeStep::draft_slots_per_step() const { return impl_->max_draft_slots; }
 const StepCounters& SpeculativeStep::counters() const { return impl_->counters; }
 
 absl::StatusOr<std::unique_ptr<SpeculativeStep>> SpeculativeStep::Create(TargetModel* target, DraftModel* draft,
@@ -572,32 +596,45 @@ absl::StatusOr<std::unique_ptr<SpeculativeStep>> SpeculativeStep::Create(TargetM
   const TargetModelOptions& topt = target->options();
   m.table_width = (topt.max_context_len + topt.page_size - 1) / topt.page_size;
   if (draft != nullptr) {
-    EAGLE3_RETURN_IF_ERROR(options.tree.Validate(draft->draft_vocab()));
-    m.nodes = options.tree.num_draft_tokens;
-    m.k = options.tree.topk;
-    m.passes = options.tree.num_steps - 1;
+    if (options.trees.empty()) return absl::InvalidArgumentError("SpeculativeStep: options.trees is empty");
     m.draft_vocab = draft->draft_vocab();
     m.hidden = draft->config().hidden_size;
     m.tap_width = draft->tap().width();
     m.mask_width = draft->options().max_context_len;
     m.draft_table_width = (m.mask_width + draft->options().page_size - 1) / draft->options().page_size;
-    m.tree_shape = TreeBuildShape{m.max_batch, options.tree.topk, options.tree.num_steps,
-                                  options.tree.num_draft_tokens, m.draft_vocab};
-    if (backend->TreeBuildWorkspaceBytes(m.tree_shape) <= 0) {
-      return absl::InvalidArgumentError("SpeculativeStep: the backend cannot build trees of topk " +
-                                        Str(options.tree.topk) + ", " + Str(options.tree.num_steps) + " steps, " +
-                                        Str(options.tree.num_draft_tokens) + " tokens for " + Str(m.max_batch) +
-                                        " sequences over a draft vocabulary of " + Str(m.draft_vocab));
+    m.max_draft_slots = 1;  // a step drafting nothing still writes the catch-up's one row
+    for (size_t i = 0; i < options.trees.size(); ++i) {
+      const DraftTreeParams& t = options.trees[i];
+      const absl::Status valid = t.Validate(m.draft_vocab);
+      if (!valid.ok()) {
+        return absl::InvalidArgumentError("SpeculativeStep: trees[" + Str(static_cast<int64_t>(i)) +
+                                          "]: " + std::string(valid.message()));
+      }
+      const TreeBuildShape shape{m.max_batch, t.topk, t.num_steps, t.num_draft_tokens, m.draft_vocab};
+      const int64_t bytes = backend->TreeBuildWorkspaceBytes(shape);
+      if (bytes <= 0) {
+        return absl::InvalidArgumentError("SpeculativeStep: the backend cannot build trees of topk " +
+                                          Str(t.topk) + ", " + Str(t.num_steps) + " steps, " +
+                                          Str(t.num_draft_tokens) + " tokens for " + Str(m.max_batch) +
+                                          " sequences over a draft vocabulary of " + Str(m.draft_vocab));
+      }
+      m.workspace_bytes = std::max(m.workspace_bytes, bytes);
+      m.max_nodes = std::max<int64_t>(m.max_nodes, t.num_draft_tokens);
+      m.max_k = std::max<int64_t>(m.max_k, t.topk);
+      m.max_passes = std::max<int64_t>(m.max_passes, t.num_steps - 1);
+      m.max_draft_slots = std::max<int64_t>(
+          m.max_draft_slots, std::max<int64_t>(t.num_draft_tokens, static_cast<int64_t>(t.num_steps - 1) * t.topk));
     }
-    const int64_t draft_rows = m.max_batch * std::max(m.nodes, m.k);
+    const int64_t draft_rows = m.max_batch * std::max(m.max_nodes, m.max_k);
     if (draft_rows > draft->options().max_tokens_per_forward) {
       return absl::InvalidArgumentError("SpeculativeStep: max_batch " + Str(m.max_batch) + " x " +
-                                        Str(std::max(m.nodes, m.k)) + " draft rows per sequence exceed the draft's "
-                                        "max_tokens_per_forward " + Str(draft->options().max_tokens_per_forward));
+                                        Str(std::max(m.max_nodes, m.max_k)) +
+                                        " draft rows per sequence exceed the draft's max_tokens_per_forward " +
+                                        Str(draft->options().max_tokens_per_forward));
     }
   }
-  if (m.max_batch * m.nodes > topt.max_tokens_per_forward) {
-    return absl::InvalidArgumentError("SpeculativeStep: max_batch " + Str(m.max_batch) + " x " + Str(m.nodes) +
+  if (m.max_batch * m.max_nodes > topt.max_tokens_per_forward) {
+    return absl::InvalidArgumentError("SpeculativeStep: max_batch " + Str(m.max_batch) + " x " + Str(m.max_nodes) +
                                       " tree nodes exceed the target's max_tokens_per_forward " +
                                       Str(topt.max_tokens_per_forward));
   }
@@ -759,8 +796,13 @@ void SpeculativeStep::Impl::StageUpload(std::span<const StepSequence> seqs, cons
   catch_starts[b] = static_cast<int32_t>(b * nodes);
 }
 
-absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vector<StepOutput>* out) {
+absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vector<StepOutput>* out, int tree) {
   Impl& m = *impl_;
+  if (tree != kNoDraftTokens && (tree < 0 || tree >= static_cast<int>(m.options.trees.size()))) {
+    return absl::InvalidArgumentError("SpeculativeStep::Run: tree " + Str(tree) + " is not an index of options.trees [0, " +
+                                      Str(static_cast<int64_t>(m.options.trees.size())) + ") nor kNoDraftTokens");
+  }
+  m.SelectTree(tree);
   EAGLE3_RETURN_IF_ERROR(m.CheckSequences(seqs));
   const int64_t b = static_cast<int64_t>(seqs.size());
   const StepUploadLayout up(m.Dims(b));
@@ -773,23 +815,25 @@ absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vecto
   // (their signatures hold the buffers this object hands them).
   bool identity_rows = true;
   for (int64_t i = 0; i < b; ++i) identity_rows = identity_rows && seqs[static_cast<size_t>(i)].row == i;
-  std::vector<int64_t> signature = {static_cast<int64_t>(reinterpret_cast<intptr_t>(this)), b, identity_rows};
+  std::vector<int64_t> signature = {static_cast<int64_t>(reinterpret_cast<intptr_t>(this)), b, identity_rows, tree};
   for (const std::vector<int64_t>& part :
        {m.target->StepSignature(), m.draft != nullptr ? m.draft->StepSignature() : std::vector<int64_t>()}) {
     signature.push_back(static_cast<int64_t>(part.size()));
     signature.insert(signature.end(), part.begin(), part.end());
   }
-  auto enqueue = [&] { return m.Enqueue(seqs, up, res, /*launch=*/true); };
+  bool results_copied = false;
+  auto enqueue = [&] { return m.Enqueue(seqs, up, res, /*launch=*/true, &results_copied); };
   const bool capturable = m.target->StepIsCapturable();
   const absl::Status enqueued = m.options.launcher != nullptr && capturable
                                     ? m.options.launcher->LaunchWork(signature, enqueue)
                                     : enqueue();
   const absl::Status synced = m.backend->Synchronize();
   m.counters.host_syncs += 1;
-  m.counters.device_to_host_bytes += res.bytes;
+  results_copied = results_copied || enqueued.ok();  // a replayed capture holds the download too
+  if (results_copied) m.counters.device_to_host_bytes += res.bytes;
   // A data error found on the device explains whatever failed after it: report it first.
-  if (synced.ok()) {
-    EAGLE3_RETURN_IF_ERROR(m.ReadResults(b, m.nodes, res, m.draft != nullptr, enqueued.ok() ? out : nullptr));
+  if (synced.ok() && results_copied) {
+    EAGLE3_RETURN_IF_ERROR(m.ReadResults(b, m.nodes, res, m.drafting, enqueued.ok() ? out : nullptr));
   }
   EAGLE3_RETURN_IF_ERROR(enqueued);
   EAGLE3_RETURN_IF_ERROR(synced);

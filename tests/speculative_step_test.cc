@@ -25,6 +25,13 @@ namespace {
 
 const std::string kGolden = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/";
 
+// Pages first, first + 1, ..., first + count - 1.
+std::vector<int32_t> Pages(int first, int count) {
+  std::vector<int32_t> pages(static_cast<size_t>(count));
+  std::iota(pages.begin(), pages.end(), first);
+  return pages;
+}
+
 class SpeculativeStepTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -53,12 +60,6 @@ class SpeculativeStepTest : public ::testing::Test {
     auto draft = DraftModel::Create(draft_dir_.path(), target_dir, dopt, nullptr, &backend_);
     ASSERT_TRUE(draft.ok()) << draft.status();
     draft_ = *std::move(draft);
-  }
-
-  std::vector<int32_t> Pages(int first, int count) {
-    std::vector<int32_t> pages(static_cast<size_t>(count));
-    std::iota(pages.begin(), pages.end(), first);
-    return pages;
   }
 
   cpu::CpuBackend backend_;
@@ -98,7 +99,7 @@ TEST_F(SpeculativeStepTest, SamplingMatchesTheHostReferenceLoop) {
 TEST_F(SpeculativeStepTest, RefusesBadInputsBeforeWriting) {
   SpeculativeStepOptions options;
   options.max_batch = 2;
-  options.tree = {2, 3, 6};
+  options.trees = {{2, 3, 6}};
   auto created = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, options);
   ASSERT_TRUE(created.ok()) << created.status();
   SpeculativeStep& step = **created;
@@ -143,7 +144,7 @@ TEST_F(SpeculativeStepTest, RefusesBadInputsBeforeWriting) {
   // A tree larger than the models' workspaces is refused at Create.
   SpeculativeStepOptions big = options;
   big.max_batch = 8;
-  big.tree = {4, 3, 12};  // 8 x 12 target rows > 64
+  big.trees = {{4, 3, 12}};  // 8 x 12 target rows > 64
   auto refused = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, big);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_NE(std::string(refused.status().message()).find("max_tokens_per_forward"), std::string::npos);
@@ -236,6 +237,87 @@ TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLo
     ASSERT_TRUE(host_got.ok()) << host_got.status();
     EXPECT_EQ(*sampled_got, *host_got) << "topk " << tree.topk;
   }
+}
+
+// Steps that switch between two trees and drafting nothing, in any order, emit plain greedy's tokens:
+// a step drafting nothing keeps the draft in sync, so the next drafting step proposes as well as
+// ever (its acceptance stays high).
+TEST(SpeculativeStepTrainedPairTest, SwitchingTreesAndSpeculationOffKeepsGreedyTokens) {
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  cpu::CpuBackend backend;
+  TargetModelOptions topt;
+  topt.max_tokens_per_forward = 64;
+  topt.max_context_len = 128;
+  topt.num_kv_pages = 32;
+  topt.page_size = 8;
+  auto target = TargetModel::Create(models + "tiny-v2-code", topt, nullptr, &backend);
+  ASSERT_TRUE(target.ok()) << target.status();
+  DraftModelOptions dopt;
+  dopt.max_tokens_per_forward = 64;
+  dopt.max_context_len = 128;
+  dopt.num_kv_pages = 32;
+  dopt.page_size = 8;
+  auto draft = DraftModel::Create(models + "tiny-v2-code-eagle3", models + "tiny-v2-code", dopt, nullptr, &backend);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  std::vector<std::vector<int64_t>> prompts;
+  for (const char* text : {"def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "for i in range(10):\n"}) {
+    auto ids = tokenizer->Encode(text);
+    ASSERT_TRUE(ids.ok());
+    prompts.push_back(*ids);
+  }
+  constexpr int kNewTokens = 40;
+  DecodeOptions plain_options;
+  plain_options.max_new_tokens = kNewTokens;
+  SpeculativeDecoder plain(target->get(), nullptr, plain_options);
+  auto reference = plain.Generate(prompts);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  SpeculativeStepOptions options;
+  options.max_batch = 2;
+  options.trees = {{4, 4, 12}, {1, 3, 4}};
+  auto step = SpeculativeStep::Create(target->get(), draft->get(), &backend, options);
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::vector<std::vector<int64_t>> got(prompts.size());
+  std::vector<StepSequence> seqs(prompts.size());
+  std::vector<std::vector<int32_t>> pages(prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    pages[b] = Pages(static_cast<int>(b) * 16, 16);
+  }
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    auto first = (*step)->Prefill(static_cast<int>(b), prompts[b], pages[b], pages[b]);
+    ASSERT_TRUE(first.ok()) << first.status();
+    got[b].push_back(*first);
+    seqs[b] = StepSequence{static_cast<int>(b), *first, static_cast<int64_t>(prompts[b].size()), pages[b], pages[b]};
+  }
+  const std::vector<int> pattern = {0, kNoDraftTokens, 1, kNoDraftTokens, kNoDraftTokens, 0, 1, 1, kNoDraftTokens};
+  int64_t drafted_steps = 0, drafted_tokens = 0;
+  for (size_t i = 0; std::min(got[0].size(), got[1].size()) < static_cast<size_t>(kNewTokens); ++i) {
+    ASSERT_LT(i, 200u);
+    const int tree = pattern[i % pattern.size()];
+    std::vector<StepOutput> out;
+    const absl::Status ran = (*step)->Run(seqs, &out, tree);
+    ASSERT_TRUE(ran.ok()) << "step " << i << ": " << ran;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      if (tree == kNoDraftTokens) EXPECT_EQ(out[b].num_accepted, 0);
+      if (tree != kNoDraftTokens) {
+        drafted_steps += 1;
+        drafted_tokens += out[b].num_accepted;
+      }
+      got[b].insert(got[b].end(), out[b].tokens.begin(), out[b].tokens.end());
+      seqs[b].row = static_cast<int>(b);
+      seqs[b].cache_len += static_cast<int64_t>(out[b].tokens.size());
+      seqs[b].root = out[b].tokens.back();
+    }
+  }
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    got[b].resize(kNewTokens);
+    EXPECT_EQ(got[b], (*reference)[b]) << "sequence " << b;
+  }
+  // The draft stays useful across the switches: most drafting steps accept more than one token.
+  EXPECT_GT(static_cast<double>(drafted_tokens) / static_cast<double>(drafted_steps), 1.5);
+  EXPECT_EQ((*step)->Run(seqs, nullptr, 2).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

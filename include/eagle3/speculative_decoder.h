@@ -48,10 +48,27 @@ class Drafter {
                               std::span<const int32_t> frontier, const TensorView& logits) = 0;
 };
 
+// One row of a speculation schedule: while at most `max_batch` sequences are active, decode steps
+// draft `tree`, or nothing when `speculate` is false (plain decoding through the same step, with
+// the draft kept in sync so that drafting can resume when the batch shrinks).
+struct SpeculationScheduleEntry {
+  int max_batch = 1;
+  bool speculate = true;
+  DraftTreeParams tree;
+};
+
+// The measured default for the shipped trained pair on one H200 (benchmarks/NOTES.md, issue 16):
+// `tree` up to `max_speculative_batch` active sequences, nothing drafted above.
+std::vector<SpeculationScheduleEntry> SpeculateUpToBatch(const DraftTreeParams& tree, int max_speculative_batch);
+
 struct DecodeOptions {
   int max_new_tokens = 64;
   std::vector<int64_t> eos_token_ids;  // stop after emitting one of these
   DraftTreeParams tree;                // topk 1 = chain
+  // The device step's schedule by the number of active sequences: the first row whose max_batch
+  // covers it, else the last row. Empty: every step drafts `tree`. The host reference loop ignores
+  // it (always `tree`).
+  std::vector<SpeculationScheduleEntry> schedule;
   SamplingParams sampling;             // temperature 0 = greedy
   uint64_t seed = 0;
   // Called after every decode step with the tokens generated so far over all sequences and the
@@ -78,6 +95,9 @@ struct DecodeStats {
   // Device step only: its decode steps (prefills excluded), the host synchronizations and the bytes
   // copied to the host over those steps.
   int64_t device_steps = 0, host_syncs = 0, device_to_host_bytes = 0;
+  // Device steps that drafted nothing (a schedule row with speculate false); they count as target
+  // passes but not as verify passes of the acceptance figures.
+  int64_t undrafted_steps = 0;
   double tokens_per_second() const { return total_seconds > 0 ? generated_tokens / total_seconds : 0; }
 };
 

@@ -40,9 +40,15 @@
 
 namespace eagle3 {
 
+// Run's tree argument for a step that drafts nothing: plain decoding of the roots through the same
+// step, with the draft's catch-up over each emitted token, so that drafting can resume at any step.
+inline constexpr int kNoDraftTokens = -1;
+
 struct SpeculativeStepOptions {
   int max_batch = 8;       // sequences per step (rows of the root state)
-  DraftTreeParams tree;    // the tree of every step (topk 1 = chain); unused without a draft
+  // The trees a step may draft (topk 1 = chain); Run's `tree` picks one by index (or
+  // kNoDraftTokens). Buffers are sized for the largest. Unused without a draft.
+  std::vector<DraftTreeParams> trees = {DraftTreeParams()};
   SamplingParams sampling;  // temperature 0 = greedy
   uint64_t seed = 0;       // Philox key; each Prefill / Run draws the next counter base
   // How a step's device work is enqueued: null = eagerly; a cuda::GraphStepLauncher captures the
@@ -88,9 +94,11 @@ class SpeculativeStep {
   ~SpeculativeStep();
 
   const SpeculativeStepOptions& options() const;
-  // Tree nodes per sequence of a step (num_draft_tokens, or 1 without a draft).
+  // Tree nodes per sequence of the largest step (the largest num_draft_tokens, or 1 without a
+  // draft): the target KV slots a step may write past cache_len.
   int nodes_per_step() const;
-  // Draft KV slots a step needs past cache_len: max(N, (S - 1) k), or 0 without a draft.
+  // Draft KV slots a step may need past cache_len: the largest max(N, (S - 1) k) over the trees (1
+  // for a step drafting nothing), or 0 without a draft.
   int64_t draft_slots_per_step() const;
 
   // Starts a sequence at `row` (< max_batch): the prompt through the target (cache_len 0), the first
@@ -100,11 +108,12 @@ class SpeculativeStep {
   absl::StatusOr<int64_t> Prefill(int row, std::span<const int64_t> prompt, std::span<const int32_t> target_pages,
                                   std::span<const int32_t> draft_pages);
 
-  // One step for `seqs` (1 <= size <= max_batch; rows distinct). Fills `out` (one entry per
-  // sequence). Everything the host knows is checked before anything is enqueued (InvalidArgument /
+  // One step for `seqs` (1 <= size <= max_batch; rows distinct) drafting options().trees[tree] (or
+  // nothing, with kNoDraftTokens; without a draft every step drafts nothing). Fills `out` (one
+  // entry per sequence). Everything the host knows is checked before anything is enqueued (InvalidArgument /
   // OutOfRange naming the sequence); data errors found on the device (NaN logits, ...) are
   // InvalidArgument naming the sequence, after the step. Exactly one Synchronize.
-  absl::Status Run(std::span<const StepSequence> seqs, std::vector<StepOutput>* out);
+  absl::Status Run(std::span<const StepSequence> seqs, std::vector<StepOutput>* out, int tree = 0);
 
   const StepCounters& counters() const;
 
