@@ -48,7 +48,6 @@
 #include <string_view>
 #include <vector>
 
-#include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/draft_tree.h"
 #include "eagle3/eagle3_drafter.h"
@@ -294,7 +293,10 @@ absl::Status InspectTarget(const Flags& flags) {
 }
 
 absl::Status InspectDraft(const Flags& flags) {
-  eagle3::cpu::CpuBackend backend;
+  // The models run on --device (the tree is built on the host from their outputs, as the reference
+  // loop builds it).
+  EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, 0, nullptr));
+  eagle3::Backend* backend = ctx.backend.get();
   const int64_t t = static_cast<int64_t>(flags.tokens.size());
   const int64_t context = t + flags.tree.num_draft_tokens + 1;
   const int64_t page_size = 16;
@@ -309,14 +311,14 @@ absl::Status InspectDraft(const Flags& flags) {
   dopt.page_size = page_size;
   dopt.num_kv_pages = pages;
   dopt.weight_dtype = flags.weights;
-  EAGLE3_ASSIGN_OR_RETURN(auto draft, eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, &backend));
+  EAGLE3_ASSIGN_OR_RETURN(auto draft, eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, backend));
   eagle3::TargetModelOptions topt;
   topt.weight_dtype = flags.weights;
   topt.max_tokens_per_forward = t;
   topt.max_context_len = context;
   topt.page_size = page_size;
   topt.num_kv_pages = pages;
-  EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, &backend));
+  EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, backend));
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab();
 

@@ -52,15 +52,16 @@ struct Mirrored {
 };
 
 // Where the results of a step (or prefill) of B sequences with N nodes sit in the download buffer:
-// the only bytes a step brings to the host.
+// the only bytes a step brings to the host: the accepted counts (-1 for a sequence the verifier
+// failed), the emitted tokens and, when a tree was built, each sequence's tree-build error kind.
+// The full error records stay on the device; they are read only when a count or kind shows one.
 struct ResultLayout {
-  int64_t num_accepted = 0, out_tokens = 0, verify_errors = 0, tree_errors = 0, bytes = 0;
-  ResultLayout(int64_t b, int64_t n) {
-    PackedLayout l(16);
+  int64_t num_accepted = 0, out_tokens = 0, tree_kinds = -1, bytes = 0;
+  ResultLayout(int64_t b, int64_t n, bool tree) {
+    PackedLayout l(8);
     num_accepted = l.Add(DType::kI32, Shape{b});
     out_tokens = l.Add(DType::kI64, Shape{b, n});
-    verify_errors = l.Add(DType::kI64, Shape{b, kVerifyErrorWidth});
-    tree_errors = l.Add(DType::kI64, Shape{b, kTreeBuildErrorWidth});
+    if (tree) tree_kinds = l.Add(DType::kI64, Shape{b});
     bytes = l.bytes();
   }
 };
@@ -181,6 +182,8 @@ struct SpeculativeStep::Impl {
   // several sizes alternate (TreeVerify writes only each path's entries, and the catch-up's padding
   // rows gather through the rest, which must stay below the current tree's node count).
   Tensor verify_logits, aux, accepted, commit_offsets, commit_counts, zero_offsets;
+  // The error records of the last tree build and verification ([B, 4] and [B, 3] i64).
+  Tensor tree_errors, verify_errors;
   // Draft catch-up (also the prefill's draft pass).
   Tensor catch_in, catch_out;
   Mirrored upload, download;
@@ -224,9 +227,9 @@ struct SpeculativeStep::Impl {
                        bool launch, bool* results_copied = nullptr);
   absl::Status DraftTreePass(std::span<const StepSequence> seqs, int64_t pass, const StepUploadLayout& up,
                              bool launch);
-  // The results of b sequences with n nodes each; check_tree: a tree was built (its records count).
-  absl::Status ReadResults(int64_t b, int64_t n, const ResultLayout& res, bool check_tree,
-                           std::vector<StepOutput>* out);
+  // The results of b sequences with n nodes each (after the step's synchronization); any error
+  // found on the device becomes the Status of the first sequence holding one.
+  absl::Status ReadResults(int64_t b, int64_t n, const ResultLayout& res, std::vector<StepOutput>* out);
   void SeedOffset(const TensorView& host) {
     host.data_as<int64_t>()[0] = static_cast<int64_t>(options.seed);
     host.data_as<int64_t>()[1] = static_cast<int64_t>(coin_counter++);
@@ -251,7 +254,9 @@ absl::Status SpeculativeStep::Impl::AllocateBuffers() {
   EAGLE3_ASSIGN_OR_RETURN(upload.host, Tensor::Empty(DType::kU8, Shape{up_bytes}, backend->staging_allocator()));
   EAGLE3_ASSIGN_OR_RETURN(upload.device, AllocZeroed(DType::kU8, Shape{up_bytes}));
   std::memset(upload.host.data(), 0, static_cast<size_t>(up_bytes));
-  const int64_t down_bytes = ResultLayout(b, n).bytes;
+  const int64_t down_bytes = ResultLayout(b, n, draft != nullptr).bytes;
+  EAGLE3_ASSIGN_OR_RETURN(tree_errors, AllocZeroed(DType::kI64, Shape{b, kTreeBuildErrorWidth}));
+  EAGLE3_ASSIGN_OR_RETURN(verify_errors, AllocZeroed(DType::kI64, Shape{b, kVerifyErrorWidth}));
   EAGLE3_ASSIGN_OR_RETURN(download.host, Tensor::Empty(DType::kU8, Shape{down_bytes}, backend->staging_allocator()));
   // Zeroed: entries past a sequence's emitted count (read by the padded catch-up rows) stay valid ids.
   EAGLE3_ASSIGN_OR_RETURN(download.device, AllocZeroed(DType::kU8, Shape{down_bytes}));
@@ -289,11 +294,11 @@ absl::Status SpeculativeStep::Impl::AllocateBuffers() {
 }
 
 TreeVerifyOutputs SpeculativeStep::Impl::VerifyOutputs(int64_t b, int64_t n) const {
-  const ResultLayout res(b, n);
+  const ResultLayout res(b, n, false);  // the counts and tokens sit alike with or without a tree
   TreeVerifyOutputs out;
   out.num_accepted = download.Device(res.num_accepted, DType::kI32, Shape{b});
   out.out_tokens = download.Device(res.out_tokens, DType::kI64, Shape{b, n});
-  out.errors = download.Device(res.verify_errors, DType::kI64, Shape{b, kVerifyErrorWidth});
+  out.errors = Rows(verify_errors, 0, b);
   out.accepted = At(accepted, 0, DType::kI32, Shape{b, n});
   out.commit_offsets = At(commit_offsets, 0, DType::kI32, Shape{b, n});
   out.commit_counts = At(commit_counts, 0, DType::kI32, Shape{b});
@@ -416,7 +421,7 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   if (launch) EAGLE3_RETURN_IF_ERROR(backend->Copy(upload.HostBytes(up.bytes), upload.DeviceBytes(up.bytes)));
   const TensorView roots = upload.Device(up.roots, DType::kI64, Shape{b});
   const TensorView seed_offset = upload.Device(up.seed_offset, DType::kI64, Shape{2});
-  const TensorView tree_errors = download.Device(res.tree_errors, DType::kI64, Shape{b, kTreeBuildErrorWidth});
+  const TensorView tree_records = Rows(tree_errors, 0, b);
   bool identity_rows = true;
   for (int64_t i = 0; i < b; ++i) identity_rows = identity_rows && seqs[static_cast<size_t>(i)].row == i;
 
@@ -439,18 +444,18 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
     if (launch) {
       auto [tokens0, parents0] = frontier(0);
       EAGLE3_RETURN_IF_ERROR(backend->TreeBuildStep(shape, 0, Rows(root_logits, 0, b), d2t, tree_workspace,
-                                                    tree_errors, tokens0, parents0));
+                                                    tree_records, tokens0, parents0));
     }
     for (int64_t pass = 1; pass <= passes; ++pass) {
       EAGLE3_RETURN_IF_ERROR(DraftTreePass(seqs, pass, up, launch));
       if (!launch) continue;
       auto [tokens, parents] = frontier(pass);
       EAGLE3_RETURN_IF_ERROR(backend->TreeBuildStep(shape, static_cast<int>(pass), Rows(pass_logits, 0, rows), d2t,
-                                                    tree_workspace, tree_errors, tokens, parents));
+                                                    tree_workspace, tree_records, tokens, parents));
     }
     if (launch) {
       EAGLE3_RETURN_IF_ERROR(backend->TreeBuildFinalize(
-          shape, tree_workspace, tree_errors, roots, upload.Device(up.root_positions, DType::kI64, Shape{b}),
+          shape, tree_workspace, tree_records, roots, upload.Device(up.root_positions, DType::kI64, Shape{b}),
           At(tree_tokens, 0, DType::kI64, Shape{b, n}), At(tree_parents, 0, DType::kI32, Shape{b, n}), At(tree_positions, 0, DType::kI64, Shape{b, n}), At(tree_mask, 0, DType::kU8, Shape{b * n, n})));
     }
   }
@@ -490,6 +495,11 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
       EAGLE3_RETURN_IF_ERROR(backend->TreeVerify(roots.Reshape(Shape{b, 1}),
                                                  upload.Device(up.root_parents, DType::kI32, Shape{b, 1}), tio.logits,
                                                  options.sampling, seed_offset, vout));
+    }
+    if (drafting) {
+      // Each sequence's tree-build error kind (column 0 of its record) joins the results.
+      EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(tree_errors, 0, b).Narrow(1, 0, 1),
+                                           download.Device(res.tree_kinds, DType::kI64, Shape{b, 1})));
     }
     // The step's one transfer to the host, in flight while the commit and the catch-up run.
     EAGLE3_RETURN_IF_ERROR(backend->Copy(download.DeviceBytes(res.bytes), download.HostBytes(res.bytes)));
@@ -537,20 +547,33 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   return backend->GatherRows(Rows(catch_out, 0, b * n), vout.num_accepted, Rows(root_hidden, 0, b), b);
 }
 
-absl::Status SpeculativeStep::Impl::ReadResults(int64_t b, int64_t n, const ResultLayout& res, bool check_tree,
+absl::Status SpeculativeStep::Impl::ReadResults(int64_t b, int64_t n, const ResultLayout& res,
                                                 std::vector<StepOutput>* out) {
   const char* base = static_cast<const char*>(download.host.data());
   const int32_t* num_accepted = reinterpret_cast<const int32_t*>(base + res.num_accepted);
   const int64_t* tokens = reinterpret_cast<const int64_t*>(base + res.out_tokens);
-  const int64_t* verify_errors = reinterpret_cast<const int64_t*>(base + res.verify_errors);
-  const int64_t* tree_errors = reinterpret_cast<const int64_t*>(base + res.tree_errors);
-  if (check_tree) {
-    for (int64_t i = 0; i < b; ++i) {
-      if (tree_errors[i * kTreeBuildErrorWidth] != 0) return TreeBuildRecordStatus(tree_errors + i * kTreeBuildErrorWidth, i);
-    }
-  }
+  bool failed = false;
   for (int64_t i = 0; i < b; ++i) {
-    if (verify_errors[i * kVerifyErrorWidth] != 0) return VerifyRecordStatus(verify_errors + i * kVerifyErrorWidth, i);
+    failed = failed || num_accepted[i] < 0 ||
+             (res.tree_kinds >= 0 && reinterpret_cast<const int64_t*>(base + res.tree_kinds)[i] != 0);
+  }
+  if (failed) {
+    // The error path: the records, in a second transfer (the tree's first: a failed build leaves a
+    // stale tree, whose verification means nothing).
+    EAGLE3_ASSIGN_OR_RETURN(Tensor tree_copy, Tensor::Empty(DType::kI64, Shape{b, kTreeBuildErrorWidth}));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor verify_copy, Tensor::Empty(DType::kI64, Shape{b, kVerifyErrorWidth}));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(tree_errors, 0, b), tree_copy));
+    EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(verify_errors, 0, b), verify_copy));
+    EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t* record = tree_copy.data_as<int64_t>() + i * kTreeBuildErrorWidth;
+      if (res.tree_kinds >= 0 && record[0] != 0) return TreeBuildRecordStatus(record, i);
+    }
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t* record = verify_copy.data_as<int64_t>() + i * kVerifyErrorWidth;
+      if (record[0] != 0) return VerifyRecordStatus(record, i);
+    }
+    return absl::InternalError("SpeculativeStep: a result shows an error but no record holds one");
   }
   if (out == nullptr) return absl::OkStatus();
   out->resize(static_cast<size_t>(b));
@@ -665,7 +688,7 @@ absl::StatusOr<int64_t> SpeculativeStep::Prefill(int row, std::span<const int64_
                                  Str(m.draft->options().max_tokens_per_forward));
   }
   const PrefillUploadLayout up(n);
-  const ResultLayout res(1, 1);
+  const ResultLayout res(1, 1, false);
   m.upload.Host(up.root, DType::kI64, Shape{1}).data_as<int64_t>()[0] = prompt.back();
   m.SeedOffset(m.upload.Host(up.seed_offset, DType::kI64, Shape{2}));
   m.upload.Host(up.parents, DType::kI32, Shape{1}).data_as<int32_t>()[0] = -1;
@@ -715,7 +738,7 @@ absl::StatusOr<int64_t> SpeculativeStep::Prefill(int row, std::span<const int64_
   const absl::Status synced = m.backend->Synchronize();
   if (results_copied && synced.ok()) {
     std::vector<StepOutput> out;
-    EAGLE3_RETURN_IF_ERROR(m.ReadResults(1, 1, res, /*check_tree=*/false, &out));
+    EAGLE3_RETURN_IF_ERROR(m.ReadResults(1, 1, res, &out));
     EAGLE3_RETURN_IF_ERROR(enqueued);
     return out[0].tokens[0];
   }
@@ -806,7 +829,7 @@ absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vecto
   EAGLE3_RETURN_IF_ERROR(m.CheckSequences(seqs));
   const int64_t b = static_cast<int64_t>(seqs.size());
   const StepUploadLayout up(m.Dims(b));
-  const ResultLayout res(b, m.nodes);
+  const ResultLayout res(b, m.nodes, m.drafting);
   // Every model step is staged (and checked) before anything is enqueued.
   EAGLE3_RETURN_IF_ERROR(m.Enqueue(seqs, up, res, /*launch=*/false));
   m.StageUpload(seqs, up);
@@ -833,7 +856,7 @@ absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vecto
   if (results_copied) m.counters.device_to_host_bytes += res.bytes;
   // A data error found on the device explains whatever failed after it: report it first.
   if (synced.ok() && results_copied) {
-    EAGLE3_RETURN_IF_ERROR(m.ReadResults(b, m.nodes, res, m.drafting, enqueued.ok() ? out : nullptr));
+    EAGLE3_RETURN_IF_ERROR(m.ReadResults(b, m.nodes, res, enqueued.ok() ? out : nullptr));
   }
   EAGLE3_RETURN_IF_ERROR(enqueued);
   EAGLE3_RETURN_IF_ERROR(synced);

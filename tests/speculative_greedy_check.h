@@ -52,6 +52,7 @@ inline void ExpectSpeculativeGreedyEqualsPlain(TargetModel* target, DraftModel* 
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, *reference) << "plain decoding through the device step";
     EXPECT_EQ(stats.host_syncs, stats.device_steps);
+    EXPECT_LE(stats.device_to_host_bytes, stats.device_steps * 16 * static_cast<int64_t>(prompts.size()) * 2);
   }
   for (const DraftTreeParams& tree : {DraftTreeParams{1, 4, 5}, DraftTreeParams{4, 3, 10}}) {
     DecodeOptions spec_options = options;

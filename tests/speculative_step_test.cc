@@ -4,7 +4,9 @@
 // sequences leaving the batch, and the refusals of bad inputs before anything is written.
 #include "eagle3/speculative_step.h"
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -14,7 +16,10 @@
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
 #include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/safetensors.h"
+#include "eagle3/safetensors_writer.h"
 #include "eagle3/speculative_decoder.h"
+#include "eagle3/status.h"
 #include "eagle3/target_model.h"
 #include "eagle3/tokenizer.h"
 #include "gtest/gtest.h"
@@ -24,6 +29,31 @@ namespace eagle3 {
 namespace {
 
 const std::string kGolden = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/";
+
+// A target and its draft on `backend`, both with room for `tokens` rows per forward and `pages` pages
+// of `page_size` (contexts up to `context`).
+struct Pair {
+  std::unique_ptr<TargetModel> target;
+  std::unique_ptr<DraftModel> draft;
+};
+absl::StatusOr<Pair> LoadPair(const std::string& target_dir, const std::string& draft_dir, int64_t tokens,
+                              int64_t context, int64_t pages, int64_t target_page_size, int64_t draft_page_size,
+                              Backend* backend) {
+  TargetModelOptions topt;
+  topt.max_tokens_per_forward = tokens;
+  topt.max_context_len = context;
+  topt.num_kv_pages = pages;
+  topt.page_size = target_page_size;
+  DraftModelOptions dopt;
+  dopt.max_tokens_per_forward = tokens;
+  dopt.max_context_len = context;
+  dopt.num_kv_pages = pages;
+  dopt.page_size = draft_page_size;
+  Pair pair;
+  EAGLE3_ASSIGN_OR_RETURN(pair.target, TargetModel::Create(target_dir, topt, nullptr, backend));
+  EAGLE3_ASSIGN_OR_RETURN(pair.draft, DraftModel::Create(draft_dir, target_dir, dopt, nullptr, backend));
+  return pair;
+}
 
 // Pages first, first + 1, ..., first + count - 1.
 std::vector<int32_t> Pages(int first, int count) {
@@ -44,22 +74,10 @@ class SpeculativeStepTest : public ::testing::Test {
     draft_options.num_key_value_heads = 4;
     draft_options.aux_layer_ids = {0, 1, 2};
     ASSERT_TRUE(WriteRandomEagle3DraftCheckpoint(*config, draft_dir_.path(), draft_options).ok());
-    TargetModelOptions topt;
-    topt.max_tokens_per_forward = 64;
-    topt.max_context_len = 96;
-    topt.num_kv_pages = 96;
-    topt.page_size = 4;
-    auto target = TargetModel::Create(target_dir, topt, nullptr, &backend_);
-    ASSERT_TRUE(target.ok()) << target.status();
-    target_ = *std::move(target);
-    DraftModelOptions dopt;
-    dopt.max_tokens_per_forward = 64;
-    dopt.max_context_len = 96;
-    dopt.num_kv_pages = 96;
-    dopt.page_size = 3;
-    auto draft = DraftModel::Create(draft_dir_.path(), target_dir, dopt, nullptr, &backend_);
-    ASSERT_TRUE(draft.ok()) << draft.status();
-    draft_ = *std::move(draft);
+    auto pair = LoadPair(target_dir, draft_dir_.path(), 64, 96, 96, 4, 3, &backend_);
+    ASSERT_TRUE(pair.ok()) << pair.status();
+    target_ = std::move(pair->target);
+    draft_ = std::move(pair->draft);
   }
 
   cpu::CpuBackend backend_;
@@ -186,20 +204,10 @@ TEST_F(SpeculativeStepTest, PrefillRefusesBadRowsAndPrompts) {
 TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLoop) {
   const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
   cpu::CpuBackend backend;
-  TargetModelOptions topt;
-  topt.max_tokens_per_forward = 64;
-  topt.max_context_len = 160;
-  topt.num_kv_pages = 60;
-  topt.page_size = 8;
-  auto target = TargetModel::Create(models + "tiny-v2-code", topt, nullptr, &backend);
-  ASSERT_TRUE(target.ok()) << target.status();
-  DraftModelOptions dopt;
-  dopt.max_tokens_per_forward = 64;
-  dopt.max_context_len = 160;
-  dopt.num_kv_pages = 60;
-  dopt.page_size = 8;
-  auto draft = DraftModel::Create(models + "tiny-v2-code-eagle3", models + "tiny-v2-code", dopt, nullptr, &backend);
-  ASSERT_TRUE(draft.ok()) << draft.status();
+  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 160, 60, 8, 8, &backend);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto& target = pair->target;
+  auto& draft = pair->draft;
   auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   std::vector<std::vector<int64_t>> prompts;
@@ -212,13 +220,13 @@ TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLo
   }
   DecodeOptions options;
   options.max_new_tokens = 32;
-  SpeculativeDecoder plain(target->get(), nullptr, options);
+  SpeculativeDecoder plain(target.get(), nullptr, options);
   auto reference = plain.Generate(prompts);
   ASSERT_TRUE(reference.ok()) << reference.status();
   for (const DraftTreeParams& tree : {DraftTreeParams{1, 4, 5}, DraftTreeParams{4, 4, 12}}) {
     DecodeOptions spec = options;
     spec.tree = tree;
-    SpeculativeDecoder device(target->get(), draft->get(), &backend, spec);
+    SpeculativeDecoder device(target.get(), draft.get(), &backend, spec);
     DecodeStats stats;
     auto got = device.Generate(prompts, &stats);
     ASSERT_TRUE(got.ok()) << got.status();
@@ -228,15 +236,73 @@ TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLo
 
     spec.sampling.temperature = 0.7f;
     spec.seed = 21;
-    SpeculativeDecoder sampled(target->get(), draft->get(), &backend, spec);
+    SpeculativeDecoder sampled(target.get(), draft.get(), &backend, spec);
     auto sampled_got = sampled.Generate(prompts);
     ASSERT_TRUE(sampled_got.ok()) << sampled_got.status();
-    Eagle3Drafter drafter(draft->get(), static_cast<int>(prompts.size()));
-    SpeculativeDecoder host(target->get(), &drafter, spec);
+    Eagle3Drafter drafter(draft.get(), static_cast<int>(prompts.size()));
+    SpeculativeDecoder host(target.get(), &drafter, spec);
     auto host_got = host.Generate(prompts);
     ASSERT_TRUE(host_got.ok()) << host_got.status();
     EXPECT_EQ(*sampled_got, *host_got) << "topk " << tree.topk;
   }
+}
+
+// A draft whose logits are NaN: the tree build records it on the device, and Run reports it after
+// the step, naming the sequence, the pass and the draft id (the second, error-path transfer).
+TEST(SpeculativeStepErrorTest, NaNDraftLogitsAreReportedAfterTheStep) {
+  const std::string target_dir = kGolden + "v2lite_greedy";
+  auto config = DeepseekV2Config::FromFile(target_dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ScopedTempDir draft_dir;
+  RandomDraftCheckpointOptions draft_options;
+  draft_options.num_attention_heads = 8;
+  draft_options.num_key_value_heads = 4;
+  draft_options.aux_layer_ids = {0, 1, 2};
+  ASSERT_TRUE(WriteRandomEagle3DraftCheckpoint(*config, draft_dir.path(), draft_options).ok());
+  {
+    // The same checkpoint with a NaN in every lm_head row.
+    const std::string file = draft_dir.File("model.safetensors");
+    auto in = SafetensorsFile::Open(file);
+    ASSERT_TRUE(in.ok()) << in.status();
+    std::vector<Tensor> copies;
+    std::vector<NamedTensor> tensors;
+    for (const TensorInfo& info : (*in)->tensors()) {
+      auto view = (*in)->View(info.name);
+      ASSERT_TRUE(view.ok());
+      auto copy = Tensor::Empty(view->dtype(), view->shape());
+      ASSERT_TRUE(copy.ok());
+      std::memcpy(copy->data(), view->data(), view->nbytes());
+      if (info.name == "lm_head.weight") {
+        ASSERT_TRUE(copy->dtype() == DType::kF32 || copy->dtype() == DType::kBF16);
+        for (int64_t r = 0; r < copy->dim(0); ++r) {
+          if (copy->dtype() == DType::kF32) {
+            copy->data_as<float>()[r * copy->dim(1)] = std::nanf("");
+          } else {
+            copy->data_as<uint16_t>()[r * copy->dim(1)] = 0x7FC0;  // bf16 quiet NaN
+          }
+        }
+      }
+      copies.push_back(*std::move(copy));
+    }
+    for (size_t i = 0; i < copies.size(); ++i) tensors.push_back({(*in)->tensors()[i].name, copies[i].view()});
+    in->reset();
+    ASSERT_TRUE(WriteSafetensors(file, tensors).ok());
+  }
+  cpu::CpuBackend backend;
+  auto pair = LoadPair(target_dir, draft_dir.path(), 32, 64, 16, 4, 4, &backend);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto& target = pair->target;
+  auto& draft = pair->draft;
+  DecodeOptions options;
+  options.max_new_tokens = 4;
+  options.tree = {2, 2, 4};
+  SpeculativeDecoder decoder(target.get(), draft.get(), &backend, options);
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {4, 5}};
+  const absl::Status status = decoder.Generate(prompts).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("sequence 0: the draft's logits of tree pass 0, frontier row 0 hold NaN"),
+            std::string::npos)
+      << status;
 }
 
 // Steps that switch between two trees and drafting nothing, in any order, emit plain greedy's tokens:
@@ -245,20 +311,10 @@ TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLo
 TEST(SpeculativeStepTrainedPairTest, SwitchingTreesAndSpeculationOffKeepsGreedyTokens) {
   const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
   cpu::CpuBackend backend;
-  TargetModelOptions topt;
-  topt.max_tokens_per_forward = 64;
-  topt.max_context_len = 128;
-  topt.num_kv_pages = 32;
-  topt.page_size = 8;
-  auto target = TargetModel::Create(models + "tiny-v2-code", topt, nullptr, &backend);
-  ASSERT_TRUE(target.ok()) << target.status();
-  DraftModelOptions dopt;
-  dopt.max_tokens_per_forward = 64;
-  dopt.max_context_len = 128;
-  dopt.num_kv_pages = 32;
-  dopt.page_size = 8;
-  auto draft = DraftModel::Create(models + "tiny-v2-code-eagle3", models + "tiny-v2-code", dopt, nullptr, &backend);
-  ASSERT_TRUE(draft.ok()) << draft.status();
+  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 128, 32, 8, 8, &backend);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto& target = pair->target;
+  auto& draft = pair->draft;
   auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok());
   std::vector<std::vector<int64_t>> prompts;
@@ -270,14 +326,14 @@ TEST(SpeculativeStepTrainedPairTest, SwitchingTreesAndSpeculationOffKeepsGreedyT
   constexpr int kNewTokens = 40;
   DecodeOptions plain_options;
   plain_options.max_new_tokens = kNewTokens;
-  SpeculativeDecoder plain(target->get(), nullptr, plain_options);
+  SpeculativeDecoder plain(target.get(), nullptr, plain_options);
   auto reference = plain.Generate(prompts);
   ASSERT_TRUE(reference.ok()) << reference.status();
 
   SpeculativeStepOptions options;
   options.max_batch = 2;
   options.trees = {{4, 4, 12}, {1, 3, 4}};
-  auto step = SpeculativeStep::Create(target->get(), draft->get(), &backend, options);
+  auto step = SpeculativeStep::Create(target.get(), draft.get(), &backend, options);
   ASSERT_TRUE(step.ok()) << step.status();
   std::vector<std::vector<int64_t>> got(prompts.size());
   std::vector<StepSequence> seqs(prompts.size());
