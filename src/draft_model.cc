@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "batch_staging.h"
+#include "rank_collectives.h"
+#include "view_slices.h"
+#include "vocab_parallel_head.h"
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/rope_table.h"
@@ -33,18 +36,6 @@ std::string JoinInts(const std::vector<int>& v) {
 
 bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
-}
-
-// Sub-view of a 2-D buffer: rows [row, row + rows), columns [col, col + cols).
-TensorView Block(const TensorView& t, int64_t row, int64_t rows, int64_t col, int64_t cols) {
-  return t.Narrow(0, row, rows).Narrow(1, col, cols);
-}
-
-TensorView Rows(const TensorView& t, int64_t row, int64_t rows) { return t.Narrow(0, row, rows); }
-
-// A row-strided [rows, n * d] block seen as [rows, n, d].
-TensorView Heads(const TensorView& t, int64_t n, int64_t d) {
-  return TensorView(t.data(), t.dtype(), Shape{t.dim(0), n, d}, Shape{t.stride(0), d, 1}, t.device());
 }
 
 bool IsHostContiguousF32(const TensorView& t, int64_t rows, int64_t cols) {
@@ -145,12 +136,7 @@ struct DraftModel::Impl {
   absl::Status LoadWeights(const std::vector<WeightSpec>& specs, bool own_embedding);
   absl::Status AllocateWorkspaces();
 
-  absl::Status AllReduce(const TensorView& buf) {
-    return options.tp_size == 1 ? absl::OkStatus() : comm->AllReduceSum(buf, buf);
-  }
-  absl::Status AllGather(const TensorView& send, const TensorView& recv) {
-    return options.tp_size == 1 ? backend->Copy(send, recv) : comm->AllGather(send, recv);
-  }
+  RankCollectives Ranks() const { return RankCollectives{options.tp_size, comm, backend}; }
 
   // device_hidden: the input rows come from DraftStepIO::hidden (`hidden` is not checked).
   absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
@@ -638,7 +624,7 @@ absl::Status DraftModel::Impl::Launch() {
   const TensorView e_t = Rows(e, 0, t), x_t = Rows(x, 0, t), r_t = Rows(r, 0, t), h_t = Rows(h, 0, t);
   const TensorView partial_t = Rows(partial, 0, t);
   EAGLE3_RETURN_IF_ERROR(backend->EmbeddingLookup(tokens_t, embed, options.rank * vocab_shard, e_t));
-  EAGLE3_RETURN_IF_ERROR(AllReduce(e_t));
+  EAGLE3_RETURN_IF_ERROR(Ranks().AllReduce(e_t));
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(e_t, input_ln, eps, Block(x_t, 0, t, 0, hidden_dim)));
   const TensorView normed_g = Block(x_t, 0, t, hidden_dim, hidden_dim);
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(g_t, hidden_norm, eps, normed_g));
@@ -654,7 +640,7 @@ absl::Status DraftModel::Impl::Launch() {
                                             0, head_dim, pos_t, cos_sin, RopeStyle::kRotateHalf));
   EAGLE3_RETURN_IF_ERROR(Attention());
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, {}));
-  EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
+  EAGLE3_RETURN_IF_ERROR(Ranks().AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, post_ln, eps, h_t));
 
   // MLP, then r += mlp and h = norm(r).
@@ -662,40 +648,22 @@ absl::Status DraftModel::Impl::Launch() {
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(h_t, gate_up_w, gate_up_t, {}));
   EAGLE3_RETURN_IF_ERROR(backend->SiluMul(gate_up_t, act_t));
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(act_t, down_w, partial_t, {}));
-  EAGLE3_RETURN_IF_ERROR(AllReduce(partial_t));
+  EAGLE3_RETURN_IF_ERROR(Ranks().AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, final_norm, eps, h_t));
   EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t,
                                        io.hidden_out.empty() ? Rows(st_hidden_out, 0, t) : io.hidden_out));
 
   // lm_head over the requested rows, vocab-parallel, all-gathered into draft-vocabulary logits.
-  int64_t out_rows = 0, offset = 0;
+  int64_t out_rows = b;
   if (!io.logit_rows.empty()) {
     // One row per sequence, chosen on the device (indices local to each sequence's n rows).
-    out_rows = b;
     EAGLE3_RETURN_IF_ERROR(backend->GatherRows(h_t, io.logit_rows, Rows(lm_in, 0, b), b));
   } else {
-    for (size_t s = 0; s < step.n.size(); ++s) {
-      const int64_t n = step.n[s];
-      const int64_t first = step.all_logits[s] ? 0 : n - 1;
-      EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(h_t, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
-      out_rows += n - first;
-      offset += n;
-    }
+    EAGLE3_ASSIGN_OR_RETURN(out_rows, CopyLogitRows(*backend, h_t, step.n, step.all_logits, lm_in));
   }
-  const Tensor& head = lm_head.empty() ? embed : lm_head;
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
-  const int tp = options.tp_size;
-  const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
-  EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
-  const TensorView logits = io.logits.empty() ? Rows(st_logits, 0, out_rows) : io.logits;
-  for (int q_rank = 0; q_rank < tp; ++q_rank) {
-    const int64_t col = q_rank * draft_vocab_shard;
-    const int64_t cols = std::min(draft_vocab_shard, config.draft_vocab_size - col);
-    if (cols <= 0) break;
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(gathered, q_rank * out_rows, out_rows, 0, cols),
-                                         Block(logits, 0, out_rows, col, cols)));
-  }
-  return absl::OkStatus();
+  return VocabParallelLogits(Ranks(), Rows(lm_in, 0, out_rows), lm_head.empty() ? embed : lm_head, logits_shard,
+                             logits_all, config.draft_vocab_size,
+                             io.logits.empty() ? Rows(st_logits, 0, out_rows) : io.logits);
 }
 
 absl::Status DraftModel::Impl::Finish(const TensorView& logits, const TensorView& hidden_out) {
@@ -760,25 +728,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string
                                                                const DraftModelOptions& options,
                                                                Communicator* communicator, Backend* backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("DraftModel: backend is null");
-  if (options.tp_size < 1 || options.rank < 0 || options.rank >= options.tp_size) {
-    return absl::InvalidArgumentError("DraftModel: rank " + Str(options.rank) + " of tp_size " +
-                                      Str(options.tp_size) + " is not a valid rank");
-  }
-  if (options.tp_size > 1 &&
-      (communicator == nullptr || communicator->size() != options.tp_size || communicator->rank() != options.rank)) {
-    return absl::InvalidArgumentError(
-        "DraftModel: tp_size " + Str(options.tp_size) + " rank " + Str(options.rank) +
-        " needs a communicator of that size and rank, got " +
-        (communicator == nullptr ? std::string("none")
-                                 : "size " + Str(communicator->size()) + " rank " + Str(communicator->rank())));
-  }
-  if (options.max_tokens_per_forward < 1 || options.max_context_len < 1 || options.num_kv_pages < 1 ||
-      options.page_size < 1) {
-    return absl::InvalidArgumentError("DraftModel: capacities must be positive (max_tokens_per_forward " +
-                                      Str(options.max_tokens_per_forward) + ", max_context_len " +
-                                      Str(options.max_context_len) + ", num_kv_pages " + Str(options.num_kv_pages) +
-                                      ", page_size " + Str(options.page_size) + ")");
-  }
+  EAGLE3_RETURN_IF_ERROR(options.Check("DraftModel", communicator));
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   m.options = options;

@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "batch_staging.h"
+#include "rank_collectives.h"
+#include "view_slices.h"
+#include "vocab_parallel_head.h"
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
@@ -26,18 +29,6 @@ constexpr int64_t kAbsorbedMaxNewTokens = 64;
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 std::string Str(int64_t v) { return std::to_string(v); }
-
-// Sub-view of a 2-D buffer: rows [row, row + rows), columns [col, col + cols).
-TensorView Block(const TensorView& t, int64_t row, int64_t rows, int64_t col, int64_t cols) {
-  return t.Narrow(0, row, rows).Narrow(1, col, cols);
-}
-
-TensorView Rows(const TensorView& t, int64_t row, int64_t rows) { return t.Narrow(0, row, rows); }
-
-// [rows, n * d] contiguous-row buffer seen as [rows, n, d].
-TensorView Heads(const TensorView& t, int64_t n, int64_t d) {
-  return TensorView(t.data(), t.dtype(), Shape{t.dim(0), n, d}, Shape{t.stride(0), d, 1}, t.device());
-}
 
 // Columns [col, col + cols) of each of the n heads of a [rows, n * d] buffer, head-major:
 // [n, rows, cols] with strides [d, row stride, 1] (a BatchedGemm operand, one item per head).
@@ -169,16 +160,7 @@ struct TargetModel::Impl {
   absl::Status LoadWeights();
   absl::Status AllocateWorkspaces();
 
-  // Collectives; identity copies at tp 1.
-  absl::Status AllReduce(const TensorView& buf) {
-    return options.tp_size == 1 ? absl::OkStatus() : comm->AllReduceSum(buf, buf);
-  }
-  absl::Status AllGather(const TensorView& send, const TensorView& recv) {
-    return options.tp_size == 1 ? backend->Copy(send, recv) : comm->AllGather(send, recv);
-  }
-  absl::Status ReduceScatter(const TensorView& send, const TensorView& recv) {
-    return options.tp_size == 1 ? backend->Copy(send, recv) : comm->ReduceScatterSum(send, recv);
-  }
+  RankCollectives Ranks() const { return RankCollectives{options.tp_size, comm, backend}; }
 
   absl::StatusOr<Tensor> AllocStaging(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->staging_allocator());
@@ -527,7 +509,7 @@ absl::Status TargetModel::Impl::Capture(int boundary, int64_t t) {
   if (options.residual_mode == ResidualMode::kTokenSharded) {
     // The residual is token-sharded: the tap must see every token's full stream, so gather it.
     const int64_t t_pad = RoundUp(t, options.tp_size);
-    EAGLE3_RETURN_IF_ERROR(AllGather(Rows(r, 0, t_pad / options.tp_size), Rows(tap_rows, 0, t_pad)));
+    EAGLE3_RETURN_IF_ERROR(Ranks().AllGather(Rows(r, 0, t_pad / options.tp_size), Rows(tap_rows, 0, t_pad)));
     full = Rows(tap_rows, 0, t);
   }
   const TensorView aux = !step.io.aux.empty()
@@ -803,16 +785,16 @@ absl::Status TargetModel::Impl::Launch() {
   auto reduce = [&](TensorView* dst) -> absl::Status {
     if (!sharded) {
       *dst = Rows(partial, 0, t);
-      return AllReduce(*dst);
+      return Ranks().AllReduce(*dst);
     }
     if (t_pad > t) EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(zeros, 0, t_pad - t), Rows(partial, t, t_pad - t)));
     *dst = Rows(local, 0, t_local);
-    return ReduceScatter(Rows(partial, 0, t_pad), *dst);
+    return Ranks().ReduceScatter(Rows(partial, 0, t_pad), *dst);
   };
   // The normed hidden of every token, as attention and the MLP need it.
   auto full_input = [&]() -> absl::StatusOr<TensorView> {
     if (!sharded) return Rows(h, 0, t);
-    EAGLE3_RETURN_IF_ERROR(AllGather(Rows(h, 0, t_local), Rows(h_full, 0, t_pad)));
+    EAGLE3_RETURN_IF_ERROR(Ranks().AllGather(Rows(h, 0, t_local), Rows(h_full, 0, t_pad)));
     return Rows(h_full, 0, t);
   };
 
@@ -842,30 +824,13 @@ absl::Status TargetModel::Impl::Launch() {
 
   // lm_head on the requested rows, vocab-parallel, then all-gathered into full-vocabulary logits.
   EAGLE3_ASSIGN_OR_RETURN(TensorView final_hidden, full_input());
-  int64_t out_rows = 0, offset = 0;
-  for (size_t b = 0; b < step.n.size(); ++b) {
-    const int64_t n = step.n[b];
-    const int64_t first = step.all_logits[b] ? 0 : n - 1;
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(final_hidden, offset + first, n - first), Rows(lm_in, out_rows, n - first)));
-    out_rows += n - first;
-    offset += n;
-  }
-  const Tensor& head = lm_head.empty() ? embed : lm_head;
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(lm_in, 0, out_rows), head, Rows(logits_shard, 0, out_rows), {}));
-  const TensorView gathered = Rows(logits_all, 0, tp * out_rows);
+  EAGLE3_ASSIGN_OR_RETURN(const int64_t out_rows, CopyLogitRows(*backend, final_hidden, step.n, step.all_logits, lm_in));
   const TensorView logits =
       !step.io.logits.empty()
           ? step.io.logits
           : TensorView(st_logits.data(), DType::kF32, Shape{out_rows, config.vocab_size}, st_logits.device());
-  EAGLE3_RETURN_IF_ERROR(AllGather(Rows(logits_shard, 0, out_rows), gathered));
-  for (int q_rank = 0; q_rank < tp; ++q_rank) {
-    const int64_t col = q_rank * vocab_shard;
-    const int64_t cols = std::min(vocab_shard, config.vocab_size - col);
-    if (cols <= 0) break;
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(Block(gathered, q_rank * out_rows, out_rows, 0, cols),
-                                         Block(logits, 0, out_rows, col, cols)));
-  }
-  return absl::OkStatus();
+  return VocabParallelLogits(Ranks(), Rows(lm_in, 0, out_rows), lm_head.empty() ? embed : lm_head, logits_shard,
+                             logits_all, config.vocab_size, logits);
 }
 
 absl::Status TargetModel::Impl::Finish(const TensorView& logits, const TensorView& aux) {
@@ -903,25 +868,7 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
                                                                  const TargetModelOptions& options,
                                                                  Communicator* communicator, Backend* backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("TargetModel: backend is null");
-  if (options.tp_size < 1 || options.rank < 0 || options.rank >= options.tp_size) {
-    return absl::InvalidArgumentError("TargetModel: rank " + Str(options.rank) + " of tp_size " +
-                                      Str(options.tp_size) + " is not a valid rank");
-  }
-  if (options.tp_size > 1 &&
-      (communicator == nullptr || communicator->size() != options.tp_size || communicator->rank() != options.rank)) {
-    return absl::InvalidArgumentError(
-        "TargetModel: tp_size " + Str(options.tp_size) + " rank " + Str(options.rank) +
-        " needs a communicator of that size and rank, got " +
-        (communicator == nullptr ? std::string("none")
-                                 : "size " + Str(communicator->size()) + " rank " + Str(communicator->rank())));
-  }
-  if (options.max_tokens_per_forward < 1 || options.max_context_len < 1 || options.num_kv_pages < 1 ||
-      options.page_size < 1) {
-    return absl::InvalidArgumentError("TargetModel: capacities must be positive (max_tokens_per_forward " +
-                                      Str(options.max_tokens_per_forward) + ", max_context_len " +
-                                      Str(options.max_context_len) + ", num_kv_pages " + Str(options.num_kv_pages) +
-                                      ", page_size " + Str(options.page_size) + ")");
-  }
+  EAGLE3_RETURN_IF_ERROR(options.Check("TargetModel", communicator));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->comm = communicator;

@@ -52,13 +52,15 @@
 #include "eagle3/dtype.h"
 #include "eagle3/eagle3_draft_config.h"
 #include "eagle3/hidden_state_tap.h"
+#include "eagle3/model_rank_options.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
 
-struct DraftModelOptions {
-  int tp_size = 1;
-  int rank = 0;
+// The ModelRankOptions fields: max_context_len is also the RoPE table's length; weight_dtype covers fc,
+// q/k/v (merged), o_proj, gate_up, down, lm_head and the embedding (the draft's own or the target's
+// it borrows), while fc.bias stays f32 with the norms.
+struct DraftModelOptions : ModelRankOptions {
   // How the draft config's eagle_aux_hidden_state_layer_ids are read (SpecForge/SGLang: output of
   // layer k).
   LayerIdConvention convention = LayerIdConvention::kOutputOfLayer;
@@ -67,15 +69,6 @@ struct DraftModelOptions {
   // (eagle3-decode / eagle3-inspect accuracy --aux-layers). Checked like the config's ids: in range,
   // distinct boundaries, and as many taps as fc's input width needs.
   std::optional<std::vector<int>> aux_layer_ids_override;
-  int64_t max_tokens_per_forward = 256;
-  int64_t max_context_len = 4096;  // cached + new rows of one sequence; also the RoPE table length
-  int64_t num_kv_pages = 256;
-  int64_t page_size = 64;
-  // Storage of fc, q/k/v (merged), o_proj, gate_up, down, lm_head and the embedding (the draft's
-  // own or the target's it borrows): kF32 or kBF16; unset = backend->preferred_weight_dtype().
-  // Norms and fc.bias stay f32. Checked as TargetModelOptions::weight_dtype is
-  // (ResolveWeightDtype).
-  std::optional<DType> weight_dtype;
 };
 
 // One sequence of a draft Forward. Its draft KV cache holds `cache_len` rows; the n new rows are

@@ -20,6 +20,7 @@
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/dtype.h"
 #include "eagle3/hidden_state_tap.h"
+#include "eagle3/model_rank_options.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
@@ -35,21 +36,13 @@ enum class AttentionPath {
   kNonAbsorbed,   // k/v reconstructed from the latent cache through kv_b_proj
 };
 
-struct TargetModelOptions {
-  int tp_size = 1;
-  int rank = 0;
+// The ModelRankOptions fields: rows are tokens; the KV cache is the latent cache; weight_dtype covers
+// every Gemm weight (q_a/q_b or q_proj, kv_a, kv_b and the W_UK / W_UV taken from it, o_proj, dense,
+// routed and shared expert gate_up/down, lm_head) and the embedding table, while the MoE router
+// (`gate.weight`: router logits in fp32) and e_score_correction_bias stay f32 with the norms.
+struct TargetModelOptions : ModelRankOptions {
   ResidualMode residual_mode = ResidualMode::kReplicated;
   AttentionPath attention_path = AttentionPath::kAuto;
-  int64_t max_tokens_per_forward = 256;  // new tokens over all sequences of one Forward
-  int64_t max_context_len = 4096;        // cached + new tokens of one sequence
-  int64_t num_kv_pages = 256;            // pages in this rank's latent cache (per layer)
-  int64_t page_size = 64;                // tokens per page (1 allowed)
-  // Storage of every Gemm weight (q_a/q_b or q_proj, kv_a, kv_b and the W_UK / W_UV taken from it,
-  // o_proj, dense, routed and shared expert gate_up/down, lm_head) and of the embedding table:
-  // kF32 or kBF16; unset = backend->preferred_weight_dtype(). Norm weights, the MoE router
-  // (`gate.weight`: router logits in fp32) and e_score_correction_bias stay f32. Shards are read
-  // straight into this dtype. A backend that cannot run it is refused at Create, naming the dtype.
-  std::optional<DType> weight_dtype;
   // Storage of the per-layer latent KV cache: kF32 or kBF16 (half the bytes a step reads and
   // writes; rounding as eagle3/backend.h's PagedWrite / LatentAttention describe, on every backend);
   // unset = kF32.

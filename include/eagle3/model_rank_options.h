@@ -1,0 +1,33 @@
+// ModelRankOptions: what every model rank (TargetModel, DraftModel) is given besides its checkpoint:
+// its place in the tensor-parallel group, the capacities its fixed buffers are sized for, and the
+// storage of its weights. Each model's options add their own fields.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "eagle3/communicator.h"
+#include "eagle3/dtype.h"
+
+namespace eagle3 {
+
+struct ModelRankOptions {
+  int tp_size = 1;
+  int rank = 0;
+  int64_t max_tokens_per_forward = 256;  // new rows over all sequences of one step
+  int64_t max_context_len = 4096;        // cached + new rows of one sequence
+  int64_t num_kv_pages = 256;            // pages in this rank's KV cache (per layer)
+  int64_t page_size = 64;                // rows per page (1 allowed)
+  // Storage of the model's Gemm weights and embedding (each model's header lists them): kF32 or
+  // kBF16; unset = backend->preferred_weight_dtype(). Norm weights stay f32. Shards are read straight
+  // into this dtype; a backend that cannot run it is refused at Create (ResolveWeightDtype).
+  std::optional<DType> weight_dtype;
+
+  // InvalidArgument naming `who` unless 0 <= rank < tp_size, `communicator` has that size and rank
+  // when tp_size > 1 (it may be null at tp 1), and every capacity is positive.
+  absl::Status Check(const std::string& who, const Communicator* communicator) const;
+};
+
+}  // namespace eagle3
