@@ -99,8 +99,9 @@ const std::vector<int64_t> kDefaultIds = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38}
 // which --batch N without a prompt decodes.
 constexpr char kHeldoutPrompts[] = "heldout_prompts.jsonl";
 
-// The largest batch the device loop drafts for by default: measured on one H200 with the trained
-// pair (benchmarks/NOTES.md, issue 16), where speculation stops paying between batch 8 and 32.
+// The device loop drafts at every batch size by default: a step that drafts nothing still runs the
+// draft's catch-up to keep it in sync, so switching speculation off does not yet beat speculating
+// (benchmarks/NOTES.md, issue 16).
 constexpr int kDefaultSpeculateUpTo = -1;
 
 struct Flags {

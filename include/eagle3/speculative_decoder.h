@@ -57,8 +57,8 @@ struct SpeculationScheduleEntry {
   DraftTreeParams tree;
 };
 
-// The measured default for the shipped trained pair on one H200 (benchmarks/NOTES.md, issue 16):
-// `tree` up to `max_speculative_batch` active sequences, nothing drafted above.
+// A two-row schedule: `tree` while at most `max_speculative_batch` sequences are active, nothing
+// drafted above (the draft kept in sync).
 std::vector<SpeculationScheduleEntry> SpeculateUpToBatch(const DraftTreeParams& tree, int max_speculative_batch);
 
 struct DecodeOptions {
