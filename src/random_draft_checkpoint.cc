@@ -35,7 +35,7 @@ uint64_t NameHash(std::string_view s) {  // FNV-1a
 // Linear weights N(0, 1/in_features), vectors (RMSNorm weights) N(1, 0.1²), embedding N(0, 1);
 // tiled: the first kRandomDraftTileValues values repeated.
 absl::StatusOr<Tensor> RandomWeight(const std::string& name, const Shape& shape, uint64_t seed, DType dtype,
-                                    bool tiled) {
+                                    bool tiled, float scale) {
   EAGLE3_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty(DType::kF32, shape));
   std::mt19937_64 rng(seed ^ NameHash(name));
   const bool vector = shape.rank() == 1;
@@ -47,6 +47,9 @@ absl::StatusOr<Tensor> RandomWeight(const std::string& name, const Shape& shape,
   for (int64_t i = 0; i < drawn; ++i) v[i] = dist(rng);
   for (int64_t i = drawn; i < values.numel(); i += drawn) {
     std::copy_n(v, std::min(drawn, values.numel() - i), v + i);
+  }
+  if (scale != 1.0f) {
+    for (int64_t i = 0; i < values.numel(); ++i) v[i] *= scale;
   }
   if (dtype == DType::kF32) return values;
   EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(dtype, shape));
@@ -82,6 +85,10 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
   if (o.dtype != DType::kF32 && o.dtype != DType::kF16 && o.dtype != DType::kBF16) {
     return absl::InvalidArgumentError("random draft checkpoint dtype must be f32, f16 or bf16, got " +
                                       std::string(DTypeName(o.dtype)));
+  }
+  if (!(o.final_norm_scale > 0.0) || !std::isfinite(o.final_norm_scale)) {
+    return absl::InvalidArgumentError("random draft checkpoint: final_norm_scale must be finite and > 0, got " +
+                                      std::to_string(o.final_norm_scale));
   }
   const int64_t hidden = o.hidden_size > 0 ? o.hidden_size : target.hidden_size;
   const int64_t heads = o.num_attention_heads;
@@ -138,7 +145,10 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
   std::vector<Tensor> tensors;
   std::vector<NamedTensor> named;
   for (const WeightSpec& spec : specs) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomWeight(spec.name, spec.shape, o.seed, o.dtype, o.tiled_values));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomWeight(spec.name, spec.shape, o.seed, o.dtype, o.tiled_values,
+                                                         spec.name == "norm.weight"
+                                                             ? static_cast<float>(o.final_norm_scale)
+                                                             : 1.0f));
     tensors.push_back(std::move(t));
   }
   for (size_t i = 0; i < specs.size(); ++i) named.push_back({specs[i].name, tensors[i]});

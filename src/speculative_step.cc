@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "speculative_step_testing.h"
 #include "step_buffers.h"
 #include "view_slices.h"
 #include "zero_fill.h"
@@ -92,6 +93,7 @@ struct SpeculativeStep::Impl {
   std::vector<SequenceInput> target_batch;
   std::vector<DraftSequenceInput> draft_batch;
   std::vector<std::vector<int64_t>> placeholder_tokens, draft_positions;
+  DraftRewriter draft_rewriter;  // SpeculativeStepTesting's hook; empty unless a benchmark sets it
 
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->allocator());
@@ -343,6 +345,11 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
       EAGLE3_RETURN_IF_ERROR(backend->TreeBuildFinalize(
           shape, tree_workspace, tree_records, roots, upload.Device(up.root_positions, DType::kI64, Shape{b}),
           At(tree_tokens, 0, DType::kI64, Shape{b, n}), At(tree_parents, 0, DType::kI32, Shape{b, n}), At(tree_positions, 0, DType::kI64, Shape{b, n}), At(tree_mask, 0, DType::kU8, Shape{b * n, n})));
+      if (draft_rewriter) {
+        EAGLE3_RETURN_IF_ERROR(draft_rewriter(DraftedTrees{b, n, At(tree_tokens, 0, DType::kI64, Shape{b, n}),
+                                                           At(tree_parents, 0, DType::kI32, Shape{b, n}),
+                                                           At(tree_positions, 0, DType::kI64, Shape{b, n})}));
+      }
     }
   }
 
@@ -483,6 +490,10 @@ const SpeculativeStepOptions& SpeculativeStep::options() const { return impl_->o
 int SpeculativeStep::nodes_per_step() const { return static_cast<int>(impl_->max_nodes); }
 int64_t SpeculativeStep::draft_slots_per_step() const { return impl_->max_draft_slots; }
 const StepCounters& SpeculativeStep::counters() const { return impl_->counters; }
+
+void SpeculativeStepTesting::SetDraftRewriter(SpeculativeStep& step, DraftRewriter rewriter) {
+  step.impl_->draft_rewriter = std::move(rewriter);
+}
 
 absl::StatusOr<std::unique_ptr<SpeculativeStep>> SpeculativeStep::Create(TargetModel* target, DraftModel* draft,
                                                                          Backend* backend,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -24,6 +25,8 @@
 #include "eagle3/tokenizer.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
+#include "speculative_step_testing.h"
+#include "synthetic_acceptance.h"
 
 namespace eagle3 {
 namespace {
@@ -195,6 +198,104 @@ TEST_F(SpeculativeStepTest, PrefillRefusesBadRowsAndPrompts) {
   EXPECT_EQ((*created)->Prefill(0, {}, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
   const std::vector<int64_t> bad_token = {1, target_->config().vocab_size};
   EXPECT_EQ((*created)->Prefill(0, bad_token, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The benchmarks' synthetic acceptance (synthetic_acceptance.h) through the step's draft rewriter:
+// with each tree's best path rewritten to the target's greedy continuation for a drawn m tokens,
+// greedy verification accepts exactly the count RewriteBestPath reports, every step, and the tokens
+// stay those of plain greedy decoding.
+TEST_F(SpeculativeStepTest, SyntheticAcceptanceFixesTheAcceptedCount) {
+  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42}, {7, 30, 2}};
+  const std::vector<std::vector<int32_t>> tpages = {Pages(0, 12), Pages(12, 12)};
+  const std::vector<std::vector<int32_t>> dpages = {Pages(0, 16), Pages(16, 16)};
+  const int64_t vocab = target_->config().vocab_size;
+  auto run_steps = [&](SpeculativeStep& step, std::vector<std::vector<int64_t>>& seqs, int steps, int tree,
+                       const std::function<void(const std::vector<StepOutput>&)>& check) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto first = step.Prefill(static_cast<int>(i), prompts[i], tpages[i], dpages[i]);
+      ASSERT_TRUE(first.ok()) << first.status();
+      seqs[i] = prompts[i];
+      seqs[i].push_back(*first);
+    }
+    std::vector<StepSequence> batch(prompts.size());
+    std::vector<StepOutput> out;
+    for (int s = 0; s < steps; ++s) {
+      for (size_t i = 0; i < batch.size(); ++i) {
+        batch[i] = StepSequence{static_cast<int>(i), seqs[i].back(), static_cast<int64_t>(seqs[i].size()) - 1,
+                                tpages[i], dpages[i]};
+      }
+      ASSERT_TRUE(step.Run(batch, &out, tree).ok());
+      check(out);
+      for (size_t i = 0; i < batch.size(); ++i) seqs[i].insert(seqs[i].end(), out[i].tokens.begin(), out[i].tokens.end());
+    }
+  };
+  // The target's greedy continuations: plain steps.
+  SpeculativeStepOptions options;
+  options.max_batch = 2;
+  options.trees = {{2, 3, 6}};
+  auto plain = SpeculativeStep::Create(target_.get(), nullptr, &backend_, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::vector<std::vector<int64_t>> reference(prompts.size());
+  run_steps(**plain, reference, 30, kNoDraftTokens, [](const std::vector<StepOutput>&) {});
+
+  auto spec = SpeculativeStep::Create(target_.get(), draft_.get(), &backend_, options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const double alpha = SyntheticAlphaFor(2.4, 3);
+  std::vector<int> expected(prompts.size(), -1);
+  uint64_t draw = 0;
+  // The CPU backend's buffers are host memory and its ops have run when the hook is called.
+  SpeculativeStepTesting::SetDraftRewriter(**spec, [&](const DraftedTrees& trees) {
+    for (int64_t b = 0; b < trees.batch; ++b) {
+      const std::vector<int64_t>& ref = reference[static_cast<size_t>(b)];
+      const int64_t root_position = trees.positions.data_as<int64_t>()[b * trees.nodes];
+      const int m = SyntheticAcceptedCount(7, draw, static_cast<uint32_t>(b), alpha, 3);
+      expected[static_cast<size_t>(b)] = RewriteBestPath(
+          trees.tokens.data_as<int64_t>() + b * trees.nodes, trees.parents.data_as<int32_t>() + b * trees.nodes,
+          static_cast<int>(trees.nodes), ref.data() + root_position + 1,
+          static_cast<int>(ref.size()) - static_cast<int>(root_position) - 1, m, vocab);
+    }
+    ++draw;
+    return absl::OkStatus();
+  });
+  std::vector<std::vector<int64_t>> got(prompts.size());
+  int accepted = 0;
+  run_steps(**spec, got, 6, 0, [&](const std::vector<StepOutput>& out) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      EXPECT_EQ(out[i].num_accepted, expected[i]) << "sequence " << i;
+      accepted += out[i].num_accepted;
+    }
+  });
+  EXPECT_GT(accepted, 0);
+  EXPECT_EQ(draw, 6u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(got[i].size(), reference[i].size());
+    EXPECT_EQ(got[i], std::vector<int64_t>(reference[i].begin(), reference[i].begin() + got[i].size())) << i;
+  }
+}
+
+// The mean accepted length of the draws is the one asked for, and SyntheticAlphaFor inverts
+// SyntheticMeanAccepted.
+TEST(SyntheticAcceptanceTest, DrawsHaveTheRequestedMean) {
+  for (const double mean : {1.5, 2.4, 3.5}) {
+    const double alpha = SyntheticAlphaFor(mean, 4);
+    EXPECT_NEAR(SyntheticMeanAccepted(alpha, 4), mean, 1e-9);
+    double sum = 0;
+    const int draws = 20000;
+    for (int i = 0; i < draws; ++i) sum += 1 + SyntheticAcceptedCount(3, static_cast<uint64_t>(i), 5, alpha, 4);
+    EXPECT_NEAR(sum / draws, mean, 0.05) << mean;
+  }
+  // A hand tree: root 0; children 1, 2 (2 holds the continuation's first token); 3 under 1.
+  int64_t tokens[] = {9, 4, 10, 6};
+  const int32_t parents[] = {-1, 0, 0, 1};
+  const int64_t continuation[] = {10, 11, 12};
+  EXPECT_EQ(RewriteBestPath(tokens, parents, 4, continuation, 3, 3, 100), 2);  // the path is 2 deep
+  EXPECT_EQ(tokens[1], 10);
+  EXPECT_EQ(tokens[2], 11);  // the sibling no longer matches
+  EXPECT_EQ(tokens[3], 11);
+  int64_t again[] = {9, 4, 10, 6};
+  EXPECT_EQ(RewriteBestPath(again, parents, 4, continuation, 3, 0, 100), 0);
+  EXPECT_EQ(again[1], 4);
+  EXPECT_EQ(again[2], 11);
 }
 
 // The shipped trained pair accepts most drafts, so the accept paths (the commit of several rows,

@@ -50,6 +50,12 @@ struct RandomDraftCheckpointOptions {
   // is written in seconds instead of a minute of drawing every value, for benchmarks, whose timing
   // does not depend on the values. Off: every value drawn.
   bool tiled_values = false;
+
+  // Multiplies the final norm's weights (`norm.weight`), so the draft's logits scale by it: above 1
+  // its distributions are peaked like a confident trained draft's, and the trees it builds are deep
+  // chains with low-scored siblings (benchmarks of tree shapes), instead of the flat fans of a head
+  // with random weights.
+  double final_norm_scale = 1.0;
 };
 
 inline constexpr int64_t kRandomDraftTileValues = int64_t{1} << 16;

@@ -118,6 +118,7 @@ class SpeculativeStep {
   const StepCounters& counters() const;
 
  private:
+  friend struct SpeculativeStepTesting;  // benchmark hooks (src/speculative_step_testing.h)
   struct Impl;
   explicit SpeculativeStep(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -1,0 +1,392 @@
+// End-to-end speculative decoding at the DeepSeek-V2-Lite shape (TP 1, all 27 layers), plain vs
+// speculative, through SpeculativeStep as eagle3-decode runs it (one CUDA graph per step, one host
+// synchronization per step), with synthetic acceptance (src/synthetic_acceptance.h): the real
+// EAGLE-3 head drafts every tree, then each tree's best path is rewritten to the target's own greedy
+// continuation for a number of tokens drawn to give the chosen mean accepted length, so every kernel
+// runs on its real shapes while the acceptance is fixed.
+//
+//   BM_Plain/batch                    plain decoding: SpeculativeStep without a draft
+//   BM_Speculative/batch/tree/accept  drafting trees[tree] (0: topk 4, 3 steps, 8 nodes, the
+//                                     library's default; 1: a chain of 4 drafted tokens) with the
+//                                     synthetic mean accepted length accept / 10 (bonus included)
+//
+// Each Google Benchmark iteration is one step (Run) timed with CUDA events from before its host
+// staging to its results on the host; a repetition prefills `batch` prompts of kPrompt random
+// tokens, runs warm-up steps (the first runs eagerly, the second is captured), then the timed steps.
+// Counters: us = one step; us_per_token = a sequence's time per emitted token; tok/s = the batch's
+// tokens per second; on BM_Speculative also accept_len (measured, bonus included), speedup (the
+// BM_Plain us_per_token of the same batch over this row's), and beside it the bound of the issue:
+// verify_us and decode_us (the target's tree-masked verify forward over batch x nodes with taps, and
+// its one-token decode forward, each alone from a CUDA graph at the same context), step_over_verify
+// = us / verify_us (the overhead around the target), bound = accept_len x decode_us / verify_us.
+// mismatches counts emitted tokens that differ from plain greedy decoding (must be 0).
+//
+// Weights: the sparse V2-Lite checkpoint (sparse_checkpoint.h) with a random lm_head (the greedy
+// continuation of a token is then a function of the token: the final hidden state is its
+// embedding), and an EAGLE-3 head of hidden 2048, 16 heads / 4 KV heads of 128, MLP 6144, draft
+// vocabulary 32000, taps {2, 13, 24}, random weights (bf16) whose final norm is scaled by 64 so that
+// its distributions are peaked like a trained head's and its trees have the depth a good head
+// drafts. EAGLE3_BENCH_KV_CACHE=bf16 stores the target's latent cache in bf16.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "bench_util.h"
+#include "e2e_kernels.h"
+#include "eagle3/cuda/cuda_graph.h"
+#include "eagle3/cuda/graph_step_launcher.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/draft_model.h"
+#include "eagle3/draft_tree.h"
+#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/speculative_step.h"
+#include "eagle3/status.h"
+#include "eagle3/target_model.h"
+#include "sparse_checkpoint.h"
+#include "speculative_step_testing.h"
+#include "synthetic_acceptance.h"
+
+namespace eagle3::bench {
+namespace {
+
+constexpr int64_t kPrompt = 512;
+constexpr int64_t kPageSize = 64;
+constexpr int64_t kMaxBatch = 32;
+constexpr int64_t kMaxContext = 1024;
+constexpr int64_t kPagesPerSeq = kMaxContext / kPageSize;
+constexpr int kWarmupSteps = 3;
+constexpr int kPlainSteps = 32;  // timed per repetition
+constexpr int kSpecSteps = 16;
+// Greedy tokens of the reference continuation: enough for the speculative warm-up and timed steps
+// at the longest path (5 tokens per step) and the deepest look-ahead.
+constexpr int64_t kReferenceSteps = (kWarmupSteps + kSpecSteps) * 5 + 8;
+constexpr uint64_t kSyntheticSeed = 1234;
+
+const std::vector<DraftTreeParams>& Trees() {
+  static const std::vector<DraftTreeParams> trees = {{4, 3, 8}, {1, 4, 5}};
+  return trees;
+}
+
+bool KvCacheBf16() {
+  const char* s = std::getenv("EAGLE3_BENCH_KV_CACHE");
+  return s != nullptr && std::string(s) == "bf16";
+}
+
+struct Models {
+  DeepseekV2Config config;
+  std::unique_ptr<TargetModel> target;
+  std::unique_ptr<DraftModel> draft;
+  std::vector<std::vector<int32_t>> pages;  // per sequence: the same page ids in both caches
+  std::vector<std::vector<int64_t>> prompts;
+  absl::Status status;
+};
+
+absl::Status EnsureDraft(const std::string& dir, const DeepseekV2Config& target) {
+  if (std::filesystem::exists(dir + "/complete")) return absl::OkStatus();
+  RandomDraftCheckpointOptions o;
+  o.seed = 3;
+  o.dtype = DType::kBF16;
+  o.hidden_size = 2048;
+  o.num_attention_heads = 16;
+  o.num_key_value_heads = 4;
+  o.head_dim = 128;
+  o.intermediate_size = 6144;
+  o.draft_vocab_size = 32000;
+  o.max_position_embeddings = 4096;
+  o.tiled_values = true;
+  o.final_norm_scale = 64.0;
+  EAGLE3_RETURN_IF_ERROR(WriteRandomEagle3DraftCheckpoint(target, dir, o));
+  std::ofstream(dir + "/complete") << "ok\n";
+  return absl::OkStatus();
+}
+
+Models& Get() {
+  static Models m = [] {
+    Models m;
+    const auto start = std::chrono::steady_clock::now();
+    auto load = [&]() -> absl::Status {
+      EAGLE3_ASSIGN_OR_RETURN(m.config, DeepseekV2Config::FromJson(kV2LiteConfig, "DeepSeek-V2-Lite config"));
+      const std::string target_dir = BenchCheckpointRoot() + "/v2lite-tp1-sparse-lm";
+      const std::string draft_dir = BenchCheckpointRoot() + "/v2lite-eagle3";
+      EAGLE3_RETURN_IF_ERROR(EnsureSparseCheckpoint(target_dir, kV2LiteConfig, m.config, /*random_lm_head=*/true));
+      EAGLE3_RETURN_IF_ERROR(EnsureDraft(draft_dir, m.config));
+      TargetModelOptions t;
+      t.max_tokens_per_forward = kPrompt;  // >= kMaxBatch x the largest tree (8 nodes)
+      t.max_context_len = kMaxContext;
+      t.page_size = kPageSize;
+      t.num_kv_pages = kMaxBatch * kPagesPerSeq;
+      if (KvCacheBf16()) t.kv_cache_dtype = DType::kBF16;
+      EAGLE3_ASSIGN_OR_RETURN(m.target, TargetModel::Create(target_dir, t, nullptr, Backend()));
+      DraftModelOptions d;
+      d.max_tokens_per_forward = kPrompt;
+      d.max_context_len = kMaxContext;
+      d.page_size = kPageSize;
+      d.num_kv_pages = kMaxBatch * kPagesPerSeq;
+      EAGLE3_ASSIGN_OR_RETURN(m.draft, DraftModel::Create(draft_dir, target_dir, d, nullptr, Backend()));
+      std::mt19937_64 rng(17);
+      std::uniform_int_distribution<int64_t> token(0, m.config.vocab_size - 1);
+      for (int64_t b = 0; b < kMaxBatch; ++b) {
+        std::vector<int32_t> p(static_cast<size_t>(kPagesPerSeq));
+        for (int64_t i = 0; i < kPagesPerSeq; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(b * kPagesPerSeq + i);
+        m.pages.push_back(std::move(p));
+        std::vector<int64_t> prompt(static_cast<size_t>(kPrompt));
+        for (int64_t& t : prompt) t = token(rng);
+        m.prompts.push_back(std::move(prompt));
+      }
+      return absl::OkStatus();
+    };
+    m.status = load();
+    std::fprintf(stderr, "e2e_benchmark: models %s in %.1f s\n", m.status.ok() ? "loaded" : "failed",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return m;
+  }();
+  return m;
+}
+
+// The sequences of a batch after their prefill; Advance appends a step's tokens.
+struct Batch {
+  std::vector<std::vector<int64_t>> tokens;  // prompt, then every emitted token
+  std::vector<StepSequence> seqs;
+  std::vector<StepOutput> out;
+
+  absl::Status Prefill(SpeculativeStep& step, Models& m, int64_t batch) {
+    tokens.assign(static_cast<size_t>(batch), {});
+    for (int64_t b = 0; b < batch; ++b) {
+      const auto& pages = m.pages[static_cast<size_t>(b)];
+      EAGLE3_ASSIGN_OR_RETURN(int64_t first, step.Prefill(static_cast<int>(b), m.prompts[static_cast<size_t>(b)],
+                                                          pages, pages));
+      tokens[static_cast<size_t>(b)] = m.prompts[static_cast<size_t>(b)];
+      tokens[static_cast<size_t>(b)].push_back(first);
+    }
+    return absl::OkStatus();
+  }
+  // One step; returns the tokens the batch emitted.
+  absl::StatusOr<int64_t> Step(SpeculativeStep& step, Models& m, int tree) {
+    seqs.resize(tokens.size());
+    for (size_t b = 0; b < tokens.size(); ++b) {
+      seqs[b] = StepSequence{static_cast<int>(b), tokens[b].back(), static_cast<int64_t>(tokens[b].size()) - 1,
+                             m.pages[b], m.pages[b]};
+    }
+    EAGLE3_RETURN_IF_ERROR(step.Run(seqs, &out, tree));
+    int64_t emitted = 0;
+    for (size_t b = 0; b < tokens.size(); ++b) {
+      tokens[b].insert(tokens[b].end(), out[b].tokens.begin(), out[b].tokens.end());
+      emitted += static_cast<int64_t>(out[b].tokens.size());
+    }
+    return emitted;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<SpeculativeStep>> MakeStep(Models& m, bool with_draft, int64_t batch,
+                                                          cuda::GraphStepLauncher* launcher) {
+  SpeculativeStepOptions o;
+  o.max_batch = static_cast<int>(batch);
+  o.trees = Trees();
+  o.launcher = launcher;
+  return SpeculativeStep::Create(m.target.get(), with_draft ? m.draft.get() : nullptr, Backend(), o);
+}
+
+// Plain greedy decoding of the batch's prompts, kReferenceSteps tokens each, once per batch size: the
+// continuation synthetic acceptance drafts, and what speculative decoding must emit.
+absl::StatusOr<const std::vector<std::vector<int64_t>>*> Reference(Models& m, int64_t batch) {
+  static std::map<int64_t, std::vector<std::vector<int64_t>>> cache;
+  auto it = cache.find(batch);
+  if (it != cache.end()) return &it->second;
+  cuda::GraphStepLauncher launcher(Backend()->stream());
+  EAGLE3_ASSIGN_OR_RETURN(auto step, MakeStep(m, false, batch, &launcher));
+  Batch b;
+  EAGLE3_RETURN_IF_ERROR(b.Prefill(*step, m, batch));
+  for (int64_t s = 0; s < kReferenceSteps; ++s) EAGLE3_RETURN_IF_ERROR(b.Step(*step, m, kNoDraftTokens).status());
+  return &(cache[batch] = std::move(b.tokens));
+}
+
+// BM_Plain's us_per_token of each repetition, by batch size.
+std::map<int64_t, std::vector<double>>& PlainUsPerToken() {
+  static std::map<int64_t, std::vector<double>> plain;
+  return plain;
+}
+
+void BM_Plain(benchmark::State& state) {
+  if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
+  const int64_t batch = state.range(0);
+  Models& m = Get();
+  if (!Check(state, m.status, "setup")) return;
+  cuda::GraphStepLauncher launcher(Backend()->stream());
+  auto step = MakeStep(m, false, batch, &launcher);
+  if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
+  Batch b;
+  if (!Check(state, b.Prefill(**step, m, batch), "prefill")) return;
+  for (int i = 0; i < kWarmupSteps; ++i) {
+    if (!Check(state, b.Step(**step, m, kNoDraftTokens).status(), "warm-up step")) return;
+  }
+  double seconds = 0;
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    absl::StatusOr<int64_t> emitted = 0;
+    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(**step, m, kNoDraftTokens); });
+    if (!Check(state, emitted.status(), "step")) return;
+    state.SetIterationTime(t);
+    seconds += t;
+    tokens += *emitted;
+  }
+  const double us_per_token = seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(tokens);
+  PlainUsPerToken()[batch].push_back(us_per_token);
+  state.counters["us_per_token"] = us_per_token;
+  state.counters["tok/s"] = static_cast<double>(tokens) / seconds;
+  state.counters["batch"] = static_cast<double>(batch);
+}
+
+// The target forward alone (tree-masked over `nodes` per sequence with the draft's taps, or one
+// token per sequence when nodes is 1), staged once, captured in a CUDA graph, median of replays.
+absl::StatusOr<double> TargetForwardSeconds(Models& m, int64_t batch, int64_t nodes, int64_t context) {
+  // A chain of depth 3 from the root, then the rest under the root: the shape a peaked head's trees
+  // have; tokens drawn at random (a tree's rejected nodes route to their own experts).
+  std::vector<int64_t> tokens(static_cast<size_t>(nodes));
+  std::vector<int32_t> parents(static_cast<size_t>(nodes), -1);
+  std::mt19937_64 rng(static_cast<uint64_t>(batch * 131 + nodes));
+  std::uniform_int_distribution<int64_t> token(0, m.config.vocab_size - 1);
+  for (int64_t i = 0; i < nodes; ++i) {
+    tokens[static_cast<size_t>(i)] = token(rng);
+    if (i > 0) parents[static_cast<size_t>(i)] = i <= 3 ? static_cast<int32_t>(i - 1) : 0;
+  }
+  EAGLE3_ASSIGN_OR_RETURN(DraftTree tree, DraftTree::FromParents(tokens, parents));
+  const std::vector<int64_t> positions = tree.Positions(context);
+  const std::vector<uint8_t> mask = nodes > 1 ? tree.DenseMask() : std::vector<uint8_t>();
+  std::vector<SequenceInput> inputs;
+  for (int64_t b = 0; b < batch; ++b) {
+    inputs.push_back(SequenceInput{tokens, positions, m.pages[static_cast<size_t>(b)], context, mask, nodes > 1});
+  }
+  const int64_t rows = nodes > 1 ? batch * nodes : batch;
+  EAGLE3_ASSIGN_OR_RETURN(Tensor logits, Tensor::Empty(DType::kF32, Shape{rows, m.config.vocab_size},
+                                                       Backend()->allocator()));
+  TargetStepIO io;
+  io.logits = logits.view();
+  Tensor aux;
+  const HiddenStateTap* tap = nullptr;
+  if (nodes > 1) {
+    tap = &m.draft->tap();
+    EAGLE3_ASSIGN_OR_RETURN(aux, Tensor::Empty(DType::kF32, Shape{rows, tap->width()}, Backend()->allocator()));
+    io.aux = aux.view();
+  }
+  EAGLE3_RETURN_IF_ERROR(m.target->Stage(inputs, tap, io));
+  EAGLE3_RETURN_IF_ERROR(m.target->Launch());  // eager first: sizes the backend's scratch
+  EAGLE3_RETURN_IF_ERROR(m.target->Stage(inputs, tap, io));
+  EAGLE3_ASSIGN_OR_RETURN(auto graph, cuda::CudaGraph::Capture(Backend()->stream(), [&] { return m.target->Launch(); }));
+  const double seconds = TimeMedian(Backend()->stream(), 20, 3, [&] { (void)graph->Launch(Backend()->stream()); });
+  EAGLE3_RETURN_IF_ERROR(m.target->Finish(TensorView()));
+  return seconds;
+}
+
+void BM_Speculative(benchmark::State& state) {
+  if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
+  const int64_t batch = state.range(0);
+  const int tree = static_cast<int>(state.range(1));
+  const double mean_accepted = static_cast<double>(state.range(2)) / 10.0;
+  Models& m = Get();
+  if (!Check(state, m.status, "setup")) return;
+  const DraftTreeParams& shape = Trees()[static_cast<size_t>(tree)];
+  auto reference = Reference(m, batch);
+  if (!Check(state, reference.status(), "reference run")) return;
+  const int64_t reference_len = kPrompt + 1 + kReferenceSteps;
+
+  // The target forwards alone, at the context the timed steps reach halfway.
+  const int64_t context = kPrompt + 1 + 2 * kSpecSteps;
+  auto verify = TargetForwardSeconds(m, batch, shape.num_draft_tokens, context);
+  if (!Check(state, verify.status(), "verify forward alone")) return;
+  auto decode = TargetForwardSeconds(m, batch, 1, context);
+  if (!Check(state, decode.status(), "decode forward alone")) return;
+
+  // The reference and the draw counter on the device, where the captured rewrite reads them.
+  auto ref_device = Tensor::Empty(DType::kI64, Shape{batch, reference_len}, Backend()->allocator());
+  auto counter = Tensor::Empty(DType::kI64, Shape{1}, Backend()->allocator());
+  if (!Check(state, ref_device.status(), "alloc") || !Check(state, counter.status(), "alloc")) return;
+  if (cudaMemset(counter->data(), 0, 8) != cudaSuccess) return state.SkipWithError("zeroing the draw counter");
+  {
+    std::vector<int64_t> host;
+    for (const auto& r : **reference) host.insert(host.end(), r.begin(), r.begin() + reference_len);
+    if (cudaMemcpy(ref_device->data(), host.data(), host.size() * 8, cudaMemcpyHostToDevice) != cudaSuccess) {
+      return state.SkipWithError("copying the reference");
+    }
+  }
+  const double alpha = SyntheticAlphaFor(mean_accepted, shape.num_steps);
+
+  cuda::GraphStepLauncher launcher(Backend()->stream());
+  auto step = MakeStep(m, true, batch, &launcher);
+  if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
+  SpeculativeStepTesting::SetDraftRewriter(**step, [&](const DraftedTrees& t) -> absl::Status {
+    const cudaError_t e = LaunchSyntheticRewrite(
+        t.tokens.data_as<int64_t>(), t.parents.data_as<int32_t>(), t.positions.data_as<int64_t>(),
+        static_cast<int>(t.batch), static_cast<int>(t.nodes), ref_device->data_as<int64_t>(), reference_len,
+        kSyntheticSeed, reinterpret_cast<unsigned long long*>(counter->data()), alpha, shape.num_steps,
+        m.config.vocab_size, Backend()->stream());
+    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
+  });
+  Batch b;
+  if (!Check(state, b.Prefill(**step, m, batch), "prefill")) return;
+  for (int i = 0; i < kWarmupSteps; ++i) {
+    if (!Check(state, b.Step(**step, m, tree).status(), "warm-up step")) return;
+  }
+  double seconds = 0;
+  int64_t tokens = 0, steps = 0;
+  for (auto _ : state) {
+    absl::StatusOr<int64_t> emitted = 0;
+    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(**step, m, tree); });
+    if (!Check(state, emitted.status(), "step")) return;
+    state.SetIterationTime(t);
+    seconds += t;
+    tokens += *emitted;
+    ++steps;
+  }
+  int64_t mismatches = 0;
+  for (int64_t s = 0; s < batch; ++s) {
+    const auto& got = b.tokens[static_cast<size_t>(s)];
+    const auto& want = (**reference)[static_cast<size_t>(s)];
+    for (size_t i = 0; i < got.size(); ++i) mismatches += i >= want.size() || got[i] != want[i];
+  }
+  const double us_per_token = seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(tokens);
+  const double accept_len = static_cast<double>(tokens) / static_cast<double>(steps * batch);
+  const double step_us = seconds * 1e6 / static_cast<double>(steps);
+  state.counters["us_per_token"] = us_per_token;
+  state.counters["tok/s"] = static_cast<double>(tokens) / seconds;
+  state.counters["accept_len"] = accept_len;
+  state.counters["verify_us"] = *verify * 1e6;
+  state.counters["decode_us"] = *decode * 1e6;
+  state.counters["step_over_verify"] = step_us / (*verify * 1e6);
+  state.counters["bound"] = accept_len * *decode / *verify;
+  auto plain = PlainUsPerToken().find(batch);
+  if (plain != PlainUsPerToken().end()) state.counters["speedup"] = Median(plain->second) / us_per_token;
+  state.counters["mismatches"] = static_cast<double>(mismatches);
+  state.counters["batch"] = static_cast<double>(batch);
+  state.counters["nodes"] = static_cast<double>(shape.num_draft_tokens);
+}
+
+void Settings(benchmark::internal::Benchmark* b, int steps) {
+  b->UseManualTime()->Iterations(steps)->Repetitions(3)->ReportAggregatesOnly(true)->Unit(benchmark::kMicrosecond);
+}
+
+// Per batch size: plain first (its us_per_token is the speedups' denominator), then speculative.
+[[maybe_unused]] const bool registered = [] {
+  for (const int64_t batch : {1, 8, 32}) {
+    auto* plain = benchmark::RegisterBenchmark("BM_Plain", BM_Plain)->ArgNames({"batch"})->Args({batch});
+    Settings(plain, kPlainSteps);
+    auto* spec = benchmark::RegisterBenchmark("BM_Speculative", BM_Speculative)
+                     ->ArgNames({"batch", "tree", "accept"})
+                     ->ArgsProduct({{batch}, {0, 1}, {24, 35}});
+    Settings(spec, kSpecSteps);
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace eagle3::bench
+
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }

@@ -1,0 +1,113 @@
+// Sparse DeepSeek-V2-family checkpoints for the GPU benchmarks (decode_step_benchmark,
+// e2e_benchmark): the embedding and each MoE router are N(0, 0.02²) bf16, norms are 1, every other
+// matrix is a file hole (zeros; the file takes well under a gigabyte on disk whatever its size).
+// Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
+// and routers make the routing realistic (the residual stream is the embedding, every token routes
+// to its own experts).
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/half.h"
+
+namespace eagle3::bench {
+
+// DeepSeek-V2-Lite-Chat's hub config.json (auto_map and training-only keys left out).
+inline constexpr const char* kV2LiteConfig = R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+ "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+ "hidden_size": 2048, "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+ "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+ "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6,
+ "num_hidden_layers": 27, "num_key_value_heads": 16, "q_lora_rank": null, "qk_nope_head_dim": 128,
+ "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1,
+ "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+ "type": "yarn"}, "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+ "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128,
+ "vocab_size": 102400})";
+
+// Where the benchmarks keep the checkpoints they write: $EAGLE3_BENCH_CKPT_DIR, default
+// /tmp/eagle3-bench-ckpt.
+inline std::string BenchCheckpointRoot() {
+  const char* dir = std::getenv("EAGLE3_BENCH_CKPT_DIR");
+  return dir != nullptr && dir[0] != '\0' ? dir : "/tmp/eagle3-bench-ckpt";
+}
+
+inline bool Ends(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// Writes config.json and a single model.safetensors whose big matrices are holes (see the top of the
+// file), once: a `complete` marker makes later runs reuse it. Tensors are laid out contiguously in
+// schema order, as the reader requires. random_lm_head: lm_head.weight N(0, 0.02²) too, so that the
+// greedy next token varies with the token (with every other matrix zero, the final hidden state is
+// the token's embedding), instead of always being id 0.
+inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::string& config_json,
+                                           const DeepseekV2Config& config, bool random_lm_head = false) {
+  if (std::filesystem::exists(dir + "/complete")) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config_json;
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  std::string header = R"({"__metadata__":{"format":"pt"})";
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (const WeightSpec& s : specs) {
+    std::string shape;
+    for (int d = 0; d < s.shape.rank(); ++d) shape += (d ? "," : "") + std::to_string(s.shape[d]);
+    const int64_t bytes = 2 * s.shape.numel();
+    header += ",\"" + s.name + "\":{\"dtype\":\"BF16\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
+    offsets.push_back(offset);
+    offset += bytes;
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  const std::string path = dir + "/model.safetensors";
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  if (fd < 0) return absl::InternalError("cannot create " + path + ": " + std::strerror(errno));
+  const uint64_t header_len = header.size();
+  const int64_t data_start = 8 + static_cast<int64_t>(header_len);
+  bool ok = ::pwrite(fd, &header_len, 8, 0) == 8 &&
+            ::pwrite(fd, header.data(), header.size(), 8) == static_cast<ssize_t>(header.size());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<uint16_t> data;
+  for (size_t i = 0; ok && i < specs.size(); ++i) {
+    const std::string& name = specs[i].name;
+    const bool norm = Ends(name, "norm.weight");
+    const bool random = Ends(name, "embed_tokens.weight") || Ends(name, "mlp.gate.weight") ||
+                        (random_lm_head && name == "lm_head.weight");
+    if (!norm && !random) continue;  // a hole: zeros
+    data.resize(static_cast<size_t>(specs[i].shape.numel()));
+    for (uint16_t& v : data) v = norm ? FloatToBf16(1.0f) : FloatToBf16(dist(rng));
+    const size_t bytes = data.size() * 2;
+    ok = ::pwrite(fd, data.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
+  }
+  ok = ok && ::ftruncate(fd, data_start + offset) == 0;
+  ::close(fd);
+  if (!ok) return absl::InternalError("writing " + path + " failed: " + std::strerror(errno));
+  std::ofstream(dir + "/complete") << "ok\n";
+  std::fprintf(stderr, "wrote %s (%.1f GB, sparse) in %.1f s\n", path.c_str(),
+               static_cast<double>(data_start + offset) * 1e-9,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return absl::OkStatus();
+}
+
+}  // namespace eagle3::bench
