@@ -14,7 +14,8 @@
 // staging to its results on the host; a repetition prefills `batch` prompts of kPrompt random
 // tokens, runs warm-up steps (the first runs eagerly, the second is captured), then the timed steps.
 // Counters: us = one step; us_per_token = a sequence's time per emitted token; tok/s = the batch's
-// tokens per second; on BM_Speculative also accept_len (measured, bonus included), speedup (the
+// tokens per second; on BM_Plain also decode_us (below) and step_over_decode = us / decode_us; on
+// BM_Speculative also accept_len (measured, bonus included), speedup (the
 // BM_Plain us_per_token of the same batch over this row's), and beside it the bound of the issue:
 // verify_us and decode_us (the target's tree-masked verify forward over batch x nodes with taps, and
 // its one-token decode forward, each alone from a CUDA graph at the same context), step_over_verify
@@ -102,7 +103,7 @@ absl::Status EnsureDraft(const std::string& dir, const DeepseekV2Config& target)
   o.intermediate_size = 6144;
   o.draft_vocab_size = 32000;
   o.max_position_embeddings = 4096;
-  o.tiled_values = true;
+  // Every value drawn: a tiled lm_head repeats its rows, and the ties flatten the distributions.
   o.final_norm_scale = 64.0;
   EAGLE3_RETURN_IF_ERROR(WriteRandomEagle3DraftCheckpoint(target, dir, o));
   std::ofstream(dir + "/complete") << "ok\n";
@@ -215,6 +216,49 @@ std::map<int64_t, std::vector<double>>& PlainUsPerToken() {
   return plain;
 }
 
+// The target forward alone (tree-masked over `nodes` per sequence with the draft's taps, or one
+// token per sequence when nodes is 1), staged once, captured in a CUDA graph, median of replays.
+absl::StatusOr<double> TargetForwardSeconds(Models& m, int64_t batch, int64_t nodes, int64_t context) {
+  // A chain of depth 3 from the root, then the rest under the root: the shape a peaked head's trees
+  // have; every sequence's tokens drawn at random (each sequence, and a tree's rejected nodes, route
+  // to their own experts).
+  std::vector<int32_t> parents(static_cast<size_t>(nodes), -1);
+  for (int64_t i = 1; i < nodes; ++i) parents[static_cast<size_t>(i)] = i <= 3 ? static_cast<int32_t>(i - 1) : 0;
+  std::mt19937_64 rng(static_cast<uint64_t>(batch * 131 + nodes));
+  std::uniform_int_distribution<int64_t> token(0, m.config.vocab_size - 1);
+  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(nodes)));
+  for (auto& seq : tokens) {
+    for (int64_t& t : seq) t = token(rng);
+  }
+  EAGLE3_ASSIGN_OR_RETURN(DraftTree tree, DraftTree::FromParents(tokens[0], parents));
+  const std::vector<int64_t> positions = tree.Positions(context);
+  const std::vector<uint8_t> mask = nodes > 1 ? tree.DenseMask() : std::vector<uint8_t>();
+  std::vector<SequenceInput> inputs;
+  for (int64_t b = 0; b < batch; ++b) {
+    inputs.push_back(SequenceInput{tokens[static_cast<size_t>(b)], positions, m.pages[static_cast<size_t>(b)], context,
+                                   mask, nodes > 1});
+  }
+  const int64_t rows = nodes > 1 ? batch * nodes : batch;
+  EAGLE3_ASSIGN_OR_RETURN(Tensor logits, Tensor::Empty(DType::kF32, Shape{rows, m.config.vocab_size},
+                                                       Backend()->allocator()));
+  TargetStepIO io;
+  io.logits = logits.view();
+  Tensor aux;
+  const HiddenStateTap* tap = nullptr;
+  if (nodes > 1) {
+    tap = &m.draft->tap();
+    EAGLE3_ASSIGN_OR_RETURN(aux, Tensor::Empty(DType::kF32, Shape{rows, tap->width()}, Backend()->allocator()));
+    io.aux = aux.view();
+  }
+  EAGLE3_RETURN_IF_ERROR(m.target->Stage(inputs, tap, io));
+  EAGLE3_RETURN_IF_ERROR(m.target->Launch());  // eager first: sizes the backend's scratch
+  EAGLE3_RETURN_IF_ERROR(m.target->Stage(inputs, tap, io));
+  EAGLE3_ASSIGN_OR_RETURN(auto graph, cuda::CudaGraph::Capture(Backend()->stream(), [&] { return m.target->Launch(); }));
+  const double seconds = TimeMedian(Backend()->stream(), 20, 3, [&] { (void)graph->Launch(Backend()->stream()); });
+  EAGLE3_RETURN_IF_ERROR(m.target->Finish(TensorView()));
+  return seconds;
+}
+
 void BM_Plain(benchmark::State& state) {
   if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
   const int64_t batch = state.range(0);
@@ -240,50 +284,13 @@ void BM_Plain(benchmark::State& state) {
   }
   const double us_per_token = seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(tokens);
   PlainUsPerToken()[batch].push_back(us_per_token);
+  auto decode = TargetForwardSeconds(m, batch, 1, kPrompt + 1 + kWarmupSteps + kPlainSteps / 2);
+  if (!Check(state, decode.status(), "decode forward alone")) return;
+  state.counters["decode_us"] = *decode * 1e6;
+  state.counters["step_over_decode"] = seconds / static_cast<double>(kPlainSteps) / *decode;
   state.counters["us_per_token"] = us_per_token;
   state.counters["tok/s"] = static_cast<double>(tokens) / seconds;
   state.counters["batch"] = static_cast<double>(batch);
-}
-
-// The target forward alone (tree-masked over `nodes` per sequence with the draft's taps, or one
-// token per sequence when nodes is 1), staged once, captured in a CUDA graph, median of replays.
-absl::StatusOr<double> TargetForwardSeconds(Models& m, int64_t batch, int64_t nodes, int64_t context) {
-  // A chain of depth 3 from the root, then the rest under the root: the shape a peaked head's trees
-  // have; tokens drawn at random (a tree's rejected nodes route to their own experts).
-  std::vector<int64_t> tokens(static_cast<size_t>(nodes));
-  std::vector<int32_t> parents(static_cast<size_t>(nodes), -1);
-  std::mt19937_64 rng(static_cast<uint64_t>(batch * 131 + nodes));
-  std::uniform_int_distribution<int64_t> token(0, m.config.vocab_size - 1);
-  for (int64_t i = 0; i < nodes; ++i) {
-    tokens[static_cast<size_t>(i)] = token(rng);
-    if (i > 0) parents[static_cast<size_t>(i)] = i <= 3 ? static_cast<int32_t>(i - 1) : 0;
-  }
-  EAGLE3_ASSIGN_OR_RETURN(DraftTree tree, DraftTree::FromParents(tokens, parents));
-  const std::vector<int64_t> positions = tree.Positions(context);
-  const std::vector<uint8_t> mask = nodes > 1 ? tree.DenseMask() : std::vector<uint8_t>();
-  std::vector<SequenceInput> inputs;
-  for (int64_t b = 0; b < batch; ++b) {
-    inputs.push_back(SequenceInput{tokens, positions, m.pages[static_cast<size_t>(b)], context, mask, nodes > 1});
-  }
-  const int64_t rows = nodes > 1 ? batch * nodes : batch;
-  EAGLE3_ASSIGN_OR_RETURN(Tensor logits, Tensor::Empty(DType::kF32, Shape{rows, m.config.vocab_size},
-                                                       Backend()->allocator()));
-  TargetStepIO io;
-  io.logits = logits.view();
-  Tensor aux;
-  const HiddenStateTap* tap = nullptr;
-  if (nodes > 1) {
-    tap = &m.draft->tap();
-    EAGLE3_ASSIGN_OR_RETURN(aux, Tensor::Empty(DType::kF32, Shape{rows, tap->width()}, Backend()->allocator()));
-    io.aux = aux.view();
-  }
-  EAGLE3_RETURN_IF_ERROR(m.target->Stage(inputs, tap, io));
-  EAGLE3_RETURN_IF_ERROR(m.target->Launch());  // eager first: sizes the backend's scratch
-  EAGLE3_RETURN_IF_ERROR(m.target->Stage(inputs, tap, io));
-  EAGLE3_ASSIGN_OR_RETURN(auto graph, cuda::CudaGraph::Capture(Backend()->stream(), [&] { return m.target->Launch(); }));
-  const double seconds = TimeMedian(Backend()->stream(), 20, 3, [&] { (void)graph->Launch(Backend()->stream()); });
-  EAGLE3_RETURN_IF_ERROR(m.target->Finish(TensorView()));
-  return seconds;
 }
 
 void BM_Speculative(benchmark::State& state) {
