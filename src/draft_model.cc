@@ -142,6 +142,7 @@ struct DraftModel::Impl {
   absl::Status Validate(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
                         bool device_hidden) const;
   absl::Status ValidateOutputs(const TensorView& logits, const TensorView& hidden_out) const;
+  absl::Status WriteKv();
   absl::Status Attention();
   absl::Status Stage(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
                      const DraftStepIO& io);
@@ -472,16 +473,20 @@ absl::Status DraftModel::Impl::ValidateOutputs(const TensorView& logits, const T
 
 // K (after RoPE) | V of every new row into its cache slot, then every sequence's attention at once,
 // lengths, page tables and mask rows from the device.
+// The rows' K (after RoPE) and V into their cache slots.
+absl::Status DraftModel::Impl::WriteKv() {
+  const int64_t t = step.t;
+  const int64_t kv_row = 2 * kv_width;
+  const TensorView flat_cache(cache.data(), cache.dtype(), Shape{options.num_kv_pages * options.page_size, 1, kv_row},
+                              cache.device());
+  return backend->PagedWrite(Block(Rows(qkv, 0, t), 0, t, q_width, kv_row),
+                             step.io.slots.empty() ? Rows(slots, 0, t) : step.io.slots, slot_iota, flat_cache);
+}
+
 absl::Status DraftModel::Impl::Attention() {
   const int64_t t = step.t;
   const int64_t b = static_cast<int64_t>(step.n.size());
-  const int64_t kv_row = 2 * kv_width;
   const TensorView qkv_t = Rows(qkv, 0, t);
-  const TensorView flat_cache(cache.data(), cache.dtype(), Shape{options.num_kv_pages * options.page_size, 1, kv_row},
-                              cache.device());
-  EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Block(qkv_t, 0, t, q_width, kv_row),
-                                             step.io.slots.empty() ? Rows(slots, 0, t) : step.io.slots, slot_iota,
-                                             flat_cache));
   const DraftStepIO& io = step.io;
   return backend->BatchedPagedAttention(
       Heads(Block(qkv_t, 0, t, 0, q_width), heads, head_dim), cache,
@@ -510,6 +515,10 @@ absl::Status DraftModel::Impl::CheckIO(const DraftStepIO& io) const {
   }
   EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "q_start", io.q_start, DType::kI32, Shape{b + 1}, dev));
   EAGLE3_RETURN_IF_ERROR(CheckStepView(who, "kv_len", io.kv_len, DType::kI32, Shape{b}, dev));
+  if (io.kv_only && (!io.logits.empty() || !io.hidden_out.empty() || !io.logit_rows.empty())) {
+    return absl::InvalidArgumentError(
+        "DraftStepIO.kv_only: logits, hidden_out and logit_rows must be empty (a kv_only step computes none of them)");
+  }
   int64_t rows = step.out_rows;
   if (!io.logit_rows.empty()) {
     if (std::any_of(step.n.begin(), step.n.end(), [&](int64_t n) { return n != step.n.front(); })) {
@@ -571,7 +580,7 @@ absl::Status DraftModel::Impl::Stage(std::span<const DraftSequenceInput> batch, 
 
 std::vector<int64_t> DraftModel::Impl::Signature() const {
   if (!step.staged) return {};
-  std::vector<int64_t> sig = {step.from_target, step.causal, static_cast<int64_t>(step.n.size())};
+  std::vector<int64_t> sig = {step.from_target, step.causal, step.io.kv_only, static_cast<int64_t>(step.n.size())};
   sig.insert(sig.end(), step.n.begin(), step.n.end());
   sig.insert(sig.end(), step.all_logits.begin(), step.all_logits.end());
   for (const TensorView* v : {&step.io.tokens, &step.io.hidden, &step.io.mask, &step.io.logit_rows, &step.io.logits,
@@ -638,6 +647,8 @@ absl::Status DraftModel::Impl::Launch() {
   EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, 0, q_width + kv_width), heads + kv_heads,
                                                   head_dim),
                                             0, head_dim, pos_t, cos_sin, RopeStyle::kRotateHalf));
+  EAGLE3_RETURN_IF_ERROR(WriteKv());
+  if (io.kv_only) return absl::OkStatus();
   EAGLE3_RETURN_IF_ERROR(Attention());
   EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, {}));
   EAGLE3_RETURN_IF_ERROR(Ranks().AllReduce(partial_t));
@@ -668,6 +679,9 @@ absl::Status DraftModel::Impl::Launch() {
 
 absl::Status DraftModel::Impl::Finish(const TensorView& logits, const TensorView& hidden_out) {
   if (!step.staged) return absl::FailedPreconditionError("DraftModel::Finish: no batch is staged (call Stage first)");
+  if (step.io.kv_only) {
+    return absl::FailedPreconditionError("DraftModel::Finish: the staged step is kv_only (it has no outputs)");
+  }
   EAGLE3_RETURN_IF_ERROR(ValidateOutputs(logits, hidden_out));
   EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
   if (step.io.logits.empty()) {

@@ -74,6 +74,13 @@ struct SpeculativeStep::Impl {
 
   // Root state: the draft's logits and fed-back hidden after each sequence's newest token, by row.
   Tensor root_logits, root_hidden, root_logits_tmp, root_hidden_tmp;
+  // The tapped target states behind each row's root (the draft's input for the root's own row), by
+  // row: written by Prefill and by steps that draft nothing, read by a root refresh.
+  Tensor root_taps;
+  // After a step that drafted nothing, the root state is stale: such a step writes only the draft's
+  // KV rows (DraftStepIO::kv_only), and the next drafting step first recomputes every root row
+  // (the refresh) from root_taps.
+  bool roots_stale = false;
   // Tree build. The trees of a step are contiguous [B, N] views from the start of buffers sized
   // for the largest tree.
   Tensor d2t, tree_workspace, frontier_tokens, frontier_parents;  // frontier_*: [max(S, 1), B k]
@@ -93,6 +100,8 @@ struct SpeculativeStep::Impl {
   std::vector<SequenceInput> target_batch;
   std::vector<DraftSequenceInput> draft_batch;
   std::vector<std::vector<int64_t>> placeholder_tokens, draft_positions;
+  std::vector<DraftSequenceInput> refresh_batch;
+  std::vector<std::vector<int64_t>> refresh_tokens;
   DraftRewriter draft_rewriter;  // SpeculativeStepTesting's hook; empty unless a benchmark sets it
 
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
@@ -129,6 +138,11 @@ struct SpeculativeStep::Impl {
                        bool launch, bool* results_copied = nullptr);
   absl::Status DraftTreePass(std::span<const StepSequence> seqs, int64_t pass, const StepUploadLayout& up,
                              bool launch);
+  // Recomputes every sequence's root state (logits and fed-back hidden, in this step's order) from
+  // root_taps and its root: the draft row at position cache_len - 1, which rewrites that row's KV
+  // bit for bit.
+  absl::Status RefreshRoots(std::span<const StepSequence> seqs, const StepUploadLayout& up, bool identity_rows,
+                            bool launch);
   // The results of b sequences with n nodes each (after the step's synchronization); any error
   // found on the device becomes the Status of the first sequence holding one.
   absl::Status ReadResults(int64_t b, int64_t n, const ResultLayout& res, std::vector<StepOutput>* out);
@@ -191,6 +205,7 @@ absl::Status SpeculativeStep::Impl::AllocateBuffers() {
   EAGLE3_ASSIGN_OR_RETURN(tree_mask, AllocZeroed(DType::kU8, Shape{b * n, n}));
   EAGLE3_ASSIGN_OR_RETURN(aux, AllocZeroed(DType::kF32, Shape{std::max(b * n, t_target), tap_width}));
   EAGLE3_ASSIGN_OR_RETURN(catch_in, Alloc(DType::kF32, Shape{b * n, tap_width}));
+  EAGLE3_ASSIGN_OR_RETURN(root_taps, AllocZeroed(DType::kF32, Shape{b, tap_width}));
   EAGLE3_ASSIGN_OR_RETURN(catch_out, Alloc(DType::kF32, Shape{std::max(b * n, t_draft), hidden}));
   return absl::OkStatus();
 }
@@ -314,8 +329,10 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   for (int64_t i = 0; i < b; ++i) identity_rows = identity_rows && seqs[static_cast<size_t>(i)].row == i;
 
   if (drafting) {
-    // The root state of the rows this step keeps, in this step's order.
-    if (launch && !identity_rows) {
+    if (roots_stale) {
+      EAGLE3_RETURN_IF_ERROR(RefreshRoots(seqs, up, identity_rows, launch));
+    } else if (launch && !identity_rows) {
+      // The root state of the rows this step keeps, in this step's order.
       const TensorView rows = upload.Device(up.rows, DType::kI32, Shape{b});
       EAGLE3_RETURN_IF_ERROR(backend->GatherRows(root_logits, rows, Rows(root_logits_tmp, 0, b)));
       EAGLE3_RETURN_IF_ERROR(backend->Copy(Rows(root_logits_tmp, 0, b), Rows(root_logits, 0, b)));
@@ -406,13 +423,15 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
         upload.Device(up.tables, DType::kI32, Shape{b, table_width}), upload.Device(up.cache_len, DType::kI32, Shape{b}),
         vout.commit_offsets, vout.commit_counts));
   }
+  // Catch-up: row j of sequence b pairs the tapped states of its j-th path node with the token after
+  // it (out_tokens[b][j]), at position cache_len + j. Rows past the path (j > num_accepted) are
+  // padding that keeps the shape fixed: they read valid stale entries and write draft KV only past
+  // the new cache length; their outputs are never used. A step that drafted nothing writes only the
+  // draft's KV row (its inputs kept in root_taps for the refresh the next drafting step runs).
+  const TensorView catch_rows = drafting ? Rows(catch_in, 0, b * n) : Rows(root_taps, 0, b);
   if (launch) {
-    // Catch-up: row j of sequence b pairs the tapped states of its j-th path node with the token after
-    // it (out_tokens[b][j]), at position cache_len + j. Rows past the path (j > num_accepted) are
-    // padding that keeps the shape fixed: they read valid stale entries and write draft KV only past
-    // the new cache length; their outputs are never used.
-    EAGLE3_RETURN_IF_ERROR(backend->GatherRows(Rows(aux, 0, b * n), vout.commit_offsets.Reshape(Shape{b * n}),
-                                               Rows(catch_in, 0, b * n), b));
+    EAGLE3_RETURN_IF_ERROR(
+        backend->GatherRows(Rows(aux, 0, b * n), vout.commit_offsets.Reshape(Shape{b * n}), catch_rows, b));
   }
   draft_batch.assign(seqs.size(), DraftSequenceInput());
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -425,10 +444,14 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   // Causal (no mask): row j sees the committed rows and the path rows before it.
   DraftStepIO dio;
   dio.tokens = vout.out_tokens.Reshape(Shape{b * n});
-  dio.hidden = Rows(catch_in, 0, b * n);
-  dio.logit_rows = vout.num_accepted;
-  dio.logits = Rows(root_logits, 0, b);
-  dio.hidden_out = Rows(catch_out, 0, b * n);
+  dio.hidden = catch_rows;
+  if (drafting) {
+    dio.logit_rows = vout.num_accepted;
+    dio.logits = Rows(root_logits, 0, b);
+    dio.hidden_out = Rows(catch_out, 0, b * n);
+  } else {
+    dio.kv_only = true;
+  }
   dio.positions = upload.Device(up.catch_positions, DType::kI64, Shape{b * n});
   dio.slots = upload.Device(up.catch_slots, DType::kI64, Shape{b * n});
   dio.page_tables = upload.Device(up.draft_tables, DType::kI32, Shape{b, draft_table_width});
@@ -437,7 +460,45 @@ absl::Status SpeculativeStep::Impl::Enqueue(std::span<const StepSequence> seqs, 
   EAGLE3_RETURN_IF_ERROR(draft->Stage(draft_batch, TensorView(), /*from_target=*/true, dio));
   if (!launch) return absl::OkStatus();
   EAGLE3_RETURN_IF_ERROR(draft->Launch());
+  if (!drafting) return absl::OkStatus();
   return backend->GatherRows(Rows(catch_out, 0, b * n), vout.num_accepted, Rows(root_hidden, 0, b), b);
+}
+
+absl::Status SpeculativeStep::Impl::RefreshRoots(std::span<const StepSequence> seqs, const StepUploadLayout& up,
+                                                 bool identity_rows, bool launch) {
+  const int64_t b = static_cast<int64_t>(seqs.size());
+  // The rows' taps in this step's order (catch_in is free until the catch-up).
+  TensorView taps = Rows(root_taps, 0, b);
+  if (!identity_rows) {
+    taps = Rows(catch_in, 0, b);
+    if (launch) {
+      EAGLE3_RETURN_IF_ERROR(backend->GatherRows(root_taps, upload.Device(up.rows, DType::kI32, Shape{b}), taps));
+    }
+  }
+  refresh_batch.assign(seqs.size(), DraftSequenceInput());
+  refresh_tokens.resize(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const StepSequence& s = seqs[i];
+    refresh_tokens[i].assign(1, s.root);
+    DraftSequenceInput& in = refresh_batch[i];
+    in.tokens = refresh_tokens[i];
+    in.page_table = s.draft_pages;
+    in.cache_len = s.cache_len - 1;
+  }
+  DraftStepIO io;
+  io.tokens = upload.Device(up.roots, DType::kI64, Shape{b});
+  io.hidden = taps;
+  io.logits = Rows(root_logits, 0, b);
+  io.hidden_out = Rows(catch_out, 0, b);
+  io.positions = upload.Device(up.refresh_positions, DType::kI64, Shape{b});
+  io.slots = upload.Device(up.refresh_slots, DType::kI64, Shape{b});
+  io.page_tables = upload.Device(up.draft_tables, DType::kI32, Shape{b, draft_table_width});
+  io.q_start = upload.Device(up.refresh_starts, DType::kI32, Shape{b + 1});
+  io.kv_len = upload.Device(up.cache_len, DType::kI32, Shape{b});
+  EAGLE3_RETURN_IF_ERROR(draft->Stage(refresh_batch, TensorView(), /*from_target=*/true, io));
+  if (!launch) return absl::OkStatus();
+  EAGLE3_RETURN_IF_ERROR(draft->Launch());
+  return backend->Copy(Rows(catch_out, 0, b), Rows(root_hidden, 0, b));
 }
 
 absl::Status SpeculativeStep::Impl::ReadResults(int64_t b, int64_t n, const ResultLayout& res,
@@ -631,6 +692,7 @@ absl::StatusOr<int64_t> SpeculativeStep::Prefill(int row, std::span<const int64_
     EAGLE3_RETURN_IF_ERROR(
         m.draft->Stage(std::span<const DraftSequenceInput>(&din, 1), TensorView(), /*from_target=*/true, dio));
     EAGLE3_RETURN_IF_ERROR(m.draft->Launch());
+    EAGLE3_RETURN_IF_ERROR(m.backend->Copy(Rows(m.aux, n - 1, 1), Rows(m.root_taps, row, 1)));
     return m.backend->Copy(Rows(m.catch_out, n - 1, 1), Rows(m.root_hidden, row, 1));
   };
   const absl::Status enqueued = enqueue();
@@ -685,6 +747,9 @@ void SpeculativeStep::Impl::StageUpload(std::span<const StepSequence> seqs, cons
   int64_t* catch_slots = host(up.catch_slots, DType::kI64, Shape{b * nodes}).data_as<int64_t>();
   int32_t* catch_starts = host(up.catch_starts, DType::kI32, Shape{b + 1}).data_as<int32_t>();
   int32_t* catch_lens = host(up.catch_lens, DType::kI32, Shape{b}).data_as<int32_t>();
+  int64_t* refresh_positions = host(up.refresh_positions, DType::kI64, Shape{b}).data_as<int64_t>();
+  int64_t* refresh_slots = host(up.refresh_slots, DType::kI64, Shape{b}).data_as<int64_t>();
+  int32_t* refresh_starts = host(up.refresh_starts, DType::kI32, Shape{b + 1}).data_as<int32_t>();
   for (int64_t i = 0; i < b; ++i) {
     const StepSequence& s = seqs[static_cast<size_t>(i)];
     const int64_t c = s.cache_len;
@@ -713,7 +778,11 @@ void SpeculativeStep::Impl::StageUpload(std::span<const StepSequence> seqs, cons
     }
     catch_starts[i] = static_cast<int32_t>(i * nodes);
     catch_lens[i] = static_cast<int32_t>(c + nodes);
+    refresh_positions[i] = c - 1;
+    refresh_slots[i] = slot(c - 1);
+    refresh_starts[i] = static_cast<int32_t>(i);
   }
+  refresh_starts[b] = static_cast<int32_t>(b);
   pass_starts[b] = static_cast<int32_t>(b * k);
   catch_starts[b] = static_cast<int32_t>(b * nodes);
 }
@@ -737,7 +806,8 @@ absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vecto
   // (their signatures hold the buffers this object hands them).
   bool identity_rows = true;
   for (int64_t i = 0; i < b; ++i) identity_rows = identity_rows && seqs[static_cast<size_t>(i)].row == i;
-  std::vector<int64_t> signature = {m.id, b, identity_rows, tree};
+  const bool refresh = m.drafting && m.roots_stale;
+  std::vector<int64_t> signature = {m.id, b, identity_rows, tree, refresh};
   for (const std::vector<int64_t>& part :
        {m.target->StepSignature(), m.draft != nullptr ? m.draft->StepSignature() : std::vector<int64_t>()}) {
     signature.push_back(static_cast<int64_t>(part.size()));
@@ -759,6 +829,7 @@ absl::Status SpeculativeStep::Run(std::span<const StepSequence> seqs, std::vecto
   }
   EAGLE3_RETURN_IF_ERROR(enqueued);
   EAGLE3_RETURN_IF_ERROR(synced);
+  m.roots_stale = m.draft != nullptr && !m.drafting;
   m.counters.steps += 1;
   return absl::OkStatus();
 }

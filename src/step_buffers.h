@@ -67,13 +67,14 @@ struct StepDims {
 };
 
 // Where a step's staged inputs sit in the upload buffer: the roots, the target's commit inputs, and
-// every draft pass's metadata (the tree passes, then the catch-up), so that one copy brings a whole
-// step's inputs and the draft's passes read no staging of their own.
+// every draft pass's metadata (the root refresh, the tree passes, then the catch-up), so that one
+// copy brings a whole step's inputs and the draft's passes read no staging of their own.
 struct StepUploadLayout {
   int64_t roots = 0, root_positions = 0, cache_len = 0, tables = 0, seed_offset = 0, rows = 0, root_parents = 0;
   int64_t own_columns = 0, root_mask = 0, draft_tables = 0;
   int64_t pass_positions = 0, pass_slots = 0, pass_starts = 0, pass_lens = 0;
   int64_t catch_positions = 0, catch_slots = 0, catch_starts = 0, catch_lens = 0;
+  int64_t refresh_positions = 0, refresh_slots = 0, refresh_starts = 0;
   int64_t bytes = 0;
   explicit StepUploadLayout(const StepDims& d) {
     const int64_t b = d.batch, rows_per_pass = d.batch * d.k, passes = std::max<int64_t>(d.passes, 1);
@@ -97,6 +98,9 @@ struct StepUploadLayout {
       catch_slots = l.Add(DType::kI64, Shape{b * d.nodes});
       catch_starts = l.Add(DType::kI32, Shape{b + 1});
       catch_lens = l.Add(DType::kI32, Shape{b});
+      refresh_positions = l.Add(DType::kI64, Shape{b});
+      refresh_slots = l.Add(DType::kI64, Shape{b});
+      refresh_starts = l.Add(DType::kI32, Shape{b + 1});
     }
     bytes = l.bytes();
   }

@@ -247,6 +247,42 @@ TEST_F(DraftStageTest, SignatureFollowsTheLaunchedWork) {
   EXPECT_EQ(signature(masked), with_mask);
 }
 
+// DraftStepIO::kv_only writes the rows' KV entries bit for bit as a full step does: a model that ran
+// the context step kv_only then answers the next step exactly like one that ran it in full. It has
+// no outputs (Finish refuses; output views are refused at Stage) and its own step signature.
+TEST_F(DraftStageTest, KvOnlyWritesWhatAFullStepWrites) {
+  auto full = Model();
+  auto kv_only = Model();
+  ASSERT_TRUE(full && kv_only);
+  const std::vector<Call> steps = Steps();
+  Forward(*full, steps[0]);
+  DraftStepIO io;
+  io.kv_only = true;
+  ASSERT_TRUE(kv_only->Stage(steps[0].Batch(), steps[0].Hidden(), steps[0].from_target, io).ok());
+  const std::vector<int64_t> kv_signature = kv_only->StepSignature();
+  ASSERT_TRUE(kv_only->Launch().ok());
+  std::vector<float> logits(static_cast<size_t>(DraftModel::LogitRows(steps[0].Batch()) * kDraftVocab));
+  std::vector<float> hidden(static_cast<size_t>(steps[0].Rows() * kHidden));
+  EXPECT_EQ(kv_only
+                ->Finish(TensorView(logits.data(), DType::kF32, Shape{DraftModel::LogitRows(steps[0].Batch()), kDraftVocab}),
+                         TensorView(hidden.data(), DType::kF32, Shape{steps[0].Rows(), kHidden}))
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(kv_only->Stage(steps[0].Batch(), steps[0].Hidden(), steps[0].from_target).ok());
+  EXPECT_NE(kv_only->StepSignature(), kv_signature);
+  for (size_t i = 1; i < steps.size(); ++i) {
+    const Outputs want = Forward(*full, steps[i]);
+    const Outputs got = Forward(*kv_only, steps[i]);
+    EXPECT_EQ(got.logits, want.logits) << "step " << i;
+    EXPECT_EQ(got.hidden, want.hidden) << "step " << i;
+  }
+  DraftStepIO with_logits = io;
+  with_logits.logits = TensorView(logits.data(), DType::kF32, Shape{DraftModel::LogitRows(steps[0].Batch()), kDraftVocab});
+  const absl::Status refused = kv_only->Stage(steps[0].Batch(), steps[0].Hidden(), steps[0].from_target, with_logits);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("kv_only"));
+}
+
 TEST_F(DraftStageTest, MisuseIsRefused) {
   auto model = Model();
   ASSERT_TRUE(model);

@@ -200,6 +200,130 @@ TEST_F(SpeculativeStepTest, PrefillRefusesBadRowsAndPrompts) {
   EXPECT_EQ((*created)->Prefill(0, bad_token, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// After a step that drafts nothing (which writes only the draft's KV rows), the next drafting step
+// recomputes the roots from the kept taps: here with a sequence prefilled in between and the rows
+// reordered, so the taps come from both places (the undrafted step, the prefill) through the row
+// gather. Greedy tokens stay plain greedy, and the draft stays useful (the refreshed root logits are
+// the draft's real ones: garbage there would sink acceptance).
+TEST(SpeculativeStepTrainedPairTest, RootRefreshAfterUndraftedStepsKeepsTheDraftUseful) {
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  cpu::CpuBackend backend;
+  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 128, 32, 8, 8, &backend);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  std::vector<std::vector<int64_t>> prompts;
+  for (const char* text : {"def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n", "while True:\n"}) {
+    auto ids = tokenizer->Encode(text);
+    ASSERT_TRUE(ids.ok());
+    prompts.push_back(*ids);
+  }
+  constexpr int kNewTokens = 32;
+  DecodeOptions plain_options;
+  plain_options.max_new_tokens = kNewTokens + 8;
+  SpeculativeDecoder plain(pair->target.get(), nullptr, plain_options);
+  auto reference = plain.Generate(prompts);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  SpeculativeStepOptions options;
+  options.max_batch = 2;
+  options.trees = {{4, 4, 12}};
+  auto created = SpeculativeStep::Create(pair->target.get(), pair->draft.get(), &backend, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  SpeculativeStep& step = **created;
+  const std::vector<std::vector<int32_t>> pages = {Pages(0, 16), Pages(16, 16)};
+  std::vector<std::vector<int64_t>> got(2);
+  std::vector<StepOutput> out;
+  auto seq = [&](size_t i, int row) {
+    return StepSequence{row, got[i].back(), static_cast<int64_t>(prompts[i].size() + got[i].size()) - 1, pages[i],
+                        pages[i]};
+  };
+  auto first = step.Prefill(0, prompts[0], pages[0], pages[0]);
+  ASSERT_TRUE(first.ok()) << first.status();
+  got[0].push_back(*first);
+  // Sequence 0 alone, drafting nothing twice.
+  for (int i = 0; i < 2; ++i) {
+    const StepSequence only = seq(0, 0);
+    ASSERT_TRUE(step.Run(std::span<const StepSequence>(&only, 1), &out, kNoDraftTokens).ok());
+    got[0].insert(got[0].end(), out[0].tokens.begin(), out[0].tokens.end());
+  }
+  // Sequence 1 joins at row 1; the next step lists it first (rows move) and drafts.
+  first = step.Prefill(1, prompts[1], pages[1], pages[1]);
+  ASSERT_TRUE(first.ok()) << first.status();
+  got[1].push_back(*first);
+  std::vector<size_t> order = {1, 0};
+  std::vector<int> rows = {1, 0};
+  int64_t drafted = 0, accepted = 0;
+  for (int i = 0; std::min(got[0].size(), got[1].size()) < static_cast<size_t>(kNewTokens); ++i) {
+    ASSERT_LT(i, 100);
+    const int tree = i % 3 == 2 ? kNoDraftTokens : 0;  // off again every third step
+    const std::vector<StepSequence> seqs = {seq(order[0], rows[0]), seq(order[1], rows[1])};
+    const absl::Status ran = step.Run(seqs, &out, tree);
+    ASSERT_TRUE(ran.ok()) << "step " << i << ": " << ran;
+    for (size_t j = 0; j < 2; ++j) {
+      got[order[j]].insert(got[order[j]].end(), out[j].tokens.begin(), out[j].tokens.end());
+      if (tree != kNoDraftTokens) {
+        drafted += 1;
+        accepted += out[j].num_accepted;
+      }
+    }
+    rows = {0, 1};  // each sequence's index in this step
+  }
+  for (size_t b = 0; b < 2; ++b) {
+    got[b].resize(kNewTokens);
+    EXPECT_EQ(got[b], std::vector<int64_t>((*reference)[b].begin(), (*reference)[b].begin() + kNewTokens)) << b;
+  }
+  EXPECT_GT(1.0 + static_cast<double>(accepted) / static_cast<double>(drafted), 1.5);
+}
+
+// The refreshed root state is the one a prefill of the same prefix leaves: after 1 to 3 steps that
+// draft nothing, the first drafting step accepts exactly as many tokens as the same step of a fresh
+// SpeculativeStep prefilled with everything up to the root (its draft rows all computed by full
+// forwards). Greedy tokens match anyway; the accepted counts show whether the trees were the same.
+TEST(SpeculativeStepTrainedPairTest, RefreshedRootsEqualAPrefillOfTheSamePrefix) {
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  cpu::CpuBackend backend;
+  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 128, 32, 8, 8, &backend);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  SpeculativeStepOptions options;
+  options.max_batch = 1;
+  options.trees = {{4, 4, 12}};
+  const std::vector<int32_t> pages1 = Pages(0, 16), pages2 = Pages(16, 16);
+  int cases = 0;
+  for (const char* text : {"def square(x):\n    return x * x\n\n\ndef cube(x):\n", "class Point:\n    def __init__("}) {
+    auto prompt = tokenizer->Encode(text);
+    ASSERT_TRUE(prompt.ok());
+    for (int off = 1; off <= 3; ++off) {
+      auto s1 = SpeculativeStep::Create(pair->target.get(), pair->draft.get(), &backend, options);
+      ASSERT_TRUE(s1.ok()) << s1.status();
+      auto first = (*s1)->Prefill(0, *prompt, pages1, pages1);
+      ASSERT_TRUE(first.ok()) << first.status();
+      std::vector<int64_t> seq = *prompt;
+      seq.push_back(*first);
+      std::vector<StepOutput> out1, out2;
+      for (int i = 0; i <= off; ++i) {
+        const StepSequence s{0, seq.back(), static_cast<int64_t>(seq.size()) - 1, pages1, pages1};
+        ASSERT_TRUE((*s1)->Run(std::span<const StepSequence>(&s, 1), &out1, i < off ? kNoDraftTokens : 0).ok());
+        if (i < off) seq.insert(seq.end(), out1[0].tokens.begin(), out1[0].tokens.end());
+      }
+      auto s2 = SpeculativeStep::Create(pair->target.get(), pair->draft.get(), &backend, options);
+      ASSERT_TRUE(s2.ok()) << s2.status();
+      const std::vector<int64_t> prefix(seq.begin(), seq.end() - 1);
+      auto root = (*s2)->Prefill(0, prefix, pages2, pages2);
+      ASSERT_TRUE(root.ok()) << root.status();
+      EXPECT_EQ(*root, seq.back());
+      const StepSequence s{0, seq.back(), static_cast<int64_t>(prefix.size()), pages2, pages2};
+      ASSERT_TRUE((*s2)->Run(std::span<const StepSequence>(&s, 1), &out2, 0).ok());
+      EXPECT_EQ(out1[0].tokens, out2[0].tokens);
+      EXPECT_EQ(out1[0].num_accepted, out2[0].num_accepted) << text << " after " << off << " undrafted steps";
+      cases += 1;
+    }
+  }
+  EXPECT_EQ(cases, 6);
+}
+
 // The benchmarks' synthetic acceptance (synthetic_acceptance.h) through the step's draft rewriter:
 // with each tree's best path rewritten to the target's greedy continuation for a drawn m tokens,
 // greedy verification accepts exactly the count RewriteBestPath reports, every step, and the tokens

@@ -127,6 +127,11 @@ struct DraftStepIO {
   TensorView logits;
   // [T, hidden_size] f32: hidden_out stays here (Finish takes an empty hidden_out view).
   TensorView hidden_out;
+  // Only the rows' KV cache entries: fc, the norms, the q/k/v projection, RoPE and the cache write
+  // (bit for bit what a full step writes), then nothing else: no attention, MLP, hidden or logits
+  // (logits, hidden_out and logit_rows must be empty; there is nothing to Finish). A step that only
+  // keeps the draft's cache in sync with the target, as SpeculativeStep's steps that draft nothing do.
+  bool kv_only = false;
 };
 
 class DraftModel {
