@@ -2,6 +2,8 @@
 // for every unfinished sequence together.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,17 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
     return absl::InvalidArgumentError("Generate: max_new_tokens must be >= 1, got " +
                                       std::to_string(options_.max_new_tokens));
   }
+  for (size_t i = 0; i < options_.schedule.size(); ++i) {
+    const double min_len = options_.schedule[i].min_accept_len;
+    if (!std::isfinite(min_len) || min_len < 0) {
+      return absl::InvalidArgumentError("Generate: schedule row " + Str(static_cast<int64_t>(i)) +
+                                        ": min_accept_len must be finite and >= 0, got " + std::to_string(min_len));
+    }
+  }
+  if (options_.acceptance_window < 1 || options_.acceptance_pause < 1) {
+    return absl::InvalidArgumentError("Generate: acceptance_window and acceptance_pause must be >= 1, got " +
+                                      Str(options_.acceptance_window) + " and " + Str(options_.acceptance_pause));
+  }
   const ScheduleTrees schedule = ResolveSchedule(options_);
   SpeculativeStepOptions so;
   so.max_batch = static_cast<int>(batch);
@@ -156,6 +169,10 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
   AcceptanceTally tally(max_steps);
   std::vector<StepSequence> inputs;
   std::vector<int64_t> active;
+  // The switch-off by acceptance: the last drafting steps' (tokens emitted, sequences), summed.
+  std::deque<std::pair<int64_t, int64_t>> window;
+  int64_t window_tokens = 0, window_seqs = 0;
+  int pause_left = 0;
   std::vector<StepOutput> outputs;
   while (true) {
     if (options_.progress) options_.progress(st.generated_tokens, batch * options_.max_new_tokens);
@@ -174,8 +191,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
       inputs.push_back(in);
     }
     if (active.empty()) break;
-    const int tree = speculative ? schedule.row_tree[ScheduleRow(options_, static_cast<int64_t>(active.size()))]
-                                 : kNoDraftTokens;
+    const size_t row = ScheduleRow(options_, static_cast<int64_t>(active.size()));
+    int tree = speculative ? schedule.row_tree[row] : kNoDraftTokens;
+    if (tree != kNoDraftTokens && pause_left > 0) {
+      tree = kNoDraftTokens;
+      pause_left -= 1;
+    }
     EAGLE3_RETURN_IF_ERROR(step->Run(inputs, &outputs, tree));
     st.target_passes += 1;
     if (speculative) {
@@ -183,6 +204,26 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
       st.draft_passes += tree == kNoDraftTokens ? 1 : schedule.trees[static_cast<size_t>(tree)].num_steps;
     }
     if (speculative && tree == kNoDraftTokens) st.undrafted_steps += 1;
+    const double min_len = options_.schedule.empty() ? 0.0 : options_.schedule[row].min_accept_len;
+    if (speculative && tree != kNoDraftTokens && min_len > 0) {
+      int64_t emitted = 0;
+      for (const StepOutput& o : outputs) emitted += static_cast<int64_t>(o.tokens.size());
+      window.emplace_back(emitted, static_cast<int64_t>(outputs.size()));
+      window_tokens += emitted;
+      window_seqs += static_cast<int64_t>(outputs.size());
+      if (static_cast<int>(window.size()) > options_.acceptance_window) {
+        window_tokens -= window.front().first;
+        window_seqs -= window.front().second;
+        window.pop_front();
+      }
+      if (static_cast<int>(window.size()) == options_.acceptance_window &&
+          static_cast<double>(window_tokens) < min_len * static_cast<double>(window_seqs)) {
+        pause_left = options_.acceptance_pause;
+        st.acceptance_pauses += 1;
+        window.clear();
+        window_tokens = window_seqs = 0;
+      }
+    }
     for (size_t i = 0; i < active.size(); ++i) {
       DeviceSequence& s = seqs[static_cast<size_t>(active[i])];
       const StepOutput& o = outputs[i];

@@ -200,6 +200,52 @@ TEST_F(SpeculativeStepTest, PrefillRefusesBadRowsAndPrompts) {
   EXPECT_EQ((*created)->Prefill(0, bad_token, pages, pages).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The switch-off by acceptance: a random draft accepts little, so a row asking for a mean accepted
+// length of 1.9 pauses drafting (and resumes, and pauses again); a floor of 1 (every step emits at
+// least one token) never pauses. Greedy tokens are plain greedy throughout; bad settings are refused.
+TEST_F(SpeculativeStepTest, AcceptanceSwitchOffPausesDrafting) {
+  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 30}};
+  DecodeOptions options;
+  options.max_new_tokens = 30;
+  SpeculativeDecoder plain(target_.get(), nullptr, &backend_, options);
+  auto want = plain.Generate(prompts);
+  ASSERT_TRUE(want.ok()) << want.status();
+  SpeculationScheduleEntry row;
+  row.max_batch = 8;
+  row.tree = {2, 3, 6};
+  options.acceptance_window = 2;
+  options.acceptance_pause = 3;
+  for (const double floor : {1.9, 1.0}) {
+    row.min_accept_len = floor;
+    options.schedule = {row};
+    SpeculativeDecoder decoder(target_.get(), draft_.get(), &backend_, options);
+    DecodeStats stats;
+    auto got = decoder.Generate(prompts, &stats);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want) << floor;
+    if (floor > 1.0) {
+      ASSERT_LT(stats.mean_accepted_length, 1.9);
+      EXPECT_GE(stats.acceptance_pauses, 2);
+      EXPECT_GE(stats.undrafted_steps, 3 * stats.acceptance_pauses - 3);
+      EXPECT_GT(stats.device_steps, stats.undrafted_steps);  // drafting resumed
+    } else {
+      EXPECT_EQ(stats.acceptance_pauses, 0);
+      EXPECT_EQ(stats.undrafted_steps, 0);
+    }
+  }
+  row.min_accept_len = -1;
+  options.schedule = {row};
+  SpeculativeDecoder negative(target_.get(), draft_.get(), &backend_, options);
+  EXPECT_EQ(negative.Generate(prompts).status().code(), absl::StatusCode::kInvalidArgument);
+  row.min_accept_len = 2;
+  options.schedule = {row};
+  options.acceptance_window = 0;
+  SpeculativeDecoder no_window(target_.get(), draft_.get(), &backend_, options);
+  const absl::Status refused = no_window.Generate(prompts).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.message()).find("acceptance_window"), std::string::npos) << refused;
+}
+
 // After a step that drafts nothing (which writes only the draft's KV rows), the next drafting step
 // recomputes the roots from the kept taps: here with a sequence prefilled in between and the rows
 // reordered, so the taps come from both places (the undrafted step, the prefill) through the row

@@ -5,7 +5,10 @@
 // continuation for a number of tokens drawn to give the chosen mean accepted length, so every kernel
 // runs on its real shapes while the acceptance is fixed.
 //
-//   BM_Plain/batch                    plain decoding: SpeculativeStep without a draft
+//   BM_Plain/batch/draft              plain decoding: SpeculativeStep without a draft (draft 0), or
+//                                     with the draft kept in sync by steps that draft nothing (1:
+//                                     what a schedule's off rows cost; speedup = BM_Plain/batch/0's
+//                                     us_per_token over this row's)
 //   BM_Speculative/batch/tree/accept  drafting trees[tree] (0: topk 4, 3 steps, 8 nodes, the
 //                                     library's default; 1: a chain of 4 drafted tokens) with the
 //                                     synthetic mean accepted length accept / 10 (bonus included)
@@ -262,10 +265,11 @@ absl::StatusOr<double> TargetForwardSeconds(Models& m, int64_t batch, int64_t no
 void BM_Plain(benchmark::State& state) {
   if (Backend() == nullptr) return state.SkipWithError("no CUDA device");
   const int64_t batch = state.range(0);
+  const bool with_draft = state.range(1) != 0;
   Models& m = Get();
   if (!Check(state, m.status, "setup")) return;
   cuda::GraphStepLauncher launcher(Backend()->stream());
-  auto step = MakeStep(m, false, batch, &launcher);
+  auto step = MakeStep(m, with_draft, batch, &launcher);
   if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
   Batch b;
   if (!Check(state, b.Prefill(**step, m, batch), "prefill")) return;
@@ -283,7 +287,9 @@ void BM_Plain(benchmark::State& state) {
     tokens += *emitted;
   }
   const double us_per_token = seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(tokens);
-  PlainUsPerToken()[batch].push_back(us_per_token);
+  if (!with_draft) PlainUsPerToken()[batch].push_back(us_per_token);
+  auto plain = PlainUsPerToken().find(batch);
+  if (with_draft && plain != PlainUsPerToken().end()) state.counters["speedup"] = Median(plain->second) / us_per_token;
   auto decode = TargetForwardSeconds(m, batch, 1, kPrompt + 1 + kWarmupSteps + kPlainSteps / 2);
   if (!Check(state, decode.status(), "decode forward alone")) return;
   state.counters["decode_us"] = *decode * 1e6;
@@ -383,7 +389,8 @@ void Settings(benchmark::internal::Benchmark* b, int steps) {
 // Per batch size: plain first (its us_per_token is the speedups' denominator), then speculative.
 [[maybe_unused]] const bool registered = [] {
   for (const int64_t batch : {1, 8, 32}) {
-    auto* plain = benchmark::RegisterBenchmark("BM_Plain", BM_Plain)->ArgNames({"batch"})->Args({batch});
+    auto* plain =
+        benchmark::RegisterBenchmark("BM_Plain", BM_Plain)->ArgNames({"batch", "draft"})->ArgsProduct({{batch}, {0, 1}});
     Settings(plain, kPlainSteps);
     auto* spec = benchmark::RegisterBenchmark("BM_Speculative", BM_Speculative)
                      ->ArgNames({"batch", "tree", "accept"})

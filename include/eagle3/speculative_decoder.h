@@ -55,6 +55,12 @@ struct SpeculationScheduleEntry {
   int max_batch = 1;
   bool speculate = true;
   DraftTreeParams tree;
+  // Switch-off by measured acceptance (0 = never): while this row drafts and the mean accepted
+  // length (bonus token included, over every sequence) of the last DecodeOptions::acceptance_window
+  // drafting steps is below min_accept_len, the next acceptance_pause steps draft nothing; drafting
+  // then resumes and is measured afresh. Where speculation stops paying depends on the model, the
+  // tree and the batch (docs/speculative_step.md lists break-even lengths measured on an H200).
+  double min_accept_len = 0;
 };
 
 // A two-row schedule: `tree` while at most `max_speculative_batch` sequences are active, nothing
@@ -69,6 +75,10 @@ struct DecodeOptions {
   // covers it, else the last row. Empty: every step drafts `tree`. The host reference loop ignores
   // it (always `tree`).
   std::vector<SpeculationScheduleEntry> schedule;
+  // The switch-off by acceptance of schedule rows with min_accept_len > 0: the drafting steps it
+  // averages over, and the steps it then drafts nothing.
+  int acceptance_window = 8;
+  int acceptance_pause = 32;
   SamplingParams sampling;             // temperature 0 = greedy
   uint64_t seed = 0;
   // Called after every decode step with the tokens generated so far over all sequences and the
@@ -98,6 +108,8 @@ struct DecodeStats {
   // Device steps that drafted nothing (a schedule row with speculate false); they count as target
   // passes but not as verify passes of the acceptance figures.
   int64_t undrafted_steps = 0;
+  // Times the switch-off by acceptance paused drafting (its steps count in undrafted_steps).
+  int64_t acceptance_pauses = 0;
   double tokens_per_second() const { return total_seconds > 0 ? generated_tokens / total_seconds : 0; }
 };
 

@@ -125,5 +125,38 @@ TEST_F(SpeculativeStepGpuTest, GraphReplaysEqualEagerSteps) {
   }
 }
 
+// Steps that draft nothing (the draft kept in sync by its KV rows only) alternating with drafting
+// steps that first refresh the roots, eager and graph-replayed: an unreachable min_accept_len with
+// a window of one drafting step pauses drafting for two steps after every drafting step. Greedy
+// tokens equal the CPU step's and plain decoding's; the drafting steps still accept as a fresh
+// draft does (refreshed roots are the draft's real state).
+TEST_F(SpeculativeStepGpuTest, UndraftedStepsAndRefreshedRootsKeepGreedyTokens) {
+  DecodeOptions options;
+  options.max_new_tokens = 40;
+  const auto plain = Decode(gpu_pair_, gpu_.get(), options, nullptr, /*speculative=*/false);
+  SpeculationScheduleEntry row;
+  row.max_batch = 8;
+  row.tree = {4, 4, 12};
+  row.min_accept_len = 100;
+  options.schedule = {row};
+  options.acceptance_window = 1;
+  options.acceptance_pause = 2;
+  DecodeStats eager_stats, graph_stats;
+  const auto eager = Decode(gpu_pair_, gpu_.get(), options, nullptr, true, &eager_stats);
+  cuda::GraphStepLauncher launcher(gpu_->stream());
+  const auto graphed = Decode(gpu_pair_, gpu_.get(), options, &launcher, true, &graph_stats);
+  const auto cpu = Decode(cpu_pair_, &cpu_, options);
+  EXPECT_EQ(eager, plain);
+  EXPECT_EQ(graphed, plain);
+  EXPECT_EQ(cpu, plain);
+  EXPECT_GT(launcher.counts().replays, 0);
+  EXPECT_EQ(launcher.counts().failed_captures, 0);
+  for (const DecodeStats* st : {&eager_stats, &graph_stats}) {
+    EXPECT_GE(st->acceptance_pauses, 3);
+    EXPECT_GE(st->undrafted_steps, 2 * st->acceptance_pauses - 2);
+    EXPECT_GT(st->mean_accepted_length, 2.0);
+  }
+}
+
 }  // namespace
 }  // namespace eagle3
