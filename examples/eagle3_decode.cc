@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -49,7 +50,9 @@
 #include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
+#include "eagle3/safetensors_writer.h"
 #include "eagle3/tokenizer.h"
+#include "flag_parse.h"
 #include "parse_ids.h"
 #include "rank_context.h"
 
@@ -104,6 +107,10 @@ constexpr char kHeldoutPrompts[] = "heldout_prompts.jsonl";
 // (benchmarks/NOTES.md, issue 16).
 constexpr int kDefaultSpeculateUpTo = -1;
 
+// Upper bound of --temperature: far above any useful value (sampling is already uniform in effect),
+// low enough that logits / temperature stays a normal float.
+constexpr double kMaxTemperature = 1000;
+
 struct Flags {
   std::string target, draft, json;
   std::string models_dir = EAGLE3_MODELS_DIR;
@@ -129,6 +136,9 @@ struct Flags {
   std::optional<eagle3::DType> kv_cache;  // --kv-cache: the target's latent cache; unset: f32
   std::optional<std::vector<int>> aux_layers;
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
+  int64_t max_input_bytes = eagle3::examples::kDefaultMaxInputBytes;  // --max-input-bytes
+  // --allow-long-context: run prompt + new tokens beyond the target's max_position_embeddings.
+  bool allow_long_context = false;
 };
 
 constexpr char kUsage[] =
@@ -140,6 +150,14 @@ constexpr char kUsage[] =
     "                     [--graphs on|off] [--loop device|host]\n"
     "                     [--weights bf16|f32] [--kv-cache bf16|f32]\n"
     "                     [--aux-layers a,b,c] [--convention output|input] [--json FILE]\n"
+    "                     [--max-input-bytes N] [--allow-long-context]\n"
+    "  integers are whole decimal numbers (\"2x\", \"1e3\" are refused); --seed any uint64;\n"
+    "    --temperature in [0, 1000] (0 = greedy); --top-p in (0, 1]\n"
+    "  --max-input-bytes N: the most read from --prompt-file or the held-out prompts file (default\n"
+    "    1048576); a larger file, or a pipe or device yielding more, is refused\n"
+    "  --allow-long-context: run prompts + --max-new-tokens beyond the target's\n"
+    "    max_position_embeddings (refused by default)\n"
+    "  --json FILE: refused when FILE is not a regular file, is read-only or is one of the inputs\n"
     "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
     "    " EAGLE3_MODELS_DIR "\n"
     "  --prompt/--prompt-file: text tokenized with the target's tokenizer.json (default: a few lines\n"
@@ -162,15 +180,8 @@ constexpr char kUsage[] =
     "    is the output of layer k, boundary k+1, as draft configs mean; input = id k is boundary k,\n"
     "    0 the embedding output) to measure what a wrong tap costs\n";
 
-using eagle3::examples::ParseIds;
-
-absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("--prompt-file " + path + ": cannot open the file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using eagle3::examples::ParseFloat;
+using eagle3::examples::ParseInt;
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
@@ -185,19 +196,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.random_pair = true;
       continue;
     }
+    if (flag == "--allow-long-context") {
+      f.allow_long_context = true;
+      continue;
+    }
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + std::string(flag) + " needs a value");
     const std::string value = argv[++i];
-    char* end = nullptr;
-    const double number = std::strtod(value.c_str(), &end);
-    const bool numeric = end != value.c_str() && *end == '\0';
-    auto integer = [&](int lo, int hi, int* out) -> absl::Status {
-      if (!numeric || number != static_cast<int>(number) || number < lo || number > hi) {
-        return absl::InvalidArgumentError(std::string(flag) + " must be an integer in [" + std::to_string(lo) + ", " +
-                                          std::to_string(hi) + "], got " + value);
-      }
-      *out = static_cast<int>(number);
-      return absl::OkStatus();
-    };
     if (flag == "--target") {
       f.target = value;
     } else if (flag == "--draft") {
@@ -223,46 +227,58 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       if (value == "all") {
         f.speculate_up_to = -1;
       } else {
-        EAGLE3_RETURN_IF_ERROR(integer(0, 1 << 20, &f.speculate_up_to));
+        EAGLE3_ASSIGN_OR_RETURN(f.speculate_up_to, ParseInt(flag, value, 0, 1 << 20));
       }
     } else if (flag == "--prompt") {
-      if (f.prompt.has_value()) return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
+      if (f.prompt.has_value() || !f.prompt_file.empty()) {
+        return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
+      }
       f.prompt = value;
     } else if (flag == "--prompt-file") {
-      if (f.prompt.has_value()) return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
-      EAGLE3_ASSIGN_OR_RETURN(f.prompt, ReadWhole(value));
-      f.prompt_file = value;
+      if (f.prompt.has_value() || !f.prompt_file.empty()) {
+        return absl::InvalidArgumentError("give one of --prompt and --prompt-file");
+      }
+      f.prompt_file = value;  // read once every flag is known (--max-input-bytes may follow)
+    } else if (flag == "--max-input-bytes") {
+      EAGLE3_ASSIGN_OR_RETURN(f.max_input_bytes,
+                              eagle3::examples::ParseInt64(flag, value, 1, eagle3::examples::kMaxInputBytesLimit));
     } else if (flag == "--tokens") {
-      EAGLE3_ASSIGN_OR_RETURN(f.tokens, ParseIds(flag, value));
+      EAGLE3_ASSIGN_OR_RETURN(f.tokens, eagle3::examples::ParseTokenIds(flag, value));
     } else if (flag == "--aux-layers") {
-      EAGLE3_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParseIds(flag, value));
-      f.aux_layers.emplace(ids.begin(), ids.end());
+      EAGLE3_ASSIGN_OR_RETURN(f.aux_layers, eagle3::examples::ParseLayerIds(flag, value));
     } else if (flag == "--convention" && (value == "output" || value == "input")) {
       f.convention = value == "output" ? eagle3::LayerIdConvention::kOutputOfLayer
                                        : eagle3::LayerIdConvention::kInputOfLayer;
     } else if (flag == "--batch") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 1024, &f.batch));
+      EAGLE3_ASSIGN_OR_RETURN(f.batch, ParseInt(flag, value, 1, 1024));
     } else if (flag == "--prompt-tokens") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 20, &f.prompt_tokens));
+      EAGLE3_ASSIGN_OR_RETURN(f.prompt_tokens, ParseInt(flag, value, 1, 1 << 20));
     } else if (flag == "--max-new-tokens") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 20, &f.max_new_tokens));
+      EAGLE3_ASSIGN_OR_RETURN(f.max_new_tokens, ParseInt(flag, value, 1, 1 << 20));
     } else if (flag == "--topk") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 16, &f.tree.topk));
+      EAGLE3_ASSIGN_OR_RETURN(f.tree.topk, ParseInt(flag, value, 1, 1 << 16));
     } else if (flag == "--steps") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 64, &f.tree.num_steps));
+      EAGLE3_ASSIGN_OR_RETURN(f.tree.num_steps, ParseInt(flag, value, 1, 64));
     } else if (flag == "--draft-tokens") {
-      EAGLE3_RETURN_IF_ERROR(integer(2, 1 << 16, &f.tree.num_draft_tokens));
+      EAGLE3_ASSIGN_OR_RETURN(f.tree.num_draft_tokens, ParseInt(flag, value, 2, 1 << 16));
     } else if (flag == "--tp") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 64, &f.tp));
-    } else if (flag == "--seed" && numeric && number >= 0) {
-      f.seed = static_cast<uint64_t>(number);
-    } else if (flag == "--temperature" && numeric && number >= 0) {
-      f.sampling.temperature = static_cast<float>(number);
-    } else if (flag == "--top-p" && numeric && number > 0 && number <= 1) {
-      f.sampling.top_p = static_cast<float>(number);
+      EAGLE3_ASSIGN_OR_RETURN(f.tp, ParseInt(flag, value, 1, 64));
+    } else if (flag == "--seed") {
+      EAGLE3_ASSIGN_OR_RETURN(f.seed, eagle3::examples::ParseUint64(flag, value));
+    } else if (flag == "--temperature") {
+      EAGLE3_ASSIGN_OR_RETURN(f.sampling.temperature,
+                              ParseFloat(flag, value, 0, /*lo_open=*/false, kMaxTemperature, /*hi_open=*/false,
+                                         "[0, " + std::to_string(static_cast<int>(kMaxTemperature)) + "]"));
+    } else if (flag == "--top-p") {
+      EAGLE3_ASSIGN_OR_RETURN(f.sampling.top_p,
+                              ParseFloat(flag, value, 0, /*lo_open=*/true, 1, /*hi_open=*/false, "(0, 1]"));
     } else {
       return absl::InvalidArgumentError("bad flag or value: " + std::string(flag) + " " + value);
     }
+  }
+  if (!f.prompt_file.empty()) {
+    EAGLE3_ASSIGN_OR_RETURN(f.prompt, eagle3::examples::ReadInputFile("--prompt-file", f.prompt_file,
+                                                                      f.max_input_bytes));
   }
   if (f.target.empty() != f.draft.empty()) return absl::InvalidArgumentError("give both --target and --draft, or neither");
   if (f.random_pair && (!f.target.empty() || models_dir_given)) {
@@ -319,7 +335,22 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
     topt.num_kv_pages = pages(target_context);
     topt.weight_dtype = flags.weights;
     topt.kv_cache_dtype = flags.kv_cache;
-    EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.target, topt, comm, backend));
+    // Run checked that prompt + new tokens fit max_position_embeddings (or --allow-long-context);
+    // the context beyond holds one tree's slots, whose positions follow tree depth, not slots.
+    topt.allow_long_context = true;
+    // Capacities come from the flags: a refusal names them, not only the options they became.
+    auto with_flags = [&](const absl::Status& status) {
+      return absl::Status(status.code(), "with a batch of " + std::to_string(batch) + " prompts of up to " +
+                                             std::to_string(longest) + " tokens, --max-new-tokens " +
+                                             std::to_string(flags.max_new_tokens) + ", --draft-tokens " +
+                                             std::to_string(tree.num_draft_tokens) + ": " +
+                                             std::string(status.message()));
+    };
+    auto created_target = eagle3::TargetModel::Create(flags.target, topt, comm, backend);
+    if (created_target.status().code() == absl::StatusCode::kResourceExhausted) {
+      return with_flags(created_target.status());
+    }
+    EAGLE3_ASSIGN_OR_RETURN(auto target, std::move(created_target));
     eagle3::DecodeOptions options;
     options.max_new_tokens = flags.max_new_tokens;
     options.eos_token_ids = target->config().eos_token_ids;
@@ -349,12 +380,21 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
       dopt.aux_layer_ids_override = flags.aux_layers;
       dopt.weight_dtype = flags.weights;
       auto created = eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend);
+      if (created.status().code() == absl::StatusCode::kResourceExhausted) return with_flags(created.status());
       if (!created.ok() && flags.aux_layers.has_value()) {
         return absl::Status(created.status().code(),
                             "with --aux-layers: " + std::string(created.status().message()));
       }
       EAGLE3_ASSIGN_OR_RETURN(draft, std::move(created));
-      if (rank == 0) std::printf("draft tap: %s\n", draft->tap().Describe().c_str());
+      if (rank == 0) {
+        std::printf("draft tap: %s\n", draft->tap().Describe().c_str());
+        const std::vector<int>& b = draft->tap().boundaries();
+        if (!std::is_sorted(b.begin(), b.end())) {
+          std::fprintf(stderr,
+                       "eagle3-decode: warning: the aux layer ids are not in layer order; the draft receives the "
+                       "taps in the listed order, while SGLang and vLLM capture them in layer order\n");
+        }
+      }
     }
     // The device step (the product), or the host reference loop over an Eagle3Drafter.
     std::unique_ptr<eagle3::Eagle3Drafter> drafter;
@@ -450,13 +490,12 @@ struct RandomPair {
 // its first `max_tokens` tokens; a file of fewer prompts is cycled through (a large batch then holds
 // repeats, which decode alike but still cost their share of every step).
 absl::StatusOr<std::vector<std::vector<int64_t>>> ReadHeldoutPrompts(const std::string& path, int count,
-                                                                     int max_tokens,
+                                                                     int max_tokens, int64_t max_bytes,
                                                                      const eagle3::Tokenizer& tokenizer) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError("--batch " + std::to_string(count) + " without a prompt reads " + path +
-                               ": cannot open the file");
-  }
+  EAGLE3_ASSIGN_OR_RETURN(
+      const std::string contents,
+      eagle3::examples::ReadInputFile("--batch " + std::to_string(count) + " without a prompt reads", path, max_bytes));
+  std::istringstream in(contents);
   std::vector<std::vector<int64_t>> prompts;
   std::string line;
   for (int line_number = 1; static_cast<int>(prompts.size()) < count && std::getline(in, line); ++line_number) {
@@ -493,6 +532,15 @@ absl::Status Run(Flags flags) {
     flags.target = (std::filesystem::path(flags.models_dir) / kDefaultTarget).string();
     flags.draft = (std::filesystem::path(flags.models_dir) / kDefaultDraft).string();
   }
+  // What --json must never replace; checked before any work, so that a bad --json fails fast.
+  std::vector<std::string> inputs = {flags.target, flags.draft, flags.models_dir};
+  if (!flags.prompt_file.empty()) inputs.push_back(flags.prompt_file);
+  if (!flags.json.empty()) {
+    const absl::Status writable = eagle3::CheckOutputPath(flags.json, inputs);
+    if (!writable.ok()) return absl::Status(writable.code(), "--json: " + std::string(writable.message()));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(const eagle3::DeepseekV2Config target_config,
+                          eagle3::DeepseekV2Config::FromFile(flags.target));
 
   // The tokenizer: required for a text prompt; otherwise used when the target has one (to show text).
   const std::filesystem::path tokenizer_file = std::filesystem::path(flags.target) / "tokenizer.json";
@@ -507,6 +555,18 @@ absl::Status Run(Flags flags) {
                               std::string(loaded.status().message()));
     }
     tokenizer.emplace(*std::move(loaded));
+    // A tokenizer may hold fewer ids than the model's vocab_size: the vocab is padded (DeepSeek's
+    // tokenizers have 100015 ids for a vocab_size of 102400), so refusing the pair would refuse real
+    // models. Say so here; a sequence holding an id beyond the tokenizer is then shown as ids
+    // (text_of), never failing after the decode ran.
+    if (tokenizer->vocab_size() < target_config.vocab_size) {
+      std::fprintf(stderr,
+                   "eagle3-decode: note: %s has %lld ids, fewer than vocab_size %lld of %s/config.json; a "
+                   "sequence holding an id in [%lld, %lld) is shown as ids\n",
+                   tokenizer_file.c_str(), static_cast<long long>(tokenizer->vocab_size()),
+                   static_cast<long long>(target_config.vocab_size), flags.target.c_str(),
+                   static_cast<long long>(tokenizer->vocab_size()), static_cast<long long>(target_config.vocab_size));
+    }
   }
   // The batch: held-out prompts when a batch has no prompt to repeat and the target can read text.
   std::vector<std::vector<int64_t>> prompts;
@@ -514,7 +574,8 @@ absl::Status Run(Flags flags) {
   std::string batch_source;
   if (flags.batch > 1 && !flags.tokens.has_value() && !flags.prompt.has_value() && tokenizer.has_value()) {
     const std::string heldout = (std::filesystem::path(flags.models_dir) / kHeldoutPrompts).string();
-    EAGLE3_ASSIGN_OR_RETURN(prompts, ReadHeldoutPrompts(heldout, flags.batch, flags.prompt_tokens, *tokenizer));
+    EAGLE3_ASSIGN_OR_RETURN(prompts, ReadHeldoutPrompts(heldout, flags.batch, flags.prompt_tokens, flags.max_input_bytes,
+                                                        *tokenizer));
     batch_source = "the first " + std::to_string(flags.batch) + " prompts (cycled) of " + heldout + ", at most " +
                    std::to_string(flags.prompt_tokens) + " tokens each";
   } else {
@@ -538,9 +599,38 @@ absl::Status Run(Flags flags) {
     batch_source = "the same prompt " + std::to_string(flags.batch) + " times";
   }
   const std::vector<int64_t>& prompt = prompts[0];
-  // Text of ids, when the target has a tokenizer (ids it cannot decode are refused by the target).
-  auto text_of = [&](const std::vector<int64_t>& ids) -> absl::StatusOr<std::optional<std::string>> {
+  // Positions beyond max_position_embeddings are outside what the target was trained for (vLLM
+  // refuses them): refused unless asked for, naming where the prompt came from.
+  {
+    size_t longest = 0;
+    for (size_t i = 1; i < prompts.size(); ++i) longest = prompts[i].size() > prompts[longest].size() ? i : longest;
+    const int64_t length = static_cast<int64_t>(prompts[longest].size());
+    if (length + flags.max_new_tokens > target_config.max_position_embeddings && !flags.allow_long_context) {
+      const std::string source = flags.tokens.has_value()     ? "--tokens"
+                                 : !flags.prompt_file.empty() ? "--prompt-file " + flags.prompt_file
+                                 : flags.prompt.has_value()   ? "--prompt"
+                                 : prompt_text.has_value()    ? "the default prompt"
+                                 : tokenizer.has_value()      ? batch_source
+                                                              : "the default ids";
+      return absl::InvalidArgumentError(
+          "prompt " + std::to_string(longest) + " (" + source + ") has " + std::to_string(length) +
+          " tokens; with --max-new-tokens " + std::to_string(flags.max_new_tokens) + " that is " +
+          std::to_string(length + flags.max_new_tokens) + " positions, more than max_position_embeddings " +
+          std::to_string(target_config.max_position_embeddings) + " of " + flags.target +
+          "/config.json (shorten the prompt, lower --max-new-tokens, or pass --allow-long-context)");
+    }
+  }
+  // Text of ids, when the target has a tokenizer; ids it lacks (a padded vocab) are shown as ids.
+  auto text_of = [&](const std::vector<int64_t>& ids, const char* what) -> absl::StatusOr<std::optional<std::string>> {
     if (!tokenizer.has_value()) return std::optional<std::string>();
+    for (const int64_t id : ids) {
+      if (id >= tokenizer->vocab_size()) {
+        std::fprintf(stderr, "eagle3-decode: %s holds id %lld, which %s (%lld ids) cannot decode; showing ids\n",
+                     what, static_cast<long long>(id), tokenizer_file.c_str(),
+                     static_cast<long long>(tokenizer->vocab_size()));
+        return std::optional<std::string>();
+      }
+    }
     EAGLE3_ASSIGN_OR_RETURN(std::string text, tokenizer->Decode(ids));
     return std::optional<std::string>(std::move(text));
   };
@@ -550,7 +640,7 @@ absl::Status Run(Flags flags) {
               flags.sampling.temperature == 0 ? "greedy" : ("temperature " + std::to_string(flags.sampling.temperature)).c_str(),
               flags.tree.topk, flags.tree.num_steps, flags.tree.num_draft_tokens);
   if (!prompt_text.has_value()) {
-    EAGLE3_ASSIGN_OR_RETURN(prompt_text, text_of(prompt));
+    EAGLE3_ASSIGN_OR_RETURN(prompt_text, text_of(prompt, "the prompt"));
   }
   const bool batched = flags.batch > 1;
   if (batched) std::printf("batch of %d sequences: %s\n", flags.batch, batch_source.c_str());
@@ -559,8 +649,8 @@ absl::Status Run(Flags flags) {
   EAGLE3_ASSIGN_OR_RETURN(RunResult plain, Decode(flags, prompts, /*speculative=*/false));
   EAGLE3_ASSIGN_OR_RETURN(RunResult spec, Decode(flags, prompts, /*speculative=*/true));
   // With a batch, only prompt 0's continuations are shown in full.
-  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> plain_text, text_of(plain.tokens[0]));
-  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> spec_text, text_of(spec.tokens[0]));
+  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> plain_text, text_of(plain.tokens[0], "the plain continuation"));
+  EAGLE3_ASSIGN_OR_RETURN(const std::optional<std::string> spec_text, text_of(spec.tokens[0], "the speculative continuation"));
   for (const auto& [name, run, text] :
        {std::tuple<const char*, const RunResult*, const std::optional<std::string>*>{"plain", &plain, &plain_text},
         {"speculative", &spec, &spec_text}}) {
@@ -620,7 +710,7 @@ absl::Status Run(Flags flags) {
     auto text_field = [](const std::optional<std::string>& text) {
       return text.has_value() ? ", \"text\": " + JsonString(*text) : std::string();
     };
-    std::ofstream out(flags.json);
+    std::ostringstream out;
     out << "{\"target\": " << JsonString(flags.target) << ", \"draft\": " << JsonString(flags.draft)
         << ", \"weights\": " << JsonString(spec.weights) << ", \"kv_cache\": " << JsonString(kv_cache)
         << ", \"tp\": " << flags.tp
@@ -649,7 +739,8 @@ absl::Status Run(Flags flags) {
       out << "]";
     }
     out << "}\n";
-    if (!out) return absl::InternalError("cannot write " + flags.json);
+    const absl::Status written = eagle3::WriteFileAtomically(flags.json, out.str(), inputs);
+    if (!written.ok()) return absl::Status(written.code(), "--json: " + std::string(written.message()));
     std::printf("wrote %s\n", flags.json.c_str());
   }
   return absl::OkStatus();
@@ -663,7 +754,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "eagle3-decode: %s\n%s", std::string(flags.status().message()).c_str(), kUsage);
     return 2;
   }
-  const absl::Status status = Run(*flags);
+  absl::Status status;
+  try {
+    status = Run(*flags);
+  } catch (const std::bad_alloc&) {
+    // Sizes are checked before allocating; this is memory taken by others meanwhile.
+    status = absl::ResourceExhaustedError("out of host memory");
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "eagle3-decode: %s\n", status.ToString().c_str());
     return 1;

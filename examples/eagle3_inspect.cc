@@ -42,6 +42,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -52,12 +53,14 @@
 #include "eagle3/draft_tree.h"
 #include "eagle3/eagle3_drafter.h"
 #include "eagle3/hidden_state_tap.h"
+#include "eagle3/host_budget.h"
 #include "eagle3/rank_threads.h"
 #include "eagle3/pair_check.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
 #include "eagle3/tokenizer.h"
+#include "flag_parse.h"
 #include "parse_ids.h"
 #include "rank_context.h"
 
@@ -75,6 +78,12 @@ constexpr char kUsage[] =
     "                               [--convention output|input] [--out FILE]\n"
     "  target, draft, accuracy: [--weights bf16|f32] (default: the device's preference, bf16 on\n"
     "    cuda, f32 on cpu; draft runs on cpu)\n"
+    "  target, draft, accuracy: [--allow-long-context] runs more tokens than the target's\n"
+    "    max_position_embeddings (refused by default)\n"
+    "  accuracy: [--max-input-bytes N] the most read from --text-file (default 1048576); a larger\n"
+    "    file, or a pipe or device yielding more, is refused\n"
+    "  --out FILE: refused when FILE is not a regular file, is read-only or is one of the inputs\n"
+    "  integers are whole decimal numbers (\"2x\", \"1e3\" are refused)\n"
     "  accuracy: the draft's top-1 (through d2t) against the target's greedy token, teacher-forced\n"
     "    from the target's own hidden states on the text's true tokens. With the text x and the\n"
     "    target's greedy y_t = argmax logits(x_0..x_t): depth 1 at start p feeds (aux_p, x_{p+1})\n"
@@ -97,9 +106,20 @@ struct Flags {
   eagle3::ResidualMode residual = eagle3::ResidualMode::kReplicated;
   eagle3::AttentionPath attention = eagle3::AttentionPath::kAuto;
   std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
+  int64_t max_input_bytes = eagle3::examples::kDefaultMaxInputBytes;  // --max-input-bytes (--text-file)
+  // --allow-long-context: run more tokens than the target's max_position_embeddings.
+  bool allow_long_context = false;
+
+  // The files --out must never replace (directories stand for the files in them).
+  std::vector<std::string> Inputs() const {
+    std::vector<std::string> inputs = {model};
+    if (!draft.empty()) inputs.push_back(draft);
+    if (!text_file.empty()) inputs.push_back(text_file);
+    return inputs;
+  }
 };
 
-using eagle3::examples::ParseIds;
+using eagle3::examples::ParseInt;
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   const std::string_view command = argc < 2 ? "" : argv[1];
@@ -110,18 +130,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   flags.command = std::string(command);
   for (int i = 2; i < argc; ++i) {
     const std::string_view flag = argv[i];
+    if (flag == "--allow-long-context") {
+      flags.allow_long_context = true;
+      continue;
+    }
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + std::string(flag) + " needs a value");
     const std::string value = argv[++i];
-    auto integer = [&](int lo, int hi, int* out) -> absl::Status {
-      char* end = nullptr;
-      const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || v < lo || v > hi) {
-        return absl::InvalidArgumentError(std::string(flag) + " must be an integer in [" + std::to_string(lo) + ", " +
-                                          std::to_string(hi) + "], got " + value);
-      }
-      *out = static_cast<int>(v);
-      return absl::OkStatus();
-    };
     if (flag == "--device") {
       flags.device = value;
     } else if (flag == "--weights") {
@@ -131,11 +145,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (flag == "--draft") {
       flags.draft = value;
     } else if (flag == "--topk") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 1 << 16, &flags.tree.topk));
+      EAGLE3_ASSIGN_OR_RETURN(flags.tree.topk, ParseInt(flag, value, 1, 1 << 16));
     } else if (flag == "--steps") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 64, &flags.tree.num_steps));
+      EAGLE3_ASSIGN_OR_RETURN(flags.tree.num_steps, ParseInt(flag, value, 1, 64));
     } else if (flag == "--draft-tokens") {
-      EAGLE3_RETURN_IF_ERROR(integer(2, 1 << 16, &flags.tree.num_draft_tokens));
+      EAGLE3_ASSIGN_OR_RETURN(flags.tree.num_draft_tokens, ParseInt(flag, value, 2, 1 << 16));
     } else if (flag == "--convention") {
       if (value == "output") {
         flags.convention = eagle3::LayerIdConvention::kOutputOfLayer;
@@ -147,19 +161,20 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (flag == "--text-file") {
       flags.text_file = value;
     } else if (flag == "--tokens-max") {
-      EAGLE3_RETURN_IF_ERROR(integer(2, 1 << 20, &flags.tokens_max));
+      EAGLE3_ASSIGN_OR_RETURN(flags.tokens_max, ParseInt(flag, value, 2, 1 << 20));
     } else if (flag == "--depth") {
-      EAGLE3_RETURN_IF_ERROR(integer(1, 64, &flags.depth));
+      EAGLE3_ASSIGN_OR_RETURN(flags.depth, ParseInt(flag, value, 1, 64));
     } else if (flag == "--aux-layers") {
-      EAGLE3_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParseIds(flag, value));
-      flags.aux_layers.emplace(ids.begin(), ids.end());
+      EAGLE3_ASSIGN_OR_RETURN(flags.aux_layers, eagle3::examples::ParseLayerIds(flag, value));
+    } else if (flag == "--max-input-bytes") {
+      EAGLE3_ASSIGN_OR_RETURN(flags.max_input_bytes,
+                              eagle3::examples::ParseInt64(flag, value, 1, eagle3::examples::kMaxInputBytesLimit));
     } else if (flag == "--out") {
       flags.out = value;
     } else if (flag == "--tokens") {
-      EAGLE3_ASSIGN_OR_RETURN(flags.tokens, ParseIds(flag, value));
+      EAGLE3_ASSIGN_OR_RETURN(flags.tokens, eagle3::examples::ParseTokenIds(flag, value));
     } else if (flag == "--tp") {
-      flags.tp = std::atoi(value.c_str());
-      if (flags.tp < 1 || flags.tp > 64) return absl::InvalidArgumentError("--tp must be in [1, 64], got " + value);
+      EAGLE3_ASSIGN_OR_RETURN(flags.tp, ParseInt(flag, value, 1, 64));
     } else if (flag == "--residual") {
       if (value == "replicated") {
         flags.residual = eagle3::ResidualMode::kReplicated;
@@ -199,10 +214,41 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return flags;
 }
 
+// `status` with `flag` in front of its message (OK unchanged).
+absl::Status WithFlag(std::string_view flag, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), std::string(flag) + ": " + std::string(status.message()));
+}
+
+// Positions beyond max_position_embeddings are outside what the target was trained for (vLLM refuses
+// them): refused unless --allow-long-context, naming where the tokens came from.
+absl::Status CheckPositions(const Flags& flags, const eagle3::DeepseekV2Config& config, int64_t t,
+                            const std::string& source) {
+  if (t <= config.max_position_embeddings || flags.allow_long_context) return absl::OkStatus();
+  return absl::InvalidArgumentError(source + " gives " + std::to_string(t) + " tokens, more than max_position_embeddings " +
+                                    std::to_string(config.max_position_embeddings) + " of " + flags.model +
+                                    "/config.json (pass --allow-long-context to run them anyway)");
+}
+
 absl::Status InspectTarget(const Flags& flags) {
   EAGLE3_ASSIGN_OR_RETURN(auto config, eagle3::DeepseekV2Config::FromFile(flags.model));
   const int layers = static_cast<int>(config.num_hidden_layers);
   const int64_t t = static_cast<int64_t>(flags.tokens.size());
+  const int64_t hd = config.hidden_size;
+  EAGLE3_RETURN_IF_ERROR(CheckPositions(flags, config, t, "--tokens"));
+  {
+    // The config may legally name a vocabulary or widths whose dumps no host can hold: checked
+    // before anything is allocated. Every rank fills its own logits and taps.
+    const std::string tokens = "--tokens (" + std::to_string(t) + " tokens)";
+    eagle3::HostByteBudget budget("eagle3-inspect target");
+    budget.Add(tokens + " x vocab_size " + std::to_string(config.vocab_size) + " x --tp " + std::to_string(flags.tp) +
+                   " (logits)",
+               {t, config.vocab_size, flags.tp}, sizeof(float));
+    budget.Add(tokens + " x (num_hidden_layers " + std::to_string(layers) + " + 1) x hidden_size " +
+                   std::to_string(hd) + " x (--tp " + std::to_string(flags.tp) + " + 1) (boundaries)",
+               {t, layers + int64_t{1}, hd, flags.tp + int64_t{1}}, sizeof(float));
+    EAGLE3_RETURN_IF_ERROR(budget.Check());
+  }
   std::vector<int> every_boundary(static_cast<size_t>(layers + 1));
   for (int b = 0; b <= layers; ++b) every_boundary[static_cast<size_t>(b)] = b;
   EAGLE3_ASSIGN_OR_RETURN(eagle3::HiddenStateTap tap,
@@ -218,12 +264,12 @@ absl::Status InspectTarget(const Flags& flags) {
   options.page_size = 64;
   options.num_kv_pages = (t + options.page_size - 1) / options.page_size;
   options.weight_dtype = flags.weights;
+  options.allow_long_context = flags.allow_long_context;
   std::string weights;  // rank 0's, for the summary
   std::vector<int32_t> pages(static_cast<size_t>(options.num_kv_pages));
   for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
 
-  std::vector<float> logits(static_cast<size_t>(t * config.vocab_size));
-  std::vector<float> aux(static_cast<size_t>(t * tap.width()));
+  std::vector<float> logits, aux;  // rank 0's, written out
   const auto start = std::chrono::steady_clock::now();
   EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
     EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx,
@@ -236,25 +282,25 @@ absl::Status InspectTarget(const Flags& flags) {
     in.tokens = flags.tokens;
     in.page_table = pages;
     in.all_logits = true;
-    // Every rank produces identical outputs; rank 0 writes them.
+    // Every rank produces identical outputs; rank 0 writes them. Allocated once the model loaded,
+    // so that a checkpoint that cannot load costs no output buffers.
     std::vector<float> rank_logits, rank_aux;
-    float* logits_data = logits.data();
-    float* aux_data = aux.data();
-    if (rank > 0) {
-      rank_logits.resize(logits.size());
-      rank_aux.resize(aux.size());
-      logits_data = rank_logits.data();
-      aux_data = rank_aux.data();
-    }
+    std::vector<float>& my_logits = rank == 0 ? logits : rank_logits;
+    std::vector<float>& my_aux = rank == 0 ? aux : rank_aux;
+    EAGLE3_RETURN_IF_ERROR(
+        eagle3::AssignHostVector(my_logits, t * config.vocab_size, 0.0f, "--tokens x vocab_size logits"));
+    EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(my_aux, t * tap.width(), 0.0f, "--tokens x boundaries taps"));
     return model->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
-                          eagle3::TensorView(logits_data, eagle3::DType::kF32, eagle3::Shape{t, config.vocab_size}), &tap,
-                          eagle3::TensorView(aux_data, eagle3::DType::kF32, eagle3::Shape{t, tap.width()}));
+                          eagle3::TensorView(my_logits.data(), eagle3::DType::kF32, eagle3::Shape{t, config.vocab_size}),
+                          &tap, eagle3::TensorView(my_aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()}));
   }));
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   // boundary.<b> as its own contiguous [T, H] tensor.
-  const int64_t hd = config.hidden_size;
-  std::vector<std::vector<float>> boundaries(static_cast<size_t>(layers + 1), std::vector<float>(static_cast<size_t>(t * hd)));
+  std::vector<std::vector<float>> boundaries(static_cast<size_t>(layers + 1));
+  for (std::vector<float>& boundary : boundaries) {
+    EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(boundary, t * hd, 0.0f, "--tokens x hidden_size boundary"));
+  }
   for (int b = 0; b <= layers; ++b) {
     for (int64_t i = 0; i < t; ++i) {
       std::copy_n(aux.begin() + i * tap.width() + b * hd, hd, boundaries[static_cast<size_t>(b)].begin() + i * hd);
@@ -268,7 +314,7 @@ absl::Status InspectTarget(const Flags& flags) {
     out.push_back({"boundary." + std::to_string(b),
                    eagle3::TensorView(boundaries[static_cast<size_t>(b)].data(), eagle3::DType::kF32, eagle3::Shape{t, hd})});
   }
-  EAGLE3_RETURN_IF_ERROR(eagle3::WriteSafetensors(flags.out, out, {{"model", flags.model}}));
+  EAGLE3_RETURN_IF_ERROR(WithFlag("--out", eagle3::WriteSafetensors(flags.out, out, {{"model", flags.model}}, flags.Inputs())));
 
   std::printf("target %s: %s, %d layers, hidden %lld, vocab %lld, softmax scale %.6f\n", flags.model.c_str(),
               std::string(eagle3::DeepseekModelTypeName(config.model_type)).c_str(), layers,
@@ -298,6 +344,10 @@ absl::Status InspectDraft(const Flags& flags) {
   EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, 0, nullptr));
   eagle3::Backend* backend = ctx.backend.get();
   const int64_t t = static_cast<int64_t>(flags.tokens.size());
+  {
+    EAGLE3_ASSIGN_OR_RETURN(const eagle3::DeepseekV2Config config, eagle3::DeepseekV2Config::FromFile(flags.model));
+    EAGLE3_RETURN_IF_ERROR(CheckPositions(flags, config, t, "--tokens"));
+  }
   const int64_t context = t + flags.tree.num_draft_tokens + 1;
   const int64_t page_size = 16;
   const int64_t pages = (context + page_size - 1) / page_size;
@@ -318,12 +368,27 @@ absl::Status InspectDraft(const Flags& flags) {
   topt.max_context_len = context;
   topt.page_size = page_size;
   topt.num_kv_pages = pages;
+  // The target only runs the --tokens positions (checked above); the context beyond is slack.
+  topt.allow_long_context = true;
   EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, backend));
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab();
+  const int64_t draft_hidden = draft->config().hidden_size;
+  {
+    const std::string tokens = "--tokens (" + std::to_string(t) + " tokens)";
+    eagle3::HostByteBudget budget("eagle3-inspect draft");
+    budget.Add(tokens + " x tap width " + std::to_string(tap.width()) + " (taps)", {t, tap.width()}, sizeof(float));
+    budget.Add(tokens + " x draft_vocab_size " + std::to_string(dv) + " (draft logits)", {t, dv}, sizeof(float));
+    budget.Add(tokens + " x draft hidden_size " + std::to_string(draft_hidden) + " (hidden)", {t, draft_hidden},
+               sizeof(float));
+    EAGLE3_RETURN_IF_ERROR(budget.Check());
+  }
 
   // Target pass: aux states of every position and the root (argmax after the last token).
-  std::vector<float> last(static_cast<size_t>(vocab)), aux(static_cast<size_t>(t * tap.width()));
+  std::vector<float> last(static_cast<size_t>(vocab)), aux, draft_logits, hidden;
+  EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(aux, t * tap.width(), 0.0f, "--tokens x tap width"));
+  EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(draft_logits, t * dv, 0.0f, "--tokens x draft_vocab_size"));
+  EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(hidden, t * draft_hidden, 0.0f, "--tokens x draft hidden_size"));
   eagle3::SequenceInput in;
   in.tokens = flags.tokens;
   in.page_table = page_table;
@@ -336,7 +401,6 @@ absl::Status InspectDraft(const Flags& flags) {
   shifted.push_back(root);
 
   // First draft step at every position.
-  std::vector<float> draft_logits(static_cast<size_t>(t * dv)), hidden(static_cast<size_t>(t * draft->config().hidden_size));
   eagle3::DraftSequenceInput din;
   din.tokens = shifted;
   din.page_table = page_table;
@@ -378,7 +442,8 @@ absl::Status InspectDraft(const Flags& flags) {
       {"tree_parents", eagle3::TensorView(parents.data(), eagle3::DType::kI32, eagle3::Shape{n})},
       {"tree_positions", eagle3::TensorView(positions.data(), eagle3::DType::kI64, eagle3::Shape{n})},
       {"tree_mask", eagle3::TensorView(mask.data(), eagle3::DType::kU8, eagle3::Shape{n, n})}};
-  EAGLE3_RETURN_IF_ERROR(eagle3::WriteSafetensors(flags.out, out, {{"target", flags.model}, {"draft", flags.draft}}));
+  EAGLE3_RETURN_IF_ERROR(WithFlag("--out", eagle3::WriteSafetensors(flags.out, out, {{"target", flags.model}, {"draft", flags.draft}},
+                                                                   flags.Inputs())));
 
   std::printf("%s\n", tap.Describe().c_str());
   std::printf("wrote %s: draft_logits [%lld, %lld], tree of %lld nodes (topk %d, steps %d)\n", flags.out.c_str(),
@@ -409,8 +474,14 @@ absl::Status InspectDraft(const Flags& flags) {
 absl::Status Check(const Flags& flags) {
   const eagle3::PairReport report = eagle3::CheckDraftPair(flags.model, flags.draft, flags.convention);
   for (const std::string& fact : report.facts) std::printf("  %s\n", fact.c_str());
+  for (const std::string& warning : report.warnings) std::printf("  WARNING: %s\n", warning.c_str());
   if (report.ok()) {
-    std::printf("pair OK: the draft matches the target\n");
+    if (report.warnings.empty()) {
+      std::printf("pair OK: the draft matches the target\n");
+    } else {
+      std::printf("pair OK with %zu warning(s): the draft matches the target's shapes; read the warnings\n",
+                  report.warnings.size());
+    }
     return absl::OkStatus();
   }
   for (const std::string& problem : report.problems) std::printf("  PROBLEM: %s\n", problem.c_str());
@@ -445,11 +516,9 @@ int64_t ArgMax(const float* row, int64_t n) {
 // The teacher-forced draft accuracy by depth (see the file comment for the exact definition).
 absl::Status Accuracy(const Flags& flags) {
   EAGLE3_ASSIGN_OR_RETURN(eagle3::Tokenizer tokenizer, eagle3::Tokenizer::FromFile(flags.model));
-  std::ifstream file(flags.text_file, std::ios::binary);
-  if (!file) return absl::NotFoundError("--text-file " + flags.text_file + ": cannot open the file");
-  std::stringstream whole;
-  whole << file.rdbuf();
-  auto encoded = tokenizer.Encode(whole.str());
+  EAGLE3_ASSIGN_OR_RETURN(const std::string whole,
+                          eagle3::examples::ReadInputFile("--text-file", flags.text_file, flags.max_input_bytes));
+  auto encoded = tokenizer.Encode(whole);
   if (!encoded.ok()) {
     return absl::Status(encoded.status().code(),
                         "--text-file " + flags.text_file + ": " + std::string(encoded.status().message()));
@@ -463,6 +532,19 @@ absl::Status Accuracy(const Flags& flags) {
                                       " tokens; depth " + std::to_string(depth) + " needs at least " +
                                       std::to_string(depth + 1));
   }
+  {
+    EAGLE3_ASSIGN_OR_RETURN(const eagle3::DeepseekV2Config config, eagle3::DeepseekV2Config::FromFile(flags.model));
+    EAGLE3_RETURN_IF_ERROR(CheckPositions(flags, config, t,
+                                          "--text-file " + flags.text_file + " (at most --tokens-max " +
+                                              std::to_string(flags.tokens_max) + " tokens)"));
+  }
+  // Capacities come from --tokens-max and --depth: a refusal names them.
+  auto with_flags = [&](const absl::Status& status) {
+    if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+    return WithFlag("with " + std::to_string(t) + " tokens (--tokens-max " + std::to_string(flags.tokens_max) +
+                        ") and --depth " + std::to_string(depth),
+                    status);
+  };
 
   // Draft cache: the T rows of depth 1, then the rows of depth 2, 3, ... (T - d rows at depth d).
   int64_t cache_rows = 0;
@@ -483,26 +565,49 @@ absl::Status Accuracy(const Flags& flags) {
   dopt.weight_dtype = flags.weights;
   auto created = eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, ctx.backend.get());
   if (!created.ok() && flags.aux_layers.has_value()) {
-    return absl::Status(created.status().code(), "with --aux-layers: " + std::string(created.status().message()));
+    return with_flags(
+        absl::Status(created.status().code(), "with --aux-layers: " + std::string(created.status().message())));
   }
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<eagle3::DraftModel> draft, std::move(created));
+  if (!created.ok()) return with_flags(created.status());
+  std::unique_ptr<eagle3::DraftModel> draft = *std::move(created);
   eagle3::TargetModelOptions topt;
   topt.max_tokens_per_forward = t;
   topt.max_context_len = t;
   topt.page_size = page_size;
   topt.num_kv_pages = (t + page_size - 1) / page_size;
   topt.weight_dtype = flags.weights;
-  EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, ctx.backend.get()));
+  topt.allow_long_context = flags.allow_long_context;
+  auto created_target = eagle3::TargetModel::Create(flags.model, topt, nullptr, ctx.backend.get());
+  if (!created_target.ok()) return with_flags(created_target.status());
+  std::unique_ptr<eagle3::TargetModel> target = *std::move(created_target);
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab(), hd = draft->config().hidden_size;
   const auto d2t = draft->d2t();
+  if (!std::is_sorted(tap.boundaries().begin(), tap.boundaries().end())) {
+    std::fprintf(stderr,
+                 "eagle3-inspect: warning: the aux layer ids are not in layer order; the draft receives the taps in "
+                 "the listed order, while SGLang and vLLM capture them in layer order\n");
+  }
+  {
+    const std::string tokens = std::to_string(t) + " tokens (--tokens-max " + std::to_string(flags.tokens_max) + ")";
+    eagle3::HostByteBudget budget("eagle3-inspect accuracy");
+    budget.Add(tokens + " x vocab_size " + std::to_string(vocab) + " (target logits)", {t, vocab}, sizeof(float));
+    budget.Add(tokens + " x 2 x tap width " + std::to_string(tap.width()) + " (taps)", {t, 2, tap.width()},
+               sizeof(float));
+    budget.Add(tokens + " x (draft_vocab_size " + std::to_string(dv) + " + hidden_size " + std::to_string(hd) +
+                   ") (draft outputs)",
+               {t, dv + hd}, sizeof(float));
+    EAGLE3_RETURN_IF_ERROR(budget.Check());
+  }
 
   const auto start = std::chrono::steady_clock::now();
   // Target: y_t for every position and the aux states of the draft's taps.
   std::vector<int64_t> y(static_cast<size_t>(t));
-  std::vector<float> aux(static_cast<size_t>(t * tap.width()));
+  std::vector<float> aux;
+  EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(aux, t * tap.width(), 0.0f, "text tokens x tap width"));
   {
-    std::vector<float> logits(static_cast<size_t>(t * vocab));
+    std::vector<float> logits;
+    EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(logits, t * vocab, 0.0f, "text tokens x vocab_size"));
     eagle3::SequenceInput in;
     in.tokens = x;
     in.page_table = std::span<const int32_t>(page_table).first(static_cast<size_t>(topt.num_kv_pages));
@@ -581,7 +686,7 @@ absl::Status Accuracy(const Flags& flags) {
                 static_cast<long long>(agree[i]), static_cast<long long>(count[i]));
   }
   if (!flags.out.empty()) {
-    std::ofstream out(flags.out);
+    std::ostringstream out;
     out << "{\"target\": " << JsonString(flags.model) << ", \"draft\": " << JsonString(flags.draft)
         << ", \"text_file\": " << JsonString(flags.text_file) << ", \"tokens\": " << t
         << ", \"boundaries\": [";
@@ -596,7 +701,7 @@ absl::Status Accuracy(const Flags& flags) {
           << ", \"count\": " << count[i] << "}";
     }
     out << "]}\n";
-    if (!out) return absl::InternalError("cannot write --out " + flags.out);
+    EAGLE3_RETURN_IF_ERROR(WithFlag("--out", eagle3::WriteFileAtomically(flags.out, out.str(), flags.Inputs())));
     std::printf("wrote %s\n", flags.out.c_str());
   }
   return absl::OkStatus();
@@ -609,10 +714,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "eagle3-inspect: %s\n%s", std::string(flags.status().message()).c_str(), kUsage);
     return 2;
   }
-  const absl::Status status = flags->command == "target"     ? InspectTarget(*flags)
-                              : flags->command == "draft"    ? InspectDraft(*flags)
-                              : flags->command == "accuracy" ? Accuracy(*flags)
-                                                             : Check(*flags);
+  absl::Status status;
+  try {
+    // A bad --out fails before any work.
+    if (!flags->out.empty()) status = WithFlag("--out", eagle3::CheckOutputPath(flags->out, flags->Inputs()));
+    if (status.ok()) {
+      status = flags->command == "target"     ? InspectTarget(*flags)
+               : flags->command == "draft"    ? InspectDraft(*flags)
+               : flags->command == "accuracy" ? Accuracy(*flags)
+                                              : Check(*flags);
+    }
+  } catch (const std::bad_alloc&) {
+    // Sizes are checked before allocating; this is memory taken by others meanwhile.
+    status = absl::ResourceExhaustedError("out of host memory");
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "eagle3-inspect: %s\n", status.ToString().c_str());
     return 1;

@@ -1,8 +1,8 @@
-// Shared by the example programs: "a,b,c" command-line lists of integers, and --weights.
+// Shared by the example programs: "a,b,c" command-line lists of ids, and --weights.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,26 +11,25 @@
 #include "absl/status/statusor.h"
 #include "eagle3/backend.h"
 #include "eagle3/dtype.h"
+#include "flag_parse.h"
 
 namespace eagle3::examples {
 
-// "a,b,c" as integers; `flag` names the flag in the message of an item that is not one.
-inline absl::StatusOr<std::vector<int64_t>> ParseIds(std::string_view flag, const std::string& text) {
-  std::vector<int64_t> ids;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0') {
-      return absl::InvalidArgumentError(std::string(flag) + ": '" + item + "' is not an integer (in '" + text + "')");
-    }
-    ids.push_back(v);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return ids;
+// Most ids --tokens takes: more than any argument the OS passes (an id takes at least two bytes).
+constexpr size_t kMaxTokenIds = size_t{1} << 20;
+
+// --tokens: "a,b,c" as token ids in [0, 2^63 - 1] (the model refuses ids beyond its vocab_size,
+// naming the id); an item that is not one is echoed as typed.
+inline absl::StatusOr<std::vector<int64_t>> ParseTokenIds(std::string_view flag, std::string_view text) {
+  return ParseIntList(flag, text, 0, std::numeric_limits<int64_t>::max(), kMaxTokenIds);
+}
+
+// --aux-layers: "a,b,c" as layer ids in [0, 2^31 - 1] (HiddenStateTap checks them against the
+// target's layers), never narrowed from a wider integer.
+inline absl::StatusOr<std::vector<int>> ParseLayerIds(std::string_view flag, std::string_view text) {
+  absl::StatusOr<std::vector<int64_t>> ids = ParseIntList(flag, text, 0, std::numeric_limits<int>::max(), 4096);
+  if (!ids.ok()) return ids.status();
+  return std::vector<int>(ids->begin(), ids->end());
 }
 
 // A storage dtype flag (--weights, --kv-cache): bf16 or f32.

@@ -1,18 +1,15 @@
 #include "eagle3/checkpoint.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor_convert.h"
+#include "file_io.h"
 #include "nlohmann/json.hpp"
 
 namespace eagle3 {
@@ -21,32 +18,16 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// An index lists tensor names and shard files: megabytes even for the largest models.
-constexpr uintmax_t kMaxIndexBytes = uintmax_t{256} << 20;
-// Misaligned sources are converted through an aligned scratch buffer of this many bytes.
-constexpr size_t kBounceBytes = size_t{64} << 10;
+// Converted reads stage through an aligned scratch buffer of this many bytes: one pread per block.
+constexpr size_t kBounceBytes = size_t{1} << 20;
+// Messages quote at most this much of a name.
+constexpr size_t kMaxQuoted = 256;
 
 // Debian's abseil has its own string_view, so std::string_view goes through this explicitly.
 std::string Quote(std::string_view s) {
-  return absl::StrCat("'", absl::string_view(s.data(), s.size()), "'");
-}
-
-absl::StatusOr<std::string> ReadIndexFile(const fs::path& path) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) {
-    return absl::ErrnoToStatus(ec.value(), absl::StrCat("cannot stat ", Quote(path.string())));
-  }
-  if (size > kMaxIndexBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Quote(path.string()), " is ", size, " bytes, over the index cap of ", kMaxIndexBytes));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", Quote(path.string())));
-  }
-  return text;
+  const bool cut = s.size() > kMaxQuoted;
+  if (cut) s = s.substr(0, kMaxQuoted);
+  return absl::StrCat("'", absl::string_view(s.data(), s.size()), cut ? "...'" : "'");
 }
 
 // A shard name from the index must stay inside the checkpoint directory.
@@ -60,47 +41,208 @@ bool IsSafeRelativePath(const std::string& name) {
   return true;
 }
 
-// Parses the index into tensor -> shard file name.
-absl::StatusOr<std::map<std::string, std::string>> ParseIndex(const std::string& text,
-                                                              const std::string& source) {
-  Json root;
-  try {
-    root = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": index is not valid JSON: ", e.what()));
+// Streams an index's SAX events into tensor -> shard, storing nothing but weight_map.
+class IndexParser {
+ public:
+  explicit IndexParser(std::string_view source) : source_(source) {}
+
+  bool null() { return OnScalar("null", nullptr); }
+  bool boolean(bool /*v*/) { return OnScalar("boolean", nullptr); }
+  bool number_integer(int64_t /*v*/) { return OnScalar("number", nullptr); }
+  bool number_unsigned(uint64_t /*v*/) { return OnScalar("number", nullptr); }
+  bool number_float(double /*v*/, const std::string& /*text*/) {
+    return OnScalar("number", nullptr);
   }
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": index must be a JSON object, got ", root.type_name()));
+  bool string(std::string& s) { return OnScalar("string", &s); }
+  bool binary(Json::binary_t& /*v*/) { return Fail("the index holds a binary value"); }
+  bool start_object(size_t /*elements*/) { return OnContainer("object"); }
+  bool start_array(size_t /*elements*/) { return OnContainer("array"); }
+  bool end_object() { return OnEnd(); }
+  bool end_array() { return OnEnd(); }
+  bool key(std::string& name);
+  bool parse_error(size_t /*position*/, const std::string& /*last_token*/,
+                   const Json::exception& e) {
+    if (over_limit_) return Fail("");
+    return Fail(absl::StrCat("index is not valid JSON: ", e.what()));
   }
-  auto it = root.find("weight_map");
-  if (it == root.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": index has no 'weight_map'"));
+
+  const absl::Status& error() const { return error_; }
+  bool has_weight_map() const { return has_weight_map_; }
+  std::map<std::string, std::string>& weight_map() { return weight_map_; }
+
+ private:
+  enum class State {
+    kStart,           // before the top-level object
+    kRoot,            // in the top-level object, before a key or its end
+    kRootValue,       // after a top-level key
+    kWeightMap,       // in weight_map, before a key or its end
+    kWeightMapValue,  // after a tensor name
+    kSkip,            // in a value that is not stored
+    kDone,
+  };
+
+  bool Fail(std::string_view message) {
+    const absl::string_view m(message.data(), message.size());
+    error_ = absl::InvalidArgumentError(
+        over_limit_ ? absl::StrCat(source_, ": index 'weight_map' lists more than ",
+                                   kMaxSafetensorsIndexTensors, " tensors (limit ",
+                                   kMaxSafetensorsIndexTensors,
+                                   "); the index is malformed after entry ", entries_)
+                    : absl::StrCat(source_, ": ", m));
+    return false;
   }
-  if (!it->is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": index 'weight_map' must be an object, got ", it->type_name()));
+  bool OnScalar(std::string_view type, const std::string* text);
+  bool OnContainer(std::string_view type);
+  bool OnEnd();
+  bool EnterSkip(State back);
+
+  const std::string source_;
+  State state_ = State::kStart;
+  absl::Status error_;
+  std::map<std::string, std::string> weight_map_;
+  bool has_weight_map_ = false;
+  bool root_key_is_weight_map_ = false;
+  std::string tensor_;       // the weight_map key awaiting its shard
+  size_t entries_ = 0;       // weight_map entries seen, stored or not
+  bool over_limit_ = false;
+  State skip_return_ = State::kRoot;  // where a skipped value ends up
+  int skip_depth_ = 0;                // open containers inside the skipped value
+};
+
+bool IndexParser::key(std::string& name) {
+  switch (state_) {
+    case State::kRoot:
+      root_key_is_weight_map_ = name == "weight_map";
+      if (root_key_is_weight_map_ && has_weight_map_) {
+        return Fail("index has 'weight_map' twice");
+      }
+      state_ = State::kRootValue;
+      return true;
+    case State::kWeightMap:
+      if (++entries_ > kMaxSafetensorsIndexTensors) {
+        over_limit_ = true;
+        skip_depth_ = 0;
+        skip_return_ = State::kWeightMap;
+        state_ = State::kSkip;
+        return true;
+      }
+      if (name.size() > kMaxTensorNameBytes) {
+        return Fail(absl::StrCat("weight_map tensor name ", Quote(name), " is ", name.size(),
+                                 " bytes, over the limit of ", kMaxTensorNameBytes));
+      }
+      if (weight_map_.count(name) != 0) {
+        return Fail(absl::StrCat("weight_map lists tensor ", Quote(name), " twice"));
+      }
+      tensor_ = std::move(name);
+      state_ = State::kWeightMapValue;
+      return true;
+    case State::kSkip:
+      return true;
+    default:
+      return Fail("unexpected key");  // the parser only reports keys inside objects
   }
-  if (it->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": index 'weight_map' is empty"));
+}
+
+bool IndexParser::EnterSkip(State back) {
+  skip_return_ = back;
+  skip_depth_ = 1;
+  state_ = State::kSkip;
+  return true;
+}
+
+bool IndexParser::OnContainer(std::string_view type) {
+  switch (state_) {
+    case State::kStart:
+      if (type != "object") {
+        return Fail(absl::StrCat("index must be a JSON object, got ",
+                                 absl::string_view(type.data(), type.size())));
+      }
+      state_ = State::kRoot;
+      return true;
+    case State::kRootValue:
+      if (!root_key_is_weight_map_) return EnterSkip(State::kRoot);
+      if (type != "object") {
+        return Fail(absl::StrCat("index 'weight_map' must be an object, got ",
+                                 absl::string_view(type.data(), type.size())));
+      }
+      has_weight_map_ = true;
+      state_ = State::kWeightMap;
+      return true;
+    case State::kWeightMapValue:
+      return Fail(absl::StrCat("weight_map entry for tensor ", Quote(tensor_),
+                               " must be a file name string, got ",
+                               absl::string_view(type.data(), type.size())));
+    case State::kSkip:
+      // Depth counts from the top-level object, which holds the skipped value.
+      if (++skip_depth_ + 1 > kMaxSafetensorsIndexDepth) {
+        return Fail(absl::StrCat("index JSON nests deeper than ", kMaxSafetensorsIndexDepth,
+                                 " levels"));
+      }
+      return true;
+    default:
+      return Fail("unexpected value");
   }
-  std::map<std::string, std::string> weight_map;
-  for (const auto& [tensor, shard] : it->items()) {
-    if (!shard.is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": weight_map entry for tensor ", Quote(tensor),
-                       " must be a file name string, got ", shard.type_name()));
+}
+
+bool IndexParser::OnScalar(std::string_view type, const std::string* text) {
+  switch (state_) {
+    case State::kStart:
+      return Fail(absl::StrCat("index must be a JSON object, got ",
+                               absl::string_view(type.data(), type.size())));
+    case State::kRootValue:
+      if (root_key_is_weight_map_) {
+        return Fail(absl::StrCat("index 'weight_map' must be an object, got ",
+                                 absl::string_view(type.data(), type.size())));
+      }
+      state_ = State::kRoot;
+      return true;
+    case State::kWeightMapValue: {
+      if (text == nullptr) {
+        return Fail(absl::StrCat("weight_map entry for tensor ", Quote(tensor_),
+                                 " must be a file name string, got ",
+                                 absl::string_view(type.data(), type.size())));
+      }
+      if (text->size() > kMaxTensorNameBytes || !IsSafeRelativePath(*text)) {
+        return Fail(absl::StrCat("weight_map entry for tensor ", Quote(tensor_), " names shard ",
+                                 Quote(*text),
+                                 ", which is not a relative path inside the checkpoint"));
+      }
+      weight_map_.emplace(std::move(tensor_), *text);
+      state_ = State::kWeightMap;
+      return true;
     }
-    std::string file = shard.get<std::string>();
-    if (!IsSafeRelativePath(file)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": weight_map entry for tensor ", Quote(tensor), " names shard ",
-                       Quote(file), ", which is not a relative path inside the checkpoint"));
-    }
-    weight_map.emplace(tensor, std::move(file));
+    case State::kSkip:
+      if (skip_depth_ == 0) state_ = skip_return_;
+      return true;
+    default:
+      return Fail("unexpected value");
   }
-  return weight_map;
+}
+
+bool IndexParser::OnEnd() {
+  switch (state_) {
+    case State::kWeightMap:
+      if (over_limit_) {
+        error_ = absl::InvalidArgumentError(
+            absl::StrCat(source_, ": index 'weight_map' lists ", entries_,
+                         " tensors, over the limit of ", kMaxSafetensorsIndexTensors));
+        return false;
+      }
+      state_ = State::kRoot;
+      return true;
+    case State::kRoot:
+      state_ = State::kDone;
+      return true;
+    case State::kSkip:
+      if (--skip_depth_ == 0) state_ = skip_return_;
+      return true;
+    default:
+      return Fail("unexpected end of a container");
+  }
+}
+
+absl::StatusOr<std::string> ReadIndexFile(const std::string& path) {
+  return file_io::ReadRegularFile(path, kMaxSafetensorsIndexBytes, "safetensors index");
 }
 
 bool IsFloatTarget(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
@@ -115,30 +257,35 @@ bool IsAligned(const void* p, DType dtype) {
   return reinterpret_cast<uintptr_t>(p) % DTypeSize(dtype) == 0;
 }
 
-// Converts `n` elements from `src` (any alignment; e.g. inside the mapping) to `dst` (aligned).
-// `bounce` is scratch for misaligned sources, sized on first use and reused across calls.
-absl::Status CopyConvert(const uint8_t* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
-                         std::vector<uint64_t>& bounce) {
+// Reads elements [first, first + n) of tensor `info` through `reader` into `dst` (element-aligned)
+// as `dst_dtype`. Same-dtype reads go straight into `dst`; conversions stage through `bounce`
+// (aligned scratch, sized on first use and reused across calls), one block per pread. Read errors
+// (DataLoss when the file changed) name the file and tensor; conversion errors are prefixed with
+// `where`.
+absl::Status ReadConvert(const SafetensorsFile::Reader& reader, const TensorInfo& info,
+                         int64_t first, int64_t n, void* dst, DType dst_dtype,
+                         std::vector<uint64_t>& bounce, const std::string& where) {
   if (n == 0) return absl::OkStatus();
-  if (src_dtype == dst_dtype) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * DTypeSize(src_dtype));
-    return absl::OkStatus();
+  const size_t src_size = DTypeSize(info.dtype);
+  const size_t dst_size = DTypeSize(dst_dtype);
+  if (info.dtype == dst_dtype) {
+    return reader.Read(info, static_cast<uint64_t>(first) * src_size, dst,
+                       static_cast<size_t>(n) * src_size);
   }
-  if (IsAligned(src, src_dtype)) {
-    return ConvertTensor(TensorView(const_cast<uint8_t*>(src), src_dtype, Shape{n}),
-                         TensorView(dst, dst_dtype, Shape{n}));
-  }
-  // A typed load from a misaligned address is undefined behaviour: stage through aligned memory.
   bounce.resize(kBounceBytes / sizeof(uint64_t));
-  const int64_t block = static_cast<int64_t>(kBounceBytes / DTypeSize(src_dtype));
+  const int64_t block = static_cast<int64_t>(kBounceBytes / src_size);
   for (int64_t i = 0; i < n; i += block) {
     const int64_t count = std::min(block, n - i);
-    std::memcpy(bounce.data(), src + i * DTypeSize(src_dtype),
-                static_cast<size_t>(count) * DTypeSize(src_dtype));
-    EAGLE3_RETURN_IF_ERROR(
-        ConvertTensor(TensorView(bounce.data(), src_dtype, Shape{count}),
-                      TensorView(static_cast<uint8_t*>(dst) + i * DTypeSize(dst_dtype), dst_dtype,
-                                 Shape{count})));
+    EAGLE3_RETURN_IF_ERROR(reader.Read(info, static_cast<uint64_t>(first + i) * src_size,
+                                       bounce.data(), static_cast<size_t>(count) * src_size));
+    const absl::Status converted =
+        ConvertTensor(TensorView(bounce.data(), info.dtype, Shape{count}),
+                      TensorView(static_cast<uint8_t*>(dst) + i * dst_size, dst_dtype,
+                                 Shape{count}));
+    if (!converted.ok()) {
+      return absl::Status(converted.code(), absl::StrCat(where, " (elements from ", first + i,
+                                                         "): ", converted.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -228,22 +375,75 @@ absl::StatusOr<ShardPlan> PlanShard(std::string_view name, const SafetensorsFile
   return plan;
 }
 
+// Whether something exists at `path` (stat only: never opens, so never blocks). Errors other than
+// "no such entry" (e.g. permission denied on the directory) are reported, not taken for absence.
+absl::StatusOr<bool> Exists(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (status.type() == fs::file_type::not_found) return false;
+  if (ec) {
+    return absl::ErrnoToStatus(ec.value(), absl::StrCat(path.string(), ": cannot stat"));
+  }
+  return true;
+}
+
 }  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::string_view text,
+                                                                         std::string_view source) {
+  const std::string src(source);
+  if (text.size() > kMaxSafetensorsIndexBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(src, ": index is ", text.size(),
+                                                   " bytes, over the limit of ",
+                                                   kMaxSafetensorsIndexBytes));
+  }
+  IndexParser parser(src);
+  bool parsed = false;
+  try {
+    parsed = Json::sax_parse(text.begin(), text.end(), &parser);
+  } catch (const Json::exception& e) {  // the SAX parser reports through parse_error
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": index is not valid JSON: ", e.what()));
+  }
+  if (!parsed) {
+    if (!parser.error().ok()) return parser.error();
+    return absl::InvalidArgumentError(absl::StrCat(src, ": index is not valid JSON"));
+  }
+  if (!parser.has_weight_map()) {
+    return absl::InvalidArgumentError(absl::StrCat(src, ": index has no 'weight_map'"));
+  }
+  if (parser.weight_map().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(src, ": index 'weight_map' is empty"));
+  }
+  return std::move(parser.weight_map());
+}
 
 int64_t PaddedSize(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+  const fs::file_status dir_status = fs::status(dir, ec);
+  if (dir_status.type() == fs::file_type::not_found) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", Quote(dir),
+                                            " does not exist"));
+  }
+  if (ec) {
+    return absl::ErrnoToStatus(ec.value(),
+                               absl::StrCat("checkpoint directory ", Quote(dir), ": cannot stat"));
+  }
+  if (dir_status.type() != fs::file_type::directory) {
     return absl::NotFoundError(
-        absl::StrCat("checkpoint directory ", Quote(dir), " does not exist or is not a directory"));
+        absl::StrCat("checkpoint directory ", Quote(dir), " is not a directory"));
   }
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
   checkpoint->dir_ = dir;
   const fs::path single = fs::path(dir) / kSingleFileName;
   const fs::path index = fs::path(dir) / kIndexFileName;
 
-  if (fs::exists(single, ec)) {
+  // A FIFO, directory or device under either name exists here and is refused, without blocking,
+  // by the open below.
+  EAGLE3_ASSIGN_OR_RETURN(const bool has_single, Exists(single));
+  if (has_single) {
     EAGLE3_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single.string()));
     for (const TensorInfo& info : file->tensors()) {
       checkpoint->tensors_.emplace(info.name, Entry{file.get(), &info});
@@ -251,15 +451,17 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     checkpoint->files_.push_back(std::move(file));
     return checkpoint;
   }
-  if (!fs::exists(index, ec)) {
+  EAGLE3_ASSIGN_OR_RETURN(const bool has_index, Exists(index));
+  if (!has_index) {
     return absl::NotFoundError(absl::StrCat("no ", std::string(kSingleFileName), " or ",
                                             std::string(kIndexFileName),
                                             " in checkpoint directory ", Quote(dir)));
   }
 
   const std::string index_path = index.string();
-  EAGLE3_ASSIGN_OR_RETURN(std::string text, ReadIndexFile(index));
-  EAGLE3_ASSIGN_OR_RETURN(auto weight_map, ParseIndex(text, index_path));
+  EAGLE3_ASSIGN_OR_RETURN(std::string text, ReadIndexFile(index_path));
+  EAGLE3_ASSIGN_OR_RETURN(auto weight_map, ParseSafetensorsIndex(text, index_path));
+  text = std::string();  // the index text is not needed past the parse
 
   // Shard -> first tensor the index maps to it (named when the shard is missing).
   std::map<std::string, std::string> shards;
@@ -268,7 +470,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   std::map<std::string, std::string, std::less<>> holder;  // tensor -> shard that stores it
   for (const auto& [shard, first_tensor] : shards) {
     const fs::path path = fs::path(dir) / shard;
-    if (!fs::exists(path, ec)) {
+    EAGLE3_ASSIGN_OR_RETURN(const bool has_shard, Exists(path));
+    if (!has_shard) {
       return absl::NotFoundError(absl::StrCat("shard ", Quote(shard), " (holding tensor ",
                                               Quote(first_tensor), " per ", Quote(index_path),
                                               ") not found in ", Quote(dir)));
@@ -361,13 +564,11 @@ absl::StatusOr<Tensor> Checkpoint::Read(std::string_view name, DType dtype,
   EAGLE3_RETURN_IF_ERROR(CheckConvertible(name, *entry.file, entry.info->dtype, dtype));
   EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
   EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, entry.info->shape, allocator));
+  EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, entry.file->OpenReader());
   std::vector<uint64_t> bounce;
-  const absl::Status status = CopyConvert(entry.file->RawData(*entry.info), entry.info->dtype,
-                                          out.data(), dtype, entry.info->shape.numel(), bounce);
-  if (!status.ok()) {
-    return absl::Status(status.code(),
-                        absl::StrCat(Where(name, *entry.file), ": ", status.message()));
-  }
+  EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, *entry.info, 0, entry.info->shape.numel(),
+                                     out.data(), dtype, bounce, Where(name, *entry.file)));
+  EAGLE3_RETURN_IF_ERROR(reader.CheckUnchanged());
   return out;
 }
 
@@ -396,29 +597,23 @@ absl::Status Checkpoint::ReadShardInto(std::string_view name, const ShardSpec& s
   }
   EAGLE3_RETURN_IF_ERROR(CheckConvertible(name, file, info.dtype, out.dtype()));
 
-  const size_t src_size = DTypeSize(info.dtype);
   const size_t dst_size = DTypeSize(out.dtype());
-  const uint8_t* src = file.RawData(info);
   uint8_t* dst = static_cast<uint8_t*>(out.data());
   const int64_t copy = plan.real * plan.inner;
   const int64_t pad = (plan.length - plan.real) * plan.inner;
+  EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());
   std::vector<uint64_t> bounce;
   // One contiguous run per outer index: the whole block for dim 0, a column block per row for 1.
   for (int64_t o = 0; o < plan.outer; ++o) {
     const int64_t dst_offset = o * plan.length * plan.inner;
     if (copy > 0) {
       const int64_t src_offset = (o * plan.n + plan.start) * plan.inner;
-      const absl::Status status =
-          CopyConvert(src + src_offset * src_size, info.dtype, dst + dst_offset * dst_size,
-                      out.dtype(), copy, bounce);
-      if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat(where, " (run starting at element ",
-                                                        src_offset, "): ", status.message()));
-      }
+      EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, info, src_offset, copy,
+                                         dst + dst_offset * dst_size, out.dtype(), bounce, where));
     }
     if (pad > 0) std::memset(dst + (dst_offset + copy) * dst_size, 0, pad * dst_size);
   }
-  return absl::OkStatus();
+  return reader.CheckUnchanged();
 }
 
 }  // namespace eagle3

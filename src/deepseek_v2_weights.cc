@@ -1,9 +1,50 @@
 #include "eagle3/deepseek_v2_weights.h"
 
 #include <string>
+#include <string_view>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
 
 namespace eagle3 {
 namespace {
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The layer index of a "model.layers.<k>.<rest>" name; -1 for any other name.
+int64_t LayerIndex(std::string_view name) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return -1;
+  name.remove_prefix(kPrefix.size());
+  int64_t layer = 0;
+  size_t digits = 0;
+  while (digits < name.size() && name[digits] >= '0' && name[digits] <= '9') {
+    if (digits == 9) return -1;  // no model has a billion layers
+    layer = layer * 10 + (name[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0 || digits == name.size() || name[digits] != '.') return -1;
+  if (digits > 1 && name[0] == '0') return -1;  // "model.layers.01." is not layer 1
+  return layer;
+}
+
+// A tensor of an MTP (multi-token prediction) layer: DeepSeek-V3 stores num_nextn_predict_layers
+// of them after the main layers (model.layers.61.* for V3). The target forward does not use them;
+// they are known, deliberately ignored here, and left for an MTP drafter.
+bool IsMtpTensor(std::string_view name, const DeepseekV2Config& config) {
+  if (config.num_nextn_predict_layers <= 0) return false;
+  const int64_t layer = LayerIndex(name);
+  return layer >= config.num_hidden_layers &&
+         layer < config.num_hidden_layers + config.num_nextn_predict_layers;
+}
+
+// Names that only quantized checkpoints carry (FP8 block scales, compressed-tensors packing).
+bool LooksQuantized(std::string_view name) {
+  return EndsWith(name, "weight_scale_inv") || EndsWith(name, "weight_scale") ||
+         EndsWith(name, "weight_packed");
+}
 
 class WeightList {
  public:
@@ -81,6 +122,41 @@ std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& c) {
     w.Add("lm_head.weight", Shape{c.vocab_size, h}, TpSplit::kRows, /*vocab_padded=*/true);
   }
   return w.Take();
+}
+
+absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
+                                   const std::vector<WeightSpec>& specs) {
+  std::unordered_set<std::string_view> known;
+  known.reserve(specs.size());
+  for (const WeightSpec& spec : specs) known.insert(spec.name);
+  // Everything else is refused, including HF-style non-persistent buffers such as
+  // `rotary_emb.inv_freq`: DeepSeek-V2/V3 hub checkpoints do not carry them, and eagle3 computes
+  // RoPE from config.json, so such a tensor means a checkpoint from some other pipeline.
+  std::string first;
+  std::string quantized;  // the first unknown tensor with a quantization name, if any
+  int64_t unknown = 0;
+  for (const std::string& name : checkpoint.TensorNames()) {
+    if (known.count(name) != 0 || IsMtpTensor(name, config)) continue;
+    if (unknown++ == 0) first = name;
+    if (quantized.empty() && LooksQuantized(name)) quantized = name;
+  }
+  if (unknown == 0) return absl::OkStatus();
+  const absl::StatusOr<std::string> file = checkpoint.FileOf(first);
+  std::string message = absl::StrCat(
+      "checkpoint '", checkpoint.dir(), "': tensor '", first, "' in '",
+      file.ok() ? *file : std::string("?"), "' is not used by the model that ", config.source,
+      " describes; refusing to ignore it");
+  if (unknown > 1) {
+    absl::StrAppend(&message, " (and ", unknown - 1, " more unknown tensor",
+                    unknown > 2 ? "s" : "", ")");
+  }
+  if (!quantized.empty()) {
+    absl::StrAppend(&message, ". Hint: the checkpoint looks quantized (tensor '", quantized,
+                    "') but ", config.source,
+                    " has no quantization_config, so it would run without its scales. eagle3 "
+                    "does not run quantized checkpoints: use a bf16 conversion");
+  }
+  return absl::InvalidArgumentError(message);
 }
 
 }  // namespace eagle3

@@ -14,6 +14,7 @@
 #include "vocab_parallel_head.h"
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
+#include "eagle3/host_budget.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
@@ -134,6 +135,7 @@ struct DraftModel::Impl {
   absl::Status CheckTensors(const std::vector<WeightSpec>& specs, bool own_embedding) const;
   absl::Status LoadVocabMapping();
   absl::Status LoadWeights(const std::vector<WeightSpec>& specs, bool own_embedding);
+  absl::Status CheckBuffersFit() const;
   absl::Status AllocateWorkspaces();
 
   RankCollectives Ranks() const { return RankCollectives{options.tp_size, comm, backend}; }
@@ -737,6 +739,40 @@ std::vector<int64_t> DraftModel::StepSignature() const { return impl_->Signature
 
 bool DraftModel::StepIsCapturable() const { return impl_->step.staged; }
 
+// The buffers AllocateWorkspaces sizes from the options and the configs, summed before anything is
+// allocated: host staging always, the KV cache and workspaces when they live in host memory (a host
+// backend; a device allocator reports its own exhaustion).
+absl::Status DraftModel::Impl::CheckBuffersFit() const {
+  const int64_t t = options.max_tokens_per_forward, s = options.max_context_len;
+  const int64_t page_size = options.page_size, pages = options.num_kv_pages;
+  const int64_t pages_per_seq = s / page_size + (s % page_size != 0 ? 1 : 0);
+  const int64_t fc_in = config.fc_input_width();
+  const std::string tokens = "max_tokens_per_forward " + Str(t);
+  const std::string context = "max_context_len " + Str(s);
+  HostByteBudget budget("DraftModel");
+  budget.Add(tokens + " x " + context + " (mask staging)", {t, s}, 1);
+  budget.Add(tokens + " x " + context + " / page_size " + Str(page_size) + " (page table staging)",
+             {t, pages_per_seq}, 4);
+  budget.Add(tokens + " x draft_vocab_size " + Str(config.draft_vocab_size) + " (logits staging)",
+             {t, config.draft_vocab_size}, 4);
+  budget.Add(tokens + " x fc input / hidden_size " + Str(hidden_dim) + " (hidden staging)",
+             {t, std::max(fc_in, hidden_dim) + hidden_dim}, 4);
+  budget.Add(context + " x head_dim " + Str(head_dim) + " (RoPE table)", {s, head_dim}, 4);
+  if (backend->allocator().device().is_cpu()) {
+    budget.Add("num_kv_pages " + Str(pages) + " x page_size " + Str(page_size) + " x 2 x kv width " + Str(kv_width) +
+                   " (KV cache)",
+               {pages, page_size, 2 * kv_width}, 4);
+    budget.Add(tokens + " x " + context + " (mask)", {t, s}, 1);
+    budget.Add("(tp_size + 1) x " + tokens + " x draft vocab shard " + Str(draft_vocab_shard) + " (logits)",
+               {options.tp_size + 1, t, draft_vocab_shard}, 4);
+    budget.Add(tokens + " x layer widths (workspaces)",
+               {t, fc_in + 8 * hidden_dim + 2 * q_width + 2 * kv_width + 3 * inter}, 4);
+    budget.Add("num_kv_pages " + Str(pages) + " x page_size " + Str(page_size) + " (slot ids)", {pages, page_size},
+               8);
+  }
+  return budget.Check();
+}
+
 absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string& draft_dir,
                                                                const std::string& target_dir,
                                                                const DraftModelOptions& options,
@@ -831,6 +867,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string
   m.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   m.eps = static_cast<float>(c.rms_norm_eps);
   EAGLE3_ASSIGN_OR_RETURN(m.weight_dtype, ResolveWeightDtype(options.weight_dtype, *backend, "DraftModel"));
+  EAGLE3_RETURN_IF_ERROR(m.CheckBuffersFit());
   EAGLE3_RETURN_IF_ERROR(m.LoadWeights(specs, own_embedding));
   EAGLE3_RETURN_IF_ERROR(m.AllocateWorkspaces());
   m.checkpoint.reset();

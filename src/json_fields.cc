@@ -3,48 +3,148 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
+#include <string>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "eagle3/status.h"
+#include "file_io.h"
 
 namespace eagle3::json_fields {
 namespace {
 
-// Config files are a few KiB; anything this large is not one.
-constexpr std::uintmax_t kMaxConfigFileBytes = 16u << 20;
+// Messages quote at most this much of a key.
+constexpr size_t kMaxQuotedKey = 80;
 
-// Deepest bracket nesting of `text`, ignoring brackets inside strings. Stops counting past the
-// limit. Malformed text is left for the parser to report.
-int MaxNestingDepth(std::string_view text) {
-  int depth = 0;
-  int max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > kMaxNestingDepth) return max_depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
+std::string QuotedKey(std::string_view key) {
+  if (key.size() <= kMaxQuotedKey) return absl::StrCat("'", Sv(key), "'");
+  return absl::StrCat("'", Sv(key.substr(0, kMaxQuotedKey)), "...' (", key.size(), " bytes)");
 }
+
+// A SAX handler that builds the DOM nlohmann's own parser would, within DomLimits: it stops at the
+// first limit crossed, so time is linear in the text and memory bounded by the limits.
+class BoundedDomBuilder {
+ public:
+  BoundedDomBuilder(std::string_view source, const DomLimits& limits)
+      : source_(source), limits_(limits) {}
+
+  nlohmann::json& root() { return root_; }
+  // The first error; OK while none.
+  const absl::Status& error() const { return error_; }
+
+  bool null() { return Value(nullptr); }
+  bool boolean(bool v) { return Value(v); }
+  bool number_integer(int64_t v) { return Value(v); }
+  bool number_unsigned(uint64_t v) { return Value(v); }
+  bool number_float(double v, const std::string& /*text*/) { return Value(v); }
+  bool string(std::string& v) { return CheckString(v, "string") && Value(std::move(v)); }
+  bool binary(nlohmann::json::binary_t& /*v*/) {
+    return Fail("binary values are not JSON");  // only binary formats produce them
+  }
+  bool start_object(size_t /*elements*/) { return Open(nlohmann::json::object()); }
+  bool start_array(size_t /*elements*/) { return Open(nlohmann::json::array()); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool key(std::string& k) {
+    if (!CheckString(k, "key")) return false;
+    nlohmann::json& object = *stack_.back();
+    if (object.contains(k)) {
+      return Fail(absl::StrCat("duplicate key ", QuotedKey(k), " in ", Where(),
+                               "; JSON readers disagree on which one wins"));
+    }
+    path_.back() = k;
+    pending_ = &object[k];
+    return true;
+  }
+  bool parse_error(size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::json::exception& e) {
+    error_ = absl::InvalidArgumentError(absl::StrCat(Sv(source_), ": not valid JSON: ", e.what()));
+    return false;
+  }
+
+ private:
+  // "the top level" or "object 'model.vocab'".
+  std::string Where() const {
+    std::string path;
+    for (size_t i = 0; i + 1 < path_.size(); ++i) {
+      absl::StrAppend(&path, path.empty() ? "" : ".", path_[i]);
+    }
+    return path.empty() ? std::string("the top-level object")
+                        : absl::StrCat("object ", QuotedKey(path));
+  }
+
+  bool Fail(std::string_view message) {
+    error_ = absl::InvalidArgumentError(absl::StrCat(Sv(source_), ": ", Sv(message)));
+    return false;
+  }
+
+  bool CheckString(const std::string& s, std::string_view kind) {
+    if (s.size() <= limits_.max_string_bytes) return true;
+    return Fail(absl::StrCat("a ", Sv(kind), " of ", s.size(), " bytes in ", Where(),
+                             " exceeds the limit of ", limits_.max_string_bytes, " bytes for a ",
+                             Sv(limits_.what)));
+  }
+
+  // Places a new value where the parser is (root, array element, or the pending object member).
+  template <typename T>
+  nlohmann::json* Insert(T&& value) {
+    if (stack_.empty()) {
+      root_ = nlohmann::json(std::forward<T>(value));
+      return &root_;
+    }
+    nlohmann::json& parent = *stack_.back();
+    if (parent.is_array()) {
+      parent.emplace_back(std::forward<T>(value));
+      return &parent.back();
+    }
+    *pending_ = nlohmann::json(std::forward<T>(value));
+    return pending_;
+  }
+
+  bool Count() {
+    if (++values_ <= limits_.max_values) return true;
+    return Fail(absl::StrCat("more than ", limits_.max_values, " JSON values (limit ",
+                             limits_.max_values, " for a ", Sv(limits_.what), ")"));
+  }
+
+  template <typename T>
+  bool Value(T&& value) {
+    if (!Count()) return false;
+    Insert(std::forward<T>(value));
+    return true;
+  }
+
+  bool Open(nlohmann::json container) {
+    if (!Count()) return false;
+    if (static_cast<int>(stack_.size()) >= kMaxNestingDepth) {
+      return Fail(absl::StrCat("JSON nests deeper than ", kMaxNestingDepth, " levels; not a ",
+                               Sv(limits_.what)));
+    }
+    // An array element stays "[]" in the path; an object's current key replaces it on key().
+    stack_.push_back(Insert(std::move(container)));
+    path_.emplace_back(stack_.back()->is_array() ? "[]" : "");
+    return true;
+  }
+
+  bool Close() {
+    stack_.pop_back();
+    path_.pop_back();
+    return true;
+  }
+
+  std::string_view source_;
+  const DomLimits& limits_;
+  nlohmann::json root_;
+  // Open containers, innermost last. The innermost one is the last element of its parent and no
+  // sibling is added while it is open, so these pointers stay valid.
+  std::vector<nlohmann::json*> stack_;
+  std::vector<std::string> path_;  // per open container: the current key, or "[]"
+  nlohmann::json* pending_ = nullptr;  // the member the next value of an object goes to
+  uint64_t values_ = 0;
+  absl::Status error_;
+};
 
 std::string_view TypeName(const nlohmann::json& value) {
   switch (value.type()) {
@@ -83,48 +183,45 @@ bool IsInteger(const nlohmann::json& value) {
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source) {
-  if (MaxNestingDepth(text) > kMaxNestingDepth) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Sv(source), ": JSON nests deeper than ", kMaxNestingDepth, " levels; not a model config"));
+absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source,
+                                                   const DomLimits& limits) {
+  if (text.size() > limits.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(Sv(source), ": ", text.size(),
+                                                   " bytes is too large for a ", Sv(limits.what),
+                                                   " (limit ", limits.max_bytes, " bytes)"));
   }
-  nlohmann::json document;
+  BoundedDomBuilder builder(source, limits);
+  bool parsed = false;
   try {
-    document = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::exception& e) {
+    parsed = nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
+  } catch (const nlohmann::json::exception& e) {  // the SAX parser reports through parse_error
     return absl::InvalidArgumentError(absl::StrCat(Sv(source), ": not valid JSON: ", e.what()));
   }
+  if (!parsed) {
+    if (!builder.error().ok()) return builder.error();
+    return absl::InvalidArgumentError(absl::StrCat(Sv(source), ": not valid JSON"));
+  }
+  nlohmann::json& document = builder.root();
   if (!document.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
         Sv(source), ": expected a JSON object at the top level, got ", Describe(document)));
   }
-  return document;
+  return std::move(document);
+}
+
+absl::StatusOr<std::string> ReadJsonFile(const std::string& path, const DomLimits& limits,
+                                         std::string* resolved_path) {
+  std::error_code ec;
+  std::filesystem::path file(path);
+  // is_directory stats without opening, so it cannot block on a FIFO.
+  if (std::filesystem::is_directory(file, ec)) file /= std::string(limits.what);
+  *resolved_path = file.string();
+  return file_io::ReadRegularFile(*resolved_path, limits.max_bytes,
+                                  absl::StrCat(Sv(limits.what), " or its directory"));
 }
 
 absl::StatusOr<std::string> ReadConfigFile(const std::string& path, std::string* resolved_path) {
-  std::error_code ec;
-  std::filesystem::path file(path);
-  if (std::filesystem::is_directory(file, ec)) file /= "config.json";
-  *resolved_path = file.string();
-  if (!std::filesystem::is_regular_file(file, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat(*resolved_path, ": no such file (expected a config.json or its directory)"));
-  }
-  const std::uintmax_t size = std::filesystem::file_size(file, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat(*resolved_path, ": cannot stat: ", ec.message()));
-  }
-  if (size > kMaxConfigFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(*resolved_path, ": ", size,
-                                                   " bytes is too large for a config file (limit ",
-                                                   kMaxConfigFileBytes, ")"));
-  }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return absl::UnavailableError(absl::StrCat(*resolved_path, ": cannot open"));
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat(*resolved_path, ": read failed"));
-  return std::move(contents).str();
+  return ReadJsonFile(path, kConfigLimits, resolved_path);
 }
 
 bool IsOneOf(std::string_view name, std::span<const std::string_view> names) {

@@ -24,11 +24,46 @@ inline absl::string_view Sv(std::string_view s) { return absl::string_view(s.dat
 // Deeper nesting than any config needs; bounding it keeps every later walk of the tree shallow.
 inline constexpr int kMaxNestingDepth = 64;
 
-// Parses `text` as one JSON document whose top level is an object. Errors name `source`.
-absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source);
+// Limits for parsing an untrusted JSON file into a DOM. The parse is one SAX pass, linear in the
+// text, that stops at the first limit crossed (no quadratic callback parser). The DOM then takes
+// at most max_bytes of string data plus about kDomBytesPerValue per value, which is the memory
+// bound stated for each use below.
+struct DomLimits {
+  std::string_view what;      // the expected file, for messages: "config.json"
+  uint64_t max_bytes;         // file / text size
+  uint64_t max_values;        // scalars, arrays and objects, all counted
+  uint64_t max_string_bytes;  // any one string or key
+};
 
-// Reads a config file. `path` may name the file or a directory holding `config.json`;
-// `*resolved_path` receives the file actually read (used as the source name in messages).
+// An upper estimate of one value's DOM cost with libstdc++: the worst shape, an object member
+// whose value is an empty object, takes a 96-byte std::map node (key string and json included)
+// plus the 64-byte allocation of the inner object's map. Strings longer than the inline buffer
+// add their bytes, which max_bytes bounds. hostile_files_test measures this.
+inline constexpr uint64_t kDomBytesPerValue = 160;
+
+// config.json of a target or draft: a few KiB in practice, a few hundred values. At most
+// 1 MiB + 65536 * 160 B = 11 MiB of DOM.
+inline constexpr DomLimits kConfigLimits = {"config.json", uint64_t{1} << 20, uint64_t{1} << 16,
+                                            uint64_t{64} << 10};
+// tokenizer.json: about 10 MB and 300k-1M values for real BPE vocabularies (vocab + merges, 3
+// values per merge in the newer pair form, + added tokens); a precompiled normalizer is the
+// longest string, a few hundred KB. At most 32 MiB + 2^21 * 160 B = 352 MiB of DOM.
+inline constexpr DomLimits kTokenizerLimits = {"tokenizer.json", uint64_t{32} << 20,
+                                               uint64_t{1} << 21, uint64_t{1} << 20};
+
+// Parses `text` as one JSON document whose top level is an object, within `limits` and
+// kMaxNestingDepth. Duplicate keys are refused (JSON parsers disagree on which one wins). Errors
+// are InvalidArgument naming `source`, the limit and the actual value.
+absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source,
+                                                   const DomLimits& limits = kConfigLimits);
+
+// Reads a JSON file of at most `limits.max_bytes`. `path` may name the file or a directory holding
+// `limits.what`; `*resolved_path` receives the file actually read (the source name in messages).
+// FIFOs, devices and directories are refused before any blocking open (see file_io.h).
+absl::StatusOr<std::string> ReadJsonFile(const std::string& path, const DomLimits& limits,
+                                         std::string* resolved_path);
+
+// ReadJsonFile with kConfigLimits: `path` is a config.json or its directory.
 absl::StatusOr<std::string> ReadConfigFile(const std::string& path, std::string* resolved_path);
 
 // Whether `name` is one of `names`.

@@ -1,6 +1,7 @@
 #include "eagle3/model_rank_options.h"
 
 #include <string>
+#include <utility>
 
 namespace eagle3 {
 
@@ -20,6 +21,15 @@ absl::Status ModelRankOptions::Check(const std::string& who, const Communicator*
     return absl::InvalidArgumentError(who + ": capacities must be positive (max_tokens_per_forward " +
                                       str(max_tokens_per_forward) + ", max_context_len " + str(max_context_len) +
                                       ", num_kv_pages " + str(num_kv_pages) + ", page_size " + str(page_size) + ")");
+  }
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"max_tokens_per_forward", max_tokens_per_forward},
+                                    {"max_context_len", max_context_len},
+                                    {"num_kv_pages", num_kv_pages},
+                                    {"page_size", page_size}}) {
+    if (value > kMaxCapacity) {
+      return absl::InvalidArgumentError(who + ": " + name + " " + str(value) + " is out of range [1, " +
+                                        str(kMaxCapacity) + "]");
+    }
   }
   return absl::OkStatus();
 }

@@ -1,8 +1,10 @@
 #include "eagle3/pair_check.h"
 
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_config.h"
@@ -12,6 +14,12 @@ namespace eagle3 {
 namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
+
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + Str(v[i]);
+  return s + "]";
+}
 
 }  // namespace
 
@@ -38,6 +46,17 @@ PairReport CheckDraftPair(const std::string& target_dir, const std::string& draf
   auto tap = HiddenStateTap::Create(ids, convention, static_cast<int>(t.num_hidden_layers), t.hidden_size);
   if (tap.ok()) {
     report.facts.push_back("taps: " + tap->Describe());
+    const std::vector<int>& listed = tap->boundaries();
+    if (d.aux_layer_ids.has_value() && !std::is_sorted(listed.begin(), listed.end())) {
+      std::vector<int> sorted = listed;
+      std::sort(sorted.begin(), sorted.end());
+      report.warnings.push_back(
+          "eagle_aux_hidden_state_layer_ids " + JoinInts(*d.aux_layer_ids) +
+          " are not in layer order: eagle3 concatenates the taps in the listed order, so the draft's fc "
+          "receives boundaries " + JoinInts(listed) + " in that order, while SGLang and vLLM capture aux hidden "
+          "states in layer order (boundaries " + JoinInts(sorted) + "); a draft trained there sees its fc input "
+          "blocks permuted here. List the ids in increasing order unless the draft was trained on this order");
+    }
   } else {
     report.problems.push_back("taps: " + std::string(tap.status().message()));
   }

@@ -1,22 +1,17 @@
 #include "eagle3/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <deque>
 #include <limits>
 #include <optional>
-#include <set>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "eagle3/status.h"
+#include "file_io.h"
 #include "nlohmann/json.hpp"
 
 namespace eagle3 {
@@ -24,17 +19,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-// A valid header nests three levels (object -> entry -> shape array); deeper input is rejected
-// early instead of building a huge tree.
-constexpr int kMaxJsonDepth = 8;
 constexpr size_t kMaxQuotedValue = 256;
-
-// JSON text of a value for messages, truncated so a hostile header cannot produce huge errors.
-std::string Brief(const Json& value) {
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (text.size() > kMaxQuotedValue) text = text.substr(0, kMaxQuotedValue) + "...";
-  return text;
-}
 
 // Debian's abseil has its own string_view, so std::string_view goes through this explicitly.
 std::string Quote(std::string_view s) {
@@ -56,189 +41,462 @@ std::string KnownDTypes() {
   return known;
 }
 
-// Non-negative JSON integer as uint64; nullopt for negatives, floats and non-numbers.
-std::optional<uint64_t> NonNegativeInteger(const Json& value) {
-  if (value.is_number_unsigned()) return value.get<uint64_t>();
-  if (value.is_number_integer() && value.get<int64_t>() >= 0) {
-    return static_cast<uint64_t>(value.get<int64_t>());
+// One JSON value as the SAX parser reports it: a scalar with its value, or the start of a
+// container (whose contents are never needed for a message).
+struct Value {
+  enum class Kind { kNull, kBoolean, kInteger, kUnsigned, kFloat, kString, kArray, kObject };
+  Kind kind = Kind::kNull;
+  bool boolean = false;
+  int64_t integer = 0;
+  uint64_t unsigned_integer = 0;
+  const std::string* text = nullptr;  // kFloat: as written; kString: the contents
+
+  // Non-negative JSON integer as uint64; nullopt for negatives, floats and non-numbers.
+  std::optional<uint64_t> NonNegativeInteger() const {
+    if (kind == Kind::kUnsigned) return unsigned_integer;
+    if (kind == Kind::kInteger && integer >= 0) return static_cast<uint64_t>(integer);
+    return std::nullopt;
   }
-  return std::nullopt;
-}
 
-struct DepthExceeded {};
+  std::string_view TypeName() const {
+    switch (kind) {
+      case Kind::kNull:
+        return "null";
+      case Kind::kBoolean:
+        return "boolean";
+      case Kind::kInteger:
+      case Kind::kUnsigned:
+      case Kind::kFloat:
+        return "number";
+      case Kind::kString:
+        return "string";
+      case Kind::kArray:
+        return "array";
+      case Kind::kObject:
+        return "object";
+    }
+    return "value";
+  }
 
-// Parses `text`, rejecting duplicate keys in any object (nlohmann would silently keep the last one,
-// which for a safetensors header means two tensors claiming one name with one of them dropped).
-absl::StatusOr<Json> ParseJsonStrict(std::string_view text, const std::string& source) {
-  struct Frame {
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> frames;
-  std::string duplicate;         // first duplicated key
-  std::string duplicate_parent;  // key of the object holding it
-  bool has_duplicate = false;
-  bool duplicate_at_top = false;
-  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        if (depth > kMaxJsonDepth) throw DepthExceeded{};
-        frames.push_back({});
+  // JSON text of a scalar, truncated so a hostile header cannot produce huge errors; empty for
+  // containers and null.
+  std::string Text() const {
+    std::string out;
+    switch (kind) {
+      case Kind::kBoolean:
+        out = boolean ? "true" : "false";
         break;
-      case Json::parse_event_t::array_start:
-        if (depth > kMaxJsonDepth) throw DepthExceeded{};
+      case Kind::kInteger:
+        out = absl::StrCat(integer);
         break;
-      case Json::parse_event_t::key:
-        if (!frames.empty()) {
-          Frame& frame = frames.back();
-          frame.last_key = parsed.get<std::string>();
-          if (!frame.keys.insert(frame.last_key).second && !has_duplicate) {
-            has_duplicate = true;
-            duplicate = frame.last_key;
-            duplicate_at_top = frames.size() == 1;
-            if (frames.size() >= 2) duplicate_parent = frames[frames.size() - 2].last_key;
-          }
-        }
+      case Kind::kUnsigned:
+        out = absl::StrCat(unsigned_integer);
         break;
-      case Json::parse_event_t::object_end:
-        if (!frames.empty()) frames.pop_back();
+      case Kind::kFloat:
+        out = *text;
+        break;
+      case Kind::kString:
+        out = Json(text->substr(0, std::min(text->size(), kMaxQuotedValue)))
+                  .dump(-1, ' ', false, Json::error_handler_t::replace);
+        if (text->size() > kMaxQuotedValue) out += "...";
         break;
       default:
         break;
     }
-    return true;
+    return out;
+  }
+
+  // "number 1.5", "string \"F32\"", "array", "null".
+  std::string Brief() const {
+    const std::string value = Text();
+    return value.empty() ? std::string(TypeName())
+                         : absl::StrCat(std::string(TypeName()), " ", value);
+  }
+};
+
+// Streams the header's SAX events into TensorInfo records, refusing at the first event that breaks
+// the schema or a limit. Nothing but the records, the metadata and the names seen is stored.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& source, uint64_t data_size)
+      : source_(source), data_size_(data_size) {}
+
+  // SAX interface (nlohmann::json::sax_parse). Each returns false to stop the parse.
+  bool null() { return OnValue(Value{}); }
+  bool boolean(bool v) {
+    Value value{Value::Kind::kBoolean};
+    value.boolean = v;
+    return OnValue(value);
+  }
+  bool number_integer(int64_t v) {
+    Value value{Value::Kind::kInteger};
+    value.integer = v;
+    return OnValue(value);
+  }
+  bool number_unsigned(uint64_t v) {
+    Value value{Value::Kind::kUnsigned};
+    value.unsigned_integer = v;
+    return OnValue(value);
+  }
+  bool number_float(double /*v*/, const std::string& text) {
+    Value value{Value::Kind::kFloat};
+    value.text = &text;
+    return OnValue(value);
+  }
+  bool string(std::string& s) {
+    Value value{Value::Kind::kString};
+    value.text = &s;
+    return OnValue(value);
+  }
+  bool binary(Json::binary_t& /*v*/) { return Fail("header holds a binary value"); }
+  bool start_object(size_t /*elements*/) { return OnValue(Value{Value::Kind::kObject}); }
+  bool start_array(size_t /*elements*/) { return OnValue(Value{Value::Kind::kArray}); }
+  bool end_object();
+  bool end_array();
+  bool key(std::string& name);
+  bool parse_error(size_t /*position*/, const std::string& /*last_token*/,
+                   const Json::exception& e) {
+    if (over_limit_) return Fail("");  // reports the tensor count instead
+    error_ = Invalid(source_, absl::StrCat("header is not valid JSON: ", e.what()));
+    return false;
+  }
+
+  // The first error, OK while none.
+  const absl::Status& error() const { return error_; }
+  // The parsed entries, once the parse succeeded.
+  std::deque<TensorInfo>& tensors() { return tensors_; }
+  std::map<std::string, std::string>& metadata() { return metadata_; }
+
+ private:
+  enum class State {
+    kStart,          // before the header object
+    kRoot,           // in the header object, before a key or its end
+    kRootValue,      // after a tensor name or "__metadata__"
+    kEntry,          // in a tensor entry, before a key or its end
+    kEntryValue,     // after "dtype", "shape" or "data_offsets"
+    kShape,          // in the shape array
+    kOffsets,        // in the data_offsets array
+    kMetadata,       // in "__metadata__", before a key or its end
+    kMetadataValue,  // after a metadata key
+    kSkip,           // in an entry past kMaxSafetensorsTensors: counted, not stored
+    kDone,           // after the header object
   };
-  Json root;
-  try {
-    root = Json::parse(text.begin(), text.end(), callback);
-  } catch (const DepthExceeded&) {
-    return Invalid(source, absl::StrCat("header JSON nests deeper than ", kMaxJsonDepth,
-                                        " levels; a safetensors header needs 3"));
-  } catch (const Json::exception& e) {
-    return Invalid(source, absl::StrCat("header is not valid JSON: ", e.what()));
-  }
-  if (has_duplicate) {
-    if (duplicate_at_top) {
-      return Invalid(
-          source, duplicate == "__metadata__"
-                      ? std::string("duplicate __metadata__ in the header")
-                      : absl::StrCat("duplicate tensor name ", Quote(duplicate), " in the header"));
+  enum class Field { kDType, kShape, kOffsets };
+
+  bool OnValue(const Value& value);
+  bool OnEntryValue(const Value& value);
+  bool FinishEntry();
+
+  std::string Named() const { return absl::StrCat("tensor ", Quote(entry_.name)); }
+  bool Fail(const std::string& message) {
+    if (over_limit_) {
+      // Past the limit nothing else is checked: the count is the error worth reporting.
+      error_ = Invalid(source_, absl::StrCat("header lists more than ", kMaxSafetensorsTensors,
+                                             " tensors (limit ", kMaxSafetensorsTensors,
+                                             "); the header is malformed after tensor ",
+                                             tensor_count_));
+    } else {
+      error_ = Invalid(source_, message);
     }
-    return Invalid(source, absl::StrCat("duplicate key ", Quote(duplicate), " in header entry ",
-                                        Quote(duplicate_parent)));
+    return false;
   }
-  return root;
+  bool OffsetsError(const std::string& got) {
+    return Fail(absl::StrCat(Named(),
+                             " data_offsets must be two non-negative integers [begin, end], got ",
+                             got));
+  }
+
+  const std::string& source_;
+  const uint64_t data_size_;
+  State state_ = State::kStart;
+  absl::Status error_;
+
+  // A deque keeps element addresses stable, so `names_` can view the names stored in it.
+  std::deque<TensorInfo> tensors_;
+  std::unordered_set<std::string_view> names_;
+  std::map<std::string, std::string> metadata_;
+  bool seen_metadata_ = false;
+  bool root_key_is_metadata_ = false;
+  std::string metadata_key_;
+  size_t tensor_count_ = 0;  // entries seen, stored or not
+  bool over_limit_ = false;
+  int skip_depth_ = 0;
+
+  // The entry being parsed.
+  TensorInfo entry_;
+  Field field_ = Field::kDType;
+  bool has_dtype_ = false, has_shape_ = false, has_offsets_ = false;
+  std::vector<int64_t> dims_;
+  size_t rank_ = 0;  // elements seen in the shape array (dims_ keeps at most kMaxRank)
+  int64_t numel_ = 1;
+  size_t offsets_seen_ = 0;
+  uint64_t offsets_[2] = {0, 0};
+};
+
+bool HeaderParser::key(std::string& name) {
+  switch (state_) {
+    case State::kRoot: {
+      if (name == "__metadata__") {
+        if (seen_metadata_) return Fail("duplicate __metadata__ in the header");
+        seen_metadata_ = true;
+        root_key_is_metadata_ = true;
+        state_ = State::kRootValue;
+        return true;
+      }
+      root_key_is_metadata_ = false;
+      if (++tensor_count_ > kMaxSafetensorsTensors) {
+        over_limit_ = true;
+        state_ = State::kSkip;
+        skip_depth_ = 0;
+        return true;
+      }
+      if (name.size() > kMaxTensorNameBytes) {
+        return Fail(absl::StrCat("tensor name ", Quote(name), " is ", name.size(),
+                                 " bytes, over the limit of ", kMaxTensorNameBytes));
+      }
+      if (names_.count(name) != 0) {
+        return Fail(absl::StrCat("duplicate tensor name ", Quote(name), " in the header"));
+      }
+      entry_ = TensorInfo();
+      entry_.name = std::move(name);
+      state_ = State::kRootValue;
+      return true;
+    }
+    case State::kSkip:
+      return true;
+    case State::kEntry: {
+      bool* seen = nullptr;
+      if (name == "dtype") {
+        field_ = Field::kDType;
+        seen = &has_dtype_;
+      } else if (name == "shape") {
+        field_ = Field::kShape;
+        seen = &has_shape_;
+      } else if (name == "data_offsets") {
+        field_ = Field::kOffsets;
+        seen = &has_offsets_;
+      } else {
+        return Fail(absl::StrCat(Named(), " has unexpected key ", Quote(name),
+                                 " (expected exactly dtype, shape, data_offsets)"));
+      }
+      if (*seen) {
+        return Fail(absl::StrCat("duplicate key ", Quote(name), " in header entry ",
+                                 Quote(entry_.name)));
+      }
+      *seen = true;
+      state_ = State::kEntryValue;
+      return true;
+    }
+    case State::kMetadata:
+      if (name.size() > kMaxTensorNameBytes) {
+        return Fail(absl::StrCat("__metadata__ key ", Quote(name), " is ", name.size(),
+                                 " bytes, over the limit of ", kMaxTensorNameBytes));
+      }
+      if (metadata_.count(name) != 0) {
+        return Fail(absl::StrCat("duplicate key ", Quote(name), " in header entry '__metadata__'"));
+      }
+      if (metadata_.size() >= kMaxSafetensorsMetadataEntries) {
+        return Fail(absl::StrCat("__metadata__ has more than ", kMaxSafetensorsMetadataEntries,
+                                 " entries (limit ", kMaxSafetensorsMetadataEntries, ")"));
+      }
+      metadata_key_ = std::move(name);
+      state_ = State::kMetadataValue;
+      return true;
+    default:
+      return Fail("unexpected key");  // the parser only reports keys inside objects
+  }
 }
 
-absl::Status ParseMetadata(const Json& value, const std::string& source,
-                           std::map<std::string, std::string>* metadata) {
-  if (!value.is_object()) {
-    return Invalid(source, absl::StrCat("__metadata__ must be an object of string -> string, got ",
-                                        value.type_name(), " ", Brief(value)));
-  }
-  for (const auto& [key, item] : value.items()) {
-    if (!item.is_string()) {
-      return Invalid(source,
-                     absl::StrCat("__metadata__ key ", Quote(key), " has a ", item.type_name(),
-                                  " value ", Brief(item), "; expected a string"));
+bool HeaderParser::OnValue(const Value& value) {
+  const bool is_object = value.kind == Value::Kind::kObject;
+  const bool is_container = is_object || value.kind == Value::Kind::kArray;
+  switch (state_) {
+    case State::kStart:
+      if (!is_object) {
+        return Fail(absl::StrCat("header must be a JSON object, got ", std::string(value.TypeName())));
+      }
+      state_ = State::kRoot;
+      return true;
+    case State::kRootValue:
+      if (root_key_is_metadata_) {
+        if (!is_object) {
+          return Fail(absl::StrCat("__metadata__ must be an object of string -> string, got ",
+                                   value.Brief()));
+        }
+        state_ = State::kMetadata;
+        return true;
+      }
+      if (!is_object) {
+        return Fail(absl::StrCat(Named(), " entry must be an object, got ", value.Brief()));
+      }
+      has_dtype_ = has_shape_ = has_offsets_ = false;
+      state_ = State::kEntry;
+      return true;
+    case State::kEntryValue:
+      return OnEntryValue(value);
+    case State::kShape: {
+      const size_t index = rank_++;
+      const std::optional<uint64_t> dim = value.NonNegativeInteger();
+      if (!dim) {
+        return Fail(absl::StrCat(Named(), " shape dim ", index, " is ",
+                                 is_container ? std::string(value.TypeName()) : value.Text(),
+                                 "; expected a non-negative integer"));
+      }
+      // Accumulated in the order Shape::numel() multiplies, so numel() cannot overflow later.
+      if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          __builtin_mul_overflow(numel_, static_cast<int64_t>(*dim), &numel_)) {
+        return Fail(absl::StrCat(Named(), " shape has more elements than fit in 64 bits (dim ",
+                                 index, " is ", *dim, ")"));
+      }
+      if (dims_.size() < static_cast<size_t>(Shape::kMaxRank)) {
+        dims_.push_back(static_cast<int64_t>(*dim));
+      }
+      return true;
     }
-    (*metadata)[key] = item.get<std::string>();
+    case State::kOffsets: {
+      const size_t index = offsets_seen_++;
+      const std::optional<uint64_t> offset = value.NonNegativeInteger();
+      if (!offset) {
+        return OffsetsError(absl::StrCat("element ", index, " = ",
+                                         is_container ? std::string(value.TypeName())
+                                                      : value.Brief()));
+      }
+      if (index < 2) offsets_[index] = *offset;
+      return true;
+    }
+    case State::kMetadataValue:
+      if (value.kind != Value::Kind::kString) {
+        const std::string_view type = value.TypeName();
+        const bool vowel = type == "array" || type == "object";
+        const std::string text = value.Text();
+        return Fail(absl::StrCat("__metadata__ key ", Quote(metadata_key_), " has ",
+                                 vowel ? "an " : "a ", std::string(type), " value",
+                                 text.empty() ? "" : " ", text, "; expected a string"));
+      }
+      metadata_.emplace(std::move(metadata_key_), *value.text);
+      state_ = State::kMetadata;
+      return true;
+    case State::kSkip:
+      if (is_container) {
+        // The schema nests two levels below the header object; deeper is not worth walking.
+        if (++skip_depth_ > 2) return Fail("");
+      } else if (skip_depth_ == 0) {
+        state_ = State::kRoot;
+      }
+      return true;
+    default:
+      return Fail("unexpected value");  // the parser reports values only where JSON allows them
   }
-  return absl::OkStatus();
 }
 
-absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const Json& entry,
-                                      uint64_t data_size, const std::string& source) {
-  const std::string tensor = absl::StrCat("tensor ", Quote(name));
-  if (!entry.is_object()) {
-    return Invalid(source, absl::StrCat(tensor, " entry must be an object, got ", entry.type_name(),
-                                        " ", Brief(entry)));
-  }
-  for (const auto& [key, unused] : entry.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return Invalid(source, absl::StrCat(tensor, " has unexpected key ", Quote(key),
-                                          " (expected exactly dtype, shape, data_offsets)"));
+bool HeaderParser::OnEntryValue(const Value& value) {
+  switch (field_) {
+    case Field::kDType: {
+      if (value.kind != Value::Kind::kString) {
+        return Fail(absl::StrCat(Named(), " dtype must be a string, got ", value.Brief()));
+      }
+      const std::optional<DType> dtype = ParseSafetensorsDType(*value.text);
+      if (!dtype) {
+        return Fail(absl::StrCat(Named(), " has unknown dtype ", value.Text(),
+                                 " (known: ", KnownDTypes(), ")"));
+      }
+      entry_.dtype = *dtype;
+      state_ = State::kEntry;
+      return true;
     }
+    case Field::kShape:
+      if (value.kind != Value::Kind::kArray) {
+        return Fail(absl::StrCat(Named(), " shape must be an array, got ", value.Brief()));
+      }
+      dims_.clear();
+      rank_ = 0;
+      numel_ = 1;
+      state_ = State::kShape;
+      return true;
+    case Field::kOffsets:
+      if (value.kind != Value::Kind::kArray) return OffsetsError(value.Brief());
+      offsets_seen_ = 0;
+      state_ = State::kOffsets;
+      return true;
   }
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!entry.contains(key)) return Invalid(source, absl::StrCat(tensor, " has no '", key, "'"));
-  }
+  return Fail("unexpected entry field");
+}
 
-  TensorInfo info;
-  info.name = name;
-
-  const Json& dtype = entry["dtype"];
-  if (!dtype.is_string()) {
-    return Invalid(source, absl::StrCat(tensor, " dtype must be a string, got ", Brief(dtype)));
-  }
-  const std::optional<DType> parsed_dtype = ParseSafetensorsDType(dtype.get<std::string>());
-  if (!parsed_dtype) {
-    return Invalid(source, absl::StrCat(tensor, " has unknown dtype ", Brief(dtype),
-                                        " (known: ", KnownDTypes(), ")"));
-  }
-  info.dtype = *parsed_dtype;
-
-  const Json& shape = entry["shape"];
-  if (!shape.is_array()) {
-    return Invalid(source, absl::StrCat(tensor, " shape must be an array, got ", Brief(shape)));
-  }
-  if (shape.size() > static_cast<size_t>(Shape::kMaxRank)) {
-    return Invalid(source, absl::StrCat(tensor, " shape has rank ", shape.size(),
-                                        ", more than the supported ", Shape::kMaxRank));
-  }
-  std::vector<int64_t> dims;
-  int64_t numel = 1;  // accumulated in the order Shape::numel() multiplies, so it cannot overflow
-  for (size_t i = 0; i < shape.size(); ++i) {
-    const std::optional<uint64_t> dim = NonNegativeInteger(shape[i]);
-    if (!dim) {
-      return Invalid(source, absl::StrCat(tensor, " shape dim ", i, " is ", Brief(shape[i]),
-                                          "; expected a non-negative integer"));
+bool HeaderParser::end_array() {
+  if (state_ == State::kShape) {
+    if (rank_ > static_cast<size_t>(Shape::kMaxRank)) {
+      return Fail(absl::StrCat(Named(), " shape has rank ", rank_, ", more than the supported ",
+                               Shape::kMaxRank));
     }
-    if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        __builtin_mul_overflow(numel, static_cast<int64_t>(*dim), &numel)) {
-      return Invalid(source, absl::StrCat(tensor, " shape ", Brief(shape),
-                                          " has more elements than fit in 64 bits"));
-    }
-    dims.push_back(static_cast<int64_t>(*dim));
+    Shape::FromSpan(dims_, &entry_.shape);  // rank checked above
+    state_ = State::kEntry;
+    return true;
   }
-  Shape::FromSpan(dims, &info.shape);  // rank checked above
+  if (state_ == State::kOffsets) {
+    if (offsets_seen_ != 2) return OffsetsError(absl::StrCat(offsets_seen_, " elements"));
+    entry_.begin = offsets_[0];
+    entry_.end = offsets_[1];
+    state_ = State::kEntry;
+    return true;
+  }
+  if (state_ == State::kSkip) {
+    if (--skip_depth_ == 0) state_ = State::kRoot;
+    return true;
+  }
+  return Fail("unexpected end of array");  // arrays open only in the states above
+}
 
-  const Json& offsets = entry["data_offsets"];
-  std::optional<uint64_t> begin, end;
-  if (offsets.is_array() && offsets.size() == 2) {
-    begin = NonNegativeInteger(offsets[0]);
-    end = NonNegativeInteger(offsets[1]);
+bool HeaderParser::end_object() {
+  switch (state_) {
+    case State::kEntry:
+      if (!FinishEntry()) return false;
+      state_ = State::kRoot;
+      return true;
+    case State::kMetadata:
+      state_ = State::kRoot;
+      return true;
+    case State::kRoot:
+      if (over_limit_) {
+        error_ = Invalid(source_, absl::StrCat("header lists ", tensor_count_,
+                                               " tensors, over the limit of ",
+                                               kMaxSafetensorsTensors));
+        return false;
+      }
+      state_ = State::kDone;
+      return true;
+    case State::kSkip:
+      if (--skip_depth_ == 0) state_ = State::kRoot;
+      return true;
+    default:
+      return Fail("unexpected end of object");
   }
-  if (!begin || !end) {
-    return Invalid(source, absl::StrCat(tensor,
-                                        " data_offsets must be two non-negative integers"
-                                        " [begin, end], got ",
-                                        Brief(offsets)));
-  }
-  info.begin = *begin;
-  info.end = *end;
+}
+
+bool HeaderParser::FinishEntry() {
+  if (!has_dtype_) return Fail(absl::StrCat(Named(), " has no 'dtype'"));
+  if (!has_shape_) return Fail(absl::StrCat(Named(), " has no 'shape'"));
+  if (!has_offsets_) return Fail(absl::StrCat(Named(), " has no 'data_offsets'"));
+  TensorInfo& info = entry_;
   const std::string span = absl::StrCat("data_offsets [", info.begin, ", ", info.end, ")");
-  if (info.begin > info.end) {
-    return Invalid(source, absl::StrCat(tensor, " ", span, " has begin > end"));
-  }
-  if (info.end > data_size) {
-    return Invalid(source,
-                   absl::StrCat(tensor, " ", span, " runs past the end of the data section (",
-                                data_size, " bytes)"));
+  if (info.begin > info.end) return Fail(absl::StrCat(Named(), " ", span, " has begin > end"));
+  if (info.end > data_size_) {
+    return Fail(absl::StrCat(Named(), " ", span, " runs past the end of the data section (",
+                             data_size_, " bytes)"));
   }
   uint64_t bytes = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(numel), DTypeSize(info.dtype), &bytes)) {
-    return Invalid(source, absl::StrCat(tensor, " shape ", info.shape.ToString(), " of ",
-                                        std::string(SafetensorsDTypeName(info.dtype)),
-                                        " has more bytes than fit in 64 bits"));
+  const std::string dtype(SafetensorsDTypeName(info.dtype));
+  if (__builtin_mul_overflow(static_cast<uint64_t>(numel_), DTypeSize(info.dtype), &bytes)) {
+    return Fail(absl::StrCat(Named(), " shape ", info.shape.ToString(), " of ", dtype,
+                             " has more bytes than fit in 64 bits"));
   }
   if (bytes != info.end - info.begin) {
-    return Invalid(source,
-                   absl::StrCat(tensor, " shape ", info.shape.ToString(), " of ",
-                                std::string(SafetensorsDTypeName(info.dtype)), " needs ", bytes,
-                                " bytes but ", span, " span ", info.end - info.begin, " bytes"));
+    return Fail(absl::StrCat(Named(), " shape ", info.shape.ToString(), " of ", dtype, " needs ",
+                             bytes, " bytes but ", span, " span ", info.end - info.begin,
+                             " bytes"));
   }
-  return info;
+  tensors_.push_back(std::move(entry_));
+  names_.insert(tensors_.back().name);
+  return true;
 }
 
 // Every data byte must belong to exactly one tensor: no overlap, no gap, no unused tail.
@@ -275,33 +533,58 @@ absl::Status TooShort(uint64_t size, const std::string& source) {
                                       " bytes, shorter than the 8-byte header length prefix"));
 }
 
+uint64_t LittleEndian64(const uint8_t* bytes) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | bytes[i];
+  return value;
+}
+
+// Checks the header length read from the prefix of a file of `file_size` bytes.
+absl::Status CheckHeaderLength(uint64_t header_size, uint64_t file_size,
+                               const std::string& source) {
+  if (header_size == 0) return Invalid(source, "header length is 0");
+  if (header_size > kMaxSafetensorsHeaderBytes) {
+    return Invalid(source, absl::StrCat("header length ", header_size, " exceeds the cap of ",
+                                        kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (header_size > file_size - 8) {
+    return Invalid(source, absl::StrCat("header length ", header_size,
+                                        " runs past the end of the file (file is ", file_size,
+                                        " bytes, header needs ", 8 + header_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
     std::string_view header_json, uint64_t data_size, std::string_view source,
     std::map<std::string, std::string>* metadata) {
   const std::string src(source);
-  EAGLE3_ASSIGN_OR_RETURN(Json root, ParseJsonStrict(header_json, src));
-  if (!root.is_object()) {
-    return Invalid(src, absl::StrCat("header must be a JSON object, got ", root.type_name()));
+  if (header_json.size() > kMaxSafetensorsHeaderBytes) {
+    return Invalid(src, absl::StrCat("header is ", header_json.size(), " bytes, over the cap of ",
+                                     kMaxSafetensorsHeaderBytes));
+  }
+  HeaderParser parser(src, data_size);
+  bool parsed = false;
+  try {
+    parsed = Json::sax_parse(header_json.begin(), header_json.end(), &parser);
+  } catch (const Json::exception& e) {  // the SAX parser reports through parse_error
+    return Invalid(src, absl::StrCat("header is not valid JSON: ", e.what()));
+  }
+  if (!parsed) {
+    if (!parser.error().ok()) return parser.error();
+    return Invalid(src, "header is not valid JSON");
   }
   std::vector<TensorInfo> tensors;
-  tensors.reserve(root.size());
-  std::map<std::string, std::string>
-      parsed_metadata;  // handed out only when the whole header is valid
-  for (const auto& [key, value] : root.items()) {
-    if (key == "__metadata__") {
-      EAGLE3_RETURN_IF_ERROR(ParseMetadata(value, src, &parsed_metadata));
-      continue;
-    }
-    EAGLE3_ASSIGN_OR_RETURN(TensorInfo info, ParseEntry(key, value, data_size, src));
-    tensors.push_back(std::move(info));
-  }
+  tensors.reserve(parser.tensors().size());
+  for (TensorInfo& info : parser.tensors()) tensors.push_back(std::move(info));
   std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
   });
   EAGLE3_RETURN_IF_ERROR(CheckCoverage(tensors, data_size, src));
-  if (metadata != nullptr) *metadata = std::move(parsed_metadata);
+  // Handed out only when the whole header is valid.
+  if (metadata != nullptr) *metadata = std::move(parser.metadata());
   return tensors;
 }
 
@@ -309,18 +592,8 @@ absl::StatusOr<SafetensorsLayout> ParseSafetensorsBuffer(std::span<const uint8_t
                                                          std::string_view source) {
   const std::string src(source);
   if (file.size() < 8) return TooShort(file.size(), src);
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | file[i];  // little-endian
-  if (header_size == 0) return Invalid(src, "header length is 0");
-  if (header_size > kMaxSafetensorsHeaderBytes) {
-    return Invalid(src, absl::StrCat("header length ", header_size, " exceeds the cap of ",
-                                     kMaxSafetensorsHeaderBytes, " bytes"));
-  }
-  if (header_size > file.size() - 8) {
-    return Invalid(
-        src, absl::StrCat("header length ", header_size, " runs past the end of the file (file is ",
-                          file.size(), " bytes, header needs ", 8 + header_size, ")"));
-  }
+  const uint64_t header_size = LittleEndian64(file.data());
+  EAGLE3_RETURN_IF_ERROR(CheckHeaderLength(header_size, file.size(), src));
   SafetensorsLayout layout;
   layout.data_offset = 8 + header_size;
   layout.data_size = file.size() - layout.data_offset;
@@ -330,45 +603,35 @@ absl::StatusOr<SafetensorsLayout> ParseSafetensorsBuffer(std::span<const uint8_t
   return layout;
 }
 
+SafetensorsFile::SafetensorsFile() = default;
+SafetensorsFile::~SafetensorsFile() = default;
+
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open safetensors file '", path, "'"));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot stat '", path, "'"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is not a regular file"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    return TooShort(size, path);
-  }
-  void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_error = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (mapping == MAP_FAILED) {
-    return absl::ErrnoToStatus(map_error, absl::StrCat("cannot mmap '", path, "'"));
-  }
+  EAGLE3_ASSIGN_OR_RETURN(file_io::File opened,
+                          file_io::OpenRegularFile(path, "safetensors file"));
+  const uint64_t size = opened.size();
+  if (size < 8) return TooShort(size, path);
+  uint8_t prefix[8];
+  EAGLE3_RETURN_IF_ERROR(opened.ReadAt(0, prefix, sizeof(prefix)));
+  const uint64_t header_size = LittleEndian64(prefix);
+  EAGLE3_RETURN_IF_ERROR(CheckHeaderLength(header_size, size, path));
+  std::string header(static_cast<size_t>(header_size), '\0');
+  EAGLE3_RETURN_IF_ERROR(opened.ReadAt(8, header.data(), header.size()));
+  EAGLE3_RETURN_IF_ERROR(opened.CheckUnchanged());
+  opened.Close();  // readers reopen it; see the class comment
+
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->base_ = static_cast<const uint8_t*>(mapping);
-  file->mapped_size_ = size;  // the destructor unmaps from here on, on every return path
-  EAGLE3_ASSIGN_OR_RETURN(file->layout_, ParseSafetensorsBuffer({file->base_, size}, path));
-  for (size_t i = 0; i < file->layout_.tensors.size(); ++i) {
-    file->index_.emplace(file->layout_.tensors[i].name, i);
+  SafetensorsLayout& layout = file->layout_;
+  layout.data_offset = 8 + header_size;
+  layout.data_size = size - layout.data_offset;
+  EAGLE3_ASSIGN_OR_RETURN(layout.tensors,
+                          ParseSafetensorsHeader(header, layout.data_size, path, &layout.metadata));
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    file->index_.emplace(layout.tensors[i].name, i);
   }
+  file->file_ = std::make_unique<const file_io::File>(std::move(opened));
   return file;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), mapped_size_);
 }
 
 const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
@@ -376,23 +639,57 @@ const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
   return it == index_.end() ? nullptr : &layout_.tensors[it->second];
 }
 
+SafetensorsFile::Reader::Reader(const SafetensorsFile* owner, std::unique_ptr<file_io::File> file)
+    : owner_(owner), file_(std::move(file)) {}
+SafetensorsFile::Reader::Reader(Reader&&) noexcept = default;
+SafetensorsFile::Reader& SafetensorsFile::Reader::operator=(Reader&&) noexcept = default;
+SafetensorsFile::Reader::~Reader() = default;
+
+absl::StatusOr<SafetensorsFile::Reader> SafetensorsFile::OpenReader() const {
+  EAGLE3_ASSIGN_OR_RETURN(file_io::File reopened, file_->Reopen());
+  return Reader(this, std::make_unique<file_io::File>(std::move(reopened)));
+}
+
+absl::Status SafetensorsFile::Reader::Read(const TensorInfo& info, uint64_t offset, void* out,
+                                           size_t n) const {
+  const std::vector<TensorInfo>& tensors = owner_->layout_.tensors;
+  if (&info < tensors.data() || &info >= tensors.data() + tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(info.name),
+                                                   " is not an entry of '", owner_->path_, "'"));
+  }
+  const uint64_t bytes = info.end - info.begin;
+  if (offset > bytes || n > bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "read of bytes [", offset, ", ", offset + n, ") is outside tensor ", Quote(info.name),
+        " (", bytes, " bytes) in '", owner_->path_, "'"));
+  }
+  const absl::Status status =
+      file_->ReadAt(owner_->layout_.data_offset + info.begin + offset, out, n);
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (reading tensor ", Quote(info.name), ")"));
+}
+
+absl::Status SafetensorsFile::Reader::CheckUnchanged() const { return file_->CheckUnchanged(); }
+
+absl::Status SafetensorsFile::ReadBytes(const TensorInfo& info, uint64_t offset, void* out,
+                                        size_t n) const {
+  EAGLE3_ASSIGN_OR_RETURN(const Reader reader, OpenReader());
+  EAGLE3_RETURN_IF_ERROR(reader.Read(info, offset, out, n));
+  return reader.CheckUnchanged();
+}
+
 absl::StatusOr<TensorView> SafetensorsFile::View(std::string_view name) const {
   const TensorInfo* info = Find(name);
   if (info == nullptr) {
     return absl::NotFoundError(absl::StrCat("tensor ", Quote(name), " not found in '", path_, "'"));
   }
-  const uint8_t* bytes = RawData(*info);
-  // TensorView carries a mutable pointer; the mapping is PROT_READ, so this view is read-only.
-  void* data = const_cast<uint8_t*>(bytes);
-  if (reinterpret_cast<uintptr_t>(bytes) % DTypeSize(info->dtype) == 0) {
-    return TensorView(data, info->dtype, info->shape);
-  }
-  std::lock_guard<std::mutex> lock(aligned_copies_mutex_);
-  auto it = aligned_copies_.find(name);
-  if (it == aligned_copies_.end()) {
+  std::lock_guard<std::mutex> lock(views_mutex_);
+  auto it = views_.find(name);
+  if (it == views_.end()) {
     EAGLE3_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(info->dtype, info->shape));
-    std::memcpy(copy.data(), bytes, info->end - info->begin);
-    it = aligned_copies_.emplace(info->name, std::move(copy)).first;
+    EAGLE3_RETURN_IF_ERROR(ReadBytes(*info, 0, copy.data(), info->end - info->begin));
+    it = views_.emplace(info->name, std::move(copy)).first;
   }
   return it->second.view();
 }

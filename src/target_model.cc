@@ -13,6 +13,7 @@
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/host_budget.h"
 #include "eagle3/moe_routing.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
@@ -158,6 +159,7 @@ struct TargetModel::Impl {
   }
 
   absl::Status LoadWeights();
+  absl::Status CheckBuffersFit() const;
   absl::Status AllocateWorkspaces();
 
   RankCollectives Ranks() const { return RankCollectives{options.tp_size, comm, backend}; }
@@ -194,6 +196,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
     }
     EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape(spec.name, spec.shape));
   }
+  EAGLE3_RETURN_IF_ERROR(CheckNoUnknownTensors(*checkpoint, config, specs));
   size_t next = 0;
   // The next tensor of the schema, in `dtype`: weight_dtype for Gemm weights and the embedding, f32
   // for norms, the router and its bias.
@@ -350,7 +353,8 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
     EAGLE3_ASSIGN_OR_RETURN(cos_sin, Alloc(DType::kF32, host_table.shape()));
     EAGLE3_RETURN_IF_ERROR(Upload(host_table, cos_sin));
   }
-  host_mask.assign(static_cast<size_t>(t_max * s_max), 0);
+  EAGLE3_RETURN_IF_ERROR(AssignHostVector(host_mask, t_max * s_max, uint8_t{0},
+                                          "TargetModel: max_tokens_per_forward x max_context_len host mask"));
 
   // Staging and the batched path's device metadata. Sequences <= tokens, so t_max bounds both.
   max_pages = (s_max + options.page_size - 1) / options.page_size;
@@ -864,6 +868,44 @@ int64_t TargetModel::LogitRows(std::span<const SequenceInput> batch) {
   return rows;
 }
 
+// The buffers AllocateWorkspaces (and LoadWeights' KV cache) size from the options and the config,
+// summed before anything is allocated. Host staging and the host mask always count; the KV cache
+// and the workspaces count when they live in host memory (a host backend): a device allocator
+// reports its own exhaustion as ResourceExhausted.
+absl::Status TargetModel::Impl::CheckBuffersFit() const {
+  const int64_t t = options.max_tokens_per_forward, s = options.max_context_len;
+  const int64_t page_size = options.page_size, pages = options.num_kv_pages;
+  const int64_t h_dim = config.hidden_size, vocab = config.vocab_size;
+  const int64_t pages_per_seq = s / page_size + (s % page_size != 0 ? 1 : 0);
+  const std::string tokens = "max_tokens_per_forward " + Str(t);
+  const std::string context = "max_context_len " + Str(s);
+  HostByteBudget budget("TargetModel");
+  budget.Add(tokens + " x " + context + " (host attention mask)", {t, s}, 1);
+  budget.Add(tokens + " x vocab_size " + Str(vocab) + " (logits staging)", {t, vocab}, 4);
+  budget.Add(tokens + " x " + context + " / page_size " + Str(page_size) + " (page table staging)",
+             {t, pages_per_seq}, 4);
+  budget.Add(tokens + " x " + tokens + " (tree mask staging)", {t, t}, 1);
+  budget.Add(tokens + " x 3 x hidden_size " + Str(h_dim) + " (tap staging)", {t, 3, h_dim}, 4);
+  budget.Add(context + " x qk_rope_head_dim " + Str(rope) + " (RoPE table)", {s, rope}, 4);
+  budget.Add(context + " (position iota)", {s, 2}, 8);
+  if (backend->allocator().device().is_cpu()) {
+    budget.Add("num_hidden_layers " + Str(config.num_hidden_layers) + " x num_kv_pages " + Str(pages) +
+                   " x page_size " + Str(page_size) + " x latent width " + Str(width) + " (KV cache)",
+               {config.num_hidden_layers, pages, page_size, width}, DTypeSize(cache_dtype));
+    budget.Add(tokens + " x " + context + " (attention mask)", {t, s}, 1);
+    budget.Add(context + " x attention widths (context latent / k / v)", {s, width + heads * (nope + vdim + qk)}, 4);
+    budget.Add("(tp_size + 1) x " + tokens + " x vocab shard " + Str(vocab_shard) + " (logits)",
+               {options.tp_size + 1, t, vocab_shard}, 4);
+    budget.Add(tokens + " x 7 x hidden_size " + Str(h_dim) + " (residual streams)", {t + options.tp_size, 7, h_dim},
+               4);
+    budget.Add(tokens + " x attention widths (queries)", {t, (heads + 1) * width + heads * (qk + vdim + latent)}, 4);
+    budget.Add(tokens + " x 3 x intermediate " + Str(inter_max) + " (MLP)", {t, 3, inter_max}, 4);
+    budget.Add("num_kv_pages " + Str(pages) + " x page_size " + Str(page_size) + " (slot ids)", {pages, page_size},
+               8);
+  }
+  return budget.Check();
+}
+
 absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::string& checkpoint_dir,
                                                                  const TargetModelOptions& options,
                                                                  Communicator* communicator, Backend* backend) {
@@ -875,8 +917,15 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
   impl->backend = backend;
   EAGLE3_ASSIGN_OR_RETURN(impl->config, DeepseekV2Config::FromFile(checkpoint_dir));
   EAGLE3_RETURN_IF_ERROR(impl->config.ValidateForTp(options.tp_size));
-  EAGLE3_ASSIGN_OR_RETURN(impl->checkpoint, Checkpoint::Open(checkpoint_dir));
   const DeepseekV2Config& c = impl->config;
+  if (options.max_context_len > c.max_position_embeddings && !options.allow_long_context) {
+    return absl::InvalidArgumentError(
+        "TargetModel: max_context_len " + Str(options.max_context_len) + " exceeds max_position_embeddings " +
+        Str(c.max_position_embeddings) + " of " + checkpoint_dir +
+        "/config.json: positions beyond it are outside what the model was trained for; lower max_context_len, "
+        "or set TargetModelOptions::allow_long_context to run them anyway");
+  }
+  EAGLE3_ASSIGN_OR_RETURN(impl->checkpoint, Checkpoint::Open(checkpoint_dir));
   impl->heads = c.num_attention_heads / options.tp_size;
   impl->latent = c.kv_lora_rank;
   impl->rope = c.qk_rope_head_dim;
@@ -891,6 +940,7 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
   EAGLE3_ASSIGN_OR_RETURN(impl->weight_dtype, ResolveWeightDtype(options.weight_dtype, *backend, "TargetModel"));
   impl->cache_dtype = options.kv_cache_dtype.value_or(DType::kF32);
   EAGLE3_RETURN_IF_ERROR(CheckStorageDtype(impl->cache_dtype, "TargetModel: kv_cache_dtype"));
+  EAGLE3_RETURN_IF_ERROR(impl->CheckBuffersFit());
   EAGLE3_RETURN_IF_ERROR(impl->LoadWeights());
   EAGLE3_RETURN_IF_ERROR(impl->AllocateWorkspaces());
   return std::unique_ptr<TargetModel>(new TargetModel(std::move(impl)));

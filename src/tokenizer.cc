@@ -343,22 +343,18 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<Tokenizer> Tokenizer::FromFile(const std::filesystem::path& tokenizer_json) {
-  std::error_code ec;
-  std::filesystem::path file = tokenizer_json;
-  if (std::filesystem::is_directory(file, ec)) file /= "tokenizer.json";
-  if (!std::filesystem::is_regular_file(file, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat(file.string(), ": no such file (expected a tokenizer.json or its directory)"));
-  }
+  // Size-capped, and FIFOs or directories are refused before any blocking open.
   std::string resolved;
-  EAGLE3_ASSIGN_OR_RETURN(const std::string text,
-                          json_fields::ReadConfigFile(file.string(), &resolved));
+  EAGLE3_ASSIGN_OR_RETURN(
+      const std::string text,
+      json_fields::ReadJsonFile(tokenizer_json.string(), json_fields::kTokenizerLimits, &resolved));
   return FromJson(text, resolved);
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view json, std::string_view source_name) {
-  EAGLE3_ASSIGN_OR_RETURN(const nlohmann::json document,
-                          json_fields::ParseObjectDocument(json, source_name));
+  EAGLE3_ASSIGN_OR_RETURN(
+      const nlohmann::json document,
+      json_fields::ParseObjectDocument(json, source_name, json_fields::kTokenizerLimits));
   const Object root(document, source_name, "");
   EAGLE3_RETURN_IF_ERROR(root.CheckKnownKeys({kTopLevelKeys}));
   EAGLE3_RETURN_IF_ERROR(RequireKeys(root, kTopLevelKeys));

@@ -229,6 +229,31 @@ std::vector<BadCase> Cases() {
        },
        kInvalid,
        {kShard1, "tensor 'stray'", "does not list"}},
+      {"model.safetensors is a directory",
+       [](const fs::path& dir) { fs::create_directory(dir / kSingle); },
+       absl::StatusCode::kFailedPrecondition,
+       {kSingle, "is a directory, not a regular file"}},
+      {"shard is a directory",
+       [](const fs::path& dir) {
+         fs::create_directory(dir / kShard1);
+         WriteBytes(dir / kIndex, std::string(R"({"weight_map": {"a": ")") + kShard1 + R"("}})");
+       },
+       absl::StatusCode::kFailedPrecondition,
+       {kShard1, "is a directory, not a regular file"}},
+      {"index lists a tensor twice",
+       [](const fs::path& dir) {
+         WriteShard(dir / kShard1, {"a"});
+         WriteBytes(dir / kIndex, std::string(R"({"weight_map": {"a": ")") + kShard1 +
+                                      R"(", "a": ")" + kShard2 + R"("}})");
+       },
+       kInvalid,
+       {kIndex, "weight_map lists tensor 'a' twice"}},
+      {"index tensor name over the length limit",
+       [](const fs::path& dir) {
+         WriteBytes(dir / kIndex, R"({"weight_map": {")" + std::string(2000, 'n') + R"(": "s"}})");
+       },
+       kInvalid,
+       {kIndex, "is 2000 bytes, over the limit of 1024"}},
       {"malformed shard inside an index",
        [](const fs::path& dir) {
          WriteSafetensorsImage(dir / kShard1, "{" + Entry("a", "I8", "[1]", "[0,1]") + "}", "x");
@@ -254,7 +279,9 @@ TEST(BadCheckpointTest, EveryMalformedCheckpointFailsWithAPreciseStatus) {
     for (const std::string& s : c.substrings) {
       EXPECT_THAT(std::string(status.message()), HasSubstr(s));
     }
-    if (c.code == absl::StatusCode::kNotFound || c.substrings.front() == kSingle) {
+    const std::string& first = c.substrings.front();
+    if (c.code == absl::StatusCode::kNotFound || first == kSingle || first == kIndex ||
+        first == kShard1) {
       // Messages about a file carry its full path, so the user can find it.
       EXPECT_THAT(std::string(status.message()), HasSubstr(dir.path()));
     }

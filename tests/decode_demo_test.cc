@@ -197,9 +197,9 @@ TEST(DecodeDemoTest, GoldenPairAtTp2) {
 TEST(DecodeDemoTest, BadFlagsAreRefused) {
   ScopedTempDir dir;
   RunFailing("--topk 0", dir);
-  EXPECT_THAT(RunFailing("--batch 0", dir), HasSubstr("--batch must be an integer in [1, 1024], got 0"));
-  EXPECT_THAT(RunFailing("--batch two", dir), HasSubstr("--batch must be an integer"));
-  EXPECT_THAT(RunFailing("--prompt-tokens 0", dir), HasSubstr("--prompt-tokens must be an integer"));
+  EXPECT_THAT(RunFailing("--batch 0", dir), HasSubstr("--batch: expected an integer in [1, 1024], got \"0\""));
+  EXPECT_THAT(RunFailing("--batch two", dir), HasSubstr("--batch: expected an integer in [1, 1024], got \"two\""));
+  EXPECT_THAT(RunFailing("--prompt-tokens 0", dir), HasSubstr("--prompt-tokens: expected an integer"));
   RunFailing("--target /nonexistent", dir);
   EXPECT_THAT(RunFailing("--random-pair --prompt 'x = 1'", dir), HasSubstr("the random pair has no tokenizer"));
   EXPECT_THAT(RunFailing("--prompt 'x' --tokens 1,2", dir), HasSubstr("not both"));

@@ -1,8 +1,9 @@
 // A Hugging Face checkpoint directory: either one `model.safetensors`, or
 // `model.safetensors.index.json` ({"metadata": {...}, "weight_map": {tensor: shard file}}) plus the
-// shard files it names. Tensors are read zero-copy (View) or copied and converted (Read), and
-// tensor-parallel slices are cut straight from the mapped file (ReadShard) without materializing
-// the whole tensor.
+// shard files it names. Tensors are read with pread, never memory-mapped (see SafetensorsFile):
+// copied and converted (Read), or as tensor-parallel slices read straight from the file
+// (ReadShard) without materializing the whole tensor. A file truncated or rewritten while it is
+// loaded gives DataLoss, never a signal.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,23 @@ struct ShardSpec {
   int64_t pad_to_multiple = 1;
 };
 
+// Size cap of model.safetensors.index.json. A real index is about 100 bytes per tensor: ~9 MB for
+// DeepSeek-V3's 92k tensors.
+inline constexpr uint64_t kMaxSafetensorsIndexBytes = uint64_t{64} << 20;
+// Most weight_map entries an index may list: the same bound as one safetensors header.
+inline constexpr size_t kMaxSafetensorsIndexTensors = kMaxSafetensorsTensors;
+
+// Parses model.safetensors.index.json text into tensor -> shard file name, in one streaming (SAX)
+// pass linear in the text: only weight_map is stored; "metadata" and any other top-level key are
+// skipped without being stored (nesting at most kMaxSafetensorsIndexDepth). Tensor and shard names
+// are at most kMaxTensorNameBytes, shard names must be relative paths inside the checkpoint, and
+// a tensor listed twice is refused. Memory: at most about 150 bytes per entry plus its two names,
+// so at most about 150 MiB + the text size at the caps. Errors are InvalidArgument naming
+// `source` and, for a limit, the limit and the actual value.
+inline constexpr int kMaxSafetensorsIndexDepth = 16;
+absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::string_view text,
+                                                                         std::string_view source);
+
 // `n` rounded up to a multiple of `multiple`. Requires n >= 0, multiple >= 1 and no int64
 // overflow (ReadShard checks these for you).
 int64_t PaddedSize(int64_t n, int64_t multiple);
@@ -45,11 +63,14 @@ class Checkpoint {
   static constexpr std::string_view kSingleFileName = "model.safetensors";
   static constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
 
-  // Opens and validates every file up front. When both a single file and an index are present, the
-  // single file is used (transformers' precedence). Errors: NotFound (no checkpoint files, missing
-  // shard: names the shard and a tensor mapped to it; tensor listed in the index but absent from
-  // its shard), InvalidArgument (malformed index or safetensors; a tensor in two shards; a shard
-  // holding a tensor the index does not list), each naming the file, tensor or key.
+  // Opens and validates every file up front (headers only; tensor bytes are read on demand).
+  // When both a single file and an index are present, the single file is used (transformers'
+  // precedence). Errors: NotFound (no checkpoint files, missing shard: names the shard and a tensor
+  // mapped to it; tensor listed in the index but absent from its shard), InvalidArgument (malformed
+  // index or safetensors; a tensor in two shards; a shard holding a tensor the index does not
+  // list), FailedPrecondition (a checkpoint file that is a directory, FIFO or device: refused
+  // without blocking), PermissionDenied and other OS errors with their strerror text, each naming
+  // the file, tensor or key.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
@@ -61,15 +82,17 @@ class Checkpoint {
   // Path of the file holding the tensor.
   absl::StatusOr<std::string> FileOf(std::string_view name) const;
 
-  // Zero-copy read-only host view; see SafetensorsFile::View for alignment. Valid while this
-  // Checkpoint lives.
+  // Read-only host view of the whole tensor; see SafetensorsFile::View (the first call reads the
+  // tensor into memory this Checkpoint keeps). Valid while this Checkpoint lives.
   absl::StatusOr<TensorView> View(std::string_view name) const;
 
   // InvalidArgument "tensor 'x' in '<file>' has shape [a, b], expected [c, d]" on mismatch.
   absl::Status ExpectShape(std::string_view name, const Shape& expected) const;
 
   // The whole tensor converted to `dtype`. `allocator` must be a host allocator. Conversions: any
-  // of f32/f16/bf16/f8_e4m3 to f32/f16/bf16, i32 <-> i64, and same-dtype copies.
+  // of f32/f16/bf16/f8_e4m3 to f32/f16/bf16, i32 <-> i64, and same-dtype copies. Like every read
+  // below, DataLoss "<file>: file changed while loading: ..." when the file was truncated,
+  // rewritten or replaced since Open (see SafetensorsFile).
   absl::StatusOr<Tensor> Read(std::string_view name, DType dtype,
                               Allocator& allocator = DefaultHostAllocator()) const;
 

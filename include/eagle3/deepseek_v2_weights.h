@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/shape.h"
@@ -42,5 +43,16 @@ inline constexpr int64_t kVocabPadPerRank = 64;
 // tie_word_embeddings). MTP layers (num_nextn_predict_layers) are not part of the target forward and
 // are not listed.
 std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
+
+// Refuses a checkpoint holding a tensor that `specs` (DeepseekV2Weights(config)) does not list: an
+// unused bias, a `weight_scale_inv` of an FP8 checkpoint whose config.json lost its
+// quantization_config (it would otherwise run without its scales), a misspelled name. The one
+// deliberate exception: tensors of MTP layers (`model.layers.<k>.*` with num_hidden_layers <= k <
+// num_hidden_layers + num_nextn_predict_layers), which real DeepSeek-V3 checkpoints carry for a
+// future MTP drafter. InvalidArgument names the first unknown tensor, its file, the config, how
+// many more there are, and for `*weight_scale_inv`, `*weight_scale` and `*weight_packed` names a
+// hint that the checkpoint looks quantized.
+absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
+                                   const std::vector<WeightSpec>& specs);
 
 }  // namespace eagle3

@@ -25,8 +25,13 @@ struct ModelRankOptions {
   // into this dtype; a backend that cannot run it is refused at Create (ResolveWeightDtype).
   std::optional<DType> weight_dtype;
 
+  // Upper bound of every capacity above: far beyond any real workload, low enough that sums and
+  // round-ups of capacities never overflow int64 (buffer sizes are checked separately, at Create,
+  // against the memory this process can use: ResourceExhausted naming the options).
+  static constexpr int64_t kMaxCapacity = int64_t{1} << 40;
+
   // InvalidArgument naming `who` unless 0 <= rank < tp_size, `communicator` has that size and rank
-  // when tp_size > 1 (it may be null at tp 1), and every capacity is positive.
+  // when tp_size > 1 (it may be null at tp 1), and every capacity is in [1, kMaxCapacity].
   absl::Status Check(const std::string& who, const Communicator* communicator) const;
 };
 

@@ -4,8 +4,14 @@
 // the data section) plus an optional "__metadata__" object of string -> string. Every byte of the
 // data section must belong to exactly one tensor: overlaps, gaps and unused trailing bytes are
 // rejected, as the reference implementation does.
+//
+// Headers are untrusted input. They are parsed in one streaming (SAX) pass, linear in the header
+// size, straight into TensorInfo records: no JSON tree is built, and a value of the wrong type is
+// refused at its first byte, so nesting never exceeds the schema's three levels (header object,
+// tensor entry, shape / data_offsets array). The limits below bound time and memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/dtype.h"
 #include "eagle3/shape.h"
@@ -23,9 +30,22 @@
 
 namespace eagle3 {
 
+namespace file_io {
+class File;  // src/file_io.h
+}  // namespace file_io
+
 // Header length cap: a real header is kilobytes to a few megabytes; anything larger is corrupt or
 // hostile and would otherwise make us parse arbitrary amounts of JSON.
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;  // 100 MiB
+// Most tensors one header may list. A whole DeepSeek-V3 or Kimi-K2 checkpoint in a single file
+// holds 100k-150k tensors. Parsing and indexing take about 300 bytes per tensor plus twice its
+// name, so an open file at these caps holds at most about 300 MiB + 2 x 100 MiB.
+inline constexpr size_t kMaxSafetensorsTensors = size_t{1} << 20;
+// Most "__metadata__" entries (real files carry a handful, e.g. {"format": "pt"}).
+inline constexpr size_t kMaxSafetensorsMetadataEntries = size_t{1} << 16;
+// Longest tensor name or "__metadata__" key, in bytes; real names are under 200. Metadata values
+// are bounded only by the header cap.
+inline constexpr size_t kMaxTensorNameBytes = 1024;
 
 struct TensorInfo {
   std::string name;
@@ -46,25 +66,31 @@ struct SafetensorsLayout {
 // Parses and validates the JSON header (the N bytes after the 8-byte length). `data_size` is the
 // number of bytes in the data section; `source` names the file in error messages. The returned
 // tensors are ordered by data offset (storage order), ties (empty tensors) by name. `metadata`
-// (optional, may be null) receives "__metadata__". Errors are InvalidArgument.
+// (optional, may be null) receives "__metadata__". Errors are InvalidArgument; those about a limit
+// above state the limit and the actual value.
 absl::StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
     std::string_view header_json, uint64_t data_size, std::string_view source,
     std::map<std::string, std::string>* metadata = nullptr);
 
 // Parses a whole file image (length prefix, header, and the bounds of the data section). `file`:
-// the complete file contents; only the length prefix and header are read. Used by
-// SafetensorsFile::Open and by the fuzzer, so both exercise the same checks.
+// the complete file contents; only the length prefix and header are read. Used by the fuzzer; it
+// runs the same checks SafetensorsFile::Open runs on the prefix and header it reads from disk.
 absl::StatusOr<SafetensorsLayout> ParseSafetensorsBuffer(std::span<const uint8_t> file,
                                                          std::string_view source);
 
-// A safetensors file mapped read-only into memory. Not copyable or movable (views point into it);
-// own it through the unique_ptr that Open returns. All const methods are thread-safe. The mapping
-// stays valid for the object's lifetime; truncating the file on disk meanwhile is undefined (the
-// OS raises SIGBUS on access), as with any mmap reader.
+// An open safetensors file. Only the header is read by Open; tensor bytes are read on demand with
+// pread into caller or owned memory, never memory-mapped, so a file truncated or rewritten while
+// it is loaded gives a DataLoss status, never SIGBUS. No descriptor is held between reads: each
+// Reader reopens the file and checks it is the one Open parsed (same device, inode, size and
+// modification time), so a replaced or modified file is reported, and many shards opened by many
+// in-process ranks do not exhaust file descriptors. Not copyable or movable (views point into
+// it); own it through the unique_ptr that Open returns. All const methods are thread-safe.
 class SafetensorsFile {
  public:
-  // Errors: NotFound (no such file), PermissionDenied, FailedPrecondition (not a regular file),
-  // InvalidArgument (malformed contents, message names the file and the offending item).
+  // Never blocks on a FIFO or device. Errors: NotFound (no such file), PermissionDenied and other
+  // OS errors (with strerror), FailedPrecondition ("is a directory, not a regular file", "is a
+  // FIFO, ..."), InvalidArgument (malformed contents, message names the file and the offending
+  // item), DataLoss (the file changed while its header was read).
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
   ~SafetensorsFile();
@@ -79,33 +105,57 @@ class SafetensorsFile {
   // nullptr when the file holds no tensor of that name.
   const TensorInfo* Find(std::string_view name) const;
 
-  // Read-only host view of the tensor's bytes (contiguous, the file's dtype and shape); writing
-  // through it faults. Valid while this object lives. Safetensors offsets need not be aligned, and
-  // a misaligned typed pointer is undefined behaviour, so: when the bytes sit at an address aligned
-  // to the element size (always so for files from WriteSafetensors or the safetensors library,
-  // which order tensors by decreasing element size after an 8-byte padded header), the view points
-  // into the mapping (zero-copy); otherwise the first call copies the tensor once into an aligned
-  // buffer owned by this object and later calls return that. NotFound names the tensor and file.
+  // Host view of the tensor's bytes (contiguous, element-aligned, the file's dtype and shape). The
+  // first call reads the tensor into a buffer owned by this object; later calls return that
+  // buffer, which lives as long as this object. Do not write through the view. For large tensors
+  // prefer ReadBytes (or Checkpoint::Read / ReadShard), which do not keep a copy. Errors: NotFound
+  // names the tensor and file; DataLoss as in Reader.
   absl::StatusOr<TensorView> View(std::string_view name) const;
 
-  // Raw bytes of a tensor inside the mapping, with no alignment guarantee: `info` must come from
-  // this file's tensors() / Find(). For readers that copy (memcpy) rather than dereference.
-  const uint8_t* RawData(const TensorInfo& info) const {
-    return base_ + layout_.data_offset + info.begin;
-  }
+  // The file opened for a batch of reads (e.g. the runs of one tensor-parallel slice), closed on
+  // destruction. Movable; usable from one thread at a time.
+  class Reader {
+   public:
+    Reader(Reader&&) noexcept;
+    Reader& operator=(Reader&&) noexcept;
+    ~Reader();
+
+    // Copies bytes [offset, offset + n) of the tensor's data into `out` (any alignment). `info`
+    // must come from the file's tensors() / Find(). InvalidArgument when the range is outside the
+    // tensor; DataLoss "<path>: file changed while loading: expected <n> bytes at offset <o>,
+    // read <m> ... (reading tensor '<name>')" when the file shrank.
+    absl::Status Read(const TensorInfo& info, uint64_t offset, void* out, size_t n) const;
+
+    // DataLoss "<path>: file changed while loading: ..." when the file's size or modification
+    // time changed since Open. Call it after the reads of one tensor. One fstat.
+    absl::Status CheckUnchanged() const;
+
+   private:
+    friend class SafetensorsFile;
+    Reader(const SafetensorsFile* owner, std::unique_ptr<file_io::File> file);
+
+    const SafetensorsFile* owner_;
+    std::unique_ptr<file_io::File> file_;
+  };
+
+  // Reopens the file for reading. Errors: as Open for the file itself (removed, now a FIFO, ...),
+  // DataLoss "<path>: file changed while loading: ..." when it was replaced or modified since Open.
+  absl::StatusOr<Reader> OpenReader() const;
+
+  // One-shot read: OpenReader, Reader::Read, Reader::CheckUnchanged.
+  absl::Status ReadBytes(const TensorInfo& info, uint64_t offset, void* out, size_t n) const;
 
  private:
-  SafetensorsFile() = default;
+  SafetensorsFile();
 
   std::string path_;
-  const uint8_t* base_ = nullptr;  // start of the mapping (the file's first byte)
-  size_t mapped_size_ = 0;
+  std::unique_ptr<const file_io::File> file_;  // identity at Open; descriptor closed
   SafetensorsLayout layout_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in layout_.tensors
 
-  // Aligned copies of tensors whose bytes are misaligned in the mapping (see View).
-  mutable std::mutex aligned_copies_mutex_;
-  mutable std::map<std::string, Tensor, std::less<>> aligned_copies_;
+  // Tensors read by View, kept for the views' lifetime.
+  mutable std::mutex views_mutex_;
+  mutable std::map<std::string, Tensor, std::less<>> views_;
 };
 
 }  // namespace eagle3

@@ -47,6 +47,11 @@ struct TargetModelOptions : ModelRankOptions {
   // writes; rounding as eagle3/backend.h's PagedWrite / LatentAttention describe, on every backend);
   // unset = kF32.
   std::optional<DType> kv_cache_dtype;
+  // Create refuses max_context_len > the config's max_position_embeddings (InvalidArgument naming
+  // both), since positions beyond it are outside what the model was trained for and its RoPE
+  // scaling was fitted to (vLLM refuses them too). Set this to run such contexts anyway, knowingly
+  // (eagle3-decode / eagle3-inspect --allow-long-context).
+  bool allow_long_context = false;
 };
 
 // The weight dtype a model loads: `requested`, or else backend.preferred_weight_dtype(). Only kF32
@@ -98,7 +103,11 @@ class TargetModel {
   // `communicator` may be null when tp_size == 1; otherwise its size/rank must match. `backend`
   // must outlive the model. Every tensor is checked against the config's schema (message names the
   // tensor, the expected and the actual shape). Every layer's KV cache starts zeroed (a slot no step
-  // wrote reads as zeros, never as whatever the allocation held).
+  // wrote reads as zeros, never as whatever the allocation held). Capacities beyond the config's
+  // max_position_embeddings are InvalidArgument unless options.allow_long_context; buffers the
+  // options and config size are checked (overflow, and against HostMemoryLimit() for host buffers and
+  // for a host backend's workspaces) before anything is allocated: ResourceExhausted naming the
+  // options and keys behind the largest.
   static absl::StatusOr<std::unique_ptr<TargetModel>> Create(const std::string& checkpoint_dir,
                                                              const TargetModelOptions& options,
                                                              Communicator* communicator,
