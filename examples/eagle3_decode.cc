@@ -131,6 +131,8 @@ struct Flags {
   // --speculate-up-to: the device step drafts while at most this many sequences are active (-1: at
   // every batch size); above, its steps draft nothing and keep the draft in sync.
   int speculate_up_to = kDefaultSpeculateUpTo;
+  // --min-accept-len: pause drafting while the measured mean accepted length is below it (0: never).
+  double min_accept_len = 0;
   std::string comm = "auto";  // --comm: tp > 1 collectives on CUDA
   std::optional<eagle3::DType> weights;  // --weights; unset: the backend's preference
   std::optional<eagle3::DType> kv_cache;  // --kv-cache: the target's latent cache; unset: f32
@@ -170,6 +172,8 @@ constexpr char kUsage[] =
     "    the reference loop (trees built and verified on the host, logits and taps copied every step)\n"
     "  --speculate-up-to B|all: the device loop drafts while at most B sequences are active; larger\n"
     "    batches decode plainly through the same step, the draft kept in sync (default all)\n"
+    "  --min-accept-len L: the device loop pauses drafting for 32 steps whenever the mean accepted\n"
+    "    length (bonus token included) of its last 8 drafting steps is below L (default 0: never)\n"
     "  --comm: collectives of --tp N on cuda: nccl (one GPU per rank), staged (through the host; ranks\n"
     "    may share a GPU), auto (nccl when there are N GPUs)\n"
     "  --weights: storage of both models' weights (default: the device's preference, bf16 on cuda,\n"
@@ -223,6 +227,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.graphs = value == "on";
     } else if (flag == "--loop" && (value == "device" || value == "host")) {
       f.host_loop = value == "host";
+    } else if (flag == "--min-accept-len") {
+      EAGLE3_ASSIGN_OR_RETURN(const float min_len, ParseFloat(flag, value, 0, false, 1e6, false, "[0, 1e+06]"));
+      f.min_accept_len = min_len;
     } else if (flag == "--speculate-up-to") {
       if (value == "all") {
         f.speculate_up_to = -1;
@@ -356,6 +363,10 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
     options.eos_token_ids = target->config().eos_token_ids;
     options.tree = flags.tree;
     if (flags.speculate_up_to >= 0) options.schedule = eagle3::SpeculateUpToBatch(flags.tree, flags.speculate_up_to);
+    if (flags.min_accept_len > 0) {
+      if (options.schedule.empty()) options.schedule = {eagle3::SpeculationScheduleEntry{1 << 30, true, flags.tree}};
+      for (eagle3::SpeculationScheduleEntry& row : options.schedule) row.min_accept_len = flags.min_accept_len;
+    }
     options.sampling = flags.sampling;
     options.seed = flags.seed;
     options.target_launcher = ctx.launcher.get();
@@ -727,7 +738,8 @@ absl::Status Run(Flags flags) {
         << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram)
         << ", \"host_syncs_per_step\": " << per_step(s.host_syncs, s.device_steps)
         << ", \"device_to_host_bytes_per_step\": " << per_step(s.device_to_host_bytes, s.device_steps)
-        << ", \"undrafted_steps\": " << s.undrafted_steps << ", \"device_steps\": " << s.device_steps
+        << ", \"undrafted_steps\": " << s.undrafted_steps << ", \"acceptance_pauses\": " << s.acceptance_pauses
+        << ", \"device_steps\": " << s.device_steps
         << "}, \"loop\": " << JsonString(flags.host_loop ? "host" : "device") << ", \"speedup\": " << speedup;
     if (greedy) out << ", \"greedy_outputs_agree\": " << (differing == 0 ? "true" : "false");
     if (batched) {

@@ -66,5 +66,7 @@ for loop in loops:
         syncs.append(b["speculative"].get("host_syncs_per_step", 0))
         bytes_.append(b["speculative"].get("device_to_host_bytes_per_step", 0))
     p, s, m = statistics.median(plain), statistics.median(spec), statistics.median(accept)
-    print(f"{loop:8} {p:13.1f} {s:12.1f} {p / s:8.2f} {m:11.2f} {p / s / m:12.2f} {statistics.median(syncs):11.1f} {statistics.median(bytes_):11.1f}")
+    # A run that drafted nothing (--speculate-up-to 0) has no accepted length.
+    per_len = f"{p / s / m:12.2f}" if m > 0 else f"{'-':>12}"
+    print(f"{loop:8} {p:13.1f} {s:12.1f} {p / s:8.2f} {m:11.2f} {per_len} {statistics.median(syncs):11.1f} {statistics.median(bytes_):11.1f}")
 EOF
