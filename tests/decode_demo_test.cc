@@ -169,6 +169,18 @@ TEST(DecodeDemoTest, RandomPairGreedySpeculativeEqualsPlain) {
   EXPECT_GE(out["speculative"]["mean_accepted_length"].get<double>(), 1.0);
 }
 
+// --min-accept-len: a random pair accepts little, so an unreachable floor pauses drafting (the
+// JSON counts the pauses and the steps that drafted nothing) and greedy output stays plain greedy.
+TEST(DecodeDemoTest, MinAcceptLenPausesDrafting) {
+  ScopedTempDir dir;
+  const nlohmann::json out = RunDecode("--random-pair --max-new-tokens 48 --min-accept-len 50", dir);
+  ASSERT_TRUE(out.contains("speculative"));
+  EXPECT_EQ(out["plain"]["tokens"], out["speculative"]["tokens"]);
+  EXPECT_GE(out["speculative"]["acceptance_pauses"].get<int>(), 1);
+  EXPECT_GE(out["speculative"]["undrafted_steps"].get<int>(), 1);
+  EXPECT_THAT(RunFailing("--random-pair --min-accept-len -1", dir), HasSubstr("--min-accept-len"));
+}
+
 // --kv-cache bf16: the target's latent cache in bf16 (the CPU reference rounds as the GPU does);
 // speculative greedy still equals plain greedy, and the run says which cache it used.
 TEST(DecodeDemoTest, Bf16KvCacheGreedySpeculativeEqualsPlain) {
