@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "decode_tally.h"
+#include "eagle3/speculative_step.h"
 #include "eagle3/status.h"
 
 namespace eagle3 {
@@ -46,6 +47,8 @@ SpeculativeDecoder::SpeculativeDecoder(TargetModel* target, Drafter* drafter, co
 SpeculativeDecoder::SpeculativeDecoder(TargetModel* target, DraftModel* draft, Backend* backend,
                                        const DecodeOptions& options)
     : target_(target), draft_(draft), backend_(backend), options_(options) {}
+
+SpeculativeDecoder::~SpeculativeDecoder() = default;
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::Generate(
     std::span<const std::vector<int64_t>> prompts, DecodeStats* stats) {

@@ -107,14 +107,19 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
                                       Str(options_.acceptance_window) + " and " + Str(options_.acceptance_pause));
   }
   const ScheduleTrees schedule = ResolveSchedule(options_);
-  SpeculativeStepOptions so;
-  so.max_batch = static_cast<int>(batch);
-  so.trees = schedule.trees;
-  so.sampling = options_.sampling;
-  so.seed = options_.seed;
-  so.launcher = options_.target_launcher;
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<SpeculativeStep> step,
-                          SpeculativeStep::Create(target_, draft_, backend_, so));
+  if (step_ != nullptr && step_->options().max_batch >= batch) {
+    step_->Reseed(options_.seed);
+  } else {
+    step_.reset();  // its buffers go before the new ones are allocated
+    SpeculativeStepOptions so;
+    so.max_batch = static_cast<int>(batch);
+    so.trees = schedule.trees;
+    so.sampling = options_.sampling;
+    so.seed = options_.seed;
+    so.launcher = options_.target_launcher;
+    EAGLE3_ASSIGN_OR_RETURN(step_, SpeculativeStep::Create(target_, draft_, backend_, so));
+  }
+  SpeculativeStep* step = step_.get();
   const int64_t nodes = step->nodes_per_step();
   const TargetModelOptions& topt = target_->options();
 

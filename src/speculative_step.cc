@@ -552,6 +552,11 @@ int SpeculativeStep::nodes_per_step() const { return static_cast<int>(impl_->max
 int64_t SpeculativeStep::draft_slots_per_step() const { return impl_->max_draft_slots; }
 const StepCounters& SpeculativeStep::counters() const { return impl_->counters; }
 
+void SpeculativeStep::Reseed(uint64_t seed) {
+  impl_->options.seed = seed;
+  impl_->coin_counter = 0;
+}
+
 void SpeculativeStepTesting::SetDraftRewriter(SpeculativeStep& step, DraftRewriter rewriter) {
   step.impl_->draft_rewriter = std::move(rewriter);
 }

@@ -115,6 +115,31 @@ TEST_F(SpeculativeStepTest, SamplingMatchesTheHostReferenceLoop) {
   }
 }
 
+// One decoder, several Generate calls: the device step is kept (its buffers and graphs reused) and
+// reseeded, so a repeated call samples exactly what a fresh decoder samples; a larger batch
+// replaces the step, a smaller one reuses it.
+TEST_F(SpeculativeStepTest, ReusedStepSamplesLikeAFreshOne) {
+  const std::vector<std::vector<int64_t>> two = {{5, 17, 99, 3}, {7, 7, 30}};
+  const std::vector<std::vector<int64_t>> three = {{5, 17, 99, 3}, {7, 7, 30}, {11, 23}};
+  DecodeOptions options;
+  options.max_new_tokens = 10;
+  options.tree = {2, 3, 6};
+  options.sampling.temperature = 0.9f;
+  options.seed = 21;
+  auto fresh = [&](std::span<const std::vector<int64_t>> prompts) {
+    SpeculativeDecoder decoder(target_.get(), draft_.get(), &backend_, options);
+    auto out = decoder.Generate(prompts);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : std::vector<std::vector<int64_t>>();
+  };
+  SpeculativeDecoder reused(target_.get(), draft_.get(), &backend_, options);
+  for (const auto* prompts : {&two, &two, &three, &two}) {
+    auto got = reused.Generate(*prompts);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, fresh(*prompts)) << prompts->size() << " prompts";
+  }
+}
+
 // What Run refuses, before anything is enqueued: the step's state (and the caches) are untouched, so
 // the same step then runs as if the bad call had not happened.
 TEST_F(SpeculativeStepTest, RefusesBadInputsBeforeWriting) {

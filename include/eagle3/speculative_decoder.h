@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,6 +25,8 @@
 #include "eagle3/tree_verifier.h"
 
 namespace eagle3 {
+
+class SpeculativeStep;
 
 // The draft side of the loop. Eagle3Drafter runs a DraftModel; tests plug in other drafters.
 class Drafter {
@@ -123,6 +126,7 @@ class SpeculativeDecoder {
   // `backend`, the device the models run on; `draft` null: plain decoding through the same step.
   // The target's and the draft's page pools are split evenly between sequences.
   SpeculativeDecoder(TargetModel* target, DraftModel* draft, Backend* backend, const DecodeOptions& options);
+  ~SpeculativeDecoder();
 
   // Generates for every prompt (a batch decoded together) and returns the generated ids only.
   absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(std::span<const std::vector<int64_t>> prompts,
@@ -139,6 +143,9 @@ class SpeculativeDecoder {
   DraftModel* draft_ = nullptr;
   Backend* backend_ = nullptr;  // set: the device step
   DecodeOptions options_;
+  // The device step, kept between Generate calls (its buffers and captured graphs are reused) while
+  // batches fit its max_batch.
+  std::unique_ptr<SpeculativeStep> step_;
 };
 
 }  // namespace eagle3

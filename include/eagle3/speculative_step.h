@@ -117,6 +117,11 @@ class SpeculativeStep {
 
   const StepCounters& counters() const;
 
+  // Restarts the Philox counter at 0 under `seed`: later Prefill / Run calls draw the coins a step
+  // created with options.seed = seed would (a decode loop reusing one step, and its captured
+  // graphs, for a new generation with a new seed).
+  void Reseed(uint64_t seed);
+
  private:
   friend struct SpeculativeStepTesting;  // benchmark hooks (src/speculative_step_testing.h)
   struct Impl;
