@@ -1,4 +1,4 @@
-// RoPE, attention and paged-cache kernels (eagle3/cuda/attention_ops.h). No abseil here: nvcc must
+// RoPE, attention and paged-cache kernels (cuda/attention_ops.h). No abseil here: nvcc must
 // never see it.
 #include <algorithm>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <math_constants.h>
 
 #include "core_kernels.cuh"
-#include "eagle3/cuda/attention_ops.h"
+#include "attention_ops.h"
 
 namespace eagle3::cuda {
 namespace {

@@ -1,10 +1,10 @@
-// Kernels behind eagle3/cuda/compact_ops.h: CompactAccepted (checks, then chunked in-place row
+// Kernels behind cuda/compact_ops.h: CompactAccepted (checks, then chunked in-place row
 // moves through shared memory) and the verifier-results-to-commit-offsets conversion.
 #include <cstdint>
 
 #include "core_kernels.cuh"
-#include "eagle3/compact_accepted_check.h"
-#include "eagle3/cuda/compact_ops.h"
+#include "compact_accepted_check.h"
+#include "compact_ops.h"
 
 namespace eagle3::cuda {
 namespace {

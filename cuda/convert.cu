@@ -1,7 +1,7 @@
 // Element-type conversion kernels. No abseil here: nvcc must never see it.
 #include <cuda_bf16.h>
 
-#include "eagle3/cuda/convert.h"
+#include "convert.h"
 
 namespace eagle3::cuda {
 namespace {

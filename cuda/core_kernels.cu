@@ -1,4 +1,4 @@
-// Kernels of the CudaBackend's core ops (launchers: eagle3/cuda/core_ops.h). Each mirrors the CPU
+// Kernels of the CudaBackend's core ops (launchers: cuda/core_ops.h). Each mirrors the CPU
 // reference's arithmetic (same operation order per element, fp32, IEEE division and sqrt) so that
 // only reduction order differs. No abseil here: nvcc must never see it.
 #include <math_constants.h>
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "core_kernels.cuh"
-#include "eagle3/cuda/core_ops.h"
+#include "core_ops.h"
 
 namespace eagle3::cuda {
 namespace {

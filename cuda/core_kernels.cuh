@@ -6,11 +6,11 @@
 
 #include <cstdint>
 
-#include "eagle3/cuda/core_ops.h"
+#include "core_ops.h"
 
 namespace eagle3::cuda {
 
-// Records a bad row / token in the backend's error flag (see eagle3/cuda/core_ops.h). The first op
+// Records a bad row / token in the backend's error flag (see cuda/core_ops.h). The first op
 // to fail keeps the flag; another index of the same op replaces its own entry only when lower, so
 // the op reports its lowest bad index, as the CPU reference does.
 __device__ inline void RecordDeviceError(int* flag, int error_code, int64_t index) {

@@ -14,7 +14,7 @@
 #include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
-#include "eagle3/cuda/core_ops.h"
+#include "core_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {

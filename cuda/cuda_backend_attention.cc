@@ -6,7 +6,7 @@
 //
 // Data-dependent errors. The CPU reference checks positions, page entries and mask rows before it
 // writes anything and returns InvalidArgument at once. Here those tensors live on the device, so
-// the checks run as kernels ahead of the op's writing kernels (eagle3/cuda/attention_ops.h): a bad
+// the checks run as kernels ahead of the op's writing kernels (cuda/attention_ops.h): a bad
 // entry makes the op write nothing and is reported by the next Synchronize() as InvalidArgument
 // naming the op and the entry (DeviceCheck in cuda_backend_state.h). The op itself returns OK.
 //
@@ -32,7 +32,7 @@
 #include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
-#include "eagle3/cuda/attention_ops.h"
+#include "attention_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/status.h"
 

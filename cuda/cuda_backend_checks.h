@@ -24,7 +24,7 @@ inline absl::Status CheckF32(const char* op, std::string_view name, const Tensor
 }
 
 // CompactAccepted's device error (cuda_backend_compact.cc): the Status for the index part of a flag
-// code of its DeviceCheck (format: CompactErrorIndex in eagle3/compact_accepted_check.h); `found`
+// code of its DeviceCheck (format: CompactErrorIndex in src/compact_accepted_check.h); `found`
 // is the suffix Synchronize appends to every device error.
 absl::Status CompactAcceptedDeviceError(int64_t index, const char* found);
 

@@ -8,8 +8,8 @@
 #include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
-#include "eagle3/compact_accepted_check.h"
-#include "eagle3/cuda/compact_ops.h"
+#include "compact_accepted_check.h"
+#include "compact_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/status.h"
 

@@ -39,7 +39,7 @@
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/moe_ops.h"
+#include "moe_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {

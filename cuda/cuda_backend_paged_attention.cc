@@ -5,7 +5,7 @@
 //
 // Data-dependent errors (q_start, kv_len, page entries, mask rows, causal rows beyond kv_len) are
 // found on the device and reported by the next Synchronize() as InvalidArgument naming the sequence
-// or row (the conditions are listed in eagle3/cuda/paged_attention_ops.h); the op itself returns
+// or row (the conditions are listed in cuda/paged_attention_ops.h); the op itself returns
 // OK, and may have written the rows of the sequences that were good.
 #include <cstdint>
 #include <limits>
@@ -15,7 +15,7 @@
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/paged_attention_ops.h"
+#include "paged_attention_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {

@@ -11,7 +11,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "eagle3/cuda/core_ops.h"
+#include "core_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/pinned_host_allocator.h"

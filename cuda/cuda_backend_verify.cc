@@ -18,10 +18,10 @@
 #include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
-#include "eagle3/cuda/compact_ops.h"
+#include "compact_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/step_ops.h"
-#include "eagle3/cuda/verify_ops.h"
+#include "step_ops.h"
+#include "verify_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {

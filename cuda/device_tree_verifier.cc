@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
-#include "eagle3/cuda/compact_ops.h"
-#include "eagle3/cuda/verify_ops.h"
+#include "compact_ops.h"
+#include "verify_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {

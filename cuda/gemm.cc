@@ -27,10 +27,10 @@
 #include "absl/strings/str_cat.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
-#include "eagle3/cuda/convert.h"
-#include "eagle3/cuda/core_ops.h"
+#include "convert.h"
+#include "core_ops.h"
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/gemv_ops.h"
+#include "gemv_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {

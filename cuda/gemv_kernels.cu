@@ -1,4 +1,4 @@
-// The small-M product (eagle3/cuda/gemv_ops.h). No abseil here: nvcc must never see it.
+// The small-M product (cuda/gemv_ops.h). No abseil here: nvcc must never see it.
 //
 // Work split: a block of 8 warps covers 4 * (8 / wk) weight rows; each warp holds 4 rows x 8 lanes,
 // and the wk warps of a row group split K between their 8 * wk lanes in 16-byte chunks (lane slot s
@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "core_kernels.cuh"
-#include "eagle3/cuda/gemv_ops.h"
+#include "gemv_ops.h"
 
 namespace eagle3::cuda {
 namespace {

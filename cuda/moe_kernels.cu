@@ -7,7 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "core_kernels.cuh"
-#include "eagle3/cuda/moe_ops.h"
+#include "moe_ops.h"
 
 namespace eagle3::cuda {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
 #include "eagle3/cuda/device_allocator.h"
-#include "eagle3/collective_checks.h"
+#include "collective_checks.h"
 #include "eagle3/status.h"
 
 #if EAGLE3_HAVE_NCCL
@@ -225,7 +225,7 @@ std::string DescribeCollective(const char* op, int64_t count, DType dtype) {
 
 // ---- This rank's argument checks: those of InProcessGroup, with device memory instead of host ---
 
-// Shared with the in-process group (eagle3/collective_checks.h), with this device's memory expected.
+// Shared with the in-process group (src/collective_checks.h), with this device's memory expected.
 absl::Status CheckBuffer(const char* op, const char* name, const TensorView& t, int device) {
   return CheckCollectiveBuffer(op, name, t, Device::Cuda(device));
 }

@@ -1,4 +1,4 @@
-// BatchedPagedAttention kernels (eagle3/cuda/paged_attention_ops.h). No abseil here: nvcc must
+// BatchedPagedAttention kernels (cuda/paged_attention_ops.h). No abseil here: nvcc must
 // never see it.
 #include <math_constants.h>
 
@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core_kernels.cuh"
-#include "eagle3/cuda/paged_attention_ops.h"
+#include "paged_attention_ops.h"
 
 namespace eagle3::cuda {
 namespace {

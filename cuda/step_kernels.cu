@@ -1,10 +1,10 @@
-// Kernels behind eagle3/cuda/step_ops.h: TreeVerify's tree lists from parents, GatherRows and
+// Kernels behind cuda/step_ops.h: TreeVerify's tree lists from parents, GatherRows and
 // ExtendMaskRows.
 #include <cstdint>
 
 #include "core_kernels.cuh"
-#include "eagle3/cuda/step_ops.h"
-#include "eagle3/cuda/verify_ops.h"
+#include "step_ops.h"
+#include "verify_ops.h"
 
 namespace eagle3::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// Tree verification kernels (launcher and semantics: eagle3/cuda/verify_ops.h; reference:
+// Tree verification kernels (launcher and semantics: cuda/verify_ops.h; reference:
 // src/tree_verifier.cc). No abseil here: nvcc must never see it.
 //
 // Kernel 1 (RowPassKernel): rows x splits blocks, each reads its slice of one row once (16-byte
@@ -17,7 +17,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "eagle3/cuda/verify_ops.h"
+#include "verify_ops.h"
 #include "eagle3/philox.h"
 
 namespace eagle3::cuda {

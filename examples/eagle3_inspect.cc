@@ -23,7 +23,7 @@
 //
 // `check` validates a pair before serving and exits non-zero listing every problem.
 //
-// `accuracy` is the standalone wiring check (DESIGN §9): the draft's top-1 agreement with the
+// `accuracy` is the standalone wiring check (docs/semantics.md): the draft's top-1 agreement with the
 // target's greedy token from the target's own hidden states, with no tree and no verifier. The text
 // x_0 .. x_{T-1} (the file tokenized with the target's tokenizer.json, at most --tokens-max tokens)
 // runs through the target once (causal prefill, logits of every position, aux states of the draft's
@@ -49,17 +49,17 @@
 #include <string_view>
 #include <vector>
 
+#include "eagle3/detail/host_budget.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/draft_tree.h"
 #include "eagle3/eagle3_drafter.h"
 #include "eagle3/hidden_state_tap.h"
-#include "eagle3/host_budget.h"
-#include "eagle3/rank_threads.h"
 #include "eagle3/pair_check.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
-#include "eagle3/tokenizer.h"
+#include "eagle3/testing/rank_threads.h"
+#include "eagle3/tools/tokenizer.h"
 #include "flag_parse.h"
 #include "parse_ids.h"
 #include "rank_context.h"

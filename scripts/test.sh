@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds eagle3 and runs every check CI runs:
 #   1. Release build (CUDA code compiled whenever nvcc exists), `ctest -L cpu`, and `-L gpu` with a GPU;
-#   2. `cmake --install`, then an outside project built against the installed package with
-#      find_package(eagle3), and run;
+#   2. `cmake --install`, then an outside project (tests/consumer) built against the installed package
+#      with find_package(eagle3) and run: with the cuda component when the install has it; CPU-only
+#      with the CUDA toolkit hidden; and against a shared-library install (BUILD_SHARED_LIBS=ON, the
+#      library and example programs only, CPU-only), whose installed eagle3-decode also runs;
 #   3. an AddressSanitizer + UndefinedBehaviorSanitizer build of the cpu tests;
 #   4. every libFuzzer target for EAGLE3_FUZZ_SECONDS (default 30) each, starting from its seed corpus.
 # Steps 3-4 can be skipped with EAGLE3_QUICK=1. Build trees go under build/ (or EAGLE3_BUILD_ROOT).
@@ -53,13 +55,41 @@ else
   summary+=("gpu tests: no GPU here, not run")
 fi
 
-echo "==> [2/4] install + consumer project"
-cmake --install "$root/release" >/dev/null
-cmake -S "$EAGLE3_ROOT/tests/consumer" -B "$root/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$root/install"
-cmake --build "$root/consumer" -j "$EAGLE3_JOBS"
-"$root/consumer/eagle3_consumer" "$root/consumer/work"
-summary+=("consumer project against the installed package: ok")
+echo "==> [2/4] install + consumer project (static, CPU-only view, shared)"
+# Builds tests/consumer in $root/$1 against the install prefix $2 (more cmake arguments after) and runs it.
+consumer() {
+  local name=$1 prefix=$2; shift 2
+  rm -rf "$root/$name"
+  cmake -S "$EAGLE3_ROOT/tests/consumer" -B "$root/$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" "$@"
+  cmake --build "$root/$name" -j "$EAGLE3_JOBS"
+  "$root/$name/eagle3_consumer" "$root/$name/work"
+}
+step_start=$SECONDS
+rm -rf "$root/install"
+cmake --install "$root/release" --prefix "$root/install" >/dev/null
+components=()
+if compgen -G "$root/install/lib*/cmake/eagle3/eagle3-cuda-targets.cmake" >/dev/null; then
+  components=(-DEAGLE3_CONSUMER_COMPONENTS=cuda)
+fi
+consumer consumer "$root/install" -DEAGLE3_CONSUMER_EXPECT=STATIC_LIBRARY "${components[@]}"
+summary+=("consumer against the static install${components:+ (with the cuda component)}: ok")
+# A CPU-only consumer needs no CUDA toolkit, even from an install made with CUDA.
+consumer consumer-cpu "$root/install" --no-warn-unused-cli -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON
+summary+=("consumer without the cuda component, CUDA toolkit hidden: ok")
+# Shared libraries: libeagle3.so exports the EAGLE3_API (tests and benchmarks need the static build).
+rm -rf "$root/install-shared"
+cmake -S "$EAGLE3_ROOT" -B "$root/shared" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+  -DEAGLE3_ENABLE_CUDA=OFF -DEAGLE3_BUILD_TESTS=OFF -DEAGLE3_BUILD_BENCHMARKS=OFF \
+  -DCMAKE_INSTALL_PREFIX="$root/install-shared"
+cmake --build "$root/shared" -j "$EAGLE3_JOBS"
+cmake --install "$root/shared" --prefix "$root/install-shared" >/dev/null
+consumer consumer-shared "$root/install-shared" -DEAGLE3_CONSUMER_EXPECT=SHARED_LIBRARY
+"$root/install-shared/bin/eagle3-decode" --device cpu --max-new-tokens 8 >"$root/shared/decode.log" ||
+  { cat "$root/shared/decode.log" >&2; exit 1; }
+summary+=("consumer and installed eagle3-decode against the shared install: ok")
+summary+=("install + consumer projects: $((SECONDS - step_start)) s")
 
 if [ "${EAGLE3_QUICK:-0}" != 1 ]; then
   echo "==> [3/4] AddressSanitizer + UBSan build of the cpu tests"

@@ -1,4 +1,4 @@
-#include "eagle3/collective_checks.h"
+#include "collective_checks.h"
 
 #include <cstdint>
 #include <string>

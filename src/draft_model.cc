@@ -14,7 +14,7 @@
 #include "vocab_parallel_head.h"
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
-#include "eagle3/host_budget.h"
+#include "eagle3/detail/host_budget.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"

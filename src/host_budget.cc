@@ -1,4 +1,4 @@
-#include "eagle3/host_budget.h"
+#include "eagle3/detail/host_budget.h"
 
 #include <sys/resource.h>
 #include <unistd.h>

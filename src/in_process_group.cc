@@ -1,6 +1,6 @@
 #include "eagle3/in_process_group.h"
 
-#include "eagle3/collective_checks.h"
+#include "collective_checks.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -56,7 +56,7 @@ std::string DescribeCall(const Call& call) {
 // ---- Local argument checks
 // -----------------------------------------------------------------------
 
-// Shared with the NCCL communicator (eagle3/collective_checks.h), with host memory expected here.
+// Shared with the NCCL communicator (src/collective_checks.h), with host memory expected here.
 absl::Status CheckPair(Op op, const TensorView& small, const TensorView& big, int factor, const char* small_name,
                        const char* big_name) {
   return CheckCollectivePair(OpName(op), small, big, factor, small_name, big_name, Device::Cpu());

@@ -1,6 +1,7 @@
 // Typed, bounds-checked reads from nlohmann::json objects, with error messages that name the source
 // file and the full JSON path of the key ("config.json: key 'rope_scaling.factor': ...").
-// Private to src/: nlohmann::json must never reach a public header.
+// Private to src/: nlohmann::json must never reach a public header. Not installed; the EAGLE3_API
+// marks only let eagle3::tools (the tokenizer, tools/tokenizer/) link a shared libeagle3.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "eagle3/export.h"
 
 namespace eagle3::json_fields {
 
@@ -54,27 +56,27 @@ inline constexpr DomLimits kTokenizerLimits = {"tokenizer.json", uint64_t{32} <<
 // Parses `text` as one JSON document whose top level is an object, within `limits` and
 // kMaxNestingDepth. Duplicate keys are refused (JSON parsers disagree on which one wins). Errors
 // are InvalidArgument naming `source`, the limit and the actual value.
-absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source,
-                                                   const DomLimits& limits = kConfigLimits);
+EAGLE3_API absl::StatusOr<nlohmann::json> ParseObjectDocument(std::string_view text, std::string_view source,
+                                                              const DomLimits& limits = kConfigLimits);
 
 // Reads a JSON file of at most `limits.max_bytes`. `path` may name the file or a directory holding
 // `limits.what`; `*resolved_path` receives the file actually read (the source name in messages).
 // FIFOs, devices and directories are refused before any blocking open (see file_io.h).
-absl::StatusOr<std::string> ReadJsonFile(const std::string& path, const DomLimits& limits,
-                                         std::string* resolved_path);
+EAGLE3_API absl::StatusOr<std::string> ReadJsonFile(const std::string& path, const DomLimits& limits,
+                                                    std::string* resolved_path);
 
 // ReadJsonFile with kConfigLimits: `path` is a config.json or its directory.
-absl::StatusOr<std::string> ReadConfigFile(const std::string& path, std::string* resolved_path);
+EAGLE3_API absl::StatusOr<std::string> ReadConfigFile(const std::string& path, std::string* resolved_path);
 
 // Whether `name` is one of `names`.
-bool IsOneOf(std::string_view name, std::span<const std::string_view> names);
+EAGLE3_API bool IsOneOf(std::string_view name, std::span<const std::string_view> names);
 
 // Short description of a value for messages: `string "abc"`, `integer 3`, `array of 2 elements`.
 // Never recurses into containers.
-std::string Describe(const nlohmann::json& value);
+EAGLE3_API std::string Describe(const nlohmann::json& value);
 
 // A view of one JSON object plus where it came from. The referenced json must outlive the view.
-class Object {
+class EAGLE3_API Object {
  public:
   // `path` is the JSON path of this object ("" for the document root, "rope_scaling" for a member).
   Object(const nlohmann::json& json, std::string_view source, std::string_view path);

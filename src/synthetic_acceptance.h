@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "eagle3/host_device.h"
+#include "eagle3/detail/host_device.h"
 #include "eagle3/philox.h"
 
 namespace eagle3 {

@@ -13,7 +13,7 @@
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
-#include "eagle3/host_budget.h"
+#include "eagle3/detail/host_budget.h"
 #include "eagle3/moe_routing.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"

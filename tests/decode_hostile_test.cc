@@ -11,8 +11,8 @@
 #include <sstream>
 #include <string>
 
-#include "eagle3/random_checkpoint.h"
-#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/testing/random_checkpoint.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"

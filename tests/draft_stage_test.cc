@@ -10,8 +10,8 @@
 
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/draft_model.h"
-#include "eagle3/random_checkpoint.h"
-#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/testing/random_checkpoint.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"

@@ -17,9 +17,9 @@
 #include "eagle3/draft_tree.h"
 #include "eagle3/eagle3_draft_config.h"
 #include "eagle3/eagle3_drafter.h"
-#include "eagle3/rank_threads.h"
 #include "eagle3/safetensors.h"
 #include "eagle3/status.h"
+#include "eagle3/testing/rank_threads.h"
 #include "gtest/gtest.h"
 
 namespace eagle3 {

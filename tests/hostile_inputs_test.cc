@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/detail/host_budget.h"
 #include "eagle3/draft_model.h"
-#include "eagle3/host_budget.h"
 #include "eagle3/pair_check.h"
-#include "eagle3/random_checkpoint.h"
-#include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/safetensors.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/target_model.h"
+#include "eagle3/testing/random_checkpoint.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "eagle3/deepseek_v2_config.h"
-#include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/safetensors.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"

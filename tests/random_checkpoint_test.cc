@@ -1,6 +1,6 @@
 // The DeepSeek-V2 weight schema, the hub config writer and the random checkpoint generator, checked
 // through the public checkpoint reader.
-#include "eagle3/random_checkpoint.h"
+#include "eagle3/testing/random_checkpoint.h"
 
 #include <cstring>
 #include <filesystem>
@@ -9,8 +9,8 @@
 
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_config.h"
-#include "eagle3/deepseek_v2_config_writer.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/testing/deepseek_v2_config_writer.h"
 #include "gtest/gtest.h"
 
 namespace eagle3 {

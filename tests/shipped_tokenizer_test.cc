@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eagle3/tokenizer.h"
+#include "eagle3/tools/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace eagle3 {

@@ -14,7 +14,7 @@
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
-#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
 #include "speculative_greedy_check.h"

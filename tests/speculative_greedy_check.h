@@ -1,4 +1,4 @@
-// Speculative greedy ≡ plain greedy (DESIGN §3), the check the CPU and GPU model tests share.
+// Speculative greedy ≡ plain greedy (docs/semantics.md), the check the CPU and GPU model tests share.
 #pragma once
 
 #include <cstdint>

@@ -11,10 +11,10 @@
 
 #include "eagle3/checkpoint.h"
 #include "eagle3/cpu/cpu_backend.h"
-#include "eagle3/rank_threads.h"
-#include "eagle3/status.h"
 #include "eagle3/safetensors.h"
+#include "eagle3/status.h"
 #include "eagle3/target_model.h"
+#include "eagle3/testing/rank_threads.h"
 #include "gtest/gtest.h"
 
 namespace eagle3 {

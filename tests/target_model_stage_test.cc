@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
-#include "eagle3/random_checkpoint.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
+#include "eagle3/testing/random_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"

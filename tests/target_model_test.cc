@@ -14,9 +14,9 @@
 
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/half.h"
-#include "eagle3/rank_threads.h"
 #include "eagle3/status.h"
-#include "eagle3/random_checkpoint.h"
+#include "eagle3/testing/random_checkpoint.h"
+#include "eagle3/testing/rank_threads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"

@@ -5,7 +5,7 @@
 //
 // EAGLE3_TOKENIZER_CHECK=<tokenizer.json>:<cases.json> checks one more case file, as written by
 // tools/check_tokenizer.py (e.g. the trained model's tokenizer over all held-out files).
-#include "eagle3/tokenizer.h"
+#include "eagle3/tools/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

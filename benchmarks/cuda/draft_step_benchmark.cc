@@ -40,10 +40,10 @@
 #include "eagle3/communicator.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/draft_model.h"
-#include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 
 namespace eagle3::bench {
 namespace {

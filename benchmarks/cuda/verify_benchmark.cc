@@ -1,4 +1,4 @@
-// Tree verification on the device (LaunchTreeVerify, eagle3/cuda/verify_ops.h) at real vocabulary
+// Tree verification on the device (LaunchTreeVerify, cuda/verify_ops.h) at real vocabulary
 // sizes, timed with CUDA events (Google Benchmark manual time, medians of repetitions), each with its
 // floor from the device-to-device copy rate measured in the same run.
 //
@@ -25,8 +25,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "eagle3/cuda/verify_ops.h"
 #include "eagle3/half.h"
+#include "verify_ops.h"
 
 namespace eagle3::cuda {
 namespace {

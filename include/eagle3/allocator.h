@@ -6,10 +6,11 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/device.h"
+#include "eagle3/export.h"
 
 namespace eagle3 {
 
-class Allocator {
+class EAGLE3_API Allocator {
  public:
   virtual ~Allocator() = default;
   virtual Device device() const = 0;
@@ -20,7 +21,7 @@ class Allocator {
 };
 
 // Aligned host memory (64-byte alignment by default, matching AVX-512 and cache lines).
-class HostAllocator final : public Allocator {
+class EAGLE3_API HostAllocator final : public Allocator {
  public:
   Device device() const override { return Device::Cpu(); }
   absl::StatusOr<void*> Allocate(size_t bytes, size_t alignment) override;
@@ -28,6 +29,6 @@ class HostAllocator final : public Allocator {
 };
 
 // Process-wide host allocator (stateless, thread-safe).
-Allocator& DefaultHostAllocator();
+EAGLE3_API Allocator& DefaultHostAllocator();
 
 }  // namespace eagle3

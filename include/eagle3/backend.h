@@ -1,4 +1,4 @@
-// The op interface that model composition is written against (DESIGN §2): one implementation per
+// The op interface that model composition is written against (docs/architecture.md): one implementation per
 // device kind (eagle3::cpu::CpuBackend, the fp32 reference; the CUDA backend), checked against each
 // other op by op.
 #pragma once
@@ -10,6 +10,7 @@
 #include "eagle3/allocator.h"
 #include "eagle3/device.h"
 #include "eagle3/dtype.h"
+#include "eagle3/export.h"
 #include "eagle3/moe_routing.h"
 #include "eagle3/tensor_view.h"
 #include "eagle3/tree_verifier.h"
@@ -89,7 +90,7 @@ struct TreeVerifyOutputs {
   TensorView errors;          // [B, kVerifyErrorWidth] i64
 };
 
-class Backend {
+class EAGLE3_API Backend {
  public:
   virtual ~Backend() = default;
 
@@ -290,7 +291,7 @@ class Backend {
   // in increasing i. The slots touched must be distinct (no page shared by two sequences or listed
   // twice in one table within the positions moved; not checked). A sequence with
   // num_accepted[b] < 0 (a failed sequence of the device verifier) is skipped. Data-dependent
-  // conditions (eagle3/compact_accepted_check.h: num_accepted[b] <= max_nodes; offsets strictly
+  // conditions (src/compact_accepted_check.h: num_accepted[b] <= max_nodes; offsets strictly
   // increasing in [0, max_nodes); positions inside P * page_size; their page entries in
   // [0, num_pages)) are InvalidArgument naming the sequence and entry; a sequence with a bad entry
   // is left unwritten, the others are compacted (on every backend), and the lowest bad sequence is
@@ -302,7 +303,7 @@ class Backend {
                                        const TensorView& cache_len, const TensorView& accepted,
                                        const TensorView& num_accepted) = 0;
 
-  // DeepSeek MoE routing from router logits (DESIGN §3), in fp32:
+  // DeepSeek MoE routing from router logits (docs/semantics.md), in fp32:
   //  - kSoftmax scores = softmax(logits); kGreedy: top_k of the scores; kGroupLimitedGreedy: group
   //    score = max of its experts' scores, keep the topk_group best groups, top_k among their
   //    experts. Weights = the chosen scores, then (top_k > 1 && norm_topk_prob) ? divide by

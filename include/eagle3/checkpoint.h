@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/allocator.h"
+#include "eagle3/export.h"
 #include "eagle3/safetensors.h"
 #include "eagle3/shape.h"
 #include "eagle3/tensor.h"
@@ -50,15 +51,15 @@ inline constexpr size_t kMaxSafetensorsIndexTensors = kMaxSafetensorsTensors;
 // so at most about 150 MiB + the text size at the caps. Errors are InvalidArgument naming
 // `source` and, for a limit, the limit and the actual value.
 inline constexpr int kMaxSafetensorsIndexDepth = 16;
-absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::string_view text,
-                                                                         std::string_view source);
+EAGLE3_API absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::string_view text,
+                                                                                    std::string_view source);
 
 // `n` rounded up to a multiple of `multiple`. Requires n >= 0, multiple >= 1 and no int64
 // overflow (ReadShard checks these for you).
-int64_t PaddedSize(int64_t n, int64_t multiple);
+EAGLE3_API int64_t PaddedSize(int64_t n, int64_t multiple);
 
 // Thread-safe for concurrent const calls (e.g. one loader thread per TP rank).
-class Checkpoint {
+class EAGLE3_API Checkpoint {
  public:
   static constexpr std::string_view kSingleFileName = "model.safetensors";
   static constexpr std::string_view kIndexFileName = "model.safetensors.index.json";

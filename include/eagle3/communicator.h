@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "eagle3/device.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
@@ -19,7 +20,7 @@ namespace eagle3 {
 //    hanging.
 //  - Implementations are used by one thread per rank object; distinct rank objects may run
 //    concurrently (that is the point).
-class Communicator {
+class EAGLE3_API Communicator {
  public:
   virtual ~Communicator() = default;
 

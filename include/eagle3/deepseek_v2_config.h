@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "eagle3/export.h"
 #include "eagle3/rope_config.h"
 
 namespace eagle3 {
@@ -43,11 +44,11 @@ enum class ScoringFunc { kSoftmax, kSigmoid };
 enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 
 // The config.json spellings: "deepseek_v2", "sigmoid", "group_limited_greedy", ...
-std::string_view DeepseekModelTypeName(DeepseekModelType type);
-std::string_view ScoringFuncName(ScoringFunc func);
-std::string_view TopkMethodName(TopkMethod method);
+EAGLE3_API std::string_view DeepseekModelTypeName(DeepseekModelType type);
+EAGLE3_API std::string_view ScoringFuncName(ScoringFunc func);
+EAGLE3_API std::string_view TopkMethodName(TopkMethod method);
 
-struct DeepseekV2Config {
+struct EAGLE3_API DeepseekV2Config {
   DeepseekModelType model_type = DeepseekModelType::kDeepseekV2;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;

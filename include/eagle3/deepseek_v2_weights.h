@@ -1,5 +1,5 @@
 // The tensors of a DeepSeek-V2-family checkpoint: hub names, full shapes, and how tensor
-// parallelism splits each one (DESIGN §3, "TP=8 sharding"). The loader, the checkpoint checker and
+// parallelism splits each one (docs/architecture.md, tensor parallelism). The loader, the checkpoint checker and
 // the random-checkpoint generator all read this one table.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_config.h"
+#include "eagle3/export.h"
 #include "eagle3/shape.h"
 
 namespace eagle3 {
@@ -20,7 +21,7 @@ enum class TpSplit {
   kColumns,     // row-parallel [out, in] split on in (o_proj, down_proj)
 };
 
-struct WeightSpec {
+struct EAGLE3_API WeightSpec {
   std::string name;  // hub spelling, e.g. "model.layers.3.mlp.experts.17.down_proj.weight"
   Shape shape;       // full (unsharded) shape
   TpSplit split = TpSplit::kReplicated;
@@ -42,7 +43,7 @@ inline constexpr int64_t kVocabPadPerRank = 64;
 // noaux_tc], per-expert gate/up/down, shared experts), then the final norm and lm_head (absent when
 // tie_word_embeddings). MTP layers (num_nextn_predict_layers) are not part of the target forward and
 // are not listed.
-std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
+EAGLE3_API std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
 
 // Refuses a checkpoint holding a tensor that `specs` (DeepseekV2Weights(config)) does not list: an
 // unused bias, a `weight_scale_inv` of an FP8 checkpoint whose config.json lost its
@@ -52,7 +53,7 @@ std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
 // future MTP drafter. InvalidArgument names the first unknown tensor, its file, the config, how
 // many more there are, and for `*weight_scale_inv`, `*weight_scale` and `*weight_packed` names a
 // hint that the checkpoint looks quantized.
-absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
-                                   const std::vector<WeightSpec>& specs);
+EAGLE3_API absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
+                                              const std::vector<WeightSpec>& specs);
 
 }  // namespace eagle3

@@ -3,11 +3,13 @@
 
 #include <string>
 
+#include "eagle3/export.h"
+
 namespace eagle3 {
 
 enum class DeviceType { kCpu, kCuda };
 
-struct Device {
+struct EAGLE3_API Device {
   DeviceType type = DeviceType::kCpu;
   int index = 0;  // CUDA ordinal; 0 for the CPU.
 

@@ -5,6 +5,7 @@
 #include <dlpack/dlpack.h>
 
 #include "absl/status/statusor.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor.h"
 #include "eagle3/tensor_view.h"
 
@@ -18,16 +19,16 @@ namespace eagle3 {
 // Malformed tensors (negative ndim/dims/strides, null shape or data, a misaligned element
 // pointer) are InvalidArgument; well-formed but unsupported ones (device type, dtype, lanes, rank)
 // are Unimplemented. Messages name the device type, dtype code/bits/lanes or dim involved.
-absl::StatusOr<TensorView> FromDLPack(const DLTensor& tensor);
+EAGLE3_API absl::StatusOr<TensorView> FromDLPack(const DLTensor& tensor);
 
 // Hands `tensor` to a DLPack consumer. The returned DLManagedTensor owns the tensor and its shape
 // and stride arrays; its deleter (call exactly once) frees all of them through the tensor's
 // allocator. bool and f8_e4m3 have no DLPack 0.6 code and are refused (Unimplemented); on any
 // error the tensor is released.
-absl::StatusOr<DLManagedTensor*> ToDLPack(Tensor tensor);
+EAGLE3_API absl::StatusOr<DLManagedTensor*> ToDLPack(Tensor tensor);
 
 // Exports a view without ownership: the deleter frees only the DLPack bookkeeping, so the
 // memory behind `view` must outlive the consumer's use. Strides are exported as they are.
-absl::StatusOr<DLManagedTensor*> ToDLPackView(const TensorView& view);
+EAGLE3_API absl::StatusOr<DLManagedTensor*> ToDLPackView(const TensorView& view);
 
 }  // namespace eagle3

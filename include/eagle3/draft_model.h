@@ -1,5 +1,5 @@
 // DraftModel: one tensor-parallel rank of an EAGLE-3 draft head (Llama-style, one layer) on top of a
-// DeepSeek-V2-family target (DESIGN §3 "Draft step").
+// DeepSeek-V2-family target (docs/semantics.md).
 //
 //   g = fc(aux)                      on the first step after a target pass (aux = the tapped target
 //                                    states, [T, k·Ht]); later steps feed back the draft's own hidden
@@ -51,6 +51,7 @@
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/dtype.h"
 #include "eagle3/eagle3_draft_config.h"
+#include "eagle3/export.h"
 #include "eagle3/hidden_state_tap.h"
 #include "eagle3/model_rank_options.h"
 #include "eagle3/tensor_view.h"
@@ -93,8 +94,8 @@ struct DraftSequenceInput {
 // Not listed, handled by the loader: d2t (i64 [draft_vocab], required), t2d (bool [vocab], optional),
 // fc.bias ([H], optional), embed_tokens.weight ([vocab, H], optional: the target's embedding
 // otherwise).
-std::vector<WeightSpec> Eagle3DraftWeights(const Eagle3DraftConfig& config,
-                                           std::string_view layer_prefix = "midlayer.");
+EAGLE3_API std::vector<WeightSpec> Eagle3DraftWeights(const Eagle3DraftConfig& config,
+                                                      std::string_view layer_prefix = "midlayer.");
 
 // Device-side inputs and outputs of a staged draft step (as TargetStepIO): a set view replaces what
 // Stage stages from the batch, or what Launch would copy into host staging. Every view is on the
@@ -134,7 +135,7 @@ struct DraftStepIO {
   bool kv_only = false;
 };
 
-class DraftModel {
+class EAGLE3_API DraftModel {
  public:
   // Loads the draft (config.json + safetensors: fc, midlayer.* or layers.0.*, norm, lm_head, d2t,
   // optional t2d and embed_tokens) and checks it against the target's config; the embedding is the

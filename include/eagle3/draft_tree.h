@@ -1,4 +1,4 @@
-// EAGLE-2 dynamic draft trees (DESIGN §3 "Tree").
+// EAGLE-2 dynamic draft trees (docs/semantics.md, trees).
 //
 // Build (as SGLang's EAGLE worker and build_tree_kernel_efficient do it): step 0 takes the top-k of
 // the draft distribution at the root (the last verified token); each later step expands every
@@ -24,11 +24,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
 
-struct DraftTreeParams {
+struct EAGLE3_API DraftTreeParams {
   int topk = 4;              // children per expanded node; 1 gives a chain
   int num_steps = 3;         // draft passes = maximum depth
   int num_draft_tokens = 8;  // tree nodes including the root; <= 1 + topk + (num_steps - 1) * topk²
@@ -41,7 +42,7 @@ struct DraftTreeParams {
 // A draft tree. Node 0 is the root; nodes are in topological order (parents first). Built trees
 // list siblings in node order, which is also decreasing draft score; an engine's tree may order its
 // sibling lists differently (verification follows the lists).
-struct DraftTree {
+struct EAGLE3_API DraftTree {
   std::vector<int64_t> tokens;        // [N] target vocabulary ids; tokens[0] = the root token
   std::vector<int32_t> parents;       // [N] parent node, -1 for the root
   std::vector<int32_t> depths;        // [N] 0 for the root
@@ -94,8 +95,8 @@ using DraftExpandFn = std::function<absl::Status(std::span<const DraftCandidate>
 //        below 0 is InvalidArgument (the upper bound, the target vocabulary, is the caller's check).
 // Logits that are NaN or +inf, or a row with no finite logit, are InvalidArgument naming the step,
 // the row and the draft id; -inf is a masked token. Errors from `expand` are returned unchanged.
-absl::StatusOr<DraftTree> BuildDraftTree(int64_t root_token, const DraftTreeParams& params,
-                                         int64_t draft_vocab, std::span<const int64_t> d2t,
-                                         const DraftExpandFn& expand);
+EAGLE3_API absl::StatusOr<DraftTree> BuildDraftTree(int64_t root_token, const DraftTreeParams& params,
+                                                    int64_t draft_vocab, std::span<const int64_t> d2t,
+                                                    const DraftExpandFn& expand);
 
 }  // namespace eagle3

@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "eagle3/export.h"
+
 namespace eagle3 {
 
 enum class DType : uint8_t {
@@ -39,13 +41,13 @@ constexpr size_t DTypeSize(DType dtype) {
 }
 
 // Lower-case display name: "f32", "bf16", ...
-std::string_view DTypeName(DType dtype);
+EAGLE3_API std::string_view DTypeName(DType dtype);
 
 // The safetensors header spelling: "F32", "BF16", "F8_E4M3", ...
-std::string_view SafetensorsDTypeName(DType dtype);
+EAGLE3_API std::string_view SafetensorsDTypeName(DType dtype);
 
 // Parses a safetensors dtype string; std::nullopt when it is not one eagle3 knows.
-std::optional<DType> ParseSafetensorsDType(std::string_view name);
+EAGLE3_API std::optional<DType> ParseSafetensorsDType(std::string_view name);
 
 constexpr bool IsFloatingPoint(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 ||

@@ -20,11 +20,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/deepseek_v2_config.h"
+#include "eagle3/export.h"
 #include "eagle3/rope_config.h"
 
 namespace eagle3 {
 
-struct Eagle3DraftConfig {
+struct EAGLE3_API Eagle3DraftConfig {
   std::string architecture;  // as written in `architectures`
   std::string model_type;    // recorded only ("llama" usually; SpecForge's Kimi draft says kimi_k2)
 
@@ -77,7 +78,7 @@ struct Eagle3DraftConfig {
 // Checks a draft against the target it will run with: target_hidden_size equals the target's
 // hidden_size, vocab sizes match, and every aux layer id is in [0, L-1] (output-of-layer
 // convention).
-absl::Status CheckDraftAgainstTarget(const Eagle3DraftConfig& draft,
-                                     const DeepseekV2Config& target);
+EAGLE3_API absl::Status CheckDraftAgainstTarget(const Eagle3DraftConfig& draft,
+                                                const DeepseekV2Config& target);
 
 }  // namespace eagle3

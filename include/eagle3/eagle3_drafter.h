@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "eagle3/draft_model.h"
+#include "eagle3/export.h"
 #include "eagle3/speculative_decoder.h"
 
 namespace eagle3 {
 
-class Eagle3Drafter final : public Drafter {
+class EAGLE3_API Eagle3Drafter final : public Drafter {
  public:
   // `draft` must outlive the drafter. Its page pool is split evenly between `max_sequences`.
   Eagle3Drafter(DraftModel* draft, int max_sequences);

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "eagle3/export.h"
+
 namespace eagle3 {
 
 inline float Bf16ToFloat(uint16_t bits) {
@@ -17,10 +19,10 @@ inline uint16_t FloatToBf16(float value) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-float F16ToFloat(uint16_t bits);
-uint16_t FloatToF16(float value);
+EAGLE3_API float F16ToFloat(uint16_t bits);
+EAGLE3_API uint16_t FloatToF16(float value);
 
 // OCP float8 e4m3fn (no infinities; 0x7f / 0xff are NaN; max finite 448).
-float F8E4M3ToFloat(uint8_t bits);
+EAGLE3_API float F8E4M3ToFloat(uint8_t bits);
 
 }  // namespace eagle3

@@ -1,4 +1,4 @@
-// HiddenStateTap: which residual-stream tensors of the target the EAGLE-3 draft sees (DESIGN §3).
+// HiddenStateTap: which residual-stream tensors of the target the EAGLE-3 draft sees (docs/semantics.md).
 //
 // Boundary b in [0, L] of an L-layer target names one tensor: b = 0 the embedding output (input of
 // layer 0), b = i the fully reduced `hidden + residual` after layer i-1 (input of layer i), b = L the
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor.h"
 #include "eagle3/tensor_view.h"
 
@@ -24,7 +25,7 @@ enum class LayerIdConvention {
   kInputOfLayer,   // id k = input of layer k = boundary k (vLLM)
 };
 
-class HiddenStateTap {
+class EAGLE3_API HiddenStateTap {
  public:
   // Boundaries used when a draft config names no aux layers: {2, L/2, L-3} (SGLang's default
   // capture points, which are layer inputs). Create needs L >= 7 for them to be distinct.

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/communicator.h"
+#include "eagle3/export.h"
 
 namespace eagle3 {
 
@@ -33,7 +34,7 @@ class InProcessGroupState;
 //    paths build strings.
 //
 // Buffers: host memory (Device::Cpu(); pinned host memory counts), contiguous.
-class InProcessGroup {
+class EAGLE3_API InProcessGroup {
  public:
   // size >= 1 ranks; timeout > 0 bounds how long a rank waits for the others to arrive (clamped
   // to one year, so milliseconds::max() means "practically forever").

@@ -10,10 +10,11 @@
 #include "absl/status/status.h"
 #include "eagle3/communicator.h"
 #include "eagle3/dtype.h"
+#include "eagle3/export.h"
 
 namespace eagle3 {
 
-struct ModelRankOptions {
+struct EAGLE3_API ModelRankOptions {
   int tp_size = 1;
   int rank = 0;
   int64_t max_tokens_per_forward = 256;  // new rows over all sequences of one step

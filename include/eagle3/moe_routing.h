@@ -1,4 +1,4 @@
-// Parameters of DeepSeek MoE routing, as the MoeRoute op takes them (DESIGN §3).
+// Parameters of DeepSeek MoE routing, as the MoeRoute op takes them (docs/semantics.md).
 #pragma once
 
 #include "eagle3/deepseek_v2_config.h"

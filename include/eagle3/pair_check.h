@@ -1,10 +1,11 @@
 // Checks a draft checkpoint against its target before serving: every problem is reported, not just
-// the first (DESIGN §8, "check a draft checkpoint against a target config").
+// the first (docs/semantics.md).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "eagle3/export.h"
 #include "eagle3/hidden_state_tap.h"
 
 namespace eagle3 {
@@ -25,7 +26,7 @@ struct PairReport {
 // = draft_vocab_size; the variant keys eagle3 does not implement. Warns when the aux ids are not in
 // layer order: eagle3 concatenates the taps in the listed order (HiddenStateTap), while SGLang and
 // vLLM capture them in layer order, so a draft trained there would see its fc input blocks permuted.
-PairReport CheckDraftPair(const std::string& target_dir, const std::string& draft_dir,
-                          LayerIdConvention convention = LayerIdConvention::kOutputOfLayer);
+EAGLE3_API PairReport CheckDraftPair(const std::string& target_dir, const std::string& draft_dir,
+                                     LayerIdConvention convention = LayerIdConvention::kOutputOfLayer);
 
 }  // namespace eagle3

@@ -16,6 +16,8 @@
 #include <optional>
 #include <string_view>
 
+#include "eagle3/export.h"
+
 namespace eagle3 {
 
 struct RopeScaling {
@@ -47,10 +49,10 @@ struct RopeConfig {
 };
 
 // "none", "linear", "yarn", "llama3".
-std::string_view RopeScalingTypeName(RopeScaling::Type type);
+EAGLE3_API std::string_view RopeScalingTypeName(RopeScaling::Type type);
 
 // YaRN magnitude correction: 0.1 * mscale * ln(scale) + 1 for scale > 1, else 1
 // (DeepSeek's `yarn_get_mscale`).
-double YarnGetMscale(double scale, double mscale);
+EAGLE3_API double YarnGetMscale(double scale, double mscale);
 
 }  // namespace eagle3

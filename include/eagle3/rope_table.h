@@ -1,4 +1,4 @@
-// The cos/sin table that Backend::ApplyRope consumes, computed from a RopeConfig (DESIGN §3).
+// The cos/sin table that Backend::ApplyRope consumes, computed from a RopeConfig (docs/semantics.md).
 //
 // Row p of the table is [cos(p * f_0) .. cos(p * f_{h-1}) | sin(p * f_0) .. sin(p * f_{h-1})] * a,
 // h = rope_dim / 2, with f_i the scaled inverse frequencies (RopeInvFreq) and a the attention
@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/allocator.h"
+#include "eagle3/export.h"
 #include "eagle3/rope_config.h"
 #include "eagle3/tensor.h"
 #include "eagle3/tensor_view.h"
@@ -35,7 +36,7 @@ namespace eagle3 {
 // InvalidArgument for an odd or non-positive rope_dim or parameters that would give non-finite
 // frequencies (theta <= 0, factor <= 0, beta <= 0, original_max_position_embeddings <= 0,
 // low_freq_factor == high_freq_factor).
-absl::StatusOr<std::vector<double>> RopeInvFreq(const RopeConfig& rope, int64_t rope_dim);
+EAGLE3_API absl::StatusOr<std::vector<double>> RopeInvFreq(const RopeConfig& rope, int64_t rope_dim);
 
 // The factor cos and sin are multiplied by: for kYarn the explicit attention_factor when set, else
 // YarnGetMscale(factor, mscale) / YarnGetMscale(factor, mscale_all_dim) (DeepSeek's reference
@@ -43,16 +44,16 @@ absl::StatusOr<std::vector<double>> RopeInvFreq(const RopeConfig& rope, int64_t 
 // mscale_all_dim). 1 for the other types. Note: transformers uses YarnGetMscale(factor, 1) when
 // either mscale or mscale_all_dim is absent, which differs from this only for a config stating
 // mscale != 1 without mscale_all_dim.
-double RopeAttentionFactor(const RopeConfig& rope);
+EAGLE3_API double RopeAttentionFactor(const RopeConfig& rope);
 
 // Fills `out` with the table for positions 0 .. P-1.
 //   out: [P, rope_dim], f32, host, row-strided (stride(1) == 1, stride(0) >= rope_dim)
-absl::Status FillRopeCosSin(const RopeConfig& rope, int64_t rope_dim, const TensorView& out);
+EAGLE3_API absl::Status FillRopeCosSin(const RopeConfig& rope, int64_t rope_dim, const TensorView& out);
 
 // A new [num_positions, rope_dim] f32 table; `allocator` must hand out host memory (copy the table
 // to a device with Backend::Copy).
-absl::StatusOr<Tensor> MakeRopeCosSin(const RopeConfig& rope, int64_t rope_dim,
-                                      int64_t num_positions,
-                                      Allocator& allocator = DefaultHostAllocator());
+EAGLE3_API absl::StatusOr<Tensor> MakeRopeCosSin(const RopeConfig& rope, int64_t rope_dim,
+                                                 int64_t num_positions,
+                                                 Allocator& allocator = DefaultHostAllocator());
 
 }  // namespace eagle3

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/dtype.h"
+#include "eagle3/export.h"
 #include "eagle3/shape.h"
 #include "eagle3/tensor.h"
 #include "eagle3/tensor_view.h"
@@ -68,15 +69,15 @@ struct SafetensorsLayout {
 // tensors are ordered by data offset (storage order), ties (empty tensors) by name. `metadata`
 // (optional, may be null) receives "__metadata__". Errors are InvalidArgument; those about a limit
 // above state the limit and the actual value.
-absl::StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
-    std::string_view header_json, uint64_t data_size, std::string_view source,
-    std::map<std::string, std::string>* metadata = nullptr);
+EAGLE3_API absl::StatusOr<std::vector<TensorInfo>> ParseSafetensorsHeader(
+               std::string_view header_json, uint64_t data_size, std::string_view source,
+               std::map<std::string, std::string>* metadata = nullptr);
 
 // Parses a whole file image (length prefix, header, and the bounds of the data section). `file`:
 // the complete file contents; only the length prefix and header are read. Used by the fuzzer; it
 // runs the same checks SafetensorsFile::Open runs on the prefix and header it reads from disk.
-absl::StatusOr<SafetensorsLayout> ParseSafetensorsBuffer(std::span<const uint8_t> file,
-                                                         std::string_view source);
+EAGLE3_API absl::StatusOr<SafetensorsLayout> ParseSafetensorsBuffer(std::span<const uint8_t> file,
+                                                                    std::string_view source);
 
 // An open safetensors file. Only the header is read by Open; tensor bytes are read on demand with
 // pread into caller or owned memory, never memory-mapped, so a file truncated or rewritten while
@@ -85,7 +86,7 @@ absl::StatusOr<SafetensorsLayout> ParseSafetensorsBuffer(std::span<const uint8_t
 // modification time), so a replaced or modified file is reported, and many shards opened by many
 // in-process ranks do not exhaust file descriptors. Not copyable or movable (views point into
 // it); own it through the unique_ptr that Open returns. All const methods are thread-safe.
-class SafetensorsFile {
+class EAGLE3_API SafetensorsFile {
  public:
   // Never blocks on a FIFO or device. Errors: NotFound (no such file), PermissionDenied and other
   // OS errors (with strerror), FailedPrecondition ("is a directory, not a regular file", "is a

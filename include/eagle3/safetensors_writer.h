@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
@@ -27,15 +28,15 @@ struct NamedTensor {
 // PermissionDenied "... is read-only"), since a rename would replace it regardless of its mode. A
 // final symbolic link is followed: the file it names is replaced and the link kept. Tools call this
 // before their work, so that a bad --out fails fast; the writers check again.
-absl::Status CheckOutputPath(const std::string& path, std::span<const std::string> inputs = {});
+EAGLE3_API absl::Status CheckOutputPath(const std::string& path, std::span<const std::string> inputs = {});
 
 // Writes `contents` to `path` atomically: CheckOutputPath, then a temporary file in the same
 // directory under a short fixed-length name (".eagle3-<12 hex digits>.tmp", so any destination name
 // that fits NAME_MAX works), flushed to disk and renamed over `path`. An existing file's permission
 // bits are kept; a new file gets 0666 less the umask. Errors: CheckOutputPath's, or the OS error
 // naming `path`.
-absl::Status WriteFileAtomically(const std::string& path, std::string_view contents,
-                                 std::span<const std::string> inputs = {});
+EAGLE3_API absl::Status WriteFileAtomically(const std::string& path, std::string_view contents,
+                                            std::span<const std::string> inputs = {});
 
 // Writes `tensors` (and `metadata` as "__metadata__", omitted when empty) to `path`. The data is
 // laid out in order of decreasing element size, stable otherwise, and the header is padded with
@@ -44,8 +45,8 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
 // readers never see a partial file and `path` obeys CheckOutputPath(path, inputs). Errors:
 // InvalidArgument (duplicate/empty name, device or non-contiguous tensor) naming the tensor,
 // CheckOutputPath's, or the OS error naming the file.
-absl::Status WriteSafetensors(const std::string& path, std::span<const NamedTensor> tensors,
-                              const std::map<std::string, std::string>& metadata = {},
-                              std::span<const std::string> inputs = {});
+EAGLE3_API absl::Status WriteSafetensors(const std::string& path, std::span<const NamedTensor> tensors,
+                                         const std::map<std::string, std::string>& metadata = {},
+                                         std::span<const std::string> inputs = {});
 
 }  // namespace eagle3

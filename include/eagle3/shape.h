@@ -7,9 +7,11 @@
 #include <span>
 #include <string>
 
+#include "eagle3/export.h"
+
 namespace eagle3 {
 
-class Shape {
+class EAGLE3_API Shape {
  public:
   static constexpr int kMaxRank = 6;
 

@@ -1,4 +1,4 @@
-// SpeculativeDecoder: the reference composition of one decode loop (DESIGN §1), written so that an
+// SpeculativeDecoder: the reference composition of one decode loop (docs/architecture.md), written so that an
 // engine can copy it: prefill, then repeat {draft tree -> tree-masked target forward with taps ->
 // verify -> commit}. One object drives one TP rank; with tp > 1 every rank runs its own decoder on the
 // same inputs (all decisions depend only on logits, which are identical on every rank).
@@ -20,6 +20,7 @@
 #include "eagle3/backend.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/draft_tree.h"
+#include "eagle3/export.h"
 #include "eagle3/step_launcher.h"
 #include "eagle3/target_model.h"
 #include "eagle3/tree_verifier.h"
@@ -29,7 +30,7 @@ namespace eagle3 {
 class SpeculativeStep;
 
 // The draft side of the loop. Eagle3Drafter runs a DraftModel; tests plug in other drafters.
-class Drafter {
+class EAGLE3_API Drafter {
  public:
   virtual ~Drafter() = default;
   virtual int64_t draft_vocab() const = 0;
@@ -68,7 +69,8 @@ struct SpeculationScheduleEntry {
 
 // A two-row schedule: `tree` while at most `max_speculative_batch` sequences are active, nothing
 // drafted above (the draft kept in sync).
-std::vector<SpeculationScheduleEntry> SpeculateUpToBatch(const DraftTreeParams& tree, int max_speculative_batch);
+EAGLE3_API std::vector<SpeculationScheduleEntry> SpeculateUpToBatch(const DraftTreeParams& tree,
+                                                                   int max_speculative_batch);
 
 struct DecodeOptions {
   int max_new_tokens = 64;
@@ -116,7 +118,7 @@ struct DecodeStats {
   double tokens_per_second() const { return total_seconds > 0 ? generated_tokens / total_seconds : 0; }
 };
 
-class SpeculativeDecoder {
+class EAGLE3_API SpeculativeDecoder {
  public:
   // The host reference loop over any Drafter: trees built and verified on the host one sequence at
   // a time, logits and taps brought to the host every step. `drafter` null: plain decoding. Both

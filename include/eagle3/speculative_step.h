@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/draft_tree.h"
+#include "eagle3/export.h"
 #include "eagle3/step_launcher.h"
 #include "eagle3/target_model.h"
 #include "eagle3/tree_verifier.h"
@@ -82,7 +83,7 @@ struct StepCounters {
   int64_t device_to_host_bytes = 0;  // bytes Run copied to the host
 };
 
-class SpeculativeStep {
+class EAGLE3_API SpeculativeStep {
  public:
   // `draft` may be null (plain decoding). Both models must run on `backend` and outlive the step;
   // all buffers are allocated here. InvalidArgument when the tree does not fit the models'

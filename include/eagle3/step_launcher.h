@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "eagle3/export.h"
 #include "eagle3/target_model.h"
 
 namespace eagle3 {
 
-class StepLauncher {
+class EAGLE3_API StepLauncher {
  public:
   virtual ~StepLauncher() = default;
   // Enqueues the device work of the step staged in `model` (as model.Launch() would).

@@ -1,4 +1,4 @@
-// TargetModel: one tensor-parallel rank of a DeepSeek-V2-family target (DESIGN §2-§3).
+// TargetModel: one tensor-parallel rank of a DeepSeek-V2-family target (docs/architecture.md).
 //
 // Each rank owns its weight shard, its copy of the paged latent KV cache (replicated on every rank,
 // as MLA's single latent head is) and fixed workspaces sized at creation, and talks to the other
@@ -19,6 +19,7 @@
 #include "eagle3/communicator.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/dtype.h"
+#include "eagle3/export.h"
 #include "eagle3/hidden_state_tap.h"
 #include "eagle3/model_rank_options.h"
 #include "eagle3/tensor_view.h"
@@ -58,8 +59,8 @@ struct TargetModelOptions : ModelRankOptions {
 // and kBF16 are valid (InvalidArgument naming `who`.weight_dtype otherwise), and the backend must
 // run a Gemm with f32 activations and weights of that dtype (its refusal is returned, prefixed by
 // `who`). Shared by TargetModel and DraftModel.
-absl::StatusOr<DType> ResolveWeightDtype(std::optional<DType> requested, Backend& backend,
-                                         const std::string& who);
+EAGLE3_API absl::StatusOr<DType> ResolveWeightDtype(std::optional<DType> requested, Backend& backend,
+                                                    const std::string& who);
 
 // One sequence of a Forward batch. Its cache holds `cache_len` tokens; the n new tokens are written
 // to cache slots cache_len .. cache_len + n - 1.
@@ -97,7 +98,7 @@ struct TargetStepIO {
   TensorView aux;
 };
 
-class TargetModel {
+class EAGLE3_API TargetModel {
  public:
   // Loads rank `options.rank`'s shard from a HF checkpoint directory (config.json + safetensors).
   // `communicator` may be null when tp_size == 1; otherwise its size/rank must match. `backend`

@@ -3,11 +3,12 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/allocator.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
 
-class Tensor {
+class EAGLE3_API Tensor {
  public:
   static constexpr size_t kAlignment = 256;  // Enough for vectorized host and CUDA access.
 

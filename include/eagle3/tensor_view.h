@@ -7,11 +7,12 @@
 
 #include "eagle3/device.h"
 #include "eagle3/dtype.h"
+#include "eagle3/export.h"
 #include "eagle3/shape.h"
 
 namespace eagle3 {
 
-class TensorView {
+class EAGLE3_API TensorView {
  public:
   TensorView() = default;
   // Contiguous (row-major) view.
@@ -54,6 +55,6 @@ class TensorView {
 };
 
 // Row-major strides (in elements) of a shape.
-Shape ContiguousStrides(const Shape& shape);
+EAGLE3_API Shape ContiguousStrides(const Shape& shape);
 
 }  // namespace eagle3

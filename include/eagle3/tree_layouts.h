@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/draft_tree.h"
+#include "eagle3/export.h"
 
 namespace eagle3 {
 
@@ -47,20 +48,20 @@ namespace eagle3 {
 
 // bool [N, prefix_len + N] row-major: prefix columns 1, then the tree's ancestor-or-self mask. SGLang's
 // FULL_MASK block and FlashInfer's unpacked custom mask.
-std::vector<uint8_t> PrefixedTreeMask(const DraftTree& tree, int64_t prefix_len);
+EAGLE3_API std::vector<uint8_t> PrefixedTreeMask(const DraftTree& tree, int64_t prefix_len);
 
 // numpy.packbits(bits, bitorder="little"): bit e is bit e % 8 of byte e / 8; nonzero = 1.
-std::vector<uint8_t> PackBitsLittle(std::span<const uint8_t> bits);
+EAGLE3_API std::vector<uint8_t> PackBitsLittle(std::span<const uint8_t> bits);
 // The inverse: the first num_bits bits (0 or 1) of `packed`. InvalidArgument when `packed` is not
 // exactly ceil(num_bits / 8) bytes.
-absl::StatusOr<std::vector<uint8_t>> UnpackBitsLittle(std::span<const uint8_t> packed, int64_t num_bits);
+EAGLE3_API absl::StatusOr<std::vector<uint8_t>> UnpackBitsLittle(std::span<const uint8_t> packed, int64_t num_bits);
 
 // A tree from its mask: mask(i, j) = 1 iff node j is node i or an ancestor of node i; the parent of i
 // is its deepest proper ancestor. `mask` is [N, prefix_len + N] row-major with the prefix columns all
 // 1 (prefix_len = 0: the bare [N, N] block). InvalidArgument, naming the row, unless every row is its
 // parent's row plus itself. Siblings come out in node order.
-absl::StatusOr<DraftTree> TreeFromAncestorMask(std::span<const int64_t> tokens, std::span<const uint8_t> mask,
-                                               int64_t prefix_len = 0);
+EAGLE3_API absl::StatusOr<DraftTree> TreeFromAncestorMask(std::span<const int64_t> tokens, std::span<const uint8_t> mask,
+                                                          int64_t prefix_len = 0);
 
 // ---- SGLang ----------------------------------------------------------------------------------------
 
@@ -80,29 +81,30 @@ struct SGLangTree {
 };
 
 // InvalidArgument for a negative seq_len / batch_index, or kQLenOnlyBitPacking with N > 32.
-absl::StatusOr<SGLangTree> ToSGLang(const DraftTree& tree, int64_t seq_len, SGLangTreeMaskMode mode,
-                                    int64_t batch_index = 0);
+EAGLE3_API absl::StatusOr<SGLangTree> ToSGLang(const DraftTree& tree, int64_t seq_len, SGLangTreeMaskMode mode,
+                                               int64_t batch_index = 0);
 
 // The tree named by SGLang's linked lists (sibling order kept); InvalidArgument naming the node when
 // the lists do not form a tree whose parents precede their children.
 //   draft_tokens, retrive_next_token, retrive_next_sibling: [N] each
-absl::StatusOr<DraftTree> FromSGLang(std::span<const int64_t> draft_tokens,
-                                     std::span<const int64_t> retrive_next_token,
-                                     std::span<const int64_t> retrive_next_sibling);
+EAGLE3_API absl::StatusOr<DraftTree> FromSGLang(std::span<const int64_t> draft_tokens,
+                                                std::span<const int64_t> retrive_next_token,
+                                                std::span<const int64_t> retrive_next_sibling);
 
 // The tree named by one sequence's SGLang tree_mask in `mode` (seq_len is used by kFullMask only).
-absl::StatusOr<DraftTree> FromSGLangMask(std::span<const int64_t> draft_tokens, std::span<const uint8_t> tree_mask,
-                                         int64_t seq_len, SGLangTreeMaskMode mode);
+EAGLE3_API absl::StatusOr<DraftTree> FromSGLangMask(std::span<const int64_t> draft_tokens,
+                                                    std::span<const uint8_t> tree_mask, int64_t seq_len,
+                                                    SGLangTreeMaskMode mode);
 
 // ---- FlashInfer -----------------------------------------------------------------------------------
 
 // packbits(PrefixedTreeMask(tree, prefix_len), bitorder="little"): ceil(N * (prefix_len + N) / 8) bytes.
-std::vector<uint8_t> FlashInferPackedCustomMask(const DraftTree& tree, int64_t prefix_len);
+EAGLE3_API std::vector<uint8_t> FlashInferPackedCustomMask(const DraftTree& tree, int64_t prefix_len);
 
 // The tree named by a packed FlashInfer custom mask of N = tokens.size() queries over
 // prefix_len + N keys.
-absl::StatusOr<DraftTree> FromFlashInferPackedMask(std::span<const int64_t> tokens, std::span<const uint8_t> packed,
-                                                   int64_t prefix_len);
+EAGLE3_API absl::StatusOr<DraftTree> FromFlashInferPackedMask(std::span<const int64_t> tokens,
+                                                              std::span<const uint8_t> packed, int64_t prefix_len);
 
 // ---- TensorRT-LLM ---------------------------------------------------------------------------------
 
@@ -118,17 +120,17 @@ struct TrtllmTree {
 // max_decoding_tokens: rows of `paths` and the mask word count, as TensorRT-LLM sizes its buffers
 // (0: the number of leaves and N). max_path_len: columns of `paths` (0: max depth + 1).
 // InvalidArgument when the tree does not fit.
-absl::StatusOr<TrtllmTree> ToTrtllm(const DraftTree& tree, int32_t max_decoding_tokens = 0,
-                                    int32_t max_path_len = 0);
+EAGLE3_API absl::StatusOr<TrtllmTree> ToTrtllm(const DraftTree& tree, int32_t max_decoding_tokens = 0,
+                                               int32_t max_path_len = 0);
 
 // The tree named by TensorRT-LLM paths (siblings in node order); InvalidArgument naming the row when
 // a path does not start at 0, a node gets two parents, or a node lies on no path.
 //   tokens: [N]    paths: [num_paths, path_len], -1 padded
-absl::StatusOr<DraftTree> FromTrtllmPaths(std::span<const int64_t> tokens, std::span<const int32_t> paths,
-                                          int32_t path_len);
+EAGLE3_API absl::StatusOr<DraftTree> FromTrtllmPaths(std::span<const int64_t> tokens, std::span<const int32_t> paths,
+                                                     int32_t path_len);
 
 // The tree named by a TensorRT-LLM packed mask.   tokens: [N]    packed_mask: [N, mask_words]
-absl::StatusOr<DraftTree> FromTrtllmPackedMask(std::span<const int64_t> tokens,
-                                               std::span<const int32_t> packed_mask, int32_t mask_words);
+EAGLE3_API absl::StatusOr<DraftTree> FromTrtllmPackedMask(std::span<const int64_t> tokens,
+                                                          std::span<const int32_t> packed_mask, int32_t mask_words);
 
 }  // namespace eagle3

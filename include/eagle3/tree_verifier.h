@@ -1,4 +1,4 @@
-// TreeVerifier: decides which drafted tokens the target accepts (DESIGN §3 "Verification").
+// TreeVerifier: decides which drafted tokens the target accepts (docs/semantics.md, verification).
 //
 // Greedy (temperature == 0): from the root, accept the first child (sibling order) whose token equals
 // the target's argmax at its parent; repeat; the bonus token is the argmax at the last accepted node.
@@ -32,11 +32,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/draft_tree.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
 
-struct SamplingParams {
+struct EAGLE3_API SamplingParams {
   float temperature = 0.0f;  // 0: greedy verification; else finite and > 0
   int top_k = 0;             // 0: off; >= V is off too
   float top_p = 1.0f;        // (0, 1]; 1: off
@@ -59,7 +60,7 @@ struct VerifyResult {
 //   target_logits[b]: [N_b, V], f32, host, unit stride along V (rows may be strided): row i = the
 //                     target's logits after node i; V is the same for every sequence
 //   seed, offset: Philox key and counter base; sequence b draws its coins from stream b (see above)
-class TreeVerifier {
+class EAGLE3_API TreeVerifier {
  public:
   static absl::StatusOr<std::vector<VerifyResult>> Verify(std::span<const DraftTree> trees,
                                                           std::span<const TensorView> target_logits,

@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "compact_accepted_check.h"
 #include "cpu/cpu_backend_internal.h"
-#include "eagle3/compact_accepted_check.h"
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/status.h"
 

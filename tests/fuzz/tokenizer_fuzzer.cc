@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "eagle3/tokenizer.h"
+#include "eagle3/tools/tokenizer.h"
 
 namespace {
 

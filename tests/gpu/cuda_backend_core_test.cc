@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "eagle3/cuda/core_ops.h"
+#include "core_ops.h"
 #include "eagle3/half.h"
 #include "parity_util.h"
 

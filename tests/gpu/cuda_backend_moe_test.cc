@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/moe_ops.h"
 #include "eagle3/moe_routing.h"
 #include "gmock/gmock.h"
 #include "gpu/parity_util.h"
 #include "gtest/gtest.h"
+#include "moe_ops.h"
 
 namespace eagle3::parity {
 namespace {

@@ -1,4 +1,4 @@
-// bf16 weight storage on the CUDA backend (DESIGN §2): f32 x bf16 Gemm, bf16 routed experts, a bf16
+// bf16 weight storage on the CUDA backend (docs/architecture.md): f32 x bf16 Gemm, bf16 routed experts, a bf16
 // embedding table, and the target / draft models loaded in bf16, each against the CPU reference on
 // the same values widened to f32.
 //
@@ -27,11 +27,11 @@
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
 #include "eagle3/half.h"
-#include "eagle3/random_checkpoint.h"
-#include "eagle3/random_draft_checkpoint.h"
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
+#include "eagle3/testing/random_checkpoint.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 #include "parity_util.h"
 #include "scoped_temp_dir.h"
 #include "speculative_greedy_check.h"

@@ -1,4 +1,4 @@
-// The GEMV path of CudaBackend::Gemm / BatchedGemm (M <= kGemvMaxRows, eagle3/cuda/gemv_ops.h)
+// The GEMV path of CudaBackend::Gemm / BatchedGemm (M <= kGemvMaxRows, cuda/gemv_ops.h)
 // against the CPU reference, with M = kGemvMaxRows + 1 and 16 (cuBLASLt) alongside for contrast:
 // decode shapes of DeepSeek-V2 / V3 (K up to 21504, N up to 7168), ragged K and N, row-strided and
 // odd-offset activations and outputs, bias, alpha and beta (beta 0 over a NaN-filled c: never
@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "eagle3/cuda/gemv_ops.h"
 #include "eagle3/half.h"
+#include "gemv_ops.h"
 #include "parity_util.h"
 
 namespace eagle3::parity {

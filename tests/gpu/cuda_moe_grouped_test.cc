@@ -1,5 +1,5 @@
 // CudaBackend::MoeExperts on its grouped path (calls with many tokens: MoeExpertsUseGrouped in
-// eagle3/cuda/moe_ops.h) against the CPU reference, at DeepSeek-V2 / V3 TP8 rank shapes and small
+// cuda/moe_ops.h) against the CPU reference, at DeepSeek-V2 / V3 TP8 rank shapes and small
 // odd ones, f32 and bf16 expert weights; skipped where no CUDA device is visible.
 //
 // Tolerance: 1e-5 relative (RelError: max |diff| / max |cpu|), as the per-pair path's tests: the
@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "eagle3/cuda/cuda_backend.h"
-#include "eagle3/cuda/moe_ops.h"
 #include "eagle3/half.h"
 #include "gmock/gmock.h"
 #include "gpu/parity_util.h"
 #include "gtest/gtest.h"
+#include "moe_ops.h"
 
 namespace eagle3::parity {
 namespace {

@@ -4,7 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "eagle3/cuda/convert.h"
+#include "convert.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/tensor_copy.h"
 #include "eagle3/half.h"

@@ -16,16 +16,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include "device_buffer.h"
 #include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/device_tree_verifier.h"
-#include "eagle3/cuda/verify_ops.h"
 #include "eagle3/half.h"
 #include "eagle3/philox.h"
 #include "eagle3/tree_verifier.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "device_buffer.h"
+#include "verify_ops.h"
 
 namespace eagle3::cuda {
 namespace {

@@ -13,11 +13,11 @@
 #include "eagle3/cuda/host_staged_communicator.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
-#include "eagle3/rank_threads.h"
 #include "eagle3/safetensors.h"
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
+#include "eagle3/testing/rank_threads.h"
 #include "gtest/gtest.h"
 #include "speculative_greedy_check.h"
 

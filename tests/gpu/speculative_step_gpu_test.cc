@@ -14,7 +14,7 @@
 #include "eagle3/speculative_decoder.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
-#include "eagle3/tokenizer.h"
+#include "eagle3/tools/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace eagle3 {

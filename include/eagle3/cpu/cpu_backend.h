@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "eagle3/allocator.h"
 #include "eagle3/backend.h"
+#include "eagle3/export.h"
 
 namespace eagle3::cpu {
 
@@ -27,7 +28,7 @@ struct CpuBackendOptions {
 // BatchedPagedAttention, MoeRoute and MoeExperts use a scratch buffer owned by the backend that
 // grows to the largest size asked for (context length, expert count, 3 * expert intermediate size)
 // and is then reused: reserve it with a first call at the largest shapes if no call may allocate.
-class CpuBackend final : public Backend {
+class EAGLE3_API CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions());
   ~CpuBackend() override;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "eagle3/backend.h"
 #include "eagle3/cuda/device_allocator.h"
+#include "eagle3/export.h"
 
 namespace eagle3::cuda {
 
@@ -45,7 +46,7 @@ struct CudaBackendOptions {
   bool paged_attention_registers = true;
 };
 
-class CudaBackend final : public Backend {
+class EAGLE3_API CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options = {});
   ~CudaBackend() override;

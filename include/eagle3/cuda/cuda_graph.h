@@ -10,10 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "eagle3/export.h"
 
 namespace eagle3::cuda {
 
-class CudaGraph {
+class EAGLE3_API CudaGraph {
  public:
   // Begins a capture on `stream` (thread-local mode: only this thread's unsafe calls break it),
   // calls `enqueue`, ends the capture and instantiates the graph. Nothing runs while capturing.

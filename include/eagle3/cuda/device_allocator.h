@@ -5,12 +5,13 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/allocator.h"
+#include "eagle3/export.h"
 
 namespace eagle3::cuda {
 
-// cudaMalloc / cudaFree on one device. Allocation happens at init time only (DESIGN §2: no
+// cudaMalloc / cudaFree on one device. Allocation happens at init time only (docs/architecture.md: no
 // allocation in the hot path), so a plain synchronous allocator is the right tool.
-class DeviceAllocator final : public Allocator {
+class EAGLE3_API DeviceAllocator final : public Allocator {
  public:
   explicit DeviceAllocator(int device_index) : device_index_(device_index) {}
   Device device() const override { return Device::Cuda(device_index_); }
@@ -24,6 +25,6 @@ class DeviceAllocator final : public Allocator {
 };
 
 // Number of visible CUDA devices; 0 when there is no driver or no device (never an error).
-int CudaDeviceCount();
+EAGLE3_API int CudaDeviceCount();
 
 }  // namespace eagle3::cuda

@@ -1,8 +1,8 @@
-// DeviceTreeVerifier: eagle3::TreeVerifier on the GPU (DESIGN §3 "Verification"), for callers that
+// DeviceTreeVerifier: eagle3::TreeVerifier on the GPU (docs/semantics.md, verification), for callers that
 // hold their trees on the host and their target logits on the device. It validates what the CPU
 // verifier validates (sampling parameters, each tree, the logits' shape, dtype and device, drafted
 // tokens in [0, V)), uploads the flattened trees into buffers allocated at Create, runs
-// LaunchTreeVerify (eagle3/cuda/verify_ops.h), synchronizes its stream and returns the same
+// LaunchTreeVerify (cuda/verify_ops.h), synchronizes its stream and returns the same
 // VerifyResults as TreeVerifier::Verify (same coins; see verify_ops.h for where float arithmetic can
 // differ). Bad logits (NaN, +inf, a row without a finite logit) are found on the device and become
 // the CPU verifier's InvalidArgument, naming the sequence, the row and the token id.
@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/draft_tree.h"
+#include "eagle3/export.h"
 #include "eagle3/tensor_view.h"
 #include "eagle3/tree_verifier.h"
 
@@ -35,7 +36,7 @@ struct DeviceTreeVerifierOptions {
   cudaStream_t stream = nullptr;  // where Verify runs; nullptr: a stream the verifier creates
 };
 
-class DeviceTreeVerifier {
+class EAGLE3_API DeviceTreeVerifier {
  public:
   // Allocates every buffer (device workspace, inputs, outputs; pinned host staging). InvalidArgument
   // for options out of range; ResourceExhausted / Internal for CUDA failures.
@@ -61,7 +62,7 @@ class DeviceTreeVerifier {
   //    replay) uploads from: call Finish (or synchronize stream()) before the next Stage.
   //  - Launch enqueues on stream(): the upload of the staged trees (an async copy from pinned
   //    memory, which a captured graph reads at replay time), the verify kernels, the commit offsets
-  //    (LaunchVerifyCommitOffsets, eagle3/cuda/compact_ops.h) and the download of the results into
+  //    (LaunchVerifyCommitOffsets, cuda/compact_ops.h) and the download of the results into
   //    pinned memory. It never allocates, waits or reads a result on the host, so it can be captured.
   //    A capture keeps the batch size, the total node count, the logits view (pointer, V, row
   //    stride, dtype) and the sampling parameters of the Stage before it: a replay is valid after a

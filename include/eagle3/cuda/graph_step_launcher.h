@@ -17,11 +17,12 @@
 
 #include "absl/status/status.h"
 #include "eagle3/cuda/cuda_graph.h"
+#include "eagle3/export.h"
 #include "eagle3/step_launcher.h"
 
 namespace eagle3::cuda {
 
-class GraphStepLauncher final : public StepLauncher {
+class EAGLE3_API GraphStepLauncher final : public StepLauncher {
  public:
   // `stream`: the stream of the model's CudaBackend. At most `max_graphs` graphs are kept (the
   // least recently used is dropped beyond that).

@@ -12,10 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/communicator.h"
+#include "eagle3/export.h"
 
 namespace eagle3::cuda {
 
-class HostStagedCommunicator final : public Communicator {
+class EAGLE3_API HostStagedCommunicator final : public Communicator {
  public:
   // `host` must outlive this object and live in host memory; `max_bytes` bounds the receive buffer
   // of any collective (pinned staging of 2 x max_bytes is allocated here, once).

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/communicator.h"
+#include "eagle3/export.h"
 
 // The handle type exactly as nccl.h declares it (a redeclaration of the same typedef is allowed).
 struct ncclComm;
@@ -74,7 +75,7 @@ struct NcclOptions {
 // Not thread-safe: one thread drives one object (distinct objects may run concurrently). Each
 // thread that drives a rank should keep its current device at device() while the collective runs;
 // calls set it when it differs and restore the caller's device afterwards.
-class NcclCommunicator final : public Communicator {
+class EAGLE3_API NcclCommunicator final : public Communicator {
  public:
   // A fresh id (ncclGetUniqueId) for CreateFromUniqueId; generate it once, on one rank.
   static absl::StatusOr<NcclUniqueId> NewUniqueId();

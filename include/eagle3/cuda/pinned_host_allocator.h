@@ -6,10 +6,11 @@
 
 #include "absl/status/statusor.h"
 #include "eagle3/allocator.h"
+#include "eagle3/export.h"
 
 namespace eagle3::cuda {
 
-class PinnedHostAllocator final : public Allocator {
+class EAGLE3_API PinnedHostAllocator final : public Allocator {
  public:
   Device device() const override { return Device::Cpu(); }
   // ResourceExhausted when the driver cannot pin that much; InvalidArgument for an alignment above

@@ -43,6 +43,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "eagle3/export.h"
+
 namespace eagle3::cuda {
 
 // Largest topk: the merges hold a list of up to 16 keys of 64 bits per lane in registers, a step
@@ -90,7 +92,7 @@ struct TreeBuildParams {
 
 // Scratch bytes for a build of `batch` sequences; 0 when an argument is out of the ranges above.
 // Non-decreasing in each argument.
-size_t TreeBuildWorkspaceBytes(int32_t batch, int32_t topk, int32_t num_steps);
+EAGLE3_API size_t TreeBuildWorkspaceBytes(int32_t batch, int32_t topk, int32_t num_steps);
 
 // The next frontier, written by step s when s + 1 < num_steps: for sequence b, rows [b * k, (b + 1) * k)
 // in decreasing score (ties: lower candidate index), the rows of the next step's logits. Every
@@ -114,8 +116,8 @@ struct TreeFrontier {
 //   d2t:    [vocab] i64 offsets, device, or null for the identity
 // cudaErrorInvalidValue for a parameter outside the ranges above, a null logits / workspace / errors,
 // a small or misaligned workspace (checked on the host; nothing launched).
-cudaError_t LaunchTreeBuildStep(const TreeBuildParams& params, int32_t step, const float* logits, int64_t ld,
-                                const int64_t* d2t, const TreeFrontier& frontier, cudaStream_t stream);
+EAGLE3_API cudaError_t LaunchTreeBuildStep(const TreeBuildParams& params, int32_t step, const float* logits, int64_t ld,
+                                           const int64_t* d2t, const TreeFrontier& frontier, cudaStream_t stream);
 
 // The trees, after the last step: node 0 is the root, nodes in candidate order (parents first).
 struct TreeBuildOutputs {
@@ -132,7 +134,7 @@ struct TreeBuildOutputs {
 // The final pick: the best N - 1 candidates over all steps (ties: lower candidate index), sorted by
 // candidate index, the root prepended. Sequences in error write nothing. cudaErrorInvalidValue as
 // for LaunchTreeBuildStep, or for a null pointer in `outputs` other than depths and scores.
-cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& params, const TreeBuildOutputs& outputs,
-                                    cudaStream_t stream);
+EAGLE3_API cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& params, const TreeBuildOutputs& outputs,
+                                               cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -4,6 +4,8 @@
 // then a ResourceExhausted Status naming the options or keys behind the largest buffer, rather than
 // std::bad_alloc escaping the API, an abort, or the kernel killing the process when memory it
 // overcommitted is first touched.
+//
+// eagle3/detail/: installed because eagle3's own tools use it, but internal: no compatibility promise.
 #pragma once
 
 #include <cstddef>
@@ -16,19 +18,20 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "eagle3/export.h"
 
 namespace eagle3 {
 
 // Bytes of memory this process can expect to use: the machine's physical memory, lowered to the
 // address-space / data-segment limits (RLIMIT_AS, RLIMIT_DATA) and the cgroup v2 memory.max when
 // those are set. 0 when none of them is known (then only overflow is checked).
-uint64_t HostMemoryLimit();
+EAGLE3_API uint64_t HostMemoryLimit();
 
 // Sets *bytes = prod(dims) * element_size; false (and *bytes untouched) when a dim is negative or
 // the product overflows 64 bits.
-bool CheckedBytes(std::initializer_list<int64_t> dims, uint64_t element_size, uint64_t* bytes);
+EAGLE3_API bool CheckedBytes(std::initializer_list<int64_t> dims, uint64_t element_size, uint64_t* bytes);
 
-class HostByteBudget {
+class EAGLE3_API HostByteBudget {
  public:
   // `who` prefixes every message ("TargetModel", "eagle3-inspect target"); `limit` 0 = no limit.
   explicit HostByteBudget(std::string who, uint64_t limit = HostMemoryLimit());

@@ -6,7 +6,7 @@
 //
 // Bad data (a non-finite logit or bias, an expert id out of range) does not fail the launch: the
 // kernel leaves that token's output row unwritten and records error_code | index in *error_flag
-// (the device error flag protocol of eagle3/cuda/core_ops.h: one device int, 0 = no error; the
+// (the device error flag protocol of cuda/core_ops.h: one device int, 0 = no error; the
 // first op to fail is kept, within it the lowest index); the host reads it later
 // (CudaBackend::Synchronize).
 #pragma once

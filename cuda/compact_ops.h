@@ -5,7 +5,7 @@
 // header).
 //
 // Work of LaunchCompactAccepted: one kernel, blocks (sequence, column segment of at most 512 bytes
-// of a row), 128 threads. Each block checks its sequence (eagle3/compact_accepted_check.h; only the
+// of a row), 128 threads. Each block checks its sequence (src/compact_accepted_check.h; only the
 // segment-0 block records the error) and then moves its column segment of the accepted rows in
 // chunks of 32 rows in increasing entry order: a chunk's rows are all read into shared memory before
 // any is written. That equals moving the rows one at a time in increasing order, because a move's

@@ -1,4 +1,4 @@
-#include "eagle3/tokenizer.h"
+#include "eagle3/tools/tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -82,7 +82,7 @@ absl::Status Unsupported(const Object& object, std::string_view key, const nlohm
   return object.Error(absl::StatusCode::kUnimplemented, key,
                       absl::StrCat("expected ", Sv(expected), ", got ", Describe(found),
                                    "; eagle3's tokenizer implements only the byte-level BPE "
-                                   "pipeline described in eagle3/tokenizer.h"));
+                                   "pipeline described in eagle3/tools/tokenizer.h"));
 }
 
 absl::Status ExpectNull(const Object& object, const nlohmann::json& json, std::string_view key,

@@ -1,4 +1,4 @@
-#include "eagle3/deepseek_v2_config_writer.h"
+#include "eagle3/testing/deepseek_v2_config_writer.h"
 
 #include <string>
 

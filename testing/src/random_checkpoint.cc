@@ -1,4 +1,4 @@
-#include "eagle3/random_checkpoint.h"
+#include "eagle3/testing/random_checkpoint.h"
 
 #include <cmath>
 #include <cstdio>
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "eagle3/deepseek_v2_config_writer.h"
+#include "eagle3/testing/deepseek_v2_config_writer.h"
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "eagle3/host_device.h"
+#include "eagle3/detail/host_device.h"
 
 namespace eagle3 {
 

@@ -1,4 +1,4 @@
-// The Split pre-tokenizer for kCodeSplitPattern (include/eagle3/tokenizer.h), hand-written with the
+// The Split pre-tokenizer for kCodeSplitPattern (eagle3/tools/tokenizer.h), hand-written with the
 // leftmost-first backtracking semantics Oniguruma gives the pattern:
 //   '(?:s|t|re|ve|m|ll|d)        lower-case contractions after an apostrophe
 //   | ?[A-Za-z_][A-Za-z0-9_]*    identifiers, with one leading space

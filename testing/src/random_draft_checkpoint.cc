@@ -1,4 +1,4 @@
-#include "eagle3/random_draft_checkpoint.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "eagle3/rank_threads.h"
+#include "eagle3/testing/rank_threads.h"
 
 #include <memory>
 #include <string>
