@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Regenerates benchmarks/RESULTS.md and the roofline chart from a run_all.sh results directory.
+"""Regenerates benchmarks/RESULTS.md and the roofline chart from run_all.sh results directories.
 
     make_results.py --in DIR [DIR=NAME[,NAME...] ...] [--out-md RESULTS.md] [--out-png roofline.png]
-                    [--notes NOTES.md] [--no-matplotlib]
+                    [--targets targets.json] [--notes NOTES.md] [--no-matplotlib]
 
 DIR holds <name>.json per benchmark binary (Google Benchmark JSON: rows named
 "BM_X/arg:value/.../manual_time" with the counters of benchmarks/cuda/bench_util.h; the median
@@ -11,8 +11,16 @@ benchmarks/peers/*.py, joined to the C++ row with the same benchmark and params)
 status.txt (from run_all.sh). Everything is generic: a new *_benchmark binary or peer shows up as a new
 table or column. DIR=NAME,... takes only the named binaries' rows from DIR (e.g. the collectives of
 an older two-GPU run beside a complete one-GPU run: runs/OLD=collectives_benchmark); such a run adds
-no peers and no status lines. The notes file (hand-written predictions and explanations) is appended verbatim.
-Standard library only; matplotlib draws the chart when importable, else a small built-in rasterizer.
+no peers and no status lines.
+
+RESULTS.md opens with a summary built from the targets file (hand-maintained, benchmarks/targets.json):
+each target's goal, the rows of these runs that show where it stands (their figure, fraction of the
+floor and peer figure read from the runs; whether each row meets the goal computed from them), the
+hand-written verdict, and the end-to-end tables that scripts measured outside the benchmark binaries.
+The notes file (predictions, explanations, history) is linked, not copied. Model ids of the decode
+benchmarks are shown by name (MODEL_NAMES).
+Standard library only; matplotlib draws the chart when importable, else a small built-in rasterizer
+(no text on the image).
 """
 import argparse
 import glob
@@ -28,6 +36,11 @@ STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "
 
 # Run settings that Google Benchmark puts into names; they are shown but never join a peer row.
 RUN_SETTINGS = ("min_time", "repeats", "iterations")
+# Model ids of the benchmarks that take a `model` argument, by name (decode_step_benchmark.cc's
+# kModelNames; decode_ops_benchmark.cc's BM_MoeDecode models, whose labels say the same).
+STEP_MODELS = {0: "v2lite-tp1", 1: "v2-tp8-rank"}
+MODEL_NAMES = {"BM_DecodeStep": STEP_MODELS, "BM_VerifyStep": STEP_MODELS,
+               "BM_MoeDecode": {0: "v3-tp8-rank", 1: "k2-tp8-rank", 2: "v2lite-tp1", 3: "v2-tp8-rank"}}
 # Argument names of benchmarks that older runs registered without ArgNames (positional "/16/4096").
 POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens", "cache_bits"]}
 # Arguments that older runs did not have, with the value those runs implied: rows of different runs
@@ -232,6 +245,13 @@ def interp_loglog(points, x):
     return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0))), True
 
 
+def param_cell(bench, key, value):
+    """A row key as a table shows it: model ids by name (MODEL_NAMES), everything else as is."""
+    if key == "model" and value in MODEL_NAMES.get(bench, {}):
+        return MODEL_NAMES[bench][value]
+    return str(value)
+
+
 def table(rows, peers):
     benches = []
     for r in rows:
@@ -249,7 +269,8 @@ def table(rows, peers):
         # Counters that are also row keys (paged_registers, cache_bits' source) are shown once, as keys.
         extra = sorted({k for r in rs for k in r["counters"]
                         if k not in STD_COUNTERS and not k.endswith("_time") and k not in pkeys})
-        has_label = any(r["label"] for r in rs)
+        # A named model column says what such a benchmark's label says (BM_MoeDecode's "V3-TP8").
+        has_label = any(r["label"] for r in rs) and not ("model" in pkeys and bench in MODEL_NAMES)
         head = pkeys + (["label"] if has_label else []) + ["median µs", "floor µs", "of floor", "GB/s", "TFLOP/s"]
         head += extra
         for p in pnames:
@@ -257,8 +278,8 @@ def table(rows, peers):
         lines += [f"### `{bench}`", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rs:
             c = r["counters"]
-            cells = [str(r.get("run", "")) if k == "run" and k not in r["params"] else str(r["params"].get(k, ""))
-                     for k in pkeys] + ([r["label"]] if has_label else [])
+            cells = [str(r.get("run", "")) if k == "run" and k not in r["params"] else
+                     param_cell(bench, k, r["params"].get(k, "")) for k in pkeys] + ([r["label"]] if has_label else [])
             if r["error"]:
                 cells += [f"skipped: {r['error']}"] + [""] * (len(head) - len(cells) - 1)
                 lines.append("| " + " | ".join(cells) + " |")
@@ -363,7 +384,8 @@ def e2e_model(benchmarks, collective_dirs=()):
     ar = [(r["params"]["bytes"], r["counters"]["us"]) for r in ar_rows if r["bench"] == "BM_AllReduce"]
     ag = [(r["params"]["bytes"], r["counters"]["us"]) for r in ar_rows if r["bench"] == "BM_AllGather"]
     if not step or not verify or not draft or not ar or not ag:
-        missing = [n for n, v in (("BM_DecodeStep model 1", step), ("BM_VerifyStep model 1", verify),
+        missing = [n for n, v in ((f"BM_DecodeStep model {STEP_MODELS[1]}", step),
+                                  (f"BM_VerifyStep model {STEP_MODELS[1]}", verify),
                                   ("BM_DraftStep tp 8", draft), ("BM_AllReduce", ar), ("BM_AllGather", ag)) if not v]
         return ["### Modeled: end-to-end speedup of EAGLE-3 on a DeepSeek-V2 TP 8 rank", "",
                 "Not computed: this run lacks " + ", ".join(missing) + ".", ""]
@@ -382,11 +404,11 @@ def e2e_model(benchmarks, collective_dirs=()):
     lines = ["### Modeled: end-to-end speedup of EAGLE-3 on a DeepSeek-V2 TP 8 rank", "",
              "**A model, not a measurement of one program.** speedup = mean accepted length × vanilla step ÷ "
              "(draft round + verify step), every term from measured rows of this page: vanilla step = "
-             f"`BM_DecodeStep` model 1 (one V2 rank, graph, {'bf16' if cache_bits == 16 else 'f32'} latent cache) "
+             f"`BM_DecodeStep` model {STEP_MODELS[1]} (one V2 rank, graph, {'bf16' if cache_bits == 16 else 'f32'} latent cache) "
              f"at context {context} + the rank's collectives "
              "(1 + 2 × 60 all-reduces of [tokens, 5120] f32, the logits all-gather) interpolated from "
              f"`BM_AllReduce` / `BM_AllGather` of {source} (measured on 2 GPUs; 8 GPUs cost more per call); "
-             "verify step = `BM_VerifyStep` model 1 (a complete 4-ary tree of the given size after "
+             f"verify step = `BM_VerifyStep` model {STEP_MODELS[1]} (a complete 4-ary tree of the given size after "
              f"{context} cached tokens, graph) + the same collectives at batch × tree tokens; draft round = "
              "the first draft pass over the accepted tokens (mean accepted length + 1 per sequence, "
              "`BM_DraftStep` tp 8, from_target 1, graph 1 where measured) + (passes − 1) passes over topk tokens per sequence "
@@ -429,6 +451,120 @@ def e2e_model(benchmarks, collective_dirs=()):
         lines += ["", "Draft-pass rows come from run(s) " + ", ".join(f"`{x}`" for x in runs) + " (check the "
                   "`BM_DraftStep` table for the weight dtype of that run)."]
     return lines + [""]
+
+
+# ---- summary (benchmarks/targets.json) -------------------------------------------------------------
+
+# What a goal compares, and how the summary names it.
+GOAL_METRICS = {"frac_of_floor": "of floor", "peer_speedup": "× the peer", "us": "µs"}
+
+
+def load_targets(path):
+    """The targets file (see benchmarks/targets.json), or None when there is none."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("targets", []), list):
+        raise ValueError("expected an object with a 'targets' list")
+    for i, t in enumerate(data.get("targets", [])):
+        where = f"targets[{i}]"
+        if not isinstance(t, dict) or not isinstance(t.get("target"), str) or not isinstance(t.get("cases"), list):
+            raise ValueError(f"{where}: needs 'target' (text) and 'cases' (a list)")
+        goal = t.get("goal")
+        if goal is not None and (goal.get("metric") not in GOAL_METRICS or ("min" in goal) == ("max" in goal)):
+            raise ValueError(f"{where}.goal: needs 'metric' ({', '.join(GOAL_METRICS)}) and one of 'min' / 'max'")
+        for j, case in enumerate(t["cases"]):
+            if not isinstance(case, dict) or ("bench" in case) == ("figure" in case):
+                raise ValueError(f"{where}.cases[{j}]: needs 'bench' (a benchmark row) or 'figure' (measured by hand)")
+    for i, e in enumerate(data.get("end_to_end", [])):
+        if not all(k in e for k in ("title", "columns", "rows")):
+            raise ValueError(f"end_to_end[{i}]: needs 'title', 'columns' and 'rows'")
+    return data
+
+
+def find_rows(benchmarks, bench, params):
+    """Rows of `bench` (error rows excluded) whose params hold every given key and value."""
+    return [r for b in benchmarks.values() for r in b["rows"]
+            if r["bench"] == bench and not r["error"] and all(r["params"].get(k) == v for k, v in params.items())]
+
+
+def goal_text(goal):
+    """'≥ 0.8 of floor', '≥ 5 × the peer', '≤ 2200 µs'."""
+    name = GOAL_METRICS[goal["metric"]]
+    if "min" in goal:
+        return f"≥ {goal['min']:g} {name}"
+    return f"≤ {goal['max']:g} {name}"
+
+
+def goal_met(goal, value):
+    if value is None:
+        return None
+    return value >= goal["min"] if "min" in goal else value <= goal["max"]
+
+
+def target_case(case, benchmarks, peers, goal):
+    """The cells figure, of floor, peer, meets goal for one case of a target: read from the runs for a
+    case naming a benchmark row ({"bench", "params"[, "peer"]}), as written for a hand-measured one
+    ({"figure", "meets"[, "of_floor", "peer"]})."""
+    if "bench" not in case:
+        met = case.get("meets")
+        return [case.get("figure", ""), case.get("of_floor", "—"), case.get("peer", "—"),
+                "yes" if met is True else "no" if met is False else str(met or "—")]
+    rows = find_rows(benchmarks, case["bench"], case.get("params", {}))
+    if len(rows) != 1:
+        return ["not in these runs" if not rows else f"{len(rows)} rows match: name more params", "", "", ""]
+    c = rows[0]["counters"]
+    by_peer = peers.get(join_key(case["bench"], rows[0]["params"]), {})
+    peer = case.get("peer") or (sorted(by_peer)[0] if by_peer else None)
+    peer_us = by_peer.get(peer) if peer else None
+    speedup = peer_us / c["us"] if peer_us and c.get("us") else None
+    peer_cell = f"{fmt(peer_us)} µs ({fmt(speedup)}×)" if speedup else "—"
+    met = None
+    if goal:
+        value = {"frac_of_floor": c.get("frac_of_floor"), "us": c.get("us"), "peer_speedup": speedup}[goal["metric"]]
+        met = goal_met(goal, value)
+    return [f"{fmt(c.get('us'))} µs", fmt(c.get("frac_of_floor")) or "—", peer_cell,
+            "—" if met is None else "yes" if met else "no"]
+
+
+def summary_lines(targets, benchmarks, peers, notes_link):
+    """The summary at the top of RESULTS.md: the targets table and the end-to-end tables."""
+    lines = ["## Summary", ""]
+    if targets is None:
+        return lines + ["No targets file (benchmarks/targets.json) was found: no summary.", ""]
+    if targets.get("intro"):
+        lines += [targets["intro"], ""]
+    head = ["target", "case", "figure", "of floor", "peer (× ours)", "meets goal", "verdict"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in targets.get("targets", []):
+        goal = t.get("goal")
+        title = t["target"] + (f" ({goal_text(goal)})" if goal else "")
+        for i, case in enumerate(t.get("cases", [])):
+            cells = [title if i == 0 else "", case.get("case", "")]
+            cells += target_case(case, benchmarks, peers, goal)
+            cells.append(t.get("verdict", "") if i == 0 else "")
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines.append("")
+    for note in targets.get("notes", []):
+        lines += [note.replace("{notes}", notes_link), ""]
+    for e in targets.get("end_to_end", []):
+        lines += [f"### {e['title']}", ""]
+        if e.get("text"):
+            lines += [e["text"], ""]
+        cols = e["columns"]
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in e["rows"]:
+            lines.append("| " + " | ".join(str(x) for x in r) + " |")
+        lines.append("")
+        tail = []
+        if e.get("command"):
+            tail.append(f"Command: `{e['command']}`.")
+        if e.get("source"):
+            tail.append(f"Data: {e['source']}.")
+        if tail:
+            lines += [" ".join(tail), ""]
+    return lines
 
 
 # ---- roofline chart ---------------------------------------------------------------------------------
@@ -509,7 +645,7 @@ def raster_roofline(path, pts, copy_bps, gemm_fps):
     write_png_rgb(path, w, h, px)
 
 
-def plot_roofline(path, pts, copy_bps, gemm_fps, use_matplotlib=True):
+def plot_roofline(path, pts, copy_bps, gemm_fps, use_matplotlib=True, title="Roofline"):
     """Returns a description of how the chart was drawn (for RESULTS.md)."""
     if use_matplotlib:
         try:
@@ -519,19 +655,25 @@ def plot_roofline(path, pts, copy_bps, gemm_fps, use_matplotlib=True):
         except ImportError:
             use_matplotlib = False
     if use_matplotlib:
-        fig, ax = plt.subplots(figsize=(8, 5.6))
+        fig, ax = plt.subplots(figsize=(10, 6))
         ais = [10 ** (-2 + 6 * i / 300) for i in range(301)]
         if copy_bps and gemm_fps:
-            ax.plot(ais, [min(gemm_fps, a * copy_bps) for a in ais], "k-", label="ceilings (copy, bf16 GEMM)")
+            ax.plot(ais, [min(gemm_fps, a * copy_bps) / 1e12 for a in ais], "k-", linewidth=1.5,
+                    label=f"ceiling: copy {copy_bps / 1e9:.0f} GB/s, bf16 GEMM {gemm_fps / 1e12:.0f} TFLOP/s")
+        markers = "os^vD<>ph*"
         for k, (bench, ps) in enumerate(sorted(pts.items())):
-            ax.scatter([p[0] for p in ps], [p[1] for p in ps], s=14, label=bench,
+            ax.scatter([p[0] for p in ps], [p[1] / 1e12 for p in ps], s=16, label=bench,
+                       marker=markers[(k // len(PALETTE)) % len(markers)],
                        color=[c / 255 for c in PALETTE[k % len(PALETTE)]])
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("arithmetic intensity (flop / byte)")
-        ax.set_ylabel("achieved flop/s")
+        ax.set_xlim(1e-2, 1e4)
+        ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+        ax.set_ylabel("attainable TFLOP/s (line: the roof; points: achieved)")
+        ax.set_title(title)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.grid(True, which="minor", alpha=0.1)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -550,9 +692,13 @@ def main():
                          "DIR=NAME,... takes only the named binaries' rows from DIR")
     ap.add_argument("--out-md", default=os.path.join(here, "RESULTS.md"))
     ap.add_argument("--out-png", default=os.path.join(here, "roofline.png"))
-    ap.add_argument("--notes", default=os.path.join(here, "NOTES.md"))
+    ap.add_argument("--notes", default=os.path.join(here, "NOTES.md"),
+                    help="the hand-written notes RESULTS.md links to (not copied into it)")
+    ap.add_argument("--targets", default=os.path.join(here, "targets.json"),
+                    help="the hand-maintained summary source: targets, verdicts, end-to-end tables")
     ap.add_argument("--no-matplotlib", action="store_true", help="use the built-in rasterizer")
     args = ap.parse_args()
+    command = regenerate_command(args, here)
 
     selected = [split_run_arg(a) for a in args.indirs]
     for d, only in selected:
@@ -566,6 +712,10 @@ def main():
             if missing:
                 ap.error(f"--in {d}={','.join(sorted(only))}: {', '.join(missing)} has no NAME[.TAG].json in {d} "
                          f"(it has: {', '.join(sorted(present)) or 'none'})")
+    try:
+        targets = load_targets(args.targets)
+    except (OSError, ValueError) as e:
+        ap.error(f"--targets {args.targets}: {e}")
     benchmarks = load_runs(args.indirs)
     args.indirs = [d for d, _ in selected]
     whole = [d for d, only in selected if only is None]
@@ -584,12 +734,22 @@ def main():
     env = envs[-1][1] if envs else {}
     copy_gbs, gemm_tfs = ceilings(benchmarks)
     pts = roofline_points(benchmarks)
+    gpu = (env.get("gpus") or ["unknown GPU"])[0].split(",")
+    title = "Roofline of the eagle3 CUDA benchmarks" + (f", {gpu[1].strip()}" if len(gpu) > 1 else "")
     how = plot_roofline(args.out_png, pts, copy_gbs and copy_gbs * 1e9, gemm_tfs and gemm_tfs * 1e12,
-                        not args.no_matplotlib)
+                        not args.no_matplotlib, title)
+    out_dir = os.path.dirname(os.path.abspath(args.out_md))
+    notes_link = f"[{os.path.basename(args.notes)}]({os.path.relpath(os.path.abspath(args.notes), out_dir)})"
 
     md = ["# Benchmark results", "",
-          "Generated by `benchmarks/make_results.py` from a `benchmarks/run_all.sh` run; do not edit by hand "
-          "(hand-written notes live in `benchmarks/NOTES.md` and are appended below).", ""]
+          "Generated by `benchmarks/make_results.py`; do not edit by hand. The summary's targets, verdicts and "
+          f"end-to-end tables come from the hand-maintained [{os.path.basename(args.targets)}]"
+          f"({os.path.relpath(os.path.abspath(args.targets), out_dir)}); every other figure is read from the "
+          f"runs listed under \"Runs\". Predictions, explanations of each miss and the history: {notes_link}.", "",
+          "Regenerate (repository root" + (", with a Python that imports matplotlib, e.g. Debian's python3-matplotlib"
+                                           if how == "matplotlib" else "") + f"): `{command}`", ""]
+    md += summary_lines(targets, benchmarks, peers, notes_link)
+    md += ["## Runs", ""]
     if len(envs) > 1:
         md += ["Rows come from several runs (a newer run's row replaces an older one of the same shape; tables "
                "that mix runs have a `run` column):", ""]
@@ -606,15 +766,17 @@ def main():
            "time, median over repetitions; inputs rotated so their total exceeds twice the L2 where one set "
            "would fit. `floor µs` = max(bytes / copy rate, flops / GEMM rate) (collectives: bus bytes over the "
            "assumed NVLink rate); `of floor` = floor / median (1.0 = at the floor). Peer columns: the PyTorch "
-           "peer's median on the same GPU and the speedup over it (peer µs ÷ ours).", ""]
+           "peer's median on the same GPU and the speedup over it (peer µs ÷ ours). Model columns name the "
+           "model a row ran: " + "; ".join(f"`{b}` " + ", ".join(f"{k} = {v}" for k, v in names.items())
+                                           for b, names in MODEL_NAMES.items()) + ".", ""]
     for d in whole:
         status = os.path.join(d, "status.txt")
         if os.path.exists(status):
             failed = [l.strip() for l in open(status) if l.strip() and "rc=0" not in l]
             if failed:
                 md += [f"Status of run `{os.path.basename(os.path.normpath(d))}` (its status.txt, lines other "
-                       "than a clean `rc=0`: partial programs, commands, notes): " +
-                       "; ".join(f"`{f}`" for f in failed), ""]
+                       "than a clean `rc=0`: partial programs, commands, notes):", ""]
+                md += [f"- {f}" for f in failed] + [""]
     md += ["## Tables", ""]
     for name, b in benchmarks.items():
         md += [f"## `{name}`", ""]
@@ -629,16 +791,39 @@ def main():
     runs = sorted(glob.glob(os.path.join(here, "runs", "*")), reverse=True)
     given = {os.path.abspath(d) for d in args.indirs}
     md += e2e_model(benchmarks, [d for d in runs if os.path.abspath(d) not in given])
-    legend = ", ".join(f"{bench} = rgb{PALETTE[k % len(PALETTE)]}" for k, bench in enumerate(sorted(pts)))
-    md += ["## Roofline", "", f"![roofline]({os.path.basename(args.out_png)})", "",
-           f"Arithmetic intensity (flop/byte) vs achieved flop/s, log-log, with the two measured ceilings "
-           f"(drawn by {how}; axes 1e-2..1e4 flop/byte and 1e9..1e16 flop/s when rasterized). Colours: {legend}.",
-           ""]
-    if os.path.exists(args.notes):
-        md += ["## Notes (benchmarks/NOTES.md)", "", open(args.notes).read().strip(), ""]
+    md += ["## Roofline", "", f"![roofline]({os.path.basename(args.out_png)})", ""]
+    if how == "matplotlib":
+        md += ["Each benchmark row with both flops and bytes counted, placed by its arithmetic intensity "
+               "(FLOP/byte) and achieved TFLOP/s on log-log axes, under the roof of the two ceilings measured "
+               "in the same run (copy bandwidth × intensity, then the bf16 GEMM rate). Drawn by matplotlib.", ""]
+    else:
+        legend = ", ".join(f"{bench} = rgb{PALETTE[k % len(PALETTE)]}" for k, bench in enumerate(sorted(pts)))
+        md += ["Drawn by the built-in rasterizer, which writes no text: x = arithmetic intensity, log, 1e-2 to "
+               "1e4 FLOP/byte; y = achieved flop/s, log, 1e9 to 1e16; grid lines at decades; the black line is "
+               f"the roof of the two measured ceilings. Colours: {legend}.", ""]
     with open(args.out_md, "w") as f:
         f.write("\n".join(md))
 
+
+def regenerate_command(args, here):
+    """The command line that regenerates this RESULTS.md, from the repository root."""
+    root = os.path.dirname(here)
+
+    def rel(path):
+        return os.path.relpath(os.path.abspath(path), root)
+
+    ins = []
+    for a in args.indirs:
+        d, only = split_run_arg(a)
+        ins.append(rel(d) + ("=" + ",".join(sorted(only)) if only else ""))
+    cmd = ["python3", "benchmarks/make_results.py", "--in"] + ins
+    for flag, value, default in (("--out-md", args.out_md, "RESULTS.md"), ("--out-png", args.out_png, "roofline.png"),
+                                 ("--targets", args.targets, "targets.json"), ("--notes", args.notes, "NOTES.md")):
+        if os.path.abspath(value) != os.path.join(here, default):
+            cmd += [flag, rel(value)]
+    if args.no_matplotlib:
+        cmd.append("--no-matplotlib")
+    return " ".join(cmd)
 
 if __name__ == "__main__":
     main()

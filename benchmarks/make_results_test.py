@@ -7,7 +7,12 @@ What is checked: rows of a newer run replace an older run's rows of the same sha
 older run's other shapes; DIR=NAME,... takes only the named binaries from DIR (none of its peers or
 status lines); tagged parts (NAME.TAG.json) join their binary; `of floor` is the median over the
 floor; and the bad inputs (a missing directory, DIR= with no name, a name DIR does not hold) stop
-with exit status 2 and a message naming the directory and the binary.
+with exit status 2 and a message naming the directory and the binary. The summary: the targets file's
+targets open the page, before the runs and tables, each case's figure, fraction of the floor and peer
+read from the runs and its goal evaluated; hand-measured cases and end-to-end tables as written; a case
+whose row is absent says so; a malformed targets file stops with exit status 2. Model ids of the step
+and MoE benchmarks are shown by name; the notes file is linked, never copied in; the header names the
+command that regenerates the page.
 """
 import json
 import os
@@ -65,10 +70,11 @@ class MakeResultsTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_tool(self, *indirs):
+    def run_tool(self, *indirs, targets=None, notes=None):
         md = os.path.join(self.dir, "R.md")
         proc = subprocess.run([sys.executable, SCRIPT, "--in", *indirs, "--out-md", md, "--out-png",
-                               os.path.join(self.dir, "r.png"), "--notes", os.path.join(self.dir, "none.md"),
+                               os.path.join(self.dir, "r.png"), "--notes", notes or os.path.join(self.dir, "none.md"),
+                               "--targets", targets or os.path.join(self.dir, "no-targets.json"),
                                "--no-matplotlib"], capture_output=True, text=True)
         text = ""
         if proc.returncode == 0:
@@ -116,6 +122,97 @@ class MakeResultsTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2)
         self.assertIn("gamma_benchmark has no NAME[.TAG].json in " + self.old, proc.stderr)
         self.assertIn("it has: alpha_benchmark, beta_benchmark", proc.stderr)
+
+    def write_targets(self, targets):
+        path = os.path.join(self.dir, "targets.json")
+        with open(path, "w") as f:
+            json.dump(targets, f)
+        return path
+
+    def test_summary_opens_the_page_with_figures_read_from_the_runs(self):
+        targets = self.write_targets({
+            "intro": "Where the targets stand.",
+            "targets": [
+                {"target": "A at its floor", "goal": {"metric": "frac_of_floor", "min": 0.4},
+                 "verdict": "met at size 1 only",
+                 "cases": [{"case": "size 1", "bench": "BM_A", "params": {"size": 1}},
+                           {"case": "size 2", "bench": "BM_A", "params": {"size": 2}},
+                           {"case": "size 9", "bench": "BM_A", "params": {"size": 9}}]},
+                {"target": "B against the peer", "goal": {"metric": "peer_speedup", "min": 5},
+                 "verdict": "met", "cases": [{"case": "size 1", "bench": "BM_B", "params": {"size": 1}}]},
+                {"target": "C by hand", "verdict": "missed",
+                 "cases": [{"case": "script run", "figure": "123 µs/token", "meets": False}]}],
+            "notes": ["Causes: {notes}."],
+            "end_to_end": [{"title": "End-to-end X", "text": "How X was measured.", "columns": ["batch", "speedup"],
+                            "rows": [["1", "1.80×"]], "command": "./measure.sh OUT", "source": "runs/x"}]})
+        proc, text = self.run_tool(self.old, self.new, targets=targets)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        # The summary comes first: before the runs and the tables.
+        self.assertLess(text.index("## Summary"), text.index("## Runs"))
+        self.assertLess(text.index("## Runs"), text.index("## Tables"))
+        summary = text.split("## Summary", 1)[1].split("## Runs", 1)[0]
+        self.assertIn("Where the targets stand.", summary)
+        rows = [[c.strip() for c in l.strip().strip("|").split("|")] for l in summary.splitlines()
+                if l.startswith("| ") and not l.startswith("| target")]
+        # BM_A size 1 is the newer run's row (8 µs, floor 4: 0.5 >= 0.4); size 2 the older run's (0.25).
+        self.assertEqual(rows[0], ["A at its floor (≥ 0.4 of floor)", "size 1", "8.00 µs", "0.5", "—", "yes",
+                                   "met at size 1 only"])
+        self.assertEqual(rows[1][1:6], ["size 2", "20.0 µs", "0.25", "—", "no"])
+        self.assertEqual(rows[1][0], "")
+        self.assertEqual(rows[2][1:3], ["size 9", "not in these runs"])
+        # The peer's 400 µs against our 40 µs: 10× >= 5.
+        self.assertEqual(rows[3][2:6], ["40.0 µs", "0.5", "400 µs (10.0×)", "yes"])
+        self.assertEqual(rows[4][1:], ["script run", "123 µs/token", "—", "—", "no", "missed"])
+        self.assertIn("Causes: [none.md](none.md).", summary)
+        self.assertIn("### End-to-end X", summary)
+        self.assertIn("| 1 | 1.80× |", summary)
+        self.assertIn("Command: `./measure.sh OUT`. Data: runs/x.", summary)
+
+    def test_a_malformed_targets_file_is_refused(self):
+        targets = self.write_targets({"targets": [{"target": "no cases"}]})
+        proc, _ = self.run_tool(self.old, targets=targets)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("targets[0]: needs 'target' (text) and 'cases' (a list)", proc.stderr)
+        targets = self.write_targets({"targets": [{"target": "t", "goal": {"metric": "speed", "min": 1}, "cases": []}]})
+        proc, _ = self.run_tool(self.old, targets=targets)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("targets[0].goal", proc.stderr)
+
+    def test_without_a_targets_file_the_page_says_so(self):
+        proc, text = self.run_tool(self.old)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("No targets file (benchmarks/targets.json) was found", text)
+
+    def test_notes_are_linked_not_copied(self):
+        notes = os.path.join(self.dir, "NOTES.md")
+        with open(notes, "w") as f:
+            f.write("# Notes\n\nA development journal entry that stays in the notes.\n")
+        proc, text = self.run_tool(self.old, notes=notes)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("development journal entry", text)
+        self.assertIn("[NOTES.md](NOTES.md)", text)
+
+    def test_header_names_the_command_that_regenerates_the_page(self):
+        proc, text = self.run_tool(self.old + "=beta_benchmark", self.new)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        line = next(l for l in text.splitlines() if l.startswith("Regenerate"))
+        self.assertIn("python3 benchmarks/make_results.py --in ", line)
+        self.assertIn("2026-01-01-h200=beta_benchmark ", line)
+        self.assertIn("2026-01-02-h200 ", line)
+        self.assertIn("--no-matplotlib", line)
+
+    def test_models_are_named(self):
+        step = os.path.join(self.dir, "2026-01-03-h200")
+        write_run(step, {"decode_step_benchmark": [
+            row("BM_DecodeStep/model:0/batch:1/context:1024/graph:1", 5000.0, 1000.0, cache_elem_bytes=4),
+            row("BM_DecodeStep/model:1/batch:1/context:1024/graph:1", 11000.0, 1500.0, cache_elem_bytes=4)],
+            "decode_ops_benchmark": [dict(row("BM_MoeDecode/model:2/tokens:4", 130.0, 86.0), label="V2Lite-TP1")]})
+        proc, text = self.run_tool(step)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual([r[0] for r in self.table_rows(text, "BM_DecodeStep")], ["v2lite-tp1", "v2-tp8-rank"])
+        moe = self.table_rows(text, "BM_MoeDecode")
+        self.assertEqual(moe[0][:3], ["v2lite-tp1", "4", "130"])  # the name replaces both the id and the label
+        self.assertNotIn("| label |", text)
 
 
 if __name__ == "__main__":

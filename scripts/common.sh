@@ -1,6 +1,6 @@
 # Shared by scripts/demo.sh and scripts/test.sh: installs the Debian packages a build needs (only the
 # missing ones), and picks the parallelism. Set EAGLE3_SKIP_APT=1 where dependencies come from elsewhere
-# (the GPU host: see scripts/gpu-host.md).
+# (the GPU host: see docs/gpu_host.md).
 
 EAGLE3_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 EAGLE3_JOBS=${EAGLE3_JOBS:-$(nproc)}
