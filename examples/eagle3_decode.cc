@@ -10,7 +10,8 @@
 //
 // Without --target/--draft it runs the built-in trained pair: models/tiny-v2-code (a small
 // DeepSeek-V2 code model) and models/tiny-v2-code-eagle3 (its EAGLE-3 draft), from the models
-// directory baked in at build time (--models-dir overrides it). The prompt is text, tokenized with
+// directory ($EAGLE3_MODELS_DIR, else an installed <prefix>/share/eagle3/models, else the source tree;
+// --models-dir overrides it; missing directories are refused first). The prompt is text, tokenized with
 // the target directory's tokenizer.json (--prompt, or --prompt-file read whole; by default a few
 // lines of Python), or raw ids (--tokens). --random-pair writes a tiny random DeepSeek-V2 target and
 // draft to a temporary directory instead (random weights: the draft's proposals are rarely
@@ -111,9 +112,23 @@ constexpr int kDefaultSpeculateUpTo = -1;
 // low enough that logits / temperature stays a normal float.
 constexpr double kMaxTemperature = 1000;
 
+// The default --models-dir: $EAGLE3_MODELS_DIR when set; else <prefix>/share/eagle3/models next to an
+// installed binary (../share/eagle3/models from the directory of /proc/self/exe) when it exists; else
+// the source tree's models directory baked in at build time.
+std::string DefaultModelsDir() {
+  if (const char* env = std::getenv("EAGLE3_MODELS_DIR"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path installed = exe.parent_path() / ".." / "share" / "eagle3" / "models";
+    if (std::filesystem::is_directory(installed, ec)) return installed.lexically_normal().string();
+  }
+  return EAGLE3_MODELS_DIR;
+}
+
 struct Flags {
   std::string target, draft, json;
-  std::string models_dir = EAGLE3_MODELS_DIR;
+  std::string models_dir = DefaultModelsDir();
   bool random_pair = false;
   std::optional<std::string> prompt;       // --prompt, or the contents of --prompt-file
   std::string prompt_file;                 // named in messages
@@ -143,7 +158,7 @@ struct Flags {
   bool allow_long_context = false;
 };
 
-constexpr char kUsage[] =
+constexpr char kUsageText[] =
     "usage: eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]\n"
     "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--batch N]\n"
     "                     [--prompt-tokens T] [--max-new-tokens N]\n"
@@ -160,8 +175,9 @@ constexpr char kUsage[] =
     "  --allow-long-context: run prompts + --max-new-tokens beyond the target's\n"
     "    max_position_embeddings (refused by default)\n"
     "  --json FILE: refused when FILE is not a regular file, is read-only or is one of the inputs\n"
-    "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir, by default\n"
-    "    " EAGLE3_MODELS_DIR "\n"
+    "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir (default:\n"
+    "    $EAGLE3_MODELS_DIR, else <prefix>/share/eagle3/models of an installed binary, else the source\n"
+    "    tree's models; here: %s)\n"
     "  --prompt/--prompt-file: text tokenized with the target's tokenizer.json (default: a few lines\n"
     "    of Python); --tokens: raw target ids\n"
     "  --batch N: decode N prompts together (default 1): the given prompt N times, or without one the\n"
@@ -184,18 +200,34 @@ constexpr char kUsage[] =
     "    is the output of layer k, boundary k+1, as draft configs mean; input = id k is boundary k,\n"
     "    0 the embedding output) to measure what a wrong tap costs\n";
 
+// The usage with the resolved default --models-dir and the other defaults filled in.
+std::string Usage() {
+  std::string text(kUsageText);
+  const std::string defaults =
+      "  defaults: --max-new-tokens 48 --batch 1 --topk 4 --steps 3 --draft-tokens 8 --temperature 0\n"
+      "    --top-p 1 --seed 0 --tp 1 --device cpu --comm auto --graphs on --loop device\n"
+      "    --convention output --max-input-bytes 1048576; --json: none\n";
+  const size_t at = text.find("%s");
+  text.replace(at, 2, DefaultModelsDir());
+  return text + defaults;
+}
+
 using eagle3::examples::ParseFloat;
 using eagle3::examples::ParseInt;
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  // --help / -h anywhere answers before any other check.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", Usage().c_str());
+      std::exit(0);
+    }
+  }
   Flags f;
   bool models_dir_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::printf("%s", kUsage);
-      std::exit(0);
-    }
     if (flag == "--random-pair") {
       f.random_pair = true;
       continue;
@@ -283,6 +315,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("bad flag or value: " + std::string(flag) + " " + value);
     }
   }
+  EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckWeightsOnDevice(f.weights, f.device));
   if (!f.prompt_file.empty()) {
     EAGLE3_ASSIGN_OR_RETURN(f.prompt, eagle3::examples::ReadInputFile("--prompt-file", f.prompt_file,
                                                                       f.max_input_bytes));
@@ -307,6 +340,7 @@ struct RunResult {
   std::string launcher;  // the graph launcher's counts, when graphs ran
   std::string weights;   // the weight dtype the models ran with
   std::string comm;      // the collectives of tp > 1
+  double load_seconds = 0;  // rank 0's model creation (weights loaded)
 };
 
 // Runs plain or speculative decoding of `prompts` (one batch) on `tp` ranks (threads); returns rank 0's
@@ -353,6 +387,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
                                              std::to_string(tree.num_draft_tokens) + ": " +
                                              std::string(status.message()));
     };
+    const auto load_start = std::chrono::steady_clock::now();
     auto created_target = eagle3::TargetModel::Create(flags.target, topt, comm, backend);
     if (created_target.status().code() == absl::StatusCode::kResourceExhausted) {
       return with_flags(created_target.status());
@@ -407,6 +442,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
         }
       }
     }
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The device step (the product), or the host reference loop over an Eagle3Drafter.
     std::unique_ptr<eagle3::Eagle3Drafter> drafter;
     if (flags.host_loop && draft != nullptr) {
@@ -426,7 +462,7 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
     if (rank == 0) {
       result = RunResult{std::move(out), stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend),
-                         ctx.comm_name};
+                         ctx.comm_name, load_seconds};
     }
     return absl::OkStatus();
   }));
@@ -540,8 +576,15 @@ absl::Status Run(Flags flags) {
   if (flags.random_pair) {
     EAGLE3_RETURN_IF_ERROR(random_pair.Write(flags));
   } else if (flags.target.empty()) {
+    // A wrong models directory is reported first, in the flag's terms.
+    EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckDir("--models-dir", flags.models_dir));
     flags.target = (std::filesystem::path(flags.models_dir) / kDefaultTarget).string();
     flags.draft = (std::filesystem::path(flags.models_dir) / kDefaultDraft).string();
+    EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--models-dir " + flags.models_dir + ": the default target", flags.target));
+    EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--models-dir " + flags.models_dir + ": the default draft", flags.draft));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--target", flags.target));
+    EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--draft", flags.draft));
   }
   // What --json must never replace; checked before any work, so that a bad --json fails fast.
   std::vector<std::string> inputs = {flags.target, flags.draft, flags.models_dir};
@@ -740,7 +783,17 @@ absl::Status Run(Flags flags) {
         << ", \"device_to_host_bytes_per_step\": " << per_step(s.device_to_host_bytes, s.device_steps)
         << ", \"undrafted_steps\": " << s.undrafted_steps << ", \"acceptance_pauses\": " << s.acceptance_pauses
         << ", \"device_steps\": " << s.device_steps
-        << "}, \"loop\": " << JsonString(flags.host_loop ? "host" : "device") << ", \"speedup\": " << speedup;
+        << "}, \"loop\": " << JsonString(flags.host_loop ? "host" : "device") << ", \"speedup\": " << speedup
+        << ", \"settings\": {\"device\": " << JsonString(flags.device) << ", \"tree\": {\"topk\": " << flags.tree.topk
+        << ", \"steps\": " << flags.tree.num_steps << ", \"draft_tokens\": " << flags.tree.num_draft_tokens
+        << "}, \"sampling\": {\"temperature\": " << flags.sampling.temperature << ", \"top_p\": " << flags.sampling.top_p
+        << "}, \"seed\": " << flags.seed << ", \"max_new_tokens\": " << flags.max_new_tokens << "}"
+        // Load: model creation; generate: the timed Generate (prefill and decode together; the
+        // device step does not time its phases apart).
+        << ", \"seconds\": {\"plain\": {\"load\": " << plain.load_seconds << ", \"generate\": " << plain.stats.total_seconds
+        << "}, \"speculative\": {\"load\": " << spec.load_seconds << ", \"generate\": " << s.total_seconds
+        << ", \"target\": " << s.target_seconds << ", \"draft\": " << s.draft_seconds << ", \"verify\": " << s.verify_seconds
+        << "}}";
     if (greedy) out << ", \"greedy_outputs_agree\": " << (differing == 0 ? "true" : "false");
     if (batched) {
       out << ", \"prompts\": [";
@@ -763,7 +816,7 @@ absl::Status Run(Flags flags) {
 int main(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
-    std::fprintf(stderr, "eagle3-decode: %s\n%s", std::string(flags.status().message()).c_str(), kUsage);
+    std::fprintf(stderr, "eagle3-decode: %s\n%s", std::string(flags.status().message()).c_str(), Usage().c_str());
     return 2;
   }
   absl::Status status;

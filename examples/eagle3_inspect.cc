@@ -5,7 +5,7 @@
 //                         [--attention auto|absorbed|non-absorbed] --out FILE
 //   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
 //                        [--draft-tokens N] [--convention output|input] --out FILE
-//   eagle3-inspect check --target DIR --draft DIR [--convention output|input]
+//   eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]
 //   eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N] [--depth K]
 //                           [--device cpu|cuda] [--aux-layers a,b,c] [--convention output|input]
 //                           [--out FILE]
@@ -66,18 +66,66 @@
 
 namespace {
 
+// Per subcommand: its usage line and every flag with its default ("--help" prints it).
+constexpr char kTargetUsage[] =
+    "usage: eagle3-inspect target --model DIR --tokens 5,17,99,... --out FILE [flags]\n"
+    "  --model DIR           the target checkpoint directory (required)\n"
+    "  --tokens a,b,...      token ids to run (required)\n"
+    "  --out FILE            the safetensors dump to write (required)\n"
+    "  --tp N                tensor-parallel ranks on threads (default 1)\n"
+    "  --device cpu|cuda     backend (default cpu)\n"
+    "  --residual replicated|sharded   residual stream layout (default replicated)\n"
+    "  --attention auto|absorbed|non-absorbed   MLA path (default auto)\n"
+    "  --weights bf16|f32    weight storage (default: the device's preference, bf16 on cuda, f32 on cpu)\n"
+    "  --allow-long-context  run more tokens than max_position_embeddings (default: refused)\n";
+constexpr char kDraftUsage[] =
+    "usage: eagle3-inspect draft --target DIR --draft DIR --tokens 5,17,99,... --out FILE [flags]\n"
+    "  --target DIR          the target checkpoint directory (required)\n"
+    "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
+    "  --tokens a,b,...      token ids to run (required)\n"
+    "  --out FILE            the safetensors dump to write (required)\n"
+    "  --topk K              tree children per node (default 4)\n"
+    "  --steps S             draft passes = tree depth (default 3)\n"
+    "  --draft-tokens N      tree nodes including the root (default 8)\n"
+    "  --convention output|input   aux layer id convention (default output)\n"
+    "  --device cpu|cuda     backend both models run on (default cpu)\n"
+    "  --weights bf16|f32    weight storage (default: the device's preference, bf16 on cuda, f32 on cpu)\n"
+    "  --allow-long-context  run more tokens than max_position_embeddings (default: refused)\n";
+constexpr char kCheckUsage[] =
+    "usage: eagle3-inspect check --target DIR --draft DIR [flags]\n"
+    "  --target DIR          the target checkpoint directory (required)\n"
+    "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
+    "  --convention output|input   aux layer id convention (default output)\n"
+    "  --json FILE           also write the report as JSON (default: none)\n";
+constexpr char kAccuracyUsage[] =
+    "usage: eagle3-inspect accuracy --target DIR --draft DIR --text-file F [flags]\n"
+    "  --target DIR          the target checkpoint directory (required)\n"
+    "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
+    "  --text-file F         text tokenized with the target's tokenizer.json (required)\n"
+    "  --tokens-max N        the most tokens of the text used; more are cut (default 512)\n"
+    "  --depth K             teacher-forced depths measured (default 5)\n"
+    "  --device cpu|cuda     backend (default cpu)\n"
+    "  --aux-layers a,b,c    replace the draft config's aux layer ids (default: the config's)\n"
+    "  --convention output|input   aux layer id convention (default output)\n"
+    "  --weights bf16|f32    weight storage (default: the device's preference, bf16 on cuda, f32 on cpu)\n"
+    "  --max-input-bytes N   the most read from --text-file (default 1048576)\n"
+    "  --allow-long-context  run more tokens than max_position_embeddings (default: refused)\n"
+    "  --out FILE            also write the result as JSON (default: none)\n";
+
 constexpr char kUsage[] =
-    "usage: eagle3-inspect target --model DIR --tokens 5,17,99,... [--tp N] [--device cpu|cuda]\n"
+    "usage: eagle3-inspect target|draft|check|accuracy [flags]   (eagle3-inspect SUBCOMMAND --help lists its flags)\n"
+    "       eagle3-inspect target --model DIR --tokens 5,17,99,... [--tp N] [--device cpu|cuda]\n"
     "                             [--residual replicated|sharded]\n"
     "                             [--attention auto|absorbed|non-absorbed] --out FILE\n"
     "       eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]\n"
-    "                            [--draft-tokens N] [--convention output|input] --out FILE\n"
-    "       eagle3-inspect check --target DIR --draft DIR [--convention output|input]\n"
+    "                            [--draft-tokens N] [--convention output|input] [--device cpu|cuda]\n"
+    "                            --out FILE\n"
+    "       eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]\n"
     "       eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N]\n"
     "                               [--depth K] [--device cpu|cuda] [--aux-layers a,b,c]\n"
     "                               [--convention output|input] [--out FILE]\n"
     "  target, draft, accuracy: [--weights bf16|f32] (default: the device's preference, bf16 on\n"
-    "    cuda, f32 on cpu; draft runs on cpu)\n"
+    "    cuda, f32 on cpu; every model runs on --device)\n"
     "  target, draft, accuracy: [--allow-long-context] runs more tokens than the target's\n"
     "    max_position_embeddings (refused by default)\n"
     "  accuracy: [--max-input-bytes N] the most read from --text-file (default 1048576); a larger\n"
@@ -94,6 +142,7 @@ constexpr char kUsage[] =
 struct Flags {
   std::string command;
   std::string model, out, draft;
+  std::string json;  // check --json FILE
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
   eagle3::DraftTreeParams tree;
   std::string device = "cpu";
@@ -121,7 +170,27 @@ struct Flags {
 
 using eagle3::examples::ParseInt;
 
+const char* SubcommandUsage(std::string_view command) {
+  return command == "target"     ? kTargetUsage
+         : command == "draft"    ? kDraftUsage
+         : command == "check"    ? kCheckUsage
+         : command == "accuracy" ? kAccuracyUsage
+                                 : kUsage;
+}
+
+// --help / -h anywhere answers before any other check: the subcommand's usage, or the program's.
+void HelpIfAsked(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf("%s", SubcommandUsage(i > 1 ? std::string_view(argv[1]) : std::string_view()));
+      std::exit(0);
+    }
+  }
+}
+
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  HelpIfAsked(argc, argv);
   const std::string_view command = argc < 2 ? "" : argv[1];
   if (command != "target" && command != "draft" && command != "check" && command != "accuracy") {
     return absl::InvalidArgumentError(argc < 2 ? "missing subcommand" : "unknown subcommand '" + std::string(command) + "'");
@@ -171,6 +240,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                               eagle3::examples::ParseInt64(flag, value, 1, eagle3::examples::kMaxInputBytesLimit));
     } else if (flag == "--out") {
       flags.out = value;
+    } else if (flag == "--json") {
+      flags.json = value;
     } else if (flag == "--tokens") {
       EAGLE3_ASSIGN_OR_RETURN(flags.tokens, eagle3::examples::ParseTokenIds(flag, value));
     } else if (flag == "--tp") {
@@ -196,6 +267,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else {
       return absl::InvalidArgumentError("unknown flag " + std::string(flag));
     }
+  }
+  EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckWeightsOnDevice(flags.weights, flags.device));
+  if (!flags.json.empty() && flags.command != "check") {
+    return absl::InvalidArgumentError("--json applies to the check subcommand only (the others write --out)");
   }
   if (flags.aux_layers.has_value() && flags.command != "accuracy") {
     return absl::InvalidArgumentError("--aux-layers applies to the accuracy subcommand only");
@@ -471,10 +546,31 @@ absl::Status InspectDraft(const Flags& flags) {
   return absl::OkStatus();
 }
 
+std::string JsonString(std::string_view text);
+
+// check --json FILE: the settings, the pair report and the result.
+absl::Status WriteCheckJson(const Flags& flags, const eagle3::PairReport& report) {
+  auto list = [](const std::vector<std::string>& items) {
+    std::string s = "[";
+    for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + JsonString(items[i]);
+    return s + "]";
+  };
+  std::ostringstream out;
+  out << "{\"target\": " << JsonString(flags.model) << ", \"draft\": " << JsonString(flags.draft)
+      << ", \"convention\": "
+      << JsonString(flags.convention == eagle3::LayerIdConvention::kOutputOfLayer ? "output" : "input")
+      << ", \"facts\": " << list(report.facts) << ", \"warnings\": " << list(report.warnings)
+      << ", \"problems\": " << list(report.problems) << ", \"ok\": " << (report.ok() ? "true" : "false") << "}\n";
+  EAGLE3_RETURN_IF_ERROR(WithFlag("--json", eagle3::WriteFileAtomically(flags.json, out.str(), flags.Inputs())));
+  std::printf("wrote %s\n", flags.json.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Check(const Flags& flags) {
   const eagle3::PairReport report = eagle3::CheckDraftPair(flags.model, flags.draft, flags.convention);
   for (const std::string& fact : report.facts) std::printf("  %s\n", fact.c_str());
   for (const std::string& warning : report.warnings) std::printf("  WARNING: %s\n", warning.c_str());
+  for (const std::string& problem : report.problems) std::printf("  PROBLEM: %s\n", problem.c_str());
   if (report.ok()) {
     if (report.warnings.empty()) {
       std::printf("pair OK: the draft matches the target\n");
@@ -482,12 +578,11 @@ absl::Status Check(const Flags& flags) {
       std::printf("pair OK with %zu warning(s): the draft matches the target's shapes; read the warnings\n",
                   report.warnings.size());
     }
-    return absl::OkStatus();
   }
-  for (const std::string& problem : report.problems) std::printf("  PROBLEM: %s\n", problem.c_str());
+  if (!flags.json.empty()) EAGLE3_RETURN_IF_ERROR(WriteCheckJson(flags, report));
+  if (report.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(std::to_string(report.problems.size()) + " problem(s) with this pair");
 }
-
 
 // JSON string literal of UTF-8 text.
 std::string JsonString(std::string_view text) {
@@ -524,7 +619,12 @@ absl::Status Accuracy(const Flags& flags) {
                         "--text-file " + flags.text_file + ": " + std::string(encoded.status().message()));
   }
   std::vector<int64_t> x = *std::move(encoded);
-  if (static_cast<int64_t>(x.size()) > flags.tokens_max) x.resize(static_cast<size_t>(flags.tokens_max));
+  const int64_t text_tokens = static_cast<int64_t>(x.size());
+  if (text_tokens > flags.tokens_max) {
+    x.resize(static_cast<size_t>(flags.tokens_max));
+    std::printf("read %d of %lld tokens of %s (--tokens-max %d; a larger value reads more)\n", flags.tokens_max,
+                static_cast<long long>(text_tokens), flags.text_file.c_str(), flags.tokens_max);
+  }
   const int64_t t = static_cast<int64_t>(x.size());
   const int depth = flags.depth;
   if (t < depth + 1) {
@@ -689,6 +789,8 @@ absl::Status Accuracy(const Flags& flags) {
     std::ostringstream out;
     out << "{\"target\": " << JsonString(flags.model) << ", \"draft\": " << JsonString(flags.draft)
         << ", \"text_file\": " << JsonString(flags.text_file) << ", \"tokens\": " << t
+        << ", \"text_tokens\": " << text_tokens << ", \"tokens_max\": " << flags.tokens_max
+        << ", \"truncated\": " << (text_tokens > t ? "true" : "false")
         << ", \"boundaries\": [";
     for (size_t i = 0; i < tap.boundaries().size(); ++i) out << (i ? ", " : "") << tap.boundaries()[i];
     out << "], \"tap\": " << JsonString(tap.Describe())
@@ -711,13 +813,21 @@ absl::Status Accuracy(const Flags& flags) {
 int main(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
-    std::fprintf(stderr, "eagle3-inspect: %s\n%s", std::string(flags.status().message()).c_str(), kUsage);
+    std::fprintf(stderr, "eagle3-inspect: %s\n%s", std::string(flags.status().message()).c_str(),
+                 SubcommandUsage(argc > 1 ? std::string_view(argv[1]) : std::string_view()));
     return 2;
   }
   absl::Status status;
   try {
-    // A bad --out fails before any work.
-    if (!flags->out.empty()) status = WithFlag("--out", eagle3::CheckOutputPath(flags->out, flags->Inputs()));
+    // A bad model directory, then a bad --out / --json, fail before any work.
+    status = eagle3::examples::CheckModelDir(flags->command == "target" ? "--model" : "--target", flags->model);
+    if (status.ok() && !flags->draft.empty()) status = eagle3::examples::CheckModelDir("--draft", flags->draft);
+    if (status.ok() && !flags->out.empty()) {
+      status = WithFlag("--out", eagle3::CheckOutputPath(flags->out, flags->Inputs()));
+    }
+    if (status.ok() && !flags->json.empty()) {
+      status = WithFlag("--json", eagle3::CheckOutputPath(flags->json, flags->Inputs()));
+    }
     if (status.ok()) {
       status = flags->command == "target"     ? InspectTarget(*flags)
                : flags->command == "draft"    ? InspectDraft(*flags)

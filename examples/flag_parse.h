@@ -171,4 +171,26 @@ inline absl::StatusOr<std::string> ReadInputFile(std::string_view flag, const st
   return text;
 }
 
+// A model directory named by `flag` ("--target DIR"): refused before anything runs when it does not
+// exist, is not a directory or has no config.json.
+inline absl::Status CheckModelDir(std::string_view flag, const std::string& dir) {
+  const std::string who = std::string(flag) + " " + dir;
+  struct stat st = {};
+  if (::stat(dir.c_str(), &st) != 0) return absl::NotFoundError(who + ": no such directory");
+  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(who + ": not a directory");
+  if (::stat((dir + "/config.json").c_str(), &st) != 0) {
+    return absl::NotFoundError(who + ": has no config.json (not a model directory)");
+  }
+  return absl::OkStatus();
+}
+
+// A directory named by `flag` that must exist (--models-dir).
+inline absl::Status CheckDir(std::string_view flag, const std::string& dir) {
+  const std::string who = std::string(flag) + " " + dir;
+  struct stat st = {};
+  if (::stat(dir.c_str(), &st) != 0) return absl::NotFoundError(who + ": no such directory");
+  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(who + ": not a directory");
+  return absl::OkStatus();
+}
+
 }  // namespace eagle3::examples

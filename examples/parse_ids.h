@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/backend.h"
 #include "eagle3/dtype.h"
@@ -42,6 +43,17 @@ inline absl::StatusOr<DType> ParseStorageDType(std::string_view flag, const std:
 // The weight dtype a run uses, for its summary: the --weights value or the backend's preference.
 inline std::string WeightsName(const std::optional<DType>& weights, const Backend& backend) {
   return std::string(DTypeName(weights.value_or(backend.preferred_weight_dtype())));
+}
+
+// --weights bf16 on --device cpu: the CPU reference backend stores weights in f32 only
+// (CpuBackend keeps Backend::preferred_weight_dtype() f32 and refuses bf16 weights), so the run is
+// refused in the flags' terms before anything loads.
+inline absl::Status CheckWeightsOnDevice(const std::optional<DType>& weights, std::string_view device) {
+  if (weights.has_value() && *weights == DType::kBF16 && device == "cpu") {
+    return absl::InvalidArgumentError(
+        "--weights bf16 needs --device cuda: the CPU backend stores weights in f32");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace eagle3::examples

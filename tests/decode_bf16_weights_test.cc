@@ -47,9 +47,9 @@ TEST(DecodeWeightsTest, RefusalsNameTheFlagOrTheDtype) {
   std::string log;
   EXPECT_NE(RunDecode("--random-pair --weights f16", dir, &log), 0);
   EXPECT_THAT(log, HasSubstr("--weights must be bf16 or f32, got 'f16'"));
-  // The CPU reference takes f32 weights only: refused when the target is created.
+  // The CPU reference takes f32 weights only: refused with the flags, before anything loads.
   EXPECT_NE(RunDecode("--random-pair --device cpu --weights bf16", dir, &log), 0);
-  EXPECT_THAT(log, HasSubstr("TargetModel: weight_dtype bf16 is not supported by this backend"));
+  EXPECT_THAT(log, HasSubstr("--weights bf16 needs --device cuda: the CPU backend stores weights in f32"));
 }
 
 }  // namespace
