@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -56,6 +57,24 @@ absl::StatusOr<Pair> LoadPair(const std::string& target_dir, const std::string& 
   EAGLE3_ASSIGN_OR_RETURN(pair.target, TargetModel::Create(target_dir, topt, nullptr, backend));
   EAGLE3_ASSIGN_OR_RETURN(pair.draft, DraftModel::Create(draft_dir, target_dir, dopt, nullptr, backend));
   return pair;
+}
+
+// The shipped trained pair on `backend` (64 rows per forward, page size 8).
+absl::StatusOr<Pair> LoadTrainedPair(Backend* backend, int64_t context, int64_t pages) {
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  return LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, context, pages, 8, 8, backend);
+}
+
+// `texts` through the trained pair's tokenizer.
+absl::StatusOr<std::vector<std::vector<int64_t>>> EncodeForTrainedPair(std::initializer_list<const char*> texts) {
+  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
+  EAGLE3_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json"));
+  std::vector<std::vector<int64_t>> out;
+  for (const char* text : texts) {
+    EAGLE3_ASSIGN_OR_RETURN(std::vector<int64_t> ids, tokenizer.Encode(text));
+    out.push_back(std::move(ids));
+  }
+  return out;
 }
 
 // Pages first, first + 1, ..., first + count - 1.
@@ -277,18 +296,12 @@ TEST_F(SpeculativeStepTest, AcceptanceSwitchOffPausesDrafting) {
 // gather. Greedy tokens stay plain greedy, and the draft stays useful (the refreshed root logits are
 // the draft's real ones: garbage there would sink acceptance).
 TEST(SpeculativeStepTrainedPairTest, RootRefreshAfterUndraftedStepsKeepsTheDraftUseful) {
-  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
   cpu::CpuBackend backend;
-  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 128, 32, 8, 8, &backend);
+  auto pair = LoadTrainedPair(&backend, 128, 32);
   ASSERT_TRUE(pair.ok()) << pair.status();
-  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
-  ASSERT_TRUE(tokenizer.ok());
-  std::vector<std::vector<int64_t>> prompts;
-  for (const char* text : {"def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n", "while True:\n"}) {
-    auto ids = tokenizer->Encode(text);
-    ASSERT_TRUE(ids.ok());
-    prompts.push_back(*ids);
-  }
+  auto encoded = EncodeForTrainedPair({"def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n", "while True:\n"});
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const std::vector<std::vector<int64_t>> prompts = *encoded;
   constexpr int kNewTokens = 32;
   DecodeOptions plain_options;
   plain_options.max_new_tokens = kNewTokens + 8;
@@ -352,26 +365,23 @@ TEST(SpeculativeStepTrainedPairTest, RootRefreshAfterUndraftedStepsKeepsTheDraft
 // SpeculativeStep prefilled with everything up to the root (its draft rows all computed by full
 // forwards). Greedy tokens match anyway; the accepted counts show whether the trees were the same.
 TEST(SpeculativeStepTrainedPairTest, RefreshedRootsEqualAPrefillOfTheSamePrefix) {
-  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
   cpu::CpuBackend backend;
-  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 128, 32, 8, 8, &backend);
+  auto pair = LoadTrainedPair(&backend, 128, 32);
   ASSERT_TRUE(pair.ok()) << pair.status();
-  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
-  ASSERT_TRUE(tokenizer.ok());
+  auto prompts = EncodeForTrainedPair({"def square(x):\n    return x * x\n\n\ndef cube(x):\n", "class Point:\n    def __init__("});
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
   SpeculativeStepOptions options;
   options.max_batch = 1;
   options.trees = {{4, 4, 12}};
   const std::vector<int32_t> pages1 = Pages(0, 16), pages2 = Pages(16, 16);
   int cases = 0;
-  for (const char* text : {"def square(x):\n    return x * x\n\n\ndef cube(x):\n", "class Point:\n    def __init__("}) {
-    auto prompt = tokenizer->Encode(text);
-    ASSERT_TRUE(prompt.ok());
+  for (const std::vector<int64_t>& prompt : *prompts) {
     for (int off = 1; off <= 3; ++off) {
       auto s1 = SpeculativeStep::Create(pair->target.get(), pair->draft.get(), &backend, options);
       ASSERT_TRUE(s1.ok()) << s1.status();
-      auto first = (*s1)->Prefill(0, *prompt, pages1, pages1);
+      auto first = (*s1)->Prefill(0, prompt, pages1, pages1);
       ASSERT_TRUE(first.ok()) << first.status();
-      std::vector<int64_t> seq = *prompt;
+      std::vector<int64_t> seq = prompt;
       seq.push_back(*first);
       std::vector<StepOutput> out1, out2;
       for (int i = 0; i <= off; ++i) {
@@ -388,7 +398,8 @@ TEST(SpeculativeStepTrainedPairTest, RefreshedRootsEqualAPrefillOfTheSamePrefix)
       const StepSequence s{0, seq.back(), static_cast<int64_t>(prefix.size()), pages2, pages2};
       ASSERT_TRUE((*s2)->Run(std::span<const StepSequence>(&s, 1), &out2, 0).ok());
       EXPECT_EQ(out1[0].tokens, out2[0].tokens);
-      EXPECT_EQ(out1[0].num_accepted, out2[0].num_accepted) << text << " after " << off << " undrafted steps";
+      EXPECT_EQ(out1[0].num_accepted, out2[0].num_accepted) << "prompt of " << prompt.size() << " tokens after " << off
+                                                            << " undrafted steps";
       cases += 1;
     }
   }
@@ -498,22 +509,16 @@ TEST(SyntheticAcceptanceTest, DrawsHaveTheRequestedMean) {
 // device step equals plain greedy for a batch of code prompts, chain and tree, with real
 // acceptance; sampling equals the host reference loop.
 TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLoop) {
-  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
   cpu::CpuBackend backend;
-  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 160, 60, 8, 8, &backend);
+  auto pair = LoadTrainedPair(&backend, 160, 60);
   ASSERT_TRUE(pair.ok()) << pair.status();
   auto& target = pair->target;
   auto& draft = pair->draft;
-  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  std::vector<std::vector<int64_t>> prompts;
-  for (const char* text : {"def fibonacci(n):\n    if n < 2:\n        return n\n",
+  auto encoded = EncodeForTrainedPair({"def fibonacci(n):\n    if n < 2:\n        return n\n",
                            "import os\n\nfor name in os.listdir(path):\n",
-                           "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"}) {
-    auto ids = tokenizer->Encode(text);
-    ASSERT_TRUE(ids.ok()) << ids.status();
-    prompts.push_back(*ids);
-  }
+                           "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"});
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const std::vector<std::vector<int64_t>> prompts = *encoded;
   DecodeOptions options;
   options.max_new_tokens = 32;
   SpeculativeDecoder plain(target.get(), nullptr, options);
@@ -605,20 +610,14 @@ TEST(SpeculativeStepErrorTest, NaNDraftLogitsAreReportedAfterTheStep) {
 // a step drafting nothing keeps the draft in sync, so the next drafting step proposes as well as
 // ever (its acceptance stays high).
 TEST(SpeculativeStepTrainedPairTest, SwitchingTreesAndSpeculationOffKeepsGreedyTokens) {
-  const std::string models = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models/";
   cpu::CpuBackend backend;
-  auto pair = LoadPair(models + "tiny-v2-code", models + "tiny-v2-code-eagle3", 64, 128, 32, 8, 8, &backend);
+  auto pair = LoadTrainedPair(&backend, 128, 32);
   ASSERT_TRUE(pair.ok()) << pair.status();
   auto& target = pair->target;
   auto& draft = pair->draft;
-  auto tokenizer = Tokenizer::FromFile(models + "tiny-v2-code/tokenizer.json");
-  ASSERT_TRUE(tokenizer.ok());
-  std::vector<std::vector<int64_t>> prompts;
-  for (const char* text : {"def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "for i in range(10):\n"}) {
-    auto ids = tokenizer->Encode(text);
-    ASSERT_TRUE(ids.ok());
-    prompts.push_back(*ids);
-  }
+  auto encoded = EncodeForTrainedPair({"def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "for i in range(10):\n"});
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const std::vector<std::vector<int64_t>> prompts = *encoded;
   constexpr int kNewTokens = 40;
   DecodeOptions plain_options;
   plain_options.max_new_tokens = kNewTokens;

@@ -190,6 +190,33 @@ struct Batch {
   }
 };
 
+// What the timed steps of one repetition took and emitted.
+struct TimedRun {
+  double seconds = 0;
+  int64_t tokens = 0, steps = 0;
+};
+
+// Prefills `b`, runs the warm-up steps, then one timed step per Google Benchmark iteration (CUDA
+// events from before its host staging to its results on the host). False (the benchmark skipped
+// with the error) on a failed step.
+bool RunTimedSteps(benchmark::State& state, SpeculativeStep& step, Models& m, int64_t batch, int tree, Batch& b,
+                   TimedRun* run) {
+  if (!Check(state, b.Prefill(step, m, batch), "prefill")) return false;
+  for (int i = 0; i < kWarmupSteps; ++i) {
+    if (!Check(state, b.Step(step, m, tree).status(), "warm-up step")) return false;
+  }
+  for (auto _ : state) {
+    absl::StatusOr<int64_t> emitted = 0;
+    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(step, m, tree); });
+    if (!Check(state, emitted.status(), "step")) return false;
+    state.SetIterationTime(t);
+    run->seconds += t;
+    run->tokens += *emitted;
+    run->steps += 1;
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<SpeculativeStep>> MakeStep(Models& m, bool with_draft, int64_t batch,
                                                           cuda::GraphStepLauncher* launcher) {
   SpeculativeStepOptions o;
@@ -272,20 +299,10 @@ void BM_Plain(benchmark::State& state) {
   auto step = MakeStep(m, with_draft, batch, &launcher);
   if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
   Batch b;
-  if (!Check(state, b.Prefill(**step, m, batch), "prefill")) return;
-  for (int i = 0; i < kWarmupSteps; ++i) {
-    if (!Check(state, b.Step(**step, m, kNoDraftTokens).status(), "warm-up step")) return;
-  }
-  double seconds = 0;
-  int64_t tokens = 0;
-  for (auto _ : state) {
-    absl::StatusOr<int64_t> emitted = 0;
-    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(**step, m, kNoDraftTokens); });
-    if (!Check(state, emitted.status(), "step")) return;
-    state.SetIterationTime(t);
-    seconds += t;
-    tokens += *emitted;
-  }
+  TimedRun run;
+  if (!RunTimedSteps(state, **step, m, batch, kNoDraftTokens, b, &run)) return;
+  const double seconds = run.seconds;
+  const int64_t tokens = run.tokens;
   const double us_per_token = seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(tokens);
   if (!with_draft) PlainUsPerToken()[batch].push_back(us_per_token);
   auto plain = PlainUsPerToken().find(batch);
@@ -344,21 +361,10 @@ void BM_Speculative(benchmark::State& state) {
     return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
   });
   Batch b;
-  if (!Check(state, b.Prefill(**step, m, batch), "prefill")) return;
-  for (int i = 0; i < kWarmupSteps; ++i) {
-    if (!Check(state, b.Step(**step, m, tree).status(), "warm-up step")) return;
-  }
-  double seconds = 0;
-  int64_t tokens = 0, steps = 0;
-  for (auto _ : state) {
-    absl::StatusOr<int64_t> emitted = 0;
-    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(**step, m, tree); });
-    if (!Check(state, emitted.status(), "step")) return;
-    state.SetIterationTime(t);
-    seconds += t;
-    tokens += *emitted;
-    ++steps;
-  }
+  TimedRun run;
+  if (!RunTimedSteps(state, **step, m, batch, tree, b, &run)) return;
+  const double seconds = run.seconds;
+  const int64_t tokens = run.tokens, steps = run.steps;
   int64_t mismatches = 0;
   for (int64_t s = 0; s < batch; ++s) {
     const auto& got = b.tokens[static_cast<size_t>(s)];
