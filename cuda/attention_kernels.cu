@@ -155,7 +155,8 @@ cudaError_t ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_str
 // Cache row of sequence position `pos` (validated by the check kernels).
 __device__ inline int64_t SlotOf(int64_t pos, const int32_t* __restrict__ page_table,
                                  int64_t page_size) {
-  return static_cast<int64_t>(page_table[pos / page_size]) * page_size + pos % page_size;
+  const int64_t page = NonNegativeDiv(pos, page_size);
+  return static_cast<int64_t>(page_table[page]) * page_size + (pos - page * page_size);
 }
 
 // Cache elements: f32, or bf16 bit patterns (stored rounded to nearest even, read exactly).
@@ -535,8 +536,10 @@ __device__ const uint8_t kMaskConstants[2] = {0, 1};
 struct LatentArgs {
   LatentLaunchParams p;
   const int32_t* tile_table;  // [batch + 1]: first token tile of each sequence; nullptr: one sequence
-  int64_t heads_per_tile;     // H: query rows of a block are G tokens x H heads
-  int64_t tokens_per_tile;    // G
+  // 32-bit: the kernels divide block rows by H per staged element, and a 64-bit division is a
+  // long subroutine.
+  int heads_per_tile;         // H: query rows of a block are G tokens x H heads
+  int tokens_per_tile;        // G
   int64_t value_tiles;
   int64_t splits;
   int wp;                     // f32: floats per staged row, key_dim rounded up to 32 (zero
@@ -649,7 +652,7 @@ __device__ inline void StageBatched(int count, int tid, int threads, Value&& val
 // Whether block row r (token i0 + r / H of the tile, head n0 + r % H, H = heads_per_tile) is a query
 // row the tile holds.
 __device__ inline bool LatentRowHeld(const LatentArgs& a, int64_t n0, int64_t tile_tokens, int r) {
-  const int64_t heads = a.heads_per_tile;
+  const int heads = a.heads_per_tile;
   return r < heads * a.tokens_per_tile && r / heads < tile_tokens && n0 + r % heads < a.p.heads;
 }
 
@@ -660,7 +663,7 @@ __device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile&
                                           int64_t tile_tokens, int rows, int stride, int threads,
                                           Store&& store) {
   const LatentLaunchParams& p = a.p;
-  const int64_t heads = a.heads_per_tile;
+  const int heads = a.heads_per_tile;
   StageBatched(
       rows * stride, static_cast<int>(threadIdx.x), threads,
       [&](int i) {
@@ -687,7 +690,7 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
   if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
   const int64_t head_tile = blockIdx.z / a.value_tiles;
   const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
-  const int64_t heads_per_tile = a.heads_per_tile;
+  const int heads_per_tile = a.heads_per_tile;
   const int64_t n0 = head_tile * heads_per_tile;
   const int64_t tile_tokens = std::min<int64_t>(a.tokens_per_tile, tile.n - tile.i0);
   const int64_t prefix = tile.kv - tile.n;
@@ -734,7 +737,7 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t s = base + warp + kLatentWarps * k;
-      page[k] = s < s_end ? tile.pages[s / p.page_size] : 0;
+      page[k] = s < s_end ? tile.pages[NonNegativeDiv(s, p.page_size)] : 0;
     }
   };
   auto issue = [&](int64_t base, int stage) {
@@ -744,7 +747,9 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
       const int64_t s = base + key;
       if (s >= s_end) continue;
       const float* src =
-          p.cache + (static_cast<int64_t>(page[k]) * p.page_size + s % p.page_size) * p.key_dim;
+          p.cache + (static_cast<int64_t>(page[k]) * p.page_size +
+                     (s - NonNegativeDiv(s, p.page_size) * p.page_size)) *
+                        p.key_dim;
       float* dst = ks + (stage * kLatentChunk + key) * wp;
       if (a.vec) {
         for (int e = lane * 4; e < key_dim; e += 128) CpAsync16(dst + e, src + e);
@@ -1056,7 +1061,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   const int64_t s_end = std::min(tile.kv, s_begin + split_keys);
   if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
   const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
-  const int64_t heads_per_tile = a.heads_per_tile;
+  const int heads_per_tile = a.heads_per_tile;
   const int64_t n0 = (blockIdx.z / a.value_tiles) * heads_per_tile;
   const int64_t tile_tokens = std::min<int64_t>(a.tokens_per_tile, tile.n - tile.i0);
   const int64_t prefix = tile.kv - tile.n;
@@ -1106,7 +1111,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t s = base + warp + kMmaWarps * k;
-      page[k] = s < s_end ? tile.pages[s / p.page_size] : 0;
+      page[k] = s < s_end ? tile.pages[NonNegativeDiv(s, p.page_size)] : 0;
     }
   };
   auto issue = [&](int64_t base, int stage, const int32_t (&page)[4]) {
@@ -1116,7 +1121,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
       const int64_t s = base + key;
       if (s >= s_end) continue;
       const uint16_t* src =
-          p.cache_bf16 + (static_cast<int64_t>(page[k]) * p.page_size + s % p.page_size) * key_dim;
+          p.cache_bf16 + (static_cast<int64_t>(page[k]) * p.page_size +
+                          (s - NonNegativeDiv(s, p.page_size) * p.page_size)) *
+                             key_dim;
       uint16_t* dst = ks + (stage * kLatentChunk + key) * rs;
       if (a.vec) {
         for (int e = lane * 8; e < key_dim; e += 256) CpAsync16(dst + e, src + e);
@@ -1535,7 +1542,7 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
-  a.heads_per_tile = std::min<int64_t>(p.heads, rows);
+  a.heads_per_tile = static_cast<int>(std::min<int64_t>(p.heads, rows));
   a.tokens_per_tile = rows / a.heads_per_tile;
   const int64_t head_tiles = (p.heads + a.heads_per_tile - 1) / a.heads_per_tile;
   a.value_tiles = (p.value_dim + kLatentTileColumns - 1) / kLatentTileColumns;
