@@ -144,7 +144,8 @@ absl::StatusOr<bool> TryGemv(CudaBackend::State& s, const TensorView& a, const T
   const cudaError_t error =
       LaunchGemv(a.data(), GemvTypeOf(a), LeadingDim(a), batch.stride_a, b.data(), GemvTypeOf(b),
                  LeadingDim(b), batch.stride_b, c.data_as<float>(), LeadingDim(c), batch.stride_c,
-                 bias, batch.count, m, n, k, options.alpha, options.beta, s.stream);
+                 bias, batch.count, m, n, k, options.alpha, options.beta,
+                 s.options.programmatic_launch && options.b_is_weights, s.stream);
   if (error != cudaSuccess) return CudaStatus(error, absl::StrCat(op, ": GEMV kernel launch"));
   return true;
 }

@@ -21,6 +21,7 @@
 
 #include "core_kernels.cuh"
 #include "gemv_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -49,6 +50,7 @@ struct GemvArgs {
   float alpha, beta;
   int wk;           // warps per row group: 1, 2, 4 or 8
   int tile_chunks;  // chunks per activation tile
+  bool programmatic;  // host only: launched with the programmatic-serialization attribute
 };
 
 __device__ __forceinline__ float Bf16Bits(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
@@ -254,7 +256,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(GemvArgs p)
   // Software pipeline over the lane's chunks, tile after tile: the first batch of a tile is in
   // flight while its activations are staged, and each batch while the previous one is multiplied.
   Chunk<W> cur[kBatch] = {}, next[kBatch] = {};
+  PdlLaunchDependents();
   LoadBatch<W, kBatch>(lw, 0, lw.slot, cur);
+  // The weights are not written by the step, so the first batch may be read before the kernels
+  // that write the activations (and c) have finished (programmatic_launch.cuh).
+  PdlWait();
   int64_t t0 = 0;
   for (;; t0 += p.tile_chunks) {
     const int tc = lw.TileChunks(t0), whole = lw.WholeChunks(t0);
@@ -324,7 +330,9 @@ cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream)
   // Warps per row: the most that keep the grid within one wave of resident blocks (fewer, longer
   // blocks keep more of each lane's chunks in flight and pay the tile staging and the reduction
   // less often) and leave each lane two chunks of a tile; past 4 activation rows at most 4, so
-  // that the tile a block stages stays small beside the weight bytes it streams.
+  // that the tile a block stages stays small beside the weight bytes it streams. (Choosing wk for
+  // the least loaded busiest multiprocessor instead, which takes more, smaller blocks, was slower
+  // at every shape measured: benchmarks/NOTES.md.)
   const int max_wk = kM >= 8 ? 4 : kWarps;
   const int64_t wave = static_cast<int64_t>(kBlocksPerSm) * sm_count;
   const auto blocks_for = [&](int wk) {
@@ -340,8 +348,7 @@ cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream)
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(kM) * kVec * sizeof(float) * p.tile_chunks;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
-  GemvKernel<W, kM><<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchKernel(p.programmatic, GemvKernel<W, kM>, grid, dim3(kThreads), smem, stream, p);
 }
 
 // GemvMmaKernel: block (x, item) computes 8 / wk groups of 16 weight rows of item `item` for all M
@@ -387,6 +394,7 @@ __global__ void __launch_bounds__(kThreads) GemvMmaKernel(GemvArgs p) {
   const char* a = static_cast<const char*>(p.a) + item * p.stride_a * static_cast<int64_t>(a_size);
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  PdlLaunchDependents();
   for (int64_t k0 = 0; k0 < p.k; k0 += tile_k) {
     // This warp's weights of the tile, in flight while the activations are staged.
     uint4 wlo[kMmaSteps], whi[kMmaSteps];
@@ -396,6 +404,9 @@ __global__ void __launch_bounds__(kThreads) GemvMmaKernel(GemvArgs p) {
       wlo[s] = k < p.k ? LoadWeights8(lo_row, k, p.k) : make_uint4(0u, 0u, 0u, 0u);
       whi[s] = k < p.k ? LoadWeights8(hi_row, k, p.k) : make_uint4(0u, 0u, 0u, 0u);
     }
+    // The first tile's weights are in flight before the activations' writers have finished (as in
+    // GemvKernel); every thread passes here once (k >= 1).
+    if (k0 == 0) PdlWait();
     // Activation rows [M][tk32] as bf16 (rounded when a is f32, exact when bf16): the tile's
     // columns up to the last 32-block that holds any k, zeros past k.
     const int64_t tk = p.k - k0 < tile_k ? p.k - k0 : tile_k;
@@ -503,8 +514,9 @@ cudaError_t LaunchMma(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stre
   while (p.wk < kWarps && blocks_for(p.wk) * batch < static_cast<int64_t>(sm_count)) p.wk *= 2;
   const int64_t blocks = blocks_for(p.wk);
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  GemvMmaKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchKernel(p.programmatic, GemvMmaKernel,
+                      dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)),
+                      dim3(kThreads), 0, stream, p);
 }
 
 template <typename W>
@@ -521,7 +533,7 @@ cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batc
                        const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b, float* c,
                        int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch,
                        int64_t m, int64_t n, int64_t k, float alpha, float beta,
-                       cudaStream_t stream) {
+                       bool programmatic, cudaStream_t stream) {
   static_assert(kGemvMaxRows <= kLanesPerRow, "LaunchRows' largest bucket");
   if (a == nullptr || b == nullptr || c == nullptr) return cudaErrorInvalidValue;
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || batch > 65535) {
@@ -554,6 +566,7 @@ cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batc
   p.k = k;
   p.alpha = alpha;
   p.beta = beta;
+  p.programmatic = programmatic;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
   if (const cudaError_t error =

@@ -49,12 +49,15 @@ inline bool GemvWeightsAligned(const void* b, GemvType b_type, int64_t ldb, int6
 //       device, any alignment; items and rows must not overlap one another, a, b or bias
 // bias: [n], f32, device, added to every row of every item; nullptr for none
 // 1 <= m <= kGemvMaxRows, n >= 1, k >= 1, 1 <= batch <= 65535; alpha and beta finite.
+// programmatic: b and bias are not written by any work enqueued on `stream` before this call
+// (weights): the kernel is launched as a programmatic dependent (programmatic_launch.cuh) and
+// starts streaming b while that work drains; a and c are touched only after it has completed.
 // Returns cudaErrorInvalidValue for sizes or strides outside this, a missing pointer, f32 weights
 // with bf16 activations, or misaligned weights.
 cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                        const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b, float* c,
                        int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch,
-                       int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                       int64_t m, int64_t n, int64_t k, float alpha, float beta, bool programmatic,
                        cudaStream_t stream);
 
 }  // namespace eagle3::cuda

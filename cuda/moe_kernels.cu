@@ -8,6 +8,7 @@
 
 #include "core_kernels.cuh"
 #include "moe_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -136,6 +137,7 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, int64_t logits_
                                int64_t ids_stride, float* __restrict__ weights,
                                int64_t weights_stride, int* error_flag, int error_code,
                                int bias_error_code) {
+  PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
   extern __shared__ float shared[];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -247,6 +249,7 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
                              const MoeExpertPointers* __restrict__ experts, int64_t num_experts,
                              int64_t top_k, int64_t hidden, int64_t inter, float* __restrict__ act,
                              int* error_flag, int error_code) {
+  PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
   const int64_t slot = blockIdx.x;
   const int64_t t = slot / top_k;
   const int32_t e = ids[t * ids_stride + slot % top_k];
@@ -279,6 +282,7 @@ __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_strid
                               const float* __restrict__ act, float* __restrict__ out,
                               int64_t out_stride, bool accumulate, int* error_flag,
                               int error_code) {
+  PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
   const int64_t t = blockIdx.x;
   const int32_t* id = ids + t * ids_stride;
   for (int64_t j = 0; j < top_k; ++j) {

@@ -623,7 +623,7 @@ absl::Status DraftModel::Impl::Launch() {
       const TensorView slice = Block(aux_t, 0, t, static_cast<int64_t>(i) * ht, ht);
       EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(slice, fc_norms[i], eps, slice));
     }
-    GemmOptions fc_options;
+    GemmOptions fc_options = kWeightsGemm;
     const TensorView bias = fc_bias.view();
     if (!fc_bias.empty()) fc_options.bias = &bias;
     EAGLE3_RETURN_IF_ERROR(backend->Gemm(aux_t, fc, g_t, fc_options));
@@ -643,7 +643,7 @@ absl::Status DraftModel::Impl::Launch() {
 
   // Attention: this rank's q heads and kv heads; K is cached after RoPE.
   const TensorView qkv_t = Rows(qkv, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x_t, qkv_w, qkv_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x_t, qkv_w, qkv_t, kWeightsGemm));
   // RoPE on the q heads and the k heads at once: they are adjacent in each qkv row ([q | k | v]) and
   // rotate alike (one launch and one position check instead of two of each on a device).
   EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(Block(qkv_t, 0, t, 0, q_width + kv_width), heads + kv_heads,
@@ -652,15 +652,15 @@ absl::Status DraftModel::Impl::Launch() {
   EAGLE3_RETURN_IF_ERROR(WriteKv());
   if (io.kv_only) return absl::OkStatus();
   EAGLE3_RETURN_IF_ERROR(Attention());
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(Rows(attn, 0, t), o_proj, partial_t, kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(Ranks().AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, post_ln, eps, h_t));
 
   // MLP, then r += mlp and h = norm(r).
   const TensorView gate_up_t = Rows(gate_up, 0, t), act_t = Rows(act, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(h_t, gate_up_w, gate_up_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(h_t, gate_up_w, gate_up_t, kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(backend->SiluMul(gate_up_t, act_t));
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(act_t, down_w, partial_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(act_t, down_w, partial_t, kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(Ranks().AllReduce(partial_t));
   EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(partial_t, r_t, final_norm, eps, h_t));
   EAGLE3_RETURN_IF_ERROR(backend->Copy(config.norm_output ? h_t : r_t,

@@ -53,7 +53,7 @@ absl::StatusOr<DType> ResolveWeightDtype(std::optional<DType> requested, Backend
   EAGLE3_ASSIGN_OR_RETURN(Tensor a, Tensor::Empty(DType::kF32, Shape{1, 1}, backend.allocator()));
   EAGLE3_ASSIGN_OR_RETURN(Tensor b, Tensor::Empty(dtype, Shape{1, 1}, backend.allocator()));
   EAGLE3_ASSIGN_OR_RETURN(Tensor c, Tensor::Empty(DType::kF32, Shape{1, 1}, backend.allocator()));
-  if (const absl::Status probe = backend.Gemm(a, b, c, {}); !probe.ok()) {
+  if (const absl::Status probe = backend.Gemm(a, b, c, kWeightsGemm); !probe.ok()) {
     return absl::Status(probe.code(), who + ": weight_dtype " + std::string(DTypeName(dtype)) +
                                           " is not supported by this backend (" + std::string(probe.message()) +
                                           ")");
@@ -528,17 +528,17 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
   TensorView q_t = Rows(q, 0, t);
   if (!L.q_a.empty()) {
     TensorView qa_t = Rows(qa, 0, t);
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_a, qa_t, {}));
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_a, qa_t, kWeightsGemm));
     EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(qa_t, L.q_a_ln, static_cast<float>(config.rms_norm_eps), qa_t));
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(qa_t, L.q_b, q_t, {}));
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(qa_t, L.q_b, q_t, kWeightsGemm));
   } else {
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_b, q_t, {}));
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_b, q_t, kWeightsGemm));
   }
   // The latent cache row [c | k_pe] = kv_a x, written straight into q_lat's last head; then
   // kv_a_layernorm(c) in place and (below) the rotation of k_pe: what every later query reads.
   const TensorView q_lat_t = Rows(q_lat, 0, t);
   const TensorView rows_t = Block(q_lat_t, 0, t, heads * width, width);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, rows_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, rows_t, kWeightsGemm));
   const TensorView c_t = Block(rows_t, 0, t, 0, latent);
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(c_t, L.kv_a_ln, static_cast<float>(config.rms_norm_eps), c_t));
   const TensorView pos_t = step.io.positions.empty() ? Rows(positions, 0, t) : step.io.positions;
@@ -549,7 +549,7 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     const TensorView q_lat3 = Heads(q_lat_t, heads, width);
     const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
     EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(q_t, heads, qk, 0, nope), L.w_uk_t,
-                                                HeadMajor(q_lat_t, heads, width, 0, latent), {}));
+                                                HeadMajor(q_lat_t, heads, width, 0, latent), kWeightsGemm));
     EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
     // q_pe of every head and the cache row's k_pe: heads + 1 rows of q_lat, rotated alike (one launch
     // and one position check instead of two of each on a device).
@@ -566,8 +566,8 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
                                                            Rows(d_lens, 0, b), options.max_context_len, tree, scale,
                                                            latent, o_lat3));
     EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(o_lat, 0, t), heads, latent, 0, latent), WUv(L),
-                                                HeadMajor(Rows(attn_v, 0, t), heads, vdim, 0, vdim), {}));
-    return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), {});
+                                                HeadMajor(Rows(attn_v, 0, t), heads, vdim, 0, vdim), kWeightsGemm));
+    return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), kWeightsGemm);
   }
 
   // Per sequence: q3 (every head's q_pe) and the cache rows' k_pe rotated apart, since the
@@ -602,16 +602,16 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
       const TensorView q_lat_s = Heads(Rows(q_lat, 0, n), heads, width);
       const TensorView o_lat_s = Heads(Rows(o_lat, 0, n), heads, latent);
       EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(q_t, offset, n), heads, qk, 0, nope), L.w_uk_t,
-                                                  HeadMajor(Rows(q_lat, 0, n), heads, width, 0, latent), {}));
+                                                  HeadMajor(Rows(q_lat, 0, n), heads, width, 0, latent), kWeightsGemm));
       EAGLE3_RETURN_IF_ERROR(backend->Copy(q_s.Narrow(2, nope, rope), q_lat_s.Narrow(2, latent, rope)));
       EAGLE3_RETURN_IF_ERROR(backend->LatentAttention(q_lat_s, L.cache, pt, s, mask_t, scale, latent, o_lat_s));
       EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(o_lat, 0, n), heads, latent, 0, latent), WUv(L),
-                                                  HeadMajor(Rows(attn_v, offset, n), heads, vdim, 0, vdim), {}));
+                                                  HeadMajor(Rows(attn_v, offset, n), heads, vdim, 0, vdim), kWeightsGemm));
     } else {
       const TensorView lat = Rows(ctx_lat, 0, s);
       EAGLE3_RETURN_IF_ERROR(backend->PagedRead(L.cache, pt, Rows(iota, 0, s), lat));
       const TensorView kv = Rows(ctx_kv, 0, s);
-      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(lat, 0, s, 0, latent), L.kv_b, kv, {}));
+      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(lat, 0, s, 0, latent), L.kv_b, kv, kWeightsGemm));
       const TensorView kv3 = Heads(kv, heads, nope + vdim);
       const TensorView k3 = Heads(Rows(ctx_k, 0, s), heads, qk);
       EAGLE3_RETURN_IF_ERROR(backend->Copy(kv3.Narrow(2, 0, nope), k3.Narrow(2, 0, nope)));
@@ -623,7 +623,7 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     }
     offset += n;
   }
-  return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), {});
+  return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), kWeightsGemm);
 }
 
 absl::Status TargetModel::Impl::Mlp(int layer, const TensorView& x) {
@@ -634,15 +634,15 @@ absl::Status TargetModel::Impl::Mlp(int layer, const TensorView& x) {
   auto mlp = [&](const Tensor& gu_w, const Tensor& down_w, int64_t inter, float beta) -> absl::Status {
     const TensorView gu = Block(gate_up, 0, t, 0, 2 * inter);
     const TensorView a = Block(act, 0, t, 0, inter);
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, gu_w, gu, {}));
+    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, gu_w, gu, kWeightsGemm));
     EAGLE3_RETURN_IF_ERROR(backend->SiluMul(gu, a));
-    GemmOptions accumulate;
+    GemmOptions accumulate = kWeightsGemm;
     accumulate.beta = beta;
     return backend->Gemm(a, down_w, out, accumulate);
   };
   if (!L.moe) return mlp(L.gate_up, L.down, L.down.dim(1), 0.0f);
   const TensorView logits_t = Rows(router_logits, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.router, logits_t, {}));
+  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.router, logits_t, kWeightsGemm));
   const TensorView ids_t = Rows(ids, 0, t), w_t = Rows(weights, 0, t);
   const TensorView bias = L.correction_bias.view();
   EAGLE3_RETURN_IF_ERROR(backend->MoeRoute(logits_t, L.correction_bias.empty() ? nullptr : &bias,

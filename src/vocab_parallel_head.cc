@@ -24,7 +24,7 @@ absl::Status VocabParallelLogits(const RankCollectives& ranks, const TensorView&
                                  const TensorView& out) {
   const int64_t r = rows.dim(0), vocab_shard = head.dim(0);
   const TensorView shard_r = Rows(shard, 0, r), gathered_r = Rows(gathered, 0, ranks.tp * r);
-  EAGLE3_RETURN_IF_ERROR(ranks.backend->Gemm(rows, head, shard_r, {}));
+  EAGLE3_RETURN_IF_ERROR(ranks.backend->Gemm(rows, head, shard_r, kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(ranks.AllGather(shard_r, gathered_r));
   for (int q_rank = 0; q_rank < ranks.tp; ++q_rank) {
     const int64_t col = q_rank * vocab_shard;

@@ -71,6 +71,10 @@ inline cuda::CudaBackend* Backend() {
     // shared-memory kernel instead of the register kernel (the default since 2026-12-01).
     const char* paged = std::getenv("EAGLE3_BENCH_PAGED_REGISTERS");
     if (paged != nullptr && paged[0] != '\0') options.paged_attention_registers = paged[0] != '0';
+    // EAGLE3_BENCH_PDL=0: no programmatic dependent launch (CudaBackendOptions::
+    // programmatic_launch), to measure what the overlap of weight-streaming kernels gains.
+    const char* pdl = std::getenv("EAGLE3_BENCH_PDL");
+    if (pdl != nullptr && pdl[0] != '\0') options.programmatic_launch = pdl[0] != '0';
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

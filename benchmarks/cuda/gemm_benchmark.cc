@@ -76,7 +76,7 @@ void BM_GemmSmallM(benchmark::State& state) {
   absl::Status status;
   auto run = [&] {
     const TensorView w = weights(sets.Next());
-    status = s.items == 1 ? b->Gemm(a, w, c, {}) : b->BatchedGemm(a_items, w, c_items, {});
+    status = s.items == 1 ? b->Gemm(a, w, c, kWeightsGemm) : b->BatchedGemm(a_items, w, c_items, kWeightsGemm);
   };
   run();
   if (!Check(state, status, "Gemm") || !Check(state, b->Synchronize(), "Synchronize")) return;

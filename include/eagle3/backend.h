@@ -23,7 +23,14 @@ struct GemmOptions {
   float alpha = 1.0f;
   float beta = 0.0f;
   const TensorView* bias = nullptr;  // [N], contiguous, backend device; nullptr for none
+  // b (and bias) are weights: nothing enqueued on the backend before this call writes them. A
+  // device backend may then start reading them before that earlier work has finished (CUDA:
+  // programmatic dependent launch). Results are the same either way.
+  bool b_is_weights = false;
 };
+
+// A plain product whose b is weights (alpha 1, beta 0, no bias).
+inline constexpr GemmOptions kWeightsGemm{.b_is_weights = true};
 
 // Which dims of a head RoPE pairs up.
 enum class RopeStyle {

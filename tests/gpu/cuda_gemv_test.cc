@@ -253,6 +253,55 @@ TEST_F(CudaGemvTest, Deterministic) {
   }
 }
 
+// GemmOptions::b_is_weights launches the GEMV as a programmatic dependent that reads its first
+// weights before the kernel writing its input has finished: a chain of products, each reading the
+// output of the one before (a) and accumulating into a buffer the one before also wrote (c), gives
+// bit for bit the results of the same chain launched the ordinary way, eagerly and from a CUDA graph.
+TEST_F(CudaGemvTest, WeightsGemmWaitsForTheKernelBeforeIt) {
+  constexpr int kChain = 6;
+  const int64_t n = 2048;
+  std::vector<Weights> w;
+  for (int i = 0; i < kChain; ++i) w.push_back(MakeWeights(n, n, DType::kBF16, 400 + i));
+  for (const int64_t m : {int64_t{1}, int64_t{4}}) {
+    const Tensor x0 = Upload(Random(Shape{m, n}, 410));
+    auto run_chain = [&](bool weights, bool graph) -> Tensor {
+      std::vector<Tensor> x;
+      for (int i = 0; i <= kChain; ++i) x.push_back(*Tensor::Empty(DType::kF32, Shape{m, n}, gpu_->allocator()));
+      Tensor acc = *Tensor::Zeros(DType::kF32, Shape{m, n}, gpu_->allocator());
+      EXPECT_TRUE(gpu_->Copy(x0, x[0]).ok());
+      EXPECT_TRUE(gpu_->Synchronize().ok());
+      GemmOptions plain{.b_is_weights = weights};
+      GemmOptions accumulate{.beta = 1.0f, .b_is_weights = weights};
+      auto enqueue = [&] {
+        for (int i = 0; i < kChain; ++i) {
+          EXPECT_TRUE(gpu_->Gemm(x[i], w[i].gpu, x[i + 1], plain).ok());
+          EXPECT_TRUE(gpu_->Gemm(x[i + 1], w[i].gpu, acc, accumulate).ok());
+        }
+      };
+      if (graph) {
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        EXPECT_EQ(cudaStreamBeginCapture(gpu_->stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        enqueue();
+        EXPECT_EQ(cudaStreamEndCapture(gpu_->stream(), &g), cudaSuccess);
+        EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+        EXPECT_EQ(cudaGraphLaunch(exec, gpu_->stream()), cudaSuccess);
+        EXPECT_TRUE(gpu_->Synchronize().ok());
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(g);
+      } else {
+        enqueue();
+      }
+      return Download(acc);
+    };
+    const Tensor want = run_chain(false, false);
+    for (const bool graph : {false, true}) {
+      const Tensor got = run_chain(true, graph);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.nbytes()), 0) << "M " << m << " graph " << graph;
+    }
+  }
+}
+
 // Up to kGemvMaxRows rows, bf16 weights need no activation scratch: a backend without any captures
 // the product into a CUDA graph with no eager step first, and the graph replays it.
 TEST_F(CudaGemvTest, CapturedWithoutActivationScratch) {
@@ -377,7 +426,7 @@ TEST(GemvLauncherTest, RefusesOutOfContractArguments) {
   const auto launch = [&](const void* a_ptr, cuda::GemvType a_type, const void* b_ptr, cuda::GemvType b_type,
                           int64_t lda, int64_t ldb, int64_t batch, int64_t m, int64_t n, int64_t k) {
     return cuda::LaunchGemv(a_ptr, a_type, lda, 0, b_ptr, b_type, ldb, 0, c, 8, 0, nullptr, batch, m, n, k, 1.0f,
-                            0.0f, nullptr);
+                            0.0f, false, nullptr);
   };
   const auto f32 = cuda::GemvType::kF32, bf16 = cuda::GemvType::kBF16;
   EXPECT_EQ(launch(a, f32, b, f32, 4, 4, 1, 0, 2, 4), cudaErrorInvalidValue);                 // m 0

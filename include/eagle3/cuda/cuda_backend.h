@@ -39,6 +39,11 @@ struct CudaBackendOptions {
   // Gemm / BatchedGemm of up to kGemvMaxRows (gemv_ops.h) activation rows on the GEMV kernel (no
   // activation scratch, no conversion kernel) instead of cuBLASLt; off: cuBLASLt for every call.
   bool small_m_gemv = true;
+  // Kernels that stream weights (the GEMV path of Gemm / BatchedGemm calls with
+  // GemmOptions::b_is_weights) start their weight loads while the kernel before them drains
+  // (programmatic dependent launch, cuda/programmatic_launch.cuh); off: every kernel starts after
+  // the one before it has finished.
+  bool programmatic_launch = true;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
   // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
   // kernels). Off: the shared-memory kernel (the TP 8 draft step at one token: 986 vs 321 us,

@@ -1,0 +1,54 @@
+// Programmatic dependent launch (Hopper): a kernel launched with the programmatic-serialization
+// attribute may start while the kernel before it on the stream is still running, once every block
+// of that kernel has called PdlLaunchDependents (or exited). Its blocks must call PdlWait before
+// they read anything an earlier kernel writes, and before they write anything an earlier kernel
+// may still read: PdlWait returns when the earlier kernels have completed and their writes are
+// visible. What a kernel may do before PdlWait is read memory no kernel of the step writes (the
+// weights): so a weight-streaming kernel has its first weight loads in flight while the kernel
+// before it drains, instead of paying a launch and a memory latency after it.
+//
+// Every block of a kernel launched this way must execute PdlWait (before it exits), so that the
+// kernel completes only after its predecessor: the next kernel's PdlWait then covers both.
+// In a kernel launched without the attribute PdlWait returns at once, and PdlLaunchDependents
+// does nothing when the next kernel was launched without it. Stream capture records the
+// dependency as a programmatic edge, so CUDA graphs keep the overlap.
+// No abseil here: nvcc must never see it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace eagle3::cuda {
+
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void PdlLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic-serialization
+// attribute when `programmatic` (the kernel must then follow the PdlWait rule above).
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block,
+                         size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace eagle3::cuda
