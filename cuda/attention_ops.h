@@ -3,8 +3,17 @@
 // PagedRead (semantics in eagle3/backend.h). Raw pointers, stream last, cudaError_t out; no
 // allocation; callable from any C++ compiler (no nvcc needed to include this header). fp32
 // throughout, except the paged latent cache, which may also be bf16 (bit patterns, uint16_t): its
-// writer rounds to nearest even, its readers widen exactly; strides are in elements. A launcher returns cudaErrorInvalidValue for negative sizes,
-// a missing pointer, or a parameter outside what it documents.
+// writer rounds to nearest even, its readers widen exactly; strides are in elements. A launcher
+// returns cudaErrorInvalidValue for negative sizes, a missing pointer, or a parameter outside what
+// it documents.
+//
+// A launcher over several index or element types is one function template (IdType: the index type,
+// T: the cache element), declared here and explicitly instantiated in its .cu file for the types
+// its comment lists; other types do not link.
+//
+// Kernels: the checks in attention_check_kernels.cu, RoPE in rope_kernels.cu, paged rows in
+// paged_kv_kernels.cu, LaunchAttention in split_attention_kernels.cu, the paged latent fast path in
+// latent_decode_kernels.cu (f32 kernel, launchers) and latent_mma_kernels.cu (bf16 tensor cores).
 //
 // "Checked before anything is written" on the device. The data-dependent checks (positions, page
 // entries, mask rows) run as check kernels ahead of the writing kernels of the same op, on the same
@@ -25,24 +34,20 @@ namespace eagle3::cuda {
 // ---- Checks ----------------------------------------------------------------------------------
 
 // Records index i (the lowest such) when idx[i] is outside [0, limit), for i < n.
-// idx:        [n], i32 or i64, device
+// idx:        [n], IdType = int32_t or int64_t, device
 // bad:        [1], i32, device (set to 1 on a bad entry)
 // error_flag: [1], i32, device (the backend's flag; see the top of this file)
-cudaError_t LaunchCheckIndexRange(const int32_t* idx, int64_t n, int64_t limit, int* bad,
-                                  int* error_flag, int error_code, cudaStream_t stream);
-cudaError_t LaunchCheckIndexRange(const int64_t* idx, int64_t n, int64_t limit, int* bad,
+template <typename IdType>
+cudaError_t LaunchCheckIndexRange(const IdType* idx, int64_t n, int64_t limit, int* bad,
                                   int* error_flag, int error_code, cudaStream_t stream);
 
 // Records token t when positions[t] is outside [0, pages * page_size) or its page entry
 // page_table[positions[t] / page_size] is outside [0, num_pages).
-// positions:  [tokens], i32 or i64, device
+// positions:  [tokens], IdType = int32_t or int64_t, device
 // page_table: [pages], i32, device
 // page_size >= 1, num_pages >= 0
-cudaError_t LaunchCheckPagedPositions(const int32_t* positions, int64_t tokens,
-                                      const int32_t* page_table, int64_t pages, int64_t page_size,
-                                      int64_t num_pages, int* bad, int* error_flag, int error_code,
-                                      cudaStream_t stream);
-cudaError_t LaunchCheckPagedPositions(const int64_t* positions, int64_t tokens,
+template <typename IdType>
+cudaError_t LaunchCheckPagedPositions(const IdType* positions, int64_t tokens,
                                       const int32_t* page_table, int64_t pages, int64_t page_size,
                                       int64_t num_pages, int* bad, int* error_flag, int error_code,
                                       cudaStream_t stream);
@@ -60,16 +65,14 @@ cudaError_t LaunchCheckMaskRows(const uint8_t* mask, int64_t rows, int64_t cols,
 // (a c - b s, b c + a s), c = cos_sin[p][i], s = cos_sin[p][rope_dim / 2 + i], p = positions[t].
 // x:         element [t, n, d] at x[t * token_stride + n * head_stride + d], f32, device; the
 //            rotated elements are distinct; d < offset + rope_dim
-// positions: [tokens], i32 or i64, device, each a row of cos_sin (checked by LaunchCheckIndexRange)
+// positions: [tokens], IdType = int32_t or int64_t, device, each a row of cos_sin (checked by
+//            LaunchCheckIndexRange)
 // cos_sin:   [P, rope_dim], f32, row stride table_stride, device
 // rope_dim even and >= 2; nothing is written when *bad != 0
+template <typename IdType>
 cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride,
                             int64_t head_stride, int64_t offset, int64_t rope_dim,
-                            const int32_t* positions, const float* cos_sin, int64_t table_stride,
-                            bool adjacent_pairs, const int* bad, cudaStream_t stream);
-cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride,
-                            int64_t head_stride, int64_t offset, int64_t rope_dim,
-                            const int64_t* positions, const float* cos_sin, int64_t table_stride,
+                            const IdType* positions, const float* cos_sin, int64_t table_stride,
                             bool adjacent_pairs, const int* bad, cudaStream_t stream);
 
 // Paged cache rows: the slot of token t is row page_table[p / page_size] * page_size + p % page_size
@@ -77,35 +80,20 @@ cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t tok
 // its slot (which row lands when two tokens share a slot is unspecified); PagedRead copies the
 // slot to out[t]. Nothing is written when *bad != 0.
 // rows / out: [tokens, width], f32, row stride rows_stride / out_stride, device
-// positions:  [tokens], i32 or i64, device
+// positions:  [tokens], IdType = int32_t or int64_t, device
 // page_table: [>= pages used], i32, device; read only for tokens that pass the check (so it may
 //             be null when it is empty)
-// cache:      [num_pages * page_size, width], f32, contiguous, device; no overlap with the others
+// cache:      [num_pages * page_size, width], T, contiguous, device; no overlap with the others.
+//             T = float, or uint16_t for a bf16 cache (bit patterns): PagedWrite then stores
+//             bf16(rows[t]) (round to nearest even, NaN stays NaN), PagedRead widens the stored
+//             bf16 to f32 (exact).
+template <typename T, typename IdType>
 cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
-                             const int32_t* positions, const int32_t* page_table, int64_t page_size,
-                             float* cache, const int* bad, cudaStream_t stream);
-cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
-                             const int64_t* positions, const int32_t* page_table, int64_t page_size,
-                             float* cache, const int* bad, cudaStream_t stream);
-cudaError_t LaunchPagedRead(const float* cache, const int32_t* page_table, int64_t page_size,
-                            const int32_t* positions, int64_t tokens, int64_t width, float* out,
-                            int64_t out_stride, const int* bad, cudaStream_t stream);
-cudaError_t LaunchPagedRead(const float* cache, const int32_t* page_table, int64_t page_size,
-                            const int64_t* positions, int64_t tokens, int64_t width, float* out,
-                            int64_t out_stride, const int* bad, cudaStream_t stream);
-// The same for a bf16 cache (bit patterns): PagedWrite stores bf16(rows[t]) (round to nearest
-// even, NaN stays NaN), PagedRead widens the stored bf16 to f32 (exact).
-cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
-                             const int32_t* positions, const int32_t* page_table, int64_t page_size,
-                             uint16_t* cache, const int* bad, cudaStream_t stream);
-cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
-                             const int64_t* positions, const int32_t* page_table, int64_t page_size,
-                             uint16_t* cache, const int* bad, cudaStream_t stream);
-cudaError_t LaunchPagedRead(const uint16_t* cache, const int32_t* page_table, int64_t page_size,
-                            const int32_t* positions, int64_t tokens, int64_t width, float* out,
-                            int64_t out_stride, const int* bad, cudaStream_t stream);
-cudaError_t LaunchPagedRead(const uint16_t* cache, const int32_t* page_table, int64_t page_size,
-                            const int64_t* positions, int64_t tokens, int64_t width, float* out,
+                             const IdType* positions, const int32_t* page_table, int64_t page_size,
+                             T* cache, const int* bad, cudaStream_t stream);
+template <typename T, typename IdType>
+cudaError_t LaunchPagedRead(const T* cache, const int32_t* page_table, int64_t page_size,
+                            const IdType* positions, int64_t tokens, int64_t width, float* out,
                             int64_t out_stride, const int* bad, cudaStream_t stream);
 
 // One masked attention call (Backend::Attention, or Backend::LatentAttention when `paged`):

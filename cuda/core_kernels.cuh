@@ -7,6 +7,9 @@
 #include <cstdint>
 
 #include "core_ops.h"
+// The inline-PTX wrappers (MmaBf16, cp.async, ...): included here too because gemv_kernels.cu and
+// moe_kernels.cu reach MmaBf16 through this header.
+#include "ptx.cuh"
 
 namespace eagle3::cuda {
 
@@ -109,18 +112,6 @@ __device__ inline int BlockExclusiveScan(int v, int* total) {
   __syncthreads();
   *total = block_total;
   return warp_offsets[warp] + inclusive - v;
-}
-
-// c += a b for one m16n8k16 tile on the tensor cores: a [16, 16] bf16 (row), b [16, 8] bf16 (col),
-// c [16, 8] f32. Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), g = lane / 4,
-// c = lane % 4: a = {(g, 2c..2c+1), (g + 8, 2c..), (g, 2c + 8..), (g + 8, 2c + 8..)}, b = {(2c..2c+1,
-// g), (2c + 8.., g)}, c = {(g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1)}; bf16 pairs low first.
-__device__ __forceinline__ void MmaBf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 }  // namespace eagle3::cuda

@@ -1,5 +1,5 @@
-// CudaBackend: RoPE, attention over dense and paged keys, paged cache rows (kernels in
-// attention_kernels.cu). f32 operands; the paged latent cache of LatentAttention,
+// CudaBackend: RoPE, attention over dense and paged keys, paged cache rows (kernels behind
+// attention_ops.h, which lists their files). f32 operands; the paged latent cache of LatentAttention,
 // BatchedLatentAttention, PagedWrite and PagedRead may also be bf16 (PagedWrite rounds to nearest
 // even; the attention ops run the tensor-core kernel on it, with q rounded to bf16: see
 // attention_ops.h).

@@ -240,18 +240,17 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
 // over the warp in one butterfly, the block's online softmax per head runs in shared memory (warp h
 // updates head h), and each lane adds its dims of the 4 value rows into registers. The shared-
 // memory kernel above (and this kernel's first, unsplit version) walked all of a (row, kv head)'s
-// keys in one block, a lane per key over the whole head_dim: a chain of dependent loads on one SM
-// (the draft step at TP 8, one token over 1K keys: ~0.68 ms and 0.23 ms; split, 10 µs + 4.5 µs of
-// combine). After the key loop the warps' sums are added per head; one split writes out (as the other
-// kernel would), several write their partial (sum, max, total) for PagedCombineKernel. Keys,
-// masks, skipped pages and the reports are those of the kernel above; a row with no allowed key is
-// reported here with one split and by the combine with several.
+// keys in one block, a lane per key over the whole head_dim: a chain of dependent loads on one SM,
+// which for the draft's one-token rows left the GPU idle; the splits spread a row over many SMs and
+// each lane keeps loads in flight. After the key loop the warps' sums are added per head; one split
+// writes out (as the other kernel would), several write their partial (sum, max, total) for
+// PagedCombineKernel. Keys, masks, skipped pages and the reports are those of the kernel above; a
+// row with no allowed key is reported here with one split and by the combine with several.
 constexpr int kSplitHeads = 8;                              // query heads per pass of the key loop
 constexpr int kSplitKeysPerWarp = 4;                        // keys a warp reads per chunk
 constexpr int kSplitChunk = kSplitKeysPerWarp * kPagedAttentionWarps;  // keys per chunk (32)
 // Most splits of a row: past this the combine's sum over the splits costs more than the blocks
-// save (measured on a 1K-key row: 64 splits 7.9 us + 14.5 us of combine; 32 splits with the combine
-// below 10.1 + 4.5 us).
+// save.
 constexpr int kPagedMaxSplits = 32;
 static_assert(kSplitKeysPerWarp * kSplitHeads == 32, "one butterfly reduces a warp's dot products");
 

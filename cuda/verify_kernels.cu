@@ -17,6 +17,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "ptx.cuh"
 #include "verify_ops.h"
 #include "eagle3/philox.h"
 
@@ -131,30 +132,6 @@ constexpr int kUnroll = 4;  // 16-byte vectors per thread and chunk
 
 template <typename T>
 inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
-
-// max(a, b), NaN when either is NaN (PTX max.NaN, sm_80+).
-__device__ __forceinline__ float MaxNaN(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return a != a ? a : (b != b ? b : fmaxf(a, b));
-#endif
-}
-
-// Lane-wise max of two packed bf16 pairs, NaN when either lane is NaN.
-__device__ __forceinline__ uint32_t MaxNaNBf16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t r;
-  asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-#else
-  const float lo = MaxNaN(__uint_as_float(a << 16), __uint_as_float(b << 16));
-  const float hi = MaxNaN(__uint_as_float(a & 0xFFFF0000u), __uint_as_float(b & 0xFFFF0000u));
-  return (__float_as_uint(hi) & 0xFFFF0000u) | (__float_as_uint(lo) >> 16);  // exact: bf16 inputs
-#endif
-}
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

@@ -1,0 +1,105 @@
+// The data checks of the attention ops (cuda/attention_ops.h, "Checks"): index ranges, paged
+// positions and mask rows, run on the device ahead of the op's writing kernels. No abseil here:
+// nvcc must never see it.
+#include <cstdint>
+
+#include "attention_common.cuh"
+#include "attention_ops.h"
+
+namespace eagle3::cuda {
+namespace {
+
+template <typename IdType>
+__global__ void CheckIndexRangeKernel(const IdType* __restrict__ idx, int64_t n, int64_t limit,
+                                      int* bad, int* error_flag, int error_code) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t value = idx[i];
+    if (value < 0 || value >= limit) Flag(bad, error_flag, error_code, i);
+  }
+}
+
+template <typename IdType>
+__global__ void CheckPagedPositionsKernel(const IdType* __restrict__ positions, int64_t tokens,
+                                          const int32_t* __restrict__ page_table, int64_t pages,
+                                          int64_t page_size, int64_t num_pages, int* bad,
+                                          int* error_flag, int error_code) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < tokens;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pos = positions[t];
+    if (pos < 0 || pos >= pages * page_size) {
+      Flag(bad, error_flag, error_code, t);
+      continue;
+    }
+    const int64_t page = page_table[pos / page_size];
+    if (page < 0 || page >= num_pages) Flag(bad, error_flag, error_code, t);
+  }
+}
+
+// One block per mask row.
+__global__ void CheckMaskRowsKernel(const uint8_t* __restrict__ mask, int64_t rows, int64_t cols,
+                                    int64_t mask_stride, int* bad, int* error_flag,
+                                    int error_code) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const uint8_t* row = mask + r * mask_stride;
+    int any = 0;
+    for (int64_t c = threadIdx.x; c < cols && !any; c += blockDim.x) any = row[c] != 0;
+    const int allowed = __syncthreads_or(any);
+    if (!allowed && threadIdx.x == 0) Flag(bad, error_flag, error_code, r);
+  }
+}
+
+}  // namespace
+
+template <typename IdType>
+cudaError_t LaunchCheckIndexRange(const IdType* idx, int64_t n, int64_t limit, int* bad,
+                                  int* error_flag, int error_code, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && (idx == nullptr || bad == nullptr || error_flag == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0) return cudaSuccess;
+  CheckIndexRangeKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(idx, n, limit, bad,
+                                                                       error_flag, error_code);
+  return cudaGetLastError();
+}
+
+template cudaError_t LaunchCheckIndexRange(const int32_t*, int64_t, int64_t, int*, int*, int,
+                                           cudaStream_t);
+template cudaError_t LaunchCheckIndexRange(const int64_t*, int64_t, int64_t, int*, int*, int,
+                                           cudaStream_t);
+
+template <typename IdType>
+cudaError_t LaunchCheckPagedPositions(const IdType* positions, int64_t tokens,
+                                      const int32_t* page_table, int64_t pages, int64_t page_size,
+                                      int64_t num_pages, int* bad, int* error_flag, int error_code,
+                                      cudaStream_t stream) {
+  if (tokens < 0 || pages < 0 || page_size < 1 || num_pages < 0) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  if (positions == nullptr || (pages > 0 && page_table == nullptr) || bad == nullptr ||
+      error_flag == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  CheckPagedPositionsKernel<<<GridFor(tokens, kThreads), kThreads, 0, stream>>>(
+      positions, tokens, page_table, pages, page_size, num_pages, bad, error_flag, error_code);
+  return cudaGetLastError();
+}
+
+template cudaError_t LaunchCheckPagedPositions(const int32_t*, int64_t, const int32_t*, int64_t,
+                                               int64_t, int64_t, int*, int*, int, cudaStream_t);
+template cudaError_t LaunchCheckPagedPositions(const int64_t*, int64_t, const int32_t*, int64_t,
+                                               int64_t, int64_t, int*, int*, int, cudaStream_t);
+
+cudaError_t LaunchCheckMaskRows(const uint8_t* mask, int64_t rows, int64_t cols,
+                                int64_t mask_stride, int* bad, int* error_flag, int error_code,
+                                cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || mask_stride < 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if ((cols > 0 && mask == nullptr) || bad == nullptr || error_flag == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  CheckMaskRowsKernel<<<RowGrid(rows), kThreads, 0, stream>>>(mask, rows, cols, mask_stride, bad,
+                                                              error_flag, error_code);
+  return cudaGetLastError();
+}
+
+}  // namespace eagle3::cuda

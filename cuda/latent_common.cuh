@@ -1,0 +1,218 @@
+// What the two paged latent attention kernel families share (cuda/attention_ops.h, "Paged latent
+// attention, fast path"): the f32 kernel and the launchers in latent_decode_kernels.cu, the bf16
+// tensor-core kernel in latent_mma_kernels.cu. Their arguments, how a block finds its sequence and
+// keys, the staging of its queries and mask bytes, and the tensor-core kernel's entry points for
+// the launcher. Internal to those two files. No abseil here: nvcc must never see it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "attention_ops.h"
+#include "core_kernels.cuh"
+
+namespace eagle3::cuda {
+
+constexpr int kLatentChunk = 32;         // keys per staged chunk
+constexpr int kLatentTileColumns = 512;  // value columns per block: 64 column groups x 2 float4
+
+// Mask bytes for keys that have no byte of their own: past the tile or the split (0), in the cached
+// prefix (1), causal (0 or 1). Static: the build has no relocatable device code, so each .cu file
+// that includes this header is a device program of its own and needs its own copy (an external
+// __device__ variable would also define its host shadow twice).
+static __device__ const uint8_t kMaskConstants[2] = {0, 1};
+
+struct LatentArgs {
+  LatentLaunchParams p;
+  const int32_t* tile_table;  // [batch + 1]: first token tile of each sequence; nullptr: one sequence
+  // 32-bit: the kernels divide block rows by H per staged element, and a 64-bit division is a
+  // long subroutine.
+  int heads_per_tile;         // H: query rows of a block are G tokens x H heads
+  int tokens_per_tile;        // G
+  int64_t value_tiles;
+  int64_t splits;
+  int wp;                     // f32: floats per staged row, key_dim rounded up to 32 (zero
+                              // padded); bf16: elements per staged row, key_dim rounded up to 64,
+                              // + 8 (MmaRowStride)
+  bool vec;                   // 16-byte cp.async
+  float* partials;
+  const int* bad;
+};
+
+// The sequence of a block's token tile.
+struct LatentTile {
+  int64_t q0 = 0;       // the sequence's first query row
+  int64_t n = 0;        // its query rows
+  int64_t kv = 0;       // its keys
+  int64_t i0 = 0;       // the tile's first row within the sequence
+  const int32_t* pages = nullptr;
+};
+
+// Largest b in [0, count) with values[b] <= x, given values[0] <= x.
+__device__ inline int64_t LastNotAbove(const int32_t* values, int64_t count, int64_t x) {
+  int64_t lo = 0, hi = count;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (values[mid] <= x) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Keys per split for a sequence of kv keys: its keys spread evenly over the a.splits splits, in
+// whole chunks. The host sizes a.splits for max_kv_len (the cache capacity a captured graph must
+// cover), so the split length follows each sequence's real length on the device: a 1K-key sequence
+// in a 4K-capacity cache uses every split, not the first quarter of them (with the host's split
+// length it would run all its keys in one block per row tile, and a decode step would slow down
+// with the cache capacity rather than with the context). Never above the host's split length for
+// max_kv_len, so a.splits splits cover every sequence.
+__device__ inline int64_t LatentSplitKeys(const LatentArgs& a, int64_t kv) {
+  const int64_t per = (kv + a.splits - 1) / a.splits;
+  return std::max<int64_t>(kLatentChunk, (per + kLatentChunk - 1) / kLatentChunk * kLatentChunk);
+}
+
+__device__ inline bool FindLatentTile(const LatentArgs& a, int64_t x, LatentTile* tile) {
+  const LatentLaunchParams& p = a.p;
+  if (a.tile_table == nullptr) {
+    tile->n = p.tokens;
+    tile->kv = p.max_kv_len;
+    tile->i0 = x * a.tokens_per_tile;
+    tile->pages = p.page_tables;
+    return tile->i0 < tile->n;
+  }
+  if (x >= a.tile_table[p.batch]) return false;
+  const int64_t b = LastNotAbove(a.tile_table, p.batch, x);
+  tile->q0 = p.q_start[b];
+  tile->n = p.q_start[b + 1] - tile->q0;
+  tile->kv = p.kv_len[b];
+  tile->i0 = (x - a.tile_table[b]) * a.tokens_per_tile;
+  tile->pages = p.page_tables + b * p.page_table_stride;
+  return true;
+}
+
+// The keys of a block: its split (blockIdx.y) of its tile's sequence, [begin, end); empty for a
+// split past the sequence's keys.
+struct LatentKeyRange {
+  int64_t begin;
+  int64_t end;
+};
+
+__device__ inline LatentKeyRange LatentBlockKeys(const LatentArgs& a, const LatentTile& tile) {
+  const int64_t split_keys = LatentSplitKeys(a, tile.kv);
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * split_keys;
+  return {begin, std::min(tile.kv, begin + split_keys)};
+}
+
+// The cache row of key s of a sequence, `page` its page entry.
+__device__ inline int64_t LatentCacheRow(int32_t page, int64_t s, int64_t page_size) {
+  return static_cast<int64_t>(page) * page_size + (s - NonNegativeDiv(s, page_size) * page_size);
+}
+
+// The byte that says whether token lt of the tile allows key s (a pointer, so the load can be
+// issued a chunk ahead and read a chunk later): the explicit mask's byte; else the sequence's
+// cached prefix (its first `prefix` keys) is allowed and its own keys follow the tree mask, or the
+// causal rule without one; nothing past the tile's tile_tokens tokens or the block's keys (s_end).
+// A functor of references to the kernel's locals, as the [&] lambda each kernel had before: nvcc
+// generates the same code for it (a function taking the values instead does not).
+struct LatentAllowByte {
+  const int64_t& tile_tokens;
+  const int64_t& s_end;
+  const LatentTile& tile;
+  const LatentLaunchParams& p;
+  const int64_t& prefix;
+
+  __device__ const uint8_t* operator()(int64_t lt, int64_t s) const {
+    if (lt >= tile_tokens || s >= s_end) return &kMaskConstants[0];
+    const int64_t i = tile.i0 + lt;
+    if (p.mask != nullptr) return p.mask + (tile.q0 + i) * p.mask_stride + s;
+    if (s < prefix) return &kMaskConstants[1];
+    const int64_t j = s - prefix;
+    if (p.tree_mask != nullptr) return p.tree_mask + (tile.q0 + i) * p.tree_mask_stride + j;
+    return &kMaskConstants[j <= i ? 1 : 0];
+  }
+};
+
+// Fills count elements of shared memory, element i = value(i) stored by store(i, v), i = tid,
+// tid + threads, ...: the loads of kStageBatch elements are issued before their stores. A plain
+// loop of load-then-store through a generic pointer waits one memory latency per element (the
+// compiler cannot prove the load does not alias the shared store): 36 latencies in a row per
+// thread for a block's 16 query rows of 576, all before its first key.
+constexpr int kStageBatch = 16;
+template <typename Value, typename Store>
+__device__ inline void StageBatched(int count, int tid, int threads, Value&& value, Store&& store) {
+  for (int base = tid; base < count; base += threads * kStageBatch) {
+    float v[kStageBatch];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + u * threads;
+      v[u] = i < count ? value(i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + u * threads;
+      if (i < count) store(i, v[u]);
+    }
+  }
+}
+
+// Whether block row r (token i0 + r / H of the tile, head n0 + r % H, H = heads_per_tile) is a query
+// row the tile holds.
+__device__ inline bool LatentRowHeld(const LatentArgs& a, int64_t n0, int64_t tile_tokens, int r) {
+  const int heads = a.heads_per_tile;
+  return r < heads * a.tokens_per_tile && r / heads < tile_tokens && n0 + r % heads < a.p.heads;
+}
+
+// Stages a block's query rows, rows x stride elements (0 for rows the tile does not hold, see
+// LatentRowHeld, and for dims >= key_dim), through store(i, value).
+template <typename Store>
+__device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile& tile, int64_t n0,
+                                          int64_t tile_tokens, int rows, int stride, int threads,
+                                          Store&& store) {
+  const LatentLaunchParams& p = a.p;
+  const int heads = a.heads_per_tile;
+  StageBatched(
+      rows * stride, static_cast<int>(threadIdx.x), threads,
+      [&](int i) {
+        const int r = i / stride;
+        const int d = i % stride;
+        if (d >= p.key_dim || !LatentRowHeld(a, n0, tile_tokens, r)) return 0.0f;
+        const int64_t t = tile.q0 + tile.i0 + r / heads;
+        const int64_t n = n0 + r % heads;
+        return p.q[t * p.q_token_stride + n * p.q_head_stride + d];
+      },
+      store);
+}
+
+// Raises the dynamic shared memory limit of `kernel` (the latent kernels take more than the
+// default 48 KiB) to shared_bytes and launches it. Returns the attribute call's error; the
+// launch's own error is left for the caller's cudaGetLastError.
+inline cudaError_t LaunchWithSharedMemory(void (*kernel)(LatentArgs), dim3 grid, int threads,
+                                          size_t shared_bytes, cudaStream_t stream,
+                                          const LatentArgs& a) {
+  const cudaError_t error = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+  if (error == cudaSuccess) kernel<<<grid, threads, shared_bytes, stream>>>(a);
+  return error;
+}
+
+// ---- The bf16 tensor-core kernel (latent_mma_kernels.cu), for the launcher ---------------------
+
+// Elements per staged key row: key_dim rounded up to 64, + 8 (16 bytes of padding).
+int MmaRowStride(int64_t key_dim);
+
+// Dynamic shared memory of a block of 16 x groups query rows (groups 1 or 4).
+size_t MmaSharedBytes(int64_t key_dim, int groups);
+
+// Sets LatentMmaKernel<groups>'s dynamic shared memory limit to shared_bytes and launches it on
+// `grid` (a.wp = MmaRowStride(key_dim)). Returns the attribute call's error; the launch's own
+// error is left for the caller's cudaGetLastError.
+cudaError_t LaunchLatentMma(const LatentArgs& a, int groups, dim3 grid, size_t shared_bytes,
+                            cudaStream_t stream);
+
+}  // namespace eagle3::cuda

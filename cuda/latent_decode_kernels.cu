@@ -1,0 +1,585 @@
+// Paged latent attention, fast path (cuda/attention_ops.h): the f32 kernel, the combine of split
+// results, the batched form's metadata check and tile table, and the launchers, which pick the f32
+// kernel or the bf16 tensor-core kernel (latent_mma_kernels.cu). No abseil here: nvcc must never
+// see it.
+#include <algorithm>
+#include <cstdint>
+
+#include <math_constants.h>
+
+#include "attention_common.cuh"
+#include "attention_ops.h"
+#include "core_kernels.cuh"
+#include "latent_common.cuh"
+#include "ptx.cuh"
+
+namespace eagle3::cuda {
+namespace {
+
+// Why a kernel of its own: the split kernel (split_attention_kernels.cu) copies each key row with a
+// scalar loop of dependent global loads after a page-table load, with nothing in flight during the
+// compute, so a block's 256 keys cost dozens of memory latencies. Here a block (256 threads, one
+// per SM: the staging takes ~190 KiB) double-buffers 32-key chunks with cp.async: chunk i + 1 is in
+// flight while chunk i is computed, and its page entries and mask bytes were loaded into registers
+// one chunk earlier still. Compute is register-blocked: scores as a [rows x 32] tile, each thread 4
+// keys x kRT rows over an eighth of the dims (float4 shared reads, conflict-free), summed with
+// shuffles; values with each thread owning kRT rows x 8 columns of the output for the whole key
+// range.
+//
+// Arithmetic note (fp32 CUDA cores): at 16 heads a latent row costs 16 * (576 + 512) FMAs per
+// 2304 bytes, about as many as the fp32 units can issue while HBM delivers those bytes, so this
+// kernel is bounded by FMA issue at 16 heads and by bandwidth at 8 heads; going further needs
+// tensor cores (3xTF32 for fp32 accuracy, or a bf16 cache: latent_mma_kernels.cu).
+
+constexpr int kLatentThreads = 256;
+constexpr int kLatentWarps = kLatentThreads / 32;
+constexpr int kLatentMaxRows = 16;
+constexpr int kScoreStride = kLatentChunk + 1;
+
+int LatentRowStride(int64_t key_dim) { return static_cast<int>((key_dim + 31) / 32 * 32); }
+
+size_t LatentSharedFloats(int64_t key_dim) {
+  const int64_t wp = LatentRowStride(key_dim);
+  return static_cast<size_t>(kLatentMaxRows * wp + 2 * kLatentChunk * wp +
+                             kLatentMaxRows * kScoreStride + kLatentChunk * kLatentMaxRows +
+                             2 * kLatentMaxRows + kLatentMaxRows);
+}
+
+template <int kRT>
+__global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentArgs a) {
+  if (*a.bad != 0) return;
+  constexpr int kRows = 4 * kRT;
+  const LatentLaunchParams& p = a.p;
+  LatentTile tile;
+  if (!FindLatentTile(a, blockIdx.x, &tile)) return;
+  const LatentKeyRange keys = LatentBlockKeys(a, tile);
+  const int64_t s_begin = keys.begin, s_end = keys.end;
+  if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
+  const int64_t head_tile = blockIdx.z / a.value_tiles;
+  const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
+  const int heads_per_tile = a.heads_per_tile;
+  const int64_t n0 = head_tile * heads_per_tile;
+  const int64_t tile_tokens = std::min<int64_t>(a.tokens_per_tile, tile.n - tile.i0);
+  const int64_t prefix = tile.kv - tile.n;
+  const int wp = a.wp;
+  const int key_dim = static_cast<int>(p.key_dim);
+
+  extern __shared__ float4 latent_shared[];
+  float* qs = reinterpret_cast<float*>(latent_shared);  // [kLatentMaxRows][wp]
+  float* ks = qs + kLatentMaxRows * wp;                 // [2][kLatentChunk][wp]
+  float* sc = ks + 2 * kLatentChunk * wp;               // [kLatentMaxRows][kScoreStride]
+  float* pt = sc + kLatentMaxRows * kScoreStride;       // [kLatentChunk][kRows], key-major
+  float* row_a = pt + kLatentChunk * kLatentMaxRows;    // [kLatentMaxRows]: alpha, then max
+  float* row_l = row_a + kLatentMaxRows;                // [kLatentMaxRows]
+  unsigned* allow = reinterpret_cast<unsigned*>(row_l + kLatentMaxRows);  // [kLatentMaxRows]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
+  auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
+  StageLatentQueries(a, tile, n0, tile_tokens, kRows, wp, kLatentThreads,
+                     [&](int i, float v) { qs[i] = v; });
+  // Pad columns are never copied: zero them once in both stages (pad x 0 must not be NaN).
+  const int pad = wp - key_dim;
+  for (int i = tid; i < 2 * kLatentChunk * pad; i += kLatentThreads) {
+    ks[(i / pad) * wp + key_dim + i % pad] = 0.0f;
+  }
+
+  const LatentAllowByte allow_byte{tile_tokens, s_end, tile, p, prefix};
+  // Warp w copies keys w, w + 8, w + 16, w + 24 of a chunk; page entries are loaded a chunk ahead.
+  int32_t page[4];
+  auto load_pages = [&](int64_t base) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t s = base + warp + kLatentWarps * k;
+      page[k] = s < s_end ? tile.pages[NonNegativeDiv(s, p.page_size)] : 0;
+    }
+  };
+  auto issue = [&](int64_t base, int stage) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int key = warp + kLatentWarps * k;
+      const int64_t s = base + key;
+      if (s >= s_end) continue;
+      const float* src = p.cache + LatentCacheRow(page[k], s, p.page_size) * p.key_dim;
+      float* dst = ks + (stage * kLatentChunk + key) * wp;
+      if (a.vec) {
+        for (int e = lane * 4; e < key_dim; e += 128) CpAsync16(dst + e, src + e);
+      } else {
+        for (int e = lane; e < key_dim; e += 32) CpAsync4(dst + e, src + e);
+      }
+    }
+  };
+
+  float m[kRows / 8], l[kRows / 8];
+#pragma unroll
+  for (int i = 0; i < kRows / 8; ++i) {
+    m[i] = -CUDART_INF_F;
+    l[i] = 0.0f;
+  }
+  const int pv_rows = (warp / 2) * kRT;       // value phase: rows pv_rows .. + kRT
+  const int pv_col = 4 * ((warp % 2) * 32 + lane);  // and columns pv_col .. + 3, pv_col + 256 ..
+  const bool use0 = col0 + pv_col < p.value_dim;
+  const bool use1 = col0 + pv_col + 256 < p.value_dim;
+  float4 o[kRT][2];
+#pragma unroll
+  for (int r = 0; r < kRT; ++r) {
+    o[r][0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    o[r][1] = o[r][0];
+  }
+  const int qk_rows = (lane / 8) * kRT;  // score phase: rows qk_rows .. + kRT
+  const int qk_keys = warp * 4;          // keys qk_keys .. + 3
+  const int qk_part = lane % 8;          // dims 4 * (qk_part + 8 i) .. + 3
+
+  const int64_t chunks = (s_end - s_begin + kLatentChunk - 1) / kLatentChunk;
+  load_pages(s_begin);
+  issue(s_begin, 0);
+  CpAsyncCommit();
+  load_pages(s_begin + kLatentChunk);
+  uint8_t mask_next[2] = {*allow_byte(warp, s_begin + lane), *allow_byte(warp + 8, s_begin + lane)};
+
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t base = s_begin + c * kLatentChunk;
+    const int stage = static_cast<int>(c % 2);
+    const unsigned bits0 = __ballot_sync(kFullMask, mask_next[0] != 0);
+    const unsigned bits1 = __ballot_sync(kFullMask, mask_next[1] != 0);
+    if (lane == 0) {
+      allow[warp] = bits0;
+      allow[warp + 8] = bits1;
+    }
+    if (c + 1 < chunks) issue(base + kLatentChunk, 1 - stage);
+    CpAsyncCommit();
+    if (c + 2 < chunks) load_pages(base + 2 * kLatentChunk);
+    mask_next[0] = *allow_byte(warp, base + kLatentChunk + lane);
+    mask_next[1] = *allow_byte(warp + 8, base + kLatentChunk + lane);
+    CpAsyncWait<1>();
+    __syncthreads();  // chunk c staged by every thread; allow written
+
+    unsigned used = 0;  // keys of the chunk that some row allows (block-uniform)
+    for (int64_t i = 0; i < tile_tokens; ++i) used |= allow[i];
+    if (used != 0) {
+      const float* kst = ks + stage * kLatentChunk * wp;
+      float acc[kRT][4];
+#pragma unroll
+      for (int r = 0; r < kRT; ++r) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[r][k] = 0.0f;
+      }
+      for (int d = 4 * qk_part; d < wp; d += 32) {
+        float4 qv[kRT], kv[4];
+#pragma unroll
+        for (int r = 0; r < kRT; ++r) qv[r] = *reinterpret_cast<const float4*>(qs + (qk_rows + r) * wp + d);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) kv[k] = *reinterpret_cast<const float4*>(kst + (qk_keys + k) * wp + d);
+#pragma unroll
+        for (int r = 0; r < kRT; ++r) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            acc[r][k] = fmaf(qv[r].x, kv[k].x, acc[r][k]);
+            acc[r][k] = fmaf(qv[r].y, kv[k].y, acc[r][k]);
+            acc[r][k] = fmaf(qv[r].z, kv[k].z, acc[r][k]);
+            acc[r][k] = fmaf(qv[r].w, kv[k].w, acc[r][k]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRT; ++r) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+          for (int offset = 1; offset < 8; offset <<= 1) {
+            acc[r][k] += __shfl_xor_sync(kFullMask, acc[r][k], offset);
+          }
+        }
+      }
+      if (qk_part == 0) {
+#pragma unroll
+        for (int r = 0; r < kRT; ++r) {
+          const int row = qk_rows + r;
+          const bool valid = row_valid(row);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int key = qk_keys + k;
+            const bool ok = valid && ((allow[row / heads_per_tile] >> key) & 1u) != 0;
+            sc[row * kScoreStride + key] = ok ? p.scale * acc[r][k] : -CUDART_INF_F;
+          }
+        }
+      }
+      __syncthreads();
+
+      // Online softmax, one warp per row: lane = key.
+#pragma unroll
+      for (int i = 0; i < kRows / 8; ++i) {
+        const int row = warp + 8 * i;
+        const float score = sc[row * kScoreStride + lane];
+        const float new_max = fmaxf(m[i], WarpMax(score));
+        float prob = 0.0f, alpha = 1.0f;  // a row with no allowed key yet keeps m = -inf, l = 0
+        if (new_max != -CUDART_INF_F) {
+          prob = expf(score - new_max);
+          alpha = expf(m[i] - new_max);
+        }
+        l[i] = l[i] * alpha + WarpSum(prob);
+        m[i] = new_max;
+        pt[lane * kRows + row] = prob;
+        if (lane == 0) row_a[row] = alpha;
+      }
+      __syncthreads();
+
+      // Weighted values; keys no row allows are skipped (never read).
+#pragma unroll
+      for (int r = 0; r < kRT; ++r) {
+        const float alpha = row_a[pv_rows + r];
+        o[r][0].x *= alpha; o[r][0].y *= alpha; o[r][0].z *= alpha; o[r][0].w *= alpha;
+        o[r][1].x *= alpha; o[r][1].y *= alpha; o[r][1].z *= alpha; o[r][1].w *= alpha;
+      }
+#pragma unroll 4
+      for (int key = 0; key < kLatentChunk; ++key) {
+        if (((used >> key) & 1u) == 0) continue;
+        float prob[kRT];
+#pragma unroll
+        for (int r = 0; r < kRT; ++r) prob[r] = pt[key * kRows + pv_rows + r];
+        const float* v_row = kst + key * wp + col0 + pv_col;
+        if (use0) {
+          const float4 v = *reinterpret_cast<const float4*>(v_row);
+#pragma unroll
+          for (int r = 0; r < kRT; ++r) {
+            o[r][0].x = fmaf(prob[r], v.x, o[r][0].x);
+            o[r][0].y = fmaf(prob[r], v.y, o[r][0].y);
+            o[r][0].z = fmaf(prob[r], v.z, o[r][0].z);
+            o[r][0].w = fmaf(prob[r], v.w, o[r][0].w);
+          }
+        }
+        if (use1) {
+          const float4 v = *reinterpret_cast<const float4*>(v_row + 256);
+#pragma unroll
+          for (int r = 0; r < kRT; ++r) {
+            o[r][1].x = fmaf(prob[r], v.x, o[r][1].x);
+            o[r][1].y = fmaf(prob[r], v.y, o[r][1].y);
+            o[r][1].z = fmaf(prob[r], v.z, o[r][1].z);
+            o[r][1].w = fmaf(prob[r], v.w, o[r][1].w);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage c % 2, sc, pt and allow are free for the next chunk
+  }
+
+#pragma unroll
+  for (int i = 0; i < kRows / 8; ++i) {
+    if (lane == 0) {
+      row_a[warp + 8 * i] = m[i];
+      row_l[warp + 8 * i] = l[i];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRT; ++r) {
+    const int row = pv_rows + r;
+    if (!row_valid(row)) continue;
+    const int64_t t = tile.q0 + tile.i0 + row / heads_per_tile;
+    const int64_t n = n0 + row % heads_per_tile;
+    const float values[8] = {o[r][0].x, o[r][0].y, o[r][0].z, o[r][0].w,
+                             o[r][1].x, o[r][1].y, o[r][1].z, o[r][1].w};
+    float* dst;
+    float factor = 1.0f;
+    if (a.splits == 1) {
+      // Every key of the sequence is in this block and the row allows one (checked): l > 0.
+      dst = p.out + t * p.out_token_stride + n * p.out_head_stride + col0;
+      factor = 1.0f / row_l[row];
+    } else {
+      const int64_t entry = (t * p.heads + n) * a.splits + blockIdx.y;
+      dst = a.partials + entry * p.value_dim + col0;
+      if (blockIdx.z % a.value_tiles == 0 && warp % 2 == 0 && lane == 0) {
+        float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry;
+        max_sum[0] = row_a[row];
+        max_sum[1] = row_l[row];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int64_t col = pv_col + (e / 4) * 256 + e % 4;
+      if (col0 + col < p.value_dim) dst[col] = values[e] * factor;
+    }
+  }
+}
+
+// One block per (query row, 128 value columns): out = sum_i w_i acc_i / sum_i w_i l_i over the
+// splits that hold keys of the row's sequence, w_i = exp(m_i - max m) (0 for m_i = -inf).
+__global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const LatentArgs a) {
+  if (*a.bad != 0) return;
+  __shared__ float4 part_sums[kLatentWarps][32];
+  const LatentLaunchParams& p = a.p;
+  const int64_t row = blockIdx.x;
+  const int64_t t = row / p.heads;
+  const int64_t n = row % p.heads;
+  int64_t kv = p.max_kv_len;
+  if (p.q_start != nullptr) kv = p.kv_len[LastNotAbove(p.q_start, p.batch, t)];
+  const int64_t split_keys = LatentSplitKeys(a, kv);
+  const int64_t splits = std::min(a.splits, (kv + split_keys - 1) / split_keys);
+  const float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * row * a.splits;
+  const int tid = static_cast<int>(threadIdx.x);
+  float row_max = -CUDART_INF_F;
+  for (int64_t i = tid; i < splits; i += kLatentThreads) row_max = fmaxf(row_max, max_sum[2 * i]);
+  row_max = BlockMax(row_max);
+  float denominator = 0.0f;
+  for (int64_t i = tid; i < splits; i += kLatentThreads) {
+    const float mi = max_sum[2 * i];
+    if (mi != -CUDART_INF_F) denominator += max_sum[2 * i + 1] * expf(mi - row_max);
+  }
+  denominator = BlockSum(denominator);
+  const int group = tid / 32;
+  const int64_t col = blockIdx.y * 128 + 4 * (tid % 32);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t i = group; i < splits; i += kLatentWarps) {
+    const float mi = max_sum[2 * i];
+    if (mi == -CUDART_INF_F) continue;
+    const float w = expf(mi - row_max);
+    const float* part = a.partials + (row * a.splits + i) * p.value_dim;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (col + e < p.value_dim) acc[e] = fmaf(w, part[col + e], acc[e]);
+    }
+  }
+  part_sums[group][tid % 32] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (group == 0) {
+    float4 sum = part_sums[0][tid];
+    for (int g = 1; g < kLatentWarps; ++g) {
+      const float4 v = part_sums[g][tid];
+      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    }
+    const float inv = 1.0f / denominator;
+    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+    float* o = p.out + t * p.out_token_stride + n * p.out_head_stride;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (col + e < p.value_dim) o[col + e] = values[e] * inv;
+    }
+  }
+}
+
+// Batched metadata, one block per sequence (block 0 also checks q_start[0] and q_start[B]):
+// records 8 * b + condition for the lowest failing sequence (conditions in attention_ops.h, in
+// the CPU reference's order). Threads only read what the earlier conditions of b made safe.
+__global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, int* error_flag,
+                                         int error_code) {
+  const int64_t batch = p.batch;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (p.q_start[0] != 0) Flag(bad, error_flag, error_code, 0);
+    if (p.q_start[batch] != p.tokens) Flag(bad, error_flag, error_code, 8 * batch + 6);
+  }
+  for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+    const int64_t begin = p.q_start[b], end = p.q_start[b + 1], len = p.kv_len[b];
+    const int64_t n = end - begin;
+    if (end < begin || end > p.tokens) {
+      if (threadIdx.x == 0) Flag(bad, error_flag, error_code, 8 * b + 1);
+      continue;
+    }
+    if (n == 0) continue;
+    if (len < n || len > p.max_kv_len || len > p.pages_per_seq * p.page_size) {
+      if (threadIdx.x == 0) Flag(bad, error_flag, error_code, 8 * b + 2);
+      continue;
+    }
+    const bool has_mask = p.tree_mask != nullptr;
+    if (has_mask && n > p.tree_width) {
+      if (threadIdx.x == 0) Flag(bad, error_flag, error_code, 8 * b + 3);
+      continue;
+    }
+    const int32_t* pages = p.page_tables + b * p.page_table_stride;
+    for (int64_t j = threadIdx.x; j < (len + p.page_size - 1) / p.page_size; j += blockDim.x) {
+      if (pages[j] < 0 || pages[j] >= p.num_pages) Flag(bad, error_flag, error_code, 8 * b + 4);
+    }
+    if (has_mask && len == n && begin >= 0) {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const uint8_t* row = p.tree_mask + (begin + i) * p.tree_mask_stride;
+        bool any = false;
+        for (int64_t j = 0; j < n && !any; ++j) any = row[j] != 0;
+        if (!any) Flag(bad, error_flag, error_code, 8 * b + 5);
+      }
+    }
+  }
+}
+
+// tile_table[b] = sum over b' < b of ceil(n_b' / tokens_per_tile); tile_table[B] = the total.
+__global__ void LatentTileTableKernel(const int32_t* __restrict__ q_start, int64_t batch,
+                                      int64_t tokens_per_tile, int32_t* tile_table,
+                                      const int* bad) {
+  if (*bad != 0) return;
+  int running = 0;
+  for (int64_t base = 0; base < batch; base += blockDim.x) {
+    const int64_t b = base + threadIdx.x;
+    const int tiles = b < batch ? static_cast<int>((q_start[b + 1] - q_start[b] + tokens_per_tile - 1) /
+                                                   tokens_per_tile)
+                                : 0;
+    int total = 0;
+    const int offset = BlockExclusiveScan(tiles, &total);
+    if (b < batch) tile_table[b] = running + offset;
+    running += total;
+  }
+  if (threadIdx.x == 0) tile_table[batch] = running;
+}
+
+bool ValidLatentParams(const LatentLaunchParams& p) {
+  if (p.tokens < 0 || p.heads < 0 || p.key_dim < 1 || p.key_dim > kLatentMaxKeyDim ||
+      p.value_dim < 0 || p.value_dim > p.key_dim || p.page_size < 1 || p.num_pages < 0 ||
+      p.max_kv_len < 1 || p.batch < 0 || p.batch > kLatentMaxBatch || p.pages_per_seq < 0) {
+    return false;
+  }
+  if (p.q_token_stride < 0 || p.q_head_stride < 0 || p.out_token_stride < 0 ||
+      p.out_head_stride < 0 || p.mask_stride < 0 || p.tree_mask_stride < 0 ||
+      p.page_table_stride < 0 || p.tree_width < 0) {
+    return false;
+  }
+  if (p.cache != nullptr && p.cache_bf16 != nullptr) return false;
+  if (p.tokens * p.heads == 0 || p.value_dim == 0) return true;
+  return p.q != nullptr && p.out != nullptr && (p.cache != nullptr || p.cache_bf16 != nullptr) &&
+         p.page_tables != nullptr;
+}
+
+// The largest dynamic shared memory a block may opt into on sm_90 (227 KiB): 64-row blocks run only
+// where they fit it (key_dim <= 640; DeepSeek's 576 takes 197 KiB).
+constexpr size_t kMmaWideSharedLimit = 227 * 1024;
+
+// Query rows (tokens x heads) from which the bf16 kernel runs 64-row blocks. Below it 16-row blocks
+// win (they fill more SMs, with shorter chunk chains), from it 64-row blocks do (each key is read
+// and waited for by four times fewer blocks).
+constexpr int64_t kMmaWideMinRows = 2048;
+
+// Splits of one call at most (the bound LaunchAttention uses too).
+constexpr int64_t kLatentMaxSplits = 4096;
+
+// Query rows per block. The bf16 (tensor-core) kernel: 64 when a sequence holds at least 64 query
+// rows on average (heads x its tokens: tree verify, or 64+ heads), the call at least
+// kMmaWideMinRows, and 64-row blocks fit in shared memory; else 16. The f32 kernel: 8 when there
+// are few heads and at most one query token per sequence (decode at 8 heads per rank), else 16.
+// Host values only; the tile table and the kernels agree.
+int LatentBlockRows(const LatentLaunchParams& p) {
+  const int64_t sequences = std::max<int64_t>(p.batch, 1);
+  if (p.cache_bf16 != nullptr) {
+    const int64_t rows_per_sequence = p.heads * ((p.tokens + sequences - 1) / sequences);
+    const bool wide = rows_per_sequence >= 64 && p.tokens * p.heads >= kMmaWideMinRows &&
+                      MmaSharedBytes(p.key_dim, 4) <= kMmaWideSharedLimit;
+    return wide ? 64 : 16;
+  }
+  const bool one_token_per_sequence = p.tokens <= sequences;
+  return p.heads <= 8 && one_token_per_sequence ? 8 : 16;
+}
+
+// Launch geometry (host values only, so a captured graph replays any lengths within the bounds).
+cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
+                                float* partials, int64_t partial_capacity, const int* bad,
+                                cudaStream_t stream) {
+  if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
+  int device = 0, sms = 0, max_shared = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (error == cudaSuccess) {
+    error = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (error != cudaSuccess) return error;
+  const bool bf16 = p.cache_bf16 != nullptr;
+  const int rows = LatentBlockRows(p);
+  const size_t shared_bytes =
+      bf16 ? MmaSharedBytes(p.key_dim, rows / 16) : LatentSharedFloats(p.key_dim) * sizeof(float);
+  if (shared_bytes > static_cast<size_t>(max_shared)) return cudaErrorInvalidValue;
+
+  LatentArgs a{};
+  a.p = p;
+  a.tile_table = tile_table;
+  a.partials = partials;
+  a.bad = bad;
+  a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
+  a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
+               : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
+  a.heads_per_tile = static_cast<int>(std::min<int64_t>(p.heads, rows));
+  a.tokens_per_tile = rows / a.heads_per_tile;
+  const int64_t head_tiles = (p.heads + a.heads_per_tile - 1) / a.heads_per_tile;
+  a.value_tiles = (p.value_dim + kLatentTileColumns - 1) / kLatentTileColumns;
+  if (head_tiles * a.value_tiles > 65535) return cudaErrorInvalidValue;
+  // Token tiles: sum over sequences of ceil(n_b / G) <= min(T, (T + B (G - 1)) / G).
+  const int64_t g = a.tokens_per_tile;
+  const int64_t token_tiles =
+      tile_table == nullptr ? (p.tokens + g - 1) / g
+                            : std::min(p.tokens, (p.tokens + p.batch * (g - 1)) / g);
+  if (token_tiles > 0x7fffffff) return cudaErrorInvalidValue;
+
+  // Splits: one resident block per SM; pick the split count with the fewest modeled chunk-times
+  // (waves x (chunks per split + 2 for the prologue)), within the scratch and kLatentMaxSplits.
+  const int64_t blocks = token_tiles * head_tiles * a.value_tiles;
+  const int64_t per_split_floats = p.tokens * p.heads * (p.value_dim + 2);
+  int64_t max_splits = partials == nullptr ? 1 : partial_capacity / per_split_floats;
+  max_splits = std::clamp<int64_t>(max_splits, 1, kLatentMaxSplits);
+  max_splits = std::min(max_splits, (p.max_kv_len + kLatentChunk - 1) / kLatentChunk);
+  int64_t best_cost = -1;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t kps = ((p.max_kv_len + s - 1) / s + kLatentChunk - 1) / kLatentChunk * kLatentChunk;
+    const int64_t eff = (p.max_kv_len + kps - 1) / kps;
+    const int64_t waves = (blocks * eff + sms - 1) / sms;
+    const int64_t cost = waves * (kps / kLatentChunk + 2) + (eff > 1 ? 1 : 0);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      a.splits = eff;
+    }
+  }
+  if (a.splits > 65535) return cudaErrorInvalidValue;
+
+  const int row_tile = rows / 4;
+  const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
+                  static_cast<unsigned>(head_tiles * a.value_tiles));
+  if (bf16) {
+    error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, stream);
+  } else {
+    error = LaunchWithSharedMemory(row_tile == 2 ? LatentKernel<2> : LatentKernel<4>, grid,
+                                   kLatentThreads, shared_bytes, stream, a);
+  }
+  if (error != cudaSuccess) return error;
+  error = cudaGetLastError();
+  if (error != cudaSuccess || a.splits == 1) return error;
+  const dim3 combine_grid(static_cast<unsigned>(p.tokens * p.heads),
+                          static_cast<unsigned>((p.value_dim + 127) / 128));
+  LatentCombineKernel<<<combine_grid, kLatentThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t LatentSharedBytes(int64_t key_dim) { return LatentSharedFloats(key_dim) * sizeof(float); }
+
+cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
+                                  int64_t partial_capacity, const int* bad, cudaStream_t stream) {
+  if (!ValidLatentParams(params) || partial_capacity < 0 || bad == nullptr) return cudaErrorInvalidValue;
+  LatentLaunchParams p = params;
+  p.batch = 1;
+  p.q_start = nullptr;
+  p.kv_len = nullptr;
+  p.tree_mask = nullptr;
+  if (p.tokens * p.heads > 0 && p.value_dim > 0 && p.mask == nullptr) return cudaErrorInvalidValue;
+  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, bad, stream);
+}
+
+cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
+                                         float* partials, int64_t partial_capacity, int* bad,
+                                         int* error_flag, int error_code, cudaStream_t stream) {
+  const LatentLaunchParams& p = params;
+  if (!ValidLatentParams(p) || partial_capacity < 0 || bad == nullptr || error_flag == nullptr ||
+      tile_table == nullptr || p.q_start == nullptr || (p.batch > 0 && p.kv_len == nullptr) ||
+      p.mask != nullptr || (p.tree_mask != nullptr && p.tree_width < 1)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.batch > 0 && p.page_tables == nullptr) return cudaErrorInvalidValue;
+  CheckBatchedLatentKernel<<<static_cast<unsigned>(std::max<int64_t>(p.batch, 1)), kThreads, 0,
+                             stream>>>(p, bad, error_flag, error_code);
+  cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess || p.tokens * p.heads == 0 || p.value_dim == 0) return error;
+  const int rows = LatentBlockRows(p);
+  const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
+  LatentTileTableKernel<<<1, kThreads, 0, stream>>>(p.q_start, p.batch, tokens_per_tile,
+                                                    tile_table, bad);
+  error = cudaGetLastError();
+  if (error != cudaSuccess) return error;
+  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, stream);
+}
+
+}  // namespace eagle3::cuda

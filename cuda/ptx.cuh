@@ -1,0 +1,101 @@
+// Inline-PTX wrappers of the CUDA backend's kernels: cp.async, ldmatrix, mma.sync and max.NaN. A
+// kernel that needs another instruction adds its wrapper here rather than a copy in its own file.
+// sm_80+ instructions (the backend builds for sm_90). No abseil here: nvcc must never see it.
+#pragma once
+
+#include <cstdint>
+
+namespace eagle3::cuda {
+
+// ---- cp.async: global -> shared without registers ----------------------------------------------
+//
+// A thread's copies complete in commit groups: CpAsyncCommit closes the group of the copies issued
+// since the last one, CpAsyncWait<n> waits until at most n of the thread's groups are pending.
+// Other threads see the data only after a barrier that follows their writers' waits.
+
+// 16 bytes, cached in L2 only (.cg); both addresses 16-byte aligned.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+// 4 bytes (.ca: the 4-byte form cannot bypass L1); both addresses 4-byte aligned.
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// The "memory" clobber keeps the compiler from moving shared-memory reads above the wait.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// ---- ldmatrix: 8x8 b16 matrices from shared memory into mma fragments --------------------------
+//
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j .. 8j+7 give the row addresses (16
+// bytes each, 16-byte aligned) of 8x8 matrix j; register j of lane l gets matrix j's row l / 4,
+// elements 2 (l % 4), 2 (l % 4) + 1 (.trans: elements (2 (l % 4), l / 4) and
+// (2 (l % 4) + 1, l / 4)).
+
+__device__ __forceinline__ void LdMatrixX4(unsigned (&r)[4], const uint16_t* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(unsigned (&r)[4], const uint16_t* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
+
+// ---- mma.sync: tensor cores --------------------------------------------------------------------
+
+// c += a b for one m16n8k16 tile on the tensor cores: a [16, 16] bf16 (row), b [16, 8] bf16 (col),
+// c [16, 8] f32. Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), g = lane / 4,
+// c = lane % 4: a = {(g, 2c..2c+1), (g + 8, 2c..), (g, 2c + 8..), (g + 8, 2c + 8..)},
+// b = {(2c..2c+1, g), (2c + 8.., g)}, c = {(g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1)};
+// bf16 pairs low first.
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                        unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- max.NaN ------------------------------------------------------------------------------------
+
+// max(a, b), NaN when either is NaN (PTX max.NaN, sm_80+).
+__device__ __forceinline__ float MaxNaN(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a != a ? a : (b != b ? b : fmaxf(a, b));
+#endif
+}
+
+// Lane-wise max of two packed bf16 pairs, NaN when either lane is NaN.
+__device__ __forceinline__ uint32_t MaxNaNBf16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  const float lo = MaxNaN(__uint_as_float(a << 16), __uint_as_float(b << 16));
+  const float hi = MaxNaN(__uint_as_float(a & 0xFFFF0000u), __uint_as_float(b & 0xFFFF0000u));
+  return (__float_as_uint(hi) & 0xFFFF0000u) | (__float_as_uint(lo) >> 16);  // exact: bf16 inputs
+#endif
+}
+
+}  // namespace eagle3::cuda
