@@ -267,7 +267,7 @@ TEST_F(CudaGemvTest, WeightsGemmWaitsForTheKernelBeforeIt) {
     auto run_chain = [&](bool weights, bool graph) -> Tensor {
       std::vector<Tensor> x;
       for (int i = 0; i <= kChain; ++i) x.push_back(*Tensor::Empty(DType::kF32, Shape{m, n}, gpu_->allocator()));
-      Tensor acc = *Tensor::Zeros(DType::kF32, Shape{m, n}, gpu_->allocator());
+      Tensor acc = Upload(*Tensor::Zeros(DType::kF32, Shape{m, n}));
       EXPECT_TRUE(gpu_->Copy(x0, x[0]).ok());
       EXPECT_TRUE(gpu_->Synchronize().ok());
       GemmOptions plain{.b_is_weights = weights};
