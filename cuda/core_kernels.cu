@@ -10,6 +10,7 @@
 
 #include "core_kernels.cuh"
 #include "core_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -90,6 +91,7 @@ __global__ void ScaleAddBiasKernel(float* c, int64_t ldc, int64_t rows, int64_t 
 __global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
                               const float* __restrict__ weight, float eps, float* out, int64_t ldo,
                               int64_t hidden) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
   const int64_t t = blockIdx.x;
   const float* xr = x + t * ldx;
   float* rr = residual != nullptr ? residual + t * ldr : nullptr;
@@ -131,6 +133,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
     RmsNormRegistersKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
                            const float* __restrict__ weight, float eps, float* out, int64_t ldo,
                            int64_t hidden) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
   const int64_t t = blockIdx.x;
   float* rr = residual != nullptr ? residual + t * ldr : nullptr;
   float* o = out + t * ldo;
@@ -161,6 +164,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 
 __global__ void SiluMulKernel(const float* __restrict__ gate_up, int64_t ldg,
                               float* __restrict__ out, int64_t ldo, int64_t rows, int64_t inter) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
   const int64_t n = rows * inter;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -138,29 +138,6 @@ struct LatentAllowByte {
   }
 };
 
-// Fills count elements of shared memory, element i = value(i) stored by store(i, v), i = tid,
-// tid + threads, ...: the loads of kStageBatch elements are issued before their stores. A plain
-// loop of load-then-store through a generic pointer waits one memory latency per element (the
-// compiler cannot prove the load does not alias the shared store): 36 latencies in a row per
-// thread for a block's 16 query rows of 576, all before its first key.
-constexpr int kStageBatch = 16;
-template <typename Value, typename Store>
-__device__ inline void StageBatched(int count, int tid, int threads, Value&& value, Store&& store) {
-  for (int base = tid; base < count; base += threads * kStageBatch) {
-    float v[kStageBatch];
-#pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      const int i = base + u * threads;
-      v[u] = i < count ? value(i) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      const int i = base + u * threads;
-      if (i < count) store(i, v[u]);
-    }
-  }
-}
-
 // Whether block row r (token i0 + r / H of the tile, head n0 + r % H, H = heads_per_tile) is a query
 // row the tile holds.
 __device__ inline bool LatentRowHeld(const LatentArgs& a, int64_t n0, int64_t tile_tokens, int r) {
@@ -168,25 +145,57 @@ __device__ inline bool LatentRowHeld(const LatentArgs& a, int64_t n0, int64_t ti
   return r < heads * a.tokens_per_tile && r / heads < tile_tokens && n0 + r % heads < a.p.heads;
 }
 
-// Stages a block's query rows, rows x stride elements (0 for rows the tile does not hold, see
-// LatentRowHeld, and for dims >= key_dim), through store(i, value).
-template <typename Store>
+// Stages a block's kRows query rows, kRows x stride elements (0 for rows the tile does not hold,
+// see LatentRowHeld, and for dims >= key_dim), through store(r * stride + d, value). Warp w takes
+// rows w, w + warps, ...: each row's source is computed once, its dims are read by consecutive
+// lanes (coalesced), and a lane has up to 32 loads of its rows in flight before it stores any (a
+// load-then-store loop through a generic pointer waits one memory latency per element: the
+// compiler cannot prove the load does not alias the shared store). The staging runs once per
+// block, before its first key: with one 32-key chunk per block (decode of a short context) its
+// instructions are a large part of the block's work, so no division or 64-bit multiply runs per
+// element.
+template <int kRows, int kThreads, typename Store>
 __device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile& tile, int64_t n0,
-                                          int64_t tile_tokens, int rows, int stride, int threads,
-                                          Store&& store) {
+                                          int64_t tile_tokens, int stride, Store&& store) {
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kPerWarp = (kRows + kWarps - 1) / kWarps;
+  constexpr int kPerRow = 32 / kPerWarp > 1 ? 32 / kPerWarp : 1;  // loads per row per lane batch
   const LatentLaunchParams& p = a.p;
   const int heads = a.heads_per_tile;
-  StageBatched(
-      rows * stride, static_cast<int>(threadIdx.x), threads,
-      [&](int i) {
-        const int r = i / stride;
-        const int d = i % stride;
-        if (d >= p.key_dim || !LatentRowHeld(a, n0, tile_tokens, r)) return 0.0f;
-        const int64_t t = tile.q0 + tile.i0 + r / heads;
-        const int64_t n = n0 + r % heads;
-        return p.q[t * p.q_token_stride + n * p.q_head_stride + d];
-      },
-      store);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int key_dim = static_cast<int>(p.key_dim);
+  const float* src[kPerWarp];
+  int rows[kPerWarp];
+#pragma unroll
+  for (int j = 0; j < kPerWarp; ++j) {
+    const int r = warp + kWarps * j;
+    rows[j] = r;
+    src[j] = nullptr;
+    if (r < kRows && LatentRowHeld(a, n0, tile_tokens, r)) {
+      const int64_t t = tile.q0 + tile.i0 + r / heads;
+      const int64_t n = n0 + r % heads;
+      src[j] = p.q + t * p.q_token_stride + n * p.q_head_stride;
+    }
+  }
+  for (int d0 = lane; d0 < stride; d0 += 32 * kPerRow) {
+    float v[kPerWarp][kPerRow];
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+#pragma unroll
+      for (int u = 0; u < kPerRow; ++u) {
+        const int d = d0 + 32 * u;
+        v[j][u] = src[j] != nullptr && d < key_dim ? src[j][d] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+#pragma unroll
+      for (int u = 0; u < kPerRow; ++u) {
+        const int d = d0 + 32 * u;
+        if (rows[j] < kRows && d < stride) store(rows[j] * stride + d, v[j][u]);
+      }
+    }
+  }
 }
 
 // Raises the dynamic shared memory limit of `kernel` (the latent kernels take more than the

@@ -12,6 +12,7 @@
 #include "core_kernels.cuh"
 #include "latent_common.cuh"
 #include "ptx.cuh"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -79,8 +80,8 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 
   // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
   auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
-  StageLatentQueries(a, tile, n0, tile_tokens, kRows, wp, kLatentThreads,
-                     [&](int i, float v) { qs[i] = v; });
+  StageLatentQueries<kRows, kLatentThreads>(a, tile, n0, tile_tokens, wp,
+                                             [&](int i, float v) { qs[i] = v; });
   // Pad columns are never copied: zero them once in both stages (pad x 0 must not be NaN).
   const int pad = wp - key_dim;
   for (int i = tid; i < 2 * kLatentChunk * pad; i += kLatentThreads) {
@@ -308,6 +309,7 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 // One block per (query row, 128 value columns): out = sum_i w_i acc_i / sum_i w_i l_i over the
 // splits that hold keys of the row's sequence, w_i = exp(m_i - max m) (0 for m_i = -inf).
 __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const LatentArgs a) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
   if (*a.bad != 0) return;
   __shared__ float4 part_sums[kLatentWarps][32];
   const LatentLaunchParams& p = a.p;

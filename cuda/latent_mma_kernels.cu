@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
 
   // Block row r is token i0 + r / H of the sequence, head n0 + r % H.
   auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
-  StageLatentQueries(a, tile, n0, tile_tokens, kRows, rs, kMmaThreads,
-                     [&](int i, float v) { qs[i] = Bf16Bits(v); });
+  StageLatentQueries<kRows, kMmaThreads>(a, tile, n0, tile_tokens, rs,
+                                          [&](int i, float v) { qs[i] = Bf16Bits(v); });
   // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN).
   const int pad = rs - 8 - key_dim;
   for (int i = tid; i < kStages * kLatentChunk * pad; i += kMmaThreads) {

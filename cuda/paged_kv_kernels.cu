@@ -6,6 +6,7 @@
 
 #include "attention_common.cuh"
 #include "attention_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -26,6 +27,7 @@ __global__ void PagedCopyKernel(float* rows, int64_t rows_stride, int64_t tokens
                                 const IdType* __restrict__ positions,
                                 const int32_t* __restrict__ page_table, int64_t page_size,
                                 T* cache, bool to_cache, const int* __restrict__ bad) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
   if (*bad != 0) return;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float* row = rows + t * rows_stride;
