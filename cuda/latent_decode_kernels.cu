@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
                                              [&](int i, float v) { qs[i] = v; });
   // Pad columns are never copied: zero them once in both stages (pad x 0 must not be NaN).
   const int pad = wp - key_dim;
-  for (int i = tid; i < 2 * kLatentChunk * pad; i += kLatentThreads) {
-    ks[(i / pad) * wp + key_dim + i % pad] = 0.0f;
+  for (int row = warp; row < 2 * kLatentChunk; row += kLatentWarps) {
+    for (int e = lane; e < pad; e += 32) ks[row * wp + key_dim + e] = 0.0f;
   }
 
   const LatentAllowByte allow_byte{tile_tokens, s_end, tile, p, prefix};

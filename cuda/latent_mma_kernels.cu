@@ -118,10 +118,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   auto row_valid = [&](int r) { return LatentRowHeld(a, n0, tile_tokens, r); };
   StageLatentQueries<kRows, kMmaThreads>(a, tile, n0, tile_tokens, rs,
                                           [&](int i, float v) { qs[i] = Bf16Bits(v); });
-  // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN).
+  // Pad dims are never copied: zero them once in every stage (pad x 0 must not be NaN). Warp w
+  // takes staged rows w, w + 8, ...: no division per element (this runs once per block, and at
+  // one chunk per block its instructions count).
   const int pad = rs - 8 - key_dim;
-  for (int i = tid; i < kStages * kLatentChunk * pad; i += kMmaThreads) {
-    ks[(i / pad) * rs + key_dim + i % pad] = 0;
+  for (int row = warp; row < kStages * kLatentChunk; row += kMmaWarps) {
+    for (int e = lane; e < pad; e += 32) ks[row * rs + key_dim + e] = 0;
   }
 
   const LatentAllowByte allow_byte{tile_tokens, s_end, tile, p, prefix};
