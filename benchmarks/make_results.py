@@ -29,6 +29,7 @@ import math
 import os
 import struct
 import zlib
+import sys
 
 STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "flops", "copy_GB/s",
                 "gemm_TFLOP/s")
@@ -653,6 +654,10 @@ def plot_roofline(path, pts, copy_bps, gemm_fps, use_matplotlib=True, title="Roo
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
+            # The built-in rasterizer draws points and lines but no text (axes, ticks, legend,
+            # title): say so, so that a chart without labels is never committed by accident.
+            print("make_results.py: matplotlib is not importable; roofline drawn WITHOUT axes, "
+                  "legend or title (install python3-matplotlib)", file=sys.stderr)
             use_matplotlib = False
     if use_matplotlib:
         fig, ax = plt.subplots(figsize=(10, 6))
