@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core_kernels.cuh"
 #include "core_ops.h"
@@ -537,37 +538,31 @@ cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t
   return cudaGetLastError();
 }
 
-cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const float* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+template <typename T, typename IdType>
+cudaError_t LaunchEmbeddingLookup(const IdType* ids, int64_t tokens, const T* table, int64_t ldt,
+                                  int64_t shard_rows, int64_t vocab_start, float* out, int64_t ldo,
+                                  int64_t hidden, int* error_flag, int error_code,
                                   cudaStream_t stream) {
-  return EmbeddingLookup(ids, tokens, table, false, ldt, shard_rows, vocab_start, out, ldo, hidden,
-                         error_flag, error_code, stream);
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t>, "f32 or bf16 bits");
+  return EmbeddingLookup(ids, tokens, table, std::is_same_v<T, uint16_t>, ldt, shard_rows,
+                         vocab_start, out, ldo, hidden, error_flag, error_code, stream);
 }
-
-cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const uint16_t* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream) {
-  return EmbeddingLookup(ids, tokens, table, true, ldt, shard_rows, vocab_start, out, ldo, hidden,
-                         error_flag, error_code, stream);
-}
-
-cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const float* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream) {
-  return EmbeddingLookup(ids, tokens, table, false, ldt, shard_rows, vocab_start, out, ldo, hidden,
-                         error_flag, error_code, stream);
-}
-
-cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const uint16_t* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream) {
-  return EmbeddingLookup(ids, tokens, table, true, ldt, shard_rows, vocab_start, out, ldo, hidden,
-                         error_flag, error_code, stream);
-}
+template cudaError_t LaunchEmbeddingLookup<float, int32_t>(const int32_t*, int64_t, const float*,
+                                                            int64_t, int64_t, int64_t, float*,
+                                                            int64_t, int64_t, int*, int,
+                                                            cudaStream_t);
+template cudaError_t LaunchEmbeddingLookup<float, int64_t>(const int64_t*, int64_t, const float*,
+                                                            int64_t, int64_t, int64_t, float*,
+                                                            int64_t, int64_t, int*, int,
+                                                            cudaStream_t);
+template cudaError_t LaunchEmbeddingLookup<uint16_t, int32_t>(const int32_t*, int64_t,
+                                                               const uint16_t*, int64_t, int64_t,
+                                                               int64_t, float*, int64_t, int64_t,
+                                                               int*, int, cudaStream_t);
+template cudaError_t LaunchEmbeddingLookup<uint16_t, int64_t>(const int64_t*, int64_t,
+                                                               const uint16_t*, int64_t, int64_t,
+                                                               int64_t, float*, int64_t, int64_t,
+                                                               int*, int, cudaStream_t);
 
 cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, float* out,
                           int64_t ldo, int64_t rows, int64_t cols, int* error_flag, int error_code,
@@ -582,29 +577,27 @@ cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, f
   return cudaGetLastError();
 }
 
-cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, int32_t* out,
+template <typename IdType>
+cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, IdType* out,
                          int* error_flag, int error_code, cudaStream_t stream) {
-  if (cols > INT32_MAX) return cudaErrorInvalidValue;
+  if (std::is_same_v<IdType, int32_t> && cols > INT32_MAX) return cudaErrorInvalidValue;
   return Argmax(logits, ldl, rows, cols, out, error_flag, error_code, stream);
 }
+template cudaError_t LaunchArgmax<int32_t>(const float*, int64_t, int64_t, int64_t, int32_t*, int*,
+                                           int, cudaStream_t);
+template cudaError_t LaunchArgmax<int64_t>(const float*, int64_t, int64_t, int64_t, int64_t*, int*,
+                                           int, cudaStream_t);
 
-cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, int64_t* out,
-                         int* error_flag, int error_code, cudaStream_t stream) {
-  return Argmax(logits, ldl, rows, cols, out, error_flag, error_code, stream);
-}
-
+template <typename IdType>
 cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
-                       float* out_values, int64_t ldov, int32_t* out_indices, int64_t ldoi,
+                       float* out_values, int64_t ldov, IdType* out_indices, int64_t ldoi,
                        int* error_flag, int error_code, cudaStream_t stream) {
   return TopK(values, ldv, rows, cols, k, out_values, ldov, out_indices, ldoi, error_flag,
               error_code, stream);
 }
-
-cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
-                       float* out_values, int64_t ldov, int64_t* out_indices, int64_t ldoi,
-                       int* error_flag, int error_code, cudaStream_t stream) {
-  return TopK(values, ldv, rows, cols, k, out_values, ldov, out_indices, ldoi, error_flag,
-              error_code, stream);
-}
+template cudaError_t LaunchTopK<int32_t>(const float*, int64_t, int64_t, int64_t, int, float*,
+                                         int64_t, int32_t*, int64_t, int*, int, cudaStream_t);
+template cudaError_t LaunchTopK<int64_t>(const float*, int64_t, int64_t, int64_t, int, float*,
+                                         int64_t, int64_t*, int64_t, int*, int, cudaStream_t);
 
 }  // namespace eagle3::cuda

@@ -65,25 +65,14 @@ cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t
 
 // Vocab-parallel embedding: out[t] = table[ids[t] - vocab_start] when 0 <= ids[t] - vocab_start <
 // shard_rows, else zeros. A negative id writes zeros and records index t in the error flag.
-// ids:   [tokens], i32 or i64, device
-// table: [shard_rows, hidden], f32 (or bf16 bit patterns: the uint16_t overloads, widened exactly
-//        to f32), leading dimension ldt, device
+// ids:   [tokens], IdType = int32_t or int64_t, device
+// table: [shard_rows, hidden], T = float, or uint16_t holding bf16 bit patterns (widened exactly to
+//        f32), leading dimension ldt, device
 // out:   [tokens, hidden], f32, leading dimension ldo, device, no overlap with ids or table
-cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const float* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream);
-cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const float* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream);
-cudaError_t LaunchEmbeddingLookup(const int32_t* ids, int64_t tokens, const uint16_t* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream);
-cudaError_t LaunchEmbeddingLookup(const int64_t* ids, int64_t tokens, const uint16_t* table,
-                                  int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
-                                  int64_t ldo, int64_t hidden, int* error_flag, int error_code,
+template <typename T, typename IdType>
+cudaError_t LaunchEmbeddingLookup(const IdType* ids, int64_t tokens, const T* table, int64_t ldt,
+                                  int64_t shard_rows, int64_t vocab_start, float* out, int64_t ldo,
+                                  int64_t hidden, int* error_flag, int error_code,
                                   cudaStream_t stream);
 
 // out[r] = softmax((logits[r] - max(logits[r])) / temperature), temperature > 0 and finite. A row
@@ -97,10 +86,9 @@ cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, f
 // out[r] = index of the largest logit of row r, ties to the lowest index. A row holding NaN is left
 // unwritten and its index recorded in the flag.
 // logits: [rows, cols], f32, leading dimension ldl, device, 1 <= cols (<= INT32_MAX for i32 out)
-// out:    [rows], i32 or i64, device
-cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, int32_t* out,
-                         int* error_flag, int error_code, cudaStream_t stream);
-cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, int64_t* out,
+// out:    [rows], IdType = int32_t or int64_t, device
+template <typename IdType>
+cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, IdType* out,
                          int* error_flag, int error_code, cudaStream_t stream);
 
 // The k largest values of each row, best first, ties to the lowest index (-0 and +0 tie). A row
@@ -109,11 +97,9 @@ cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t
 // k:           1 <= k <= min(cols, kTopKMaxK)
 // out_values:  [rows, k], f32, leading dimension ldov, device
 // out_indices: [rows, k], i32 or i64, leading dimension ldoi, device
+template <typename IdType>
 cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
-                       float* out_values, int64_t ldov, int32_t* out_indices, int64_t ldoi,
-                       int* error_flag, int error_code, cudaStream_t stream);
-cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
-                       float* out_values, int64_t ldov, int64_t* out_indices, int64_t ldoi,
+                       float* out_values, int64_t ldov, IdType* out_indices, int64_t ldoi,
                        int* error_flag, int error_code, cudaStream_t stream);
 
 }  // namespace eagle3::cuda
