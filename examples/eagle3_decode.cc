@@ -25,7 +25,8 @@
 // comparable. Prints the prompt, both continuations (as text when the target has a tokenizer;
 // prompt 0's with a batch, plus a line per prompt), whether greedy outputs agree, mean accepted
 // length, acceptance per depth, tokens/s of both runs over all sequences and the speedup
-// (speculative tokens/s over plain); --json writes them.
+// (speculative tokens/s over plain), and each run's prefill and decode seconds; --json writes them
+// after the run report of run_report.h.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,6 +57,7 @@
 #include "flag_parse.h"
 #include "parse_ids.h"
 #include "rank_context.h"
+#include "run_report.h"
 
 namespace {
 
@@ -174,7 +176,10 @@ constexpr char kUsageText[] =
     "    1048576); a larger file, or a pipe or device yielding more, is refused\n"
     "  --allow-long-context: run prompts + --max-new-tokens beyond the target's\n"
     "    max_position_embeddings (refused by default)\n"
-    "  --json FILE: refused when FILE is not a regular file, is read-only or is one of the inputs\n"
+    "  --json FILE: write the run report (tool, command, version, settings: every flag as parsed,\n"
+    "    device, seed, seconds: load, generate = prefill + decode of each run) and both runs'\n"
+    "    results as JSON (default: none); refused before any work when FILE is not a regular\n"
+    "    file, is read-only or is one of the inputs\n"
     "  default pair: DIR/tiny-v2-code + DIR/tiny-v2-code-eagle3 with DIR = --models-dir (default:\n"
     "    $EAGLE3_MODELS_DIR, else <prefix>/share/eagle3/models of an installed binary, else the source\n"
     "    tree's models; here: %s)\n"
@@ -341,6 +346,7 @@ struct RunResult {
   std::string weights;   // the weight dtype the models ran with
   std::string comm;      // the collectives of tp > 1
   double load_seconds = 0;  // rank 0's model creation (weights loaded)
+  eagle3::Device device;    // rank 0's
 };
 
 // Runs plain or speculative decoding of `prompts` (one batch) on `tp` ranks (threads); returns rank 0's
@@ -462,18 +468,15 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
     if (rank == 0) {
       result = RunResult{std::move(out), stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend),
-                         ctx.comm_name, load_seconds};
+                         ctx.comm_name, load_seconds, backend->device()};
     }
     return absl::OkStatus();
   }));
   return result;
 }
 
-std::string JoinIds(const std::vector<int64_t>& ids) {
-  std::string s = "[";
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
-  return s + "]";
-}
+using eagle3::examples::JsonInts;
+using eagle3::examples::JsonObject;
 
 std::string JoinDoubles(const std::vector<double>& v) {
   std::string s = "[";
@@ -483,29 +486,6 @@ std::string JoinDoubles(const std::vector<double>& v) {
     s += buf;
   }
   return s + "]";
-}
-
-// JSON string literal of UTF-8 text.
-std::string JsonString(std::string_view text) {
-  std::string s = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': s += "\\\""; break;
-      case '\\': s += "\\\\"; break;
-      case '\n': s += "\\n"; break;
-      case '\r': s += "\\r"; break;
-      case '\t': s += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          s += buf;
-        } else {
-          s += c;
-        }
-    }
-  }
-  return s + "\"";
 }
 
 // Writes a temporary random pair (removed by the destructor) and points `flags` at it.
@@ -569,6 +549,49 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadHeldoutPrompts(const std::
     prompts.push_back(std::move(repeat));
   }
   return prompts;
+}
+
+// The run report's settings: every flag, as parsed (defaults included), under its name without
+// the dashes; target and draft as resolved from --models-dir or --random-pair, weights and
+// kv_cache as the models ran (the defaults depend on the device).
+JsonObject Settings(const Flags& flags, std::string_view weights, std::string_view kv_cache) {
+  const bool prompt_flag = flags.prompt.has_value() && flags.prompt_file.empty();
+  JsonObject s;
+  s.String("models_dir", flags.models_dir)
+      .String("target", flags.target)
+      .String("draft", flags.draft)
+      .Bool("random_pair", flags.random_pair)
+      .Raw("prompt", prompt_flag ? eagle3::examples::JsonString(*flags.prompt) : "null")
+      .PathOrNull("prompt_file", flags.prompt_file)
+      .Raw("tokens", flags.tokens.has_value() ? JsonInts(*flags.tokens) : "null")
+      .Int("batch", flags.batch)
+      .Int("prompt_tokens", flags.prompt_tokens)
+      .Int("max_new_tokens", flags.max_new_tokens)
+      .Int("topk", flags.tree.topk)
+      .Int("steps", flags.tree.num_steps)
+      .Int("draft_tokens", flags.tree.num_draft_tokens)
+      .Number("temperature", flags.sampling.temperature)
+      .Number("top_p", flags.sampling.top_p)
+      .Uint("seed", flags.seed)
+      .Int("tp", flags.tp)
+      .String("device", flags.device)
+      .String("comm", flags.comm)
+      .String("graphs", flags.graphs ? "on" : "off")
+      .String("loop", flags.host_loop ? "host" : "device");
+  if (flags.speculate_up_to < 0) {
+    s.String("speculate_up_to", "all");
+  } else {
+    s.Int("speculate_up_to", flags.speculate_up_to);
+  }
+  const bool output = flags.convention == eagle3::LayerIdConvention::kOutputOfLayer;
+  return s.Number("min_accept_len", flags.min_accept_len)
+      .String("weights", weights)
+      .String("kv_cache", kv_cache)
+      .Raw("aux_layers", flags.aux_layers.has_value() ? JsonInts(*flags.aux_layers) : "null")
+      .String("convention", output ? "output" : "input")
+      .Int("max_input_bytes", flags.max_input_bytes)
+      .Bool("allow_long_context", flags.allow_long_context)
+      .String("json", flags.json);
 }
 
 absl::Status Run(Flags flags) {
@@ -699,7 +722,8 @@ absl::Status Run(Flags flags) {
   const bool batched = flags.batch > 1;
   if (batched) std::printf("batch of %d sequences: %s\n", flags.batch, batch_source.c_str());
   std::printf("%s (%zu tokens)%s\n", batched ? "prompt 0" : "prompt", prompt.size(),
-              prompt_text.has_value() ? (":\n" + *prompt_text).c_str() : (" " + JoinIds(prompt)).c_str());
+              prompt_text.has_value() ? (":\n" + *prompt_text).c_str()
+                                      : (" " + JsonInts(prompt)).c_str());
   EAGLE3_ASSIGN_OR_RETURN(RunResult plain, Decode(flags, prompts, /*speculative=*/false));
   EAGLE3_ASSIGN_OR_RETURN(RunResult spec, Decode(flags, prompts, /*speculative=*/true));
   // With a batch, only prompt 0's continuations are shown in full.
@@ -712,7 +736,7 @@ absl::Status Run(Flags flags) {
       std::printf("\n--- %s continuation%s ---\n%s\n--- end ---\n", name, batched ? " of prompt 0" : "",
                   (*text)->c_str());
     } else {
-      std::printf("%-12s %s\n", name, JoinIds(run->tokens[0]).c_str());
+      std::printf("%-12s %s\n", name, JsonInts(run->tokens[0]).c_str());
     }
   }
   const bool greedy = flags.sampling.temperature == 0;
@@ -746,11 +770,16 @@ absl::Status Run(Flags flags) {
                 st->tokens_per_second(), static_cast<long long>(st->target_passes), st->total_seconds,
                 per_step(st->host_syncs, st->device_steps), per_step(st->device_to_host_bytes, st->device_steps));
   }
+  // A line of its own: tools/train_tiny/measure.py reads the table above by its columns.
+  std::printf("seconds of prefill / decode: plain %.3f / %.3f, speculative %.3f / %.3f\n",
+              plain.stats.prefill_seconds, plain.stats.total_seconds - plain.stats.prefill_seconds,
+              s.prefill_seconds, s.total_seconds - s.prefill_seconds);
   const double speedup =
       plain.stats.tokens_per_second() > 0 ? s.tokens_per_second() / plain.stats.tokens_per_second() : 0;
   std::printf("mean accepted length %.3f tokens per target pass; acceptance by depth %s\n", s.mean_accepted_length,
               JoinDoubles(s.acceptance_by_depth).c_str());
-  std::printf("accepted drafted tokens per pass (histogram): %s\n", JoinIds(s.accepted_histogram).c_str());
+  std::printf("accepted drafted tokens per pass (histogram): %s\n",
+              JsonInts(s.accepted_histogram).c_str());
   const std::string kv_cache(eagle3::DTypeName(flags.kv_cache.value_or(eagle3::DType::kF32)));
   std::printf("speedup %.2fx (speculative %.1f tokens/s over plain %.1f tokens/s on %s, %s weights, %s KV cache)\n",
               speedup, s.tokens_per_second(), plain.stats.tokens_per_second(), flags.device.c_str(),
@@ -760,55 +789,73 @@ absl::Status Run(Flags flags) {
     if (!run->launcher.empty()) std::printf("%s: %s\n", name, run->launcher.c_str());
   }
 
-  if (!flags.json.empty()) {
-    auto text_field = [](const std::optional<std::string>& text) {
-      return text.has_value() ? ", \"text\": " + JsonString(*text) : std::string();
-    };
-    std::ostringstream out;
-    out << "{\"target\": " << JsonString(flags.target) << ", \"draft\": " << JsonString(flags.draft)
-        << ", \"weights\": " << JsonString(spec.weights) << ", \"kv_cache\": " << JsonString(kv_cache)
-        << ", \"tp\": " << flags.tp
-        << ", \"comm\": " << JsonString(spec.comm)
-        << ", \"batch\": " << flags.batch
-        << ", \"prompt\": {\"tokens\": " << JoinIds(prompt) << text_field(prompt_text) << "}"
-        << ", \"plain\": {\"tokens\": " << JoinIds(plain.tokens[0]) << text_field(plain_text)
-        << ", \"tokens_per_s\": " << plain.stats.tokens_per_second()
-        << ", \"host_syncs_per_step\": " << per_step(plain.stats.host_syncs, plain.stats.device_steps)
-        << ", \"device_to_host_bytes_per_step\": " << per_step(plain.stats.device_to_host_bytes, plain.stats.device_steps)
-        << "}, \"speculative\": {\"tokens\": " << JoinIds(spec.tokens[0]) << text_field(spec_text)
-        << ", \"tokens_per_s\": " << s.tokens_per_second() << ", \"mean_accepted_length\": " << s.mean_accepted_length
-        << ", \"acceptance_by_depth\": " << JoinDoubles(s.acceptance_by_depth)
-        << ", \"accepted_histogram\": " << JoinIds(s.accepted_histogram)
-        << ", \"host_syncs_per_step\": " << per_step(s.host_syncs, s.device_steps)
-        << ", \"device_to_host_bytes_per_step\": " << per_step(s.device_to_host_bytes, s.device_steps)
-        << ", \"undrafted_steps\": " << s.undrafted_steps << ", \"acceptance_pauses\": " << s.acceptance_pauses
-        << ", \"device_steps\": " << s.device_steps
-        << "}, \"loop\": " << JsonString(flags.host_loop ? "host" : "device") << ", \"speedup\": " << speedup
-        << ", \"settings\": {\"device\": " << JsonString(flags.device) << ", \"tree\": {\"topk\": " << flags.tree.topk
-        << ", \"steps\": " << flags.tree.num_steps << ", \"draft_tokens\": " << flags.tree.num_draft_tokens
-        << "}, \"sampling\": {\"temperature\": " << flags.sampling.temperature << ", \"top_p\": " << flags.sampling.top_p
-        << "}, \"seed\": " << flags.seed << ", \"max_new_tokens\": " << flags.max_new_tokens << "}"
-        // Load: model creation; generate: the timed Generate (prefill and decode together; the
-        // device step does not time its phases apart).
-        << ", \"seconds\": {\"plain\": {\"load\": " << plain.load_seconds << ", \"generate\": " << plain.stats.total_seconds
-        << "}, \"speculative\": {\"load\": " << spec.load_seconds << ", \"generate\": " << s.total_seconds
-        << ", \"target\": " << s.target_seconds << ", \"draft\": " << s.draft_seconds << ", \"verify\": " << s.verify_seconds
-        << "}}";
-    if (greedy) out << ", \"greedy_outputs_agree\": " << (differing == 0 ? "true" : "false");
-    if (batched) {
-      out << ", \"prompts\": [";
-      for (int i = 0; i < flags.batch; ++i) {
-        out << (i ? ", " : "") << "{\"prompt_tokens\": " << prompts[i].size()
-            << ", \"plain\": " << JoinIds(plain.tokens[i]) << ", \"speculative\": " << JoinIds(spec.tokens[i]) << "}";
-      }
-      out << "]";
-    }
-    out << "}\n";
-    const absl::Status written = eagle3::WriteFileAtomically(flags.json, out.str(), inputs);
-    if (!written.ok()) return absl::Status(written.code(), "--json: " + std::string(written.message()));
-    std::printf("wrote %s\n", flags.json.c_str());
+  if (flags.json.empty()) return absl::OkStatus();
+  auto with_text = [](JsonObject object, const std::optional<std::string>& text) {
+    return text.has_value() ? object.String("text", *text) : object;
+  };
+  auto run_json = [&](const RunResult& run, const std::optional<std::string>& text) {
+    const eagle3::DecodeStats& st = run.stats;
+    return with_text(JsonObject().Raw("tokens", JsonInts(run.tokens[0])), text)
+        .Number("tokens_per_s", st.tokens_per_second())
+        .Number("host_syncs_per_step", per_step(st.host_syncs, st.device_steps))
+        .Number("device_to_host_bytes_per_step",
+                per_step(st.device_to_host_bytes, st.device_steps));
+  };
+  // Load: model creation; generate: the timed Generate, prefill + decode; with --loop host, also
+  // target, draft and verify within it (the device step runs them as one unit, untimed apart).
+  auto run_seconds = [](const RunResult& run) {
+    const eagle3::DecodeStats& st = run.stats;
+    return JsonObject()
+        .Number("load", run.load_seconds)
+        .Number("generate", st.total_seconds)
+        .Number("prefill", st.prefill_seconds)
+        .Number("decode", st.total_seconds - st.prefill_seconds);
+  };
+  eagle3::examples::RunReport report;
+  report.tool = "eagle3-decode";
+  report.settings = Settings(flags, spec.weights, kv_cache);
+  report.device = spec.device;
+  report.seed = flags.seed;
+  JsonObject spec_seconds = run_seconds(spec);
+  if (flags.host_loop) {
+    spec_seconds.Number("target", s.target_seconds)
+        .Number("draft", s.draft_seconds)
+        .Number("verify", s.verify_seconds);
   }
-  return absl::OkStatus();
+  report.seconds.Raw("plain", run_seconds(plain).str()).Raw("speculative", spec_seconds.str());
+  JsonObject more;
+  more.String("target", flags.target)
+      .String("draft", flags.draft)
+      .String("weights", spec.weights)
+      .String("kv_cache", kv_cache)
+      .Int("tp", flags.tp)
+      .String("comm", spec.comm)
+      .Int("batch", flags.batch)
+      .Raw("prompt", with_text(JsonObject().Raw("tokens", JsonInts(prompt)), prompt_text).str())
+      .Raw("plain", run_json(plain, plain_text).str())
+      .Raw("speculative", run_json(spec, spec_text)
+                              .Number("mean_accepted_length", s.mean_accepted_length)
+                              .Raw("acceptance_by_depth", JoinDoubles(s.acceptance_by_depth))
+                              .Raw("accepted_histogram", JsonInts(s.accepted_histogram))
+                              .Int("undrafted_steps", s.undrafted_steps)
+                              .Int("acceptance_pauses", s.acceptance_pauses)
+                              .Int("device_steps", s.device_steps)
+                              .str())
+      .String("loop", flags.host_loop ? "host" : "device")
+      .Number("speedup", speedup);
+  if (greedy) more.Bool("greedy_outputs_agree", differing == 0);
+  if (batched) {
+    std::string list = "[";
+    for (int i = 0; i < flags.batch; ++i) {
+      list += (i ? ", " : "") + JsonObject()
+                                    .Int("prompt_tokens", static_cast<int64_t>(prompts[i].size()))
+                                    .Raw("plain", JsonInts(plain.tokens[i]))
+                                    .Raw("speculative", JsonInts(spec.tokens[i]))
+                                    .str();
+    }
+    more.Raw("prompts", list + "]");
+  }
+  return eagle3::examples::WriteJsonFile("--json", flags.json, report.Json(more), inputs);
 }
 
 }  // namespace

@@ -2,13 +2,16 @@
 //
 //   eagle3-inspect target --model DIR --tokens 5,17,99 [--tp N] [--device cpu|cuda]
 //                         [--residual replicated|sharded]
-//                         [--attention auto|absorbed|non-absorbed] --out FILE
+//                         [--attention auto|absorbed|non-absorbed] --out FILE [--json FILE]
 //   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
-//                        [--draft-tokens N] [--convention output|input] --out FILE
+//                        [--draft-tokens N] [--convention output|input] --out FILE [--json FILE]
 //   eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]
 //   eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N] [--depth K]
 //                           [--device cpu|cuda] [--aux-layers a,b,c] [--convention output|input]
-//                           [--out FILE]
+//                           [--json FILE] [--out FILE]
+//
+// Every subcommand's --json FILE writes the run report (run_report.h: tool, command, version,
+// settings, device, seed, seconds per phase) and what the subcommand found or wrote.
 //
 // `target` runs the target on the tokens (one causal forward, CPU reference backend, N ranks on
 // threads) and writes a safetensors file with `tokens` (i64 [T]), `logits` (f32 [T, V]) and
@@ -37,14 +40,14 @@
 // Depth d is counted over p = 0 .. T-1-d. --aux-layers replaces the draft config's aux layer ids
 // (in --convention) to measure what a mis-wired tap costs.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +66,7 @@
 #include "flag_parse.h"
 #include "parse_ids.h"
 #include "rank_context.h"
+#include "run_report.h"
 
 namespace {
 
@@ -72,6 +76,8 @@ constexpr char kTargetUsage[] =
     "  --model DIR           the target checkpoint directory (required)\n"
     "  --tokens a,b,...      token ids to run (required)\n"
     "  --out FILE            the safetensors dump to write (required)\n"
+    "  --json FILE           also write the run report and each tensor's name and shape as JSON\n"
+    "                        (default: none)\n"
     "  --tp N                tensor-parallel ranks on threads (default 1)\n"
     "  --device cpu|cuda     backend (default cpu)\n"
     "  --residual replicated|sharded   residual stream layout (default replicated)\n"
@@ -84,6 +90,8 @@ constexpr char kDraftUsage[] =
     "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
     "  --tokens a,b,...      token ids to run (required)\n"
     "  --out FILE            the safetensors dump to write (required)\n"
+    "  --json FILE           also write the run report and each tensor's name and shape as JSON\n"
+    "                        (default: none)\n"
     "  --topk K              tree children per node (default 4)\n"
     "  --steps S             draft passes = tree depth (default 3)\n"
     "  --draft-tokens N      tree nodes including the root (default 8)\n"
@@ -96,7 +104,8 @@ constexpr char kCheckUsage[] =
     "  --target DIR          the target checkpoint directory (required)\n"
     "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
     "  --convention output|input   aux layer id convention (default output)\n"
-    "  --json FILE           also write the report as JSON (default: none)\n";
+    "  --json FILE           also write the run report and the pair report as JSON\n"
+    "                        (default: none)\n";
 constexpr char kAccuracyUsage[] =
     "usage: eagle3-inspect accuracy --target DIR --draft DIR --text-file F [flags]\n"
     "  --target DIR          the target checkpoint directory (required)\n"
@@ -110,27 +119,34 @@ constexpr char kAccuracyUsage[] =
     "  --weights bf16|f32    weight storage (default: the device's preference, bf16 on cuda, f32 on cpu)\n"
     "  --max-input-bytes N   the most read from --text-file (default 1048576)\n"
     "  --allow-long-context  run more tokens than max_position_embeddings (default: refused)\n"
-    "  --out FILE            also write the result as JSON (default: none)\n";
+    "  --json FILE           also write the run report and the accuracy by depth as JSON\n"
+    "                        (default: none)\n"
+    "  --out FILE            the same JSON as --json, to this file (default: none)\n";
 
 constexpr char kUsage[] =
     "usage: eagle3-inspect target|draft|check|accuracy [flags]   (eagle3-inspect SUBCOMMAND --help lists its flags)\n"
     "       eagle3-inspect target --model DIR --tokens 5,17,99,... [--tp N] [--device cpu|cuda]\n"
     "                             [--residual replicated|sharded]\n"
     "                             [--attention auto|absorbed|non-absorbed] --out FILE\n"
+    "                             [--json FILE]\n"
     "       eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]\n"
     "                            [--draft-tokens N] [--convention output|input] [--device cpu|cuda]\n"
-    "                            --out FILE\n"
+    "                            --out FILE [--json FILE]\n"
     "       eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]\n"
     "       eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N]\n"
     "                               [--depth K] [--device cpu|cuda] [--aux-layers a,b,c]\n"
-    "                               [--convention output|input] [--out FILE]\n"
+    "                               [--convention output|input] [--json FILE] [--out FILE]\n"
     "  target, draft, accuracy: [--weights bf16|f32] (default: the device's preference, bf16 on\n"
     "    cuda, f32 on cpu; every model runs on --device)\n"
     "  target, draft, accuracy: [--allow-long-context] runs more tokens than the target's\n"
     "    max_position_embeddings (refused by default)\n"
     "  accuracy: [--max-input-bytes N] the most read from --text-file (default 1048576); a larger\n"
     "    file, or a pipe or device yielding more, is refused\n"
-    "  --out FILE: refused when FILE is not a regular file, is read-only or is one of the inputs\n"
+    "  --json FILE (every subcommand; default: none): the run report (tool, command, version,\n"
+    "    settings, device, seed, seconds per phase) and the subcommand's result as JSON; target\n"
+    "    and draft write their tensors to --out, accuracy the same JSON to --out FILE too\n"
+    "  --out FILE, --json FILE: refused before any work when FILE is not a regular file, is\n"
+    "    read-only, is one of the inputs, or both name the same file\n"
     "  integers are whole decimal numbers (\"2x\", \"1e3\" are refused)\n"
     "  accuracy: the draft's top-1 (through d2t) against the target's greedy token, teacher-forced\n"
     "    from the target's own hidden states on the text's true tokens. With the text x and the\n"
@@ -142,7 +158,7 @@ constexpr char kUsage[] =
 struct Flags {
   std::string command;
   std::string model, out, draft;
-  std::string json;  // check --json FILE
+  std::string json;  // --json FILE: the run report (run_report.h)
   eagle3::LayerIdConvention convention = eagle3::LayerIdConvention::kOutputOfLayer;
   eagle3::DraftTreeParams tree;
   std::string device = "cpu";
@@ -166,9 +182,23 @@ struct Flags {
     if (!text_file.empty()) inputs.push_back(text_file);
     return inputs;
   }
+  // What --json must never replace: the inputs and the --out file (written first).
+  std::vector<std::string> JsonInputs() const {
+    std::vector<std::string> inputs = Inputs();
+    if (!out.empty()) inputs.push_back(out);
+    return inputs;
+  }
 };
 
+using eagle3::examples::Clock;
+using eagle3::examples::JsonInts;
+using eagle3::examples::JsonObject;
 using eagle3::examples::ParseInt;
+using eagle3::examples::PhaseSeconds;
+using eagle3::examples::RunReport;
+using eagle3::examples::SecondsSince;
+using eagle3::examples::WeightsName;
+using eagle3::examples::WriteJsonFile;
 
 const char* SubcommandUsage(std::string_view command) {
   return command == "target"     ? kTargetUsage
@@ -269,9 +299,6 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     }
   }
   EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckWeightsOnDevice(flags.weights, flags.device));
-  if (!flags.json.empty() && flags.command != "check") {
-    return absl::InvalidArgumentError("--json applies to the check subcommand only (the others write --out)");
-  }
   if (flags.aux_layers.has_value() && flags.command != "accuracy") {
     return absl::InvalidArgumentError("--aux-layers applies to the accuracy subcommand only");
   }
@@ -303,6 +330,92 @@ absl::Status CheckPositions(const Flags& flags, const eagle3::DeepseekV2Config& 
   return absl::InvalidArgumentError(source + " gives " + std::to_string(t) + " tokens, more than max_position_embeddings " +
                                     std::to_string(config.max_position_embeddings) + " of " + flags.model +
                                     "/config.json (pass --allow-long-context to run them anyway)");
+}
+
+std::string_view ConventionName(eagle3::LayerIdConvention convention) {
+  return convention == eagle3::LayerIdConvention::kOutputOfLayer ? "output" : "input";
+}
+
+// The run report's settings: every flag `flags.command` takes, as parsed (defaults included),
+// under its name without the dashes; `weights` is the storage the models ran with (the default
+// is the device's).
+JsonObject Settings(const Flags& flags, std::string_view weights) {
+  const std::string& command = flags.command;
+  JsonObject s;
+  if (command == "target") {
+    const bool replicated = flags.residual == eagle3::ResidualMode::kReplicated;
+    const eagle3::AttentionPath path = flags.attention;
+    s.String("model", flags.model)
+        .Raw("tokens", JsonInts(flags.tokens))
+        .Int("tp", flags.tp)
+        .String("residual", replicated ? "replicated" : "sharded")
+        .String("attention", path == eagle3::AttentionPath::kAuto       ? "auto"
+                             : path == eagle3::AttentionPath::kAbsorbed ? "absorbed"
+                                                                        : "non-absorbed");
+  } else {
+    s.String("target", flags.model).String("draft", flags.draft);
+  }
+  if (command == "draft") {
+    s.Raw("tokens", JsonInts(flags.tokens))
+        .Int("topk", flags.tree.topk)
+        .Int("steps", flags.tree.num_steps)
+        .Int("draft_tokens", flags.tree.num_draft_tokens);
+  }
+  if (command == "accuracy") {
+    s.String("text_file", flags.text_file)
+        .Int("tokens_max", flags.tokens_max)
+        .Int("depth", flags.depth)
+        .Raw("aux_layers", flags.aux_layers.has_value() ? JsonInts(*flags.aux_layers) : "null")
+        .Int("max_input_bytes", flags.max_input_bytes);
+  }
+  if (command != "target") s.String("convention", ConventionName(flags.convention));
+  if (command != "check") {
+    s.String("device", flags.device)
+        .String("weights", weights)
+        .Bool("allow_long_context", flags.allow_long_context)
+        .PathOrNull("out", flags.out);
+  }
+  return s.PathOrNull("json", flags.json);
+}
+
+// The run report of `flags.command`, its seconds and device still to fill in.
+RunReport Report(const Flags& flags, std::string_view weights) {
+  RunReport report;
+  report.tool = "eagle3-inspect";
+  report.command = flags.command;
+  report.settings = Settings(flags, weights);
+  return report;  // no subcommand draws random numbers: seed stays null
+}
+
+// target / draft --json: the run report, the --out file and each tensor written there.
+absl::Status WriteDumpJson(const Flags& flags, const RunReport& report,
+                           std::span<const eagle3::NamedTensor> tensors) {
+  std::string list = "[";
+  for (const eagle3::NamedTensor& t : tensors) {
+    list += (list.size() > 1 ? ", " : "") +
+            JsonObject()
+                .String("name", t.name)
+                .String("dtype", eagle3::DTypeName(t.tensor.dtype()))
+                .Raw("shape", JsonInts(t.tensor.shape().dims()))
+                .str();
+  }
+  JsonObject more;
+  more.String("out", flags.out).Raw("tensors", list + "]");
+  return WriteJsonFile("--json", flags.json, report.Json(more), flags.JsonInputs());
+}
+
+// --json before any work: as --out is checked, and never the --out file itself (the JSON would
+// replace what it describes).
+absl::Status CheckJsonPath(const Flags& flags) {
+  if (!flags.out.empty()) {
+    std::error_code out_error, json_error;
+    const std::filesystem::path out = std::filesystem::weakly_canonical(flags.out, out_error);
+    const std::filesystem::path json = std::filesystem::weakly_canonical(flags.json, json_error);
+    if (flags.out == flags.json || (!out_error && !json_error && out == json)) {
+      return absl::InvalidArgumentError("--json " + flags.json + ": names the --out file");
+    }
+  }
+  return WithFlag("--json", eagle3::CheckOutputPath(flags.json, flags.JsonInputs()));
 }
 
 absl::Status InspectTarget(const Flags& flags) {
@@ -345,14 +458,20 @@ absl::Status InspectTarget(const Flags& flags) {
   for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
 
   std::vector<float> logits, aux;  // rank 0's, written out
-  const auto start = std::chrono::steady_clock::now();
+  PhaseSeconds seconds;                  // rank 0's
+  std::optional<eagle3::Device> device;  // rank 0's
   EAGLE3_RETURN_IF_ERROR(eagle3::RunRankThreads(flags.tp, [&](int rank, eagle3::Communicator* host_comm) -> absl::Status {
+    const auto load_start = Clock::now();
     EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx,
                             eagle3::examples::MakeRankContext(flags.device, rank, host_comm));
     eagle3::TargetModelOptions o = options;
     o.rank = rank;
     EAGLE3_ASSIGN_OR_RETURN(auto model, eagle3::TargetModel::Create(flags.model, o, ctx.comm, ctx.backend.get()));
-    if (rank == 0) weights = eagle3::examples::WeightsName(flags.weights, *ctx.backend);
+    if (rank == 0) {
+      weights = WeightsName(flags.weights, *ctx.backend);
+      device = ctx.backend->device();
+      seconds.Add("load", SecondsSince(load_start));
+    }
     eagle3::SequenceInput in;
     in.tokens = flags.tokens;
     in.page_table = pages;
@@ -365,11 +484,15 @@ absl::Status InspectTarget(const Flags& flags) {
     EAGLE3_RETURN_IF_ERROR(
         eagle3::AssignHostVector(my_logits, t * config.vocab_size, 0.0f, "--tokens x vocab_size logits"));
     EAGLE3_RETURN_IF_ERROR(eagle3::AssignHostVector(my_aux, t * tap.width(), 0.0f, "--tokens x boundaries taps"));
-    return model->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
-                          eagle3::TensorView(my_logits.data(), eagle3::DType::kF32, eagle3::Shape{t, config.vocab_size}),
-                          &tap, eagle3::TensorView(my_aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()}));
+    const eagle3::DType f32 = eagle3::DType::kF32;
+    const eagle3::TensorView logits_view(my_logits.data(), f32, {t, config.vocab_size});
+    const eagle3::TensorView aux_view(my_aux.data(), f32, {t, tap.width()});
+    const auto forward_start = Clock::now();
+    const std::span<const eagle3::SequenceInput> batch(&in, 1);
+    EAGLE3_RETURN_IF_ERROR(model->Forward(batch, logits_view, &tap, aux_view));
+    if (rank == 0) seconds.Add("forward", SecondsSince(forward_start));
+    return absl::OkStatus();
   }));
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   // boundary.<b> as its own contiguous [T, H] tensor.
   std::vector<std::vector<float>> boundaries(static_cast<size_t>(layers + 1));
@@ -389,14 +512,21 @@ absl::Status InspectTarget(const Flags& flags) {
     out.push_back({"boundary." + std::to_string(b),
                    eagle3::TensorView(boundaries[static_cast<size_t>(b)].data(), eagle3::DType::kF32, eagle3::Shape{t, hd})});
   }
-  EAGLE3_RETURN_IF_ERROR(WithFlag("--out", eagle3::WriteSafetensors(flags.out, out, {{"model", flags.model}}, flags.Inputs())));
+  EAGLE3_RETURN_IF_ERROR(seconds.Time("write", [&] {
+    const absl::Status written =
+        eagle3::WriteSafetensors(flags.out, out, {{"model", flags.model}}, flags.Inputs());
+    return WithFlag("--out", written);
+  }));
 
   std::printf("target %s: %s, %d layers, hidden %lld, vocab %lld, softmax scale %.6f\n", flags.model.c_str(),
               std::string(eagle3::DeepseekModelTypeName(config.model_type)).c_str(), layers,
               static_cast<long long>(hd), static_cast<long long>(config.vocab_size), config.SoftmaxScale());
-  std::printf("run: %lld tokens, tp %d, residual %s, %.1f ms on %s, %s weights\n", static_cast<long long>(t),
-              flags.tp, flags.residual == eagle3::ResidualMode::kReplicated ? "replicated" : "sharded", ms,
-              flags.device.c_str(), weights.c_str());
+  std::printf("run: %lld tokens, tp %d, residual %s, load %.1f ms, forward %.1f ms on %s, %s "
+              "weights\n",
+              static_cast<long long>(t), flags.tp,
+              flags.residual == eagle3::ResidualMode::kReplicated ? "replicated" : "sharded",
+              seconds.Get("load") * 1e3, seconds.Get("forward") * 1e3, flags.device.c_str(),
+              weights.c_str());
   std::printf("wrote %s: tokens [%lld], logits [%lld, %lld], boundary.0..%d [%lld, %lld] "
               "(0 = embedding output, %d = before the final norm)\n",
               flags.out.c_str(), static_cast<long long>(t), static_cast<long long>(t),
@@ -410,12 +540,18 @@ absl::Status InspectTarget(const Flags& flags) {
     std::printf("%6lld %8lld %8lld %12.4f\n", static_cast<long long>(i), static_cast<long long>(flags.tokens[i]),
                 static_cast<long long>(best), row[best]);
   }
-  return absl::OkStatus();
+  if (flags.json.empty()) return absl::OkStatus();
+  RunReport report = Report(flags, weights);
+  report.device = device;
+  report.seconds = seconds.Json();
+  return WriteDumpJson(flags, report, out);
 }
 
 absl::Status InspectDraft(const Flags& flags) {
   // The models run on --device (the tree is built on the host from their outputs, as the reference
   // loop builds it).
+  PhaseSeconds seconds;
+  const auto load_start = Clock::now();
   EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, 0, nullptr));
   eagle3::Backend* backend = ctx.backend.get();
   const int64_t t = static_cast<int64_t>(flags.tokens.size());
@@ -446,6 +582,7 @@ absl::Status InspectDraft(const Flags& flags) {
   // The target only runs the --tokens positions (checked above); the context beyond is slack.
   topt.allow_long_context = true;
   EAGLE3_ASSIGN_OR_RETURN(auto target, eagle3::TargetModel::Create(flags.model, topt, nullptr, backend));
+  seconds.Add("load", SecondsSince(load_start));
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab();
   const int64_t draft_hidden = draft->config().hidden_size;
@@ -467,15 +604,18 @@ absl::Status InspectDraft(const Flags& flags) {
   eagle3::SequenceInput in;
   in.tokens = flags.tokens;
   in.page_table = page_table;
-  EAGLE3_RETURN_IF_ERROR(target->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
-                                         eagle3::TensorView(last.data(), eagle3::DType::kF32, eagle3::Shape{1, vocab}),
-                                         &tap, eagle3::TensorView(aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()})));
+  EAGLE3_RETURN_IF_ERROR(seconds.Time("target", [&] {
+    return target->Forward(std::span<const eagle3::SequenceInput>(&in, 1),
+                           eagle3::TensorView(last.data(), eagle3::DType::kF32, {1, vocab}), &tap,
+                           eagle3::TensorView(aux.data(), eagle3::DType::kF32, {t, tap.width()}));
+  }));
   int64_t root = 0;
   for (int64_t v = 1; v < vocab; ++v) root = last[static_cast<size_t>(v)] > last[static_cast<size_t>(root)] ? v : root;
   std::vector<int64_t> shifted(flags.tokens.begin() + 1, flags.tokens.end());
   shifted.push_back(root);
 
-  // First draft step at every position.
+  // First draft step at every position, then the tree: the draft phase.
+  const auto draft_start = Clock::now();
   eagle3::DraftSequenceInput din;
   din.tokens = shifted;
   din.page_table = page_table;
@@ -504,6 +644,7 @@ absl::Status InspectDraft(const Flags& flags) {
   };
   EAGLE3_ASSIGN_OR_RETURN(eagle3::DraftTree tree,
                           eagle3::BuildDraftTree(root, flags.tree, dv, draft->d2t(), expand));
+  seconds.Add("draft", SecondsSince(draft_start));
   const int64_t n = tree.size();
   std::vector<int64_t> positions = tree.Positions(t);
   std::vector<uint8_t> mask = tree.DenseMask();
@@ -517,8 +658,11 @@ absl::Status InspectDraft(const Flags& flags) {
       {"tree_parents", eagle3::TensorView(parents.data(), eagle3::DType::kI32, eagle3::Shape{n})},
       {"tree_positions", eagle3::TensorView(positions.data(), eagle3::DType::kI64, eagle3::Shape{n})},
       {"tree_mask", eagle3::TensorView(mask.data(), eagle3::DType::kU8, eagle3::Shape{n, n})}};
-  EAGLE3_RETURN_IF_ERROR(WithFlag("--out", eagle3::WriteSafetensors(flags.out, out, {{"target", flags.model}, {"draft", flags.draft}},
-                                                                   flags.Inputs())));
+  EAGLE3_RETURN_IF_ERROR(seconds.Time("write", [&] {
+    const std::map<std::string, std::string> metadata = {{"target", flags.model},
+                                                          {"draft", flags.draft}};
+    return WithFlag("--out", eagle3::WriteSafetensors(flags.out, out, metadata, flags.Inputs()));
+  }));
 
   std::printf("%s\n", tap.Describe().c_str());
   std::printf("wrote %s: draft_logits [%lld, %lld], tree of %lld nodes (topk %d, steps %d)\n", flags.out.c_str(),
@@ -543,31 +687,40 @@ absl::Status InspectDraft(const Flags& flags) {
   }
   std::printf("\ndraft top-1 equals the prompt's token two ahead at %d of %lld positions\n", agree,
               static_cast<long long>(std::max<int64_t>(t - 2, 0)));
-  return absl::OkStatus();
+  if (flags.json.empty()) return absl::OkStatus();
+  RunReport report = Report(flags, WeightsName(flags.weights, *backend));
+  report.device = backend->device();
+  report.seconds = seconds.Json();
+  return WriteDumpJson(flags, report, out);
 }
 
-std::string JsonString(std::string_view text);
-
-// check --json FILE: the settings, the pair report and the result.
-absl::Status WriteCheckJson(const Flags& flags, const eagle3::PairReport& report) {
+// check --json FILE: the run report, then the pair report and the result (the settings' target,
+// draft and convention repeated at the top level, where this file always had them).
+absl::Status WriteCheckJson(const Flags& flags, const eagle3::PairReport& pair,
+                            double check_seconds) {
+  using eagle3::examples::JsonString;
   auto list = [](const std::vector<std::string>& items) {
     std::string s = "[";
     for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + JsonString(items[i]);
     return s + "]";
   };
-  std::ostringstream out;
-  out << "{\"target\": " << JsonString(flags.model) << ", \"draft\": " << JsonString(flags.draft)
-      << ", \"convention\": "
-      << JsonString(flags.convention == eagle3::LayerIdConvention::kOutputOfLayer ? "output" : "input")
-      << ", \"facts\": " << list(report.facts) << ", \"warnings\": " << list(report.warnings)
-      << ", \"problems\": " << list(report.problems) << ", \"ok\": " << (report.ok() ? "true" : "false") << "}\n";
-  EAGLE3_RETURN_IF_ERROR(WithFlag("--json", eagle3::WriteFileAtomically(flags.json, out.str(), flags.Inputs())));
-  std::printf("wrote %s\n", flags.json.c_str());
-  return absl::OkStatus();
+  RunReport report = Report(flags, "");
+  report.seconds.Number("check", check_seconds);  // reads configs and headers: no device, no seed
+  JsonObject more;
+  more.String("target", flags.model)
+      .String("draft", flags.draft)
+      .String("convention", ConventionName(flags.convention))
+      .Raw("facts", list(pair.facts))
+      .Raw("warnings", list(pair.warnings))
+      .Raw("problems", list(pair.problems))
+      .Bool("ok", pair.ok());
+  return WriteJsonFile("--json", flags.json, report.Json(more), flags.JsonInputs());
 }
 
 absl::Status Check(const Flags& flags) {
+  const auto start = Clock::now();
   const eagle3::PairReport report = eagle3::CheckDraftPair(flags.model, flags.draft, flags.convention);
+  const double check_seconds = SecondsSince(start);
   for (const std::string& fact : report.facts) std::printf("  %s\n", fact.c_str());
   for (const std::string& warning : report.warnings) std::printf("  WARNING: %s\n", warning.c_str());
   for (const std::string& problem : report.problems) std::printf("  PROBLEM: %s\n", problem.c_str());
@@ -579,27 +732,9 @@ absl::Status Check(const Flags& flags) {
                   report.warnings.size());
     }
   }
-  if (!flags.json.empty()) EAGLE3_RETURN_IF_ERROR(WriteCheckJson(flags, report));
+  if (!flags.json.empty()) EAGLE3_RETURN_IF_ERROR(WriteCheckJson(flags, report, check_seconds));
   if (report.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(std::to_string(report.problems.size()) + " problem(s) with this pair");
-}
-
-// JSON string literal of UTF-8 text.
-std::string JsonString(std::string_view text) {
-  std::string s = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      s += '\\';
-      s += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-      s += buf;
-    } else {
-      s += c;
-    }
-  }
-  return s + "\"";
 }
 
 int64_t ArgMax(const float* row, int64_t n) {
@@ -610,6 +745,8 @@ int64_t ArgMax(const float* row, int64_t n) {
 
 // The teacher-forced draft accuracy by depth (see the file comment for the exact definition).
 absl::Status Accuracy(const Flags& flags) {
+  PhaseSeconds seconds;
+  const auto tokenize_start = Clock::now();
   EAGLE3_ASSIGN_OR_RETURN(eagle3::Tokenizer tokenizer, eagle3::Tokenizer::FromFile(flags.model));
   EAGLE3_ASSIGN_OR_RETURN(const std::string whole,
                           eagle3::examples::ReadInputFile("--text-file", flags.text_file, flags.max_input_bytes));
@@ -619,6 +756,7 @@ absl::Status Accuracy(const Flags& flags) {
                         "--text-file " + flags.text_file + ": " + std::string(encoded.status().message()));
   }
   std::vector<int64_t> x = *std::move(encoded);
+  seconds.Add("tokenize", SecondsSince(tokenize_start));
   const int64_t text_tokens = static_cast<int64_t>(x.size());
   if (text_tokens > flags.tokens_max) {
     x.resize(static_cast<size_t>(flags.tokens_max));
@@ -654,6 +792,7 @@ absl::Status Accuracy(const Flags& flags) {
   std::vector<int32_t> page_table(static_cast<size_t>(pages));
   for (size_t i = 0; i < page_table.size(); ++i) page_table[i] = static_cast<int32_t>(i);
 
+  const auto load_start = Clock::now();
   EAGLE3_ASSIGN_OR_RETURN(eagle3::examples::RankContext ctx, eagle3::examples::MakeRankContext(flags.device, 0, nullptr));
   eagle3::DraftModelOptions dopt;
   dopt.convention = flags.convention;
@@ -680,6 +819,7 @@ absl::Status Accuracy(const Flags& flags) {
   auto created_target = eagle3::TargetModel::Create(flags.model, topt, nullptr, ctx.backend.get());
   if (!created_target.ok()) return with_flags(created_target.status());
   std::unique_ptr<eagle3::TargetModel> target = *std::move(created_target);
+  seconds.Add("load", SecondsSince(load_start));
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab(), hd = draft->config().hidden_size;
   const auto d2t = draft->d2t();
@@ -700,7 +840,7 @@ absl::Status Accuracy(const Flags& flags) {
     EAGLE3_RETURN_IF_ERROR(budget.Check());
   }
 
-  const auto start = std::chrono::steady_clock::now();
+  const auto target_start = Clock::now();
   // Target: y_t for every position and the aux states of the draft's taps.
   std::vector<int64_t> y(static_cast<size_t>(t));
   std::vector<float> aux;
@@ -717,9 +857,11 @@ absl::Status Accuracy(const Flags& flags) {
                                            &tap, eagle3::TensorView(aux.data(), eagle3::DType::kF32, eagle3::Shape{t, tap.width()})));
     for (int64_t i = 0; i < t; ++i) y[static_cast<size_t>(i)] = ArgMax(logits.data() + i * vocab, vocab);
   }
+  seconds.Add("target", SecondsSince(target_start));
   int64_t target_agree = 0;  // the target's own greedy accuracy on the text, for scale
   for (int64_t i = 0; i + 1 < t; ++i) target_agree += y[static_cast<size_t>(i)] == x[static_cast<size_t>(i + 1)] ? 1 : 0;
 
+  const auto draft_start = Clock::now();
   std::vector<int64_t> agree(static_cast<size_t>(depth), 0), count(static_cast<size_t>(depth), 0);
   // Depth d's rows (one per start p = 0 .. n_d - 1) and where they sit in the cache.
   std::vector<float> hidden(aux), hidden_out(static_cast<size_t>(t * hd)), logits(static_cast<size_t>(t * dv));
@@ -771,13 +913,14 @@ absl::Status Accuracy(const Flags& flags) {
     cache_len += n;
     hidden.assign(hidden_out.begin(), hidden_out.begin() + n * hd);  // row p of depth d+1 continues row p
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  seconds.Add("draft", SecondsSince(draft_start));
 
   std::printf("%s\n", tap.Describe().c_str());
   std::printf("text %s: %lld tokens; target greedy = next text token at %.4f of positions; %.2f s on %s, %s weights\n",
               flags.text_file.c_str(), static_cast<long long>(t),
-              static_cast<double>(target_agree) / static_cast<double>(t - 1), seconds, flags.device.c_str(),
-              eagle3::examples::WeightsName(flags.weights, *ctx.backend).c_str());
+              static_cast<double>(target_agree) / static_cast<double>(t - 1),
+              seconds.Get("target") + seconds.Get("draft"), flags.device.c_str(),
+              WeightsName(flags.weights, *ctx.backend).c_str());
   std::printf("%6s %10s %8s %8s   (draft top-1 vs the target's greedy token, teacher-forced)\n", "depth",
               "agreement", "agree", "count");
   for (int d = 1; d <= depth; ++d) {
@@ -785,26 +928,42 @@ absl::Status Accuracy(const Flags& flags) {
     std::printf("%6d %10.4f %8lld %8lld\n", d, static_cast<double>(agree[i]) / static_cast<double>(count[i]),
                 static_cast<long long>(agree[i]), static_cast<long long>(count[i]));
   }
+  if (flags.out.empty() && flags.json.empty()) return absl::OkStatus();
+  auto ratio = [](int64_t part, int64_t whole) {
+    return static_cast<double>(part) / static_cast<double>(whole);
+  };
+  std::string depths = "[";
+  for (int d = 1; d <= depth; ++d) {
+    const auto i = static_cast<size_t>(d - 1);
+    depths += (d > 1 ? ", " : "") + JsonObject()
+                                        .Int("depth", d)
+                                        .Number("agreement", ratio(agree[i], count[i]))
+                                        .Int("agree", agree[i])
+                                        .Int("count", count[i])
+                                        .str();
+  }
+  JsonObject result;
+  result.String("target", flags.model)
+      .String("draft", flags.draft)
+      .String("text_file", flags.text_file)
+      .Int("tokens", t)
+      .Int("text_tokens", text_tokens)
+      .Int("tokens_max", flags.tokens_max)
+      .Bool("truncated", text_tokens > t)
+      .Raw("boundaries", JsonInts(tap.boundaries()))
+      .String("tap", tap.Describe())
+      .Number("target_next_token_accuracy", ratio(target_agree, t - 1))
+      .Raw("depths", depths + "]");
+  RunReport report = Report(flags, WeightsName(flags.weights, *ctx.backend));
+  report.device = ctx.backend->device();
+  report.seconds = seconds.Json();
+  const std::string text = report.Json(result);
+  // --out first: --json's check keeps it from naming the --out file.
   if (!flags.out.empty()) {
-    std::ostringstream out;
-    out << "{\"target\": " << JsonString(flags.model) << ", \"draft\": " << JsonString(flags.draft)
-        << ", \"text_file\": " << JsonString(flags.text_file) << ", \"tokens\": " << t
-        << ", \"text_tokens\": " << text_tokens << ", \"tokens_max\": " << flags.tokens_max
-        << ", \"truncated\": " << (text_tokens > t ? "true" : "false")
-        << ", \"boundaries\": [";
-    for (size_t i = 0; i < tap.boundaries().size(); ++i) out << (i ? ", " : "") << tap.boundaries()[i];
-    out << "], \"tap\": " << JsonString(tap.Describe())
-        << ", \"target_next_token_accuracy\": " << static_cast<double>(target_agree) / static_cast<double>(t - 1)
-        << ", \"depths\": [";
-    for (int d = 1; d <= depth; ++d) {
-      const auto i = static_cast<size_t>(d - 1);
-      out << (d > 1 ? ", " : "") << "{\"depth\": " << d << ", \"agreement\": "
-          << static_cast<double>(agree[i]) / static_cast<double>(count[i]) << ", \"agree\": " << agree[i]
-          << ", \"count\": " << count[i] << "}";
-    }
-    out << "]}\n";
-    EAGLE3_RETURN_IF_ERROR(WithFlag("--out", eagle3::WriteFileAtomically(flags.out, out.str(), flags.Inputs())));
-    std::printf("wrote %s\n", flags.out.c_str());
+    EAGLE3_RETURN_IF_ERROR(WriteJsonFile("--out", flags.out, text, flags.Inputs()));
+  }
+  if (!flags.json.empty()) {
+    EAGLE3_RETURN_IF_ERROR(WriteJsonFile("--json", flags.json, text, flags.JsonInputs()));
   }
   return absl::OkStatus();
 }
@@ -825,9 +984,7 @@ int main(int argc, char** argv) {
     if (status.ok() && !flags->out.empty()) {
       status = WithFlag("--out", eagle3::CheckOutputPath(flags->out, flags->Inputs()));
     }
-    if (status.ok() && !flags->json.empty()) {
-      status = WithFlag("--json", eagle3::CheckOutputPath(flags->json, flags->Inputs()));
-    }
+    if (status.ok() && !flags->json.empty()) status = CheckJsonPath(*flags);
     if (status.ok()) {
       status = flags->command == "target"     ? InspectTarget(*flags)
                : flags->command == "draft"    ? InspectDraft(*flags)

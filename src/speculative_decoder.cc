@@ -155,6 +155,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
     }
   }
 
+  // The prefill's outputs are on the host already (sampled and drafted from above).
+  st.prefill_seconds = Seconds(start);
+
   AcceptanceTally tally(options_.tree.num_steps);
   while (true) {
     if (options_.progress) options_.progress(st.generated_tokens, batch * options_.max_new_tokens);

@@ -167,6 +167,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SpeculativeDecoder::GenerateOn
     emit(s, std::span<const int64_t>(&first, 1));
   }
   const StepCounters prefill_counters = step->counters();
+  // Prefill returns each first token on the host, so the host has already waited for the device.
+  st.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
   const bool speculative = draft_ != nullptr;
   int max_steps = 0;

@@ -1,8 +1,9 @@
 // The example programs' command lines (issue 19): --help / -h of eagle3-decode, eagle3-inspect and
 // every subcommand answers at once with the usage and exit 0; wrong model directories and
-// --weights bf16 on the CPU are refused first, in the flags' terms; check --json, accuracy's
-// --tokens-max report and eagle3-decode's JSON settings and times parse; the default --models-dir
-// follows $EAGLE3_MODELS_DIR and an installed layout.
+// --weights bf16 on the CPU are refused first, in the flags' terms; the JSON of eagle3-decode and
+// of every eagle3-inspect subcommand parses and opens with the run report (tool, command, version,
+// settings echoing the flags, device, seed, seconds per phase), accuracy's --tokens-max report
+// included; the default --models-dir follows $EAGLE3_MODELS_DIR and an installed layout.
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eagle3/safetensors.h"
+#include "eagle3/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
@@ -25,6 +28,61 @@ using ::testing::StartsWith;
 const std::string kModels = std::string(EAGLE3_TEST_DATA_DIR) + "/../../models";
 const std::string kTarget = kModels + "/tiny-v2-code";
 const std::string kDraft = kModels + "/tiny-v2-code-eagle3";
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// `eagle3-inspect args`, which must succeed, and the JSON it wrote to `json` (empty when it
+// failed); its output goes to `log` when given.
+nlohmann::json InspectJson(const std::string& args, const std::string& json,
+                           const ScopedTempDir& dir, std::string* log = nullptr) {
+  const ToolRun run = RunTool(EAGLE3_INSPECT, args + " --json " + json, dir);
+  EXPECT_EQ(run.exit_code, 0) << args << "\n" << run.log;
+  if (log != nullptr) *log = run.log;
+  return run.exit_code == 0 ? ReadJson(json) : nlohmann::json::object();
+}
+
+// The run report every tool's JSON opens with: `tool` and `command` (null: none), the library's
+// version, a settings object, the device (null: none ran), the seed (null: nothing drawn) and
+// each of `phases` in seconds (or, per run, an object of phases).
+void ExpectRunReport(const nlohmann::json& j, const std::string& tool,
+                     const nlohmann::json& command, const nlohmann::json& device,
+                     const nlohmann::json& seed, const std::vector<std::string>& phases) {
+  for (const char* key : {"tool", "command", "version", "settings", "device", "seed", "seconds"}) {
+    ASSERT_TRUE(j.contains(key)) << key << " in " << j.dump();
+  }
+  EXPECT_EQ(j["tool"], tool);
+  EXPECT_EQ(j["command"], command);
+  EXPECT_EQ(j["version"], EAGLE3_VERSION_STRING);
+  EXPECT_TRUE(j["settings"].is_object()) << j.dump();
+  EXPECT_EQ(j["device"], device);
+  EXPECT_EQ(j["seed"], seed);
+  ASSERT_TRUE(j["seconds"].is_object()) << j.dump();
+  EXPECT_EQ(j["seconds"].size(), phases.size()) << j["seconds"].dump();
+  for (const std::string& phase : phases) {
+    ASSERT_TRUE(j["seconds"].contains(phase)) << phase << " in " << j["seconds"].dump();
+    const nlohmann::json& t = j["seconds"][phase];
+    // eagle3-decode times each run's phases apart.
+    for (const nlohmann::json& seconds : t.is_object() ? t : nlohmann::json::array({t})) {
+      EXPECT_GE(seconds.get<double>(), 0) << phase << ": " << t.dump();
+    }
+  }
+}
+
+const nlohmann::json kCpu = {{"backend", "cpu"}};
+
+// The settings of a model-running inspect subcommand on the CPU with default weights and
+// positions, writing `out` and `json`, plus `own`: the subcommand's.
+nlohmann::json RunSettings(const std::string& out, const std::string& json, nlohmann::json own) {
+  own.update({{"device", "cpu"},
+              {"weights", "f32"},
+              {"allow_long_context", false},
+              {"out", out},
+              {"json", json}});
+  return own;
+}
 
 TEST(InspectCliTest, HelpOfEveryProgramAndSubcommandPrintsUsageAndExitsZero) {
   ScopedTempDir dir;
@@ -56,7 +114,14 @@ TEST(InspectCliTest, HelpOfEveryProgramAndSubcommandPrintsUsageAndExitsZero) {
   EXPECT_THAT(RunTool(inspect, "accuracy --help", dir).log, HasSubstr("--tokens-max N        the most tokens of the text used; more are cut (default 512)"));
   EXPECT_THAT(RunTool(inspect, "draft --help", dir).log, HasSubstr("--topk K              tree children per node (default 4)"));
   EXPECT_THAT(RunTool(inspect, "target --help", dir).log, HasSubstr("--tp N                tensor-parallel ranks on threads (default 1)"));
-  EXPECT_THAT(RunTool(inspect, "check --help", dir).log, HasSubstr("--json FILE"));
+  for (const std::string sub : {"target", "draft", "check", "accuracy"}) {
+    EXPECT_THAT(RunTool(inspect, sub + " --help", dir).log,
+                HasSubstr("--json FILE           also write the run report"))
+        << sub;
+  }
+  EXPECT_THAT(RunTool(inspect, "accuracy --help", dir).log,
+              HasSubstr("--out FILE            the same JSON as --json"));
+  EXPECT_THAT(RunTool(decode, "--help", dir).log, HasSubstr("--json FILE: write the run report"));
   const std::string top = RunTool(inspect, "--help", dir).log;
   EXPECT_THAT(top, Not(HasSubstr("draft runs on cpu")));
   EXPECT_THAT(top, HasSubstr("every model runs on --device"));
@@ -112,10 +177,14 @@ TEST(InspectCliTest, Bf16WeightsOnTheCpuAreRefusedInTheFlagsTerms) {
 TEST(InspectCliTest, CheckWritesJson) {
   ScopedTempDir dir;
   const std::string json = dir.File("check.json");
-  const ToolRun run = RunTool(EAGLE3_INSPECT, "check --target " + kTarget + " --draft " + kDraft + " --json " + json, dir);
-  ASSERT_EQ(run.exit_code, 0) << run.log;
-  std::ifstream in(json);
-  const nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json j =
+      InspectJson("check --target " + kTarget + " --draft " + kDraft, json, dir);
+  // Reads configs and headers only: no device, nothing random.
+  ExpectRunReport(j, "eagle3-inspect", "check", nullptr, nullptr, {"check"});
+  EXPECT_EQ(j["settings"], nlohmann::json({{"target", kTarget},
+                                           {"draft", kDraft},
+                                           {"convention", "output"},
+                                           {"json", json}}));
   EXPECT_EQ(j["target"], kTarget);
   EXPECT_EQ(j["draft"], kDraft);
   EXPECT_EQ(j["convention"], "output");
@@ -123,9 +192,68 @@ TEST(InspectCliTest, CheckWritesJson) {
   EXPECT_FALSE(j["facts"].empty());
   EXPECT_TRUE(j["warnings"].is_array());
   EXPECT_TRUE(j["problems"].empty());
-  // --json is check's only.
-  EXPECT_EQ(RunTool(EAGLE3_INSPECT, "accuracy --target " + kTarget + " --draft " + kDraft +
-                                        " --text-file /dev/null --json " + json, dir).exit_code, 2);
+}
+
+// target --json: the run report and what --out received, each tensor's name, dtype and shape.
+TEST(InspectCliTest, TargetWritesJson) {
+  ScopedTempDir dir;
+  const std::string out = dir.File("target.safetensors"), json = dir.File("target.json");
+  const nlohmann::json j = InspectJson("target --model " + kTarget +
+                                           " --tokens 5,17,99 --tp 2 --attention absorbed" +
+                                           " --out " + out,
+                                       json, dir);
+  ExpectRunReport(j, "eagle3-inspect", "target", kCpu, nullptr, {"load", "forward", "write"});
+  EXPECT_EQ(j["settings"], RunSettings(out, json,
+                                       {{"model", kTarget},
+                                        {"tokens", {5, 17, 99}},
+                                        {"tp", 2},
+                                        {"residual", "replicated"},
+                                        {"attention", "absorbed"}}));
+  EXPECT_EQ(j["out"], out);
+  // Every tensor of the file, as written.
+  auto file = SafetensorsFile::Open(out);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(j["tensors"].size(), (*file)->tensors().size());
+  ASSERT_EQ(j["tensors"].size(), 2u + 9u);  // tokens, logits, boundary.0..8
+  const nlohmann::json three = nlohmann::json::array({3});  // {3} alone would be the number 3
+  EXPECT_EQ(j["tensors"][0],
+            nlohmann::json({{"name", "tokens"}, {"dtype", "i64"}, {"shape", three}}));
+  EXPECT_EQ(j["tensors"][1],
+            nlohmann::json({{"name", "logits"}, {"dtype", "f32"}, {"shape", {3, 8192}}}));
+  for (const nlohmann::json& t : j["tensors"]) {
+    auto view = (*file)->View(t["name"].get<std::string>());
+    ASSERT_TRUE(view.ok()) << t.dump();
+    EXPECT_EQ(t["shape"].get<std::vector<int64_t>>(),
+              std::vector<int64_t>(view->shape().dims().begin(), view->shape().dims().end()));
+  }
+  EXPECT_EQ(j["tensors"][10]["name"], "boundary.8");
+}
+
+// draft --json: as target's, with the draft's settings and phases.
+TEST(InspectCliTest, DraftWritesJson) {
+  ScopedTempDir dir;
+  const std::string out = dir.File("draft.safetensors"), json = dir.File("draft.json");
+  const nlohmann::json j = InspectJson("draft --target " + kTarget + " --draft " + kDraft +
+                                           " --tokens 5,17,99,3 --topk 2 --steps 2 --draft-tokens 5"
+                                           " --convention output --out " + out,
+                                       json, dir);
+  ExpectRunReport(j, "eagle3-inspect", "draft", kCpu, nullptr,
+                  {"load", "target", "draft", "write"});
+  EXPECT_EQ(j["settings"], RunSettings(out, json,
+                                       {{"target", kTarget},
+                                        {"draft", kDraft},
+                                        {"tokens", {5, 17, 99, 3}},
+                                        {"topk", 2},
+                                        {"steps", 2},
+                                        {"draft_tokens", 5},
+                                        {"convention", "output"}}));
+  EXPECT_EQ(j["out"], out);
+  std::vector<std::string> names;
+  for (const nlohmann::json& t : j["tensors"]) names.push_back(t["name"]);
+  EXPECT_EQ(names, (std::vector<std::string>{"tokens", "draft_logits", "tree_tokens",
+                                             "tree_parents", "tree_positions", "tree_mask"}));
+  EXPECT_EQ(j["tensors"][5]["shape"], nlohmann::json({5, 5}));
+  EXPECT_EQ(j["tensors"][1]["shape"][0], 4);
 }
 
 TEST(InspectCliTest, AccuracySaysWhenTokensMaxCutTheText) {
@@ -135,14 +263,27 @@ TEST(InspectCliTest, AccuracySaysWhenTokensMaxCutTheText) {
     std::ofstream out(text);
     for (int i = 0; i < 20; ++i) out << "def f" << i << "(x):\n    return x + " << i << "\n\n";
   }
-  const std::string json = dir.File("acc.json");
-  const ToolRun run = RunTool(EAGLE3_INSPECT, "accuracy --target " + kTarget + " --draft " + kDraft + " --text-file " +
-                                                  text + " --tokens-max 24 --depth 2 --out " + json, dir);
-  ASSERT_EQ(run.exit_code, 0) << run.log;
-  EXPECT_THAT(run.log, HasSubstr("read 24 of "));
-  EXPECT_THAT(run.log, HasSubstr("(--tokens-max 24; a larger value reads more)"));
-  std::ifstream in(json);
-  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string out = dir.File("acc.json"), json = dir.File("acc-report.json");
+  std::string log;
+  const nlohmann::json j = InspectJson("accuracy --target " + kTarget + " --draft " + kDraft +
+                                           " --text-file " + text + " --tokens-max 24 --depth 2" +
+                                           " --out " + out,
+                                       json, dir, &log);
+  EXPECT_THAT(log, HasSubstr("read 24 of "));
+  EXPECT_THAT(log, HasSubstr("(--tokens-max 24; a larger value reads more)"));
+  // --out receives the same JSON as --json.
+  EXPECT_EQ(ReadFile(out), ReadFile(json));
+  ExpectRunReport(j, "eagle3-inspect", "accuracy", kCpu, nullptr,
+                  {"tokenize", "load", "target", "draft"});
+  EXPECT_EQ(j["settings"], RunSettings(out, json,
+                                       {{"target", kTarget},
+                                        {"draft", kDraft},
+                                        {"text_file", text},
+                                        {"tokens_max", 24},
+                                        {"depth", 2},
+                                        {"aux_layers", nullptr},
+                                        {"max_input_bytes", 1048576},
+                                        {"convention", "output"}}));
   EXPECT_EQ(j["tokens"], 24);
   EXPECT_EQ(j["tokens_max"], 24);
   EXPECT_GT(j["text_tokens"].get<int>(), 24);
@@ -156,21 +297,37 @@ TEST(InspectCliTest, DecodeJsonHoldsSettingsAndTimes) {
   const ToolRun run = RunTool(EAGLE3_DECODE, "--random-pair --max-new-tokens 4 --topk 2 --steps 2 --draft-tokens 4 "
                                              "--temperature 0.5 --top-p 0.9 --seed 7 --json " + json, dir);
   ASSERT_EQ(run.exit_code, 0) << run.log;
-  std::ifstream in(json);
-  const nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json j = ReadJson(json);
+  ExpectRunReport(j, "eagle3-decode", nullptr, kCpu, 7, {"plain", "speculative"});
   const nlohmann::json& s = j["settings"];
   EXPECT_EQ(s["device"], "cpu");
-  EXPECT_EQ(s["tree"]["topk"], 2);
-  EXPECT_EQ(s["tree"]["steps"], 2);
-  EXPECT_EQ(s["tree"]["draft_tokens"], 4);
-  EXPECT_NEAR(s["sampling"]["temperature"].get<double>(), 0.5, 1e-6);
-  EXPECT_NEAR(s["sampling"]["top_p"].get<double>(), 0.9, 1e-6);
+  EXPECT_EQ(s["random_pair"], true);
+  EXPECT_EQ(s["topk"], 2);
+  EXPECT_EQ(s["steps"], 2);
+  EXPECT_EQ(s["draft_tokens"], 4);
+  EXPECT_NEAR(s["temperature"].get<double>(), 0.5, 1e-6);
+  EXPECT_NEAR(s["top_p"].get<double>(), 0.9, 1e-6);
   EXPECT_EQ(s["seed"], 7);
   EXPECT_EQ(s["max_new_tokens"], 4);
+  EXPECT_EQ(s["json"], json);
+  // Defaults are there too.
+  EXPECT_EQ(s["batch"], 1);
+  EXPECT_EQ(s["tp"], 1);
+  EXPECT_EQ(s["loop"], "device");
+  EXPECT_EQ(s["speculate_up_to"], "all");
+  EXPECT_EQ(s["weights"], "f32");
+  EXPECT_EQ(s["prompt"], nullptr);
   for (const std::string run_name : {"plain", "speculative"}) {
-    EXPECT_GT(j["seconds"][run_name]["load"].get<double>(), 0) << run_name;
-    EXPECT_GT(j["seconds"][run_name]["generate"].get<double>(), 0) << run_name;
+    const nlohmann::json& t = j["seconds"][run_name];
+    EXPECT_GT(t["load"].get<double>(), 0) << run_name;
+    const double generate = t["generate"].get<double>(), prefill = t["prefill"].get<double>();
+    EXPECT_GT(generate, 0) << run_name;
+    EXPECT_GT(prefill, 0) << run_name;
+    EXPECT_LE(prefill, generate) << run_name;
+    EXPECT_GE(t["decode"].get<double>(), 0) << run_name;
+    EXPECT_NEAR(t["decode"].get<double>(), generate - prefill, 1e-5 * generate + 1e-6) << run_name;
   }
+  EXPECT_THAT(run.log, HasSubstr("seconds of prefill / decode: plain "));
 }
 
 TEST(InspectCliTest, DefaultModelsDirFollowsTheEnvironmentAndTheInstalledLayout) {

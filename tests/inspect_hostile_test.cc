@@ -1,8 +1,9 @@
 // eagle3-inspect on hostile and broken inputs (issue 17): configs that legally name sizes no host
 // can dump are ResourceExhausted naming the keys (not an abort, and nothing that size allocated),
 // flag values are strict, --text-file is read only up to --max-input-bytes, --out never replaces a
-// device, a read-only file or the checkpoint being read, a legal long --out name works, too many
-// tokens for max_position_embeddings are refused, and `check` warns about taps out of layer order.
+// device, a read-only file or the checkpoint being read (nor --json those or the --out file), a
+// legal long --out name works, too many tokens for max_position_embeddings are refused, and
+// `check` warns about taps out of layer order.
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -27,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kTarget = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/v2_qlora_yarn";
 const std::string kDraft = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/draft_v2";
@@ -161,6 +163,36 @@ TEST(InspectHostileTest, OutRefusesWhatItMustNotReplace) {
   EXPECT_EQ(run.exit_code, 0) << run.log;
   auto dump = SafetensorsFile::Open(long_name);
   EXPECT_TRUE(dump.ok()) << dump.status();
+}
+
+// --json of target and draft: a device, a read-only file and the --out file itself (however
+// spelled) are refused before any work, so that not even --out is written.
+TEST(InspectHostileTest, JsonRefusesWhatItMustNotReplaceBeforeAnyWork) {
+  ScopedTempDir dir;
+  const std::string out = dir.File("o.safetensors");
+  const std::string read_only = dir.File("read_only.json");
+  std::ofstream(read_only) << "keep";
+  ASSERT_EQ(::chmod(read_only.c_str(), 0444), 0);
+  for (const std::string command :
+       {"target --model " + kTarget, "draft --target " + kTarget + " --draft " + kDraft}) {
+    const std::string json = " --tokens 1,2,3 --out " + out + " --json ";
+    ToolRun run = Inspect(command + json + "/dev/null", dir);
+    EXPECT_EQ(run.exit_code, 1) << run.log;
+    EXPECT_THAT(run.log, HasSubstr("--json: output '/dev/null' is a character device"));
+
+    run = Inspect(command + json + read_only, dir);
+    EXPECT_EQ(run.exit_code, 1) << run.log;
+    EXPECT_THAT(run.log, AllOf(HasSubstr("--json: output"), HasSubstr("is read-only")));
+    EXPECT_EQ(ReadFile(read_only), "keep");
+
+    for (const std::string same : {out, dir.path() + "/./o.safetensors"}) {
+      run = Inspect(command + json + same, dir);
+      EXPECT_EQ(run.exit_code, 1) << run.log;
+      EXPECT_THAT(run.log, HasSubstr("--json " + same + ": names the --out file"));
+    }
+    EXPECT_THAT(run.log, Not(HasSubstr("wrote")));
+    EXPECT_FALSE(fs::exists(out)) << command;
+  }
 }
 
 // Aux ids listed out of layer order: `check` passes with a warning naming the order the draft

@@ -548,6 +548,38 @@ TEST(SpeculativeStepTrainedPairTest, GreedyEqualsPlainAndSamplingEqualsTheHostLo
   }
 }
 
+// DecodeStats::prefill_seconds: within total_seconds for the device step and the host loop, each
+// speculative and plain; reading it adds no synchronization to the device step's (one per step).
+TEST(SpeculativeStepTrainedPairTest, PrefillSecondsArePartOfTheTotal) {
+  cpu::CpuBackend backend;
+  auto pair = LoadTrainedPair(&backend, 160, 60);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto prompts =
+      EncodeForTrainedPair({"def fibonacci(n):\n", "import os\n\nfor name in os.listdir(path):\n"});
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  DecodeOptions options;
+  options.max_new_tokens = 8;
+  auto generate = [&](SpeculativeDecoder decoder, const std::string& loop) {
+    DecodeStats stats;
+    auto got = decoder.Generate(*prompts, &stats);
+    EXPECT_TRUE(got.ok()) << loop << ": " << got.status();
+    EXPECT_GT(stats.prefill_seconds, 0) << loop;
+    EXPECT_LT(stats.prefill_seconds, stats.total_seconds) << loop;  // the decode steps ran after it
+    return stats;
+  };
+  for (DraftModel* draft : {pair->draft.get(), static_cast<DraftModel*>(nullptr)}) {
+    const std::string kind = draft != nullptr ? "speculative" : "plain";
+    const std::string loop = "device step, " + kind;
+    const DecodeStats stats =
+        generate(SpeculativeDecoder(pair->target.get(), draft, &backend, options), loop);
+    EXPECT_EQ(stats.host_syncs, stats.device_steps) << kind;
+  }
+  Eagle3Drafter drafter(pair->draft.get(), static_cast<int>(prompts->size()));
+  generate(SpeculativeDecoder(pair->target.get(), &drafter, options), "host loop, speculative");
+  generate(SpeculativeDecoder(pair->target.get(), static_cast<Drafter*>(nullptr), options),
+           "host loop, plain");
+}
+
 // A draft whose logits are NaN: the tree build records it on the device, and Run reports it after
 // the step, naming the sequence, the pass and the draft id (the second, error-path transfer).
 TEST(SpeculativeStepErrorTest, NaNDraftLogitsAreReportedAfterTheStep) {

@@ -105,8 +105,13 @@ struct DecodeStats {
   std::vector<double> acceptance_by_depth;
   std::vector<int64_t> accepted_histogram;  // [a] = verify passes that accepted a drafted tokens
   // Host-side phase times of the reference loop (the device step runs its phases as one unit and
-  // reports only total_seconds).
+  // reports only total_seconds and prefill_seconds).
   double target_seconds = 0, draft_seconds = 0, verify_seconds = 0, total_seconds = 0;
+  // Wall time, on the host, from the start of Generate until every prompt is prefilled and has its
+  // first token (argument checks and step setup included); total_seconds - prefill_seconds is the
+  // decode part. Both loops read the clock where the host already waits for the prefills' first
+  // tokens, so measuring it adds no synchronization (host_syncs is unchanged).
+  double prefill_seconds = 0;
   // Device step only: its decode steps (prefills excluded), the host synchronizations and the bytes
   // copied to the host over those steps.
   int64_t device_steps = 0, host_syncs = 0, device_to_host_bytes = 0;
