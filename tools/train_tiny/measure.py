@@ -239,11 +239,16 @@ def run_decode(binary, prompt, max_new, topk, steps, draft_tokens, temperature, 
         raise SystemExit(f"exit status {proc.returncode}: {' '.join(shown)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     with open(out) as f:
         result = json.load(f)
-    # The printed table: run, tokens, tokens/s, target passes, target s, draft s, verify s.
+    # The printed table: run, tokens, tokens/s, target passes, total s, syncs/step, D2H B/step; the
+    # per-phase seconds come from the JSON (the host loop times target / draft / verify apart).
     for m in re.finditer(r"^(plain|speculative)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$",
                          proc.stdout, re.M):
-        result[m.group(1)].update({"target_passes": int(m.group(4)), "target_seconds": float(m.group(5)),
-                                   "draft_seconds": float(m.group(6)), "verify_seconds": float(m.group(7))})
+        result[m.group(1)]["target_passes"] = int(m.group(4))
+    for name in ("plain", "speculative"):
+        for key in ("target", "draft", "verify"):
+            seconds = result.get("seconds", {}).get(name, {})
+            if key in seconds:
+                result[name][key + "_seconds"] = seconds[key]
     tap = [line for line in proc.stdout.split("\n") if line.startswith("draft tap: ")]
     if tap:
         result["draft_tap"] = tap[0][len("draft tap: "):]
