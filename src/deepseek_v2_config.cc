@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "eagle3/status.h"
 #include "json_fields.h"
+#include "quantization_config_json.h"
 #include "rope_config_json.h"
 
 namespace eagle3 {
@@ -78,19 +79,6 @@ absl::StatusOr<DeepseekModelType> ParseModelType(const Object& root) {
   return root.Error(absl::StatusCode::kInvalidArgument, "model_type",
                     absl::StrCat("unsupported model_type '", name,
                                  "' (eagle3 reads deepseek_v2, deepseek_v3, kimi_k2)"));
-}
-
-absl::Status RefuseQuantization(const Object& root) {
-  if (!root.HasValue("quantization_config")) return absl::OkStatus();
-  std::string method = "unknown";
-  absl::StatusOr<std::optional<Object>> quant = root.OptionalSubObject("quantization_config");
-  if (quant.ok() && quant->has_value()) {
-    absl::StatusOr<std::optional<std::string>> m = (*quant)->OptionalString("quant_method");
-    if (m.ok() && m->has_value()) method = **m;
-  }
-  return root.Error(absl::StatusCode::kUnimplemented, "quantization_config",
-                    absl::StrCat("quantized checkpoints are not supported (quant_method '", method,
-                                 "'); use a bf16 checkpoint"));
 }
 
 absl::StatusOr<ScoringFunc> ParseScoringFunc(const Object& root, DeepseekModelType type) {
@@ -248,8 +236,8 @@ absl::StatusOr<DeepseekV2Config> Parse(const Object& root) {
   DeepseekV2Config c;
   c.source = std::string(Sv(root.source()));
   EAGLE3_ASSIGN_OR_RETURN(c.model_type, ParseModelType(root));
-  EAGLE3_RETURN_IF_ERROR(RefuseQuantization(root));
   EAGLE3_RETURN_IF_ERROR(root.CheckKnownKeys({kParsedKeys, kHarmlessKeys, kRopeConfigKeys}));
+  EAGLE3_ASSIGN_OR_RETURN(c.quantization, ParseQuantizationConfig(root));
   EAGLE3_RETURN_IF_ERROR(root.OptionalStringArray("architectures").status());
 
   EAGLE3_ASSIGN_OR_RETURN(c.vocab_size, root.Int("vocab_size", 1, kMaxDim));

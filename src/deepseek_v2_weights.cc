@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "eagle3/detail/quantized_weights.h"
 
 namespace eagle3 {
 namespace {
@@ -126,9 +127,13 @@ std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& c) {
 
 absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
                                    const std::vector<WeightSpec>& specs) {
-  std::unordered_set<std::string_view> known;
+  // The stored tensors of each weight: its scales and packing under the quantization_config.
+  std::unordered_set<std::string> known;
   known.reserve(specs.size());
-  for (const WeightSpec& spec : specs) known.insert(spec.name);
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (std::string& name : StoredTensorNames(specs[i], forms[i])) known.insert(std::move(name));
+  }
   // Everything else is refused, including HF-style non-persistent buffers such as
   // `rotary_emb.inv_freq`: DeepSeek-V2/V3 hub checkpoints do not carry them, and eagle3 computes
   // RoPE from config.json, so such a tensor means a checkpoint from some other pipeline.
@@ -150,11 +155,15 @@ absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV
     absl::StrAppend(&message, " (and ", unknown - 1, " more unknown tensor",
                     unknown > 2 ? "s" : "", ")");
   }
-  if (!quantized.empty()) {
+  if (!quantized.empty() && !config.quantization.quantized()) {
     absl::StrAppend(&message, ". Hint: the checkpoint looks quantized (tensor '", quantized,
                     "') but ", config.source,
-                    " has no quantization_config, so it would run without its scales. eagle3 "
-                    "does not run quantized checkpoints: use a bf16 conversion");
+                    " has no quantization_config, so it would run without its scales. Restore "
+                    "the quantization_config it was published with, or use a bf16 conversion");
+  } else if (!quantized.empty()) {
+    absl::StrAppend(&message, ". Hint: tensor '", quantized, "' stores a quantized weight that ",
+                    config.source, "'s quantization_config (",
+                    config.quantization.Describe(), ") leaves unquantized");
   }
   return absl::InvalidArgumentError(message);
 }

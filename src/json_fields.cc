@@ -255,6 +255,13 @@ const nlohmann::json* Object::Find(std::string_view key) const {
 
 bool Object::Contains(std::string_view key) const { return Find(key) != nullptr; }
 
+std::vector<std::string> Object::Keys() const {
+  std::vector<std::string> keys;
+  keys.reserve(json_->size());
+  for (const auto& [key, value] : json_->items()) keys.push_back(key);
+  return keys;
+}
+
 bool Object::HasValue(std::string_view key) const {
   const nlohmann::json* value = Find(key);
   return value != nullptr && !value->is_null();

@@ -88,6 +88,8 @@ class EAGLE3_API Object {
   std::string Path(std::string_view key) const;
 
   bool Contains(std::string_view key) const;  // present, possibly null
+  // Every key of this object, in the order nlohmann::json keeps them (sorted).
+  std::vector<std::string> Keys() const;
   bool HasValue(std::string_view key) const;  // present and not null
 
   // Required getters fail when the key is missing or null; optional ones return std::nullopt then.

@@ -13,6 +13,7 @@
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/detail/quantized_weights.h"
 #include "eagle3/detail/host_budget.h"
 #include "eagle3/moe_routing.h"
 #include "eagle3/rope_table.h"
@@ -151,10 +152,14 @@ struct TargetModel::Impl {
     EAGLE3_RETURN_IF_ERROR(Upload(host, device));
     return device;
   }
-  // This rank's shard of `spec`, read straight into `dtype`.
-  absl::StatusOr<Tensor> LoadShard(const WeightSpec& spec, DType dtype) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host,
-                            checkpoint->ReadShard(spec.name, spec.ForRank(options.tp_size, options.rank), dtype));
+  // This rank's shard of `spec`, stored as `form`, read (dequantized) on the host into `dtype`.
+  absl::StatusOr<Tensor> ReadHostShard(const WeightSpec& spec, StoredForm form, DType dtype) const {
+    return ReadWeightShard(*checkpoint, spec, form, config.quantization, spec.ForRank(options.tp_size, options.rank),
+                           dtype);
+  }
+  // The same on the backend's device.
+  absl::StatusOr<Tensor> LoadShard(const WeightSpec& spec, StoredForm form, DType dtype) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadHostShard(spec, form, dtype));
     return ToDevice(std::move(host));
   }
 
@@ -187,27 +192,26 @@ struct TargetModel::Impl {
 
 absl::Status TargetModel::Impl::LoadWeights() {
   const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  // How each weight is stored (quantized ones with their scales), from config.json's
+  // quantization_config: the target's alone, never the draft's.
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
   // Every tensor is checked before any is loaded, so a bad checkpoint fails fast and completely.
-  for (const WeightSpec& spec : specs) {
-    if (!checkpoint->Has(spec.name)) {
-      return absl::NotFoundError("checkpoint '" + checkpoint->dir() + "' has no tensor '" + spec.name +
-                                 "', which its config.json requires (expected shape " +
-                                 spec.shape.ToString() + ")");
-    }
-    EAGLE3_RETURN_IF_ERROR(checkpoint->ExpectShape(spec.name, spec.shape));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint, specs[i], forms[i], config.quantization));
   }
   EAGLE3_RETURN_IF_ERROR(CheckNoUnknownTensors(*checkpoint, config, specs));
   size_t next = 0;
   // The next tensor of the schema, in `dtype`: weight_dtype for Gemm weights and the embedding, f32
   // for norms, the router and its bias.
   auto take_as = [&](std::string_view suffix, DType dtype) -> absl::StatusOr<Tensor> {
-    const WeightSpec& spec = specs[next++];
+    const size_t i = next++;
+    const WeightSpec& spec = specs[i];
     if (spec.name.size() < suffix.size() ||
         spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       return absl::InternalError("weight schema order: expected *" + std::string(suffix) + ", got " +
                                  spec.name);
     }
-    return LoadShard(spec, dtype);
+    return LoadShard(spec, forms[i], dtype);
   };
   auto take = [&](std::string_view suffix) { return take_as(suffix, DType::kF32); };
   auto take_w = [&](std::string_view suffix) { return take_as(suffix, weight_dtype); };
@@ -241,10 +245,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
     // W_UK per head, transposed to [R, nope] so that q_nope · W_UK is one Gemm against it (from the
     // f32 values; rounding to bf16 afterwards gives the same values as kv_b's bf16 copy).
     {
-      EAGLE3_ASSIGN_OR_RETURN(Tensor host_kv_b, checkpoint->ReadShard(
-                                                    specs[next - 2].name,
-                                                    specs[next - 2].ForRank(options.tp_size, options.rank),
-                                                    DType::kF32));
+      EAGLE3_ASSIGN_OR_RETURN(Tensor host_kv_b, ReadHostShard(specs[next - 2], forms[next - 2], DType::kF32));
       EAGLE3_ASSIGN_OR_RETURN(Tensor host_t, Tensor::Empty(DType::kF32, Shape{heads, latent, nope}));
       const float* src = host_kv_b.data_as<float>();
       float* dst = host_t.data_as<float>();

@@ -189,13 +189,13 @@ std::vector<Case> Cases() {
        Parser::kTarget,
        kInvalid,
        {"key 'use_mla'", "unknown key", "may change the model's math"}},
-      {"quantization_config",
+      {"quantization_config_unknown_method",
        Target([](Json& j) {
-         j["quantization_config"] = {{"quant_method", "fp8"}};
+         j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
        }),
        Parser::kTarget,
        kUnimplemented,
-       {"key 'quantization_config'", "'fp8'"}},
+       {"key 'quantization_config.quant_method'", "'awq' is not supported", "'fp8'", "'compressed-tensors'"}},
       {"experts_per_token_exceeds_experts",
        Target([](Json& j) { j["num_experts_per_tok"] = 65; }),
        Parser::kTarget,

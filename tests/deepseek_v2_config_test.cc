@@ -140,14 +140,18 @@ TEST(DeepseekV2ConfigTest, KimiK2) {
   EXPECT_NEAR(c.SoftmaxScale(), ExpectedYarnScale(32.0, 1.0), 1e-15);
 }
 
-TEST(DeepseekV2ConfigTest, Fp8HubCheckpointsAreRefusedNamingTheQuantMethod) {
+TEST(DeepseekV2ConfigTest, Fp8HubCheckpointsParseTheirQuantizationConfig) {
   for (const char* name : {kV3, kK2}) {
     absl::StatusOr<DeepseekV2Config> c = DeepseekV2Config::FromFile(ConfigPath(name));
-    ASSERT_FALSE(c.ok()) << name;
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_THAT(c.status().message(), HasSubstr("quantization_config"));
-    EXPECT_THAT(c.status().message(), HasSubstr("'fp8'"));
-    EXPECT_THAT(c.status().message(), HasSubstr(name));
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+    EXPECT_EQ(c->quantization.format, WeightFormat::kFp8Block) << name;
+    EXPECT_EQ(c->quantization.block_out, 128);
+    EXPECT_EQ(c->quantization.block_in, 128);
+    EXPECT_EQ(c->quantization.activation_scheme, "dynamic");
+    // The bf16 conversions' config: the same model, unquantized.
+    const DeepseekV2Config bf16 = Parse(WithoutQuantization(name));
+    EXPECT_FALSE(bf16.quantization.quantized());
+    EXPECT_EQ(bf16.hidden_size, c->hidden_size);
   }
 }
 

@@ -11,8 +11,8 @@
 namespace eagle3 {
 namespace {
 
-// The published V3 / K2 checkpoints are FP8 (quantization_config), which the config parser refuses;
-// their bf16 conversions have the same config without that key.
+// The published V3 / K2 checkpoints are FP8 (quantization_config); their bf16 conversions have the
+// same config without that key and the same tensor shapes.
 DeepseekV2Config LoadAsBf16(const std::string& file) {
   auto config = DeepseekV2Config::FromJson(testing::WithoutQuantization(file), file);
   EXPECT_TRUE(config.ok()) << config.status();

@@ -3,8 +3,9 @@
 //
 // Parsing is strict: every key is either understood, known to be harmless (architectures, dtype,
 // initializer_range, ...), or refused. A key outside the allowlist fails with InvalidArgument
-// naming it, because a silently ignored key can change the model's math. FP8/INT4 checkpoints
-// (`quantization_config`) are refused with Unimplemented.
+// naming it, because a silently ignored key can change the model's math. `quantization_config` is
+// read in its two published forms, FP8 block-scaled and compressed-tensors INT4 (see
+// quantization_config.h); other methods are refused with Unimplemented.
 //
 // Defaults, where a key may be absent:
 //  - universal: num_key_value_heads = num_attention_heads, hidden_act = silu, attention_bias =
@@ -30,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "eagle3/export.h"
+#include "eagle3/quantization_config.h"
 #include "eagle3/rope_config.h"
 
 namespace eagle3 {
@@ -85,6 +87,10 @@ struct EAGLE3_API DeepseekV2Config {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;    // `eos_token_id` may be an integer or a list
   int64_t num_nextn_predict_layers = 0;  // V3 MTP layers stored after the main layers; recorded
+
+  // How the Linear weights are stored (kUnquantized without quantization_config). The weight schema
+  // (quantized_weights.h) derives each tensor's stored form from it.
+  QuantizationConfig quantization;
 
   // Where the config was read from; used in messages of later checks.
   std::string source;

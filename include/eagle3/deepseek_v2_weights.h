@@ -45,9 +45,11 @@ inline constexpr int64_t kVocabPadPerRank = 64;
 // are not listed.
 EAGLE3_API std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
 
-// Refuses a checkpoint holding a tensor that `specs` (DeepseekV2Weights(config)) does not list: an
-// unused bias, a `weight_scale_inv` of an FP8 checkpoint whose config.json lost its
-// quantization_config (it would otherwise run without its scales), a misspelled name. The one
+// Refuses a checkpoint holding a tensor that `specs` (DeepseekV2Weights(config)) does not list,
+// each spec counted with the tensors it is stored as under config.quantization (its scales and
+// packing, eagle3/detail/quantized_weights.h): an unused bias, a `weight_scale_inv` of an FP8
+// checkpoint whose config.json lost its quantization_config (it would otherwise run without its
+// scales), a misspelled name. The one
 // deliberate exception: tensors of MTP layers (`model.layers.<k>.*` with num_hidden_layers <= k <
 // num_hidden_layers + num_nextn_predict_layers), which real DeepSeek-V3 checkpoints carry for a
 // future MTP drafter. InvalidArgument names the first unknown tensor, its file, the config, how

@@ -27,6 +27,36 @@ nlohmann::json RopeScalingJson(const RopeScaling& s) {
   return j;
 }
 
+// The two hub forms (see eagle3/quantization_config.h): DeepSeek-V3's FP8 object, and the
+// compressed-tensors object of Kimi-K2-Thinking with its every key.
+nlohmann::json QuantizationJson(const QuantizationConfig& q) {
+  if (q.format == WeightFormat::kFp8Block) {
+    nlohmann::json j = {{"activation_scheme", q.activation_scheme},
+                        {"fmt", "e4m3"},
+                        {"quant_method", "fp8"},
+                        {"weight_block_size", {q.block_out, q.block_in}}};
+    if (q.scale_fmt.has_value()) j["scale_fmt"] = *q.scale_fmt;
+    return j;
+  }
+  const nlohmann::json weights = {{"actorder", nullptr},     {"block_structure", nullptr},
+                                  {"dynamic", false},        {"group_size", q.group_size},
+                                  {"num_bits", 4},           {"observer", "minmax"},
+                                  {"observer_kwargs", nlohmann::json::object()},
+                                  {"strategy", "group"},     {"symmetric", true},
+                                  {"type", "int"}};
+  return {{"config_groups",
+           {{"group_0",
+             {{"input_activations", nullptr},
+              {"output_activations", nullptr},
+              {"targets", {"Linear"}},
+              {"weights", weights}}}}},
+          {"format", "pack-quantized"},
+          {"ignore", q.ignore},
+          {"kv_cache_scheme", nullptr},
+          {"quant_method", "compressed-tensors"},
+          {"quantization_status", "compressed"}};
+}
+
 }  // namespace
 
 std::string DeepseekV2ConfigToHubJson(const DeepseekV2Config& c) {
@@ -75,6 +105,7 @@ std::string DeepseekV2ConfigToHubJson(const DeepseekV2Config& c) {
     j["eos_token_id"] = c.eos_token_ids;
   }
   if (c.num_nextn_predict_layers > 0) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  if (c.quantization.quantized()) j["quantization_config"] = QuantizationJson(c.quantization);
   j["torch_dtype"] = "bfloat16";
   return j.dump(2) + "\n";
 }

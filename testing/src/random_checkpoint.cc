@@ -7,12 +7,15 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "eagle3/testing/deepseek_v2_config_writer.h"
+#include "eagle3/testing/random_quantized_weights.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/detail/quantized_weights.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor.h"
@@ -34,9 +37,10 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// `seed`: the checkpoint's seed mixed with the tensor's name.
 absl::StatusOr<Tensor> RandomTensor(const WeightSpec& spec, uint64_t seed, DType dtype) {
   EAGLE3_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty(DType::kF32, spec.shape));
-  std::mt19937_64 rng(seed ^ Fnv1a(spec.name));
+  std::mt19937_64 rng(seed);
   float* v = values.data_as<float>();
   const int64_t n = values.numel();
   if (EndsWith(spec.name, "e_score_correction_bias")) {
@@ -71,6 +75,32 @@ absl::Status WriteText(const std::filesystem::path& path, const std::string& tex
   return absl::OkStatus();
 }
 
+// Safetensors files of one checkpoint directory, and the index that maps their tensors.
+class ShardedWriter {
+ public:
+  explicit ShardedWriter(std::filesystem::path root) : root_(std::move(root)) {}
+
+  absl::Status Write(const std::string& file, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+    std::vector<NamedTensor> named;
+    for (const auto& [name, t] : tensors) {
+      named.push_back({name, t});
+      weight_map_[name] = file;
+      total_bytes_ += t.nbytes();
+    }
+    return WriteSafetensors((root_ / file).string(), named, {{"format", "pt"}});
+  }
+
+  absl::Status WriteIndex() const {
+    const nlohmann::json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map_}};
+    return WriteText(root_ / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
+
+ private:
+  std::filesystem::path root_;
+  nlohmann::json weight_map_ = nlohmann::json::object();
+  uint64_t total_bytes_ = 0;
+};
+
 }  // namespace
 
 absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, const std::string& dir,
@@ -89,7 +119,20 @@ absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, con
   const std::filesystem::path root(dir);
   EAGLE3_RETURN_IF_ERROR(WriteText(root / "config.json", DeepseekV2ConfigToHubJson(config)));
 
+  const bool twin = !options.dequantized_dir.empty();
+  if (twin) {
+    std::filesystem::create_directories(options.dequantized_dir, ec);
+    if (ec) {
+      return absl::InternalError("cannot create directory '" + options.dequantized_dir + "': " + ec.message());
+    }
+    DeepseekV2Config unquantized = config;
+    unquantized.quantization = QuantizationConfig{};
+    EAGLE3_RETURN_IF_ERROR(WriteText(std::filesystem::path(options.dequantized_dir) / "config.json",
+                                     DeepseekV2ConfigToHubJson(unquantized)));
+  }
+
   const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
   uint64_t total_bytes = 0;
   for (const WeightSpec& s : specs) {
     total_bytes += static_cast<uint64_t>(s.shape.numel()) * DTypeSize(options.dtype);
@@ -97,30 +140,43 @@ absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, con
   const int shards = options.num_shards;
   const uint64_t bytes_per_shard = (total_bytes + shards - 1) / shards;
 
-  nlohmann::json weight_map = nlohmann::json::object();
+  ShardedWriter main_writer(root), twin_writer(options.dequantized_dir);
   size_t next = 0;
   for (int shard = 0; shard < shards; ++shard) {
     // Tensors for this shard are generated and written together, then freed: memory stays at about
     // one shard's size however large the model.
-    std::vector<Tensor> tensors;
-    std::vector<NamedTensor> named;
+    std::vector<std::pair<std::string, Tensor>> tensors, twin_tensors;
     uint64_t bytes = 0;
     while (next < specs.size() && (shard == shards - 1 || bytes < bytes_per_shard)) {
-      const WeightSpec& spec = specs[next++];
-      EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(spec, options.seed, options.dtype));
-      bytes += t.nbytes();
-      tensors.push_back(std::move(t));
+      const size_t i = next++;
+      const WeightSpec& spec = specs[i];
+      const uint64_t seed = options.seed ^ Fnv1a(spec.name);
+      if (forms[i] == StoredForm::kPlain) {
+        EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(spec, seed, options.dtype));
+        bytes += t.nbytes();
+        if (twin) {
+          EAGLE3_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(t.dtype(), t.shape()));
+          EAGLE3_RETURN_IF_ERROR(ConvertTensor(t, copy));
+          twin_tensors.emplace_back(spec.name, std::move(copy));
+        }
+        tensors.emplace_back(spec.name, std::move(t));
+        continue;
+      }
+      EAGLE3_ASSIGN_OR_RETURN(RandomQuantizedWeight q,
+                              RandomQuantizedWeightOf(spec, forms[i], config.quantization, seed));
+      for (auto& [name, t] : q.stored) {
+        bytes += t.nbytes();
+        tensors.emplace_back(std::move(name), std::move(t));
+      }
+      if (twin) twin_tensors.emplace_back(spec.name, std::move(q.dequantized));
     }
-    const size_t first = next - tensors.size();
-    for (size_t i = 0; i < tensors.size(); ++i) named.push_back({specs[first + i].name, tensors[i]});
     const std::string file = shards == 1 ? "model.safetensors" : ShardFileName(shard, shards);
-    EAGLE3_RETURN_IF_ERROR(WriteSafetensors((root / file).string(), named, {{"format", "pt"}}));
-    for (const NamedTensor& t : named) weight_map[t.name] = file;
+    EAGLE3_RETURN_IF_ERROR(main_writer.Write(file, tensors));
+    if (twin) EAGLE3_RETURN_IF_ERROR(twin_writer.Write(file, twin_tensors));
   }
   if (shards == 1) return absl::OkStatus();
-  const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
-                                {"weight_map", weight_map}};
-  return WriteText(root / "model.safetensors.index.json", index.dump(2) + "\n");
+  EAGLE3_RETURN_IF_ERROR(main_writer.WriteIndex());
+  return twin ? twin_writer.WriteIndex() : absl::OkStatus();
 }
 
 }  // namespace eagle3

@@ -1,6 +1,7 @@
-// Writes a DeepseekV2Config as a hub-form `config.json` (rope_theta + rope_scaling), the form
-// DeepSeek's and Moonshot's published checkpoints use. DeepseekV2Config::FromJson reads it back to an
-// equal config.
+// Writes a DeepseekV2Config as a hub-form `config.json` (rope_theta + rope_scaling, and a
+// quantization_config in DeepSeek-V3's FP8 or Kimi-K2-Thinking's compressed-tensors form when the
+// config is quantized), the form DeepSeek's and Moonshot's published checkpoints use.
+// DeepseekV2Config::FromJson reads it back to an equal config.
 #pragma once
 
 #include <string>

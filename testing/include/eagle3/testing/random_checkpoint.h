@@ -16,12 +16,19 @@ struct RandomCheckpointOptions {
   // 1: a single model.safetensors; more: model-0000i-of-0000n.safetensors + index, tensors assigned
   // in order with about equal bytes per shard.
   int num_shards = 2;
-  DType dtype = DType::kBF16;  // f32, f16 or bf16
+  DType dtype = DType::kBF16;  // f32, f16 or bf16, of the unquantized tensors
+  // Set: also writes into this directory the same model unquantized — config.json without its
+  // quantization_config, every quantized weight as the f32 values it dequantizes to, the other
+  // tensors as in `dir` — the reference a quantized checkpoint's load must equal.
+  std::string dequantized_dir;
 };
 
 // Writes `config.json` (hub form) and the weights of DeepseekV2Weights(config) into `dir` (created if
 // needed). Linear weights ~ N(0, 1/in_features), norm weights 1 + N(0, 0.1²), router correction bias
 // ~ U(0, 0.1). Each tensor's values depend only on the seed and its name, not on the shard layout.
+// When config.quantization is set (e.g. DeepseekV3Fp8Quantization(), KimiK2ThinkingInt4Quantization()
+// of random_quantized_weights.h), the weights it quantizes are written in its hub form (codes or
+// packed values with their scales, RandomQuantizedWeightOf) and config.json carries it.
 absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, const std::string& dir,
                                              const RandomCheckpointOptions& options = {});
 

@@ -1,0 +1,294 @@
+#include "eagle3/detail/quantized_weights.h"
+
+#include <regex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "eagle3/detail/int4_packing.h"
+#include "eagle3/half.h"
+#include "eagle3/status.h"
+#include "eagle3/tensor_convert.h"
+
+namespace eagle3 {
+namespace {
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+constexpr std::string_view kWeightSuffix = ".weight";
+
+// The nn.Linear weights of the schema: every *_proj matrix (kv_a_proj_with_mqa included) and
+// lm_head. The embedding is an nn.Embedding, the router (mlp.gate) a plain parameter, norms and the
+// correction bias vectors.
+bool IsLinear(const WeightSpec& spec) {
+  return spec.shape.rank() == 2 && (EndsWith(spec.name, "_proj.weight") ||
+                                    EndsWith(spec.name, "_proj_with_mqa.weight") || spec.name == "lm_head.weight");
+}
+
+std::string ModuleName(std::string_view weight) {
+  return std::string(EndsWith(weight, kWeightSuffix) ? weight.substr(0, weight.size() - kWeightSuffix.size()) : weight);
+}
+
+// compressed-tensors' ignore entries: "re:<pattern>" matches when the pattern matches a prefix of
+// the module name (Python's re.match), anything else is an exact module name (utils/match.py,
+// _match_name). Patterns were compiled once when the config was parsed, so they are valid here.
+class IgnoreList {
+ public:
+  explicit IgnoreList(const std::vector<std::string>& entries) {
+    for (const std::string& entry : entries) {
+      if (entry.rfind("re:", 0) == 0) {
+        patterns_.emplace_back(entry.substr(3), std::regex::ECMAScript | std::regex::optimize);
+      } else {
+        names_.push_back(entry);
+      }
+    }
+  }
+  bool Matches(const std::string& module) const {
+    for (const std::string& name : names_) {
+      if (name == module) return true;
+    }
+    for (const std::regex& pattern : patterns_) {
+      if (std::regex_search(module, pattern, std::regex_constants::match_continuous)) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<std::regex> patterns_;
+};
+
+bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// "checkpoint '<dir>' has no tensor '<name>', <why>".
+absl::Status Missing(const Checkpoint& checkpoint, const std::string& name, std::string_view why) {
+  return absl::NotFoundError(absl::StrCat("checkpoint '", checkpoint.dir(), "' has no tensor '", name, "', ", Sv(why)));
+}
+
+// InvalidArgument "tensor '<name>' in '<file>' is <dtype>; expected <expected> (<why>)".
+absl::Status CheckDtype(const Checkpoint& checkpoint, const std::string& name, const TensorInfo& info, bool ok,
+                        std::string_view expected, std::string_view why) {
+  if (ok) return absl::OkStatus();
+  const absl::StatusOr<std::string> file = checkpoint.FileOf(name);
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in '", file.ok() ? *file : std::string("?"),
+                                                 "' is ", Sv(SafetensorsDTypeName(info.dtype)), "; expected ",
+                                                 Sv(expected), " (", Sv(why), ")"));
+}
+
+absl::Status CheckFp8(const Checkpoint& checkpoint, const WeightSpec& spec, const QuantizationConfig& q) {
+  const std::string why = absl::StrCat("quantization_config: ", q.Describe());
+  const std::string scale = Fp8ScaleName(spec.name);
+  if (!checkpoint.Has(spec.name)) {
+    return Missing(checkpoint, spec.name,
+                   absl::StrCat("which its config.json requires (F8_E4M3, shape ", spec.shape.ToString(), ")"));
+  }
+  if (!checkpoint.Has(scale)) {
+    return Missing(checkpoint, scale, absl::StrCat("the block scales of '", spec.name, "', which ", why, " requires"));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(TensorInfo weight, checkpoint.Info(spec.name));
+  EAGLE3_RETURN_IF_ERROR(CheckDtype(checkpoint, spec.name, weight, weight.dtype == DType::kF8E4M3, "F8_E4M3", why));
+  EAGLE3_RETURN_IF_ERROR(checkpoint.ExpectShape(spec.name, spec.shape));
+  EAGLE3_ASSIGN_OR_RETURN(TensorInfo info, checkpoint.Info(scale));
+  EAGLE3_RETURN_IF_ERROR(CheckDtype(checkpoint, scale, info, IsFloat(info.dtype), "F32", why));
+  return checkpoint.ExpectShape(scale, Shape{CeilDiv(spec.shape[0], q.block_out), CeilDiv(spec.shape[1], q.block_in)});
+}
+
+absl::Status CheckInt4(const Checkpoint& checkpoint, const WeightSpec& spec, const QuantizationConfig& q) {
+  const std::string why = absl::StrCat("quantization_config: ", q.Describe());
+  const int64_t out = spec.shape[0];
+  const int64_t in = spec.shape[1];
+  const std::string packed = Int4PackedName(spec.name);
+  const std::string scale = Int4ScaleName(spec.name);
+  const std::string shape = Int4ShapeName(spec.name);
+  for (const std::string& name : {packed, scale, shape}) {
+    if (!checkpoint.Has(name)) {
+      return Missing(checkpoint, name,
+                     absl::StrCat("which '", spec.name, "' ", spec.shape.ToString(), " needs under ", why));
+    }
+  }
+  if (in % q.group_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", spec.name, "' has ", in, " input columns, not a multiple of ",
+                     "quantization_config's group_size ", q.group_size, " (checkpoint '", checkpoint.dir(), "')"));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(TensorInfo packed_info, checkpoint.Info(packed));
+  EAGLE3_RETURN_IF_ERROR(CheckDtype(checkpoint, packed, packed_info, packed_info.dtype == DType::kI32, "I32", why));
+  EAGLE3_ASSIGN_OR_RETURN(TensorInfo scale_info, checkpoint.Info(scale));
+  EAGLE3_RETURN_IF_ERROR(CheckDtype(checkpoint, scale, scale_info, IsFloat(scale_info.dtype), "BF16", why));
+  EAGLE3_ASSIGN_OR_RETURN(TensorInfo shape_info, checkpoint.Info(shape));
+  EAGLE3_RETURN_IF_ERROR(CheckDtype(checkpoint, shape, shape_info,
+                                    shape_info.dtype == DType::kI32 || shape_info.dtype == DType::kI64, "I32", why));
+  EAGLE3_RETURN_IF_ERROR(checkpoint.ExpectShape(shape, Shape{2}));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor values, checkpoint.Read(shape, DType::kI64));
+  const int64_t* v = values.data_as<int64_t>();
+  if (v[0] != out || v[1] != in) {
+    const absl::StatusOr<std::string> file = checkpoint.FileOf(shape);
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", shape, "' in '", file.ok() ? *file : std::string("?"),
+                                                   "' holds [", v[0], ", ", v[1], "], but '", spec.name, "' is ",
+                                                   spec.shape.ToString(), " for the model that config.json describes"));
+  }
+  EAGLE3_RETURN_IF_ERROR(checkpoint.ExpectShape(packed, Shape{out, Int4PackedWords(in)}));
+  return checkpoint.ExpectShape(scale, Shape{out, in / q.group_size});
+}
+
+// Where rank `shard.rank`'s block starts along the split dim of a tensor whose split dim is `n`.
+int64_t ShardStart(const ShardSpec& shard, int64_t n) {
+  return PaddedSize(n, shard.pad_to_multiple) / shard.tp_size * shard.rank;
+}
+
+absl::StatusOr<Tensor> ToDtype(Tensor f32, DType dtype) {
+  if (dtype == DType::kF32) return f32;
+  EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(dtype, f32.shape()));
+  EAGLE3_RETURN_IF_ERROR(ConvertTensor(f32, converted));
+  return converted;
+}
+
+// The slice's rows and columns map to global ones through these offsets (one is 0).
+struct SliceOrigin {
+  int64_t row = 0, col = 0;
+};
+
+SliceOrigin Origin(const WeightSpec& spec, const ShardSpec& shard) {
+  SliceOrigin o;
+  if (shard.tp_size == 1) return o;
+  (shard.dim == 0 ? o.row : o.col) = ShardStart(shard, spec.shape[shard.dim]);
+  return o;
+}
+
+absl::StatusOr<Tensor> ReadFp8(const Checkpoint& checkpoint, const WeightSpec& spec, const QuantizationConfig& q,
+                               const ShardSpec& shard) {
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, checkpoint.ReadShard(spec.name, shard, DType::kF8E4M3));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, checkpoint.Read(Fp8ScaleName(spec.name), DType::kF32));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kF32, codes.shape()));
+  const SliceOrigin origin = Origin(spec, shard);
+  const int64_t rows = codes.dim(0), cols = codes.dim(1);
+  const int64_t scale_cols = scales.dim(1);
+  const uint8_t* c = codes.data_as<uint8_t>();
+  const float* s = scales.data_as<float>();
+  float* w = out.data_as<float>();
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = origin.row + i;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t col = origin.col + j;
+      const bool real = r < spec.shape[0] && col < spec.shape[1];  // else vocab padding
+      w[i * cols + j] =
+          real ? F8E4M3ToFloat(c[i * cols + j]) * s[(r / q.block_out) * scale_cols + col / q.block_in] : 0.0f;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& spec, const QuantizationConfig& q,
+                                const ShardSpec& shard) {
+  const std::string packed_name = Int4PackedName(spec.name);
+  const std::string scale_name = Int4ScaleName(spec.name);
+  const int64_t out_dim = spec.shape[0], in_dim = spec.shape[1];
+  // Rows split (or none): the packed rows and scale rows of the slice, read as the plain tensor's.
+  // Columns split: whole rows, since a slice may start inside a word or a group.
+  const bool rows_split = shard.tp_size == 1 || shard.dim == 0;
+  Tensor packed, scales;
+  if (rows_split) {
+    EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.ReadShard(packed_name, shard, DType::kI32));
+    EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.ReadShard(scale_name, shard, DType::kF32));
+  } else {
+    const int64_t padded = PaddedSize(in_dim, shard.pad_to_multiple);
+    if (shard.pad_to_multiple < 1 || shard.rank < 0 || shard.rank >= shard.tp_size || padded % shard.tp_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' dim 1 = ", in_dim,
+                                                     " cannot be split for rank ", shard.rank, " of tp_size ",
+                                                     shard.tp_size));
+    }
+    EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.Read(packed_name, DType::kI32));
+    EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.Read(scale_name, DType::kF32));
+  }
+  const SliceOrigin origin = Origin(spec, shard);
+  const int64_t rows = rows_split ? packed.dim(0) : out_dim;
+  const int64_t cols = rows_split ? in_dim : PaddedSize(in_dim, shard.pad_to_multiple) / shard.tp_size;
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kF32, Shape{rows, cols}));
+  const int64_t words = packed.dim(1), groups = scales.dim(1);
+  const int32_t* p = packed.data_as<int32_t>();
+  const float* s = scales.data_as<float>();
+  float* w = out.data_as<float>();
+  for (int64_t i = 0; i < rows; ++i) {
+    const bool real_row = origin.row + i < out_dim;  // else vocab padding (zero words and scales)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t col = origin.col + j;
+      w[i * cols + j] = real_row && col < in_dim
+                            ? static_cast<float>(Int4At(p + i * words, col)) * s[i * groups + col / q.group_size]
+                            : 0.0f;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Fp8ScaleName(std::string_view weight) { return absl::StrCat(Sv(weight), "_scale_inv"); }
+std::string Int4PackedName(std::string_view weight) { return absl::StrCat(Sv(weight), "_packed"); }
+std::string Int4ScaleName(std::string_view weight) { return absl::StrCat(Sv(weight), "_scale"); }
+std::string Int4ShapeName(std::string_view weight) { return absl::StrCat(Sv(weight), "_shape"); }
+
+std::vector<StoredForm> StoredForms(const DeepseekV2Config& config, const std::vector<WeightSpec>& specs) {
+  const QuantizationConfig& q = config.quantization;
+  std::vector<StoredForm> forms(specs.size(), StoredForm::kPlain);
+  if (!q.quantized()) return forms;
+  const IgnoreList ignore(q.ignore);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WeightSpec& spec = specs[i];
+    if (!IsLinear(spec)) continue;
+    if (q.format == WeightFormat::kFp8Block) {
+      if (spec.name != "lm_head.weight") forms[i] = StoredForm::kFp8Block;
+    } else if (!ignore.Matches(ModuleName(spec.name))) {
+      forms[i] = StoredForm::kInt4Packed;
+    }
+  }
+  return forms;
+}
+
+std::vector<std::string> StoredTensorNames(const WeightSpec& spec, StoredForm form) {
+  switch (form) {
+    case StoredForm::kPlain:
+      return {spec.name};
+    case StoredForm::kFp8Block:
+      return {spec.name, Fp8ScaleName(spec.name)};
+    case StoredForm::kInt4Packed:
+      return {Int4PackedName(spec.name), Int4ScaleName(spec.name), Int4ShapeName(spec.name)};
+  }
+  return {};
+}
+
+absl::Status CheckStoredWeight(const Checkpoint& checkpoint, const WeightSpec& spec, StoredForm form,
+                               const QuantizationConfig& quantization) {
+  switch (form) {
+    case StoredForm::kPlain:
+      if (!checkpoint.Has(spec.name)) {
+        return Missing(checkpoint, spec.name,
+                       absl::StrCat("which its config.json requires (expected shape ", spec.shape.ToString(), ")"));
+      }
+      return checkpoint.ExpectShape(spec.name, spec.shape);
+    case StoredForm::kFp8Block:
+      return CheckFp8(checkpoint, spec, quantization);
+    case StoredForm::kInt4Packed:
+      return CheckInt4(checkpoint, spec, quantization);
+  }
+  return absl::InternalError("unknown stored form");
+}
+
+absl::StatusOr<Tensor> ReadWeightShard(const Checkpoint& checkpoint, const WeightSpec& spec, StoredForm form,
+                                       const QuantizationConfig& quantization, const ShardSpec& shard, DType dtype) {
+  if (form == StoredForm::kPlain) return checkpoint.ReadShard(spec.name, shard, dtype);
+  if (!IsFloat(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", spec.name, "' dequantizes to f32, f16 or bf16, not ", Sv(DTypeName(dtype))));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(Tensor f32, form == StoredForm::kFp8Block ? ReadFp8(checkpoint, spec, quantization, shard)
+                                                                    : ReadInt4(checkpoint, spec, quantization, shard));
+  return ToDtype(std::move(f32), dtype);
+}
+
+}  // namespace eagle3

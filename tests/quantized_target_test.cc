@@ -1,0 +1,178 @@
+// Quantized targets on the CPU reference: a checkpoint in a hub quantized form gives exactly the
+// logits of the same model written unquantized with its dequantized f32 weights, TP=2/8 ≡ TP=1 in
+// both residual modes, speculative greedy ≡ plain greedy next to an unquantized draft, and the
+// draft loads the same whether its target is quantized or not.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/draft_model.h"
+#include "eagle3/eagle3_draft_config.h"
+#include "eagle3/status.h"
+#include "eagle3/target_model.h"
+#include "eagle3/testing/random_draft_checkpoint.h"
+#include "eagle3/testing/rank_threads.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "quantized_test_util.h"
+#include "scoped_temp_dir.h"
+#include "speculative_greedy_check.h"
+
+namespace eagle3 {
+namespace {
+
+using ::testing::HasSubstr;
+
+class QuantizedTargetTest : public ::testing::TestWithParam<std::pair<std::string, QuantizationConfig>> {
+ protected:
+  void SetUp() override {
+    config_ = QuantTestConfig(GetParam().second);
+    WriteQuantTestCheckpoint(config_, dir_.path(), plain_dir_.path());
+  }
+
+  static TargetModelOptions Options(int tp, ResidualMode mode) {
+    TargetModelOptions o;
+    o.tp_size = tp;
+    o.residual_mode = mode;
+    o.max_tokens_per_forward = 64;
+    o.max_context_len = 96;
+    o.num_kv_pages = 96;
+    o.page_size = 3;
+    return o;
+  }
+
+  // Rank 0's logits of every position of one prompt, after checking every rank has the same bits.
+  std::vector<float> Logits(const std::string& dir, int tp, ResidualMode mode) const {
+    std::vector<int64_t> prompt(13);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((37 * i + 11) % 1000);
+    std::vector<int32_t> pages = {5, 2, 9, 0, 7};
+    std::vector<std::vector<float>> logits(static_cast<size_t>(tp));
+    const absl::Status status = RunRankThreads(tp, [&](int rank, Communicator* comm) -> absl::Status {
+      cpu::CpuBackend backend;
+      TargetModelOptions o = Options(tp, mode);
+      o.rank = rank;
+      EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(dir, o, comm, &backend));
+      SequenceInput in;
+      in.tokens = prompt;
+      in.page_table = pages;
+      in.all_logits = true;
+      const SequenceInput batch[] = {in};
+      std::vector<float>& out = logits[static_cast<size_t>(rank)];
+      out.resize(prompt.size() * static_cast<size_t>(config_.vocab_size));
+      return model->Forward(
+          batch, TensorView(out.data(), DType::kF32, Shape{static_cast<int64_t>(prompt.size()), config_.vocab_size}));
+    });
+    EXPECT_TRUE(status.ok()) << status;
+    for (int rank = 1; rank < tp; ++rank) EXPECT_EQ(logits[rank], logits[0]) << "rank " << rank;
+    return logits[0];
+  }
+
+  DeepseekV2Config config_;
+  ScopedTempDir dir_, plain_dir_;
+};
+
+TEST_P(QuantizedTargetTest, LogitsEqualTheDequantizedCheckpointsExactly) {
+  const std::vector<float> quantized = Logits(dir_.path(), 1, ResidualMode::kReplicated);
+  const std::vector<float> plain = Logits(plain_dir_.path(), 1, ResidualMode::kReplicated);
+  ASSERT_FALSE(quantized.empty());
+  EXPECT_EQ(quantized, plain);
+}
+
+TEST_P(QuantizedTargetTest, TensorParallelMatchesTp1InBothResidualModes) {
+  const std::vector<float> ref = Logits(dir_.path(), 1, ResidualMode::kReplicated);
+  for (int tp : {2, 8}) {
+    for (ResidualMode mode : {ResidualMode::kReplicated, ResidualMode::kTokenSharded}) {
+      const std::vector<float> got = Logits(dir_.path(), tp, mode);
+      ASSERT_EQ(got.size(), ref.size());
+      double diff = 0, scale = 1;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        diff = std::max(diff, static_cast<double>(std::fabs(got[i] - ref[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(ref[i])));
+      }
+      EXPECT_LT(diff / scale, 1e-5) << "tp " << tp << " mode " << static_cast<int>(mode);
+      // The same TP run of the dequantized checkpoint gives the same bits.
+      EXPECT_EQ(got, Logits(plain_dir_.path(), tp, mode)) << "tp " << tp;
+    }
+  }
+}
+
+DraftModelOptions DraftOptions() {
+  DraftModelOptions o;
+  o.max_tokens_per_forward = 64;
+  o.max_context_len = 96;
+  o.num_kv_pages = 96;
+  o.page_size = 5;
+  return o;
+}
+
+void WriteDraft(const DeepseekV2Config& target, const std::string& dir) {
+  RandomDraftCheckpointOptions options;
+  options.seed = 3;
+  options.num_attention_heads = 8;
+  options.num_key_value_heads = 4;
+  options.aux_layer_ids = {0, 1, 2};
+  const absl::Status status = WriteRandomEagle3DraftCheckpoint(target, dir, options);
+  ASSERT_TRUE(status.ok()) << status;
+}
+
+TEST_P(QuantizedTargetTest, SpeculativeGreedyEqualsPlainGreedyWithAnUnquantizedDraft) {
+  ScopedTempDir draft_dir;
+  WriteDraft(config_, draft_dir.path());
+  cpu::CpuBackend backend;
+  auto target = TargetModel::Create(dir_.path(), Options(1, ResidualMode::kReplicated), nullptr, &backend);
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto draft = DraftModel::Create(draft_dir.path(), dir_.path(), DraftOptions(), nullptr, &backend);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), &backend);
+}
+
+// Engines have shipped an unquantized draft inheriting its target's quantization_config (it then
+// fails to load, or loads garbage and accepts nothing). eagle3's draft reads its own unquantized
+// checkpoint and the target's unquantized embedding whatever the target's quantization_config: its
+// outputs next to the quantized target equal those next to the dequantized one.
+TEST_P(QuantizedTargetTest, TheDraftIgnoresTheTargetsQuantization) {
+  ScopedTempDir draft_dir;
+  WriteDraft(config_, draft_dir.path());
+  cpu::CpuBackend backend;
+  std::vector<std::vector<float>> outputs;
+  for (const std::string& target_dir : {dir_.path(), plain_dir_.path()}) {
+    auto draft = DraftModel::Create(draft_dir.path(), target_dir, DraftOptions(), nullptr, &backend);
+    ASSERT_TRUE(draft.ok()) << draft.status();
+    const std::vector<int64_t> tokens = {5, 17, 99};
+    const std::vector<int32_t> pages = {0, 1};
+    std::vector<float> hidden(3 * static_cast<size_t>((*draft)->tap().width()));
+    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>((i * 7919) % 101) / 50.0f - 1.0f;
+    DraftSequenceInput in;
+    in.tokens = tokens;
+    in.page_table = pages;
+    in.all_logits = true;
+    const DraftSequenceInput batch[] = {in};
+    std::vector<float> logits(3 * static_cast<size_t>((*draft)->draft_vocab()));
+    std::vector<float> hidden_out(3 * static_cast<size_t>(config_.hidden_size));
+    const absl::Status status = (*draft)->Forward(
+        batch, TensorView(hidden.data(), DType::kF32, Shape{3, (*draft)->tap().width()}), /*from_target=*/true,
+        TensorView(logits.data(), DType::kF32, Shape{3, (*draft)->draft_vocab()}),
+        TensorView(hidden_out.data(), DType::kF32, Shape{3, config_.hidden_size}));
+    ASSERT_TRUE(status.ok()) << status;
+    logits.insert(logits.end(), hidden_out.begin(), hidden_out.end());
+    outputs.push_back(std::move(logits));
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  // A draft config carrying a quantization_config is refused, not half-applied.
+  auto refused = Eagle3DraftConfig::FromJson(
+      R"({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
+          "quantization_config": {"quant_method": "fp8"}})",
+      "draft.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("quantization_config"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantizedTargetTest, ::testing::ValuesIn(TestQuantizations()),
+                         [](const auto& info) { return info.param.first; });
+
+}  // namespace
+}  // namespace eagle3
