@@ -39,6 +39,11 @@ PairReport CheckDraftPair(const std::string& target_dir, const std::string& draf
   report.facts.push_back("draft: hidden " + Str(d.hidden_size) + ", target_hidden_size " + Str(d.target_hidden_size) +
                          ", " + Str(d.num_attention_heads) + " heads / " + Str(d.num_key_value_heads) +
                          " kv heads, draft vocab " + Str(d.draft_vocab_size) + " of " + Str(d.vocab_size));
+  // Each model's weight format: a quantized target next to an unquantized draft is the published
+  // form (the draft never takes the target's quantization_config; a draft config carrying one is
+  // refused when it is read).
+  report.facts.push_back("target weights: " + t.quantization.Describe());
+  report.facts.push_back("draft weights: unquantized");
 
   // Taps: resolution and width.
   std::optional<std::span<const int>> ids;

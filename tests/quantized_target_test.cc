@@ -12,6 +12,7 @@
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_draft_config.h"
+#include "eagle3/pair_check.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
 #include "eagle3/testing/random_draft_checkpoint.h"
@@ -169,6 +170,19 @@ TEST_P(QuantizedTargetTest, TheDraftIgnoresTheTargetsQuantization) {
       "draft.json");
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("quantization_config"));
+}
+
+// The pair check names each model's weight format.
+TEST_P(QuantizedTargetTest, PairCheckNamesEachModelsWeightFormat) {
+  ScopedTempDir draft_dir;
+  WriteDraft(config_, draft_dir.path());
+  const PairReport report = CheckDraftPair(dir_.path(), draft_dir.path());
+  EXPECT_TRUE(report.ok()) << (report.problems.empty() ? "" : report.problems[0]);
+  EXPECT_THAT(report.facts, ::testing::Contains("target weights: " + config_.quantization.Describe()));
+  EXPECT_THAT(report.facts, ::testing::Contains("draft weights: unquantized"));
+  EXPECT_THAT(config_.quantization.Describe(), HasSubstr(WeightFormatName(config_.quantization.format)));
+  const PairReport plain = CheckDraftPair(plain_dir_.path(), draft_dir.path());
+  EXPECT_THAT(plain.facts, ::testing::Contains("target weights: unquantized"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedTargetTest, ::testing::ValuesIn(TestQuantizations()),
