@@ -1,6 +1,7 @@
 #include "eagle3/deepseek_v2_config.h"
 
 #include <cmath>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,40 @@ constexpr std::string_view kHarmlessKeys[] = {
     "aux_loss_alpha",       "seq_aux",           "ep_size",     "attention_dropout",
 };
 
+// Kimi-K2.5's multimodal wrapper (model_type "kimi_k25"). Sources: the snapshot's config printed by
+// transformers 5.7.0 in a public model report (tests/data/configs/moonshotai_Kimi-K2.5.json, with
+// its tensor list), vLLM's KimiK25Config (vllm/transformers_utils/configs/kimi_k25.py: text_config a
+// DeepseekV3Config, quantization_config propagated from text_config to the top level) and its
+// loader (vllm/model_executor/models/kimi_k25.py), TensorRT-LLM's Kimi-K2.5 unit test config.
+constexpr std::string_view kKimiK25Keys[] = {
+    "model_type",       "architectures", "text_config",  "quantization_config",
+    "vision_config",  // the vision tower and projector: not run by eagle3, so not read
+    "bos_token_id",     "eos_token_id",  "pad_token_id", "tie_word_embeddings",
+    "media_placeholder_token_id",  // the image/video token: eagle3 takes text only
+    "use_unified_vision_chunk",    "video_placeholder",
+    "ignore_index",  // training loss only
+    "_name_or_path",    "auto_map",      "dtype",        "torch_dtype",
+    "transformers_version",
+};
+// The generic PretrainedConfig attributes transformers 4.x writes into a nested config such as
+// K2.5's text_config: the first group all appear in the published text_config; the generation
+// defaults are the ones transformers 4's PretrainedConfig also serialises (not in the print this
+// fixture comes from, accepted for files saved that way). DeepSeek-V3's modeling code reads none.
+constexpr std::string_view kNestedConfigKeys[] = {
+    "add_cross_attention", "chunk_size_feed_forward", "cross_attention_hidden_size",
+    "decoder_start_token_id", "finetuning_task", "id2label", "label2id", "is_decoder",
+    "is_encoder_decoder", "output_attentions", "output_hidden_states", "prefix", "problem_type",
+    "pruned_heads", "return_dict", "sep_token_id", "task_specific_params", "tf_legacy_loss",
+    "tie_encoder_decoder", "tokenizer_class", "torchscript", "use_bfloat16",
+    // generation defaults
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens",
+};
+
 absl::StatusOr<DeepseekModelType> ParseModelType(const Object& root) {
   EAGLE3_ASSIGN_OR_RETURN(std::string name, root.String("model_type"));
   for (DeepseekModelType type : {DeepseekModelType::kDeepseekV2, DeepseekModelType::kDeepseekV3,
@@ -78,7 +113,8 @@ absl::StatusOr<DeepseekModelType> ParseModelType(const Object& root) {
   }
   return root.Error(absl::StatusCode::kInvalidArgument, "model_type",
                     absl::StrCat("unsupported model_type '", name,
-                                 "' (eagle3 reads deepseek_v2, deepseek_v3, kimi_k2)"));
+                                 "' (eagle3 reads deepseek_v2, deepseek_v3, kimi_k2, and "
+                                 "kimi_k25's text_config)"));
 }
 
 absl::StatusOr<ScoringFunc> ParseScoringFunc(const Object& root, DeepseekModelType type) {
@@ -232,11 +268,15 @@ absl::Status CheckFixedSemantics(const Object& root, const DeepseekV2Config& c) 
   return absl::OkStatus();
 }
 
-absl::StatusOr<DeepseekV2Config> Parse(const Object& root) {
+// A text model's config: the whole config.json, or K2.5's text_config (`nested_keys` then holds
+// the generic keys a nested config carries).
+absl::StatusOr<DeepseekV2Config> ParseTextModel(const Object& root,
+                                                std::span<const std::string_view> nested_keys) {
   DeepseekV2Config c;
   c.source = std::string(Sv(root.source()));
   EAGLE3_ASSIGN_OR_RETURN(c.model_type, ParseModelType(root));
-  EAGLE3_RETURN_IF_ERROR(root.CheckKnownKeys({kParsedKeys, kHarmlessKeys, kRopeConfigKeys}));
+  EAGLE3_RETURN_IF_ERROR(
+      root.CheckKnownKeys({kParsedKeys, kHarmlessKeys, kRopeConfigKeys, nested_keys}));
   EAGLE3_ASSIGN_OR_RETURN(c.quantization, ParseQuantizationConfig(root));
   EAGLE3_RETURN_IF_ERROR(root.OptionalStringArray("architectures").status());
 
@@ -292,6 +332,57 @@ absl::StatusOr<DeepseekV2Config> Parse(const Object& root) {
                           root.OptionalInt("num_nextn_predict_layers", 0, kMaxDim));
   c.num_nextn_predict_layers = nextn.value_or(0);
   return c;
+}
+
+// A top-level key of the K2.5 wrapper that restates one of the text config: equal, or refused.
+absl::Status CheckSameAsText(const Object& root, std::string_view key, bool same) {
+  if (same) return absl::OkStatus();
+  return root.Error(absl::StatusCode::kInvalidArgument, key,
+                    absl::StrCat("differs from text_config.", Sv(key)));
+}
+
+// Kimi-K2.5: the text backbone from text_config; the vision part is accepted and not read.
+absl::StatusOr<DeepseekV2Config> ParseKimiK25(const Object& root) {
+  EAGLE3_RETURN_IF_ERROR(root.CheckKnownKeys({kKimiK25Keys}));
+  EAGLE3_RETURN_IF_ERROR(root.OptionalStringArray("architectures").status());
+  EAGLE3_ASSIGN_OR_RETURN(Object text, root.SubObject("text_config"));
+  EAGLE3_ASSIGN_OR_RETURN(DeepseekV2Config c, ParseTextModel(text, kNestedConfigKeys));
+  c.tensor_prefix = std::string(kKimiK25TensorPrefix);
+
+  // The published file's quantization_config is in text_config; KimiK25Config copies it to the top
+  // level, so a saved config may carry it in either place or both.
+  if (root.HasValue("quantization_config")) {
+    EAGLE3_ASSIGN_OR_RETURN(QuantizationConfig top, ParseQuantizationConfig(root));
+    if (text.HasValue("quantization_config")) {
+      EAGLE3_RETURN_IF_ERROR(CheckSameAsText(root, "quantization_config", top == c.quantization));
+    }
+    c.quantization = std::move(top);
+  }
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<bool> tie, root.OptionalBool("tie_word_embeddings"));
+  if (tie.has_value()) {
+    EAGLE3_RETURN_IF_ERROR(CheckSameAsText(root, "tie_word_embeddings", *tie == c.tie_word_embeddings));
+  }
+  const int64_t last = c.vocab_size - 1;
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<int64_t> bos, root.OptionalInt("bos_token_id", 0, last));
+  if (bos.has_value() && c.bos_token_id.has_value()) {
+    EAGLE3_RETURN_IF_ERROR(CheckSameAsText(root, "bos_token_id", bos == c.bos_token_id));
+  }
+  if (!c.bos_token_id.has_value()) c.bos_token_id = bos;
+  EAGLE3_ASSIGN_OR_RETURN(std::vector<int64_t> eos, root.IntOrIntArray("eos_token_id", 0, last));
+  if (!eos.empty() && !c.eos_token_ids.empty()) {
+    EAGLE3_RETURN_IF_ERROR(CheckSameAsText(root, "eos_token_id", eos == c.eos_token_ids));
+  }
+  if (c.eos_token_ids.empty()) c.eos_token_ids = std::move(eos);
+  EAGLE3_RETURN_IF_ERROR(root.OptionalInt("pad_token_id", -1, last).status());
+  EAGLE3_RETURN_IF_ERROR(root.OptionalInt("media_placeholder_token_id", 0, last).status());
+  EAGLE3_RETURN_IF_ERROR(root.OptionalSubObject("vision_config").status());
+  return c;
+}
+
+absl::StatusOr<DeepseekV2Config> Parse(const Object& root) {
+  EAGLE3_ASSIGN_OR_RETURN(std::string model_type, root.String("model_type"));
+  if (model_type == kKimiK25ModelType) return ParseKimiK25(root);
+  return ParseTextModel(root, {});
 }
 
 }  // namespace

@@ -36,9 +36,19 @@ int64_t LayerIndex(std::string_view name) {
 // they are known, deliberately ignored here, and left for an MTP drafter.
 bool IsMtpTensor(std::string_view name, const DeepseekV2Config& config) {
   if (config.num_nextn_predict_layers <= 0) return false;
-  const int64_t layer = LayerIndex(name);
+  const int64_t layer = LayerIndex(TextModelTensorName(name, config));
   return layer >= config.num_hidden_layers &&
          layer < config.num_hidden_layers + config.num_nextn_predict_layers;
+}
+
+// A tensor of Kimi-K2.5's vision tower or of its projector into the language model, stored next to
+// the language model in the multimodal checkpoint (the published tensor list: vision_tower.patch_embed
+// / encoder.blocks.<k> / encoder.final_layernorm, mm_projector.pre_norm / proj.0 / proj.2; vLLM's
+// kimi_k25.py loads them under the same names). eagle3 serves text only: known, deliberately
+// ignored.
+bool IsVisionTensor(std::string_view name, const DeepseekV2Config& config) {
+  if (config.tensor_prefix != kKimiK25TensorPrefix) return false;
+  return name.starts_with("vision_tower.") || name.starts_with("mm_projector.");
 }
 
 // Names that only quantized checkpoints carry (FP8 block scales, compressed-tensors packing).
@@ -49,8 +59,9 @@ bool LooksQuantized(std::string_view name) {
 
 class WeightList {
  public:
-  void Add(std::string name, Shape shape, TpSplit split, bool vocab_padded = false) {
-    specs_.push_back(WeightSpec{std::move(name), shape, split, vocab_padded});
+  explicit WeightList(std::string prefix) : prefix_(std::move(prefix)) {}
+  void Add(const std::string& name, Shape shape, TpSplit split, bool vocab_padded = false) {
+    specs_.push_back(WeightSpec{prefix_ + name, shape, split, vocab_padded});
   }
   // gate_proj / up_proj column-parallel, down_proj row-parallel: one SiLU MLP of width `inter`.
   void AddMlp(const std::string& prefix, int64_t hidden, int64_t inter) {
@@ -61,6 +72,7 @@ class WeightList {
   std::vector<WeightSpec> Take() { return std::move(specs_); }
 
  private:
+  std::string prefix_;  // DeepseekV2Config::tensor_prefix, before every name
   std::vector<WeightSpec> specs_;
 };
 
@@ -76,11 +88,19 @@ ShardSpec WeightSpec::ForRank(int tp_size, int rank) const {
   return spec;
 }
 
+namespace {
+constexpr std::string_view kEmbedding = "model.embed_tokens.weight";
+}  // namespace
+
+std::string DeepseekEmbeddingName(const DeepseekV2Config& config) {
+  return config.tensor_prefix + std::string(kEmbedding);
+}
+
 std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& c) {
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
-  WeightList w;
-  w.Add("model.embed_tokens.weight", Shape{c.vocab_size, h}, TpSplit::kRows, /*vocab_padded=*/true);
+  WeightList w(c.tensor_prefix);
+  w.Add(std::string(kEmbedding), Shape{c.vocab_size, h}, TpSplit::kRows, /*vocab_padded=*/true);
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     w.Add(p + "input_layernorm.weight", Shape{h}, TpSplit::kReplicated);
@@ -125,6 +145,11 @@ std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& c) {
   return w.Take();
 }
 
+std::string_view TextModelTensorName(std::string_view name, const DeepseekV2Config& config) {
+  if (!name.starts_with(config.tensor_prefix)) return {};
+  return name.substr(config.tensor_prefix.size());
+}
+
 absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
                                    const std::vector<WeightSpec>& specs) {
   // The stored tensors of each weight: its scales and packing under the quantization_config.
@@ -141,7 +166,7 @@ absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV
   std::string quantized;  // the first unknown tensor with a quantization name, if any
   int64_t unknown = 0;
   for (const std::string& name : checkpoint.TensorNames()) {
-    if (known.count(name) != 0 || IsMtpTensor(name, config)) continue;
+    if (known.count(name) != 0 || IsMtpTensor(name, config) || IsVisionTensor(name, config)) continue;
     if (unknown++ == 0) first = name;
     if (quantized.empty() && LooksQuantized(name)) quantized = name;
   }

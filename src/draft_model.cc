@@ -318,7 +318,7 @@ absl::Status DraftModel::Impl::LoadWeights(const std::vector<WeightSpec>& specs,
   } else {
     EAGLE3_ASSIGN_OR_RETURN(
         embed, LoadShard(*target_checkpoint,
-                         WeightSpec{"model.embed_tokens.weight", Shape{target.vocab_size, target.hidden_size},
+                         WeightSpec{DeepseekEmbeddingName(target), Shape{target.vocab_size, target.hidden_size},
                                     TpSplit::kRows, true},
                          weight_dtype));
   }
@@ -844,7 +844,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string
   EAGLE3_RETURN_IF_ERROR(m.CheckTensors(specs, own_embedding));
   if (!own_embedding) {
     EAGLE3_ASSIGN_OR_RETURN(m.target_checkpoint, Checkpoint::Open(target_dir));
-    const std::string embed_name = "model.embed_tokens.weight";
+    const std::string embed_name = DeepseekEmbeddingName(m.target);
     if (!m.target_checkpoint->Has(embed_name)) {
       return absl::NotFoundError("target checkpoint '" + target_dir + "' has no tensor '" + embed_name +
                                  "', the embedding the draft shares");

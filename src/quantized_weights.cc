@@ -24,9 +24,10 @@ constexpr std::string_view kWeightSuffix = ".weight";
 // The nn.Linear weights of the schema: every *_proj matrix (kv_a_proj_with_mqa included) and
 // lm_head. The embedding is an nn.Embedding, the router (mlp.gate) a plain parameter, norms and the
 // correction bias vectors.
-bool IsLinear(const WeightSpec& spec) {
-  return spec.shape.rank() == 2 && (EndsWith(spec.name, "_proj.weight") ||
-                                    EndsWith(spec.name, "_proj_with_mqa.weight") || spec.name == "lm_head.weight");
+// `name` is the text model's spelling (TextModelTensorName).
+bool IsLinear(const WeightSpec& spec, std::string_view name) {
+  return spec.shape.rank() == 2 &&
+         (EndsWith(name, "_proj.weight") || EndsWith(name, "_proj_with_mqa.weight") || name == "lm_head.weight");
 }
 
 std::string ModuleName(std::string_view weight) {
@@ -239,11 +240,13 @@ std::vector<StoredForm> StoredForms(const DeepseekV2Config& config, const std::v
   if (!q.quantized()) return forms;
   const IgnoreList ignore(q.ignore);
   for (size_t i = 0; i < specs.size(); ++i) {
-    const WeightSpec& spec = specs[i];
-    if (!IsLinear(spec)) continue;
+    // Kimi-K2.5 stores the language model under a prefix; its ignore list names the text model's
+    // modules ("lm_head", not "language_model.lm_head").
+    const std::string_view name = TextModelTensorName(specs[i].name, config);
+    if (!IsLinear(specs[i], name)) continue;
     if (q.format == WeightFormat::kFp8Block) {
-      if (spec.name != "lm_head.weight") forms[i] = StoredForm::kFp8Block;
-    } else if (!ignore.Matches(ModuleName(spec.name))) {
+      if (name != "lm_head.weight") forms[i] = StoredForm::kFp8Block;
+    } else if (!ignore.Matches(ModuleName(name))) {
       forms[i] = StoredForm::kInt4Packed;
     }
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "config_test_util.h"
@@ -24,6 +25,7 @@ constexpr char kV2Lite[] = "deepseek-ai_DeepSeek-V2-Lite-Chat.json";
 constexpr char kV2LiteTf5[] = "deepseek-ai_DeepSeek-V2-Lite-Chat.transformers5.json";
 constexpr char kV3[] = "deepseek-ai_DeepSeek-V3.json";
 constexpr char kK2[] = "moonshotai_Kimi-K2-Instruct.json";
+constexpr char kK25[] = "moonshotai_Kimi-K2.5.json";
 
 DeepseekV2Config Parse(const std::string& text, const std::string& source = "test") {
   absl::StatusOr<DeepseekV2Config> config = DeepseekV2Config::FromJson(text, source);
@@ -138,6 +140,101 @@ TEST(DeepseekV2ConfigTest, KimiK2) {
   EXPECT_EQ(c.rope.scaling.beta_fast, 1.0);
   EXPECT_EQ(c.rope.scaling.beta_slow, 1.0);
   EXPECT_NEAR(c.SoftmaxScale(), ExpectedYarnScale(32.0, 1.0), 1e-15);
+}
+
+// Kimi-K2.5's multimodal config: the text backbone from text_config, INT4 group 32 with its ignore
+// list, the vision part accepted unread, the checkpoint's language model under "language_model.".
+TEST(DeepseekV2ConfigTest, KimiK25ReadsItsTextBackbone) {
+  const DeepseekV2Config c = Parse(ReadConfigText(kK25));
+  EXPECT_EQ(c.model_type, DeepseekModelType::kDeepseekV3);  // text_config's model_type
+  EXPECT_EQ(c.tensor_prefix, "language_model.");
+  EXPECT_EQ(c.vocab_size, 163840);
+  EXPECT_EQ(c.hidden_size, 7168);
+  EXPECT_EQ(c.intermediate_size, 18432);
+  EXPECT_EQ(c.num_hidden_layers, 61);
+  EXPECT_EQ(c.num_attention_heads, 64);
+  EXPECT_EQ(c.n_routed_experts, 384);
+  EXPECT_EQ(c.moe_intermediate_size, 2048);
+  EXPECT_EQ(c.n_shared_experts, 1);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.routed_scaling_factor, 2.827);
+  EXPECT_EQ(c.scoring_func, ScoringFunc::kSigmoid);
+  EXPECT_EQ(c.topk_method, TopkMethod::kNoauxTc);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.q_lora_rank, 1536);
+  EXPECT_EQ(c.kv_lora_rank, 512);
+  EXPECT_EQ(c.qk_nope_head_dim, 128);
+  EXPECT_EQ(c.qk_rope_head_dim, 64);
+  EXPECT_EQ(c.v_head_dim, 128);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.max_position_embeddings, 262144);
+  EXPECT_EQ(c.rope.theta, 50000.0);
+  EXPECT_EQ(c.rope.scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope.scaling.factor, 64.0);
+  EXPECT_EQ(c.rope.scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(c.rope.scaling.beta_fast, 32.0);
+  EXPECT_EQ(c.rope.scaling.beta_slow, 1.0);
+  EXPECT_NEAR(c.SoftmaxScale(), ExpectedYarnScale(64.0, 1.0), 1e-15);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 163584);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{163585});
+  EXPECT_EQ(c.num_nextn_predict_layers, 0);
+  EXPECT_EQ(c.quantization.format, WeightFormat::kInt4Group);
+  EXPECT_EQ(c.quantization.group_size, 32);
+  EXPECT_EQ(c.quantization.ignore,
+            (std::vector<std::string>{"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                                      "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"}));
+  EXPECT_TRUE(c.ValidateForTp(8).ok());
+  // The quantization_config in either place alone gives the same config.
+  for (const bool top : {true, false}) {
+    const DeepseekV2Config one = Parse(EditedConfig(kK25, [&](nlohmann::json& j) {
+      (top ? j["text_config"] : j).erase("quantization_config");
+    }));
+    EXPECT_EQ(one.quantization, c.quantization) << top;
+  }
+  const DeepseekV2Config bf16 = Parse(EditedConfig(kK25, [](nlohmann::json& j) {
+    j.erase("quantization_config");
+    j["text_config"].erase("quantization_config");
+  }));
+  EXPECT_FALSE(bf16.quantization.quantized());
+  // vision_config is not read: its contents do not matter.
+  const DeepseekV2Config other_vision =
+      Parse(EditedConfig(kK25, [](nlohmann::json& j) { j["vision_config"]["some_future_key"] = 1; }));
+  EXPECT_EQ(other_vision.hidden_size, 7168);
+}
+
+TEST(DeepseekV2ConfigTest, KimiK25MalformedWrappersAreRefusedByKey) {
+  const struct {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expected;
+  } cases[] = {
+      {"no text_config", [](nlohmann::json& j) { j.erase("text_config"); }, "missing required key 'text_config'"},
+      {"text_config not an object", [](nlohmann::json& j) { j["text_config"] = 3; }, "text_config"},
+      {"unknown top-level key", [](nlohmann::json& j) { j["audio_config"] = nlohmann::json::object(); },
+       "key 'audio_config'"},
+      {"unknown text_config key", [](nlohmann::json& j) { j["text_config"]["moe_router_jitter"] = 0.1; },
+       "key 'text_config.moe_router_jitter'"},
+      {"text_config missing a key", [](nlohmann::json& j) { j["text_config"].erase("kv_lora_rank"); },
+       "text_config.kv_lora_rank"},
+      {"the wrapper nested", [](nlohmann::json& j) { j["text_config"]["model_type"] = "kimi_k25"; },
+       "text_config.model_type"},
+      {"quantization_configs disagree",
+       [](nlohmann::json& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128; },
+       "key 'quantization_config': differs from text_config.quantization_config"},
+      {"tie_word_embeddings disagrees", [](nlohmann::json& j) { j["tie_word_embeddings"] = true; },
+       "differs from text_config.tie_word_embeddings"},
+      {"eos disagrees", [](nlohmann::json& j) { j["eos_token_id"] = 7; }, "differs from text_config.eos_token_id"},
+      {"vision_config not an object", [](nlohmann::json& j) { j["vision_config"] = "moonvit"; }, "vision_config"},
+  };
+  for (const auto& c : cases) {
+    const absl::StatusOr<DeepseekV2Config> parsed = DeepseekV2Config::FromJson(EditedConfig(kK25, c.edit), "k25");
+    ASSERT_FALSE(parsed.ok()) << c.what;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.expected)) << c.what;
+  }
 }
 
 TEST(DeepseekV2ConfigTest, Fp8HubCheckpointsParseTheirQuantizationConfig) {

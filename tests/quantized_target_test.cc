@@ -1,15 +1,22 @@
 // Quantized targets on the CPU reference: a checkpoint in a hub quantized form gives exactly the
 // logits of the same model written unquantized with its dequantized f32 weights, TP=2/8 ≡ TP=1 in
 // both residual modes, speculative greedy ≡ plain greedy next to an unquantized draft, and the
-// draft loads the same whether its target is quantized or not.
+// draft loads the same whether its target is quantized or not. Kimi-K2.5's multimodal checkpoint
+// form gives the logits of the same model in the plain kimi_k2 form.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "eagle3/checkpoint.h"
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_draft_config.h"
 #include "eagle3/pair_check.h"
@@ -28,6 +35,44 @@ namespace {
 
 using ::testing::HasSubstr;
 
+TargetModelOptions Options(int tp, ResidualMode mode) {
+  TargetModelOptions o;
+  o.tp_size = tp;
+  o.residual_mode = mode;
+  o.max_tokens_per_forward = 64;
+  o.max_context_len = 96;
+  o.num_kv_pages = 96;
+  o.page_size = 3;
+  return o;
+}
+
+// Rank 0's logits of every position of one prompt from the target in `dir` (vocabulary `vocab`),
+// after checking every rank has the same bits.
+std::vector<float> TargetLogits(const std::string& dir, int64_t vocab, int tp, ResidualMode mode) {
+  std::vector<int64_t> prompt(13);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((37 * i + 11) % 1000);
+  std::vector<int32_t> pages = {5, 2, 9, 0, 7};
+  std::vector<std::vector<float>> logits(static_cast<size_t>(tp));
+  const absl::Status status = RunRankThreads(tp, [&](int rank, Communicator* comm) -> absl::Status {
+    cpu::CpuBackend backend;
+    TargetModelOptions o = Options(tp, mode);
+    o.rank = rank;
+    EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(dir, o, comm, &backend));
+    SequenceInput in;
+    in.tokens = prompt;
+    in.page_table = pages;
+    in.all_logits = true;
+    const SequenceInput batch[] = {in};
+    std::vector<float>& out = logits[static_cast<size_t>(rank)];
+    out.resize(prompt.size() * static_cast<size_t>(vocab));
+    return model->Forward(batch,
+                          TensorView(out.data(), DType::kF32, Shape{static_cast<int64_t>(prompt.size()), vocab}));
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  for (int rank = 1; rank < tp; ++rank) EXPECT_EQ(logits[rank], logits[0]) << "rank " << rank;
+  return logits[0];
+}
+
 class QuantizedTargetTest : public ::testing::TestWithParam<std::pair<std::string, QuantizationConfig>> {
  protected:
   void SetUp() override {
@@ -35,41 +80,8 @@ class QuantizedTargetTest : public ::testing::TestWithParam<std::pair<std::strin
     WriteQuantTestCheckpoint(config_, dir_.path(), plain_dir_.path());
   }
 
-  static TargetModelOptions Options(int tp, ResidualMode mode) {
-    TargetModelOptions o;
-    o.tp_size = tp;
-    o.residual_mode = mode;
-    o.max_tokens_per_forward = 64;
-    o.max_context_len = 96;
-    o.num_kv_pages = 96;
-    o.page_size = 3;
-    return o;
-  }
-
-  // Rank 0's logits of every position of one prompt, after checking every rank has the same bits.
   std::vector<float> Logits(const std::string& dir, int tp, ResidualMode mode) const {
-    std::vector<int64_t> prompt(13);
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((37 * i + 11) % 1000);
-    std::vector<int32_t> pages = {5, 2, 9, 0, 7};
-    std::vector<std::vector<float>> logits(static_cast<size_t>(tp));
-    const absl::Status status = RunRankThreads(tp, [&](int rank, Communicator* comm) -> absl::Status {
-      cpu::CpuBackend backend;
-      TargetModelOptions o = Options(tp, mode);
-      o.rank = rank;
-      EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(dir, o, comm, &backend));
-      SequenceInput in;
-      in.tokens = prompt;
-      in.page_table = pages;
-      in.all_logits = true;
-      const SequenceInput batch[] = {in};
-      std::vector<float>& out = logits[static_cast<size_t>(rank)];
-      out.resize(prompt.size() * static_cast<size_t>(config_.vocab_size));
-      return model->Forward(
-          batch, TensorView(out.data(), DType::kF32, Shape{static_cast<int64_t>(prompt.size()), config_.vocab_size}));
-    });
-    EXPECT_TRUE(status.ok()) << status;
-    for (int rank = 1; rank < tp; ++rank) EXPECT_EQ(logits[rank], logits[0]) << "rank " << rank;
-    return logits[0];
+    return TargetLogits(dir, config_.vocab_size, tp, mode);
   }
 
   DeepseekV2Config config_;
@@ -120,6 +132,34 @@ void WriteDraft(const DeepseekV2Config& target, const std::string& dir) {
   ASSERT_TRUE(status.ok()) << status;
 }
 
+// The draft's logits and hidden rows (concatenated) for three tokens from fixed aux states, next to
+// the target in `target_dir` (whose embedding it shares); empty on failure.
+std::vector<float> DraftOutputs(const std::string& draft_dir, const std::string& target_dir,
+                                int64_t target_hidden) {
+  cpu::CpuBackend backend;
+  auto draft = DraftModel::Create(draft_dir, target_dir, DraftOptions(), nullptr, &backend);
+  EXPECT_TRUE(draft.ok()) << draft.status();
+  if (!draft.ok()) return {};
+  const std::vector<int64_t> tokens = {5, 17, 99};
+  const std::vector<int32_t> pages = {0, 1};
+  std::vector<float> hidden(3 * static_cast<size_t>((*draft)->tap().width()));
+  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>((i * 7919) % 101) / 50.0f - 1.0f;
+  DraftSequenceInput in;
+  in.tokens = tokens;
+  in.page_table = pages;
+  in.all_logits = true;
+  const DraftSequenceInput batch[] = {in};
+  std::vector<float> logits(3 * static_cast<size_t>((*draft)->draft_vocab()));
+  std::vector<float> hidden_out(3 * static_cast<size_t>(target_hidden));
+  const absl::Status status = (*draft)->Forward(
+      batch, TensorView(hidden.data(), DType::kF32, Shape{3, (*draft)->tap().width()}), /*from_target=*/true,
+      TensorView(logits.data(), DType::kF32, Shape{3, (*draft)->draft_vocab()}),
+      TensorView(hidden_out.data(), DType::kF32, Shape{3, target_hidden}));
+  EXPECT_TRUE(status.ok()) << status;
+  logits.insert(logits.end(), hidden_out.begin(), hidden_out.end());
+  return logits;
+}
+
 TEST_P(QuantizedTargetTest, SpeculativeGreedyEqualsPlainGreedyWithAnUnquantizedDraft) {
   ScopedTempDir draft_dir;
   WriteDraft(config_, draft_dir.path());
@@ -138,29 +178,9 @@ TEST_P(QuantizedTargetTest, SpeculativeGreedyEqualsPlainGreedyWithAnUnquantizedD
 TEST_P(QuantizedTargetTest, TheDraftIgnoresTheTargetsQuantization) {
   ScopedTempDir draft_dir;
   WriteDraft(config_, draft_dir.path());
-  cpu::CpuBackend backend;
   std::vector<std::vector<float>> outputs;
   for (const std::string& target_dir : {dir_.path(), plain_dir_.path()}) {
-    auto draft = DraftModel::Create(draft_dir.path(), target_dir, DraftOptions(), nullptr, &backend);
-    ASSERT_TRUE(draft.ok()) << draft.status();
-    const std::vector<int64_t> tokens = {5, 17, 99};
-    const std::vector<int32_t> pages = {0, 1};
-    std::vector<float> hidden(3 * static_cast<size_t>((*draft)->tap().width()));
-    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>((i * 7919) % 101) / 50.0f - 1.0f;
-    DraftSequenceInput in;
-    in.tokens = tokens;
-    in.page_table = pages;
-    in.all_logits = true;
-    const DraftSequenceInput batch[] = {in};
-    std::vector<float> logits(3 * static_cast<size_t>((*draft)->draft_vocab()));
-    std::vector<float> hidden_out(3 * static_cast<size_t>(config_.hidden_size));
-    const absl::Status status = (*draft)->Forward(
-        batch, TensorView(hidden.data(), DType::kF32, Shape{3, (*draft)->tap().width()}), /*from_target=*/true,
-        TensorView(logits.data(), DType::kF32, Shape{3, (*draft)->draft_vocab()}),
-        TensorView(hidden_out.data(), DType::kF32, Shape{3, config_.hidden_size}));
-    ASSERT_TRUE(status.ok()) << status;
-    logits.insert(logits.end(), hidden_out.begin(), hidden_out.end());
-    outputs.push_back(std::move(logits));
+    outputs.push_back(DraftOutputs(draft_dir.path(), target_dir, config_.hidden_size));
   }
   EXPECT_EQ(outputs[0], outputs[1]);
   // A draft config carrying a quantization_config is refused, not half-applied.
@@ -186,6 +206,103 @@ TEST_P(QuantizedTargetTest, PairCheckNamesEachModelsWeightFormat) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedTargetTest, ::testing::ValuesIn(TestQuantizations()),
+                         [](const auto& info) { return info.param.first; });
+
+// Kimi-K2.5's multimodal form: config.json with the text model as text_config, the language
+// model's tensors under "language_model.", vision tower and projector tensors beside them.
+class KimiK25FormTest : public ::testing::TestWithParam<std::pair<std::string, QuantizationConfig>> {
+ protected:
+  void SetUp() override {
+    plain_ = QuantTestConfig(GetParam().second);
+    plain_.model_type = DeepseekModelType::kKimiK2;
+    k25_ = plain_;
+    k25_.tensor_prefix = std::string(kKimiK25TensorPrefix);
+  }
+
+  static void Write(const DeepseekV2Config& config, const std::string& dir) {
+    RandomCheckpointOptions options;
+    options.seed = 11;
+    options.num_shards = 2;
+    const absl::Status status = WriteRandomDeepseekV2Checkpoint(config, dir, options);
+    ASSERT_TRUE(status.ok()) << status;
+  }
+
+  DeepseekV2Config plain_, k25_;
+  ScopedTempDir plain_dir_, k25_dir_;
+};
+
+// The text backbone loads and its logits equal the plain kimi_k2 form's bit for bit.
+TEST_P(KimiK25FormTest, LogitsEqualThePlainKimiK2FormExactly) {
+  Write(plain_, plain_dir_.path());
+  Write(k25_, k25_dir_.path());
+  auto read = DeepseekV2Config::FromFile(k25_dir_.path());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->tensor_prefix, kKimiK25TensorPrefix);
+  EXPECT_EQ(read->quantization, plain_.quantization);
+  EXPECT_EQ(read->num_hidden_layers, plain_.num_hidden_layers);
+  auto checkpoint = Checkpoint::Open(k25_dir_.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_TRUE((*checkpoint)->Has("language_model.lm_head.weight"));
+  EXPECT_TRUE((*checkpoint)->Has("language_model.model.layers.0.self_attn.q_a_proj.weight"));
+  EXPECT_TRUE((*checkpoint)->Has("vision_tower.patch_embed.proj.weight"));
+  EXPECT_TRUE((*checkpoint)->Has("mm_projector.proj.0.weight"));
+  EXPECT_FALSE((*checkpoint)->Has("lm_head.weight"));
+  for (const auto& [tp, mode] : {std::pair{1, ResidualMode::kReplicated}, std::pair{2, ResidualMode::kTokenSharded}}) {
+    const std::vector<float> k25 = TargetLogits(k25_dir_.path(), plain_.vocab_size, tp, mode);
+    ASSERT_FALSE(k25.empty());
+    EXPECT_EQ(k25, TargetLogits(plain_dir_.path(), plain_.vocab_size, tp, mode)) << "tp " << tp;
+  }
+}
+
+// A language-model tensor missing from the checkpoint is refused by its prefixed name: written with
+// tied embeddings (no lm_head), read as untied.
+TEST_P(KimiK25FormTest, AMissingLanguageModelTensorIsRefusedByName) {
+  k25_.tie_word_embeddings = true;
+  Write(k25_, k25_dir_.path());
+  const std::string path = (std::filesystem::path(k25_dir_.path()) / "config.json").string();
+  nlohmann::json config;
+  std::ifstream(path) >> config;
+  config["tie_word_embeddings"] = false;
+  config["text_config"]["tie_word_embeddings"] = false;
+  std::ofstream(path, std::ios::trunc) << config.dump(2);
+  cpu::CpuBackend backend;
+  auto target = TargetModel::Create(k25_dir_.path(), Options(1, ResidualMode::kReplicated), nullptr, &backend);
+  ASSERT_FALSE(target.ok());
+  EXPECT_THAT(target.status().message(), HasSubstr("'language_model.lm_head.weight'"));
+}
+
+// The vision tower and projector are skipped by the Kimi-K2.5 form only: read under another
+// prefix, every tensor of the checkpoint, the vision ones included, counts as unknown.
+TEST_P(KimiK25FormTest, VisionTensorsAreSkippedOnlyInTheKimiK25Form) {
+  Write(k25_, k25_dir_.path());
+  auto checkpoint = Checkpoint::Open(k25_dir_.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_TRUE(CheckNoUnknownTensors(**checkpoint, k25_, DeepseekV2Weights(k25_)).ok());
+  DeepseekV2Config other = k25_;
+  other.tensor_prefix = "text_model.";
+  const absl::Status refused = CheckNoUnknownTensors(**checkpoint, other, DeepseekV2Weights(other));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("is not used by the model"));
+  const size_t all = (*checkpoint)->TensorNames().size();
+  EXPECT_THAT(refused.message(), HasSubstr("(and " + std::to_string(all - 1) + " more unknown tensors)"));
+}
+
+// An EAGLE-3 draft without its own embedding shares the language model's, under its prefix: next to
+// the Kimi-K2.5 form it gives the outputs it gives next to the plain kimi_k2 form.
+TEST_P(KimiK25FormTest, AnEagle3DraftSharesTheLanguageModelsEmbedding) {
+  Write(plain_, plain_dir_.path());
+  Write(k25_, k25_dir_.path());
+  ScopedTempDir draft_dir;
+  WriteDraft(plain_, draft_dir.path());
+  EXPECT_EQ(DeepseekEmbeddingName(k25_), "language_model.model.embed_tokens.weight");
+  const std::vector<float> k25 = DraftOutputs(draft_dir.path(), k25_dir_.path(), plain_.hidden_size);
+  ASSERT_FALSE(k25.empty());
+  EXPECT_EQ(k25, DraftOutputs(draft_dir.path(), plain_dir_.path(), plain_.hidden_size));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, KimiK25FormTest,
+                         ::testing::Values(std::pair{std::string("bf16"), QuantizationConfig{}},
+                                           std::pair{std::string("int4_k25"), KimiK2ThinkingInt4Quantization()}),
                          [](const auto& info) { return info.param.first; });
 
 }  // namespace

@@ -1,6 +1,13 @@
 // Configuration of a DeepSeek-V2-family target (DeepSeek-V2, V2-Lite, V3, Kimi-K2) read from its
 // Hugging Face `config.json`, in the hub form or the form transformers 5 saves.
 //
+// Kimi-K2.5 (`model_type` "kimi_k25", a multimodal wrapper) is read for its text backbone only: the
+// language model's config is its `text_config` (a DeepSeek-V3 config, read exactly as a top-level
+// one is, plus the generic attributes transformers 4 writes into nested configs), the
+// `quantization_config` may sit in text_config and/or at the top level (equal when both), and
+// `vision_config` is accepted unread: it configures the vision tower and projector, which eagle3
+// does not run. Its checkpoint stores the language model under `language_model.` (tensor_prefix).
+//
 // Parsing is strict: every key is either understood, known to be harmless (architectures, dtype,
 // initializer_range, ...), or refused. A key outside the allowlist fails with InvalidArgument
 // naming it, because a silently ignored key can change the model's math. `quantization_config` is
@@ -37,6 +44,11 @@
 namespace eagle3 {
 
 enum class DeepseekModelType { kDeepseekV2, kDeepseekV3, kKimiK2 };
+
+// Kimi-K2.5's multimodal config.json: its model_type, and the prefix its checkpoint puts before the
+// language model's tensors ("language_model.model.layers.0...", "language_model.lm_head.weight").
+inline constexpr std::string_view kKimiK25ModelType = "kimi_k25";
+inline constexpr std::string_view kKimiK25TensorPrefix = "language_model.";
 // Router score function. softmax pairs with greedy / group_limited_greedy, sigmoid with noaux_tc:
 // DeepSeek's reference gates implement only those pairings, so the others are refused.
 enum class ScoringFunc { kSoftmax, kSigmoid };
@@ -91,6 +103,12 @@ struct EAGLE3_API DeepseekV2Config {
   // How the Linear weights are stored (kUnquantized without quantization_config). The weight schema
   // (quantized_weights.h) derives each tensor's stored form from it.
   QuantizationConfig quantization;
+
+  // Prefix of every language-model tensor name in the checkpoint: "" for the text-model form,
+  // kKimiK25TensorPrefix for Kimi-K2.5's multimodal form, whose checkpoint also holds vision tensors
+  // (skipped deliberately, see CheckNoUnknownTensors). The weight schema (DeepseekV2Weights) applies
+  // it to every name it lists.
+  std::string tensor_prefix;
 
   // Where the config was read from; used in messages of later checks.
   std::string source;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,18 +44,30 @@ inline constexpr int64_t kVocabPadPerRank = 64;
 // noaux_tc], per-expert gate/up/down, shared experts), then the final norm and lm_head (absent when
 // tie_word_embeddings). MTP layers (num_nextn_predict_layers) are not part of the target forward and
 // are not listed.
+// Every name carries config.tensor_prefix ("language_model." for Kimi-K2.5): this is the one place
+// the checkpoint's naming of the language model is decided.
 EAGLE3_API std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
+
+// The target's token embedding as its checkpoint names it (the first of DeepseekV2Weights), which
+// an EAGLE-3 draft without its own embedding shares.
+EAGLE3_API std::string DeepseekEmbeddingName(const DeepseekV2Config& config);
+
+// A checkpoint tensor name without config.tensor_prefix: the text model's hub spelling
+// ("model.layers.3.mlp.gate.weight", "lm_head.weight") that compressed-tensors' ignore list and MTP
+// layer numbering refer to. Empty when `name` lacks the prefix (not a language-model tensor).
+EAGLE3_API std::string_view TextModelTensorName(std::string_view name, const DeepseekV2Config& config);
 
 // Refuses a checkpoint holding a tensor that `specs` (DeepseekV2Weights(config)) does not list,
 // each spec counted with the tensors it is stored as under config.quantization (its scales and
 // packing, eagle3/detail/quantized_weights.h): an unused bias, a `weight_scale_inv` of an FP8
 // checkpoint whose config.json lost its quantization_config (it would otherwise run without its
-// scales), a misspelled name. The one
-// deliberate exception: tensors of MTP layers (`model.layers.<k>.*` with num_hidden_layers <= k <
-// num_hidden_layers + num_nextn_predict_layers), which real DeepSeek-V3 checkpoints carry for a
-// future MTP drafter. InvalidArgument names the first unknown tensor, its file, the config, how
-// many more there are, and for `*weight_scale_inv`, `*weight_scale` and `*weight_packed` names a
-// hint that the checkpoint looks quantized.
+// scales), a misspelled name. The deliberate exceptions: tensors of MTP layers (`model.layers.<k>.*`
+// with num_hidden_layers <= k < num_hidden_layers + num_nextn_predict_layers), which real
+// DeepSeek-V3 checkpoints carry for a future MTP drafter, and in Kimi-K2.5's multimodal form the
+// vision tower and projector (`vision_tower.*`, `mm_projector.*`), which eagle3 does not run.
+// InvalidArgument names the first unknown tensor, its file, the config, how many more there are,
+// and for `*weight_scale_inv`, `*weight_scale` and `*weight_packed` names a hint that the
+// checkpoint looks quantized.
 EAGLE3_API absl::Status CheckNoUnknownTensors(const Checkpoint& checkpoint, const DeepseekV2Config& config,
                                               const std::vector<WeightSpec>& specs);
 

@@ -57,6 +57,28 @@ nlohmann::json QuantizationJson(const QuantizationConfig& q) {
           {"quantization_status", "compressed"}};
 }
 
+// Kimi-K2.5's multimodal form around the text model's config `text` (tests/data/configs/
+// moonshotai_Kimi-K2.5.json): quantization_config inside text_config as published, a vision_config
+// with the published vision tower's keys (sized for the tiny vision tensors the random writer adds).
+nlohmann::json KimiK25Json(const DeepseekV2Config& c, nlohmann::json text) {
+  nlohmann::json j = {{"architectures", {"KimiK25ForConditionalGeneration"}},
+                      {"model_type", std::string(kKimiK25ModelType)},
+                      {"ignore_index", -100},
+                      {"tie_word_embeddings", c.tie_word_embeddings},
+                      {"use_unified_vision_chunk", true},
+                      {"video_placeholder", "<|kimi_k25_video_placeholder|>"},
+                      {"dtype", "bfloat16"}};
+  if (text.contains("bos_token_id")) j["bos_token_id"] = text["bos_token_id"];
+  if (text.contains("eos_token_id")) j["eos_token_id"] = text["eos_token_id"];
+  j["vision_config"] = {{"patch_size", 2},           {"vt_hidden_size", 8},
+                        {"vt_num_hidden_layers", 1}, {"vt_num_attention_heads", 2},
+                        {"vt_intermediate_size", 16}, {"merge_kernel_size", {2, 2}},
+                        {"mm_projector_type", "patchmerger"}, {"mm_hidden_size", 8},
+                        {"text_hidden_size", c.hidden_size}};
+  j["text_config"] = std::move(text);
+  return j;
+}
+
 }  // namespace
 
 std::string DeepseekV2ConfigToHubJson(const DeepseekV2Config& c) {
@@ -107,6 +129,7 @@ std::string DeepseekV2ConfigToHubJson(const DeepseekV2Config& c) {
   if (c.num_nextn_predict_layers > 0) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   if (c.quantization.quantized()) j["quantization_config"] = QuantizationJson(c.quantization);
   j["torch_dtype"] = "bfloat16";
+  if (c.tensor_prefix == kKimiK25TensorPrefix) j = KimiK25Json(c, std::move(j));
   return j.dump(2) + "\n";
 }
 

@@ -61,6 +61,22 @@ absl::StatusOr<Tensor> RandomTensor(const WeightSpec& spec, uint64_t seed, DType
   return converted;
 }
 
+// A few tensors of Kimi-K2.5's vision tower and projector, named as the published checkpoint names
+// them (tiny shapes): the loader must skip them deliberately.
+absl::Status AddVisionTensors(uint64_t seed, DType dtype, std::vector<std::pair<std::string, Tensor>>& tensors) {
+  const WeightSpec vision[] = {
+      {"vision_tower.patch_embed.proj.weight", Shape{8, 3, 2, 2}},
+      {"vision_tower.encoder.blocks.0.wqkv.weight", Shape{24, 8}},
+      {"mm_projector.pre_norm.weight", Shape{8}},
+      {"mm_projector.proj.0.weight", Shape{32, 32}},
+  };
+  for (const WeightSpec& spec : vision) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(spec, seed ^ Fnv1a(spec.name), dtype));
+    tensors.emplace_back(spec.name, std::move(t));
+  }
+  return absl::OkStatus();
+}
+
 std::string ShardFileName(int index, int count) {
   char name[64];
   std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", index + 1, count);
@@ -150,7 +166,9 @@ absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, con
     while (next < specs.size() && (shard == shards - 1 || bytes < bytes_per_shard)) {
       const size_t i = next++;
       const WeightSpec& spec = specs[i];
-      const uint64_t seed = options.seed ^ Fnv1a(spec.name);
+      // Seeded by the text model's name: a Kimi-K2.5-form checkpoint holds the same values as the
+      // plain form of its text config.
+      const uint64_t seed = options.seed ^ Fnv1a(TextModelTensorName(spec.name, config));
       if (forms[i] == StoredForm::kPlain) {
         EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(spec, seed, options.dtype));
         bytes += t.nbytes();
@@ -169,6 +187,10 @@ absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, con
         tensors.emplace_back(std::move(name), std::move(t));
       }
       if (twin) twin_tensors.emplace_back(spec.name, std::move(q.dequantized));
+    }
+    if (shard == shards - 1 && config.tensor_prefix == kKimiK25TensorPrefix) {
+      EAGLE3_RETURN_IF_ERROR(AddVisionTensors(options.seed, options.dtype, tensors));
+      if (twin) EAGLE3_RETURN_IF_ERROR(AddVisionTensors(options.seed, options.dtype, twin_tensors));
     }
     const std::string file = shards == 1 ? "model.safetensors" : ShardFileName(shard, shards);
     EAGLE3_RETURN_IF_ERROR(main_writer.Write(file, tensors));

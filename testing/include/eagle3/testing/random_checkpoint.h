@@ -28,7 +28,10 @@ struct RandomCheckpointOptions {
 // ~ U(0, 0.1). Each tensor's values depend only on the seed and its name, not on the shard layout.
 // When config.quantization is set (e.g. DeepseekV3Fp8Quantization(), KimiK2ThinkingInt4Quantization()
 // of random_quantized_weights.h), the weights it quantizes are written in its hub form (codes or
-// packed values with their scales, RandomQuantizedWeightOf) and config.json carries it.
+// packed values with their scales, RandomQuantizedWeightOf) and config.json carries it. With
+// config.tensor_prefix kKimiK25TensorPrefix the checkpoint is in Kimi-K2.5's multimodal form: that
+// config.json, every language-model tensor under the prefix with the values of the plain form, and
+// a few vision-tower and projector tensors.
 absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, const std::string& dir,
                                              const RandomCheckpointOptions& options = {});
 
