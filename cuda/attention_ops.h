@@ -245,8 +245,11 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // Launch shapes depend only on tokens, heads, key_dim, value_dim, batch, max_kv_len and the
 // capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.
 // batch in [0, kLatentMaxBatch]; nothing is written when a check fails (or *bad != 0 before).
+// programmatic: where the attention kernel may overlap the check (one token per row tile, the
+// compact kernel), it and the combine launch as programmatic dependents (programmatic_launch.cuh).
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
                                          float* partials, int64_t partial_capacity, int* bad,
-                                         int* error_flag, int error_code, cudaStream_t stream);
+                                         int* error_flag, int error_code, bool programmatic,
+                                         cudaStream_t stream);
 
 }  // namespace eagle3::cuda

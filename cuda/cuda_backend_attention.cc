@@ -311,7 +311,8 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
   }
   return CudaStatus(LaunchBatchedLatentAttention(
                         p, scratch.tile_table, scratch.partials, scratch.partial_floats, scratch.bad,
-                        s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention), s.stream),
+                        s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention),
+                        s.options.programmatic_launch, s.stream),
                     "BatchedLatentAttention: kernel launch");
 }
 

@@ -34,6 +34,8 @@ struct LatentArgs {
   int tokens_per_tile;        // G
   int64_t value_tiles;
   int64_t splits;
+  int split_chunk;            // split lengths are multiples of this (the kernel's chunk of keys)
+  bool splits_marked;         // empty splits are marked (MarkEmptySplit): the compact kernel
   int wp;                     // f32: floats per staged row, key_dim rounded up to 32 (zero
                               // padded); bf16: elements per staged row, key_dim rounded up to 64,
                               // + 8 (MmaRowStride)
@@ -66,7 +68,7 @@ __device__ inline int64_t LastNotAbove(const int32_t* values, int64_t count, int
 }
 
 // Keys per split for a sequence of kv keys: its keys spread evenly over the a.splits splits, in
-// whole chunks. The host sizes a.splits for max_kv_len (the cache capacity a captured graph must
+// whole chunks of a.split_chunk keys. The host sizes a.splits for max_kv_len (the cache capacity a captured graph must
 // cover), so the split length follows each sequence's real length on the device: a 1K-key sequence
 // in a 4K-capacity cache uses every split, not the first quarter of them (with the host's split
 // length it would run all its keys in one block per row tile, and a decode step would slow down
@@ -74,7 +76,7 @@ __device__ inline int64_t LastNotAbove(const int32_t* values, int64_t count, int
 // max_kv_len, so a.splits splits cover every sequence.
 __device__ inline int64_t LatentSplitKeys(const LatentArgs& a, int64_t kv) {
   const int64_t per = (kv + a.splits - 1) / a.splits;
-  return std::max<int64_t>(kLatentChunk, (per + kLatentChunk - 1) / kLatentChunk * kLatentChunk);
+  return std::max<int64_t>(a.split_chunk, (per + a.split_chunk - 1) / a.split_chunk * a.split_chunk);
 }
 
 __device__ inline bool FindLatentTile(const LatentArgs& a, int64_t x, LatentTile* tile) {
@@ -143,6 +145,38 @@ struct LatentAllowByte {
 __device__ inline bool LatentRowHeld(const LatentArgs& a, int64_t n0, int64_t tile_tokens, int r) {
   const int heads = a.heads_per_tile;
   return r < heads * a.tokens_per_tile && r / heads < tile_tokens && n0 + r % heads < a.p.heads;
+}
+
+// Where split `split` of query row (token t, head n) keeps its results when a call runs several
+// splits: value_dim unnormalized values, and (max, sum) of its softmax; a row's splits are
+// consecutive in both arrays. The one statement of the partials' layout: the attention kernels
+// write it, LatentCombineKernel reads it.
+struct LatentPartialRow {
+  float* values;   // [value_dim]
+  float* max_sum;  // [2]
+};
+
+__device__ inline LatentPartialRow LatentPartials(const LatentArgs& a, int64_t t, int64_t n, int64_t split) {
+  const LatentLaunchParams& p = a.p;
+  const int64_t entry = (t * p.heads + n) * a.splits + split;
+  return {a.partials + entry * p.value_dim, a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry};
+}
+
+// A block whose split holds no key of its tile's sequence marks its rows' entries of the split
+// partials as empty (max -inf, sum 0), so the combine reads every split of a row without looking
+// up the sequence's length (a.splits_marked). `n0`: the block's first head; `tile_tokens`: the
+// tile's tokens.
+__device__ inline void MarkEmptySplit(const LatentArgs& a, const LatentTile& tile, int64_t n0,
+                                      int64_t tile_tokens) {
+  if (a.splits == 1 || blockIdx.z % a.value_tiles != 0) return;
+  const int rows = a.heads_per_tile * a.tokens_per_tile;
+  for (int r = static_cast<int>(threadIdx.x); r < rows; r += static_cast<int>(blockDim.x)) {
+    if (!LatentRowHeld(a, n0, tile_tokens, r)) continue;
+    const int64_t t = tile.q0 + tile.i0 + r / a.heads_per_tile;
+    float* max_sum = LatentPartials(a, t, n0 + r % a.heads_per_tile, blockIdx.y).max_sum;
+    max_sum[0] = -__int_as_float(0x7f800000);
+    max_sum[1] = 0.0f;
+  }
 }
 
 // Stages a block's kRows query rows, kRows x stride elements (0 for rows the tile does not hold,
@@ -223,5 +257,30 @@ size_t MmaSharedBytes(int64_t key_dim, int groups);
 // error is left for the caller's cudaGetLastError.
 cudaError_t LaunchLatentMma(const LatentArgs& a, int groups, dim3 grid, size_t shared_bytes,
                             cudaStream_t stream);
+
+// ---- The compact bf16 kernel at DeepSeek's latent shape (latent_compact_kernels.cu) ------------
+
+// The latent shape LatentCompactKernel is built for: key rows of 576 (the 512-wide compressed KV and
+// 64 RoPE dims), values the first 512.
+inline constexpr int64_t kLatentCompactKeyDim = 576;
+inline constexpr int64_t kLatentCompactValueDim = 512;
+
+// Whether the compact kernel takes a call of `rows`-row blocks: a bf16 cache at that shape,
+// 16-byte aligned, 16-row blocks, key positions within 31 bits.
+bool LatentCompactApplies(const LatentLaunchParams& p, int rows);
+
+// Keys per chunk of the compact kernel (its split lengths are multiples of it).
+int LatentCompactChunk();
+
+// Its dynamic shared memory per block.
+size_t LatentCompactSharedBytes();
+
+// Launches it on `grid` (one value tile: value_dim 512). programmatic: as a programmatic dependent
+// of the kernel before it on the stream (programmatic_launch.cuh), which must be the batched form's
+// metadata check, launched normally, with nothing between them: before PdlWait the kernel reads
+// only what the kernels before the check wrote (queries, page tables, q_start, kv_len), with every
+// index bounded as if the check had failed, and reads no cache row and no `bad`. Returns the
+// attribute call's error, else the launch's.
+cudaError_t LaunchLatentCompact(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

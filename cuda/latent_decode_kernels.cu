@@ -33,6 +33,8 @@ namespace {
 // tensor cores (3xTF32 for fp32 accuracy, or a bf16 cache: latent_mma_kernels.cu).
 
 constexpr int kLatentThreads = 256;
+// Splits of one call at most (the bound LaunchAttention uses too; the combine's shared weights).
+constexpr int kLatentMaxSplits = 4096;
 constexpr int kLatentWarps = kLatentThreads / 32;
 constexpr int kLatentMaxRows = 16;
 constexpr int kScoreStride = kLatentChunk + 1;
@@ -290,12 +292,11 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
       dst = p.out + t * p.out_token_stride + n * p.out_head_stride + col0;
       factor = 1.0f / row_l[row];
     } else {
-      const int64_t entry = (t * p.heads + n) * a.splits + blockIdx.y;
-      dst = a.partials + entry * p.value_dim + col0;
+      const LatentPartialRow part = LatentPartials(a, t, n, blockIdx.y);
+      dst = part.values + col0;
       if (blockIdx.z % a.value_tiles == 0 && warp % 2 == 0 && lane == 0) {
-        float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry;
-        max_sum[0] = row_a[row];
-        max_sum[1] = row_l[row];
+        part.max_sum[0] = row_a[row];
+        part.max_sum[1] = row_l[row];
       }
     }
 #pragma unroll
@@ -307,44 +308,71 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
 }
 
 // One block per (query row, 128 value columns): out = sum_i w_i acc_i / sum_i w_i l_i over the
-// splits that hold keys of the row's sequence, w_i = exp(m_i - max m) (0 for m_i = -inf).
+// splits that hold keys of the row's sequence, w_i = exp(m_i - max m) (0 for m_i = -inf). The
+// weights go to shared memory first, so the value loop has no branch and no dependent load: its
+// loads of several splits are in flight at once (a loop that skips empty splits waits one memory
+// latency per split).
 __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const LatentArgs a) {
   PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
+  PdlWait();              // the attention kernel's partials
   if (*a.bad != 0) return;
   __shared__ float4 part_sums[kLatentWarps][32];
+  __shared__ float split_weight[kLatentMaxSplits];
   const LatentLaunchParams& p = a.p;
   const int64_t row = blockIdx.x;
   const int64_t t = row / p.heads;
   const int64_t n = row % p.heads;
-  int64_t kv = p.max_kv_len;
-  if (p.q_start != nullptr) kv = p.kv_len[LastNotAbove(p.q_start, p.batch, t)];
-  const int64_t split_keys = LatentSplitKeys(a, kv);
-  const int64_t splits = std::min(a.splits, (kv + split_keys - 1) / split_keys);
-  const float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * row * a.splits;
+  // Splits past the sequence's keys hold nothing: marked empty (MarkEmptySplit, -inf maxima), or
+  // not counted.
+  int splits = static_cast<int>(a.splits);
+  if (!a.splits_marked) {
+    int64_t kv = p.max_kv_len;
+    if (p.q_start != nullptr) kv = p.kv_len[LastNotAbove(p.q_start, p.batch, t)];
+    const int64_t split_keys = LatentSplitKeys(a, kv);
+    splits = static_cast<int>(std::min(a.splits, (kv + split_keys - 1) / split_keys));
+  }
+  const LatentPartialRow first = LatentPartials(a, t, n, 0);  // the row's splits follow it
+  const float* max_sum = first.max_sum;
   const int tid = static_cast<int>(threadIdx.x);
   float row_max = -CUDART_INF_F;
-  for (int64_t i = tid; i < splits; i += kLatentThreads) row_max = fmaxf(row_max, max_sum[2 * i]);
+  for (int i = tid; i < splits; i += kLatentThreads) row_max = fmaxf(row_max, max_sum[2 * i]);
   row_max = BlockMax(row_max);
   float denominator = 0.0f;
-  for (int64_t i = tid; i < splits; i += kLatentThreads) {
+  for (int i = tid; i < splits; i += kLatentThreads) {
     const float mi = max_sum[2 * i];
-    if (mi != -CUDART_INF_F) denominator += max_sum[2 * i + 1] * expf(mi - row_max);
+    const float w = mi != -CUDART_INF_F ? expf(mi - row_max) : 0.0f;
+    split_weight[i] = w;
+    if (w != 0.0f) denominator += max_sum[2 * i + 1] * w;
   }
   denominator = BlockSum(denominator);
+  __syncthreads();  // split_weight written
   const int group = tid / 32;
   const int64_t col = blockIdx.y * 128 + 4 * (tid % 32);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t i = group; i < splits; i += kLatentWarps) {
-    const float mi = max_sum[2 * i];
-    if (mi == -CUDART_INF_F) continue;
-    const float w = expf(mi - row_max);
-    const float* part = a.partials + (row * a.splits + i) * p.value_dim;
+  const float* part = first.values + col;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (p.value_dim % 4 == 0 && col < p.value_dim) {
+#pragma unroll 4
+    for (int i = group; i < splits; i += kLatentWarps) {
+      const float w = split_weight[i];
+      const float4 v = *reinterpret_cast<const float4*>(part + static_cast<int64_t>(i) * p.value_dim);
+      // An empty split's values were never written: select, do not multiply (0 x NaN).
+      acc.x += w != 0.0f ? w * v.x : 0.0f;
+      acc.y += w != 0.0f ? w * v.y : 0.0f;
+      acc.z += w != 0.0f ? w * v.z : 0.0f;
+      acc.w += w != 0.0f ? w * v.w : 0.0f;
+    }
+  } else {
+    float* lanes[4] = {&acc.x, &acc.y, &acc.z, &acc.w};
+    for (int i = group; i < splits; i += kLatentWarps) {
+      const float w = split_weight[i];
+      if (w == 0.0f) continue;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (col + e < p.value_dim) acc[e] = fmaf(w, part[col + e], acc[e]);
+      for (int e = 0; e < 4; ++e) {
+        if (col + e < p.value_dim) *lanes[e] = fmaf(w, part[static_cast<int64_t>(i) * p.value_dim + e], *lanes[e]);
+      }
     }
   }
-  part_sums[group][tid % 32] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  part_sums[group][tid % 32] = acc;
   __syncthreads();
   if (group == 0) {
     float4 sum = part_sums[0][tid];
@@ -367,6 +395,7 @@ __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const Late
 // the CPU reference's order). Threads only read what the earlier conditions of b made safe.
 __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, int* error_flag,
                                          int error_code) {
+  PdlLaunchDependents();  // the compact attention kernel's prologue may overlap this check
   const int64_t batch = p.batch;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (p.q_start[0] != 0) Flag(bad, error_flag, error_code, 0);
@@ -449,8 +478,6 @@ constexpr size_t kMmaWideSharedLimit = 227 * 1024;
 // and waited for by four times fewer blocks).
 constexpr int64_t kMmaWideMinRows = 2048;
 
-// Splits of one call at most (the bound LaunchAttention uses too).
-constexpr int64_t kLatentMaxSplits = 4096;
 
 // Query rows per block. The bf16 (tensor-core) kernel: 64 when a sequence holds at least 64 query
 // rows on average (heads x its tokens: tree verify, or 64+ heads), the call at least
@@ -470,9 +497,11 @@ int LatentBlockRows(const LatentLaunchParams& p) {
 }
 
 // Launch geometry (host values only, so a captured graph replays any lengths within the bounds).
+// programmatic: the batched form's check kernel was launched just before (see
+// LaunchLatentCompact); the compact kernel and the combine then launch as programmatic dependents.
 cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
                                 float* partials, int64_t partial_capacity, const int* bad,
-                                cudaStream_t stream) {
+                                bool programmatic, cudaStream_t stream) {
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
   int device = 0, sms = 0, max_shared = 0;
   cudaError_t error = cudaGetDevice(&device);
@@ -483,8 +512,10 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   if (error != cudaSuccess) return error;
   const bool bf16 = p.cache_bf16 != nullptr;
   const int rows = LatentBlockRows(p);
-  const size_t shared_bytes =
-      bf16 ? MmaSharedBytes(p.key_dim, rows / 16) : LatentSharedFloats(p.key_dim) * sizeof(float);
+  const bool compact = LatentCompactApplies(p, rows);
+  const size_t shared_bytes = compact ? LatentCompactSharedBytes()
+                              : bf16  ? MmaSharedBytes(p.key_dim, rows / 16)
+                                      : LatentSharedFloats(p.key_dim) * sizeof(float);
   if (shared_bytes > static_cast<size_t>(max_shared)) return cudaErrorInvalidValue;
 
   LatentArgs a{};
@@ -492,6 +523,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.tile_table = tile_table;
   a.partials = partials;
   a.bad = bad;
+  a.split_chunk = compact ? LatentCompactChunk() : kLatentChunk;
+  a.splits_marked = compact;
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
@@ -511,15 +544,16 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   // (waves x (chunks per split + 2 for the prologue)), within the scratch and kLatentMaxSplits.
   const int64_t blocks = token_tiles * head_tiles * a.value_tiles;
   const int64_t per_split_floats = p.tokens * p.heads * (p.value_dim + 2);
+  const int64_t chunk = a.split_chunk;
   int64_t max_splits = partials == nullptr ? 1 : partial_capacity / per_split_floats;
   max_splits = std::clamp<int64_t>(max_splits, 1, kLatentMaxSplits);
-  max_splits = std::min(max_splits, (p.max_kv_len + kLatentChunk - 1) / kLatentChunk);
+  max_splits = std::min(max_splits, (p.max_kv_len + chunk - 1) / chunk);
   int64_t best_cost = -1;
   for (int64_t s = 1; s <= max_splits; ++s) {
-    const int64_t kps = ((p.max_kv_len + s - 1) / s + kLatentChunk - 1) / kLatentChunk * kLatentChunk;
+    const int64_t kps = ((p.max_kv_len + s - 1) / s + chunk - 1) / chunk * chunk;
     const int64_t eff = (p.max_kv_len + kps - 1) / kps;
     const int64_t waves = (blocks * eff + sms - 1) / sms;
-    const int64_t cost = waves * (kps / kLatentChunk + 2) + (eff > 1 ? 1 : 0);
+    const int64_t cost = waves * (kps / chunk + 2) + (eff > 1 ? 1 : 0);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       a.splits = eff;
@@ -530,7 +564,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
-  if (bf16) {
+  if (compact) {
+    error = LaunchLatentCompact(a, grid, programmatic, stream);
+  } else if (bf16) {
     error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, stream);
   } else {
     error = LaunchWithSharedMemory(row_tile == 2 ? LatentKernel<2> : LatentKernel<4>, grid,
@@ -541,8 +577,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   if (error != cudaSuccess || a.splits == 1) return error;
   const dim3 combine_grid(static_cast<unsigned>(p.tokens * p.heads),
                           static_cast<unsigned>((p.value_dim + 127) / 128));
-  LatentCombineKernel<<<combine_grid, kLatentThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic && compact, LatentCombineKernel, combine_grid, dim3(kLatentThreads), 0,
+                      stream, a);
 }
 
 }  // namespace
@@ -558,12 +594,13 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
   p.kv_len = nullptr;
   p.tree_mask = nullptr;
   if (p.tokens * p.heads > 0 && p.value_dim > 0 && p.mask == nullptr) return cudaErrorInvalidValue;
-  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, bad, stream);
+  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, bad, /*programmatic=*/false, stream);
 }
 
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
                                          float* partials, int64_t partial_capacity, int* bad,
-                                         int* error_flag, int error_code, cudaStream_t stream) {
+                                         int* error_flag, int error_code, bool programmatic,
+                                         cudaStream_t stream) {
   const LatentLaunchParams& p = params;
   if (!ValidLatentParams(p) || partial_capacity < 0 || bad == nullptr || error_flag == nullptr ||
       tile_table == nullptr || p.q_start == nullptr || (p.batch > 0 && p.kv_len == nullptr) ||
@@ -577,11 +614,15 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
   if (error != cudaSuccess || p.tokens * p.heads == 0 || p.value_dim == 0) return error;
   const int rows = LatentBlockRows(p);
   const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
+  // One token per tile (as many heads as block rows, or more): the tile table is q_start itself.
+  if (tokens_per_tile == 1) {
+    return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, bad, programmatic, stream);
+  }
   LatentTileTableKernel<<<1, kThreads, 0, stream>>>(p.q_start, p.batch, tokens_per_tile,
                                                     tile_table, bad);
   error = cudaGetLastError();
   if (error != cudaSuccess) return error;
-  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, stream);
+  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, /*programmatic=*/false, stream);
 }
 
 }  // namespace eagle3::cuda

@@ -361,12 +361,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
       dst = p.out + t * p.out_token_stride + n * p.out_head_stride;
       factor = 1.0f / row_l[row];
     } else {
-      const int64_t entry = (t * p.heads + n) * a.splits + blockIdx.y;
-      dst = a.partials + entry * p.value_dim;
+      const LatentPartialRow part = LatentPartials(a, t, n, blockIdx.y);
+      dst = part.values;
       if (blockIdx.z % a.value_tiles == 0 && warp / kGroups == 0 && t4 == 0) {
-        float* max_sum = a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry;
-        max_sum[0] = row_m[row];
-        max_sum[1] = row_l[row];
+        part.max_sum[0] = row_m[row];
+        part.max_sum[1] = row_l[row];
       }
     }
 #pragma unroll

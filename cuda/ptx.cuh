@@ -19,6 +19,13 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 
+// 16 bytes as CpAsync16, or 16 zero bytes when !valid (src-size 0: nothing is read from gmem).
+__device__ __forceinline__ void CpAsync16OrZero(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+
 // 4 bytes (.ca: the 4-byte form cannot bypass L1); both addresses 4-byte aligned.
 __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

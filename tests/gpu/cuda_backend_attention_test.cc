@@ -725,6 +725,12 @@ class CudaBatchedLatentTest : public CudaAttentionParityTest {
                                           pick(x.kv_len), x.max_kv, MaskView(pick(x.tree_mask), c.tree, x.t),
                                           1.0f / std::sqrt(static_cast<float>(c.w)), c.r, pick(x.out));
   }
+  struct BadMetadataCase {
+    const char* what;
+    std::function<void(Batch&)> edit;
+    std::string expect;  // in the deferred error's message
+  };
+  void ExpectBadMetadataWritesNothing(const BatchCase& c, const std::vector<BadMetadataCase>& cases);
   double Parity(const BatchCase& c) {
     Batch x = MakeBatch(c);
     EXPECT_TRUE(Run(*gpu_, x, true, c).ok());
@@ -788,35 +794,10 @@ TEST_F(CudaBatchedLatentTest, LongContextMatchesCpu) {
 }
 
 // Each bad metadata case: the CPU refuses it, Synchronize() reports InvalidArgument naming the
-// sequence, and out is untouched.
-TEST_F(CudaBatchedLatentTest, BadMetadataWritesNothing) {
-  BatchCase c;
-  c.tree = true;
-  c.heads = 2;
-  c.w = 24;
-  c.r = 16;
-  c.page_size = 4;
-  c.n = {1, 2, 2};
-  c.kv = {10, 12, 2};
-  struct BadCase {
-    const char* what;
-    std::function<void(Batch&)> edit;
-    std::string expect;
-  };
-  const std::vector<BadCase> cases = {
-      {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
-      {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
-      {"q_start[B]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = 4; }, "q_start[B]"},
-      {"kv_len < n", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 1; }, "sequence 1"},
-      {"kv_len > max", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = 13; }, "sequence 2"},
-      {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
-       "sequence 1"},
-      {"empty tree row", [](Batch& x) {
-         uint8_t* row = x.tree_mask.host.data_as<uint8_t>() + 4 * x.tree_mask.host.dim(1);
-         std::fill(row, row + x.tree_mask.host.dim(1), uint8_t{0});
-       }, "sequence 2"},
-  };
-  for (const BadCase& bad : cases) {
+// sequence, and out is untouched (f32 and bf16 caches).
+void CudaBatchedLatentTest::ExpectBadMetadataWritesNothing(const BatchCase& c,
+                                                           const std::vector<BadMetadataCase>& cases) {
+  for (const BadMetadataCase& bad : cases) {
     SCOPED_TRACE(bad.what);
     Batch x = MakeBatch(c);
     bad.edit(x);
@@ -838,6 +819,30 @@ TEST_F(CudaBatchedLatentTest, BadMetadataWritesNothing) {
       EXPECT_EQ(Diff(after, Filled(after.shape(), kNaN)), 0.0) << "out was written";
     }
   }
+}
+
+TEST_F(CudaBatchedLatentTest, BadMetadataWritesNothing) {
+  BatchCase c;
+  c.tree = true;
+  c.heads = 2;
+  c.w = 24;
+  c.r = 16;
+  c.page_size = 4;
+  c.n = {1, 2, 2};
+  c.kv = {10, 12, 2};
+  ExpectBadMetadataWritesNothing(c, {
+      {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
+      {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
+      {"q_start[B]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = 4; }, "q_start[B]"},
+      {"kv_len < n", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 1; }, "sequence 1"},
+      {"kv_len > max", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = 13; }, "sequence 2"},
+      {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
+       "sequence 1"},
+      {"empty tree row", [](Batch& x) {
+         uint8_t* row = x.tree_mask.host.data_as<uint8_t>() + 4 * x.tree_mask.host.dim(1);
+         std::fill(row, row + x.tree_mask.host.dim(1), uint8_t{0});
+       }, "sequence 2"},
+  });
   // n > M (the tree mask is too narrow for sequence 1's new tokens).
   Batch x = MakeBatch(c);
   const TensorView narrow = x.tree_mask.dev.view().Narrow(1, 0, 1);
@@ -846,6 +851,37 @@ TEST_F(CudaBatchedLatentTest, BadMetadataWritesNothing) {
   const absl::Status deferred = gpu_->Synchronize();
   EXPECT_THAT(std::string(deferred.message()), HasSubstr("sequence 1"));
   EXPECT_LE(Parity(c), kAttentionTol);  // the next call is unaffected
+}
+
+// The decode shape of the compact kernel (one token per sequence, 16 heads, 576 / 512), whose
+// attention kernel reads the tile, the queries and the first page entries while the check still
+// runs: garbage lengths, starts and page entries must neither fault nor write.
+TEST_F(CudaBatchedLatentTest, BadMetadataAtTheDecodeShapeWritesNothing) {
+  for (bool tree : {false, true}) {
+    SCOPED_TRACE(tree ? "tree mask" : "causal");
+    BatchCase c;
+    c.tree = tree;
+    c.page_size = 4;
+    c.n = {1, 1, 1};
+    c.kv = {10, 12, 2};
+    ExpectBadMetadataWritesNothing(c, {
+        {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
+        {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
+        {"q_start far out", [](Batch& x) { x.q_start.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
+        {"q_start[B] past T", [](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = 4; }, "sequence 2"},
+        {"q_start[B] short", [](Batch& x) {
+           x.q_start.host.data_as<int32_t>()[2] = 1;
+           x.q_start.host.data_as<int32_t>()[3] = 2;
+         }, "q_start[B]"},
+        {"kv_len 0", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 0; }, "sequence 1"},
+        {"kv_len > max", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = 13; }, "sequence 2"},
+        {"kv_len huge", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[0] = 1 << 30; }, "sequence 0"},
+        {"kv_len negative", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = -7; }, "sequence 2"},
+        {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
+         "sequence 1"},
+        {"page entry huge", [](Batch& x) { x.tables.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
+    });
+  }
 }
 
 // One call captured in a CUDA graph (after a warm-up call), replayed after kv_len and the cache
