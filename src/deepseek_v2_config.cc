@@ -1,12 +1,13 @@
 #include "eagle3/deepseek_v2_config.h"
 
-#include <cmath>
 #include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "eagle3/mla_attention_config.h"
 #include "eagle3/status.h"
 #include "json_fields.h"
+#include "pretrained_config_keys.h"
 #include "quantization_config_json.h"
 #include "rope_config_json.h"
 
@@ -86,31 +87,9 @@ constexpr std::string_view kKimiK25Keys[] = {
     "_name_or_path",    "auto_map",      "dtype",        "torch_dtype",
     "transformers_version",
 };
-// The generic PretrainedConfig attributes transformers 4.x writes into a nested config such as
-// K2.5's text_config: the first group all appear in the published text_config; the generation
-// defaults are the ones transformers 4's PretrainedConfig also serialises (not in the print this
-// fixture comes from, accepted for files saved that way). DeepSeek-V3's modeling code reads none.
-constexpr std::string_view kNestedConfigKeys[] = {
-    "add_cross_attention", "chunk_size_feed_forward", "cross_attention_hidden_size",
-    "decoder_start_token_id", "finetuning_task", "id2label", "label2id", "is_decoder",
-    "is_encoder_decoder", "output_attentions", "output_hidden_states", "prefix", "problem_type",
-    "pruned_heads", "return_dict", "sep_token_id", "task_specific_params", "tf_legacy_loss",
-    "tie_encoder_decoder", "tokenizer_class", "torchscript", "use_bfloat16",
-    // generation defaults
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens",
-};
-
 absl::StatusOr<DeepseekModelType> ParseModelType(const Object& root) {
   EAGLE3_ASSIGN_OR_RETURN(std::string name, root.String("model_type"));
-  for (DeepseekModelType type : {DeepseekModelType::kDeepseekV2, DeepseekModelType::kDeepseekV3,
-                                 DeepseekModelType::kKimiK2}) {
-    if (name == DeepseekModelTypeName(type)) return type;
-  }
+  if (std::optional<DeepseekModelType> type = DeepseekModelTypeFromName(name)) return *type;
   return root.Error(absl::StatusCode::kInvalidArgument, "model_type",
                     absl::StrCat("unsupported model_type '", name,
                                  "' (eagle3 reads deepseek_v2, deepseek_v3, kimi_k2, and "
@@ -313,13 +292,7 @@ absl::StatusOr<DeepseekV2Config> ParseTextModel(const Object& root,
                           root.Int("max_position_embeddings", 1, kMaxPositions));
   EAGLE3_ASSIGN_OR_RETURN(c.rope, ParseRopeConfig(root, /*default_theta=*/10000.0));
 
-  // Absurd YaRN magnitudes would make the softmax scale overflow into inf/NaN attention.
-  const double scale = c.SoftmaxScale();
-  if (!std::isfinite(scale) || !(scale > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Sv(root.source()), ": rope scaling factor ", c.rope.scaling.factor, " with mscale_all_dim ",
-        c.rope.scaling.mscale_all_dim, " gives a non-finite attention softmax scale"));
-  }
+  EAGLE3_RETURN_IF_ERROR(MlaAttentionConfig::ForTarget(c).ValidateSoftmaxScale(root.source()));
   EAGLE3_RETURN_IF_ERROR(ParseMoe(root, c));
   EAGLE3_RETURN_IF_ERROR(CheckFixedSemantics(root, c));
 
@@ -346,7 +319,7 @@ absl::StatusOr<DeepseekV2Config> ParseKimiK25(const Object& root) {
   EAGLE3_RETURN_IF_ERROR(root.CheckKnownKeys({kKimiK25Keys}));
   EAGLE3_RETURN_IF_ERROR(root.OptionalStringArray("architectures").status());
   EAGLE3_ASSIGN_OR_RETURN(Object text, root.SubObject("text_config"));
-  EAGLE3_ASSIGN_OR_RETURN(DeepseekV2Config c, ParseTextModel(text, kNestedConfigKeys));
+  EAGLE3_ASSIGN_OR_RETURN(DeepseekV2Config c, ParseTextModel(text, kGenericPretrainedConfigKeys));
   c.tensor_prefix = std::string(kKimiK25TensorPrefix);
 
   // The published file's quantization_config is in text_config; KimiK25Config copies it to the top
@@ -399,6 +372,14 @@ std::string_view DeepseekModelTypeName(DeepseekModelType type) {
   return "unknown";
 }
 
+std::optional<DeepseekModelType> DeepseekModelTypeFromName(std::string_view name) {
+  for (DeepseekModelType type : {DeepseekModelType::kDeepseekV2, DeepseekModelType::kDeepseekV3,
+                                 DeepseekModelType::kKimiK2}) {
+    if (name == DeepseekModelTypeName(type)) return type;
+  }
+  return std::nullopt;
+}
+
 std::string_view ScoringFuncName(ScoringFunc func) {
   switch (func) {
     case ScoringFunc::kSoftmax:
@@ -435,17 +416,11 @@ absl::StatusOr<DeepseekV2Config> DeepseekV2Config::FromFile(const std::string& p
 }
 
 bool DeepseekV2Config::IsMoeLayer(int64_t layer) const {
-  return is_moe() && layer >= 0 && layer < num_hidden_layers && layer >= first_k_dense_replace &&
-         layer % moe_layer_freq == 0;
+  return is_moe() && layer >= 0 && layer < num_hidden_layers + num_nextn_predict_layers &&
+         layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
 }
 
-double DeepseekV2Config::SoftmaxScale() const {
-  double m = 1.0;
-  if (rope.scaling.type == RopeScaling::Type::kYarn) {
-    m = YarnGetMscale(rope.scaling.factor, rope.scaling.mscale_all_dim);
-  }
-  return m * m / std::sqrt(static_cast<double>(qk_head_dim()));
-}
+double DeepseekV2Config::SoftmaxScale() const { return MlaSoftmaxScale(qk_head_dim(), rope); }
 
 absl::Status DeepseekV2Config::ValidateForTp(int tp_size) const {
   if (tp_size < 1 || tp_size > kMaxTpSize) {

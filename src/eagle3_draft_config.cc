@@ -1,12 +1,10 @@
 #include "eagle3/eagle3_draft_config.h"
 
 #include <iterator>
-#include <span>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "eagle3/status.h"
+#include "eagle3_head_json.h"
 #include "json_fields.h"
 #include "rope_config_json.h"
 
@@ -20,7 +18,6 @@ using json_fields::Sv;
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 constexpr int64_t kMaxPositions = int64_t{1} << 40;
 
-constexpr std::string_view kAuxIdsKey = "eagle_aux_hidden_state_layer_ids";
 constexpr std::string_view kVariantKeys[] = {"norm_before_residual", "norm_before_fc", "fc_norm",
                                              "norm_output"};
 
@@ -48,7 +45,7 @@ constexpr std::string_view kParsedKeys[] = {
     "hidden_act",
     "tie_word_embeddings",
     "eagle_config",
-    kAuxIdsKey,
+    eagle3_head::kAuxIdsKey,
     "norm_before_residual",
     "norm_before_fc",
     "fc_norm",
@@ -65,10 +62,6 @@ constexpr std::string_view kParsedKeys[] = {
 constexpr std::string_view kHarmlessKeys[] = {
     "_name_or_path",     "torch_dtype", "dtype",          "transformers_version",
     "initializer_range", "use_cache",   "pretraining_tp", "attention_dropout",
-};
-constexpr std::string_view kEagleConfigKeys[] = {
-    kAuxIdsKey, "use_aux_hidden_state", "norm_before_residual", "norm_before_fc",
-    "fc_norm",  "norm_output",
 };
 
 absl::StatusOr<std::string> ParseArchitecture(const Object& root) {
@@ -94,57 +87,6 @@ absl::StatusOr<std::string> ParseArchitecture(const Object& root) {
                     absl::StrCat("'", name,
                                  "' is not an EAGLE-3 draft (expected LlamaForCausalLMEagle3 or "
                                  "Eagle3LlamaForCausalLM)"));
-}
-
-// A flag that may be written at the top level or inside eagle_config; both must agree.
-absl::StatusOr<bool> VariantFlag(const Object& root, const std::optional<Object>& eagle,
-                                 std::string_view key) {
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<bool> top, root.OptionalBool(key));
-  std::optional<bool> nested;
-  if (eagle.has_value()) {
-    EAGLE3_ASSIGN_OR_RETURN(nested, eagle->OptionalBool(key));
-  }
-  if (top.has_value() && nested.has_value() && *top != *nested) {
-    return root.Error(absl::StatusCode::kInvalidArgument, key,
-                      absl::StrCat(*top ? "true" : "false", " disagrees with ", eagle->Path(key),
-                                   " = ", *nested ? "true" : "false"));
-  }
-  return top.value_or(nested.value_or(false));
-}
-
-absl::StatusOr<std::optional<std::vector<int>>> ParseAuxIds(const Object& root,
-                                                            const std::optional<Object>& eagle) {
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> top,
-                          root.OptionalIntArray(kAuxIdsKey, -kMaxDim, kMaxDim));
-  std::optional<std::vector<int64_t>> nested;
-  if (eagle.has_value()) {
-    EAGLE3_ASSIGN_OR_RETURN(nested, eagle->OptionalIntArray(kAuxIdsKey, -kMaxDim, kMaxDim));
-  }
-  if (top.has_value() && nested.has_value() && *top != *nested) {
-    return root.Error(
-        absl::StatusCode::kInvalidArgument, kAuxIdsKey,
-        absl::StrCat("[", absl::StrJoin(*top, ", "), "] disagrees with ", eagle->Path(kAuxIdsKey),
-                     " = [", absl::StrJoin(*nested, ", "), "]"));
-  }
-  const std::optional<std::vector<int64_t>>& ids = top.has_value() ? top : nested;
-  if (!ids.has_value()) return std::optional<std::vector<int>>();
-  if (ids->empty()) {
-    const Object& where = top.has_value() ? root : *eagle;
-    return where.Error(absl::StatusCode::kInvalidArgument, kAuxIdsKey,
-                       "is empty; fc needs at least one captured target layer");
-  }
-  return std::optional<std::vector<int>>(std::vector<int>(ids->begin(), ids->end()));
-}
-
-absl::Status CheckEagleConfig(const std::optional<Object>& eagle) {
-  if (!eagle.has_value()) return absl::OkStatus();
-  EAGLE3_RETURN_IF_ERROR(eagle->CheckKnownKeys({kEagleConfigKeys}));
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<bool> use_aux, eagle->OptionalBool("use_aux_hidden_state"));
-  if (!use_aux.value_or(true)) {
-    return eagle->Error(absl::StatusCode::kUnimplemented, "use_aux_hidden_state",
-                        "false is not supported: an EAGLE-3 head reads captured target states");
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckFixedSemantics(const Object& root) {
@@ -245,11 +187,11 @@ absl::StatusOr<Eagle3DraftConfig> Parse(const Object& root) {
   EAGLE3_RETURN_IF_ERROR(root.OptionalInt("pad_token_id", -1, c.vocab_size - 1).status());
 
   EAGLE3_ASSIGN_OR_RETURN(std::optional<Object> eagle, root.OptionalSubObject("eagle_config"));
-  EAGLE3_RETURN_IF_ERROR(CheckEagleConfig(eagle));
-  EAGLE3_ASSIGN_OR_RETURN(c.aux_layer_ids, ParseAuxIds(root, eagle));
+  EAGLE3_RETURN_IF_ERROR(eagle3_head::CheckEagleConfig(eagle, {eagle3_head::kEagleConfigKeys}));
+  EAGLE3_ASSIGN_OR_RETURN(c.aux_layer_ids, eagle3_head::ParseAuxLayerIds(root, eagle));
   bool* const flags[] = {&c.norm_before_residual, &c.norm_before_fc, &c.fc_norm, &c.norm_output};
   for (size_t i = 0; i < std::size(kVariantKeys); ++i) {
-    EAGLE3_ASSIGN_OR_RETURN(*flags[i], VariantFlag(root, eagle, kVariantKeys[i]));
+    EAGLE3_ASSIGN_OR_RETURN(*flags[i], eagle3_head::VariantFlag(root, eagle, kVariantKeys[i]));
   }
   return c;
 }
@@ -271,36 +213,8 @@ absl::StatusOr<Eagle3DraftConfig> Eagle3DraftConfig::FromFile(const std::string&
 
 absl::Status CheckDraftAgainstTarget(const Eagle3DraftConfig& draft,
                                      const DeepseekV2Config& target) {
-  if (draft.target_hidden_size != target.hidden_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "draft target_hidden_size = ", draft.target_hidden_size, " (", draft.source,
-        ") does not match target hidden_size = ", target.hidden_size, " (", target.source, ")"));
-  }
-  if (draft.vocab_size != target.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "draft vocab_size = ", draft.vocab_size, " (", draft.source,
-        ") does not match target vocab_size = ", target.vocab_size, " (", target.source, ")"));
-  }
-  if (!draft.aux_layer_ids.has_value()) return absl::OkStatus();
-  const int64_t layers = target.num_hidden_layers;
-  const std::vector<int>& ids = *draft.aux_layer_ids;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] >= 0 && ids[i] < layers) continue;
-    const std::string what =
-        absl::StrCat(draft.source, ": ", Sv(kAuxIdsKey), "[", i, "] = ", ids[i]);
-    const std::string convention = absl::StrCat(
-        "ids use the output-of-layer convention: id k is the output of target layer k "
-        "(boundary k+1), valid ids are 0..",
-        layers - 1, " for the ", layers, "-layer target (", target.source, ")");
-    if (ids[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " is negative; ", convention,
-                       ". There is no -1 = embedding: the embedding output is boundary 0, which no "
-                       "output-of-layer id names"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(what, " is out of range; ", convention));
-  }
-  return absl::OkStatus();
+  return eagle3_head::CheckHeadAgainstTarget(draft.source, draft.target_hidden_size,
+                                             draft.vocab_size, draft.aux_layer_ids, target);
 }
 
 }  // namespace eagle3

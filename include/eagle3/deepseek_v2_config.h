@@ -59,6 +59,8 @@ enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 
 // The config.json spellings: "deepseek_v2", "sigmoid", "group_limited_greedy", ...
 EAGLE3_API std::string_view DeepseekModelTypeName(DeepseekModelType type);
+// The model type a config.json `model_type` spells; unset for any other name.
+EAGLE3_API std::optional<DeepseekModelType> DeepseekModelTypeFromName(std::string_view name);
 EAGLE3_API std::string_view ScoringFuncName(ScoringFunc func);
 EAGLE3_API std::string_view TopkMethodName(TopkMethod method);
 
@@ -98,7 +100,7 @@ struct EAGLE3_API DeepseekV2Config {
   bool tie_word_embeddings = false;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;    // `eos_token_id` may be an integer or a list
-  int64_t num_nextn_predict_layers = 0;  // V3 MTP layers stored after the main layers; recorded
+  int64_t num_nextn_predict_layers = 0;  // V3 MTP layers stored after the main layers (mtp_config.h)
 
   // How the Linear weights are stored (kUnquantized without quantization_config). The weight schema
   // (quantized_weights.h) derives each tensor's stored form from it.
@@ -128,8 +130,10 @@ struct EAGLE3_API DeepseekV2Config {
 
   // Whether decoder layer `layer` (0-based) uses the MoE block rather than the dense MLP. As in
   // DeepSeek's reference code, SGLang and vLLM: n_routed_experts set, layer >=
-  // first_k_dense_replace and layer % moe_layer_freq == 0. False for layers outside [0,
-  // num_hidden_layers).
+  // first_k_dense_replace and layer % moe_layer_freq == 0. The MTP layers (indices
+  // num_hidden_layers .. num_hidden_layers + num_nextn_predict_layers - 1) follow the same rule by
+  // their checkpoint index, as vLLM builds them (SGLang and TensorRT-LLM make them MoE outright,
+  // which agrees for every V3-family checkpoint). False for layers outside that range.
   bool IsMoeLayer(int64_t layer) const;
 
   // Attention softmax scale: qk_head_dim^-0.5 * m^2, m = YarnGetMscale(factor, mscale_all_dim) for
