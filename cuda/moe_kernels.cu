@@ -272,18 +272,8 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
   }
 }
 
-// Slots a token's down product streams in one flat loop (MoeDownKernel); more fall back to one
-// expert at a time.
-constexpr int kMoeDownFlatSlots = 16;
-
-// out[t, h] = (accumulate ? out[t, h] : 0) + sum over j of weights[t, j] * down_e[h] . act[t, j]
-// for token t = blockIdx.x and rows h of blockIdx.y. A token with a bad id is left alone.
-// Why one flat loop over (slot, chunk): a warp that finishes one expert's dot before it looks up
-// the next expert's row waits a pointer load and a weight load per slot with nothing in flight;
-// with the slots' rows found once per block (shared memory) and the loop running over every slot's
-// chunks, a lane's unrolled iterations have loads of several chunks (across slot boundaries) in
-// flight at once. Each chunk's dot is scaled by its slot's weight before it joins the lane's sum,
-// then the lanes' sums are added (a fixed order: same result every run).
+// out[t, h] = (accumulate ? out[t, h] : 0) + sum over j in order of weights[t, j] * down_e[h] .
+// act[t, j] for token t = blockIdx.x and rows h of blockIdx.y. A token with a bad id is left alone.
 template <typename W>
 __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_stride,
                               const float* __restrict__ weights, int64_t weights_stride,
@@ -293,11 +283,6 @@ __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_strid
                               int64_t out_stride, bool accumulate, int* error_flag,
                               int error_code) {
   PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
-  constexpr int kVec = 16 / sizeof(W);
-  __shared__ const W* slot_rows[kMoeDownFlatSlots];
-  __shared__ int64_t slot_stride[kMoeDownFlatSlots];
-  __shared__ float slot_weight[kMoeDownFlatSlots];
-  __shared__ int slot_aligned;
   const int64_t t = blockIdx.x;
   const int32_t* id = ids + t * ids_stride;
   for (int64_t j = 0; j < top_k; ++j) {
@@ -306,61 +291,17 @@ __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_strid
       return;
     }
   }
-  const bool flat = top_k <= kMoeDownFlatSlots && inter % kVec == 0 && Aligned16(act);
-  if (flat) {
-    if (threadIdx.x == 0) slot_aligned = 1;
-    __syncthreads();
-    if (threadIdx.x < top_k) {
-      const MoeExpertPointers w = experts[id[threadIdx.x]];
-      slot_rows[threadIdx.x] = static_cast<const W*>(w.down);
-      slot_stride[threadIdx.x] = w.down_stride;
-      slot_weight[threadIdx.x] = weights[t * weights_stride + threadIdx.x];
-      if (!Aligned16(w.down) || (w.down_stride * static_cast<int64_t>(sizeof(W))) % 16 != 0) slot_aligned = 0;
-    }
-    __syncthreads();
-  }
   const int64_t h = static_cast<int64_t>(blockIdx.y) * kGemvWarps + threadIdx.x / kWarpSize;
   if (h >= hidden) return;
   const int lane = threadIdx.x % kWarpSize;
   float* o = out + t * out_stride + h;
   float acc = accumulate ? *o : 0.0f;  // without accumulate out is write-only (may hold NaN)
-  if (flat && slot_aligned != 0) {
-    const int chunks = static_cast<int>(inter / kVec);
-    const int total = static_cast<int>(top_k) * chunks;
-    int j = 0, i = lane;  // the slot and chunk of flat index f = j * chunks + i
-    while (j < top_k && i >= chunks) {
-      i -= chunks;
-      ++j;
-    }
-    const float* slot_act = act + t * top_k * inter;
-    float part = 0.0f;
-#pragma unroll 4
-    for (int f = lane; f < total; f += kWarpSize) {
-      float a[kVec];
-      LoadChunk(slot_rows[j] + h * slot_stride[j], i, a);
-      const float4* b = reinterpret_cast<const float4*>(slot_act + static_cast<int64_t>(j) * inter) + i * (kVec / 4);
-      float dot = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kVec / 4; ++q) {
-        const float4 v = __ldg(b + q);
-        dot += a[4 * q] * v.x + a[4 * q + 1] * v.y + a[4 * q + 2] * v.z + a[4 * q + 3] * v.w;
-      }
-      part += slot_weight[j] * dot;
-      i += kWarpSize;
-      while (i >= chunks && j < top_k) {
-        i -= chunks;
-        ++j;
-      }
-    }
-    acc += WarpSum(part);
-  } else {
-    for (int64_t j = 0; j < top_k; ++j) {
-      const MoeExpertPointers w = experts[id[j]];
-      const W* const rows[1] = {static_cast<const W*>(w.down) + h * w.down_stride};
-      float dot[1];
-      WarpDots<1, W>(rows, act + (t * top_k + j) * inter, inter, lane, dot);
-      acc += weights[t * weights_stride + j] * dot[0];
-    }
+  for (int64_t j = 0; j < top_k; ++j) {
+    const MoeExpertPointers w = experts[id[j]];
+    const W* const rows[1] = {static_cast<const W*>(w.down) + h * w.down_stride};
+    float dot[1];
+    WarpDots<1, W>(rows, act + (t * top_k + j) * inter, inter, lane, dot);
+    acc += weights[t * weights_stride + j] * dot[0];
   }
   if (lane == 0) *o = acc;
 }
