@@ -14,8 +14,11 @@
 // and a block's pass is bounded by its keys' memory latency.
 //
 // Layout (mma.sync m16n8k16 and ldmatrix fragment layouts: ptx.cuh). A block is 16 warps and one
-// split of one 16-row tile's keys, walked in 64-key chunks; cp.async stages the next chunk while
-// this one is computed (each thread fetches its key's page entry a chunk before that). Scores: warp
+// split of one 16-row tile's keys, computed in 64-key chunks and staged by cp.async in 32-key slots,
+// a ring of five: while a chunk's two slots are computed, the next three are in flight (each thread
+// fetches its key's page entry an iteration before it copies the row). Why slots: a block is alone
+// on its SM (the staging takes nearly all of its shared memory), so the bytes it keeps in flight set
+// its bandwidth; two whole 64-key stages would keep one chunk in flight, three do not fit. Scores: warp
 // w takes dim quarter w % 4 (9 k-steps; its query fragments stay in registers for the whole block)
 // and keys 16 (w / 4) .. + 15; the four quarters' partial tiles meet in shared memory. Softmax: warp
 // w is row w (two keys per lane), fp32, online. Values: warp w owns output columns 32 w .. 32 w + 31
@@ -45,25 +48,27 @@ constexpr int kCompactWarps = kCompactThreads / 32;
 constexpr int kRows = 16;
 constexpr int kDim = static_cast<int>(kLatentCompactKeyDim);
 constexpr int kValueDim = static_cast<int>(kLatentCompactValueDim);
-constexpr int kChunk = 64;                            // keys per staged chunk
-constexpr int kStages = 2;                            // chunks staged at once
+constexpr int kChunk = 64;                            // keys per computed chunk
+constexpr int kSlot = 32;                             // keys per staged slot (a half chunk)
+constexpr int kSlots = 5;                             // slots in the ring
 constexpr int kStride = kDim + 8;                     // bf16 per staged row
 constexpr int kQuarterSteps = kDim / 64;              // k-steps of 16 dims per dim quarter
 constexpr int kPieces = kDim / 8;                     // 16-byte pieces per key row
 constexpr int kSlices = kCompactWarps / 4;            // key slices of the score role
 constexpr int kSliceKeys = kChunk / kSlices;          // keys per score warp: two n-tiles
 constexpr int kWarpColumns = kValueDim / kCompactWarps;  // value columns per warp
-constexpr int kLanesPerKey = kCompactThreads / kChunk;   // threads copying one key row
+constexpr int kLanesPerKey = kCompactThreads / kSlot;    // threads copying one key row
+constexpr int kPiecesPerLane = (kPieces + kLanesPerKey - 1) / kLanesPerKey;
 constexpr int kRedStride = kChunk + 8;                // floats per partial score row
 constexpr int kPStride = kChunk + 8;                  // bf16 per probability row
 constexpr int kWords = kChunk / 32;                   // 32-bit words of a chunk's key bits
 static_assert(kDim % 64 == 0 && kValueDim % (16 * kCompactWarps) == 0, "whole tiles");
 static_assert(kValueDim <= kDim, "values are the first columns of a key row");
 static_assert(kSliceKeys == 16 && kCompactWarps == kRows, "two n-tiles per score warp, a warp per row");
-static_assert(kPieces % kLanesPerKey == 0, "a key row splits evenly over its threads");
+static_assert(kChunk == 2 * kSlot && kSlot % kSliceKeys == 0, "a chunk is two slots; a slice sits in one");
 
 constexpr size_t kCompactSharedBytes =
-    2 * static_cast<size_t>(kStride) * (kRows + kStages * kChunk) + 4 * static_cast<size_t>(4 * kRows * kRedStride) +
+    2 * static_cast<size_t>(kStride) * (kRows + kSlots * kSlot) + 4 * static_cast<size_t>(4 * kRows * kRedStride) +
     2 * static_cast<size_t>(kRows * kPStride) + 4 * static_cast<size_t>(3 * kRows + kCompactWarps * kWords);
 
 __device__ inline uint32_t Bf16Pair(float lo, float hi) {
@@ -103,8 +108,8 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
 
   extern __shared__ float4 compact_shared[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(compact_shared);                 // [16][kStride]
-  uint16_t* ks = qs + kRows * kStride;                                        // [stages][chunk][kStride]
-  float* red = reinterpret_cast<float*>(ks + kStages * kChunk * kStride);     // [4][16][kRedStride]
+  uint16_t* ks = qs + kRows * kStride;                                        // [slots][32][kStride]
+  float* red = reinterpret_cast<float*>(ks + kSlots * kSlot * kStride);       // [4][16][kRedStride]
   uint16_t* ps = reinterpret_cast<uint16_t*>(red + 4 * kRows * kRedStride);   // [16][kPStride]
   float* row_alpha = reinterpret_cast<float*>(ps + kRows * kPStride);         // [16]
   float* row_m = row_alpha + kRows;                                           // [16]
@@ -120,25 +125,31 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
   const int mrow = lane % 8;
 
   // Copy role: thread tid copies pieces (tid % kLanesPerKey) + kLanesPerKey j of key
-  // tid / kLanesPerKey of each chunk; keys past the split are zero-filled, not read.
+  // tid / kLanesPerKey of each slot; keys past the split are zero-filled, not read. Slot u (keys
+  // s_begin + 32 u ..) lives in ring entry u % kSlots; chunk c is slots 2c and 2c + 1.
   const int copy_key = tid / kLanesPerKey;
   const int copy_piece = tid % kLanesPerKey;
-  auto page_of = [&](int s) { return s < s_end ? tile.pages[static_cast<uint32_t>(s) / page_size] : 0; };
-  auto issue = [&](int base, int stage, int32_t page) {
-    const int s = base + copy_key;
+  auto page_of = [&](int u) {
+    const int s = s_begin + kSlot * u + copy_key;
+    return s < s_end ? tile.pages[static_cast<uint32_t>(s) / page_size] : 0;
+  };
+  auto issue = [&](int u, int32_t page) {
+    const int s = s_begin + kSlot * u + copy_key;
     const bool valid = s < s_end;
     const int64_t row = static_cast<int64_t>(page) * page_size + (s - (static_cast<uint32_t>(s) / page_size) * page_size);
     const uint16_t* src = p.cache_bf16 + (valid ? row * kDim : 0);
-    uint16_t* dst = ks + (stage * kChunk + copy_key) * kStride;
+    uint16_t* dst = ks + ((u % kSlots) * kSlot + copy_key) * kStride;
 #pragma unroll
-    for (int j = 0; j < kPieces / kLanesPerKey; ++j) {
-      const int e = 8 * (copy_piece + kLanesPerKey * j);
-      CpAsync16OrZero(dst + e, src + e, valid);
+    for (int j = 0; j < kPiecesPerLane; ++j) {
+      const int piece = copy_piece + kLanesPerKey * j;
+      if (kPieces % kLanesPerKey == 0 || piece < kPieces) CpAsync16OrZero(dst + 8 * piece, src + 8 * piece, valid);
     }
   };
 
   const int chunks = (s_end - s_begin + kChunk - 1) / kChunk;
-  int32_t page_next = page_of(s_begin + copy_key);
+  const int slots = 2 * chunks;  // the last may be past the split: zero-filled, masked
+  // Page entries of the next two slots to issue (fetched an iteration before they are used).
+  int32_t page_a = page_of(0), page_b = page_of(1), page_c = page_of(2);
 
   // Queries: warp w stages row w, lanes along the dims, rounded to bf16. Block row r is token
   // i0 + r / H of the tile, head n0 + r % H (H = heads_per_tile).
@@ -164,13 +175,15 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
 
   PdlWait();  // the check has completed
   if (*a.bad != 0) return;
-#pragma unroll 1
-  for (int st = 0; st < kStages - 1; ++st) {
-    const int32_t page = page_next;
-    page_next = page_of(s_begin + (st + 1) * kChunk + copy_key);
-    if (st < chunks) issue(s_begin + st * kChunk, st, page);
-    CpAsyncCommit();
-  }
+  // Slots 0-2 in flight, one commit group each; iteration c issues slots 2c + 3 and 2c + 4.
+  issue(0, page_a);
+  CpAsyncCommit();
+  if (1 < slots) issue(1, page_b);
+  CpAsyncCommit();
+  if (2 < slots) issue(2, page_c);
+  CpAsyncCommit();
+  page_a = page_of(3);
+  page_b = page_of(4);
 
   // Softmax role: warp w is row w; lane l takes keys 2 l, 2 l + 1 of each chunk.
   const int sr = warp;
@@ -205,14 +218,19 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
 #pragma unroll 1
   for (int c = 0; c < chunks; ++c) {
     const int base = s_begin + c * kChunk;
-    const uint16_t* kst = ks + (c % kStages) * kChunk * kStride;
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();  // chunk c staged by every thread; iteration c - 1 is done with its buffers
+    // Keys 0-31 of the chunk in ring entry (2c) % kSlots, keys 32-63 in (2c + 1) % kSlots.
+    const uint16_t* const low_half = ks + ((2 * c) % kSlots) * kSlot * kStride;
+    const uint16_t* const high_half = ks + ((2 * c + 1) % kSlots) * kSlot * kStride;
+    CpAsyncWait<1>();  // slots 2c and 2c + 1 (2c + 2 may still be in flight)
+    __syncthreads();   // ... staged by every thread; chunk c - 1's entries and buffers are free
     {
-      const int32_t page = page_next;
-      page_next = page_of(base + kStages * kChunk + copy_key);
-      if (c + kStages - 1 < chunks) issue(base + (kStages - 1) * kChunk, (c + kStages - 1) % kStages, page);
+      // Ring entries (2c + 3) % 5 and (2c + 4) % 5 held chunk c - 1.
+      if (2 * c + 3 < slots) issue(2 * c + 3, page_a);
       CpAsyncCommit();
+      if (2 * c + 4 < slots) issue(2 * c + 4, page_b);
+      CpAsyncCommit();
+      page_a = page_of(2 * c + 5);
+      page_b = page_of(2 * c + 6);
     }
 
     // Partial scores of 16 rows x this warp's 16 keys over its dim quarter, in two chains per
@@ -221,8 +239,8 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
       float sacc[4][4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
-      const uint16_t* k_rows =
-          kst + (slice * kSliceKeys + (mat / 2) * 8 + mrow) * kStride + (mat % 2) * 8 + quarter * (kDim / 4);
+      const uint16_t* k_rows = (slice < 2 ? low_half : high_half) + ((slice % 2) * kSliceKeys + (mat / 2) * 8 + mrow) * kStride +
+                               (mat % 2) * 8 + quarter * (kDim / 4);
 #pragma unroll
       for (int i = 0; i < kQuarterSteps; ++i) {
         unsigned kb[4];
@@ -306,7 +324,7 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
       const unsigned word = used[kk / 2];
       const unsigned keep0 = KeepPair(word, 16 * (kk % 2) + 2 * t4);
       const unsigned keep1 = KeepPair(word, 16 * (kk % 2) + 8 + 2 * t4);
-      const uint16_t* v_rows = kst + (16 * kk + (mat % 2) * 8 + mrow) * kStride + (mat / 2) * 8 + vcol;
+      const uint16_t* v_rows = (kk < 2 ? low_half : high_half) + (16 * (kk % 2) + (mat % 2) * 8 + mrow) * kStride + (mat / 2) * 8 + vcol;
 #pragma unroll
       for (int jj = 0; jj < kWarpColumns / 16; ++jj) {
         unsigned vb[4];

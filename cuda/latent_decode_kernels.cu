@@ -479,14 +479,18 @@ constexpr size_t kMmaWideSharedLimit = 227 * 1024;
 constexpr int64_t kMmaWideMinRows = 2048;
 
 
-// Query rows per block. The bf16 (tensor-core) kernel: 64 when a sequence holds at least 64 query
-// rows on average (heads x its tokens: tree verify, or 64+ heads), the call at least
-// kMmaWideMinRows, and 64-row blocks fit in shared memory; else 16. The f32 kernel: 8 when there
+// Query rows per block. The bf16 (tensor-core) kernels: 16 where the compact kernel applies
+// (DeepSeek's 576 / 512 shape); else 64 when a sequence holds at least 64 query rows on average
+// (heads x its tokens: tree verify, or 64+ heads), the call at least kMmaWideMinRows, and 64-row
+// blocks fit in shared memory; else 16. The f32 kernel: 8 when there
 // are few heads and at most one query token per sequence (decode at 8 heads per rank), else 16.
 // Host values only; the tile table and the kernels agree.
 int LatentBlockRows(const LatentLaunchParams& p) {
   const int64_t sequences = std::max<int64_t>(p.batch, 1);
   if (p.cache_bf16 != nullptr) {
+    // The compact kernel takes 16-row blocks at every row count, tree verify included: its blocks
+    // re-read each key per 16 rows (from L2), yet beat 64-row LatentMmaKernel blocks there too.
+    if (LatentCompactApplies(p, 16)) return 16;
     const int64_t rows_per_sequence = p.heads * ((p.tokens + sequences - 1) / sequences);
     const bool wide = rows_per_sequence >= 64 && p.tokens * p.heads >= kMmaWideMinRows &&
                       MmaSharedBytes(p.key_dim, 4) <= kMmaWideSharedLimit;
