@@ -33,22 +33,43 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 #endif
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic-serialization
-// attribute when `programmatic` (the kernel must then follow the PdlWait rule above).
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in thread-block clusters of
+// cluster_blocks blocks along x (1: no cluster), with the programmatic-serialization attribute
+// when `programmatic` (the kernel must then follow the PdlWait rule above).
 template <typename... Params, typename... Args>
-cudaError_t LaunchKernel(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block,
-                         size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchKernelInClusters(bool programmatic, unsigned cluster_blocks, void (*kernel)(Params...),
+                                   dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                                   Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
+  cudaLaunchAttribute attributes[2];
+  unsigned count = 0;
+  if (cluster_blocks > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster_blocks;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (programmatic) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block,
+                         size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  return LaunchKernelInClusters(programmatic, 1, kernel, grid, block, shared_bytes, stream,
+                                std::forward<Args>(args)...);
 }
 
 }  // namespace eagle3::cuda

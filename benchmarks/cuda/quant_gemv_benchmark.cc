@@ -1,0 +1,165 @@
+// The quantized GEMV launchers (cuda/quant_gemv_ops.h) at the real per-rank shapes of a TP8
+// deployment, timed with CUDA events (bench_util.h), each against its weight-streaming floor.
+//
+//   BM_QuantGemv/shape/m : m activation rows (f32, rounded to bf16 by the kernel) against one rank's
+//       quantized weights, launched as a programmatic dependent (as the backend launches weight
+//       products), per call of a CUDA graph of 16 back-to-back calls over rotated weight sets.
+//   DeepSeek-V3 FP8 (e4m3, 128 x 128 block scales; hidden 7168, q_lora_rank 1536, kv_lora_rank 512 +
+//   rope 64, 128 heads -> 16 per rank, qk_nope 128, qk_rope 64, v_head 128, dense intermediate
+//   18432 -> 2304 per rank, moe_intermediate 2048 -> 256 per rank, 1 shared expert), split as
+//   DeepseekV2Weights does (q_a, kv_a replicated; q_b, kv_b, gate, up row-split; o_proj, down
+//   column-split; routed experts split like the dense MLP, not placed by expert), N x K:
+//     0 q_a 1536 x 7168             1 q_b 3072 x 1536 (16 heads x 192)
+//     2 kv_a 576 x 7168             3 W_UK: 16 heads of 512 x 128 (the per-head transposed copy)
+//     4 W_UV: 16 heads of 128 x 512, a view of the rank's kv_b [4096, 512] (rows 128.. of each
+//       head's 256, global row 128 + 256 h, so the scale row advances by 2 per head)
+//     5 o_proj 7168 x 2048          6 dense gate_up 4608 x 7168 (gate and up, 2304 rows each)
+//     7 dense down 7168 x 2304      8 expert gate_up 512 x 7168 (the shared expert's, or one routed
+//       expert's: same shape)       9 expert down 7168 x 256
+//    10 8 routed experts' gate_up in one launch (batch 8)     11 8 routed experts' down (batch 8)
+//   Kimi-K2.5 INT4 routed experts (pack-quantized int4, group 32, bf16 scales; hidden 7168,
+//   moe_intermediate 2048 -> 256 per rank):
+//    12 expert gate_up 512 x 7168   13 expert down 7168 x 256 (column slice at 256 * rank)
+//    14 8 routed experts' gate_up (batch 8)                   15 8 routed experts' down (batch 8)
+//   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
+//
+// Model: bytes = the quantized weight bytes read (codes or packed words, and the scales they use);
+// the floor is bytes / the measured copy rate (flops are far below the GEMM rate). Weight sets rotate
+// past the L2, as in a decode step, where a layer's weights are long evicted by the time the next
+// step reads them. Activations (f32 [m, k]) and outputs are not counted: at m = 8 they are under 7 %
+// of the weight bytes of every shape but the batched ones.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/tensor.h"
+#include "quant_gemv_ops.h"
+
+namespace eagle3::bench {
+namespace {
+
+struct QuantShape {
+  const char* name;
+  bool int4;
+  int64_t batch, n, k;
+  int64_t row0 = 0, col0 = 0;  // the slice's first global row and column
+  // Rows of the allocation between items and before the first item's first row (a view of a
+  // larger tensor: W_UV in kv_b); 0: items are n rows apart from row 0.
+  int64_t item_rows = 0, row_offset = 0;
+};
+
+QuantShape ShapeOf(int64_t id) {
+  switch (id) {
+    case 0: return {"v3_q_a", false, 1, 1536, 7168};
+    case 1: return {"v3_q_b", false, 1, 3072, 1536, 3072, 0};
+    case 2: return {"v3_kv_a", false, 1, 576, 7168};
+    case 3: return {"v3_w_uk", false, 16, 512, 128};
+    case 4: return {"v3_w_uv", false, 16, 128, 512, 4096 + 128, 0, 256, 128};
+    case 5: return {"v3_o_proj", false, 1, 7168, 2048, 0, 2048};
+    case 6: return {"v3_dense_gate_up", false, 1, 4608, 7168};
+    case 7: return {"v3_dense_down", false, 1, 7168, 2304, 0, 2304};
+    case 8: return {"v3_expert_gate_up", false, 1, 512, 7168};
+    case 9: return {"v3_expert_down", false, 1, 7168, 256, 0, 256};
+    case 10: return {"v3_experts8_gate_up", false, 8, 512, 7168};
+    case 11: return {"v3_experts8_down", false, 8, 7168, 256, 0, 256};
+    case 12: return {"k25_expert_gate_up", true, 1, 512, 7168};
+    case 13: return {"k25_expert_down", true, 1, 7168, 256, 0, 256};
+    case 14: return {"k25_experts8_gate_up", true, 8, 512, 7168};
+    default: return {"k25_experts8_down", true, 8, 7168, 256, 0, 256};
+  }
+}
+
+constexpr int64_t kInt4Group = 32;
+
+// One rotated weight set: the codes or packed words and the scales of every item.
+struct WeightSet {
+  Tensor data, scales;
+};
+
+void BM_QuantGemv(benchmark::State& state) {
+  cuda::CudaBackend* b = Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const QuantShape s = ShapeOf(state.range(0));
+  const int64_t m = state.range(1);
+  state.SetLabel(s.name);
+  const int64_t item_rows = s.item_rows > 0 ? s.item_rows : s.n;
+  // Row strides: fp8 rows of k bytes, int4 rows of k / 8 words (both multiples of 16 bytes here).
+  const int64_t ld = s.int4 ? s.k / 8 : s.k;
+  const int64_t row_bytes = s.int4 ? s.k / 2 : s.k;
+  // Scales: fp8 the global blocks the slice's rows touch ([rows / 128, global columns / 128] per
+  // item), int4 the slice's rows of every global group.
+  const int64_t global_k = s.col0 + s.k;
+  const int64_t scale_ld = s.int4 ? global_k / kInt4Group : (global_k + 127) / 128;
+  const int64_t scale_rows = s.int4 ? item_rows : (s.row0 + item_rows * s.batch + 127) / 128;
+  const int64_t scale_item = s.int4 ? item_rows * scale_ld : 0;  // fp8 items index by global row
+  const double weight_bytes = static_cast<double>(s.batch) * s.n * row_bytes;
+  const double scale_bytes = s.int4 ? static_cast<double>(s.batch) * s.n * (s.k / kInt4Group) * 2
+                                    : static_cast<double>(s.batch) * ((s.n + 127) / 128) * ((s.k + 127) / 128) * 4;
+  const double bytes = weight_bytes + scale_bytes;
+  Rotation<WeightSet> sets(CopiesToDefeatL2(bytes), [&](int i) {
+    WeightSet w;
+    // Random bits through FillRandom's bf16 / f32 fills: e4m3 codes as bf16 pairs, int4 words as
+    // f32 bit patterns (only the timing depends on them).
+    const int64_t data_bytes = s.batch * item_rows * row_bytes + s.row_offset * row_bytes;
+    w.data = RandomDevice(DType::kBF16, Shape{(data_bytes + 1) / 2}, 40 + i);
+    w.scales = s.int4 ? RandomDevice(DType::kBF16, Shape{s.batch * scale_rows * scale_ld}, 80 + i, 0.01f)
+                      : RandomDevice(DType::kF32, Shape{scale_rows * scale_ld}, 80 + i, 0.01f);
+    return w;
+  });
+  Tensor a = RandomDevice(DType::kF32, Shape{m, s.k}, 3);
+  Tensor c = *Tensor::Empty(DType::kF32, Shape{s.batch, m, s.n}, b->allocator());
+  cudaError_t error = cudaSuccess;
+  auto run = [&] {
+    const WeightSet& w = sets.Next();
+    const char* data = static_cast<const char*>(w.data.data()) + s.row_offset * row_bytes;
+    if (s.int4) {
+      cuda::Int4GroupWeights q;
+      q.packed = reinterpret_cast<const int32_t*>(data);
+      q.ld = ld;
+      q.batch_stride = item_rows * ld;
+      q.scale = static_cast<const uint16_t*>(w.scales.data());
+      q.scale_ld = scale_ld;
+      q.scale_batch_stride = scale_item;
+      q.col0 = s.col0;
+      q.group_size = kInt4Group;
+      error = cuda::LaunchInt4GroupGemv(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()), s.n,
+                                        m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, true, b->stream());
+    } else {
+      cuda::Fp8BlockWeights q;
+      q.codes = reinterpret_cast<const uint8_t*>(data);
+      q.ld = ld;
+      q.batch_stride = item_rows * ld;
+      q.scale_inv = static_cast<const float*>(w.scales.data());
+      q.scale_ld = scale_ld;
+      // Items item_rows global rows apart: a scale row every item_rows / 128 (whole blocks here).
+      q.scale_batch_stride = item_rows / 128 * scale_ld;
+      q.row0 = s.row0;
+      q.col0 = s.col0;
+      error = cuda::LaunchFp8BlockGemv(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()), s.n,
+                                       m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, true, b->stream());
+    }
+  };
+  run();
+  if (error != cudaSuccess) return state.SkipWithError(cudaGetErrorString(error));
+  if (!Check(state, b->Synchronize(), "Synchronize")) return;
+  const double seconds = RunTimedInGraph(state, b->stream(), 16, run);
+  if (error != cudaSuccess) return state.SkipWithError(cudaGetErrorString(error));
+  state.counters["rotated_sets"] = static_cast<double>(sets.size());
+  ReportRoofline(state, seconds, bytes, 2.0 * static_cast<double>(m) * s.batch * s.n * s.k);
+}
+
+void QuantArgs(benchmark::internal::Benchmark* bm) {
+  if (Quick()) {
+    bm->ArgsProduct({{0, 2, 5, 6, 8, 10, 12, 14}, {1, 8}});
+  } else {
+    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16}});
+  }
+}
+BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
+
+}  // namespace
+}  // namespace eagle3::bench
+
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }

@@ -1,0 +1,121 @@
+// Launchers for the small-M product with weight-only quantized weights (decode steps of FP8 and
+// INT4 checkpoints: a few activation rows against a quantized weight matrix that stays quantized in
+// device memory). Raw pointers, stream last, cudaError_t out; no allocation, no host
+// synchronization (capturable); callable from any C++ compiler (no nvcc needed to include this
+// header). Semantics are LaunchGemv's (gemv_ops.h), with w the dequantized weights:
+//   c = alpha * a w^T + beta * c + bias      (beta == 0: c is never read; bias added last)
+// Activations are rounded to bf16 (f32 `a`: round to nearest, ties to even; bf16 `a`: exact), as
+// the bf16-weight GEMV path rounds them, and every product is taken on the tensor cores with fp32
+// accumulation in a fixed order: the same result every run. How each format's weights enter the
+// products is stated at its launcher. Row strides and batch strides are in elements of the
+// operand they stride (bytes for e4m3 codes, int32 words for packed int4).
+//
+// Tensor-parallel slices: a launcher takes the slice as it is stored (its own rows and columns) and
+// where it starts in the global matrix (row0, col0). Scales are indexed by the GLOBAL position, as
+// the checkpoint loader does (eagle3/detail/quantized_weights.h), so a slice that starts inside a
+// scale block or group uses that block's or group's scale.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "gemv_ops.h"
+
+namespace eagle3::cuda {
+
+// Most activation rows the quantized GEMV takes: the rows are the 16-row operand of one m16n8k16
+// tensor-core tile, so every count up to 16 costs the same products per weight element.
+inline constexpr int64_t kQuantGemvMaxRows = 16;
+
+// ---- FP8 block-scaled (DeepSeek-V3 / R1, Kimi-K2-Instruct) ------------------------------------
+
+// Rows and columns of one scale block: DeepSeek's weight_block_size [128, 128], the only size the
+// published checkpoints use.
+inline constexpr int64_t kFp8ScaleBlock = 128;
+
+// A [n, k] slice of an e4m3 weight matrix [N_global, K_global] and its block scales. The
+// dequantized weight of slice element (r, c) is e4m3(codes[r][c]) * scale_inv[(row0 + r) / 128]
+// [(col0 + c) / 128]. e4m3's NaN codes (0x7f, 0xff), which no checkpoint holds, read as +-480.
+struct Fp8BlockWeights {
+  // [batch, n, k] e4m3 bytes, row stride ld >= k (any when n == 1), item stride batch_stride;
+  // device; the pointer, ld (when n > 1) and batch_stride (when batch > 1) multiples of 16 bytes.
+  const uint8_t* codes = nullptr;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+  // [batch, >= (row0 + n - 1) / 128 + 1, >= (col0 + k - 1) / 128 + 1], f32, row stride scale_ld,
+  // item stride scale_batch_stride, device, any alignment: the global matrix's scale_inv (each
+  // item's, for batched weights).
+  const float* scale_inv = nullptr;
+  int64_t scale_ld = 0;
+  int64_t scale_batch_stride = 0;
+  // The slice's first global row and column: row0 >= 0, 0 <= col0 <= 2^29 and a multiple of 16
+  // (whole 16-byte chunks of a row share a scale block).
+  int64_t row0 = 0;
+  int64_t col0 = 0;
+};
+
+// For each item i < batch: c_i = alpha * a_i w_i^T + beta * c_i + bias, x_i starting
+// i * batch_stride_x elements after x. The e4m3 codes are widened exactly to bf16, each 128-column
+// block's products are summed on the tensor cores in fp32 and that sum is multiplied by its
+// scale_inv in fp32 (the scale applied per block sum rather than per weight: the products differ
+// from those of the f32-dequantized weights only by fp32 rounding).
+// a:    [batch, m, k], a_type, row stride lda >= k (any when m == 1), item stride batch_stride_a
+//       >= 0, device, any alignment
+// b:    the weights as above
+// c:    [batch, m, n], f32, row stride ldc >= n (any when m == 1), item stride batch_stride_c,
+//       device, any alignment; items and rows must not overlap one another, a, b or bias
+// bias: [n], f32, device, added to every row of every item; nullptr for none
+// 1 <= m <= kQuantGemvMaxRows, n >= 1, 1 <= k <= 2^29, 1 <= batch <= 65535; alpha and beta
+// finite.
+// programmatic: b (codes and scales) and bias are not written by any work enqueued on `stream`
+// before this call: the kernel is launched as a programmatic dependent (programmatic_launch.cuh)
+// and starts streaming b while that work drains; a and c are touched only after it has completed.
+// Returns cudaErrorInvalidValue for sizes, strides, offsets or alpha / beta outside this, a missing
+// pointer, or misaligned codes.
+cudaError_t LaunchFp8BlockGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                               const Fp8BlockWeights& b, float* c, int64_t ldc,
+                               int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
+                               int64_t n, int64_t k, float alpha, float beta, bool programmatic,
+                               cudaStream_t stream);
+
+// ---- INT4 group-quantized W4A16 (compressed-tensors pack-quantized: Kimi-K2-Thinking / K2.5) ----
+
+// A [n, k] slice of a pack-quantized int4 weight matrix [N_global, K_global] and its group scales.
+// The packing is eagle3/detail/int4_packing.h's (value j of a row in word j / 8, bits
+// 4 (j % 8) .. 4 (j % 8) + 3, stored as q + 8, q in [-8, 7]); the slice's value (r, c) is value
+// col0 + c of global row r's packed row, so `packed` points at word col0 / 8 of the slice's first
+// row. The dequantized weight is q * scale[r][(col0 + c) / group_size].
+struct Int4GroupWeights {
+  // [batch, n, ceil(k / 8)] int32 (packed), row stride ld (words) >= ceil(k / 8) (any when n == 1),
+  // item stride batch_stride (words), device; the pointer, ld (when n > 1) and batch_stride (when
+  // batch > 1) multiples of 16 bytes.
+  const int32_t* packed = nullptr;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+  // [batch, n, >= (col0 + k - 1) / group_size + 1], bf16 bit patterns, row stride scale_ld, item
+  // stride scale_batch_stride, device, any alignment: the slice's rows of the global matrix's
+  // weight_scale (every group of K_global).
+  const uint16_t* scale = nullptr;
+  int64_t scale_ld = 0;
+  int64_t scale_batch_stride = 0;
+  // The slice's first global column: 0 <= col0 <= 2^29, a multiple of 8 (a whole int32 word).
+  int64_t col0 = 0;
+  // Columns sharing one scale: a power of two >= 32 (Kimi's checkpoints: 32).
+  int64_t group_size = 32;
+};
+
+// As LaunchFp8BlockGemv (same a, c, bias, sizes, batch, programmatic and error contract), with the
+// int4 weights above. Each weight is dequantized in registers to bf16(q * scale), the product
+// rounded to bf16 once (round to nearest, ties to even): the very bf16 weights that
+// compressed-tensors' decompression gives and that ReadWeightShard(..., DType::kBF16) loads (the
+// exact f32 dequantization rounded to bf16). Products with the bf16 activations are exact in fp32.
+// Returns cudaErrorInvalidValue also for a group size that is not a power of two >= 32, or a col0
+// that is not a multiple of 8.
+cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                const Int4GroupWeights& b, float* c, int64_t ldc,
+                                int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
+                                int64_t n, int64_t k, float alpha, float beta, bool programmatic,
+                                cudaStream_t stream);
+
+}  // namespace eagle3::cuda

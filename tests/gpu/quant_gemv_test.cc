@@ -1,0 +1,753 @@
+// The quantized GEMV launchers (cuda/quant_gemv_ops.h) against a CPU reference that dequantizes the
+// weights as the checkpoint loader does (src/quantized_weights.cc: fp8 code * scale_inv in f32; int4
+// q * scale, exact in f32) and sums in double: FP8 block-scaled and INT4 group-quantized weights
+// written with the library's own packing (eagle3/detail/int4_packing.h), M = 1..16, N and K off every
+// tile size, tensor-parallel slices that start inside a scale block or group (scales by GLOBAL
+// index), a slice's result ≡ the matching rows / column-sum of the whole matrix's, f32 and bf16
+// activations, strided a and c, alpha / beta / bias (beta 0 over a NaN c: never read), batched
+// items, determinism, the programmatic-launch flag, and bad arguments refused with
+// cudaErrorInvalidValue. Skipped where no CUDA device is visible.
+//
+// Tolerance (max |gpu - ref| / max |ref|): 3e-5. The GPU multiplies bf16-rounded activations by
+// weights that are exact in bf16 (fp8 codes; int4's bf16(q * scale), which the reference rounds the
+// same way) with fp32 accumulation, and applies fp8's block scales to fp32 block sums: only fp32
+// summation order and rounding differ from the reference. A scale taken from the wrong block or
+// group, a misplaced nibble or a dropped chunk moves results by whole weights, orders of magnitude
+// above it.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "device_buffer.h"
+#include "eagle3/cuda/device_allocator.h"
+#include "eagle3/detail/int4_packing.h"
+#include "eagle3/half.h"
+#include "gtest/gtest.h"
+#include "quant_gemv_ops.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr double kTol = 3e-5;
+
+// Largest |got - want| over the largest |want| (1e-30 when want is all zero).
+double MaxRelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+  }
+  return diff / scale;
+}
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+template <typename T>
+void Upload(const DeviceBuffer& d, const std::vector<T>& h) {
+  ASSERT_EQ(cudaMemcpy(d.ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+template <typename T>
+std::vector<T> Download(const DeviceBuffer& d, size_t count) {
+  std::vector<T> h(count);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// A global quantized weight matrix [rows, cols] on the host: fp8 codes and block scales, or int4
+// values (packed per row with PackInt4Row) and group scales.
+struct Fp8Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> codes;  // [rows, cols]
+  std::vector<float> scales;   // [ceil(rows / 128), ceil(cols / 128)]
+  int64_t scale_cols() const { return (cols + 127) / 128; }
+  // The f32 weight the loader dequantizes (ReadFp8): code * scale_inv, rounded once in f32.
+  float Weight(int64_t r, int64_t c) const {
+    return F8E4M3ToFloat(codes[r * cols + c]) * scales[(r / 128) * scale_cols() + c / 128];
+  }
+};
+
+Fp8Matrix RandomFp8(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Fp8Matrix w;
+  w.rows = rows, w.cols = cols;
+  w.codes.resize(rows * cols);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& code : w.codes) {
+    do {
+      code = static_cast<uint8_t>(byte(rng));
+    } while ((code & 0x7f) == 0x7f);  // every finite code, subnormals and zeros included
+  }
+  // Scales of full f32 precision spread over a few binades, so a block read from its neighbour shows.
+  std::uniform_real_distribution<float> frac(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-14, -8);
+  w.scales.resize(((rows + 127) / 128) * w.scale_cols());
+  for (float& s : w.scales) s = std::ldexp(frac(rng), exponent(rng));
+  return w;
+}
+
+struct Int4Matrix {
+  int64_t rows = 0, cols = 0, group = 32;
+  std::vector<int8_t> values;      // [rows, cols], -8..7
+  std::vector<int32_t> packed;     // [rows, ceil(cols / 8)]
+  std::vector<uint16_t> scales;    // [rows, cols / group], bf16
+  int64_t words() const { return Int4PackedWords(cols); }
+  int64_t groups() const { return (cols + group - 1) / group; }
+  // The weight the GPU multiplies: the loader's exact f32 dequantization, rounded to bf16.
+  float Weight(int64_t r, int64_t c) const {
+    const float exact = static_cast<float>(Int4At(packed.data() + r * words(), c)) *
+                        Bf16ToFloat(scales[r * groups() + c / group]);
+    return Bf16ToFloat(FloatToBf16(exact));
+  }
+};
+
+Int4Matrix RandomInt4(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Int4Matrix w;
+  w.rows = rows, w.cols = cols, w.group = group;
+  w.values.resize(rows * cols);
+  std::uniform_int_distribution<int> value(-8, 7);
+  for (int8_t& v : w.values) v = static_cast<int8_t>(value(rng));
+  w.packed.resize(rows * w.words());
+  for (int64_t r = 0; r < rows; ++r) PackInt4Row(w.values.data() + r * cols, cols, w.packed.data() + r * w.words());
+  std::uniform_real_distribution<float> frac(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-9, -4);
+  w.scales.resize(rows * w.groups());
+  for (uint16_t& s : w.scales) s = FloatToBf16(std::ldexp(frac(rng), exponent(rng)));
+  return w;
+}
+
+// One call's activations, output and epilogue.
+struct Case {
+  int64_t m = 1, batch = 1;
+  GemvType a_type = GemvType::kF32;
+  int64_t a_pad = 0, c_pad = 0;  // extra elements per row (strided a and c)
+  bool bias = false;
+  float alpha = 1.0f, beta = 0.0f;
+  bool programmatic = false;
+};
+
+// Activations [batch, m, lda] (values as uploaded, and as the GPU multiplies them: bf16-rounded).
+struct Activations {
+  std::vector<float> values;   // rounded to bf16
+  std::vector<uint16_t> bf16;  // the bf16 upload
+  std::vector<float> f32;      // the f32 upload
+};
+
+Activations RandomActivations(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Activations a;
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = dist(rng);
+    a.f32.push_back(x);
+    a.bf16.push_back(FloatToBf16(x));
+    a.values.push_back(Bf16ToFloat(a.bf16.back()));
+  }
+  return a;
+}
+
+// Host reference of c for item `item`: c[mr][r] = alpha sum_c w(r, c) a[mr][c] + beta c0 + bias.
+template <typename WeightFn>
+std::vector<float> Reference(const Case& cs, int64_t n, int64_t k, const Activations& a, int64_t lda,
+                             const std::vector<float>& c0, int64_t ldc, const std::vector<float>& bias,
+                             int64_t item, WeightFn weight) {
+  std::vector<float> out(static_cast<size_t>(cs.m * n));
+  for (int64_t mr = 0; mr < cs.m; ++mr) {
+    for (int64_t r = 0; r < n; ++r) {
+      double sum = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        sum += static_cast<double>(weight(r, c)) * a.values[(item * cs.m + mr) * lda + c];
+      }
+      double v = cs.alpha * sum;
+      if (cs.beta != 0.0f) v += cs.beta * static_cast<double>(c0[(item * cs.m + mr) * ldc + r]);
+      if (cs.bias) v += bias[r];
+      out[mr * n + r] = static_cast<float>(v);
+    }
+  }
+  return out;
+}
+
+// Runs `launch` (which calls a launcher with the device a, c and bias of the case) and compares c
+// with the reference for every item; c outside [m, n] of each item (row padding) must keep its bits.
+// Returns the downloaded c.
+template <typename LaunchFn, typename WeightFn>
+std::vector<float> RunAndCheck(const Case& cs, int64_t n, int64_t k, uint32_t seed, LaunchFn launch,
+                               WeightFn weight_of_item) {
+  const int64_t lda = k + cs.a_pad, ldc = n + cs.c_pad;
+  const Activations a = RandomActivations(cs.batch * cs.m * lda, seed);
+  std::vector<float> c0 = RandomActivations(cs.batch * cs.m * ldc, seed + 1).f32;
+  if (cs.beta == 0.0f) std::fill(c0.begin(), c0.end(), kNaN);  // never read: NaN would show
+  for (int64_t i = 0; i < cs.batch * cs.m; ++i) std::fill(c0.begin() + i * ldc + n, c0.begin() + (i + 1) * ldc, -7.0f);
+  const std::vector<float> bias = RandomActivations(n, seed + 2).f32;
+  DeviceBuffer a_dev(a.f32.size() * sizeof(float)), c_dev(c0.size() * sizeof(float)), bias_dev(n * sizeof(float));
+  if (cs.a_type == GemvType::kF32) {
+    Upload(a_dev, a.f32);
+  } else {
+    Upload(a_dev, a.bf16);
+  }
+  Upload(c_dev, c0);
+  Upload(bias_dev, bias);
+  EXPECT_EQ(launch(a_dev.ptr, lda, cs.m * lda, c_dev.as<float>(), ldc, cs.m * ldc,
+                   cs.bias ? bias_dev.as<float>() : nullptr),
+            cudaSuccess);
+  const std::vector<float> got = Download<float>(c_dev, c0.size());
+  for (int64_t item = 0; item < cs.batch; ++item) {
+    const std::vector<float> want = Reference(cs, n, k, a, lda, c0, ldc, bias, item, weight_of_item(item));
+    double diff = 0, scale = 1e-30;
+    for (int64_t mr = 0; mr < cs.m; ++mr) {
+      for (int64_t r = 0; r < n; ++r) {
+        const float g = got[(item * cs.m + mr) * ldc + r];
+        if (std::isnan(g)) {
+          diff = std::numeric_limits<double>::infinity();
+          continue;
+        }
+        diff = std::max(diff, static_cast<double>(std::fabs(g - want[mr * n + r])));
+        scale = std::max(scale, static_cast<double>(std::fabs(want[mr * n + r])));
+      }
+      for (int64_t r = n; r < ldc; ++r) EXPECT_EQ(got[(item * cs.m + mr) * ldc + r], -7.0f) << "padding written";
+    }
+    EXPECT_LE(diff / scale, kTol) << "item " << item << " m " << cs.m << " n " << n << " k " << k;
+  }
+  return got;
+}
+
+class QuantGemvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// ---- FP8 -------------------------------------------------------------------------------------------
+
+// A slice [row0, row0 + n) x [col0, col0 + k) of `w` uploaded with rows `ld` bytes apart (the
+// padding holds code 0x7e = 448: a read past k would show), the global scales beside it.
+struct Fp8Slice {
+  DeviceBuffer codes, scales;
+  Fp8BlockWeights weights;
+  Fp8Slice(const Fp8Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k, int64_t ld)
+      : codes(static_cast<size_t>(n * ld)), scales(w.scales.size() * sizeof(float)) {
+    std::vector<uint8_t> host(static_cast<size_t>(n * ld), 0x7e);
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(host.data() + r * ld, w.codes.data() + (row0 + r) * w.cols + col0, static_cast<size_t>(k));
+    }
+    Upload(codes, host);
+    Upload(scales, w.scales);
+    weights.codes = codes.as<uint8_t>();
+    weights.ld = ld;
+    weights.scale_inv = scales.as<float>();
+    weights.scale_ld = w.scale_cols();
+    weights.row0 = row0;
+    weights.col0 = col0;
+  }
+};
+
+int64_t Ld16(int64_t k) { return (k + 15) / 16 * 16 + 16; }
+
+// The slice's product checked against the reference; returns c.
+std::vector<float> CheckFp8(const Case& cs, const Fp8Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k,
+                            uint32_t seed) {
+  const Fp8Slice slice(w, row0, col0, n, k, Ld16(k));
+  return RunAndCheck(
+      cs, n, k, seed,
+      [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+        return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
+                                  cs.alpha, cs.beta, cs.programmatic, nullptr);
+      },
+      [&](int64_t) { return [&](int64_t r, int64_t c) { return w.Weight(row0 + r, col0 + c); }; });
+}
+
+TEST_F(QuantGemvTest, Fp8EveryRowCount) {
+  const Fp8Matrix w = RandomFp8(300, 1000, 1);
+  for (int64_t m = 1; m <= kQuantGemvMaxRows; ++m) {
+    Case cs;
+    cs.m = m;
+    CheckFp8(cs, w, 0, 0, 300, 1000, 10 + static_cast<uint32_t>(m));
+  }
+}
+
+TEST_F(QuantGemvTest, Fp8Bf16ActivationsStridedWithEpilogue) {
+  const Fp8Matrix w = RandomFp8(517, 333, 2);
+  for (const int64_t m : {1, 5, 8, 9, 16}) {
+    Case cs;
+    cs.m = m;
+    cs.a_type = GemvType::kBF16;
+    cs.a_pad = 3;
+    cs.c_pad = 5;
+    cs.bias = true;
+    cs.alpha = 0.75f;
+    cs.beta = 0.5f;
+    CheckFp8(cs, w, 0, 0, 517, 333, 30 + static_cast<uint32_t>(m));
+    cs.a_type = GemvType::kF32;
+    CheckFp8(cs, w, 0, 0, 517, 333, 40 + static_cast<uint32_t>(m));
+  }
+}
+
+// Decode shapes of a DeepSeek-V3 TP8 rank (kv_a, routed expert down, dense gate_up's K): the split
+// and multi-tile paths.
+TEST_F(QuantGemvTest, Fp8DecodeShapes) {
+  const Fp8Matrix kv_a = RandomFp8(576, 7168, 3);
+  const Fp8Matrix down = RandomFp8(7168, 256, 4);
+  const Fp8Matrix wide = RandomFp8(2048, 7168, 5);
+  for (const int64_t m : {1, 4, 8, 16}) {
+    Case cs;
+    cs.m = m;
+    CheckFp8(cs, kv_a, 0, 0, 576, 7168, 50 + static_cast<uint32_t>(m));
+    CheckFp8(cs, down, 0, 0, 7168, 256, 60 + static_cast<uint32_t>(m));
+  }
+  for (const int64_t m : {3, 16}) {
+    Case cs;
+    cs.m = m;
+    CheckFp8(cs, wide, 0, 0, 2048, 7168, 70 + static_cast<uint32_t>(m));
+  }
+}
+
+// Subnormal e4m3 codes (exponent field 0) alone: their exact bf16 widening is all the result.
+TEST_F(QuantGemvTest, Fp8SubnormalCodes) {
+  Fp8Matrix w = RandomFp8(200, 300, 21);
+  for (uint8_t& code : w.codes) code &= 0x87;  // sign and mantissa kept, exponent 0
+  for (const int64_t m : {1, 8, 16}) {
+    Case cs;
+    cs.m = m;
+    CheckFp8(cs, w, 0, 0, 200, 300, 130 + static_cast<uint32_t>(m));
+  }
+}
+
+// A slice that starts inside a 128 x 128 block (row0 % 128 = 72, col0 % 128 = 48) takes the
+// global blocks' scales.
+TEST_F(QuantGemvTest, Fp8SliceInsideBlock) {
+  const Fp8Matrix w = RandomFp8(600, 900, 6);
+  for (const int64_t m : {1, 7, 12}) {
+    Case cs;
+    cs.m = m;
+    CheckFp8(cs, w, 200, 48, 300, 560, 80 + static_cast<uint32_t>(m));
+    CheckFp8(cs, w, 72, 784, 500, 116, 90 + static_cast<uint32_t>(m));
+  }
+}
+
+// Row slices give the whole matrix's rows, and column slices (accumulated with beta = 1) its sums:
+// the scale of every element is that of its global position.
+TEST_F(QuantGemvTest, Fp8SlicesMatchWholeMatrix) {
+  const int64_t rows = 400, cols = 1040, m = 6;
+  const Fp8Matrix w = RandomFp8(rows, cols, 7);
+  const Activations a = RandomActivations(m * cols, 8);
+  DeviceBuffer a_dev(a.f32.size() * sizeof(float));
+  Upload(a_dev, a.f32);
+  DeviceBuffer whole_c(m * rows * sizeof(float)), part_c(m * rows * sizeof(float));
+  const Fp8Slice whole(w, 0, 0, rows, cols, Ld16(cols));
+  ASSERT_EQ(LaunchFp8BlockGemv(a_dev.ptr, GemvType::kF32, cols, 0, whole.weights, whole_c.as<float>(), rows, 0,
+                               nullptr, 1, m, rows, cols, 1.0f, 0.0f, false, nullptr),
+            cudaSuccess);
+  const std::vector<float> want = Download<float>(whole_c, m * rows);
+  // Rows 72 .. 72 + 250 of the whole matrix, written at the same place of c.
+  {
+    const Fp8Slice slice(w, 72, 0, 250, cols, Ld16(cols));
+    ASSERT_EQ(LaunchFp8BlockGemv(a_dev.ptr, GemvType::kF32, cols, 0, slice.weights, part_c.as<float>() + 72, rows,
+                                 0, nullptr, 1, m, 250, cols, 1.0f, 0.0f, false, nullptr),
+              cudaSuccess);
+    const std::vector<float> got = Download<float>(part_c, m * rows);
+    double diff = 0, scale = 1e-30;
+    for (int64_t mr = 0; mr < m; ++mr) {
+      for (int64_t r = 72; r < 72 + 250; ++r) {
+        diff = std::max(diff, static_cast<double>(std::fabs(got[mr * rows + r] - want[mr * rows + r])));
+        scale = std::max(scale, static_cast<double>(std::fabs(want[mr * rows + r])));
+      }
+    }
+    EXPECT_LE(diff / scale, kTol);
+  }
+  // Columns [0, 176), [176, 656), [656, 1040): boundaries inside blocks, c accumulated.
+  const int64_t bounds[] = {0, 176, 656, cols};
+  for (int s = 0; s < 3; ++s) {
+    const int64_t col0 = bounds[s], k = bounds[s + 1] - bounds[s];
+    const Fp8Slice slice(w, 0, col0, rows, k, Ld16(k));
+    ASSERT_EQ(LaunchFp8BlockGemv(static_cast<const float*>(a_dev.ptr) + col0, GemvType::kF32, cols, 0,
+                                 slice.weights, part_c.as<float>(), rows, 0, nullptr, 1, m, rows, k, 1.0f,
+                                 s == 0 ? 0.0f : 1.0f, false, nullptr),
+              cudaSuccess);
+  }
+  const std::vector<float> got = Download<float>(part_c, m * rows);
+  EXPECT_LE(MaxRelativeError(got, want), kTol);
+}
+
+// Head-major items (W_UK / W_UV of absorbed MLA): each item's codes and scales at their strides.
+TEST_F(QuantGemvTest, Fp8Batched) {
+  const int64_t items = 3, n = 130, k = 200, ld = Ld16(k);
+  std::vector<Fp8Matrix> w;
+  for (int64_t i = 0; i < items; ++i) w.push_back(RandomFp8(n, k, 100 + static_cast<uint32_t>(i)));
+  const int64_t scale_items = w[0].scales.size();
+  std::vector<uint8_t> codes(items * n * ld, 0x7e);
+  std::vector<float> scales;
+  for (int64_t i = 0; i < items; ++i) {
+    for (int64_t r = 0; r < n; ++r) std::memcpy(codes.data() + (i * n + r) * ld, w[i].codes.data() + r * k, k);
+    scales.insert(scales.end(), w[i].scales.begin(), w[i].scales.end());
+  }
+  DeviceBuffer codes_dev(codes.size()), scales_dev(scales.size() * sizeof(float));
+  Upload(codes_dev, codes);
+  Upload(scales_dev, scales);
+  Fp8BlockWeights b;
+  b.codes = codes_dev.as<uint8_t>();
+  b.ld = ld;
+  b.batch_stride = n * ld;
+  b.scale_inv = scales_dev.as<float>();
+  b.scale_ld = w[0].scale_cols();
+  b.scale_batch_stride = scale_items;
+  for (const int64_t m : {1, 4, 11}) {
+    Case cs;
+    cs.m = m;
+    cs.batch = items;
+    cs.bias = true;
+    cs.beta = 1.0f;
+    RunAndCheck(
+        cs, n, k, 110 + static_cast<uint32_t>(m),
+        [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+          return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, b, c, ldc, sc, bias, items, m, n, k, cs.alpha, cs.beta,
+                                    false, nullptr);
+        },
+        [&](int64_t item) { return [&, item](int64_t r, int64_t c) { return w[item].Weight(r, c); }; });
+  }
+}
+
+// The same bits every run, and with the programmatic-launch flag.
+TEST_F(QuantGemvTest, Fp8DeterministicAndProgrammatic) {
+  const Fp8Matrix w = RandomFp8(1536, 2048, 9);
+  Case cs;
+  cs.m = 8;
+  const std::vector<float> first = CheckFp8(cs, w, 0, 0, 1536, 2048, 120);
+  const std::vector<float> again = CheckFp8(cs, w, 0, 0, 1536, 2048, 120);
+  cs.programmatic = true;
+  const std::vector<float> programmatic = CheckFp8(cs, w, 0, 0, 1536, 2048, 120);
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(first.data(), programmatic.data(), first.size() * sizeof(float)), 0);
+}
+
+// ---- INT4 ------------------------------------------------------------------------------------------
+
+// A slice [row0, row0 + n) x [col0, col0 + k) (col0 a multiple of 8) of `w`: packed words from word
+// col0 / 8 of each row, rows `ld` words apart (padding 0x77777777, value -1 everywhere: a read past
+// the slice's words would show), and the slice's rows of the global scales.
+struct Int4Slice {
+  DeviceBuffer packed, scales;
+  Int4GroupWeights weights;
+  Int4Slice(const Int4Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k, int64_t ld)
+      : packed(static_cast<size_t>(n * ld * 4)), scales(static_cast<size_t>(n * w.groups() * 2)) {
+    const int64_t words = Int4PackedWords(k);
+    std::vector<int32_t> host(static_cast<size_t>(n * ld), 0x77777777);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < words; ++j) {
+        // Word j of the slice is word col0 / 8 + j of the global row: values col0 + 8j .. + 7, which
+        // past k are the next global columns (zero nibbles past the global row).
+        int8_t values[8] = {};
+        for (int e = 0; e < 8; ++e) {
+          const int64_t c = col0 + 8 * j + e;
+          values[e] = c < w.cols ? w.values[(row0 + r) * w.cols + c] : static_cast<int8_t>(-8);
+        }
+        PackInt4Row(values, 8, host.data() + r * ld + j);
+      }
+    }
+    Upload(packed, host);
+    std::vector<uint16_t> rows_scales(w.scales.begin() + row0 * w.groups(), w.scales.begin() + (row0 + n) * w.groups());
+    Upload(scales, rows_scales);
+    weights.packed = packed.as<int32_t>();
+    weights.ld = ld;
+    weights.scale = scales.as<uint16_t>();
+    weights.scale_ld = w.groups();
+    weights.col0 = col0;
+    weights.group_size = w.group;
+  }
+};
+
+int64_t LdWords(int64_t k) { return (Int4PackedWords(k) + 3) / 4 * 4 + 4; }
+
+std::vector<float> CheckInt4(const Case& cs, const Int4Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k,
+                             uint32_t seed) {
+  const Int4Slice slice(w, row0, col0, n, k, LdWords(k));
+  return RunAndCheck(
+      cs, n, k, seed,
+      [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+        return LaunchInt4GroupGemv(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
+                                   cs.alpha, cs.beta, cs.programmatic, nullptr);
+      },
+      [&](int64_t) { return [&](int64_t r, int64_t c) { return w.Weight(row0 + r, col0 + c); }; });
+}
+
+// The packing the kernel reads is int4_packing.h's: a hand-packed row (value j in nibble j % 8 of
+// word j / 8, stored as q + 8) against one weight row of ones.
+TEST_F(QuantGemvTest, Int4HandPackedRow) {
+  // Values 1, -2, 3, -4, 5, -6, 7, -8 then 0 .. 7 -> words 0x0f2b4d69 ... (nibble = value + 8).
+  const int8_t values[16] = {1, -2, 3, -4, 5, -6, 7, -8, 0, 1, 2, 3, 4, 5, 6, 7};
+  uint32_t words[2] = {0u, 0u};
+  for (int j = 0; j < 16; ++j) words[j / 8] |= static_cast<uint32_t>(values[j] + 8) << (4 * (j % 8));
+  int32_t packed[2];
+  PackInt4Row(values, 16, packed);
+  ASSERT_EQ(static_cast<uint32_t>(packed[0]), words[0]);
+  ASSERT_EQ(static_cast<uint32_t>(packed[1]), words[1]);
+  // One row of 32 columns (the hand-packed 16, then zeros), group 32, scale 0.5; activations e_j
+  // pick each value out: c[j] = 0.5 * value j.
+  const int64_t k = 32, m = 16;
+  std::vector<int32_t> row(8, static_cast<int32_t>(0x88888888u));
+  row[0] = static_cast<int32_t>(words[0]);
+  row[1] = static_cast<int32_t>(words[1]);
+  std::vector<float> a(m * k, 0.0f);
+  for (int64_t j = 0; j < m; ++j) a[j * k + j] = 1.0f;
+  const std::vector<uint16_t> scale = {FloatToBf16(0.5f)};
+  DeviceBuffer row_dev(row.size() * 4), a_dev(a.size() * 4), scale_dev(2), c_dev(m * 4);
+  Upload(row_dev, row);
+  Upload(a_dev, a);
+  Upload(scale_dev, scale);
+  Int4GroupWeights b;
+  b.packed = row_dev.as<int32_t>();
+  b.ld = 8;
+  b.scale = scale_dev.as<uint16_t>();
+  b.scale_ld = 1;
+  ASSERT_EQ(LaunchInt4GroupGemv(a_dev.ptr, GemvType::kF32, k, 0, b, c_dev.as<float>(), 1, 0, nullptr, 1, m, 1, k,
+                                1.0f, 0.0f, false, nullptr),
+            cudaSuccess);
+  const std::vector<float> c = Download<float>(c_dev, m);
+  for (int64_t j = 0; j < m; ++j) EXPECT_EQ(c[j], 0.5f * values[j]) << "column " << j;
+}
+
+TEST_F(QuantGemvTest, Int4EveryRowCount) {
+  const Int4Matrix w = RandomInt4(300, 1000, 32, 11);
+  for (int64_t m = 1; m <= kQuantGemvMaxRows; ++m) {
+    Case cs;
+    cs.m = m;
+    CheckInt4(cs, w, 0, 0, 300, 1000, 200 + static_cast<uint32_t>(m));
+  }
+}
+
+TEST_F(QuantGemvTest, Int4Bf16ActivationsStridedWithEpilogue) {
+  const Int4Matrix w = RandomInt4(517, 1004, 32, 12);  // k not a multiple of 8: a partial last word
+  for (const int64_t m : {1, 6, 8, 10, 16}) {
+    Case cs;
+    cs.m = m;
+    cs.a_type = GemvType::kBF16;
+    cs.a_pad = 5;
+    cs.c_pad = 3;
+    cs.bias = true;
+    cs.alpha = 1.25f;
+    cs.beta = -0.5f;
+    CheckInt4(cs, w, 0, 0, 517, 1004, 220 + static_cast<uint32_t>(m));
+    cs.a_type = GemvType::kF32;
+    CheckInt4(cs, w, 0, 0, 517, 1004, 240 + static_cast<uint32_t>(m));
+  }
+}
+
+// Kimi-K2.5 routed expert shapes at a TP8 rank: gate_up [512, 7168] and down [7168, 256] (a slice of
+// the global [7168, 2048] at column 256 * rank).
+TEST_F(QuantGemvTest, Int4DecodeShapes) {
+  const Int4Matrix gate_up = RandomInt4(512, 7168, 32, 13);
+  const Int4Matrix down = RandomInt4(7168, 2048, 32, 14);
+  for (const int64_t m : {1, 4, 8, 16}) {
+    Case cs;
+    cs.m = m;
+    CheckInt4(cs, gate_up, 0, 0, 512, 7168, 260 + static_cast<uint32_t>(m));
+    CheckInt4(cs, down, 0, 768, 7168, 256, 280 + static_cast<uint32_t>(m));
+  }
+}
+
+// Slices that start inside a group (col0 % 32 = 8, 16, 24; col0 % 64 = 40 with group 64): each
+// chunk's words take the scale of their own global group.
+TEST_F(QuantGemvTest, Int4SliceInsideGroup) {
+  const Int4Matrix w32 = RandomInt4(260, 700, 32, 15);
+  const Int4Matrix w64 = RandomInt4(260, 700, 64, 16);
+  for (const int64_t m : {1, 9}) {
+    Case cs;
+    cs.m = m;
+    for (const int64_t col0 : {8, 16, 24, 104}) CheckInt4(cs, w32, 3, col0, 250, 700 - col0 - 5, 300 + static_cast<uint32_t>(col0 + m));
+    CheckInt4(cs, w64, 0, 40, 260, 600, 320 + static_cast<uint32_t>(m));
+  }
+}
+
+TEST_F(QuantGemvTest, Int4SlicesMatchWholeMatrix) {
+  const int64_t rows = 300, cols = 1024, m = 5;
+  const Int4Matrix w = RandomInt4(rows, cols, 32, 17);
+  const Activations a = RandomActivations(m * cols, 18);
+  DeviceBuffer a_dev(a.f32.size() * sizeof(float));
+  Upload(a_dev, a.f32);
+  DeviceBuffer whole_c(m * rows * sizeof(float)), part_c(m * rows * sizeof(float));
+  const Int4Slice whole(w, 0, 0, rows, cols, LdWords(cols));
+  ASSERT_EQ(LaunchInt4GroupGemv(a_dev.ptr, GemvType::kF32, cols, 0, whole.weights, whole_c.as<float>(), rows, 0,
+                                nullptr, 1, m, rows, cols, 1.0f, 0.0f, false, nullptr),
+            cudaSuccess);
+  const std::vector<float> want = Download<float>(whole_c, m * rows);
+  const int64_t bounds[] = {0, 8, 336, 600, cols};  // inside groups
+  for (int s = 0; s < 4; ++s) {
+    const int64_t col0 = bounds[s], k = bounds[s + 1] - bounds[s];
+    const Int4Slice slice(w, 0, col0, rows, k, LdWords(k));
+    ASSERT_EQ(LaunchInt4GroupGemv(static_cast<const float*>(a_dev.ptr) + col0, GemvType::kF32, cols, 0,
+                                  slice.weights, part_c.as<float>(), rows, 0, nullptr, 1, m, rows, k, 1.0f,
+                                  s == 0 ? 0.0f : 1.0f, false, nullptr),
+              cudaSuccess);
+  }
+  const std::vector<float> got = Download<float>(part_c, m * rows);
+  EXPECT_LE(MaxRelativeError(got, want), kTol);
+}
+
+TEST_F(QuantGemvTest, Int4BatchedDeterministicProgrammatic) {
+  const int64_t items = 4, n = 96, k = 512, ld = LdWords(k);
+  std::vector<Int4Matrix> w;
+  std::vector<int32_t> packed(items * n * ld, 0x77777777);
+  std::vector<uint16_t> scales;
+  for (int64_t i = 0; i < items; ++i) {
+    w.push_back(RandomInt4(n, k, 32, 400 + static_cast<uint32_t>(i)));
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy(w[i].packed.begin() + r * w[i].words(), w[i].packed.begin() + (r + 1) * w[i].words(),
+                packed.begin() + (i * n + r) * ld);
+    }
+    scales.insert(scales.end(), w[i].scales.begin(), w[i].scales.end());
+  }
+  DeviceBuffer packed_dev(packed.size() * 4), scales_dev(scales.size() * 2);
+  Upload(packed_dev, packed);
+  Upload(scales_dev, scales);
+  Int4GroupWeights b;
+  b.packed = packed_dev.as<int32_t>();
+  b.ld = ld;
+  b.batch_stride = n * ld;
+  b.scale = scales_dev.as<uint16_t>();
+  b.scale_ld = w[0].groups();
+  b.scale_batch_stride = n * w[0].groups();
+  std::vector<std::vector<float>> runs;
+  for (const bool programmatic : {false, false, true}) {
+    Case cs;
+    cs.m = 8;
+    cs.batch = items;
+    cs.programmatic = programmatic;
+    runs.push_back(RunAndCheck(
+        cs, n, k, 420,
+        [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+          return LaunchInt4GroupGemv(a, cs.a_type, lda, sa, b, c, ldc, sc, bias, items, cs.m, n, k, 1.0f, 0.0f,
+                                     programmatic, nullptr);
+        },
+        [&](int64_t item) { return [&, item](int64_t r, int64_t c) { return w[item].Weight(r, c); }; }));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[2]);
+}
+
+// Single rows, single columns and chunks cut short by k.
+TEST_F(QuantGemvTest, TinyShapes) {
+  const Fp8Matrix f = RandomFp8(9, 40, 22);
+  const Int4Matrix q = RandomInt4(9, 40, 32, 23);
+  for (const int64_t m : {1, 2, 16}) {
+    Case cs;
+    cs.m = m;
+    for (const int64_t n : {1, 3, 9}) {
+      for (const int64_t k : {1, 5, 17, 40}) {
+        CheckFp8(cs, f, 0, 0, n, k, 140 + static_cast<uint32_t>(m + n + k));
+        CheckInt4(cs, q, 0, 0, n, k, 150 + static_cast<uint32_t>(m + n + k));
+      }
+    }
+  }
+}
+
+// ---- Bad arguments ---------------------------------------------------------------------------------
+
+TEST_F(QuantGemvTest, BadArgumentsRefused) {
+  const int64_t n = 64, k = 256;
+  DeviceBuffer a(16 * k * 4), c(16 * n * 4), codes(n * k + 64), fscales(64 * 4), packed(n * k / 2 + 64),
+      iscales(n * k / 32 * 2);
+  const std::vector<float> c_host(16 * n, 3.0f);
+  Upload(c, c_host);
+  Fp8BlockWeights f;
+  f.codes = codes.as<uint8_t>();
+  f.ld = k;
+  f.scale_inv = fscales.as<float>();
+  f.scale_ld = 2;
+  Int4GroupWeights q;
+  q.packed = packed.as<int32_t>();
+  q.ld = k / 8;
+  q.scale = iscales.as<uint16_t>();
+  q.scale_ld = k / 32;
+  const auto fp8 = [&](const Fp8BlockWeights& b, int64_t m, int64_t nn, int64_t kk, int64_t lda = 256,
+                       int64_t ldc = 64, const void* a_ptr = nullptr, int64_t batch = 1) {
+    return LaunchFp8BlockGemv(a_ptr == nullptr ? a.ptr : a_ptr, GemvType::kF32, lda, 0, b, c.as<float>(), ldc, 0,
+                              nullptr, batch, m, nn, kk, 1.0f, 0.0f, false, nullptr);
+  };
+  const auto int4 = [&](const Int4GroupWeights& b, int64_t m, int64_t nn, int64_t kk) {
+    return LaunchInt4GroupGemv(a.ptr, GemvType::kF32, 256, 0, b, c.as<float>(), 64, 0, nullptr, 1, m, nn, kk, 1.0f,
+                               0.0f, false, nullptr);
+  };
+  // The well-formed calls succeed (so the refusals below are the arguments' doing).
+  EXPECT_EQ(fp8(f, 4, n, k), cudaSuccess);
+  EXPECT_EQ(int4(q, 4, n, k), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Upload(c, c_host);
+
+  EXPECT_EQ(fp8(f, 0, n, k), cudaErrorInvalidValue);
+  EXPECT_EQ(fp8(f, kQuantGemvMaxRows + 1, n, k), cudaErrorInvalidValue);
+  EXPECT_EQ(fp8(f, 4, 0, k), cudaErrorInvalidValue);
+  EXPECT_EQ(fp8(f, 4, n, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(fp8(f, 4, n, k, /*lda=*/k - 1), cudaErrorInvalidValue);
+  EXPECT_EQ(fp8(f, 4, n, k, k, /*ldc=*/n - 1), cudaErrorInvalidValue);
+  EXPECT_EQ(fp8(f, 4, n, k, k, n, nullptr, /*batch=*/0), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchFp8BlockGemv(a.ptr, GemvType::kF32, k, 0, f, nullptr, n, 0, nullptr, 1, 4, n, k, 1.0f, 0.0f,
+                               false, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchFp8BlockGemv(a.ptr, GemvType::kF32, k, 0, f, c.as<float>(), n, 0, nullptr, 1, 4, n, k, kNaN, 0.0f,
+                               false, nullptr),
+            cudaErrorInvalidValue);
+  Fp8BlockWeights bad = f;
+  bad.codes = nullptr;
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.scale_inv = nullptr;
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.codes = f.codes + 8;  // not 16-byte aligned
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.ld = k + 8;  // rows not 16-byte aligned
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.ld = k - 16;
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.col0 = 8;  // inside a 16-byte chunk
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.row0 = -1;
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+  bad = f;
+  bad.row0 = 100;  // rows 100 .. 163 span scale rows 0 and 1
+  bad.scale_ld = 1;  // fewer than the 2 scale columns of k = 256
+  EXPECT_EQ(fp8(bad, 4, n, k), cudaErrorInvalidValue);
+
+  EXPECT_EQ(int4(q, 0, n, k), cudaErrorInvalidValue);
+  EXPECT_EQ(int4(q, kQuantGemvMaxRows + 1, n, k), cudaErrorInvalidValue);
+  Int4GroupWeights bad4 = q;
+  bad4.packed = nullptr;
+  EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
+  bad4 = q;
+  bad4.scale = nullptr;
+  EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
+  for (const int64_t group : {0, 8, 16, 48, 96}) {
+    bad4 = q;
+    bad4.group_size = group;
+    EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue) << "group " << group;
+  }
+  bad4 = q;
+  bad4.col0 = 4;  // inside a word
+  EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
+  bad4 = q;
+  bad4.packed = q.packed + 1;  // not 16-byte aligned
+  EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
+  bad4 = q;
+  bad4.ld = k / 8 + 2;  // rows not 16-byte aligned
+  EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
+  bad4 = q;
+  bad4.scale_ld = k / 32 - 1;
+  EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
+
+  // Nothing was launched by a refused call.
+  const std::vector<float> after = Download<float>(c, c_host.size());
+  EXPECT_EQ(after, c_host);
+}
+
+}  // namespace
+}  // namespace eagle3::cuda
