@@ -6,6 +6,7 @@
 //   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
 //                        [--draft-tokens N] [--convention output|input] --out FILE [--json FILE]
 //   eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]
+//   eagle3-inspect check --target DIR --mtp [--json FILE]
 //   eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N] [--depth K]
 //                           [--device cpu|cuda] [--aux-layers a,b,c] [--convention output|input]
 //                           [--json FILE] [--out FILE]
@@ -24,7 +25,9 @@
 // every position) and the EAGLE-2 tree drafted after the last position: `tree_tokens` (target ids,
 // root first), `tree_parents`, `tree_positions`, `tree_mask` (u8 [N, N]).
 //
-// `check` validates a pair before serving and exits non-zero listing every problem.
+// `check` validates a pair before serving and exits non-zero listing every problem: the target and
+// an EAGLE-3 draft (Llama-style or MLA, told apart by the draft's architectures), or with --mtp the
+// target and its own MTP module(s).
 //
 // `accuracy` is the standalone wiring check (docs/semantics.md): the draft's top-1 agreement with the
 // target's greedy token from the target's own hidden states, with no tree and no verifier. The text
@@ -100,9 +103,10 @@ constexpr char kDraftUsage[] =
     "  --weights bf16|f32    weight storage (default: the device's preference, bf16 on cuda, f32 on cpu)\n"
     "  --allow-long-context  run more tokens than max_position_embeddings (default: refused)\n";
 constexpr char kCheckUsage[] =
-    "usage: eagle3-inspect check --target DIR --draft DIR [flags]\n"
+    "usage: eagle3-inspect check --target DIR --draft DIR|--mtp [flags]\n"
     "  --target DIR          the target checkpoint directory (required)\n"
-    "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
+    "  --draft DIR           the EAGLE-3 draft checkpoint directory (Llama-style or MLA head)\n"
+    "  --mtp                 instead of --draft: the target's own MTP module(s) as the drafter\n"
     "  --convention output|input   aux layer id convention (default output)\n"
     "  --json FILE           also write the run report and the pair report as JSON\n"
     "                        (default: none)\n";
@@ -133,6 +137,7 @@ constexpr char kUsage[] =
     "                            [--draft-tokens N] [--convention output|input] [--device cpu|cuda]\n"
     "                            --out FILE [--json FILE]\n"
     "       eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]\n"
+    "       eagle3-inspect check --target DIR --mtp [--json FILE]\n"
     "       eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N]\n"
     "                               [--depth K] [--device cpu|cuda] [--aux-layers a,b,c]\n"
     "                               [--convention output|input] [--json FILE] [--out FILE]\n"
@@ -174,6 +179,7 @@ struct Flags {
   int64_t max_input_bytes = eagle3::examples::kDefaultMaxInputBytes;  // --max-input-bytes (--text-file)
   // --allow-long-context: run more tokens than the target's max_position_embeddings.
   bool allow_long_context = false;
+  bool mtp = false;  // --mtp (check): the target's own MTP module(s) instead of --draft
 
   // The files --out must never replace (directories stand for the files in them).
   std::vector<std::string> Inputs() const {
@@ -231,6 +237,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     const std::string_view flag = argv[i];
     if (flag == "--allow-long-context") {
       flags.allow_long_context = true;
+      continue;
+    }
+    if (flag == "--mtp") {
+      flags.mtp = true;
       continue;
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + std::string(flag) + " needs a value");
@@ -302,8 +312,16 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.aux_layers.has_value() && flags.command != "accuracy") {
     return absl::InvalidArgumentError("--aux-layers applies to the accuracy subcommand only");
   }
+  if (flags.mtp && flags.command != "check") {
+    return absl::InvalidArgumentError("--mtp applies to the check subcommand only");
+  }
   if (flags.command == "check") {
-    if (flags.model.empty() || flags.draft.empty()) return absl::InvalidArgumentError("--target and --draft are required");
+    if (flags.mtp && !flags.draft.empty()) {
+      return absl::InvalidArgumentError("--draft and --mtp name two drafters; give one");
+    }
+    if (flags.model.empty() || (flags.draft.empty() && !flags.mtp)) {
+      return absl::InvalidArgumentError("--target and --draft (or --mtp) are required");
+    }
   } else if (flags.command == "accuracy") {
     if (flags.model.empty() || flags.draft.empty() || flags.text_file.empty()) {
       return absl::InvalidArgumentError("--target, --draft and --text-file are required");
@@ -353,7 +371,13 @@ JsonObject Settings(const Flags& flags, std::string_view weights) {
                              : path == eagle3::AttentionPath::kAbsorbed ? "absorbed"
                                                                         : "non-absorbed");
   } else {
-    s.String("target", flags.model).String("draft", flags.draft);
+    s.String("target", flags.model);
+    // --mtp has no draft directory; the key appears only with the flag.
+    if (flags.mtp) {
+      s.Bool("mtp", true);
+    } else {
+      s.String("draft", flags.draft);
+    }
   }
   if (command == "draft") {
     s.Raw("tokens", JsonInts(flags.tokens))
@@ -368,7 +392,7 @@ JsonObject Settings(const Flags& flags, std::string_view weights) {
         .Raw("aux_layers", flags.aux_layers.has_value() ? JsonInts(*flags.aux_layers) : "null")
         .Int("max_input_bytes", flags.max_input_bytes);
   }
-  if (command != "target") s.String("convention", ConventionName(flags.convention));
+  if (command != "target" && !flags.mtp) s.String("convention", ConventionName(flags.convention));
   if (command != "check") {
     s.String("device", flags.device)
         .String("weights", weights)
@@ -695,7 +719,7 @@ absl::Status InspectDraft(const Flags& flags) {
 }
 
 // check --json FILE: the run report, then the pair report and the result (the settings' target,
-// draft and convention repeated at the top level, where this file always had them).
+// draft and convention, or mtp: true, repeated at the top level, where this file always had them).
 absl::Status WriteCheckJson(const Flags& flags, const eagle3::PairReport& pair,
                             double check_seconds) {
   using eagle3::examples::JsonString;
@@ -707,10 +731,13 @@ absl::Status WriteCheckJson(const Flags& flags, const eagle3::PairReport& pair,
   RunReport report = Report(flags, "");
   report.seconds.Number("check", check_seconds);  // reads configs and headers: no device, no seed
   JsonObject more;
-  more.String("target", flags.model)
-      .String("draft", flags.draft)
-      .String("convention", ConventionName(flags.convention))
-      .Raw("facts", list(pair.facts))
+  more.String("target", flags.model);
+  if (flags.mtp) {
+    more.Bool("mtp", true);
+  } else {
+    more.String("draft", flags.draft).String("convention", ConventionName(flags.convention));
+  }
+  more.Raw("facts", list(pair.facts))
       .Raw("warnings", list(pair.warnings))
       .Raw("problems", list(pair.problems))
       .Bool("ok", pair.ok());
@@ -719,17 +746,19 @@ absl::Status WriteCheckJson(const Flags& flags, const eagle3::PairReport& pair,
 
 absl::Status Check(const Flags& flags) {
   const auto start = Clock::now();
-  const eagle3::PairReport report = eagle3::CheckDraftPair(flags.model, flags.draft, flags.convention);
+  const eagle3::PairReport report = flags.mtp ? eagle3::CheckMtpPair(flags.model)
+                                              : eagle3::CheckDraftPair(flags.model, flags.draft, flags.convention);
   const double check_seconds = SecondsSince(start);
   for (const std::string& fact : report.facts) std::printf("  %s\n", fact.c_str());
   for (const std::string& warning : report.warnings) std::printf("  WARNING: %s\n", warning.c_str());
   for (const std::string& problem : report.problems) std::printf("  PROBLEM: %s\n", problem.c_str());
   if (report.ok()) {
+    const char* drafter = flags.mtp ? "the MTP module" : "the draft";
     if (report.warnings.empty()) {
-      std::printf("pair OK: the draft matches the target\n");
+      std::printf("pair OK: %s matches the target\n", drafter);
     } else {
-      std::printf("pair OK with %zu warning(s): the draft matches the target's shapes; read the warnings\n",
-                  report.warnings.size());
+      std::printf("pair OK with %zu warning(s): %s matches the target's shapes; read the warnings\n",
+                  report.warnings.size(), drafter);
     }
   }
   if (!flags.json.empty()) EAGLE3_RETURN_IF_ERROR(WriteCheckJson(flags, report, check_seconds));

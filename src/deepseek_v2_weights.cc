@@ -3,9 +3,11 @@
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "eagle3/detail/quantized_weights.h"
+#include "eagle3/mla_attention_weights.h"
 
 namespace eagle3 {
 namespace {
@@ -57,25 +59,6 @@ bool LooksQuantized(std::string_view name) {
          EndsWith(name, "weight_packed");
 }
 
-class WeightList {
- public:
-  explicit WeightList(std::string prefix) : prefix_(std::move(prefix)) {}
-  void Add(const std::string& name, Shape shape, TpSplit split, bool vocab_padded = false) {
-    specs_.push_back(WeightSpec{prefix_ + name, shape, split, vocab_padded});
-  }
-  // gate_proj / up_proj column-parallel, down_proj row-parallel: one SiLU MLP of width `inter`.
-  void AddMlp(const std::string& prefix, int64_t hidden, int64_t inter) {
-    Add(prefix + "gate_proj.weight", Shape{inter, hidden}, TpSplit::kRows);
-    Add(prefix + "up_proj.weight", Shape{inter, hidden}, TpSplit::kRows);
-    Add(prefix + "down_proj.weight", Shape{hidden, inter}, TpSplit::kColumns);
-  }
-  std::vector<WeightSpec> Take() { return std::move(specs_); }
-
- private:
-  std::string prefix_;  // DeepseekV2Config::tensor_prefix, before every name
-  std::vector<WeightSpec> specs_;
-};
-
 }  // namespace
 
 ShardSpec WeightSpec::ForRank(int tp_size, int rank) const {
@@ -96,53 +79,79 @@ std::string DeepseekEmbeddingName(const DeepseekV2Config& config) {
   return config.tensor_prefix + std::string(kEmbedding);
 }
 
+absl::StatusOr<Shape> WeightSpec::RankShape(int tp_size) const {
+  if (tp_size < 1 || tp_size > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': tp_size ", tp_size,
+                                                   " is out of range [1, 64]"));
+  }
+  if (split == TpSplit::kReplicated) return shape;
+  const int dim = split == TpSplit::kRows ? 0 : 1;
+  if (dim >= shape.rank()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' of shape ", shape.ToString(),
+                                                   " has no dim ", dim, " to split"));
+  }
+  const int64_t padded = vocab_padded ? PaddedSize(shape[dim], kVocabPadPerRank * tp_size) : shape[dim];
+  if (padded % tp_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' of shape ", shape.ToString(),
+                                                   ": dim ", dim, " = ", shape[dim],
+                                                   " is not divisible by tp_size ", tp_size));
+  }
+  Shape out = shape;
+  out[dim] = padded / tp_size;
+  return out;
+}
+
+void AppendSiluMlpWeights(std::string_view prefix, int64_t hidden, int64_t intermediate,
+                          std::vector<WeightSpec>& specs) {
+  const std::string p(prefix);
+  specs.push_back(WeightSpec{p + "gate_proj.weight", Shape{intermediate, hidden}, TpSplit::kRows});
+  specs.push_back(WeightSpec{p + "up_proj.weight", Shape{intermediate, hidden}, TpSplit::kRows});
+  specs.push_back(WeightSpec{p + "down_proj.weight", Shape{hidden, intermediate}, TpSplit::kColumns});
+}
+
+std::vector<WeightSpec> DeepseekDecoderLayerWeights(const DeepseekV2Config& c, int64_t layer) {
+  const int64_t h = c.hidden_size;
+  const std::string p = absl::StrCat(c.tensor_prefix, "model.layers.", layer, ".");
+  std::vector<WeightSpec> specs = {
+      WeightSpec{p + "input_layernorm.weight", Shape{h}, TpSplit::kReplicated},
+      WeightSpec{p + "post_attention_layernorm.weight", Shape{h}, TpSplit::kReplicated},
+  };
+  for (WeightSpec& spec : MlaAttentionWeights(MlaAttentionConfig::ForTarget(c), p + "self_attn.")) {
+    specs.push_back(std::move(spec));
+  }
+  const std::string m = p + "mlp.";
+  if (!c.IsMoeLayer(layer)) {
+    AppendSiluMlpWeights(m, h, c.intermediate_size, specs);
+    return specs;
+  }
+  const int64_t experts = *c.n_routed_experts;
+  specs.push_back(WeightSpec{m + "gate.weight", Shape{experts, h}, TpSplit::kReplicated});
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    specs.push_back(WeightSpec{m + "gate.e_score_correction_bias", Shape{experts}, TpSplit::kReplicated});
+  }
+  for (int64_t e = 0; e < experts; ++e) {
+    AppendSiluMlpWeights(absl::StrCat(m, "experts.", e, "."), h, c.moe_intermediate_size, specs);
+  }
+  if (c.n_shared_experts > 0) {
+    AppendSiluMlpWeights(m + "shared_experts.", h, c.moe_intermediate_size * c.n_shared_experts, specs);
+  }
+  return specs;
+}
+
 std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& c) {
   const int64_t h = c.hidden_size;
-  const int64_t heads = c.num_attention_heads;
-  WeightList w(c.tensor_prefix);
-  w.Add(std::string(kEmbedding), Shape{c.vocab_size, h}, TpSplit::kRows, /*vocab_padded=*/true);
+  const std::string& prefix = c.tensor_prefix;
+  std::vector<WeightSpec> specs = {WeightSpec{DeepseekEmbeddingName(c), Shape{c.vocab_size, h}, TpSplit::kRows,
+                                              /*vocab_padded=*/true}};
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    const std::string p = "model.layers." + std::to_string(layer) + ".";
-    w.Add(p + "input_layernorm.weight", Shape{h}, TpSplit::kReplicated);
-    w.Add(p + "post_attention_layernorm.weight", Shape{h}, TpSplit::kReplicated);
-
-    const std::string a = p + "self_attn.";
-    if (c.q_lora_rank.has_value()) {
-      w.Add(a + "q_a_proj.weight", Shape{*c.q_lora_rank, h}, TpSplit::kReplicated);
-      w.Add(a + "q_a_layernorm.weight", Shape{*c.q_lora_rank}, TpSplit::kReplicated);
-      w.Add(a + "q_b_proj.weight", Shape{heads * c.qk_head_dim(), *c.q_lora_rank}, TpSplit::kRows);
-    } else {
-      w.Add(a + "q_proj.weight", Shape{heads * c.qk_head_dim(), h}, TpSplit::kRows);
-    }
-    w.Add(a + "kv_a_proj_with_mqa.weight", Shape{c.kv_lora_rank + c.qk_rope_head_dim, h},
-          TpSplit::kReplicated);
-    w.Add(a + "kv_a_layernorm.weight", Shape{c.kv_lora_rank}, TpSplit::kReplicated);
-    w.Add(a + "kv_b_proj.weight", Shape{heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-          TpSplit::kRows);
-    w.Add(a + "o_proj.weight", Shape{h, heads * c.v_head_dim}, TpSplit::kColumns);
-
-    const std::string m = p + "mlp.";
-    if (!c.IsMoeLayer(layer)) {
-      w.AddMlp(m, h, c.intermediate_size);
-      continue;
-    }
-    const int64_t experts = *c.n_routed_experts;
-    w.Add(m + "gate.weight", Shape{experts, h}, TpSplit::kReplicated);
-    if (c.topk_method == TopkMethod::kNoauxTc) {
-      w.Add(m + "gate.e_score_correction_bias", Shape{experts}, TpSplit::kReplicated);
-    }
-    for (int64_t e = 0; e < experts; ++e) {
-      w.AddMlp(m + "experts." + std::to_string(e) + ".", h, c.moe_intermediate_size);
-    }
-    if (c.n_shared_experts > 0) {
-      w.AddMlp(m + "shared_experts.", h, c.moe_intermediate_size * c.n_shared_experts);
-    }
+    for (WeightSpec& spec : DeepseekDecoderLayerWeights(c, layer)) specs.push_back(std::move(spec));
   }
-  w.Add("model.norm.weight", Shape{h}, TpSplit::kReplicated);
+  specs.push_back(WeightSpec{prefix + "model.norm.weight", Shape{h}, TpSplit::kReplicated});
   if (!c.tie_word_embeddings) {
-    w.Add("lm_head.weight", Shape{c.vocab_size, h}, TpSplit::kRows, /*vocab_padded=*/true);
+    specs.push_back(WeightSpec{prefix + "lm_head.weight", Shape{c.vocab_size, h}, TpSplit::kRows,
+                               /*vocab_padded=*/true});
   }
-  return w.Take();
+  return specs;
 }
 
 std::string_view TextModelTensorName(std::string_view name, const DeepseekV2Config& config) {

@@ -15,6 +15,7 @@
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/detail/host_budget.h"
+#include "eagle3/draft_layer_prefix.h"
 #include "eagle3/rope_table.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
@@ -22,10 +23,6 @@
 
 namespace eagle3 {
 namespace {
-
-// The layer prefixes of SpecForge/SGLang (`midlayer.`) and vLLM/speculators (`layers.0.`) checkpoints.
-constexpr std::string_view kMidlayerPrefix = "midlayer.";
-constexpr std::string_view kLayersPrefix = "layers.0.";
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
@@ -822,17 +819,7 @@ absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string
   }
 
   EAGLE3_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::Open(draft_dir));
-  bool midlayer = false, layers = false;
-  for (const std::string& name : m.checkpoint->TensorNames()) {
-    midlayer = midlayer || StartsWith(name, kMidlayerPrefix);
-    layers = layers || StartsWith(name, "layers.");
-  }
-  if (midlayer && layers) {
-    return absl::InvalidArgumentError("draft checkpoint '" + draft_dir +
-                                      "' has both midlayer.* and layers.* tensors; expected one decoder layer under "
-                                      "one prefix");
-  }
-  m.prefix = std::string(layers ? kLayersPrefix : kMidlayerPrefix);
+  EAGLE3_ASSIGN_OR_RETURN(m.prefix, DraftLayerPrefix(*m.checkpoint));
   const bool own_embedding = m.checkpoint->Has("embed_tokens.weight");
   if (!own_embedding && c.hidden_size != m.target.hidden_size) {
     return absl::InvalidArgumentError(

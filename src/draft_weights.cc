@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/draft_model.h"
 
 namespace eagle3 {
@@ -11,7 +12,6 @@ std::vector<WeightSpec> Eagle3DraftWeights(const Eagle3DraftConfig& c, std::stri
   const int64_t h = c.hidden_size;
   const int64_t q_width = c.num_attention_heads * c.head_dim;
   const int64_t kv_width = c.num_key_value_heads * c.head_dim;
-  const int64_t inter = c.intermediate_size;
   const std::string p(layer_prefix);
   std::vector<WeightSpec> specs;
   auto add = [&](std::string name, Shape shape, TpSplit split = TpSplit::kReplicated, bool vocab = false) {
@@ -32,9 +32,7 @@ std::vector<WeightSpec> Eagle3DraftWeights(const Eagle3DraftConfig& c, std::stri
   add(p + "self_attn.v_proj.weight", Shape{kv_width, 2 * h}, TpSplit::kRows);
   add(p + "self_attn.o_proj.weight", Shape{h, q_width}, TpSplit::kColumns);
   add(p + "post_attention_layernorm.weight", Shape{h});
-  add(p + "mlp.gate_proj.weight", Shape{inter, h}, TpSplit::kRows);
-  add(p + "mlp.up_proj.weight", Shape{inter, h}, TpSplit::kRows);
-  add(p + "mlp.down_proj.weight", Shape{h, inter}, TpSplit::kColumns);
+  AppendSiluMlpWeights(p + "mlp.", h, c.intermediate_size, specs);
   add("norm.weight", Shape{h});
   if (!c.tie_word_embeddings) add("lm_head.weight", Shape{c.draft_vocab_size, h}, TpSplit::kRows, true);
   return specs;

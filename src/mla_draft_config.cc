@@ -358,6 +358,15 @@ absl::StatusOr<MlaDraftConfig> MlaDraftConfig::FromFile(const std::string& path)
   return FromJson(text, resolved);
 }
 
+absl::StatusOr<bool> NamesMlaDraftArchitecture(const std::string& path) {
+  std::string resolved;
+  EAGLE3_ASSIGN_OR_RETURN(std::string text, json_fields::ReadConfigFile(path, &resolved));
+  EAGLE3_ASSIGN_OR_RETURN(nlohmann::json document, json_fields::ParseObjectDocument(text, resolved));
+  const auto it = document.find("architectures");
+  if (it == document.end() || !it->is_array() || it->size() != 1 || !(*it)[0].is_string()) return false;
+  return IsOneOf((*it)[0].get<std::string>(), kMlaArchitectures);
+}
+
 int64_t MlaDraftConfig::num_aux_layers() const {
   if (aux_layer_ids.has_value()) return static_cast<int64_t>(aux_layer_ids->size());
   return num_aux_hidden_states.value_or(3);

@@ -30,6 +30,12 @@ bool IsLinear(const WeightSpec& spec, std::string_view name) {
          (EndsWith(name, "_proj.weight") || EndsWith(name, "_proj_with_mqa.weight") || name == "lm_head.weight");
 }
 
+// An MTP module's eh_proj (model.layers.<k>.eh_proj.weight) is stored unquantized in every format:
+// vLLM and SGLang build it as a plain nn.Linear and TensorRT-LLM with the model dtype and no quant
+// config, so none of them would load a weight_scale_inv beside it (vLLM's loader fails on the
+// unknown parameter), while the MTP decoder layer's Linears follow the target's quantization.
+bool IsMtpProjection(std::string_view name) { return EndsWith(name, ".eh_proj.weight"); }
+
 std::string ModuleName(std::string_view weight) {
   return std::string(EndsWith(weight, kWeightSuffix) ? weight.substr(0, weight.size() - kWeightSuffix.size()) : weight);
 }
@@ -243,7 +249,7 @@ std::vector<StoredForm> StoredForms(const DeepseekV2Config& config, const std::v
     // Kimi-K2.5 stores the language model under a prefix; its ignore list names the text model's
     // modules ("lm_head", not "language_model.lm_head").
     const std::string_view name = TextModelTensorName(specs[i].name, config);
-    if (!IsLinear(specs[i], name)) continue;
+    if (!IsLinear(specs[i], name) || IsMtpProjection(name)) continue;
     if (q.format == WeightFormat::kFp8Block) {
       if (name != "lm_head.weight") forms[i] = StoredForm::kFp8Block;
     } else if (!ignore.Matches(ModuleName(name))) {

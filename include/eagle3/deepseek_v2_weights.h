@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/export.h"
@@ -32,21 +33,39 @@ struct EAGLE3_API WeightSpec {
 
   // The slice rank `rank` of `tp_size` reads.
   ShardSpec ForRank(int tp_size, int rank) const;
+  // The shape of every rank's slice at `tp_size` (1..64), as Checkpoint::ReadShard of ForRank gives
+  // it: the full shape for a replicated tensor, else the split dim (vocab-padded first, at TP 1
+  // too) divided by tp_size. InvalidArgument naming the tensor
+  // when that dim does not divide evenly.
+  absl::StatusOr<Shape> RankShape(int tp_size) const;
 };
 
 // Rows of the vocab-parallel tables are padded to a multiple of this per rank (64 · tp in total),
 // as SGLang and vLLM pad them.
 inline constexpr int64_t kVocabPadPerRank = 64;
 
-// Every tensor of the model, in layer order: embedding, then per layer the norms, attention (q_a /
-// q_a_layernorm / q_b, or q_proj when q_lora_rank is null; kv_a_proj_with_mqa, kv_a_layernorm,
-// kv_b_proj, o_proj) and MLP (dense gate/up/down, or router gate [+ e_score_correction_bias for
-// noaux_tc], per-expert gate/up/down, shared experts), then the final norm and lm_head (absent when
-// tie_word_embeddings). MTP layers (num_nextn_predict_layers) are not part of the target forward and
-// are not listed.
+// Every tensor of the model, in layer order: embedding, then per layer DeepseekDecoderLayerWeights,
+// then the final norm and lm_head (absent when tie_word_embeddings). MTP layers
+// (num_nextn_predict_layers) are not part of the target forward and are not listed (MtpWeights,
+// mtp_weights.h, lists them).
 // Every name carries config.tensor_prefix ("language_model." for Kimi-K2.5): this is the one place
 // the checkpoint's naming of the language model is decided.
 EAGLE3_API std::vector<WeightSpec> DeepseekV2Weights(const DeepseekV2Config& config);
+
+// The tensors of decoder layer `layer`, named "<tensor_prefix>model.layers.<layer>.", in the order
+// the loaders take them: input_layernorm, post_attention_layernorm, the attention
+// (MlaAttentionWeights of MlaAttentionConfig::ForTarget under "self_attn.") and the MLP under
+// "mlp." (IsMoeLayer(layer): router gate [+ e_score_correction_bias for noaux_tc], per-expert
+// gate/up/down, shared experts; else the dense SiluMlpWeights). `layer` may be past the main layers:
+// an MTP module's decoder layer (num_hidden_layers + k) is described by this same function, so the
+// two cannot drift apart.
+EAGLE3_API std::vector<WeightSpec> DeepseekDecoderLayerWeights(const DeepseekV2Config& config, int64_t layer);
+
+// One SiLU MLP under `prefix` ("model.layers.0.mlp.", "layers.0.mlp."): gate_proj and up_proj
+// [intermediate, hidden] split by rows (column-parallel), down_proj [hidden, intermediate] split by
+// columns (row-parallel, reduced after), appended to `specs`.
+EAGLE3_API void AppendSiluMlpWeights(std::string_view prefix, int64_t hidden, int64_t intermediate,
+                                     std::vector<WeightSpec>& specs);
 
 // The target's token embedding as its checkpoint names it (the first of DeepseekV2Weights), which
 // an EAGLE-3 draft without its own embedding shares.
@@ -63,7 +82,8 @@ EAGLE3_API std::string_view TextModelTensorName(std::string_view name, const Dee
 // checkpoint whose config.json lost its quantization_config (it would otherwise run without its
 // scales), a misspelled name. The deliberate exceptions: tensors of MTP layers (`model.layers.<k>.*`
 // with num_hidden_layers <= k < num_hidden_layers + num_nextn_predict_layers), which real
-// DeepSeek-V3 checkpoints carry for a future MTP drafter, and in Kimi-K2.5's multimodal form the
+// DeepSeek-V3 checkpoints carry for the MTP drafter (CheckMtpWeights, mtp_weights.h, checks them),
+// and in Kimi-K2.5's multimodal form the
 // vision tower and projector (`vision_tower.*`, `mm_projector.*`), which eagle3 does not run.
 // InvalidArgument names the first unknown tensor, its file, the config, how many more there are,
 // and for `*weight_scale_inv`, `*weight_scale` and `*weight_packed` names a hint that the

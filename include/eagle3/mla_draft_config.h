@@ -107,6 +107,13 @@ struct EAGLE3_API MlaDraftConfig {
   absl::Status ValidateForTp(int tp_size) const;
 };
 
+// Whether the config.json at `path` (the file or a directory holding one) names an MLA EAGLE-3
+// architecture (Eagle3DeepseekV2ForCausalLM or Eagle3DeepseekV3ForCausalLM) as its one
+// `architectures` entry: how the tools choose MlaDraftConfig over Eagle3DraftConfig. False for any
+// other or a missing `architectures` (the chosen parser then names what is wrong); an error only
+// when the file cannot be read or is not a JSON object.
+EAGLE3_API absl::StatusOr<bool> NamesMlaDraftArchitecture(const std::string& path);
+
 // Checks an MLA draft against the target it will run with, as for a Llama-style head:
 // target_hidden_size equals the target's hidden_size, vocab sizes match, every aux layer id is in
 // [0, L-1] (output-of-layer convention), and without ids the default three taps match

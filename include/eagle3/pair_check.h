@@ -19,6 +19,10 @@ struct PairReport {
   bool ok() const { return problems.empty(); }
 };
 
+// The draft's kind follows its config.json's architectures (NamesMlaDraftArchitecture): a
+// Llama-style head (Eagle3DraftConfig) or an MLA EAGLE-3 head (MlaDraftConfig, whose tensors are
+// then checked in full by CheckMlaDraftWeights: layer prefix, every shape and dtype, the embedding
+// the draft shares). Facts name each model's weight format.
 // Reads both configs and the draft's fc / lm_head / d2t / t2d tensors (no model is built) and checks:
 // the aux ids resolve to distinct boundaries under `convention`; fc input width = taps x target
 // hidden; draft target_hidden_size = target hidden; vocab sizes; d2t maps every draft id into the
@@ -28,5 +32,13 @@ struct PairReport {
 // vLLM capture them in layer order, so a draft trained there would see its fc input blocks permuted.
 EAGLE3_API PairReport CheckDraftPair(const std::string& target_dir, const std::string& draft_dir,
                                      LayerIdConvention convention = LayerIdConvention::kOutputOfLayer);
+
+// Checks the target's own MTP modules as a drafter (eagle3-inspect check --mtp): the target config
+// states num_nextn_predict_layers (MtpConfig::FromTarget) and its checkpoint holds every module's
+// tensors in their stored forms (CheckMtpWeights: a checkpoint without its MTP layer is a problem
+// naming the first missing tensor). Facts: each module's layer index and MLP kind, the weight format
+// of the target and of the module, the shared embedding and head, and whether the checkpoint stores
+// the module's copies of them (never read).
+EAGLE3_API PairReport CheckMtpPair(const std::string& target_dir);
 
 }  // namespace eagle3

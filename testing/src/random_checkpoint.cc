@@ -16,6 +16,8 @@
 #include "eagle3/testing/random_quantized_weights.h"
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/detail/quantized_weights.h"
+#include "eagle3/mtp_config.h"
+#include "eagle3/mtp_weights.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor.h"
@@ -73,6 +75,28 @@ absl::Status AddVisionTensors(uint64_t seed, DType dtype, std::vector<std::pair<
   for (const WeightSpec& spec : vision) {
     EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(spec, seed ^ Fnv1a(spec.name), dtype));
     tensors.emplace_back(spec.name, std::move(t));
+  }
+  return absl::OkStatus();
+}
+
+// Appends the MTP modules' tensors to `specs` and, to `values_of`, the spec each takes its values
+// from: the module's own tensors their own, its copies of the embedding and head the target's (the
+// embedding for a tied head), so that they are copies as in DeepSeek-V3's checkpoint.
+absl::Status AppendMtpModules(const DeepseekV2Config& config, std::vector<WeightSpec>& specs,
+                              std::vector<WeightSpec>& values_of) {
+  EAGLE3_ASSIGN_OR_RETURN(MtpConfig mtp, MtpConfig::FromTarget(config));
+  const WeightSpec embedding = specs.front();
+  const WeightSpec head = config.tie_word_embeddings ? embedding : specs.back();
+  for (int64_t k = 0; k < mtp.num_modules; ++k) {
+    for (const WeightSpec& spec : MtpModuleWeights(config, mtp, k)) {
+      specs.push_back(spec);
+      values_of.push_back(spec);
+    }
+    const std::vector<WeightSpec> copies = MtpSharedCopyWeights(config, mtp, k);
+    specs.push_back(copies[0]);
+    values_of.push_back(embedding);
+    specs.push_back(copies[1]);
+    values_of.push_back(head);
   }
   return absl::OkStatus();
 }
@@ -147,7 +171,11 @@ absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, con
                                      DeepseekV2ConfigToHubJson(unquantized)));
   }
 
-  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  // values_of[i]: the spec whose values spec i holds (itself, or for an MTP module's copy of the
+  // embedding or head, the target's tensor it copies).
+  std::vector<WeightSpec> values_of = specs;
+  if (options.write_mtp) EAGLE3_RETURN_IF_ERROR(AppendMtpModules(config, specs, values_of));
   const std::vector<StoredForm> forms = StoredForms(config, specs);
   uint64_t total_bytes = 0;
   for (const WeightSpec& s : specs) {
@@ -168,9 +196,9 @@ absl::Status WriteRandomDeepseekV2Checkpoint(const DeepseekV2Config& config, con
       const WeightSpec& spec = specs[i];
       // Seeded by the text model's name: a Kimi-K2.5-form checkpoint holds the same values as the
       // plain form of its text config.
-      const uint64_t seed = options.seed ^ Fnv1a(TextModelTensorName(spec.name, config));
+      const uint64_t seed = options.seed ^ Fnv1a(TextModelTensorName(values_of[i].name, config));
       if (forms[i] == StoredForm::kPlain) {
-        EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(spec, seed, options.dtype));
+        EAGLE3_ASSIGN_OR_RETURN(Tensor t, RandomTensor(values_of[i], seed, options.dtype));
         bytes += t.nbytes();
         if (twin) {
           EAGLE3_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(t.dtype(), t.shape()));

@@ -15,6 +15,8 @@
 
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_draft_config.h"
+#include "eagle3/mla_draft_config.h"
+#include "eagle3/mla_draft_weights.h"
 #include "eagle3/safetensors_writer.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor.h"
@@ -92,19 +94,33 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
   }
   const int64_t hidden = o.hidden_size > 0 ? o.hidden_size : target.hidden_size;
   const int64_t heads = o.num_attention_heads;
-  if (heads < 1 || (o.head_dim <= 0 && hidden % heads != 0)) {
+  if (heads < 1 || (!o.mla.has_value() && o.head_dim <= 0 && hidden % heads != 0)) {
     return absl::InvalidArgumentError("random draft checkpoint: num_attention_heads " + std::to_string(heads) +
                                       " does not divide hidden_size " + std::to_string(hidden) +
                                       " and no head_dim is given");
   }
   nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLMEagle3"};
-  j["model_type"] = "llama";
+  if (o.mla.has_value()) {
+    if (o.rope.scaling.type != RopeScaling::Type::kNone || o.norm_before_fc) {
+      return absl::InvalidArgumentError(
+          "random MLA draft checkpoint: rope scaling and norm_before_fc are not written for MLA drafts");
+    }
+    j["architectures"] = {"Eagle3DeepseekV2ForCausalLM"};
+    j["model_type"] = "kimi_k2";
+    j["q_lora_rank"] = o.mla->q_lora_rank.has_value() ? nlohmann::json(*o.mla->q_lora_rank) : nlohmann::json();
+    j["kv_lora_rank"] = o.mla->kv_lora_rank;
+    j["qk_nope_head_dim"] = o.mla->qk_nope_head_dim;
+    j["qk_rope_head_dim"] = o.mla->qk_rope_head_dim;
+    j["v_head_dim"] = o.mla->v_head_dim;
+  } else {
+    j["architectures"] = {"LlamaForCausalLMEagle3"};
+    j["model_type"] = "llama";
+    j["num_key_value_heads"] = o.num_key_value_heads;
+    j["head_dim"] = o.head_dim > 0 ? o.head_dim : hidden / heads;
+  }
   j["hidden_size"] = hidden;
   j["target_hidden_size"] = target.hidden_size;
   j["num_attention_heads"] = heads;
-  j["num_key_value_heads"] = o.num_key_value_heads;
-  j["head_dim"] = o.head_dim > 0 ? o.head_dim : hidden / heads;
   j["intermediate_size"] = o.intermediate_size > 0 ? o.intermediate_size : 2 * hidden;
   j["vocab_size"] = target.vocab_size;
   j["draft_vocab_size"] = o.draft_vocab_size > 0 ? o.draft_vocab_size : (target.vocab_size + 1) / 2;
@@ -127,7 +143,21 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
   }
   const std::string text = j.dump(2) + "\n";
   // The parser validates the options and yields the config the schema is derived from.
-  EAGLE3_ASSIGN_OR_RETURN(Eagle3DraftConfig config, Eagle3DraftConfig::FromJson(text, "random draft config"));
+  std::vector<WeightSpec> specs;
+  int64_t vocab = 0, draft_vocab = 0;
+  if (o.mla.has_value()) {
+    EAGLE3_ASSIGN_OR_RETURN(MlaDraftConfig config, MlaDraftConfig::FromJson(text, "random draft config"));
+    specs = MlaDraftWeights(config, o.layer_prefix);
+    if (o.write_embed_tokens) specs.push_back(MlaDraftEmbeddingWeight(config));
+    vocab = config.vocab_size;
+    draft_vocab = config.draft_vocab_size;
+  } else {
+    EAGLE3_ASSIGN_OR_RETURN(Eagle3DraftConfig config, Eagle3DraftConfig::FromJson(text, "random draft config"));
+    specs = Eagle3DraftWeights(config, o.layer_prefix);
+    if (o.write_embed_tokens) specs.push_back(WeightSpec{"embed_tokens.weight", Shape{config.vocab_size, hidden}});
+    vocab = config.vocab_size;
+    draft_vocab = config.draft_vocab_size;
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -140,8 +170,6 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
     if (!out) return absl::InternalError("cannot write '" + (root / "config.json").string() + "'");
   }
 
-  std::vector<WeightSpec> specs = Eagle3DraftWeights(config, o.layer_prefix);
-  if (o.write_embed_tokens) specs.push_back(WeightSpec{"embed_tokens.weight", Shape{config.vocab_size, hidden}});
   std::vector<Tensor> tensors;
   std::vector<NamedTensor> named;
   for (const WeightSpec& spec : specs) {
@@ -155,7 +183,6 @@ absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, co
 
   // A random subset of the target vocabulary, in increasing order (as SpecForge builds it from token
   // frequencies and sorts), stored as offsets.
-  const int64_t vocab = config.vocab_size, draft_vocab = config.draft_vocab_size;
   std::vector<int64_t> ids(static_cast<size_t>(vocab));
   std::iota(ids.begin(), ids.end(), int64_t{0});
   std::mt19937_64 rng(o.seed ^ NameHash("d2t"));

@@ -56,9 +56,9 @@ EAGLE3_API std::string Int4PackedName(std::string_view weight);
 EAGLE3_API std::string Int4ScaleName(std::string_view weight);
 EAGLE3_API std::string Int4ShapeName(std::string_view weight);
 
-// The stored form of each of `specs` (DeepseekV2Weights(config), same order). Only Linear weights
-// (the *_proj matrices, kv_a_proj_with_mqa, and lm_head) are ever quantized; the embedding, norms, router and
-// correction bias never are. fp8: every Linear but lm_head (DeepSeek's reference model creates its head in the default
+// The stored form of each of `specs` (DeepseekV2Weights(config) or MtpWeights, same order). Only Linear weights
+// (the *_proj matrices, kv_a_proj_with_mqa, and lm_head) are ever quantized; the embedding, norms, router,
+// correction bias and an MTP module's eh_proj (a plain Linear in every engine) never are. fp8: every Linear but lm_head (DeepSeek's reference model creates its head in the default
 // dtype). int4: every Linear whose module name (the weight's name without ".weight") no `ignore` entry matches.
 EAGLE3_API std::vector<StoredForm> StoredForms(const DeepseekV2Config& config, const std::vector<WeightSpec>& specs);
 

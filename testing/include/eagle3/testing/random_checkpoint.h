@@ -21,6 +21,11 @@ struct RandomCheckpointOptions {
   // quantization_config, every quantized weight as the f32 values it dequantizes to, the other
   // tensors as in `dir` — the reference a quantized checkpoint's load must equal.
   std::string dequantized_dir;
+  // Also writes the MTP modules of a config with num_nextn_predict_layers > 0 as DeepSeek-V3's hub
+  // checkpoint stores them after the main layers: every tensor of MtpWeights (mtp_weights.h) in its
+  // stored form, and per module the copies of the shared embedding and head (MtpSharedCopyWeights)
+  // holding the target's values. InvalidArgument for a config without MTP modules.
+  bool write_mtp = false;
 };
 
 // Writes `config.json` (hub form) and the weights of DeepseekV2Weights(config) into `dir` (created if

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,18 @@ struct RandomDraftCheckpointOptions {
   bool fc_norm = false;
   bool norm_output = false;
 
+  // Set: the draft is an MLA EAGLE-3 head (mla_draft_config.h) with these MLA dims instead of the
+  // Llama-style one; num_key_value_heads, head_dim and norm_before_fc do not apply, rope must be
+  // unscaled.
+  struct MlaShape {
+    std::optional<int64_t> q_lora_rank = 16;  // unset: a plain q_proj
+    int64_t kv_lora_rank = 32;
+    int64_t qk_nope_head_dim = 16;
+    int64_t qk_rope_head_dim = 8;
+    int64_t v_head_dim = 16;
+  };
+  std::optional<MlaShape> mla;
+
   std::string layer_prefix = "midlayer.";  // or "layers.0."
   bool write_t2d = true;
   bool write_embed_tokens = false;  // the draft ships its own embedding
@@ -66,7 +79,9 @@ inline constexpr int64_t kRandomDraftTileValues = int64_t{1} << 16;
 // Eagle3DraftWeights (see draft_model.h) — linear weights ~ N(0, 1/in_features), norm weights
 // 1 + N(0, 0.1²), embedding N(0, 1) — plus `d2t` (i64 offsets of a random sorted subset of
 // draft_vocab_size target ids) and `t2d` (bool [vocab], true exactly on that subset). Values depend
-// only on the seed and each tensor's name.
+// only on the seed and each tensor's name. With options.mla the head is an MLA EAGLE-3 draft:
+// architectures ["Eagle3DeepseekV2ForCausalLM"], model_type "kimi_k2", its MLA dims, and the tensors
+// of MlaDraftWeights (mla_draft_weights.h) in place of Eagle3DraftWeights.
 absl::Status WriteRandomEagle3DraftCheckpoint(const DeepseekV2Config& target, const std::string& dir,
                                               const RandomDraftCheckpointOptions& options = {});
 
