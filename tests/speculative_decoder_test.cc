@@ -134,7 +134,7 @@ TEST_P(SpeculativeGreedyTest, MatchesPlainGreedyTokenForToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GoldenTargets, SpeculativeGreedyTest,
-                         ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux"),
+                         ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux", "v3_fp8", "k25_int4"),
                          [](const auto& info) { return std::string(info.param); });
 
 // A real EAGLE-3 draft with random weights (written for each golden target) through Eagle3Drafter:

@@ -1,16 +1,22 @@
 // The target forward against golden outputs of HF transformers (tools/make_golden.py): logits and
 // the residual stream at every boundary, at TP 1 and TP 8 in both residual modes, through both
 // attention paths. Weights are bf16 and read exactly; both sides compute in fp32, so the tolerance
-// is 1e-4 of the tensor's largest magnitude.
+// is 1e-4 of the tensor's largest magnitude. The quantized fixtures (v3_fp8: DeepSeek-V3's FP8
+// block-scaled form; k25_int4: Kimi-K2.5's multimodal form with compressed-tensors int4 routed
+// experts) hold the hub's quantized tensors, and their expected outputs come from transformers run
+// on the weights those dequantize to: the CPU reference dequantizes them exactly at load, so the
+// same tolerance holds, and TP 8 agrees with TP 1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "eagle3/checkpoint.h"
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/quantization_config.h"
 #include "eagle3/safetensors.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
@@ -138,8 +144,53 @@ TEST_P(TargetGoldenTest, LogitsAndEveryBoundaryMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TargetGoldenTest,
-                         ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux"),
+                         ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux", "v3_fp8", "k25_int4"),
                          [](const auto& info) { return std::string(info.param); });
+
+struct QuantizedFixture {
+  const char* name;
+  WeightFormat format;
+  const char* tensor_prefix;
+};
+
+// gtest prints test parameters through this (instead of their bytes).
+void PrintTo(const QuantizedFixture& f, std::ostream* os) { *os << f.name; }
+
+class QuantizedTargetGoldenTest : public ::testing::TestWithParam<QuantizedFixture> {};
+
+// The fixture is read in its quantized form (not as some unquantized fallback), and TP 8 gives the
+// logits and boundaries of TP 1 in both residual modes, within 1e-5 of the largest magnitude: rank
+// slices start inside FP8 blocks and int4 words / groups, so a slice dequantized with the scales of
+// its rank-local rows or columns would show here.
+TEST_P(QuantizedTargetGoldenTest, QuantizedFormIsReadAndTp8MatchesTp1) {
+  const Golden g = LoadGolden(GetParam().name);
+  ASSERT_NE(g.expected, nullptr);
+  EXPECT_EQ(g.config.quantization.format, GetParam().format) << g.config.quantization.Describe();
+  EXPECT_EQ(g.config.tensor_prefix, GetParam().tensor_prefix);
+  const int layers = static_cast<int>(g.config.num_hidden_layers);
+  std::vector<int> all(static_cast<size_t>(layers + 1));
+  for (int b = 0; b <= layers; ++b) all[static_cast<size_t>(b)] = b;
+  auto tap = HiddenStateTap::Create(std::span<const int>(all), LayerIdConvention::kInputOfLayer, layers,
+                                    g.config.hidden_size);
+  ASSERT_TRUE(tap.ok()) << tap.status();
+  const Outputs tp1 = RunTarget(g, 1, ResidualMode::kReplicated, AttentionPath::kAuto, *tap);
+  ASSERT_FALSE(tp1.logits.empty());
+  for (ResidualMode mode : {ResidualMode::kReplicated, ResidualMode::kTokenSharded}) {
+    const Outputs tp8 = RunTarget(g, 8, mode, AttentionPath::kAuto, *tap);
+    ASSERT_EQ(tp8.logits.size(), tp1.logits.size());
+    ASSERT_EQ(tp8.aux.size(), tp1.aux.size());
+    const double logits = RelError(tp8.logits.data(), tp1.logits.data(), static_cast<int64_t>(tp1.logits.size()));
+    const double aux = RelError(tp8.aux.data(), tp1.aux.data(), static_cast<int64_t>(tp1.aux.size()));
+    EXPECT_LT(logits, 1e-5) << "mode " << static_cast<int>(mode);
+    EXPECT_LT(aux, 1e-5) << "mode " << static_cast<int>(mode);
+    std::printf("  tp8 vs tp1 (mode %d): logits %.2e, boundaries %.2e\n", static_cast<int>(mode), logits, aux);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizedTargetGoldenTest,
+                         ::testing::Values(QuantizedFixture{"v3_fp8", WeightFormat::kFp8Block, ""},
+                                           QuantizedFixture{"k25_int4", WeightFormat::kInt4Group, "language_model."}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace eagle3

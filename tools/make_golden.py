@@ -21,6 +21,18 @@ agree or the script fails. The fp64 implementation also measures how much each s
 fixtures are meant to pin down (YaRN m^2, YaRN frequencies, adjacent-pair RoPE, routing details) moves
 the logits, so a reader can see that a fixture would catch that mistake.
 
+Two target fixtures are quantized as the published checkpoints are (issue 20): `v3_fp8` in DeepSeek-V3's
+FP8 form (quantization_config quant_method "fp8", e4m3 `X.weight` with f32 `X.weight_scale_inv` per
+128 x 128 block, every Linear but lm_head) and `k25_int4` in Kimi-K2.5's form (model_type kimi_k25, the
+text model as text_config, tensors under `language_model.`, compressed-tensors pack-quantized int4 with
+group 32 and the hub's ignore list, so only the routed experts are quantized: `X.weight_packed`,
+`X.weight_scale`, `X.weight_shape`). Their config.json carries the quantization_config and their shards
+the quantized tensors; the references run on the weights those dequantize to, as eagle3's CPU reference
+documents it (include/eagle3/detail/quantized_weights.h: fp8 code x scale_inv in f32, int4 q x scale),
+and the transformers oracle loads an unquantized f32 checkpoint of those weights from a temporary
+directory (transformers loads neither quantized form here). The written shards are decoded again from
+the files and must equal those weights bit for bit.
+
 Then, for each draft in DRAFTS, OUT/<name>/ holds a random EAGLE-3 draft head on top of one target
 fixture (config.json in SpecForge's LlamaForCausalLMEagle3 form, model.safetensors with fc, the decoder
 layer, norm, lm_head, d2t and t2d) and expected.safetensors: the aux input taken from the target's
@@ -31,7 +43,12 @@ assembled from transformers' Llama modules. A draft with "trees" also gets tree.
 EAGLE-2 dynamic trees (include/eagle3/draft_tree.h) that the decode loop builds after the target's
 prompt, from an independent implementation of the build over the same draft reference.
 
-Usage: python3 tools/make_golden.py --out tests/data/golden
+Usage: python3 tools/make_golden.py --out tests/data/golden [--only NAME ...]
+--only builds just the named fixtures (e.g. `--only v3_fp8 k25_int4`), rewriting nothing else: not the
+other fixtures, not README.md (it prints the README sections of what it built, to merge by hand).
+Deterministic (one CPU thread, deterministic kernels, fixed seeds): a rerun reproduces every file byte
+for byte on the generating host; across hosts configs, checkpoints and integer outputs are identical
+and float outputs may differ by ~1e-6 relative (CPU kernel differences).
 Needs torch, transformers, safetensors and numpy (versions used: see OUT/README.md).
 """
 
@@ -39,16 +56,19 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import sys
+import tempfile
 
 import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-# One thread and deterministic kernels: reruns reproduce the files byte for byte.
+# One thread and deterministic kernels: reruns on one host reproduce the files byte for byte (float
+# outputs may differ by ~1e-6 relative across hosts).
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 
@@ -214,6 +234,120 @@ MODELS = [
             },
         },
     },
+    # Quantized targets (issue 20): the checkpoint holds the quantized hub form; the references run
+    # on the weights it dequantizes to (see QUANT_FORMATS).
+    {
+        "name": "v3_fp8",
+        "seed": 6006,
+        "num_tokens": 13,
+        "router_std": 1.5,
+        "quant": "fp8",
+        "what": "DeepSeek-V3 FP8 hub form (quantization_config {{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+        "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]}}): every Linear but lm_head "
+        "stored as F8_E4M3 `X.weight` with f32 `X.weight_scale_inv` [ceil(out/128), ceil(in/128)] (attention, "
+        "dense MLP, routed and shared experts); embedding, norms, router, correction bias and lm_head bf16 "
+        "(the bias f32). Dims are not multiples of 128, so blocks are partial in both directions: hidden 144 "
+        "(2 column blocks: 128 + 16), q_b_proj [192, 48], kv_b_proj [320, 32], o_proj [144, 192], dense "
+        "gate/up [200, 144] and down [144, 200]; at TP 8 the row slices of q_b (24), kv_b (40) and "
+        "gate/up (25) and the column slices of o_proj (24) and down (25) start inside a 128-block. "
+        "Otherwise a sibling of `v3_noaux`: YaRN x4 with mscale = mscale_all_dim = 1.0 as in the real V3 "
+        "(softmax scale m^2 = {m2:.6f}, cos/sin factor {af:.6f}); sigmoid noaux_tc routing with a positive "
+        "correction bias, n_group 4 / topk_group 2, top-2 of 8; norm_topk_prob true, routed_scaling_factor "
+        "2.5; 1 shared expert; first_k_dense_replace 1; vocab 300 (padded at TP 8).",
+        "config": {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": 300,
+            "hidden_size": 144,
+            "intermediate_size": 200,
+            "moe_intermediate_size": 24,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 8,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 48,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 24,
+            "max_position_embeddings": 256,
+            "num_nextn_predict_layers": 0,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    },
+    {
+        "name": "k25_int4",
+        "seed": 7007,
+        "num_tokens": 12,
+        "router_std": 1.5,
+        "quant": "int4",
+        "what": "Kimi-K2.5 hub form: config.json with `model_type` kimi_k25, the text model (a DeepSeek-V3 "
+        "config) as `text_config`, a tiny `vision_config`, and the compressed-tensors quantization_config "
+        "(pack-quantized, num_bits 4, group_size 32, symmetric, strategy group) in text_config and at the "
+        "top level, with the hub's ignore list [\"lm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
+        "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"], so only the routed experts are quantized: "
+        "`X.weight_packed` I32 [out, in/8], `X.weight_scale` bf16 [out, in/32], `X.weight_shape` I32 [2]; every "
+        "language-model tensor under `language_model.`, next to four tiny bf16 vision tower / projector "
+        "tensors (not part of the text model). Experts [96, 64] (gate/up) and [64, 96] (down): at TP 8 the "
+        "down_proj column slices of 12 start inside an int32 word and inside a group. Text model as in "
+        "K2.5: sigmoid noaux_tc with n_group 1 / topk_group 1 (plain top-k over biased scores), top-3 of 8, "
+        "norm_topk_prob true, routed_scaling_factor 2.827, 1 shared expert, first_k_dense_replace 1, "
+        "rope_theta 50000, YaRN x4 with mscale = mscale_all_dim = 1.0 (softmax scale m^2 = {m2:.6f}, "
+        "cos/sin factor {af:.6f}); rms_norm_eps 1e-6 (K2.5: 1e-5; see \"Latent norms\"); vocab 400.",
+        "config": {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": 400,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 8,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 3,
+            "routed_scaling_factor": 2.827,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": True,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 16,
+            "max_position_embeddings": 256,
+            "num_nextn_predict_layers": 0,
+            "rope_theta": 50000.0,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    },
 ]
 
 
@@ -316,7 +450,12 @@ def hub_to_transformers(c, hub):
 
 
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64", torch.int32: "I32",
-                      torch.bool: "BOOL"}
+                      torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3"}
+
+
+def bits(t):
+    """A tensor to compare with torch.equal: fp8 as its bytes (torch has no fp8 comparison)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def save_safetensors(path, tensors, metadata):
@@ -337,7 +476,7 @@ def save_safetensors(path, tensors, metadata):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
     read = load_file(path)
     assert sorted(read) == sorted(tensors)
-    assert all(torch.equal(read[n], t) for n, t in tensors.items()), path
+    assert all(torch.equal(bits(read[n]), bits(t)) for n, t in tensors.items()), path
     with safe_open(path, "pt") as f:
         assert f.metadata() == metadata
 
@@ -347,22 +486,317 @@ def write_checkpoint(c, hub, directory):
     stored = {}
     for name, w in hub.items():
         stored[name] = w.contiguous() if name.endswith("e_score_correction_bias") else w.to(torch.bfloat16)
-    total = sum(t.numel() * t.element_size() for t in stored.values())
+    return write_two_shards({name: stored[name] for name, _ in weight_shapes(c)}, directory)
+
+
+def write_two_shards(tensors, directory):
+    """`tensors` (name -> tensor, in order) as two safetensors shards split by bytes, plus the hub
+    index; returns the total bytes."""
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
     shards, current, size = [[], []], 0, 0
-    for name, _ in weight_shapes(c):
+    for name, t in tensors.items():
         shards[current].append(name)
-        size += stored[name].numel() * stored[name].element_size()
+        size += t.numel() * t.element_size()
         if current == 0 and size >= total // 2:
             current = 1
     weight_map = {}
     for i, names in enumerate(shards):
         file = f"model-{i + 1:05d}-of-00002.safetensors"
-        save_safetensors(os.path.join(directory, file), {n: stored[n] for n in names}, {"format": "pt"})
+        save_safetensors(os.path.join(directory, file), {n: tensors[n] for n in names}, {"format": "pt"})
         weight_map.update({n: file for n in names})
     with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         f.write("\n")
     return total
+
+
+# ---------------------------------------------------------------------------------------------------
+# Quantized targets (issue 20). The checkpoint holds the hub's quantized form; what the references run
+# is the weights it means, dequantized as eagle3's CPU reference documents it
+# (include/eagle3/detail/quantized_weights.h): fp8: w = float(code) * scale_inv of its 128 x 128 block,
+# one f32 multiply; int4: w = q * scale of its group of 32 input columns (exact in f32). transformers
+# reads neither form without extra packages, so its oracle loads an unquantized f32 checkpoint of those
+# dequantized weights written to a temporary directory.
+
+FP8_BLOCK = 128
+FP8_MAX = 448.0  # largest finite e4m3fn value
+INT4_GROUP = 32
+# Kimi-K2-Thinking / K2.5's compressed-tensors ignore list: only the routed experts are quantized.
+INT4_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
+K25_PREFIX = "language_model."
+# Tiny stand-ins for K2.5's vision tower and projector tensors (names as published); not read.
+K25_VISION_SHAPES = [("vision_tower.patch_embed.proj.weight", (8, 3, 2, 2)),
+                     ("vision_tower.encoder.blocks.0.wqkv.weight", (24, 8)),
+                     ("mm_projector.pre_norm.weight", (8,)),
+                     ("mm_projector.proj.0.weight", (32, 32))]
+
+
+def quantization_config(quant):
+    if quant == "fp8":
+        # deepseek-ai/DeepSeek-V3 config.json.
+        return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+    # moonshotai/Kimi-K2.5 config.json (tests/data/configs/moonshotai_Kimi-K2.5.json).
+    weights = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": INT4_GROUP,
+               "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
+               "symmetric": True, "type": "int"}
+    return {"config_groups": {"group_0": {"input_activations": None, "output_activations": None,
+                                          "targets": ["Linear"], "weights": weights}},
+            "format": "pack-quantized", "ignore": list(INT4_IGNORE), "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+
+
+def stored_config(spec, c):
+    """The config.json of the quantized fixture: the hub config with its quantization_config, or for int4
+    Kimi-K2.5's multimodal wrapper around it (quantization_config in text_config and at the top level, as
+    published)."""
+    text = dict(c)
+    text["quantization_config"] = quantization_config(spec["quant"])
+    text = dict(sorted(text.items()))
+    if spec["quant"] == "fp8":
+        return text
+    v = c["vocab_size"]
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "bos_token_id": c["bos_token_id"],
+        "dtype": "bfloat16",
+        "eos_token_id": c["eos_token_id"],
+        "ignore_index": -100,
+        "media_placeholder_token_id": v - 2,
+        "model_type": "kimi_k25",
+        "pad_token_id": v - 1,
+        "quantization_config": quantization_config(spec["quant"]),
+        "text_config": text,
+        "tie_word_embeddings": False,
+        "transformers_version": transformers.__version__,
+        "use_unified_vision_chunk": True,
+        "video_placeholder": "<|kimi_k25_video_placeholder|>",
+        "vision_config": {"patch_size": 2, "vt_hidden_size": 8, "vt_num_hidden_layers": 1,
+                          "vt_num_attention_heads": 2, "vt_intermediate_size": 16, "merge_kernel_size": [2, 2],
+                          "mm_projector_type": "patchmerger", "mm_hidden_size": 8,
+                          "text_hidden_size": c["hidden_size"]},
+    }
+
+
+def is_quantized(name, quant):
+    """Whether the hub weight `name` is stored quantized. fp8: every nn.Linear of DeepSeek's reference
+    model but its head (inference/model.py); int4: every Linear no ignore entry matches
+    (compressed-tensors: a plain entry is a module name, "re:" a regex matched at the name's start)."""
+    linear = name.endswith(("_proj.weight", "_proj_with_mqa.weight")) or name == "lm_head.weight"
+    if not linear:
+        return False
+    if quant == "fp8":
+        return name != "lm_head.weight"
+    module = name[:-len(".weight")]
+    return not any(re.match(e[3:], module) if e.startswith("re:") else e == module for e in INT4_IGNORE)
+
+
+def expand_blocks(scales, rows, cols, block_rows, block_cols):
+    return scales.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)[:, :cols]
+
+
+def quantize_fp8(w):
+    """DeepSeek-style block quantization: scale_inv = amax / 448 per 128 x 128 block (partial blocks at
+    the edges), codes = e4m3(w / scale_inv) rounded to nearest. Returns (codes, scale_inv f32)."""
+    rows, cols = w.shape
+    br, bc = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+    scale = torch.zeros(br, bc, dtype=torch.float32)
+    for i in range(br):
+        for j in range(bc):
+            block = w[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK]
+            scale[i, j] = block.abs().max() / FP8_MAX
+    x = (w / expand_blocks(scale, rows, cols, FP8_BLOCK, FP8_BLOCK)).clamp(-FP8_MAX, FP8_MAX)
+    return x.to(torch.float8_e4m3fn), scale
+
+
+def dequantize_fp8(codes, scale_inv):
+    rows, cols = codes.shape
+    return codes.to(torch.float32) * expand_blocks(scale_inv.float(), rows, cols, FP8_BLOCK, FP8_BLOCK)
+
+
+def quantize_int4(w):
+    """Symmetric group quantization: scale = amax / 7 per group of 32 columns, rounded to bf16 (stored
+    bf16, as compressed-tensors does for a bf16 model); q = clamp(round(w / scale), -8, 7)."""
+    out, cols = w.shape
+    groups = w.view(out, cols // INT4_GROUP, INT4_GROUP)
+    scale = (groups.abs().amax(-1) / 7.0).to(torch.bfloat16)
+    q = (groups / scale.float()[..., None]).round().clamp(-8, 7).to(torch.int64).view(out, cols)
+    return q, scale
+
+
+def pack_int4(q):
+    """compressed-tensors pack_to_int32 (packed_dim 1), as include/eagle3/detail/int4_packing.h describes
+    it: value j of a row in word j / 8 at bits 4 (j % 8), stored as q + 8; rows padded with zero nibbles."""
+    out, cols = q.shape
+    words = -(-cols // 8)
+    u = torch.zeros(out, words * 8, dtype=torch.int64)
+    u[:, :cols] = q + 8
+    packed = torch.zeros(out, words, dtype=torch.int64)
+    for k in range(8):
+        packed |= u[:, k::8] << (4 * k)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_int4(packed, cols):
+    """The inverse, written separately (per value, not per nibble plane) so that it checks pack_int4."""
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    j = torch.arange(cols)
+    return ((words[:, j // 8] >> (4 * (j % 8))) & 0xF) - 8
+
+
+def dequantize_int4(packed, scale, shape):
+    out, cols = shape
+    q = unpack_int4(packed, cols)
+    return q.to(torch.float32) * scale.float().repeat_interleave(INT4_GROUP, 1)
+
+
+def check_int4_packing():
+    """pack_int4 / unpack_int4 against a row packed by hand: -8..-1 -> nibbles 0..7 (word 0x76543210),
+    0..7 -> nibbles 8..15 (word 0xFEDCBA98, negative as i32), then 3 -> nibble 0xB in a zero-padded word."""
+    q = torch.tensor([list(range(-8, 8)) + [3]])
+    want = torch.tensor([[0x76543210, 0xFEDCBA98 - 2**32, 0xB]], dtype=torch.int32)
+    assert torch.equal(pack_int4(q), want) and torch.equal(unpack_int4(want, 17), q)
+
+
+def quantize_checkpoint(c, hub, quant):
+    """(stored, dequantized): the quantized checkpoint's tensors by hub name (text-model names, in schema
+    order), and the hub weights with each quantized one replaced by what it dequantizes to."""
+    if quant == "int4":
+        check_int4_packing()
+    stored, dequantized = {}, {}
+    for name, _ in weight_shapes(c):
+        w = hub[name]
+        if not is_quantized(name, quant):
+            stored[name] = w.contiguous() if name.endswith("e_score_correction_bias") else w.to(torch.bfloat16)
+            dequantized[name] = w
+            continue
+        base = name[:-len(".weight")]
+        if quant == "fp8":
+            codes, scale_inv = quantize_fp8(w)
+            stored[name] = codes
+            stored[base + ".weight_scale_inv"] = scale_inv
+            dequantized[name] = dequantize_fp8(codes, scale_inv)
+        else:
+            q, scale = quantize_int4(w)
+            stored[base + ".weight_packed"] = pack_int4(q)
+            stored[base + ".weight_scale"] = scale
+            stored[base + ".weight_shape"] = torch.tensor(list(w.shape), dtype=torch.int32)
+            dequantized[name] = q.to(torch.float32) * scale.float().repeat_interleave(INT4_GROUP, 1)
+    return stored, dequantized
+
+
+def vision_tensors(seed):
+    g = torch.Generator().manual_seed(seed + 11)
+    return {name: (0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).to(torch.bfloat16)
+            for name, shape in K25_VISION_SHAPES}
+
+
+def write_quantized_checkpoint(spec, stored, seed, directory):
+    """Two shards split by bytes in schema order (the vision tensors last), plus the hub index; K2.5's
+    language-model tensors under its prefix."""
+    prefix = K25_PREFIX if spec["quant"] == "int4" else ""
+    tensors = {prefix + n: t for n, t in stored.items()}
+    if spec["quant"] == "int4":
+        tensors.update(vision_tensors(seed))
+    return write_two_shards(tensors, directory)
+
+
+def read_quantized_checkpoint(spec, c, directory):
+    """The written shards read back and dequantized from the files alone (through unpack_int4, not the
+    packing code): the hub weights by text-model name."""
+    prefix = K25_PREFIX if spec["quant"] == "int4" else ""
+    with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    raw = {}
+    for file in files:
+        raw.update(load_file(os.path.join(directory, file)))
+    out = {}
+    for name, shape in weight_shapes(c):
+        base = prefix + name[:-len(".weight")]
+        if not is_quantized(name, spec["quant"]):
+            out[name] = raw.pop(prefix + name).float()
+        elif spec["quant"] == "fp8":
+            codes = raw.pop(prefix + name)
+            assert codes.dtype == torch.float8_e4m3fn and tuple(codes.shape) == shape
+            scale_inv = raw.pop(base + ".weight_scale_inv")
+            assert scale_inv.dtype == torch.float32
+            assert tuple(scale_inv.shape) == (-(-shape[0] // FP8_BLOCK), -(-shape[1] // FP8_BLOCK))
+            out[name] = dequantize_fp8(codes, scale_inv)
+        else:
+            packed, scale = raw.pop(base + ".weight_packed"), raw.pop(base + ".weight_scale")
+            stored_shape = raw.pop(base + ".weight_shape")
+            assert stored_shape.dtype == torch.int32 and stored_shape.tolist() == list(shape)
+            assert packed.dtype == torch.int32 and tuple(packed.shape) == (shape[0], -(-shape[1] // 8))
+            assert scale.dtype == torch.bfloat16 and tuple(scale.shape) == (shape[0], shape[1] // INT4_GROUP)
+            out[name] = dequantize_int4(packed, scale, shape)
+    assert sorted(raw) == sorted(n for n, _ in K25_VISION_SHAPES if spec["quant"] == "int4"), sorted(raw)
+    return out
+
+
+# Dequantization mistakes a loader could make, measured like SENSITIVITY (fp64 reference on weights
+# dequantized with the mistake).
+QUANT_SENSITIVITY = {
+    "fp8_scale_divides": "w = code / weight_scale_inv instead of code * weight_scale_inv",
+    "fp8_local_scales": "block scales indexed by the TP-8 slice's local row / column instead of the global one",
+    "int4_high_nibble_first": "the first value of a word in its most significant nibble",
+    "int4_twos_complement": "nibbles read as two's-complement int4 instead of q + 8",
+    "int4_local_groups": "group scales indexed by the TP-8 slice's local column instead of the global one",
+}
+
+
+def tp_split_dim(name):
+    """The dim eagle3's schema splits a Linear along at TP > 1 (src/deepseek_v2_weights.cc,
+    src/mla_attention_weights.cc): rows for q_b / q / kv_b and the MLPs' gate / up, columns for o_proj and
+    down; None for the replicated q_a / kv_a."""
+    if name.endswith(("q_b_proj.weight", "q_proj.weight", "kv_b_proj.weight", "gate_proj.weight", "up_proj.weight")):
+        return 0
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return 1
+    return None
+
+
+def mistaken_weights(c, stored, hub, quant, variant, tp=8):
+    """`hub` with every quantized weight dequantized from `stored` with the mistake `variant`."""
+    out = dict(hub)
+    for name, shape in weight_shapes(c):
+        if not is_quantized(name, quant):
+            continue
+        base = name[:-len(".weight")]
+        split = tp_split_dim(name)
+        index = [torch.arange(shape[0]), torch.arange(shape[1])]
+        if variant in ("fp8_local_scales", "int4_local_groups") and split is not None:
+            index[split] = index[split] % (shape[split] // tp)
+        if quant == "fp8":
+            codes, scale_inv = stored[name].to(torch.float32), stored[base + ".weight_scale_inv"]
+            full = scale_inv[index[0] // FP8_BLOCK][:, index[1] // FP8_BLOCK]
+            out[name] = codes / full if variant == "fp8_scale_divides" else codes * full
+        else:
+            words = stored[base + ".weight_packed"].to(torch.int64) & 0xFFFFFFFF
+            j = torch.arange(shape[1])
+            position = 7 - j % 8 if variant == "int4_high_nibble_first" else j % 8
+            nibble = (words[:, j // 8] >> (4 * position)) & 0xF
+            q = torch.where(nibble >= 8, nibble - 16, nibble) if variant == "int4_twos_complement" else nibble - 8
+            scale = stored[base + ".weight_scale"].float()
+            out[name] = q.to(torch.float32) * scale[:, index[1] // INT4_GROUP]
+    return out
+
+
+def write_oracle_checkpoint(c, hub, directory):
+    """The unquantized f32 checkpoint of `hub` (the dequantized weights) that transformers loads."""
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    save_safetensors(os.path.join(directory, "model.safetensors"),
+                     {n: hub[n].float().contiguous() for n, _ in weight_shapes(c)}, {"format": "pt"})
+
+
+def quant_summary(spec, c, stored):
+    quantized = [n for n, _ in weight_shapes(c) if is_quantized(n, spec["quant"])]
+    total = sum(t.numel() * t.element_size() for t in stored.values())
+    bf16 = sum(2 * math.prod(shape) for _, shape in weight_shapes(c))
+    fmt = "F8_E4M3 + f32 weight_scale_inv" if spec["quant"] == "fp8" else \
+        "I32 weight_packed + bf16 weight_scale + I32 weight_shape"
+    return {"quantized": len(quantized), "plain": len(weight_shapes(c)) - len(quantized), "stored_bytes": total,
+            "bf16_bytes": bf16, "format": fmt}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -675,25 +1109,38 @@ def build(spec, out_dir, log):
     if os.path.isdir(directory):
         shutil.rmtree(directory)
     os.makedirs(directory)
+    quant = spec.get("quant")
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(c, f, indent=2)
+        json.dump(stored_config(spec, c) if quant else c, f, indent=2)
         f.write("\n")
 
-    # Weights: the first seed (counting up from the model's) whose routing has no near-ties.
+    # Weights: the first seed (counting up from the model's) whose routing has no near-ties. A quantized
+    # fixture's references run on the weights its checkpoint dequantizes to.
     tokens = make_prompt(c, spec["seed"], spec["num_tokens"])
     for seed in range(spec["seed"], spec["seed"] + 200):
         hub = random_weights(c, seed, spec["router_std"])
+        if quant:
+            stored, hub = quantize_checkpoint(c, hub, quant)
         ref_logits, ref_boundaries, ref_routing, margin = reference_forward(c, hub, tokens)
         if margin >= MIN_ROUTING_MARGIN:
             break
     else:
         raise SystemExit(f"{spec['name']}: no seed gave routing margins >= {MIN_ROUTING_MARGIN}")
-    checkpoint_bytes = write_checkpoint(c, hub, directory)
+    if quant:
+        checkpoint_bytes = write_quantized_checkpoint(spec, stored, seed, directory)
+        oracle_dir = tempfile.mkdtemp(prefix=f"golden_{spec['name']}_")
+        write_oracle_checkpoint(c, hub, oracle_dir)
+    else:
+        checkpoint_bytes = write_checkpoint(c, hub, directory)
+        oracle_dir = directory
 
-    # Oracle: from_pretrained of the written checkpoint (transformers' own hub->fused conversion).
+    # Oracle: from_pretrained of the written checkpoint (transformers' own hub->fused conversion); for a
+    # quantized fixture, of the f32 checkpoint of its dequantized weights.
     model, loading = transformers_class(c).from_pretrained(
-        directory, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
+        oracle_dir, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
         output_loading_info=True)
+    if quant:
+        shutil.rmtree(oracle_dir)
     model.eval()
     if any(loading.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
         raise SystemExit(f"{spec['name']}: from_pretrained loading report: {loading}")
@@ -706,10 +1153,15 @@ def build(spec, out_dir, log):
     if not torch.equal(direct_logits, logits) or any(
             not torch.equal(a, b) for a, b in zip(direct_boundaries, boundaries)):
         raise SystemExit(f"{spec['name']}: from_pretrained and the direct mapping disagree")
-    reread = {}
-    for file in sorted(f for f in os.listdir(directory) if f.startswith("model-")):
-        reread.update(load_file(os.path.join(directory, file)))
-    assert sorted(reread) == sorted(hub) and all(torch.equal(reread[n].float(), hub[n]) for n in hub)
+    if quant:
+        # The quantized shards, decoded from the files alone, hold exactly the weights the references ran.
+        reread = read_quantized_checkpoint(spec, c, directory)
+        assert sorted(reread) == sorted(hub) and all(torch.equal(reread[n], hub[n]) for n in hub)
+    else:
+        reread = {}
+        for file in sorted(f for f in os.listdir(directory) if f.startswith("model-")):
+            reread.update(load_file(os.path.join(directory, file)))
+        assert sorted(reread) == sorted(hub) and all(torch.equal(reread[n].float(), hub[n]) for n in hub)
 
     # transformers vs the independent fp64 reference.
     logits_err = max_rel(logits, ref_logits)
@@ -733,6 +1185,8 @@ def build(spec, out_dir, log):
         expected[f"router.{layer}.topk_weights"] = hf_weights.float().contiguous()
     metadata = {"model": spec["name"], "torch": torch.__version__, "transformers": transformers.__version__,
                 "oracle": transformers_class(c).__name__ + " fp32 eager"}
+    if quant:
+        metadata["oracle"] += ", on the dequantized weights of " + json.dumps(quantization_config(quant)["quant_method"])
     save_safetensors(os.path.join(directory, "expected.safetensors"), expected, metadata)
 
     # How strongly the fixture pins each detail.
@@ -742,6 +1196,13 @@ def build(spec, out_dir, log):
             v_logits = reference_forward(c, hub, tokens, (variant,))[0]
             sensitivity[variant] = (max_rel(v_logits, ref_logits),
                                     int((v_logits.argmax(-1) != ref_logits.argmax(-1)).sum()))
+
+    quant_sensitivity = {}
+    for variant in QUANT_SENSITIVITY if quant else ():
+        if variant.startswith(quant):
+            v_logits = reference_forward(c, mistaken_weights(c, stored, hub, quant, variant), tokens)[0]
+            quant_sensitivity[variant] = (max_rel(v_logits, ref_logits),
+                                          int((v_logits.argmax(-1) != ref_logits.argmax(-1)).sum()))
 
     rs = c.get("rope_scaling")
     m2 = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2 if rs else 1.0
@@ -755,7 +1216,7 @@ def build(spec, out_dir, log):
         "what": spec["what"].format(m2=m2, af=af),
         "seed": seed,
         "tokens": tokens.tolist(),
-        "num_tensors": len(hub),
+        "num_tensors": len(hub) if not quant else len(stored) + (len(K25_VISION_SHAPES) if quant == "int4" else 0),
         "checkpoint_bytes": checkpoint_bytes,
         "sizes": sizes,
         "logits_err": logits_err,
@@ -764,9 +1225,11 @@ def build(spec, out_dir, log):
         "distinct": distinct,
         "used": used,
         "sensitivity": sensitivity,
+        "quant_sensitivity": quant_sensitivity,
         "softmax_scale": model.model.layers[0].self_attn.scaling,
         "attention_scaling": model.model.rotary_emb.attention_scaling,
         "config": c,
+        "quant": quant_summary(spec, c, stored) if quant else None,
     }
     log(f"{spec['name']}: seed {seed}, T {len(tokens)}, {len(hub)} tensors, {sum(sizes.values())} bytes, "
         f"logits vs fp64 {logits_err:.1e}, routing margin {margin:.1e}")
@@ -1404,11 +1867,16 @@ def write_readme(out_dir, infos, draft_infos):
     lines = [
         "# Golden fixtures for the DeepSeek-V2-family target forward and the EAGLE-3 draft step",
         "",
-        "The target fixtures `v2_qlora_yarn`, `v2lite_greedy` and `v3_noaux` are described first; the draft",
-        "fixtures `draft_v2` and `draft_v2_eagle31` in \"EAGLE-3 draft fixtures\" at the end.",
+        "The target fixtures `v2_qlora_yarn`, `v2lite_greedy` and `v3_noaux` are described first, the quantized",
+        "target fixtures `v3_fp8` and `k25_int4` in \"Quantized target fixtures\"; the draft fixtures `draft_v2`",
+        "and `draft_v2_eagle31` in \"EAGLE-3 draft fixtures\" at the end.",
         "",
         "Generated by `python3 tools/make_golden.py --out tests/data/golden` (deterministic: one CPU thread,",
-        "`torch.use_deterministic_algorithms(True)`, fixed seeds; a rerun reproduces every file byte for byte).",
+        "`torch.use_deterministic_algorithms(True)`, fixed seeds). A rerun reproduces every file byte for byte",
+        "on the generating host; across hosts configs, checkpoints and integer outputs are identical and float",
+        "outputs may differ by ~1e-6 relative (CPU kernels). `--only NAME ...` regenerates the named fixtures",
+        "alone and leaves every other file, this README included, untouched (it prints the README sections",
+        "of the fixtures it built, to merge by hand).",
         "",
         f"Versions: torch {torch.__version__}, transformers {transformers.__version__}, "
         f"Python {sys.version.split()[0]} (CPU).",
@@ -1457,30 +1925,91 @@ def write_readme(out_dir, infos, draft_infos):
         "",
     ]
     for info in infos:
-        c = info["config"]
-        lines += [f"### `{info['name']}`", "", info["what"], ""]
-        lines += [
-            f"- {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
-            f"q_lora_rank {c['q_lora_rank']}, kv_lora_rank {c['kv_lora_rank']}, qk nope/rope "
-            f"{c['qk_nope_head_dim']}/{c['qk_rope_head_dim']}, v {c['v_head_dim']}, intermediate "
-            f"{c['intermediate_size']}, moe_intermediate {c['moe_intermediate_size']}, vocab {c['vocab_size']}.",
-            f"- softmax scale {info['softmax_scale']:.9f}; cos/sin attention factor {info['attention_scaling']:.9f}.",
-            f"- weight seed {info['seed']}; prompt (T = {len(info['tokens'])}): {info['tokens']}.",
-            f"- {info['num_tensors']} checkpoint tensors, {info['checkpoint_bytes']} bytes of weights; files: "
-            + ", ".join(f"{k} {v}" for k, v in info["sizes"].items()) + ".",
-            f"- transformers vs fp64 reference: logits {fmt_err(info['logits_err'])}, boundaries "
-            f"{fmt_err(info['boundary_err'])}; smallest routing gap {info['margin']:.2e}.",
-            "- routing per MoE layer (distinct expert sets over the T tokens / experts used): "
-            + ", ".join(f"layer {l}: {info['distinct'][l]} / {info['used'][l]}" for l in info["distinct"]) + ".",
-            "- what a mistake would change (fp64 reference with one detail altered: max |logit diff| / max "
-            "|logit|, tokens whose argmax changes): "
-            + "; ".join(f"{SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}" for k, v in info["sensitivity"].items()) + ".",
-            "",
-        ]
+        if not info["quant"]:
+            lines += model_readme(info)
     lines += README_SEMANTICS
+    lines += quant_readme([info for info in infos if info["quant"]])
     lines += draft_readme(draft_infos)
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write("\n".join(lines).rstrip() + "\n")
+
+
+def model_readme(info):
+    c = info["config"]
+    lines = [f"### `{info['name']}`", "", info["what"], ""]
+    lines += [
+        f"- {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
+        f"q_lora_rank {c['q_lora_rank']}, kv_lora_rank {c['kv_lora_rank']}, qk nope/rope "
+        f"{c['qk_nope_head_dim']}/{c['qk_rope_head_dim']}, v {c['v_head_dim']}, intermediate "
+        f"{c['intermediate_size']}, moe_intermediate {c['moe_intermediate_size']}, vocab {c['vocab_size']}.",
+        f"- softmax scale {info['softmax_scale']:.9f}; cos/sin attention factor {info['attention_scaling']:.9f}.",
+        f"- weight seed {info['seed']}; prompt (T = {len(info['tokens'])}): {info['tokens']}.",
+        f"- {info['num_tensors']} checkpoint tensors, {info['checkpoint_bytes']} bytes of weights; files: "
+        + ", ".join(f"{k} {v}" for k, v in info["sizes"].items()) + ".",
+    ]
+    if info["quant"]:
+        q = info["quant"]
+        lines.append(f"- {q['quantized']} of {q['quantized'] + q['plain']} weights stored quantized ({q['format']}), "
+                     f"{q['plain']} plain: {q['stored_bytes']} bytes of language-model tensors (all bf16: "
+                     f"{q['bf16_bytes']}).")
+    lines += [
+        f"- transformers vs fp64 reference: logits {fmt_err(info['logits_err'])}, boundaries "
+        f"{fmt_err(info['boundary_err'])}; smallest routing gap {info['margin']:.2e}.",
+        "- routing per MoE layer (distinct expert sets over the T tokens / experts used): "
+        + ", ".join(f"layer {l}: {info['distinct'][l]} / {info['used'][l]}" for l in info["distinct"]) + ".",
+        "- what a mistake would change (fp64 reference with one detail altered: max |logit diff| / max "
+        "|logit|, tokens whose argmax changes): "
+        + "; ".join(f"{SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}" for k, v in info["sensitivity"].items()) + ".",
+    ]
+    if info["quant"]:
+        lines.append("- what a dequantization mistake would change (same measure): "
+                     + "; ".join(f"{QUANT_SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}"
+                                 for k, v in info["quant_sensitivity"].items()) + ".")
+    lines.append("")
+    return lines
+
+
+def quant_readme(quant_infos):
+    if not quant_infos:
+        return []
+    lines = [
+        "",
+        "## Quantized target fixtures",
+        "",
+        "`v3_fp8` and `k25_int4` hold a target in the quantized forms its published checkpoints use",
+        "(`include/eagle3/quantization_config.h`), checked by `tests/target_golden_test.cc` like the others",
+        "(TP 1 and TP 8, both residual modes, 1e-4) and TP 8 against TP 1 (1e-5). Each directory holds the files",
+        "listed in \"Contents of each directory\", except that `config.json` carries the `quantization_config` and",
+        "the shards the quantized tensors (`k25_int4`: in Kimi-K2.5's multimodal form); `expected.safetensors`",
+        "is the same.",
+        "",
+        "- **What the checkpoint means.** The random bf16-valued weights of every weight the format quantizes",
+        "  are quantized, and every reference runs on what the stored tensors dequantize to, computed as",
+        "  eagle3's CPU reference documents it (`include/eagle3/detail/quantized_weights.h`):",
+        f"  - FP8: per {FP8_BLOCK} x {FP8_BLOCK} block (partial at the edges) `weight_scale_inv` = amax / {FP8_MAX:g} in",
+        f"    f32, codes = e4m3fn(w / scale_inv) rounded to nearest (clamped to +-{FP8_MAX:g}); dequantized",
+        "    w = float(code) * scale_inv, one f32 multiply (DeepSeek's `weight_dequant` in inference/kernel.py).",
+        f"  - INT4: per row and group of {INT4_GROUP} input columns `weight_scale` = bf16(amax / 7), q = clamp(round(w /",
+        "    scale), -8, 7), packed as compressed-tensors' `pack_to_int32` describes (value j of a row in",
+        "    word j / 8 at bits 4 (j % 8), stored as q + 8; `include/eagle3/detail/int4_packing.h`);",
+        "    `weight_shape` = [out, in] i32; dequantized w = q * scale, exact in f32.",
+        "- **Which tensors.** FP8: every Linear but `lm_head` (`*_proj.weight`, `kv_a_proj_with_mqa.weight`, the",
+        "  routed and shared experts); INT4: every Linear no entry of the hub's `ignore` list matches (plain",
+        "  entries are module names, `re:` entries regexes matched at the start of the module name, as",
+        "  compressed-tensors reads them), i.e. the routed experts. Embedding, norms, router, correction bias",
+        "  and `lm_head` stay plain (bf16; the bias f32).",
+        "- **Oracle.** transformers does not load either quantized form here, so `from_pretrained` loads an",
+        "  unquantized f32 checkpoint of the dequantized weights in the plain `deepseek_v3` form, written to a",
+        "  temporary directory and removed afterwards. The direct-mapping and fp64-reference checks, and the",
+        "  routing-gap seed search, run on the same dequantized weights.",
+        "- **Read-back.** The written shards are decoded again from the files alone (with an unpacking",
+        "  written separately from the packing; every stored tensor checked for the hub form's dtype and",
+        "  shape) and must equal the dequantized weights bit for bit.",
+        "",
+    ]
+    for info in quant_infos:
+        lines += model_readme(info)
+    return lines[:-1]  # draft_readme opens with the blank line
 
 
 README_SEMANTICS = [
@@ -1664,7 +2193,9 @@ DRAFT_README_SEMANTICS = [
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output directory, e.g. tests/data/golden")
-    parser.add_argument("--only", nargs="*", help="model names to regenerate (default: all)")
+    parser.add_argument("--only", nargs="*",
+                        help="fixture names to (re)generate, e.g. v3_fp8 k25_int4; nothing else is written, "
+                        "README.md included (its sections are printed). Default: all")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     transformers.logging.set_verbosity_error()
@@ -1680,6 +2211,14 @@ def main():
         draft_infos.append(build_draft(spec, args.out, print))
     if not args.only:
         write_readme(args.out, infos, draft_infos)
+    else:
+        # A partial run leaves README.md alone: its sections for what it built, to merge by hand.
+        sections = [line for info in infos if not info["quant"] for line in model_readme(info)]
+        sections += quant_readme([info for info in infos if info["quant"]])
+        sections += draft_readme(draft_infos) if draft_infos else []
+        print("----- README.md sections of the fixtures built (merge by hand) -----")
+        print("\n".join(sections).rstrip())
+        print("----- end -----")
     for info, budget in [(i, 1_500_000) for i in infos] + [(i, 1_000_000) for i in draft_infos]:
         total = sum(info["sizes"].values())
         if total > budget:
