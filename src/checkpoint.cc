@@ -581,6 +581,39 @@ absl::StatusOr<Tensor> Checkpoint::ReadShard(std::string_view name, const ShardS
   return out;
 }
 
+absl::StatusOr<Tensor> Checkpoint::ReadColumns(std::string_view name, int64_t begin, int64_t end, DType dtype,
+                                               Allocator& allocator) const {
+  EAGLE3_ASSIGN_OR_RETURN(Entry entry, Lookup(name));
+  const SafetensorsFile& file = *entry.file;
+  const TensorInfo& info = *entry.info;
+  const std::string where = Where(name, file);
+  if (info.shape.rank() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a column range needs a 2-D tensor, its shape is ", info.shape.ToString()));
+  }
+  const int64_t rows = info.shape[0], columns = info.shape[1];
+  if (begin < 0 || begin > end || end > columns) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": columns [", begin, ", ", end,
+                                                   ") are outside [0, ", columns, "] of shape ",
+                                                   info.shape.ToString()));
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckConvertible(name, file, info.dtype, dtype));
+  EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, Shape{rows, end - begin}, allocator));
+  const int64_t width = end - begin;
+  if (width == 0) return out;
+  const size_t dst_size = DTypeSize(dtype);
+  uint8_t* dst = static_cast<uint8_t*>(out.data());
+  EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());
+  std::vector<uint64_t> bounce;
+  for (int64_t r = 0; r < rows; ++r) {
+    EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, info, r * columns + begin, width, dst + r * width * dst_size, dtype,
+                                       bounce, where));
+  }
+  EAGLE3_RETURN_IF_ERROR(reader.CheckUnchanged());
+  return out;
+}
+
 absl::Status Checkpoint::ReadShardInto(std::string_view name, const ShardSpec& spec,
                                        const TensorView& out) const {
   EAGLE3_ASSIGN_OR_RETURN(Entry entry, Lookup(name));

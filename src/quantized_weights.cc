@@ -1,5 +1,6 @@
 #include "eagle3/detail/quantized_weights.h"
 
+#include <algorithm>
 #include <regex>
 #include <string>
 #include <utility>
@@ -197,9 +198,13 @@ absl::StatusOr<Tensor> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& 
   const std::string scale_name = Int4ScaleName(spec.name);
   const int64_t out_dim = spec.shape[0], in_dim = spec.shape[1];
   // Rows split (or none): the packed rows and scale rows of the slice, read as the plain tensor's.
-  // Columns split: whole rows, since a slice may start inside a word or a group.
+  // Columns split: the words and group scales that hold the slice's columns, row by row (a slice may
+  // start inside a word or a group); word_base / group_base are the first ones read.
   const bool rows_split = shard.tp_size == 1 || shard.dim == 0;
   Tensor packed, scales;
+  int64_t word_base = 0, group_base = 0;
+  const SliceOrigin origin = Origin(spec, shard);
+  int64_t cols = in_dim;
   if (rows_split) {
     EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.ReadShard(packed_name, shard, DType::kI32));
     EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.ReadShard(scale_name, shard, DType::kF32));
@@ -210,12 +215,17 @@ absl::StatusOr<Tensor> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& 
                                                      " cannot be split for rank ", shard.rank, " of tp_size ",
                                                      shard.tp_size));
     }
-    EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.Read(packed_name, DType::kI32));
-    EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.Read(scale_name, DType::kF32));
+    cols = padded / shard.tp_size;
+    // The slice's real columns [first, last) (none when it lies in the padding).
+    const int64_t first = std::min(origin.col, in_dim), last = std::min(origin.col + cols, in_dim);
+    word_base = first / kInt4PerWord;
+    group_base = first / q.group_size;
+    const int64_t word_end = last > first ? (last + kInt4PerWord - 1) / kInt4PerWord : word_base;
+    const int64_t group_end = last > first ? (last + q.group_size - 1) / q.group_size : group_base;
+    EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.ReadColumns(packed_name, word_base, word_end, DType::kI32));
+    EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.ReadColumns(scale_name, group_base, group_end, DType::kF32));
   }
-  const SliceOrigin origin = Origin(spec, shard);
   const int64_t rows = rows_split ? packed.dim(0) : out_dim;
-  const int64_t cols = rows_split ? in_dim : PaddedSize(in_dim, shard.pad_to_multiple) / shard.tp_size;
   EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kF32, Shape{rows, cols}));
   const int64_t words = packed.dim(1), groups = scales.dim(1);
   const int32_t* p = packed.data_as<int32_t>();
@@ -226,7 +236,8 @@ absl::StatusOr<Tensor> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& 
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t col = origin.col + j;
       w[i * cols + j] = real_row && col < in_dim
-                            ? static_cast<float>(Int4At(p + i * words, col)) * s[i * groups + col / q.group_size]
+                            ? static_cast<float>(Int4At(p + i * words, col - kInt4PerWord * word_base)) *
+                                  s[i * groups + col / q.group_size - group_base]
                             : 0.0f;
     }
   }

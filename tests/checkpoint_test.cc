@@ -182,6 +182,39 @@ TEST_F(CheckpointTest, ShardsReassembleExactly) {
   }
 }
 
+// Column ranges of a 2-D tensor: every range (empty, whole, starting anywhere) equals the same
+// columns of the whole tensor, converted or not; bad ranges and tensors are refused by name.
+TEST_F(CheckpointTest, ReadColumnsEqualsTheWholeTensorsColumns) {
+  auto whole = checkpoint_->Read("w.bf16", DType::kF32);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 24}, {0, 0}, {5, 5}, {3, 11}, {23, 24}, {0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "[" << begin << ", " << end << ")");
+    auto part = checkpoint_->ReadColumns("w.bf16", begin, end, DType::kF32);
+    ASSERT_TRUE(part.ok()) << part.status();
+    ASSERT_EQ(part->shape(), (Shape{16, end - begin}));
+    for (int64_t r = 0; r < 16; ++r) {
+      for (int64_t c = begin; c < end; ++c) {
+        ASSERT_EQ(part->data_as<float>()[r * (end - begin) + c - begin], whole->data_as<float>()[r * 24 + c]);
+      }
+    }
+  }
+  auto same = checkpoint_->ReadColumns("w.bf16", 7, 19, DType::kBF16);
+  ASSERT_TRUE(same.ok()) << same.status();
+  for (int64_t r = 0; r < 16; ++r) {
+    for (int64_t c = 7; c < 19; ++c) ASSERT_EQ(same->data_as<uint16_t>()[r * 12 + c - 7], weight_bf16_[r * 24 + c]);
+  }
+  for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{-1, 3}, {4, 3}, {0, 25}}) {
+    const absl::Status status = checkpoint_->ReadColumns("w.f32", begin, end, DType::kF32).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("tensor 'w.f32'"));
+    EXPECT_THAT(status.message(), HasSubstr("outside [0, 24]"));
+  }
+  const absl::Status cube = checkpoint_->ReadColumns("cube", 0, 1, DType::kF32).status();
+  EXPECT_EQ(cube.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cube.message(), HasSubstr("needs a 2-D tensor"));
+  EXPECT_EQ(checkpoint_->ReadColumns("nope", 0, 1, DType::kF32).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CheckpointTest, VocabPaddingGivesZeroRows) {
   constexpr int kTp = 8;
   std::vector<uint16_t> assembled;

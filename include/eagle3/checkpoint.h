@@ -107,6 +107,14 @@ class EAGLE3_API Checkpoint {
   absl::Status ReadShardInto(std::string_view name, const ShardSpec& spec,
                              const TensorView& out) const;
 
+  // Columns [begin, end) of every row of a 2-D tensor, shape [rows, end - begin], converted to
+  // `dtype` as in Read. Reads only those bytes (one run per row): for slices that do not follow
+  // ShardSpec's even split, such as the int4 words and group scales under a column slice that
+  // starts inside a word or a group. InvalidArgument naming the tensor for a tensor not 2-D or a
+  // range outside 0 <= begin <= end <= columns.
+  absl::StatusOr<Tensor> ReadColumns(std::string_view name, int64_t begin, int64_t end, DType dtype,
+                                     Allocator& allocator = DefaultHostAllocator()) const;
+
   // The slice shape ReadShard would produce, after validating `spec` against the tensor.
   absl::StatusOr<Shape> ShardShape(std::string_view name, const ShardSpec& spec) const;
 
