@@ -7,6 +7,7 @@
 #include "eagle3/mla_attention_config.h"
 #include "eagle3/status.h"
 #include "json_fields.h"
+#include "mla_attention_config_json.h"
 #include "pretrained_config_keys.h"
 #include "quantization_config_json.h"
 #include "rope_config_json.h"
@@ -228,23 +229,7 @@ absl::Status CheckFixedSemantics(const Object& root, const DeepseekV2Config& c) 
     return root.Error(absl::StatusCode::kUnimplemented, "rope_interleave",
                       "false is not supported (DeepSeek rotates adjacent pairs)");
   }
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim,
-                          root.OptionalInt("head_dim", 1, kMaxDim));
-  if (head_dim.has_value() && *head_dim != c.qk_rope_head_dim) {
-    return root.Error(
-        absl::StatusCode::kInvalidArgument, "head_dim",
-        absl::StrCat(*head_dim, " differs from qk_rope_head_dim = ", c.qk_rope_head_dim,
-                     " (transformers sets head_dim = qk_rope_head_dim)"));
-  }
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<int64_t> qk_head_dim,
-                          root.OptionalInt("qk_head_dim", 1, 2 * kMaxDim));
-  if (qk_head_dim.has_value() && *qk_head_dim != c.qk_head_dim()) {
-    return root.Error(
-        absl::StatusCode::kInvalidArgument, "qk_head_dim",
-        absl::StrCat(*qk_head_dim,
-                     " differs from qk_nope_head_dim + qk_rope_head_dim = ", c.qk_head_dim()));
-  }
-  return absl::OkStatus();
+  return CheckMlaCopiedKeys(root, MlaAttentionConfig::ForTarget(c));
 }
 
 // A text model's config: the whole config.json, or K2.5's text_config (`nested_keys` then holds
@@ -268,20 +253,11 @@ absl::StatusOr<DeepseekV2Config> ParseTextModel(const Object& root,
                           root.OptionalInt("num_key_value_heads", 1, kMaxDim));
   c.num_key_value_heads = kv_heads.value_or(c.num_attention_heads);
 
-  if (!root.Contains("q_lora_rank")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Sv(root.source()), ": missing required key 'q_lora_rank' (null for a plain q_proj)"));
+  {
+    MlaAttentionConfig mla;
+    EAGLE3_RETURN_IF_ERROR(ParseMlaKeys(root, mla));
+    CopyMlaKeys(mla, c);
   }
-  EAGLE3_ASSIGN_OR_RETURN(c.q_lora_rank, root.OptionalInt("q_lora_rank", 1, kMaxDim));
-  EAGLE3_ASSIGN_OR_RETURN(c.kv_lora_rank, root.Int("kv_lora_rank", 1, kMaxDim));
-  EAGLE3_ASSIGN_OR_RETURN(c.qk_nope_head_dim, root.Int("qk_nope_head_dim", 1, kMaxDim));
-  EAGLE3_ASSIGN_OR_RETURN(c.qk_rope_head_dim, root.Int("qk_rope_head_dim", 1, kMaxDim));
-  // Rotation works on pairs of dims.
-  if (c.qk_rope_head_dim % 2 != 0) {
-    return root.Error(absl::StatusCode::kInvalidArgument, "qk_rope_head_dim",
-                      absl::StrCat(c.qk_rope_head_dim, " must be even"));
-  }
-  EAGLE3_ASSIGN_OR_RETURN(c.v_head_dim, root.Int("v_head_dim", 1, kMaxDim));
 
   EAGLE3_ASSIGN_OR_RETURN(c.rms_norm_eps, root.Double("rms_norm_eps"));
   if (!(c.rms_norm_eps > 0)) {

@@ -65,17 +65,7 @@ constexpr std::string_view kHarmlessKeys[] = {
 };
 
 absl::StatusOr<std::string> ParseArchitecture(const Object& root) {
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> names,
-                          root.OptionalStringArray("architectures"));
-  if (!names.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(root.source()), ": missing required key 'architectures'"));
-  }
-  if (names->size() != 1) {
-    return root.Error(absl::StatusCode::kInvalidArgument, "architectures",
-                      absl::StrCat("expected exactly one architecture, got ", names->size()));
-  }
-  const std::string& name = names->front();
+  EAGLE3_ASSIGN_OR_RETURN(const std::string name, eagle3_head::SingleArchitecture(root));
   if (IsOneOf(name, kEagle3Architectures)) return name;
   if (IsOneOf(name, kOtherDraftArchitectures)) {
     return root.Error(absl::StatusCode::kUnimplemented, "architectures",

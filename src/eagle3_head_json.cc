@@ -18,6 +18,20 @@ constexpr int64_t kMaxId = int64_t{1} << 24;
 
 }  // namespace
 
+absl::StatusOr<std::string> SingleArchitecture(const Object& root) {
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> names,
+                          root.OptionalStringArray("architectures"));
+  if (!names.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(root.source()), ": missing required key 'architectures'"));
+  }
+  if (names->size() != 1) {
+    return root.Error(absl::StatusCode::kInvalidArgument, "architectures",
+                      absl::StrCat("expected exactly one architecture, got ", names->size()));
+  }
+  return names->front();
+}
+
 absl::StatusOr<bool> VariantFlag(const Object& root, const std::optional<Object>& eagle,
                                  std::string_view key) {
   EAGLE3_ASSIGN_OR_RETURN(std::optional<bool> top, root.OptionalBool(key));

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -26,6 +27,10 @@ inline constexpr std::string_view kEagleConfigKeys[] = {
     kAuxIdsKey, "use_aux_hidden_state", "norm_before_residual", "norm_before_fc",
     "fc_norm",  "norm_output",
 };
+
+// The one name `architectures` must hold: InvalidArgument naming the file when the key is missing
+// or lists another count. Which names a head accepts is its parser's.
+absl::StatusOr<std::string> SingleArchitecture(const json_fields::Object& root);
 
 // A boolean that may be written at the top level or inside eagle_config; both must agree. False
 // when absent from both.

@@ -3,16 +3,55 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "eagle3/status.h"
 #include "json_fields.h"
+#include "mla_attention_config_json.h"
 
 namespace eagle3 {
 namespace {
 
+using json_fields::Object;
 using json_fields::Sv;
 
 constexpr int kMaxTpSize = 64;
+constexpr int64_t kMaxDim = int64_t{1} << 24;
 
 }  // namespace
+
+absl::Status ParseMlaKeys(const Object& root, MlaAttentionConfig& mla) {
+  if (!root.Contains("q_lora_rank")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(root.source()), ": missing required key 'q_lora_rank' (null for a plain q_proj)"));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(mla.q_lora_rank, root.OptionalInt("q_lora_rank", 1, kMaxDim));
+  EAGLE3_ASSIGN_OR_RETURN(mla.kv_lora_rank, root.Int("kv_lora_rank", 1, kMaxDim));
+  EAGLE3_ASSIGN_OR_RETURN(mla.qk_nope_head_dim, root.Int("qk_nope_head_dim", 1, kMaxDim));
+  EAGLE3_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, root.Int("qk_rope_head_dim", 1, kMaxDim));
+  // Rotation works on pairs of dims.
+  if (mla.qk_rope_head_dim % 2 != 0) {
+    return root.Error(absl::StatusCode::kInvalidArgument, "qk_rope_head_dim",
+                      absl::StrCat(mla.qk_rope_head_dim, " must be even"));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(mla.v_head_dim, root.Int("v_head_dim", 1, kMaxDim));
+  return absl::OkStatus();
+}
+
+absl::Status CheckMlaCopiedKeys(const Object& root, const MlaAttentionConfig& mla) {
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, root.OptionalInt("head_dim", 1, kMaxDim));
+  if (head_dim.has_value() && *head_dim != mla.qk_rope_head_dim) {
+    return root.Error(absl::StatusCode::kInvalidArgument, "head_dim",
+                      absl::StrCat(*head_dim, " differs from qk_rope_head_dim = ", mla.qk_rope_head_dim,
+                                   " (transformers sets head_dim = qk_rope_head_dim)"));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<int64_t> qk_head_dim,
+                          root.OptionalInt("qk_head_dim", 1, 2 * kMaxDim));
+  if (qk_head_dim.has_value() && *qk_head_dim != mla.qk_head_dim()) {
+    return root.Error(
+        absl::StatusCode::kInvalidArgument, "qk_head_dim",
+        absl::StrCat(*qk_head_dim, " differs from qk_nope_head_dim + qk_rope_head_dim = ", mla.qk_head_dim()));
+  }
+  return absl::OkStatus();
+}
 
 MlaAttentionConfig MlaAttentionConfig::ForTarget(const DeepseekV2Config& target) {
   MlaAttentionConfig a;

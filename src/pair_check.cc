@@ -1,11 +1,13 @@
 #include "eagle3/pair_check.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "eagle3/checkpoint.h"
@@ -137,6 +139,15 @@ void CheckVocabMapping(const Checkpoint& c, const HeadView& d, const DeepseekV2C
   }
 }
 
+// The head's variant keys that are set, and norm_before_residual either way, as facts.
+void ReportVariantKeys(std::initializer_list<std::pair<const char*, bool>> flags, bool norm_before_residual,
+                       PairReport& report) {
+  for (const auto& [key, set] : flags) {
+    if (set) report.facts.push_back("variant key " + std::string(key) + " = true");
+  }
+  report.facts.push_back(std::string("norm_before_residual = ") + (norm_before_residual ? "true" : "false"));
+}
+
 void CheckLlamaHead(const std::string& draft_dir, const DeepseekV2Config& t, LayerIdConvention convention,
                     PairReport& report) {
   auto draft = Eagle3DraftConfig::FromFile(draft_dir);
@@ -164,12 +175,8 @@ void CheckLlamaHead(const std::string& draft_dir, const DeepseekV2Config& t, Lay
   if (d.vocab_size != t.vocab_size) {
     report.problems.push_back("draft vocab_size " + Str(d.vocab_size) + " != target vocab_size " + Str(t.vocab_size));
   }
-  for (const auto& [key, set] : {std::pair<const char*, bool>{"norm_before_fc", d.norm_before_fc},
-                                 {"fc_norm", d.fc_norm},
-                                 {"norm_output", d.norm_output}}) {
-    if (set) report.facts.push_back("variant key " + std::string(key) + " = true");
-  }
-  report.facts.push_back(std::string("norm_before_residual = ") + (d.norm_before_residual ? "true" : "false"));
+  ReportVariantKeys({{"norm_before_fc", d.norm_before_fc}, {"fc_norm", d.fc_norm}, {"norm_output", d.norm_output}},
+                    d.norm_before_residual, report);
 
   auto ckpt = Checkpoint::Open(draft_dir);
   if (!ckpt.ok()) {
@@ -211,10 +218,7 @@ void CheckMlaHead(const std::string& draft_dir, const DeepseekV2Config& t, Layer
                       d.num_aux_layers(), &d.aux_layer_ids};
   const int64_t taps = CheckTaps(view, t, convention, report);
   if (absl::Status s = CheckDraftAgainstTarget(d, t); !s.ok()) report.problems.push_back(std::string(s.message()));
-  for (const auto& [key, set] : {std::pair<const char*, bool>{"fc_norm", d.fc_norm}, {"norm_output", d.norm_output}}) {
-    if (set) report.facts.push_back("variant key " + std::string(key) + " = true");
-  }
-  report.facts.push_back(std::string("norm_before_residual = ") + (d.norm_before_residual ? "true" : "false"));
+  ReportVariantKeys({{"fc_norm", d.fc_norm}, {"norm_output", d.norm_output}}, d.norm_before_residual, report);
 
   auto ckpt = Checkpoint::Open(draft_dir);
   if (!ckpt.ok()) {

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "quantized_test_util.h"
 #include "scoped_temp_dir.h"
+#include "weight_spec_test_util.h"
 
 namespace eagle3 {
 namespace {
@@ -31,18 +32,8 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-const WeightSpec* Find(const std::vector<WeightSpec>& specs, const std::string& name) {
-  for (const WeightSpec& spec : specs) {
-    if (spec.name == name) return &spec;
-  }
-  return nullptr;
-}
-
-Shape RankShape(const WeightSpec& spec, int tp) {
-  absl::StatusOr<Shape> shape = spec.RankShape(tp);
-  EXPECT_TRUE(shape.ok()) << shape.status();
-  return shape.ok() ? *shape : Shape{};
-}
+using testing::FindSpec;
+using testing::RankShapeOf;
 
 std::string Joined(const std::vector<std::string>& lines) {
   std::string s;
@@ -79,14 +70,14 @@ TEST(MlaDraftWeightsTest, KimiK25DraftAtTp1AndTp8) {
   };
   ASSERT_EQ(specs.size(), expected.size() + 1);  // + up_proj
   for (const auto& [name, shapes] : expected) {
-    const WeightSpec* spec = Find(specs, name);
+    const WeightSpec* spec = FindSpec(specs, name);
     ASSERT_NE(spec, nullptr) << name;
-    EXPECT_EQ(RankShape(*spec, 1), shapes.first) << name;
-    EXPECT_EQ(RankShape(*spec, 8), shapes.second) << name;
+    EXPECT_EQ(RankShapeOf(*spec, 1), shapes.first) << name;
+    EXPECT_EQ(RankShapeOf(*spec, 8), shapes.second) << name;
   }
-  EXPECT_EQ(RankShape(MlaDraftEmbeddingWeight(*draft), 8), (Shape{20480, 7168}));
+  EXPECT_EQ(RankShapeOf(MlaDraftEmbeddingWeight(*draft), 8), (Shape{20480, 7168}));
   // TorchSpec's native naming only moves the layer.
-  EXPECT_NE(Find(MlaDraftWeights(*draft, kDraftMidlayerPrefix), "midlayer.self_attn.q_a_proj.weight"), nullptr);
+  EXPECT_NE(FindSpec(MlaDraftWeights(*draft, kDraftMidlayerPrefix), "midlayer.self_attn.q_a_proj.weight"), nullptr);
 }
 
 // The draft's attention is the target's attention description with a 2H input: same names, same
@@ -102,9 +93,9 @@ TEST(MlaDraftWeightsTest, AttentionIsSlicedAsTheTargets) {
   const std::vector<WeightSpec> draft_specs = MlaDraftWeights(*draft, kDraftLayersPrefix);
   const std::vector<WeightSpec> layer = DeepseekDecoderLayerWeights(*target, 0);
   for (const WeightSpec& t : target_attention) {
-    EXPECT_NE(Find(layer, t.name), nullptr) << t.name;  // the target's layers list exactly these
+    EXPECT_NE(FindSpec(layer, t.name), nullptr) << t.name;  // the target's layers list exactly these
     const std::string suffix = t.name.substr(target_prefix.size());
-    const WeightSpec* d = Find(draft_specs, "layers.0.self_attn." + suffix);
+    const WeightSpec* d = FindSpec(draft_specs, "layers.0.self_attn." + suffix);
     ASSERT_NE(d, nullptr) << suffix;
     EXPECT_EQ(d->split, t.split) << suffix;
     Shape widened = t.shape;
@@ -185,21 +176,21 @@ TEST_F(TinyMlaDraftTest, BothLayerNamingsAndVariantsPassAndShardAsTheSchemaSays)
 
     std::vector<WeightSpec> specs = MlaDraftWeights(*draft, v.prefix);
     if (v.embed) specs.push_back(MlaDraftEmbeddingWeight(*draft));
-    EXPECT_EQ(Find(specs, v.prefix + "self_attn.q_proj.weight") != nullptr, !v.q_lora_rank.has_value());
+    EXPECT_EQ(FindSpec(specs, v.prefix + "self_attn.q_proj.weight") != nullptr, !v.q_lora_rank.has_value());
     for (int tp : {1, 8}) {
       for (const WeightSpec& spec : specs) {
         for (int rank : {0, tp - 1}) {
           absl::StatusOr<Shape> read = (*checkpoint)->ShardShape(spec.name, spec.ForRank(tp, rank));
           ASSERT_TRUE(read.ok()) << spec.name << " " << read.status();
-          EXPECT_EQ(*read, RankShape(spec, tp)) << spec.name << " tp " << tp;
+          EXPECT_EQ(*read, RankShapeOf(spec, tp)) << spec.name << " tp " << tp;
         }
       }
     }
     const std::string p = v.prefix + "self_attn.";
-    EXPECT_EQ(RankShape(*Find(specs, p + "kv_a_proj_with_mqa.weight"), 8), (Shape{40, 128}));
-    EXPECT_EQ(RankShape(*Find(specs, p + "kv_b_proj.weight"), 8), (Shape{32, 32}));
-    EXPECT_EQ(RankShape(*Find(specs, p + "o_proj.weight"), 8), (Shape{64, 16}));
-    EXPECT_EQ(RankShape(*Find(specs, "lm_head.weight"), 1), (Shape{v.draft_vocab == 500 ? 512 : 1024, 64}));
+    EXPECT_EQ(RankShapeOf(*FindSpec(specs, p + "kv_a_proj_with_mqa.weight"), 8), (Shape{40, 128}));
+    EXPECT_EQ(RankShapeOf(*FindSpec(specs, p + "kv_b_proj.weight"), 8), (Shape{32, 32}));
+    EXPECT_EQ(RankShapeOf(*FindSpec(specs, p + "o_proj.weight"), 8), (Shape{64, 16}));
+    EXPECT_EQ(RankShapeOf(*FindSpec(specs, "lm_head.weight"), 1), (Shape{v.draft_vocab == 500 ? 512 : 1024, 64}));
 
     const PairReport report = CheckDraftPair(target_dir_.path(), dir.path());
     EXPECT_TRUE(report.ok()) << Joined(report.problems);

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "quantized_test_util.h"
 #include "scoped_temp_dir.h"
+#include "weight_spec_test_util.h"
 
 namespace eagle3 {
 namespace {
@@ -31,18 +32,8 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-const WeightSpec* Find(const std::vector<WeightSpec>& specs, const std::string& name) {
-  for (const WeightSpec& spec : specs) {
-    if (spec.name == name) return &spec;
-  }
-  return nullptr;
-}
-
-Shape RankShape(const WeightSpec& spec, int tp) {
-  absl::StatusOr<Shape> shape = spec.RankShape(tp);
-  EXPECT_TRUE(shape.ok()) << shape.status();
-  return shape.ok() ? *shape : Shape{};
-}
+using testing::FindSpec;
+using testing::RankShapeOf;
 
 DeepseekV2Config V3(bool fp8) {
   const std::string name = "deepseek-ai_DeepSeek-V3.json";
@@ -70,9 +61,9 @@ TEST(MtpWeightsTest, DeepSeekV3ModuleAtTp1AndTp8) {
     EXPECT_EQ(specs[3 + i].shape, layer[i].shape);
     EXPECT_EQ(specs[3 + i].split, layer[i].split);
   }
-  EXPECT_NE(Find(specs, "model.layers.61.mlp.experts.255.down_proj.weight"), nullptr);
-  EXPECT_NE(Find(specs, "model.layers.61.mlp.gate.e_score_correction_bias"), nullptr);
-  EXPECT_EQ(Find(specs, "model.layers.61.embed_tokens.weight"), nullptr);  // shared, not read
+  EXPECT_NE(FindSpec(specs, "model.layers.61.mlp.experts.255.down_proj.weight"), nullptr);
+  EXPECT_NE(FindSpec(specs, "model.layers.61.mlp.gate.e_score_correction_bias"), nullptr);
+  EXPECT_EQ(FindSpec(specs, "model.layers.61.embed_tokens.weight"), nullptr);  // shared, not read
 
   // One rank's slices.
   const std::map<std::string, std::pair<Shape, Shape>> expected = {
@@ -90,10 +81,10 @@ TEST(MtpWeightsTest, DeepSeekV3ModuleAtTp1AndTp8) {
       {"model.layers.61.shared_head.norm.weight", {Shape{7168}, Shape{7168}}},
   };
   for (const auto& [name, shapes] : expected) {
-    const WeightSpec* spec = Find(specs, name);
+    const WeightSpec* spec = FindSpec(specs, name);
     ASSERT_NE(spec, nullptr) << name;
-    EXPECT_EQ(RankShape(*spec, 1), shapes.first) << name;
-    EXPECT_EQ(RankShape(*spec, 8), shapes.second) << name;
+    EXPECT_EQ(RankShapeOf(*spec, 1), shapes.first) << name;
+    EXPECT_EQ(RankShapeOf(*spec, 8), shapes.second) << name;
   }
   for (const WeightSpec& spec : specs) EXPECT_TRUE(spec.RankShape(8).ok()) << spec.name;
 
@@ -109,7 +100,7 @@ TEST(MtpWeightsTest, DeepSeekV3ModuleAtTp1AndTp8) {
   ASSERT_EQ(copies.size(), 2u);
   EXPECT_EQ(copies[0].name, "model.layers.61.embed_tokens.weight");
   EXPECT_EQ(copies[1].name, "model.layers.61.shared_head.head.weight");
-  EXPECT_EQ(RankShape(copies[1], 8), (Shape{129536 / 8, 7168}));  // padded to 64 * 8 rows
+  EXPECT_EQ(RankShapeOf(copies[1], 8), (Shape{129536 / 8, 7168}));  // padded to 64 * 8 rows
 }
 
 TEST(MtpWeightsTest, TheTargetsLayersAreDescribedByTheSameFunction) {
@@ -137,7 +128,7 @@ TEST(MtpWeightsTest, EhProjMustSplitEvenly) {
   c.num_nextn_predict_layers = 1;
   const MtpConfig mtp = *MtpConfig::FromTarget(c);
   const WeightSpec eh_proj = MtpModuleWeights(c, mtp, 0)[2];
-  EXPECT_EQ(RankShape(eh_proj, 8), (Shape{64, 16}));
+  EXPECT_EQ(RankShapeOf(eh_proj, 8), (Shape{64, 16}));
   const absl::StatusOr<Shape> odd = eh_proj.RankShape(3);
   EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(odd.status().message(),
@@ -195,12 +186,12 @@ TEST_F(TinyMtpTest, HubCheckpointWithMtpLayerPassesAndShardsAsTheSchemaSays) {
       for (int rank : {0, tp - 1}) {
         absl::StatusOr<Shape> read = (*checkpoint)->ShardShape(spec.name, spec.ForRank(tp, rank));
         ASSERT_TRUE(read.ok()) << spec.name << " " << read.status();
-        EXPECT_EQ(*read, RankShape(spec, tp)) << spec.name << " tp " << tp;
+        EXPECT_EQ(*read, RankShapeOf(spec, tp)) << spec.name << " tp " << tp;
       }
     }
   }
-  EXPECT_EQ(RankShape(*Find(specs, "model.layers.3.self_attn.q_b_proj.weight"), 8), (Shape{24, 64}));
-  EXPECT_EQ(RankShape(*Find(specs, "model.layers.3.mlp.experts.5.down_proj.weight"), 8), (Shape{64, 12}));
+  EXPECT_EQ(RankShapeOf(*FindSpec(specs, "model.layers.3.self_attn.q_b_proj.weight"), 8), (Shape{24, 64}));
+  EXPECT_EQ(RankShapeOf(*FindSpec(specs, "model.layers.3.mlp.experts.5.down_proj.weight"), 8), (Shape{64, 12}));
 
   const PairReport report = CheckMtpPair(dir_.path());
   EXPECT_TRUE(report.ok()) << report.problems.front();

@@ -12,6 +12,7 @@
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/testing/deepseek_v2_config_writer.h"
 #include "gtest/gtest.h"
+#include "weight_spec_test_util.h"
 
 namespace eagle3 {
 namespace {
@@ -47,12 +48,7 @@ class RandomCheckpointTest : public ::testing::Test {
   std::filesystem::path root_;
 };
 
-const WeightSpec* FindSpec(const std::vector<WeightSpec>& specs, const std::string& name) {
-  for (const auto& s : specs) {
-    if (s.name == name) return &s;
-  }
-  return nullptr;
-}
+using testing::FindSpec;
 
 TEST_F(RandomCheckpointTest, SchemaFollowsTheConfig) {
   const auto specs = DeepseekV2Weights(config_);
