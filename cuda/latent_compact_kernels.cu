@@ -190,15 +190,10 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
   const int sk = 2 * lane;
   const int sr_token = sr / heads_per_tile;
   const bool sr_valid = row_held(sr);
-  const int64_t sr_row = tile.q0 + tile.i0 + sr_token;
-  // One past the last key row sr may see under the causal rule.
-  const int causal_end = min(s_end, prefix + static_cast<int>(tile.i0) + sr_token + 1);
-  auto allowed = [&](int s) -> bool {
-    if (!sr_valid || s >= s_end) return false;
-    if (p.mask != nullptr) return p.mask[sr_row * p.mask_stride + s] != 0;
-    if (p.tree_mask != nullptr) return s < prefix || p.tree_mask[sr_row * p.tree_mask_stride + (s - prefix)] != 0;
-    return s < causal_end;
-  };
+  // Which keys row sr sees: the one statement of the rule the latent kernels share.
+  const int64_t allow_tokens = tile_tokens, allow_end = s_end, allow_prefix = prefix;
+  const LatentAllowByte allow_byte{allow_tokens, allow_end, tile, p, allow_prefix};
+  auto allowed = [&](int s) -> bool { return sr_valid && *allow_byte(sr_token, s) != 0; };
   float m_run = -CUDART_INF_F, l_run = 0.0f;
 
   __syncthreads();  // qs staged
