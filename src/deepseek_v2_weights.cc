@@ -109,6 +109,21 @@ void AppendSiluMlpWeights(std::string_view prefix, int64_t hidden, int64_t inter
   specs.push_back(WeightSpec{p + "down_proj.weight", Shape{hidden, intermediate}, TpSplit::kColumns});
 }
 
+void AppendMoeWeights(std::string_view prefix, int64_t hidden, int64_t experts, int64_t moe_intermediate,
+                      int64_t shared_experts, bool correction_bias, std::vector<WeightSpec>& specs) {
+  const std::string m(prefix);
+  specs.push_back(WeightSpec{m + "gate.weight", Shape{experts, hidden}, TpSplit::kReplicated});
+  if (correction_bias) {
+    specs.push_back(WeightSpec{m + "gate.e_score_correction_bias", Shape{experts}, TpSplit::kReplicated});
+  }
+  for (int64_t e = 0; e < experts; ++e) {
+    AppendSiluMlpWeights(absl::StrCat(m, "experts.", e, "."), hidden, moe_intermediate, specs);
+  }
+  if (shared_experts > 0) {
+    AppendSiluMlpWeights(m + "shared_experts.", hidden, moe_intermediate * shared_experts, specs);
+  }
+}
+
 std::vector<WeightSpec> DeepseekDecoderLayerWeights(const DeepseekV2Config& c, int64_t layer) {
   const int64_t h = c.hidden_size;
   const std::string p = absl::StrCat(c.tensor_prefix, "model.layers.", layer, ".");
@@ -124,17 +139,8 @@ std::vector<WeightSpec> DeepseekDecoderLayerWeights(const DeepseekV2Config& c, i
     AppendSiluMlpWeights(m, h, c.intermediate_size, specs);
     return specs;
   }
-  const int64_t experts = *c.n_routed_experts;
-  specs.push_back(WeightSpec{m + "gate.weight", Shape{experts, h}, TpSplit::kReplicated});
-  if (c.topk_method == TopkMethod::kNoauxTc) {
-    specs.push_back(WeightSpec{m + "gate.e_score_correction_bias", Shape{experts}, TpSplit::kReplicated});
-  }
-  for (int64_t e = 0; e < experts; ++e) {
-    AppendSiluMlpWeights(absl::StrCat(m, "experts.", e, "."), h, c.moe_intermediate_size, specs);
-  }
-  if (c.n_shared_experts > 0) {
-    AppendSiluMlpWeights(m + "shared_experts.", h, c.moe_intermediate_size * c.n_shared_experts, specs);
-  }
+  AppendMoeWeights(m, h, *c.n_routed_experts, c.moe_intermediate_size, c.n_shared_experts,
+                   c.topk_method == TopkMethod::kNoauxTc, specs);
   return specs;
 }
 

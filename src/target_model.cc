@@ -7,37 +7,27 @@
 #include <vector>
 
 #include "batch_staging.h"
+#include "feed_forward_block.h"
+#include "mla_block.h"
 #include "rank_collectives.h"
 #include "view_slices.h"
 #include "vocab_parallel_head.h"
+#include "weight_loader.h"
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/detail/quantized_weights.h"
 #include "eagle3/detail/host_budget.h"
-#include "eagle3/moe_routing.h"
-#include "eagle3/rope_table.h"
+#include "eagle3/mla_attention_config.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor.h"
-#include "eagle3/tensor_convert.h"
 
 namespace eagle3 {
 namespace {
 
-// New tokens per sequence up to which kAuto takes the absorbed path (decode, tree verify); longer
-// extends reconstruct k/v, which costs fewer flops per new token.
-constexpr int64_t kAbsorbedMaxNewTokens = 64;
-
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 std::string Str(int64_t v) { return std::to_string(v); }
-
-// Columns [col, col + cols) of each of the n heads of a [rows, n * d] buffer, head-major:
-// [n, rows, cols] with strides [d, row stride, 1] (a BatchedGemm operand, one item per head).
-TensorView HeadMajor(const TensorView& t, int64_t n, int64_t d, int64_t col, int64_t cols) {
-  auto* data = static_cast<char*>(t.data()) + col * static_cast<int64_t>(DTypeSize(t.dtype()));
-  return TensorView(data, t.dtype(), Shape{n, t.dim(0), cols}, Shape{d, t.stride(0), 1}, t.device());
-}
 
 // Valid storage dtypes of weights and of the latent cache; `what` names the option.
 absl::Status CheckStorageDtype(DType dtype, const std::string& what) {
@@ -65,17 +55,12 @@ absl::StatusOr<DType> ResolveWeightDtype(std::optional<DType> requested, Backend
 }
 
 struct TargetModel::Impl {
+  // A decoder layer: input_layernorm, attention, post_attention_layernorm, feed-forward; its latent
+  // KV cache.
   struct Layer {
     Tensor input_ln, post_ln;
-    Tensor q_a, q_a_ln, q_b;  // q_b holds q_proj when q_lora_rank is null (q_a empty)
-    Tensor kv_a, kv_a_ln, kv_b, w_uk_t, o_proj;
-    bool moe = false;
-    Tensor gate_up, down;  // dense MLP
-    Tensor router, correction_bias;
-    std::vector<Tensor> expert_tensors;  // gate_up, down for each expert
-    std::vector<ExpertWeights> experts;
-    Tensor shared_gate_up, shared_down;
-    int64_t shared_inter = 0;
+    MlaBlock attention;
+    FeedForwardBlock mlp;
     Tensor cache;  // [num_pages, page_size, W]
   };
 
@@ -87,27 +72,22 @@ struct TargetModel::Impl {
   DType weight_dtype = DType::kF32;  // resolved options.weight_dtype
   DType cache_dtype = DType::kF32;   // resolved options.kv_cache_dtype
 
-  // Per-rank dims.
-  int64_t heads = 0;        // attention heads on this rank
-  int64_t latent = 0;       // kv_lora_rank (R)
-  int64_t rope = 0;         // qk_rope_head_dim (P)
-  int64_t width = 0;        // R + P, one latent cache row
-  int64_t nope = 0, qk = 0, vdim = 0;
-  int64_t vocab_shard = 0;  // padded vocab / tp
-  int64_t inter_max = 0;    // widest MLP slice on this rank (dense, shared)
-  float scale = 0.0f;
+  MlaAttentionConfig attention;  // every layer's (MlaAttentionConfig::ForTarget)
+  MlaRankDims mla;               // its dims on this rank
+  FeedForwardConfig ffn;         // the dense and MoE shapes every layer's MLP takes one of
+  int64_t vocab_shard = 0;       // padded vocab / tp
+  int64_t inter_max = 0;         // widest MLP slice on this rank (dense, shared)
 
   Tensor embed, final_ln, lm_head;  // lm_head empty when tied to embed
   std::vector<Layer> layers;
-  Tensor cos_sin;  // [max_context_len, P]
 
-  // Workspaces (backend device), sized at creation.
-  Tensor r, h, h_full, partial, local, zeros, qa, q, attn_v, q_lat, o_lat;
-  Tensor ctx_lat, ctx_kv, ctx_k, mask, gate_up, act, router_logits, ids, weights;
+  // Workspaces (backend device), sized at creation. The layers share the blocks' scratch.
+  MlaWorkspace mla_ws;
+  FeedForwardWorkspace ffn_ws;
+  Tensor r, h, h_full, partial, local, zeros;
   Tensor lm_in, logits_shard, logits_all, tap_rows;
-  Tensor tokens, positions, slots, iota, page_table;
+  Tensor tokens, positions, slots, page_table;
   Tensor commit_i32, commit_len;  // CommitAccepted's inputs: [num_accepted, accepted...], [cache_len]
-  std::vector<uint8_t> host_mask;
 
   // The staged step (Stage -> Launch -> Finish). Launch's device work depends only on what
   // StepSignature() lists; the values it reads come from the staging buffers.
@@ -130,37 +110,12 @@ struct TargetModel::Impl {
   Tensor d_tables, d_starts, d_lens, d_tree_mask, slot_iota;
   int64_t max_pages = 0;  // page entries kept per sequence: ceil(max_context_len / page_size)
 
-  // W_UV of every head: rows [h (nope + vdim) + nope, + vdim) of kv_b, as [heads, vdim, latent].
-  TensorView WUv(const Layer& L) const {
-    const int64_t elem = static_cast<int64_t>(DTypeSize(L.kv_b.dtype()));
-    return TensorView(static_cast<char*>(L.kv_b.data()) + nope * latent * elem, L.kv_b.dtype(),
-                      Shape{heads, vdim, latent}, Shape{(nope + vdim) * latent, latent, 1}, L.kv_b.device());
-  }
-
   absl::StatusOr<Tensor> Alloc(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->allocator());
   }
 
   absl::Status Upload(const TensorView& host, const TensorView& device) {
     return backend->Copy(host, device);
-  }
-
-  // A host tensor on the backend's device (itself on a host backend).
-  absl::StatusOr<Tensor> ToDevice(Tensor host) {
-    if (backend->device().is_cpu()) return host;
-    EAGLE3_ASSIGN_OR_RETURN(Tensor device, Alloc(host.dtype(), host.shape()));
-    EAGLE3_RETURN_IF_ERROR(Upload(host, device));
-    return device;
-  }
-  // This rank's shard of `spec`, stored as `form`, read (dequantized) on the host into `dtype`.
-  absl::StatusOr<Tensor> ReadHostShard(const WeightSpec& spec, StoredForm form, DType dtype) const {
-    return ReadWeightShard(*checkpoint, spec, form, config.quantization, spec.ForRank(options.tp_size, options.rank),
-                           dtype);
-  }
-  // The same on the backend's device.
-  absl::StatusOr<Tensor> LoadShard(const WeightSpec& spec, StoredForm form, DType dtype) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadHostShard(spec, form, dtype));
-    return ToDevice(std::move(host));
   }
 
   absl::Status LoadWeights();
@@ -172,16 +127,11 @@ struct TargetModel::Impl {
   absl::StatusOr<Tensor> AllocStaging(DType dtype, const Shape& shape) {
     return Tensor::Empty(dtype, shape, backend->staging_allocator());
   }
-  bool Absorbed(int64_t n) const {
-    return options.attention_path == AttentionPath::kAbsorbed ||
-           (options.attention_path == AttentionPath::kAuto && n <= kAbsorbedMaxNewTokens);
-  }
+  bool Absorbed(int64_t n) const { return MlaAbsorbed(options.attention_path, n); }
 
   absl::Status ValidateBatch(std::span<const SequenceInput> batch, const HiddenStateTap* tap) const;
   absl::Status ValidateOutputs(const TensorView& logits, const TensorView& aux) const;
   absl::Status Attention(int layer, const TensorView& x);
-  absl::Status AttentionPerSequence(int layer, const TensorView& x);
-  absl::Status Mlp(int layer, const TensorView& x);
   absl::Status Capture(int boundary, int64_t t);
   absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap, const TargetStepIO& io);
   absl::Status CheckIO(const TargetStepIO& io) const;
@@ -200,99 +150,28 @@ absl::Status TargetModel::Impl::LoadWeights() {
     EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint, specs[i], forms[i], config.quantization));
   }
   EAGLE3_RETURN_IF_ERROR(CheckNoUnknownTensors(*checkpoint, config, specs));
-  size_t next = 0;
-  // The next tensor of the schema, in `dtype`: weight_dtype for Gemm weights and the embedding, f32
-  // for norms, the router and its bias.
-  auto take_as = [&](std::string_view suffix, DType dtype) -> absl::StatusOr<Tensor> {
-    const size_t i = next++;
-    const WeightSpec& spec = specs[i];
-    if (spec.name.size() < suffix.size() ||
-        spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-      return absl::InternalError("weight schema order: expected *" + std::string(suffix) + ", got " +
-                                 spec.name);
-    }
-    return LoadShard(spec, forms[i], dtype);
-  };
-  auto take = [&](std::string_view suffix) { return take_as(suffix, DType::kF32); };
-  auto take_w = [&](std::string_view suffix) { return take_as(suffix, weight_dtype); };
-  // A merged [2I, H] gate_up from the separate gate_proj and up_proj shards.
-  auto take_gate_up = [&]() -> absl::StatusOr<Tensor> {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor gate, take_w("gate_proj.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(Tensor up, take_w("up_proj.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Alloc(weight_dtype, Shape{2 * gate.dim(0), gate.dim(1)}));
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(gate, Rows(merged, 0, gate.dim(0))));
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(up, Rows(merged, gate.dim(0), up.dim(0))));
-    return merged;
-  };
-
-  EAGLE3_ASSIGN_OR_RETURN(embed, take_w("embed_tokens.weight"));
-  layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  WeightLoader loader(*checkpoint, config.quantization, specs, forms, options.tp_size, options.rank, *backend,
+                      WeightLoader::Checks::kSchemaChecked);
+  // Gemm weights and the embedding in weight_dtype; norms (and, in FeedForwardBlock, the router and
+  // its bias) in f32.
+  EAGLE3_ASSIGN_OR_RETURN(embed, loader.Load(DeepseekEmbeddingName(config), weight_dtype));
+  layers.reserve(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    Layer& L = layers[static_cast<size_t>(l)];
-    EAGLE3_ASSIGN_OR_RETURN(L.input_ln, take("input_layernorm.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(L.post_ln, take("post_attention_layernorm.weight"));
-    if (config.q_lora_rank.has_value()) {
-      EAGLE3_ASSIGN_OR_RETURN(L.q_a, take_w("q_a_proj.weight"));
-      EAGLE3_ASSIGN_OR_RETURN(L.q_a_ln, take("q_a_layernorm.weight"));
-      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take_w("q_b_proj.weight"));
-    } else {
-      EAGLE3_ASSIGN_OR_RETURN(L.q_b, take_w("q_proj.weight"));
-    }
-    EAGLE3_ASSIGN_OR_RETURN(L.kv_a, take_w("kv_a_proj_with_mqa.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(L.kv_a_ln, take("kv_a_layernorm.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(L.kv_b, take_w("kv_b_proj.weight"));
-    EAGLE3_ASSIGN_OR_RETURN(L.o_proj, take_w("o_proj.weight"));
-    // W_UK per head, transposed to [R, nope] so that q_nope · W_UK is one Gemm against it (from the
-    // f32 values; rounding to bf16 afterwards gives the same values as kv_b's bf16 copy).
-    {
-      EAGLE3_ASSIGN_OR_RETURN(Tensor host_kv_b, ReadHostShard(specs[next - 2], forms[next - 2], DType::kF32));
-      EAGLE3_ASSIGN_OR_RETURN(Tensor host_t, Tensor::Empty(DType::kF32, Shape{heads, latent, nope}));
-      const float* src = host_kv_b.data_as<float>();
-      float* dst = host_t.data_as<float>();
-      for (int64_t n = 0; n < heads; ++n) {
-        for (int64_t i = 0; i < nope; ++i) {
-          for (int64_t c = 0; c < latent; ++c) {
-            dst[(n * latent + c) * nope + i] = src[(n * (nope + vdim) + i) * latent + c];
-          }
-        }
-      }
-      if (weight_dtype != DType::kF32) {
-        EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(weight_dtype, host_t.shape()));
-        EAGLE3_RETURN_IF_ERROR(ConvertTensor(host_t, converted));
-        host_t = std::move(converted);
-      }
-      EAGLE3_ASSIGN_OR_RETURN(L.w_uk_t, ToDevice(std::move(host_t)));
-    }
-    L.moe = config.IsMoeLayer(l);
-    if (!L.moe) {
-      EAGLE3_ASSIGN_OR_RETURN(L.gate_up, take_gate_up());
-      EAGLE3_ASSIGN_OR_RETURN(L.down, take_w("down_proj.weight"));
-    } else {
-      EAGLE3_ASSIGN_OR_RETURN(L.router, take("gate.weight"));
-      if (config.topk_method == TopkMethod::kNoauxTc) {
-        EAGLE3_ASSIGN_OR_RETURN(L.correction_bias, take("e_score_correction_bias"));
-      }
-      for (int64_t e = 0; e < *config.n_routed_experts; ++e) {
-        EAGLE3_ASSIGN_OR_RETURN(Tensor gu, take_gate_up());
-        EAGLE3_ASSIGN_OR_RETURN(Tensor dn, take_w("down_proj.weight"));
-        L.expert_tensors.push_back(std::move(gu));
-        L.expert_tensors.push_back(std::move(dn));
-      }
-      for (size_t e = 0; e < L.expert_tensors.size(); e += 2) {
-        L.experts.push_back(ExpertWeights{L.expert_tensors[e].view(), L.expert_tensors[e + 1].view()});
-      }
-      if (config.n_shared_experts > 0) {
-        EAGLE3_ASSIGN_OR_RETURN(L.shared_gate_up, take_gate_up());
-        EAGLE3_ASSIGN_OR_RETURN(L.shared_down, take_w("down_proj.weight"));
-        L.shared_inter = L.shared_down.dim(1);
-      }
-    }
-    EAGLE3_ASSIGN_OR_RETURN(L.cache, Alloc(cache_dtype, Shape{options.num_kv_pages, options.page_size, width}));
-    EAGLE3_RETURN_IF_ERROR(ZeroFill(*backend, L.cache));
+    const std::string prefix = config.tensor_prefix + "model.layers." + Str(l) + ".";
+    EAGLE3_ASSIGN_OR_RETURN(Tensor input_ln, loader.Load(prefix + "input_layernorm.weight", DType::kF32));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor post_ln, loader.Load(prefix + "post_attention_layernorm.weight", DType::kF32));
+    EAGLE3_ASSIGN_OR_RETURN(MlaBlock block,
+                            MlaBlock::Load(attention, options.tp_size, prefix + "self_attn.", weight_dtype, loader));
+    EAGLE3_ASSIGN_OR_RETURN(
+        FeedForwardBlock mlp,
+        FeedForwardBlock::Load(FeedForwardConfig::ForTargetLayer(config, l), prefix + "mlp.", weight_dtype, loader));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor cache, Alloc(cache_dtype, Shape{options.num_kv_pages, options.page_size, mla.width}));
+    EAGLE3_RETURN_IF_ERROR(ZeroFill(*backend, cache));
+    layers.push_back(Layer{std::move(input_ln), std::move(post_ln), std::move(block), std::move(mlp), std::move(cache)});
   }
-  EAGLE3_ASSIGN_OR_RETURN(final_ln, take("model.norm.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(final_ln, loader.Load(config.tensor_prefix + "model.norm.weight", DType::kF32));
   if (!config.tie_word_embeddings) {
-    EAGLE3_ASSIGN_OR_RETURN(lm_head, take_w("lm_head.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(lm_head, loader.Load(config.tensor_prefix + "lm_head.weight", weight_dtype));
   }
   return absl::OkStatus();
 }
@@ -315,24 +194,8 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
     EAGLE3_ASSIGN_OR_RETURN(zeros, Alloc(DType::kF32, host_zeros.shape()));
     EAGLE3_RETURN_IF_ERROR(Upload(host_zeros, zeros));
   }
-  EAGLE3_ASSIGN_OR_RETURN(qa, Alloc(DType::kF32, Shape{t_max, config.q_lora_rank.value_or(1)}));
-  EAGLE3_ASSIGN_OR_RETURN(q, Alloc(DType::kF32, Shape{t_max, heads * qk}));
-  EAGLE3_ASSIGN_OR_RETURN(attn_v, Alloc(DType::kF32, Shape{t_max, heads * vdim}));
-  // q_lat row t: the absorbed query of each head, then (as head `heads`) token t's latent cache row,
-  // so that one ApplyRope rotates the heads' q_pe and the row's k_pe together (Attention).
-  EAGLE3_ASSIGN_OR_RETURN(q_lat, Alloc(DType::kF32, Shape{t_max, (heads + 1) * width}));
-  EAGLE3_ASSIGN_OR_RETURN(o_lat, Alloc(DType::kF32, Shape{t_max, heads * latent}));
-  EAGLE3_ASSIGN_OR_RETURN(ctx_lat, Alloc(DType::kF32, Shape{s_max, width}));
-  EAGLE3_ASSIGN_OR_RETURN(ctx_kv, Alloc(DType::kF32, Shape{s_max, heads * (nope + vdim)}));
-  EAGLE3_ASSIGN_OR_RETURN(ctx_k, Alloc(DType::kF32, Shape{s_max, heads * qk}));
-  EAGLE3_ASSIGN_OR_RETURN(mask, Alloc(DType::kU8, Shape{t_max * s_max}));
-  EAGLE3_ASSIGN_OR_RETURN(gate_up, Alloc(DType::kF32, Shape{t_max, 2 * inter_max}));
-  EAGLE3_ASSIGN_OR_RETURN(act, Alloc(DType::kF32, Shape{t_max, inter_max}));
-  const int64_t experts = config.n_routed_experts.value_or(1);
-  const int64_t top_k = std::max<int64_t>(config.num_experts_per_tok, 1);
-  EAGLE3_ASSIGN_OR_RETURN(router_logits, Alloc(DType::kF32, Shape{t_max, experts}));
-  EAGLE3_ASSIGN_OR_RETURN(ids, Alloc(DType::kI32, Shape{t_max, top_k}));
-  EAGLE3_ASSIGN_OR_RETURN(weights, Alloc(DType::kF32, Shape{t_max, top_k}));
+  EAGLE3_ASSIGN_OR_RETURN(mla_ws, MlaWorkspace::Create(attention, options.tp_size, t_max, s_max, *backend, "TargetModel"));
+  EAGLE3_ASSIGN_OR_RETURN(ffn_ws, FeedForwardWorkspace::Create(ffn, options.tp_size, t_max, *backend));
   EAGLE3_ASSIGN_OR_RETURN(lm_in, Alloc(DType::kF32, Shape{t_max, h_dim}));
   EAGLE3_ASSIGN_OR_RETURN(logits_shard, Alloc(DType::kF32, Shape{t_max, vocab_shard}));
   EAGLE3_ASSIGN_OR_RETURN(logits_all, Alloc(DType::kF32, Shape{options.tp_size * t_max, vocab_shard}));
@@ -342,20 +205,6 @@ absl::Status TargetModel::Impl::AllocateWorkspaces() {
   EAGLE3_ASSIGN_OR_RETURN(page_table, Alloc(DType::kI32, Shape{options.num_kv_pages}));
   EAGLE3_ASSIGN_OR_RETURN(commit_i32, Alloc(DType::kI32, Shape{t_max + 1}));
   EAGLE3_ASSIGN_OR_RETURN(commit_len, Alloc(DType::kI64, Shape{1}));
-  {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host_iota, Tensor::Empty(DType::kI64, Shape{s_max}));
-    for (int64_t i = 0; i < s_max; ++i) host_iota.data_as<int64_t>()[i] = i;
-    EAGLE3_ASSIGN_OR_RETURN(iota, Alloc(DType::kI64, Shape{s_max}));
-    EAGLE3_RETURN_IF_ERROR(Upload(host_iota, iota));
-  }
-  {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor host_table, Tensor::Empty(DType::kF32, Shape{s_max, rope}));
-    EAGLE3_RETURN_IF_ERROR(FillRopeCosSin(config.rope, rope, host_table));
-    EAGLE3_ASSIGN_OR_RETURN(cos_sin, Alloc(DType::kF32, host_table.shape()));
-    EAGLE3_RETURN_IF_ERROR(Upload(host_table, cos_sin));
-  }
-  EAGLE3_RETURN_IF_ERROR(AssignHostVector(host_mask, t_max * s_max, uint8_t{0},
-                                          "TargetModel: max_tokens_per_forward x max_context_len host mask"));
 
   // Staging and the batched path's device metadata. Sequences <= tokens, so t_max bounds both.
   max_pages = (s_max + options.page_size - 1) / options.page_size;
@@ -523,135 +372,36 @@ absl::Status TargetModel::Impl::Capture(int boundary, int64_t t) {
   return backend->Copy(full, Block(aux, 0, t, slot * hd, hd));
 }
 
+// Layer `layer`'s attention over x (the normed hidden of every token), its o_proj partial sums into
+// `partial`: the batched path when the step takes it, else sequence by sequence.
 absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
-  Layer& L = layers[static_cast<size_t>(layer)];
+  const Layer& L = layers[static_cast<size_t>(layer)];
   const int64_t t = x.dim(0);
-  TensorView q_t = Rows(q, 0, t);
-  if (!L.q_a.empty()) {
-    TensorView qa_t = Rows(qa, 0, t);
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_a, qa_t, kWeightsGemm));
-    EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(qa_t, L.q_a_ln, static_cast<float>(config.rms_norm_eps), qa_t));
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(qa_t, L.q_b, q_t, kWeightsGemm));
-  } else {
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.q_b, q_t, kWeightsGemm));
-  }
-  // The latent cache row [c | k_pe] = kv_a x, written straight into q_lat's last head; then
-  // kv_a_layernorm(c) in place and (below) the rotation of k_pe: what every later query reads.
-  const TensorView q_lat_t = Rows(q_lat, 0, t);
-  const TensorView rows_t = Block(q_lat_t, 0, t, heads * width, width);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.kv_a, rows_t, kWeightsGemm));
-  const TensorView c_t = Block(rows_t, 0, t, 0, latent);
-  EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(c_t, L.kv_a_ln, static_cast<float>(config.rms_norm_eps), c_t));
   const TensorView pos_t = step.io.positions.empty() ? Rows(positions, 0, t) : step.io.positions;
-  const TensorView q3 = Heads(q_t, heads, qk);
-
-  if (step.batched) {
-    // Every sequence at once, lengths and page tables from the device (graph-capturable).
-    const TensorView q_lat3 = Heads(q_lat_t, heads, width);
-    const TensorView o_lat3 = Heads(Rows(o_lat, 0, t), heads, latent);
-    EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(q_t, heads, qk, 0, nope), L.w_uk_t,
-                                                HeadMajor(q_lat_t, heads, width, 0, latent), kWeightsGemm));
-    EAGLE3_RETURN_IF_ERROR(backend->Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
-    // q_pe of every head and the cache row's k_pe: heads + 1 rows of q_lat, rotated alike (one launch
-    // and one position check instead of two of each on a device).
-    EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(q_lat_t, heads + 1, width), latent, rope, pos_t, cos_sin,
-                                              RopeStyle::kAdjacentPairs));
-    const TensorView flat_cache(L.cache.data(), L.cache.dtype(),
-                                Shape{options.num_kv_pages * options.page_size, 1, width}, L.cache.device());
-    EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(rows_t, Rows(slots, 0, t), slot_iota, flat_cache));
-    const int64_t b = static_cast<int64_t>(step.n.size());
-    const TensorView tree = !step.io.tree_mask.empty() ? step.io.tree_mask
-                            : step.has_tree            ? Rows(d_tree_mask, 0, t)
-                                                       : TensorView();
-    EAGLE3_RETURN_IF_ERROR(backend->BatchedLatentAttention(q_lat3, L.cache, Rows(d_tables, 0, b), Rows(d_starts, 0, b + 1),
-                                                           Rows(d_lens, 0, b), options.max_context_len, tree, scale,
-                                                           latent, o_lat3));
-    EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(o_lat, 0, t), heads, latent, 0, latent), WUv(L),
-                                                HeadMajor(Rows(attn_v, 0, t), heads, vdim, 0, vdim), kWeightsGemm));
-    return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), kWeightsGemm);
-  }
-
-  // Per sequence: q3 (every head's q_pe) and the cache rows' k_pe rotated apart, since the
-  // unabsorbed path attends with q3 itself.
-  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(Heads(rows_t, 1, width), latent, rope, pos_t, cos_sin,
-                                            RopeStyle::kAdjacentPairs));
-  EAGLE3_RETURN_IF_ERROR(backend->ApplyRope(q3, nope, rope, pos_t, cos_sin, RopeStyle::kAdjacentPairs));
-  int64_t offset = 0;
-  for (const SequenceInput& in : step.batch) {
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    const int64_t s = in.cache_len + n;
-    // Only the pages this step uses (a caller's table may be longer than the device buffer).
-    const int64_t used_pages = (s + options.page_size - 1) / options.page_size;
-    const TensorView pt = Rows(page_table, 0, used_pages);
-    EAGLE3_RETURN_IF_ERROR(
-        Upload(TensorView(const_cast<int32_t*>(in.page_table.data()), DType::kI32, Shape{used_pages}), pt));
-    EAGLE3_RETURN_IF_ERROR(backend->PagedWrite(Rows(rows_t, offset, n), Rows(slots, offset, n), pt, L.cache));
-    // Mask [n, s]: the whole cached prefix, then causal or tree among the new tokens.
-    for (int64_t i = 0; i < n; ++i) {
-      uint8_t* row = &host_mask[static_cast<size_t>(i * s)];
-      std::fill(row, row + in.cache_len, uint8_t{1});
-      for (int64_t j = 0; j < n; ++j) {
-        row[in.cache_len + j] = in.tree_mask.empty() ? (j <= i ? 1 : 0) : in.tree_mask[static_cast<size_t>(i * n + j)];
-      }
-    }
-    const TensorView mask_t = TensorView(mask.data(), DType::kU8, Shape{n, s}, mask.device());
-    EAGLE3_RETURN_IF_ERROR(Upload(TensorView(host_mask.data(), DType::kU8, Shape{n, s}), mask_t));
-
-    const TensorView q_s = q3.Narrow(0, offset, n);
-    const TensorView out_s = Heads(Rows(attn_v, offset, n), heads, vdim);
-    if (Absorbed(n)) {
-      const TensorView q_lat_s = Heads(Rows(q_lat, 0, n), heads, width);
-      const TensorView o_lat_s = Heads(Rows(o_lat, 0, n), heads, latent);
-      EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(q_t, offset, n), heads, qk, 0, nope), L.w_uk_t,
-                                                  HeadMajor(Rows(q_lat, 0, n), heads, width, 0, latent), kWeightsGemm));
-      EAGLE3_RETURN_IF_ERROR(backend->Copy(q_s.Narrow(2, nope, rope), q_lat_s.Narrow(2, latent, rope)));
-      EAGLE3_RETURN_IF_ERROR(backend->LatentAttention(q_lat_s, L.cache, pt, s, mask_t, scale, latent, o_lat_s));
-      EAGLE3_RETURN_IF_ERROR(backend->BatchedGemm(HeadMajor(Rows(o_lat, 0, n), heads, latent, 0, latent), WUv(L),
-                                                  HeadMajor(Rows(attn_v, offset, n), heads, vdim, 0, vdim), kWeightsGemm));
-    } else {
-      const TensorView lat = Rows(ctx_lat, 0, s);
-      EAGLE3_RETURN_IF_ERROR(backend->PagedRead(L.cache, pt, Rows(iota, 0, s), lat));
-      const TensorView kv = Rows(ctx_kv, 0, s);
-      EAGLE3_RETURN_IF_ERROR(backend->Gemm(Block(lat, 0, s, 0, latent), L.kv_b, kv, kWeightsGemm));
-      const TensorView kv3 = Heads(kv, heads, nope + vdim);
-      const TensorView k3 = Heads(Rows(ctx_k, 0, s), heads, qk);
-      EAGLE3_RETURN_IF_ERROR(backend->Copy(kv3.Narrow(2, 0, nope), k3.Narrow(2, 0, nope)));
-      // k_pe is shared by every head: broadcast it with a zero head stride.
-      const TensorView k_pe = TensorView(lat.data_as<float>() + latent, DType::kF32, Shape{s, heads, rope},
-                                         Shape{width, 0, 1}, lat.device());
-      EAGLE3_RETURN_IF_ERROR(backend->Copy(k_pe, k3.Narrow(2, nope, rope)));
-      EAGLE3_RETURN_IF_ERROR(backend->Attention(q_s, k3, kv3.Narrow(2, nope, vdim), mask_t, scale, out_s));
-    }
-    offset += n;
-  }
-  return backend->Gemm(Rows(attn_v, 0, t), L.o_proj, Rows(partial, 0, t), kWeightsGemm);
-}
-
-absl::Status TargetModel::Impl::Mlp(int layer, const TensorView& x) {
-  Layer& L = layers[static_cast<size_t>(layer)];
-  const int64_t t = x.dim(0);
   const TensorView out = Rows(partial, 0, t);
-  // SiLU MLP of width `inter` (gate_up: [2 * inter, H]); beta 1 accumulates into `out`.
-  auto mlp = [&](const Tensor& gu_w, const Tensor& down_w, int64_t inter, float beta) -> absl::Status {
-    const TensorView gu = Block(gate_up, 0, t, 0, 2 * inter);
-    const TensorView a = Block(act, 0, t, 0, inter);
-    EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, gu_w, gu, kWeightsGemm));
-    EAGLE3_RETURN_IF_ERROR(backend->SiluMul(gu, a));
-    GemmOptions accumulate = kWeightsGemm;
-    accumulate.beta = beta;
-    return backend->Gemm(a, down_w, out, accumulate);
-  };
-  if (!L.moe) return mlp(L.gate_up, L.down, L.down.dim(1), 0.0f);
-  const TensorView logits_t = Rows(router_logits, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend->Gemm(x, L.router, logits_t, kWeightsGemm));
-  const TensorView ids_t = Rows(ids, 0, t), w_t = Rows(weights, 0, t);
-  const TensorView bias = L.correction_bias.view();
-  EAGLE3_RETURN_IF_ERROR(backend->MoeRoute(logits_t, L.correction_bias.empty() ? nullptr : &bias,
-                                           MoeRoutingParams::FromConfig(config), ids_t, w_t));
-  EAGLE3_RETURN_IF_ERROR(backend->MoeExperts(x, ids_t, w_t, L.experts, out, /*accumulate=*/false));
-  // Shared experts join the routed output before the one reduction that follows.
-  if (!L.shared_down.empty()) return mlp(L.shared_gate_up, L.shared_down, L.shared_inter, 1.0f);
-  return absl::OkStatus();
+  if (step.batched) {
+    const int64_t b = static_cast<int64_t>(step.n.size());
+    MlaBatchedStep batched;
+    batched.positions = pos_t;
+    batched.slots = Rows(slots, 0, t);
+    batched.slot_iota = slot_iota;
+    batched.page_tables = Rows(d_tables, 0, b);
+    batched.q_start = Rows(d_starts, 0, b + 1);
+    batched.kv_len = Rows(d_lens, 0, b);
+    batched.max_kv_len = options.max_context_len;
+    batched.tree_mask = !step.io.tree_mask.empty() ? step.io.tree_mask
+                        : step.has_tree            ? Rows(d_tree_mask, 0, t)
+                                                   : TensorView();
+    return L.attention.ForwardBatched(x, batched, L.cache, mla_ws, out);
+  }
+  MlaSequenceStep per_sequence;
+  per_sequence.positions = pos_t;
+  per_sequence.slots = Rows(slots, 0, t);
+  per_sequence.sequences = step.batch;
+  per_sequence.page_size = options.page_size;
+  per_sequence.path = options.attention_path;
+  per_sequence.page_table = page_table;
+  return L.attention.ForwardPerSequence(x, per_sequence, L.cache, mla_ws, out);
 }
 
 absl::Status TargetModel::Impl::CheckIO(const TargetStepIO& io) const {
@@ -667,7 +417,7 @@ absl::Status TargetModel::Impl::CheckIO(const TargetStepIO& io) const {
     if (!step.batched) {
       return absl::InvalidArgumentError(
           "TargetStepIO.tree_mask needs the batched path (every sequence absorbed: at most " +
-          Str(kAbsorbedMaxNewTokens) + " new tokens each under AttentionPath::kAuto)");
+          Str(kMlaAbsorbedMaxNewTokens) + " new tokens each under AttentionPath::kAuto)");
     }
   }
   EAGLE3_RETURN_IF_ERROR(
@@ -820,7 +570,7 @@ absl::Status TargetModel::Impl::Launch() {
     EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
     EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, layers[static_cast<size_t>(l)].post_ln, eps, h_t));
     EAGLE3_ASSIGN_OR_RETURN(x, full_input());
-    EAGLE3_RETURN_IF_ERROR(Mlp(l, x));
+    EAGLE3_RETURN_IF_ERROR(layers[static_cast<size_t>(l)].mlp.Forward(x, ffn_ws, Rows(partial, 0, t)));
     EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
     const Tensor& next_norm = l + 1 < num_layers ? layers[static_cast<size_t>(l + 1)].input_ln : final_ln;
     EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, next_norm, eps, h_t));
@@ -877,6 +627,8 @@ absl::Status TargetModel::Impl::CheckBuffersFit() const {
   const int64_t t = options.max_tokens_per_forward, s = options.max_context_len;
   const int64_t page_size = options.page_size, pages = options.num_kv_pages;
   const int64_t h_dim = config.hidden_size, vocab = config.vocab_size;
+  const int64_t heads = mla.heads, latent = mla.latent, rope = mla.rope, width = mla.width;
+  const int64_t nope = mla.nope, qk = mla.qk, vdim = mla.vdim;
   const int64_t pages_per_seq = s / page_size + (s % page_size != 0 ? 1 : 0);
   const std::string tokens = "max_tokens_per_forward " + Str(t);
   const std::string context = "max_context_len " + Str(s);
@@ -927,17 +679,12 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
         "or set TargetModelOptions::allow_long_context to run them anyway");
   }
   EAGLE3_ASSIGN_OR_RETURN(impl->checkpoint, Checkpoint::Open(checkpoint_dir));
-  impl->heads = c.num_attention_heads / options.tp_size;
-  impl->latent = c.kv_lora_rank;
-  impl->rope = c.qk_rope_head_dim;
-  impl->width = c.latent_cache_width();
-  impl->nope = c.qk_nope_head_dim;
-  impl->qk = c.qk_head_dim();
-  impl->vdim = c.v_head_dim;
+  impl->attention = MlaAttentionConfig::ForTarget(c);
+  impl->mla = MlaRankDims::Of(impl->attention, options.tp_size);
+  // Layer 0's form is as good as any: both forms' shapes are set in every layer's config.
+  impl->ffn = FeedForwardConfig::ForTargetLayer(c, 0);
   impl->vocab_shard = PaddedSize(c.vocab_size, kVocabPadPerRank * options.tp_size) / options.tp_size;
-  impl->inter_max = std::max<int64_t>(
-      {c.intermediate_size / options.tp_size, c.moe_intermediate_size * c.n_shared_experts / options.tp_size, 1});
-  impl->scale = static_cast<float>(c.SoftmaxScale());
+  impl->inter_max = impl->ffn.WidestRankIntermediate(options.tp_size);
   EAGLE3_ASSIGN_OR_RETURN(impl->weight_dtype, ResolveWeightDtype(options.weight_dtype, *backend, "TargetModel"));
   impl->cache_dtype = options.kv_cache_dtype.value_or(DType::kF32);
   EAGLE3_RETURN_IF_ERROR(CheckStorageDtype(impl->cache_dtype, "TargetModel: kv_cache_dtype"));

@@ -67,6 +67,16 @@ EAGLE3_API std::vector<WeightSpec> DeepseekDecoderLayerWeights(const DeepseekV2C
 EAGLE3_API void AppendSiluMlpWeights(std::string_view prefix, int64_t hidden, int64_t intermediate,
                                      std::vector<WeightSpec>& specs);
 
+// One DeepSeek MoE block under `prefix` ("model.layers.3.mlp."): the router `gate.weight`
+// [experts, hidden] (and `gate.e_score_correction_bias` [experts] when `correction_bias`),
+// replicated; each routed expert `experts.{e}.` a SiLU MLP of `moe_intermediate`; the shared experts
+// `shared_experts.` one SiLU MLP of moe_intermediate x shared_experts (none when 0). Appended to
+// `specs`. The one list of a MoE layer's tensors: the weight schema and the block that loads them
+// both read it.
+EAGLE3_API void AppendMoeWeights(std::string_view prefix, int64_t hidden, int64_t experts,
+                                 int64_t moe_intermediate, int64_t shared_experts, bool correction_bias,
+                                 std::vector<WeightSpec>& specs);
+
 // The target's token embedding as its checkpoint names it (the first of DeepseekV2Weights), which
 // an EAGLE-3 draft without its own embedding shares.
 EAGLE3_API std::string DeepseekEmbeddingName(const DeepseekV2Config& config);

@@ -1,0 +1,139 @@
+#include "feed_forward_block.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "view_slices.h"
+#include "absl/strings/str_cat.h"
+#include "eagle3/status.h"
+
+namespace eagle3 {
+
+FeedForwardConfig FeedForwardConfig::ForTargetLayer(const DeepseekV2Config& config, int64_t layer) {
+  FeedForwardConfig f;
+  f.hidden_size = config.hidden_size;
+  f.moe = config.IsMoeLayer(layer);
+  f.intermediate_size = config.intermediate_size;
+  f.n_routed_experts = config.n_routed_experts.value_or(0);
+  f.moe_intermediate_size = config.moe_intermediate_size;
+  f.n_shared_experts = config.n_shared_experts;
+  f.routing = MoeRoutingParams::FromConfig(config);
+  return f;
+}
+
+FeedForwardConfig FeedForwardConfig::Dense(int64_t hidden_size, int64_t intermediate_size) {
+  FeedForwardConfig f;
+  f.hidden_size = hidden_size;
+  f.intermediate_size = intermediate_size;
+  return f;
+}
+
+std::vector<WeightSpec> FeedForwardConfig::Weights(std::string_view prefix) const {
+  const std::string m(prefix);
+  const int64_t h = hidden_size;
+  std::vector<WeightSpec> specs;
+  if (!moe) {
+    AppendSiluMlpWeights(m, h, intermediate_size, specs);
+    return specs;
+  }
+  AppendMoeWeights(m, h, n_routed_experts, moe_intermediate_size, n_shared_experts,
+                   routing.topk_method == TopkMethod::kNoauxTc, specs);
+  return specs;
+}
+
+int64_t FeedForwardConfig::WidestRankIntermediate(int tp_size) const {
+  return std::max<int64_t>({intermediate_size / tp_size, moe_intermediate_size * n_shared_experts / tp_size, 1});
+}
+
+absl::StatusOr<FeedForwardWorkspace> FeedForwardWorkspace::Create(const FeedForwardConfig& config, int tp_size,
+                                                                  int64_t max_tokens, Backend& backend) {
+  FeedForwardWorkspace ws;
+  ws.max_tokens = max_tokens;
+  ws.intermediate = config.WidestRankIntermediate(tp_size);
+  const int64_t t_max = max_tokens;
+  const int64_t experts = std::max<int64_t>(config.n_routed_experts, 1);
+  const int64_t top_k = std::max<int64_t>(config.routing.top_k, 1);
+  auto alloc = [&](DType dtype, const Shape& shape) { return Tensor::Empty(dtype, shape, backend.allocator()); };
+  EAGLE3_ASSIGN_OR_RETURN(ws.gate_up, alloc(DType::kF32, Shape{t_max, 2 * ws.intermediate}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.act, alloc(DType::kF32, Shape{t_max, ws.intermediate}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.router_logits, alloc(DType::kF32, Shape{t_max, experts}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.ids, alloc(DType::kI32, Shape{t_max, top_k}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.weights, alloc(DType::kF32, Shape{t_max, top_k}));
+  return ws;
+}
+
+absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig& config, std::string_view prefix,
+                                                        DType weight_dtype, WeightLoader& loader) {
+  FeedForwardBlock b;
+  b.backend_ = &loader.backend();
+  b.moe_ = config.moe;
+  b.routing_ = config.routing;
+  const std::vector<WeightSpec> specs = config.Weights(prefix);
+  size_t next = 0;
+  // The next MLP of Weights' order: gate and up stacked into one weight, then down.
+  auto take_mlp = [&](Tensor& gate_up, Tensor& down) -> absl::Status {
+    EAGLE3_ASSIGN_OR_RETURN(gate_up, loader.LoadStacked(std::span(specs).subspan(next, 2), weight_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(down, loader.Load(specs[next + 2], weight_dtype));
+    next += 3;
+    return absl::OkStatus();
+  };
+  if (!config.moe) {
+    EAGLE3_RETURN_IF_ERROR(take_mlp(b.gate_up_, b.down_));
+    return b;
+  }
+  EAGLE3_ASSIGN_OR_RETURN(b.router_, loader.Load(specs[next++], DType::kF32));
+  if (config.routing.topk_method == TopkMethod::kNoauxTc) {
+    EAGLE3_ASSIGN_OR_RETURN(b.correction_bias_, loader.Load(specs[next++], DType::kF32));
+  }
+  b.expert_tensors_.resize(static_cast<size_t>(2 * config.n_routed_experts));
+  for (size_t e = 0; e < b.expert_tensors_.size(); e += 2) {
+    EAGLE3_RETURN_IF_ERROR(take_mlp(b.expert_tensors_[e], b.expert_tensors_[e + 1]));
+  }
+  for (size_t e = 0; e < b.expert_tensors_.size(); e += 2) {
+    b.experts_.push_back(ExpertWeights{b.expert_tensors_[e].view(), b.expert_tensors_[e + 1].view()});
+  }
+  if (config.n_shared_experts > 0) {
+    EAGLE3_RETURN_IF_ERROR(take_mlp(b.shared_gate_up_, b.shared_down_));
+    b.shared_inter_ = b.shared_down_.dim(1);
+  }
+  return b;
+}
+
+absl::Status FeedForwardBlock::SiluMlp(const TensorView& x, const Tensor& gate_up_w, const Tensor& down_w,
+                                       int64_t inter, float beta, FeedForwardWorkspace& ws,
+                                       const TensorView& out) const {
+  const int64_t t = x.dim(0);
+  const TensorView gu = Block(ws.gate_up, 0, t, 0, 2 * inter);
+  const TensorView a = Block(ws.act, 0, t, 0, inter);
+  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, gate_up_w, gu, kWeightsGemm));
+  EAGLE3_RETURN_IF_ERROR(backend_->SiluMul(gu, a));
+  GemmOptions accumulate = kWeightsGemm;
+  accumulate.beta = beta;
+  return backend_->Gemm(a, down_w, out, accumulate);
+}
+
+absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out) const {
+  const int64_t t = x.dim(0);
+  if (x.rank() != 2 || t > ws.max_tokens) {
+    return absl::InvalidArgumentError("FeedForwardBlock: x must be [T <= " + std::to_string(ws.max_tokens) +
+                                      ", H], got " + x.ToString());
+  }
+  const int64_t widest = std::max(down_.empty() ? 0 : down_.dim(1), shared_inter_);
+  if (widest > ws.intermediate) {
+    return absl::InvalidArgumentError("FeedForwardBlock: the workspace holds an intermediate width of " +
+                                      std::to_string(ws.intermediate) + ", the block needs " + std::to_string(widest));
+  }
+  if (!moe_) return SiluMlp(x, gate_up_, down_, down_.dim(1), 0.0f, ws, out);
+  const TensorView logits_t = Rows(ws.router_logits, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
+  const TensorView ids_t = Rows(ws.ids, 0, t), w_t = Rows(ws.weights, 0, t);
+  const TensorView bias = correction_bias_.view();
+  EAGLE3_RETURN_IF_ERROR(
+      backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_, ids_t, w_t));
+  EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));
+  // Shared experts join the routed output before the one reduction that follows.
+  if (!shared_down_.empty()) return SiluMlp(x, shared_gate_up_, shared_down_, shared_inter_, 1.0f, ws, out);
+  return absl::OkStatus();
+}
+
+}  // namespace eagle3

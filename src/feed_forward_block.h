@@ -1,0 +1,105 @@
+// FeedForwardBlock: one rank's share of the feed-forward half of a DeepSeek decoder layer: a dense
+// SiLU MLP, or the MoE block (router, MoeRoute, routed experts through MoeExperts, shared experts),
+// as the target's layers, DeepSeek-V3's MTP layer (MoE) and an MLA EAGLE-3 draft layer (dense) run
+// it (docs/mla_drafts.md, "Proposed C++ design"). Its output is this rank's partial sum (column
+// slices of the intermediate dim, every routed expert's slice): the caller reduces it over the
+// ranks, once, shared experts included.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/deepseek_v2_config.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/dtype.h"
+#include "eagle3/moe_routing.h"
+#include "eagle3/tensor.h"
+#include "eagle3/tensor_view.h"
+#include "weight_loader.h"
+
+namespace eagle3 {
+
+// The shapes of one feed-forward block (full, before tensor parallelism).
+struct FeedForwardConfig {
+  int64_t hidden_size = 0;
+  bool moe = false;
+  int64_t intermediate_size = 0;  // the dense MLP's width
+  // MoE: n_routed_experts routed experts of moe_intermediate_size each, and n_shared_experts shared
+  // ones stored as one MLP of n_shared_experts * moe_intermediate_size.
+  int64_t n_routed_experts = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t n_shared_experts = 0;
+  MoeRoutingParams routing;  // kNoauxTc: the router has an e_score_correction_bias
+
+  // Layer `layer` of `config` (IsMoeLayer picks the form). The dense and the MoE fields are both
+  // set, whichever the layer is, so that FeedForwardWorkspace sizes for every layer of a model from
+  // any of them.
+  static FeedForwardConfig ForTargetLayer(const DeepseekV2Config& config, int64_t layer);
+  // A dense SiLU MLP (an MLA EAGLE-3 draft layer).
+  static FeedForwardConfig Dense(int64_t hidden_size, int64_t intermediate_size);
+
+  // The tensors under `prefix` ("model.layers.3.mlp.", "layers.0.mlp."), in the order
+  // DeepseekDecoderLayerWeights lists a layer's MLP: gate_proj / up_proj / down_proj; or the router
+  // gate.weight (f32, replicated) [+ gate.e_score_correction_bias], each expert's, the shared one's.
+  std::vector<WeightSpec> Weights(std::string_view prefix) const;
+  // The widest SiLU MLP intermediate slice on one of `tp_size` ranks over both forms (dense, shared
+  // experts), at least 1.
+  int64_t WidestRankIntermediate(int tp_size) const;
+};
+
+// Scratch of FeedForwardBlock::Forward for at most `max_tokens` rows, on the backend's device; every
+// block of a model may share one (one runs at a time).
+struct FeedForwardWorkspace {
+  int64_t max_tokens = 0;
+  int64_t intermediate = 0;  // columns of act
+  Tensor gate_up;            // [T, 2 * intermediate] f32
+  Tensor act;                // [T, intermediate] f32: silu(gate) * up
+  Tensor router_logits;      // [T, max(n_routed_experts, 1)] f32
+  Tensor ids;                // [T, max(top_k, 1)] i32: routed experts of each row
+  Tensor weights;            // [T, max(top_k, 1)] f32: their weights
+
+  // Buffers for every block `config` describes (dense and MoE alike) on one of `tp_size` ranks.
+  static absl::StatusOr<FeedForwardWorkspace> Create(const FeedForwardConfig& config, int tp_size,
+                                                     int64_t max_tokens, Backend& backend);
+};
+
+class FeedForwardBlock {
+ public:
+  // Loads this rank's shard of config.Weights(prefix) through `loader`: Gemm weights (gate|up
+  // stacked into one [2 I, H] weight per MLP, down) in `weight_dtype`; the router and its bias in
+  // f32 (router logits in fp32).
+  static absl::StatusOr<FeedForwardBlock> Load(const FeedForwardConfig& config, std::string_view prefix,
+                                               DType weight_dtype, WeightLoader& loader);
+
+  bool moe() const { return moe_; }
+
+  // out = this rank's partial sum of the block over x, shared experts added before the caller's one
+  // reduction.
+  //   x: [T, H] f32, row-strided, device, T <= ws.max_tokens      out: [T, H] f32, device, no
+  //   overlap with x
+  absl::Status Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out) const;
+
+ private:
+  FeedForwardBlock() = default;
+
+  // A SiLU MLP of width `inter` (gate_up: [2 * inter, H]); beta 1 accumulates into `out`.
+  absl::Status SiluMlp(const TensorView& x, const Tensor& gate_up_w, const Tensor& down_w, int64_t inter, float beta,
+                       FeedForwardWorkspace& ws, const TensorView& out) const;
+
+  Backend* backend_ = nullptr;
+  bool moe_ = false;
+  MoeRoutingParams routing_;
+  Tensor gate_up_, down_;  // dense MLP
+  Tensor router_, correction_bias_;
+  std::vector<Tensor> expert_tensors_;  // gate_up, down for each expert
+  std::vector<ExpertWeights> experts_;  // views of expert_tensors_
+  Tensor shared_gate_up_, shared_down_;
+  int64_t shared_inter_ = 0;
+};
+
+}  // namespace eagle3

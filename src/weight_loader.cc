@@ -1,0 +1,97 @@
+#include "weight_loader.h"
+
+#include <utility>
+
+#include "view_slices.h"
+#include "eagle3/status.h"
+
+namespace eagle3 {
+
+WeightLoader::WeightLoader(const Checkpoint& checkpoint, const QuantizationConfig& quantization,
+                           const std::vector<WeightSpec>& schema, const std::vector<StoredForm>& forms, int tp_size,
+                           int rank, Backend& backend, Checks checks)
+    : checkpoint_(&checkpoint),
+      quantization_(quantization),
+      schema_(schema),
+      forms_(forms),
+      tp_size_(tp_size),
+      rank_(rank),
+      backend_(&backend),
+      checks_(checks) {
+  for (size_t i = 0; i < schema_.size(); ++i) index_.emplace(schema_[i].name, i);
+}
+
+absl::StatusOr<WeightSpec> WeightLoader::Spec(std::string_view name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::InternalError("weight '" + std::string(name) + "' is not in the model's weight schema");
+  }
+  return schema_[it->second];
+}
+
+absl::StatusOr<size_t> WeightLoader::Find(const WeightSpec& spec) const {
+  if (forms_.size() != schema_.size()) {
+    return absl::InternalError("WeightLoader: " + std::to_string(forms_.size()) + " stored forms for a schema of " +
+                               std::to_string(schema_.size()) + " tensors");
+  }
+  const auto it = index_.find(spec.name);
+  if (it == index_.end()) {
+    return absl::InternalError("weight '" + spec.name + "' is not in the model's weight schema");
+  }
+  const WeightSpec& listed = schema_[it->second];
+  if (listed.shape != spec.shape || listed.split != spec.split || listed.vocab_padded != spec.vocab_padded) {
+    return absl::InternalError("weight '" + spec.name + "': a block expects shape " + spec.shape.ToString() +
+                               ", the model's weight schema lists " + listed.shape.ToString() +
+                               " (or another tensor-parallel split)");
+  }
+  return it->second;
+}
+
+absl::StatusOr<Tensor> WeightLoader::ReadHost(const WeightSpec& spec, DType dtype) const {
+  EAGLE3_ASSIGN_OR_RETURN(const size_t i, Find(spec));
+  if (checks_ == Checks::kEachRead) {
+    EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
+  }
+  return ReadWeightShard(*checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), dtype);
+}
+
+absl::StatusOr<Tensor> WeightLoader::ToDevice(Tensor host) {
+  if (backend_->device().is_cpu()) return host;
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend_->allocator()));
+  EAGLE3_RETURN_IF_ERROR(backend_->Copy(host, device));
+  return device;
+}
+
+absl::StatusOr<Tensor> WeightLoader::Load(const WeightSpec& spec, DType dtype) {
+  EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadHost(spec, dtype));
+  return ToDevice(std::move(host));
+}
+
+absl::StatusOr<Tensor> WeightLoader::Load(std::string_view name, DType dtype) {
+  EAGLE3_ASSIGN_OR_RETURN(const WeightSpec spec, Spec(name));
+  return Load(spec, dtype);
+}
+
+absl::StatusOr<Tensor> WeightLoader::LoadStacked(std::span<const WeightSpec> specs, DType dtype) {
+  if (specs.empty()) return absl::InternalError("WeightLoader::LoadStacked: no tensors to stack");
+  std::vector<Tensor> parts;
+  int64_t rows = 0;
+  for (const WeightSpec& spec : specs) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor part, Load(spec, dtype));
+    if (part.rank() != 2 || (!parts.empty() && part.dim(1) != parts.front().dim(1))) {
+      return absl::InternalError("WeightLoader::LoadStacked: '" + spec.name + "' of shape " +
+                                 part.shape().ToString() + " does not stack under '" + specs.front().name + "'");
+    }
+    rows += part.dim(0);
+    parts.push_back(std::move(part));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(dtype, Shape{rows, parts.front().dim(1)}, backend_->allocator()));
+  int64_t row = 0;
+  for (const Tensor& part : parts) {
+    EAGLE3_RETURN_IF_ERROR(backend_->Copy(part, Rows(merged, row, part.dim(0))));
+    row += part.dim(0);
+  }
+  return merged;
+}
+
+}  // namespace eagle3

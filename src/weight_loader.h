@@ -1,0 +1,82 @@
+// WeightLoader: how one tensor-parallel rank of a model reads its weights, for the model itself and
+// for the blocks it is made of (MlaBlock, FeedForwardBlock): this rank's shard of a tensor of the
+// model's weight schema, stored as the model's quantization says, checked against the checkpoint,
+// dequantized on the host and placed on the backend's device. The blocks describe their tensors
+// themselves (MlaAttentionWeights, ...); the loader holds them to the schema the model checked, so
+// a block and its model cannot disagree about a tensor's shape or stored form.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/checkpoint.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/detail/quantized_weights.h"
+#include "eagle3/dtype.h"
+#include "eagle3/quantization_config.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3 {
+
+class WeightLoader {
+ public:
+  enum class Checks {
+    kEachRead,  // every read checks the checkpoint's tensors first (CheckStoredWeight)
+    // The model ran CheckStoredWeight on every schema tensor before creating the loader (a target
+    // checks a whole checkpoint before loading any of it): reads skip it, so that a large quantized
+    // checkpoint's headers and weight_shape tensors are not read twice.
+    kSchemaChecked,
+  };
+
+  // `schema`: every tensor the model reads, `forms` how each is stored (StoredForms of the schema,
+  // same order; sizes must match). `checkpoint` and `backend` must outlive the loader; `quantization`
+  // is copied.
+  WeightLoader(const Checkpoint& checkpoint, const QuantizationConfig& quantization,
+               const std::vector<WeightSpec>& schema, const std::vector<StoredForm>& forms, int tp_size, int rank,
+               Backend& backend, Checks checks = Checks::kEachRead);
+
+  // The schema's tensor named `name`; Internal when the schema has none (a model asking for a
+  // tensor it never checked).
+  absl::StatusOr<WeightSpec> Spec(std::string_view name) const;
+
+  // This rank's shard of `spec` on the host, dequantized and converted to `dtype` (f32, f16 or
+  // bf16). Under Checks::kEachRead the checkpoint's tensors of it are checked first
+  // (CheckStoredWeight): a missing one is NotFound, one of another shape InvalidArgument, each naming
+  // the tensor, expected and actual. `spec` must be the schema's entry of its name (Internal
+  // otherwise).
+  absl::StatusOr<Tensor> ReadHost(const WeightSpec& spec, DType dtype) const;
+  // ReadHost on the backend's device.
+  absl::StatusOr<Tensor> Load(const WeightSpec& spec, DType dtype);
+  // Load of the schema's tensor named `name`.
+  absl::StatusOr<Tensor> Load(std::string_view name, DType dtype);
+  // The shards of `specs` stacked by rows into one [sum of rows, cols] weight on the device (gate
+  // and up of a SiLU MLP: one Gemm instead of two). Every spec has the same column count.
+  absl::StatusOr<Tensor> LoadStacked(std::span<const WeightSpec> specs, DType dtype);
+  // A host tensor on the backend's device (the tensor itself on a host backend).
+  absl::StatusOr<Tensor> ToDevice(Tensor host);
+
+  Backend& backend() const { return *backend_; }
+
+ private:
+  // The schema entry of `spec`'s name, checked equal to it.
+  absl::StatusOr<size_t> Find(const WeightSpec& spec) const;
+
+  const Checkpoint* checkpoint_;
+  QuantizationConfig quantization_;
+  std::vector<WeightSpec> schema_;
+  std::vector<StoredForm> forms_;
+  std::map<std::string, size_t, std::less<>> index_;  // name -> position in schema_
+  int tp_size_;
+  int rank_;
+  Backend* backend_;
+  Checks checks_;
+};
+
+}  // namespace eagle3
