@@ -5,7 +5,8 @@
 // block-scaled form; k25_int4: Kimi-K2.5's multimodal form with compressed-tensors int4 routed
 // experts) hold the hub's quantized tensors, and their expected outputs come from transformers run
 // on the weights those dequantize to: the CPU reference dequantizes them exactly at load, so the
-// same tolerance holds, and TP 8 agrees with TP 1.
+// same tolerance holds, and TP 8 agrees with TP 1. v3_mtp's checkpoint also carries DeepSeek-V3's
+// MTP module (layer num_hidden_layers), which the target forward must load around and not run.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -144,7 +145,8 @@ TEST_P(TargetGoldenTest, LogitsAndEveryBoundaryMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TargetGoldenTest,
-                         ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux", "v3_fp8", "k25_int4"),
+                         ::testing::Values("v2_qlora_yarn", "v2lite_greedy", "v3_noaux", "v3_fp8", "k25_int4",
+                                           "v3_mtp"),
                          [](const auto& info) { return std::string(info.param); });
 
 struct QuantizedFixture {

@@ -43,7 +43,19 @@ assembled from transformers' Llama modules. A draft with "trees" also gets tree.
 EAGLE-2 dynamic trees (include/eagle3/draft_tree.h) that the decode loop builds after the target's
 prompt, from an independent implementation of the build over the same draft reference.
 
+The drafters made of DeepSeek layers (issue 21, docs/mla_drafts.md) get the same treatment. For each draft
+in MLA_DRAFTS, OUT/<name>/ holds a random MLA EAGLE-3 draft (Kimi-K2.5 style: one MLA layer with a 2H
+input and a dense MLP, Eagle3DeepseekV2ForCausalLM config, model.safetensors under `midlayer.` or
+`layers.0.`) on the `k25_int4` target, with expected.safetensors in the Llama-style draft's layout (and
+tree.safetensors); the target fixture `v3_mtp` carries DeepSeek-V3's MTP module in its checkpoint (layer
+L = num_hidden_layers) and gets mtp_expected.safetensors (the module fed the target's final hidden after
+model.norm, two steps, and a CONTROL fed the pre-norm boundary L) and mtp_tree.safetensors. Their
+expected outputs come from independent fp32 implementations (explicit latent cache), cross-checked in
+fp64 and against the same drafters assembled from transformers' DeepSeek-V3 modules.
+
 Usage: python3 tools/make_golden.py --out tests/data/golden [--only NAME ...]
+The fixtures of issue 21 alone: --only v3_mtp mla_draft_k25 mla_draft_k25_eagle31 (the MLA drafts read
+k25_int4 from --out).
 --only builds just the named fixtures (e.g. `--only v3_fp8 k25_int4`), rewriting nothing else: not the
 other fixtures, not README.md (it prints the README sections of what it built, to merge by hand).
 Deterministic (one CPU thread, deterministic kernels, fixed seeds): a rerun reproduces every file byte
@@ -53,6 +65,7 @@ Needs torch, transformers, safetensors and numpy (versions used: see OUT/README.
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -348,6 +361,67 @@ MODELS = [
             },
         },
     },
+    # A V3 target with its MTP module (issue 21): the checkpoint carries layer L = num_hidden_layers as
+    # DeepSeek-V3 carries layer 61; "mtp" describes the MTP fixtures written beside the target's.
+    {
+        "name": "v3_mtp",
+        "seed": 8008,
+        "num_tokens": 12,
+        "router_std": 1.5,
+        "mtp": {
+            "seed": 8101,
+            "last_token": 77,
+            "step1_token": 5,
+            # As draft_v2's trees: name, topk, num_steps, num_draft_tokens.
+            "trees": [("k3_s3_n8", 3, 3, 8), ("k1_s4_n5", 1, 4, 5), ("k2_s5_n10", 2, 5, 10), ("k4_s4_n16", 4, 4, 16)],
+        },
+        "what": "DeepSeek-V3 shape with one MTP module (`num_nextn_predict_layers` 1): 2 main layers (layer 0 "
+        "dense, layer 1 MoE) and the module at layer 2 (`model.layers.2.*`: enorm, hnorm, eh_proj [32, 64], a "
+        "full MoE decoder layer, shared_head.norm, and the copies `embed_tokens` / `shared_head.head` that "
+        "DeepSeek-V3 stores with the module). YaRN x4 with mscale = mscale_all_dim = 1.0 as in the real V3 "
+        "(softmax scale m^2 = {m2:.6f}, cos/sin factor {af:.6f}); sigmoid noaux_tc routing with a positive "
+        "correction bias, n_group 4 / topk_group 2, top-2 of 8; norm_topk_prob true, routed_scaling_factor 2.5; "
+        "1 shared expert; first_k_dense_replace 1; hidden 32 (the narrowest fixture, which keeps its three layers "
+        "and four [V, H] tables small); qk_rope_head_dim 8; vocab 130 (padded to 136 at TP 8: the "
+        "last rank holds 11 real rows). The target files are those of every target fixture; the MTP fixtures "
+        "are described in \"MTP fixtures\".",
+        "config": {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": 130,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "max_position_embeddings": 256,
+            "num_nextn_predict_layers": 1,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    },
 ]
 
 
@@ -369,42 +443,56 @@ def is_moe_layer(c, layer):
 
 
 def weight_shapes(c):
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    """The target forward's weights (not the MTP modules: mtp_weight_shapes)."""
+    h = c["hidden_size"]
     shapes = [("model.embed_tokens.weight", (c["vocab_size"], h))]
-
-    def mlp(prefix, inter):
-        shapes.extend([(prefix + "gate_proj.weight", (inter, h)), (prefix + "up_proj.weight", (inter, h)),
-                       (prefix + "down_proj.weight", (h, inter))])
-
     for layer in range(c["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        shapes += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
-        a = p + "self_attn."
-        if c["q_lora_rank"] is not None:
-            shapes += [(a + "q_a_proj.weight", (c["q_lora_rank"], h)),
-                       (a + "q_a_layernorm.weight", (c["q_lora_rank"],)),
-                       (a + "q_b_proj.weight", (heads * qk, c["q_lora_rank"]))]
-        else:
-            shapes.append((a + "q_proj.weight", (heads * qk, h)))
-        shapes += [(a + "kv_a_proj_with_mqa.weight", (c["kv_lora_rank"] + c["qk_rope_head_dim"], h)),
-                   (a + "kv_a_layernorm.weight", (c["kv_lora_rank"],)),
-                   (a + "kv_b_proj.weight",
-                    (heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"])),
-                   (a + "o_proj.weight", (h, heads * c["v_head_dim"]))]
-        m = p + "mlp."
-        if not is_moe_layer(c, layer):
-            mlp(m, c["intermediate_size"])
-            continue
-        shapes.append((m + "gate.weight", (c["n_routed_experts"], h)))
-        if c["topk_method"] == "noaux_tc":
-            shapes.append((m + "gate.e_score_correction_bias", (c["n_routed_experts"],)))
-        for e in range(c["n_routed_experts"]):
-            mlp(f"{m}experts.{e}.", c["moe_intermediate_size"])
-        if c["n_shared_experts"]:
-            mlp(m + "shared_experts.", c["moe_intermediate_size"] * c["n_shared_experts"])
+        shapes += layer_shapes(c, layer)
     shapes.append(("model.norm.weight", (h,)))
     shapes.append(("lm_head.weight", (c["vocab_size"], h)))
+    return shapes
+
+
+def mla_attention_shapes(a, prefix, input_width):
+    """One MLA block's weights (src/mla_attention_weights.cc) for an input of `input_width` columns: H
+    in a target or MTP layer, 2H in an MLA EAGLE-3 draft layer. `a` holds the MLA keys of a config."""
+    heads, h = a["num_attention_heads"], a["hidden_size"]
+    qk = a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
+    shapes = []
+    if a["q_lora_rank"] is not None:
+        shapes += [(prefix + "q_a_proj.weight", (a["q_lora_rank"], input_width)),
+                   (prefix + "q_a_layernorm.weight", (a["q_lora_rank"],)),
+                   (prefix + "q_b_proj.weight", (heads * qk, a["q_lora_rank"]))]
+    else:
+        shapes.append((prefix + "q_proj.weight", (heads * qk, input_width)))
+    shapes += [(prefix + "kv_a_proj_with_mqa.weight", (a["kv_lora_rank"] + a["qk_rope_head_dim"], input_width)),
+               (prefix + "kv_a_layernorm.weight", (a["kv_lora_rank"],)),
+               (prefix + "kv_b_proj.weight", (heads * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"])),
+               (prefix + "o_proj.weight", (h, heads * a["v_head_dim"]))]
+    return shapes
+
+
+def mlp_shapes(prefix, h, inter):
+    return [(prefix + "gate_proj.weight", (inter, h)), (prefix + "up_proj.weight", (inter, h)),
+            (prefix + "down_proj.weight", (h, inter))]
+
+
+def layer_shapes(c, layer):
+    """Decoder layer `layer` (DeepseekDecoderLayerWeights in src/deepseek_v2_weights.cc), main or MTP."""
+    h = c["hidden_size"]
+    p = f"model.layers.{layer}."
+    shapes = [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+    shapes += mla_attention_shapes(c, p + "self_attn.", h)
+    m = p + "mlp."
+    if not is_moe_layer(c, layer):
+        return shapes + mlp_shapes(m, h, c["intermediate_size"])
+    shapes.append((m + "gate.weight", (c["n_routed_experts"], h)))
+    if c["topk_method"] == "noaux_tc":
+        shapes.append((m + "gate.e_score_correction_bias", (c["n_routed_experts"],)))
+    for e in range(c["n_routed_experts"]):
+        shapes += mlp_shapes(f"{m}experts.{e}.", h, c["moe_intermediate_size"])
+    if c["n_shared_experts"]:
+        shapes += mlp_shapes(m + "shared_experts.", h, c["moe_intermediate_size"] * c["n_shared_experts"])
     return shapes
 
 
@@ -481,12 +569,16 @@ def save_safetensors(path, tensors, metadata):
         assert f.metadata() == metadata
 
 
-def write_checkpoint(c, hub, directory):
-    """Two shards split by bytes in schema order, plus the hub index."""
+def write_checkpoint(c, hub, directory, mtp=None):
+    """Two shards split by bytes in schema order (the MTP module's tensors, when given, after the target's,
+    in mtp_weight_shapes order, as DeepSeek-V3 stores layer 61 last), plus the hub index."""
+    names = [name for name, _ in weight_shapes(c)] + ([name for name, _ in mtp_weight_shapes(c)] if mtp else [])
+    weights = dict(hub, **(mtp or {}))
     stored = {}
-    for name, w in hub.items():
+    for name in names:
+        w = weights[name]
         stored[name] = w.contiguous() if name.endswith("e_score_correction_bias") else w.to(torch.bfloat16)
-    return write_two_shards({name: stored[name] for name, _ in weight_shapes(c)}, directory)
+    return write_two_shards(stored, directory)
 
 
 def write_two_shards(tensors, directory):
@@ -1126,12 +1218,16 @@ def build(spec, out_dir, log):
             break
     else:
         raise SystemExit(f"{spec['name']}: no seed gave routing margins >= {MIN_ROUTING_MARGIN}")
+    # The MTP module's weights (stored in the same checkpoint): the first seed whose MTP rows (step
+    # fixture, control and trees) have no routing or tree-selection near-ties.
+    mtp, mtp_seed = choose_mtp_weights(spec, c, hub, tokens, ref_logits, ref_boundaries, log) \
+        if spec.get("mtp") else (None, None)
     if quant:
         checkpoint_bytes = write_quantized_checkpoint(spec, stored, seed, directory)
         oracle_dir = tempfile.mkdtemp(prefix=f"golden_{spec['name']}_")
         write_oracle_checkpoint(c, hub, oracle_dir)
     else:
-        checkpoint_bytes = write_checkpoint(c, hub, directory)
+        checkpoint_bytes = write_checkpoint(c, hub, directory, mtp)
         oracle_dir = directory
 
     # Oracle: from_pretrained of the written checkpoint (transformers' own hub->fused conversion); for a
@@ -1142,6 +1238,15 @@ def build(spec, out_dir, log):
     if quant:
         shutil.rmtree(oracle_dir)
     model.eval()
+    if mtp:
+        # transformers builds no MTP layer and skips only layer 61's tensors
+        # (`_keys_to_ignore_on_load_unexpected`): the module's tensors must be reported unexpected, and
+        # nothing else.
+        unexpected = set(loading.get("unexpected_keys") or ())
+        layer_prefix = f"model.layers.{c['num_hidden_layers']}."
+        if not unexpected or any(not k.startswith(layer_prefix) for k in unexpected):
+            raise SystemExit(f"{spec['name']}: from_pretrained reported unexpected keys {sorted(unexpected)}")
+        loading = dict(loading, unexpected_keys=[])
     if any(loading.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
         raise SystemExit(f"{spec['name']}: from_pretrained loading report: {loading}")
     check_oracle_semantics(model, c)
@@ -1161,7 +1266,8 @@ def build(spec, out_dir, log):
         reread = {}
         for file in sorted(f for f in os.listdir(directory) if f.startswith("model-")):
             reread.update(load_file(os.path.join(directory, file)))
-        assert sorted(reread) == sorted(hub) and all(torch.equal(reread[n].float(), hub[n]) for n in hub)
+        written = dict(hub, **(mtp or {}))
+        assert sorted(reread) == sorted(written) and all(torch.equal(reread[n].float(), written[n]) for n in written)
 
     # transformers vs the independent fp64 reference.
     logits_err = max_rel(logits, ref_logits)
@@ -1204,6 +1310,9 @@ def build(spec, out_dir, log):
             quant_sensitivity[variant] = (max_rel(v_logits, ref_logits),
                                           int((v_logits.argmax(-1) != ref_logits.argmax(-1)).sum()))
 
+    mtp_info = build_mtp_fixture(spec, c, directory, hub, mtp, mtp_seed, model, tokens, logits, boundaries, log) \
+        if mtp else None
+
     rs = c.get("rope_scaling")
     m2 = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2 if rs else 1.0
     af = yarn_get_mscale(rs["factor"], rs["mscale"]) / yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) \
@@ -1216,7 +1325,8 @@ def build(spec, out_dir, log):
         "what": spec["what"].format(m2=m2, af=af),
         "seed": seed,
         "tokens": tokens.tolist(),
-        "num_tensors": len(hub) if not quant else len(stored) + (len(K25_VISION_SHAPES) if quant == "int4" else 0),
+        "num_tensors": (len(hub) + len(mtp or {})) if not quant else
+        len(stored) + (len(K25_VISION_SHAPES) if quant == "int4" else 0),
         "checkpoint_bytes": checkpoint_bytes,
         "sizes": sizes,
         "logits_err": logits_err,
@@ -1230,6 +1340,7 @@ def build(spec, out_dir, log):
         "attention_scaling": model.model.rotary_emb.attention_scaling,
         "config": c,
         "quant": quant_summary(spec, c, stored) if quant else None,
+        "mtp": mtp_info,
     }
     log(f"{spec['name']}: seed {seed}, T {len(tokens)}, {len(hub)} tensors, {sum(sizes.values())} bytes, "
         f"logits vs fp64 {logits_err:.1e}, routing margin {margin:.1e}")
@@ -1502,6 +1613,16 @@ class DraftReference:
         logits = normed @ w["lm_head.weight"].T
         return logits, (normed if dc.get("norm_output") else r)
 
+    # The cache as the tree drafter saves and restores it (DraftTreeDrafter.path_check).
+    def cache_len(self):
+        return self.k.shape[1]
+
+    def snapshot(self):
+        return self.k.clone(), self.v.clone()
+
+    def restore(self, saved):
+        self.k, self.v = (t.clone() for t in saved)
+
 
 def run_draft_reference(dc, prefix, weights, embed, aux, tokens, step1_token, dtype, variant=()):
     """Step 0 over every row (from the aux states), step 1 from the last row's fed-back hidden."""
@@ -1597,18 +1718,20 @@ TREE_SENSITIVITY = {
 
 
 class DraftTreeDrafter:
-    """The draft side of one build. Extend: rows 0..T-1 at positions 0..T-1 from fc(aux), causal. A
-    frontier node at depth d >= 1 is one new row: input hidden = its parent's fed-back hidden (the
-    root's: the last extend row's), token = the node's target id, position (T - 1) + d; it attends
-    every extend row, the tree rows of its ancestors (the root has none of its own: it is the last
-    extend row) and itself."""
+    """The draft side of one build. Extend: rows 0..T-1 at positions 0..T-1 from the first-step
+    hidden `g0` [T, H] (fc(aux) for an EAGLE-3 head, the target's final normed hidden for the MTP
+    module), causal. A frontier node at depth d >= 1 is one new row: input hidden = its parent's
+    fed-back hidden (the root's: the last extend row's), token = the node's target id, position
+    (T - 1) + d; it attends every extend row, the tree rows of its ancestors (the root has none of its
+    own: it is the last extend row) and itself. `ref` is any draft reference with step(tokens, g,
+    positions, allowed), cache_len(), snapshot() and restore()."""
 
-    def __init__(self, dc, prefix, weights, embed, aux, ext_tokens, dtype, variant=()):
-        self.ref = DraftReference(dc, prefix, weights, embed, dtype)
+    def __init__(self, ref, g0, ext_tokens, variant=()):
+        self.ref = ref
         self.t, self.variant = ext_tokens.shape[0], variant
-        logits, fed = self.ref.step(ext_tokens, self.ref.fc(aux), torch.arange(self.t))
+        logits, fed = self.ref.step(ext_tokens, g0, torch.arange(self.t))
         self.root_logits = logits[-1]
-        self.extend_cache = (self.ref.k.clone(), self.ref.v.clone())
+        self.extend_cache = self.ref.snapshot()
         self.slot = {}              # candidate -> its tree row's cache slot
         self.hidden = {0: fed[-1]}  # candidate -> fed-back hidden
         self.expanded_logits = {}   # candidate -> its logits (for the path check)
@@ -1616,7 +1739,7 @@ class DraftTreeDrafter:
 
     def expand(self, candidates, frontier):
         self.candidates = candidates  # the build's list (grows in place)
-        n, first = len(frontier), self.ref.k.shape[1]
+        n, first = len(frontier), self.ref.cache_len()
         allowed = torch.zeros(n, first + n, dtype=torch.bool)
         allowed[:, :self.t] = True
         for i, c in enumerate(frontier):
@@ -1656,7 +1779,7 @@ class DraftTreeDrafter:
             while a > 0:
                 path.append(a)
                 a = candidates[a]["parent"]
-            self.ref.k, self.ref.v = (t.clone() for t in self.extend_cache)
+            self.ref.restore(self.extend_cache)
             g = self.hidden[0]
             for node in reversed(path):
                 logits, fed = self.ref.step(torch.tensor([candidates[node]["token"]]), g[None],
@@ -1664,6 +1787,14 @@ class DraftTreeDrafter:
                 g = fed[0]
             err = max(err, max_rel(logits[0], want))
         return err
+
+
+def llama_tree_drafter(dc, prefix, weights, embed, aux):
+    """make_drafter(ext_tokens, dtype, variant) for build_tree_fixture: the Llama-style head's tree rows."""
+    def make(ext_tokens, dtype, variant=()):
+        ref = DraftReference(dc, prefix, weights, embed, dtype)
+        return DraftTreeDrafter(ref, ref.fc(aux), ext_tokens, variant)
+    return make
 
 
 def build_reference_tree(root, root_logits, expand, topk, num_steps, num_draft_tokens, d2t):
@@ -1719,9 +1850,11 @@ def build_reference_tree(root, root_logits, expand, topk, num_steps, num_draft_t
     return tokens, parents, scores, margin
 
 
-def build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, target_expected, log):
-    """tree.safetensors: the trees of spec["trees"] after the target fixture's prompt. Returns the
-    README facts."""
+def build_tree_fixture(spec, directory, make_drafter, d2t, target_expected, log, file="tree.safetensors"):
+    """`file` (tree.safetensors): the trees of spec["trees"] after the target fixture's prompt, drafted by
+    make_drafter(ext_tokens, dtype, variant) -> DraftTreeDrafter. A reference that routes (the MTP
+    module's MoE) reports its smallest routing gap as `ref.margin`, which must be at least
+    MIN_ROUTING_MARGIN. Returns the README facts."""
     prompt = target_expected["tokens"].to(torch.int64)
     last = target_expected["logits"][-1].double()
     top2 = last.topk(2).values
@@ -1735,12 +1868,15 @@ def build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, ta
     for name, topk, num_steps, num_draft_tokens in spec["trees"]:
         built = {}
         for dtype in (torch.float32, torch.float64):
-            drafter = DraftTreeDrafter(dc, prefix, weights, embed, aux, ext_tokens, dtype)
+            drafter = make_drafter(ext_tokens, dtype)
             built[dtype] = build_reference_tree(root, drafter.root_logits, drafter.expand, topk, num_steps,
                                                 num_draft_tokens, d2t)
             if dtype == torch.float32:
                 root_logits = drafter.root_logits
                 path_err = max(path_err, drafter.path_check())
+                routing_margin = getattr(drafter.ref, "margin", math.inf)
+                if routing_margin < MIN_ROUTING_MARGIN:
+                    raise SystemExit(f"{spec['name']} tree {name}: routing near-tie {routing_margin:.1e}")
         tokens, parents, scores, m = built[torch.float32]
         if (tokens, parents) != built[torch.float64][:2]:
             raise SystemExit(f"{spec['name']} tree {name}: the fp32 and fp64 builds differ")
@@ -1762,7 +1898,7 @@ def build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, ta
     for variant in TREE_SENSITIVITY:
         changed, worst = 0, 0.0
         for (name, topk, num_steps, num_draft_tokens), t in zip(spec["trees"], trees):
-            drafter = DraftTreeDrafter(dc, prefix, weights, embed, aux, ext_tokens, torch.float64, (variant,))
+            drafter = make_drafter(ext_tokens, torch.float64, (variant,))
             v = build_reference_tree(root, drafter.root_logits, drafter.expand, topk, num_steps, num_draft_tokens, d2t)
             changed += (v[0], v[1]) != (t["tokens"], t["parents"])
             worst = max(worst, max(abs(a - b) for a, b in zip(v[2], t["scores"])))
@@ -1774,19 +1910,23 @@ def build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, ta
     metadata = {"model": spec["name"], "target": spec["target"], "torch": torch.__version__,
                 "oracle": "independent EAGLE-2 tree build over the fp32 draft reference",
                 "trees": " ".join(t[0] for t in spec["trees"])}
-    save_safetensors(os.path.join(directory, "tree.safetensors"), expected, metadata)
+    save_safetensors(os.path.join(directory, file), expected, metadata)
     return {"root": root, "root_gap": root_gap, "trees": trees, "fp64_err": fp64_err, "path_err": path_err,
             "margin": margin, "sensitivity": sensitivity}
 
 
 def read_target_fixture(out_dir, name):
+    """(text-model config, embedding f32, expected outputs) of a target fixture; Kimi-K2.5's wrapper holds
+    the text model as text_config and its tensors under language_model."""
     directory = os.path.join(out_dir, name)
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)
+    prefix = K25_PREFIX if "text_config" in config else ""
     tensors = {}
     for file in sorted(f for f in os.listdir(directory) if f.startswith("model-")):
         tensors.update(load_file(os.path.join(directory, file)))
-    return config, tensors["model.embed_tokens.weight"].float(), load_file(os.path.join(directory, "expected.safetensors"))
+    return (config.get("text_config", config), tensors[prefix + "model.embed_tokens.weight"].float(),
+            load_file(os.path.join(directory, "expected.safetensors")))
 
 
 def build_draft(spec, out_dir, log):
@@ -1829,7 +1969,8 @@ def build_draft(spec, out_dir, log):
     save_safetensors(os.path.join(directory, "expected.safetensors"), expected, metadata)
     tree = None
     if spec.get("trees"):
-        tree = build_tree_fixture(spec, directory, dc, prefix, weights, embed, d2t, aux, target_expected, log)
+        tree = build_tree_fixture(spec, directory, llama_tree_drafter(dc, prefix, weights, embed, aux), d2t,
+                                  target_expected, log)
 
     sensitivity = {}
     for variant in DRAFT_SENSITIVITY:
@@ -1859,17 +2000,785 @@ def build_draft(spec, out_dir, log):
     return info
 
 
+# ---------------------------------------------------------------------------------------------------
+# Drafters made of DeepSeek layers (issue 21, docs/mla_drafts.md): the MLA EAGLE-3 draft (Kimi-K2.5
+# style) and DeepSeek-V3's MTP module. Source ids S1-S9 and M1-M8 below are those of the table in
+# docs/mla_drafts.md "Sources". As for the Llama-style head, the expected outputs come from an
+# independent implementation with an explicit cache (fp32), checked against itself in fp64 and against
+# the same drafter assembled from transformers' DeepSeek-V3 modules (DeepseekV3Attention,
+# DeepseekV3RotaryEmbedding, DeepseekV3MLP, DeepseekV3DecoderLayer with its MoE, DeepseekV3RMSNorm).
+
+
+class MlaBlockReference:
+    """One MLA attention block (include/eagle3/mla_attention_config.h) with an explicit latent cache: each
+    row appends [kv_a_layernorm(c) | RoPE(k_pe)] (kv_lora_rank + qk_rope_head_dim wide, the row eagle3's
+    latent cache holds); k_nope and v are re-expanded from the cached latents by kv_b_proj at every call.
+
+    `a` holds the block's MLA keys and rms_norm_eps; `rope` the RoPE keys (qk_rope_head_dim, rope_theta,
+    rope_scaling in DeepSeek's form): the draft's own for an MLA draft (S2, S3, S5), the target's for the
+    MTP layer. Every RMSNorm inside uses rms_norm_eps, as SGLang and vLLM build q_a_layernorm and
+    kv_a_layernorm (S1, S2); transformers and DeepSeek's reference fix them at 1e-6 (the oracle is
+    set to rms_norm_eps instead, see run_mla_draft_transformers)."""
+
+    def __init__(self, a, rope, w, prefix, dtype, variant=()):
+        self.a, self.rope, self.w, self.p, self.dtype, self.variant = a, rope, w, prefix, dtype, variant
+        self.cache = None
+
+    def softmax_scale(self):
+        """(nope + rope)^-0.5 * m^2, m = yarn_get_mscale(factor, mscale_all_dim) under YaRN (DeepSeek's
+        reference; S1, S2 for the draft; S3 trains with it)."""
+        a, rs = self.a, self.rope.get("rope_scaling")
+        scale = (a["qk_nope_head_dim"] + a["qk_rope_head_dim"]) ** -0.5
+        if rs and rs["type"] == "yarn" and "no_m2" not in self.variant:
+            scale *= yarn_get_mscale(rs["factor"], rs.get("mscale_all_dim", 0)) ** 2
+        return scale
+
+    def __call__(self, x, positions, allowed=None):
+        """x [n, input_width] -> o_proj output [n, H]; appends n cache rows. `allowed` [n, cached + n] bool
+        (default: causal over everything cached)."""
+        a, w, p, variant = self.a, self.w, self.p, self.variant
+        heads, dn, dr, dv, r = (a["num_attention_heads"], a["qk_nope_head_dim"], a["qk_rope_head_dim"],
+                                a["v_head_dim"], a["kv_lora_rank"])
+        eps, n = a["rms_norm_eps"], x.shape[0]
+        if a["q_lora_rank"] is not None:
+            q = rms_norm(x @ w[p + "q_a_proj.weight"].T, w[p + "q_a_layernorm.weight"], eps)
+            q = q @ w[p + "q_b_proj.weight"].T
+        else:
+            q = x @ w[p + "q_proj.weight"].T  # q_lora_rank null: vLLM and TorchSpec's q_proj (S2, S3)
+        q = q.view(n, heads, dn + dr).transpose(0, 1)  # [heads, n, dn + dr]
+        # Angles in fp64, rounded once (as eagle3's rope table); adjacent pairs (DeepSeek; S3 trains the
+        # draft with interleaved pairs).
+        cos, sin = (t.to(self.dtype) for t in rope_tables(self.rope, positions, variant))
+        q_nope, q_pe = q[..., :dn], apply_rope(q[..., dn:], cos, sin, variant)
+        kv_a = x @ w[p + "kv_a_proj_with_mqa.weight"].T
+        latent = rms_norm(kv_a[:, :r], w[p + "kv_a_layernorm.weight"], eps)
+        k_pe = apply_rope(kv_a[:, r:], cos, sin, variant)
+        row = torch.cat([latent, k_pe], -1)
+        self.cache = row if self.cache is None else torch.cat([self.cache, row], 0)
+        s = self.cache.shape[0]
+        if allowed is None:
+            allowed = torch.arange(s)[None, :] <= (s - n + torch.arange(n))[:, None]
+        assert allowed.shape == (n, s)
+        kv = (self.cache[:, :r] @ w[p + "kv_b_proj.weight"].T).view(s, heads, dn + dv).transpose(0, 1)
+        k_nope, v = kv[..., :dn], kv[..., dn:]
+        scores = (q_nope @ k_nope.transpose(1, 2) + q_pe @ self.cache[:, r:].T) * self.softmax_scale()
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        return (probs @ v).transpose(0, 1).reshape(n, heads * dv) @ w[p + "o_proj.weight"].T
+
+
+def moe_reference(c, w, m, h, variant):
+    """The MoE block of DeepSeek's reference (as reference_forward): routed experts weighted by the
+    router, plus the shared experts. Returns (out, ids, weights, margin)."""
+    ids, weights, margin = route(c, h, w, m, variant)
+    out = torch.zeros_like(h)
+    for t in range(h.shape[0]):
+        for j in range(ids.shape[1]):
+            out[t] += weights[t, j] * silu_mlp(h[t:t + 1], w, f"{m}experts.{ids[t, j].item()}.")[0]
+    if c["n_shared_experts"]:
+        out = out + silu_mlp(h, w, m + "shared_experts.")
+    return out, ids, weights, margin
+
+
+# --- DeepSeek-V3's MTP module ----------------------------------------------------------------------
+
+MTP_SENSITIVITY = {
+    "prenorm_hidden": "the pre-norm boundary L fed instead of model.norm's output (the CONTROL)",
+    "hidden_first": "concat(hnorm(h), enorm(e)) instead of embeddings first (the report's order, M6)",
+    "feed_r": "the un-normalized r fed back instead of shared_head.norm(r) (vLLM before #45895)",
+    "position0_mask": "vLLM's zeroed embedding at position 0 (M2)",
+    "read_copies": "the module's embed_tokens / shared_head.head copies instead of the target's",
+    "no_m2": "softmax scale without the YaRN m^2 factor",
+    "neox_rope": "rotate (i, i + d/2) pairs instead of adjacent pairs",
+    "no_bias": "select experts without e_score_correction_bias",
+}
+
+
+def mtp_weight_shapes(c):
+    """MTP module 0 in the order of eagle3's schema (MtpModuleWeights, then MtpSharedCopyWeights;
+    src/mtp_weights.cc): layer L = num_hidden_layers (M1: "layer IDs appended immediately after the Main
+    Model hidden layers"); a full decoder layer whose MLP follows the layer-index rule (MoE for V3, M2/M4/M5)."""
+    h, v, layer = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    p = f"model.layers.{layer}."
+    shapes = [(p + "enorm.weight", (h,)), (p + "hnorm.weight", (h,)), (p + "eh_proj.weight", (h, 2 * h))]
+    shapes += layer_shapes(c, layer)
+    shapes.append((p + "shared_head.norm.weight", (h,)))
+    shapes += [(p + "embed_tokens.weight", (v, h)), (p + "shared_head.head.weight", (v, h))]
+    return shapes
+
+
+def random_mtp_weights(c, seed, router_std):
+    """As random_weights. The copies of the embedding and head get values of their own (N(0, 1) and
+    N(0, 1/H)), unlike the published checkpoints where they equal the target's: a drafter that reads them
+    instead of the target's embedding and head fails the fixture (MTP_SENSITIVITY read_copies)."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in mtp_weight_shapes(c):
+        if name.endswith("e_score_correction_bias"):
+            w = 0.05 + 0.45 * torch.rand(shape, generator=g, dtype=torch.float64)
+        elif len(shape) == 1:
+            w = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        elif name.endswith(".embed_tokens.weight"):
+            w = torch.randn(shape, generator=g, dtype=torch.float64)
+        else:
+            std = (router_std if name.endswith("mlp.gate.weight") else 1.0) / math.sqrt(shape[1])
+            w = std * torch.randn(shape, generator=g, dtype=torch.float64)
+        weights[name] = w.to(torch.bfloat16).to(torch.float32)
+    return weights
+
+
+class MtpReference:
+    """The MTP module as a drafter (docs/mla_drafts.md "Forward"), with an explicit latent cache:
+      e = enorm(embed(token))                   the TARGET's embedding (M1, M4 set_embed_and_head, M5)
+      h = hnorm(h_in)                           h_in: the target's final hidden after model.norm at the
+                                                first step (M3, M4, M5, M7), the fed-back o later
+      x = eh_proj(concat(e, h))                 embeddings first (M2, M4, M5; the report writes the
+                                                reverse, M6, but the checkpoints are trained for this)
+      r = x + MLA(input_layernorm(x));  r = r + MoE(post_attention_layernorm(r))   the full layer (M1)
+      o = shared_head.norm(r);  logits = lm_head(o)   the TARGET's lm_head (M4, M5)
+      fed back: o (M4, M5, vLLM after #45895, M2)
+    No position-0 embedding mask (SGLang and TensorRT-LLM, M4, M5; vLLM's is the variant
+    position0_mask, M2). Records the smallest routing gap over every row it ran as `margin`."""
+
+    def __init__(self, c, hub, mtp, dtype, variant=()):
+        self.c, self.dtype, self.variant = c, dtype, variant
+        self.p = f"model.layers.{c['num_hidden_layers']}."
+        self.w = {n: t.to(dtype) for n, t in mtp.items()}
+        copies = "read_copies" in variant
+        self.embed = (mtp[self.p + "embed_tokens.weight"] if copies else hub["model.embed_tokens.weight"]).to(dtype)
+        self.head = (mtp[self.p + "shared_head.head.weight"] if copies else hub["lm_head.weight"]).to(dtype)
+        self.attn = MlaBlockReference(c, c, self.w, self.p + "self_attn.", dtype, variant)
+        self.margin = math.inf
+        self.routing = []  # (ids sorted, weights) of each step
+
+    def step(self, tokens, h_in, positions, allowed=None):
+        c, w, p, variant = self.c, self.w, self.p, self.variant
+        eps = c["rms_norm_eps"]
+        emb = self.embed[tokens]
+        if "position0_mask" in variant:
+            emb = emb.masked_fill((positions == 0)[:, None], 0.0)
+        e = rms_norm(emb, w[p + "enorm.weight"], eps)
+        h = rms_norm(h_in.to(self.dtype), w[p + "hnorm.weight"], eps)
+        x = torch.cat([h, e] if "hidden_first" in variant else [e, h], -1) @ w[p + "eh_proj.weight"].T
+        r = x + self.attn(rms_norm(x, w[p + "input_layernorm.weight"], eps), positions, allowed)
+        out, ids, weights, margin = moe_reference(
+            c, w, p + "mlp.", rms_norm(r, w[p + "post_attention_layernorm.weight"], eps), variant)
+        self.margin = min(self.margin, margin)
+        self.routing.append((ids, weights))
+        r = r + out
+        o = rms_norm(r, w[p + "shared_head.norm.weight"], eps)
+        return o @ self.head.T, (r if "feed_r" in variant else o)
+
+    def cache_len(self):
+        return self.attn.cache.shape[0]
+
+    def snapshot(self):
+        return self.attn.cache.clone()
+
+    def restore(self, saved):
+        self.attn.cache = saved.clone()
+
+
+def run_mtp_reference(c, hub, mtp, hidden, tokens, step1_token, dtype, variant=()):
+    """Step 0 over every row (row p: target hidden at p, token p + 1, position p), then step 1: one row at
+    position T from the last row's fed-back hidden. Returns (logits0, fed0, logits1, fed1, ref)."""
+    ref = MtpReference(c, hub, mtp, dtype, variant)
+    t = tokens.shape[0]
+    logits0, fed0 = ref.step(tokens, hidden, torch.arange(t))
+    logits1, fed1 = ref.step(step1_token, fed0[-1:], torch.tensor([t]))
+    return logits0, fed0, logits1, fed1, ref
+
+
+def mtp_tree_drafter(c, hub, mtp, hidden):
+    def make(ext_tokens, dtype, variant=()):
+        return DraftTreeDrafter(MtpReference(c, hub, mtp, dtype), hidden.to(dtype), ext_tokens, variant)
+    return make
+
+
+def mtp_inputs(spec, c, tokens, last_logits):
+    """(step tokens, step-1 token, tree extend tokens, root): row p of a pass pairs the target hidden at p
+    with token p + 1; the step fixture's last row a fixed token, the tree extend's the root (the target's
+    argmax after the prompt)."""
+    m = spec["mtp"]
+    root = int(last_logits.double().argmax())
+    step_tokens = torch.cat([tokens[1:], torch.tensor([m["last_token"]])]).to(torch.int64)
+    ext_tokens = torch.cat([tokens[1:], torch.tensor([root])]).to(torch.int64)
+    return step_tokens, torch.tensor([m["step1_token"]], dtype=torch.int64), ext_tokens, root
+
+
+def choose_mtp_weights(spec, c, hub, tokens, ref_logits, ref_boundaries, log):
+    """The first seed (from spec["mtp"]["seed"]) whose MTP module, run in fp64 from the fp64 target
+    reference, has routing gaps >= MIN_ROUTING_MARGIN on every row of the step fixture, its control and
+    the trees, and tree-selection gaps >= 2 MIN_TREE_MARGIN."""
+    m = spec["mtp"]
+    hidden = rms_norm(ref_boundaries[-1], hub["model.norm.weight"].double(), c["rms_norm_eps"])
+    step_tokens, step1, ext_tokens, root = mtp_inputs(spec, c, tokens, ref_logits[-1])
+    d2t = torch.zeros(c["vocab_size"], dtype=torch.int64)
+    for seed in range(m["seed"], m["seed"] + 200):
+        mtp = random_mtp_weights(c, seed, spec["router_std"])
+        margin = min(run_mtp_reference(c, hub, mtp, h, step_tokens, step1, torch.float64)[4].margin
+                     for h in (hidden, ref_boundaries[-1]))
+        tree_margin = math.inf
+        for _, topk, num_steps, num_draft_tokens in m["trees"]:
+            drafter = mtp_tree_drafter(c, hub, mtp, hidden)(ext_tokens, torch.float64)
+            tm = build_reference_tree(root, drafter.root_logits, drafter.expand, topk, num_steps, num_draft_tokens,
+                                      d2t)[3]
+            margin, tree_margin = min(margin, drafter.ref.margin), min(tree_margin, tm[0])
+        if margin >= MIN_ROUTING_MARGIN and tree_margin >= 2 * MIN_TREE_MARGIN:
+            log(f"{spec['name']} MTP: seed {seed}, routing margin {margin:.1e}, tree margin {tree_margin:.1e}")
+            return mtp, seed
+    raise SystemExit(f"{spec['name']}: no MTP seed without routing or tree near-ties")
+
+
+def run_mtp_transformers(model, c, mtp, hidden, tokens, step1_token):
+    """The same two steps through transformers: the target's own embed_tokens, rotary_emb and lm_head, a
+    DeepseekV3DecoderLayer built at the module's layer index (MoE by transformers' rule, layer >=
+    first_k_dense_replace), DeepseekV3RMSNorm for enorm / hnorm / shared_head.norm and an nn.Linear
+    eh_proj. Step 1 reruns every row plus the new one (causal: rows 0..T-1 are unchanged). Returns the
+    outputs and the MTP layer's routing per step (ids sorted, weights), from a hook on its router."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mv3
+    config, layer_index = model.config, c["num_hidden_layers"]
+    p, h, eps = f"model.layers.{layer_index}.", c["hidden_size"], c["rms_norm_eps"]
+    layer = mv3.DeepseekV3DecoderLayer(config, layer_index)
+    state = {n[len(p):]: t for n, t in mtp.items() if ".mlp.experts." not in n}
+    own = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "embed_tokens.weight",
+           "shared_head.head.weight")
+    for name in own:
+        state.pop(name)
+    experts = range(c["n_routed_experts"])
+    e = p + "mlp.experts."
+    state["mlp.experts.gate_up_proj"] = torch.stack(
+        [torch.cat([mtp[f"{e}{i}.gate_proj.weight"], mtp[f"{e}{i}.up_proj.weight"]], 0) for i in experts])
+    state["mlp.experts.down_proj"] = torch.stack([mtp[f"{e}{i}.down_proj.weight"] for i in experts])
+    layer.load_state_dict(state, strict=True)
+    layer.eval()
+    if not isinstance(layer.mlp, mv3.DeepseekV3MoE):
+        raise SystemExit("transformers built the MTP layer with a dense MLP")
+    norms = {}
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        norms[name] = mv3.DeepseekV3RMSNorm(h, eps=eps)
+        norms[name].weight.data.copy_(mtp[p + name + ".weight"])
+    eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+    eh_proj.weight.data.copy_(mtp[p + "eh_proj.weight"])
+    routing = []
+    hook = layer.mlp.gate.register_forward_hook(lambda module, args, output: routing.append(output))
+
+    def forward(tok, hid):
+        n = tok.shape[0]
+        x = eh_proj(torch.cat([norms["enorm"](model.model.embed_tokens(tok)), norms["hnorm"](hid)], -1))[None]
+        positions = torch.arange(n)[None]
+        cos, sin = model.model.rotary_emb(x, positions)
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        r = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
+        o = norms["shared_head.norm"](r[0])
+        return model.lm_head(o), o
+
+    with torch.no_grad():
+        logits0, fed0 = forward(tokens, hidden)
+        logits1, fed1 = forward(torch.cat([tokens, step1_token]), torch.cat([hidden, fed0[-1:]]))
+    hook.remove()
+    sorted_routing = []
+    for _, weights, ids in routing:
+        order = ids.argsort(-1)
+        sorted_routing.append((ids.gather(1, order), weights.gather(1, order)))
+    return (logits0, fed0, logits1[-1:], fed1[-1:]), sorted_routing
+
+
+def build_mtp_fixture(spec, c, directory, hub, mtp, mtp_seed, model, tokens, target_logits, boundaries, log):
+    """mtp_expected.safetensors and mtp_tree.safetensors of a target fixture with an MTP module. Returns the
+    README facts."""
+    layer = c["num_hidden_layers"]
+    prenorm = boundaries[layer].float()
+    # h_p = the lm_head input: model.norm of the last boundary, as the oracle computes it (M3, M4, M5, M7).
+    with torch.no_grad():
+        hidden = model.model.norm(prenorm[None])[0].float().contiguous()
+    step_tokens, step1, _, _ = mtp_inputs(spec, c, tokens, target_logits[-1])  # the tree build finds its own
+    got = run_mtp_reference(c, hub, mtp, hidden, step_tokens, step1, torch.float32)
+    exact = run_mtp_reference(c, hub, mtp, hidden.double(), step_tokens, step1, torch.float64)
+    oracle, hf_routing = run_mtp_transformers(model, c, mtp, hidden, step_tokens, step1)
+    control = run_mtp_reference(c, hub, mtp, prenorm, step_tokens, step1, torch.float32)
+    control_exact = run_mtp_reference(c, hub, mtp, prenorm.double(), step_tokens, step1, torch.float64)
+    oracle_control, _ = run_mtp_transformers(model, c, mtp, prenorm, step_tokens, step1)
+    fp64_err = max(max_rel(a, b) for a, b in zip(got[:4] + control[:4], exact[:4] + control_exact[:4]))
+    oracle_err = max(max_rel(a, b) for a, b in zip(oracle + oracle_control, got[:4] + control[:4]))
+    if fp64_err > 1e-5 or oracle_err > 1e-5:
+        raise SystemExit(f"{spec['name']} MTP: reference fp32 vs fp64 {fp64_err:.2e}, vs transformers {oracle_err:.2e}")
+    if min(got[4].margin, control[4].margin) < MIN_ROUTING_MARGIN:
+        raise SystemExit(f"{spec['name']} MTP: routing near-tie in the fp32 reference")
+    # The MTP layer's routing as transformers chose it (step 0 rows, then the step-1 rerun's last row)
+    # must be the reference's.
+    ids0, weights0 = hf_routing[0]
+    ids1, weights1 = hf_routing[1][0][-1:], hf_routing[1][1][-1:]
+    (ref_ids0, ref_weights0), (ref_ids1, ref_weights1) = got[4].routing
+    if not torch.equal(ids0, ref_ids0) or not torch.equal(ids1, ref_ids1):
+        raise SystemExit(f"{spec['name']} MTP: routing differs between transformers and the reference")
+    assert max(max_rel(weights0, ref_weights0), max_rel(weights1, ref_weights1)) < 1e-5
+    control_diff = max_rel(control[0], got[0])
+    control_rows = int((control[0].argmax(-1) != got[0].argmax(-1)).sum())
+    names = ("logits_step0", "hidden_step0", "logits_step1", "hidden_step1")
+    expected = {"hidden_in": hidden, "hidden_in_prenorm": prenorm.contiguous(), "tokens": step_tokens,
+                "token_step1": step1}
+    expected.update({n: t.float().contiguous() for n, t in zip(names, got[:4])})
+    expected.update({"control_" + n: t.float().contiguous() for n, t in zip(names[:2], control[:2])})
+    expected.update({"router.topk_ids_step0": ids0.to(torch.int64).contiguous(),
+                     "router.topk_weights_step0": weights0.float().contiguous(),
+                     "router.topk_ids_step1": ids1.to(torch.int64).contiguous(),
+                     "router.topk_weights_step1": weights1.float().contiguous()})
+    metadata = {"model": spec["name"] + " MTP module 0", "target": spec["name"], "torch": torch.__version__,
+                "transformers": transformers.__version__, "oracle": "independent MTP reference, fp32",
+                "control_vs_expected": f"{control_diff:.3e}"}
+    save_safetensors(os.path.join(directory, "mtp_expected.safetensors"), expected, metadata)
+
+    d2t = torch.zeros(c["vocab_size"], dtype=torch.int64)
+    target_expected = {"tokens": tokens.to(torch.int64), "logits": target_logits.float()}
+    tree_spec = {"name": spec["name"] + " MTP module 0", "target": spec["name"], "trees": spec["mtp"]["trees"]}
+    tree = build_tree_fixture(tree_spec, directory, mtp_tree_drafter(c, hub, mtp, hidden), d2t, target_expected, log,
+                              file="mtp_tree.safetensors")
+
+    sensitivity = {}
+    for variant in MTP_SENSITIVITY:
+        if variant == "prenorm_hidden":
+            v = control_exact
+        else:
+            v = run_mtp_reference(c, hub, mtp, hidden.double(), step_tokens, step1, torch.float64, (variant,))
+        sensitivity[variant] = (max_rel(v[0], exact[0]), int((v[0].argmax(-1) != exact[0].argmax(-1)).sum()),
+                                max_rel(v[2], exact[2]))
+    log(f"{spec['name']} MTP: fp32 vs fp64 {fp64_err:.1e}, vs transformers {oracle_err:.1e}, control differs by "
+        f"{control_diff:.2e} ({control_rows} rows change argmax)")
+    return {"seed": mtp_seed, "tokens": step_tokens.tolist(), "step1_token": int(step1[0]), "fp64_err": fp64_err,
+            "oracle_err": oracle_err, "control_diff": control_diff, "control_rows": control_rows,
+            "margin": min(got[4].margin, control[4].margin), "sensitivity": sensitivity, "tree": tree,
+            "num_tensors": len(mtp)}
+
+
+# --- The MLA EAGLE-3 draft ---------------------------------------------------------------------------
+
+MLA_DRAFTS = [
+    {
+        "name": "mla_draft_k25",
+        "target": "k25_int4",
+        "seed": 9001,
+        "prefix": "midlayer.",
+        "last_token": 399,
+        "step1_token": 123,
+        # As draft_v2's trees: name, topk, num_steps, num_draft_tokens.
+        "trees": [("k3_s3_n8", 3, 3, 8), ("k1_s4_n5", 1, 4, 5), ("k2_s5_n10", 2, 5, 10), ("k4_s4_n16", 4, 4, 16)],
+        "what": "Kimi-K2.5-style MLA EAGLE-3 draft in TorchSpec's native form (`midlayer.*`, S3, S4) on "
+        "`k25_int4`: `Eagle3DeepseekV2ForCausalLM`, model_type kimi_k2 (S8); q_lora_rank 32 (q_a_proj [32, 2H] -> "
+        "q_a_layernorm -> q_b_proj); aux ids [0, 1, 2] (output-of-layer: boundaries 1, 2, 3); the full "
+        "vocabulary (draft_vocab_size 400 = vocab_size, no d2t / t2d: the identity map); rms_norm_eps 1e-5 as "
+        "the Kimi drafts (S5, S6; the target's is 1e-6); the draft's own YaRN in the form of TorchSpec's K2.5 "
+        "draft config (S5: theta 50000, beta_fast 1, beta_slow 1, mscale = mscale_all_dim = 1), scaled down "
+        "(factor 8 over an original 32; the target's is x4 over 64 with beta_fast 32): softmax scale m^2 = "
+        "{m2:.6f}, cos/sin factor {af:.6f}.",
+        "config": {
+            "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+            "model_type": "kimi_k2",
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 16,
+            "draft_vocab_size": 400,
+            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 256,
+            "rope_theta": 50000.0,
+            "rope_scaling": {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                             "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
+        },
+    },
+    {
+        "name": "mla_draft_k25_eagle31",
+        "target": "k25_int4",
+        "seed": 9101,
+        "prefix": "layers.0.",
+        "last_token": 0,
+        "step1_token": 398,
+        "what": "EAGLE 3.1 MLA draft in the vLLM-format export (`layers.0.*`, S4, S6, S7) on `k25_int4`: "
+        "`Eagle3DeepseekV3ForCausalLM` (vLLM's alias, S2), model_type deepseek_v3 (S5); fc_norm (one RMSNorm "
+        "per tap, `fc_norm.{{i}}.weight`) and norm_output (the fed-back hidden is norm(r)) at the top level "
+        "(S1, S2, S7); q_lora_rank null (a plain q_proj [heads * 24, 2H], S2, S3); qk_rope_head_dim 8; aux ids "
+        "[0, 1, 2] (in layer order, as the engines capture taps); draft vocab 150 of 400 with d2t and t2d (S4, S9); "
+        "ModelOpt's eagle_config flags at their EAGLE-3 values and the target's MoE / MTP keys its Kimi "
+        "template copies (inert, S6); rms_norm_eps 1e-6; YaRN x4 over an original 64 with rope_theta "
+        "20000, beta_fast 8, beta_slow 2, mscale 1.0 and mscale_all_dim 0.8 (softmax scale m^2 = {m2:.6f}, "
+        "cos/sin factor {af:.6f} != 1: both YaRN factors exercised; real drafts state 1 and 1).",
+        "config": {
+            "architectures": ["Eagle3DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "draft_vocab_size": 150,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 256,
+            "rope_theta": 20000.0,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                             "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.8},
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True,
+                             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                             "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
+                             "parallel_draft_heads_num_layers": 1},
+            "fc_norm": True,
+            "norm_output": True,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 96,
+            "num_experts_per_tok": 3,
+            "first_k_dense_replace": 1,
+            "num_nextn_predict_layers": 0,
+        },
+    },
+]
+
+MLA_DRAFT_COMMON_KEYS = {
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "num_hidden_layers": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+}
+
+MLA_DRAFT_SENSITIVITY = {
+    "no_m2": "softmax scale without the YaRN m^2 factor",
+    "no_yarn_freq": "plain RoPE frequencies instead of the draft's YaRN",
+    "no_attn_factor": "cos/sin without the mscale/mscale_all_dim factor",
+    "target_rope": "the target's rope_theta / rope_scaling instead of the draft's own",
+    "neox_rope": "rotate (i, i + d/2) pairs instead of adjacent pairs",
+    "hidden_first": "concat(hidden_norm(g), input_layernorm(embed)) instead of embeddings first",
+    "flip_norm_before_residual": "residual hidden_norm(g) instead of g (vLLM's norm_before_residual)",
+    "aux_reversed": "taps concatenated in reverse order",
+    "flip_fc_norm": "the opposite fc_norm",
+    "flip_norm_output": "the opposite norm_output (changes step 1 only)",
+}
+
+
+def mla_draft_hub_config(spec, target_config):
+    c = dict(MLA_DRAFT_COMMON_KEYS)
+    c.update(spec["config"])
+    c["vocab_size"] = target_config["vocab_size"]
+    c["target_hidden_size"] = target_config["hidden_size"]
+    c["transformers_version"] = transformers.__version__
+    return dict(sorted(c.items()))
+
+
+def mla_draft_weight_shapes(dc, prefix):
+    """In the order of eagle3's schema (MlaDraftWeights, src/mla_draft_weights.cc): the 2H input of q_a /
+    q_proj and kv_a (S1: "EAGLE3 doubles MLA's QKV-down input"; S2, S3, S7)."""
+    h, ht = dc["hidden_size"], dc["target_hidden_size"]
+    taps = len(dc["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    shapes = [("fc.weight", (h, taps * ht))]
+    if dc.get("fc_norm"):
+        shapes += [(f"fc_norm.{i}.weight", (ht,)) for i in range(taps)]
+    p = prefix
+    shapes += [(p + "input_layernorm.weight", (h,)), (p + "hidden_norm.weight", (h,))]
+    shapes += mla_attention_shapes(dc, p + "self_attn.", 2 * h)
+    shapes.append((p + "post_attention_layernorm.weight", (h,)))
+    shapes += mlp_shapes(p + "mlp.", h, dc["intermediate_size"])
+    shapes += [("norm.weight", (h,)), ("lm_head.weight", (dc["draft_vocab_size"], h))]
+    return shapes
+
+
+def random_mla_draft_weights(dc, prefix, seed):
+    """As random_draft_weights; d2t / t2d only with a reduced vocabulary (None otherwise: the identity,
+    as TorchSpec writes no map for a full-vocabulary head and vLLM / eagle3 read none)."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in mla_draft_weight_shapes(dc, prefix):
+        if len(shape) == 1:
+            w = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        else:
+            w = torch.randn(shape, generator=g, dtype=torch.float64) / math.sqrt(shape[1])
+        weights[name] = w.to(torch.bfloat16).to(torch.float32)
+    vocab, draft_vocab = dc["vocab_size"], dc["draft_vocab_size"]
+    if draft_vocab == vocab:
+        return weights, None, None
+    ids = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return weights, (ids - torch.arange(draft_vocab)).to(torch.int64), t2d
+
+
+class MlaDraftReference(DraftReference):
+    """The MLA EAGLE-3 draft step (docs/mla_drafts.md "Forward"; S1 Eagle3MLADecoderLayer /
+    Eagle3MLAModel, S2 DeepseekV2Eagle3DecoderLayer, S3 DeepSeekDecoderLayer, S7):
+      g = fc(aux) at the first step (fc_norm: each tap normed first; DraftReference.fc), the parent's
+          fed-back hidden later
+      x = concat(input_layernorm(embed(tok)), hidden_norm(g))      [n, 2H], embeddings first (S1, S2, S3)
+      r = g + MLA(x)               residual g (hidden_norm(g) with norm_before_residual, vLLM only: S2)
+      r = r + MLP(post_attention_layernorm(r))                     dense SiLU MLP (S2: never MoE)
+      logits = lm_head(norm(r)) over the draft vocabulary; fed back r, or norm(r) with norm_output (S1, S2)
+    The MLA block runs the draft's own RoPE (adjacent pairs, its YaRN: S2 deepseek_yarn, S3, S5)."""
+
+    def __init__(self, dc, prefix, weights, embed, dtype, variant=(), target_rope=None):
+        self.dc, self.p, self.dtype, self.variant = dc, prefix, dtype, variant
+        self.w = {n: t.to(dtype) for n, t in weights.items()}
+        self.embed = embed.to(dtype)
+        if "flip_fc_norm" in variant:
+            self.dc = dict(dc, fc_norm=not dc.get("fc_norm"))
+            taps = len(dc["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+            self.w.update({f"fc_norm.{i}.weight": torch.ones(dc["target_hidden_size"], dtype=dtype)
+                           for i in range(taps) if f"fc_norm.{i}.weight" not in self.w})
+        rope = target_rope if "target_rope" in variant else dc
+        self.attn = MlaBlockReference(dc, rope, self.w, prefix + "self_attn.", dtype, variant)
+
+    def step(self, tokens, g, positions, allowed=None):
+        dc, w, p, variant = self.dc, self.w, self.p, self.variant
+        eps = dc["rms_norm_eps"]
+        g = g.to(self.dtype)
+        e = rms_norm(self.embed[tokens], w[p + "input_layernorm.weight"], eps)
+        hn = rms_norm(g, w[p + "hidden_norm.weight"], eps)
+        x = torch.cat([hn, e] if "hidden_first" in variant else [e, hn], -1)
+        residual = hn if dc.get("norm_before_residual", False) != ("flip_norm_before_residual" in variant) else g
+        r = residual + self.attn(x, positions, allowed)
+        r = r + silu_mlp(rms_norm(r, w[p + "post_attention_layernorm.weight"], eps), w, p + "mlp.")
+        normed = rms_norm(r, w["norm.weight"], eps)
+        norm_output = dc.get("norm_output", False) != ("flip_norm_output" in variant)
+        return normed @ w["lm_head.weight"].T, (normed if norm_output else r)
+
+    def cache_len(self):
+        return self.attn.cache.shape[0]
+
+    def snapshot(self):
+        return self.attn.cache.clone()
+
+    def restore(self, saved):
+        self.attn.cache = saved.clone()
+
+
+def run_mla_draft_reference(dc, prefix, weights, embed, aux, tokens, step1_token, dtype, variant=(),
+                            target_rope=None):
+    """Step 0 over every row (from the aux states), step 1 from the last row's fed-back hidden."""
+    ref = MlaDraftReference(dc, prefix, weights, embed, dtype, variant, target_rope)
+    t = tokens.shape[0]
+    logits0, fed0 = ref.step(tokens, ref.fc(aux), torch.arange(t))
+    logits1, fed1 = ref.step(step1_token, fed0[-1:], torch.tensor([t]))
+    return logits0, fed0, logits1, fed1
+
+
+def mla_draft_tree_drafter(dc, prefix, weights, embed, aux):
+    def make(ext_tokens, dtype, variant=()):
+        ref = MlaDraftReference(dc, prefix, weights, embed, dtype)
+        return DraftTreeDrafter(ref, ref.fc(aux), ext_tokens, variant)
+    return make
+
+
+def mla_draft_transformers_config(dc):
+    """A DeepseekV3Config holding the draft layer's keys (the draft's own RoPE in DeepSeek's hub form,
+    which transformers reads into rope_parameters)."""
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rms_norm_eps",
+            "rope_theta", "rope_scaling", "max_position_embeddings", "hidden_act", "attention_bias")
+    # A copy: the constructor adds rope_theta / rope_type to the rope_scaling dict it is handed.
+    config = transformers.DeepseekV3Config(num_hidden_layers=1, **{k: copy.deepcopy(dc[k]) for k in keys})
+    config._attn_implementation = "eager"
+    return config
+
+
+def run_mla_draft_transformers(dc, prefix, weights, embed, aux, tokens, step1_token):
+    """The same two steps through transformers' DeepSeek-V3 modules: DeepseekV3Attention with
+    q_a_proj / q_proj and kv_a_proj_with_mqa widened to 2H (the draft's one shape change, S1, S2) and its
+    latent norms set to rms_norm_eps (transformers builds them with 1e-6; SGLang and vLLM use
+    rms_norm_eps, S1, S2), DeepseekV3RotaryEmbedding of the draft's config, DeepseekV3MLP and
+    DeepseekV3RMSNorm. Step 1 reruns every row plus the new one."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mv3
+    config = mla_draft_transformers_config(dc)
+    if not config.rope_interleave:
+        raise SystemExit("DeepseekV3Config has rope_interleave false; DeepSeek rotates adjacent pairs")
+    h, eps = dc["hidden_size"], dc["rms_norm_eps"]
+    rotary = mv3.DeepseekV3RotaryEmbedding(config)
+    attn = mv3.DeepseekV3Attention(config, 0)
+    ref = MlaBlockReference(dc, dc, {}, "", torch.float64)
+    if abs(attn.scaling - ref.softmax_scale()) > 1e-12 * ref.softmax_scale():
+        raise SystemExit(f"transformers' MLA softmax scale {attn.scaling} differs from the reference's")
+    rs = dc["rope_scaling"]
+    factor = yarn_get_mscale(rs["factor"], rs["mscale"]) / yarn_get_mscale(rs["factor"], rs["mscale_all_dim"])
+    if abs(rotary.attention_scaling - factor) > 1e-12:
+        raise SystemExit(f"transformers' cos/sin factor {rotary.attention_scaling} differs from {factor}")
+    a = prefix + "self_attn."
+    with torch.no_grad():
+        if dc["q_lora_rank"] is not None:
+            attn.q_a_proj = torch.nn.Linear(2 * h, dc["q_lora_rank"], bias=False)
+            attn.q_a_layernorm.variance_epsilon = eps
+            for name in ("q_a_proj", "q_a_layernorm", "q_b_proj"):
+                getattr(attn, name).weight.copy_(weights[a + name + ".weight"])
+        else:
+            attn.q_proj = torch.nn.Linear(2 * h, attn.q_proj.out_features, bias=False)
+            attn.q_proj.weight.copy_(weights[a + "q_proj.weight"])
+        attn.kv_a_proj_with_mqa = torch.nn.Linear(2 * h, dc["kv_lora_rank"] + dc["qk_rope_head_dim"], bias=False)
+        attn.kv_a_layernorm.variance_epsilon = eps
+        for name in ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
+            getattr(attn, name).weight.copy_(weights[a + name + ".weight"])
+        mlp = mv3.DeepseekV3MLP(config)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(mlp, name).weight.copy_(weights[prefix + "mlp." + name + ".weight"])
+        norms = {}
+        for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+            norms[name] = mv3.DeepseekV3RMSNorm(h, eps=eps)
+            norms[name].weight.copy_(weights[prefix + name + ".weight"])
+        final = mv3.DeepseekV3RMSNorm(h, eps=eps)
+        final.weight.copy_(weights["norm.weight"])
+        ht = dc["target_hidden_size"]
+        fc_in = aux
+        if dc.get("fc_norm"):
+            chunks = []
+            for i, tap in enumerate(aux.split(ht, -1)):
+                norm = mv3.DeepseekV3RMSNorm(ht, eps=eps)
+                norm.weight.copy_(weights[f"fc_norm.{i}.weight"])
+                chunks.append(norm(tap))
+            fc_in = torch.cat(chunks, -1)
+        g0 = fc_in @ weights["fc.weight"].T
+
+        def forward(tok, g):
+            n = tok.shape[0]
+            x = torch.cat([norms["input_layernorm"](embed[tok]), norms["hidden_norm"](g)], -1)[None]
+            cos, sin = rotary(x, torch.arange(n)[None])
+            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+            out, _ = attn(x, position_embeddings=(cos, sin), attention_mask=mask)
+            r = g + out[0]
+            r = r + mlp(norms["post_attention_layernorm"](r))
+            normed = final(r)
+            return normed @ weights["lm_head.weight"].T, (normed if dc.get("norm_output") else r)
+
+        logits0, fed0 = forward(tokens, g0)
+        logits1, fed1 = forward(torch.cat([tokens, step1_token]), torch.cat([g0, fed0[-1:]]))
+    return logits0, fed0, logits1[-1:], fed1[-1:]
+
+
+def build_mla_draft(spec, out_dir, log):
+    target_config, embed, target_expected = read_target_fixture(out_dir, spec["target"])
+    dc = mla_draft_hub_config(spec, target_config)
+    assert not dc.get("norm_before_residual"), "the oracle runs the residual g (no MLA engine but vLLM reads it)"
+    directory = os.path.join(out_dir, spec["name"])
+    if os.path.isdir(directory):
+        shutil.rmtree(directory)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(dc, f, indent=2)
+        f.write("\n")
+    prefix = spec["prefix"]
+    ids = dc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    # Inputs as for the Llama-style head: the target's boundaries for the aux ids (output-of-layer id k
+    # = boundary k + 1), and for row p the target token at p + 1 (the last row: a fixed token).
+    aux = torch.cat([target_expected[f"boundary.{k + 1}"] for k in ids], -1).float().contiguous()
+    tokens = torch.cat([target_expected["tokens"][1:], torch.tensor([spec["last_token"]])]).to(torch.int64)
+    step1_token = torch.tensor([spec["step1_token"]], dtype=torch.int64)
+
+    # Weights: the first seed (from the spec's) whose trees have no near-ties (fp64 build).
+    for seed in range(spec["seed"], spec["seed"] + 100):
+        weights, d2t, t2d = random_mla_draft_weights(dc, prefix, seed)
+        if not spec.get("trees") or tree_margin_ok(
+                spec, mla_draft_tree_drafter(dc, prefix, weights, embed, aux), target_expected,
+                d2t if d2t is not None else torch.zeros(dc["vocab_size"], dtype=torch.int64)):
+            break
+    else:
+        raise SystemExit(f"{spec['name']}: no seed without tree near-ties")
+    stored = {n: w.to(torch.bfloat16) for n, w in weights.items()}
+    if d2t is not None:
+        stored.update({"d2t": d2t, "t2d": t2d})
+    save_safetensors(os.path.join(directory, "model.safetensors"), stored, {"format": "pt"})
+
+    # The "target_rope" mistake: the target's theta and scaling on the draft's rope dims.
+    target_rope = {"qk_rope_head_dim": dc["qk_rope_head_dim"], "rope_theta": target_config["rope_theta"],
+                   "rope_scaling": target_config["rope_scaling"]}
+    got = run_mla_draft_reference(dc, prefix, weights, embed, aux, tokens, step1_token, torch.float32)
+    exact = run_mla_draft_reference(dc, prefix, weights, embed, aux, tokens, step1_token, torch.float64)
+    oracle = run_mla_draft_transformers(dc, prefix, weights, embed, aux, tokens, step1_token)
+    fp64_err = max(max_rel(a, b) for a, b in zip(got, exact))
+    oracle_err = max(max_rel(a, b) for a, b in zip(oracle, got))
+    if fp64_err > 1e-5 or oracle_err > 1e-5:
+        raise SystemExit(f"{spec['name']}: reference fp32 vs fp64 {fp64_err:.2e}, vs transformers modules "
+                         f"{oracle_err:.2e} (relative to max |value|)")
+    names = ("logits_step0", "hidden_step0", "logits_step1", "hidden_step1")
+    expected = {"aux": aux, "tokens": tokens, "token_step1": step1_token}
+    expected.update({n: t.float().contiguous() for n, t in zip(names, got)})
+    metadata = {"model": spec["name"], "target": spec["target"], "torch": torch.__version__,
+                "transformers": transformers.__version__, "oracle": "independent MLA EAGLE-3 draft reference, fp32"}
+    save_safetensors(os.path.join(directory, "expected.safetensors"), expected, metadata)
+    identity = torch.zeros(dc["vocab_size"], dtype=torch.int64)
+    tree = None
+    if spec.get("trees"):
+        tree = build_tree_fixture(spec, directory, mla_draft_tree_drafter(dc, prefix, weights, embed, aux),
+                                  d2t if d2t is not None else identity, target_expected, log)
+
+    sensitivity = {}
+    rs = dc["rope_scaling"]
+    for variant in MLA_DRAFT_SENSITIVITY:
+        if variant == "no_attn_factor" and rs["mscale"] == rs["mscale_all_dim"]:
+            continue
+        v = run_mla_draft_reference(dc, prefix, weights, embed, aux, tokens, step1_token, torch.float64, (variant,),
+                                    target_rope)
+        sensitivity[variant] = (max_rel(v[0], exact[0]), int((v[0].argmax(-1) != exact[0].argmax(-1)).sum()),
+                                max_rel(v[2], exact[2]))
+    sizes = {f: os.path.getsize(os.path.join(directory, f)) for f in sorted(os.listdir(directory))}
+    target_ids = torch.arange(dc["draft_vocab_size"]) + (d2t if d2t is not None else 0)
+    info = {
+        "name": spec["name"],
+        "what": spec["what"].format(m2=yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2,
+                                    af=yarn_get_mscale(rs["factor"], rs["mscale"])
+                                    / yarn_get_mscale(rs["factor"], rs["mscale_all_dim"])),
+        "seed": seed,
+        "config": dc,
+        "prefix": prefix,
+        "tokens": tokens.tolist(),
+        "step1_token": spec["step1_token"],
+        "num_tensors": len(stored),
+        "sizes": sizes,
+        "fp64_err": fp64_err,
+        "oracle_err": oracle_err,
+        "softmax_scale": MlaBlockReference(dc, dc, {}, "", torch.float64).softmax_scale(),
+        "sensitivity": sensitivity,
+        "d2t": d2t is not None,
+        "d2t_range": (int(target_ids.min()), int(target_ids.max())),
+        "tree": tree,
+    }
+    log(f"{spec['name']}: seed {seed}, {len(stored)} tensors, {sum(sizes.values())} bytes, fp32 vs fp64 "
+        f"{fp64_err:.1e}, vs transformers modules {oracle_err:.1e}")
+    return info
+
+
+def tree_margin_ok(spec, make_drafter, target_expected, d2t):
+    """Whether every tree of spec["trees"] (fp64) has selection gaps >= 2 MIN_TREE_MARGIN."""
+    prompt = target_expected["tokens"].to(torch.int64)
+    root = int(target_expected["logits"][-1].double().argmax())
+    ext_tokens = torch.cat([prompt[1:], torch.tensor([root])])
+    for _, topk, num_steps, num_draft_tokens in spec["trees"]:
+        drafter = make_drafter(ext_tokens, torch.float64)
+        margin = build_reference_tree(root, drafter.root_logits, drafter.expand, topk, num_steps, num_draft_tokens,
+                                      d2t)[3]
+        if margin[0] < 2 * MIN_TREE_MARGIN:
+            return False
+    return True
+
+
 def fmt_err(x):
     return f"{x:.1e}"
 
 
-def write_readme(out_dir, infos, draft_infos):
+def write_readme(out_dir, infos, draft_infos, mla_infos):
     lines = [
         "# Golden fixtures for the DeepSeek-V2-family target forward and the EAGLE-3 draft step",
         "",
-        "The target fixtures `v2_qlora_yarn`, `v2lite_greedy` and `v3_noaux` are described first, the quantized",
-        "target fixtures `v3_fp8` and `k25_int4` in \"Quantized target fixtures\"; the draft fixtures `draft_v2`",
-        "and `draft_v2_eagle31` in \"EAGLE-3 draft fixtures\" at the end.",
+        "The target fixtures `v2_qlora_yarn`, `v2lite_greedy`, `v3_noaux` and `v3_mtp` are described first, the",
+        "quantized target fixtures `v3_fp8` and `k25_int4` in \"Quantized target fixtures\"; the draft fixtures",
+        "`draft_v2` and `draft_v2_eagle31` in \"EAGLE-3 draft fixtures\", the MLA draft fixtures `mla_draft_k25`",
+        "and `mla_draft_k25_eagle31` in \"MLA EAGLE-3 draft fixtures\", and `v3_mtp`'s MTP module in \"MTP",
+        "fixtures\" at the end.",
         "",
         "Generated by `python3 tools/make_golden.py --out tests/data/golden` (deterministic: one CPU thread,",
         "`torch.use_deterministic_algorithms(True)`, fixed seeds). A rerun reproduces every file byte for byte",
@@ -1930,8 +2839,13 @@ def write_readme(out_dir, infos, draft_infos):
     lines += README_SEMANTICS
     lines += quant_readme([info for info in infos if info["quant"]])
     lines += draft_readme(draft_infos)
+    lines += mla_draft_readme(mla_infos)
+    lines += mtp_readme(infos)
+    text = "\n".join(lines).rstrip() + "\n"
+    while "\n\n\n" in text:  # sections that open and close with a blank line meet
+        text = text.replace("\n\n\n", "\n\n")
     with open(os.path.join(out_dir, "README.md"), "w") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
+        f.write(text)
 
 
 def model_readme(info):
@@ -2053,7 +2967,9 @@ README_SEMANTICS = [
     "  replaced by `last_hidden_state` (after `model.norm`, `tie_last_hidden_states=True` in",
     "  `utils/output_capturing.py`). The boundaries come from hooks instead; the script asserts both facts.",
     "- **MTP.** transformers' V3 config defaults `num_mtp_layers` (alias `num_nextn_predict_layers`) to 1;",
-    "  the V3 config states 0, and the V3 modeling class builds no MTP layer.",
+    "  the V3 configs state it (0, `v3_mtp` 1), and the V3 modeling class builds no MTP layer. It skips only",
+    "  layer 61's tensors on load (`_keys_to_ignore_on_load_unexpected`), so for `v3_mtp` `from_pretrained`",
+    "  reports the module's tensors as unexpected: the script requires exactly those and nothing else.",
     "- **Deviations from the real models.** `v3_noaux` uses mscale 1.0 with mscale_all_dim 0.8 (real V3: 1.0",
     "  and 1.0) so that the cos/sin factor differs from 1 and is exercised.",
 ]
@@ -2164,6 +3080,222 @@ def draft_readme(draft_infos):
     return lines
 
 
+def mtp_readme(infos):
+    """The MTP section of README.md, for the target fixtures with an MTP module."""
+    infos = [info for info in infos if info.get("mtp")]
+    if not infos:
+        return []
+    lines = [
+        "",
+        "## MTP fixtures",
+        "",
+        "DeepSeek-V3's MTP module run as a drafter (docs/mla_drafts.md, \"DeepSeek-V3's MTP module\"), on a target",
+        "fixture whose checkpoint carries it. Written for the MTP drafter's golden test (not yet in the tree):",
+        "it should run the drafter at TP 1 and TP 8 like `tests/draft_golden_test.cc` (1e-4 of the largest",
+        "magnitude), and `tests/draft_tree_golden_test.cc`'s build on `mtp_tree.safetensors`.",
+        "",
+        "- **Checkpoint.** The target directory's shards hold, after the target's tensors, module 0 under",
+        "  `model.layers.L.` with L = `num_hidden_layers` (`MtpConfig::LayerPrefix(0)`), in the order of",
+        "  `MtpModuleWeights` then `MtpSharedCopyWeights`: `enorm.weight` [H], `hnorm.weight` [H], `eh_proj.weight`",
+        "  [H, 2H], the decoder layer exactly as a main layer (`input_layernorm`, `post_attention_layernorm`,",
+        "  `self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}`,",
+        "  `mlp.gate.weight`, `mlp.gate.e_score_correction_bias` (f32), `mlp.experts.{e}.{gate,up,down}_proj`,",
+        "  `mlp.shared_experts.*`), `shared_head.norm.weight` [H], and the copies `embed_tokens.weight` and",
+        "  `shared_head.head.weight` [V, H]. bf16 (the bias f32). **The copies hold values of their own**, not",
+        "  the target's (in the published V3 they are equal): the drafter must run the target's",
+        "  `model.embed_tokens.weight` and `lm_head.weight` (docs/mla_drafts.md, open question 4, decided), and",
+        "  reading the copies changes the logits (\"read_copies\" below).",
+        "- `mtp_expected.safetensors`:",
+        "  - `hidden_in` f32 [T, H] (input): row p = the target's final hidden at position p **after**",
+        "    `model.norm` (the lm_head input; transformers' `model.model.norm(boundary.L)` of the target",
+        "    fixture's prompt) — the tensor the MTP module is fed (M3, M4, M5, M7);",
+        "  - `hidden_in_prenorm` f32 [T, H] (input of the control): the pre-norm boundary L, equal to the target",
+        "    fixture's `boundary.<L>`;",
+        "  - `tokens` i64 [T] (input): row p carries the target prompt's token p + 1 (target `tokens[1:]`), the",
+        "    last row a fixed token;",
+        "  - `logits_step0` f32 [T, V] (full target vocabulary, the target's lm_head), `hidden_step0` f32 [T, H]:",
+        "    one causal pass over all rows at RoPE positions 0..T-1 from `hidden_in`; `hidden_step0` is the",
+        "    hidden fed back, `o = shared_head.norm(r)` (M4, M5, vLLM after #45895);",
+        "  - `token_step1` i64 [1] (input), `logits_step1` f32 [1, V], `hidden_step1` f32 [1, H]: a second pass of",
+        "    one row at position T from the last row's `hidden_step0` (hnorm'ed like a target hidden),",
+        "    attending the T cached latent rows and itself (pins the feedback path);",
+        "  - `control_logits_step0` f32 [T, V], `control_hidden_step0` f32 [T, H]: the same step 0 fed",
+        "    `hidden_in_prenorm` instead: **the CONTROL**. A drafter fed the pre-norm boundary matches these and",
+        "    misses `logits_step0` by the margin below (metadata `control_vs_expected`), so a test can assert",
+        "    both that it matches `logits_step0` and that `logits_step0` is far from the control. hnorm is",
+        "    scale-invariant, so the two inputs differ through `model.norm.weight` alone (random N(1, 0.1^2) here,",
+        "    far from uniform in real checkpoints); a drafter that feeds the pre-norm tensor is what it detects;",
+        "  - `router.topk_ids_step0` i64 [T, K], `router.topk_weights_step0` f32 [T, K], `router.topk_ids_step1`",
+        "    i64 [1, K], `router.topk_weights_step1` f32 [1, K]: the MTP layer's routed experts (sorted by id) and",
+        "    weights as transformers chose them (equal to the reference's), for locating a routing mismatch.",
+        "- `mtp_tree.safetensors`: as `draft_v2/tree.safetensors` (same keys, same four tree shapes), drafted",
+        "  by the MTP module: `prompt` (the target's `tokens`), `root` (argmax of the target's last `logits`",
+        "  row), `tokens` (`prompt[1:]` then the root: the extend pass, fed `hidden_in`), `root_logits` f32 [V],",
+        "  `<name>.params` / `.tree_tokens` / `.tree_parents` / `.tree_scores`. The vocabulary is the target's",
+        "  (no d2t: draft id = target id). Tree rows as for the EAGLE-3 head: a node at depth d is one row fed",
+        "  its parent's `o`, its token, RoPE position (T - 1) + d, attending the extend rows, its ancestors and",
+        "  itself.",
+        "",
+        "Oracle and checks: the expected outputs come from an independent fp32 implementation of the module",
+        "in the script (explicit latent cache; MLA and MoE as DeepSeek's reference; written from",
+        "docs/mla_drafts.md, importing no engine). It must agree within 1e-5 of the largest magnitude with",
+        "itself in fp64 and with the module assembled from transformers (the target's `embed_tokens`,",
+        "`rotary_emb` and `lm_head`, a `DeepseekV3DecoderLayer` built at layer index L with its",
+        "`DeepseekV3MoE`, `DeepseekV3RMSNorm` for enorm / hnorm / shared_head.norm, an `nn.Linear` eh_proj),",
+        "for the expected outputs and the control, and transformers' MTP routing must equal the reference's.",
+        "The module's weight seed is the first whose rows (steps, control, trees) have routing gaps >=",
+        f"{MIN_ROUTING_MARGIN} and tree-selection gaps >= {2 * MIN_TREE_MARGIN} (fp64). transformers builds no MTP layer,",
+        "so `from_pretrained` reports the module's tensors as unexpected; the script requires that and nothing",
+        "else.",
+        "",
+        "Semantics (docs/mla_drafts.md \"Forward\"; source ids as there): `e = enorm(embed(token))` with the",
+        "target's embedding; `x = eh_proj(concat(e, hnorm(h)))`, embeddings first (M2, M4, M5; the report's",
+        "eq. 21 writes the reverse, M6); `r = x + MLA(input_layernorm(x))`, `r = r + MoE(post_attention_layernorm(r))`",
+        "(the MLP by the layer-index rule: MoE); `o = shared_head.norm(r)`; `logits = lm_head(o)`; `o` fed back.",
+        "No embedding mask at position 0 (SGLang, TensorRT-LLM; vLLM's mask is \"position0_mask\" below, open",
+        "question 3). The MTP layer's MLA uses the target's RoPE and softmax scale.",
+        "",
+    ]
+    for info in infos:
+        m = info["mtp"]
+        tree = m["tree"]
+        lines += [
+            f"### `{info['name']}` (MTP module at layer {info['config']['num_hidden_layers']})",
+            "",
+            f"- module weight seed {m['seed']}; {m['num_tensors']} module tensors (copies included); tokens (T = "
+            f"{len(m['tokens'])}): {m['tokens']}; step 1 token {m['step1_token']}.",
+            f"- reference fp32 vs fp64: {fmt_err(m['fp64_err'])}; vs transformers: {fmt_err(m['oracle_err'])}; "
+            f"smallest MTP routing gap {m['margin']:.2e}.",
+            f"- **control** (fed the pre-norm boundary): `control_logits_step0` differs from `logits_step0` by "
+            f"{m['control_diff']:.2e} of max |logit|; {m['control_rows']} of {len(m['tokens'])} rows change argmax.",
+            "- what a mistake would change (fp64 reference with one detail altered: max |logit diff| / max |logit| "
+            "over step 0, rows whose argmax changes, the same measure over step 1): "
+            + "; ".join(f"{MTP_SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}, {v[2]:.2e}" for k, v in m["sensitivity"].items())
+            + ".",
+        ]
+        lines += tree_readme_lines(tree)
+        lines.append("")
+    return lines
+
+
+def tree_readme_lines(tree):
+    lines = [
+        f"- trees after the prompt: root {tree['root']} (target top-2 logit gap {tree['root_gap']:.2e}); "
+        f"smallest selection gap {tree['margin'][0]:.2e} ({tree['margin'][1]}); fp32 vs fp64 scores "
+        f"{fmt_err(tree['fp64_err'])}; tree mask vs path decode {fmt_err(tree['path_err'])}.",
+    ]
+    for t in tree["trees"]:
+        k, steps, n = t["params"]
+        lines.append(f"  - `{t['name']}` (topk {k}, num_steps {steps}, num_draft_tokens {n}): tokens "
+                     f"{t['tokens']}, parents {t['parents']}.")
+    lines.append(f"- what a mistake in the tree rows would change (fp64, trees whose tokens or parents change "
+                 f"out of {len(tree['trees'])}, largest score difference): "
+                 + "; ".join(f"{TREE_SENSITIVITY[k]}: {v[0]}, {v[1]:.2e}" for k, v in tree["sensitivity"].items())
+                 + ".")
+    return lines
+
+
+def mla_draft_readme(infos):
+    if not infos:
+        return []
+    lines = [
+        "",
+        "## MLA EAGLE-3 draft fixtures",
+        "",
+        "Random MLA EAGLE-3 draft heads (one DeepSeek-V3 MLA layer with a dense SiLU MLP over the fused taps,",
+        "the Kimi-K2.5 / K2.6 drafts; docs/mla_drafts.md \"The MLA EAGLE-3 draft\") on the `k25_int4` target,",
+        "written for the MLA draft's golden test (not yet in the tree): it should run the draft at TP 1 and",
+        "TP 8 as `tests/draft_golden_test.cc` runs the Llama-style head (`DraftModel::Create(draft_dir,",
+        "target_dir, ...)` with the default output-of-layer convention; the draft shares the target's",
+        "embedding `language_model.model.embed_tokens.weight`), 1e-4 of the largest magnitude, and",
+        "`tests/draft_tree_golden_test.cc`'s build on `mla_draft_k25/tree.safetensors`. No target model needs",
+        "to run: the taps are stored.",
+        "",
+        "Each `mla_draft_*` directory holds:",
+        "",
+        "- `config.json`: `architectures` (`Eagle3DeepseekV2ForCausalLM` or vLLM's alias",
+        "  `Eagle3DeepseekV3ForCausalLM`), `model_type` (kimi_k2 or deepseek_v3), `hidden_size` = `target_hidden_size`",
+        "  = the target's, the MLA keys (`q_lora_rank` possibly null, `kv_lora_rank`, `qk_nope_head_dim`,",
+        "  `qk_rope_head_dim`, `v_head_dim`), `intermediate_size`, `vocab_size` (the target's), `draft_vocab_size`,",
+        "  `rms_norm_eps`, `rope_theta` + `rope_scaling` in DeepSeek's form (`\"type\": \"yarn\"` with beta_fast,",
+        "  beta_slow, mscale, mscale_all_dim, original_max_position_embeddings): the draft's own RoPE;",
+        "  `eagle_config.eagle_aux_hidden_state_layer_ids` (output-of-layer ids), variant keys.",
+        "- `model.safetensors` (bf16; names and shapes of `MlaDraftWeights`): `fc.weight` [H, 3 Ht];",
+        "  `fc_norm.{i}.weight` [Ht] with fc_norm; under the layer prefix P (`midlayer.` or `layers.0.`):",
+        "  `input_layernorm.weight`, `hidden_norm.weight` [H], `self_attn.q_a_proj.weight` [q_lora_rank, **2H**],",
+        "  `self_attn.q_a_layernorm.weight`, `self_attn.q_b_proj.weight` [heads (nope + rope), q_lora_rank] (or",
+        "  `self_attn.q_proj.weight` [heads (nope + rope), **2H**] when q_lora_rank is null),",
+        "  `self_attn.kv_a_proj_with_mqa.weight` [kv_lora_rank + rope, **2H**], `self_attn.kv_a_layernorm.weight`,",
+        "  `self_attn.kv_b_proj.weight` [heads (nope + v), kv_lora_rank], `self_attn.o_proj.weight` [H, heads v],",
+        "  `post_attention_layernorm.weight`, `mlp.{gate,up,down}_proj.weight`; then `norm.weight` [H],",
+        "  `lm_head.weight` [Vd, H]; with a reduced vocabulary `d2t` i64 [Vd] offsets (target id = draft id +",
+        "  d2t[draft id]) and `t2d` bool [V]; none with the full vocabulary (identity). No `embed_tokens.weight`.",
+        "- `expected.safetensors` (same keys as the Llama-style draft fixtures):",
+        "  - `aux` f32 [T, 3 Ht] (input): the target fixture's `boundary.<k+1>` for each aux id k, in config order;",
+        "  - `tokens` i64 [T] (input): row p carries the target prompt's token p + 1, the last row a fixed token;",
+        "  - `logits_step0` f32 [T, Vd], `hidden_step0` f32 [T, H]: one causal pass over all rows at RoPE",
+        "    positions 0..T-1 from fc(aux); `hidden_step0` is the hidden fed back (r, or norm(r) with",
+        "    norm_output);",
+        "  - `token_step1` i64 [1] (input), `logits_step1` f32 [1, Vd], `hidden_step1` f32 [1, H]: one row at",
+        "    position T fed the last row's `hidden_step0` (not fc: the feedback path), attending the T cached",
+        "    latent rows and itself.",
+        "- `tree.safetensors` (`mla_draft_k25` only): as `draft_v2/tree.safetensors` (same keys and tree shapes),",
+        "  the trees the decode loop builds after `k25_int4`'s prompt; no d2t, so draft ids are target ids.",
+        "",
+        "Weights: linears N(0, 1/fan_in), RMSNorm weights N(1, 0.1^2), rounded to bf16 before anything is",
+        "computed; the seed is the first from the spec's whose trees have selection gaps >= "
+        f"{2 * MIN_TREE_MARGIN} (fp64).",
+        "The expected outputs come from an independent fp32 implementation of the draft step in the script",
+        "(explicit latent cache: each row caches [kv_a_layernorm(c) | RoPE(k_pe)], kv_lora_rank + rope wide, as",
+        "eagle3's latent cache; k_nope and v re-expanded by kv_b_proj; written from docs/mla_drafts.md, importing",
+        "no engine). It must agree within 1e-5 of the largest magnitude with itself in fp64 and with the draft",
+        "assembled from transformers' DeepSeek-V3 modules: `DeepseekV3Attention` with q_a_proj / q_proj and",
+        "kv_a_proj_with_mqa widened to 2H, `DeepseekV3RotaryEmbedding` of a `DeepseekV3Config` holding the",
+        "draft's keys (its softmax scale and cos/sin factor asserted equal to the reference's),",
+        "`DeepseekV3MLP`, `DeepseekV3RMSNorm`.",
+        "",
+        "Semantics (docs/mla_drafts.md \"Forward\"; source ids as there): `g = fc(aux)` (fc_norm: each tap",
+        "RMS-normed first); `x = concat(input_layernorm(embed(tok)), hidden_norm(g))` [T, 2H], embeddings first",
+        "(S1, S2, S3); q = q_b(q_a_layernorm(q_a(x))) or q_proj(x); [c | k_pe] = kv_a_proj_with_mqa(x);",
+        "[k_nope | v] = kv_b(kv_a_layernorm(c)) per head; adjacent-pair RoPE on q's rope dims and k_pe with the",
+        "draft's own rope_theta / YaRN (S2 deepseek_yarn, S3, S5), cos/sin times",
+        "mscale(factor, mscale) / mscale(factor, mscale_all_dim); softmax scale (nope + rope)^-0.5 m^2 with",
+        "m = mscale(factor, mscale_all_dim); `r = g + o_proj(attention)` (residual g: norm_before_residual is",
+        "not set in these fixtures, SGLang and ATOM do not read it); `r = r + down(silu(gate(h)) up(h))`,",
+        "h = post_attention_layernorm(r); logits = lm_head(norm(r)); fed back r, or norm(r) with norm_output.",
+        "Every RMSNorm, q_a_layernorm and kv_a_layernorm included, uses rms_norm_eps (SGLang and vLLM;",
+        "transformers' latent norms default to 1e-6 and are set to rms_norm_eps in the oracle).",
+        "",
+    ]
+    for info in infos:
+        c = info["config"]
+        lines += [f"### `{info['name']}`", "", info["what"], ""]
+        vocab = (f"draft vocab {c['draft_vocab_size']} of {c['vocab_size']} (mapped target ids {info['d2t_range'][0]}.."
+                 f"{info['d2t_range'][1]})" if info["d2t"] else f"full vocabulary {c['vocab_size']} (no d2t)")
+        lines += [
+            f"- layer prefix `{info['prefix']}`; hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
+            f"q_lora_rank {'null (q_proj)' if c['q_lora_rank'] is None else c['q_lora_rank']}, kv_lora_rank "
+            f"{c['kv_lora_rank']}, qk nope/rope "
+            f"{c['qk_nope_head_dim']}/{c['qk_rope_head_dim']}, v {c['v_head_dim']}, intermediate "
+            f"{c['intermediate_size']}, {vocab}, rms_norm_eps {c['rms_norm_eps']}; rope theta {c['rope_theta']}, "
+            f"{json.dumps(c['rope_scaling'])}; softmax scale {info['softmax_scale']:.9f}.",
+            f"- weight seed {info['seed']}; tokens (T = {len(info['tokens'])}): {info['tokens']}; step 1 token "
+            f"{info['step1_token']}.",
+            f"- {info['num_tensors']} checkpoint tensors; files: "
+            + ", ".join(f"{k} {v}" for k, v in info["sizes"].items()) + ".",
+            f"- reference fp32 vs fp64: {fmt_err(info['fp64_err'])}; vs transformers' DeepSeek-V3 modules: "
+            f"{fmt_err(info['oracle_err'])}.",
+            "- what a mistake would change (fp64 reference with one detail altered: max |logit diff| / max "
+            "|logit| over step 0, rows whose argmax changes, the same measure over step 1): "
+            + "; ".join(f"{MLA_DRAFT_SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}, {v[2]:.2e}"
+                        for k, v in info["sensitivity"].items()) + ".",
+        ]
+        if info["tree"]:
+            lines += tree_readme_lines(info["tree"])
+        lines.append("")
+    return lines
+
+
 DRAFT_README_SEMANTICS = [
     "### Draft semantics and where they were checked",
     "",
@@ -2191,7 +3323,9 @@ DRAFT_README_SEMANTICS = [
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    usage = __doc__[__doc__.index("Usage:"):]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=usage,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output directory, e.g. tests/data/golden")
     parser.add_argument("--only", nargs="*",
                         help="fixture names to (re)generate, e.g. v3_fp8 k25_int4; nothing else is written, "
@@ -2199,7 +3333,10 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     transformers.logging.set_verbosity_error()
-    infos, draft_infos = [], []
+    known = {spec["name"] for spec in MODELS + DRAFTS + MLA_DRAFTS}
+    if args.only and set(args.only) - known:
+        raise SystemExit(f"--only: unknown fixtures {sorted(set(args.only) - known)}; known: {sorted(known)}")
+    infos, draft_infos, mla_infos = [], [], []
     for spec in MODELS:
         if args.only and spec["name"] not in args.only:
             continue
@@ -2209,17 +3346,23 @@ def main():
         if args.only and spec["name"] not in args.only:
             continue
         draft_infos.append(build_draft(spec, args.out, print))
+    for spec in MLA_DRAFTS:
+        if args.only and spec["name"] not in args.only:
+            continue
+        mla_infos.append(build_mla_draft(spec, args.out, print))
     if not args.only:
-        write_readme(args.out, infos, draft_infos)
+        write_readme(args.out, infos, draft_infos, mla_infos)
     else:
         # A partial run leaves README.md alone: its sections for what it built, to merge by hand.
         sections = [line for info in infos if not info["quant"] for line in model_readme(info)]
         sections += quant_readme([info for info in infos if info["quant"]])
         sections += draft_readme(draft_infos) if draft_infos else []
+        sections += mla_draft_readme(mla_infos)
+        sections += mtp_readme(infos)
         print("----- README.md sections of the fixtures built (merge by hand) -----")
         print("\n".join(sections).rstrip())
         print("----- end -----")
-    for info, budget in [(i, 1_500_000) for i in infos] + [(i, 1_000_000) for i in draft_infos]:
+    for info, budget in [(i, 1_500_000) for i in infos] + [(i, 1_000_000) for i in draft_infos + mla_infos]:
         total = sum(info["sizes"].values())
         if total > budget:
             raise SystemExit(f"{info['name']}: {total} bytes exceeds the {budget / 1e6:.1f} MB budget")
