@@ -169,14 +169,16 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 // scaled, masked and soft-maxed in fp32 (online, as above), and the probabilities are rounded to
 // bf16 for the value product (as FlashMLA does); the row sums stay fp32. So the result is that of
 // the fp32 path on bf16(q) and the stored rows, up to fp32 accumulation of bf16 products and the
-// bf16 rounding of each probability (relative 2^-9). Blocks of 16 query rows (64 when a sequence
-// averages >= 64 query rows, heads x tokens, as tree verify does, the call holds >= 2048 and
-// key_dim <= 640), 32-key chunks
-// staged four (64 rows: three) deep with cp.async (16-byte copies when key_dim % 8 == 0 and the
-// cache is 16-byte aligned, else plain loads). A key that no row of a block allows is never read
-// for the value product; a key some row of the block allows is multiplied (by probability 0) into
-// the block's other rows too, so a non-finite value there reaches them (the fp32 path and the CPU
-// skip it per row).
+// bf16 rounding of each probability (relative 2^-9). At DeepSeek's shape (key_dim 576, value_dim
+// 512): blocks of 64 query rows of one sequence (latent_tree_kernels.cu) for long trees (a sequence
+// averaging >= 1024 query rows, heads x tokens, or >= 256 with 8+ sequences), else 16
+// (latent_compact_kernels.cu). At other
+// shapes: blocks of 16 query rows (64 when a sequence averages >= 64 query rows, the call holds
+// >= 2048 and key_dim <= 640), 32-key chunks staged four (64 rows: three) deep with cp.async
+// (16-byte copies when key_dim % 8 == 0 and the cache is 16-byte aligned, else plain loads). A key
+// that no row of a block allows is never read for the value product; a key some row of the block
+// allows is multiplied (by probability 0) into the block's other rows too, so a non-finite value
+// there reaches them (the fp32 path and the CPU skip it per row).
 inline constexpr int64_t kLatentMaxKeyDim = 704;
 // Sequences one batched call may hold (the size of the tile table in the caller's scratch).
 inline constexpr int64_t kLatentMaxBatch = 4096;
@@ -246,7 +248,8 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.
 // batch in [0, kLatentMaxBatch]; nothing is written when a check fails (or *bad != 0 before).
 // programmatic: where the attention kernel may overlap the check (one token per row tile, the
-// compact kernel), it and the combine launch as programmatic dependents (programmatic_launch.cuh).
+// compact or tree kernel), it and the combine launch as programmatic dependents
+// (programmatic_launch.cuh).
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
                                          float* partials, int64_t partial_capacity, int* bad,
                                          int* error_flag, int error_code, bool programmatic,

@@ -13,6 +13,7 @@
 
 #include "attention_ops.h"
 #include "core_kernels.cuh"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 
@@ -179,6 +180,38 @@ __device__ inline void MarkEmptySplit(const LatentArgs& a, const LatentTile& til
   }
 }
 
+// Where a block of the compact or the tree kernel starts: its tile (kv within what the page table
+// holds: a no-op once the check has passed), its split's keys, its first head, the tile's tokens.
+struct LatentBlockStart {
+  LatentTile tile;
+  LatentKeyRange keys;
+  int n0 = 0;
+  int tile_tokens = 0;
+};
+
+// The prologue the compact and tree kernels share, run before their PdlWait (every index bounded
+// even if the metadata is bad). False when the block has nothing to compute — no tile, or a split
+// with no key (marked empty once the check has passed) — after the block has waited for the check:
+// the caller just returns.
+__device__ inline bool StartLatentBlock(const LatentArgs& a, LatentBlockStart* s) {
+  const LatentLaunchParams& p = a.p;
+  if (!FindLatentTile(a, blockIdx.x, &s->tile)) {
+    PdlWait();
+    return false;
+  }
+  s->tile.kv = min(s->tile.kv, min(p.max_kv_len, p.pages_per_seq * p.page_size));
+  s->keys = LatentBlockKeys(a, s->tile);
+  s->n0 = static_cast<int>(blockIdx.z) * a.heads_per_tile;
+  s->tile_tokens = static_cast<int>(
+      max(static_cast<int64_t>(0), min(static_cast<int64_t>(a.tokens_per_tile), s->tile.n - s->tile.i0)));
+  if (s->keys.begin >= s->keys.end) {
+    PdlWait();
+    if (*a.bad == 0) MarkEmptySplit(a, s->tile, s->n0, s->tile_tokens);
+    return false;
+  }
+  return true;
+}
+
 // Stages a block's kRows query rows, kRows x stride elements (0 for rows the tile does not hold,
 // see LatentRowHeld, and for dims >= key_dim), through store(r * stride + d, value). Warp w takes
 // rows w, w + warps, ...: each row's source is computed once, its dims are read by consecutive
@@ -232,6 +265,13 @@ __device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile&
   }
 }
 
+// The bf16 halves of an mma.sync B register that holds keys (key, key + 1) of a chunk, kept where
+// `bits` has the key's bit and zeroed where not: a key no row of the block allows must not reach the
+// value product, whatever its cache row holds (0 x NaN is NaN; its probabilities are 0).
+__device__ inline unsigned LatentKeepKeyPair(unsigned bits, int key) {
+  return (((bits >> key) & 1u) != 0 ? 0x0000ffffu : 0u) | (((bits >> (key + 1)) & 1u) != 0 ? 0xffff0000u : 0u);
+}
+
 // Raises the dynamic shared memory limit of `kernel` (the latent kernels take more than the
 // default 48 KiB) to shared_bytes and launches it. Returns the attribute call's error; the
 // launch's own error is left for the caller's cudaGetLastError.
@@ -265,6 +305,13 @@ cudaError_t LaunchLatentMma(const LatentArgs& a, int groups, dim3 grid, size_t s
 inline constexpr int64_t kLatentCompactKeyDim = 576;
 inline constexpr int64_t kLatentCompactValueDim = 512;
 
+// Whether a call has the shape the compact and tree kernels are compiled for: a bf16 cache, 16-byte
+// aligned, at DeepSeek's 576 / 512 latent shape, with key positions that fit 32 bits.
+inline bool LatentAtCompactShape(const LatentLaunchParams& p) {
+  return p.cache_bf16 != nullptr && p.key_dim == kLatentCompactKeyDim && p.value_dim == kLatentCompactValueDim &&
+         reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0 && p.max_kv_len <= 0x3fffffff;
+}
+
 // Whether the compact kernel takes a call of `rows`-row blocks: a bf16 cache at that shape,
 // 16-byte aligned, 16-row blocks, key positions within 31 bits.
 bool LatentCompactApplies(const LatentLaunchParams& p, int rows);
@@ -282,5 +329,26 @@ size_t LatentCompactSharedBytes();
 // index bounded as if the check had failed, and reads no cache row and no `bad`. Returns the
 // attribute call's error, else the launch's.
 cudaError_t LaunchLatentCompact(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
+
+// ---- The 64-row bf16 kernel at the compact kernel's shape (latent_tree_kernels.cu) -------------
+
+// Whether the tree kernel takes a call of `rows`-row blocks: the compact kernel's shape and bounds
+// (LatentCompactApplies), 64-row blocks.
+bool LatentTreeApplies(const LatentLaunchParams& p, int rows);
+
+// Query rows per block of the tree kernel (64).
+int LatentTreeRows();
+
+// Keys per chunk of the tree kernel (its split lengths are multiples of it).
+int LatentTreeChunk();
+
+// Its dynamic shared memory per block.
+size_t LatentTreeSharedBytes();
+
+// Launches it on `grid` (one value tile: value_dim 512), with the compact kernel's programmatic
+// protocol (LaunchLatentCompact): before PdlWait it reads only the tile, the queries and the first
+// page entries, every index bounded as if the check had failed, and no cache row, mask byte or
+// `bad`. Returns the attribute call's error, else the launch's.
+cudaError_t LaunchLatentTree(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

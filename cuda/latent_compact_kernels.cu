@@ -87,20 +87,13 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
   // every index bounded even if the metadata is bad; no cache row, no `bad`.
   PdlLaunchDependents();  // lets the combine's blocks start where this kernel leaves room
   const LatentLaunchParams& p = a.p;
-  LatentTile tile;
-  if (!FindLatentTile(a, blockIdx.x, &tile)) return PdlWait();
-  // kv within what the page table holds (a no-op once the check has passed).
-  tile.kv = min(tile.kv, min(p.max_kv_len, p.pages_per_seq * p.page_size));
-  const LatentKeyRange keys = LatentBlockKeys(a, tile);
+  LatentBlockStart start;
+  if (!StartLatentBlock(a, &start)) return;
+  const LatentTile& tile = start.tile;
+  const LatentKeyRange keys = start.keys;
   const int heads_per_tile = a.heads_per_tile;
-  const int n0 = static_cast<int>(blockIdx.z) * heads_per_tile;
-  const int tile_tokens = static_cast<int>(
-      max(static_cast<int64_t>(0), min(static_cast<int64_t>(a.tokens_per_tile), tile.n - tile.i0)));
-  if (keys.begin >= keys.end) {
-    PdlWait();
-    if (*a.bad == 0) MarkEmptySplit(a, tile, n0, tile_tokens);
-    return;
-  }
+  const int n0 = start.n0;
+  const int tile_tokens = start.tile_tokens;
   // Key positions fit 32 bits (the launcher's bound on max_kv_len).
   const int s_begin = static_cast<int>(keys.begin), s_end = static_cast<int>(keys.end);
   const int prefix = static_cast<int>(tile.kv - tile.n);
@@ -368,8 +361,7 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
 }  // namespace
 
 bool LatentCompactApplies(const LatentLaunchParams& p, int rows) {
-  return rows == kRows && p.cache_bf16 != nullptr && p.key_dim == kDim && p.value_dim == kValueDim &&
-         reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0 && p.max_kv_len <= 0x3fffffff;
+  return rows == kRows && LatentAtCompactShape(p);
 }
 
 int LatentCompactChunk() { return kChunk; }

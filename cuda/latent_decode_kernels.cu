@@ -479,19 +479,27 @@ constexpr size_t kMmaWideSharedLimit = 227 * 1024;
 constexpr int64_t kMmaWideMinRows = 2048;
 
 
-// Query rows per block. The bf16 (tensor-core) kernels: 16 where the compact kernel applies
-// (DeepSeek's 576 / 512 shape); else 64 when a sequence holds at least 64 query rows on average
-// (heads x its tokens: tree verify, or 64+ heads), the call at least kMmaWideMinRows, and 64-row
-// blocks fit in shared memory; else 16. The f32 kernel: 8 when there
-// are few heads and at most one query token per sequence (decode at 8 heads per rank), else 16.
-// Host values only; the tile table and the kernels agree.
+// Query rows per block. The bf16 (tensor-core) kernels at DeepSeek's 576 / 512 shape: 64 (the tree
+// kernel) when a sequence holds at least 1024 query rows on average (heads x its tokens), or 256 with
+// 8+ sequences, else 16 (the compact kernel). At other shapes: 64 when a sequence averages >= 64
+// query rows, the call holds at least kMmaWideMinRows, and 64-row blocks fit in shared memory; else
+// 16. The f32 kernel: 8 when there are few heads and at most one query token per sequence (decode at
+// 8 heads per rank), else 16. Host values only; the tile table and the kernels agree.
 int LatentBlockRows(const LatentLaunchParams& p) {
   const int64_t sequences = std::max<int64_t>(p.batch, 1);
   if (p.cache_bf16 != nullptr) {
-    // The compact kernel takes 16-row blocks at every row count, tree verify included: its blocks
-    // re-read each key per 16 rows (from L2), yet beat 64-row LatentMmaKernel blocks there too.
-    if (LatentCompactApplies(p, 16)) return 16;
     const int64_t rows_per_sequence = p.heads * ((p.tokens + sequences - 1) / sequences);
+    // The tree kernel's 64-row blocks read each key once per 64 rows of a sequence, the compact
+    // kernel's once per 16, but each of its chunks costs several of the compact kernel's (four row
+    // tiles of products and softmax per staged key): it pays where a sequence's keys would be read
+    // 16+ times by 16-row blocks (>= 256 rows) and the batch gives each of its blocks a share of
+    // the GPU, or where the re-reads alone dominate (>= 1024 rows).
+    const int tree_rows = LatentTreeRows();
+    const bool tree_pays = rows_per_sequence >= 1024 || (rows_per_sequence >= 256 && sequences >= 8);
+    if (tree_pays && LatentTreeApplies(p, tree_rows)) {
+      return tree_rows;
+    }
+    if (LatentCompactApplies(p, 16)) return 16;
     const bool wide = rows_per_sequence >= 64 && p.tokens * p.heads >= kMmaWideMinRows &&
                       MmaSharedBytes(p.key_dim, 4) <= kMmaWideSharedLimit;
     return wide ? 64 : 16;
@@ -502,7 +510,8 @@ int LatentBlockRows(const LatentLaunchParams& p) {
 
 // Launch geometry (host values only, so a captured graph replays any lengths within the bounds).
 // programmatic: the batched form's check kernel was launched just before (see
-// LaunchLatentCompact); the compact kernel and the combine then launch as programmatic dependents.
+// LaunchLatentCompact); the compact or tree kernel and the combine then launch as programmatic
+// dependents.
 cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
                                 float* partials, int64_t partial_capacity, const int* bad,
                                 bool programmatic, cudaStream_t stream) {
@@ -516,10 +525,12 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   if (error != cudaSuccess) return error;
   const bool bf16 = p.cache_bf16 != nullptr;
   const int rows = LatentBlockRows(p);
+  const bool tree = LatentTreeApplies(p, rows);
   const bool compact = LatentCompactApplies(p, rows);
-  const size_t shared_bytes = compact ? LatentCompactSharedBytes()
-                              : bf16  ? MmaSharedBytes(p.key_dim, rows / 16)
-                                      : LatentSharedFloats(p.key_dim) * sizeof(float);
+  const size_t shared_bytes = tree      ? LatentTreeSharedBytes()
+                              : compact ? LatentCompactSharedBytes()
+                              : bf16    ? MmaSharedBytes(p.key_dim, rows / 16)
+                                        : LatentSharedFloats(p.key_dim) * sizeof(float);
   if (shared_bytes > static_cast<size_t>(max_shared)) return cudaErrorInvalidValue;
 
   LatentArgs a{};
@@ -527,8 +538,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.tile_table = tile_table;
   a.partials = partials;
   a.bad = bad;
-  a.split_chunk = compact ? LatentCompactChunk() : kLatentChunk;
-  a.splits_marked = compact;
+  a.split_chunk = tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
+  a.splits_marked = tree || compact;
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
@@ -568,7 +579,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
-  if (compact) {
+  if (tree) {
+    error = LaunchLatentTree(a, grid, programmatic, stream);
+  } else if (compact) {
     error = LaunchLatentCompact(a, grid, programmatic, stream);
   } else if (bf16) {
     error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, stream);
@@ -581,8 +594,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   if (error != cudaSuccess || a.splits == 1) return error;
   const dim3 combine_grid(static_cast<unsigned>(p.tokens * p.heads),
                           static_cast<unsigned>((p.value_dim + 127) / 128));
-  return LaunchKernel(programmatic && compact, LatentCombineKernel, combine_grid, dim3(kLatentThreads), 0,
-                      stream, a);
+  return LaunchKernel(programmatic && (tree || compact), LatentCombineKernel, combine_grid,
+                      dim3(kLatentThreads), 0, stream, a);
 }
 
 }  // namespace

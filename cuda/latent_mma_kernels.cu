@@ -65,12 +65,6 @@ __host__ __device__ constexpr int MmaStages(int groups) { return groups == 1 ? 4
 
 __device__ inline uint16_t Bf16Bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-// Keeps the bf16 halves of a B register whose keys (key, key + 1) are set in `used`.
-__device__ inline unsigned PairMask(unsigned used, int key) {
-  return (((used >> key) & 1u) != 0 ? 0x0000ffffu : 0u) |
-         (((used >> (key + 1)) & 1u) != 0 ? 0xffff0000u : 0u);
-}
-
 template <int kGroups>
 __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentArgs a) {
   static_assert(kGroups == 1 || kGroups == 4, "16 or 64 rows");
@@ -327,8 +321,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
     for (int kk = 0; kk < 2; ++kk) {
       unsigned pa[4];
       LdMatrixX4(pa, ps + (vg * 16 + (mat % 2) * 8 + mrow) * kPStride + 16 * kk + (mat / 2) * 8);
-      const unsigned keep0 = PairMask(used, 16 * kk + 2 * t4);
-      const unsigned keep1 = PairMask(used, 16 * kk + 8 + 2 * t4);
+      const unsigned keep0 = LatentKeepKeyPair(used, 16 * kk + 2 * t4);
+      const unsigned keep1 = LatentKeepKeyPair(used, 16 * kk + 8 + 2 * t4);
       const uint16_t* v_rows = kst + (16 * kk + (mat % 2) * 8 + mrow) * rs + (mat / 2) * 8;
 #pragma unroll
       for (int jj = 0; jj < kValueTiles / 2; ++jj) {

@@ -1,7 +1,7 @@
 // Absorbed MLA decode / tree verify through CudaBackend::BatchedLatentAttention at the DeepSeek
 // shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 (512 + 64 rope) in a bf16 or f32
 // cache (cache_bits 16 / 32), values the first 512 columns, page size 64, batch 1/8/32/64, context
-// 1K-64K, 1 query token per sequence (decode) or 8/32/64 (tree verify with a random tree mask).
+// 1K-64K, 1 query token per sequence (decode) or 4/8/16/32/64 (tree verify with a random tree mask).
 // CUDA events (bench_util.h's TimeOnce per iteration, in its NVTX range), Google Benchmark manual
 // time, medians of repetitions; the backend, inputs, ceilings and counters of bench_util.h.
 //
@@ -116,17 +116,17 @@ void BM_BatchedLatentAttention(benchmark::State& state) {
 }
 // The shapes; EAGLE3_BENCH_QUICK=1 (run_all.sh --quick) keeps the issue's headline rows only, because
 // filling the larger caches (up to 64 x 64K x 576 f32 = 9.7 GB) dominates the full run's time.
-// The quick rows include the issue's headline tree-verify row (32 x 4K x 8 tokens).
+// The quick rows include the issue's headline tree-verify row (32 x 4K x 8 tokens) and batch 1.
 void Shapes(benchmark::internal::Benchmark* b) {
   const char* quick_env = std::getenv("EAGLE3_BENCH_QUICK");
   const bool quick = quick_env != nullptr && std::string(quick_env) != "0" && std::string(quick_env) != "";
   if (quick) {
     b->ArgsProduct({{16, 8}, {4096, 65536}, {1, 32}, {1}, {16, 32}});
-    b->ArgsProduct({{16}, {4096}, {8, 32}, {8, 64}, {16, 32}});
+    b->ArgsProduct({{16}, {4096}, {1, 8, 32}, {8, 64}, {16, 32}});
     return;
   }
   b->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32, 64}, {1}, {16, 32}});
-  b->ArgsProduct({{16, 8}, {4096}, {1, 8, 32}, {8, 32, 64}, {16, 32}});
+  b->ArgsProduct({{16, 8}, {4096}, {1, 8, 32}, {4, 8, 16, 32, 64}, {16, 32}});
 }
 BENCHMARK(BM_BatchedLatentAttention)
     ->Apply(Shapes)

@@ -28,6 +28,11 @@ using ::testing::HasSubstr;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Attention parity bound: max |gpu - cpu| / max |cpu| (both fp32; the GPU sums in another order).
 constexpr double kAttentionTol = 1e-5;
+// The same for the tensor-core kernels on a bf16 cache against the CPU on the same rounded cache
+// and q: they round each softmax probability to bf16 for the value product (relative 2^-9 per
+// weight, unbiased), so an output moves by ~0.002 of the values it averages (see
+// cuda_latent_bf16_test.cc).
+constexpr double kBf16AttentionTol = 1e-2;
 
 // max |gpu - cpu| / max |cpu| over two contiguous host f32 tensors, over the elements that are
 // numbers in both; +inf when an element is NaN in one and not in the other (so NaN padding must
@@ -237,6 +242,46 @@ class CudaAttentionParityTest : public ParityTest {
     EXPECT_TRUE(run(*gpu_, qb.dev, c.cache.dev, c.table.dev, mb.dev, ob.dev).ok());
     EXPECT_TRUE(run(cpu_, qb.host, c.cache.host, c.table.host, mb.host, ob.host).ok());
     return Diff(Download(ob.dev), ob.host);
+  }
+
+  // LatentAttention with a bad page entry among the first ceil(S / page_size) (entry 1), or a mask
+  // row with no key (row 2): the CPU refuses it, the GPU reports it at Synchronize() and writes
+  // nothing, with an f32 cache and with a bf16 one on the device (the tensor-core kernels; the CPU
+  // keeps f32); then a good call matches the CPU.
+  void ExpectBadPageOrMaskWritesNothing(int64_t t, int64_t n, int64_t s, int64_t page_size, int64_t w,
+                                        int64_t r) {
+    const PagedCache c = MakeCache(s, page_size, w, 1);  // seeds 1 and 2
+    const Tensor cache_bf16 = UploadBf16(c.cache.host);
+    const Twin q = Make(Random(Shape{t, n, w}, 10));
+    const Twin out = Make(Filled(Shape{t, n, r}, 7.0f));
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(bf16 ? "bf16 cache" : "f32 cache");
+      const Tensor& cache_dev = bf16 ? cache_bf16 : c.cache.dev;
+      {
+        Tensor table = HostCopy(c.table.host);
+        table.data_as<int32_t>()[1] = static_cast<int32_t>(c.num_pages);
+        const Twin bad_table = Make(std::move(table));
+        const Twin mask = Make(MakeMask(MaskKind::kCausal, t, s, 3));
+        EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, bad_table.host, s,
+                                          mask.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
+        ExpectDeferredError(gpu_->LatentAttention(q.dev, cache_dev, bad_table.dev, s,
+                                                  mask.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
+                            "LatentAttention");
+        EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
+      }
+      {
+        Tensor mask = MakeMask(MaskKind::kCausal, t, s, 4);
+        std::fill(mask.data_as<uint8_t>() + 2 * (s + 3), mask.data_as<uint8_t>() + 3 * (s + 3), 0);
+        const Twin m = Make(std::move(mask));
+        EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, c.table.host, s,
+                                          m.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
+        ExpectDeferredError(gpu_->LatentAttention(q.dev, cache_dev, c.table.dev, s,
+                                                  m.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
+                            "LatentAttention");
+        EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
+      }
+    }
+    EXPECT_LE(RunLatent(t, n, s, page_size, w, r, MaskKind::kCausal, false, 5), kAttentionTol);
   }
 };
 
@@ -532,42 +577,15 @@ TEST_F(CudaAttentionParityTest, LatentAttentionEqualsAttentionOverBroadcastRows)
 }
 
 // A bad page entry among the first ceil(S / page_size) (entry 1), or a mask row with no key
-// (row 2), writes nothing.
-// The same with a bf16 cache on the device (the tensor-core kernel; the CPU keeps f32).
+// (row 2), writes nothing (f32 and bf16 caches).
 TEST_F(CudaAttentionParityTest, LatentAttentionBadPageOrMaskWritesNothing) {
-  const int64_t t = 4, n = 2, s = 20, page_size = 4, w = 24, r = 16;
-  const PagedCache c = MakeCache(s, page_size, w, 1);  // seeds 1 and 2
-  const Tensor cache_bf16 = UploadBf16(c.cache.host);
-  const Twin q = Make(Random(Shape{t, n, w}, 10));
-  const Twin out = Make(Filled(Shape{t, n, r}, 7.0f));
-  for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16 cache" : "f32 cache");
-    const Tensor& cache_dev = bf16 ? cache_bf16 : c.cache.dev;
-    {
-      Tensor table = HostCopy(c.table.host);
-      table.data_as<int32_t>()[1] = static_cast<int32_t>(c.num_pages);
-      const Twin bad_table = Make(std::move(table));
-      const Twin mask = Make(MakeMask(MaskKind::kCausal, t, s, 3));
-      EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, bad_table.host, s,
-                                        mask.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
-      ExpectDeferredError(gpu_->LatentAttention(q.dev, cache_dev, bad_table.dev, s,
-                                                mask.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
-                          "LatentAttention");
-      EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
-    }
-    {
-      Tensor mask = MakeMask(MaskKind::kCausal, t, s, 4);
-      std::fill(mask.data_as<uint8_t>() + 2 * (s + 3), mask.data_as<uint8_t>() + 3 * (s + 3), 0);
-      const Twin m = Make(std::move(mask));
-      EXPECT_FALSE(cpu_.LatentAttention(q.host, c.cache.host, c.table.host, s,
-                                        m.host.view().Narrow(1, 0, s), 1.0f, r, out.host).ok());
-      ExpectDeferredError(gpu_->LatentAttention(q.dev, cache_dev, c.table.dev, s,
-                                                m.dev.view().Narrow(1, 0, s), 1.0f, r, out.dev),
-                          "LatentAttention");
-      EXPECT_TRUE(SameBytes(Download(out.dev), out.host));
-    }
-  }
-  EXPECT_LE(RunLatent(t, n, s, page_size, w, r, MaskKind::kCausal, false, 5), kAttentionTol);
+  ExpectBadPageOrMaskWritesNothing(4, 2, 20, 4, 24, 16);
+}
+
+// The same at DeepSeek's width with 4 tokens x 16 heads: the bf16 cache runs the tree kernel
+// (64-row blocks, latent_tree_kernels.cu).
+TEST_F(CudaAttentionParityTest, LatentAttentionBadPageOrMaskAtTheTreeShapeWritesNothing) {
+  ExpectBadPageOrMaskWritesNothing(4, 16, 100, 16, 576, 512);
 }
 
 // ---- PagedWrite / PagedRead ---------------------------------------------------------------------
@@ -737,6 +755,28 @@ class CudaBatchedLatentTest : public CudaAttentionParityTest {
     EXPECT_TRUE(Run(cpu_, x, false, c).ok());
     return Diff(Download(x.out.dev), x.out.host);
   }
+  // The same batch with a bf16 cache on the device (the tensor-core kernels), the CPU run on the
+  // rounded cache and the rounded q (the kernels round q to bf16 as they stage it).
+  double ParityOnBf16Cache(const BatchCase& c) {
+    Batch x = MakeBatch(c);
+    const Tensor cache_bf16 = UploadBf16(x.cache.host);
+    x.cache.host = RoundedToBf16(x.cache.host);
+    x.q.host = RoundedToBf16(x.q.host);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.w));
+    EXPECT_TRUE(gpu_->BatchedLatentAttention(x.q.dev, cache_bf16, x.tables.dev, x.q_start.dev, x.kv_len.dev,
+                                             x.max_kv, MaskView(x.tree_mask.dev, c.tree, x.t), scale, c.r,
+                                             x.out.dev).ok());
+    EXPECT_TRUE(Run(cpu_, x, false, c).ok());
+    return Diff(Download(x.out.dev), x.out.host);
+  }
+  // f32 values rounded to bf16 (nearest even), as a bf16 cache holds them; NaN stays NaN.
+  static Tensor RoundedToBf16(const Tensor& f32) {
+    Tensor out = *Tensor::Empty(DType::kF32, f32.shape());
+    for (int64_t i = 0; i < f32.numel(); ++i) {
+      out.data_as<float>()[i] = Bf16ToFloat(FloatToBf16(f32.data_as<const float>()[i]));
+    }
+    return out;
+  }
 };
 
 // fp32 on both sides; the GPU sums in another order: 1e-5 relative to the largest output.
@@ -791,6 +831,38 @@ TEST_F(CudaBatchedLatentTest, LongContextMatchesCpu) {
   c.n = {1};
   c.kv = {65536};
   EXPECT_LE(Parity(c), 2e-5);  // the CPU's own sequential fp32 sums, see LatentAttentionLongContext
+}
+
+// Tree verify on a bf16 cache at DeepSeek's width, where a sequence averages >= 64 query rows: the
+// tree kernel (64-row blocks, latent_tree_kernels.cu). 4 / 8 / 16 / 64 tokens x 16 heads with
+// random trees, causal without a mask, contexts ending mid-chunk (and the splits the launcher cuts
+// them into), sequences whose keys are all new, page sizes 1 / 16 / 64; 128 heads x 1 token (two
+// 64-head tiles, a programmatic dependent of the check).
+TEST_F(CudaBatchedLatentTest, TreeVerifyOnBf16CacheMatchesCpu) {
+  struct Case {
+    std::vector<int64_t> n, kv;
+    int64_t heads, page_size;
+    bool tree;
+  };
+  const std::vector<Case> cases = {
+      {{4, 4, 4}, {4, 1000, 2049}, 16, 16, true},   {{8, 8}, {77, 4000}, 16, 64, true},
+      {{16, 16}, {16, 333}, 16, 1, true},           {{64}, {1100}, 16, 64, true},
+      {std::vector<int64_t>(8, 16), {16, 333, 4000, 17, 64, 100, 2000, 31}, 16, 16, true},
+      {{8, 4, 16}, {8, 600, 3000}, 16, 16, false},  {{1, 1, 1, 1}, {1, 31, 700, 4097}, 128, 64, false},
+  };
+  uint32_t seed = 700;
+  for (const Case& k : cases) {
+    BatchCase c;
+    c.n = k.n;
+    c.kv = k.kv;
+    c.heads = k.heads;
+    c.page_size = k.page_size;
+    c.tree = k.tree;
+    c.seed = seed++;
+    SCOPED_TRACE(::testing::Message() << "N=" << c.heads << " n0=" << c.n[0] << " kv0=" << c.kv[0]
+                                      << " page_size=" << c.page_size << (c.tree ? " tree" : " causal"));
+    EXPECT_LE(ParityOnBf16Cache(c), kBf16AttentionTol);
+  }
 }
 
 // Each bad metadata case: the CPU refuses it, Synchronize() reports InvalidArgument naming the
@@ -881,6 +953,49 @@ TEST_F(CudaBatchedLatentTest, BadMetadataAtTheDecodeShapeWritesNothing) {
          "sequence 1"},
         {"page entry huge", [](Batch& x) { x.tables.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
     });
+  }
+}
+
+// The tree kernel's shapes (W = 576, >= 1024 query rows per sequence: LatentBlockRows): 16 heads x
+// 64-72 tokens (tiles of 4 tokens) and 128 heads x 8-9 tokens (64-head tiles). Garbage lengths, starts, page entries and tree rows neither fault nor write.
+TEST_F(CudaBatchedLatentTest, BadMetadataAtTheTreeShapeWritesNothing) {
+  for (const int64_t heads : {16, 128}) {
+    for (const bool tree : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << heads << (tree ? " tree mask" : " causal"));
+      BatchCase c;
+      c.tree = tree;
+      c.heads = heads;
+      c.page_size = 4;
+      // >= 1024 query rows per sequence: the tree kernel's route (LatentBlockRows).
+      c.n = heads == 16 ? std::vector<int64_t>{64, 72, 70} : std::vector<int64_t>{8, 9, 8};
+      c.kv = heads == 16 ? std::vector<int64_t>{70, 80, 70} : std::vector<int64_t>{10, 12, 8};
+      const int32_t t = static_cast<int32_t>(std::accumulate(c.n.begin(), c.n.end(), int64_t{0}));
+      const int32_t last_n = static_cast<int32_t>(c.n[2]);
+      const int32_t past_max = static_cast<int32_t>(*std::max_element(c.kv.begin(), c.kv.end()) + 1);
+      std::vector<BadMetadataCase> cases = {
+          {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
+          {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
+          {"q_start far out", [](Batch& x) { x.q_start.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
+          {"q_start[B] past T", [t](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = t + 1; }, "sequence 2"},
+          // Sequence 2 one token shorter (still within its keys): only q_start[B] != T fails.
+          {"q_start[B] short", [t](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = t - 1; }, "q_start[B]"},
+          {"kv_len < n", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 0; }, "sequence 1"},
+          {"kv_len > max", [past_max](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = past_max; }, "sequence 2"},
+          {"kv_len huge", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[0] = 1 << 30; }, "sequence 0"},
+          {"kv_len negative", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = -7; }, "sequence 2"},
+          {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
+           "sequence 1"},
+          {"page entry huge", [](Batch& x) { x.tables.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
+      };
+      if (tree) {
+        // Sequence 2's keys are all new (kv == n): a tree row with no key is an error there.
+        cases.push_back({"empty tree row", [t, last_n](Batch& x) {
+                           uint8_t* row = x.tree_mask.host.data_as<uint8_t>() + (t - last_n) * x.tree_mask.host.dim(1);
+                           std::fill(row, row + x.tree_mask.host.dim(1), uint8_t{0});
+                         }, "sequence 2"});
+      }
+      ExpectBadMetadataWritesNothing(c, cases);
+    }
   }
 }
 

@@ -262,8 +262,9 @@ TEST_F(CudaLatentBf16Test, PagedWriteRoundsAndReadWidens) {
 }
 
 // The explicit-mask form over contexts that are and are not multiples of the 32-key chunk and of
-// the page size, page sizes 1 / 3 / 64, 16 / 8 / 5 heads, widths 576 / 512 (values 512), 72 (values
-// 64: pad dims) and 36 (not a multiple of 8: the kernel's plain-load path).
+// the page size, page sizes 1 / 3 / 64, 16 / 8 / 5 / 1 heads, widths 576 / 512 (values 512), 72
+// (values 64: pad dims) and 36 (not a multiple of 8: the kernel's plain-load path). At W = 576 one
+// token of 16 heads runs the compact kernel, 4+ tokens (or 64 of one head) the tree kernel.
 TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
   struct Case {
     int64_t t, n, s, page_size, w, r;
@@ -279,6 +280,8 @@ TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
       // heads x 12 tokens = 60 of 64), 64 values (warps 4-7 own no column) and the plain-load path.
       {410, 5, 450, 1, 72, 64, false},    {683, 3, 700, 3, 36, 20, true},
       {128, 16, 200, 64, 576, 512, false},
+      // >= 64 rows at W = 576: the tree kernel, a context ending mid-chunk, page sizes 3 and 1.
+      {16, 16, 4097, 3, 576, 512, false}, {4, 16, 1000, 1, 576, 512, true},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) {
@@ -297,7 +300,7 @@ TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
 
 // Decode (1 token) and tree verify (8 / 32 tokens, random trees) over batches of different
 // lengths, page sizes 1 and 64, 16 and 8 heads: 16-row blocks (decode) and 64-row blocks (a
-// sequence averaging >= 64 query rows).
+// sequence averaging >= 64 query rows; at W = 576 the tree kernel, latent_tree_kernels.cu).
 TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
   struct Case {
     std::vector<int64_t> n, kv;
@@ -331,6 +334,91 @@ TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
     EXPECT_LE(unrounded, kUnroundedTol);
     std::printf("B=%zu heads=%ld kv0=%ld: error %.2e vs rounded q, %.2e vs unrounded q\n",
                 c.n.size(), static_cast<long>(c.heads), static_cast<long>(c.kv[0]), rounded, unrounded);
+  }
+}
+
+// Cache rows that hold NaN where no query row allows the key (576 / 512, 16 heads, one sequence of
+// 128 tokens: the tree kernel's 64-row blocks): such a key must not reach the value product
+// (0 x NaN), whether it sits in a chunk with allowed keys (70, 201) or fills one (128..159). Pages of
+// 16 and 3.
+TEST_F(CudaLatentBf16Test, KeysNoRowAllowsMayHoldNaN) {
+  constexpr int64_t kT = 128, kHeads = 16, kS = 300, kW = 576, kR = 512;
+  auto blocked = [](int64_t key) { return (key >= 128 && key < 160) || key == 70 || key == 201; };
+  uint32_t seed = 900;
+  for (int64_t page_size : {16, 3}) {
+    SCOPED_TRACE(::testing::Message() << "page_size=" << page_size);
+    Cache c = MakeCache(kS, page_size, kW, seed);
+    for (int64_t key = 0; key < kS; ++key) {
+      if (!blocked(key)) continue;
+      float* row = c.host_f32.data_as<float>() + (c.pages[key / page_size] * page_size + key % page_size) * kW;
+      std::fill(row, row + kW, kNaN);
+    }
+    c.dev_bf16 = Upload(ToBf16(c.host_f32));
+    const Tensor q = Rounded(Random(Shape{kT, kHeads, kW}, seed + 2));
+    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{kT, kS});
+    std::mt19937 rng(seed + 3);
+    for (int64_t i = 0; i < kT; ++i) {
+      uint8_t* row = mask.data_as<uint8_t>() + i * kS;
+      for (int64_t j = 0; j < kS; ++j) row[j] = !blocked(j) && rng() % 3 == 0 ? 1 : 0;
+      row[rng() % 64] = 1;  // every row allows a key
+    }
+    const Tensor table = I32(c.pages);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kW));
+    const Tensor d_q = Upload(q), d_table = Upload(table), d_mask = Upload(mask);
+    Tensor d_out = Upload(Filled(Shape{kT, kHeads, kR}, kNaN));
+    ASSERT_TRUE(gpu_->LatentAttention(d_q, c.dev_bf16, d_table, kS, d_mask, scale, kR, d_out).ok());
+    Tensor ref = Filled(Shape{kT, kHeads, kR}, kNaN);
+    ASSERT_TRUE(cpu_.LatentAttention(q, c.host_f32, table, kS, mask, scale, kR, ref).ok());
+    const Tensor got = Download(d_out);
+    int64_t nans = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) nans += std::isnan(got.data_as<const float>()[i]) ? 1 : 0;
+    EXPECT_EQ(nans, 0);
+    EXPECT_LE(NanAwareError(got, ref), kBf16Tol);
+    seed += 10;
+  }
+}
+
+// The tree kernel (64-row blocks at W = 576, R = 512, where LatentBlockRows routes to it):
+// 16 / 64 tokens x 16 heads with random trees, contexts that end mid-chunk (and the splits
+// the launcher cuts them into), page sizes 1 / 3 / 16 / 64, sequences whose keys are all new (kv ==
+// n), mixed token counts in one batch (short sequences leave tile rows empty), causal without a
+// mask, 8 / 20 heads (tiles of 8 x 8 and 3 x 20 = 60 rows), 2 heads x 32+ tokens (more tokens per
+// tile than warps), 128 heads x 1 token (two 64-head tiles, launched as a programmatic dependent of
+// the check), and a batch large enough for one split (results written directly, no combine).
+TEST_F(CudaLatentBf16Test, TreeKernelMatchesCpuOnRoundedInputs) {
+  struct Case {
+    std::vector<int64_t> n, kv;
+    int64_t heads, page_size;
+    bool tree;
+  };
+  // Each case meets LatentBlockRows' rule for the tree kernel: >= 1024 rows per sequence, or >= 256
+  // with 8+ sequences.
+  const std::vector<int64_t> eight_16(8, 16);
+  const std::vector<Case> cases = {
+      {eight_16, {100, 16, 1000, 4097, 33, 700, 2049, 17}, 16, 64, true},
+      {eight_16, {33, 4095, 700, 16, 64, 65, 1023, 300}, 16, 1, true},
+      {{64, 64}, {64, 1500}, 16, 3, true},
+      {{64, 100}, {1500, 100}, 16, 16, true},
+      {{16, 32, 16, 20, 24, 16, 17, 19}, {300, 32, 4000, 100, 24, 16, 17, 2000}, 16, 64, true},
+      {{64, 64}, {64, 2000}, 16, 64, false},
+      {{128, 128}, {128, 333}, 8, 64, true},
+      {std::vector<int64_t>(8, 13), std::vector<int64_t>(8, 1025), 20, 16, true},
+      {{512, 520}, {600, 520}, 2, 64, true},
+      {std::vector<int64_t>(8, 2), {2, 1000, 4096, 3, 77, 2, 500, 64}, 128, 64, false},
+      {std::vector<int64_t>(16, 64), std::vector<int64_t>(16, 300), 16, 64, true},
+  };
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.n.size() << " heads=" << c.heads << " page_size="
+                                      << c.page_size << " n0=" << c.n[0] << " kv0=" << c.kv[0]
+                                      << (c.tree ? " tree" : " causal"));
+    const auto [rounded, unrounded] = RunBatched(c.n, c.kv, c.heads, c.page_size, 576, 512, c.tree, seed);
+    seed += 10;
+    EXPECT_LE(rounded, kBf16Tol);
+    EXPECT_LE(unrounded, kUnroundedTol);
+    std::printf("B=%zu heads=%ld n0=%ld kv0=%ld: error %.2e vs rounded q, %.2e vs unrounded q\n", c.n.size(),
+                static_cast<long>(c.heads), static_cast<long>(c.n[0]), static_cast<long>(c.kv[0]), rounded,
+                unrounded);
   }
 }
 
