@@ -1,6 +1,6 @@
-// Inline-PTX wrappers of the CUDA backend's kernels: cp.async, ldmatrix, mma.sync and max.NaN. A
-// kernel that needs another instruction adds its wrapper here rather than a copy in its own file.
-// sm_80+ instructions (the backend builds for sm_90). No abseil here: nvcc must never see it.
+// Inline-PTX wrappers of the CUDA backend's kernels: cp.async, ldmatrix, mma.sync, lop3 and
+// max.NaN. A kernel that needs another instruction adds its wrapper here rather than a copy in its
+// own file. sm_80+ instructions (the backend builds for sm_90). No abseil here: nvcc must never see it.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +77,18 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], const unsigned (&a)[4], u
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- lop3: any bitwise function of three words --------------------------------------------------
+
+// The bitwise function of a, b and c whose truth table is kLut (bit (a << 2 | b << 1 | c) of kLut is
+// the result for those input bits: 0xF0 & 0xCC | 0xAA = 0xEA is (a & b) | c). nvcc splits
+// (x & mask) | constant into two instructions when both operands are immediates; this keeps one.
+template <unsigned kLut>
+__device__ __forceinline__ uint32_t Lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+  return d;
 }
 
 // ---- max.NaN ------------------------------------------------------------------------------------

@@ -1,32 +1,28 @@
-// The quantized small-M product (cuda/quant_gemv_ops.h). No abseil here: nvcc must never see it.
+// The quantized small-M product (cuda/quant_gemv_ops.h) and its planned launchers
+// (cuda/quant_gemv_plan.h). No abseil here: nvcc must never see it.
 //
-// One kernel skeleton serves both formats (Fp8Format, Int4Format below). Each m16n8k16 tensor-core
-// product takes the activation rows as its 16-row A operand and 8 weight rows as its B operand, so
-// every M up to 16 costs the same products, and an 8-row weight tile is the unit of work.
+// A weight stream is bound by the bytes in flight: by Little's law the HBM needs some megabytes of
+// loads outstanding to run at its rate, so every lane keeps kDepth steps of 16-byte weight loads in
+// flight in a register ring (the first ones issued before the programmatic-launch wait), and the
+// planner (quant_gemv_plan.cc) sizes the grid and the K split so that the whole machine holds enough
+// of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight from its load
+// to the widening and the tensor cores.
 //
-// Work split: a block of 8 warps covers 128 / wk weight rows; each warp two 8-row tiles (16 rows),
-// and the wk warps of a row group split the block's columns between them step by step (a step is
-// the 64 (fp8) or 128 (int4) columns that the 4 lanes of a tile row load as one 16-byte chunk
-// each). Where the rows alone give too few blocks for the machine (skinny n), a cluster of up to 8
-// blocks splits the columns further and adds its partial sums through distributed shared memory in
-// rank order. Every sum is taken in a fixed order (lane chunks in step order, warps of a group in
-// warp order, cluster ranks in rank order): the same result every run.
+// Products: each m16n8k16 product takes 16 weight rows as its A operand (a warp's rows g and g + 8
+// of lane (g, c), widened to bf16 in registers straight into the A fragment) and 8 activation rows as
+// its B operand (staged bf16 in shared memory so that one 16-byte read gives a lane its B pairs); up
+// to 8 activation rows cost one product per 16 x 16 weights, 9 to 16 two. Within a chunk, the
+// columns enter the products in a fixed permutation that the staged activations share (PieceColumn):
+// fp8 word j (4 codes) feeds product j with codes (0, 2) and (1, 3); int4 word j (8 nibbles) feeds
+// products 2j and 2j + 1 with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7).
 //
-// Streaming: each lane keeps kDepth steps of weight chunks (both tiles) in flight in a register
-// ring, the first kDepth issued before the programmatic-launch wait, and refills a slot as soon as
-// it is consumed. Weight chunks are read with evict-first 16-byte loads; int4 group scales ride in
-// the same ring (two bf16 per chunk, for a chunk that straddles a group boundary); fp8 block scales
-// (one per 128 x 128 block) are staged in shared memory with the activations.
-//
-// Activations are staged a tile of steps at a time in shared memory as bf16, in "slots" of 8
-// columns permuted to the order in which the format unpacks its weights, and laid out so that the 8
-// lanes of each 16-byte shared-memory read phase hit 8 distinct slots of one 128-byte line. The
-// weight ring keeps streaming across a restaging.
+// Sums: each warp accumulates its rows over its K run in step order (fp8: each 128-column block's
+// products in fp32, times the block's scale, added to the row's sum); the wk warps of a row group
+// add their sums in warp order, and the blocks of a cluster in rank order: the same bits every run.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,24 +30,22 @@
 #include "programmatic_launch.cuh"
 #include "ptx.cuh"
 #include "quant_gemv_ops.h"
+#include "quant_gemv_plan.h"
 
 namespace eagle3::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kTiles = 2;                        // 8-row weight tiles per warp
-constexpr int kWarpRows = 8 * kTiles;            // weight rows per warp
-constexpr int kBlockRows = kWarpRows * kWarps;   // weight rows per block with wk = 1
-constexpr int kDepth = 6;                        // steps a lane has in flight
-constexpr int kMaxSplit = 8;                     // blocks per cluster (portable cluster size)
-constexpr int kActBytes = 32 * 1024;             // activation tile
-// Partial sums at the end: per warp, tile, lane and fragment element, then per block row and M.
-constexpr int kWarpPartFloats = kWarps * kTiles * 32 * 4;
-constexpr int kReduceBytes = (kWarpPartFloats + kBlockRows * kQuantGemvMaxRows) * 4;
-constexpr int kAreaBytes = kActBytes > kReduceBytes ? kActBytes : kReduceBytes;
+constexpr int kThreads = kQuantGemvThreads;
+constexpr int kWarps = kQuantGemvWarps;
+constexpr int kWarpRows = kQuantGemvWarpRows;
+constexpr int kBlockRows = kQuantGemvBlockRows;
+constexpr int kDepth = kQuantGemvDepth;
+constexpr int kUnitColumns = kQuantGemvUnitColumns;
+// Partial sums of the final reduction per warp, activation-row half, lane and fragment element
+// (then, cluster ranks only, per block row and activation row: quant_gemv_plan.cc sizes both).
+constexpr int kWarpPartFloats = kWarps * 2 * 32 * 4;
 // Largest k and col0 taken: column and step arithmetic stays in 32 bits.
 constexpr int64_t kMaxColumn = int64_t{1} << 29;
 
@@ -60,27 +54,28 @@ struct Params {
   int64_t lda, stride_a;
   bool a_bf16;
   bool a_vec;  // every activation row of every item 16-byte aligned: 16-byte loads
-  const char* b;               // codes (fp8) or packed words (int4)
-  int64_t ldb, stride_b;       // bytes
-  const void* scale;           // f32 scale_inv (fp8) or bf16 weight_scale (int4)
+  const char* b;           // codes (fp8) or packed words (int4)
+  int64_t ldb, stride_b;   // bytes
+  const void* scale;       // f32 scale_inv (fp8) or bf16 weight_scale (int4)
   int64_t scale_ld, scale_stride;
-  int64_t row0;
-  int col0;                    // <= 2^29, as is k: column sums and step indices stay in 32 bits
-  int group_shift;             // int4: log2(group_size)
+  int64_t row0;            // fp8: the slice's first global row
+  int col0;                // the slice's first global column
+  int group_shift;         // int4: log2(group_size)
+  int last_group;          // int4: the group of column k - 1
   float* c;
   int64_t ldc, stride_c;
   const float* bias;
   int m;
-  int halves;                  // 16-byte activation slots per lane read: rows 0-7, and 8-15 when m > 8
   int64_t n;
   int k;
   float alpha, beta;
-  int shift;                   // virtual columns before column 0 (fp8: col0 % 64)
-  int steps;                   // steps covering shift + k columns
-  int rank_steps;              // steps per cluster rank
-  int wk;                      // warps per row group: 1, 2, 4 or 8
-  int split;                   // blocks per cluster: 1 .. kMaxSplit
-  int tile_steps;              // steps per activation tile, a multiple of wk
+  int shift;               // virtual columns of the first unit before column 0: col0 % 128 (fp8), % 32 (int4)
+  int units;               // units covering shift + k columns
+  int rank_units;          // units per cluster rank
+  int part_units;          // units per warp part per tile
+  int tiles;               // activation tiles per block
+  int wk, split;
+  int act_stride;          // bytes between staged activation rows
 };
 
 template <typename T>
@@ -96,309 +91,229 @@ __device__ __forceinline__ uint32_t Bits(T value) {
   return out;
 }
 
-// The weight rows a lane loads (row g of each tile; rows past n read row n - 1, whose results are
-// not written) and whether each tile has any row below n (a tile wholly past n is not read).
+// A lane's weight rows: g and g + 8 of its warp's 16 (rows past n read row n - 1, whose results are
+// not written).
 struct LaneRows {
-  const char* row[kTiles];
-  bool active[kTiles];
+  const char* row[2];
+  const uint16_t* scale_row[2];  // int4: the rows' group scales
+};
+
+// Bytes [col, col + 16) of a row as a chunk, zeros outside [0, k): the slow path of a chunk that a
+// slice's edge cuts (fp8's virtual columns before column 0, which take whole chunks, and the row's
+// partial last chunk), which never reads outside the row. col is a multiple of 16 and row + col
+// 16-byte aligned.
+__device__ __noinline__ uint4 LoadEdgeBytes(const uint8_t* row, int col, int k) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+  if (col < 0) return make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int start = col + 4 * e;
+    if (start + 4 <= k) {
+      w[e] = *reinterpret_cast<const uint32_t*>(row + start);
+    } else if (start < k) {
+      uint32_t v = 0u;
+#pragma unroll 1
+      for (int b = 0; b < k - start; ++b) v |= static_cast<uint32_t>(row[start + b]) << (8 * b);
+      w[e] = v;
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Words [word0, word0 + 4) of a packed row, zeros outside [0, words): a slice's edge chunk, or any
+// chunk of a slice whose words are off the global 32-column grid (then not 16-byte aligned).
+__device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int words) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (word0 + e >= 0 && word0 + e < words) w[e] = row[word0 + e];
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// A step's staged activation pieces as lane (g, c) reads them: activation rows g (lo) and g + 8 (hi).
+// A lane whose row is past m reads row m - 1 instead: a B column feeds only its own output column,
+// whose sums are never written, so any finite or non-finite value there is harmless.
+struct StepActivations {
+  const unsigned char* smem;
+  int lo, hi;  // byte offsets of the step's piece 0 in rows min(g, m - 1) and min(g + 8, m - 1)
+  __device__ __forceinline__ uint4 Lo(int piece) const {
+    return *reinterpret_cast<const uint4*>(smem + lo + 64 * piece);
+  }
+  __device__ __forceinline__ uint4 Hi(int piece) const {
+    return *reinterpret_cast<const uint4*>(smem + hi + 64 * piece);
+  }
 };
 
 // ---- FP8 block-scaled ----------------------------------------------------------------------------
 //
-// Lane (g, c)'s chunk of a step is 16 codes of row g at columns 16c .. 16c + 15 of the step, word
-// j (4 codes) feeding product j of the step. A word's codes 0 and 2 become one bf16 pair and 1 and
-// 3 the other, by moving each code's exponent and mantissa into bf16's fields (and its sign to
-// bf16's sign) and multiplying by 2^120, the difference of the two exponent biases: exact, e4m3
-// subnormals included. Steps are aligned to global 64-column boundaries (the first starts `shift`
-// columns before column 0), so every product lies in one 128-column scale block; the products of a
-// block accumulate in `part`, which is multiplied by the block's scale into `sum` when the warp
-// moves to another block.
+// A step is 64 columns, aligned to the global 64-column grid (the first unit starts `shift` columns
+// before column 0, which read as zeros); lane c's chunk is columns 16c .. 16c + 15 of it, word j
+// feeding product j. A code widens to bf16 exactly by moving its exponent and mantissa into bf16's
+// fields (and its sign to bf16's sign) and multiplying by 2^120, the difference of the exponent
+// biases: e4m3 subnormals included, NaN codes reading as +-480.
 struct Fp8Format {
-  static constexpr int kStepK = 64;
-  static constexpr int kPieces = 2;  // 8-column activation slots per lane and step
-  // Slot position i holds column SlotColumn(i) of the slot's 8: pairs (0, 2), (1, 3), (4, 6), (5, 7).
-  __device__ static constexpr int SlotColumn(int i) { return (i & 4) | ((i & 1) << 1) | ((i >> 1) & 1); }
-  // Scale blocks a tile's steps can touch: tile_steps / 2 + 1, with tile_steps <= 32.
-  static constexpr int kScaleCols = 18;
-  static constexpr int kScaleBytes = 2 * kScaleCols * 4;
+  static constexpr bool kBlockScaled = true;
+  static constexpr int kStepColumns = 64;
+  static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
+  static constexpr int kPieces = 2;  // 8-column activation pieces of a lane's chunk
+  // Position i of a staged piece holds column PieceColumn(i): pairs (0, 2), (1, 3), (4, 6), (5, 7).
+  __device__ static constexpr int PieceColumn(int i) { return (i & 4) | ((i & 1) << 1) | ((i >> 1) & 1); }
 
   struct Item {
-    uint4 w[kTiles];
+    uint4 w[2];  // rows g and g + 8
   };
 
-  struct State {
-    float sum[kTiles][4];
-    float part[kTiles][4];
-    int block;                 // the scale column `part` belongs to, -1 for none
-    unsigned second_row;       // bit 2t + h: output row 2c + h of tile t takes the second staged scale row
-  };
-
-  __device__ static void Init(const Params& p, int64_t warp_row, int64_t block_row, int c,
-                              const float* staged, State& s) {
-    const int64_t first = (p.row0 + block_row) >> 7;
+  __device__ static void Load(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
+    const int col = step * kStepColumns + 16 * c - p.shift;
+    if (col >= 0 && col + 16 <= p.k) {
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
+      for (int h = 0; h < 2; ++h) item.w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h] + col));
+    } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s.sum[t][e] = s.part[t][e] = 0.0f;
-    }
-    s.second_row = 0u;
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = min(warp_row + 8 * t + 2 * c + h, p.n - 1);
-        if (((p.row0 + r) >> 7) != first) s.second_row |= 1u << (2 * t + h);
-      }
-    }
-    s.block = -1;
-  }
-
-  __device__ static void Load(const Params& p, const LaneRows& rows, const State&, int step, int c, Item& item) {
-    const int col = step * kStepK + 16 * c - p.shift;
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      item.w[t] = make_uint4(0u, 0u, 0u, 0u);
-      if (!rows.active[t] || col < 0 || col >= p.k) continue;
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(rows.row[t]);
-      if (col + 16 <= p.k) {
-        item.w[t] = __ldcs(reinterpret_cast<const uint4*>(row + col));  // read once: evict first
-      } else {  // the row's partial last chunk, never read past k (zero codes are +0)
-        uint32_t words[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          if (col + e < p.k) words[e / 4] |= static_cast<uint32_t>(row[col + e]) << (8 * (e % 4));
-        }
-        item.w[t] = make_uint4(words[0], words[1], words[2], words[3]);
-      }
-    }
-  }
-
-  // The global scale column (128-column block) of a step.
-  __device__ static int BlockOf(const Params& p, int step) {
-    return ((p.col0 - p.shift) / kStepK + step) >> 1;
-  }
-
-  // sum += part * scale of part's block (staged for the tile that starts at tile_step0); part = 0.
-  __device__ static void Flush(const Params& p, const float* staged, int tile_step0, State& s) {
-    if (s.block < 0) return;
-    const int col = s.block - BlockOf(p, tile_step0);
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const float lo = staged[(s.second_row >> (2 * t) & 1u ? kScaleCols : 0) + col];
-      const float hi = staged[(s.second_row >> (2 * t + 1) & 1u ? kScaleCols : 0) + col];
-      s.sum[t][0] = fmaf(s.part[t][0], lo, s.sum[t][0]);
-      s.sum[t][1] = fmaf(s.part[t][1], hi, s.sum[t][1]);
-      s.sum[t][2] = fmaf(s.part[t][2], lo, s.sum[t][2]);
-      s.sum[t][3] = fmaf(s.part[t][3], hi, s.sum[t][3]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s.part[t][e] = 0.0f;
-    }
-    s.block = -1;
-  }
-
-  // Before a tile's activations replace the previous tile's (and its scales): fold the open block.
-  __device__ static void EndTile(const Params& p, const float* staged, int tile_step0, State& s) {
-    Flush(p, staged, tile_step0, s);
-  }
-
-  // Stages the f32 scale_inv entries of the tile's blocks for the block's (at most two) scale rows.
-  __device__ static void StageScales(const Params& p, int64_t item, int64_t block_row, int step0, float* staged) {
-    const int64_t first_row = (p.row0 + block_row) >> 7;
-    const int64_t last_row = (p.row0 + min(block_row + kBlockRows / p.wk, p.n) - 1) >> 7;
-    const int block0 = BlockOf(p, step0);
-    const int last_block = (p.col0 + p.k - 1) >> 7;
-    const float* scale = static_cast<const float*>(p.scale) + item * p.scale_stride;
-    for (int i = threadIdx.x; i < 2 * kScaleCols; i += kThreads) {
-      const int64_t r = first_row + i / kScaleCols;
-      const int col = block0 + i % kScaleCols;
-      staged[i] = r <= last_row && col <= last_block ? scale[r * p.scale_ld + col] : 0.0f;
-    }
-  }
-
-  // The products of one step: 4 per tile, from piece pc's activation slots a0 (rows 0-7) and a1
-  // (rows 8-15).
-  template <typename Slots>
-  __device__ static void Step(const Params& p, const Item& item, int step, const Slots& slots, const float* staged,
-                              int tile_step0, State& s) {
-    const int block = BlockOf(p, step);
-    if (block != s.block) {
-      Flush(p, staged, tile_step0, s);
-      s.block = block;
-    }
-    const __nv_bfloat162 bias2 = BitCast<__nv_bfloat162>(0x7B807B80u);  // 2^120 in both halves
-#pragma unroll
-    for (int pc = 0; pc < kPieces; ++pc) {
-      const uint4 lo = slots.Lo(pc), hi = slots.Hi(pc);
-      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
-      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-        const uint32_t w0 = pc == 0 ? item.w[t].x : item.w[t].z;
-        const uint32_t w1 = pc == 0 ? item.w[t].y : item.w[t].w;
-        MmaBf16(s.part[t], a0, Widen(w0, true, bias2), Widen(w0, false, bias2));
-        MmaBf16(s.part[t], a1, Widen(w1, true, bias2), Widen(w1, false, bias2));
-      }
+      for (int h = 0; h < 2; ++h) item.w[h] = LoadEdgeBytes(reinterpret_cast<const uint8_t*>(rows.row[h]), col, p.k);
     }
   }
 
   // Codes 0 and 2 (even) or 1 and 3 of a word as a bf16 pair, exactly.
-  __device__ static uint32_t Widen(uint32_t w, bool even, __nv_bfloat162 bias2) {
+  __device__ static uint32_t Widen(uint32_t w, bool even) {
+    const __nv_bfloat162 bias2 = BitCast<__nv_bfloat162>(0x7B807B80u);  // 2^120 in both halves
     const uint32_t moved = even ? ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u)
                                 : ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
     return Bits(__hmul2(BitCast<__nv_bfloat162>(moved), bias2));
   }
 
-  __device__ static float Result(const State& s, int t, int e) { return s.sum[t][e]; }
+  // The step's products, rows g and g + 8 of the weights times the activation rows. Up to 8 rows
+  // (!kHi), products alternate between the accumulators acc[0] and acc[1], two independent chains;
+  // with 9 to 16, acc[0] takes rows 0-7 and acc[1] rows 8-15.
+  template <bool kHi>
+  __device__ static void Products(const Item& item, const StepActivations& act, float (&acc)[2][4]) {
+    const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
+                              {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
+#pragma unroll
+    for (int pc = 0; pc < kPieces; ++pc) {
+      const uint4 lo = act.Lo(pc);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * pc + jj;
+        const unsigned a[4] = {Widen(w[0][j], true), Widen(w[1][j], true), Widen(w[0][j], false),
+                               Widen(w[1][j], false)};
+        if constexpr (kHi) {
+          const uint4 up = act.Hi(pc);
+          MmaBf16(acc[0], a, jj == 0 ? lo.x : lo.z, jj == 0 ? lo.y : lo.w);
+          MmaBf16(acc[1], a, jj == 0 ? up.x : up.z, jj == 0 ? up.y : up.w);
+        } else {
+          MmaBf16(acc[jj], a, jj == 0 ? lo.x : lo.z, jj == 0 ? lo.y : lo.w);
+        }
+      }
+    }
+  }
 };
 
 // ---- INT4 group-quantized ------------------------------------------------------------------------
 //
-// Lane (g, c)'s chunk of a step is 4 packed words of row g (32 columns at 32c .. 32c + 31 of the
-// step); word j feeds products 2j and 2j + 1 of the step with the nibble pairs (0, 4), (1, 5) and
-// (2, 6), (3, 7). A nibble u becomes the bf16 128 + u by setting bf16 128's low mantissa bits, then
-// q = u - 8 exactly and w = bf16(q * scale), rounded once. The chunk's scales: the group of its
-// first word and, when the chunk straddles a group boundary (col0 not a multiple of 32, or a larger
-// group), the next group's.
+// A step is 128 columns, aligned to the global 32-column grid (the first unit starts `shift` =
+// col0 % 32 columns before column 0, which read as zeros), so that lane c's chunk, the 4 packed
+// words of columns 32c .. 32c + 31 of the step, lies in one scale group (32 divides the group size).
+// A nibble u becomes the bf16 128 + u by setting bf16 128's low mantissa bits, then q = u - 8 exactly
+// and w = bf16(q * scale), rounded once.
 struct Int4Format {
-  static constexpr int kStepK = 128;
+  static constexpr bool kBlockScaled = false;
+  static constexpr int kStepColumns = 128;
+  static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 4;
-  // Slot position i holds column SlotColumn(i): pairs (0, 4), (1, 5), (2, 6), (3, 7).
-  __device__ static constexpr int SlotColumn(int i) { return (i >> 1) | ((i & 1) << 2); }
-  static constexpr int kScaleBytes = 0;
+  // Position i of a staged piece holds column PieceColumn(i): pairs (0, 4), (1, 5), (2, 6), (3, 7).
+  __device__ static constexpr int PieceColumn(int i) { return (i >> 1) | ((i & 1) << 2); }
 
   struct Item {
-    uint4 w[kTiles];
-    uint32_t scales[kTiles];  // bf16 scale of the chunk's first word (low), the next group's (high)
+    uint4 w[2];
+    uint32_t scales[2];  // per row: the chunk's bf16 scale in both halves
   };
 
-  struct State {
-    float acc[kTiles][4];
-    const uint16_t* scale_row[kTiles];
-  };
-
-  __device__ static void Init(const Params& p, int64_t warp_row, int64_t block_row, int c,
-                              const float* staged, State& s) {
-    (void)block_row, (void)c, (void)staged;
-    const int g = (threadIdx.x % 32) / 4;
-    const int64_t item = blockIdx.y;
+  __device__ static void Load(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
+    const int col = step * kStepColumns + 32 * c - p.shift;  // a multiple of 8
+    const int word0 = col >> 3, words = (p.k + 7) >> 3;
+    if (p.shift == 0 && word0 + 4 <= words) {  // a whole, 16-byte aligned chunk
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        item.w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h]) + (word0 >> 2));
+      }
+    } else {  // a slice's edge, or any chunk of a slice whose words are off the 32-column grid
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s.acc[t][e] = 0.0f;
-      const int64_t r = min(warp_row + 8 * t + g, p.n - 1);
-      s.scale_row[t] = static_cast<const uint16_t*>(p.scale) + item * p.scale_stride + r * p.scale_ld;
-    }
-  }
-
-  // Words of the chunk's first group: 1 .. 4.
-  __device__ static int FirstGroupWords(const Params& p, int col) {
-    const int size = 1 << p.group_shift;
-    const int words = (size - ((p.col0 + col) & (size - 1))) >> 3;
-    return words < 4 ? words : 4;
-  }
-
-  __device__ static void Load(const Params& p, const LaneRows& rows, const State& s, int step, int c, Item& item) {
-    const int col = step * kStepK + 32 * c;
-    const int word0 = col / 8, words = (p.k + 7) / 8;
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      item.w[t] = make_uint4(0u, 0u, 0u, 0u);
-      if (!rows.active[t] || col >= p.k) continue;
-      const uint32_t* row = reinterpret_cast<const uint32_t*>(rows.row[t]);
-      if (word0 + 4 <= words) {
-        item.w[t] = __ldcs(reinterpret_cast<const uint4*>(row + word0));  // read once: evict first
-      } else {  // the row's partial last chunk, never read past its last word
-        uint32_t w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (word0 + e < words) w[e] = row[word0 + e];
-        }
-        item.w[t] = make_uint4(w[0], w[1], w[2], w[3]);
+      for (int h = 0; h < 2; ++h) {
+        item.w[h] = LoadEdgeWords(reinterpret_cast<const uint32_t*>(rows.row[h]), word0, words);
       }
     }
-    // The scales after the weights, so that the weight loads issue first.
-    const int group = (p.col0 + col) >> p.group_shift;
-    const int first_words = FirstGroupWords(p, col);
+    // The scales after the weights, so that the weight loads issue first. A chunk wholly past k
+    // (the last unit's tail) takes the last group's scale: its words are zeros.
+    const int group = min((p.col0 - p.shift + step * kStepColumns + 32 * c) >> p.group_shift, p.last_group);
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      item.scales[t] = 0u;
-      if (!rows.active[t] || col >= p.k) continue;
-      const uint32_t first = __ldg(s.scale_row[t] + group);
-      const uint32_t next =
-          first_words < 4 && word0 + first_words < words ? __ldg(s.scale_row[t] + group + 1) : first;
-      item.scales[t] = first | (next << 16);
-    }
+    for (int h = 0; h < 2; ++h) item.scales[h] = __byte_perm(__ldg(rows.scale_row[h] + group), 0u, 0x1010u);
   }
 
-  __device__ static void EndTile(const Params&, const float*, int, State&) {}
-  __device__ static void StageScales(const Params&, int64_t, int64_t, int, float*) {}
-
-  template <typename Slots>
-  __device__ static void Step(const Params& p, const Item& item, int step, const Slots& slots, const float*, int,
-                              State& s) {
-    const int c = threadIdx.x % 4;
-    const int first_words = FirstGroupWords(p, step * kStepK + 32 * c);
+  // Pairs i = 0..3 of word w (nibbles i and i + 4) as bf16(q * scale), scale2 the scale in both halves.
+  __device__ static void Dequantize(uint32_t w, uint32_t scale2, uint32_t (&pair)[4]) {
     const __nv_bfloat162 minus_136 = BitCast<__nv_bfloat162>(0xC308C308u);  // -136, -136
     const __nv_bfloat162 one = BitCast<__nv_bfloat162>(0x3F803F80u);
-    const __nv_bfloat162 neg_zero = BitCast<__nv_bfloat162>(0x80008000u);
+    const __nv_bfloat162 s2 = BitCast<__nv_bfloat162>(scale2);
 #pragma unroll
-    for (int pc = 0; pc < kPieces; ++pc) {
-      const uint4 lo = slots.Lo(pc), hi = slots.Hi(pc);
-      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
-      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-        const uint32_t w = pc == 0 ? item.w[t].x : pc == 1 ? item.w[t].y : pc == 2 ? item.w[t].z : item.w[t].w;
-        const uint32_t scale = __byte_perm(item.scales[t], 0u, pc < first_words ? 0x1010u : 0x3232u);
-        const __nv_bfloat162 s2 = BitCast<__nv_bfloat162>(scale);
-        uint32_t pair[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t biased = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;  // 128 + u, both halves
-          const __nv_bfloat162 q = __hfma2(BitCast<__nv_bfloat162>(biased), one, minus_136);
-          pair[j] = Bits(__hfma2(q, s2, neg_zero));
-        }
-        MmaBf16(s.acc[t], a0, pair[0], pair[1]);
-        MmaBf16(s.acc[t], a1, pair[2], pair[3]);
-      }
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t biased = Lop3<0xEA>(w >> (4 * i), 0x000f000fu, 0x43004300u);  // 128 + u, both halves
+      const __nv_bfloat162 q = __hfma2(BitCast<__nv_bfloat162>(biased), one, minus_136);
+      pair[i] = Bits(__hmul2(q, s2));
     }
   }
 
-  __device__ static float Result(const State& s, int t, int e) { return s.acc[t][e]; }
+  // As Fp8Format::Products: up to 8 activation rows, the two products of a word go to acc[0] and
+  // acc[1]; with more, acc[0] takes rows 0-7 and acc[1] rows 8-15.
+  template <bool kHi>
+  __device__ static void Products(const Item& item, const StepActivations& act, float (&acc)[2][4]) {
+    const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
+                              {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t pairs[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) Dequantize(w[h][j], item.scales[h], pairs[h]);
+      const unsigned a0[4] = {pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]};
+      const unsigned a1[4] = {pairs[0][2], pairs[1][2], pairs[0][3], pairs[1][3]};
+      const uint4 lo = act.Lo(j);
+      if constexpr (kHi) {
+        const uint4 up = act.Hi(j);
+        MmaBf16(acc[0], a0, lo.x, lo.y);
+        MmaBf16(acc[1], a0, up.x, up.y);
+        MmaBf16(acc[0], a1, lo.z, lo.w);
+        MmaBf16(acc[1], a1, up.z, up.w);
+      } else {
+        MmaBf16(acc[0], a0, lo.x, lo.y);
+        MmaBf16(acc[1], a1, lo.z, lo.w);
+      }
+    }
+  }
 };
 
-// ---- The kernel skeleton -------------------------------------------------------------------------
+// ---- Activation staging --------------------------------------------------------------------------
+//
+// A tile of units is staged per activation row as bf16, step by step; within a step, lane c's
+// piece pc (8 columns, permuted by PieceColumn) sits at byte 64 pc + 16 c. So the 8 lanes of a
+// 16-byte shared-memory read phase (rows g, g + 1; c = 0..3) read 64 contiguous bytes of each of two
+// rows whose stride is 64 bytes past a multiple of 128: 8 distinct 16-byte bank groups.
 
-// Index (in 16-byte slots) of the activation slot that lane (row8 = g, c) reads for piece `piece`
-// of tile step `ts` and row half `half`: the 8 lanes of a read phase (g = 2i, 2i + 1; c = 0..3) get
-// 8 consecutive slots.
+// Byte offset, within a staged row, of piece q (8 columns from column 8q of the tile).
 template <typename F>
-__device__ __forceinline__ int SlotIndex(int ts, int half, int halves, int row8, int piece, int c) {
-  return ((((ts * halves + half) * 4 + row8 / 2) * F::kPieces + piece) * 8 + (row8 % 2) * 4) + c;
+__device__ __forceinline__ int PieceOffset(int q) {
+  constexpr int kStepPieces = F::kStepColumns / 8;
+  const int step = q / kStepPieces, in_step = q % kStepPieces;
+  return step * (F::kStepColumns * 2) + (in_step % F::kPieces) * 64 + (in_step / F::kPieces) * 16;
 }
 
-// The activation slots of one step as lane (g, c) reads them: rows g (lo) and g + 8 (hi), zeros for
-// rows >= m.
-template <typename F>
-struct StepSlots {
-  const uint4* act;
-  int ts, halves, m, g, c;
-  __device__ __forceinline__ uint4 Lo(int piece) const {
-    return g < m ? act[SlotIndex<F>(ts, 0, halves, g, piece, c)] : make_uint4(0u, 0u, 0u, 0u);
-  }
-  __device__ __forceinline__ uint4 Hi(int piece) const {
-    return g + 8 < m ? act[SlotIndex<F>(ts, 1, halves, g, piece, c)] : make_uint4(0u, 0u, 0u, 0u);
-  }
-};
-
-// Slots a thread stages at once (their loads in flight together).
+// Pieces a thread stages at once (their loads in flight together).
 constexpr int kStageBatch = 2;
 
 // Activation columns [lk, lk + 8) of row r, as floats (zeros outside 0 .. k - 1).
 __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int r, int lk, float (&v)[8]) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-  if (r >= p.m) return;
   const bool whole = lk >= 0 && lk + 8 <= p.k;
   if (p.a_bf16) {
     const uint16_t* row = reinterpret_cast<const uint16_t*>(a) + r * p.lda;
@@ -428,160 +343,240 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
   }
 }
 
-// Stages the activations of steps [step0, step1) (tile step 0 = step0) as bf16 slots, in slot
-// order (consecutive threads write consecutive slots); slots of rows >= m are never read and not
-// written.
+// Stages the m activation rows of the tile of units [unit0, unit0 + units) as bf16 (f32 rounded to
+// nearest even, bf16 exact), zeros outside the slice's columns.
 template <typename F>
-__device__ void StageActivations(const Params& p, int64_t item, int step0, int step1, uint4* act) {
+__device__ void StageActivations(const Params& p, int64_t item, int unit0, int units, unsigned char* smem) {
   const char* a = static_cast<const char*>(p.a) + item * p.stride_a * (p.a_bf16 ? 2 : 4);
-  const int total = (step1 - step0) * p.halves * 32 * F::kPieces;
+  const int row_pieces = units * (kUnitColumns / 8);
+  const int total = p.m * row_pieces;
+  const int col0 = unit0 * kUnitColumns - p.shift;  // slice column of the tile's first column
   for (int base = threadIdx.x; base < total; base += kThreads * kStageBatch) {
     float v[kStageBatch][8];
-    int r[kStageBatch];
+    int dest[kStageBatch];
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
-      int i = base + u * kThreads;
-      const int c = i % 4;
-      i /= 4;
-      const int row_parity = i % 2;
-      i /= 2;
-      const int piece = i % F::kPieces;
-      i /= F::kPieces;
-      const int row_pair = i % 4;
-      i /= 4;
-      const int half = i % p.halves;
-      const int ts = i / p.halves;
-      r[u] = base + u * kThreads < total ? half * 8 + row_pair * 2 + row_parity : p.m;
-      const int lk = (step0 + ts) * F::kStepK + 8 * (c * F::kPieces + piece) - p.shift;
-      LoadColumns(p, a, r[u], lk, v[u]);
+      const int i = base + u * kThreads;
+      dest[u] = -1;
+      if (i < total) {
+        const int r = i / row_pieces, q = i - r * row_pieces;
+        LoadColumns(p, a, r, col0 + 8 * q, v[u]);
+        dest[u] = r * p.act_stride + PieceOffset<F>(q);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
-      if (r[u] >= p.m) continue;
+      if (dest[u] < 0) continue;
       uint32_t words[4];
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::SlotColumn(2 * w)]));
-        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::SlotColumn(2 * w + 1)]));
+        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w)]));
+        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w + 1)]));
         words[w] = lo | (hi << 16);
       }
-      act[base + u * kThreads] = make_uint4(words[0], words[1], words[2], words[3]);
+      *reinterpret_cast<uint4*>(smem + dest[u]) = make_uint4(words[0], words[1], words[2], words[3]);
     }
   }
 }
 
-template <typename F>
-__global__ void __launch_bounds__(kThreads, 2) QuantGemvKernel(const Params p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint4* act = reinterpret_cast<uint4*>(smem);
-  float* staged_scales = reinterpret_cast<float*>(smem + kAreaBytes);
+// fp8: stages the f32 scale_inv of the tile's units for the block's (at most two) scale rows:
+// [2][units], after the activation rows.
+__device__ void StageScales(const Params& p, int64_t item, int64_t block_row, int block_rows, int unit0, int units,
+                            float* staged) {
+  const int64_t first_row = (p.row0 + block_row) >> 7;
+  const int64_t last_row = (p.row0 + min(block_row + block_rows, p.n) - 1) >> 7;
+  const float* scale = static_cast<const float*>(p.scale) + item * p.scale_stride;
+  for (int i = threadIdx.x; i < 2 * units; i += kThreads) {
+    const int r = i / units, u = unit0 + i % units;
+    staged[i] = first_row + r <= last_row && u < p.units ? scale[(first_row + r) * p.scale_ld + (p.col0 >> 7) + u]
+                                                         : 0.0f;
+  }
+}
 
+// kHi: more than 8 activation rows (a second 8-row B operand per product).
+template <typename F, bool kHi>
+__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kUnitSteps = F::kUnitSteps;
+  static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int group = warp / p.wk, part = warp % p.wk;
   const int rank = static_cast<int>(blockIdx.x) % p.split;
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.split) * (kBlockRows / p.wk);
+  const int block_rows = kBlockRows / p.wk;
+  const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.split) * block_rows;
   const int64_t warp_row = block_row + group * kWarpRows;
   const int64_t item = blockIdx.y;
-  const int step0 = rank * p.rank_steps;
-  const int step_end = min(p.steps, step0 + p.rank_steps);
-  const int block_steps = step_end > step0 ? step_end - step0 : 0;
-  // Items (steps) of warp part 0, the most of any part: the loop bound every warp runs to, so that
-  // all of them meet at the block barriers of the restagings.
-  const int items = (block_steps + p.wk - 1) / p.wk;
-  const int items_per_tile = p.tile_steps / p.wk;  // a multiple of kDepth unless one tile holds all
 
+  // The warp's units: in tile t, [part_first + t * tile_units, + part_units) within the rank's
+  // [unit0, unit_end). Only a warp's last non-empty tile can be partial, so with several tiles
+  // (part_units * kUnitSteps a multiple of kDepth) every tile starts at ring slot 0.
+  const int tile_units = p.wk * p.part_units, part_steps = p.part_units * kUnitSteps;
+  const int unit0 = rank * p.rank_units;
+  const int unit_end = min(p.units, unit0 + p.rank_units);
+  const int part_first = unit0 + part * p.part_units;
+  const auto tile_steps = [&](int t) {
+    return warp_row < p.n ? max(0, min(p.part_units, unit_end - (part_first + t * tile_units))) * kUnitSteps : 0;
+  };
+  int total_steps = 0;
+  for (int t = 0; t < p.tiles; ++t) total_steps += tile_steps(t);
+
+  // The rows' addresses are computed once: opaque to the compiler, which would otherwise derive them
+  // again (64-bit products) at every load of the loop to save the registers that hold them.
   LaneRows rows;
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-    const int64_t r = min(warp_row + 8 * t + g, p.n - 1);
-    rows.row[t] = p.b + item * p.stride_b + r * p.ldb;
-    rows.active[t] = warp_row + 8 * t < p.n;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = min(warp_row + g + 8 * h, p.n - 1);
+    rows.row[h] = p.b + item * p.stride_b + r * p.ldb;
+    rows.scale_row[h] = static_cast<const uint16_t*>(p.scale) + item * p.scale_stride + r * p.scale_ld;
+    asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
   }
-  typename F::State state;
-  F::Init(p, warp_row, block_row, c, staged_scales, state);
+  // fp8: which staged scale row (the block's first or second) rows g and g + 8 take, as the byte
+  // offset of that row in the staged scales.
+  int scale_row_at[2] = {0, 0};
+  if constexpr (F::kBlockScaled) {
+    const int first = static_cast<int>((p.row0 + block_row) % kFp8ScaleBlock);  // block_row's place in its scale row
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = static_cast<int>(min(warp_row + g + 8 * h, p.n - 1) - block_row);  // < kBlockRows
+      scale_row_at[h] = first + r >= kFp8ScaleBlock ? 4 * tile_units : 0;
+    }
+  }
 
-  // The weights are not written by the step, so the first kDepth steps are read before the
-  // kernels that write the activations (and c) have finished (programmatic_launch.cuh).
+  // The load cursor: the next step to load, in the global step grid, and its place in the part's
+  // run of the current tile (a whole run done, the cursor jumps over the other parts' runs).
+  int load_step = part_first * kUnitSteps, load_in_run = 0;
+  const auto advance = [&] {
+    ++load_step;
+    if (++load_in_run == part_steps) {
+      load_in_run = 0;
+      load_step += (tile_units - p.part_units) * kUnitSteps;
+    }
+  };
+
+  // The weights are not written by the step, so the first kDepth steps are read before the kernels
+  // that write the activations (and c) have finished (programmatic_launch.cuh).
   typename F::Item ring[kDepth];
   PdlLaunchDependents();
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) {
-    const int step = step0 + part + p.wk * d;
-    if (step < step_end) F::Load(p, rows, state, step, c, ring[d]);
+    if (d < total_steps) {
+      F::Load(p, rows, load_step, c, ring[d]);
+      advance();
+    }
   }
   PdlWait();
 
-  // Tiles hold a whole number of kDepth items per warp (or the block's steps are one tile), so every
-  // tile starts at ring slot 0.
-  int tile_step0 = step0;
-  for (int tile_item0 = 0; tile_item0 < items; tile_item0 += items_per_tile) {
-    if (tile_item0 > 0) {
-      F::EndTile(p, staged_scales, tile_step0, state);
-      __syncthreads();  // every warp is done with the previous tile
-      tile_step0 += p.tile_steps;
+  float acc[2][4], sum[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[h][e] = sum[h][e] = 0.0f;
+  }
+  const int act_lo = min(g, p.m - 1) * p.act_stride + 16 * c;
+  const int act_hi = min(g + 8, p.m - 1) * p.act_stride + 16 * c;
+  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
+  int done = 0;  // steps of the warp consumed before the current tile
+  for (int t = 0; t < p.tiles; ++t) {
+    if (t > 0) __syncthreads();  // every warp is done with the previous tile
+    const int tile_unit0 = unit0 + t * tile_units;
+    StageActivations<F>(p, item, tile_unit0, tile_units, smem);
+    if constexpr (F::kBlockScaled) {
+      StageScales(p, item, block_row, block_rows, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
-    F::StageScales(p, item, block_row, tile_step0, staged_scales);
-    StageActivations<F>(p, item, tile_step0, min(step_end, tile_step0 + p.tile_steps), act);
     __syncthreads();
-    const int tile_items = min(items_per_tile, items - tile_item0);
-    for (int i0 = tile_item0; i0 < tile_item0 + tile_items; i0 += kDepth) {
+    const int n_t = tile_steps(t);
+    const int run0 = part * part_steps;  // the run's first step in the tile
+    for (int j = 0; j < n_t; j += kDepth) {
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        const int step = step0 + part + p.wk * (i0 + d);
-        if (i0 + d >= tile_item0 + tile_items || step >= step_end) break;
-        const StepSlots<F> slots{act, step - tile_step0, p.halves, p.m, g, c};
-        F::Step(p, ring[d], step, slots, staged_scales, tile_step0, state);
-        const int next = step + p.wk * kDepth;
-        if (next < step_end) F::Load(p, rows, state, next, c, ring[d]);
+        if (j + d >= n_t) break;
+        const int offset = (run0 + j + d) * (F::kStepColumns * 2);
+        const StepActivations act{smem, act_lo + offset, act_hi + offset};
+        F::template Products<kHi>(ring[d], act, acc);
+        if constexpr (F::kBlockScaled) {
+          // The unit's last step (runs and ring cycles start at unit boundaries): fold its block sum.
+          if (d % kUnitSteps == kUnitSteps - 1) {
+            const int u = (run0 + j + d) / kUnitSteps;
+            const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
+            const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
+            if constexpr (!kHi) {  // the block sum is the two chains' sum
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (h == 1 && !kHi) break;
+              sum[h][0] = fmaf(acc[h][0], s_lo, sum[h][0]);
+              sum[h][1] = fmaf(acc[h][1], s_lo, sum[h][1]);
+              sum[h][2] = fmaf(acc[h][2], s_hi, sum[h][2]);
+              sum[h][3] = fmaf(acc[h][3], s_hi, sum[h][3]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+            }
+          }
+        }
+        if (done + j + d + kDepth < total_steps) {
+          F::Load(p, rows, load_step, c, ring[d]);
+          advance();
+        }
       }
     }
+    done += n_t;
   }
-  F::EndTile(p, staged_scales, tile_step0, state);
 
-  // Partial sums: warp fragments -> block rows (wk warps of a group in warp order) -> cluster
+  // Partial sums: warp fragments -> block rows (the wk warps of a group in warp order) -> cluster
   // ranks in rank order. The shared area is reused: every warp is past its last tile read.
   float* warp_part = reinterpret_cast<float*>(smem);
   float* block_part = warp_part + kWarpPartFloats;
-  __syncthreads();
+  if constexpr (!F::kBlockScaled && !kHi) {  // up to 8 activation rows, the two chains hold parts of one sum
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) warp_part[((warp * kTiles + t) * 32 + lane) * 4 + e] = F::Result(state, t, e);
+    for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
   }
   __syncthreads();
-  const int block_rows = kBlockRows / p.wk, outputs = block_rows * p.m;
-  const auto write = [&](int e, float sum) {
-    const int64_t row = block_row + e / p.m;
-    const int mr = e % p.m;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      warp_part[((warp * 2 + h) * 32 + lane) * 4 + e] = F::kBlockScaled ? sum[h][e] : acc[h][e];
+    }
+  }
+  __syncthreads();
+  const int outputs = block_rows * p.m;
+  const auto write = [&](int e, float total) {
+    const int mr = e / block_rows;
+    const int64_t row = block_row + (e - mr * block_rows);
     if (row >= p.n) return;
     float* out = p.c + item * p.stride_c + mr * p.ldc + row;
-    float v = p.alpha * sum;
+    float v = p.alpha * total;
     if (p.beta != 0.0f) v += p.beta * *out;
     if (p.bias != nullptr) v += p.bias[row];
     *out = v;
   };
   for (int e = threadIdx.x; e < outputs; e += kThreads) {
-    // Fragment element of (block row rr, activation row mr): lane (mr % 8) * 4 + rt / 2 of tile
-    // rt / 8's warps, element (mr >= 8 ? 2 : 0) + rt % 2 (c0..c3 = (g, 2c), (g, 2c + 1), (g + 8, 2c),
-    // (g + 8, 2c + 1)).
-    const int rr = e / p.m, mr = e % p.m;
-    const int grp = rr / kWarpRows, t = rr % kWarpRows / 8, rt = rr % 8;
-    const int src_lane = (mr % 8) * 4 + rt / 2, src_e = (mr >= 8 ? 2 : 0) + rt % 2;
-    float sum = 0.0f;
-    for (int w = 0; w < p.wk; ++w) sum += warp_part[(((grp * p.wk + w) * kTiles + t) * 32 + src_lane) * 4 + src_e];
+    // Output (block row rr, activation row mr) sits in the fragments of group rr / 16's warps at
+    // lane (rr % 8) * 4 + (mr % 8) / 2, row half mr / 8, element (rr % 16 >= 8 ? 2 : 0) + mr % 2
+    // (c0..c3 = (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1) of the 16 x 8 product).
+    const int mr = e / block_rows, rr = e - mr * block_rows;
+    const int grp = rr / kWarpRows, r16 = rr % kWarpRows;
+    const int src_lane = (r16 % 8) * 4 + (mr % 8) / 2, src_e = (r16 >= 8 ? 2 : 0) + mr % 2, h = mr / 8;
+    float total = 0.0f;
+    for (int w = 0; w < p.wk; ++w) total += warp_part[(((grp * p.wk + w) * 2 + h) * 32 + src_lane) * 4 + src_e];
     if (p.split == 1) {
-      write(e, sum);
+      write(e, total);
     } else {
-      block_part[e] = sum;
+      block_part[e] = total;
     }
   }
   if (p.split > 1) {
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every rank's block_part is written
     for (int e = rank * kThreads + threadIdx.x; e < outputs; e += p.split * kThreads) {
-      float sum = 0.0f;
-      for (int r = 0; r < p.split; ++r) sum += cluster.map_shared_rank(block_part, r)[e];
-      write(e, sum);
+      float total = 0.0f;
+      for (int r = 0; r < p.split; ++r) total += cluster.map_shared_rank(block_part, r)[e];
+      write(e, total);
     }
     cluster.sync();  // no rank leaves while another still reads its shared memory
   }
@@ -589,42 +584,7 @@ __global__ void __launch_bounds__(kThreads, 2) QuantGemvKernel(const Params p) {
 
 // ---- Launch ---------------------------------------------------------------------------------------
 
-// Cluster (K split) and warps per row group for a product: the pair with the least modelled time,
-// fewer warps per group (larger row blocks, so fewer activation re-reads) and fewer splits first.
-// Time is modelled as the bytes the L2 must deliver (the weights, and each row block's staged
-// activations, which hit in L2 at some 1.5x the HBM rate) spread over the busiest multiprocessor: a
-// multiprocessor holding one block was taken to pull up to 1.25x its even share of the bandwidth.
-struct Split {
-  int wk = 1;
-  int split = 1;
-};
-
-Split ChooseSplit(int64_t n, int steps, int64_t batch, int max_tile_steps, double weight_bytes,
-                  double act_bytes_per_row_block, int sm_count) {
-  constexpr double kL2Rate = 1.5, kBurst = 1.25;
-  Split best;
-  double best_cost = 0.0;
-  for (int wk = 1; wk <= kWarps; wk *= 2) {
-    const int64_t row_blocks = (n + kBlockRows / wk - 1) / (kBlockRows / wk);
-    const double bytes = std::max(weight_bytes, (weight_bytes + act_bytes_per_row_block * row_blocks * batch) / kL2Rate);
-    for (int split = 1; split <= kMaxSplit; ++split) {
-      if (split * wk > steps && split * wk > 1) break;  // a step for every warp part
-      // A rank's steps in one tile, or tiles of whole kDepth items per warp.
-      const int rank_steps = (steps + split - 1) / split;
-      if (rank_steps > max_tile_steps && wk * kDepth > max_tile_steps) continue;
-      const double blocks = static_cast<double>(row_blocks * split * batch);
-      const double busiest = std::ceil(blocks / sm_count) * sm_count / (blocks * kBurst);
-      const double cost = bytes * std::max(1.0, busiest);
-      if (best_cost == 0.0 || cost < 0.98 * best_cost) {
-        best = {wk, split};
-        best_cost = cost;
-      }
-    }
-  }
-  return best;
-}
-
-// The checks and fields LaunchFp8BlockGemv and LaunchInt4GroupGemv share (a, c, bias, sizes).
+// The checks and fields both formats share (a, c, bias, sizes).
 cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, float* c,
                          int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
                          int64_t n, int64_t k, float alpha, float beta, Params& p) {
@@ -647,7 +607,6 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.stride_c = batch > 1 ? batch_stride_c : 0;
   p.bias = bias;
   p.m = static_cast<int>(m);
-  p.halves = m > 8 ? 2 : 1;
   p.n = n;
   p.k = static_cast<int>(k);
   p.alpha = alpha;
@@ -655,38 +614,43 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   return cudaSuccess;
 }
 
-// Chooses the split for `p` (weights, sizes and shift set), sizes the tile and launches.
+// Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
 template <typename F>
-cudaError_t Launch(Params p, int64_t batch, double weight_bytes, bool programmatic, cudaStream_t stream) {
-  int device = 0, sm_count = 0;
-  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
-  if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-      error != cudaSuccess) {
-    return error;
+cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPlan* plan, bool programmatic,
+                   cudaStream_t stream) {
+  QuantGemvPlan chosen;
+  if (plan != nullptr) {
+    if (!QuantGemvPlanValid(problem, *plan)) return cudaErrorInvalidValue;
+    chosen = *plan;
+  } else {
+    int device = 0, sm_count = 0;
+    if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
+    if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+        error != cudaSuccess) {
+      return error;
+    }
+    chosen = ChooseQuantGemvPlan(problem, sm_count);
   }
-  p.steps = (p.shift + p.k + F::kStepK - 1) / F::kStepK;
-  // Steps whose activation slots fit the tile: 16 bytes per column per row half.
-  const int max_tile_steps = kActBytes / (16 * F::kStepK * p.halves);
-  const double act_bytes = static_cast<double>(p.m) * p.k * (p.a_bf16 ? 2 : 4);
-  const Split s = ChooseSplit(p.n, p.steps, batch, max_tile_steps, weight_bytes, act_bytes, sm_count);
-  p.wk = s.wk;
-  p.split = s.split;
-  p.rank_steps = (p.steps + p.split - 1) / p.split;
-  p.tile_steps = p.rank_steps <= max_tile_steps ? (p.rank_steps + p.wk - 1) / p.wk * p.wk
-                                                : max_tile_steps / (p.wk * kDepth) * (p.wk * kDepth);
+  p.units = static_cast<int>(QuantGemvUnits(problem));
+  p.wk = chosen.wk;
+  p.split = chosen.split;
+  p.rank_units = (p.units + p.split - 1) / p.split;
+  p.part_units = chosen.part_units;
+  p.tiles = chosen.tiles;
+  p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
-  if (row_blocks * p.split > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(batch));
-  return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split), QuantGemvKernel<F>, grid, dim3(kThreads),
-                                kAreaBytes + F::kScaleBytes, stream, p);
+  const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
+  return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split),
+                                p.m > 8 ? QuantGemvKernel<F, true> : QuantGemvKernel<F, false>, grid, dim3(kThreads),
+                                QuantGemvSharedBytes(problem, chosen), stream, p);
 }
 
 }  // namespace
 
-cudaError_t LaunchFp8BlockGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
-                               const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
-                               const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
-                               float beta, bool programmatic, cudaStream_t stream) {
+cudaError_t LaunchFp8BlockGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                      const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                      const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                      float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream) {
   Params p{};
   if (const cudaError_t error =
           CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n, k, alpha, beta, p);
@@ -711,15 +675,23 @@ cudaError_t LaunchFp8BlockGemv(const void* a, GemvType a_type, int64_t lda, int6
   p.scale_stride = batch > 1 ? b.scale_batch_stride : 0;
   p.row0 = b.row0;
   p.col0 = static_cast<int>(b.col0);
-  p.shift = p.col0 % Fp8Format::kStepK;
-  const double weight_bytes = static_cast<double>(batch) * n * k;
-  return Launch<Fp8Format>(p, batch, weight_bytes, programmatic, stream);
+  p.shift = p.col0 % kUnitColumns;
+  QuantGemvProblem problem;
+  problem.int4 = false;
+  problem.batch = batch;
+  problem.m = m;
+  problem.n = n;
+  problem.k = k;
+  problem.shift = p.shift;
+  problem.a_bytes = p.a_bf16 ? 2 : 4;
+  problem.weight_bytes = static_cast<double>(batch) * n * k;
+  return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
 
-cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
-                                const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
-                                const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
-                                float beta, bool programmatic, cudaStream_t stream) {
+cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                       const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                       const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                       float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream) {
   Params p{};
   if (const cudaError_t error =
           CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n, k, alpha, beta, p);
@@ -749,9 +721,34 @@ cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int
   int shift = 0;
   while ((int64_t{1} << shift) < b.group_size) ++shift;
   p.group_shift = shift;
-  p.shift = 0;
-  const double weight_bytes = static_cast<double>(batch) * n * (words * 4 + 2.0 * k / b.group_size);
-  return Launch<Int4Format>(p, batch, weight_bytes, programmatic, stream);
+  p.last_group = static_cast<int>((b.col0 + k - 1) >> shift);
+  p.shift = p.col0 % 32;
+  QuantGemvProblem problem;
+  problem.int4 = true;
+  problem.batch = batch;
+  problem.m = m;
+  problem.n = n;
+  problem.k = k;
+  problem.shift = p.shift;
+  problem.a_bytes = p.a_bf16 ? 2 : 4;
+  problem.weight_bytes = static_cast<double>(batch) * n * (words * 4 + 2.0 * k / b.group_size);
+  return Launch<Int4Format>(p, problem, plan, programmatic, stream);
+}
+
+cudaError_t LaunchFp8BlockGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                               const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                               const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                               float beta, bool programmatic, cudaStream_t stream) {
+  return LaunchFp8BlockGemvPlanned(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n, k,
+                                   alpha, beta, nullptr, programmatic, stream);
+}
+
+cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                float beta, bool programmatic, cudaStream_t stream) {
+  return LaunchInt4GroupGemvPlanned(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n, k,
+                                    alpha, beta, nullptr, programmatic, stream);
 }
 
 }  // namespace eagle3::cuda

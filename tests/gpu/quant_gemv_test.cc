@@ -6,7 +6,9 @@
 // index), a slice's result ≡ the matching rows / column-sum of the whole matrix's, f32 and bf16
 // activations, strided a and c, alpha / beta / bias (beta 0 over a NaN c: never read), batched
 // items, determinism, the programmatic-launch flag, and bad arguments refused with
-// cudaErrorInvalidValue. Skipped where no CUDA device is visible.
+// cudaErrorInvalidValue; every path of the kernel through explicit plans (quant_gemv_plan.h: rows per
+// block, K split over a cluster, several activation tiles), and the planner's choices valid. Skipped
+// where no CUDA device is visible (the planner's test runs anyway).
 //
 // Tolerance (max |gpu - ref| / max |ref|): 3e-5. The GPU multiplies bf16-rounded activations by
 // weights that are exact in bf16 (fp8 codes; int4's bf16(q * scale), which the reference rounds the
@@ -30,6 +32,7 @@
 #include "eagle3/half.h"
 #include "gtest/gtest.h"
 #include "quant_gemv_ops.h"
+#include "quant_gemv_plan.h"
 
 namespace eagle3::cuda {
 namespace {
@@ -250,13 +253,18 @@ struct Fp8Slice {
 
 int64_t Ld16(int64_t k) { return (k + 15) / 16 * 16 + 16; }
 
-// The slice's product checked against the reference; returns c.
+// The slice's product checked against the reference, through LaunchFp8BlockGemv, or with `plan`
+// (quant_gemv_plan.h) when given; returns c.
 std::vector<float> CheckFp8(const Case& cs, const Fp8Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k,
-                            uint32_t seed) {
+                            uint32_t seed, const QuantGemvPlan* plan = nullptr) {
   const Fp8Slice slice(w, row0, col0, n, k, Ld16(k));
   return RunAndCheck(
       cs, n, k, seed,
       [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+        if (plan != nullptr) {
+          return LaunchFp8BlockGemvPlanned(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n,
+                                           k, cs.alpha, cs.beta, plan, cs.programmatic, nullptr);
+        }
         return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
                                   cs.alpha, cs.beta, cs.programmatic, nullptr);
       },
@@ -397,19 +405,28 @@ TEST_F(QuantGemvTest, Fp8Batched) {
   b.scale_inv = scales_dev.as<float>();
   b.scale_ld = w[0].scale_cols();
   b.scale_batch_stride = scale_items;
-  for (const int64_t m : {1, 4, 11}) {
-    Case cs;
-    cs.m = m;
-    cs.batch = items;
-    cs.bias = true;
-    cs.beta = 1.0f;
-    RunAndCheck(
-        cs, n, k, 110 + static_cast<uint32_t>(m),
-        [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
-          return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, b, c, ldc, sc, bias, items, m, n, k, cs.alpha, cs.beta,
-                                    false, nullptr);
-        },
-        [&](int64_t item) { return [&, item](int64_t r, int64_t c) { return w[item].Weight(r, c); }; });
+  // The planner's plan, and explicit ones (quant_gemv_plan.h): K (2 units) split over a cluster of
+  // 2, and 16-row blocks whose warp parts 2..7 are idle.
+  const QuantGemvPlan split{2, 2, 1, 1}, narrow{8, 1, 1, 1};
+  for (const QuantGemvPlan* plan : {static_cast<const QuantGemvPlan*>(nullptr), &split, &narrow}) {
+    for (const int64_t m : {1, 4, 11}) {
+      Case cs;
+      cs.m = m;
+      cs.batch = items;
+      cs.bias = true;
+      cs.beta = 1.0f;
+      RunAndCheck(
+          cs, n, k, 110 + static_cast<uint32_t>(m),
+          [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+            if (plan != nullptr) {
+              return LaunchFp8BlockGemvPlanned(a, cs.a_type, lda, sa, b, c, ldc, sc, bias, items, m, n, k, cs.alpha,
+                                               cs.beta, plan, false, nullptr);
+            }
+            return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, b, c, ldc, sc, bias, items, m, n, k, cs.alpha, cs.beta,
+                                      false, nullptr);
+          },
+          [&](int64_t item) { return [&, item](int64_t r, int64_t c) { return w[item].Weight(r, c); }; });
+    }
   }
 }
 
@@ -465,11 +482,15 @@ struct Int4Slice {
 int64_t LdWords(int64_t k) { return (Int4PackedWords(k) + 3) / 4 * 4 + 4; }
 
 std::vector<float> CheckInt4(const Case& cs, const Int4Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k,
-                             uint32_t seed) {
+                             uint32_t seed, const QuantGemvPlan* plan = nullptr) {
   const Int4Slice slice(w, row0, col0, n, k, LdWords(k));
   return RunAndCheck(
       cs, n, k, seed,
       [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+        if (plan != nullptr) {
+          return LaunchInt4GroupGemvPlanned(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n,
+                                            k, cs.alpha, cs.beta, plan, cs.programmatic, nullptr);
+        }
         return LaunchInt4GroupGemv(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
                                    cs.alpha, cs.beta, cs.programmatic, nullptr);
       },
@@ -628,6 +649,27 @@ TEST_F(QuantGemvTest, Int4BatchedDeterministicProgrammatic) {
   }
   EXPECT_EQ(runs[0], runs[1]);
   EXPECT_EQ(runs[0], runs[2]);
+  // Explicit plans (quant_gemv_plan.h): K (4 units) split over a cluster of 4, and 32-row blocks of 4
+  // warp parts of one unit; each the same bits twice.
+  const QuantGemvPlan split{1, 4, 1, 1}, parts{4, 1, 1, 1};
+  for (const QuantGemvPlan* plan : {&split, &parts}) {
+    for (const int64_t m : {3, 12}) {
+      Case cs;
+      cs.m = m;
+      cs.batch = items;
+      std::vector<std::vector<float>> planned;
+      for (int run = 0; run < 2; ++run) {
+        planned.push_back(RunAndCheck(
+            cs, n, k, 430 + static_cast<uint32_t>(m),
+            [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
+              return LaunchInt4GroupGemvPlanned(a, cs.a_type, lda, sa, b, c, ldc, sc, bias, items, cs.m, n, k, 1.0f,
+                                                0.0f, plan, false, nullptr);
+            },
+            [&](int64_t item) { return [&, item](int64_t r, int64_t c) { return w[item].Weight(r, c); }; }));
+      }
+      EXPECT_EQ(planned[0], planned[1]) << "wk " << plan->wk << " split " << plan->split << " m " << m;
+    }
+  }
 }
 
 // Single rows, single columns and chunks cut short by k.
@@ -641,6 +683,184 @@ TEST_F(QuantGemvTest, TinyShapes) {
       for (const int64_t k : {1, 5, 17, 40}) {
         CheckFp8(cs, f, 0, 0, n, k, 140 + static_cast<uint32_t>(m + n + k));
         CheckInt4(cs, q, 0, 0, n, k, 150 + static_cast<uint32_t>(m + n + k));
+      }
+    }
+  }
+}
+
+// ---- Every path of the kernel (explicit plans, quant_gemv_plan.h) ----------------------------------
+//
+// The planner picks one plan per shape and device; these run each path of the kernel whatever it
+// picks: 16 to 128 rows per block, K split over a cluster (its last rank empty or not), several
+// activation tiles (the last one partial), warp parts short or idle, warps wholly past n, one B
+// operand (up to 8 activation rows) or two (9 to 16).
+
+QuantGemvProblem ProblemOf(bool int4, int64_t batch, int64_t m, int64_t n, int64_t k, int64_t col0) {
+  QuantGemvProblem problem;
+  problem.int4 = int4;
+  problem.batch = batch;
+  problem.m = m;
+  problem.n = n;
+  problem.k = k;
+  problem.shift = int4 ? col0 % 32 : col0 % 128;
+  problem.a_bytes = 4;
+  problem.weight_bytes = static_cast<double>(batch) * n * (int4 ? k / 2 : k);
+  return problem;
+}
+
+// Cases of one plan: m = 1, 8 (one B operand), 9, 16 (two), f32 and bf16 activations, 16-byte
+// staging loads (m = 1, or rows padded to 16 bytes) and element loads, and an epilogue.
+std::vector<Case> PlanCases() {
+  std::vector<Case> cases;
+  for (const int64_t m : {1, 8, 9, 16}) {
+    Case cs;
+    cs.m = m;
+    cs.a_type = m % 2 == 0 ? GemvType::kBF16 : GemvType::kF32;
+    if (m == 9) {
+      cs.bias = true;
+      cs.alpha = 1.5f;
+      cs.beta = 0.5f;
+    }
+    cases.push_back(cs);
+  }
+  return cases;
+}
+
+TEST_F(QuantGemvTest, Fp8EveryPath) {
+  // Rows [72, 302) of 420 (72 rows into a scale block; a partial last warp; warps wholly past n when
+  // a block holds 128 rows), columns [48, 1619) of 1700 (48 columns into a scale block, k % 16 = 3:
+  // edge chunks at both ends): 13 units.
+  const Fp8Matrix w = RandomFp8(420, 1700, 31);
+  const int64_t row0 = 72, col0 = 48, n = 230, k = 1571;
+  const QuantGemvPlan plans[] = {
+      {1, 2, 7, 1},  // 128-row blocks, K split in two
+      {8, 2, 1, 1},  // 16-row blocks: 8 parts of one unit for 7, the last idle
+      {2, 3, 3, 1},  // a cluster of 3; the second part of each rank short
+      {4, 1, 2, 2},  // two activation tiles, the second partial
+      {2, 2, 2, 2},  // K split and two tiles
+      {1, 8, 2, 1},  // 8 ranks of 2 units for 13: the last rank empty
+      {1, 1, 4, 4},  // four tiles
+  };
+  uint32_t seed = 500;
+  for (const QuantGemvPlan& plan : plans) {
+    for (Case cs : PlanCases()) {
+      SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
+                                      << plan.part_units << " tiles " << plan.tiles << " m " << cs.m);
+      ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(false, 1, cs.m, n, k, col0), plan));
+      cs.a_pad = cs.m == 16 ? 5 : 0;  // rows of 1576 elements: 16-byte aligned
+      CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
+    }
+  }
+  // Split K: the same bits every run.
+  Case cs;
+  cs.m = 5;
+  const std::vector<float> first = CheckFp8(cs, w, row0, col0, n, k, 600, &plans[2]);
+  const std::vector<float> again = CheckFp8(cs, w, row0, col0, n, k, 600, &plans[2]);
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0);
+}
+
+TEST_F(QuantGemvTest, Int4EveryPath) {
+  // Rows [3, 233) of 300, 1503 columns (k % 8 = 7: a partial last word): from column 104 with groups
+  // of 32 (8 columns off the 32-column grid: every chunk read word by word, the first one 8 columns
+  // before column 0), from column 0 (16-byte chunks), from 40 with groups of 64, from 96 with groups
+  // of 256 (a lane's group changes from step to step): 12 units.
+  struct Slice {
+    int64_t group, col0;
+  };
+  const QuantGemvPlan plans[] = {
+      {1, 2, 6, 1},  // 128-row blocks, K split in two
+      {8, 2, 1, 1},  // 16-row blocks: 8 parts of one unit for 6, the last two idle
+      {2, 3, 2, 1},  // a cluster of 3
+      {2, 1, 4, 2},  // two activation tiles, the second partial
+      {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
+      {1, 1, 4, 3},  // three tiles
+  };
+  const int64_t row0 = 3, n = 230, k = 1503;
+  uint32_t seed = 700;
+  for (const Slice slice : {Slice{32, 104}, Slice{32, 0}, Slice{64, 40}, Slice{256, 96}}) {
+    const Int4Matrix w = RandomInt4(300, 1800, slice.group, 40 + static_cast<uint32_t>(slice.col0));
+    for (const QuantGemvPlan& plan : plans) {
+      for (Case cs : PlanCases()) {
+        SCOPED_TRACE(testing::Message() << "group " << slice.group << " col0 " << slice.col0 << " wk " << plan.wk
+                                        << " split " << plan.split << " part_units " << plan.part_units << " tiles "
+                                        << plan.tiles << " m " << cs.m);
+        ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(true, 1, cs.m, n, k, slice.col0), plan));
+        cs.a_pad = cs.m == 16 ? 1 : 0;  // rows of 1504 elements: 16-byte aligned
+        CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
+      }
+    }
+  }
+}
+
+// The plans refused: warps per group not 1, 2, 4 or 8, clusters of 0 or more than 8, tiles that do
+// not cover a rank's units, several tiles of part runs that are not whole ring cycles, shared memory
+// past the limit. Nothing is launched.
+TEST_F(QuantGemvTest, BadPlansRefused) {
+  const int64_t m = 16, n = 64, k = 2048;  // 16 units
+  DeviceBuffer a(m * k * 4), c(m * n * 4), codes(n * k), scales(64 * 4), packed(n * k / 2), iscales(n * k / 32 * 2);
+  const std::vector<float> c_host(m * n, 3.0f);
+  Upload(c, c_host);
+  Fp8BlockWeights f;
+  f.codes = codes.as<uint8_t>();
+  f.ld = k;
+  f.scale_inv = scales.as<float>();
+  f.scale_ld = k / 128;
+  Int4GroupWeights q;
+  q.packed = packed.as<int32_t>();
+  q.ld = k / 8;
+  q.scale = iscales.as<uint16_t>();
+  q.scale_ld = k / 32;
+  const QuantGemvPlan bad[] = {
+      {3, 1, 16, 1}, {16, 1, 1, 2},  // wk
+      {1, 0, 16, 1}, {1, 9, 2, 1},   // split
+      {1, 1, 0, 1},  {1, 1, 8, 0},   // empty
+      {2, 2, 1, 1},                  // 2 units of a rank's 8
+      {1, 1, 1, 16},                 // several tiles of 2-step (fp8) or 1-step (int4) runs
+      {1, 1, 16, 1},                 // 16 rows of 16 units: 66 KB of staged activations
+  };
+  for (const QuantGemvPlan& plan : bad) {
+    SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
+                                    << plan.part_units << " tiles " << plan.tiles);
+    EXPECT_FALSE(QuantGemvPlanValid(ProblemOf(false, 1, m, n, k, 0), plan));
+    EXPECT_FALSE(QuantGemvPlanValid(ProblemOf(true, 1, m, n, k, 0), plan));
+    EXPECT_EQ(LaunchFp8BlockGemvPlanned(a.ptr, GemvType::kF32, k, 0, f, c.as<float>(), n, 0, nullptr, 1, m, n, k,
+                                        1.0f, 0.0f, &plan, false, nullptr),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(LaunchInt4GroupGemvPlanned(a.ptr, GemvType::kF32, k, 0, q, c.as<float>(), n, 0, nullptr, 1, m, n, k,
+                                         1.0f, 0.0f, &plan, false, nullptr),
+              cudaErrorInvalidValue);
+  }
+  EXPECT_EQ(Download<float>(c, c_host.size()), c_host) << "a refused call wrote c";
+  // The same shapes with a valid plan run (so the refusals above are the plans' doing).
+  const QuantGemvPlan good{2, 2, 4, 1};
+  EXPECT_EQ(LaunchFp8BlockGemvPlanned(a.ptr, GemvType::kF32, k, 0, f, c.as<float>(), n, 0, nullptr, 1, 4, n, k, 1.0f,
+                                      0.0f, &good, false, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// The planner's choice is a plan the kernel runs, for decode shapes and extremes, on any device size.
+TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
+  struct Shape {
+    int64_t batch, n, k, col0;
+  };
+  const Shape shapes[] = {{1, 1, 1, 0},        {1, 9, 40, 16},       {1, 1536, 7168, 0},     {1, 576, 7168, 0},
+                          {16, 512, 128, 0},   {16, 128, 512, 0},    {1, 7168, 2048, 2048},  {1, 4608, 7168, 0},
+                          {8, 7168, 256, 256}, {8, 512, 7168, 0},    {1, 100, 1 << 20, 48},  {1, 3, 1 << 29, 0},
+                          {65535, 16, 64, 0},  {1, 1 << 24, 128, 0}, {1, 300, 1000, 104}};
+  for (const bool int4 : {false, true}) {
+    for (const Shape& shape : shapes) {
+      for (const int64_t m : {1, 5, 8, 9, 16}) {
+        for (const int sm_count : {1, 16, 132, 1000}) {
+          const int64_t col0 = int4 ? shape.col0 / 8 * 8 : shape.col0 / 16 * 16;
+          const QuantGemvProblem problem = ProblemOf(int4, shape.batch, m, shape.n, shape.k, col0);
+          const QuantGemvPlan plan = ChooseQuantGemvPlan(problem, sm_count);
+          EXPECT_TRUE(QuantGemvPlanValid(problem, plan))
+              << (int4 ? "int4" : "fp8") << " batch " << shape.batch << " n " << shape.n << " k " << shape.k
+              << " m " << m << " sms " << sm_count << ": wk " << plan.wk << " split " << plan.split
+              << " part_units " << plan.part_units << " tiles " << plan.tiles;
+          EXPECT_LE(QuantGemvSharedBytes(problem, plan), kQuantGemvSharedLimit);
+        }
       }
     }
   }

@@ -1,0 +1,170 @@
+// The quantized GEMV's split model (quant_gemv_plan.h).
+#include "quant_gemv_plan.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace eagle3::cuda {
+namespace {
+
+// Partial sums of the kernel's final reduction: per warp, activation-row half, lane and fragment
+// element, then per block row and activation row.
+constexpr size_t kReduceBytes = (kQuantGemvWarps * 2 * 32 * 4 + kQuantGemvBlockRows * kQuantGemvMaxRows) * 4;
+
+// Shared memory of one multiprocessor, and what the runtime reserves per block.
+constexpr size_t kSmemPerSm = 228 * 1024;
+constexpr size_t kSmemReservedPerBlock = 1024;
+
+// The time model (seconds, bytes per second). A plan is charged the largest of, softened where they
+// meet (a 4-norm: two equal limits cost 1.19 times either):
+// - streaming: the weight bytes at the HBM's streaming rate;
+// - L2: the weights and every block's staged activations (which hit in L2) at the L2's rate;
+// - latency: each warp refills its ring of kQuantGemvDepth steps once per load round trip, so a
+//   warp's run of steps takes ceil(steps / depth) round trips, once per wave of blocks, plus an
+//   activation restaging (an L2 round trip the ring only partly hides) per extra tile;
+// - issue: the busiest multiprocessor's weight bytes at the rate at which its warps widen and
+//   multiply them (the dequantization instructions, not the loads, bound a multiprocessor), full
+//   with kQuantGemvBlocksPerSm blocks resident and proportionally less with fewer;
+// and a cluster's barriers and distributed reduction once per launch.
+constexpr double kStreamRate = 4.5e12;
+constexpr double kL2Rate = 7.0e12;
+constexpr double kRoundTrip = 1.0e-6;
+constexpr double kRestage = 0.5e-6;
+constexpr double kSmRateFp8 = 40e9;
+constexpr double kSmRateInt4 = 28e9;
+constexpr double kClusterCost = 0.3e-6;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t RowBlocks(const QuantGemvProblem& problem, int wk) {
+  return CeilDiv(problem.n, kQuantGemvBlockRows / wk);
+}
+
+double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& plan, int sm_count) {
+  const int64_t units = QuantGemvUnits(problem);
+  const int64_t row_blocks = RowBlocks(problem, plan.wk);
+  const int64_t blocks = row_blocks * plan.split * problem.batch;
+  const size_t smem = QuantGemvSharedBytes(problem, plan);
+  const int64_t per_sm =
+      std::min<int64_t>(kQuantGemvBlocksPerSm, static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerBlock)));
+  const int64_t slots = std::max<int64_t>(1, per_sm * sm_count);
+  const int64_t waves = CeilDiv(blocks, slots);
+  const int64_t steps = static_cast<int64_t>(plan.part_units) * plan.tiles * QuantGemvUnitSteps(problem.int4);
+
+  const double stream = problem.weight_bytes / kStreamRate;
+  const double act_bytes = static_cast<double>(row_blocks) * problem.batch * problem.m * units *
+                           kQuantGemvUnitColumns * problem.a_bytes;
+  const double l2 = (problem.weight_bytes + act_bytes) / kL2Rate;
+  const double latency =
+      static_cast<double>(waves) * (CeilDiv(steps, kQuantGemvDepth) * kRoundTrip + (plan.tiles - 1) * kRestage);
+  const int64_t busiest = CeilDiv(blocks, sm_count);  // blocks the busiest multiprocessor runs
+  const double resident = static_cast<double>(std::min(busiest, per_sm));
+  const double sm_rate = (problem.int4 ? kSmRateInt4 : kSmRateFp8) * std::min(1.0, resident / kQuantGemvBlocksPerSm);
+  const double issue = busiest * (problem.weight_bytes / blocks) / sm_rate;
+  const auto fourth = [](double x) { return (x * x) * (x * x); };
+  const double norm = std::sqrt(std::sqrt(fourth(stream) + fourth(l2) + fourth(latency) + fourth(issue)));
+  return norm + (plan.split > 1 ? kClusterCost : 0.0);
+}
+
+// The sweep behind ChooseQuantGemvPlan.
+QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
+  const int64_t units = QuantGemvUnits(problem);
+  // Units per warp part of a tile when the rank's range does not fit one: whole ring cycles.
+  const int part_step = kQuantGemvDepth / QuantGemvUnitSteps(problem.int4);
+  QuantGemvPlan best;
+  double best_cost = 0.0;
+  bool found = false;
+  // Fewer warps per row group (more rows per block: fewer activation re-reads) and fewer cluster
+  // ranks first: a later plan must be clearly faster to replace an earlier one.
+  for (int wk = 1; wk <= kQuantGemvWarps; wk *= 2) {
+    for (int split = 1; split <= kQuantGemvMaxSplit; ++split) {
+      const int64_t rank_units = CeilDiv(units, split);
+      if (split > 1 && (split - 1) * rank_units >= units) continue;  // a rank without units
+      if (wk > 1 && wk > rank_units) continue;                       // a warp part without units
+      QuantGemvPlan plan;
+      plan.wk = wk;
+      plan.split = split;
+      plan.part_units = static_cast<int>(CeilDiv(rank_units, wk));
+      plan.tiles = 1;
+      if (!QuantGemvPlanValid(problem, plan)) {
+        // Several tiles: the most units per part (whole ring cycles) whose tile fits.
+        bool tiled = false;
+        for (int part_units = part_step;; part_units += part_step) {
+          const QuantGemvPlan candidate{wk, split, part_units,
+                                        static_cast<int>(CeilDiv(rank_units, static_cast<int64_t>(wk) * part_units))};
+          if (candidate.tiles < 2 || !QuantGemvPlanValid(problem, candidate)) break;
+          plan = candidate;
+          tiled = true;
+        }
+        if (!tiled) continue;
+      }
+      const double cost = ModelledSeconds(problem, plan, sm_count);
+      if (!found || cost < 0.97 * best_cost) {
+        best = plan;
+        best_cost = cost;
+        found = true;
+      }
+    }
+  }
+  if (!found) {  // unreachable for valid sizes: the smallest tile of one row fits
+    best = {1, 1, part_step, static_cast<int>(CeilDiv(units, part_step))};
+  }
+  return best;
+}
+
+bool SameProblem(const QuantGemvProblem& a, const QuantGemvProblem& b) {
+  return a.int4 == b.int4 && a.batch == b.batch && a.m == b.m && a.n == b.n && a.k == b.k && a.shift == b.shift &&
+         a.a_bytes == b.a_bytes && a.weight_bytes == b.weight_bytes;
+}
+
+}  // namespace
+
+int QuantGemvUnitSteps(bool int4) { return int4 ? 1 : 2; }
+
+int64_t QuantGemvUnits(const QuantGemvProblem& problem) {
+  return CeilDiv(problem.shift + problem.k, kQuantGemvUnitColumns);
+}
+
+size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
+  const int64_t tile_units = static_cast<int64_t>(plan.wk) * plan.part_units;
+  // Each activation row: the tile's columns as bf16 and 64 bytes that skew the rows' banks.
+  const int64_t act = problem.m * (tile_units * kQuantGemvUnitColumns * 2 + 64);
+  const int64_t scales = problem.int4 ? 0 : 2 * tile_units * 4;  // fp8: two scale rows
+  return std::max(static_cast<size_t>(act + scales), kReduceBytes);
+}
+
+bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
+  if (plan.wk != 1 && plan.wk != 2 && plan.wk != 4 && plan.wk != 8) return false;
+  if (plan.split < 1 || plan.split > kQuantGemvMaxSplit) return false;
+  if (plan.part_units < 1 || plan.tiles < 1 || plan.part_units > (1 << 20) || plan.tiles > (1 << 20)) return false;
+  const int64_t units = QuantGemvUnits(problem);
+  const int64_t rank_units = CeilDiv(units, plan.split);
+  if (static_cast<int64_t>(plan.wk) * plan.part_units * plan.tiles < rank_units) return false;
+  if (plan.tiles > 1 && plan.part_units * QuantGemvUnitSteps(problem.int4) % kQuantGemvDepth != 0) return false;
+  if (QuantGemvSharedBytes(problem, plan) > kQuantGemvSharedLimit) return false;
+  return RowBlocks(problem, plan.wk) * plan.split <= 0x7fffffff;
+}
+
+QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count) {
+  sm_count = std::max(sm_count, 1);
+  // The sweep takes microseconds, as long as a small product itself: a decode step launches the
+  // same few shapes again and again (eagerly too), so each thread keeps its last choices.
+  struct Choice {
+    QuantGemvProblem problem;
+    int sm_count = 0;
+    QuantGemvPlan plan;
+  };
+  constexpr int kKept = 32;
+  thread_local std::array<Choice, kKept> kept;
+  thread_local int next = 0;
+  for (const Choice& choice : kept) {
+    if (choice.sm_count == sm_count && SameProblem(choice.problem, problem)) return choice.plan;
+  }
+  const QuantGemvPlan plan = SweepPlans(problem, sm_count);
+  kept[next] = {problem, sm_count, plan};
+  next = (next + 1) % kKept;
+  return plan;
+}
+
+}  // namespace eagle3::cuda

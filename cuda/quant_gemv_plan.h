@@ -1,0 +1,87 @@
+// How the quantized small-M kernel (quant_gemv_kernels.cu) splits one product over the GPU, the
+// model that chooses the split, and launchers that take a given split, so that the tests run every
+// path (split K or not, one activation tile or several, any rows per block) on any device. Plain
+// C++: no CUDA compiler needed to include it, and no abseil (the kernel file includes it).
+//
+// The kernel's geometry: a block of kQuantGemvThreads threads (8 warps); a warp owns 16 weight rows
+// (one m16n8k16 tile) and a run of K; the 8 warps of a block form 8 / wk row groups of wk warps,
+// which split the block's K range between them. K is cut into units of 128 columns (fp8: one scale
+// block column, aligned to the global 128-column grid; int4: four 32-column chunks, aligned to the
+// global 32-column grid so that each lies in one scale group), the first starting `shift` columns
+// before the slice's column 0. A cluster of `split` blocks splits the units of K further and adds
+// the blocks' partial sums through distributed shared memory. A block stages its activations
+// (bf16) a tile of wk * part_units units at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "quant_gemv_ops.h"
+
+namespace eagle3::cuda {
+
+inline constexpr int kQuantGemvThreads = 256;
+inline constexpr int kQuantGemvWarps = kQuantGemvThreads / 32;
+inline constexpr int kQuantGemvWarpRows = 16;
+// Weight rows of a block whose row groups are single warps (wk = 1).
+inline constexpr int kQuantGemvBlockRows = kQuantGemvWarpRows * kQuantGemvWarps;
+inline constexpr int kQuantGemvUnitColumns = 128;
+// K steps a lane has in flight (a step: one 16-byte chunk of each of the lane's two weight rows).
+inline constexpr int kQuantGemvDepth = 4;
+inline constexpr int kQuantGemvMaxSplit = 8;  // the portable cluster size
+// Blocks a multiprocessor holds at once (the kernel's register budget is set for it).
+inline constexpr int kQuantGemvBlocksPerSm = 2;
+// Dynamic shared memory a block may use: the default limit, so that no launch needs an attribute.
+inline constexpr size_t kQuantGemvSharedLimit = 48 * 1024;
+
+// The product as the planner sees it.
+struct QuantGemvProblem {
+  bool int4 = false;
+  int64_t batch = 1, m = 1, n = 1, k = 1;
+  // Columns of the first unit before the slice's column 0 (fp8: col0 % 128; int4: col0 % 32).
+  int64_t shift = 0;
+  int64_t a_bytes = 4;       // bytes per activation element: 4 (f32) or 2 (bf16)
+  double weight_bytes = 0;   // quantized bytes the product streams: codes or packed words, and scales
+};
+
+struct QuantGemvPlan {
+  int wk = 1;          // warps per 16-row group: 1, 2, 4 or 8 (a block holds 128 / wk rows)
+  int split = 1;       // blocks per cluster along K: 1 .. kQuantGemvMaxSplit
+  int part_units = 1;  // units a warp takes from each activation tile
+  int tiles = 1;       // activation tiles per block
+};
+
+// 128-column units covering shift + k columns.
+int64_t QuantGemvUnits(const QuantGemvProblem& problem);
+
+// K steps per unit: 2 for fp8 (64-column steps), 1 for int4 (128-column steps).
+int QuantGemvUnitSteps(bool int4);
+
+// Dynamic shared memory of a block: the staged activation tile (and fp8's staged scales), or the
+// partial sums of the final reduction where those are larger.
+size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
+
+// Whether the kernel can run `plan`: wk and split in range, the tiles covering each cluster rank's
+// units, several tiles only with whole ring cycles per warp (part_units * unit steps a multiple of
+// kQuantGemvDepth), the shared memory within kQuantGemvSharedLimit, and the grid within limits.
+bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
+
+// The valid plan of least modelled time on a device with `sm_count` multiprocessors.
+QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
+
+// LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)
+// with `plan`, or the chosen plan
+// when `plan` is nullptr. An invalid plan is refused with cudaErrorInvalidValue.
+cudaError_t LaunchFp8BlockGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                      const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                      const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                      float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream);
+
+cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                       const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                       const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                       float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream);
+
+}  // namespace eagle3::cuda
