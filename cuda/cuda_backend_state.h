@@ -89,6 +89,10 @@ struct CudaBackend::State {
   // allocated, the current (largest) last; none is freed before the backend is destroyed, since a
   // captured graph may still use it.
   std::shared_ptr<void> moe_grouped_scratch;
+  // QuantizedGemm's bf16 copies of dequantized weights (a DequantScratch, see
+  // cuda_backend_quantized.cc): every buffer allocated, the current (largest) last, none freed
+  // before the backend is destroyed.
+  std::shared_ptr<void> dequant_scratch;
   // TreeVerify's tree lists and verify workspace (a VerifyScratch, see cuda_backend_verify.cc):
   // every buffer allocated, the current (largest) last, none freed before the backend is destroyed.
   std::shared_ptr<void> verify_scratch;

@@ -259,6 +259,41 @@ absl::Status Backend::CheckGemm(const TensorView& a, const TensorView& b, const 
   return CheckNoOverlap("Gemm", "b", b, "c", c, false);
 }
 
+absl::Status Backend::CheckQuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                                         const GemmOptions& options) const {
+  constexpr const char* kOp = "QuantizedGemm";
+  const Device dev = device();
+  EAGLE3_RETURN_IF_ERROR(w.Check(kOp));
+  if (w.codes.device() != dev) {
+    return Invalid(kOp, "w.codes is ", w.codes.ToString(), " but this backend runs on ", dev.ToString());
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(kOp, "a", "[M, K]", a, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(kOp, "c", "[M, N]", c, dev));
+  if (a.dim(1) != w.k) {
+    return Invalid(kOp, "K mismatch: a ", a.ToString(), " is [M, K] with K = ", a.dim(1), ", w.k is ", w.k,
+                   " (w.codes ", w.codes.ToString(), ")");
+  }
+  if (c.dim(0) != a.dim(0) || c.dim(1) != w.rows()) {
+    return Invalid(kOp, "c ", c.ToString(), " must be [M, N] = [", a.dim(0), ", ", w.rows(), "] for a ",
+                   a.ToString(), " and w.codes ", w.codes.ToString());
+  }
+  if (options.bias != nullptr) {
+    const TensorView& bias = *options.bias;
+    EAGLE3_RETURN_IF_ERROR(CheckVector(kOp, "bias", "[N]", bias, dev));
+    if (bias.dim(0) != w.rows()) {
+      return Invalid(kOp, "bias ", bias.ToString(), " must be [N] = [", w.rows(), "] for w.codes ",
+                     w.codes.ToString());
+    }
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "bias", bias, "c", c, false));
+  }
+  if (!std::isfinite(options.alpha) || !std::isfinite(options.beta)) {
+    return Invalid(kOp, "alpha ", options.alpha, " and beta ", options.beta, " must be finite");
+  }
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "a", a, "c", c, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "w.codes", w.codes, "c", c, false));
+  return CheckNoOverlap(kOp, "w.scales", w.scales, "c", c, false);
+}
+
 absl::Status Backend::CheckBatchedGemm(const TensorView& a, const TensorView& b,
                                        const TensorView& c) const {
   const Device dev = device();

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "eagle3/detail/int4_packing.h"
-#include "eagle3/half.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor_convert.h"
 
@@ -169,78 +168,94 @@ SliceOrigin Origin(const WeightSpec& spec, const ShardSpec& shard) {
   return o;
 }
 
-absl::StatusOr<Tensor> ReadFp8(const Checkpoint& checkpoint, const WeightSpec& spec, const QuantizationConfig& q,
-                               const ShardSpec& shard) {
-  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, checkpoint.ReadShard(spec.name, shard, DType::kF8E4M3));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, checkpoint.Read(Fp8ScaleName(spec.name), DType::kF32));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kF32, codes.shape()));
+// Stored fp8 codes of the slice and the scale blocks it touches (padding blocks beyond the stored
+// grid zero).
+absl::StatusOr<QuantizedShard> ReadFp8(const Checkpoint& checkpoint, const WeightSpec& spec,
+                                       const QuantizationConfig& q, const ShardSpec& shard) {
+  QuantizedShard out;
+  EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadShard(spec.name, shard, DType::kF8E4M3));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor all, checkpoint.Read(Fp8ScaleName(spec.name), DType::kF32));
   const SliceOrigin origin = Origin(spec, shard);
-  const int64_t rows = codes.dim(0), cols = codes.dim(1);
-  const int64_t scale_cols = scales.dim(1);
-  const uint8_t* c = codes.data_as<uint8_t>();
-  const float* s = scales.data_as<float>();
-  float* w = out.data_as<float>();
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t r = origin.row + i;
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t col = origin.col + j;
-      const bool real = r < spec.shape[0] && col < spec.shape[1];  // else vocab padding
-      w[i * cols + j] =
-          real ? F8E4M3ToFloat(c[i * cols + j]) * s[(r / q.block_out) * scale_cols + col / q.block_in] : 0.0f;
+  const int64_t rows = out.codes.dim(0), cols = out.codes.dim(1);
+  const int64_t row_begin = origin.row / q.block_out, col_begin = origin.col / q.block_in;
+  const int64_t row_end = rows > 0 ? (origin.row + rows - 1) / q.block_out + 1 : row_begin;
+  const int64_t col_end = cols > 0 ? (origin.col + cols - 1) / q.block_in + 1 : col_begin;
+  EAGLE3_ASSIGN_OR_RETURN(out.scales, Tensor::Zeros(DType::kF32, Shape{row_end - row_begin, col_end - col_begin}));
+  const float* from = all.data_as<float>();
+  float* to = out.scales.data_as<float>();
+  for (int64_t i = row_begin; i < std::min(row_end, all.dim(0)); ++i) {
+    for (int64_t j = col_begin; j < std::min(col_end, all.dim(1)); ++j) {
+      to[(i - row_begin) * (col_end - col_begin) + j - col_begin] = from[i * all.dim(1) + j];
     }
   }
+  out.view = QuantizedWeightView{.format = WeightFormat::kFp8Block,
+                                 .codes = out.codes.view(),
+                                 .scales = out.scales.view(),
+                                 .k = cols,
+                                 .row0 = origin.row,
+                                 .col0 = origin.col,
+                                 .scale_row0 = row_begin,
+                                 .scale_col0 = col_begin,
+                                 .block_rows = q.block_out,
+                                 .block_cols = q.block_in};
   return out;
 }
 
-absl::StatusOr<Tensor> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& spec, const QuantizationConfig& q,
-                                const ShardSpec& shard) {
+// A packed word of eight zero values: what padding rows hold, so that they dequantize to +0 (a
+// zero word would be eight -8s, times a zero scale -0).
+constexpr int32_t Int4ZeroWord() {
+  uint32_t word = 0;
+  for (int j = 0; j < kInt4PerWord; ++j) word |= uint32_t{kInt4Offset} << (4 * j);
+  return static_cast<int32_t>(word);
+}
+
+absl::StatusOr<QuantizedShard> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& spec,
+                                        const QuantizationConfig& q, const ShardSpec& shard) {
   const std::string packed_name = Int4PackedName(spec.name);
   const std::string scale_name = Int4ScaleName(spec.name);
   const int64_t out_dim = spec.shape[0], in_dim = spec.shape[1];
-  // Rows split (or none): the packed rows and scale rows of the slice, read as the plain tensor's.
-  // Columns split: the words and group scales that hold the slice's columns, row by row (a slice may
-  // start inside a word or a group); word_base / group_base are the first ones read.
-  const bool rows_split = shard.tp_size == 1 || shard.dim == 0;
-  Tensor packed, scales;
-  int64_t word_base = 0, group_base = 0;
-  const SliceOrigin origin = Origin(spec, shard);
-  int64_t cols = in_dim;
-  if (rows_split) {
-    EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.ReadShard(packed_name, shard, DType::kI32));
-    EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.ReadShard(scale_name, shard, DType::kF32));
+  QuantizedShard out;
+  out.view.format = WeightFormat::kInt4Group;
+  out.view.k = in_dim;
+  out.view.block_rows = 1;  // one scale row per weight row
+  out.view.block_cols = q.group_size;
+  if (shard.tp_size == 1 || shard.dim == 0) {
+    // Rows split (or none): the packed rows and scale rows of the slice, read as the plain tensor's.
+    EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadShard(packed_name, shard, DType::kI32));
+    EAGLE3_ASSIGN_OR_RETURN(out.scales, checkpoint.ReadShard(scale_name, shard, DType::kF32));
+    const SliceOrigin origin = Origin(spec, shard);  // ReadShard validated the split
+    out.view.row0 = out.view.scale_row0 = origin.row;
+    const int64_t real_rows = std::clamp<int64_t>(out_dim - origin.row, 0, out.codes.dim(0));
+    std::fill(out.codes.data_as<int32_t>() + real_rows * out.codes.dim(1),
+              out.codes.data_as<int32_t>() + out.codes.numel(), Int4ZeroWord());
   } else {
+    // Columns split: the words and group scales that hold the slice's columns, row by row (a slice
+    // may start inside a word or a group).
     const int64_t padded = PaddedSize(in_dim, shard.pad_to_multiple);
     if (shard.pad_to_multiple < 1 || shard.rank < 0 || shard.rank >= shard.tp_size || padded % shard.tp_size != 0) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' dim 1 = ", in_dim,
                                                      " cannot be split for rank ", shard.rank, " of tp_size ",
                                                      shard.tp_size));
     }
-    cols = padded / shard.tp_size;
-    // The slice's real columns [first, last) (none when it lies in the padding).
-    const int64_t first = std::min(origin.col, in_dim), last = std::min(origin.col + cols, in_dim);
-    word_base = first / kInt4PerWord;
-    group_base = first / q.group_size;
-    const int64_t word_end = last > first ? (last + kInt4PerWord - 1) / kInt4PerWord : word_base;
-    const int64_t group_end = last > first ? (last + q.group_size - 1) / q.group_size : group_base;
-    EAGLE3_ASSIGN_OR_RETURN(packed, checkpoint.ReadColumns(packed_name, word_base, word_end, DType::kI32));
-    EAGLE3_ASSIGN_OR_RETURN(scales, checkpoint.ReadColumns(scale_name, group_base, group_end, DType::kF32));
-  }
-  const int64_t rows = rows_split ? packed.dim(0) : out_dim;
-  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kF32, Shape{rows, cols}));
-  const int64_t words = packed.dim(1), groups = scales.dim(1);
-  const int32_t* p = packed.data_as<int32_t>();
-  const float* s = scales.data_as<float>();
-  float* w = out.data_as<float>();
-  for (int64_t i = 0; i < rows; ++i) {
-    const bool real_row = origin.row + i < out_dim;  // else vocab padding (zero words and scales)
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t col = origin.col + j;
-      w[i * cols + j] = real_row && col < in_dim
-                            ? static_cast<float>(Int4At(p + i * words, col - kInt4PerWord * word_base)) *
-                                  s[i * groups + col / q.group_size - group_base]
-                            : 0.0f;
+    const SliceOrigin origin = Origin(spec, shard);
+    const int64_t cols = padded / shard.tp_size;
+    if (origin.col + cols > in_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "': int4 column slices of rank ",
+                                                     shard.rank, " of tp_size ", shard.tp_size,
+                                                     " would reach into padding columns (pad_to_multiple ",
+                                                     shard.pad_to_multiple, "), which packed weights do not have"));
     }
+    const int64_t word_begin = origin.col / kInt4PerWord, group_begin = origin.col / q.group_size;
+    const int64_t word_end = cols > 0 ? (origin.col + cols + kInt4PerWord - 1) / kInt4PerWord : word_begin;
+    const int64_t group_end = cols > 0 ? (origin.col + cols + q.group_size - 1) / q.group_size : group_begin;
+    EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadColumns(packed_name, word_begin, word_end, DType::kI32));
+    EAGLE3_ASSIGN_OR_RETURN(out.scales, checkpoint.ReadColumns(scale_name, group_begin, group_end, DType::kF32));
+    out.view.k = cols;
+    out.view.col0 = origin.col;
+    out.view.scale_col0 = group_begin;
   }
+  out.view.codes = out.codes.view();
+  out.view.scales = out.scales.view();
   return out;
 }
 
@@ -306,9 +321,24 @@ absl::StatusOr<Tensor> ReadWeightShard(const Checkpoint& checkpoint, const Weigh
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", spec.name, "' dequantizes to f32, f16 or bf16, not ", Sv(DTypeName(dtype))));
   }
-  EAGLE3_ASSIGN_OR_RETURN(Tensor f32, form == StoredForm::kFp8Block ? ReadFp8(checkpoint, spec, quantization, shard)
-                                                                    : ReadInt4(checkpoint, spec, quantization, shard));
+  EAGLE3_ASSIGN_OR_RETURN(QuantizedShard stored, ReadQuantizedShard(checkpoint, spec, form, quantization, shard));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor f32, Tensor::Empty(DType::kF32, Shape{stored.view.rows(), stored.view.k}));
+  EAGLE3_RETURN_IF_ERROR(DequantizeWeight(stored.view, f32));
   return ToDtype(std::move(f32), dtype);
+}
+
+absl::StatusOr<QuantizedShard> ReadQuantizedShard(const Checkpoint& checkpoint, const WeightSpec& spec,
+                                                  StoredForm form, const QuantizationConfig& quantization,
+                                                  const ShardSpec& shard) {
+  switch (form) {
+    case StoredForm::kFp8Block:
+      return ReadFp8(checkpoint, spec, quantization, shard);
+    case StoredForm::kInt4Packed:
+      return ReadInt4(checkpoint, spec, quantization, shard);
+    case StoredForm::kPlain:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' is not stored quantized"));
 }
 
 }  // namespace eagle3

@@ -12,6 +12,8 @@
 #include "eagle3/dtype.h"
 #include "eagle3/export.h"
 #include "eagle3/moe_routing.h"
+#include "eagle3/quantization_config.h"
+#include "eagle3/quantized_weight_view.h"
 #include "eagle3/tensor_view.h"
 #include "eagle3/tree_verifier.h"
 
@@ -125,6 +127,22 @@ class EAGLE3_API Backend {
   //   a: [M, K], row-strided      b: [N, K] (weights), row-strided      c: [M, N], row-strided
   virtual absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                             const GemmOptions& options) = 0;
+
+  // Whether this backend's QuantizedGemm streams weights of `format` kept quantized in its memory, so
+  // that a loader should keep them so (LoadLinearWeight in src/linear_weight.h) rather than
+  // dequantize them at load into preferred_weight_dtype(). False by default: QuantizedGemm then
+  // still works, dequantizing per call, as the reference does.
+  virtual bool keeps_quantized(WeightFormat /*format*/) const { return false; }
+
+  // Linear layer with weight-only quantized weights: c = alpha * a * W^T + beta * c + bias with
+  // GemmOptions as in Gemm (b_is_weights: w's codes and scales are the weights), W = the f32
+  // weights w describes (eagle3/quantized_weight_view.h; DequantizeWeight). c and bias are f32. A
+  // backend may round W and `a` to bf16 as its Gemm does for bf16 weights (CudaBackend: see
+  // cuda/cuda_backend_quantized.cc); the CPU reference computes W exactly and takes `a` f32 only.
+  //   a: [M, K], row-strided, K = w.k      w: Check()ed, codes and scales on device(), N = w.rows()
+  //   c: [M, N], row-strided, no overlap with a, w's tensors or bias
+  virtual absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                                     const GemmOptions& options) = 0;
 
   // B independent linear layers in one call: c[i] = a[i] b[i]^T for i < B, with Gemm's options
   // (alpha, beta; a bias [N] is added to every item) and Gemm's dtype rules. Items are strided views
@@ -429,6 +447,9 @@ class EAGLE3_API Backend {
   absl::Status CheckCopy(const TensorView& src, const TensorView& dst) const;
   absl::Status CheckGemm(const TensorView& a, const TensorView& b, const TensorView& c,
                          const GemmOptions& options) const;
+  // w.Check(), then Gemm's checks with w's tensors in place of b (shapes against w.rows() and w.k).
+  absl::Status CheckQuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                                  const GemmOptions& options) const;
   // The batched shapes and the items' mutual overlap; each item is then checked by CheckGemm.
   absl::Status CheckBatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c) const;
   // Item i of a [B, rows, cols] batch, as a [rows, cols] matrix view.

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu/cpu_backend_internal.h"
+#include "eagle3/quantized_weight_view.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cpu {
@@ -286,6 +287,17 @@ absl::Status CpuBackend::Gemm(const TensorView& a, const TensorView& b, const Te
       },
       &args);
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                                       const GemmOptions& options) {
+  EAGLE3_RETURN_IF_ERROR(CheckQuantizedGemm(a, w, c, options));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("QuantizedGemm", "a", a));
+  EAGLE3_RETURN_IF_ERROR(CheckF32("QuantizedGemm", "c", c));
+  if (options.bias != nullptr) EAGLE3_RETURN_IF_ERROR(CheckF32("QuantizedGemm", "bias", *options.bias));
+  const TensorView weights(Scratch(w.rows() * w.k), DType::kF32, Shape{w.rows(), w.k});
+  EAGLE3_RETURN_IF_ERROR(DequantizeWeight(w, weights));
+  return Gemm(a, weights, c, options);
 }
 
 absl::Status CpuBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps,

@@ -25,9 +25,10 @@ struct CpuBackendOptions {
 // Every op of Backend on host memory (Device::Cpu()), computing in fp32. Floating-point tensors
 // must be f32 (convert other dtypes with ConvertTensor first); Copy moves any dtype. Synchronous:
 // Synchronize() has nothing to wait for. Attention, LatentAttention, BatchedLatentAttention,
-// BatchedPagedAttention, MoeRoute and MoeExperts use a scratch buffer owned by the backend that
-// grows to the largest size asked for (context length, expert count, 3 * expert intermediate size)
-// and is then reused: reserve it with a first call at the largest shapes if no call may allocate.
+// BatchedPagedAttention, MoeRoute, MoeExperts and QuantizedGemm use a scratch buffer owned by the
+// backend that grows to the largest size asked for (context length, expert count, 3 * expert
+// intermediate size, a quantized weight's N x K) and is then reused: reserve it with a first call at
+// the largest shapes if no call may allocate.
 class EAGLE3_API CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions());
@@ -43,6 +44,11 @@ class EAGLE3_API CpuBackend final : public Backend {
   absl::Status Copy(const TensorView& src, const TensorView& dst) override;
   absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                     const GemmOptions& options) override;
+  // Dequantizes w exactly (DequantizeWeight) into the scratch, then runs Gemm: the result is Gemm's
+  // with the f32 weights ReadWeightShard loads. keeps_quantized() is false: models load quantized
+  // checkpoints dequantized on this backend.
+  absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                             const GemmOptions& options) override;
   absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps,
                        const TensorView& out) override;
   absl::Status AddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight,

@@ -44,6 +44,10 @@ struct CudaBackendOptions {
   // (programmatic dependent launch, cuda/programmatic_launch.cuh); off: every kernel starts after
   // the one before it has finished.
   bool programmatic_launch = true;
+  // QuantizedGemm calls of up to this many activation rows (decode and tree-verify steps) stream the
+  // quantized weights on the quantized GEMV kernels, 16 rows per pass (quant_gemv_ops.h); more rows
+  // (prefill) dequantize the weight into bf16 scratch for cuBLASLt. 0: every call dequantizes.
+  int64_t quantized_gemv_max_rows = 64;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
   // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
   // kernels). Off: the shared-memory kernel (the TP 8 draft step at one token: 986 vs 321 us,
@@ -73,6 +77,16 @@ class EAGLE3_API CudaBackend final : public Backend {
   absl::Status Copy(const TensorView& src, const TensorView& dst) override;
   absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                     const GemmOptions& options) override;
+  // FP8 block-scaled and INT4 group weights stay quantized in device memory (QuantizedGemm streams
+  // them; cuda/cuda_backend_quantized.cc).
+  bool keeps_quantized(WeightFormat format) const override {
+    return format == WeightFormat::kFp8Block || format == WeightFormat::kInt4Group;
+  }
+  // a f32 or bf16; w's scales f32 (FP8) or bf16 (INT4); see cuda/cuda_backend_quantized.cc for the
+  // paths and their numerics. A call that dequantizes may grow the dequantization scratch (never
+  // while the stream is being captured).
+  absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                             const GemmOptions& options) override;
   // One strided-batched cuBLASLt call (f32 activations of a mixed product converted in one pass);
   // with a bias or K = 0, Backend's per-item loop.
   absl::Status BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,

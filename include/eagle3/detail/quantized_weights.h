@@ -1,6 +1,6 @@
 // How each tensor of the DeepSeek-V2-family weight schema (DeepseekV2Weights) is stored under the
-// config's QuantizationConfig, the checks of its stored tensors, and the read of one rank's slice
-// dequantized to floating point.
+// config's QuantizationConfig, the checks of its stored tensors, and the read of one rank's slice,
+// dequantized to floating point or kept in its stored form.
 //
 // Stored forms of a weight `X.weight` [out, in] (see quantization_config.h for the sources):
 //  - kPlain: `X.weight`, any f32 / f16 / bf16 (converted on read, as for an unquantized checkpoint).
@@ -43,6 +43,7 @@
 #include "eagle3/dtype.h"
 #include "eagle3/export.h"
 #include "eagle3/quantization_config.h"
+#include "eagle3/quantized_weight_view.h"
 #include "eagle3/tensor.h"
 
 namespace eagle3 {
@@ -74,10 +75,29 @@ EAGLE3_API absl::Status CheckStoredWeight(const Checkpoint& checkpoint, const We
                                           const QuantizationConfig& quantization);
 
 // The `shard` slice of `spec` (the slice Checkpoint::ReadShard gives for a plain tensor, padding
-// zero), dequantized and converted to `dtype` (f32, f16 or bf16), on the host. Run
-// CheckStoredWeight first: this reads what it checked.
+// zero), dequantized (DequantizeWeight of ReadQuantizedShard) and converted to `dtype` (f32, f16 or
+// bf16), on the host. Run CheckStoredWeight first: this reads what it checked.
 EAGLE3_API absl::StatusOr<Tensor> ReadWeightShard(const Checkpoint& checkpoint, const WeightSpec& spec, StoredForm form,
                                                   const QuantizationConfig& quantization, const ShardSpec& shard,
                                                   DType dtype);
+
+// One rank's slice of a quantized weight in its stored form, on the host: `view` describes `codes`
+// and `scales` (eagle3/quantized_weight_view.h) and points into them.
+struct QuantizedShard {
+  Tensor codes;   // kFp8Block: [rows, cols] f8e4m3. kInt4Packed: [rows, words] i32, word 0 = global word col0 / 8
+  Tensor scales;  // f32: the scale blocks the slice touches, and no others
+  QuantizedWeightView view;
+};
+
+// The `shard` slice of `spec`, stored as `form` (kFp8Block or kInt4Packed), kept in that form: the
+// codes of the slice's rows and columns (an int4 column slice: the words holding them, read with
+// Checkpoint::ReadColumns, so it may start inside a word) and the scales of the blocks or groups it
+// touches, read as f32 (exact for every stored scale dtype). Scales keep their global indexing
+// through view.scale_row0 / scale_col0. Vocab padding rows hold code 0 with scale 0, so they
+// dequantize to +0 as ReadShard's zero padding. An int4 column slice reaching into padding
+// columns (no model tensor has them) is InvalidArgument. Run CheckStoredWeight first.
+EAGLE3_API absl::StatusOr<QuantizedShard> ReadQuantizedShard(const Checkpoint& checkpoint, const WeightSpec& spec,
+                                                             StoredForm form, const QuantizationConfig& quantization,
+                                                             const ShardSpec& shard);
 
 }  // namespace eagle3

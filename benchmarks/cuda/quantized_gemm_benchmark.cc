@@ -1,0 +1,148 @@
+// CudaBackend::QuantizedGemm at the per-rank shapes of a TP8 deployment, by path, against the
+// weight-streaming floor (timed with CUDA events per call of a 16-call graph, bench_util.h): where
+// the quantized GEMV's 16-row chunks stop paying and the dequantize-then-cuBLASLt path should take
+// over (CudaBackendOptions::quantized_gemv_max_rows).
+//
+//   BM_QuantizedGemm/shape/m/path : m f32 activation rows against one rank's weights.
+//       path 0: QuantizedGemm as the backend routes it (by default the quantized GEMV up to 64 rows,
+//               in 16-row chunks past 16; dequantized into bf16 scratch then cuBLASLt above);
+//       path 1: QuantizedGemm on a backend with quantized_gemv_max_rows 0 (always dequantized);
+//       path 2: Gemm on bf16 weights of the same shape (the dense baseline the quantized form
+//               replaces).
+//   Shapes, N x K (DeepSeek-V3 FP8, 128 x 128 blocks, split as DeepseekV2Weights does, rank 1;
+//   column slices start at K * rank):
+//     0 q_a 1536 x 7168        1 q_b 3072 x 1536         2 kv_a 576 x 7168
+//     3 o_proj 7168 x 2048     4 dense gate_up 4608 x 7168   5 dense down 7168 x 2304
+//     6 shared expert gate_up 512 x 7168                 7 shared expert down 7168 x 256
+//   INT4 (pack-quantized, group 32, bf16 scales), Kimi-K2.5's routed-expert shapes:
+//     8 gate_up 512 x 7168     9 down 7168 x 256
+//
+// Model: bytes = the weights as stored for the path (codes or packed words with the scales they
+// use; bf16 for path 2) + a (f32) + c (f32); flops = 2 m N K; floor = max(bytes / copy rate,
+// flops / GEMM rate). Weight sets rotate past the L2, as in a decode step.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bench_util.h"
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/quantized_weight_view.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3::bench {
+namespace {
+
+struct QuantizedShape {
+  const char* name;
+  bool int4;
+  int64_t n, k;
+  int64_t row0 = 0, col0 = 0;  // the slice's first global row and column
+};
+
+QuantizedShape ShapeOf(int64_t id) {
+  switch (id) {
+    case 0: return {"v3_q_a", false, 1536, 7168};
+    case 1: return {"v3_q_b", false, 3072, 1536, 3072, 0};
+    case 2: return {"v3_kv_a", false, 576, 7168};
+    case 3: return {"v3_o_proj", false, 7168, 2048, 0, 2048};
+    case 4: return {"v3_dense_gate_up", false, 4608, 7168, 4608, 0};
+    case 5: return {"v3_dense_down", false, 7168, 2304, 0, 2304};
+    case 6: return {"v3_shared_gate_up", false, 512, 7168, 512, 0};
+    case 7: return {"v3_shared_down", false, 7168, 256, 0, 256};
+    case 8: return {"k25_expert_gate_up", true, 512, 7168, 512, 0};
+    default: return {"k25_expert_down", true, 7168, 256, 0, 256};
+  }
+}
+
+constexpr int64_t kBlock = 128;
+constexpr int64_t kGroup = 32;
+
+// The backend of path 1: every QuantizedGemm dequantizes.
+cuda::CudaBackend* DequantizingBackend() {
+  static std::unique_ptr<cuda::CudaBackend> backend = [] {
+    std::unique_ptr<cuda::CudaBackend> out;
+    cuda::CudaBackendOptions options;
+    options.max_rows = 4096;
+    options.quantized_gemv_max_rows = 0;
+    auto b = cuda::CudaBackend::Create(options);
+    if (b.ok()) out = std::move(*b);
+    return out;
+  }();
+  return backend.get();
+}
+
+// One rotated weight set: stored codes and scales (paths 0, 1) or bf16 weights (path 2).
+struct WeightSet {
+  Tensor codes, scales;
+  QuantizedWeightView view;
+};
+
+void BM_QuantizedGemm(benchmark::State& state) {
+  const int64_t path = state.range(2);
+  cuda::CudaBackend* b = path == 1 ? DequantizingBackend() : Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const QuantizedShape s = ShapeOf(state.range(0));
+  const int64_t m = state.range(1);
+  state.SetLabel(s.name);
+  // Codes: fp8 bytes [n, k]; int4 words [n, k / 8]. Scales: fp8 the blocks the slice touches; int4
+  // the slice's rows of its own groups.
+  const int64_t code_cols = s.int4 ? s.k / 8 : s.k;
+  const int64_t scale_rows = s.int4 ? s.n : (s.n + kBlock - 1) / kBlock;
+  const int64_t scale_cols = s.int4 ? s.k / kGroup : (s.k + kBlock - 1) / kBlock;
+  const double weight_bytes =
+      path == 2 ? 2.0 * s.n * s.k
+                : static_cast<double>(s.n) * code_cols * (s.int4 ? 4 : 1) +
+                      static_cast<double>(scale_rows) * scale_cols * (s.int4 ? 2 : 4);
+  Rotation<WeightSet> sets(CopiesToDefeatL2(weight_bytes), [&](int i) {
+    WeightSet w;
+    if (path == 2) {
+      w.codes = RandomDevice(DType::kBF16, Shape{s.n, s.k}, 40 + i, 0.02f);
+      return w;
+    }
+    // Random bits (only the timing depends on them): e4m3 codes as bf16 pairs, int4 words as f32
+    // bit patterns.
+    w.codes = RandomDevice(DType::kBF16, Shape{s.n * code_cols * (s.int4 ? 4 : 1) / 2}, 40 + i);
+    w.scales = RandomDevice(s.int4 ? DType::kBF16 : DType::kF32, Shape{scale_rows, scale_cols}, 80 + i, 0.01f);
+    w.view.format = s.int4 ? WeightFormat::kInt4Group : WeightFormat::kFp8Block;
+    w.view.codes = TensorView(w.codes.data(), s.int4 ? DType::kI32 : DType::kF8E4M3, Shape{s.n, code_cols},
+                              w.codes.device());
+    w.view.scales = w.scales.view();
+    w.view.k = s.k;
+    w.view.row0 = s.row0;
+    w.view.col0 = s.col0;
+    w.view.block_rows = s.int4 ? 1 : kBlock;
+    w.view.block_cols = s.int4 ? kGroup : kBlock;
+    w.view.scale_row0 = s.row0 / w.view.block_rows;
+    w.view.scale_col0 = s.col0 / w.view.block_cols;
+    return w;
+  });
+  Tensor a = RandomDevice(DType::kF32, Shape{m, s.k}, 3);
+  Tensor c = *Tensor::Empty(DType::kF32, Shape{m, s.n}, b->allocator());
+  absl::Status status;
+  auto run = [&] {
+    const WeightSet& w = sets.Next();
+    status = path == 2 ? b->Gemm(a, w.codes, c, kWeightsGemm) : b->QuantizedGemm(a, w.view, c, kWeightsGemm);
+  };
+  run();  // outside the capture: sizes the dequantization scratch
+  if (!Check(state, status, "QuantizedGemm") || !Check(state, b->Synchronize(), "Synchronize")) return;
+  const double seconds = RunTimedInGraph(state, b->stream(), 16, run);
+  if (!Check(state, status, "QuantizedGemm")) return;
+  const double bytes = weight_bytes + 4.0 * static_cast<double>(m) * (s.k + s.n);
+  state.counters["rotated_sets"] = static_cast<double>(sets.size());
+  ReportRoofline(state, seconds, bytes, 2.0 * static_cast<double>(m) * s.n * s.k);
+}
+
+void QuantizedGemmArgs(benchmark::internal::Benchmark* bm) {
+  if (Quick()) {
+    bm->ArgsProduct({{0, 3, 4, 8}, {1, 16, 64, 300}, {0, 1}});
+  } else {
+    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 8, 16, 17, 32, 48, 64, 65, 128, 300}, {0, 1, 2}});
+  }
+}
+BENCHMARK(BM_QuantizedGemm)->ArgNames({"shape", "m", "path"})->Apply(QuantizedGemmArgs)->Apply(Timed);
+
+}  // namespace
+}  // namespace eagle3::bench
+
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }

@@ -1,0 +1,222 @@
+// CudaBackend::QuantizedGemm: c = alpha * a W^T + beta * c + bias with W an FP8 block-scaled or
+// INT4 group weight kept in its stored form in device memory (eagle3/quantized_weight_view.h).
+//
+// Paths:
+//  - Up to CudaBackendOptions::quantized_gemv_max_rows activation rows (decode and tree-verify
+//    steps), on the launchers' layout: the quantized GEMV kernels of quant_gemv_ops.h, which stream
+//    the stored bytes. A kernel takes at most 16 rows (one tensor-core tile of activations), so M <=
+//    16 is one launch, and a larger M one batched launch over its full 16-row chunks (the items
+//    share the weights: item stride 0, so they read the same bytes, mostly from L2) plus one launch
+//    for the remaining rows. The launchers' layout: FP8 in 128 x 128 blocks with the slice's column
+//    offset a multiple of 16, INT4 groups of a power of two >= 32 with the column offset a multiple
+//    of 8, and codes rows on 16-byte boundaries (LoadLinearWeight lays out hub checkpoints and their
+//    TP slices so).
+//  - Otherwise (prefill; views off that layout): W dequantized into a bf16 scratch [N, K]
+//    (quant_dequant_ops.h), then Gemm on it (cuBLASLt; the bf16 GEMV for M <= kGemvMaxRows). The
+//    GEMV path re-streams the quantized bytes once per 16 rows, the dequantized one writes and
+//    re-reads 2 bytes per weight once: the bound between them (default 64, a tree-verify step's
+//    rows) is a CudaBackendOptions field so that benchmarks/cuda/quantized_gemm_benchmark.cc can
+//    place it.
+// With b_is_weights, the GEMV launches start streaming the weights early (programmatic dependent
+// launch), as Gemm's GEMV does; the dequantization kernel does not, since it writes the scratch,
+// which the previous dequantized product may still be reading.
+//
+// Numerics against the CPU reference (exact f32 weights, f32 activations): `a` is rounded to bf16
+// on every path, as the bf16-weight Gemm rounds it. INT4 weights enter as bf16(q * scale) on both
+// paths (q * a bf16 scale has up to 11 significant bits). FP8 weights enter exactly on the GEMV
+// path (exact e4m3 x bf16 products, each 128-column block's fp32 sum times its scale) and as
+// bf16(e4m3 * scale) on the dequantized path. Accumulation is fp32 everywhere.
+//
+// Scratch (State::dequant_scratch): allocated at the first call that dequantizes, grown (at least
+// doubling) when a larger weight comes, outgrown buffers kept until the backend is destroyed since
+// a captured graph may still read them. Growing is refused while the stream is being captured
+// (FailedPrecondition: run the shapes once before capturing); GEMV-path calls never touch it, so
+// captured decode and verify steps of up to quantized_gemv_max_rows rows need none.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "core_ops.h"
+#include "cuda_backend_checks.h"
+#include "cuda_backend_state.h"
+#include "cuda_status.h"
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/detail/int4_packing.h"
+#include "eagle3/status.h"
+#include "quant_dequant_ops.h"
+#include "quant_gemv_ops.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr const char* kOp = "QuantizedGemm";
+// Largest column offset and K the quantized GEMV launchers take.
+constexpr int64_t kMaxGemvColumn = int64_t{1} << 29;
+
+struct DequantScratch {
+  explicit DequantScratch(DeviceAllocator* allocator) : allocator(allocator) {}
+  ~DequantScratch() {
+    for (const auto& [buffer, bytes] : buffers) allocator->Deallocate(buffer, bytes);
+  }
+  DequantScratch(const DequantScratch&) = delete;
+  DequantScratch& operator=(const DequantScratch&) = delete;
+
+  DeviceAllocator* allocator;  // State::allocator, which outlives this
+  std::vector<std::pair<void*, size_t>> buffers;  // the current (largest) last
+};
+
+absl::StatusOr<uint16_t*> DequantBuffer(CudaBackend::State& s, size_t bytes) {
+  if (!s.dequant_scratch) s.dequant_scratch = std::make_shared<DequantScratch>(&s.allocator);
+  auto& scratch = *static_cast<DequantScratch*>(s.dequant_scratch.get());
+  const size_t have = scratch.buffers.empty() ? 0 : scratch.buffers.back().second;
+  if (have >= bytes) return static_cast<uint16_t*>(scratch.buffers.back().first);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EAGLE3_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(s.stream, &capture), "QuantizedGemm: cudaStreamIsCapturing"));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "QuantizedGemm: the bf16 copy of a dequantized weight needs ", bytes, " bytes of scratch but ", have,
+        " are allocated, and the stream is being captured into a CUDA graph (no allocation there); run the "
+        "step once before capturing"));
+  }
+  const size_t grown = std::max(bytes, 2 * have);
+  EAGLE3_ASSIGN_OR_RETURN(void* buffer, s.allocator.Allocate(grown, 256));
+  scratch.buffers.emplace_back(buffer, grown);
+  return static_cast<uint16_t*>(buffer);
+}
+
+// Leading dimension of a row-strided [rows, cols] view (any stride is allowed for one row).
+int64_t LeadingDim(const TensorView& t) { return t.dim(0) > 1 ? t.stride(0) : t.dim(1); }
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// w's column offset from the first column of its scale tensor's first block: the col0 the
+// launchers take (they index scales from the pointer they are given).
+int64_t LocalCol0(const QuantizedWeightView& w) { return w.col0 - w.scale_col0 * w.block_cols; }
+int64_t LocalRow0(const QuantizedWeightView& w) { return w.row0 - w.scale_row0 * w.block_rows; }
+
+// Scale (i, 0) of w's scale tensor, as bytes.
+const char* ScaleRow(const QuantizedWeightView& w, int64_t i) {
+  return static_cast<const char*>(w.scales.data()) +
+         i * w.scales.stride(0) * static_cast<int64_t>(DTypeSize(w.scales.dtype()));
+}
+
+// Whether the quantized GEMV launchers take w as it lies (see the file comment).
+bool GemvLayout(const QuantizedWeightView& w) {
+  const int64_t n = w.rows();
+  if (!Aligned16(w.codes.data()) || w.k > kMaxGemvColumn || LocalCol0(w) > kMaxGemvColumn) return false;
+  if (w.format == WeightFormat::kFp8Block) {
+    return w.block_rows == kFp8ScaleBlock && w.block_cols == kFp8ScaleBlock && LocalCol0(w) % 16 == 0 &&
+           (n <= 1 || w.codes.stride(0) % 16 == 0);
+  }
+  const int64_t group = w.block_cols;
+  return group >= 32 && group <= (int64_t{1} << 30) && (group & (group - 1)) == 0 && w.col0 % kInt4PerWord == 0 &&
+         (n <= 1 || w.codes.stride(0) % 4 == 0);
+}
+
+// The GEMV path for checked operands with m, n, k > 0 on the launchers' layout: the rows in 16-row
+// chunks (all full chunks in one batched launch, then the rest).
+absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const QuantizedWeightView& w,
+                         const TensorView& c, const GemmOptions& options) {
+  const int64_t m = a.dim(0), n = w.rows(), k = w.k;
+  const GemvType a_type = a.dtype() == DType::kBF16 ? GemvType::kBF16 : GemvType::kF32;
+  const int64_t a_size = static_cast<int64_t>(DTypeSize(a.dtype()));
+  const int64_t lda = LeadingDim(a), ldc = LeadingDim(c);
+  const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
+  const bool programmatic = s.options.programmatic_launch && options.b_is_weights;
+  const bool fp8 = w.format == WeightFormat::kFp8Block;
+  Fp8BlockWeights fp8_weights;
+  Int4GroupWeights int4_weights;
+  if (fp8) {
+    fp8_weights.codes = w.codes.data_as<const uint8_t>();
+    fp8_weights.ld = LeadingDim(w.codes);
+    fp8_weights.scale_inv = w.scales.data_as<const float>();
+    fp8_weights.scale_ld = LeadingDim(w.scales);
+    fp8_weights.row0 = LocalRow0(w);
+    fp8_weights.col0 = LocalCol0(w);
+  } else {
+    int4_weights.packed = w.codes.data_as<const int32_t>();
+    int4_weights.ld = LeadingDim(w.codes);
+    int4_weights.scale = reinterpret_cast<const uint16_t*>(ScaleRow(w, LocalRow0(w)));
+    int4_weights.scale_ld = LeadingDim(w.scales);
+    int4_weights.col0 = LocalCol0(w);
+    int4_weights.group_size = w.block_cols;
+  }
+  // Rows [first, first + batch * rows) as `batch` items of `rows` rows sharing the weights.
+  auto launch = [&](int64_t first, int64_t batch, int64_t rows) {
+    const void* a_rows = static_cast<const char*>(a.data()) + first * lda * a_size;
+    float* c_rows = c.data_as<float>() + first * ldc;
+    const int64_t stride_a = rows * lda, stride_c = rows * ldc;
+    const cudaError_t error =
+        fp8 ? LaunchFp8BlockGemv(a_rows, a_type, lda, stride_a, fp8_weights, c_rows, ldc, stride_c, bias, batch, rows,
+                                 n, k, options.alpha, options.beta, programmatic, s.stream)
+            : LaunchInt4GroupGemv(a_rows, a_type, lda, stride_a, int4_weights, c_rows, ldc, stride_c, bias, batch,
+                                  rows, n, k, options.alpha, options.beta, programmatic, s.stream);
+    return CudaStatus(error, "QuantizedGemm: quantized GEMV kernel launch");
+  };
+  const int64_t full = m / kQuantGemvMaxRows, rest = m % kQuantGemvMaxRows;
+  if (full > 0) EAGLE3_RETURN_IF_ERROR(launch(0, full, kQuantGemvMaxRows));
+  if (rest > 0) EAGLE3_RETURN_IF_ERROR(launch(full * kQuantGemvMaxRows, 1, rest));
+  return absl::OkStatus();
+}
+
+// The dequantized path for checked operands with m, n, k > 0: W into bf16 scratch, then Gemm.
+absl::Status DequantizedProduct(CudaBackend& backend, CudaBackend::State& s, const TensorView& a,
+                                const QuantizedWeightView& w, const TensorView& c, const GemmOptions& options) {
+  const int64_t n = w.rows(), k = w.k;
+  EAGLE3_ASSIGN_OR_RETURN(uint16_t* scratch, DequantBuffer(s, static_cast<size_t>(n * k) * sizeof(uint16_t)));
+  const cudaError_t error =
+      w.format == WeightFormat::kFp8Block
+          ? LaunchFp8BlockDequant(w.codes.data_as<const uint8_t>(), LeadingDim(w.codes),
+                                  w.scales.data_as<const float>(), LeadingDim(w.scales), LocalRow0(w), LocalCol0(w),
+                                  w.block_rows, w.block_cols, scratch, k, n, k, s.stream)
+          : LaunchInt4GroupDequant(w.codes.data_as<const int32_t>(), LeadingDim(w.codes),
+                                   static_cast<int>(w.col0 % kInt4PerWord),
+                                   reinterpret_cast<const uint16_t*>(ScaleRow(w, LocalRow0(w))),
+                                   LeadingDim(w.scales), LocalCol0(w), w.block_cols, scratch, k, n, k, s.stream);
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(error, "QuantizedGemm: dequantization kernel launch"));
+  GemmOptions product = options;
+  product.b_is_weights = false;  // the scratch was written just before: no early start
+  const absl::Status status = backend.Gemm(a, TensorView(scratch, DType::kBF16, Shape{n, k}, a.device()), c, product);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("QuantizedGemm (on the dequantized weight): ", status.message()));
+}
+
+}  // namespace
+
+absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
+                                        const GemmOptions& options) {
+  EAGLE3_RETURN_IF_ERROR(CheckQuantizedGemm(a, w, c, options));
+  if (a.dtype() != DType::kF32 && a.dtype() != DType::kBF16) {
+    return Invalid(kOp, "a ", a.ToString(), " must be f32 or bf16 on CudaBackend");
+  }
+  if (c.dtype() != DType::kF32) {
+    return Invalid(kOp, "c ", c.ToString(), " must be f32 on CudaBackend (outputs accumulate in fp32)");
+  }
+  if (options.bias != nullptr && options.bias->dtype() != DType::kF32) {
+    return Invalid(kOp, "bias ", options.bias->ToString(), " must be f32 on CudaBackend");
+  }
+  const bool fp8 = w.format == WeightFormat::kFp8Block;
+  if (w.scales.dtype() != (fp8 ? DType::kF32 : DType::kBF16)) {
+    return Invalid(kOp, "w.scales ", w.scales.ToString(), " must be ",
+                   fp8 ? "f32 for fp8-block weights" : "bf16 for int4-group weights (as the hub stores them)",
+                   " on CudaBackend");
+  }
+  const int64_t m = a.dim(0), n = w.rows(), k = w.k;
+  if (m == 0 || n == 0) return absl::OkStatus();
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "QuantizedGemm: cudaSetDevice"));
+  if (k == 0) {  // empty product: c = beta * c + bias
+    const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
+    return CudaStatus(LaunchScaleAddBias(c.data_as<float>(), LeadingDim(c), m, n, options.beta, bias, s.stream),
+                      "QuantizedGemm: bias kernel launch");
+  }
+  if (m <= s.options.quantized_gemv_max_rows && GemvLayout(w)) return GemvProduct(s, a, w, c, options);
+  return DequantizedProduct(*this, s, a, w, c, options);
+}
+
+}  // namespace eagle3::cuda

@@ -1,0 +1,96 @@
+#include "linear_weight.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "eagle3/half.h"
+#include "eagle3/status.h"
+#include "eagle3/tensor_convert.h"
+
+namespace eagle3 {
+namespace {
+
+WeightFormat FormatOf(StoredForm form) {
+  return form == StoredForm::kFp8Block ? WeightFormat::kFp8Block : WeightFormat::kInt4Group;
+}
+
+// Whether every f32 scale is a bf16 value (the hub's INT4 scales are stored in bf16).
+bool AllBf16(const Tensor& scales) {
+  const float* s = scales.data_as<const float>();
+  for (int64_t i = 0; i < scales.numel(); ++i) {
+    if (Bf16ToFloat(FloatToBf16(s[i])) != s[i]) return false;  // NaN included
+  }
+  return true;
+}
+
+// Elements per 16 bytes of a codes row: the GEMV kernels load 16-byte chunks of every row.
+int64_t RowAlignment(DType codes_dtype) { return 16 / static_cast<int64_t>(DTypeSize(codes_dtype)); }
+
+// `host` [rows, cols] in new memory of `backend`, each row starting `align` elements after the last.
+absl::StatusOr<Tensor> UploadPadded(Backend& backend, const Tensor& host, int64_t align, TensorView* view) {
+  const int64_t rows = host.dim(0), cols = host.dim(1);
+  const int64_t ld = (cols + align - 1) / align * align;
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), Shape{rows, ld}, backend.allocator()));
+  *view = TensorView(device.data(), host.dtype(), Shape{rows, cols}, Shape{ld, 1}, device.device());
+  EAGLE3_RETURN_IF_ERROR(backend.Copy(host, *view));
+  return device;
+}
+
+absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host) {
+  if (host.view.format == WeightFormat::kInt4Group) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor bf16, Tensor::Empty(DType::kBF16, host.scales.shape()));
+    EAGLE3_RETURN_IF_ERROR(ConvertTensor(host.scales, bf16));
+    host.scales = std::move(bf16);
+  }
+  QuantizedWeightView view = host.view;
+  if (backend.device().is_cpu()) {
+    view.scales = host.scales.view();
+    return LinearWeight(std::move(host.codes), std::move(host.scales), view);
+  }
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes,
+                          UploadPadded(backend, host.codes, RowAlignment(host.codes.dtype()), &view.codes));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), backend.allocator()));
+  EAGLE3_RETURN_IF_ERROR(backend.Copy(host.scales, scales));
+  view.scales = scales.view();
+  // The copies read pageable host memory, which is freed when this returns.
+  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  return LinearWeight(std::move(codes), std::move(scales), view);
+}
+
+}  // namespace
+
+LinearWeight::LinearWeight(Tensor dense) : dense_(std::move(dense)) {}
+
+LinearWeight::LinearWeight(Tensor codes, Tensor scales, const QuantizedWeightView& view)
+    : codes_(std::move(codes)), scales_(std::move(scales)), view_(view) {}
+
+int64_t LinearWeight::rows() const { return quantized() ? view_.rows() : (dense_.rank() == 2 ? dense_.dim(0) : 0); }
+
+int64_t LinearWeight::cols() const { return quantized() ? view_.k : (dense_.rank() == 2 ? dense_.dim(1) : 0); }
+
+absl::Status LinearWeight::Apply(Backend& backend, const TensorView& a, const TensorView& c,
+                                 const GemmOptions& options) const {
+  if (quantized()) return backend.QuantizedGemm(a, view_, c, options);
+  if (dense_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("LinearWeight::Apply: the weight is empty (a ", a.ToString(), ", c ", c.ToString(), ")"));
+  }
+  return backend.Gemm(a, dense_, c, options);
+}
+
+absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint& checkpoint, const WeightSpec& spec,
+                                              StoredForm form, const QuantizationConfig& quantization,
+                                              const ShardSpec& shard, const LinearWeightLoad& load) {
+  if (form != StoredForm::kPlain && load.keep_quantized.value_or(backend.keeps_quantized(FormatOf(form)))) {
+    EAGLE3_ASSIGN_OR_RETURN(QuantizedShard host, ReadQuantizedShard(checkpoint, spec, form, quantization, shard));
+    if (form == StoredForm::kFp8Block || AllBf16(host.scales)) return LoadQuantized(backend, std::move(host));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadWeightShard(checkpoint, spec, form, quantization, shard, load.dense_dtype));
+  if (backend.device().is_cpu()) return LinearWeight(std::move(host));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend.allocator()));
+  EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));
+  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  return LinearWeight(std::move(device));
+}
+
+}  // namespace eagle3

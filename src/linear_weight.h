@@ -1,0 +1,79 @@
+// One Linear layer's weight W [N, K] on a backend's device, held in the form that backend multiplies
+// fastest: dense in a floating dtype (Backend::Gemm), or, for a quantized checkpoint on a backend
+// that streams the format (Backend::keeps_quantized), in the checkpoint's stored form
+// (Backend::QuantizedGemm), which keeps an FP8 weight at 1 byte and an INT4 weight at about 0.56
+// bytes per element instead of bf16's 2. Model code applies it without knowing which.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "eagle3/backend.h"
+#include "eagle3/checkpoint.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/detail/quantized_weights.h"
+#include "eagle3/dtype.h"
+#include "eagle3/quantization_config.h"
+#include "eagle3/quantized_weight_view.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3 {
+
+class LinearWeight {
+ public:
+  LinearWeight() = default;  // empty: Apply refuses it
+  // Dense: [N, K], a dtype the backend's Gemm takes as b, on the backend's device.
+  explicit LinearWeight(Tensor dense);
+  // Quantized: `view` describes `codes` and `scales` (its codes and scales are views into them),
+  // on the backend's device.
+  LinearWeight(Tensor codes, Tensor scales, const QuantizedWeightView& view);
+
+  bool quantized() const { return view_.format != WeightFormat::kUnquantized; }
+  int64_t rows() const;  // N
+  int64_t cols() const;  // K
+  // The dense weights; an empty view when quantized().
+  const TensorView& dense() const { return dense_.view(); }
+  // The quantized weights; format kUnquantized when dense.
+  const QuantizedWeightView& quantized_view() const { return view_; }
+  // Device memory held (codes with their row padding, scales; or the dense tensor).
+  size_t bytes() const { return dense_.nbytes() + codes_.nbytes() + scales_.nbytes(); }
+
+  // c = alpha * a * W^T + beta * c + bias (GemmOptions): backend.Gemm with the dense weights or
+  // backend.QuantizedGemm with the quantized ones, whose contracts (dtypes, strides, overlap) hold.
+  //   a: [M, K], row-strided, backend device      c: [M, N], row-strided, backend device
+  absl::Status Apply(Backend& backend, const TensorView& a, const TensorView& c,
+                     const GemmOptions& options = kWeightsGemm) const;
+
+ private:
+  Tensor dense_;
+  Tensor codes_;
+  Tensor scales_;
+  QuantizedWeightView view_;
+};
+
+// How LoadLinearWeight stores a weight.
+struct LinearWeightLoad {
+  // Storage dtype of dense weights (f32, f16 or bf16; usually backend.preferred_weight_dtype()).
+  DType dense_dtype = DType::kF32;
+  // Keep a quantized weight in its stored form. Unset: when backend.keeps_quantized(its format).
+  std::optional<bool> keep_quantized;
+};
+
+// The `shard` slice of `spec`, stored as `form` under `quantization` (run CheckStoredWeight first),
+// on `backend`'s device:
+//  - kept quantized (form kFp8Block / kInt4Packed and LinearWeightLoad::keep_quantized): the codes and
+//    the scales the slice needs, as ReadQuantizedShard reads them (global scale indexing kept), with
+//    INT4 scales stored in bf16 (the hub's dtype, which CudaBackend's kernels read). An INT4 weight
+//    whose scales are not all bf16 values (an f16 / f32 checkpoint) is loaded dense instead, so that
+//    nothing is rounded. On a device, each codes row starts on a 16-byte boundary (the row stride is
+//    padded) so that the GEMV kernels' 16-byte loads can take every slice;
+//  - otherwise dense in load.dense_dtype (ReadWeightShard: dequantized at load for a quantized form).
+// Waits for the backend (Synchronize) before the host copies are freed.
+absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint& checkpoint, const WeightSpec& spec,
+                                              StoredForm form, const QuantizationConfig& quantization,
+                                              const ShardSpec& shard, const LinearWeightLoad& load = {});
+
+}  // namespace eagle3

@@ -1,0 +1,158 @@
+// LoadLinearWeight and LinearWeight::Apply on the CPU backend over random quantized checkpoints (the
+// forms of TestQuantizations()): every quantized Linear at TP 1 and every rank of TP 8, loaded dense
+// (the CPU backend's default) and kept quantized (forced), each applied to the same activations
+// equal to Gemm over the slice of the unquantized checkpoint, bit for bit (vocab padding rows
+// included); the quantized form is the slice's stored bytes at its global offsets; INT4 scales that
+// are not bf16 values load dense.
+#include "linear_weight.h"
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint_rewrite.h"
+#include "eagle3/checkpoint.h"
+#include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/detail/quantized_weights.h"
+#include "eagle3/half.h"
+#include "eagle3/tensor.h"
+#include "eagle3/testing/random_quantized_weights.h"
+#include "gtest/gtest.h"
+#include "quantized_test_util.h"
+#include "scoped_temp_dir.h"
+
+namespace eagle3 {
+namespace {
+
+Tensor RandomF32(const Shape& shape, uint32_t seed) {
+  Tensor t = *Tensor::Empty(DType::kF32, shape);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
+  return t;
+}
+
+bool BitwiseEqual(const TensorView& a, const TensorView& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && a.is_contiguous() && b.is_contiguous() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// LinearWeight::Apply of `w` to `a`, into a fresh c.
+Tensor Applied(cpu::CpuBackend& cpu, const LinearWeight& w, const Tensor& a) {
+  Tensor c = *Tensor::Zeros(DType::kF32, Shape{a.dim(0), w.rows()});
+  const absl::Status status = w.Apply(cpu, a, c);
+  EXPECT_TRUE(status.ok()) << status;
+  return c;
+}
+
+class LinearWeightTest : public ::testing::TestWithParam<std::pair<std::string, QuantizationConfig>> {};
+
+TEST_P(LinearWeightTest, DenseAndQuantizedLoadsApplyAsThePlainSlice) {
+  const DeepseekV2Config config = QuantTestConfig(GetParam().second);
+  ScopedTempDir dir, plain_dir;
+  WriteQuantTestCheckpoint(config, dir.path(), plain_dir.path());
+  auto quantized = Checkpoint::Open(dir.path());
+  auto plain = Checkpoint::Open(plain_dir.path());
+  ASSERT_TRUE(quantized.ok()) << quantized.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
+  const bool fp8 = config.quantization.format == WeightFormat::kFp8Block;
+  cpu::CpuBackend cpu;
+  int checked = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (forms[i] == StoredForm::kPlain) continue;
+    const WeightSpec& spec = specs[i];
+    for (int tp : {1, 8}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        const ShardSpec shard = spec.ForRank(tp, rank);
+        auto want = (*plain)->ReadShard(spec.name, shard, DType::kF32);
+        if (!want.ok()) continue;  // tp 8 does not divide this tensor's split dim
+        const std::string what = spec.name + " tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+        auto dense = LoadLinearWeight(cpu, **quantized, spec, forms[i], config.quantization, shard);
+        auto kept = LoadLinearWeight(cpu, **quantized, spec, forms[i], config.quantization, shard,
+                                     LinearWeightLoad{.keep_quantized = true});
+        ASSERT_TRUE(dense.ok()) << what << ": " << dense.status();
+        ASSERT_TRUE(kept.ok()) << what << ": " << kept.status();
+        ASSERT_FALSE(dense->quantized()) << what;
+        EXPECT_TRUE(BitwiseEqual(dense->dense(), *want)) << what;
+        ASSERT_TRUE(kept->quantized()) << what;
+        const QuantizedWeightView& view = kept->quantized_view();
+        ASSERT_EQ(kept->rows(), want->dim(0)) << what;
+        ASSERT_EQ(kept->cols(), want->dim(1)) << what;
+        const bool split = tp > 1 && spec.split != TpSplit::kReplicated;
+        EXPECT_EQ(view.row0, split && shard.dim == 0 ? rank * want->dim(0) : 0) << what;
+        EXPECT_EQ(view.col0, split && shard.dim == 1 ? rank * want->dim(1) : 0) << what;
+        EXPECT_EQ(view.scales.dtype(), fp8 ? DType::kF32 : DType::kBF16) << what;
+        EXPECT_EQ(view.block_cols, fp8 ? config.quantization.block_in : config.quantization.group_size) << what;
+        // Only the scale blocks the slice touches are kept.
+        EXPECT_EQ(view.scale_col0, view.col0 / view.block_cols) << what;
+        EXPECT_EQ(view.scales.dim(1), (view.col0 + view.k - 1) / view.block_cols + 1 - view.scale_col0) << what;
+        EXPECT_LT(kept->bytes(), dense->bytes()) << what;
+
+        const Tensor a = RandomF32(Shape{3, want->dim(1)}, static_cast<uint32_t>(i * 64 + tp * 8 + rank));
+        Tensor reference = *Tensor::Zeros(DType::kF32, Shape{3, want->dim(0)});
+        ASSERT_TRUE(cpu.Gemm(a, *want, reference, kWeightsGemm).ok());
+        EXPECT_TRUE(BitwiseEqual(Applied(cpu, *dense, a), reference)) << what << " dense";
+        EXPECT_TRUE(BitwiseEqual(Applied(cpu, *kept, a), reference)) << what << " kept quantized";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, LinearWeightTest, ::testing::ValuesIn(TestQuantizations()),
+                         [](const auto& info) { return info.param.first; });
+
+TEST(LinearWeightLoadTest, Int4ScalesThatAreNotBf16LoadDense) {
+  const DeepseekV2Config config = QuantTestConfig(KimiK2ThinkingInt4Quantization());
+  ScopedTempDir dir, plain_dir;
+  WriteQuantTestCheckpoint(config, dir.path(), plain_dir.path());
+  const std::string expert = "model.layers.1.mlp.experts.3.down_proj.weight";  // [64, 96]
+  Rewrite(dir.path(), [&](std::map<std::string, Tensor>& tensors) {
+    const Tensor& bf16 = tensors.at(Int4ScaleName(expert));
+    Tensor f32 = *Tensor::Empty(DType::kF32, bf16.shape());
+    for (int64_t j = 0; j < bf16.numel(); ++j) {  // no longer bf16 values
+      f32.data_as<float>()[j] = Bf16ToFloat(bf16.data_as<uint16_t>()[j]) * (1.0f + 0x1p-20f);
+    }
+    tensors[Int4ScaleName(expert)] = std::move(f32);
+  });
+  auto checkpoint = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
+  cpu::CpuBackend cpu;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].name != expert) continue;
+    ASSERT_EQ(forms[i], StoredForm::kInt4Packed);
+    ASSERT_TRUE(CheckStoredWeight(**checkpoint, specs[i], forms[i], config.quantization).ok());
+    const ShardSpec shard = specs[i].ForRank(8, 3);
+    auto w = LoadLinearWeight(cpu, **checkpoint, specs[i], forms[i], config.quantization, shard,
+                              LinearWeightLoad{.keep_quantized = true});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_FALSE(w->quantized());
+    auto want = ReadWeightShard(**checkpoint, specs[i], forms[i], config.quantization, shard, DType::kF32);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_TRUE(BitwiseEqual(w->dense(), *want));
+    return;
+  }
+  FAIL() << expert << " is not in the schema";
+}
+
+TEST(LinearWeightLoadTest, AnEmptyWeightIsRefused) {
+  cpu::CpuBackend cpu;
+  const Tensor a = RandomF32(Shape{1, 4}, 1);
+  Tensor c = *Tensor::Zeros(DType::kF32, Shape{1, 4});
+  const absl::Status status = LinearWeight().Apply(cpu, a, c);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+}
+
+}  // namespace
+}  // namespace eagle3
