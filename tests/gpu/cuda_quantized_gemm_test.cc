@@ -204,7 +204,7 @@ TEST_F(CudaQuantizedGemmTest, RefusesWhatTheCudaBackendDoesNotTake) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(status.message(), HasSubstr("w.codes")) << status;
   w = SliceView(m.quantization, d_codes, d_scales, s);
-  const Tensor d_a_f16 = *Tensor::Zeros(DType::kF16, Shape{2, 256}, gpu_->allocator());
+  const Tensor d_a_f16 = Upload(*Tensor::Zeros(DType::kF16, Shape{2, 256}));
   status = gpu_->QuantizedGemm(d_a_f16, w, d_c, {});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(status.message(), HasSubstr("a ")) << status;
