@@ -205,7 +205,9 @@ struct LatentLaunchParams {
   const int32_t* q_start = nullptr;
   const int32_t* kv_len = nullptr;
   int64_t max_kv_len = 0;
-  // Explicit-mask form: mask [tokens, max_kv_len], u8 / bool bytes, row stride mask_stride.
+  // Explicit-mask form: mask [tokens, max_kv_len], u8 / bool bytes, row stride mask_stride. The
+  // batched form may take one too instead of tree_mask (BatchedLatentAttentionKeyMask): row t over
+  // its sequence's keys s < kv_len[b], read at mask[t * mask_stride + s].
   const uint8_t* mask = nullptr;
   int64_t mask_stride = 0;
   // Batched form: tree_mask [tokens, tree_width], row stride tree_mask_stride, or nullptr (causal).
@@ -242,7 +244,8 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // error_code | (8 * b + condition) for the lowest failing sequence b (condition: 0 q_start[0] != 0,
 // 1 q_start[b + 1] outside [q_start[b], T], 2 kv_len[b] outside [n_b, min(max_kv_len,
 // pages_per_seq * page_size)], 3 n_b > tree_width, 4 a page entry used outside [0, num_pages),
-// 5 a tree-mask row with no key and no cached prefix, 6 q_start[B] != T with b = B), then runs one
+// 5 a tree-mask row with no key and no cached prefix, 6 q_start[B] != T with b = B, 7 a row of the
+// key mask allowing none of its sequence's keys), then runs one
 // attention launch over every sequence. tile_table: [kLatentMaxBatch + 1] i32 device scratch.
 // Launch shapes depend only on tokens, heads, key_dim, value_dim, batch, max_kv_len and the
 // capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.

@@ -72,11 +72,11 @@ absl::Status DeviceError(int code) {
                             ": a page entry it uses (page_tables[b][j], j < ceil(kv_len[b] / page_size)) is "
                             "outside [0, num_pages)",
                             ": a row of tree_mask allows no key and the sequence has no cached prefix",
-                            "q_start[B] must be T"};
+                            "q_start[B] must be T",
+                            ": a row of key_mask (BatchedLatentAttentionKeyMask) allows none of its keys"};
       const int64_t condition = index % 8;
       if (condition == 0) return Invalid("BatchedLatentAttention", what[0], found);
       if (condition == 6) return Invalid("BatchedLatentAttention", what[6], " (B = ", b, ")", found);
-      if (condition > 6) break;
       return Invalid("BatchedLatentAttention", "sequence ", b, what[condition], found);
     }
     case DeviceCheck::kCompactAccepted:

@@ -275,15 +275,14 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
                     "LatentAttention: kernel launch");
 }
 
-absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const TensorView& cache,
-                                                 const TensorView& page_tables,
-                                                 const TensorView& q_start, const TensorView& kv_len,
-                                                 int64_t max_kv_len, const TensorView& tree_mask,
-                                                 float scale, int64_t value_dim,
-                                                 const TensorView& out) {
-  const char* op = "BatchedLatentAttention";
-  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
-                                                     max_kv_len, tree_mask, scale, value_dim, out));
+namespace {
+
+// One batched latent launch over every sequence, its mask either over each sequence's new rows
+// (tree_mask; empty: causal) or over every key (key_mask), after the op's shape checks.
+absl::Status LaunchBatchedLatent(CudaBackend::State& s, const char* op, const TensorView& q, const TensorView& cache,
+                                 const TensorView& page_tables, const TensorView& q_start, const TensorView& kv_len,
+                                 int64_t max_kv_len, const TensorView& tree_mask, const TensorView& key_mask,
+                                 float scale, int64_t value_dim, const TensorView& out) {
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   if (page_tables.dim(0) > kLatentMaxBatch) {
@@ -293,7 +292,6 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
   if (max_kv_len > std::numeric_limits<int32_t>::max()) {
     return Invalid(op, "max_kv_len = ", max_kv_len, " exceeds the i32 range of kv_len");
   }
-  State& s = *state_;
   EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2), cache.dtype() == DType::kBF16));
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
   LatentLaunchParams p = LatentParams(q, cache, scale, value_dim, out);
@@ -309,11 +307,40 @@ absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const Tens
     p.tree_mask_stride = tree_mask.stride(0);
     p.tree_width = tree_mask.dim(1);
   }
+  if (HasTreeMask(key_mask)) {
+    p.mask = key_mask.data_as<const uint8_t>();
+    p.mask_stride = key_mask.stride(0);
+  }
   return CudaStatus(LaunchBatchedLatentAttention(
                         p, scratch.tile_table, scratch.partials, scratch.partial_floats, scratch.bad,
                         s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention),
                         s.options.programmatic_launch, s.stream),
-                    "BatchedLatentAttention: kernel launch");
+                    absl::StrCat(op, ": kernel launch"));
+}
+
+}  // namespace
+
+absl::Status CudaBackend::BatchedLatentAttention(const TensorView& q, const TensorView& cache,
+                                                 const TensorView& page_tables,
+                                                 const TensorView& q_start, const TensorView& kv_len,
+                                                 int64_t max_kv_len, const TensorView& tree_mask,
+                                                 float scale, int64_t value_dim,
+                                                 const TensorView& out) {
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len,
+                                                     max_kv_len, tree_mask, scale, value_dim, out));
+  return LaunchBatchedLatent(*state_, "BatchedLatentAttention", q, cache, page_tables, q_start, kv_len, max_kv_len,
+                             tree_mask, TensorView(), scale, value_dim, out);
+}
+
+absl::Status CudaBackend::BatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                                        const TensorView& page_tables, const TensorView& q_start,
+                                                        const TensorView& kv_len, int64_t max_kv_len,
+                                                        const TensorView& key_mask, float scale, int64_t value_dim,
+                                                        const TensorView& out) {
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttentionKeyMask(q, cache, page_tables, q_start, kv_len, max_kv_len,
+                                                            key_mask, scale, value_dim, out));
+  return LaunchBatchedLatent(*state_, "BatchedLatentAttentionKeyMask", q, cache, page_tables, q_start, kv_len,
+                             max_kv_len, TensorView(), key_mask, scale, value_dim, out);
 }
 
 absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& positions,

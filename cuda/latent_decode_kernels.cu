@@ -430,6 +430,16 @@ __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, i
         if (!any) Flag(bad, error_flag, error_code, 8 * b + 5);
       }
     }
+    if (p.mask != nullptr && begin >= 0) {
+      // The key-mask form: every row must allow one of its sequence's keys (a draft row allows its
+      // committed prefix, so the scan stops at once).
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const uint8_t* row = p.mask + (begin + i) * p.mask_stride;
+        bool any = false;
+        for (int64_t s = 0; s < len && !any; ++s) any = row[s] != 0;
+        if (!any) Flag(bad, error_flag, error_code, 8 * b + 7);
+      }
+    }
   }
 }
 
@@ -621,7 +631,7 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
   const LatentLaunchParams& p = params;
   if (!ValidLatentParams(p) || partial_capacity < 0 || bad == nullptr || error_flag == nullptr ||
       tile_table == nullptr || p.q_start == nullptr || (p.batch > 0 && p.kv_len == nullptr) ||
-      p.mask != nullptr || (p.tree_mask != nullptr && p.tree_width < 1)) {
+      (p.mask != nullptr && p.tree_mask != nullptr) || (p.tree_mask != nullptr && p.tree_width < 1)) {
     return cudaErrorInvalidValue;
   }
   if (p.batch > 0 && p.page_tables == nullptr) return cudaErrorInvalidValue;

@@ -1,6 +1,6 @@
 // eagle3-decode — plain vs speculative (EAGLE-3) decoding of a target + draft pair.
 //
-//   eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]
+//   eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --target DIR --mtp | --random-pair]
 //                 [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--batch N]
 //                 [--prompt-tokens T] [--max-new-tokens N] [--topk K] [--steps S]
 //                 [--draft-tokens N] [--temperature T] [--top-p P] [--seed S]
@@ -19,7 +19,9 @@
 // GPU with --device cuda; --tp N runs N tensor-parallel ranks on threads (on CUDA over NCCL, one GPU
 // per rank, or staged through the host when ranks share a GPU: --comm). --aux-layers overrides
 // the draft config's aux layer ids (in --convention, default output-of-layer as in the config) to
-// measure what a mis-wired tap costs. --batch N decodes N prompts together in one Generate call: a
+// measure what a mis-wired tap costs. --draft takes a Llama-style or an MLA EAGLE-3 head (told apart
+// by its config's architectures); --mtp drafts with the target's own MTP module instead (DeepSeek-V3:
+// fed the target's final hidden after model.norm). --batch N decodes N prompts together in one Generate call: a
 // given prompt (or, without a tokenizer, the default ids) N times, or else the first N entries of
 // DIR/heldout_prompts.jsonl cut to --prompt-tokens T tokens each, so that the batch's lengths are
 // comparable. Prints the prompt, both continuations (as text when the target has a tokenizer;
@@ -132,6 +134,7 @@ struct Flags {
   std::string target, draft, json;
   std::string models_dir = DefaultModelsDir();
   bool random_pair = false;
+  bool mtp = false;  // --mtp: the target's own MTP module is the drafter (no --draft)
   std::optional<std::string> prompt;       // --prompt, or the contents of --prompt-file
   std::string prompt_file;                 // named in messages
   std::optional<std::vector<int64_t>> tokens;
@@ -161,7 +164,8 @@ struct Flags {
 };
 
 constexpr char kUsageText[] =
-    "usage: eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --random-pair]\n"
+    "usage: eagle3-decode [--models-dir DIR | --target DIR --draft DIR | --target DIR --mtp |\n"
+    "                      --random-pair]\n"
     "                     [--prompt TEXT | --prompt-file F | --tokens 5,17,...] [--batch N]\n"
     "                     [--prompt-tokens T] [--max-new-tokens N]\n"
     "                     [--topk K] [--steps S] [--draft-tokens N] [--temperature T] [--top-p P]\n"
@@ -188,6 +192,10 @@ constexpr char kUsageText[] =
     "  --batch N: decode N prompts together (default 1): the given prompt N times, or without one the\n"
     "    first N entries of DIR/heldout_prompts.jsonl (without a tokenizer: the default ids N times)\n"
     "  --prompt-tokens T: cut each held-out prompt of a batch to its first T tokens (default 96)\n"
+    "  --draft DIR: an EAGLE-3 draft, Llama-style or MLA (Eagle3DeepseekV2ForCausalLM), by its config's\n"
+    "    architectures\n"
+    "  --mtp: with --target, draft with the target's own MTP module (DeepSeek-V3), fed its final hidden\n"
+    "    after model.norm (no --draft or --aux-layers)\n"
     "  --random-pair: a built-in tiny random DeepSeek-V2 target + EAGLE-3 draft (no speedup)\n"
     "  --loop: device (default) runs each decode step as one SpeculativeStep on the device; host runs\n"
     "    the reference loop (trees built and verified on the host, logits and taps copied every step)\n"
@@ -239,6 +247,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     }
     if (flag == "--allow-long-context") {
       f.allow_long_context = true;
+      continue;
+    }
+    if (flag == "--mtp") {
+      f.mtp = true;
       continue;
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError("flag " + std::string(flag) + " needs a value");
@@ -325,7 +337,16 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     EAGLE3_ASSIGN_OR_RETURN(f.prompt, eagle3::examples::ReadInputFile("--prompt-file", f.prompt_file,
                                                                       f.max_input_bytes));
   }
-  if (f.target.empty() != f.draft.empty()) return absl::InvalidArgumentError("give both --target and --draft, or neither");
+  if (f.mtp) {
+    if (f.target.empty() || !f.draft.empty()) {
+      return absl::InvalidArgumentError("--mtp drafts with the target's own MTP module: give --target and no --draft");
+    }
+    if (f.aux_layers.has_value()) {
+      return absl::InvalidArgumentError("--aux-layers rewires an EAGLE-3 draft's taps; the MTP module (--mtp) has none");
+    }
+  } else if (f.target.empty() != f.draft.empty()) {
+    return absl::InvalidArgumentError("give both --target and --draft, or neither");
+  }
   if (f.random_pair && (!f.target.empty() || models_dir_given)) {
     return absl::InvalidArgumentError("--random-pair excludes --target/--draft and --models-dir");
   }
@@ -431,7 +452,8 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
       dopt.convention = flags.convention;
       dopt.aux_layer_ids_override = flags.aux_layers;
       dopt.weight_dtype = flags.weights;
-      auto created = eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend);
+      auto created = flags.mtp ? eagle3::DraftModel::CreateMtp(flags.target, dopt, comm, backend)
+                               : eagle3::DraftModel::Create(flags.draft, flags.target, dopt, comm, backend);
       if (created.status().code() == absl::StatusCode::kResourceExhausted) return with_flags(created.status());
       if (!created.ok() && flags.aux_layers.has_value()) {
         return absl::Status(created.status().code(),
@@ -560,6 +582,7 @@ JsonObject Settings(const Flags& flags, std::string_view weights, std::string_vi
   s.String("models_dir", flags.models_dir)
       .String("target", flags.target)
       .String("draft", flags.draft)
+      .Bool("mtp", flags.mtp)
       .Bool("random_pair", flags.random_pair)
       .Raw("prompt", prompt_flag ? eagle3::examples::JsonString(*flags.prompt) : "null")
       .PathOrNull("prompt_file", flags.prompt_file)
@@ -607,10 +630,11 @@ absl::Status Run(Flags flags) {
     EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--models-dir " + flags.models_dir + ": the default draft", flags.draft));
   } else {
     EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--target", flags.target));
-    EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--draft", flags.draft));
+    if (!flags.mtp) EAGLE3_RETURN_IF_ERROR(eagle3::examples::CheckModelDir("--draft", flags.draft));
   }
   // What --json must never replace; checked before any work, so that a bad --json fails fast.
-  std::vector<std::string> inputs = {flags.target, flags.draft, flags.models_dir};
+  std::vector<std::string> inputs = {flags.target, flags.models_dir};
+  if (!flags.draft.empty()) inputs.push_back(flags.draft);
   if (!flags.prompt_file.empty()) inputs.push_back(flags.prompt_file);
   if (!flags.json.empty()) {
     const absl::Status writable = eagle3::CheckOutputPath(flags.json, inputs);
@@ -713,7 +737,7 @@ absl::Status Run(Flags flags) {
   };
 
   std::printf("device %s, target %s, draft %s, tp %d, %s, tree topk %d steps %d draft tokens %d\n", flags.device.c_str(), flags.target.c_str(),
-              flags.draft.c_str(), flags.tp,
+              flags.mtp ? "(the target's MTP module)" : flags.draft.c_str(), flags.tp,
               flags.sampling.temperature == 0 ? "greedy" : ("temperature " + std::to_string(flags.sampling.temperature)).c_str(),
               flags.tree.topk, flags.tree.num_steps, flags.tree.num_draft_tokens);
   if (!prompt_text.has_value()) {
@@ -826,6 +850,7 @@ absl::Status Run(Flags flags) {
   JsonObject more;
   more.String("target", flags.target)
       .String("draft", flags.draft)
+      .Bool("mtp", flags.mtp)
       .String("weights", spec.weights)
       .String("kv_cache", kv_cache)
       .Int("tp", flags.tp)

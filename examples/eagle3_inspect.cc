@@ -3,7 +3,7 @@
 //   eagle3-inspect target --model DIR --tokens 5,17,99 [--tp N] [--device cpu|cuda]
 //                         [--residual replicated|sharded]
 //                         [--attention auto|absorbed|non-absorbed] --out FILE [--json FILE]
-//   eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]
+//   eagle3-inspect draft --target DIR --draft DIR|--mtp --tokens ... [--topk K] [--steps S]
 //                        [--draft-tokens N] [--convention output|input] --out FILE [--json FILE]
 //   eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]
 //   eagle3-inspect check --target DIR --mtp [--json FILE]
@@ -23,7 +23,10 @@
 // target hidden at p, token p + 1; the last row's token is the target's argmax after the last
 // token, the tree root), and writes `draft_logits` (f32 [T, draft_vocab], the first draft step of
 // every position) and the EAGLE-2 tree drafted after the last position: `tree_tokens` (target ids,
-// root first), `tree_parents`, `tree_positions`, `tree_mask` (u8 [N, N]).
+// root first), `tree_parents`, `tree_positions`, `tree_mask` (u8 [N, N]). The draft is a
+// Llama-style or an MLA EAGLE-3 head (by its architectures), or with --mtp the target's own MTP
+// module, fed the target's final hidden after model.norm (its logits then cover the full
+// vocabulary).
 //
 // `check` validates a pair before serving and exits non-zero listing every problem: the target and
 // an EAGLE-3 draft (Llama-style or MLA, told apart by the draft's architectures), or with --mtp the
@@ -88,9 +91,10 @@ constexpr char kTargetUsage[] =
     "  --weights bf16|f32    weight storage (default: the device's preference, bf16 on cuda, f32 on cpu)\n"
     "  --allow-long-context  run more tokens than max_position_embeddings (default: refused)\n";
 constexpr char kDraftUsage[] =
-    "usage: eagle3-inspect draft --target DIR --draft DIR --tokens 5,17,99,... --out FILE [flags]\n"
+    "usage: eagle3-inspect draft --target DIR --draft DIR|--mtp --tokens 5,17,99,... --out FILE [flags]\n"
     "  --target DIR          the target checkpoint directory (required)\n"
-    "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
+    "  --draft DIR           the EAGLE-3 draft checkpoint directory (Llama-style or MLA head)\n"
+    "  --mtp                 instead of --draft: the target's own MTP module as the drafter\n"
     "  --tokens a,b,...      token ids to run (required)\n"
     "  --out FILE            the safetensors dump to write (required)\n"
     "  --json FILE           also write the run report and each tensor's name and shape as JSON\n"
@@ -133,7 +137,7 @@ constexpr char kUsage[] =
     "                             [--residual replicated|sharded]\n"
     "                             [--attention auto|absorbed|non-absorbed] --out FILE\n"
     "                             [--json FILE]\n"
-    "       eagle3-inspect draft --target DIR --draft DIR --tokens ... [--topk K] [--steps S]\n"
+    "       eagle3-inspect draft --target DIR --draft DIR|--mtp --tokens ... [--topk K] [--steps S]\n"
     "                            [--draft-tokens N] [--convention output|input] [--device cpu|cuda]\n"
     "                            --out FILE [--json FILE]\n"
     "       eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]\n"
@@ -179,7 +183,7 @@ struct Flags {
   int64_t max_input_bytes = eagle3::examples::kDefaultMaxInputBytes;  // --max-input-bytes (--text-file)
   // --allow-long-context: run more tokens than the target's max_position_embeddings.
   bool allow_long_context = false;
-  bool mtp = false;  // --mtp (check): the target's own MTP module(s) instead of --draft
+  bool mtp = false;  // --mtp (check, draft): the target's own MTP module(s) instead of --draft
 
   // The files --out must never replace (directories stand for the files in them).
   std::vector<std::string> Inputs() const {
@@ -312,8 +316,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.aux_layers.has_value() && flags.command != "accuracy") {
     return absl::InvalidArgumentError("--aux-layers applies to the accuracy subcommand only");
   }
-  if (flags.mtp && flags.command != "check") {
-    return absl::InvalidArgumentError("--mtp applies to the check subcommand only");
+  if (flags.mtp && flags.command != "check" && flags.command != "draft") {
+    return absl::InvalidArgumentError("--mtp applies to the check and draft subcommands only");
+  }
+  if (flags.mtp && !flags.draft.empty()) {
+    return absl::InvalidArgumentError("--draft and --mtp name two drafters; give one");
   }
   if (flags.command == "check") {
     if (flags.mtp && !flags.draft.empty()) {
@@ -327,9 +334,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("--target, --draft and --text-file are required");
     }
   } else if (flags.model.empty() || flags.out.empty() || flags.tokens.empty() ||
-             (flags.command == "draft" && flags.draft.empty())) {
-    return absl::InvalidArgumentError(flags.command == "target" ? "--model, --tokens and --out are required"
-                                                                : "--target, --draft, --tokens and --out are required");
+             (flags.command == "draft" && flags.draft.empty() && !flags.mtp)) {
+    return absl::InvalidArgumentError(flags.command == "target"
+                                          ? "--model, --tokens and --out are required"
+                                          : "--target, --draft (or --mtp), --tokens and --out are required");
   }
   return flags;
 }
@@ -596,7 +604,9 @@ absl::Status InspectDraft(const Flags& flags) {
   dopt.page_size = page_size;
   dopt.num_kv_pages = pages;
   dopt.weight_dtype = flags.weights;
-  EAGLE3_ASSIGN_OR_RETURN(auto draft, eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, backend));
+  EAGLE3_ASSIGN_OR_RETURN(auto draft, flags.mtp
+                                           ? eagle3::DraftModel::CreateMtp(flags.model, dopt, nullptr, backend)
+                                           : eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, backend));
   eagle3::TargetModelOptions topt;
   topt.weight_dtype = flags.weights;
   topt.max_tokens_per_forward = t;
@@ -609,7 +619,7 @@ absl::Status InspectDraft(const Flags& flags) {
   seconds.Add("load", SecondsSince(load_start));
   const eagle3::HiddenStateTap& tap = draft->tap();
   const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab();
-  const int64_t draft_hidden = draft->config().hidden_size;
+  const int64_t draft_hidden = draft->shape().hidden_size;
   {
     const std::string tokens = "--tokens (" + std::to_string(t) + " tokens)";
     eagle3::HostByteBudget budget("eagle3-inspect draft");
@@ -649,7 +659,7 @@ absl::Status InspectDraft(const Flags& flags) {
                                         /*from_target=*/true,
                                         eagle3::TensorView(draft_logits.data(), eagle3::DType::kF32, eagle3::Shape{t, dv}),
                                         eagle3::TensorView(hidden.data(), eagle3::DType::kF32,
-                                                           eagle3::Shape{t, draft->config().hidden_size})));
+                                                           eagle3::Shape{t, draft_hidden})));
 
   // The tree after the last position, built as the decode loop builds it.
   eagle3::Eagle3Drafter drafter(draft.get(), 1);
@@ -684,7 +694,7 @@ absl::Status InspectDraft(const Flags& flags) {
       {"tree_mask", eagle3::TensorView(mask.data(), eagle3::DType::kU8, eagle3::Shape{n, n})}};
   EAGLE3_RETURN_IF_ERROR(seconds.Time("write", [&] {
     const std::map<std::string, std::string> metadata = {{"target", flags.model},
-                                                          {"draft", flags.draft}};
+                                                          {"draft", flags.mtp ? "mtp" : flags.draft}};
     return WithFlag("--out", eagle3::WriteSafetensors(flags.out, out, metadata, flags.Inputs()));
   }));
 
@@ -850,7 +860,7 @@ absl::Status Accuracy(const Flags& flags) {
   std::unique_ptr<eagle3::TargetModel> target = *std::move(created_target);
   seconds.Add("load", SecondsSince(load_start));
   const eagle3::HiddenStateTap& tap = draft->tap();
-  const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab(), hd = draft->config().hidden_size;
+  const int64_t vocab = target->config().vocab_size, dv = draft->draft_vocab(), hd = draft->shape().hidden_size;
   const auto d2t = draft->d2t();
   if (!std::is_sorted(tap.boundaries().begin(), tap.boundaries().end())) {
     std::fprintf(stderr,

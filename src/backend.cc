@@ -628,6 +628,36 @@ absl::Status Backend::CheckBatchedLatentAttention(const TensorView& q, const Ten
   return absl::OkStatus();
 }
 
+absl::Status Backend::CheckBatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                                         const TensorView& page_tables, const TensorView& q_start,
+                                                         const TensorView& kv_len, int64_t max_kv_len,
+                                                         const TensorView& key_mask, float scale, int64_t value_dim,
+                                                         const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "BatchedLatentAttentionKeyMask";
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttention(q, cache, page_tables, q_start, kv_len, max_kv_len, TensorView(),
+                                                     scale, value_dim, out));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "key_mask", "[T, max_kv_len]", key_mask, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMaskDType(op, key_mask));
+  if (key_mask.dim(0) != q.dim(0) || key_mask.dim(1) != max_kv_len) {
+    return Invalid(op, "key_mask ", key_mask.ToString(), " must be [T, max_kv_len] = [", q.dim(0), ", ", max_kv_len,
+                   "]");
+  }
+  return CheckNoOverlap(op, "key_mask", key_mask, "out", out, false);
+}
+
+absl::Status Backend::BatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                                    const TensorView& page_tables, const TensorView& q_start,
+                                                    const TensorView& kv_len, int64_t max_kv_len,
+                                                    const TensorView& key_mask, float scale, int64_t value_dim,
+                                                    const TensorView& out) {
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttentionKeyMask(q, cache, page_tables, q_start, kv_len, max_kv_len,
+                                                            key_mask, scale, value_dim, out));
+  return absl::UnimplementedError(
+      "BatchedLatentAttentionKeyMask (latent attention with a mask over every key, as an MLA draft's tree passes "
+      "need) is not implemented by this backend");
+}
+
 absl::Status Backend::CheckBatchedPagedAttention(const TensorView& q, const TensorView& cache,
                                                  const TensorView& page_tables,
                                                  const TensorView& q_start, const TensorView& kv_len,

@@ -48,7 +48,7 @@ absl::Status Eagle3Drafter::Extend(int seq, int64_t first_position, std::span<co
   s->row_candidate.clear();
   s->row_hidden.clear();
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t hidden = draft_->config().hidden_size;
+  const int64_t hidden = draft_->shape().hidden_size;
   std::vector<float> hidden_out(static_cast<size_t>(n * hidden));
   DraftSequenceInput in;
   in.tokens = tokens;
@@ -66,7 +66,7 @@ absl::Status Eagle3Drafter::Expand(int seq, std::span<const DraftCandidate> cand
                                    std::span<const int32_t> frontier, const TensorView& logits) {
   EAGLE3_ASSIGN_OR_RETURN(State * s, Get(seq));
   const int64_t n = static_cast<int64_t>(frontier.size());
-  const int64_t hidden = draft_->config().hidden_size;
+  const int64_t hidden = draft_->shape().hidden_size;
   const int64_t tree_rows = static_cast<int64_t>(s->row_candidate.size());
   const int64_t kv_len = s->cache_len + tree_rows + n;
   std::vector<int64_t> tokens(static_cast<size_t>(n)), positions(static_cast<size_t>(n));

@@ -81,6 +81,19 @@ absl::StatusOr<HiddenStateTap> HiddenStateTap::Create(std::optional<std::span<co
   return tap;
 }
 
+absl::StatusOr<HiddenStateTap> HiddenStateTap::FinalNormed(int num_layers, int64_t hidden_size) {
+  if (num_layers < 1 || hidden_size < 1) {
+    return absl::InvalidArgumentError("hidden state tap: num_layers (" + std::to_string(num_layers) +
+                                      ") and hidden_size (" + std::to_string(hidden_size) +
+                                      ") must be positive");
+  }
+  HiddenStateTap tap;
+  tap.num_layers_ = num_layers;
+  tap.hidden_size_ = hidden_size;
+  tap.boundaries_ = {num_layers + 1};
+  return tap;
+}
+
 int HiddenStateTap::SlotOf(int boundary) const {
   for (size_t i = 0; i < boundaries_.size(); ++i) {
     if (boundaries_[i] == boundary) return static_cast<int>(i);
@@ -89,6 +102,11 @@ int HiddenStateTap::SlotOf(int boundary) const {
 }
 
 std::string HiddenStateTap::Describe() const {
+  if (boundaries_.size() == 1 && boundaries_[0] == final_norm_boundary()) {
+    return "the final hidden after model.norm (the lm_head's input, boundary " +
+           std::to_string(final_norm_boundary()) + " after the layer boundaries 0.." + std::to_string(num_layers_) +
+           "); width " + std::to_string(hidden_size_);
+  }
   std::string s = layer_ids_.empty()
                       ? std::string("default taps")
                       : "aux layer ids " + Join(layer_ids_) + " (" + ConventionName(convention_) + ")";

@@ -157,7 +157,6 @@ absl::Status MlaBlock::CheckShapes(const TensorView& x, const MlaWorkspace& ws) 
 
 absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
-  const MlaRankDims& d = dims_;
   const int64_t t = x.dim(0);
   const TensorView q_t = Rows(ws.q, 0, t);
   if (!q_a_.empty()) {
@@ -168,6 +167,13 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   } else {
     EAGLE3_RETURN_IF_ERROR(be.Gemm(x, q_b_, q_t, kWeightsGemm));
   }
+  return ProjectLatent(x, ws);
+}
+
+absl::Status MlaBlock::ProjectLatent(const TensorView& x, MlaWorkspace& ws) const {
+  Backend& be = *backend_;
+  const MlaRankDims& d = dims_;
+  const int64_t t = x.dim(0);
   // The latent cache row [c | k_pe] = kv_a x, written straight into q_lat's last head; then
   // kv_a_layernorm(c) in place and (by the caller's path) the rotation of k_pe: what every later
   // query reads.
@@ -175,6 +181,23 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   EAGLE3_RETURN_IF_ERROR(be.Gemm(x, kv_a_, rows_t, kWeightsGemm));
   const TensorView c_t = Block(rows_t, 0, t, 0, d.latent);
   return be.RmsNorm(c_t, kv_a_ln_, eps_, c_t);
+}
+
+absl::Status MlaBlock::WriteCacheRows(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
+                                      MlaWorkspace& ws) const {
+  EAGLE3_RETURN_IF_ERROR(CheckShapes(x, ws));
+  EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
+  Backend& be = *backend_;
+  const MlaRankDims& d = dims_;
+  const int64_t t = x.dim(0);
+  const TensorView rows_t = Block(Rows(ws.q_lat, 0, t), 0, t, d.heads * d.width, d.width);
+  // RoPE rotates each row's k_pe alone, so rotating it apart from the heads' q_pe gives the bits
+  // ForwardBatched's joint rotation gives.
+  EAGLE3_RETURN_IF_ERROR(
+      be.ApplyRope(Heads(rows_t, 1, d.width), d.latent, d.rope, step.positions, ws.cos_sin, RopeStyle::kAdjacentPairs));
+  const TensorView flat_cache(cache.data(), cache.dtype(), Shape{cache.dim(0) * cache.dim(1), 1, d.width},
+                              cache.device());
+  return be.PagedWrite(rows_t, step.slots, step.slot_iota, flat_cache);
 }
 
 absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
@@ -204,8 +227,14 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   const TensorView flat_cache(cache.data(), cache.dtype(), Shape{cache.dim(0) * cache.dim(1), 1, width},
                               cache.device());
   EAGLE3_RETURN_IF_ERROR(be.PagedWrite(rows_t, step.slots, step.slot_iota, flat_cache));
-  EAGLE3_RETURN_IF_ERROR(be.BatchedLatentAttention(q_lat3, cache, step.page_tables, step.q_start, step.kv_len,
-                                                   step.max_kv_len, step.tree_mask, scale_, latent, o_lat3));
+  if (!step.key_mask.empty()) {
+    EAGLE3_RETURN_IF_ERROR(be.BatchedLatentAttentionKeyMask(q_lat3, cache, step.page_tables, step.q_start,
+                                                            step.kv_len, step.max_kv_len, step.key_mask, scale_,
+                                                            latent, o_lat3));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(be.BatchedLatentAttention(q_lat3, cache, step.page_tables, step.q_start, step.kv_len,
+                                                     step.max_kv_len, step.tree_mask, scale_, latent, o_lat3));
+  }
   EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(Rows(ws.o_lat, 0, t), heads, latent, 0, latent), WUv(),
                                         HeadMajor(Rows(ws.attn_v, 0, t), heads, d.vdim, 0, d.vdim), kWeightsGemm));
   return be.Gemm(Rows(ws.attn_v, 0, t), o_proj_, out, kWeightsGemm);

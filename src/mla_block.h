@@ -100,7 +100,11 @@ struct MlaBatchedStep {
   TensorView q_start;      // [B + 1] i32, device
   TensorView kv_len;       // [B] i32, device
   int64_t max_kv_len = 0;  // host bound on every kv_len (sizes the launch)
-  TensorView tree_mask;    // [T, M] u8, device; empty: causal
+  TensorView tree_mask;    // [T, M] u8, device: over each sequence's new rows; empty: causal
+  // [T, max_kv_len] u8, device: over each sequence's every key (BatchedLatentAttentionKeyMask),
+  // for a draft's tree passes, whose rows skip cached rows of other branches. At most one of
+  // tree_mask and key_mask is set.
+  TensorView key_mask;
 };
 
 // The per-sequence path's step.
@@ -137,6 +141,12 @@ class MlaBlock {
   // The per-sequence path; x, cache and out as ForwardBatched.
   absl::Status ForwardPerSequence(const TensorView& x, const MlaSequenceStep& step, const TensorView& cache,
                                   MlaWorkspace& ws, const TensorView& out) const;
+  // Only the new rows' latent cache rows, written at step.slots as ForwardBatched writes them (bit
+  // for bit: kv_a, kv_a_layernorm, RoPE of k_pe at step.positions), without q or attention: a
+  // draft step that only keeps its cache in step with the target. Reads step.positions, slots and
+  // slot_iota; x and cache as ForwardBatched.
+  absl::Status WriteCacheRows(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
+                              MlaWorkspace& ws) const;
 
  private:
   MlaBlock() = default;
@@ -146,6 +156,8 @@ class MlaBlock {
   // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.q_lat's last head (k_pe not yet
   // rotated); the rows [0, T).
   absl::Status Project(const TensorView& x, MlaWorkspace& ws) const;
+  // The latent rows alone into ws.q_lat's last head (Project's second half).
+  absl::Status ProjectLatent(const TensorView& x, MlaWorkspace& ws) const;
   // W_UV of every head: rows [h (nope + vdim) + nope, + vdim) of kv_b, as [heads, vdim, latent].
   TensorView WUv() const;
 

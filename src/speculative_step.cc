@@ -586,7 +586,7 @@ absl::StatusOr<std::unique_ptr<SpeculativeStep>> SpeculativeStep::Create(TargetM
   if (draft != nullptr) {
     if (options.trees.empty()) return absl::InvalidArgumentError("SpeculativeStep: options.trees is empty");
     m.draft_vocab = draft->draft_vocab();
-    m.hidden = draft->config().hidden_size;
+    m.hidden = draft->shape().hidden_size;
     m.tap_width = draft->tap().width();
     m.mask_width = draft->options().max_context_len;
     m.draft_table_width = (m.mask_width + draft->options().page_size - 1) / draft->options().page_size;

@@ -132,7 +132,11 @@ struct TargetModel::Impl {
   absl::Status ValidateBatch(std::span<const SequenceInput> batch, const HiddenStateTap* tap) const;
   absl::Status ValidateOutputs(const TensorView& logits, const TensorView& aux) const;
   absl::Status Attention(int layer, const TensorView& x);
+  // The tap's copy of boundary `boundary` (the residual stream r, gathered in the token-sharded
+  // mode), when the step's tap holds it.
   absl::Status Capture(int boundary, int64_t t);
+  // The tap's copy of `full` ([t, H], every token's row), when the step's tap holds `boundary`.
+  absl::Status CaptureRows(int boundary, const TensorView& full);
   absl::Status Stage(std::span<const SequenceInput> batch, const HiddenStateTap* tap, const TargetStepIO& io);
   absl::Status CheckIO(const TargetStepIO& io) const;
   absl::Status Launch();
@@ -355,10 +359,7 @@ absl::Status TargetModel::Impl::ValidateOutputs(const TensorView& logits, const 
 }
 
 absl::Status TargetModel::Impl::Capture(int boundary, int64_t t) {
-  if (!step.tap.has_value()) return absl::OkStatus();
-  const int slot = step.tap->SlotOf(boundary);
-  if (slot < 0) return absl::OkStatus();
-  const int64_t hd = config.hidden_size;
+  if (!step.tap.has_value() || step.tap->SlotOf(boundary) < 0) return absl::OkStatus();
   TensorView full = Rows(r, 0, t);
   if (options.residual_mode == ResidualMode::kTokenSharded) {
     // The residual is token-sharded: the tap must see every token's full stream, so gather it.
@@ -366,6 +367,14 @@ absl::Status TargetModel::Impl::Capture(int boundary, int64_t t) {
     EAGLE3_RETURN_IF_ERROR(Ranks().AllGather(Rows(r, 0, t_pad / options.tp_size), Rows(tap_rows, 0, t_pad)));
     full = Rows(tap_rows, 0, t);
   }
+  return CaptureRows(boundary, full);
+}
+
+absl::Status TargetModel::Impl::CaptureRows(int boundary, const TensorView& full) {
+  if (!step.tap.has_value()) return absl::OkStatus();
+  const int slot = step.tap->SlotOf(boundary);
+  if (slot < 0) return absl::OkStatus();
+  const int64_t hd = config.hidden_size, t = full.dim(0);
   const TensorView aux = !step.io.aux.empty()
                              ? step.io.aux
                              : TensorView(st_aux.data(), DType::kF32, Shape{t, step.tap->width()}, st_aux.device());
@@ -505,7 +514,7 @@ std::vector<int64_t> TargetModel::Impl::Signature() const {
   sig.insert(sig.end(), step.n.begin(), step.n.end());
   sig.insert(sig.end(), step.all_logits.begin(), step.all_logits.end());
   if (step.tap.has_value()) {
-    for (int b = 0; b <= config.num_hidden_layers; ++b) sig.push_back(step.tap->SlotOf(b));
+    for (int b = 0; b <= step.tap->final_norm_boundary(); ++b) sig.push_back(step.tap->SlotOf(b));
   }
   for (const TensorView* v : {&step.io.tokens, &step.io.positions, &step.io.tree_mask, &step.io.logits, &step.io.aux}) {
     sig.push_back(ViewAddress(*v));
@@ -579,6 +588,9 @@ absl::Status TargetModel::Impl::Launch() {
 
   // lm_head on the requested rows, vocab-parallel, then all-gathered into full-vocabulary logits.
   EAGLE3_ASSIGN_OR_RETURN(TensorView final_hidden, full_input());
+  // The final normed hidden, the lm_head's input (HiddenStateTap::FinalNormed: the MTP module's
+  // input), taken where it is whole on every rank.
+  if (step.tap.has_value()) EAGLE3_RETURN_IF_ERROR(CaptureRows(step.tap->final_norm_boundary(), final_hidden));
   EAGLE3_ASSIGN_OR_RETURN(const int64_t out_rows, CopyLogitRows(*backend, final_hidden, step.n, step.all_logits, lm_in));
   const TensorView logits =
       !step.io.logits.empty()

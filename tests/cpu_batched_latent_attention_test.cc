@@ -1,6 +1,8 @@
 // CpuBackend::BatchedLatentAttention: equal, row for row, to one LatentAttention call per sequence
 // with the [n_b, kv_len] mask spelled out (prefix of ones, then the causal or tree rows), and every
-// bad metadata entry refused by name before anything is written.
+// bad metadata entry refused by name before anything is written. BatchedLatentAttentionKeyMask (a
+// mask over every key, an MLA draft's tree passes): equal to LatentAttention with the same mask rows,
+// its bad masks refused by name.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -213,6 +215,85 @@ TEST(CpuBatchedLatentAttentionTest, RejectsBadShapes) {
                                       TensorView(y.mask.data(), DType::kU8, Shape{5, 3}, Device::Cpu()), kScale,
                                       kValue, y.Out());
   EXPECT_THAT(std::string(st.message()), HasSubstr("do not fit tree_mask"));
+}
+
+// Key masks over [T, max_kv_len]: each row its own key and a random subset of the others below its
+// kv_len, garbage (ones) at and past kv_len, which must never be read.
+std::vector<uint8_t> RandomKeyMask(std::mt19937& rng, const Batch& x, int64_t max_kv) {
+  std::vector<uint8_t> mask(static_cast<size_t>(x.t() * max_kv), 1);
+  std::bernoulli_distribution coin(0.5);
+  for (int64_t s = 0; s < x.b(); ++s) {
+    for (int64_t i = 0; i < x.n[s]; ++i) {
+      uint8_t* row = &mask[(x.starts[s] + i) * max_kv];
+      for (int64_t k = 0; k < x.len[s]; ++k) row[k] = coin(rng) ? 1 : 0;
+      row[x.len[s] - x.n[s] + i] = 1;
+    }
+  }
+  return mask;
+}
+
+TEST(CpuBatchedLatentAttentionTest, KeyMaskEqualsLatentAttentionWithTheSameRows) {
+  std::mt19937 rng(17);
+  CpuBackend backend;
+  Batch x = MakeBatch(rng, {1, 5, 0, 3}, {9, 17, 4, 3}, false);
+  const int64_t max_kv = 20;
+  const std::vector<uint8_t> mask = RandomKeyMask(rng, x, max_kv);
+  const TensorView key_mask(const_cast<uint8_t*>(mask.data()), DType::kU8, Shape{x.t(), max_kv}, Device::Cpu());
+  const absl::Status st = backend.BatchedLatentAttentionKeyMask(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(),
+                                                                max_kv, key_mask, kScale, kValue, x.Out());
+  ASSERT_TRUE(st.ok()) << st;
+  for (int64_t s = 0; s < x.b(); ++s) {
+    const int64_t n = x.n[s], len = x.len[s], begin = x.starts[s];
+    if (n == 0) continue;
+    std::vector<uint8_t> rows(static_cast<size_t>(n * len));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(&mask[(begin + i) * max_kv], len, &rows[i * len]);
+    std::vector<float> want(static_cast<size_t>(n * kHeads * kValue));
+    const TensorView table(x.tables.data() + s * x.max_pages, DType::kI32, Shape{x.max_pages}, Device::Cpu());
+    ASSERT_TRUE(backend
+                    .LatentAttention(x.Q().Narrow(0, begin, n), x.Cache(), table, len,
+                                     TensorView(rows.data(), DType::kU8, Shape{n, len}, Device::Cpu()), kScale, kValue,
+                                     TensorView(want.data(), DType::kF32, Shape{n, kHeads, kValue}, Device::Cpu()))
+                    .ok());
+    for (size_t e = 0; e < want.size(); ++e) {
+      ASSERT_EQ(x.out[begin * kHeads * kValue + e], want[e]) << "sequence " << s << " element " << e;
+    }
+  }
+}
+
+TEST(CpuBatchedLatentAttentionTest, KeyMaskRefusesBadMasksWithoutWriting) {
+  std::mt19937 rng(19);
+  CpuBackend backend;
+  Batch x = MakeBatch(rng, {2, 3}, {5, 6}, false);
+  const int64_t max_kv = 8;
+  std::vector<uint8_t> mask = RandomKeyMask(rng, x, max_kv);
+  const std::vector<float> before = x.out;
+  // A row that allows keys only at and past its kv_len: none of its sequence's.
+  std::vector<uint8_t> blind = mask;
+  std::fill_n(&blind[3 * max_kv], x.len[1], uint8_t{0});
+  absl::Status st = backend.BatchedLatentAttentionKeyMask(
+      x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(), max_kv,
+      TensorView(blind.data(), DType::kU8, Shape{x.t(), max_kv}, Device::Cpu()), kScale, kValue, x.Out());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("sequence 1: row 3 of key_mask"));
+  EXPECT_EQ(std::memcmp(before.data(), x.out.data(), before.size() * sizeof(float)), 0);
+  // Columns other than max_kv_len.
+  st = backend.BatchedLatentAttentionKeyMask(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(), max_kv - 1,
+                                             TensorView(mask.data(), DType::kU8, Shape{x.t(), max_kv}, Device::Cpu()),
+                                             kScale, kValue, x.Out());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("key_mask"));
+  // An f32 mask.
+  std::vector<float> floats(mask.size(), 1.0f);
+  st = backend.BatchedLatentAttentionKeyMask(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(), max_kv,
+                                             TensorView(floats.data(), DType::kF32, Shape{x.t(), max_kv}, Device::Cpu()),
+                                             kScale, kValue, x.Out());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  // No mask at all: the key form needs one.
+  st = backend.BatchedLatentAttentionKeyMask(x.Q(), x.Cache(), x.Tables(), x.Starts(), x.Lens(), max_kv, TensorView(),
+                                             kScale, kValue, x.Out());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("key_mask"));
+  EXPECT_EQ(std::memcmp(before.data(), x.out.data(), before.size() * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -85,5 +85,25 @@ TEST(HiddenStateTapTest, BadIdsAreExplained) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("2 x 8 = 16 does not match the draft fc input width 24"));
 }
 
+// The final normed hidden (the MTP module's input) is boundary L + 1, beside the layer boundaries,
+// which no layer id reaches.
+TEST(HiddenStateTapTest, FinalNormedIsTheBoundaryAfterTheLayers) {
+  auto tap = HiddenStateTap::FinalNormed(12, 8);
+  ASSERT_TRUE(tap.ok()) << tap.status();
+  EXPECT_EQ(tap->boundaries(), std::vector<int>{13});
+  EXPECT_EQ(tap->final_norm_boundary(), 13);
+  EXPECT_EQ(tap->width(), 8);
+  EXPECT_EQ(tap->SlotOf(13), 0);
+  EXPECT_EQ(tap->SlotOf(12), -1);  // the last layer's output before model.norm is another tensor
+  EXPECT_THAT(tap->Describe(), HasSubstr("after model.norm"));
+  // Layer-id taps never name it: boundary L is the last an id reaches.
+  const std::vector<int> last = {12};
+  auto input = HiddenStateTap::Create(last, LayerIdConvention::kInputOfLayer, 12, 8);
+  ASSERT_TRUE(input.ok());
+  EXPECT_EQ(input->SlotOf(input->final_norm_boundary()), -1);
+  EXPECT_EQ(HiddenStateTap::FinalNormed(0, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HiddenStateTap::FinalNormed(12, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace eagle3

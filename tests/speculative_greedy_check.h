@@ -21,8 +21,14 @@ struct SpeculativeGreedyRuns {
 };
 
 // A batch of three prompts of different lengths, and plain greedy decoding of 16 new tokens each.
-inline std::vector<std::vector<int64_t>> SpeculativeGreedyPrompts() {
-  return {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 299}, {11, 23}};  // inside every golden vocabulary (>= 300)
+// Ids are taken modulo `vocab` (the target's vocabulary): unchanged in every golden vocabulary of at
+// least 300 ids, and still distinct prompts in v3_mtp's 130.
+inline std::vector<std::vector<int64_t>> SpeculativeGreedyPrompts(int64_t vocab = 300) {
+  std::vector<std::vector<int64_t>> prompts = {{5, 17, 99, 3, 42, 8, 1}, {7, 7, 299}, {11, 23}};
+  for (auto& prompt : prompts) {
+    for (int64_t& token : prompt) token %= vocab;
+  }
+  return prompts;
 }
 inline DecodeOptions SpeculativeGreedyOptions() {
   DecodeOptions options;
@@ -31,7 +37,7 @@ inline DecodeOptions SpeculativeGreedyOptions() {
 }
 
 // Decodes SpeculativeGreedyPrompts() with SpeculativeGreedyOptions() and `target` alone (the host
-// reference loop, and the device step without a draft), then with EAGLE-3 drafts from `draft` as a
+// reference loop, and the device step without a draft), then with drafts from `draft` (any kind) as a
 // chain (topk 1, 4 steps, 5 tokens) and as a tree (topk 4, 3 steps, 10 tokens), through the device
 // step (SpeculativeStep on `backend`) and through the host reference loop (Eagle3Drafter), and
 // expects every output to equal the plain one. The device step must also make one host
@@ -39,7 +45,7 @@ inline DecodeOptions SpeculativeGreedyOptions() {
 // and a 10-node tree each.
 inline void ExpectSpeculativeGreedyEqualsPlain(TargetModel* target, DraftModel* draft, Backend* backend,
                                                SpeculativeGreedyRuns* runs = nullptr) {
-  const std::vector<std::vector<int64_t>> prompts = SpeculativeGreedyPrompts();
+  const std::vector<std::vector<int64_t>> prompts = SpeculativeGreedyPrompts(target->config().vocab_size);
   const DecodeOptions options = SpeculativeGreedyOptions();
   SpeculativeDecoder plain(target, nullptr, options);
   auto reference = plain.Generate(prompts);

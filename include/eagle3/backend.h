@@ -260,6 +260,22 @@ class EAGLE3_API Backend {
                                               const TensorView& tree_mask, float scale,
                                               int64_t value_dim, const TensorView& out) = 0;
 
+  // BatchedLatentAttention with a mask over every key of each sequence instead of over its new
+  // tokens: query row t of sequence b allows key s < kv_len[b] iff key_mask[t][s] != 0 (columns at
+  // or past kv_len[b] are never read), the mask form of BatchedPagedAttention. An MLA draft's tree
+  // passes need it: their rows attend the committed context and only their own branch's earlier
+  // tree rows, which are already cached, so no prefix is visible as a whole. Arguments, the
+  // data-dependent checks (here n_b <= kv_len[b], and every query row must allow a key below its
+  // kv_len: InvalidArgument naming the row) and the bf16 cache rounding as BatchedLatentAttention.
+  //   key_mask: [T, max_kv_len], u8 or bool, row-strided
+  // The default checks the arguments' shapes and returns Unimplemented: a backend runs it only when
+  // it overrides it (CpuBackend and CudaBackend do).
+  virtual absl::Status BatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                                     const TensorView& page_tables, const TensorView& q_start,
+                                                     const TensorView& kv_len, int64_t max_kv_len,
+                                                     const TensorView& key_mask, float scale, int64_t value_dim,
+                                                     const TensorView& out);
+
   // Grouped-query attention for a batch of sequences over a paged K|V cache (the EAGLE-3 draft's),
   // every length on the device (graph-capturable, like BatchedLatentAttention). Each cache row holds
   // K of every kv head, then V of every kv head: key s of kv head g is row[g * D, (g + 1) * D),
@@ -480,6 +496,12 @@ class EAGLE3_API Backend {
                                            const TensorView& kv_len, int64_t max_kv_len,
                                            const TensorView& tree_mask, float scale,
                                            int64_t value_dim, const TensorView& out) const;
+  // CheckBatchedLatentAttention's checks, and key_mask's [T, max_kv_len] shape and dtype.
+  absl::Status CheckBatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                                  const TensorView& page_tables, const TensorView& q_start,
+                                                  const TensorView& kv_len, int64_t max_kv_len,
+                                                  const TensorView& key_mask, float scale, int64_t value_dim,
+                                                  const TensorView& out) const;
   absl::Status CheckBatchedPagedAttention(const TensorView& q, const TensorView& cache,
                                           const TensorView& page_tables, const TensorView& q_start,
                                           const TensorView& kv_len, int64_t max_kv_len,

@@ -1,6 +1,19 @@
-// DraftModel: one tensor-parallel rank of an EAGLE-3 draft head (Llama-style, one layer) on top of a
-// DeepSeek-V2-family target (docs/semantics.md).
+// DraftModel: one tensor-parallel rank of a draft model on top of a DeepSeek-V2-family target
+// (docs/semantics.md, docs/mla_drafts.md). Three kinds share the step (DraftKind): a row for target
+// position p reads a hidden state at p and the token at p + 1 at RoPE position p, writes one row of
+// the draft's own paged KV cache, and returns logits and a hidden state to feed back; later steps
+// read the fed-back hidden of their parent row.
+//  - kLlama: the Llama-style EAGLE-3 head (SpecForge's LlamaForCausalLMEagle3), described below.
+//  - kMla: an MLA EAGLE-3 head (Eagle3DeepseekV2ForCausalLM: the Kimi-K2.5 drafts): the same step
+//    with a DeepSeek MLA layer (input [embed | hidden] 2H wide) over a latent cache and a dense MLP
+//    (src/draft_layer_mla.cc; docs/mla_drafts.md "The MLA EAGLE-3 draft").
+//  - kMtp: DeepSeek-V3's MTP module from the target's own checkpoint (CreateMtp): first-step input
+//    the target's final hidden after model.norm (HiddenStateTap::FinalNormed), one full decoder
+//    layer (MLA + the MoE block, the target's stored forms dequantized at load), the target's
+//    embedding and lm_head over the full vocabulary, shared_head.norm(r) fed back
+//    (src/draft_layer_mtp.cc; docs/mla_drafts.md "DeepSeek-V3's MTP module").
 //
+// The Llama-style head:
 //   g = fc(aux)                      on the first step after a target pass (aux = the tapped target
 //                                    states, [T, k·Ht]); later steps feed back the draft's own hidden
 //   x = concat(input_layernorm(embed(token)), hidden_norm(g))      embeddings first, [T, 2H]
@@ -32,7 +45,10 @@
 // intermediate size must divide by tp); the embedding vocab-parallel (padded to 64·tp rows, all-
 // reduce); lm_head vocab-parallel over the draft vocabulary (padded to 64·tp rows, all-gather). The
 // residual stream is replicated on every rank. Each rank caches K (after RoPE) and V of its own
-// kv heads: one paged cache of rows [K | V], 2 · (num_key_value_heads / tp) · head_dim wide.
+// kv heads: one paged cache of rows [K | V], 2 · (num_key_value_heads / tp) · head_dim wide. The MLA
+// kinds split their layer as a target layer (heads; the MLP's intermediate dim, the MoE experts'
+// slices; the MTP module's eh_proj by columns) and cache the latent rows, kv_lora_rank +
+// qk_rope_head_dim wide, replicated on every rank.
 #pragma once
 
 #include <cstdint>
@@ -53,14 +69,17 @@
 #include "eagle3/eagle3_draft_config.h"
 #include "eagle3/export.h"
 #include "eagle3/hidden_state_tap.h"
+#include "eagle3/mla_draft_config.h"
 #include "eagle3/model_rank_options.h"
+#include "eagle3/mtp_config.h"
 #include "eagle3/tensor_view.h"
 
 namespace eagle3 {
 
-// The ModelRankOptions fields: max_context_len is also the RoPE table's length; weight_dtype covers fc,
-// q/k/v (merged), o_proj, gate_up, down, lm_head and the embedding (the draft's own or the target's
-// it borrows), while fc.bias stays f32 with the norms.
+// The ModelRankOptions fields: max_context_len is also the RoPE table's length; weight_dtype covers
+// every Gemm weight of the layer (fc, q/k/v (merged), o_proj, gate_up, down; the MLA kinds' q_a /
+// q_b / q_proj, kv_a, kv_b, o_proj, eh_proj and expert weights), lm_head and the embedding (the
+// draft's own or the target's it borrows), while fc.bias, the norms and the MTP router stay f32.
 struct DraftModelOptions : ModelRankOptions {
   // How the draft config's eagle_aux_hidden_state_layer_ids are read (SpecForge/SGLang: output of
   // layer k).
@@ -70,6 +89,19 @@ struct DraftModelOptions : ModelRankOptions {
   // (eagle3-decode / eagle3-inspect accuracy --aux-layers). Checked like the config's ids: in range,
   // distinct boundaries, and as many taps as fc's input width needs.
   std::optional<std::vector<int>> aux_layer_ids_override;
+};
+
+// Which draft a DraftModel runs (see the file comment).
+enum class DraftKind { kLlama, kMla, kMtp };
+
+// The sizes every kind of draft has, which the engines that run a DraftModel read (SpeculativeStep,
+// Eagle3Drafter, the tools); each kind's own config stays available from DraftModel.
+struct DraftShape {
+  int64_t hidden_size = 0;   // H: a fed-back hidden row (hidden_out; a later step's input)
+  int64_t input_width = 0;   // a first step's input row (from_target): tap().width()
+  int64_t vocab_size = 0;    // the target vocabulary: token ids are in [0, vocab_size)
+  int64_t draft_vocab = 0;   // logits columns; draft id -> target id through d2t()
+  int64_t kv_row_width = 0;  // one row of this rank's draft KV cache, f32 elements
 };
 
 // One sequence of a draft Forward. Its draft KV cache holds `cache_len` rows; the n new rows are
@@ -126,12 +158,13 @@ struct DraftStepIO {
   TensorView logit_rows;
   // [LogitRows, draft_vocab] f32: the logits stay here (Finish takes an empty logits view).
   TensorView logits;
-  // [T, hidden_size] f32: hidden_out stays here (Finish takes an empty hidden_out view).
+  // [T, shape().hidden_size] f32: hidden_out stays here (Finish takes an empty hidden_out view).
   TensorView hidden_out;
-  // Only the rows' KV cache entries: fc, the norms, the q/k/v projection, RoPE and the cache write
-  // (bit for bit what a full step writes), then nothing else: no attention, MLP, hidden or logits
-  // (logits, hidden_out and logit_rows must be empty; there is nothing to Finish). A step that only
-  // keeps the draft's cache in sync with the target, as SpeculativeStep's steps that draft nothing do.
+  // Only the rows' KV cache entries: the layer's input (fc, the norms; eh_proj for kMtp), the KV
+  // projection (q/k/v; the latent row of the MLA kinds), RoPE and the cache write (bit for bit what a
+  // full step writes), then nothing else: no attention, MLP, hidden or logits (logits, hidden_out and
+  // logit_rows must be empty; there is nothing to Finish). A step that only keeps the draft's cache
+  // in sync with the target, as SpeculativeStep's steps that draft nothing do.
   bool kv_only = false;
 };
 
@@ -146,27 +179,51 @@ class EAGLE3_API DraftModel {
   // account for (refused, e.g. input_norm.weight without norm_before_fc), d2t's range (every
   // draft + d2t[draft] in [0, vocab), no target id twice) and t2d's agreement with d2t.
   // `communicator` may be null when tp_size == 1. `backend` must outlive the model.
+  //
+  // The kind follows the draft's config.json `architectures` (NamesMlaDraftArchitecture, as
+  // CheckDraftPair decides): an MLA EAGLE-3 head (Eagle3DeepseekV2ForCausalLM /
+  // Eagle3DeepseekV3ForCausalLM) is loaded as DraftKind::kMla with the same checks
+  // (CheckMlaDraftWeights: layer prefix, every shape and dtype, the embedding it shares, d2t / t2d),
+  // anything else as the Llama-style head.
   static absl::StatusOr<std::unique_ptr<DraftModel>> Create(const std::string& draft_dir,
                                                             const std::string& target_dir,
                                                             const DraftModelOptions& options,
                                                             Communicator* communicator, Backend* backend);
+  // Loads MTP module 0 of the target's own checkpoint as a draft (DraftKind::kMtp; every draft step
+  // runs that module, as the engines do with DeepSeek-V3's one module). Checked first: the config
+  // states num_nextn_predict_layers (MtpConfig::FromTarget), the checkpoint holds the module in its
+  // stored forms (CheckMtpWeights: a checkpoint without it is NotFound naming its first tensor), the
+  // target splits over tp_size (DeepseekV2Config::ValidateForTp) and 2 * hidden_size divides by it
+  // (eh_proj is split by columns). The module reads the target's final normed hidden
+  // (tap() is HiddenStateTap::FinalNormed), so options.aux_layer_ids_override must be unset.
+  static absl::StatusOr<std::unique_ptr<DraftModel>> CreateMtp(const std::string& target_dir,
+                                                               const DraftModelOptions& options,
+                                                               Communicator* communicator, Backend* backend);
   ~DraftModel();
 
+  DraftKind kind() const;
+  const DraftShape& shape() const;
+  // The Llama-style head's config (kind() == kLlama); a default-constructed one for the other
+  // kinds, whose configs are mla_config() and mtp_config(): read shape() for the sizes every kind
+  // has.
   const Eagle3DraftConfig& config() const;
+  const MlaDraftConfig* mla_config() const;  // kMla only, else null
+  const MtpConfig* mtp_config() const;       // kMtp only, else null
   const DraftModelOptions& options() const;
-  const HiddenStateTap& tap() const;       // the target boundaries this draft reads
+  const HiddenStateTap& tap() const;       // the target tensors this draft reads first
   int64_t draft_vocab() const;
-  std::span<const int64_t> d2t() const;    // [draft_vocab] offsets, validated at load
+  std::span<const int64_t> d2t() const;    // [draft_vocab] offsets, validated at load (zeros: kMtp)
 
   static int64_t LogitRows(std::span<const DraftSequenceInput> batch);
 
   // One draft pass over the rows of `batch` (concatenated in order): writes the new rows' K/V to the
   // draft cache and returns logits and the hidden to feed back.
-  //   hidden:     from_target ? [T, tap().width()] (aux) : [T, hidden_size] (fed-back hidden_out),
-  //               f32, host, contiguous
+  //   hidden:     from_target ? [T, tap().width()] (aux) : [T, shape().hidden_size] (fed-back
+  //               hidden_out), f32, host, contiguous
   //   logits:     [LogitRows(batch), draft_vocab], f32, host, contiguous
-  //   hidden_out: [T, hidden_size], f32, host, contiguous: every row's hidden to feed back (the
-  //               un-normalized r; norm(r) with norm_output). May be `hidden` itself.
+  //   hidden_out: [T, shape().hidden_size], f32, host, contiguous: every row's hidden to feed back
+  //               (the un-normalized r, or norm(r) with norm_output; kMtp: shared_head.norm(r)).
+  //               May be `hidden` itself.
   // Inputs are validated before anything is written (token ids in [0, vocab_size), positions,
   // page tables, capacity, masks, shapes): InvalidArgument / OutOfRange, cache unchanged.
   absl::Status Forward(std::span<const DraftSequenceInput> batch, const TensorView& hidden, bool from_target,
@@ -180,11 +237,13 @@ class EAGLE3_API DraftModel {
   //    (Backend::staging_allocator(): pinned on CUDA). Host only: nothing is enqueued, and neither
   //    `batch` nor `hidden` is read after Stage returns.
   //  - Launch enqueues the whole step: copies of the staging buffers to the device, one PagedWrite
-  //    of every new K|V row, one BatchedPagedAttention, the MLP, and the logits and hidden_out into
-  //    host staging. It never allocates, never waits and reads no staged value on the host, so a
-  //    capture of it replays correctly for any later Stage with an equal StepSignature() (same
-  //    from_target, sequence count, rows per sequence and all_logits flags; tokens, positions,
-  //    cache lengths, pages, masks and hidden rows may all differ). Capture after one eager step of
+  //    of every new KV row, one batched attention over every sequence (BatchedPagedAttention; an
+  //    MLA kind's BatchedLatentAttention, or BatchedLatentAttentionKeyMask when the step has mask
+  //    rows), the MLP, and the logits and hidden_out into host staging. It never allocates, never
+  //    waits and reads no staged value on the host, so a capture of it replays correctly for any
+  //    later Stage with an equal StepSignature() (same from_target, sequence count, rows per
+  //    sequence and all_logits flags; tokens, positions, cache lengths, pages, masks and hidden
+  //    rows may all differ). Capture after one eager step of
   //    the same signature (first calls size the backend's scratch). Collectives must be capturable.
   //  - Finish waits for the backend, reports deferred device errors, and copies the logits and
   //    hidden_out (shapes as in Forward, against the staged batch) out.

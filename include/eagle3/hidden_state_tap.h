@@ -5,6 +5,10 @@
 // output of the last layer before the final norm. Engines disagree on layer ids: SGLang, TensorRT-LLM
 // and SpecForge configs mean "output of layer k" (b = k + 1), vLLM means "input of layer k" (b = k).
 // The convention is explicit here and the resolution is reported by Describe().
+//
+// One more tensor is not a layer boundary: the final hidden after `model.norm`, the lm_head's input,
+// which DeepSeek-V3's MTP module reads (docs/mla_drafts.md). FinalNormed() taps it alone, as
+// boundary L + 1 (final_norm_boundary()); no layer id names it.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +45,10 @@ class EAGLE3_API HiddenStateTap {
                                                int64_t hidden_size,
                                                std::optional<int64_t> fc_input_width = std::nullopt);
 
+  // The tap of the final normed hidden alone: [T, hidden_size], the tensor the target's lm_head
+  // reads (after model.norm), for an L = `num_layers` target. InvalidArgument for non-positive sizes.
+  static absl::StatusOr<HiddenStateTap> FinalNormed(int num_layers, int64_t hidden_size);
+
   // Boundaries in config order (the order of the concatenation).
   const std::vector<int>& boundaries() const { return boundaries_; }
   int num_layers() const { return num_layers_; }
@@ -48,6 +56,8 @@ class EAGLE3_API HiddenStateTap {
   int64_t width() const { return static_cast<int64_t>(boundaries_.size()) * hidden_size_; }
   // Index of boundary b in the concatenation, or -1 when it is not tapped.
   int SlotOf(int boundary) const;
+  // L + 1: the boundary number of the final normed hidden (FinalNormed).
+  int final_norm_boundary() const { return num_layers_ + 1; }
 
   // One line for logs: "aux layer ids [1, 15, 28] (output-of-layer) -> boundaries [2, 16, 29] of
   // 0..32 (0 = embedding output, 32 = before the final norm); aux width 3 x 7168 = 21504".

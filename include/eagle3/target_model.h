@@ -131,7 +131,8 @@ class EAGLE3_API TargetModel {
 
   // Runs the new tokens of `batch` through the model, writes their latent KV rows, and returns
   // full-vocabulary logits for the requested rows (sequence order). When `tap` is given, also fills
-  // `aux` with the tapped boundaries of every new token, concatenated in tap order.
+  // `aux` with the tapped boundaries of every new token, concatenated in tap order (or, for
+  // HiddenStateTap::FinalNormed, the final hidden after model.norm that the lm_head reads).
   //   logits: [LogitRows(batch), vocab_size], f32, host, contiguous
   //   aux:    [total new tokens, tap->width()], f32, host, contiguous (ignored without tap)
   // Inputs are validated before anything is written: bad token ids, positions, page tables, tree

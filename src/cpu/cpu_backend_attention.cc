@@ -240,6 +240,109 @@ absl::Status CpuBackend::LatentAttention(const TensorView& q, const TensorView& 
   return absl::OkStatus();
 }
 
+namespace {
+
+// The data-dependent checks of a batched latent attention call, in sequence order (so that a bad
+// call writes nothing), then its attention sequence by sequence. The mask has one of two forms:
+// tree_mask over each sequence's new keys (causal when empty; BatchedLatentAttention) or key_mask
+// over all of them (BatchedLatentAttentionKeyMask). `scratch` holds LatentBatchScratch floats.
+struct LatentBatch {
+  const char* op;
+  const TensorView& q;
+  const TensorView& cache;
+  const TensorView& page_tables;
+  const TensorView& q_start;
+  const TensorView& kv_len;
+  int64_t max_kv_len;
+  const TensorView& tree_mask;  // empty unless the tree form
+  const TensorView& key_mask;   // empty unless the key form
+
+  const int32_t* TableRow(int64_t b) const {
+    return page_tables.data_as<const int32_t>() + b * page_tables.stride(0);
+  }
+
+  absl::Status Check() const {
+    const int64_t batch = page_tables.dim(0);
+    const int64_t capacity = page_tables.dim(1) * cache.dim(1);
+    const int64_t t_all = q.dim(0);
+    const bool has_tree = HasTreeMask(tree_mask), has_keys = HasTreeMask(key_mask);
+    const int32_t* starts = q_start.data_as<const int32_t>();
+    const int32_t* lens = kv_len.data_as<const int32_t>();
+    if (starts[0] != 0) return Invalid(op, "q_start[0] must be 0, got ", starts[0]);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t begin = starts[b], end = starts[b + 1], len = lens[b];
+      EAGLE3_RETURN_IF_ERROR(CheckQueryRows(op, b, begin, end, t_all));
+      const int64_t n = end - begin;
+      if (n == 0) continue;
+      if (len < n || len > max_kv_len || len > capacity) {
+        return Invalid(op, "sequence ", b, ": kv_len[", b, "] = ", len, " must be in [n = ", n,
+                       " new tokens, min(max_kv_len = ", max_kv_len, ", P * page_size = ", capacity,
+                       ")]");
+      }
+      if (has_tree && n > tree_mask.dim(1)) {
+        return Invalid(op, "sequence ", b, ": ", n, " new tokens do not fit tree_mask ",
+                       tree_mask.ToString(), " (M = ", tree_mask.dim(1), ")");
+      }
+      EAGLE3_RETURN_IF_ERROR(CheckSequencePages(op, b, TableRow(b), len, cache));
+      // Each row needs a key: with a tree mask only when no cached prefix is visible to all.
+      const int64_t columns = has_keys ? len : has_tree && len == n ? n : 0;
+      for (int64_t i = 0; i < n && columns > 0; ++i) {
+        const uint8_t* row = MaskRow(has_keys ? key_mask : tree_mask, begin + i);
+        if (std::none_of(row, row + columns, [](uint8_t m) { return m != 0; })) {
+          return has_keys ? Invalid(op, "sequence ", b, ": row ", begin + i, " of key_mask ",
+                                    key_mask.ToString(), " allows none of the sequence's ", len, " keys")
+                          : Invalid(op, "sequence ", b, ": row ", begin + i, " of tree_mask ",
+                                    tree_mask.ToString(),
+                                    " allows no key and the sequence has no cached prefix");
+        }
+      }
+    }
+    if (starts[batch] != t_all) {
+      return Invalid(op, "q_start[B = ", batch, "] = ", starts[batch], " must be T = ", t_all);
+    }
+    return absl::OkStatus();
+  }
+
+  // Scores, a widened cache row and a rounded query row (bf16 cache), then the mask row as bytes.
+  int64_t ScratchFloats() const { return max_kv_len + cache.dim(2) + q.dim(2) + (max_kv_len + 3) / 4 + 1; }
+
+  void Run(float scale, int64_t value_dim, const TensorView& out, float* scratch) const {
+    const int64_t batch = page_tables.dim(0);
+    const bool has_tree = HasTreeMask(tree_mask), has_keys = HasTreeMask(key_mask);
+    const int32_t* starts = q_start.data_as<const int32_t>();
+    const int32_t* lens = kv_len.data_as<const int32_t>();
+    const bool bf16 = cache.dtype() == DType::kBF16;
+    const int64_t width = cache.dim(2), dk = q.dim(2);
+    float* scores = scratch;
+    float* widened = scores + max_kv_len;
+    float* q_row = widened + width;
+    uint8_t* mask_row = reinterpret_cast<uint8_t*>(q_row + dk);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t begin = starts[b], n = starts[b + 1] - begin, len = lens[b];
+      const PagedRows rows{cache.data(), bf16, TableRow(b), cache.dim(1), width, widened};
+      const int64_t prefix = len - n;
+      if (!has_keys) std::fill(mask_row, mask_row + prefix, uint8_t{1});
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* allowed = mask_row;
+        if (has_keys) {
+          allowed = MaskRow(key_mask, begin + i);
+        } else {
+          const uint8_t* tree_row = has_tree ? MaskRow(tree_mask, begin + i) : nullptr;
+          for (int64_t j = 0; j < n; ++j) {
+            mask_row[prefix + j] = has_tree ? (tree_row[j] != 0 ? 1 : 0) : (j <= i ? 1 : 0);
+          }
+        }
+        for (int64_t h = 0; h < q.dim(1); ++h) {
+          AttendRow(QueryRow(Head(q, begin + i, h), dk, bf16, q_row), dk, allowed, len, scale, rows,
+                    rows, value_dim, scores, Head(out, begin + i, h), bf16);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
 absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const TensorView& cache,
                                                 const TensorView& page_tables,
                                                 const TensorView& q_start, const TensorView& kv_len,
@@ -251,70 +354,28 @@ absl::Status CpuBackend::BatchedLatentAttention(const TensorView& q, const Tenso
                                                      max_kv_len, tree_mask, scale, value_dim, out));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
-  const int64_t batch = page_tables.dim(0);
-  const int64_t page_size = cache.dim(1);
-  const int64_t capacity = page_tables.dim(1) * page_size;
-  const int64_t t_all = q.dim(0);
-  const bool has_mask = HasTreeMask(tree_mask);
-  const int32_t* starts = q_start.data_as<const int32_t>();
-  const int32_t* lens = kv_len.data_as<const int32_t>();
-  auto table_row = [&](int64_t b) {
-    return page_tables.data_as<const int32_t>() + b * page_tables.stride(0);
-  };
-  // Every data-dependent condition first, in sequence order, so that a bad call writes nothing.
-  if (starts[0] != 0) return Invalid(op, "q_start[0] must be 0, got ", starts[0]);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t begin = starts[b], end = starts[b + 1], len = lens[b];
-    EAGLE3_RETURN_IF_ERROR(CheckQueryRows(op, b, begin, end, t_all));
-    const int64_t n = end - begin;
-    if (n == 0) continue;
-    if (len < n || len > max_kv_len || len > capacity) {
-      return Invalid(op, "sequence ", b, ": kv_len[", b, "] = ", len, " must be in [n = ", n,
-                     " new tokens, min(max_kv_len = ", max_kv_len, ", P * page_size = ", capacity,
-                     ")]");
-    }
-    if (has_mask && n > tree_mask.dim(1)) {
-      return Invalid(op, "sequence ", b, ": ", n, " new tokens do not fit tree_mask ",
-                     tree_mask.ToString(), " (M = ", tree_mask.dim(1), ")");
-    }
-    EAGLE3_RETURN_IF_ERROR(CheckSequencePages(op, b, table_row(b), len, cache));
-    if (has_mask && len == n) {  // no cached prefix: each row needs a new key of its own
-      for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* row = MaskRow(tree_mask, begin + i);
-        if (std::none_of(row, row + n, [](uint8_t m) { return m != 0; })) {
-          return Invalid(op, "sequence ", b, ": row ", begin + i, " of tree_mask ",
-                         tree_mask.ToString(), " allows no key and the sequence has no cached prefix");
-        }
-      }
-    }
-  }
-  if (starts[batch] != t_all) {
-    return Invalid(op, "q_start[B = ", batch, "] = ", starts[batch], " must be T = ", t_all);
-  }
-  // Scores, a widened cache row and a rounded query row (bf16 cache), then the mask row as bytes,
-  // in one scratch.
-  const bool bf16 = cache.dtype() == DType::kBF16;
-  const int64_t width = cache.dim(2), dk = q.dim(2);
-  float* scores = Scratch(max_kv_len + width + dk + (max_kv_len + 3) / 4 + 1);
-  float* widened = scores + max_kv_len;
-  float* q_row = widened + width;
-  uint8_t* mask_row = reinterpret_cast<uint8_t*>(q_row + dk);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t begin = starts[b], n = starts[b + 1] - begin, len = lens[b];
-    const PagedRows rows{cache.data(), bf16, table_row(b), page_size, width, widened};
-    const int64_t prefix = len - n;
-    std::fill(mask_row, mask_row + prefix, uint8_t{1});
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* tree_row = has_mask ? MaskRow(tree_mask, begin + i) : nullptr;
-      for (int64_t j = 0; j < n; ++j) {
-        mask_row[prefix + j] = has_mask ? (tree_row[j] != 0 ? 1 : 0) : (j <= i ? 1 : 0);
-      }
-      for (int64_t h = 0; h < q.dim(1); ++h) {
-        AttendRow(QueryRow(Head(q, begin + i, h), dk, bf16, q_row), dk, mask_row, len, scale, rows,
-                  rows, value_dim, scores, Head(out, begin + i, h), bf16);
-      }
-    }
-  }
+  const TensorView no_key_mask;
+  const LatentBatch batch{op, q, cache, page_tables, q_start, kv_len, max_kv_len, tree_mask, no_key_mask};
+  EAGLE3_RETURN_IF_ERROR(batch.Check());
+  batch.Run(scale, value_dim, out, Scratch(batch.ScratchFloats()));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                                       const TensorView& page_tables,
+                                                       const TensorView& q_start, const TensorView& kv_len,
+                                                       int64_t max_kv_len, const TensorView& key_mask,
+                                                       float scale, int64_t value_dim,
+                                                       const TensorView& out) {
+  const char* op = "BatchedLatentAttentionKeyMask";
+  EAGLE3_RETURN_IF_ERROR(CheckBatchedLatentAttentionKeyMask(q, cache, page_tables, q_start, kv_len,
+                                                            max_kv_len, key_mask, scale, value_dim, out));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q", q));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
+  const TensorView no_tree_mask;
+  const LatentBatch batch{op, q, cache, page_tables, q_start, kv_len, max_kv_len, no_tree_mask, key_mask};
+  EAGLE3_RETURN_IF_ERROR(batch.Check());
+  batch.Run(scale, value_dim, out, Scratch(batch.ScratchFloats()));
   return absl::OkStatus();
 }
 

@@ -25,10 +25,10 @@ struct CpuBackendOptions {
 // Every op of Backend on host memory (Device::Cpu()), computing in fp32. Floating-point tensors
 // must be f32 (convert other dtypes with ConvertTensor first); Copy moves any dtype. Synchronous:
 // Synchronize() has nothing to wait for. Attention, LatentAttention, BatchedLatentAttention,
-// BatchedPagedAttention, MoeRoute, MoeExperts and QuantizedGemm use a scratch buffer owned by the
-// backend that grows to the largest size asked for (context length, expert count, 3 * expert
-// intermediate size, a quantized weight's N x K) and is then reused: reserve it with a first call at
-// the largest shapes if no call may allocate.
+// BatchedLatentAttentionKeyMask, BatchedPagedAttention, MoeRoute, MoeExperts and QuantizedGemm use
+// a scratch buffer owned by the backend that grows to the largest size asked for (context length,
+// expert count, 3 * expert intermediate size, a quantized weight's N x K) and is then reused: reserve
+// it with a first call at the largest shapes if no call may allocate.
 class EAGLE3_API CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions());
@@ -74,6 +74,11 @@ class EAGLE3_API CpuBackend final : public Backend {
                                       const TensorView& kv_len, int64_t max_kv_len,
                                       const TensorView& tree_mask, float scale, int64_t value_dim,
                                       const TensorView& out) override;
+  absl::Status BatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                             const TensorView& page_tables, const TensorView& q_start,
+                                             const TensorView& kv_len, int64_t max_kv_len,
+                                             const TensorView& key_mask, float scale, int64_t value_dim,
+                                             const TensorView& out) override;
   absl::Status BatchedPagedAttention(const TensorView& q, const TensorView& cache,
                                      const TensorView& page_tables, const TensorView& q_start,
                                      const TensorView& kv_len, int64_t max_kv_len,

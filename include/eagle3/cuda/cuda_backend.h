@@ -113,6 +113,13 @@ class EAGLE3_API CudaBackend final : public Backend {
                                       const TensorView& kv_len, int64_t max_kv_len,
                                       const TensorView& tree_mask, float scale, int64_t value_dim,
                                       const TensorView& out) override;
+  // The latent kernels of BatchedLatentAttention reading the mask over every key; its row check
+  // (every row allows a key) at Synchronize like the op's other device-side errors.
+  absl::Status BatchedLatentAttentionKeyMask(const TensorView& q, const TensorView& cache,
+                                             const TensorView& page_tables, const TensorView& q_start,
+                                             const TensorView& kv_len, int64_t max_kv_len,
+                                             const TensorView& key_mask, float scale, int64_t value_dim,
+                                             const TensorView& out) override;
   // BatchedPagedAttention: f32 only; a kv head's query heads x head_dim must fit the kernel's shared
   // memory (PagedAttentionSharedBytes <= 48 KiB, e.g. 4 x 128 or 8 x 128); device-side errors at
   // Synchronize (cuda_backend_paged_attention.cc).
