@@ -39,7 +39,7 @@ STD_COUNTERS = ("us", "floor_us", "frac_of_floor", "GB/s", "TFLOP/s", "bytes", "
 RUN_SETTINGS = ("min_time", "repeats", "iterations")
 # Model ids of the benchmarks that take a `model` argument, by name (decode_step_benchmark.cc's
 # kModelNames; decode_ops_benchmark.cc's BM_MoeDecode models, whose labels say the same).
-STEP_MODELS = {0: "v2lite-tp1", 1: "v2-tp8-rank"}
+STEP_MODELS = {0: "v2lite-tp1", 1: "v2-tp8-rank", 2: "v3-fp8-tp8-rank", 3: "k2-int4-tp8-rank"}
 MODEL_NAMES = {"BM_DecodeStep": STEP_MODELS, "BM_VerifyStep": STEP_MODELS,
                "BM_MoeDecode": {0: "v3-tp8-rank", 1: "k2-tp8-rank", 2: "v2lite-tp1", 3: "v2-tp8-rank"}}
 # Argument names of benchmarks that older runs registered without ArgNames (positional "/16/4096").

@@ -115,6 +115,7 @@ absl::Status MtpDraftLayer::Load(DraftHeadWeights& head) {
     }
   }
   WeightLoader loader(*checkpoint_, target_.quantization, schema, StoredForms(target_, schema), o.tp_size, o.rank, be);
+  loader.set_keep_quantized(o.keep_quantized);
   const std::string p = mtp_.LayerPrefix(kModule);
   EAGLE3_ASSIGN_OR_RETURN(enorm_, loader.Load(p + "enorm.weight", DType::kF32));
   EAGLE3_ASSIGN_OR_RETURN(hnorm_, loader.Load(p + "hnorm.weight", DType::kF32));

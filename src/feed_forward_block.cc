@@ -62,6 +62,17 @@ absl::StatusOr<FeedForwardWorkspace> FeedForwardWorkspace::Create(const FeedForw
   return ws;
 }
 
+absl::StatusOr<FeedForwardBlock::SiluMlpWeights> FeedForwardBlock::LoadSiluMlp(std::span<const WeightSpec> specs,
+                                                                                size_t* next, DType dtype,
+                                                                                WeightLoader& loader) {
+  SiluMlpWeights mlp;
+  EAGLE3_ASSIGN_OR_RETURN(mlp.gate_up, loader.LoadStackedLinear(specs.subspan(*next, 2), dtype));
+  EAGLE3_ASSIGN_OR_RETURN(mlp.down, loader.LoadLinear(specs[*next + 2], dtype));
+  mlp.inter = mlp.down.cols();
+  *next += 3;
+  return mlp;
+}
+
 absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig& config, std::string_view prefix,
                                                         DType weight_dtype, WeightLoader& loader) {
   FeedForwardBlock b;
@@ -70,15 +81,8 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
   b.routing_ = config.routing;
   const std::vector<WeightSpec> specs = config.Weights(prefix);
   size_t next = 0;
-  // The next MLP of Weights' order: gate and up stacked into one weight, then down.
-  auto take_mlp = [&](Tensor& gate_up, Tensor& down) -> absl::Status {
-    EAGLE3_ASSIGN_OR_RETURN(gate_up, loader.LoadStacked(std::span(specs).subspan(next, 2), weight_dtype));
-    EAGLE3_ASSIGN_OR_RETURN(down, loader.Load(specs[next + 2], weight_dtype));
-    next += 3;
-    return absl::OkStatus();
-  };
   if (!config.moe) {
-    EAGLE3_RETURN_IF_ERROR(take_mlp(b.gate_up_, b.down_));
+    EAGLE3_ASSIGN_OR_RETURN(b.dense_, LoadSiluMlp(specs, &next, weight_dtype, loader));
     return b;
   }
   EAGLE3_ASSIGN_OR_RETURN(b.router_, loader.Load(specs[next++], DType::kF32));
@@ -87,29 +91,33 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
   }
   b.expert_tensors_.resize(static_cast<size_t>(2 * config.n_routed_experts));
   for (size_t e = 0; e < b.expert_tensors_.size(); e += 2) {
-    EAGLE3_RETURN_IF_ERROR(take_mlp(b.expert_tensors_[e], b.expert_tensors_[e + 1]));
+    EAGLE3_ASSIGN_OR_RETURN(b.expert_tensors_[e], loader.LoadStacked(std::span(specs).subspan(next, 2), weight_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(b.expert_tensors_[e + 1], loader.Load(specs[next + 2], weight_dtype));
+    next += 3;
   }
   for (size_t e = 0; e < b.expert_tensors_.size(); e += 2) {
     b.experts_.push_back(ExpertWeights{b.expert_tensors_[e].view(), b.expert_tensors_[e + 1].view()});
   }
   if (config.n_shared_experts > 0) {
-    EAGLE3_RETURN_IF_ERROR(take_mlp(b.shared_gate_up_, b.shared_down_));
-    b.shared_inter_ = b.shared_down_.dim(1);
+    EAGLE3_ASSIGN_OR_RETURN(b.shared_, LoadSiluMlp(specs, &next, weight_dtype, loader));
   }
   return b;
 }
 
-absl::Status FeedForwardBlock::SiluMlp(const TensorView& x, const Tensor& gate_up_w, const Tensor& down_w,
-                                       int64_t inter, float beta, FeedForwardWorkspace& ws,
-                                       const TensorView& out) const {
+absl::Status FeedForwardBlock::SiluMlp(const TensorView& x, const SiluMlpWeights& mlp, float beta,
+                                       FeedForwardWorkspace& ws, const TensorView& out) const {
   const int64_t t = x.dim(0);
-  const TensorView gu = Block(ws.gate_up, 0, t, 0, 2 * inter);
-  const TensorView a = Block(ws.act, 0, t, 0, inter);
-  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, gate_up_w, gu, kWeightsGemm));
+  const TensorView gu = Block(ws.gate_up, 0, t, 0, 2 * mlp.inter);
+  const TensorView a = Block(ws.act, 0, t, 0, mlp.inter);
+  int64_t col = 0;
+  for (const LinearWeight& part : mlp.gate_up) {
+    EAGLE3_RETURN_IF_ERROR(part.Apply(*backend_, x, Block(gu, 0, t, col, part.rows())));
+    col += part.rows();
+  }
   EAGLE3_RETURN_IF_ERROR(backend_->SiluMul(gu, a));
   GemmOptions accumulate = kWeightsGemm;
   accumulate.beta = beta;
-  return backend_->Gemm(a, down_w, out, accumulate);
+  return mlp.down.Apply(*backend_, a, out, accumulate);
 }
 
 absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out) const {
@@ -118,12 +126,12 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
     return absl::InvalidArgumentError("FeedForwardBlock: x must be [T <= " + std::to_string(ws.max_tokens) +
                                       ", H], got " + x.ToString());
   }
-  const int64_t widest = std::max(down_.empty() ? 0 : down_.dim(1), shared_inter_);
+  const int64_t widest = std::max(dense_.inter, shared_.inter);
   if (widest > ws.intermediate) {
     return absl::InvalidArgumentError("FeedForwardBlock: the workspace holds an intermediate width of " +
                                       std::to_string(ws.intermediate) + ", the block needs " + std::to_string(widest));
   }
-  if (!moe_) return SiluMlp(x, gate_up_, down_, down_.dim(1), 0.0f, ws, out);
+  if (!moe_) return SiluMlp(x, dense_, 0.0f, ws, out);
   const TensorView logits_t = Rows(ws.router_logits, 0, t);
   EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
   const TensorView ids_t = Rows(ws.ids, 0, t), w_t = Rows(ws.weights, 0, t);
@@ -132,7 +140,7 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
       backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_, ids_t, w_t));
   EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));
   // Shared experts join the routed output before the one reduction that follows.
-  if (!shared_down_.empty()) return SiluMlp(x, shared_gate_up_, shared_down_, shared_inter_, 1.0f, ws, out);
+  if (shared_.inter > 0) return SiluMlp(x, shared_, 1.0f, ws, out);
   return absl::OkStatus();
 }
 

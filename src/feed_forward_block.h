@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "eagle3/moe_routing.h"
 #include "eagle3/tensor.h"
 #include "eagle3/tensor_view.h"
+#include "linear_weight.h"
 #include "weight_loader.h"
 
 namespace eagle3 {
@@ -70,9 +72,10 @@ struct FeedForwardWorkspace {
 
 class FeedForwardBlock {
  public:
-  // Loads this rank's shard of config.Weights(prefix) through `loader`: Gemm weights (gate|up
-  // stacked into one [2 I, H] weight per MLP, down) in `weight_dtype`; the router and its bias in
-  // f32 (router logits in fp32).
+  // Loads this rank's shard of config.Weights(prefix) through `loader`: the dense and shared MLPs'
+  // projections as LinearWeights (kept quantized as the loader says, else in `weight_dtype`; gate|up
+  // stacked into one [2 I, H] weight where StackLinearWeights can), the routed experts dense in
+  // `weight_dtype` (gate|up stacked); the router and its bias in f32 (router logits in fp32).
   static absl::StatusOr<FeedForwardBlock> Load(const FeedForwardConfig& config, std::string_view prefix,
                                                DType weight_dtype, WeightLoader& loader);
 
@@ -87,19 +90,29 @@ class FeedForwardBlock {
  private:
   FeedForwardBlock() = default;
 
-  // A SiLU MLP of width `inter` (gate_up: [2 * inter, H]); beta 1 accumulates into `out`.
-  absl::Status SiluMlp(const TensorView& x, const Tensor& gate_up_w, const Tensor& down_w, int64_t inter, float beta,
-                       FeedForwardWorkspace& ws, const TensorView& out) const;
+  // A SiLU MLP's weights: gate and up as one stacked [2 I, H] weight, or as two [I, H] ones when
+  // they do not stack (quantized slices that start inside a scale block); down [H, I].
+  struct SiluMlpWeights {
+    std::vector<LinearWeight> gate_up;
+    LinearWeight down;
+    int64_t inter = 0;  // I; 0: no such MLP
+  };
+
+  // The next MLP of Weights' order (gate, up, down) from specs[*next], as LinearWeights.
+  static absl::StatusOr<SiluMlpWeights> LoadSiluMlp(std::span<const WeightSpec> specs, size_t* next, DType dtype,
+                                                    WeightLoader& loader);
+  // `mlp` over x; beta 1 accumulates into `out`.
+  absl::Status SiluMlp(const TensorView& x, const SiluMlpWeights& mlp, float beta, FeedForwardWorkspace& ws,
+                       const TensorView& out) const;
 
   Backend* backend_ = nullptr;
   bool moe_ = false;
   MoeRoutingParams routing_;
-  Tensor gate_up_, down_;  // dense MLP
+  SiluMlpWeights dense_;  // the dense MLP
   Tensor router_, correction_bias_;
   std::vector<Tensor> expert_tensors_;  // gate_up, down for each expert
   std::vector<ExpertWeights> experts_;  // views of expert_tensors_
-  Tensor shared_gate_up_, shared_down_;
-  int64_t shared_inter_ = 0;
+  SiluMlpWeights shared_;
 };
 
 }  // namespace eagle3

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "view_slices.h"
 #include "eagle3/half.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor_convert.h"
@@ -57,7 +58,87 @@ absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host
   return LinearWeight(std::move(codes), std::move(scales), view);
 }
 
+// Whether quantized `w` can be a row range of a weight stacked with `first` (StackLinearWeights'
+// rule), followed by other parts when `not_last`.
+bool StacksAlike(const QuantizedWeightView& w, const QuantizedWeightView& first, bool not_last) {
+  const bool alike = w.format == first.format && w.k == first.k && w.col0 == first.col0 &&
+                     w.scale_col0 == first.scale_col0 && w.block_rows == first.block_rows &&
+                     w.block_cols == first.block_cols && w.codes.dtype() == first.codes.dtype() &&
+                     w.scales.dtype() == first.scales.dtype() && w.codes.dim(1) == first.codes.dim(1) &&
+                     w.scales.dim(1) == first.scales.dim(1);
+  const bool aligned = w.block_rows > 0 && w.row0 % w.block_rows == 0 && w.scale_row0 == w.row0 / w.block_rows &&
+                       (!not_last || w.rows() % w.block_rows == 0);
+  return alike && aligned;
+}
+
+// Row blocks of scales a quantized slice of `rows` rows starting on a block row uses.
+int64_t ScaleRows(const QuantizedWeightView& w) { return (w.rows() + w.block_rows - 1) / w.block_rows; }
+
+absl::StatusOr<LinearWeight> StackDense(Backend& backend, std::span<const LinearWeight> parts) {
+  const Tensor& first = parts.front().dense_tensor();
+  int64_t rows = 0;
+  for (const LinearWeight& p : parts) rows += p.rows();
+  EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(first.dtype(), Shape{rows, first.dim(1)}, backend.allocator()));
+  int64_t row = 0;
+  for (const LinearWeight& p : parts) {
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(p.dense_tensor(), Rows(merged, row, p.rows())));
+    row += p.rows();
+  }
+  return LinearWeight(std::move(merged));
+}
+
+absl::StatusOr<LinearWeight> StackQuantized(Backend& backend, std::span<const LinearWeight> parts) {
+  const QuantizedWeightView& first = parts.front().quantized_view();
+  int64_t rows = 0, scale_rows = 0;
+  for (const LinearWeight& p : parts) {
+    rows += p.rows();
+    scale_rows += ScaleRows(p.quantized_view());
+  }
+  // Codes rows keep the parts' row stride (its 16-byte padding on a device).
+  const int64_t ld = first.codes.stride(0);
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, Tensor::Empty(first.codes.dtype(), Shape{rows, ld}, backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(first.scales.dtype(), Shape{scale_rows, first.scales.dim(1)},
+                                                       backend.allocator()));
+  int64_t row = 0, scale_row = 0;
+  for (const LinearWeight& p : parts) {
+    const QuantizedWeightView& v = p.quantized_view();
+    const TensorView src_codes(v.codes.data(), v.codes.dtype(), Shape{v.rows(), ld}, Shape{ld, 1}, v.codes.device());
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(src_codes, Rows(codes, row, v.rows())));
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(Rows(v.scales, 0, ScaleRows(v)), Rows(scales, scale_row, ScaleRows(v))));
+    row += v.rows();
+    scale_row += ScaleRows(v);
+  }
+  QuantizedWeightView view = first;
+  view.codes = TensorView(codes.data(), codes.dtype(), Shape{rows, first.codes.dim(1)}, Shape{ld, 1}, codes.device());
+  view.scales = scales.view();
+  view.row0 = 0;
+  view.scale_row0 = 0;
+  // The parts are freed by the caller once this returns: the copies must have read them.
+  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  return LinearWeight(std::move(codes), std::move(scales), view);
+}
+
 }  // namespace
+
+absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts) {
+  if (parts.empty()) return absl::InternalError("StackLinearWeights: no weights to stack");
+  const LinearWeight& first = parts.front();
+  bool dense = true, quantized = true;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const LinearWeight& p = parts[i];
+    if (p.quantized()) {
+      dense = false;
+      quantized = quantized && StacksAlike(p.quantized_view(), first.quantized_view(), i + 1 < parts.size());
+    } else {
+      quantized = false;
+      dense = dense && !p.dense_tensor().empty() && p.dense_tensor().rank() == 2 &&
+              p.dense_tensor().dtype() == first.dense_tensor().dtype() && p.cols() == first.cols();
+    }
+  }
+  if (!dense && !quantized) return std::optional<LinearWeight>();
+  EAGLE3_ASSIGN_OR_RETURN(LinearWeight stacked, dense ? StackDense(backend, parts) : StackQuantized(backend, parts));
+  return std::optional<LinearWeight>(std::move(stacked));
+}
 
 LinearWeight::LinearWeight(Tensor dense) : dense_(std::move(dense)) {}
 

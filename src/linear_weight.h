@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +33,12 @@ class LinearWeight {
   // on the backend's device.
   LinearWeight(Tensor codes, Tensor scales, const QuantizedWeightView& view);
 
+  // The tensors it owns, for StackLinearWeights: the dense weights, or the codes (with their row
+  // padding) and scales the quantized view points into.
+  const Tensor& dense_tensor() const { return dense_; }
+  const Tensor& codes_tensor() const { return codes_; }
+  const Tensor& scales_tensor() const { return scales_; }
+
   bool quantized() const { return view_.format != WeightFormat::kUnquantized; }
   int64_t rows() const;  // N
   int64_t cols() const;  // K
@@ -53,6 +61,19 @@ class LinearWeight {
   Tensor scales_;
   QuantizedWeightView view_;
 };
+
+// The weights of `parts` stacked by rows into one weight on `backend`'s device ([sum of rows, K]: the
+// gate and up projections of a SiLU MLP become one product), when they can be one:
+//  - every part dense, of one dtype and column count;
+//  - every part quantized alike (format, k, col0, block sizes and the scale columns they hold), each
+//    slice starting on a scale-block row (row0 % block_rows == 0, its scales from that block on) and
+//    every part but the last holding whole blocks of rows: the stacked scales are then the parts'
+//    scale rows in order, indexed from global row 0. INT4 rows (block_rows 1) always stack; FP8
+//    slices stack when their rows are whole 128-row blocks (every published checkpoint's MLP slices
+//    at TP <= 8).
+// Otherwise std::nullopt: the caller applies the parts one by one (same results: each output column
+// is one part's row, computed alike). `parts` is not modified.
+absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts);
 
 // How LoadLinearWeight stores a weight.
 struct LinearWeightLoad {

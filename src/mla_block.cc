@@ -88,27 +88,36 @@ absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp
   b.scale_ = static_cast<float>(config.SoftmaxScale());
   const std::vector<WeightSpec> specs = MlaAttentionWeights(config, prefix);
   size_t next = 0;
-  // The next tensor of MlaAttentionWeights' order, in `dtype`: weight_dtype for Gemm weights, f32
-  // for the norms.
-  auto take = [&](std::string_view suffix, DType dtype) -> absl::StatusOr<Tensor> {
+  // The next tensor of MlaAttentionWeights' order (checked by its suffix).
+  auto next_spec = [&](std::string_view suffix) -> absl::StatusOr<WeightSpec> {
     const WeightSpec& spec = specs[next++];
     if (!HasSuffix(spec.name, suffix)) {
       return absl::InternalError("MlaAttentionWeights order: expected *" + std::string(suffix) + ", got " + spec.name);
     }
+    return spec;
+  };
+  // A norm (f32) or kv_b (dense in weight_dtype).
+  auto take = [&](std::string_view suffix, DType dtype) -> absl::StatusOr<Tensor> {
+    EAGLE3_ASSIGN_OR_RETURN(const WeightSpec spec, next_spec(suffix));
     return loader.Load(spec, dtype);
   };
+  // A projection.
+  auto take_linear = [&](std::string_view suffix) -> absl::StatusOr<LinearWeight> {
+    EAGLE3_ASSIGN_OR_RETURN(const WeightSpec spec, next_spec(suffix));
+    return loader.LoadLinear(spec, weight_dtype);
+  };
   if (config.q_lora_rank.has_value()) {
-    EAGLE3_ASSIGN_OR_RETURN(b.q_a_, take("q_a_proj.weight", weight_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(b.q_a_, take_linear("q_a_proj.weight"));
     EAGLE3_ASSIGN_OR_RETURN(b.q_a_ln_, take("q_a_layernorm.weight", DType::kF32));
-    EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take("q_b_proj.weight", weight_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_b_proj.weight"));
   } else {
-    EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take("q_proj.weight", weight_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_proj.weight"));
   }
-  EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, take("kv_a_proj_with_mqa.weight", weight_dtype));
+  EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, take_linear("kv_a_proj_with_mqa.weight"));
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_ln_, take("kv_a_layernorm.weight", DType::kF32));
   const WeightSpec& kv_b_spec = specs[next];
   EAGLE3_ASSIGN_OR_RETURN(b.kv_b_, take("kv_b_proj.weight", weight_dtype));
-  EAGLE3_ASSIGN_OR_RETURN(b.o_proj_, take("o_proj.weight", weight_dtype));
+  EAGLE3_ASSIGN_OR_RETURN(b.o_proj_, take_linear("o_proj.weight"));
   // W_UK per head, transposed to [R, nope] so that q_nope · W_UK is one Gemm against it (from the
   // f32 values; rounding to bf16 afterwards gives the same values as kv_b's bf16 copy).
   const MlaRankDims& d = b.dims_;
@@ -159,13 +168,13 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   const TensorView q_t = Rows(ws.q, 0, t);
-  if (!q_a_.empty()) {
+  if (!q_a_ln_.empty()) {
     const TensorView qa_t = Rows(ws.qa, 0, t);
-    EAGLE3_RETURN_IF_ERROR(be.Gemm(x, q_a_, qa_t, kWeightsGemm));
+    EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
     EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
-    EAGLE3_RETURN_IF_ERROR(be.Gemm(qa_t, q_b_, q_t, kWeightsGemm));
+    EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, qa_t, q_t));
   } else {
-    EAGLE3_RETURN_IF_ERROR(be.Gemm(x, q_b_, q_t, kWeightsGemm));
+    EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
   }
   return ProjectLatent(x, ws);
 }
@@ -178,7 +187,7 @@ absl::Status MlaBlock::ProjectLatent(const TensorView& x, MlaWorkspace& ws) cons
   // kv_a_layernorm(c) in place and (by the caller's path) the rotation of k_pe: what every later
   // query reads.
   const TensorView rows_t = Block(Rows(ws.q_lat, 0, t), 0, t, d.heads * d.width, d.width);
-  EAGLE3_RETURN_IF_ERROR(be.Gemm(x, kv_a_, rows_t, kWeightsGemm));
+  EAGLE3_RETURN_IF_ERROR(kv_a_.Apply(be, x, rows_t));
   const TensorView c_t = Block(rows_t, 0, t, 0, d.latent);
   return be.RmsNorm(c_t, kv_a_ln_, eps_, c_t);
 }
@@ -237,7 +246,7 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   }
   EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(Rows(ws.o_lat, 0, t), heads, latent, 0, latent), WUv(),
                                         HeadMajor(Rows(ws.attn_v, 0, t), heads, d.vdim, 0, d.vdim), kWeightsGemm));
-  return be.Gemm(Rows(ws.attn_v, 0, t), o_proj_, out, kWeightsGemm);
+  return o_proj_.Apply(be, Rows(ws.attn_v, 0, t), out);
 }
 
 absl::Status MlaBlock::ForwardPerSequence(const TensorView& x, const MlaSequenceStep& step, const TensorView& cache,
@@ -305,7 +314,7 @@ absl::Status MlaBlock::ForwardPerSequence(const TensorView& x, const MlaSequence
     }
     offset += n;
   }
-  return be.Gemm(Rows(ws.attn_v, 0, t), o_proj_, out, kWeightsGemm);
+  return o_proj_.Apply(be, Rows(ws.attn_v, 0, t), out);
 }
 
 }  // namespace eagle3

@@ -33,6 +33,7 @@
 #include "eagle3/target_model.h"
 #include "eagle3/tensor.h"
 #include "eagle3/tensor_view.h"
+#include "linear_weight.h"
 #include "weight_loader.h"
 
 namespace eagle3 {
@@ -121,8 +122,10 @@ struct MlaSequenceStep {
 class MlaBlock {
  public:
   // Loads rank `rank` of `tp_size`'s shard of the block's tensors (MlaAttentionWeights(config,
-  // prefix), "model.layers.12.self_attn.", "layers.0.self_attn.") through `loader`: Gemm weights in
-  // `weight_dtype`, norms in f32, and W_UK per head transposed to [R, nope] from kv_b's f32 values.
+  // prefix), "model.layers.12.self_attn.", "layers.0.self_attn.") through `loader`: q_a / q_b (or
+  // q_proj), kv_a and o_proj as LinearWeights (kept quantized as the loader says, else in
+  // `weight_dtype`), kv_b dense in `weight_dtype`, norms in f32, and W_UK per head transposed to
+  // [R, nope] from kv_b's f32 values.
   // A checkpoint tensor of another shape (an H-wide q_a_proj for a 2H-wide block) is InvalidArgument
   // naming it when `loader` checks each read (WeightLoader::Checks::kEachRead).
   static absl::StatusOr<MlaBlock> Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
@@ -166,11 +169,15 @@ class MlaBlock {
   MlaRankDims dims_;
   float eps_ = 0.0f;    // rms_norm_eps
   float scale_ = 0.0f;  // SoftmaxScale()
-  Tensor q_a_, q_a_ln_;  // empty for a plain q_proj
-  Tensor q_b_;           // q_b_proj, or q_proj when q_lora_rank is unset
-  Tensor kv_a_, kv_a_ln_, kv_b_;
+  // The projections may stay quantized (LinearWeight); kv_b is always dense, as W_UK and W_UV are
+  // per-head slices of it that BatchedGemm takes.
+  LinearWeight q_a_;     // empty for a plain q_proj
+  Tensor q_a_ln_;        // empty for a plain q_proj
+  LinearWeight q_b_;     // q_b_proj, or q_proj when q_lora_rank is unset
+  LinearWeight kv_a_;
+  Tensor kv_a_ln_, kv_b_;
   Tensor w_uk_t_;  // [heads, latent, nope]
-  Tensor o_proj_;
+  LinearWeight o_proj_;
 };
 
 }  // namespace eagle3

@@ -156,6 +156,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
   EAGLE3_RETURN_IF_ERROR(CheckNoUnknownTensors(*checkpoint, config, specs));
   WeightLoader loader(*checkpoint, config.quantization, specs, forms, options.tp_size, options.rank, *backend,
                       WeightLoader::Checks::kSchemaChecked);
+  loader.set_keep_quantized(options.keep_quantized);
   // Gemm weights and the embedding in weight_dtype; norms (and, in FeedForwardBlock, the router and
   // its bias) in f32.
   EAGLE3_ASSIGN_OR_RETURN(embed, loader.Load(DeepseekEmbeddingName(config), weight_dtype));

@@ -72,6 +72,38 @@ absl::StatusOr<Tensor> WeightLoader::Load(std::string_view name, DType dtype) {
   return Load(spec, dtype);
 }
 
+absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DType dense_dtype) {
+  EAGLE3_ASSIGN_OR_RETURN(const size_t i, Find(spec));
+  if (checks_ == Checks::kEachRead) {
+    EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
+  }
+  LinearWeightLoad load;
+  load.dense_dtype = dense_dtype;
+  load.keep_quantized = keep_quantized_;
+  return LoadLinearWeight(*backend_, *checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), load);
+}
+
+absl::StatusOr<std::vector<LinearWeight>> WeightLoader::LoadStackedLinear(std::span<const WeightSpec> specs,
+                                                                          DType dense_dtype) {
+  if (specs.empty()) return absl::InternalError("WeightLoader::LoadStackedLinear: no tensors to stack");
+  std::vector<LinearWeight> parts;
+  for (const WeightSpec& spec : specs) {
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight part, LoadLinear(spec, dense_dtype));
+    if (!parts.empty() && part.cols() != parts.front().cols()) {
+      return absl::InternalError("WeightLoader::LoadStackedLinear: '" + spec.name + "' has " +
+                                 std::to_string(part.cols()) + " columns, '" + specs.front().name + "' " +
+                                 std::to_string(parts.front().cols()));
+    }
+    parts.push_back(std::move(part));
+  }
+  if (parts.size() == 1) return parts;
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*backend_, parts));
+  if (!stacked.has_value()) return parts;
+  std::vector<LinearWeight> one;
+  one.push_back(std::move(*stacked));
+  return one;
+}
+
 absl::StatusOr<Tensor> WeightLoader::LoadStacked(std::span<const WeightSpec> specs, DType dtype) {
   if (specs.empty()) return absl::InternalError("WeightLoader::LoadStacked: no tensors to stack");
   std::vector<Tensor> parts;

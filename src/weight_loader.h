@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +23,7 @@
 #include "eagle3/dtype.h"
 #include "eagle3/quantization_config.h"
 #include "eagle3/tensor.h"
+#include "linear_weight.h"
 
 namespace eagle3 {
 
@@ -62,6 +64,19 @@ class WeightLoader {
   // A host tensor on the backend's device (the tensor itself on a host backend).
   absl::StatusOr<Tensor> ToDevice(Tensor host);
 
+  // A Linear layer's weight (Gemm's b): this rank's shard of `spec`, kept quantized when the
+  // checkpoint stores it so and keep_quantized() says to (LoadLinearWeight), else dense in
+  // `dense_dtype`. Checks as ReadHost.
+  absl::StatusOr<LinearWeight> LoadLinear(const WeightSpec& spec, DType dense_dtype);
+  // The shards of `specs` as one weight stacked by rows when StackLinearWeights can stack them (one
+  // element), else each alone (in order). Every spec has the same column count.
+  absl::StatusOr<std::vector<LinearWeight>> LoadStackedLinear(std::span<const WeightSpec> specs, DType dense_dtype);
+
+  // Whether LoadLinear keeps quantized weights so; unset: when the backend streams the format
+  // (Backend::keeps_quantized).
+  void set_keep_quantized(std::optional<bool> keep) { keep_quantized_ = keep; }
+  std::optional<bool> keep_quantized() const { return keep_quantized_; }
+
   Backend& backend() const { return *backend_; }
 
  private:
@@ -77,6 +92,7 @@ class WeightLoader {
   int rank_;
   Backend* backend_;
   Checks checks_;
+  std::optional<bool> keep_quantized_;
 };
 
 }  // namespace eagle3

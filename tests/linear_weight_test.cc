@@ -111,6 +111,74 @@ TEST_P(LinearWeightTest, DenseAndQuantizedLoadsApplyAsThePlainSlice) {
 INSTANTIATE_TEST_SUITE_P(Formats, LinearWeightTest, ::testing::ValuesIn(TestQuantizations()),
                          [](const auto& info) { return info.param.first; });
 
+// StackLinearWeights over a dense MLP's gate and up slices, kept quantized and dense: where it
+// stacks, the stacked weight's product is the parts' products side by side, bit for bit; INT4 rows
+// and dense weights always stack, FP8 slices only when they hold whole 128-row blocks (TP 1 here; the
+// 16-row TP 8 slices start inside a block), and a dense part never stacks with a quantized one.
+TEST_P(LinearWeightTest, GateAndUpStackWhereTheirBlocksAllow) {
+  const DeepseekV2Config config = QuantTestConfig(GetParam().second);
+  ScopedTempDir dir, plain_dir;
+  WriteQuantTestCheckpoint(config, dir.path(), plain_dir.path());
+  auto checkpoint = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
+  auto find = [&](const std::string& name) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].name == name) return i;
+    }
+    ADD_FAILURE() << name << " is not in the schema";
+    return size_t{0};
+  };
+  const size_t gate = find("model.layers.0.mlp.gate_proj.weight"), up = find("model.layers.0.mlp.up_proj.weight");
+  if (forms[gate] == StoredForm::kPlain) GTEST_SKIP() << "the dense MLP is not quantized in " << GetParam().first;
+  const bool int4 = config.quantization.format == WeightFormat::kInt4Group;
+  cpu::CpuBackend cpu;
+  for (int tp : {1, 8}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      const std::string what = "tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+      std::vector<LinearWeight> kept, dense;
+      for (size_t i : {gate, up}) {
+        auto k = LoadLinearWeight(cpu, **checkpoint, specs[i], forms[i], config.quantization,
+                                  specs[i].ForRank(tp, rank), LinearWeightLoad{.keep_quantized = true});
+        auto d = LoadLinearWeight(cpu, **checkpoint, specs[i], forms[i], config.quantization,
+                                  specs[i].ForRank(tp, rank));
+        ASSERT_TRUE(k.ok() && d.ok()) << what;
+        kept.push_back(std::move(*k));
+        dense.push_back(std::move(*d));
+      }
+      const Tensor a = RandomF32(Shape{3, kept[0].cols()}, static_cast<uint32_t>(tp * 8 + rank));
+      const Tensor g = Applied(cpu, kept[0], a), u = Applied(cpu, kept[1], a);
+      Tensor side_by_side = *Tensor::Empty(DType::kF32, Shape{3, g.dim(1) + u.dim(1)});
+      for (int64_t r = 0; r < 3; ++r) {
+        std::memcpy(side_by_side.data_as<float>() + r * side_by_side.dim(1), g.data_as<float>() + r * g.dim(1),
+                    sizeof(float) * g.dim(1));
+        std::memcpy(side_by_side.data_as<float>() + r * side_by_side.dim(1) + g.dim(1),
+                    u.data_as<float>() + r * u.dim(1), sizeof(float) * u.dim(1));
+      }
+      auto stacked = StackLinearWeights(cpu, kept);
+      ASSERT_TRUE(stacked.ok()) << what << ": " << stacked.status();
+      const bool whole_blocks = kept[0].quantized_view().row0 % kept[0].quantized_view().block_rows == 0 &&
+                                kept[0].rows() % kept[0].quantized_view().block_rows == 0;
+      EXPECT_EQ(stacked->has_value(), int4 || whole_blocks) << what;
+      if (int4) EXPECT_TRUE(stacked->has_value()) << what;
+      if (stacked->has_value()) {
+        EXPECT_TRUE((*stacked)->quantized()) << what;
+        EXPECT_TRUE(BitwiseEqual(Applied(cpu, **stacked, a), side_by_side)) << what;
+      }
+      auto stacked_dense = StackLinearWeights(cpu, dense);
+      ASSERT_TRUE(stacked_dense.ok() && stacked_dense->has_value()) << what;
+      EXPECT_TRUE(BitwiseEqual(Applied(cpu, **stacked_dense, a), side_by_side)) << what << " dense";
+      std::vector<LinearWeight> mixed;
+      mixed.push_back(std::move(dense[0]));
+      mixed.push_back(std::move(kept[1]));
+      auto none = StackLinearWeights(cpu, mixed);
+      ASSERT_TRUE(none.ok()) << what;
+      EXPECT_FALSE(none->has_value()) << what;
+    }
+  }
+}
+
 TEST(LinearWeightLoadTest, Int4ScalesThatAreNotBf16LoadDense) {
   const DeepseekV2Config config = QuantTestConfig(KimiK2ThinkingInt4Quantization());
   ScopedTempDir dir, plain_dir;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,7 +49,8 @@ TargetModelOptions Options(int tp, ResidualMode mode) {
 
 // Rank 0's logits of every position of one prompt from the target in `dir` (vocabulary `vocab`),
 // after checking every rank has the same bits.
-std::vector<float> TargetLogits(const std::string& dir, int64_t vocab, int tp, ResidualMode mode) {
+std::vector<float> TargetLogits(const std::string& dir, int64_t vocab, int tp, ResidualMode mode,
+                                std::optional<bool> keep_quantized = std::nullopt) {
   std::vector<int64_t> prompt(13);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>((37 * i + 11) % 1000);
   std::vector<int32_t> pages = {5, 2, 9, 0, 7};
@@ -57,6 +59,7 @@ std::vector<float> TargetLogits(const std::string& dir, int64_t vocab, int tp, R
     cpu::CpuBackend backend;
     TargetModelOptions o = Options(tp, mode);
     o.rank = rank;
+    o.keep_quantized = keep_quantized;
     EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(dir, o, comm, &backend));
     SequenceInput in;
     in.tokens = prompt;
@@ -80,8 +83,9 @@ class QuantizedTargetTest : public ::testing::TestWithParam<std::pair<std::strin
     WriteQuantTestCheckpoint(config_, dir_.path(), plain_dir_.path());
   }
 
-  std::vector<float> Logits(const std::string& dir, int tp, ResidualMode mode) const {
-    return TargetLogits(dir, config_.vocab_size, tp, mode);
+  std::vector<float> Logits(const std::string& dir, int tp, ResidualMode mode,
+                            std::optional<bool> keep_quantized = std::nullopt) const {
+    return TargetLogits(dir, config_.vocab_size, tp, mode, keep_quantized);
   }
 
   DeepseekV2Config config_;
@@ -109,6 +113,35 @@ TEST_P(QuantizedTargetTest, TensorParallelMatchesTp1InBothResidualModes) {
       EXPECT_LT(diff / scale, 1e-5) << "tp " << tp << " mode " << static_cast<int>(mode);
       // The same TP run of the dequantized checkpoint gives the same bits.
       EXPECT_EQ(got, Logits(plain_dir_.path(), tp, mode)) << "tp " << tp;
+    }
+  }
+}
+
+// Weights kept quantized in memory (QuantizedGemm: what CudaBackend does by default; forced on the
+// CPU reference, which dequantizes per product) give the dequantized checkpoint's logits: bit for bit
+// where gate and up stack into one quantized weight (every INT4 slice, whole FP8 blocks: TP 1 here),
+// within fp32 summation order where they are applied as two weights (this config's 16-row FP8 slices
+// at TP 8 start inside a block, and the CPU Gemm's blocking depends on N).
+TEST_P(QuantizedTargetTest, WeightsKeptQuantizedGiveTheDequantizedLogits) {
+  const bool fp8 = config_.quantization.format == WeightFormat::kFp8Block;
+  for (int tp : {1, 8}) {
+    for (ResidualMode mode : {ResidualMode::kReplicated, ResidualMode::kTokenSharded}) {
+      if (tp == 1 && mode == ResidualMode::kTokenSharded) continue;
+      const std::string what = "tp " + std::to_string(tp) + " mode " + std::to_string(static_cast<int>(mode));
+      const std::vector<float> kept = Logits(dir_.path(), tp, mode, /*keep_quantized=*/true);
+      const std::vector<float> plain = Logits(plain_dir_.path(), tp, mode);
+      ASSERT_EQ(kept.size(), plain.size()) << what;
+      ASSERT_FALSE(kept.empty()) << what;
+      if (tp == 1 || !fp8) {
+        EXPECT_EQ(kept, plain) << what;
+        continue;
+      }
+      double diff = 0, scale = 1;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        diff = std::max(diff, static_cast<double>(std::fabs(kept[i] - plain[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(plain[i])));
+      }
+      EXPECT_LT(diff / scale, 1e-6) << what;
     }
   }
 }

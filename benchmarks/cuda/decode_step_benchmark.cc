@@ -1,4 +1,4 @@
-// Whole target steps of two models, eager vs replayed from a CUDA graph, timed with CUDA events around
+// Whole target steps of four models, eager vs replayed from a CUDA graph, timed with CUDA events around
 // the step's device work (TargetModel::Launch or the graph launch; the GPU idles wherever the host is
 // slow to enqueue, so host overhead counts) and, separately, the whole step as an engine calls it
 // (Stage + launch + Finish, host wall clock):
@@ -11,6 +11,18 @@
 //            rank's compute and memory traffic are exactly this model's; its collectives (the
 //            embedding and 2 per layer all-reduces, the logits all-gather) are not in these figures:
 //            make_results.py adds them from BM_AllReduce / BM_AllGather, labeled as a model.
+//
+//   model 2  one TP = 8 rank of DeepSeek-V3 in its published FP8 form (e4m3 weights with 128 x 128
+//            block scales, every Linear but lm_head; 61 layers, 3 dense), the rank's shapes as for
+//            model 1: 16 of 128 heads, dense MLP 18432 / 8, experts 2048 / 8, vocabulary 129280 / 8
+//   model 3  one TP = 8 rank of Kimi-K2-Thinking / K2.5's language model in its published INT4 form
+//            (routed experts only, group 32; attention, shared experts, the dense layer and lm_head
+//            bf16; 61 layers, 1 dense, 384 experts): 8 of 64 heads, experts 2048 / 8, vocabulary
+//            163840 / 8
+//            Models 2 and 3 keep their quantized weights quantized in GPU memory (the CUDA default)
+//            and store their latent caches in bf16 (an f32 cache of 61 layers at these capacities
+//            would not fit beside the weights). Rows report the GPU memory the loaded model takes
+//            (model_device_gb: weights, caches at the benchmark's capacities, workspaces).
 //
 //   BM_DecodeStep/model/batch/context/graph   batch sequences x 1 new token after `context` cached
 //   BM_VerifyStep/model/batch/tokens/context/graph
@@ -25,7 +37,7 @@
 // other matrix is a file hole (zeros; the file takes well under a gigabyte on disk whatever its size).
 // Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
 // and routers make the routing realistic (the residual stream is the embedding, every token routes
-// to its own experts). EAGLE3_BENCH_MODELS=0 or =1 runs one model only; EAGLE3_BENCH_KV_CACHE=bf16
+// to its own experts). EAGLE3_BENCH_MODELS=0, =1, =23 ... runs the models listed (unset: 0 and 1); EAGLE3_BENCH_KV_CACHE=bf16
 // stores the latent caches in bf16 (make_results.py keys the rows by cache_bits).
 //
 // Floor: the bytes a step must read at the measured copy rate — attention weights of every layer, the
@@ -33,7 +45,9 @@
 // (estimated as E (1 - (1 - k/E)^tokens), the expected count under uniform routing: the benchmark
 // does not read the routing), lm_head, the latent KV rows — or its flops (2 per weight per token,
 // plus the attention's q·k and p·v) at the measured GEMM rate, whichever is larger. Element sizes are
-// the model's: weights in the backend's storage dtype (bf16 on CUDA), the cache in its dtype.
+// the model's: weights in the backend's storage dtype (bf16 on CUDA) or their quantized size (FP8: 1
+// byte plus its block's f32 scale share; INT4: half a byte plus a bf16 scale per 32), the cache in its
+// dtype.
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -80,9 +94,47 @@ constexpr const char* kV2RankConfig = R"({"architectures": ["DeepseekV2ForCausal
  "tie_word_embeddings": false, "topk_group": 3, "topk_method": "group_limited_greedy", "v_head_dim": 128,
  "vocab_size": 12800})";
 
-constexpr const char* kModelNames[] = {"v2lite-tp1", "v2-tp8-rank"};
-constexpr const char* kModelConfigs[] = {kV2LiteConfig, kV2RankConfig};
-constexpr int kNumModels = 2;
+// DeepSeek-V3's hub config.json (FP8 quantization_config as published) with the per-rank widths of
+// TP = 8: num_attention_heads 128 -> 16, intermediate_size 18432 -> 2304, moe_intermediate_size
+// 2048 -> 256, vocab_size 129280 -> 16160.
+constexpr const char* kV3Fp8RankConfig = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+ "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 2304,
+ "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 256, "moe_layer_freq": 1,
+ "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+ "num_attention_heads": 16, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 16,
+ "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+ "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+ "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
+ "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 4,
+ "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 16160,
+ "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+ "weight_block_size": [128, 128]}})";
+
+// Kimi-K2-Thinking's hub config.json (the language model K2.5 shares; its compressed-tensors INT4
+// quantization_config as published) with the per-rank widths of TP = 8: num_attention_heads 64 -> 8,
+// intermediate_size 18432 -> 2304, moe_intermediate_size 2048 -> 256, vocab_size 163840 -> 20480.
+constexpr const char* kK2Int4RankConfig = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+ "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 2304,
+ "kv_lora_rank": 512, "max_position_embeddings": 262144, "moe_intermediate_size": 256, "moe_layer_freq": 1,
+ "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": true,
+ "num_attention_heads": 8, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 8,
+ "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+ "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+ "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 50000.0,
+ "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 1,
+ "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 20480,
+ "quantization_config": {"config_groups": {"group_0": {"input_activations": null, "output_activations": null,
+ "targets": ["Linear"], "weights": {"actorder": null, "block_structure": null, "dynamic": false,
+ "group_size": 32, "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
+ "symmetric": true, "type": "int"}}}, "format": "pack-quantized", "ignore": ["lm_head",
+ "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+ "kv_cache_scheme": null, "quant_method": "compressed-tensors", "quantization_status": "compressed"}})";
+
+constexpr const char* kModelNames[] = {"v2lite-tp1", "v2-tp8-rank", "v3-fp8-tp8-rank", "k2-int4-tp8-rank"};
+constexpr const char* kModelConfigs[] = {kV2LiteConfig, kV2RankConfig, kV3Fp8RankConfig, kK2Int4RankConfig};
+constexpr int kNumModels = 4;
+// Models that must keep their weights quantized and their caches in bf16 to fit (see the top).
+bool Quantized(int model) { return model >= 2; }
 
 constexpr int64_t kPageSize = 64;
 constexpr int64_t kMaxBatch = 32;
@@ -97,9 +149,12 @@ bool KvCacheBf16() {
   return s != nullptr && std::string(s) == "bf16";
 }
 
+// EAGLE3_BENCH_MODELS lists the models to run ("0", "23", ...); unset: models 0 and 1 (the quantized
+// ranks take ~85 / ~75 GB and a minute or more to load: asked for by name).
 bool ModelWanted(int model) {
   const char* s = std::getenv("EAGLE3_BENCH_MODELS");
-  return s == nullptr || s[0] == '\0' || std::string(s).find(std::to_string(model)) != std::string::npos;
+  if (s == nullptr || s[0] == '\0') return model < 2;
+  return std::string(s).find(std::to_string(model)) != std::string::npos;
 }
 
 std::string CheckpointDir(int model) { return BenchCheckpointRoot() + "/" + kModelNames[model] + "-sparse"; }
@@ -111,7 +166,24 @@ struct Model {
   std::vector<std::vector<int32_t>> pages;
   double weight_bytes = 2;  // per element, in the model's storage dtype
   double cache_bytes = 4;
+  // Per element of the attention projections, the dense and shared MLPs, and the routed experts:
+  // weight_bytes, or the quantized size where the checkpoint stores them quantized (QuantBytes).
+  double attention_bytes = 2, mlp_bytes = 2, expert_bytes = 2;
+  double device_bytes = 0;  // GPU memory the loaded model takes (weights, caches, workspaces)
 };
+
+// Bytes per weight element streamed from memory for a Linear stored in `format`: FP8 one byte plus
+// its 128 x 128 block's f32 scale share; INT4 half a byte plus a bf16 scale per group of 32.
+double QuantBytes(const QuantizationConfig& q, double dense) {
+  switch (q.format) {
+    case WeightFormat::kFp8Block:
+      return 1.0 + 4.0 / static_cast<double>(q.block_out * q.block_in);
+    case WeightFormat::kInt4Group:
+      return 0.5 + 2.0 / static_cast<double>(q.group_size);
+    default:
+      return dense;
+  }
+}
 
 double ElementBytes(DType t) { return t == DType::kBF16 || t == DType::kF16 ? 2.0 : 4.0; }
 
@@ -140,12 +212,15 @@ StepCost Cost(const Model& m, int64_t batch, int64_t tokens_per_seq, int64_t con
   const int64_t dense_layers = std::min<int64_t>(c.first_k_dense_replace, layers);
   const int64_t moe_layers = layers - dense_layers;
   const double lm_head = static_cast<double>(c.vocab_size) * h;
-  const double streamed = layers * attention + dense_layers * dense +
-                          moe_layers * (c.n_shared_experts * expert + touched * expert) + lm_head;
+  // kv_b stays dense (W_UK / W_UV are its per-head slices) in every form.
+  const double kv_b = static_cast<double>(c.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim);
+  const double streamed = layers * (m.attention_bytes * (attention - kv_b) + m.weight_bytes * kv_b) +
+                          m.mlp_bytes * (dense_layers * dense + moe_layers * c.n_shared_experts * expert) +
+                          m.expert_bytes * moe_layers * touched * expert + m.weight_bytes * lm_head;
   const double router = moe_layers * h * experts;  // f32
   const double kv_rows = static_cast<double>(batch) * (context + tokens_per_seq) * layers;
   StepCost cost;
-  cost.bytes = m.weight_bytes * streamed + 4.0 * router + m.cache_bytes * kv_rows * c.latent_cache_width();
+  cost.bytes = streamed + 4.0 * router + m.cache_bytes * kv_rows * c.latent_cache_width();
   // Per token: 2 flops per weight it uses (its own experts: k + shared), and the absorbed attention
   // over its keys (q·k over the latent width, p·v over kv_lora_rank, every head).
   const double per_token = 2.0 * (layers * attention + dense_layers * dense + lm_head +
@@ -179,17 +254,27 @@ absl::StatusOr<Model*> Get(int id) {
     const int64_t pages_per_seq = (o.max_context_len + kPageSize - 1) / kPageSize;
     o.page_size = kPageSize;
     o.num_kv_pages = kMaxBatch * pages_per_seq;
-    if (KvCacheBf16()) o.kv_cache_dtype = DType::kBF16;
+    if (KvCacheBf16() || Quantized(id)) o.kv_cache_dtype = DType::kBF16;
+    if (Quantized(id)) o.keep_quantized = true;
+    size_t free_before = 0, free_after = 0, total = 0;
+    (void)cudaMemGetInfo(&free_before, &total);
     EAGLE3_ASSIGN_OR_RETURN(m->target, TargetModel::Create(dir, o, nullptr, Backend()));
+    (void)cudaMemGetInfo(&free_after, &total);
+    m->device_bytes = static_cast<double>(free_before) - static_cast<double>(free_after);
     m->weight_bytes = ElementBytes(m->target->options().weight_dtype.value_or(Backend()->preferred_weight_dtype()));
     m->cache_bytes = ElementBytes(m->target->options().kv_cache_dtype.value_or(DType::kF32));
+    const QuantizationConfig& q = m->config.quantization;
+    // FP8 quantizes every Linear but lm_head; the INT4 form only the routed experts (its ignore list).
+    m->expert_bytes = QuantBytes(q, m->weight_bytes);
+    m->attention_bytes = m->mlp_bytes = q.format == WeightFormat::kFp8Block ? m->expert_bytes : m->weight_bytes;
     for (int64_t b = 0; b < kMaxBatch; ++b) {
       std::vector<int32_t> p(static_cast<size_t>(pages_per_seq));
       for (int64_t i = 0; i < pages_per_seq; ++i) p[i] = static_cast<int32_t>(b * pages_per_seq + i);
       m->pages.push_back(std::move(p));
     }
-    std::fprintf(stderr, "decode_step_benchmark: %s: loaded (weights %.0f B, cache %.0f B per element, %lld x %lld "
-                 "cached tokens) in %.1f s\n", kModelNames[id], m->weight_bytes, m->cache_bytes,
+    std::fprintf(stderr, "decode_step_benchmark: %s: loaded (%.1f GB of GPU memory; weights %.0f B, experts %.3f B, "
+                 "cache %.0f B per element, %lld x %lld cached tokens) in %.1f s\n", kModelNames[id],
+                 m->device_bytes * 1e-9, m->weight_bytes, m->expert_bytes, m->cache_bytes,
                  static_cast<long long>(kMaxBatch), static_cast<long long>(MaxContext()),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return m;
@@ -238,6 +323,8 @@ void TimeStep(benchmark::State& state, Model& m, std::span<const SequenceInput> 
   state.counters["layers"] = static_cast<double>(m.config.num_hidden_layers);
   state.counters["weight_elem_bytes"] = m.weight_bytes;
   state.counters["cache_elem_bytes"] = m.cache_bytes;
+  state.counters["expert_elem_bytes"] = m.expert_bytes;
+  state.counters["model_device_gb"] = m.device_bytes * 1e-9;
 }
 
 void BM_DecodeStep(benchmark::State& state) {
@@ -302,7 +389,11 @@ void BM_VerifyStep(benchmark::State& state) {
                        ->ArgNames({"model", "batch", "tokens", "context", "graph"});
     // Verify from a graph only (an engine's verify step is the graphed one; eager vs graph is shown
     // by the decode rows), at the largest context (the modeled end-to-end table's vanilla step).
-    if (Quick()) {
+    if (Quantized(model)) {
+      // Decode and the 8- / 16-token verify steps that speculation runs at these ranks.
+      decode->ArgsProduct({{model}, {1, 8, 32}, {1024, MaxContext()}, {1}});
+      verify->ArgsProduct({{model}, {1, 8}, {8, 16}, {MaxContext()}, {1}});
+    } else if (Quick()) {
       decode->ArgsProduct({{model}, {1, 32}, {1024}, {0, 1}});
       verify->ArgsProduct({{model}, {1, 32}, {16, 64}, {MaxContext()}, {1}});
     } else {

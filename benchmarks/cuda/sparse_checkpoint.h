@@ -1,6 +1,7 @@
 // Sparse DeepSeek-V2-family checkpoints for the GPU benchmarks (decode_step_benchmark,
-// e2e_benchmark): the embedding and each MoE router are N(0, 0.02²) bf16, norms are 1, every other
-// matrix is a file hole (zeros; the file takes well under a gigabyte on disk whatever its size).
+// e2e_benchmark), unquantized or in a quantization_config's stored form: the embedding and each MoE
+// router are N(0, 0.02²) bf16, norms are 1, every other matrix is a file hole (zeros; the file takes
+// well under a gigabyte on disk whatever its size).
 // Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
 // and routers make the routing realistic (the residual stream is the embedding, every token routes
 // to its own experts).
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/detail/quantized_weights.h"
 #include "eagle3/half.h"
 
 namespace eagle3::bench {
@@ -53,26 +55,81 @@ inline bool Ends(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
+// One tensor of a sparse checkpoint: what its bytes hold.
+struct SparseTensor {
+  enum class Fill { kHole, kOnes, kRandom, kValues };
+  std::string name;
+  const char* dtype = "BF16";  // safetensors dtype
+  int64_t elem_bytes = 2;
+  std::vector<int64_t> shape;
+  Fill fill = Fill::kHole;
+  std::vector<int32_t> values;  // kValues (an INT4 weight's weight_shape)
+};
+
+// The stored tensors of `config`'s weights as its quantization_config stores them
+// (eagle3/detail/quantized_weights.h): plain weights in bf16; FP8 codes and their f32 scales; INT4
+// packed words, bf16 scales and the [out, in] weight_shape. Codes and scales are holes (zero
+// weights: timing does not depend on them).
+inline std::vector<SparseTensor> SparseTensors(const DeepseekV2Config& config, bool random_lm_head) {
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  const std::vector<StoredForm> forms = StoredForms(config, specs);
+  const QuantizationConfig& q = config.quantization;
+  std::vector<SparseTensor> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WeightSpec& s = specs[i];
+    std::vector<int64_t> shape;
+    for (int d = 0; d < s.shape.rank(); ++d) shape.push_back(s.shape[d]);
+    const int64_t out = shape.front(), in = shape.back();
+    if (forms[i] == StoredForm::kFp8Block) {
+      tensors.push_back({s.name, "F8_E4M3", 1, shape});
+      tensors.push_back({Fp8ScaleName(s.name), "F32", 4,
+                         {(out + q.block_out - 1) / q.block_out, (in + q.block_in - 1) / q.block_in}});
+      continue;
+    }
+    if (forms[i] == StoredForm::kInt4Packed) {
+      tensors.push_back({Int4PackedName(s.name), "I32", 4, {out, (in + 7) / 8}});
+      tensors.push_back({Int4ScaleName(s.name), "BF16", 2, {out, in / q.group_size}});
+      tensors.push_back({Int4ShapeName(s.name), "I32", 4, {2}, SparseTensor::Fill::kValues,
+                         {static_cast<int32_t>(out), static_cast<int32_t>(in)}});
+      continue;
+    }
+    SparseTensor t{s.name, "BF16", 2, shape};
+    if (Ends(s.name, "norm.weight")) {
+      t.fill = SparseTensor::Fill::kOnes;
+    } else if (Ends(s.name, "embed_tokens.weight") || Ends(s.name, "mlp.gate.weight") ||
+               (random_lm_head && Ends(s.name, "lm_head.weight"))) {
+      t.fill = SparseTensor::Fill::kRandom;
+    }
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
 // Writes config.json and a single model.safetensors whose big matrices are holes (see the top of the
 // file), once: a `complete` marker makes later runs reuse it. Tensors are laid out contiguously in
-// schema order, as the reader requires. random_lm_head: lm_head.weight N(0, 0.02²) too, so that the
-// greedy next token varies with the token (with every other matrix zero, the final hidden state is
-// the token's embedding), instead of always being id 0.
+// schema order, as the reader requires; a quantized config's weights are stored in its form
+// (SparseTensors). random_lm_head: lm_head.weight N(0, 0.02²) too, so that the greedy next token
+// varies with the token (with every other matrix zero, the final hidden state is the token's
+// embedding), instead of always being id 0.
 inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::string& config_json,
                                            const DeepseekV2Config& config, bool random_lm_head = false) {
   if (std::filesystem::exists(dir + "/complete")) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << config_json;
-  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+  const std::vector<SparseTensor> tensors = SparseTensors(config, random_lm_head);
   std::string header = R"({"__metadata__":{"format":"pt"})";
   std::vector<int64_t> offsets;
   int64_t offset = 0;
-  for (const WeightSpec& s : specs) {
+  for (const SparseTensor& t : tensors) {
     std::string shape;
-    for (int d = 0; d < s.shape.rank(); ++d) shape += (d ? "," : "") + std::to_string(s.shape[d]);
-    const int64_t bytes = 2 * s.shape.numel();
-    header += ",\"" + s.name + "\":{\"dtype\":\"BF16\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+    int64_t numel = 1;
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      shape += (d ? "," : "") + std::to_string(t.shape[d]);
+      numel *= t.shape[d];
+    }
+    const int64_t bytes = t.elem_bytes * numel;
+    header += ",\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
               std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
     offsets.push_back(offset);
     offset += bytes;
@@ -89,14 +146,18 @@ inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::st
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 0.02f);
   std::vector<uint16_t> data;
-  for (size_t i = 0; ok && i < specs.size(); ++i) {
-    const std::string& name = specs[i].name;
-    const bool norm = Ends(name, "norm.weight");
-    const bool random = Ends(name, "embed_tokens.weight") || Ends(name, "mlp.gate.weight") ||
-                        (random_lm_head && name == "lm_head.weight");
-    if (!norm && !random) continue;  // a hole: zeros
-    data.resize(static_cast<size_t>(specs[i].shape.numel()));
-    for (uint16_t& v : data) v = norm ? FloatToBf16(1.0f) : FloatToBf16(dist(rng));
+  for (size_t i = 0; ok && i < tensors.size(); ++i) {
+    const SparseTensor& t = tensors[i];
+    if (t.fill == SparseTensor::Fill::kHole) continue;  // zeros
+    if (t.fill == SparseTensor::Fill::kValues) {
+      const size_t bytes = t.values.size() * sizeof(int32_t);
+      ok = ::pwrite(fd, t.values.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
+      continue;
+    }
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    data.resize(static_cast<size_t>(numel));
+    for (uint16_t& v : data) v = t.fill == SparseTensor::Fill::kOnes ? FloatToBf16(1.0f) : FloatToBf16(dist(rng));
     const size_t bytes = data.size() * 2;
     ok = ::pwrite(fd, data.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
   }

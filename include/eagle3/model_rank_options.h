@@ -25,6 +25,12 @@ struct EAGLE3_API ModelRankOptions {
   // kBF16; unset = backend->preferred_weight_dtype(). Norm weights stay f32. Shards are read straight
   // into this dtype; a backend that cannot run it is refused at Create (ResolveWeightDtype).
   std::optional<DType> weight_dtype;
+  // A quantized checkpoint's Linear weights (FP8 block-scaled, INT4 group): kept in their stored
+  // form in the backend's memory and multiplied by Backend::QuantizedGemm (true), or dequantized at
+  // load into weight_dtype (false). Unset: kept when the backend streams the format
+  // (Backend::keeps_quantized: CudaBackend does, the CPU reference does not). kv_b, the embedding,
+  // the lm_head, norms and the router are never quantized in memory.
+  std::optional<bool> keep_quantized;
 
   // Upper bound of every capacity above: far beyond any real workload, low enough that sums and
   // round-ups of capacities never overflow int64 (buffer sizes are checked separately, at Create,
