@@ -63,6 +63,9 @@ absl::Status DeviceError(int code) {
     case DeviceCheck::kMoeExpertsId:
       return Invalid("MoeExperts", "token ", where, " has an expert id outside [0, experts)",
                      found);
+    case DeviceCheck::kQuantizedMoeExpertsId:
+      return Invalid("QuantizedMoeExperts", "token ", where, " has an expert id outside [0, experts)",
+                     found);
     case DeviceCheck::kBatchedLatentAttention: {
       const int64_t b = index / 8;
       const char* what[] = {"q_start[0] must be 0",

@@ -48,6 +48,7 @@ enum class DeviceCheck : int {
   kBatchedPagedAttention = 17,   // BatchedPagedAttention: 8 * sequence-or-row + condition (paged_attention_ops.h)
   kGatherRowsIndex = 18,         // GatherRows: index[i] outside [0, R)
   kExtendMaskRowsIndex = 19,     // ExtendMaskRows: 2 * i + (0: parent[i], 1: column[i]) out of range
+  kQuantizedMoeExpertsId = 20,   // QuantizedMoeExperts: token t has an id outside [0, experts)
 };
 
 constexpr int DeviceErrorCode(DeviceCheck check) {
@@ -93,6 +94,10 @@ struct CudaBackend::State {
   // cuda_backend_quantized.cc): every buffer allocated, the current (largest) last, none freed
   // before the backend is destroyed.
   std::shared_ptr<void> dequant_scratch;
+  // QuantizedMoeExperts' expert view tables (cached by content) and its workspaces (every one
+  // allocated, the current last, none freed before the backend is destroyed): a QuantMoeState, see
+  // cuda_backend_quantized_moe.cc.
+  std::shared_ptr<void> quant_moe;
   // TreeVerify's tree lists and verify workspace (a VerifyScratch, see cuda_backend_verify.cc):
   // every buffer allocated, the current (largest) last, none freed before the backend is destroyed.
   std::shared_ptr<void> verify_scratch;

@@ -832,18 +832,17 @@ absl::Status Backend::CheckMoeRoute(const TensorView& logits, const TensorView* 
   return absl::OkStatus();
 }
 
-absl::Status Backend::CheckMoeExperts(const TensorView& x, const TensorView& ids,
-                                      const TensorView& weights,
-                                      std::span<const ExpertWeights> experts,
-                                      const TensorView& out) const {
-  const Device dev = device();
-  const char* op = "MoeExperts";
+namespace {
+
+// The token-side operands of MoeExperts and QuantizedMoeExperts: x [T, H], ids [T, k] i32,
+// weights [T, k], out [T, H], out overlapping none of them.
+absl::Status CheckMoeTokens(const char* op, const TensorView& x, const TensorView& ids,
+                            const TensorView& weights, const TensorView& out, Device dev) {
   EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "x", "[T, H]", x, dev));
   EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "ids", "[T, k]", ids, dev));
   EAGLE3_RETURN_IF_ERROR(CheckI32(op, "ids", ids));
   EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "weights", "[T, k]", weights, dev));
   EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "out", "[T, H]", out, dev));
-  const int64_t hidden = x.dim(1);
   EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "out", out, "x", x));
   if (ids.dim(0) != x.dim(0)) {
     return Invalid(op, "ids ", ids.ToString(), " must be [T, k] with T = ", x.dim(0), " from x ",
@@ -852,7 +851,19 @@ absl::Status Backend::CheckMoeExperts(const TensorView& x, const TensorView& ids
   EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "weights", weights, "ids", ids));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "x", x, "out", out, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "ids", ids, "out", out, false));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "weights", weights, "out", out, false));
+  return CheckNoOverlap(op, "weights", weights, "out", out, false);
+}
+
+}  // namespace
+
+absl::Status Backend::CheckMoeExperts(const TensorView& x, const TensorView& ids,
+                                      const TensorView& weights,
+                                      std::span<const ExpertWeights> experts,
+                                      const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "MoeExperts";
+  EAGLE3_RETURN_IF_ERROR(CheckMoeTokens(op, x, ids, weights, out, dev));
+  const int64_t hidden = x.dim(1);
   int64_t inter = 0;  // from experts[0]
   for (size_t e = 0; e < experts.size(); ++e) {
     const std::string gate_up_name = absl::StrCat("experts[", e, "].gate_up");
@@ -879,6 +890,57 @@ absl::Status Backend::CheckMoeExperts(const TensorView& x, const TensorView& ids
     }
     EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, gate_up_name.c_str(), gate_up, "out", out, false));
     EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, down_name.c_str(), down, "out", out, false));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckQuantizedMoeExperts(const TensorView& x, const TensorView& ids,
+                                               const TensorView& weights,
+                                               std::span<const QuantizedExpertWeights> experts,
+                                               const TensorView& out) const {
+  const Device dev = device();
+  const char* op = "QuantizedMoeExperts";
+  EAGLE3_RETURN_IF_ERROR(CheckMoeTokens(op, x, ids, weights, out, dev));
+  const int64_t hidden = x.dim(1);
+  int64_t inter = 0;  // from experts[0].gate
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const QuantizedExpertWeights& expert = experts[e];
+    for (const auto& [field, w] : {std::pair<const char*, const QuantizedWeightView*>{"gate", &expert.gate},
+                                   {"up", &expert.up},
+                                   {"down", &expert.down}}) {
+      const std::string name = absl::StrCat("experts[", e, "].", field);
+      const std::string where = absl::StrCat(op, ": ", name);
+      EAGLE3_RETURN_IF_ERROR(w->Check(where));
+      if (w->codes.device() != dev) {
+        return Invalid(op, name, ".codes is ", w->codes.ToString(), " but this backend runs on ",
+                       dev.ToString());
+      }
+      const QuantizedWeightView& first = experts[0].gate;
+      if (w->format != first.format || w->block_rows != first.block_rows ||
+          w->block_cols != first.block_cols || w->scales.dtype() != first.scales.dtype()) {
+        return Invalid(op, name, " is ", std::string(WeightFormatName(w->format)), " with ", w->block_rows, " x ",
+                       w->block_cols, " blocks and ", std::string(DTypeName(w->scales.dtype())),
+                       " scales, but experts[0].gate is ", std::string(WeightFormatName(first.format)), " with ",
+                       first.block_rows, " x ", first.block_cols, " blocks and ",
+                       std::string(DTypeName(first.scales.dtype())),
+                       " scales: every expert's views must share one format, block size and scale "
+                       "dtype");
+      }
+      if (e == 0 && w == &expert.gate) inter = w->rows();
+      const bool is_down = w == &expert.down;
+      const int64_t want_rows = is_down ? hidden : inter;
+      const int64_t want_k = is_down ? inter : hidden;
+      if (w->rows() != want_rows || w->k != want_k) {
+        return Invalid(op, name, " has ", w->rows(), " rows (codes ", w->codes.ToString(), ") and k = ",
+                       w->k, "; expected ", is_down ? "[H, I]" : "[I, H]", " = [", want_rows, ", ",
+                       want_k, "] (H from x ", x.ToString(),
+                       ", I from experts[0].gate, the same for every expert)");
+      }
+      EAGLE3_RETURN_IF_ERROR(
+          CheckNoOverlap(op, absl::StrCat(name, ".codes").c_str(), w->codes, "out", out, false));
+      EAGLE3_RETURN_IF_ERROR(
+          CheckNoOverlap(op, absl::StrCat(name, ".scales").c_str(), w->scales, "out", out, false));
+    }
   }
   return absl::OkStatus();
 }

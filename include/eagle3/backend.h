@@ -46,6 +46,17 @@ struct ExpertWeights {
   TensorView down;     // [H, I]
 };
 
+// One routed expert's weights on this rank kept in a checkpoint's quantized form (FP8 block-scaled
+// or INT4 group: eagle3/quantized_weight_view.h), its 1/tp slice of the intermediate dim I. gate
+// and up are separate views (the checkpoint's gate_proj and up_proj tensors, each sliced to the
+// rank's rows), down is sliced along its columns. All experts of one call share the format, the
+// block sizes, I and H; row0 / col0 / scale offsets and strides may differ per view.
+struct QuantizedExpertWeights {
+  QuantizedWeightView gate;  // rows() = I, k = H
+  QuantizedWeightView up;    // rows() = I, k = H
+  QuantizedWeightView down;  // rows() = H, k = I
+};
+
 // Conventions for every op:
 //  - Inputs and outputs are caller-allocated views on device(); ops never allocate, so a decode
 //    step can run from fixed buffers (and be captured in a CUDA graph).
@@ -377,6 +388,20 @@ class EAGLE3_API Backend {
                                   const TensorView& weights, std::span<const ExpertWeights> experts,
                                   const TensorView& out, bool accumulate) = 0;
 
+  // MoeExperts with the experts' weights kept quantized: the same contract (ids checked, accumulate,
+  // x / weights / out shapes) with gate_e, up_e and down_e the f32 weights the views describe
+  // (DequantizeWeight). A backend may round x and the activation silu(gate x) * up x to bf16 as its
+  // QuantizedGemm rounds activations (CudaBackend: cuda/cuda_backend_quantized_moe.cc); the CPU
+  // reference dequantizes exactly and takes x, weights and out in f32 only.
+  //   x: [T, H]      ids: [T, k], i32, each in [0, experts.size())      weights: [T, k]
+  //   experts: per expert, see QuantizedExpertWeights: Check()ed views on device(), one format and
+  //   block size for all, gate / up rows() = I and k = H, down rows() = H and k = I
+  //   out: [T, H], no overlap with any input
+  virtual absl::Status QuantizedMoeExperts(const TensorView& x, const TensorView& ids,
+                                           const TensorView& weights,
+                                           std::span<const QuantizedExpertWeights> experts,
+                                           const TensorView& out, bool accumulate) = 0;
+
   // ---- The speculative step's ops (tree build, verification, row gathers): a whole step stays on
   // the device. Data errors of the tree ops are per-sequence records, never a returned Status, so
   // that a step needs no host synchronization; shapes, dtypes and devices are checked as usual.
@@ -519,6 +544,13 @@ class EAGLE3_API Backend {
   absl::Status CheckMoeExperts(const TensorView& x, const TensorView& ids,
                                const TensorView& weights, std::span<const ExpertWeights> experts,
                                const TensorView& out) const;
+  // CheckMoeExperts' checks of x, ids, weights and out, then every view Check()ed (named
+  // "experts[e].gate" / ".up" / ".down") on device(), one format and block size for all experts,
+  // gate / up [I, H] and down [H, I] with I from experts[0] and H from x, and no view overlapping out.
+  absl::Status CheckQuantizedMoeExperts(const TensorView& x, const TensorView& ids,
+                                        const TensorView& weights,
+                                        std::span<const QuantizedExpertWeights> experts,
+                                        const TensorView& out) const;
   // Everything but the logits' floating dtype (backend policy) and the backend's size limits;
   // sampling parameters included.
   absl::Status CheckTreeVerify(const TensorView& tokens, const TensorView& parents,

@@ -30,4 +30,19 @@ inline int64_t LoadIndex(const TensorView& ids, int64_t i) {
                                     : ids.data_as<const int64_t>()[i];
 }
 
+// MoeExperts' id rule: every ids[t, j] (a row-strided [T, k] i32 matrix) in [0, num_experts), else
+// InvalidArgument naming [t, j] (checked before an expert op writes anything).
+inline absl::Status CheckExpertIds(const char* op, const TensorView& ids, int64_t num_experts) {
+  for (int64_t t = 0; t < ids.dim(0); ++t) {
+    const int32_t* id = ids.data_as<const int32_t>() + t * ids.stride(0);
+    for (int64_t j = 0; j < ids.dim(1); ++j) {
+      if (id[j] < 0 || id[j] >= num_experts) {
+        return Invalid(op, "ids[", t, ", ", j, "] = ", id[j], " is outside the [0, ", num_experts,
+                       ") experts given");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace eagle3::cpu

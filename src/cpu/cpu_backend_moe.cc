@@ -155,16 +155,7 @@ absl::Status CpuBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   }
   const int64_t tokens = x.dim(0);
   const int64_t k = ids.dim(1);
-  const int64_t num_experts = static_cast<int64_t>(experts.size());
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int32_t* id = ids.data_as<const int32_t>() + t * ids.stride(0);
-    for (int64_t j = 0; j < k; ++j) {
-      if (id[j] < 0 || id[j] >= num_experts) {
-        return Invalid(op, "ids[", t, ", ", j, "] = ", id[j], " is outside the [0, ", num_experts,
-                       ") experts given");
-      }
-    }
-  }
+  EAGLE3_RETURN_IF_ERROR(CheckExpertIds(op, ids, static_cast<int64_t>(experts.size())));
   const int64_t hidden = x.dim(1);
   const int64_t inter = experts.empty() ? 0 : experts[0].down.dim(1);
   float* gate_up = Scratch(3 * inter);  // [gate | up], then the activation

@@ -25,9 +25,10 @@ struct CpuBackendOptions {
 // Every op of Backend on host memory (Device::Cpu()), computing in fp32. Floating-point tensors
 // must be f32 (convert other dtypes with ConvertTensor first); Copy moves any dtype. Synchronous:
 // Synchronize() has nothing to wait for. Attention, LatentAttention, BatchedLatentAttention,
-// BatchedLatentAttentionKeyMask, BatchedPagedAttention, MoeRoute, MoeExperts and QuantizedGemm use
+// BatchedLatentAttentionKeyMask, BatchedPagedAttention, MoeRoute, MoeExperts, QuantizedMoeExperts and QuantizedGemm use
 // a scratch buffer owned by the backend that grows to the largest size asked for (context length,
-// expert count, 3 * expert intermediate size, a quantized weight's N x K) and is then reused: reserve
+// expert count, 3 * expert intermediate size, a quantized weight's N x K, one quantized expert's
+// 3 I H weights plus T k H per-slot outputs) and is then reused: reserve
 // it with a first call at the largest shapes if no call may allocate.
 class EAGLE3_API CpuBackend final : public Backend {
  public:
@@ -98,6 +99,11 @@ class EAGLE3_API CpuBackend final : public Backend {
   absl::Status MoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
                           std::span<const ExpertWeights> experts, const TensorView& out,
                           bool accumulate) override;
+  // Dequantizes each expert that ids reference (DequantizeWeight, exact) into the scratch, one at a
+  // time, and computes MoeExperts' arithmetic on it (src/cpu/cpu_backend_quantized_moe.cc).
+  absl::Status QuantizedMoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
+                                   std::span<const QuantizedExpertWeights> experts, const TensorView& out,
+                                   bool accumulate) override;
   // The speculative step's ops (tree build: src/cpu/cpu_backend_tree.cc; verify and gathers: src/cpu/cpu_backend_verify.cc).
   int64_t TreeBuildWorkspaceBytes(const TreeBuildShape& shape) const override;
   absl::Status TreeBuildStep(const TreeBuildShape& shape, int step, const TensorView& logits,

@@ -140,6 +140,13 @@ class EAGLE3_API CudaBackend final : public Backend {
                         const TensorView& ids, const TensorView& weights) override;
   absl::Status MoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
                           std::span<const ExpertWeights> experts, const TensorView& out, bool accumulate) override;
+  // x, weights and out f32; experts' scales f32 (FP8) or bf16 (INT4); see
+  // cuda/cuda_backend_quantized_moe.cc for the kernels, numerics and device memory. A call with a new
+  // expert set uploads its view table and a larger shape grows the workspace (never while the stream
+  // is being captured).
+  absl::Status QuantizedMoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
+                                   std::span<const QuantizedExpertWeights> experts, const TensorView& out,
+                                   bool accumulate) override;
   // The speculative step's ops (tree build: cuda/cuda_backend_tree.cc; verify and gathers: cuda/cuda_backend_verify.cc).
   int64_t TreeBuildWorkspaceBytes(const TreeBuildShape& shape) const override;
   absl::Status TreeBuildStep(const TreeBuildShape& shape, int step, const TensorView& logits,

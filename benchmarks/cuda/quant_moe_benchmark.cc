@@ -1,0 +1,196 @@
+// The routed experts of one TP8 rank at decode, timed with CUDA events (bench_util.h): the
+// quantized op (CudaBackend::QuantizedMoeExperts, weights kept FP8 / INT4) beside the dense bf16
+// op (MoeExperts) on the same shapes, each against its weight-streaming floor.
+//
+//   BM_QuantMoe/model/tokens and BM_DenseMoe/model/tokens: `tokens` tokens (f32 x [tokens, 7168]),
+//   top-8 random routing (fixed seeds), per call of a CUDA graph of 16 back-to-back calls, each with
+//   the next of 16 routings (so successive calls touch different experts, as successive layers do).
+//   model 0: Kimi-K2.5 INT4 (pack-quantized, group 32, bf16 scales), 384 experts;
+//   model 1: DeepSeek-V3 FP8 (e4m3, 128 x 128 f32 block scales), 256 experts;
+//   both hidden 7168, moe_intermediate 2048 -> 256 per rank (rank 3's slices: gate / up rows and
+//   down columns [768, 1024)).
+//
+// Model: bytes = the weight bytes of the DISTINCT experts the 16 routings touch, averaged per call
+// (codes or packed words and the scales they use for the quantized op, bf16 weights for the dense
+// one); the floor is bytes / the measured copy rate. Activations are not counted (under 1 % at 64
+// tokens). A rank's experts (1.1 GB INT4, 1.4 GB FP8, 4.2 / 2.8 GB bf16) are far past the L2, so a
+// routing rarely finds its experts there.
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "bench_util.h"
+#include "eagle3/backend.h"
+#include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/detail/int4_packing.h"
+#include "eagle3/tensor.h"
+
+namespace eagle3::bench {
+namespace {
+
+constexpr int64_t kHidden = 7168;
+constexpr int64_t kInter = 256;
+constexpr int64_t kRankRow0 = 3 * kInter;
+constexpr int64_t kTopK = 8;
+constexpr int kRoutings = 16;
+
+int64_t ExpertsOf(int64_t model) { return model == 0 ? 384 : 256; }
+
+// Every expert's quantized slices of one rank: one device tensor per kind, views into it.
+struct QuantRank {
+  Tensor codes[3], scales[3];  // gate, up, down
+  std::vector<QuantizedExpertWeights> views;
+  double bytes_per_expert = 0;
+};
+
+std::unique_ptr<QuantRank> MakeQuantRank(int64_t model) {
+  auto r = std::make_unique<QuantRank>();
+  const bool int4 = model == 0;
+  const int64_t experts = ExpertsOf(model);
+  const int64_t br = int4 ? 1 : 128, bc = int4 ? 32 : 128;
+  // Per expert: gate / up [I, H] with scale rows of the rank's blocks, down [H, I] with its columns'.
+  const int64_t rows[3] = {kInter, kInter, kHidden}, cols[3] = {kHidden, kHidden, kInter};
+  const int64_t scale_row0[3] = {kRankRow0 / br, kRankRow0 / br, 0};
+  const int64_t scale_col0[3] = {0, 0, kRankRow0 / bc};
+  int64_t scale_rows[3], scale_cols[3];
+  for (int m = 0; m < 3; ++m) {
+    const int64_t row0 = m < 2 ? kRankRow0 : 0, col0 = m < 2 ? 0 : kRankRow0;
+    scale_rows[m] = (row0 + rows[m] - 1) / br + 1 - scale_row0[m];
+    scale_cols[m] = (col0 + cols[m] - 1) / bc + 1 - scale_col0[m];
+    const int64_t row_bytes = int4 ? cols[m] / 2 : cols[m];
+    // Random bits (only the timing depends on them): e4m3 codes and int4 words as bf16 fills.
+    r->codes[m] = RandomDevice(DType::kBF16, Shape{experts * rows[m] * row_bytes / 2}, 10 + m);
+    r->scales[m] = int4 ? RandomDevice(DType::kBF16, Shape{experts * scale_rows[m], scale_cols[m]}, 20 + m, 0.01f)
+                        : RandomDevice(DType::kF32, Shape{experts * scale_rows[m], scale_cols[m]}, 20 + m, 0.01f);
+    r->bytes_per_expert += static_cast<double>(rows[m] * row_bytes) +
+                           static_cast<double>(scale_rows[m] * scale_cols[m]) * (int4 ? 2 : 4);
+  }
+  for (int64_t e = 0; e < experts; ++e) {
+    QuantizedWeightView w[3];
+    for (int m = 0; m < 3; ++m) {
+      const int64_t row_bytes = int4 ? cols[m] / 2 : cols[m];
+      const int64_t ld = int4 ? row_bytes / 4 : row_bytes;
+      char* base = static_cast<char*>(r->codes[m].data()) + e * rows[m] * row_bytes;
+      w[m].format = int4 ? WeightFormat::kInt4Group : WeightFormat::kFp8Block;
+      w[m].codes = TensorView(base, int4 ? DType::kI32 : DType::kF8E4M3, Shape{rows[m], ld},
+                              r->codes[m].device());
+      w[m].scales = r->scales[m].view().Narrow(0, e * scale_rows[m], scale_rows[m]);
+      w[m].k = cols[m];
+      w[m].row0 = m < 2 ? kRankRow0 : 0;
+      w[m].col0 = m < 2 ? 0 : kRankRow0;
+      w[m].scale_row0 = scale_row0[m];
+      w[m].scale_col0 = scale_col0[m];
+      w[m].block_rows = br;
+      w[m].block_cols = bc;
+    }
+    r->views.push_back({w[0], w[1], w[2]});
+  }
+  return r;
+}
+
+// Every expert's bf16 weights of one rank (gate_up [2I, H], down [H, I]).
+struct DenseRank {
+  Tensor gate_up, down;
+  std::vector<ExpertWeights> experts;
+};
+
+std::unique_ptr<DenseRank> MakeDenseRank(int64_t model) {
+  auto r = std::make_unique<DenseRank>();
+  const int64_t experts = ExpertsOf(model);
+  r->gate_up = RandomDevice(DType::kBF16, Shape{experts * 2 * kInter, kHidden}, 30, 0.02f);
+  r->down = RandomDevice(DType::kBF16, Shape{experts * kHidden, kInter}, 31, 0.02f);
+  for (int64_t e = 0; e < experts; ++e) {
+    r->experts.push_back({r->gate_up.view().Narrow(0, e * 2 * kInter, 2 * kInter),
+                          r->down.view().Narrow(0, e * kHidden, kHidden)});
+  }
+  return r;
+}
+
+// One rank's weights per model, made on first use and kept (gigabytes each).
+template <typename Rank, typename Make>
+Rank& Cached(int64_t model, Make&& make) {
+  static std::unique_ptr<Rank> ranks[2];
+  if (!ranks[model]) ranks[model] = make(model);
+  return *ranks[model];
+}
+
+// kRoutings top-8 routings of `tokens` tokens (distinct experts per token), their device ids and
+// weights, and the mean count of distinct experts per routing.
+struct Routings {
+  std::vector<Tensor> ids, weights;
+  double distinct = 0;
+};
+
+Routings MakeRoutings(int64_t tokens, int64_t experts) {
+  Routings r;
+  std::mt19937 rng(1234 + static_cast<uint32_t>(tokens));
+  std::vector<int32_t> perm(static_cast<size_t>(experts));
+  for (int i = 0; i < kRoutings; ++i) {
+    Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, kTopK});
+    Tensor weights = *Tensor::Empty(DType::kF32, Shape{tokens, kTopK});
+    std::set<int32_t> touched;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < experts; ++e) perm[e] = static_cast<int32_t>(e);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int64_t j = 0; j < kTopK; ++j) {
+        ids.data_as<int32_t>()[t * kTopK + j] = perm[j];
+        weights.data_as<float>()[t * kTopK + j] = 0.125f;
+        touched.insert(perm[j]);
+      }
+    }
+    r.distinct += static_cast<double>(touched.size()) / kRoutings;
+    r.ids.push_back(ToDevice(ids));
+    r.weights.push_back(ToDevice(weights));
+  }
+  return r;
+}
+
+void RunMoe(benchmark::State& state, bool quantized) {
+  cuda::CudaBackend* b = Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const int64_t model = state.range(0), tokens = state.range(1);
+  state.SetLabel(model == 0 ? "k25_int4" : "v3_fp8");
+  const Routings routings = MakeRoutings(tokens, ExpertsOf(model));
+  Tensor x = RandomDevice(DType::kF32, Shape{tokens, kHidden}, 3);
+  Tensor out = *Tensor::Empty(DType::kF32, Shape{tokens, kHidden}, b->allocator());
+  double bytes_per_expert = 0;
+  QuantRank* q = nullptr;
+  DenseRank* d = nullptr;
+  if (quantized) {
+    q = &Cached<QuantRank>(model, MakeQuantRank);
+    bytes_per_expert = q->bytes_per_expert;
+  } else {
+    d = &Cached<DenseRank>(model, MakeDenseRank);
+    bytes_per_expert = 2.0 * 3 * kInter * kHidden;
+  }
+  int next = 0;
+  absl::Status status;
+  auto run = [&] {
+    const int i = next;
+    next = (next + 1) % kRoutings;
+    status = quantized ? b->QuantizedMoeExperts(x, routings.ids[i], routings.weights[i], q->views, out, false)
+                       : b->MoeExperts(x, routings.ids[i], routings.weights[i], d->experts, out, false);
+  };
+  run();
+  if (!Check(state, status, quantized ? "QuantizedMoeExperts" : "MoeExperts")) return;
+  if (!Check(state, b->Synchronize(), "Synchronize")) return;
+  const double seconds = RunTimedInGraph(state, b->stream(), kRoutings, run);
+  if (!Check(state, status, "timed call")) return;
+  state.counters["distinct_experts"] = routings.distinct;
+  ReportRoofline(state, seconds, routings.distinct * bytes_per_expert,
+                 2.0 * 3 * kInter * kHidden * static_cast<double>(tokens * kTopK));
+}
+
+void BM_QuantMoe(benchmark::State& state) { RunMoe(state, true); }
+void BM_DenseMoe(benchmark::State& state) { RunMoe(state, false); }
+
+void MoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 16, 64}}); }
+BENCHMARK(BM_QuantMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
+BENCHMARK(BM_DenseMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
+
+}  // namespace
+}  // namespace eagle3::bench
+
+int main(int argc, char** argv) { return eagle3::bench::Main(argc, argv); }

@@ -1,0 +1,473 @@
+// The routed experts of a quantized checkpoint (cuda/quant_moe_ops.h: design and numerics). No
+// abseil here: nvcc must never see it.
+//
+// Weight rows stream through CUDA cores: a team of 2^team_shift lanes owns one weight row (gate and
+// up rows i together in step 2, down row h in step 3) and splits its columns in 16-column chunks,
+// lane m taking chunks m, m + team, ...; each lane keeps two chunks' loads in flight (the raw bytes
+// are fetched for both before either is decoded), decodes a chunk to f32 in registers and
+// multiplies it by every pair of the job (the pairs' bf16 input rows are read through L1, where the
+// block's other rows read them too). Teams are as wide as a row has chunks (up to a warp), so short
+// rows (down's I columns) do not idle lanes.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "core_kernels.cuh"
+#include "quant_moe_ops.h"
+
+namespace eagle3::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kSortThreads = 1024;
+constexpr int kJobPairs = static_cast<int>(kQuantMoeJobPairs);
+constexpr int kChunk = static_cast<int>(kQuantMoeChunk);
+constexpr int64_t kMaxGridY = 65535;
+
+__device__ __forceinline__ float Bf16ToF32(uint32_t bits) { return __uint_as_float(bits << 16); }
+__device__ __forceinline__ uint16_t F32ToBf16(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// The e4m3 value of a code, exactly (NaN codes 0x7f / 0xff read as NaN, as F8E4M3ToFloat does).
+__device__ __forceinline__ float E4m3ToF32(uint32_t code) {
+  __nv_fp8_e4m3 v;
+  v.__x = static_cast<__nv_fp8_storage_t>(code);
+  return static_cast<float>(v);
+}
+
+struct RowsParams {
+  const QuantMoeExpert* experts;
+  int block_rows, block_cols;
+  const int32_t* sorted;
+  const int32_t* jobs;
+  const int32_t* num_jobs;
+  const uint16_t* in;  // bf16 input rows: pair p reads row p / in_div
+  int64_t in_ld;
+  int in_div;
+  int64_t rows;  // weight rows (I for gate / up, H for down)
+  int k;         // weight columns (H, I)
+  bool chunked;  // QuantMoeChunked holds for the matrices read
+  int team_shift;
+  uint16_t* act;  // step 2's output [pairs, act_ld] bf16
+  int64_t act_ld;
+  float* y;  // step 3's output [pairs, y_ld] f32
+  int64_t y_ld;
+};
+
+// A chunk's raw weights as fetched (chunked path), or nothing (decoded from memory by Decode).
+struct RawChunk {
+  uint4 bits;
+  float scale;
+};
+
+// Scale of slice element (r, c) of m, as f32 (fp8: f32 scale_inv; int4: bf16).
+template <bool kInt4>
+__device__ __forceinline__ float ScaleAt(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int64_t c) {
+  const int64_t at = (m.row_off + r) / p.block_rows * m.scales_ld + (m.col_off + c) / p.block_cols;
+  if constexpr (kInt4) return Bf16ToF32(__ldg(static_cast<const uint16_t*>(m.scales) + at));
+  return __ldg(static_cast<const float*>(m.scales) + at);
+}
+
+// FP8 block-scaled: a chunk is 16 codes (one 16-byte load).
+struct Fp8 {
+  static constexpr bool kInt4 = false;
+  __device__ static RawChunk Fetch(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int c0) {
+    const uint8_t* row = static_cast<const uint8_t*>(m.codes) + r * m.codes_ld;
+    return {__ldcs(reinterpret_cast<const uint4*>(row + c0)), ScaleAt<false>(m, p, r, c0)};
+  }
+  __device__ static void Decode(const RawChunk& raw, float (&w)[kChunk]) {
+    const uint32_t words[4] = {raw.bits.x, raw.bits.y, raw.bits.z, raw.bits.w};
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) w[i] = E4m3ToF32((words[i / 4] >> (8 * (i % 4))) & 0xffu) * raw.scale;
+  }
+  // Columns [c0, c0 + 16) a value at a time, zeros from column k on.
+  __device__ static void DecodeAt(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int c0, float (&w)[kChunk]) {
+    const uint8_t* row = static_cast<const uint8_t*>(m.codes) + r * m.codes_ld;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const int c = c0 + i;
+      w[i] = c < p.k ? E4m3ToF32(row[c]) * ScaleAt<false>(m, p, r, c) : 0.0f;
+    }
+  }
+};
+
+// INT4 group: a chunk is 16 values, two packed words (one 8-byte load); value u stored as q + 8.
+struct Int4 {
+  static constexpr bool kInt4 = true;
+  __device__ static RawChunk Fetch(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int c0) {
+    const uint32_t* row = static_cast<const uint32_t*>(m.codes) + r * m.codes_ld;
+    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(row + c0 / 8));
+    return {make_uint4(v.x, v.y, 0u, 0u), ScaleAt<true>(m, p, r, c0)};
+  }
+  __device__ static void Decode(const RawChunk& raw, float (&w)[kChunk]) {
+    const uint32_t words[2] = {raw.bits.x, raw.bits.y};
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const int q = static_cast<int>((words[i / 8] >> (4 * (i % 8))) & 0xfu) - 8;
+      w[i] = static_cast<float>(q) * raw.scale;
+    }
+  }
+  __device__ static void DecodeAt(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int c0, float (&w)[kChunk]) {
+    const uint32_t* row = static_cast<const uint32_t*>(m.codes) + r * m.codes_ld;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const int c = c0 + i;
+      if (c < p.k) {
+        const int64_t v = m.nib0 + c;
+        const int q = static_cast<int>((row[v / 8] >> (4 * (v % 8))) & 0xfu) - 8;
+        w[i] = static_cast<float>(q) * ScaleAt<true>(m, p, r, c);
+      } else {
+        w[i] = 0.0f;
+      }
+    }
+  }
+};
+
+// Input columns [c0, c0 + 16) of a bf16 row as floats: two 16-byte loads for a whole chunk (rows
+// are 32-byte aligned), else a value at a time with zeros from column k on (the padding of the
+// workspace rows is never read, so it may hold anything).
+__device__ __forceinline__ void LoadInput(const uint16_t* row, int c0, int k, bool whole, float (&v)[kChunk]) {
+  if (whole) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(row + c0));
+    const uint4 b = __ldg(reinterpret_cast<const uint4*>(row + c0 + 8));
+    const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = Bf16ToF32((words[i / 2] >> (16 * (i % 2))) & 0xffffu);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = c0 + i < k ? Bf16ToF32(row[c0 + i]) : 0.0f;
+  }
+}
+
+// Step 2 (kGateUp: gate and up rows, act out) or step 3 (down rows, y out) for job blockIdx.y and
+// the block's rows (blockIdx.x).
+template <typename F, bool kGateUp>
+__global__ void __launch_bounds__(kThreads) QuantMoeRowsKernel(const RowsParams p) {
+  if (static_cast<int>(blockIdx.y) >= *p.num_jobs) return;  // block-uniform
+  const int32_t* job = p.jobs + 3 * blockIdx.y;
+  const int expert = job[0], first = job[1], count = job[2];
+  const int team = 1 << p.team_shift;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int member = lane & (team - 1);
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * (32 >> p.team_shift) + (lane >> p.team_shift);
+  const bool live = row < p.rows;
+  const int64_t r = live ? row : p.rows - 1;  // a team past the end computes the last row, writes nothing
+  const QuantMoeExpert& ex = p.experts[expert];
+  const QuantMoeMatrix m0 = kGateUp ? ex.gate : ex.down;
+  const QuantMoeMatrix m1 = kGateUp ? ex.up : ex.down;
+
+  int pair[kJobPairs];
+  const uint16_t* in_row[kJobPairs];
+#pragma unroll
+  for (int q = 0; q < kJobPairs; ++q) {
+    pair[q] = q < count ? p.sorted[first + q] : 0;
+    in_row[q] = p.in + static_cast<int64_t>(pair[q] / p.in_div) * p.in_ld;
+  }
+  float acc0[kJobPairs], acc1[kJobPairs];
+#pragma unroll
+  for (int q = 0; q < kJobPairs; ++q) acc0[q] = acc1[q] = 0.0f;
+
+  const int chunks = (p.k + kChunk - 1) / kChunk;
+  // One chunk: decode both matrices' weights, multiply by every pair's input.
+  const auto consume = [&](int ch, const RawChunk& raw0, const RawChunk& raw1, bool fetched) {
+    const int c0 = ch * kChunk;
+    float w0[kChunk], w1[kChunk];
+    if (fetched) {
+      F::Decode(raw0, w0);
+      if constexpr (kGateUp) F::Decode(raw1, w1);
+    } else {
+      F::DecodeAt(m0, p, r, c0, w0);
+      if constexpr (kGateUp) F::DecodeAt(m1, p, r, c0, w1);
+    }
+    const bool whole = c0 + kChunk <= p.k;
+#pragma unroll
+    for (int q = 0; q < kJobPairs; ++q) {
+      if (q < count) {
+        float v[kChunk];
+        LoadInput(in_row[q], c0, p.k, whole, v);
+        float s0 = acc0[q], s1 = acc1[q];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          s0 = fmaf(w0[i], v[i], s0);
+          if constexpr (kGateUp) s1 = fmaf(w1[i], v[i], s1);
+        }
+        acc0[q] = s0;
+        acc1[q] = s1;
+      }
+    }
+  };
+  for (int ch = member; ch < chunks; ch += 2 * team) {
+    const int ch1 = ch + team;
+    // Fetch both chunks' raw weights before decoding either: two loads per matrix in flight.
+    const bool fetch0 = p.chunked && (ch + 1) * kChunk <= p.k;
+    const bool fetch1 = p.chunked && (ch1 + 1) * kChunk <= p.k;
+    RawChunk a0{}, b0{}, a1{}, b1{};
+    if (fetch0) {
+      a0 = F::Fetch(m0, p, r, ch * kChunk);
+      if constexpr (kGateUp) b0 = F::Fetch(m1, p, r, ch * kChunk);
+    }
+    if (fetch1) {
+      a1 = F::Fetch(m0, p, r, ch1 * kChunk);
+      if constexpr (kGateUp) b1 = F::Fetch(m1, p, r, ch1 * kChunk);
+    }
+    consume(ch, a0, b0, fetch0);
+    if (ch1 < chunks) consume(ch1, a1, b1, fetch1);
+  }
+
+  // The team's lanes, added in a fixed butterfly (every lane takes part: shuffles are warp-wide).
+#pragma unroll
+  for (int q = 0; q < kJobPairs; ++q) {
+    for (int offset = team / 2; offset > 0; offset >>= 1) {
+      acc0[q] += __shfl_xor_sync(kFullMask, acc0[q], offset);
+      if constexpr (kGateUp) acc1[q] += __shfl_xor_sync(kFullMask, acc1[q], offset);
+    }
+  }
+  if (!live || member != 0) return;
+#pragma unroll
+  for (int q = 0; q < kJobPairs; ++q) {
+    if (q < count) {
+      if constexpr (kGateUp) {
+        const float g = acc0[q];
+        p.act[pair[q] * p.act_ld + row] = F32ToBf16(g / (1.0f + expf(-g)) * acc1[q]);
+      } else {
+        p.y[pair[q] * p.y_ld + row] = acc0[q];
+      }
+    }
+  }
+}
+
+// Step 1a, one block: the round's pairs grouped by expert into `sorted` (expert-major; the order
+// within an expert is whatever the atomics give) and the job list (expert, first, count), experts
+// in ascending order. A pair with a bad id records its token and is left out.
+__global__ void __launch_bounds__(kSortThreads)
+    QuantMoeSortKernel(const int32_t* __restrict__ ids, int64_t ids_stride, int64_t token0, int tokens, int top_k,
+                       int num_experts, int32_t* __restrict__ sorted, int32_t* __restrict__ jobs,
+                       int32_t* __restrict__ num_jobs, int* error_flag, int error_code) {
+  __shared__ int cursor[kQuantMoeMaxExperts];  // counts, then each expert's next slot
+  __shared__ int2 warp_total[kSortThreads / 32];
+  const int pairs = tokens * top_k;
+  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) cursor[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += kSortThreads) {
+    const int64_t t = token0 + i / top_k;
+    const int32_t e = ids[t * ids_stride + i % top_k];
+    if (e < 0 || e >= num_experts) {
+      RecordDeviceError(error_flag, error_code, t);
+    } else {
+      atomicAdd(&cursor[e], 1);
+    }
+  }
+  __syncthreads();
+  // Exclusive scan of (pairs, jobs) over the experts: thread i owns experts [i per, (i + 1) per).
+  const int per = (num_experts + kSortThreads - 1) / kSortThreads;
+  const int e0 = threadIdx.x * per, e1 = min(e0 + per, num_experts);
+  int2 mine = make_int2(0, 0);
+  for (int e = e0; e < e1; ++e) {
+    mine.x += cursor[e];
+    mine.y += (cursor[e] + kJobPairs - 1) / kJobPairs;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int2 inclusive = mine;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int x = __shfl_up_sync(kFullMask, inclusive.x, offset);
+    const int y = __shfl_up_sync(kFullMask, inclusive.y, offset);
+    if (lane >= offset) {
+      inclusive.x += x;
+      inclusive.y += y;
+    }
+  }
+  if (lane == 31) warp_total[warp] = inclusive;
+  __syncthreads();
+  int2 before = make_int2(inclusive.x - mine.x, inclusive.y - mine.y);
+  for (int w = 0; w < warp; ++w) {
+    before.x += warp_total[w].x;
+    before.y += warp_total[w].y;
+  }
+  if (threadIdx.x == kSortThreads - 1) *num_jobs = before.y + mine.y;
+  __syncthreads();  // every count read
+  for (int e = e0; e < e1; ++e) {
+    const int count = cursor[e];
+    for (int start = 0; start < count; start += kJobPairs) {
+      int32_t* entry = jobs + 3 * before.y++;
+      entry[0] = e;
+      entry[1] = before.x + start;
+      entry[2] = min(kJobPairs, count - start);
+    }
+    cursor[e] = before.x;
+    before.x += count;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += kSortThreads) {
+    const int32_t e = ids[(token0 + i / top_k) * ids_stride + i % top_k];
+    if (e >= 0 && e < num_experts) sorted[atomicAdd(&cursor[e], 1)] = i;
+  }
+}
+
+// Step 1b: x rows of the round rounded to bf16 (round to nearest, ties to even).
+__global__ void QuantMoeRoundKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden,
+                                    uint16_t* __restrict__ xb, int64_t xb_ld) {
+  const int64_t t = blockIdx.y;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < hidden;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    xb[t * xb_ld + c] = F32ToBf16(x[t * x_stride + c]);
+  }
+}
+
+// Step 4: out[t] (+)= sum_j weights[t, j] y[t, j], slots in order; a token with a bad id keeps its row.
+__global__ void QuantMoeCombineKernel(const int32_t* __restrict__ ids, int64_t ids_stride,
+                                      const float* __restrict__ weights, int64_t weights_stride, int64_t token0,
+                                      int top_k, int num_experts, const float* __restrict__ y, int64_t hidden,
+                                      float* __restrict__ out, int64_t out_stride, bool accumulate) {
+  const int64_t tl = blockIdx.y, t = token0 + tl;
+  const int32_t* id = ids + t * ids_stride;
+  for (int j = 0; j < top_k; ++j) {
+    if (id[j] < 0 || id[j] >= num_experts) return;  // recorded by the sort kernel
+  }
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= hidden) return;
+  float* o = out + t * out_stride + h;
+  float acc = accumulate ? *o : 0.0f;  // without accumulate out is write-only (may hold NaN)
+  for (int j = 0; j < top_k; ++j) {
+    acc += weights[t * weights_stride + j] * y[(tl * top_k + j) * hidden + h];
+  }
+  *o = acc;
+}
+
+int TeamShift(int64_t k) {
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  int shift = 0;
+  while (shift < 5 && (int64_t{1} << shift) < chunks) ++shift;
+  return shift;
+}
+
+size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+size_t QuantMoeWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
+                              int64_t inter) {
+  const int64_t pairs = max_tokens * top_k;
+  return Round256(static_cast<size_t>(pairs) * 4) +
+         Round256(static_cast<size_t>(QuantMoeMaxJobs(pairs, max_experts)) * 12 + 4) +
+         Round256(static_cast<size_t>(max_tokens * QuantMoeRoundUp16(hidden)) * 2) +
+         Round256(static_cast<size_t>(pairs * QuantMoeRoundUp16(inter)) * 2) +
+         Round256(static_cast<size_t>(pairs * hidden) * 4);
+}
+
+QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts,
+                                      int64_t hidden, int64_t inter) {
+  const int64_t pairs = max_tokens * top_k;
+  char* at = static_cast<char*>(buffer);
+  QuantMoeWorkspace w;
+  w.sorted = reinterpret_cast<int32_t*>(at);
+  at += Round256(static_cast<size_t>(pairs) * 4);
+  const int64_t jobs = QuantMoeMaxJobs(pairs, max_experts);
+  w.jobs = reinterpret_cast<int32_t*>(at);
+  w.num_jobs = w.jobs + 3 * jobs;
+  at += Round256(static_cast<size_t>(jobs) * 12 + 4);
+  w.x = reinterpret_cast<uint16_t*>(at);
+  at += Round256(static_cast<size_t>(max_tokens * QuantMoeRoundUp16(hidden)) * 2);
+  w.act = reinterpret_cast<uint16_t*>(at);
+  at += Round256(static_cast<size_t>(pairs * QuantMoeRoundUp16(inter)) * 2);
+  w.y = reinterpret_cast<float*>(at);
+  w.max_tokens = max_tokens;
+  w.top_k = top_k;
+  w.max_experts = max_experts;
+  w.hidden = hidden;
+  w.inter = inter;
+  return w;
+}
+
+cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_t* ids, int64_t ids_stride,
+                                  const float* weights, int64_t weights_stride, const QuantMoeExpert* experts,
+                                  const QuantMoeShape& shape, int64_t tokens, const QuantMoeWorkspace& ws,
+                                  float* out, int64_t out_stride, bool accumulate, int* error_flag, int error_code,
+                                  cudaStream_t stream) {
+  const int64_t top_k = shape.top_k, hidden = shape.hidden, inter = shape.inter;
+  if (tokens < 0 || top_k < 0 || hidden < 0 || inter < 0 || shape.num_experts < 0 ||
+      shape.num_experts > kQuantMoeMaxExperts || shape.block_rows < 1 || shape.block_cols < 1 || x_stride < 0 ||
+      ids_stride < 0 || weights_stride < 0 || out_stride < 0 || hidden > INT_MAX || inter > INT_MAX ||
+      top_k > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  if (ws.max_tokens < 1 || ws.top_k < top_k || ws.max_experts < shape.num_experts || ws.hidden < hidden ||
+      ws.inter < inter || ws.max_tokens * ws.top_k > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (out == nullptr || error_flag == nullptr || ws.sorted == nullptr || ws.jobs == nullptr ||
+      ws.num_jobs == nullptr || ws.x == nullptr || ws.act == nullptr || ws.y == nullptr ||
+      (top_k > 0 && (ids == nullptr || weights == nullptr || x == nullptr)) ||
+      (shape.num_experts > 0 && experts == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  // Rounds of at most max_tokens tokens, each with the workspace's top_k-based pair capacity.
+  const int64_t round_tokens = top_k > 0 ? std::min(ws.max_tokens, ws.max_tokens * ws.top_k / top_k) : ws.max_tokens;
+  const int64_t max_jobs = QuantMoeMaxJobs(round_tokens * top_k, shape.num_experts);
+  if (max_jobs > kMaxGridY) return cudaErrorInvalidValue;
+  const int64_t xb_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
+  RowsParams base{};
+  base.experts = experts;
+  base.block_rows = static_cast<int>(std::min<int64_t>(shape.block_rows, INT_MAX));
+  base.block_cols = static_cast<int>(std::min<int64_t>(shape.block_cols, INT_MAX));
+  base.sorted = ws.sorted;
+  base.jobs = ws.jobs;
+  base.num_jobs = ws.num_jobs;
+  base.act = ws.act;
+  base.act_ld = act_ld;
+  base.y = ws.y;
+  base.y_ld = hidden;
+  const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
+  for (int64_t t0 = 0; t0 < tokens; t0 += round_tokens) {
+    const int64_t n = std::min(round_tokens, tokens - t0);
+    QuantMoeSortKernel<<<1, kSortThreads, 0, stream>>>(ids, ids_stride, t0, static_cast<int>(n),
+                                                       static_cast<int>(top_k), static_cast<int>(shape.num_experts),
+                                                       ws.sorted, ws.jobs, ws.num_jobs, error_flag, error_code);
+    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+    if (hidden == 0) continue;
+    if (top_k > 0) {
+      const unsigned round_blocks = static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64));
+      QuantMoeRoundKernel<<<dim3(round_blocks, static_cast<unsigned>(n)), 256, 0, stream>>>(
+          x + t0 * x_stride, x_stride, hidden, ws.x, xb_ld);
+      if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+      const auto rows_launch = [&](bool gate_up) {
+        RowsParams p = base;
+        p.in = gate_up ? ws.x : ws.act;
+        p.in_ld = gate_up ? xb_ld : act_ld;
+        p.in_div = gate_up ? static_cast<int>(top_k) : 1;
+        p.rows = gate_up ? inter : hidden;
+        p.k = static_cast<int>(gate_up ? hidden : inter);
+        p.chunked = gate_up ? shape.gate_up_chunked : shape.down_chunked;
+        p.team_shift = TeamShift(p.k);
+        const int64_t rows_per_block = static_cast<int64_t>(kWarps) * (32 >> p.team_shift);
+        const dim3 grid(static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block),
+                        static_cast<unsigned>(max_jobs));
+        if (int4) {
+          gate_up ? QuantMoeRowsKernel<Int4, true><<<grid, kThreads, 0, stream>>>(p)
+                  : QuantMoeRowsKernel<Int4, false><<<grid, kThreads, 0, stream>>>(p);
+        } else {
+          gate_up ? QuantMoeRowsKernel<Fp8, true><<<grid, kThreads, 0, stream>>>(p)
+                  : QuantMoeRowsKernel<Fp8, false><<<grid, kThreads, 0, stream>>>(p);
+        }
+        return cudaGetLastError();
+      };
+      if (inter > 0) {
+        if (const cudaError_t error = rows_launch(true); error != cudaSuccess) return error;
+      }
+      if (const cudaError_t error = rows_launch(false); error != cudaSuccess) return error;
+    }
+    const dim3 grid(static_cast<unsigned>((hidden + 255) / 256), static_cast<unsigned>(n));
+    QuantMoeCombineKernel<<<grid, 256, 0, stream>>>(ids, ids_stride, weights, weights_stride, t0,
+                                                    static_cast<int>(top_k), static_cast<int>(shape.num_experts),
+                                                    ws.y, hidden, out, out_stride, accumulate);
+    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace eagle3::cuda
