@@ -2,6 +2,7 @@
 """Acceptance and speed of the shipped pair (models/tiny-v2-code + models/tiny-v2-code-eagle3) with eagle3-decode.
 
   measure.py --build DIR [--device cpu|cuda] [--out F.json] [--quick] [--prompts N] [--max-new-tokens N]
+             [--draft models/tiny-v2-code-eagle3-mla]
   measure.py --make-prompts [--site-packages DIR] [--heldout-list F]      # writes models/heldout_prompts.jsonl
   measure.py --self-test                                                   # CPU checks of the aggregation
 
@@ -16,6 +17,8 @@ aggregates its --json output per configuration:
     eagle3-decode call runs both, back to back in one process) and their ratio;
   - greedy only: how many prompts give speculative output identical to plain, and the tokens that
     agree (common prefix) over all tokens.
+--draft picks the draft (default models/tiny-v2-code-eagle3; the MLA head models/tiny-v2-code-eagle3-mla
+is measured the same way, on the same prompts and configurations; the JSON records which).
 Configurations: chains (topk 1) of 3 and 5 steps (draft tokens = steps + 1), trees topk 4 with 16 / 32
 draft tokens (steps 4 / 5) and topk 8 with 32 / 64 (steps 5 / 6). When eagle3-decode has
 --aux-layers, the field failures are added (greedy): the draft fed taps shifted by one layer and
@@ -225,11 +228,12 @@ def decode_help(binary):
     return proc.stdout + proc.stderr
 
 
-def run_decode(binary, prompt, max_new, topk, steps, draft_tokens, temperature, device, graphs, extra, workdir):
+def run_decode(binary, draft, prompt, max_new, topk, steps, draft_tokens, temperature, device, graphs, extra,
+               workdir):
     out = os.path.join(workdir, "run.json")
     if os.path.exists(out):
         os.remove(out)
-    cmd = [binary, "--target", TARGET, "--draft", DRAFT, "--tokens", ",".join(map(str, prompt)),
+    cmd = [binary, "--target", TARGET, "--draft", draft, "--tokens", ",".join(map(str, prompt)),
            "--max-new-tokens", str(max_new), "--topk", str(topk), "--steps", str(steps),
            "--draft-tokens", str(draft_tokens), "--temperature", f"{temperature:g}", "--seed", str(SEED),
            "--device", device, "--json", out] + (["--graphs", graphs] if graphs else []) + extra
@@ -253,6 +257,11 @@ def run_decode(binary, prompt, max_new, topk, steps, draft_tokens, temperature, 
     if tap:
         result["draft_tap"] = tap[0][len("draft tap: "):]
     return result
+
+
+def draft_architecture(directory):
+    with open(os.path.join(directory, "config.json")) as f:
+        return json.load(f)["architectures"][0]
 
 
 def aggregate(runs, steps, greedy):
@@ -332,6 +341,7 @@ def measure(args):
     has_aux = "--aux-layers" in help_text
     has_convention = "--convention" in help_text
     command = " ".join(["python3", "tools/train_tiny/measure.py"] + sys.argv[1:])
+    draft_rel = os.path.relpath(os.path.abspath(args.draft), REPO)
     out = {
         "command": command,
         "device": args.device,
@@ -342,7 +352,9 @@ def measure(args):
         "prompt_tokens": [len(p["tokens"]) for p in prompts],
         "max_new_tokens": max_new,
         "seed": SEED,
-        "decode_flags": "--target models/tiny-v2-code --draft models/tiny-v2-code-eagle3 --tokens <prompt> "
+        "draft": draft_rel,
+        "draft_architecture": draft_architecture(args.draft),
+        "decode_flags": f"--target models/tiny-v2-code --draft {draft_rel} --tokens <prompt> "
                         f"--max-new-tokens {max_new} --topk K --steps S --draft-tokens N --temperature T "
                         f"--seed {SEED} --device {args.device}"
                         + (f" --graphs {args.graphs}" if args.graphs else "") + " --json F",
@@ -371,7 +383,7 @@ def measure(args):
                 out["skipped_for_budget"].append(f"{name} T={t:g}" + (f" [{job[6][0]}]" if extra else ""))
                 continue
             t0 = time.time()
-            runs = [run_decode(binary, p["tokens"], max_new, k, s, n, t, args.device, args.graphs, extra, work) for p in prompts]
+            runs = [run_decode(binary, args.draft, p["tokens"], max_new, k, s, n, t, args.device, args.graphs, extra, work) for p in prompts]
             row = {"config": name, "topk": k, "steps": s, "draft_tokens": n, "temperature": t}
             row.update(aggregate(runs, s, greedy=t == 0))
             row["wall_seconds"] = time.time() - t0
@@ -471,6 +483,7 @@ def main():
     p.add_argument("--build", help="CMake build directory holding examples/eagle3-decode")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--out", default=None, help="result JSON (default measure_<device>.json)")
+    p.add_argument("--draft", default=DRAFT, help="draft directory (default models/tiny-v2-code-eagle3)")
     p.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens")
     p.add_argument("--prompts", default=PROMPTS, help="held-out prompts (JSON lines)")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")
