@@ -188,8 +188,8 @@ def main(argv):
     target_lib.round_to_bf16(draft)
     draft_dir = export.export_draft(args.out_dir, draft, dc, export.MLA_DRAFT_DIR)
     export.verify_draft(draft_dir, draft)
-    reloaded = draft_mla.MlaEagle3Draft(json.load(open(os.path.join(draft_dir, "config.json"))),
-                                        model.model.embed_tokens.weight, d2t)
+    with open(os.path.join(draft_dir, "config.json")) as f:
+        reloaded = draft_mla.MlaEagle3Draft(json.load(f), model.model.embed_tokens.weight, d2t)
     reloaded.load_state_dict({n: w.float() for n, w in load_file(os.path.join(draft_dir, "model.safetensors")).items()
                               if n not in ("d2t", "t2d")})
     sizes = export.mla_draft_size(args.out_dir)
