@@ -36,17 +36,12 @@ AUX_LAYER_IDS = [1, 3, 4]
 LAYER_PREFIX = "midlayer."
 
 
-def draft_hub_config(target_hub, draft_vocab_size):
+def head_hub_config(target_hub, draft_vocab_size):
+    """The config keys both EAGLE-3 heads (this one and draft_mla's) write alike."""
     h = target_hub["hidden_size"]
-    c = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+    return {
         "hidden_size": h,
         "target_hidden_size": h,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,  # eagle3 shards the draft's kv heads over TP 8
-        "head_dim": h // 8,
-        "intermediate_size": 768,
         "vocab_size": target_hub["vocab_size"],
         "draft_vocab_size": draft_vocab_size,
         "rms_norm_eps": 1e-6,
@@ -58,16 +53,29 @@ def draft_hub_config(target_hub, draft_vocab_size):
         "tie_word_embeddings": False,
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
         "bos_token_id": target_hub["bos_token_id"],
         "eos_token_id": target_hub["eos_token_id"],
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(AUX_LAYER_IDS), "use_aux_hidden_state": True},
         "initializer_range": 0.02,
-        "pretraining_tp": 1,
         "torch_dtype": "bfloat16",
         "use_cache": True,
         "transformers_version": transformers.__version__,
     }
+
+
+def draft_hub_config(target_hub, draft_vocab_size):
+    h = target_hub["hidden_size"]
+    c = head_hub_config(target_hub, draft_vocab_size)
+    c.update({
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,  # eagle3 shards the draft's kv heads over TP 8
+        "head_dim": h // 8,
+        "intermediate_size": 768,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+    })
     return dict(sorted(c.items()))
 
 

@@ -14,11 +14,10 @@ The TTT attention runs on k = [k_nope | kpe] per head, which is the latent atten
 """
 
 import torch
-import transformers
 from torch import nn
 
 import draft as draft_lib
-from draft import AUX_LAYER_IDS, Eagle3Draft, RMSNorm, linear
+from draft import Eagle3Draft, RMSNorm, linear
 
 ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 # Kimi's drafts keep the target's MLA dims; the tiny target's are kept too, so the draft's latent cache
@@ -30,34 +29,14 @@ def mla_draft_hub_config(target_hub, draft_vocab_size):
     """The hub config.json of the MLA head, keys as TorchSpec / SGLang write them (the set of
     tests/data/golden/mla_draft_k25/config.json) and model_type deepseek_v3 (TorchSpec's; eagle3 accepts
     deepseek_v2 / deepseek_v3 / kimi_k2). No rope scaling: the tiny target has none either."""
-    h = target_hub["hidden_size"]
-    c = {
+    c = draft_lib.head_hub_config(target_hub, draft_vocab_size)
+    c.update({
         "architectures": [ARCHITECTURE],
         "model_type": "deepseek_v3",
-        "hidden_size": h,
-        "target_hidden_size": h,
         "num_attention_heads": target_hub["num_attention_heads"],  # 8: eagle3 shards them over TP 8
         "num_key_value_heads": target_hub["num_attention_heads"],
         "intermediate_size": 768,
-        "vocab_size": target_hub["vocab_size"],
-        "draft_vocab_size": draft_vocab_size,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": target_hub["max_position_embeddings"],
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": target_hub["bos_token_id"],
-        "eos_token_id": target_hub["eos_token_id"],
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(AUX_LAYER_IDS), "use_aux_hidden_state": True},
-        "initializer_range": 0.02,
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-        "transformers_version": transformers.__version__,
-    }
+    })
     c.update({k: target_hub[k] for k in MLA_KEYS})
     return dict(sorted(c.items()))
 

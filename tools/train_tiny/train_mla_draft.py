@@ -17,13 +17,10 @@ held-out windows in the same run).
 import argparse
 import hashlib
 import json
-import math
 import os
-import platform
 import sys
 import time
 
-import numpy as np
 import tokenizers
 import torch
 import transformers
@@ -36,7 +33,10 @@ import evaluate
 import export
 import target as target_lib
 import tokenizer as tokenizer_lib
-from progress import elapsed, log, seed_everything
+import train
+from progress import elapsed, log
+
+AFTER_TRAINING = 30.0  # seconds planned for export and the evaluation of both drafts
 
 
 def parse_args(argv):
@@ -45,34 +45,12 @@ def parse_args(argv):
     p.add_argument("--target", required=True, help="the trained target (hub DeepSeek-V2 form + tokenizer.json)")
     p.add_argument("--llama-draft", default=None,
                    help="the Llama-style draft to compare with (default: TARGET-eagle3 when it exists)")
-    p.add_argument("--seed", type=int, default=0, help="the target run's seed (it picks the training files)")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    train.add_shared_arguments(p)  # --seed must be the target run's: it picks the training files
     p.add_argument("--budget-seconds", type=float, default=130.0, help="draft training seconds")
-    p.add_argument("--seq-len", type=int, default=None, help="window length (default 512; 128 on cpu)")
-    p.add_argument("--draft-batch-size", type=int, default=None, help="draft windows per step (32 cuda, 2 cpu)")
-    p.add_argument("--draft-lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=None, help="warmup steps (100 cuda, 5 cpu)")
-    p.add_argument("--draft-steps", type=int, default=None, help="cap on draft steps")
-    p.add_argument("--ttt-steps", type=int, default=5, help="unrolled draft steps (training-time test)")
-    p.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of step j is decay^j")
-    p.add_argument("--draft-vocab", type=int, default=2048)
-    p.add_argument("--max-train-mb", type=float, default=None,
-                   help="training-split cap in MB, as the target run's (150 cuda, 12 cpu)")
-    p.add_argument("--eval-windows", type=int, default=None, help="held-out windows evaluated (256 cuda, 8 cpu)")
-    p.add_argument("--prompt-tokens", type=int, default=64, help="length of the held-out prompt recorded")
     p.add_argument("--deadline-seconds", type=float, default=None,
                    help="wall-clock limit of the whole run (280 cuda, none cpu): the training budget shrinks "
                         "when preprocessing took longer than planned")
-    args = p.parse_args(argv)
-    cuda = args.device == "cuda"
-    defaults = {"seq_len": 512 if cuda else 128, "draft_batch_size": 32 if cuda else 2, "warmup": 100 if cuda else 5,
-                "max_train_mb": 150.0 if cuda else 12.0, "eval_windows": 256 if cuda else 8,
-                "deadline_seconds": 280.0 if cuda else None}
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if cuda and not torch.cuda.is_available():
-        p.error("--device cuda but torch sees no CUDA device")
+    args = train.apply_device_defaults(p, p.parse_args(argv), 280.0)
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not os.path.isfile(os.path.join(args.target, name)):
             p.error(f"--target {args.target}: no {name}")
@@ -112,19 +90,7 @@ def load_llama_draft(directory, embed, device):
 
 def main(argv):
     args = parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
-    seed_everything(args.seed)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-                "numpy": np.__version__,
-                "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
-                "cpu_threads": torch.get_num_threads()}
+    device, versions = train.start_run(args)
     weights_path = os.path.join(args.target, "model.safetensors")
     target_sha = sha256(weights_path)
     log(f"train_mla_draft: out {args.out_dir}, target {args.target}, seed {args.seed}, device {versions['device']}, "
@@ -142,11 +108,8 @@ def main(argv):
         hub = json.load(f)
     tok = tokenizers.Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
     tokenizer_lib.check_spec(tok, hub["vocab_size"])
-    eot = tok.token_to_id(data.EOT)
-    train_stream = data.pack(tokenizer_lib.encode_documents(tok, corpus.train), eot)
-    heldout_stream = data.pack(tokenizer_lib.encode_documents(tok, corpus.heldout), eot)
+    _, train_stream, heldout_stream = train.encode_splits(tok, corpus)
     phase("encode_seconds", t0)
-    log(f"encode: train {len(train_stream) / 1e6:.2f}M tokens, held-out {len(heldout_stream) / 1e6:.3f}M tokens")
     heldout_windows = data.fixed_windows(heldout_stream, args.seq_len, args.eval_windows)
 
     t0 = time.monotonic()
@@ -170,15 +133,7 @@ def main(argv):
         f"the training tokens")
     tap = draft_lib.TargetTap(model)
     draft_sampler = data.WindowSampler(train_stream, args.seq_len, args.seed + 1)  # train.py's draft sampler
-    after_training = 30.0
-    deadline = math.inf if args.deadline_seconds is None else args.deadline_seconds
-    budget = min(args.budget_seconds, deadline - elapsed() - after_training)
-    if budget < args.budget_seconds:
-        log(f"budget: {budget:.0f} s of training left before the {deadline:.0f} s deadline "
-            f"(asked {args.budget_seconds:.0f} s)")
-    if budget <= 0:
-        raise SystemExit(f"no training time left: preprocessing took {elapsed():.0f} s of the {deadline:.0f} s "
-                         "deadline")
+    budget, _ = train.training_budget(args.budget_seconds, args.deadline_seconds, AFTER_TRAINING)
     draft_stats, draft_curve = draft_lib.train_draft(
         draft, tap, draft_sampler, device, budget, args.draft_batch_size, args.draft_lr, args.warmup,
         args.ttt_steps, args.ttt_decay, args.draft_steps)

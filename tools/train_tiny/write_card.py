@@ -519,6 +519,11 @@ def card(log, check, measures=(), mla=None, mla_check=None, mla_measures=()):
     return "\n".join(lines) + "\n"
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out_dir")
@@ -531,29 +536,14 @@ def main():
     args = p.parse_args()
     if args.measure_mla and not args.mla:
         p.error("--measure-mla needs --mla")
-    with open(os.path.join(args.out_dir, "train_log.json")) as f:
-        log = json.load(f)
-    check = None
+    log = read_json(os.path.join(args.out_dir, "train_log.json"))
     check_path = os.path.join(args.out_dir, "check_cpp.json")
-    if os.path.exists(check_path):
-        with open(check_path) as f:
-            check = json.load(f)
-    measures = []
-    for path in args.measure:
-        with open(path) as f:
-            measures.append(json.load(f))
-    mla, mla_check = None, None
-    if args.mla:
-        with open(os.path.join(args.mla, "train_log_mla.json")) as f:
-            mla = json.load(f)
-        path = os.path.join(args.mla, "check_cpp_mla.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                mla_check = json.load(f)
-    mla_measures = []
-    for path in args.measure_mla:
-        with open(path) as f:
-            mla_measures.append(json.load(f))
+    check = read_json(check_path) if os.path.exists(check_path) else None
+    measures = [read_json(path) for path in args.measure]
+    mla = read_json(os.path.join(args.mla, "train_log_mla.json")) if args.mla else None
+    mla_check_path = os.path.join(args.mla, "check_cpp_mla.json") if args.mla else None
+    mla_check = read_json(mla_check_path) if mla_check_path and os.path.exists(mla_check_path) else None
+    mla_measures = [read_json(path) for path in args.measure_mla]
     text = card(log, check, measures, mla, mla_check, mla_measures)
     with open(args.card, "w") as f:
         f.write(text)
