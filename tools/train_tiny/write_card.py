@@ -101,8 +101,23 @@ def measurement_rows(rows, greedy):
     return lines
 
 
+def batch_section(m):
+    """A measure.py --batch B file: each configuration one batched eagle3-decode call (greedy)."""
+    label = "GPU" if m["device"] == "cuda" else "CPU"
+    lines = [f"### {label}, batch {m['batch']}: {m['machine']}", "", "```sh", m["command"], "```", "",
+             f"The first {m['batch']} held-out prompts decoded together (each cut to {m['prompt_tokens'][0]} tokens), "
+             f"{m['max_new_tokens']} new tokens each, greedy; one `eagle3-decode {m['decode_flags']}` call per "
+             "configuration (plain, then speculative); tokens/s over all sequences.", ""]
+    lines += measurement_rows(m["configs"], True)
+    if m.get("skipped_for_budget"):
+        lines += ["", "Not measured (the run's --budget-seconds ran out): " + ", ".join(m["skipped_for_budget"]) + "."]
+    return lines
+
+
 def measurement_section(m):
     """One measurement file of measure.py: its command, machine, and tables."""
+    if m.get("batch", 1) > 1:
+        return batch_section(m)
     label = "GPU" if m["device"] == "cuda" else "CPU"
     rows = m["configs"]
     greedy = [r for r in rows if r["temperature"] == 0]
@@ -217,7 +232,7 @@ def measurement_notes(m, greedy):
 
 def same_settings(a, b):
     """Two measure.py files measured alike (device, prompts, new tokens, seed), whichever the draft."""
-    return all(a.get(k) == b.get(k) for k in ("device", "prompts", "max_new_tokens", "seed"))
+    return all(a.get(k) == b.get(k) for k in ("device", "prompts", "max_new_tokens", "seed", "batch"))
 
 
 def mla_comparison_rows(llama, mla):
@@ -304,7 +319,8 @@ def mla_section(mla, check, measures, mla_measures):
     for m in mla_measures:
         llama_m = next((x for x in measures if same_settings(x, m)), None)
         label = "GPU" if m["device"] == "cuda" else "CPU"
-        lines += [f"### MLA vs Llama-style draft, {label}: {m['machine']}", "", "```sh", m["command"], "```", ""]
+        batch = f", batch {m['batch']}" if m.get("batch", 1) > 1 else ""
+        lines += [f"### MLA vs Llama-style draft, {label}{batch}: {m['machine']}", "", "```sh", m["command"], "```", ""]
         if llama_m is None:
             lines += [f"(no --measure file of the Llama-style draft on device {m['device']} with the same prompts, "
                       "new tokens and seed: nothing to compare with)", ""]
