@@ -2,6 +2,12 @@
 """Checks a trained pair (train.sh's OUT_DIR) with eagle3's C++ tools against transformers.
 
   check_cpp.py BUILD_DIR OUT_DIR [--device cpu|cuda] [--tp N] [--max-new-tokens 64]
+  check_cpp.py BUILD_DIR OUT_DIR --target models/tiny-v2-code --draft OUT_DIR/tiny-v2-code-eagle3-mla
+
+--target / --draft replace OUT_DIR's pair (the MLA head of train_mla_draft.sh against the shipped
+target: its prompt comes from OUT_DIR/train_log_mla.json when OUT_DIR has no train_log.json). The
+draft's reference is make_golden.py's DraftReference or, for an Eagle3DeepseekV2ForCausalLM head,
+MlaDraftReference; an MLA head's results go to OUT_DIR/check_cpp_mla.json.
 
 BUILD_DIR is a CMake build of eagle3 with the eagle3-inspect and eagle3-decode targets. Steps (each
 must pass; the results go to OUT_DIR/check_cpp.json):
@@ -10,7 +16,7 @@ must pass; the results go to OUT_DIR/check_cpp.json):
      (b = 0..8) against transformers' DeepseekV2ForCausalLM (fp32, eager, from_pretrained of the
      written directory; boundaries from make_golden.py's hooks): max |diff| / max |value| < 1e-3.
   3. `eagle3-inspect draft`: the first draft step at every position against make_golden.py's
-     DraftReference (fp32) fed transformers' boundaries {2, 4, 5}: same tolerance.
+     DraftReference / MlaDraftReference (fp32) fed transformers' boundaries {2, 4, 5}: same tolerance.
   4. `eagle3-decode` on the prompt: runs, greedy speculative output identical to plain; the plain
      continuation is compared with transformers' greedy continuation (leading tokens that agree:
      reported, not required, since fp32 near-ties may flip an argmax).
@@ -29,6 +35,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from draft import AUX_LAYER_IDS, LAYER_PREFIX, import_make_golden  # noqa: E402
+from draft_mla import ARCHITECTURE as MLA_ARCHITECTURE  # noqa: E402
 from export import DRAFT_DIR, TARGET_DIR  # noqa: E402
 
 TOLERANCE = 1e-3
@@ -52,9 +59,18 @@ def run(cmd):
 
 
 def prompt_tokens(out_dir):
-    with open(os.path.join(out_dir, "train_log.json")) as f:
-        log = json.load(f)
-    return log["heldout_prompt"]["path"], log["heldout_prompt"]["tokens"]
+    """The held-out prompt of the run's log (train.py's, else train_mla_draft.py's: the same prompt)."""
+    for name in ("train_log.json", "train_log_mla.json"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                log = json.load(f)
+            return log["heldout_prompt"]["path"], log["heldout_prompt"]["tokens"]
+    raise SystemExit(f"{out_dir}: neither train_log.json nor train_log_mla.json")
+
+
+def is_mla_draft(dc):
+    return dc.get("architectures") == [MLA_ARCHITECTURE]
 
 
 def main():
@@ -64,16 +80,23 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--target", default=None, help="target directory (default OUT_DIR/tiny-v2-code)")
+    p.add_argument("--draft", default=None, help="draft directory (default OUT_DIR/tiny-v2-code-eagle3)")
     args = p.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     golden = import_make_golden()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     inspect_bin, decode_bin = find_tool(args.build_dir, "eagle3-inspect"), find_tool(args.build_dir, "eagle3-decode")
-    target_dir, draft_dir = os.path.join(args.out_dir, TARGET_DIR), os.path.join(args.out_dir, DRAFT_DIR)
+    target_dir = args.target or os.path.join(args.out_dir, TARGET_DIR)
+    draft_dir = args.draft or os.path.join(args.out_dir, DRAFT_DIR)
+    with open(os.path.join(draft_dir, "config.json")) as f:
+        dc = json.load(f)
+    mla = is_mla_draft(dc)
     path, tokens = prompt_tokens(args.out_dir)
     ids = ",".join(str(t) for t in tokens)
-    result = {"prompt_path": path, "prompt_tokens": len(tokens), "device": args.device, "tp": args.tp}
+    result = {"prompt_path": path, "prompt_tokens": len(tokens), "device": args.device, "tp": args.tp,
+              "target": target_dir, "draft": draft_dir, "draft_kind": "mla" if mla else "llama"}
     common = ["--device", args.device, "--tp", str(args.tp)]
 
     out = run([inspect_bin, "check", "--target", target_dir, "--draft", draft_dir])
@@ -100,12 +123,11 @@ def main():
         run([inspect_bin, "draft", "--target", target_dir, "--draft", draft_dir, "--tokens", ids, "--out",
              draft_file] + common)
         cpp_draft = load_file(draft_file)
-        with open(os.path.join(draft_dir, "config.json")) as f:
-            dc = json.load(f)
         weights = {n: w.float() for n, w in load_file(os.path.join(draft_dir, "model.safetensors")).items()
                    if n not in ("d2t", "t2d")}
         embed = model.model.embed_tokens.weight.detach()
-        ref = golden.DraftReference(dc, LAYER_PREFIX, weights, embed, torch.float32)
+        reference = golden.MlaDraftReference if mla else golden.DraftReference
+        ref = reference(dc, LAYER_PREFIX, weights, embed, torch.float32)
         aux = torch.cat([boundaries[i + 1] for i in AUX_LAYER_IDS], -1)
         root = int(logits[-1].argmax())
         shifted = torch.cat([x[1:], torch.tensor([root])])
@@ -144,7 +166,7 @@ def main():
     if not result["decode_greedy_identical"]:
         failures.append("eagle3-decode: greedy speculative output differs from plain")
     result["failures"] = failures
-    with open(os.path.join(args.out_dir, "check_cpp.json"), "w") as f:
+    with open(os.path.join(args.out_dir, "check_cpp_mla.json" if mla else "check_cpp.json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
     print(f"target logits {result['target_logits_max_rel_diff']:.2e}, worst boundary {worst_boundary:.2e}, draft "

@@ -36,17 +36,12 @@ AUX_LAYER_IDS = [1, 3, 4]
 LAYER_PREFIX = "midlayer."
 
 
-def draft_hub_config(target_hub, draft_vocab_size):
+def head_hub_config(target_hub, draft_vocab_size):
+    """The config keys both EAGLE-3 heads (this one and draft_mla's) write alike."""
     h = target_hub["hidden_size"]
-    c = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+    return {
         "hidden_size": h,
         "target_hidden_size": h,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,  # eagle3 shards the draft's kv heads over TP 8
-        "head_dim": h // 8,
-        "intermediate_size": 768,
         "vocab_size": target_hub["vocab_size"],
         "draft_vocab_size": draft_vocab_size,
         "rms_norm_eps": 1e-6,
@@ -58,16 +53,29 @@ def draft_hub_config(target_hub, draft_vocab_size):
         "tie_word_embeddings": False,
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
         "bos_token_id": target_hub["bos_token_id"],
         "eos_token_id": target_hub["eos_token_id"],
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(AUX_LAYER_IDS), "use_aux_hidden_state": True},
         "initializer_range": 0.02,
-        "pretraining_tp": 1,
         "torch_dtype": "bfloat16",
         "use_cache": True,
         "transformers_version": transformers.__version__,
     }
+
+
+def draft_hub_config(target_hub, draft_vocab_size):
+    h = target_hub["hidden_size"]
+    c = head_hub_config(target_hub, draft_vocab_size)
+    c.update({
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,  # eagle3 shards the draft's kv heads over TP 8
+        "head_dim": h // 8,
+        "intermediate_size": 768,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+    })
     return dict(sorted(c.items()))
 
 
@@ -120,11 +128,13 @@ class Mlp(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c):
+    """The draft's one layer; `attention` builds its self_attn (the Llama head's GQA or draft_mla's MLA)."""
+
+    def __init__(self, c, attention=Attention):
         super().__init__()
         h, eps = c["hidden_size"], c["rms_norm_eps"]
         self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
-        self.self_attn = Attention(c)
+        self.self_attn = attention(c)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = Mlp(c)
 
@@ -138,18 +148,22 @@ def rotate_half(x, cos, sin):
 
 class Eagle3Draft(nn.Module):
     """Parameter names equal the checkpoint's tensor names (fc.weight, midlayer.*, norm.weight,
-    lm_head.weight). The embedding is the target's, frozen, and not part of the state dict."""
+    lm_head.weight). The embedding is the target's, frozen, and not part of the state dict. Subclasses
+    change the attention (ATTENTION, qkv, softmax_scale) and the RoPE width (ROPE_DIM_KEY)."""
+
+    ATTENTION = Attention
+    ROPE_DIM_KEY = "head_dim"
 
     def __init__(self, c, embed, d2t=None):
         super().__init__()
         self.c = c
         h = c["hidden_size"]
         self.fc = linear(len(AUX_LAYER_IDS) * c["target_hidden_size"], h)
-        self.midlayer = DecoderLayer(c)
+        self.midlayer = DecoderLayer(c, self.ATTENTION)
         self.norm = RMSNorm(h, c["rms_norm_eps"])
         self.lm_head = linear(h, c["draft_vocab_size"])
         self.register_buffer("embed", embed.detach().clone().float(), persistent=False)
-        hd = c["head_dim"]
+        hd = c[self.ROPE_DIM_KEY]
         inv_freq = 1.0 / c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         if d2t is None:
@@ -160,26 +174,37 @@ class Eagle3Draft(nn.Module):
         angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
         return angles.cos().float(), angles.sin().float()
 
+    def softmax_scale(self):
+        return self.c["head_dim"] ** -0.5
+
+    def qkv(self, x, positions):
+        """x [B, T, 2H] at RoPE positions [T] -> q, k, v [B, heads, T, d] fp32 (kv heads repeated)."""
+        attn = self.midlayer.self_attn
+        b, t = x.shape[:2]
+        heads, kv_heads, hd = attn.heads, attn.kv_heads, attn.head_dim
+        cos, sin = self.rope(positions)
+        q = rotate_half(attn.q_proj(x).view(b, t, heads, hd).transpose(1, 2).float(), cos, sin)
+        k = rotate_half(attn.k_proj(x).view(b, t, kv_heads, hd).transpose(1, 2).float(), cos, sin)
+        v = attn.v_proj(x).view(b, t, kv_heads, hd).transpose(1, 2).float()
+        rep = heads // kv_heads
+        return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+
     def forward_ttt(self, aux, step_tokens, num_steps):
         """aux [B, T, k·Ht]; step_tokens [B, T + num_steps - 1] (step j reads step_tokens[:, j:j+T]).
         Returns per step (logits [B, T, Vd] fp32, fed-back hidden [B, T, H])."""
         layer, attn = self.midlayer, self.midlayer.self_attn
         b, t = aux.shape[:2]
-        heads, kv_heads, hd = attn.heads, attn.kv_heads, attn.head_dim
-        scale = hd ** -0.5
         causal = torch.ones(t, t, dtype=torch.bool, device=aux.device).tril()
         g = self.fc(aux).float()  # the residual stream stays fp32 under autocast
         keys, values, outputs = [], [], []
         for j in range(num_steps):
             tokens = step_tokens[:, j:j + t]
             x = torch.cat([layer.input_layernorm(self.embed[tokens]), layer.hidden_norm(g)], -1)
-            cos, sin = self.rope(torch.arange(t, device=aux.device) + j)
-            q = rotate_half(attn.q_proj(x).view(b, t, heads, hd).transpose(1, 2).float(), cos, sin)
-            k = rotate_half(attn.k_proj(x).view(b, t, kv_heads, hd).transpose(1, 2).float(), cos, sin)
-            v = attn.v_proj(x).view(b, t, kv_heads, hd).transpose(1, 2).float()
-            rep = heads // kv_heads
-            keys.append(k.repeat_interleave(rep, 1))
-            values.append(v.repeat_interleave(rep, 1))
+            q, k, v = self.qkv(x, torch.arange(t, device=aux.device) + j)
+            heads = q.shape[1]
+            scale = self.softmax_scale()
+            keys.append(k)
+            values.append(v)
             # Scores against the step-0 rows (causal) and the same row of steps 1..j.
             s0 = (q @ keys[0].transpose(-1, -2)) * scale
             s0 = s0.masked_fill(~causal, float("-inf"))
@@ -188,7 +213,7 @@ class Eagle3Draft(nn.Module):
             out = probs[..., :t] @ values[0]
             for i in range(1, j + 1):
                 out = out + probs[..., t + i - 1:t + i] * values[i]
-            out = out.transpose(1, 2).reshape(b, t, heads * hd)
+            out = out.transpose(1, 2).reshape(b, t, heads * out.shape[-1])
             r = g + attn.o_proj(out).float()
             r = r + layer.mlp(layer.post_attention_layernorm(r)).float()
             logits = self.lm_head(self.norm(r)).float()
@@ -343,8 +368,9 @@ def import_make_golden():
         torch.use_deterministic_algorithms(deterministic)
 
 
-def check_against_reference(c, seed, num_steps=3, rows=12, batch=2):
-    """This forward (fp32, random weights) must equal make_golden.py's DraftReference on every TTT step:
+def check_against_reference(c, seed, num_steps=3, rows=12, batch=2, model_class=None, reference="DraftReference"):
+    """This forward (fp32, random weights) must equal make_golden.py's DraftReference on every TTT step
+    (model_class, default Eagle3Draft, against make_golden's class named `reference`):
     step 0 a causal pass from fc(aux); step j a pass of T rows at positions p + j fed the previous step's
     hidden, each row attending the step-0 rows up to itself and its own rows of steps 1..j. Returns the
     largest max |diff| / max |value|; raises above 1e-4."""
@@ -352,7 +378,7 @@ def check_against_reference(c, seed, num_steps=3, rows=12, batch=2):
     g = torch.Generator().manual_seed(seed)
     vocab, h = c["vocab_size"], c["hidden_size"]
     embed = torch.randn(vocab, h, generator=g)
-    model = Eagle3Draft(c, embed)
+    model = (model_class or Eagle3Draft)(c, embed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g) if p.dim() == 1
@@ -364,7 +390,7 @@ def check_against_reference(c, seed, num_steps=3, rows=12, batch=2):
         outputs = model.forward_ttt(aux, tokens, num_steps)
     worst = 0.0
     for b in range(batch):
-        ref = golden.DraftReference(c, LAYER_PREFIX, weights, embed, torch.float32)
+        ref = getattr(golden, reference)(c, LAYER_PREFIX, weights, embed, torch.float32)
         hidden = ref.fc(aux[b])
         for j in range(num_steps):
             allowed = torch.zeros(rows, rows * (j + 1), dtype=torch.bool)
@@ -375,6 +401,6 @@ def check_against_reference(c, seed, num_steps=3, rows=12, batch=2):
             got_logits, got_hidden = outputs[j]
             worst = max(worst, golden.max_rel(got_logits[b], logits), golden.max_rel(got_hidden[b], hidden))
     if worst > 1e-4:
-        raise SystemExit(f"draft forward differs from make_golden.DraftReference: max rel diff {worst:.2e}")
-    log(f"draft: TTT forward equals make_golden.DraftReference over {num_steps} steps (max rel diff {worst:.1e})")
+        raise SystemExit(f"draft forward differs from make_golden.{reference}: max rel diff {worst:.2e}")
+    log(f"draft: TTT forward equals make_golden.{reference} over {num_steps} steps (max rel diff {worst:.1e})")
     return worst

@@ -5,6 +5,10 @@ OUT/tiny-v2-code/        config.json (hub DeepSeek-V2 form), model.safetensors (
 OUT/tiny-v2-code-eagle3/ config.json (SpecForge LlamaForCausalLMEagle3 form), model.safetensors (bf16
                          fc / midlayer.* / norm / lm_head, d2t i64 [Vd] offsets, t2d bool [V]; no
                          embedding: the target's is shared)
+OUT/tiny-v2-code-eagle3-mla/  the MLA head (train_mla_draft.py): config.json (TorchSpec / SGLang
+                         Eagle3DeepseekV2ForCausalLM form), model.safetensors with the same layout and
+                         midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+                         kv_a_layernorm, kv_b_proj, o_proj}
 """
 
 import json
@@ -19,6 +23,8 @@ from target import to_hub_state
 
 TARGET_DIR = "tiny-v2-code"
 DRAFT_DIR = "tiny-v2-code-eagle3"
+MLA_DRAFT_DIR = "tiny-v2-code-eagle3-mla"
+MAX_MLA_DRAFT_BYTES = 4 * 1000 * 1000
 MAX_PAIR_BYTES = 23 * 1000 * 1000
 
 
@@ -42,8 +48,9 @@ def export_target(out_dir, model, hub, tok):
     return directory
 
 
-def export_draft(out_dir, draft, dc):
-    directory = os.path.join(out_dir, DRAFT_DIR)
+def export_draft(out_dir, draft, dc, name=DRAFT_DIR):
+    """Either head (the Llama-style one or draft_mla's): its state dict as stored, d2t and t2d."""
+    directory = os.path.join(out_dir, name)
     os.makedirs(directory, exist_ok=True)
     write_json(os.path.join(directory, "config.json"), dc)
     state = {n: w.detach().to("cpu", torch.bfloat16).contiguous() for n, w in draft.state_dict().items()}
@@ -108,3 +115,14 @@ def sizes(out_dir):
     if weights > MAX_PAIR_BYTES:
         raise SystemExit(f"the pair's weights are {weights} bytes, over the {MAX_PAIR_BYTES} byte budget")
     return {"target_files": target, "draft_files": draft, "weights_bytes": weights, "all_files_bytes": total}
+
+
+def mla_draft_size(out_dir):
+    """The MLA head ships beside the pair, under its own budget."""
+    files = file_bytes(os.path.join(out_dir, MLA_DRAFT_DIR))
+    log(f"export: MLA draft files {files}")
+    if files["model.safetensors"] > MAX_MLA_DRAFT_BYTES:
+        raise SystemExit(f"the MLA draft's weights are {files['model.safetensors']} bytes, over the "
+                         f"{MAX_MLA_DRAFT_BYTES} byte budget")
+    return {"draft_files": files, "weights_bytes": files["model.safetensors"],
+            "all_files_bytes": sum(files.values())}

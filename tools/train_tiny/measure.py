@@ -2,6 +2,7 @@
 """Acceptance and speed of the shipped pair (models/tiny-v2-code + models/tiny-v2-code-eagle3) with eagle3-decode.
 
   measure.py --build DIR [--device cpu|cuda] [--out F.json] [--quick] [--prompts N] [--max-new-tokens N]
+             [--draft models/tiny-v2-code-eagle3-mla] [--batch 8]
   measure.py --make-prompts [--site-packages DIR] [--heldout-list F]      # writes models/heldout_prompts.jsonl
   measure.py --self-test                                                   # CPU checks of the aggregation
 
@@ -16,6 +17,12 @@ aggregates its --json output per configuration:
     eagle3-decode call runs both, back to back in one process) and their ratio;
   - greedy only: how many prompts give speculative output identical to plain, and the tokens that
     agree (common prefix) over all tokens.
+--batch B (B > 1): each configuration is one `eagle3-decode --batch B` call decoding the first B
+prompts of models/heldout_prompts.jsonl together (eagle3-decode reads that file itself, each prompt cut
+to the shortest one's length), greedy only, no field failures; the rows hold the batch's tokens/s,
+speedup, acceptance and how many of the B sequences match plain decoding.
+--draft picks the draft (default models/tiny-v2-code-eagle3; the MLA head models/tiny-v2-code-eagle3-mla
+is measured the same way, on the same prompts and configurations; the JSON records which).
 Configurations: chains (topk 1) of 3 and 5 steps (draft tokens = steps + 1), trees topk 4 with 16 / 32
 draft tokens (steps 4 / 5) and topk 8 with 32 / 64 (steps 5 / 6). When eagle3-decode has
 --aux-layers, the field failures are added (greedy): the draft fed taps shifted by one layer and
@@ -225,11 +232,12 @@ def decode_help(binary):
     return proc.stdout + proc.stderr
 
 
-def run_decode(binary, prompt, max_new, topk, steps, draft_tokens, temperature, device, graphs, extra, workdir):
+def run_decode(binary, draft, prompt, max_new, topk, steps, draft_tokens, temperature, device, graphs, extra,
+               workdir):
     out = os.path.join(workdir, "run.json")
     if os.path.exists(out):
         os.remove(out)
-    cmd = [binary, "--target", TARGET, "--draft", DRAFT, "--tokens", ",".join(map(str, prompt)),
+    cmd = [binary, "--target", TARGET, "--draft", draft, "--tokens", ",".join(map(str, prompt)),
            "--max-new-tokens", str(max_new), "--topk", str(topk), "--steps", str(steps),
            "--draft-tokens", str(draft_tokens), "--temperature", f"{temperature:g}", "--seed", str(SEED),
            "--device", device, "--json", out] + (["--graphs", graphs] if graphs else []) + extra
@@ -253,6 +261,43 @@ def run_decode(binary, prompt, max_new, topk, steps, draft_tokens, temperature, 
     if tap:
         result["draft_tap"] = tap[0][len("draft tap: "):]
     return result
+
+
+def run_batch(binary, draft, batch, prompt_tokens, max_new, topk, steps, draft_tokens, device, graphs, workdir):
+    """One eagle3-decode call decoding the first `batch` held-out prompts together (greedy)."""
+    out = os.path.join(workdir, "batch.json")
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [binary, "--target", TARGET, "--draft", draft, "--batch", str(batch), "--prompt-tokens",
+           str(prompt_tokens), "--max-new-tokens", str(max_new), "--topk", str(topk), "--steps", str(steps),
+           "--draft-tokens", str(draft_tokens), "--temperature", "0", "--seed", str(SEED), "--device", device,
+           "--json", out] + (["--graphs", graphs] if graphs else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"exit status {proc.returncode}: {' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def aggregate_batch(r, steps):
+    """A batched eagle3-decode --json object -> the row fields (acceptance from its histogram)."""
+    hist = r["speculative"]["accepted_histogram"]
+    passes = sum(hist)
+    emitted = sum((a + 1) * c for a, c in enumerate(hist))
+    at_least = [sum(c for a, c in enumerate(hist) if a > d) for d in range(steps)]
+    plain_tps, spec_tps = r["plain"]["tokens_per_s"], r["speculative"]["tokens_per_s"]
+    return {"batch": r["batch"], "prompts": len(r["prompts"]), "prompt_tokens": r["prompts"][0]["prompt_tokens"],
+            "verify_passes": passes, "mean_accepted_length": emitted / passes if passes else 0.0,
+            "acceptance_by_depth": [c / passes if passes else 0.0 for c in at_least],
+            "plain_tokens_per_s": plain_tps, "spec_tokens_per_s": spec_tps,
+            "speedup": spec_tps / plain_tps if plain_tps else 0.0,
+            "greedy_identical_prompts": sum(p["plain"] == p["speculative"] for p in r["prompts"]),
+            "seconds": r["seconds"]}
+
+
+def draft_architecture(directory):
+    with open(os.path.join(directory, "config.json")) as f:
+        return json.load(f)["architectures"][0]
 
 
 def aggregate(runs, steps, greedy):
@@ -332,6 +377,7 @@ def measure(args):
     has_aux = "--aux-layers" in help_text
     has_convention = "--convention" in help_text
     command = " ".join(["python3", "tools/train_tiny/measure.py"] + sys.argv[1:])
+    draft_rel = os.path.relpath(os.path.abspath(args.draft), REPO)
     out = {
         "command": command,
         "device": args.device,
@@ -342,7 +388,9 @@ def measure(args):
         "prompt_tokens": [len(p["tokens"]) for p in prompts],
         "max_new_tokens": max_new,
         "seed": SEED,
-        "decode_flags": "--target models/tiny-v2-code --draft models/tiny-v2-code-eagle3 --tokens <prompt> "
+        "draft": draft_rel,
+        "draft_architecture": draft_architecture(args.draft),
+        "decode_flags": f"--target models/tiny-v2-code --draft {draft_rel} --tokens <prompt> "
                         f"--max-new-tokens {max_new} --topk K --steps S --draft-tokens N --temperature T "
                         f"--seed {SEED} --device {args.device}"
                         + (f" --graphs {args.graphs}" if args.graphs else "") + " --json F",
@@ -351,6 +399,9 @@ def measure(args):
         "aux_layers_flag": has_aux,
     }
     t_start = time.time()
+    if args.batch > 1:
+        measure_batched(args, binary, prompts, max_new, out, t_start)
+        return
     with tempfile.TemporaryDirectory() as work:
         jobs = [(name, k, s, n, t, []) for t in TEMPERATURES for name, k, s, n in CONFIGS]
         if has_aux:
@@ -371,7 +422,7 @@ def measure(args):
                 out["skipped_for_budget"].append(f"{name} T={t:g}" + (f" [{job[6][0]}]" if extra else ""))
                 continue
             t0 = time.time()
-            runs = [run_decode(binary, p["tokens"], max_new, k, s, n, t, args.device, args.graphs, extra, work) for p in prompts]
+            runs = [run_decode(binary, args.draft, p["tokens"], max_new, k, s, n, t, args.device, args.graphs, extra, work) for p in prompts]
             row = {"config": name, "topk": k, "steps": s, "draft_tokens": n, "temperature": t}
             row.update(aggregate(runs, s, greedy=t == 0))
             row["wall_seconds"] = time.time() - t0
@@ -395,6 +446,40 @@ def measure(args):
     write_json(out, args.out)
     if out["skipped_for_budget"]:
         print(f"skipped for --budget-seconds: {', '.join(out['skipped_for_budget'])}")
+    print(f"wrote {args.out} ({out['wall_seconds']:.0f} s)")
+
+
+def measure_batched(args, binary, prompts, max_new, out, t_start):
+    if os.path.abspath(args.prompts) != PROMPTS:
+        raise SystemExit(f"--batch: eagle3-decode reads {PROMPTS} itself; --prompts {args.prompts} cannot be used")
+    if len(prompts) < args.batch:
+        raise SystemExit(f"--batch {args.batch}: only {len(prompts)} prompts")
+    prompts = prompts[:args.batch]
+    cut = min(len(p["tokens"]) for p in prompts)
+    out.update({"batch": args.batch, "prompts": [p["path"] for p in prompts], "prompt_tokens": [cut] * len(prompts),
+                "decode_flags": out["decode_flags"].replace("--tokens <prompt>", f"--batch {args.batch} "
+                                                            f"--prompt-tokens {cut}").replace("--temperature T",
+                                                                                              "--temperature 0"),
+                "skipped_for_budget": []})
+    with tempfile.TemporaryDirectory() as work:
+        for name, k, s, n in CONFIGS:
+            if args.budget_seconds and time.time() - t_start > args.budget_seconds:
+                out["skipped_for_budget"].append(f"{name} T=0")
+                continue
+            t0 = time.time()
+            row = {"config": name, "topk": k, "steps": s, "draft_tokens": n, "temperature": 0.0}
+            row.update(aggregate_batch(run_batch(binary, args.draft, args.batch, cut, max_new, k, s, n, args.device,
+                                                 args.graphs, work), s))
+            row["wall_seconds"] = time.time() - t0
+            out["configs"].append(row)
+            print(f"{name:12s} batch {args.batch} mean accepted length {row['mean_accepted_length']:.3f}  depth "
+                  f"{', '.join(f'{a:.2f}' for a in row['acceptance_by_depth'])}  tok/s plain "
+                  f"{row['plain_tokens_per_s']:.1f} spec {row['spec_tokens_per_s']:.1f} x{row['speedup']:.2f}  "
+                  f"identical {row['greedy_identical_prompts']}/{row['prompts']}", flush=True)
+            out["wall_seconds"] = time.time() - t_start
+            write_json(out, args.out)
+    out["wall_seconds"] = time.time() - t_start
+    write_json(out, args.out)
     print(f"wrote {args.out} ({out['wall_seconds']:.0f} s)")
 
 
@@ -431,6 +516,14 @@ def self_test():
         raise AssertionError("a disagreeing mean_accepted_length was accepted")
     except SystemExit as e:
         assert "mean_accepted_length" in str(e)
+    # A batched run: acceptance from its histogram; identical sequences counted per prompt.
+    batched = {"batch": 2, "seconds": {}, "plain": {"tokens_per_s": 80.0},
+               "speculative": {"tokens_per_s": 120.0, "accepted_histogram": [1, 0, 3]},
+               "prompts": [{"prompt_tokens": 5, "plain": [1, 2], "speculative": [1, 2]},
+                           {"prompt_tokens": 5, "plain": [3, 4], "speculative": [3, 5]}]}
+    row = aggregate_batch(batched, 3)
+    assert row["mean_accepted_length"] == 10 / 4 and row["acceptance_by_depth"] == [0.75, 0.75, 0.0], row
+    assert row["speedup"] == 1.5 and row["greedy_identical_prompts"] == 1, row
     # Prompt files: empty, or a prompt without token ids, are refused naming the file.
     with tempfile.TemporaryDirectory() as d:
         for content, expect in (("", "no prompts"), ('{"path": "a.py", "tokens": []}\n', "prompt 0 (a.py)"),
@@ -471,6 +564,9 @@ def main():
     p.add_argument("--build", help="CMake build directory holding examples/eagle3-decode")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--out", default=None, help="result JSON (default measure_<device>.json)")
+    p.add_argument("--draft", default=DRAFT, help="draft directory (default models/tiny-v2-code-eagle3)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="decode the first B held-out prompts together per configuration (greedy; see above)")
     p.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens")
     p.add_argument("--prompts", default=PROMPTS, help="held-out prompts (JSON lines)")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """CPU unit tests of tools/train_tiny (run: python3 tools/train_tiny/test_train_tiny.py)."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,9 +15,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
 import draft  # noqa: E402
+import draft_mla  # noqa: E402
 import export  # noqa: E402
 import target  # noqa: E402
 import tokenizer  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 CODE = [
     "def add(a, b):\n    return a + b\n\n\nclass Point:\n    x: int = 0\n    y: int = 0\n",
@@ -108,6 +114,86 @@ class DraftTest(unittest.TestCase):
         self.assertAlmostEqual(agree[0].item(), 0.75)
 
 
+def tiny_hub():
+    hub = target.target_hub_config(64, 0)
+    hub.update({"hidden_size": 64, "max_position_embeddings": 128})
+    return hub
+
+
+class MlaDraftTest(unittest.TestCase):
+    def setUp(self):
+        self.dc = draft_mla.mla_draft_hub_config(tiny_hub(), 16)
+
+    def test_forward_matches_reference(self):
+        self.assertLess(draft_mla.check_against_reference(self.dc, 1, num_steps=4, rows=9), 1e-4)
+
+    def test_forward_matches_reference_without_q_lora(self):
+        dc = dict(self.dc, q_lora_rank=None)
+        self.assertLess(draft_mla.check_against_reference(dc, 2, num_steps=3, rows=7), 1e-4)
+        self.assertIn("q_proj.weight", "".join(draft_mla.MlaEagle3Draft(dc, torch.randn(64, 64)).state_dict()))
+
+    def test_reference_check_catches_neox_rope(self):
+        # Rotating (i, i + d/2) pairs instead of DeepSeek's adjacent pairs: the check must fail.
+        original = draft_mla.rotate_adjacent
+        draft_mla.rotate_adjacent = draft.rotate_half
+        try:
+            with self.assertRaises(SystemExit):
+                draft_mla.check_against_reference(self.dc, 1, num_steps=2, rows=6)
+        finally:
+            draft_mla.rotate_adjacent = original
+
+    def test_names_and_shapes_are_eagle3s_schema(self):
+        golden = draft.import_make_golden()
+        state = draft_mla.MlaEagle3Draft(self.dc, torch.randn(64, 64)).state_dict()
+        want = golden.mla_draft_weight_shapes(self.dc, draft.LAYER_PREFIX)
+        self.assertEqual(sorted(state), sorted(n for n, _ in want))
+        for name, shape in want:
+            self.assertEqual(tuple(state[name].shape), tuple(shape), name)
+
+    def test_config_for_the_shipped_target(self):
+        with open(os.path.join(REPO, "models", "tiny-v2-code", "config.json")) as f:
+            hub = json.load(f)
+        dc = draft_mla.mla_draft_hub_config(hub, 2048)
+        self.assertEqual(dc["architectures"], ["Eagle3DeepseekV2ForCausalLM"])
+        self.assertIn(dc["model_type"], ("deepseek_v2", "deepseek_v3", "kimi_k2"))
+        self.assertEqual(dc["num_attention_heads"] % 8, 0)  # TP 8
+        self.assertEqual(dc["kv_lora_rank"] + dc["qk_rope_head_dim"], hub["kv_lora_rank"] + hub["qk_rope_head_dim"])
+        # The key set of the golden MLA draft eagle3's tests load, nothing else.
+        with open(os.path.join(REPO, "tests", "data", "golden", "mla_draft_k25", "config.json")) as f:
+            golden_keys = set(json.load(f))
+        self.assertEqual(set(dc), golden_keys)
+
+    def test_export_round_trip(self):
+        d2t = torch.arange(16) * 3 - torch.arange(16)  # target ids 0, 3, ..., 45
+        embed = torch.randn(64, 64)
+        model = draft_mla.MlaEagle3Draft(self.dc, embed, d2t)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_()
+        target.round_to_bf16(model)
+        with tempfile.TemporaryDirectory() as out:
+            directory = export.export_draft(out, model, self.dc, export.MLA_DRAFT_DIR)
+            self.assertEqual(os.path.basename(directory), "tiny-v2-code-eagle3-mla")
+            export.verify_draft(directory, model)
+            with open(os.path.join(directory, "config.json")) as f:
+                dc = json.load(f)
+            self.assertEqual(dc, json.loads(json.dumps(self.dc)))
+            from safetensors.torch import load_file
+            stored = load_file(os.path.join(directory, "model.safetensors"))
+            self.assertEqual(stored["t2d"].nonzero().flatten().tolist(), list(range(0, 48, 3)))
+            reloaded = draft_mla.MlaEagle3Draft(dc, embed, stored.pop("d2t"))
+            stored.pop("t2d")
+            reloaded.load_state_dict({n: w.float() for n, w in stored.items()})
+            self.assertTrue(torch.equal(reloaded.d2t, d2t))
+            aux, tokens = torch.randn(1, 6, 3 * 64), torch.randint(0, 64, (1, 7))
+            with torch.no_grad():
+                want, got = model.forward_ttt(aux, tokens, 2), reloaded.forward_ttt(aux, tokens, 2)
+            for (a, _), (b, _) in zip(want, got):
+                self.assertTrue(torch.equal(a, b))
+            sizes = export.mla_draft_size(out)
+            self.assertEqual(sizes["weights_bytes"], os.path.getsize(os.path.join(directory, "model.safetensors")))
+
+
 class ExportTest(unittest.TestCase):
     def test_hub_names_round_trip_through_make_golden_mapping(self):
         hub = target.target_hub_config(64, 0)
@@ -167,6 +253,59 @@ class CommandLineTest(unittest.TestCase):
         proc = subprocess.run([script], capture_output=True, text=True)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("usage", proc.stderr)
+
+
+class TrainMlaDraftTest(unittest.TestCase):
+    """train_mla_draft.py end to end at a tiny budget: a corpus of a few files (data.corpus_roots patched),
+    the shipped target (only read), a few draft steps on CPU."""
+
+    def test_train_only_the_mla_draft(self):
+        import train_mla_draft
+        import write_card
+        target_dir = os.path.join(REPO, "models", "tiny-v2-code")
+        weights = os.path.join(target_dir, "model.safetensors")
+        before = train_mla_draft.sha256(weights)
+        sources = sorted(f for f in os.listdir(HERE) if f.endswith(".py"))
+        heldout_name = next(f"h{i}.py" for i in range(10000) if data.is_heldout(f"h{i}.py"))
+        original_roots = data.corpus_roots
+        with tempfile.TemporaryDirectory() as root, tempfile.TemporaryDirectory() as out:
+            for i, name in enumerate(sources):
+                shutil.copy(os.path.join(HERE, name), os.path.join(root, f"m{i}_{name}"))
+            shutil.copy(os.path.join(HERE, "draft.py"), os.path.join(root, heldout_name))
+            data.corpus_roots = lambda: [("stdlib", root)]
+            try:
+                train_mla_draft.main([out, "--target", target_dir, "--device", "cpu", "--budget-seconds", "30",
+                                      "--draft-steps", "3", "--warmup", "1", "--seq-len", "32",
+                                      "--draft-batch-size", "2", "--ttt-steps", "2", "--eval-windows", "2",
+                                      "--max-train-mb", "1"])
+            finally:
+                data.corpus_roots = original_roots
+            self.assertEqual(train_mla_draft.sha256(weights), before)
+            directory = os.path.join(out, "tiny-v2-code-eagle3-mla")
+            self.assertEqual(sorted(os.listdir(directory)), ["config.json", "model.safetensors"])
+            with open(os.path.join(out, "train_log_mla.json")) as f:
+                log = json.load(f)
+            with open(os.path.join(REPO, "models", "train_log.json")) as f:
+                shipped = json.load(f)
+            # The draft fields of train.py's log, and the Llama-style draft evaluated on the same windows.
+            self.assertLessEqual(set(shipped["draft"]), set(log["draft"]))
+            self.assertGreater(log["draft"]["train"]["steps"], 0)  # the cap, or run_budgeted's 4 timing steps
+            self.assertEqual(len(log["draft"]["eval"]["top1_agreement_per_depth"]), 2)
+            self.assertEqual(len(log["llama_draft"]["eval"]["top1_agreement_per_depth"]), 2)
+            self.assertEqual(log["heldout_prompt"]["path"], os.path.join(root, heldout_name))
+            self.assertIn("## MLA draft", "\n".join(write_card.mla_section(log, None, [], [])))
+
+    def test_train_mla_draft_sh_without_out_dir_is_a_usage_error(self):
+        proc = subprocess.run([os.path.join(HERE, "train_mla_draft.sh")], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("usage", proc.stderr)
+
+    def test_missing_target_files_are_refused(self):
+        import train_mla_draft
+        with tempfile.TemporaryDirectory() as empty:
+            with self.assertRaises(SystemExit) as ctx:
+                train_mla_draft.parse_args(["/tmp/unused", "--target", empty, "--device", "cpu"])
+            self.assertEqual(ctx.exception.code, 2)
 
 
 if __name__ == "__main__":

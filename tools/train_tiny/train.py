@@ -31,39 +31,34 @@ import tokenizer as tokenizer_lib
 from progress import elapsed, log, seed_everything
 
 TARGET_SHARE = 240 / 390
+AFTER_TRAINING = 60.0  # seconds planned for export and evaluation after the training phases
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    p.add_argument("out_dir")
+def add_shared_arguments(p):
+    """The flags train_mla_draft.py shares: seed, device, data and the draft's recipe."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--budget-seconds", type=float, default=390.0,
-                   help="training seconds for target + draft (split 240:150)")
     p.add_argument("--seq-len", type=int, default=None, help="window length (default 512; 128 on cpu)")
-    p.add_argument("--batch-size", type=int, default=None, help="target windows per step (64 cuda, 4 cpu)")
     p.add_argument("--draft-batch-size", type=int, default=None, help="draft windows per step (32 cuda, 2 cpu)")
-    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--draft-lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (100 cuda, 5 cpu)")
-    p.add_argument("--target-steps", type=int, default=None, help="cap on target steps (reproducible runs)")
     p.add_argument("--draft-steps", type=int, default=None, help="cap on draft steps")
     p.add_argument("--ttt-steps", type=int, default=5, help="unrolled draft steps (training-time test)")
     p.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of step j is decay^j")
     p.add_argument("--draft-vocab", type=int, default=2048)
     p.add_argument("--max-train-mb", type=float, default=None,
                    help="training-split cap in MB, whole files in seeded order (150 cuda, 12 cpu)")
-    p.add_argument("--tokenizer-mb", type=float, default=40.0, help="bytes the tokenizer trains on")
     p.add_argument("--eval-windows", type=int, default=None, help="held-out windows evaluated (256 cuda, 8 cpu)")
     p.add_argument("--prompt-tokens", type=int, default=64, help="length of the held-out prompt recorded")
-    p.add_argument("--deadline-seconds", type=float, default=None,
-                   help="wall-clock limit of the whole run (540 cuda, none cpu): the training budgets shrink "
-                        "when the steps before training took longer than planned")
-    args = p.parse_args(argv)
+
+
+def apply_device_defaults(p, args, deadline_seconds, extra=None):
+    """Fills the flags left unset with the device's defaults; refuses --device cuda without CUDA."""
     cuda = args.device == "cuda"
-    defaults = {"seq_len": 512 if cuda else 128, "batch_size": 64 if cuda else 4, "draft_batch_size": 32 if cuda else 2,
+    defaults = {"seq_len": 512 if cuda else 128, "draft_batch_size": 32 if cuda else 2,
                 "warmup": 100 if cuda else 5, "max_train_mb": 150.0 if cuda else 12.0,
-                "eval_windows": 256 if cuda else 8, "deadline_seconds": 540.0 if cuda else None}
+                "eval_windows": 256 if cuda else 8, "deadline_seconds": deadline_seconds if cuda else None}
+    defaults.update((extra or {}).get(cuda, {}))
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -72,8 +67,24 @@ def parse_args(argv):
     return args
 
 
-def main(argv):
-    args = parse_args(argv)
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    p.add_argument("out_dir")
+    add_shared_arguments(p)
+    p.add_argument("--budget-seconds", type=float, default=390.0,
+                   help="training seconds for target + draft (split 240:150)")
+    p.add_argument("--batch-size", type=int, default=None, help="target windows per step (64 cuda, 4 cpu)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--target-steps", type=int, default=None, help="cap on target steps (reproducible runs)")
+    p.add_argument("--tokenizer-mb", type=float, default=40.0, help="bytes the tokenizer trains on")
+    p.add_argument("--deadline-seconds", type=float, default=None,
+                   help="wall-clock limit of the whole run (540 cuda, none cpu): the training budgets shrink "
+                        "when the steps before training took longer than planned")
+    return apply_device_defaults(p, p.parse_args(argv), 540.0, {True: {"batch_size": 64}, False: {"batch_size": 4}})
+
+
+def start_run(args):
+    """Output directory, seeds, TF32 and quiet transformers; returns (device, versions for the log)."""
     os.makedirs(args.out_dir, exist_ok=True)
     seed_everything(args.seed)
     device = torch.device(args.device)
@@ -87,6 +98,35 @@ def main(argv):
                 "numpy": np.__version__,
                 "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
                 "cpu_threads": torch.get_num_threads()}
+    return device, versions
+
+
+def encode_splits(tok, corpus):
+    """(eot id, training stream, held-out stream): each split's documents joined by <|endoftext|>."""
+    eot = tok.token_to_id(data.EOT)
+    train_stream = data.pack(tokenizer_lib.encode_documents(tok, corpus.train), eot)
+    heldout_stream = data.pack(tokenizer_lib.encode_documents(tok, corpus.heldout), eot)
+    log(f"encode: train {len(train_stream) / 1e6:.2f}M tokens, held-out {len(heldout_stream) / 1e6:.3f}M tokens "
+        f"({corpus.stats['train_bytes'] / len(train_stream):.2f} bytes/token)")
+    return eot, train_stream, heldout_stream
+
+
+def training_budget(asked, deadline_seconds, after_training):
+    """(training seconds, deadline): what is left once the rest of the run (measured so far, estimated
+    after) is accounted for."""
+    deadline = math.inf if deadline_seconds is None else deadline_seconds
+    budget = min(asked, deadline - elapsed() - after_training)
+    if budget < asked:
+        log(f"budget: {budget:.0f} s of training left before the {deadline:.0f} s deadline (asked {asked:.0f} s)")
+    if budget <= 0:
+        raise SystemExit(f"no training time left: preprocessing took {elapsed():.0f} s of the "
+                         f"{deadline:.0f} s deadline")
+    return budget, deadline
+
+
+def main(argv):
+    args = parse_args(argv)
+    device, versions = start_run(args)
     log(f"train_tiny: out {args.out_dir}, seed {args.seed}, device {versions['device']}, "
         f"budget {args.budget_seconds:.0f} s; torch {torch.__version__}, transformers {transformers.__version__}")
     phases = {}
@@ -103,26 +143,12 @@ def main(argv):
     tok, tok_info = tokenizer_lib.train_tokenizer(corpus.train, int(args.tokenizer_mb * 1e6))
     phase("tokenizer_seconds", t0)
     t0 = time.monotonic()
-    eot = tok.token_to_id(data.EOT)
-    train_stream = data.pack(tokenizer_lib.encode_documents(tok, corpus.train), eot)
-    heldout_stream = data.pack(tokenizer_lib.encode_documents(tok, corpus.heldout), eot)
+    eot, train_stream, heldout_stream = encode_splits(tok, corpus)
     phase("encode_seconds", t0)
-    log(f"encode: train {len(train_stream) / 1e6:.2f}M tokens, held-out {len(heldout_stream) / 1e6:.3f}M tokens "
-        f"({corpus.stats['train_bytes'] / len(train_stream):.2f} bytes/token)")
     heldout_windows = data.fixed_windows(heldout_stream, args.seq_len, args.eval_windows)
     train_windows = data.fixed_windows(train_stream, args.seq_len, args.eval_windows)
 
-    # Training time left once the rest of the run (measured so far, estimated after) is accounted for.
-    after_training = 60.0
-    deadline = math.inf if args.deadline_seconds is None else args.deadline_seconds
-    available = deadline - elapsed() - after_training
-    budget = min(args.budget_seconds, available)
-    if budget < args.budget_seconds:
-        log(f"budget: {budget:.0f} s of training left before the {deadline:.0f} s deadline "
-            f"(asked {args.budget_seconds:.0f} s)")
-    if budget <= 0:
-        raise SystemExit(f"no training time left: preprocessing took {elapsed():.0f} s of the "
-                         f"{deadline:.0f} s deadline")
+    budget, deadline = training_budget(args.budget_seconds, args.deadline_seconds, AFTER_TRAINING)
 
     # Target.
     t0 = time.monotonic()
@@ -158,7 +184,7 @@ def main(argv):
         f"training tokens")
     tap = draft_lib.TargetTap(model)
     draft_sampler = data.WindowSampler(train_stream, args.seq_len, args.seed + 1)
-    draft_budget = min(budget * (1 - TARGET_SHARE), deadline - elapsed() - after_training)
+    draft_budget = min(budget * (1 - TARGET_SHARE), deadline - elapsed() - AFTER_TRAINING)
     draft_stats, draft_curve = draft_lib.train_draft(
         draft, tap, draft_sampler, device, draft_budget, args.draft_batch_size,
         args.draft_lr, args.warmup, args.ttt_steps, args.ttt_decay, args.draft_steps)

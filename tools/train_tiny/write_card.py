@@ -2,10 +2,14 @@
 """Writes the model card (models/README.md) from a run's train_log.json (and check_cpp.json, if present).
 
   write_card.py OUT_DIR [--card models/README.md] [--measure measure_cpu.json [--measure measure_cuda.json]]
+                [--mla MLA_DIR [--measure-mla measure_mla_cuda.json ...]]
 
 With --measure, the card adds the tables of tools/train_tiny/measure.py (acceptance, tokens/s, field
 failures), one per measurement file, each with its command and machine. Every number in the card
-comes from those files; nothing is typed in by hand.
+comes from those files; nothing is typed in by hand. --mla adds the MLA EAGLE-3 draft of
+train_mla_draft.sh (MLA_DIR/train_log_mla.json, and MLA_DIR/check_cpp_mla.json if present) beside the
+Llama-style one: its architecture, training, held-out agreement next to the Llama-style draft's on the
+same windows, and, per --measure-mla file, its acceptance next to the --measure file of the same device.
 """
 
 import argparse
@@ -50,6 +54,22 @@ def draft_parameter_table(c):
     ]
 
 
+def mla_draft_parameter_table(c):
+    h, ht, heads = c["hidden_size"], c["target_hidden_size"], c["num_attention_heads"]
+    k = len(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    dn, dr, dv, r, qr = (c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"],
+                         c["q_lora_rank"])
+    q = 2 * h * heads * (dn + dr) if qr is None else 2 * h * qr + qr + qr * heads * (dn + dr)
+    return [
+        (f"fc ({k} x {ht} -> {h})", k * ht * h),
+        ("MLA attention over concat(embed, hidden), 2H wide (q, kv_a, latent norms, kv_b, o)",
+         q + 2 * h * (r + dr) + r + r * heads * (dn + dv) + heads * dv * h),
+        ("SiLU MLP", 3 * h * c["intermediate_size"]),
+        ("RMSNorm weights", 4 * h),
+        (f"lm_head (draft vocab {c['draft_vocab_size']} x hidden)", c["draft_vocab_size"] * h),
+    ]
+
+
 def table(rows):
     lines = ["| component | parameters |", "|---|---:|"]
     lines += [f"| {name} | {n:,} |" for name, n in rows]
@@ -81,8 +101,23 @@ def measurement_rows(rows, greedy):
     return lines
 
 
+def batch_section(m):
+    """A measure.py --batch B file: each configuration one batched eagle3-decode call (greedy)."""
+    label = "GPU" if m["device"] == "cuda" else "CPU"
+    lines = [f"### {label}, batch {m['batch']}: {m['machine']}", "", "```sh", m["command"], "```", "",
+             f"The first {m['batch']} held-out prompts decoded together (each cut to {m['prompt_tokens'][0]} tokens), "
+             f"{m['max_new_tokens']} new tokens each, greedy; one `eagle3-decode {m['decode_flags']}` call per "
+             "configuration (plain, then speculative); tokens/s over all sequences.", ""]
+    lines += measurement_rows(m["configs"], True)
+    if m.get("skipped_for_budget"):
+        lines += ["", "Not measured (the run's --budget-seconds ran out): " + ", ".join(m["skipped_for_budget"]) + "."]
+    return lines
+
+
 def measurement_section(m):
     """One measurement file of measure.py: its command, machine, and tables."""
+    if m.get("batch", 1) > 1:
+        return batch_section(m)
     label = "GPU" if m["device"] == "cuda" else "CPU"
     rows = m["configs"]
     greedy = [r for r in rows if r["temperature"] == 0]
@@ -154,8 +189,10 @@ def measurement_notes(m, greedy):
     lines.append(f"- Best speedup {best['speedup']:.2f}x ({best['config']}); longest acceptance "
                  f"{longest['mean_accepted_length']:.2f} tokens per pass ({longest['config']}, "
                  f"{longest['speedup']:.2f}x).")
-    split_rows = [r for r in greedy if r.get("spec_split", {}).get("target_passes") and
-                  r.get("plain_split", {}).get("target_passes")]
+    # eagle3-decode's device loop reports target passes but not the per-phase seconds of the host loop.
+    split_rows = [r for r in greedy if all(r.get(f"{run}_split", {}).get("target_passes") and
+                                           {"target_seconds", "draft_seconds", "verify_seconds"} <= r[f"{run}_split"].keys()
+                                           for run in ("spec", "plain"))]
     if split_rows:
         lines += ["", "Where the speculative time goes (greedy; eagle3-decode's own timers summed over the prompts; a "
                       "plain step = the plain run's target seconds per target pass):", "",
@@ -193,7 +230,108 @@ def measurement_notes(m, greedy):
     return lines
 
 
-def card(log, check, measures=()):
+def same_settings(a, b):
+    """Two measure.py files measured alike (device, prompts, new tokens, seed), whichever the draft."""
+    return all(a.get(k) == b.get(k) for k in ("device", "prompts", "max_new_tokens", "seed", "batch"))
+
+
+def mla_comparison_rows(llama, mla):
+    """One row per configuration measured for both drafts (same device, prompts and settings)."""
+    key = lambda r: (r["config"], r["temperature"])  # noqa: E731
+    base = {key(r): r for r in llama["configs"]}
+    lines = ["| config | T | mean accepted length, Llama-style | MLA | acceptance by depth 1.., Llama-style | MLA "
+             "| speedup, Llama-style | MLA | MLA greedy identical |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|"]
+    for r in mla["configs"]:
+        b = base.get(key(r))
+        if b is None:
+            continue
+        same = (f"{r['greedy_identical_prompts']}/{r['prompts'] - r.get('prompts_ended_at_once', 0)}"
+                if r["temperature"] == 0 else "")
+        lines.append(f"| {r['config']} | {r['temperature']:g} | {b['mean_accepted_length']:.2f} | "
+                     f"**{r['mean_accepted_length']:.2f}** | {depth_list(b['acceptance_by_depth'])} | "
+                     f"{depth_list(r['acceptance_by_depth'])} | {b['speedup']:.2f}x | {r['speedup']:.2f}x | {same} |")
+    return lines
+
+
+def mla_section(mla, check, measures, mla_measures):
+    """The MLA EAGLE-3 draft beside the Llama-style one."""
+    d, dc = mla["draft"], mla["draft"]["config"]
+    rows = mla_draft_parameter_table(dc)
+    assert sum(n for _, n in rows) == d["parameters"], "MLA draft parameter table disagrees with the model"
+    dtrain, deval = d["train"], d["eval"]
+    llama = (mla.get("llama_draft") or {}).get("eval")
+    q = "no q-LoRA (q_proj)" if dc["q_lora_rank"] is None else f"q_lora_rank {dc['q_lora_rank']}"
+    vocab = {True: "the Llama-style draft's (same d2t)", False: "NOT the Llama-style draft's",
+             None: "not compared"}[d.get("draft_vocab_equals_llama_draft")]
+    lines = [
+        "## MLA draft (`tiny-v2-code-eagle3-mla/`)",
+        "",
+        "The Kimi-K2.5-style MLA EAGLE-3 head (`docs/mla_drafts.md`) trained for the same target by",
+        "`tools/train_tiny/train_mla_draft.sh` (the target is only read: model.safetensors sha256 "
+        f"`{mla['target']['model_safetensors_sha256'][:16]}…`).",
+        "",
+        f"- `{dc['architectures'][0]}`, model_type `{dc['model_type']}`: one DeepSeek decoder layer, hidden "
+        f"{dc['hidden_size']}, MLA with {dc['num_attention_heads']} heads, {q}, kv_lora_rank {dc['kv_lora_rank']}, "
+        f"qk nope/rope {dc['qk_nope_head_dim']}/{dc['qk_rope_head_dim']}, v {dc['v_head_dim']} (latent cache row "
+        f"{dc['kv_lora_rank'] + dc['qk_rope_head_dim']}), q / kv_a reading the 2H-wide [embed | hidden] row; dense "
+        f"SiLU MLP {dc['intermediate_size']}; own RoPE theta {dc['rope_theta']:g}, adjacent pairs, no scaling.",
+        f"- Taps, fc, norms, fed-back hidden, draft vocab ({dc['draft_vocab_size']}; {vocab}), `midlayer.` names and "
+        "d2t / t2d as the Llama-style head; the embedding is the target's.",
+        "",
+    ] + table(rows) + [
+        "",
+        "```sh",
+        mla["command"],
+        "```",
+        "",
+        f"{mla['versions']['device']}; whole run {mla['total_seconds']:.0f} s ("
+        + ", ".join(f"{k.replace('_seconds', '')} {v:.0f} s" for k, v in mla["phases_seconds"].items()) + "). "
+        f"The Llama-style draft's recipe (TTT, {dtrain['ttt_steps']} steps, decay {dtrain['loss_decay']:g}, AdamW peak "
+        f"LR {dtrain['peak_lr']:g}): {dtrain['steps']:,} steps of {dtrain['batch_size']} x {dtrain['seq_len']} = "
+        f"**{dtrain['tokens_seen'] / 1e6:.1f}M target tokens** in {dtrain['seconds']:.0f} s. Its forward equals "
+        f"`tools/make_golden.py`'s `MlaDraftReference` on every TTT step (max rel diff "
+        f"{d['reference_check_max_rel_diff']:.1e}, checked before training).",
+        "",
+        f"Held-out, teacher-forced ({deval['windows']} windows of {deval['rows_per_window']} rows; both drafts "
+        "evaluated in the same run on the same windows):",
+        "",
+        "| | Llama-style | MLA |",
+        "|---|---|---|",
+    ]
+    ll = llama or {}
+    for label, field in (("top-1 agreement with the target's greedy token, depth 1..", "top1_agreement_per_depth"),
+                         ("TTT loss by step", "loss_per_step"),
+                         ("target argmax inside the draft vocab", "target_argmax_in_draft_vocab")):
+        lines.append(f"| {label} | {fmt_list(ll[field]) if field in ll else 'n/a'} | **{fmt_list(deval[field])}** |")
+    lines.append(f"| parameters | | {d['parameters']:,} |")
+    lines.append("")
+    if check:
+        dec = check["decode"]["speculative"]
+        lines += [
+            f"`tools/train_tiny/check_cpp.py` (device {check['device']}, TP {check['tp']}, {check['prompt_tokens']}-token "
+            f"held-out prompt): C++ draft logits vs `MlaDraftReference` {check['draft_logits_max_rel_diff']:.1e} (max "
+            f"|diff| / max |value|); `eagle3-decode` greedy speculative == plain: "
+            f"{'yes' if check['decode_greedy_identical'] else 'NO'}; mean accepted length "
+            f"{dec['mean_accepted_length']:.3f}.",
+            "",
+        ]
+    for m in mla_measures:
+        llama_m = next((x for x in measures if same_settings(x, m)), None)
+        label = "GPU" if m["device"] == "cuda" else "CPU"
+        batch = f", batch {m['batch']}" if m.get("batch", 1) > 1 else ""
+        lines += [f"### MLA vs Llama-style draft, {label}{batch}: {m['machine']}", "", "```sh", m["command"], "```", ""]
+        if llama_m is None:
+            lines += [f"(no --measure file of the Llama-style draft on device {m['device']} with the same prompts, "
+                      "new tokens and seed: nothing to compare with)", ""]
+            continue
+        lines += [f"Same prompts ({len(m['prompts'])}), {m['max_new_tokens']} new tokens, seed {m['seed']}, "
+                  "configurations and definitions as the Llama-style tables above.", ""]
+        lines += mla_comparison_rows(llama_m, m) + [""]
+    return lines
+
+
+def card(log, check, measures=(), mla=None, mla_check=None, mla_measures=()):
     t, d = log["target"], log["draft"]
     tc, dc = t["config"], d["config"]
     corpus, tok = log["corpus"], log["tokenizer"]
@@ -217,6 +355,10 @@ def card(log, check, measures=()):
         + ", ".join(f"`{k}` {v:,} B" for k, v in sizes["target_files"].items()) + " |",
         "| `tiny-v2-code-eagle3/` | EAGLE-3 head, SpecForge `LlamaForCausalLMEagle3` form, bf16 | "
         + ", ".join(f"`{k}` {v:,} B" for k, v in sizes["draft_files"].items()) + " |",
+    ] + ([
+        "| `tiny-v2-code-eagle3-mla/` | MLA EAGLE-3 head, `Eagle3DeepseekV2ForCausalLM` form, bf16 "
+        "(\"MLA draft\" below) | " + ", ".join(f"`{k}` {v:,} B" for k, v in mla["sizes"]["draft_files"].items()) + " |",
+    ] if mla else []) + [
         "",
         f"Weights together: {sizes['weights_bytes'] / 1e6:.2f} MB; all files {sizes['all_files_bytes'] / 1e6:.2f} MB.",
         "",
@@ -351,6 +493,8 @@ def card(log, check, measures=()):
         ]
         for m in measures:
             lines += measurement_section(m) + [""]
+    if mla:
+        lines += mla_section(mla, mla_check, measures, mla_measures)
     prompt = log["heldout_prompt"]
     lines += [
         "## Sample (greedy, held-out prompt)",
@@ -369,6 +513,20 @@ def card(log, check, measures=()):
         "python3 tools/train_tiny/measure.py --build BUILD_DIR --device cpu --out measure_cpu.json   # and/or cuda",
         "python3 tools/train_tiny/write_card.py OUT_DIR --card models/README.md --measure measure_cpu.json",
         "```",
+    ] + ([
+        "",
+        "The MLA draft, against the shipped target:",
+        "",
+        "```sh",
+        mla["command"],
+        "python3 tools/train_tiny/check_cpp.py BUILD_DIR MLA_DIR --target models/tiny-v2-code "
+        "--draft MLA_DIR/tiny-v2-code-eagle3-mla",
+        "python3 tools/train_tiny/measure.py --build BUILD_DIR --device cuda --draft models/tiny-v2-code-eagle3-mla "
+        "--out measure_mla_cuda.json",
+        "python3 tools/train_tiny/write_card.py OUT_DIR --mla MLA_DIR --measure measure_cuda.json "
+        "--measure-mla measure_mla_cuda.json",
+        "```",
+    ] if mla else []) + [
         "",
         "Training runs against the wall clock (the step count is fixed after timing the first steps), so a",
         "rerun on other hardware trains a different number of steps; `--target-steps` / `--draft-steps`",
@@ -377,25 +535,32 @@ def card(log, check, measures=()):
     return "\n".join(lines) + "\n"
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out_dir")
     p.add_argument("--card", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                  "models", "README.md"))
     p.add_argument("--measure", action="append", default=[], help="measure.py result JSON (repeatable)")
+    p.add_argument("--mla", default=None, help="directory with train_mla_draft.sh's train_log_mla.json")
+    p.add_argument("--measure-mla", action="append", default=[],
+                   help="measure.py --draft <MLA draft> result JSON (repeatable)")
     args = p.parse_args()
-    with open(os.path.join(args.out_dir, "train_log.json")) as f:
-        log = json.load(f)
-    check = None
+    if args.measure_mla and not args.mla:
+        p.error("--measure-mla needs --mla")
+    log = read_json(os.path.join(args.out_dir, "train_log.json"))
     check_path = os.path.join(args.out_dir, "check_cpp.json")
-    if os.path.exists(check_path):
-        with open(check_path) as f:
-            check = json.load(f)
-    measures = []
-    for path in args.measure:
-        with open(path) as f:
-            measures.append(json.load(f))
-    text = card(log, check, measures)
+    check = read_json(check_path) if os.path.exists(check_path) else None
+    measures = [read_json(path) for path in args.measure]
+    mla = read_json(os.path.join(args.mla, "train_log_mla.json")) if args.mla else None
+    mla_check_path = os.path.join(args.mla, "check_cpp_mla.json") if args.mla else None
+    mla_check = read_json(mla_check_path) if mla_check_path and os.path.exists(mla_check_path) else None
+    mla_measures = [read_json(path) for path in args.measure_mla]
+    text = card(log, check, measures, mla, mla_check, mla_measures)
     with open(args.card, "w") as f:
         f.write(text)
     print(f"wrote {os.path.normpath(args.card)}")
