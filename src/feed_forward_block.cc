@@ -1,6 +1,7 @@
 #include "feed_forward_block.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "view_slices.h"
@@ -89,14 +90,31 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
   if (config.routing.topk_method == TopkMethod::kNoauxTc) {
     EAGLE3_ASSIGN_OR_RETURN(b.correction_bias_, loader.Load(specs[next++], DType::kF32));
   }
-  b.expert_tensors_.resize(static_cast<size_t>(2 * config.n_routed_experts));
-  for (size_t e = 0; e < b.expert_tensors_.size(); e += 2) {
-    EAGLE3_ASSIGN_OR_RETURN(b.expert_tensors_[e], loader.LoadStacked(std::span(specs).subspan(next, 2), weight_dtype));
-    EAGLE3_ASSIGN_OR_RETURN(b.expert_tensors_[e + 1], loader.Load(specs[next + 2], weight_dtype));
-    next += 3;
-  }
-  for (size_t e = 0; e < b.expert_tensors_.size(); e += 2) {
-    b.experts_.push_back(ExpertWeights{b.expert_tensors_[e].view(), b.expert_tensors_[e + 1].view()});
+  for (int64_t e = 0; e < config.n_routed_experts; ++e, next += 3) {
+    std::vector<LinearWeight> parts;
+    for (size_t i = next; i < next + 3; ++i) {
+      EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype));
+      parts.push_back(std::move(w));
+    }
+    const bool quantized = parts[0].quantized();
+    if (parts[1].quantized() != quantized || parts[2].quantized() != quantized ||
+        (e > 0 && quantized == b.quantized_experts_.empty())) {
+      return absl::InvalidArgumentError("FeedForwardBlock '" + std::string(prefix) + "': expert " + std::to_string(e) +
+                                        " (" + specs[next].name + ") is not stored in the form of the others: "
+                                        "every routed expert must be quantized alike");
+    }
+    if (quantized) {
+      b.quantized_experts_.push_back(
+          QuantizedExpertWeights{parts[0].quantized_view(), parts[1].quantized_view(), parts[2].quantized_view()});
+      for (LinearWeight& w : parts) b.expert_weights_.push_back(std::move(w));
+      continue;
+    }
+    EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> gate_up,
+                            StackLinearWeights(loader.backend(), std::span(parts).first(2)));
+    if (!gate_up.has_value()) return absl::InternalError("FeedForwardBlock: dense gate and up did not stack");
+    b.experts_.push_back(ExpertWeights{gate_up->dense(), parts[2].dense()});
+    b.expert_weights_.push_back(std::move(*gate_up));
+    b.expert_weights_.push_back(std::move(parts[2]));
   }
   if (config.n_shared_experts > 0) {
     EAGLE3_ASSIGN_OR_RETURN(b.shared_, LoadSiluMlp(specs, &next, weight_dtype, loader));
@@ -138,7 +156,11 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   const TensorView bias = correction_bias_.view();
   EAGLE3_RETURN_IF_ERROR(
       backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_, ids_t, w_t));
-  EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));
+  if (quantized_experts_.empty()) {
+    EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(backend_->QuantizedMoeExperts(x, ids_t, w_t, quantized_experts_, out, /*accumulate=*/false));
+  }
   // Shared experts join the routed output before the one reduction that follows.
   if (shared_.inter > 0) return SiluMlp(x, shared_, 1.0f, ws, out);
   return absl::OkStatus();

@@ -74,8 +74,9 @@ class FeedForwardBlock {
  public:
   // Loads this rank's shard of config.Weights(prefix) through `loader`: the dense and shared MLPs'
   // projections as LinearWeights (kept quantized as the loader says, else in `weight_dtype`; gate|up
-  // stacked into one [2 I, H] weight where StackLinearWeights can), the routed experts dense in
-  // `weight_dtype` (gate|up stacked); the router and its bias in f32 (router logits in fp32).
+  // stacked into one [2 I, H] weight where StackLinearWeights can); the routed experts the same way:
+  // kept quantized for Backend::QuantizedMoeExperts, or dense in `weight_dtype` (gate|up stacked)
+  // for MoeExperts; the router and its bias in f32 (router logits in fp32).
   static absl::StatusOr<FeedForwardBlock> Load(const FeedForwardConfig& config, std::string_view prefix,
                                                DType weight_dtype, WeightLoader& loader);
 
@@ -110,8 +111,10 @@ class FeedForwardBlock {
   MoeRoutingParams routing_;
   SiluMlpWeights dense_;  // the dense MLP
   Tensor router_, correction_bias_;
-  std::vector<Tensor> expert_tensors_;  // gate_up, down for each expert
-  std::vector<ExpertWeights> experts_;  // views of expert_tensors_
+  // The routed experts, dense or kept quantized (one form for all: a checkpoint quantizes all or none).
+  std::vector<LinearWeight> expert_weights_;  // dense: gate_up, down; quantized: gate, up, down
+  std::vector<ExpertWeights> experts_;                 // dense views of expert_weights_
+  std::vector<QuantizedExpertWeights> quantized_experts_;  // quantized views of expert_weights_
   SiluMlpWeights shared_;
 };
 

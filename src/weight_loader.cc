@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "view_slices.h"
 #include "eagle3/status.h"
 
 namespace eagle3 {
@@ -102,28 +101,6 @@ absl::StatusOr<std::vector<LinearWeight>> WeightLoader::LoadStackedLinear(std::s
   std::vector<LinearWeight> one;
   one.push_back(std::move(*stacked));
   return one;
-}
-
-absl::StatusOr<Tensor> WeightLoader::LoadStacked(std::span<const WeightSpec> specs, DType dtype) {
-  if (specs.empty()) return absl::InternalError("WeightLoader::LoadStacked: no tensors to stack");
-  std::vector<Tensor> parts;
-  int64_t rows = 0;
-  for (const WeightSpec& spec : specs) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor part, Load(spec, dtype));
-    if (part.rank() != 2 || (!parts.empty() && part.dim(1) != parts.front().dim(1))) {
-      return absl::InternalError("WeightLoader::LoadStacked: '" + spec.name + "' of shape " +
-                                 part.shape().ToString() + " does not stack under '" + specs.front().name + "'");
-    }
-    rows += part.dim(0);
-    parts.push_back(std::move(part));
-  }
-  EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(dtype, Shape{rows, parts.front().dim(1)}, backend_->allocator()));
-  int64_t row = 0;
-  for (const Tensor& part : parts) {
-    EAGLE3_RETURN_IF_ERROR(backend_->Copy(part, Rows(merged, row, part.dim(0))));
-    row += part.dim(0);
-  }
-  return merged;
 }
 
 }  // namespace eagle3

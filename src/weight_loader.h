@@ -58,9 +58,6 @@ class WeightLoader {
   absl::StatusOr<Tensor> Load(const WeightSpec& spec, DType dtype);
   // Load of the schema's tensor named `name`.
   absl::StatusOr<Tensor> Load(std::string_view name, DType dtype);
-  // The shards of `specs` stacked by rows into one [sum of rows, cols] weight on the device (gate
-  // and up of a SiLU MLP: one Gemm instead of two). Every spec has the same column count.
-  absl::StatusOr<Tensor> LoadStacked(std::span<const WeightSpec> specs, DType dtype);
   // A host tensor on the backend's device (the tensor itself on a host backend).
   absl::StatusOr<Tensor> ToDevice(Tensor host);
 
