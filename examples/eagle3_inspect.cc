@@ -7,7 +7,7 @@
 //                        [--draft-tokens N] [--convention output|input] --out FILE [--json FILE]
 //   eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]
 //   eagle3-inspect check --target DIR --mtp [--json FILE]
-//   eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N] [--depth K]
+//   eagle3-inspect accuracy --target DIR --draft DIR|--mtp --text-file F|--tokens ... [--tokens-max N] [--depth K]
 //                           [--device cpu|cuda] [--aux-layers a,b,c] [--convention output|input]
 //                           [--json FILE] [--out FILE]
 //
@@ -44,7 +44,10 @@
 //   depth d: row (hidden fed back by depth d-1 of start p, x_{p+d}) at position p+d-1, attending
 //            rows 0..p and the chain's own depth 1..d-1 rows -> top-1 vs y_{p+d}.
 // Depth d is counted over p = 0 .. T-1-d. --aux-layers replaces the draft config's aux layer ids
-// (in --convention) to measure what a mis-wired tap costs.
+// (in --convention) to measure what a mis-wired tap costs. The drafter is a Llama-style or an MLA
+// EAGLE-3 head (by the draft's architectures), or with --mtp the target's own MTP module, whose
+// "aux state" is the target's final hidden after model.norm (its top-1 covers the full vocabulary).
+// --tokens gives the ids directly instead of --text-file (a target without a tokenizer.json).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -115,10 +118,12 @@ constexpr char kCheckUsage[] =
     "  --json FILE           also write the run report and the pair report as JSON\n"
     "                        (default: none)\n";
 constexpr char kAccuracyUsage[] =
-    "usage: eagle3-inspect accuracy --target DIR --draft DIR --text-file F [flags]\n"
+    "usage: eagle3-inspect accuracy --target DIR --draft DIR|--mtp --text-file F|--tokens ... [flags]\n"
     "  --target DIR          the target checkpoint directory (required)\n"
-    "  --draft DIR           the EAGLE-3 draft checkpoint directory (required)\n"
-    "  --text-file F         text tokenized with the target's tokenizer.json (required)\n"
+    "  --draft DIR           the EAGLE-3 draft checkpoint directory (Llama-style or MLA head)\n"
+    "  --mtp                 instead of --draft: the target's own MTP module as the drafter\n"
+    "  --text-file F         text tokenized with the target's tokenizer.json\n"
+    "  --tokens 5,17,99,...  instead of --text-file: the token ids themselves (no tokenizer needed)\n"
     "  --tokens-max N        the most tokens of the text used; more are cut (default 512)\n"
     "  --depth K             teacher-forced depths measured (default 5)\n"
     "  --device cpu|cuda     backend (default cpu)\n"
@@ -142,7 +147,7 @@ constexpr char kUsage[] =
     "                            --out FILE [--json FILE]\n"
     "       eagle3-inspect check --target DIR --draft DIR [--convention output|input] [--json FILE]\n"
     "       eagle3-inspect check --target DIR --mtp [--json FILE]\n"
-    "       eagle3-inspect accuracy --target DIR --draft DIR --text-file F [--tokens-max N]\n"
+    "       eagle3-inspect accuracy --target DIR --draft DIR|--mtp --text-file F|--tokens ... [--tokens-max N]\n"
     "                               [--depth K] [--device cpu|cuda] [--aux-layers a,b,c]\n"
     "                               [--convention output|input] [--json FILE] [--out FILE]\n"
     "  target, draft, accuracy: [--weights bf16|f32] (default: the device's preference, bf16 on\n"
@@ -183,7 +188,7 @@ struct Flags {
   int64_t max_input_bytes = eagle3::examples::kDefaultMaxInputBytes;  // --max-input-bytes (--text-file)
   // --allow-long-context: run more tokens than the target's max_position_embeddings.
   bool allow_long_context = false;
-  bool mtp = false;  // --mtp (check, draft): the target's own MTP module(s) instead of --draft
+  bool mtp = false;  // --mtp (check, draft, accuracy): the target's own MTP module(s) instead of --draft
 
   // The files --out must never replace (directories stand for the files in them).
   std::vector<std::string> Inputs() const {
@@ -316,8 +321,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.aux_layers.has_value() && flags.command != "accuracy") {
     return absl::InvalidArgumentError("--aux-layers applies to the accuracy subcommand only");
   }
-  if (flags.mtp && flags.command != "check" && flags.command != "draft") {
-    return absl::InvalidArgumentError("--mtp applies to the check and draft subcommands only");
+  if (flags.mtp && flags.command == "target") {
+    return absl::InvalidArgumentError("--mtp applies to the check, draft and accuracy subcommands only");
+  }
+  if (flags.mtp && flags.aux_layers.has_value()) {
+    return absl::InvalidArgumentError(
+        "--aux-layers and --mtp: the MTP module reads the target's final hidden after model.norm, not layer taps");
   }
   if (flags.mtp && !flags.draft.empty()) {
     return absl::InvalidArgumentError("--draft and --mtp name two drafters; give one");
@@ -330,8 +339,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("--target and --draft (or --mtp) are required");
     }
   } else if (flags.command == "accuracy") {
-    if (flags.model.empty() || flags.draft.empty() || flags.text_file.empty()) {
-      return absl::InvalidArgumentError("--target, --draft and --text-file are required");
+    if (flags.model.empty() || (flags.draft.empty() && !flags.mtp) ||
+        flags.text_file.empty() == flags.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          "--target, --draft (or --mtp) and one of --text-file and --tokens are required");
     }
   } else if (flags.model.empty() || flags.out.empty() || flags.tokens.empty() ||
              (flags.command == "draft" && flags.draft.empty() && !flags.mtp)) {
@@ -394,8 +405,9 @@ JsonObject Settings(const Flags& flags, std::string_view weights) {
         .Int("draft_tokens", flags.tree.num_draft_tokens);
   }
   if (command == "accuracy") {
-    s.String("text_file", flags.text_file)
-        .Int("tokens_max", flags.tokens_max)
+    s.String("text_file", flags.text_file);
+    if (!flags.tokens.empty()) s.Raw("tokens", JsonInts(flags.tokens));
+    s.Int("tokens_max", flags.tokens_max)
         .Int("depth", flags.depth)
         .Raw("aux_layers", flags.aux_layers.has_value() ? JsonInts(*flags.aux_layers) : "null")
         .Int("max_input_bytes", flags.max_input_bytes);
@@ -786,33 +798,37 @@ int64_t ArgMax(const float* row, int64_t n) {
 absl::Status Accuracy(const Flags& flags) {
   PhaseSeconds seconds;
   const auto tokenize_start = Clock::now();
-  EAGLE3_ASSIGN_OR_RETURN(eagle3::Tokenizer tokenizer, eagle3::Tokenizer::FromFile(flags.model));
-  EAGLE3_ASSIGN_OR_RETURN(const std::string whole,
-                          eagle3::examples::ReadInputFile("--text-file", flags.text_file, flags.max_input_bytes));
-  auto encoded = tokenizer.Encode(whole);
-  if (!encoded.ok()) {
-    return absl::Status(encoded.status().code(),
-                        "--text-file " + flags.text_file + ": " + std::string(encoded.status().message()));
+  // The text's ids: --tokens as given, or --text-file through the target's tokenizer.
+  const std::string source = flags.tokens.empty() ? "--text-file " + flags.text_file : std::string("--tokens");
+  std::vector<int64_t> x = flags.tokens;
+  if (flags.tokens.empty()) {
+    EAGLE3_ASSIGN_OR_RETURN(eagle3::Tokenizer tokenizer, eagle3::Tokenizer::FromFile(flags.model));
+    EAGLE3_ASSIGN_OR_RETURN(const std::string whole,
+                            eagle3::examples::ReadInputFile("--text-file", flags.text_file, flags.max_input_bytes));
+    auto encoded = tokenizer.Encode(whole);
+    if (!encoded.ok()) {
+      return absl::Status(encoded.status().code(), source + ": " + std::string(encoded.status().message()));
+    }
+    x = *std::move(encoded);
   }
-  std::vector<int64_t> x = *std::move(encoded);
   seconds.Add("tokenize", SecondsSince(tokenize_start));
   const int64_t text_tokens = static_cast<int64_t>(x.size());
   if (text_tokens > flags.tokens_max) {
     x.resize(static_cast<size_t>(flags.tokens_max));
     std::printf("read %d of %lld tokens of %s (--tokens-max %d; a larger value reads more)\n", flags.tokens_max,
-                static_cast<long long>(text_tokens), flags.text_file.c_str(), flags.tokens_max);
+                static_cast<long long>(text_tokens), source.c_str(), flags.tokens_max);
   }
   const int64_t t = static_cast<int64_t>(x.size());
   const int depth = flags.depth;
   if (t < depth + 1) {
-    return absl::InvalidArgumentError("--text-file " + flags.text_file + " has " + std::to_string(t) +
+    return absl::InvalidArgumentError(source + " has " + std::to_string(t) +
                                       " tokens; depth " + std::to_string(depth) + " needs at least " +
                                       std::to_string(depth + 1));
   }
   {
     EAGLE3_ASSIGN_OR_RETURN(const eagle3::DeepseekV2Config config, eagle3::DeepseekV2Config::FromFile(flags.model));
     EAGLE3_RETURN_IF_ERROR(CheckPositions(flags, config, t,
-                                          "--text-file " + flags.text_file + " (at most --tokens-max " +
+                                          source + " (at most --tokens-max " +
                                               std::to_string(flags.tokens_max) + " tokens)"));
   }
   // Capacities come from --tokens-max and --depth: a refusal names them.
@@ -841,7 +857,8 @@ absl::Status Accuracy(const Flags& flags) {
   dopt.page_size = page_size;
   dopt.num_kv_pages = pages;
   dopt.weight_dtype = flags.weights;
-  auto created = eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, ctx.backend.get());
+  auto created = flags.mtp ? eagle3::DraftModel::CreateMtp(flags.model, dopt, nullptr, ctx.backend.get())
+                           : eagle3::DraftModel::Create(flags.draft, flags.model, dopt, nullptr, ctx.backend.get());
   if (!created.ok() && flags.aux_layers.has_value()) {
     return with_flags(
         absl::Status(created.status().code(), "with --aux-layers: " + std::string(created.status().message())));
@@ -956,7 +973,7 @@ absl::Status Accuracy(const Flags& flags) {
 
   std::printf("%s\n", tap.Describe().c_str());
   std::printf("text %s: %lld tokens; target greedy = next text token at %.4f of positions; %.2f s on %s, %s weights\n",
-              flags.text_file.c_str(), static_cast<long long>(t),
+              flags.tokens.empty() ? flags.text_file.c_str() : "--tokens", static_cast<long long>(t),
               static_cast<double>(target_agree) / static_cast<double>(t - 1),
               seconds.Get("target") + seconds.Get("draft"), flags.device.c_str(),
               WeightsName(flags.weights, *ctx.backend).c_str());
@@ -982,9 +999,14 @@ absl::Status Accuracy(const Flags& flags) {
                                         .str();
   }
   JsonObject result;
-  result.String("target", flags.model)
-      .String("draft", flags.draft)
-      .String("text_file", flags.text_file)
+  result.String("target", flags.model);
+  // --mtp has no draft directory; the key appears only with the flag (as in the settings).
+  if (flags.mtp) {
+    result.Bool("mtp", true);
+  } else {
+    result.String("draft", flags.draft);
+  }
+  result.String("text_file", flags.text_file)
       .Int("tokens", t)
       .Int("text_tokens", text_tokens)
       .Int("tokens_max", flags.tokens_max)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "draft_layer.h"
+#include "draft_layer_common.h"
 #include "view_slices.h"
 #include "zero_fill.h"
 #include "eagle3/checkpoint.h"
@@ -48,6 +49,11 @@ class LlamaDraftLayer final : public DraftLayer {
     inter_ = config.intermediate_size / tp;
     scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)));
     eps_ = static_cast<float>(config.rms_norm_eps);
+    input_.hidden_size = config.hidden_size;
+    input_.target_hidden_size = config.target_hidden_size;
+    input_.fc_input_width = config.fc_input_width();
+    input_.eps = eps_;
+    input_.norm_before_residual = config.norm_before_residual;
   }
 
   void AddBuffers(const std::string& tokens, const std::string& context, HostByteBudget& budget) const override;
@@ -76,13 +82,12 @@ class LlamaDraftLayer final : public DraftLayer {
   int64_t q_width_ = 0, kv_width_ = 0, inter_ = 0;
   float scale_ = 0.0f, eps_ = 0.0f;
 
-  Tensor fc_, fc_bias_, input_norm_;
-  std::vector<Tensor> fc_norms_;
-  Tensor input_ln_, hidden_norm_, qkv_w_, o_proj_, post_ln_, gate_up_w_, down_w_, final_norm_;
+  Eagle3Input input_;
+  Tensor qkv_w_, o_proj_, post_ln_, gate_up_w_, down_w_, final_norm_;
   Tensor cache_;    // [num_kv_pages, page_size, 2 * kv_width]: K (after RoPE) | V
   Tensor cos_sin_;  // [max_context_len, head_dim]
   // Workspaces, sized at Load.
-  Tensor aux_, g_, x_, r_, h_, qkv_, attn_, partial_, gate_up_, act_;
+  Tensor r_, h_, qkv_, attn_, partial_, gate_up_, act_;
 };
 
 void LlamaDraftLayer::AddBuffers(const std::string& tokens, const std::string& context,
@@ -131,22 +136,22 @@ absl::Status LlamaDraftLayer::Load(DraftHeadWeights& head) {
   };
   auto load = [&](std::string_view name) { return LoadShard(*checkpoint_, spec(name), DType::kF32); };
   auto load_w = [&](std::string_view name) { return LoadShard(*checkpoint_, spec(name), weight_dtype); };
-  EAGLE3_ASSIGN_OR_RETURN(fc_, load_w("fc.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(input_.fc, load_w("fc.weight"));
   if (checkpoint_->Has("fc.bias")) {
-    EAGLE3_ASSIGN_OR_RETURN(fc_bias_,
+    EAGLE3_ASSIGN_OR_RETURN(input_.fc_bias,
                             LoadShard(*checkpoint_, WeightSpec{"fc.bias", Shape{config_.hidden_size}}, DType::kF32));
   }
   if (config_.norm_before_fc) {
-    EAGLE3_ASSIGN_OR_RETURN(input_norm_, load("input_norm.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(input_.input_norm, load("input_norm.weight"));
   }
   if (config_.fc_norm) {
     for (int64_t i = 0; i < config_.num_aux_layers(); ++i) {
       EAGLE3_ASSIGN_OR_RETURN(Tensor w, load("fc_norm." + Str(i) + ".weight"));
-      fc_norms_.push_back(std::move(w));
+      input_.fc_norms.push_back(std::move(w));
     }
   }
-  EAGLE3_ASSIGN_OR_RETURN(input_ln_, load(prefix_ + "input_layernorm.weight"));
-  EAGLE3_ASSIGN_OR_RETURN(hidden_norm_, load(prefix_ + "hidden_norm.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(input_.input_layernorm, load(prefix_ + "input_layernorm.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(input_.hidden_norm, load(prefix_ + "hidden_norm.weight"));
   {
     const WeightSpec* qkv_specs[] = {&spec(prefix_ + "self_attn.q_proj.weight"),
                                      &spec(prefix_ + "self_attn.k_proj.weight"),
@@ -185,11 +190,10 @@ absl::Status LlamaDraftLayer::Load(DraftHeadWeights& head) {
   const int64_t t_max = o.max_tokens_per_forward;
   EAGLE3_ASSIGN_OR_RETURN(cache_, rank_.Alloc(DType::kF32, Shape{o.num_kv_pages, o.page_size, 2 * kv_width_}));
   EAGLE3_RETURN_IF_ERROR(ZeroFill(*rank_.backend, cache_));  // unwritten slots read as zeros
-  EAGLE3_ASSIGN_OR_RETURN(aux_, rank_.Alloc(DType::kF32, Shape{t_max, config_.fc_input_width()}));
-  for (Tensor* t : {&g_, &r_, &h_, &partial_}) {
+  EAGLE3_RETURN_IF_ERROR(input_.Allocate(rank_, t_max));
+  for (Tensor* t : {&r_, &h_, &partial_}) {
     EAGLE3_ASSIGN_OR_RETURN(*t, rank_.Alloc(DType::kF32, Shape{t_max, hidden_}));
   }
-  EAGLE3_ASSIGN_OR_RETURN(x_, rank_.Alloc(DType::kF32, Shape{t_max, 2 * hidden_}));
   EAGLE3_ASSIGN_OR_RETURN(qkv_, rank_.Alloc(DType::kF32, Shape{t_max, q_width_ + 2 * kv_width_}));
   EAGLE3_ASSIGN_OR_RETURN(attn_, rank_.Alloc(DType::kF32, Shape{t_max, q_width_}));
   EAGLE3_ASSIGN_OR_RETURN(gate_up_, rank_.Alloc(DType::kF32, Shape{t_max, 2 * inter_}));
@@ -216,32 +220,10 @@ absl::Status LlamaDraftLayer::Forward(const DraftLayerStep& step) {
   Backend& be = *rank_.backend;
   const RankCollectives ranks = rank_.Ranks();
   const int64_t t = step.rows;
-  // g: fc over the (normalized) aux states, or the fed-back hidden as given.
-  const TensorView g_t = Rows(g_, 0, t);
-  if (step.from_target) {
-    const TensorView aux_t = Rows(aux_, 0, t);
-    EAGLE3_RETURN_IF_ERROR(be.Copy(step.input, aux_t));
-    if (config_.norm_before_fc) EAGLE3_RETURN_IF_ERROR(be.RmsNorm(aux_t, input_norm_, eps_, aux_t));
-    const int64_t ht = config_.target_hidden_size;
-    for (size_t i = 0; i < fc_norms_.size(); ++i) {
-      const TensorView slice = Block(aux_t, 0, t, static_cast<int64_t>(i) * ht, ht);
-      EAGLE3_RETURN_IF_ERROR(be.RmsNorm(slice, fc_norms_[i], eps_, slice));
-    }
-    GemmOptions fc_options = kWeightsGemm;
-    const TensorView bias = fc_bias_.view();
-    if (!fc_bias_.empty()) fc_options.bias = &bias;
-    EAGLE3_RETURN_IF_ERROR(be.Gemm(aux_t, fc_, g_t, fc_options));
-  } else {
-    EAGLE3_RETURN_IF_ERROR(be.Copy(step.input, g_t));
-  }
-
-  // x = [input_layernorm(embed(token)) | hidden_norm(g)]; the residual is g or hidden_norm(g).
-  const TensorView x_t = Rows(x_, 0, t), r_t = Rows(r_, 0, t), h_t = Rows(h_, 0, t);
+  // x = [input_layernorm(embed(token)) | hidden_norm(g)] and the residual.
+  const TensorView r_t = Rows(r_, 0, t), h_t = Rows(h_, 0, t), x_t = input_.X(t);
   const TensorView partial_t = Rows(partial_, 0, t);
-  EAGLE3_RETURN_IF_ERROR(be.RmsNorm(step.embedded, input_ln_, eps_, Block(x_t, 0, t, 0, hidden_)));
-  const TensorView normed_g = Block(x_t, 0, t, hidden_, hidden_);
-  EAGLE3_RETURN_IF_ERROR(be.RmsNorm(g_t, hidden_norm_, eps_, normed_g));
-  EAGLE3_RETURN_IF_ERROR(be.Copy(config_.norm_before_residual ? normed_g : g_t, r_t));
+  EAGLE3_RETURN_IF_ERROR(input_.Build(be, step, r_t));
 
   // Attention: this rank's q heads and kv heads; K is cached after RoPE.
   const TensorView qkv_t = Rows(qkv_, 0, t);
@@ -371,13 +353,7 @@ absl::StatusOr<OpenedDraft> OpenLlamaDraft(const std::string& draft_dir, const s
   EAGLE3_RETURN_IF_ERROR(CheckLlamaTensors(*checkpoint, c, specs, own_embedding));
   std::unique_ptr<Checkpoint> target_checkpoint;
   if (!own_embedding) {
-    EAGLE3_ASSIGN_OR_RETURN(target_checkpoint, Checkpoint::Open(target_dir));
-    const std::string embed_name = DeepseekEmbeddingName(target);
-    if (!target_checkpoint->Has(embed_name)) {
-      return absl::NotFoundError("target checkpoint '" + target_dir + "' has no tensor '" + embed_name +
-                                 "', the embedding the draft shares");
-    }
-    EAGLE3_RETURN_IF_ERROR(target_checkpoint->ExpectShape(embed_name, Shape{target.vocab_size, target.hidden_size}));
+    EAGLE3_ASSIGN_OR_RETURN(target_checkpoint, OpenSharedEmbedding(target_dir, target));
   }
   EAGLE3_ASSIGN_OR_RETURN(d.d2t, ReadDraftVocabMapping(*checkpoint, c.vocab_size, c.draft_vocab_size));
 

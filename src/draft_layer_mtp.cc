@@ -17,17 +17,17 @@
 // Tensor parallelism: the norms replicated, the decoder layer as a target layer's, and eh_proj by
 // columns: every rank holds the whole [e | hnorm(h)] row and multiplies its 2H / tp columns, the
 // partial sums all-reduced (mtp_weights.h says why).
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "draft_layer.h"
+#include "draft_layer_common.h"
 #include "feed_forward_block.h"
-#include "mla_block.h"
 #include "view_slices.h"
 #include "weight_loader.h"
-#include "zero_fill.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/detail/quantized_weights.h"
@@ -51,9 +51,8 @@ class MtpDraftLayer final : public DraftLayer {
         mtp_(mtp),
         rank_(rank),
         checkpoint_(std::move(checkpoint)),
-        attention_config_(MlaAttentionConfig::ForTarget(target)),
-        dims_(MlaRankDims::Of(attention_config_, rank.options.tp_size)),
-        ffn_config_(FeedForwardConfig::ForTargetLayer(target, mtp.LayerIndex(kModule))),
+        decoder_(MlaAttentionConfig::ForTarget(target), FeedForwardConfig::ForTargetLayer(target, mtp.LayerIndex(kModule)),
+                 rank, static_cast<float>(target.rms_norm_eps)),
         eps_(static_cast<float>(target.rms_norm_eps)) {}
 
   void AddBuffers(const std::string& tokens, const std::string& context, HostByteBudget& budget) const override;
@@ -65,39 +64,19 @@ class MtpDraftLayer final : public DraftLayer {
   MtpConfig mtp_;
   const DraftRank& rank_;
   std::unique_ptr<Checkpoint> checkpoint_;  // the target's; released after Load
-  MlaAttentionConfig attention_config_;
-  MlaRankDims dims_;
-  FeedForwardConfig ffn_config_;
+  MlaDraftDecoder decoder_;
   float eps_ = 0.0f;
 
-  Tensor enorm_, hnorm_, eh_proj_, input_ln_, post_ln_, shared_head_norm_;
-  std::optional<MlaBlock> attention_;
-  std::optional<FeedForwardBlock> mlp_;
-  Tensor cache_;  // [num_kv_pages, page_size, kv_lora_rank + qk_rope_head_dim]: the latent rows
+  Tensor enorm_, hnorm_, eh_proj_, input_ln_, shared_head_norm_;
   // Workspaces, sized at Load.
-  std::optional<MlaWorkspace> mla_ws_;
-  std::optional<FeedForwardWorkspace> ffn_ws_;
   Tensor cat_, r_, h_, partial_;
 };
 
 void MtpDraftLayer::AddBuffers(const std::string& tokens, const std::string& context, HostByteBudget& budget) const {
-  const DraftModelOptions& o = rank_.options;
-  const int64_t t = o.max_tokens_per_forward, s = o.max_context_len;
-  const MlaRankDims& d = dims_;
-  budget.Add(context + " x qk_rope_head_dim " + Str(d.rope) + " (RoPE table)", {s, d.rope}, 4);
-  budget.Add(tokens + " x " + context + " (host attention mask)", {t, s}, 1);
-  if (!rank_.backend->allocator().device().is_cpu()) return;
-  budget.Add("num_kv_pages " + Str(o.num_kv_pages) + " x page_size " + Str(o.page_size) + " x latent width " +
-                 Str(d.width) + " (KV cache)",
-             {o.num_kv_pages, o.page_size, d.width}, 4);
-  budget.Add(context + " x attention widths (context latent / k / v)",
-             {s, d.width + d.heads * (d.nope + d.vdim + d.qk)}, 4);
-  budget.Add(tokens + " x " + context + " (attention mask)", {t, s}, 1);
-  budget.Add(tokens + " x layer widths (workspaces)",
-             {t, 5 * target_.hidden_size + (d.heads + 1) * d.width + d.heads * (d.qk + d.vdim + d.latent) + d.q_lora +
-                     3 * ffn_config_.WidestRankIntermediate(o.tp_size) +
-                     2 * std::max<int64_t>(ffn_config_.n_routed_experts, 1)},
-             4);
+  // The concat, r, h, partial and the hidden rows; the router's logits and top-k beside them.
+  decoder_.AddBuffers(tokens, context,
+                      5 * target_.hidden_size + 2 * std::max<int64_t>(decoder_.ffn_config().n_routed_experts, 1),
+                      budget);
 }
 
 absl::Status MtpDraftLayer::Load(DraftHeadWeights& head) {
@@ -121,12 +100,7 @@ absl::Status MtpDraftLayer::Load(DraftHeadWeights& head) {
   EAGLE3_ASSIGN_OR_RETURN(hnorm_, loader.Load(p + "hnorm.weight", DType::kF32));
   EAGLE3_ASSIGN_OR_RETURN(eh_proj_, loader.Load(p + "eh_proj.weight", wd));
   EAGLE3_ASSIGN_OR_RETURN(input_ln_, loader.Load(p + "input_layernorm.weight", DType::kF32));
-  EAGLE3_ASSIGN_OR_RETURN(post_ln_, loader.Load(p + "post_attention_layernorm.weight", DType::kF32));
-  EAGLE3_ASSIGN_OR_RETURN(MlaBlock attention,
-                          MlaBlock::Load(attention_config_, o.tp_size, p + "self_attn.", wd, loader));
-  attention_.emplace(std::move(attention));
-  EAGLE3_ASSIGN_OR_RETURN(FeedForwardBlock mlp, FeedForwardBlock::Load(ffn_config_, p + "mlp.", wd, loader));
-  mlp_.emplace(std::move(mlp));
+  EAGLE3_RETURN_IF_ERROR(decoder_.LoadWeights(p, wd, loader));
   EAGLE3_ASSIGN_OR_RETURN(shared_head_norm_, loader.Load(p + "shared_head.norm.weight", DType::kF32));
   EAGLE3_ASSIGN_OR_RETURN(head.embed, loader.Load(DeepseekEmbeddingName(target_), wd));
   if (!target_.tie_word_embeddings) {
@@ -135,13 +109,7 @@ absl::Status MtpDraftLayer::Load(DraftHeadWeights& head) {
   checkpoint_.reset();
 
   const int64_t t_max = o.max_tokens_per_forward, h = target_.hidden_size;
-  EAGLE3_ASSIGN_OR_RETURN(cache_, rank_.Alloc(DType::kF32, Shape{o.num_kv_pages, o.page_size, dims_.width}));
-  EAGLE3_RETURN_IF_ERROR(ZeroFill(be, cache_));  // unwritten slots read as zeros
-  EAGLE3_ASSIGN_OR_RETURN(MlaWorkspace mla_ws, MlaWorkspace::Create(attention_config_, o.tp_size, t_max,
-                                                                    o.max_context_len, be, "DraftModel"));
-  mla_ws_.emplace(std::move(mla_ws));
-  EAGLE3_ASSIGN_OR_RETURN(FeedForwardWorkspace ffn_ws, FeedForwardWorkspace::Create(ffn_config_, o.tp_size, t_max, be));
-  ffn_ws_.emplace(std::move(ffn_ws));
+  EAGLE3_RETURN_IF_ERROR(decoder_.Allocate());
   EAGLE3_ASSIGN_OR_RETURN(cat_, rank_.Alloc(DType::kF32, Shape{t_max, 2 * h}));
   for (Tensor* t : {&r_, &h_, &partial_}) {
     EAGLE3_ASSIGN_OR_RETURN(*t, rank_.Alloc(DType::kF32, Shape{t_max, h}));
@@ -167,25 +135,9 @@ absl::Status MtpDraftLayer::Forward(const DraftLayerStep& step) {
   EAGLE3_RETURN_IF_ERROR(be.Gemm(Block(cat_t, 0, t, rank_.options.rank * cols, cols), eh_proj_, r_t, kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(ranks.AllReduce(r_t));
   EAGLE3_RETURN_IF_ERROR(be.RmsNorm(r_t, input_ln_, eps_, h_t));
-
-  MlaBatchedStep batched;
-  batched.positions = step.positions;
-  batched.slots = step.slots;
-  batched.slot_iota = step.slot_iota;
-  batched.page_tables = step.page_tables;
-  batched.q_start = step.q_start;
-  batched.kv_len = step.kv_len;
-  batched.max_kv_len = step.max_kv_len;
-  batched.key_mask = step.mask;
-  if (step.kv_only) return attention_->WriteCacheRows(h_t, batched, cache_, *mla_ws_);
-  EAGLE3_RETURN_IF_ERROR(attention_->ForwardBatched(h_t, batched, cache_, *mla_ws_, partial_t));
-  EAGLE3_RETURN_IF_ERROR(ranks.AllReduce(partial_t));
-  EAGLE3_RETURN_IF_ERROR(be.AddRmsNorm(partial_t, r_t, post_ln_, eps_, h_t));
-  EAGLE3_RETURN_IF_ERROR(mlp_->Forward(h_t, *ffn_ws_, partial_t));
-  EAGLE3_RETURN_IF_ERROR(ranks.AllReduce(partial_t));
-  // o = shared_head.norm(r): the head's input and the hidden fed back alike.
-  EAGLE3_RETURN_IF_ERROR(be.AddRmsNorm(partial_t, r_t, shared_head_norm_, eps_, step.head_in));
-  return be.Copy(step.head_in, step.hidden_out);
+  // The decoder layer (MoE for V3), then o = shared_head.norm(r): the head's input and the hidden
+  // fed back alike.
+  return decoder_.Forward(step, h_t, r_t, h_t, partial_t, shared_head_norm_, /*feed_back_normed=*/true);
 }
 
 }  // namespace

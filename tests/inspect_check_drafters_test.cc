@@ -98,7 +98,10 @@ TEST(InspectCheckDraftersTest, MtpFlagIsCheckedWithTheOthers) {
   EXPECT_THAT(run.log, HasSubstr("--target and --draft (or --mtp) are required"));
   run = RunTool(EAGLE3_INSPECT, "accuracy --target /x --draft /y --text-file /z --mtp", dir);
   EXPECT_EQ(run.exit_code, 2);
-  EXPECT_THAT(run.log, HasSubstr("--mtp applies to the check and draft subcommands only"));
+  EXPECT_THAT(run.log, HasSubstr("--draft and --mtp name two drafters; give one"));
+  run = RunTool(EAGLE3_INSPECT, "target --model /x --tokens 1,2 --out /z --mtp", dir);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.log, HasSubstr("--mtp applies to the check, draft and accuracy subcommands only"));
   run = RunTool(EAGLE3_INSPECT, "check --help", dir);
   EXPECT_THAT(run.log, HasSubstr("--mtp"));
 }

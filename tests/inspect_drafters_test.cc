@@ -3,7 +3,7 @@
 // the draft logits and the tree the decode loop drafts, equal to the fixtures' (the target runs here,
 // so its taps are this build's, within 1e-6 of the stored ones); eagle3-decode --draft (MLA) and
 // --mtp decode greedily to the plain output, through the device step and the host loop; the flag
-// combinations they refuse.
+// combinations they refuse; eagle3-inspect accuracy with an MLA draft and with --mtp.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -127,7 +127,80 @@ TEST(InspectDraftersTest, RefusesMtpMisuse) {
   run = RunTool(EAGLE3_INSPECT, "target --model " + Golden("v3_mtp") + " --mtp --tokens 1,2 --out " + dir.File("z"),
                 dir);
   EXPECT_NE(run.exit_code, 0);
-  EXPECT_THAT(run.log, HasSubstr("--mtp applies to the check and draft subcommands only"));
+  EXPECT_THAT(run.log, HasSubstr("--mtp applies to the check, draft and accuracy subcommands only"));
+  // --mtp with --aux-layers (the module reads no layer taps).
+  run = RunTool(EAGLE3_INSPECT,
+                "accuracy --target " + Golden("v3_mtp") + " --mtp --aux-layers 0,1 --tokens 1,2,3,4,5,6,7,8", dir);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.log, HasSubstr("--aux-layers and --mtp"));
+  // Both --text-file and --tokens, or neither.
+  run = RunTool(EAGLE3_INSPECT, "accuracy --target " + Golden("v3_mtp") + " --mtp", dir);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.log, HasSubstr("one of --text-file and --tokens"));
+}
+
+// The argmax of `n` values.
+int64_t ArgMax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
+
+// eagle3-inspect accuracy with a drafter that runs DeepSeek layers, against `target` and `draft`'s
+// own outputs on the same tokens: depth 1 at start p is the draft row (tap p, token p + 1), which is
+// row p of `draft`'s draft_logits, scored against the target's greedy token at p + 1 (the argmax of
+// `target`'s logits row p + 1). The vocabularies of both fixtures are the target's (no d2t).
+void ExpectAccuracyMatchesDraftRows(const std::string& target, const std::string& drafter_flags, int64_t vocab) {
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 40; ++i) tokens.push_back((i * 37 + 11) % vocab);
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  ScopedTempDir dir;
+  ToolRun run = RunTool(EAGLE3_INSPECT,
+                        "target --model " + Golden(target) + " --tokens " + Join(tokens) + " --out " +
+                            dir.File("target.safetensors"),
+                        dir);
+  ASSERT_EQ(run.exit_code, 0) << run.log;
+  run = RunTool(EAGLE3_INSPECT,
+                "draft --target " + Golden(target) + " " + drafter_flags + " --tokens " + Join(tokens) + " --out " +
+                    dir.File("draft.safetensors"),
+                dir);
+  ASSERT_EQ(run.exit_code, 0) << run.log;
+  run = RunTool(EAGLE3_INSPECT,
+                "accuracy --target " + Golden(target) + " " + drafter_flags + " --tokens " + Join(tokens) +
+                    " --depth 3 --out " + dir.File("accuracy.json"),
+                dir);
+  ASSERT_EQ(run.exit_code, 0) << run.log;
+  auto target_file = SafetensorsFile::Open(dir.File("target.safetensors"));
+  auto draft_file = SafetensorsFile::Open(dir.File("draft.safetensors"));
+  ASSERT_TRUE(target_file.ok() && draft_file.ok());
+  const std::vector<float> target_logits = Values<float>(**target_file, "logits");
+  const std::vector<float> draft_logits = Values<float>(**draft_file, "draft_logits");
+  ASSERT_EQ(static_cast<int64_t>(target_logits.size()), t * vocab);
+  ASSERT_EQ(static_cast<int64_t>(draft_logits.size()), t * vocab);
+  int64_t agree = 0;
+  for (int64_t p = 0; p + 1 < t; ++p) {
+    agree += ArgMax(draft_logits.data() + p * vocab, vocab) == ArgMax(target_logits.data() + (p + 1) * vocab, vocab);
+  }
+  const nlohmann::json out = nlohmann::json::parse(ReadFile(dir.File("accuracy.json")));
+  ASSERT_EQ(out["depths"].size(), 3u);
+  EXPECT_EQ(out["depths"][0]["agree"].get<int64_t>(), agree);
+  for (int d = 1; d <= 3; ++d) EXPECT_EQ(out["depths"][d - 1]["count"].get<int64_t>(), t - d);
+  EXPECT_EQ(out["tokens"].get<int64_t>(), t);
+}
+
+TEST(InspectDraftersTest, AccuracyWithAnMlaDraftScoresItsDraftRows) {
+  ExpectAccuracyMatchesDraftRows("k25_int4", "--draft " + Golden("mla_draft_k25"), 400);
+}
+
+TEST(InspectDraftersTest, AccuracyWithMtpScoresItsDraftRows) {
+  ExpectAccuracyMatchesDraftRows("v3_mtp", "--mtp", 130);
+  ScopedTempDir dir;
+  const ToolRun run = RunTool(EAGLE3_INSPECT,
+                              "accuracy --target " + Golden("v3_mtp") + " --mtp --tokens 3,9,27,81,113,5,15 --depth 2 "
+                              "--json " + dir.File("report.json"),
+                              dir);
+  ASSERT_EQ(run.exit_code, 0) << run.log;
+  EXPECT_THAT(run.log, HasSubstr("after model.norm"));
+  const nlohmann::json report = nlohmann::json::parse(ReadFile(dir.File("report.json")));
+  EXPECT_TRUE(report["settings"]["mtp"].get<bool>());
+  EXPECT_FALSE(report["settings"].contains("draft"));
+  EXPECT_TRUE(report["mtp"].get<bool>());
 }
 
 nlohmann::json Decode(const std::string& args, const ScopedTempDir& dir) {

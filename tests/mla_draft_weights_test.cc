@@ -203,6 +203,23 @@ TEST_F(TinyMlaDraftTest, BothLayerNamingsAndVariantsPassAndShardAsTheSchemaSays)
   }
 }
 
+TEST_F(TinyMlaDraftTest, ALayerNumberedAfterTheTargetIsRefusedNamingTheTensor) {
+  // The draft's layer under the target's layer count, as vLLM's draft module names it in memory.
+  const std::string layer = "layers." + std::to_string(target_.num_hidden_layers) + ".";
+  RandomDraftCheckpointOptions o = Options();
+  o.layer_prefix = layer;
+  Write(o);
+  const absl::StatusOr<MlaDraftCheckpointLayout> layout = Check();
+  ASSERT_FALSE(layout.ok());
+  EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(layout.status().message(), HasSubstr("has tensor '" + layer));
+  EXPECT_THAT(layout.status().message(), HasSubstr("rename '" + layer + "' to 'layers.0.'"));
+  // eagle3-inspect check's pair report says the same.
+  const PairReport report = CheckDraftPair(target_dir_.path(), draft_dir_.path());
+  EXPECT_FALSE(report.ok());
+  EXPECT_THAT(Joined(report.problems), HasSubstr("rename '" + layer + "' to 'layers.0.'"));
+}
+
 TEST_F(TinyMlaDraftTest, ToolsTellTheTwoHeadKindsApart) {
   Write(Options());
   EXPECT_TRUE(*NamesMlaDraftArchitecture(draft_dir_.path()));
