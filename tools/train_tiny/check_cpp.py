@@ -98,6 +98,9 @@ def main():
     result = {"prompt_path": path, "prompt_tokens": len(tokens), "device": args.device, "tp": args.tp,
               "target": target_dir, "draft": draft_dir, "draft_kind": "mla" if mla else "llama"}
     common = ["--device", args.device, "--tp", str(args.tp)]
+    # The comparisons are against transformers in fp32: f32 weight storage on every device (CUDA's
+    # default bf16 storage rounds every product's inputs, ~1e-2 on these logits).
+    exact = ["--weights", "f32"]
 
     out = run([inspect_bin, "check", "--target", target_dir, "--draft", draft_dir])
     if "pair OK" not in out:
@@ -107,7 +110,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         # Target: logits and boundaries.
         target_file = os.path.join(tmp, "target.safetensors")
-        run([inspect_bin, "target", "--model", target_dir, "--tokens", ids, "--out", target_file] + common)
+        run([inspect_bin, "target", "--model", target_dir, "--tokens", ids, "--out", target_file] + common + exact)
         cpp = load_file(target_file)
         model = transformers.DeepseekV2ForCausalLM.from_pretrained(
             target_dir, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
@@ -121,7 +124,7 @@ def main():
         # Draft: first step at every position from transformers' aux states.
         draft_file = os.path.join(tmp, "draft.safetensors")
         run([inspect_bin, "draft", "--target", target_dir, "--draft", draft_dir, "--tokens", ids, "--out",
-             draft_file] + common)
+             draft_file] + common + exact)
         cpp_draft = load_file(draft_file)
         weights = {n: w.float() for n, w in load_file(os.path.join(draft_dir, "model.safetensors")).items()
                    if n not in ("d2t", "t2d")}
