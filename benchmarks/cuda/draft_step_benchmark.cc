@@ -13,6 +13,12 @@
 //       own data, so the time is one rank's compute: the collectives are measured separately by
 //       collectives_benchmark. from_target 1 = the first step after a target pass (fc over the aux
 //       states), 0 = a later step (the fed-back hidden).
+//   BM_MlaDraftStep/tokens/from_target/graph : the same step (tp 8 only) of a Kimi-K2.5-shaped MLA
+//       EAGLE-3 draft (DraftKind::kMla; random, over a K2 target directory holding its embedding).
+//   BM_MtpDraftStep/tokens/fp8/graph : the same step (tp 8 only) of DeepSeek-V3's MTP module
+//       (DraftModel::CreateMtp) from a sparse V3 target directory holding only the module, the
+//       embedding and lm_head; fp8 1 = the published FP8 form kept quantized. Run the two alone with
+//       --benchmark_filter='BM_(Mla|Mtp)DraftStep'.
 //   BM_FcProjection/tokens/shards/bf16 : the fc GEMM [T, 3*7168] x [7168/shards, 3*7168]^T alone;
 //       shards 1 = replicated (what DraftModel runs), 8 = one rank's column shard (the modeled
 //       alternative: + an all-gather of [T, 7168], see make_results.py); bf16 0 = f32 weights and
