@@ -42,6 +42,8 @@ RUN_SETTINGS = ("min_time", "repeats", "iterations")
 STEP_MODELS = {0: "v2lite-tp1", 1: "v2-tp8-rank", 2: "v3-fp8-tp8-rank", 3: "k2-int4-tp8-rank"}
 MODEL_NAMES = {"BM_DecodeStep": STEP_MODELS, "BM_VerifyStep": STEP_MODELS,
                "BM_MoeDecode": {0: "v3-tp8-rank", 1: "k2-tp8-rank", 2: "v2lite-tp1", 3: "v2-tp8-rank"}}
+# Values of other row keys shown by name: BM_MtpDraftStep's weight form (draft_step_benchmark.cc).
+PARAM_VALUE_NAMES = {("BM_MtpDraftStep", "fp8"): {0: "bf16", 1: "fp8-kept"}}
 # Argument names of benchmarks that older runs registered without ArgNames (positional "/16/4096").
 POSITIONAL_ARG_NAMES = {"BM_BatchedLatentAttention": ["heads", "context", "batch", "qtokens", "cache_bits"]}
 # Arguments that older runs did not have, with the value those runs implied: rows of different runs
@@ -247,9 +249,12 @@ def interp_loglog(points, x):
 
 
 def param_cell(bench, key, value):
-    """A row key as a table shows it: model ids by name (MODEL_NAMES), everything else as is."""
+    """A row key as a table shows it: model ids by name (MODEL_NAMES), values PARAM_VALUE_NAMES names by
+    name, everything else as is."""
     if key == "model" and value in MODEL_NAMES.get(bench, {}):
         return MODEL_NAMES[bench][value]
+    if value in PARAM_VALUE_NAMES.get((bench, key), {}):
+        return PARAM_VALUE_NAMES[(bench, key)][value]
     return str(value)
 
 

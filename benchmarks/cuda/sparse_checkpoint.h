@@ -1,5 +1,6 @@
 // Sparse DeepSeek-V2-family checkpoints for the GPU benchmarks (decode_step_benchmark,
-// e2e_benchmark), unquantized or in a quantization_config's stored form: the embedding and each MoE
+// e2e_benchmark; draft_step_benchmark's MTP module and MLA-draft targets, which list only the tensors
+// they read: SparseTensorsOf), unquantized or in a quantization_config's stored form: the embedding and each MoE
 // router are N(0, 0.02²) bf16, norms are 1, every other matrix is a file hole (zeros; the file takes
 // well under a gigabyte on disk whatever its size).
 // Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
@@ -10,6 +11,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -66,12 +68,14 @@ struct SparseTensor {
   std::vector<int32_t> values;  // kValues (an INT4 weight's weight_shape)
 };
 
-// The stored tensors of `config`'s weights as its quantization_config stores them
-// (eagle3/detail/quantized_weights.h): plain weights in bf16; FP8 codes and their f32 scales; INT4
-// packed words, bf16 scales and the [out, in] weight_shape. Codes and scales are holes (zero
-// weights: timing does not depend on them).
-inline std::vector<SparseTensor> SparseTensors(const DeepseekV2Config& config, bool random_lm_head) {
-  const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
+// The stored tensors of `specs` (weights of `config`: DeepseekV2Weights, MtpModuleWeights, or any
+// list of them) as its quantization_config stores them (eagle3/detail/quantized_weights.h): plain
+// weights in bf16; FP8 codes and their f32 scales; INT4 packed words, bf16 scales and the [out, in]
+// weight_shape. Codes and scales are holes (zero weights: timing does not depend on them); plain
+// norms are ones, and the plain weights `random(name)` selects N(0, 0.02²), the rest holes.
+template <typename RandomFn>
+std::vector<SparseTensor> SparseTensorsOf(const DeepseekV2Config& config, const std::vector<WeightSpec>& specs,
+                                          RandomFn&& random) {
   const std::vector<StoredForm> forms = StoredForms(config, specs);
   const QuantizationConfig& q = config.quantization;
   std::vector<SparseTensor> tensors;
@@ -96,8 +100,7 @@ inline std::vector<SparseTensor> SparseTensors(const DeepseekV2Config& config, b
     SparseTensor t{s.name, "BF16", 2, shape};
     if (Ends(s.name, "norm.weight")) {
       t.fill = SparseTensor::Fill::kOnes;
-    } else if (Ends(s.name, "embed_tokens.weight") || Ends(s.name, "mlp.gate.weight") ||
-               (random_lm_head && Ends(s.name, "lm_head.weight"))) {
+    } else if (random(s.name)) {
       t.fill = SparseTensor::Fill::kRandom;
     }
     tensors.push_back(std::move(t));
@@ -105,19 +108,29 @@ inline std::vector<SparseTensor> SparseTensors(const DeepseekV2Config& config, b
   return tensors;
 }
 
-// Writes config.json and a single model.safetensors whose big matrices are holes (see the top of the
-// file), once: a `complete` marker makes later runs reuse it. Tensors are laid out contiguously in
-// schema order, as the reader requires; a quantized config's weights are stored in its form
-// (SparseTensors). random_lm_head: lm_head.weight N(0, 0.02²) too, so that the greedy next token
-// varies with the token (with every other matrix zero, the final hidden state is the token's
-// embedding), instead of always being id 0.
-inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::string& config_json,
-                                           const DeepseekV2Config& config, bool random_lm_head = false) {
+// The whole target's tensors (DeepseekV2Weights): the embedding and each MoE router random (see the
+// top of the file); random_lm_head: lm_head.weight too.
+inline std::vector<SparseTensor> SparseTensors(const DeepseekV2Config& config, bool random_lm_head) {
+  return SparseTensorsOf(config, DeepseekV2Weights(config), [&](const std::string& name) {
+    return Ends(name, "embed_tokens.weight") || Ends(name, "mlp.gate.weight") ||
+           (random_lm_head && Ends(name, "lm_head.weight"));
+  });
+}
+
+// Values drawn per random tensor when tiled: a period that no row width of these models divides, so
+// that the embedding rows of different tokens differ (each is a shifted window of the block).
+inline constexpr int64_t kSparseTileValues = (int64_t{1} << 20) + 7;
+
+// Writes config.json and a single model.safetensors holding `tensors` in order (as the reader
+// requires them contiguous in schema order), holes left unwritten, once: a `complete` marker makes
+// later runs reuse the directory. tiled: each random tensor repeats its first kSparseTileValues
+// draws (a gigabyte embedding written in a second or two instead of drawing every value).
+inline absl::Status WriteSparseCheckpoint(const std::string& dir, const std::string& config_json,
+                                          const std::vector<SparseTensor>& tensors, bool tiled = false) {
   if (std::filesystem::exists(dir + "/complete")) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << config_json;
-  const std::vector<SparseTensor> tensors = SparseTensors(config, random_lm_head);
   std::string header = R"({"__metadata__":{"format":"pt"})";
   std::vector<int64_t> offsets;
   int64_t offset = 0;
@@ -157,7 +170,13 @@ inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::st
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     data.resize(static_cast<size_t>(numel));
-    for (uint16_t& v : data) v = t.fill == SparseTensor::Fill::kOnes ? FloatToBf16(1.0f) : FloatToBf16(dist(rng));
+    const size_t drawn = tiled ? static_cast<size_t>(std::min(numel, kSparseTileValues)) : data.size();
+    for (size_t j = 0; j < drawn; ++j) {
+      data[j] = t.fill == SparseTensor::Fill::kOnes ? FloatToBf16(1.0f) : FloatToBf16(dist(rng));
+    }
+    for (size_t j = drawn; j < data.size(); j += drawn) {
+      std::copy_n(data.begin(), std::min(drawn, data.size() - j), data.begin() + static_cast<std::ptrdiff_t>(j));
+    }
     const size_t bytes = data.size() * 2;
     ok = ::pwrite(fd, data.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
   }
@@ -169,6 +188,15 @@ inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::st
                static_cast<double>(data_start + offset) * 1e-9,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
+}
+
+// The whole target of `config` (SparseTensors), written once by WriteSparseCheckpoint.
+// random_lm_head: lm_head.weight N(0, 0.02²) too, so that the greedy next token varies with the
+// token (with every other matrix zero, the final hidden state is the token's embedding), instead of
+// always being id 0.
+inline absl::Status EnsureSparseCheckpoint(const std::string& dir, const std::string& config_json,
+                                           const DeepseekV2Config& config, bool random_lm_head = false) {
+  return WriteSparseCheckpoint(dir, config_json, SparseTensors(config, random_lm_head));
 }
 
 }  // namespace eagle3::bench
