@@ -21,9 +21,11 @@
 // once before capturing (FailedPrecondition otherwise).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -125,7 +127,9 @@ absl::StatusOr<const QuantMoeExpert*> DeviceTable(CudaBackend::State& s, QuantMo
 // A workspace for rounds of this call's shape (see the file comment).
 absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState& state, int64_t top_k,
                                             int64_t num_experts, int64_t hidden, int64_t inter) {
-  const int64_t fit = std::max<int64_t>(1, kYBytes / std::max<int64_t>(1, top_k * hidden * 4));
+  // y holds QuantMoeSlotRows(pairs, experts) <= pairs + 8 (experts + 1) rows of hidden floats.
+  const int64_t y_rows = kYBytes / std::max<int64_t>(1, hidden * 4) - kQuantMoeJobPairs * (num_experts + 1);
+  const int64_t fit = std::max<int64_t>(1, y_rows / std::max<int64_t>(1, top_k));
   const int64_t round_tokens = std::max<int64_t>(1, std::min(s.options.max_rows, fit));
   const QuantMoeWorkspace& have = state.workspace;
   if (have.max_tokens >= round_tokens && have.max_tokens * have.top_k >= round_tokens * top_k &&
@@ -142,6 +146,42 @@ absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState
   state.workspaces.emplace_back(buffer, bytes);
   state.workspace = QuantMoeWorkspaceAt(buffer, max_tokens, max_top_k, max_experts, max_hidden, max_inter);
   return state.workspace;
+}
+
+// The A/B switch of benchmarks/cuda/quant_moe_benchmark.cc: EAGLE3_QUANT_MOE_KERNEL=legacy runs the
+// CUDA-core kernels even where the grouped GEMV could run.
+bool LegacyKernelsRequested() {
+  static const bool legacy = [] {
+    const char* value = std::getenv("EAGLE3_QUANT_MOE_KERNEL");
+    return value != nullptr && std::string_view(value) == "legacy";
+  }();
+  return legacy;
+}
+
+QuantMoeGemvLayout LayoutOf(const QuantMoeMatrix& m) { return {m.codes_ld, m.scales_ld, m.row_off, m.col_off}; }
+
+bool SameLayout(const QuantMoeGemvLayout& a, const QuantMoeGemvLayout& b) {
+  return a.codes_ld == b.codes_ld && a.scales_ld == b.scales_ld && a.row_off == b.row_off && a.col_off == b.col_off;
+}
+
+// Whether the grouped-GEMV path takes the experts (quant_moe_ops.h): every matrix on the GEMV's
+// layout, gate and up of every expert with one layout, down with one; sets shape's layouts.
+bool OnSharedGemvLayout(const std::vector<QuantMoeExpert>& experts, QuantMoeShape& shape) {
+  const int64_t hidden = shape.hidden, inter = shape.inter;
+  if (hidden < 1 || inter < 1) return false;
+  shape.gate_up = LayoutOf(experts[0].gate);
+  shape.down = LayoutOf(experts[0].down);
+  for (const QuantMoeExpert& e : experts) {
+    const auto on = [&](const QuantMoeMatrix& m, int64_t rows, int64_t k) {
+      return QuantMoeOnGemvLayout(m, rows, k, shape.format, shape.block_rows, shape.block_cols);
+    };
+    if (!on(e.gate, inter, hidden) || !on(e.up, inter, hidden) || !on(e.down, hidden, inter) ||
+        !SameLayout(LayoutOf(e.gate), shape.gate_up) || !SameLayout(LayoutOf(e.up), shape.gate_up) ||
+        !SameLayout(LayoutOf(e.down), shape.down)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -197,6 +237,7 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
                             QuantMoeChunked(entry.up, inter, shape.format, shape.block_cols);
     shape.down_chunked = shape.down_chunked && QuantMoeChunked(entry.down, hidden, shape.format, shape.block_cols);
   }
+  shape.grouped = num_experts > 0 && !LegacyKernelsRequested() && OnSharedGemvLayout(state.wanted, shape);
   const QuantMoeExpert* table = nullptr;
   if (num_experts > 0) {
     EAGLE3_ASSIGN_OR_RETURN(table, DeviceTable(s, state));
