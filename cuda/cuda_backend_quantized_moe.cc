@@ -3,6 +3,10 @@
 // quant_moe_ops.h). x, weights and out are f32; scales f32 (FP8) or bf16 (INT4, as the hub stores
 // them: QuantizedGemm's rule).
 //
+// Path: the grouped quantized GEMV where every expert's views are on its layout with one shared
+// layout (OnSharedGemvLayout: the experts of a hub checkpoint's TP slice), else the CUDA-core
+// kernels; EAGLE3_QUANT_MOE_KERNEL=legacy forces the latter (the benchmark's A/B switch).
+//
 // Data-dependent errors follow MoeExperts: a token with an id outside [0, experts) keeps its out row
 // and is reported by the next Synchronize() as InvalidArgument naming the token.
 //
@@ -12,9 +16,10 @@
 //    cached by content, one per distinct expert set (each MoE layer keeps its own), up to
 //    kMaxTables; a call whose set is cached uploads nothing, a new set costs one small host ->
 //    device copy (over the least recently used table once the cache is full).
-//  - the workspace (QuantMoeWorkspace): the pair grouping, x and act in bf16 and the per-pair
-//    outputs y [pairs, H] f32 of one round of min(max_rows, what fits kYBytes of y) tokens: 1170
-//    tokens at V3 / K2.5 TP8 (top-8, H 7168); longer calls run in several rounds. Sized at the
+//  - the workspace (QuantMoeWorkspace): the pair grouping, the per-job item pointers, x and act in
+//    bf16 and the outputs y f32 in per-job 8-row slots (QuantMoeSlotRows <= pairs + 8 (experts + 1)
+//    rows) of one round of min(max_rows, what fits kYBytes of y) tokens: about 780 tokens at
+//    V3 / K2.5 TP8 (top-8, H 7168); longer calls run in several rounds. Sized at the
 //    first call from its top_k, H and I; a call that needs more allocates a larger one, keeping the
 //    old (a captured graph may still use it).
 // Neither first use may happen while the stream is being captured into a CUDA graph: run the step
