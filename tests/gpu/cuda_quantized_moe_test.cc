@@ -1,9 +1,10 @@
 // CudaBackend::QuantizedMoeExperts against the CPU reference (QuantizedMoeExperts on the host
 // views: exact dequantization, f32 activations), for FP8 block-scaled and INT4 group experts:
 //  - edge shapes (I = 40 and H = 200, multiples of neither 16 nor 32; slices starting inside a
-//    scale block, a group and a packed word, the kernels' value-at-a-time path; aligned slices
-//    whose rows still end in a partial chunk, the chunked path), 1, 4, 16 and 64 tokens, accumulate
-//    on and off;
+//    scale block, a group and a packed word, the CUDA-core kernels' value-at-a-time path; aligned
+//    slices whose rows still end in a partial chunk, the chunked path; one aligned layout shared by
+//    every expert, the grouped-GEMV path), 1, 4, 16 and 64 tokens, accumulate on and off;
+//  - the real TP8-rank shapes (the grouped-GEMV path) and the graph test below;
 //  - the real TP8-rank shapes (rank 3's slices): Kimi-K2.5 INT4 (H 7168, 384 experts, I 2048 / 8 =
 //    256, top-8) and DeepSeek-V3 FP8 (H 7168, 256 experts, I 256, top-8) at 1, 4, 16 and 64 tokens;
 //  - a captured CUDA graph's replay bit for bit equal to an eager call, and two eager calls bit for
@@ -181,6 +182,14 @@ TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesValueAtATime) {
 }
 TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesChunked) {
   CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), AlignedLayouts(), 4);
+}
+// One shared layout on the quantized GEMV's grid: the grouped-GEMV path, with rows and columns that
+// end inside a tile, a 16-byte chunk and a scale block.
+TEST_F(CudaQuantizedMoeTest, Fp8EdgeShapesGroupedGemv) {
+  CheckEdgeShapes(DeepseekV3Fp8Quantization(), {AlignedLayouts()[1]}, 5);
+}
+TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesGroupedGemv) {
+  CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), {AlignedLayouts()[1]}, 6);
 }
 
 // Every expert of a real TP8 rank (rank 3: gate / up rows and down columns [768, 1024) of the
