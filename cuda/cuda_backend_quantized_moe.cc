@@ -18,8 +18,8 @@
 //    device copy (over the least recently used table once the cache is full).
 //  - the workspace (QuantMoeWorkspace): the pair grouping, the per-job item pointers, x and act in
 //    bf16 and the outputs y f32 in per-job 8-row slots (QuantMoeSlotRows <= pairs + 8 (experts + 1)
-//    rows) of one round of min(max_rows, what fits kYBytes of y) tokens: about 780 tokens at
-//    V3 / K2.5 TP8 (top-8, H 7168); longer calls run in several rounds. Sized at the
+//    rows) of one round of min(max_rows, what fits kYBytes of y) tokens: about 650 tokens at
+//    V3 / K2.5 TP8 (top-8, H 7168, max_experts 512); longer calls run in several rounds. Sized at the
 //    first call from its top_k, H and I; a call that needs more allocates a larger one, keeping the
 //    old (a captured graph may still use it).
 // Neither first use may happen while the stream is being captured into a CUDA graph: run the step
@@ -132,11 +132,15 @@ absl::StatusOr<const QuantMoeExpert*> DeviceTable(CudaBackend::State& s, QuantMo
 // A workspace for rounds of this call's shape (see the file comment).
 absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState& state, int64_t top_k,
                                             int64_t num_experts, int64_t hidden, int64_t inter) {
-  // y holds QuantMoeSlotRows(pairs, experts) <= pairs + 8 (experts + 1) rows of hidden floats.
-  const int64_t y_rows = kYBytes / std::max<int64_t>(1, hidden * 4) - kQuantMoeJobPairs * (num_experts + 1);
-  const int64_t fit = std::max<int64_t>(1, y_rows / std::max<int64_t>(1, top_k));
-  const int64_t round_tokens = std::max<int64_t>(1, std::min(s.options.max_rows, fit));
   const QuantMoeWorkspace& have = state.workspace;
+  const int64_t max_experts = std::max({have.max_experts, num_experts, s.options.max_experts});
+  // y holds QuantMoeSlotRows(pairs, experts) <= min(8 pairs, pairs + 8 (experts + 1)) rows of hidden
+  // floats.
+  const int64_t rows = kYBytes / std::max<int64_t>(1, hidden * 4);
+  const int64_t per_token = std::max<int64_t>(1, top_k);
+  const int64_t fit = std::max<int64_t>({1, (rows - kQuantMoeJobPairs * (max_experts + 1)) / per_token,
+                                         rows / (kQuantMoeJobPairs * per_token)});
+  const int64_t round_tokens = std::max<int64_t>(1, std::min(s.options.max_rows, fit));
   if (have.max_tokens >= round_tokens && have.max_tokens * have.top_k >= round_tokens * top_k &&
       have.max_experts >= num_experts && have.hidden >= hidden && have.inter >= inter) {
     return have;
@@ -144,7 +148,6 @@ absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState
   EAGLE3_RETURN_IF_ERROR(CheckNotCapturing(s.stream, "growing the workspace"));
   const int64_t max_tokens = std::max(have.max_tokens, round_tokens);
   const int64_t max_top_k = std::max(have.top_k, top_k);
-  const int64_t max_experts = std::max({have.max_experts, num_experts, s.options.max_experts});
   const int64_t max_hidden = std::max(have.hidden, hidden), max_inter = std::max(have.inter, inter);
   const size_t bytes = QuantMoeWorkspaceBytes(max_tokens, max_top_k, max_experts, max_hidden, max_inter);
   EAGLE3_ASSIGN_OR_RETURN(void* buffer, s.allocator.Allocate(bytes, 256));

@@ -14,7 +14,8 @@
 //
 // Tolerances, as max |gpu - ref| / max |ref| over a call's output:
 //  - 2e-3 against a bf16 model of the kernels (x and act rounded to bf16, exact weights, double
-//    sums): only fp32 summation order differs from it, plus an act value that lands on the other
+//    sums; INT4 weights rounded to bf16 for the grouped-GEMV path, which takes them so): only fp32
+//    summation order differs from it, plus an act value that lands on the other
 //    side of a bf16 rounding boundary (one ulp, 2^-8 relative, of one of I terms of a down product);
 //    a wrong block, group, nibble or row moves results by whole weights, orders of magnitude above.
 //  - 1e-2 against the exact CPU reference: the bf16 rounding of x and act (relative 2^-9 each,
@@ -65,9 +66,14 @@ std::vector<ExpertSlices> AlignedLayouts() {
 
 float Bf16Round(float v) { return Bf16ToFloat(FloatToBf16(v)); }
 
-// The bf16 model of the kernels (see the file comment).
+// The bf16 model of the kernels (see the file comment); bf16_weights: every weight rounded to bf16
+// (INT4 on the grouped-GEMV path, which takes bf16(q * scale) as QuantizedGemm's GEMV does).
 Tensor Bf16Model(const QuantizedExperts& experts, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                 const Tensor& out0, bool accumulate) {
+                 const Tensor& out0, bool accumulate, bool bf16_weights) {
+  const auto weight = [&](const Tensor& t, int64_t i) {
+    const float w = t.data_as<float>()[i];
+    return static_cast<double>(bf16_weights ? Bf16Round(w) : w);
+  };
   const int64_t tokens = x.dim(0), hidden = x.dim(1), k = ids.dim(1);
   Tensor out = *Tensor::Empty(DType::kF32, x.shape());
   std::vector<float> xb(hidden), act;
@@ -83,15 +89,15 @@ Tensor Bf16Model(const QuantizedExperts& experts, const Tensor& x, const Tensor&
       for (int64_t i = 0; i < inter; ++i) {
         double g = 0, u = 0;
         for (int64_t c = 0; c < hidden; ++c) {
-          g += static_cast<double>(gu.data_as<float>()[i * hidden + c]) * xb[c];
-          u += static_cast<double>(gu.data_as<float>()[(inter + i) * hidden + c]) * xb[c];
+          g += weight(gu, i * hidden + c) * xb[c];
+          u += weight(gu, (inter + i) * hidden + c) * xb[c];
         }
         act[i] = Bf16Round(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
       }
       const double w = weights.data_as<float>()[t * k + j];
       for (int64_t h = 0; h < hidden; ++h) {
         double y = 0;
-        for (int64_t i = 0; i < inter; ++i) y += static_cast<double>(down.data_as<float>()[h * inter + i]) * act[i];
+        for (int64_t i = 0; i < inter; ++i) y += weight(down, h * inter + i) * act[i];
         o[h] += w * y;
       }
     }
@@ -143,7 +149,7 @@ class CudaQuantizedMoeTest : public parity::ParityTest {
 
   // GPU vs the bf16 model and the CPU reference for `tokens` tokens of top-k routing.
   void CheckCall(const QuantizationConfig& quantization, const QuantizedExperts& experts, const DeviceExperts& d,
-                 int64_t tokens, int64_t top_k, bool accumulate, uint32_t seed) {
+                 int64_t tokens, int64_t top_k, bool accumulate, uint32_t seed, bool bf16_weights = false) {
     SCOPED_TRACE(testing::Message() << tokens << " tokens, top-" << top_k << (accumulate ? ", accumulate" : ""));
     const int64_t hidden = experts.views[0].gate.k;
     const Tensor x = Random(Shape{tokens, hidden}, seed);
@@ -161,16 +167,18 @@ class CudaQuantizedMoeTest : public parity::ParityTest {
     ASSERT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, experts.views, want, accumulate).ok());
     EXPECT_LE(parity::RelError(got, want), kExactTol);
     if (!experts.dense.empty()) {
-      EXPECT_LE(parity::RelError(got, Bf16Model(experts, x, ids, weights, out0, accumulate)), kModelTol);
+      EXPECT_LE(parity::RelError(got, Bf16Model(experts, x, ids, weights, out0, accumulate, bf16_weights)), kModelTol);
     }
   }
 
   void CheckEdgeShapes(const QuantizationConfig& quantization, const std::vector<ExpertSlices>& layouts,
-                       uint64_t seed) {
+                       uint64_t seed, bool bf16_weights = false) {
     const QuantizedExperts experts = MakeQuantizedExperts(quantization, 9, layouts, seed);
     const DeviceExperts d = ToDevice(quantization, experts);
     for (const int64_t tokens : {1, 4, 16, 64}) {
-      for (const bool accumulate : {false, true}) CheckCall(quantization, experts, d, tokens, 3, accumulate, 40);
+      for (const bool accumulate : {false, true}) {
+        CheckCall(quantization, experts, d, tokens, 3, accumulate, 40, bf16_weights);
+      }
     }
   }
 };
@@ -189,7 +197,7 @@ TEST_F(CudaQuantizedMoeTest, Fp8EdgeShapesGroupedGemv) {
   CheckEdgeShapes(DeepseekV3Fp8Quantization(), {AlignedLayouts()[1]}, 5);
 }
 TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesGroupedGemv) {
-  CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), {AlignedLayouts()[1]}, 6);
+  CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), {AlignedLayouts()[1]}, 6, /*bf16_weights=*/true);
 }
 
 // Every expert of a real TP8 rank (rank 3: gate / up rows and down columns [768, 1024) of the
