@@ -323,6 +323,8 @@ __global__ void __launch_bounds__(kThreads)
                         QuantMoeWorkspace ws, int64_t x_ld) {
   const int j = static_cast<int>(blockIdx.x);
   const int job_count = *num_jobs;
+  // Written even with no jobs: the gate-up GEMV must never see a stale count.
+  if (j == 0 && threadIdx.x == 0) *ws.gate_up_items = 2 * job_count;
   if (j >= job_count) return;  // block-uniform
   const int expert = jobs[3 * j], first = jobs[3 * j + 1], count = jobs[3 * j + 2];
   uint16_t* slot = ws.x + static_cast<int64_t>(j) * kJobPairs * x_ld;
@@ -341,7 +343,6 @@ __global__ void __launch_bounds__(kThreads)
     ws.gate_up_scales[2 * j + 1] = scales(e.up);
     ws.down_codes[j] = e.down.codes;
     ws.down_scales[j] = scales(e.down);
-    if (j == 0) *ws.gate_up_items = 2 * job_count;
   }
   if (threadIdx.x < count) ws.slot_of[sorted[first + threadIdx.x]] = j * kJobPairs + threadIdx.x;
   for (int q = 0; q < kJobPairs; ++q) {
