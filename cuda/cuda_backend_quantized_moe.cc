@@ -3,6 +3,10 @@
 // quant_moe_ops.h). x, weights and out are f32; scales f32 (FP8) or bf16 (INT4, as the hub stores
 // them: QuantizedGemm's rule).
 //
+// Path: the grouped quantized GEMV where every expert's views are on its layout with one shared
+// layout (OnSharedGemvLayout: the experts of a hub checkpoint's TP slice), else the CUDA-core
+// kernels; EAGLE3_QUANT_MOE_KERNEL=legacy forces the latter (the benchmark's A/B switch).
+//
 // Data-dependent errors follow MoeExperts: a token with an id outside [0, experts) keeps its out row
 // and is reported by the next Synchronize() as InvalidArgument naming the token.
 //
@@ -12,18 +16,21 @@
 //    cached by content, one per distinct expert set (each MoE layer keeps its own), up to
 //    kMaxTables; a call whose set is cached uploads nothing, a new set costs one small host ->
 //    device copy (over the least recently used table once the cache is full).
-//  - the workspace (QuantMoeWorkspace): the pair grouping, x and act in bf16 and the per-pair
-//    outputs y [pairs, H] f32 of one round of min(max_rows, what fits kYBytes of y) tokens: 1170
-//    tokens at V3 / K2.5 TP8 (top-8, H 7168); longer calls run in several rounds. Sized at the
+//  - the workspace (QuantMoeWorkspace): the pair grouping, the per-job item pointers, x and act in
+//    bf16 and the outputs y f32 in per-job 8-row slots (QuantMoeSlotRows <= pairs + 8 (experts + 1)
+//    rows) of one round of min(max_rows, what fits kYBytes of y) tokens: about 650 tokens at
+//    V3 / K2.5 TP8 (top-8, H 7168, max_experts 512); longer calls run in several rounds. Sized at the
 //    first call from its top_k, H and I; a call that needs more allocates a larger one, keeping the
 //    old (a captured graph may still use it).
 // Neither first use may happen while the stream is being captured into a CUDA graph: run the step
 // once before capturing (FailedPrecondition otherwise).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -125,9 +132,15 @@ absl::StatusOr<const QuantMoeExpert*> DeviceTable(CudaBackend::State& s, QuantMo
 // A workspace for rounds of this call's shape (see the file comment).
 absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState& state, int64_t top_k,
                                             int64_t num_experts, int64_t hidden, int64_t inter) {
-  const int64_t fit = std::max<int64_t>(1, kYBytes / std::max<int64_t>(1, top_k * hidden * 4));
-  const int64_t round_tokens = std::max<int64_t>(1, std::min(s.options.max_rows, fit));
   const QuantMoeWorkspace& have = state.workspace;
+  const int64_t max_experts = std::max({have.max_experts, num_experts, s.options.max_experts});
+  // y holds QuantMoeSlotRows(pairs, experts) <= min(8 pairs, pairs + 8 (experts + 1)) rows of hidden
+  // floats.
+  const int64_t rows = kYBytes / std::max<int64_t>(1, hidden * 4);
+  const int64_t per_token = std::max<int64_t>(1, top_k);
+  const int64_t fit = std::max<int64_t>({1, (rows - kQuantMoeJobPairs * (max_experts + 1)) / per_token,
+                                         rows / (kQuantMoeJobPairs * per_token)});
+  const int64_t round_tokens = std::max<int64_t>(1, std::min(s.options.max_rows, fit));
   if (have.max_tokens >= round_tokens && have.max_tokens * have.top_k >= round_tokens * top_k &&
       have.max_experts >= num_experts && have.hidden >= hidden && have.inter >= inter) {
     return have;
@@ -135,13 +148,48 @@ absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState
   EAGLE3_RETURN_IF_ERROR(CheckNotCapturing(s.stream, "growing the workspace"));
   const int64_t max_tokens = std::max(have.max_tokens, round_tokens);
   const int64_t max_top_k = std::max(have.top_k, top_k);
-  const int64_t max_experts = std::max({have.max_experts, num_experts, s.options.max_experts});
   const int64_t max_hidden = std::max(have.hidden, hidden), max_inter = std::max(have.inter, inter);
   const size_t bytes = QuantMoeWorkspaceBytes(max_tokens, max_top_k, max_experts, max_hidden, max_inter);
   EAGLE3_ASSIGN_OR_RETURN(void* buffer, s.allocator.Allocate(bytes, 256));
   state.workspaces.emplace_back(buffer, bytes);
   state.workspace = QuantMoeWorkspaceAt(buffer, max_tokens, max_top_k, max_experts, max_hidden, max_inter);
   return state.workspace;
+}
+
+// The A/B switch of benchmarks/cuda/quant_moe_benchmark.cc: EAGLE3_QUANT_MOE_KERNEL=legacy runs the
+// CUDA-core kernels even where the grouped GEMV could run.
+bool LegacyKernelsRequested() {
+  static const bool legacy = [] {
+    const char* value = std::getenv("EAGLE3_QUANT_MOE_KERNEL");
+    return value != nullptr && std::string_view(value) == "legacy";
+  }();
+  return legacy;
+}
+
+QuantMoeGemvLayout LayoutOf(const QuantMoeMatrix& m) { return {m.codes_ld, m.scales_ld, m.row_off, m.col_off}; }
+
+bool SameLayout(const QuantMoeGemvLayout& a, const QuantMoeGemvLayout& b) {
+  return a.codes_ld == b.codes_ld && a.scales_ld == b.scales_ld && a.row_off == b.row_off && a.col_off == b.col_off;
+}
+
+// Whether the grouped-GEMV path takes the experts (quant_moe_ops.h): every matrix on the GEMV's
+// layout, gate and up of every expert with one layout, down with one; sets shape's layouts.
+bool OnSharedGemvLayout(const std::vector<QuantMoeExpert>& experts, QuantMoeShape& shape) {
+  const int64_t hidden = shape.hidden, inter = shape.inter;
+  if (hidden < 1 || inter < 1) return false;
+  shape.gate_up = LayoutOf(experts[0].gate);
+  shape.down = LayoutOf(experts[0].down);
+  for (const QuantMoeExpert& e : experts) {
+    const auto on = [&](const QuantMoeMatrix& m, int64_t rows, int64_t k) {
+      return QuantMoeOnGemvLayout(m, rows, k, shape.format, shape.block_rows, shape.block_cols);
+    };
+    if (!on(e.gate, inter, hidden) || !on(e.up, inter, hidden) || !on(e.down, hidden, inter) ||
+        !SameLayout(LayoutOf(e.gate), shape.gate_up) || !SameLayout(LayoutOf(e.up), shape.gate_up) ||
+        !SameLayout(LayoutOf(e.down), shape.down)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -197,6 +245,7 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
                             QuantMoeChunked(entry.up, inter, shape.format, shape.block_cols);
     shape.down_chunked = shape.down_chunked && QuantMoeChunked(entry.down, hidden, shape.format, shape.block_cols);
   }
+  shape.grouped = num_experts > 0 && !LegacyKernelsRequested() && OnSharedGemvLayout(state.wanted, shape);
   const QuantMoeExpert* table = nullptr;
   if (num_experts > 0) {
     EAGLE3_ASSIGN_OR_RETURN(table, DeviceTable(s, state));

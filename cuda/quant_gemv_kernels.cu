@@ -76,7 +76,33 @@ struct Params {
   int tiles;               // activation tiles per block
   int wk, split;
   int act_stride;          // bytes between staged activation rows
+  // Grouped launches (QuantGemvItems): per-item device pointers replacing `item * stride`
+  // arithmetic where given, and the device item count past which blocks exit.
+  const void* const* a_items;
+  const void* const* b_items;
+  const void* const* scale_items;
+  float* const* c_items;
+  const int32_t* item_count;
 };
+
+// Item `item`'s operands: its pointer from the grouped launch's array, or the batched stride's. A
+// branch per block (or per staged tile), never per load.
+__device__ __forceinline__ const char* ItemA(const Params& p, int64_t item) {
+  return p.a_items != nullptr ? static_cast<const char*>(p.a_items[item])
+                              : static_cast<const char*>(p.a) + item * p.stride_a * (p.a_bf16 ? 2 : 4);
+}
+__device__ __forceinline__ const char* ItemB(const Params& p, int64_t item) {
+  return p.b_items != nullptr ? static_cast<const char*>(p.b_items[item]) : p.b + item * p.stride_b;
+}
+// The item's scales, in elements of `T` (f32 scale_inv or bf16 weight_scale).
+template <typename T>
+__device__ __forceinline__ const T* ItemScale(const Params& p, int64_t item) {
+  return p.scale_items != nullptr ? static_cast<const T*>(p.scale_items[item])
+                                  : static_cast<const T*>(p.scale) + item * p.scale_stride;
+}
+__device__ __forceinline__ float* ItemC(const Params& p, int64_t item) {
+  return p.c_items != nullptr ? p.c_items[item] : p.c + item * p.stride_c;
+}
 
 template <typename T>
 __device__ __forceinline__ T BitCast(uint32_t bits) {
@@ -347,7 +373,7 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
 // nearest even, bf16 exact), zeros outside the slice's columns.
 template <typename F>
 __device__ void StageActivations(const Params& p, int64_t item, int unit0, int units, unsigned char* smem) {
-  const char* a = static_cast<const char*>(p.a) + item * p.stride_a * (p.a_bf16 ? 2 : 4);
+  const char* a = ItemA(p, item);
   const int row_pieces = units * (kUnitColumns / 8);
   const int total = p.m * row_pieces;
   const int col0 = unit0 * kUnitColumns - p.shift;  // slice column of the tile's first column
@@ -385,7 +411,7 @@ __device__ void StageScales(const Params& p, int64_t item, int64_t block_row, in
                             float* staged) {
   const int64_t first_row = (p.row0 + block_row) >> 7;
   const int64_t last_row = (p.row0 + min(block_row + block_rows, p.n) - 1) >> 7;
-  const float* scale = static_cast<const float*>(p.scale) + item * p.scale_stride;
+  const float* scale = ItemScale<float>(p, item);
   for (int i = threadIdx.x; i < 2 * units; i += kThreads) {
     const int r = i / units, u = unit0 + i % units;
     staged[i] = first_row + r <= last_row && u < p.units ? scale[(first_row + r) * p.scale_ld + (p.col0 >> 7) + u]
@@ -406,6 +432,9 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.split) * block_rows;
   const int64_t warp_row = block_row + group * kWarpRows;
   const int64_t item = blockIdx.y;
+  // A grouped launch's items past the device count: the whole block leaves before any barrier, and
+  // so does its whole cluster (a cluster's blocks differ in blockIdx.x only).
+  if (p.item_count != nullptr && item >= *p.item_count) return;
 
   // The warp's units: in tile t, [part_first + t * tile_units, + part_units) within the rank's
   // [unit0, unit_end). Only a warp's last non-empty tile can be partial, so with several tiles
@@ -423,11 +452,13 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // The rows' addresses are computed once: opaque to the compiler, which would otherwise derive them
   // again (64-bit products) at every load of the loop to save the registers that hold them.
   LaneRows rows;
+  const char* item_b = ItemB(p, item);
+  const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t r = min(warp_row + g + 8 * h, p.n - 1);
-    rows.row[h] = p.b + item * p.stride_b + r * p.ldb;
-    rows.scale_row[h] = static_cast<const uint16_t*>(p.scale) + item * p.scale_stride + r * p.scale_ld;
+    rows.row[h] = item_b + r * p.ldb;
+    rows.scale_row[h] = item_scale + r * p.scale_ld;
     asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
   }
   // fp8: which staged scale row (the block's first or second) rows g and g + 8 take, as the byte
@@ -545,11 +576,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   }
   __syncthreads();
   const int outputs = block_rows * p.m;
+  float* const item_c = ItemC(p, item);
   const auto write = [&](int e, float total) {
     const int mr = e / block_rows;
     const int64_t row = block_row + (e - mr * block_rows);
     if (row >= p.n) return;
-    float* out = p.c + item * p.stride_c + mr * p.ldc + row;
+    float* out = item_c + mr * p.ldc + row;
     float v = p.alpha * total;
     if (p.beta != 0.0f) v += p.beta * *out;
     if (p.bias != nullptr) v += p.bias[row];
@@ -587,8 +619,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // The checks and fields both formats share (a, c, bias, sizes).
 cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, float* c,
                          int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
-                         int64_t n, int64_t k, float alpha, float beta, Params& p) {
-  if (a == nullptr || c == nullptr) return cudaErrorInvalidValue;
+                         int64_t n, int64_t k, float alpha, float beta, const QuantGemvItems& items, Params& p) {
+  if ((a == nullptr && items.a == nullptr) || (c == nullptr && items.c == nullptr)) return cudaErrorInvalidValue;
   if (m < 1 || m > kQuantGemvMaxRows || n < 1 || k < 1 || k > kMaxColumn || batch < 1 || batch > 65535) {
     return cudaErrorInvalidValue;
   }
@@ -601,7 +633,13 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.lda = m > 1 ? lda : 0;
   p.stride_a = batch > 1 ? batch_stride_a : 0;
   const int64_t vec = p.a_bf16 ? 8 : 4;  // elements per 16 bytes
-  p.a_vec = reinterpret_cast<uintptr_t>(a) % 16 == 0 && p.lda % vec == 0 && p.stride_a % vec == 0;
+  p.a_vec = (items.a != nullptr ? items.a_aligned16 : reinterpret_cast<uintptr_t>(a) % 16 == 0) && p.lda % vec == 0 &&
+            p.stride_a % vec == 0;
+  p.a_items = items.a;
+  p.b_items = items.codes;
+  p.scale_items = items.scales;
+  p.c_items = items.c;
+  p.item_count = items.count;
   p.c = c;
   p.ldc = m > 1 ? ldc : 0;
   p.stride_c = batch > 1 ? batch_stride_c : 0;
@@ -645,19 +683,20 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
                                 QuantGemvSharedBytes(problem, chosen), stream, p);
 }
 
-}  // namespace
-
-cudaError_t LaunchFp8BlockGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
-                                      const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
-                                      const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
-                                      float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream) {
+// The launchers' shared body, with a grouped launch's items (none: all nullptr).
+cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
+                    float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
+                    int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
+                    const QuantGemvItems& items, cudaStream_t stream) {
   Params p{};
-  if (const cudaError_t error =
-          CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n, k, alpha, beta, p);
+  if (const cudaError_t error = CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n,
+                                             k, alpha, beta, items, p);
       error != cudaSuccess) {
     return error;
   }
-  if (b.codes == nullptr || b.scale_inv == nullptr) return cudaErrorInvalidValue;
+  if ((b.codes == nullptr && items.codes == nullptr) || (b.scale_inv == nullptr && items.scales == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (b.row0 < 0 || b.col0 < 0 || b.col0 > kMaxColumn || b.col0 % 16 != 0) return cudaErrorInvalidValue;
   if (n > 1 && (b.ld < k || b.ld % 16 != 0)) return cudaErrorInvalidValue;
   if (batch > 1 && (b.batch_stride < 0 || b.batch_stride % 16 != 0 || b.scale_batch_stride < 0)) {
@@ -666,7 +705,7 @@ cudaError_t LaunchFp8BlockGemvPlanned(const void* a, GemvType a_type, int64_t ld
   const int64_t scale_rows = (b.row0 + n - 1) / kFp8ScaleBlock + 1;
   const int64_t scale_cols = (b.col0 + k - 1) / kFp8ScaleBlock + 1;
   if (scale_rows > 1 && b.scale_ld < scale_cols) return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(b.codes) % 16 != 0) return cudaErrorInvalidValue;
+  if (items.codes == nullptr && reinterpret_cast<uintptr_t>(b.codes) % 16 != 0) return cudaErrorInvalidValue;
   p.b = reinterpret_cast<const char*>(b.codes);
   p.ldb = n > 1 ? b.ld : 0;
   p.stride_b = batch > 1 ? b.batch_stride : 0;
@@ -688,17 +727,19 @@ cudaError_t LaunchFp8BlockGemvPlanned(const void* a, GemvType a_type, int64_t ld
   return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
 
-cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
-                                       const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
-                                       const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
-                                       float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream) {
+cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Int4GroupWeights& b,
+                     float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
+                     int64_t n, int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
+                     const QuantGemvItems& items, cudaStream_t stream) {
   Params p{};
-  if (const cudaError_t error =
-          CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n, k, alpha, beta, p);
+  if (const cudaError_t error = CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n,
+                                             k, alpha, beta, items, p);
       error != cudaSuccess) {
     return error;
   }
-  if (b.packed == nullptr || b.scale == nullptr) return cudaErrorInvalidValue;
+  if ((b.packed == nullptr && items.codes == nullptr) || (b.scale == nullptr && items.scales == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (b.group_size < 32 || (b.group_size & (b.group_size - 1)) != 0 || b.group_size > (int64_t{1} << 30)) {
     return cudaErrorInvalidValue;
   }
@@ -710,7 +751,7 @@ cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t l
   }
   const int64_t groups = (b.col0 + k - 1) / b.group_size + 1;
   if (n > 1 && b.scale_ld < groups) return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(b.packed) % 16 != 0) return cudaErrorInvalidValue;
+  if (items.codes == nullptr && reinterpret_cast<uintptr_t>(b.packed) % 16 != 0) return cudaErrorInvalidValue;
   p.b = reinterpret_cast<const char*>(b.packed);
   p.ldb = n > 1 ? b.ld * 4 : 0;
   p.stride_b = batch > 1 ? b.batch_stride * 4 : 0;
@@ -733,6 +774,42 @@ cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t l
   problem.a_bytes = p.a_bf16 ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * (words * 4 + 2.0 * k / b.group_size);
   return Launch<Int4Format>(p, problem, plan, programmatic, stream);
+}
+
+}  // namespace
+
+cudaError_t LaunchFp8BlockGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                      const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                      const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                      float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream) {
+  return Fp8Gemv(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n, k, alpha, beta, plan,
+                 programmatic, QuantGemvItems{}, stream);
+}
+
+cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                       const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                       const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                                       float beta, const QuantGemvPlan* plan, bool programmatic, cudaStream_t stream) {
+  return Int4Gemv(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n, k, alpha, beta, plan,
+                  programmatic, QuantGemvItems{}, stream);
+}
+
+// Grouped launches are never programmatic: the item pointers (and so the weights a block reads
+// before PdlWait) are written by the kernels just before.
+cudaError_t LaunchFp8BlockGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                      const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                      const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
+                                      int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream) {
+  return Fp8Gemv(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, max_items, m, n, k, alpha, beta,
+                 nullptr, /*programmatic=*/false, items, stream);
+}
+
+cudaError_t LaunchInt4GroupGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                       const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                       const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
+                                       int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream) {
+  return Int4Gemv(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, max_items, m, n, k, alpha, beta,
+                  nullptr, /*programmatic=*/false, items, stream);
 }
 
 cudaError_t LaunchFp8BlockGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,

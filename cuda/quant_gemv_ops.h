@@ -118,4 +118,41 @@ cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int
                                 int64_t n, int64_t k, float alpha, float beta, bool programmatic,
                                 cudaStream_t stream);
 
+// ---- Grouped launches (the routed experts of an MoE layer) --------------------------------------
+
+// Per-item DEVICE pointers of a grouped launch: up to max_items products of one shape (n, k, m, the
+// weights' ld, scale_ld, row0, col0 and group size shared: the experts of one MoE layer are the
+// same slice of same-shaped tensors) whose operands need not be evenly spaced, and whose number is
+// known only on the device. Each array is nullable: null, item i's operand is the batched launch's,
+// its base pointer plus i times its item stride. The arrays (and count) may be written by the
+// kernels enqueued just before on the stream.
+struct QuantGemvItems {
+  // [max_items] device arrays of device pointers:
+  const void* const* a = nullptr;       // item i's activation rows [m, k], a_type, row stride lda
+  bool a_aligned16 = false;             // with `a`: every a[i] 16-byte aligned (16-byte loads)
+  const void* const* codes = nullptr;   // fp8: e4m3 codes [n, k] (Fp8BlockWeights::codes); int4: packed
+                                        // words (Int4GroupWeights::packed); each 16-byte aligned
+  const void* const* scales = nullptr;  // fp8: f32, as Fp8BlockWeights::scale_inv (the scale tensor's
+                                        // block (0, 0), indexed by row0 + r, col0 + c); int4: bf16, as
+                                        // Int4GroupWeights::scale (the slice's first row of scales)
+  float* const* c = nullptr;            // item i's output rows [m, n], f32, row stride ldc
+  // [1] i32, device: items i >= *count are skipped (their c untouched); nullptr: all max_items.
+  const int32_t* count = nullptr;
+};
+
+// LaunchFp8BlockGemv / LaunchInt4GroupGemv over batch = max_items items (same sizes, alignment and
+// error contract, per-item strides as there for the operands without a pointer array), with the
+// operands of `items`. A base pointer that an array replaces (a, c, b.codes / b.packed,
+// b.scale_inv / b.scale) may be nullptr; the alignment rules of b.codes apply to every items.codes
+// entry (unchecked: device memory). Never a programmatic launch: the kernel would read the item
+// pointers and weights before the kernels writing them have finished.
+cudaError_t LaunchFp8BlockGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                      const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                      const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
+                                      int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream);
+cudaError_t LaunchInt4GroupGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
+                                       const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
+                                       const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
+                                       int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream);
+
 }  // namespace eagle3::cuda

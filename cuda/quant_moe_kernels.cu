@@ -1,7 +1,11 @@
 // The routed experts of a quantized checkpoint (cuda/quant_moe_ops.h: design and numerics). No
 // abseil here: nvcc must never see it.
 //
-// Weight rows stream through CUDA cores: a team of 2^team_shift lanes owns one weight row (gate and
+// The grouped path's products are the quantized GEMV's (quant_gemv_kernels.cu); this file holds the
+// kernels around them (grouping, per-job slots and pointers, SiLU-mul, the ordered combine) and the
+// CUDA-core kernels of the path for views off the GEMV's layout.
+//
+// CUDA-core path: weight rows stream through CUDA cores: a team of 2^team_shift lanes owns one weight row (gate and
 // up rows i together in step 2, down row h in step 3) and splits its columns in 16-column chunks,
 // lane m taking chunks m, m + team, ...; each lane keeps two chunks' loads in flight (the raw bytes
 // are fetched for both before either is decoded), decodes a chunk to f32 in registers and
@@ -17,6 +21,7 @@
 #include <cstdint>
 
 #include "core_kernels.cuh"
+#include "quant_gemv_ops.h"
 #include "quant_moe_ops.h"
 
 namespace eagle3::cuda {
@@ -308,6 +313,62 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
+// Grouped step 2, block j per job (blocks past the device job count exit): job j's item pointers
+// (gate-up items 2j, 2j + 1; down item j), its pairs' slot rows, and its slot of x: row q < count
+// = bf16(x of pair q's token), rows past count zeros (so that every row the GEMVs read is written).
+__global__ void __launch_bounds__(kThreads)
+    QuantMoeSlotsKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden, int top_k,
+                        const QuantMoeExpert* __restrict__ experts, bool int4, const int32_t* __restrict__ sorted,
+                        const int32_t* __restrict__ jobs, const int32_t* __restrict__ num_jobs,
+                        QuantMoeWorkspace ws, int64_t x_ld) {
+  const int j = static_cast<int>(blockIdx.x);
+  const int job_count = *num_jobs;
+  // Written even with no jobs: the gate-up GEMV must never see a stale count.
+  if (j == 0 && threadIdx.x == 0) *ws.gate_up_items = 2 * job_count;
+  if (j >= job_count) return;  // block-uniform
+  const int expert = jobs[3 * j], first = jobs[3 * j + 1], count = jobs[3 * j + 2];
+  uint16_t* slot = ws.x + static_cast<int64_t>(j) * kJobPairs * x_ld;
+  if (threadIdx.x == 0) {
+    const QuantMoeExpert& e = experts[expert];
+    // int4: the slice's first row of scales, as Int4GroupWeights::scale; fp8: the scale tensor's
+    // block (0, 0), as Fp8BlockWeights::scale_inv (the GEMV adds row_off and col_off).
+    const auto scales = [&](const QuantMoeMatrix& m) -> const void* {
+      return int4 ? static_cast<const void*>(static_cast<const uint16_t*>(m.scales) + m.row_off * m.scales_ld)
+                  : m.scales;
+    };
+    ws.gate_up_a[2 * j] = ws.gate_up_a[2 * j + 1] = slot;
+    ws.gate_up_codes[2 * j] = e.gate.codes;
+    ws.gate_up_codes[2 * j + 1] = e.up.codes;
+    ws.gate_up_scales[2 * j] = scales(e.gate);
+    ws.gate_up_scales[2 * j + 1] = scales(e.up);
+    ws.down_codes[j] = e.down.codes;
+    ws.down_scales[j] = scales(e.down);
+  }
+  if (threadIdx.x < count) ws.slot_of[sorted[first + threadIdx.x]] = j * kJobPairs + threadIdx.x;
+  for (int q = 0; q < kJobPairs; ++q) {
+    const float* row = q < count ? x + static_cast<int64_t>(sorted[first + q] / top_k) * x_stride : nullptr;
+    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
+      slot[q * x_ld + c] = row != nullptr ? F32ToBf16(row[c]) : uint16_t{0};
+    }
+  }
+}
+
+// Grouped step 3b, block j per job: act rows of job j's slot = bf16(silu(gate) * up), from the
+// gate-up GEMV's items 2j (gate) and 2j + 1 (up), [8, inter] each.
+__global__ void __launch_bounds__(kThreads)
+    QuantMoeSiluMulKernel(const float* __restrict__ gate_up, int64_t inter, const int32_t* __restrict__ num_jobs,
+                          uint16_t* __restrict__ act, int64_t act_ld) {
+  const int64_t j = blockIdx.x;
+  if (j >= *num_jobs) return;
+  const float* gate = gate_up + 2 * j * kJobPairs * inter;
+  const float* up = gate + kJobPairs * inter;
+  for (int64_t i = threadIdx.x; i < kJobPairs * inter; i += kThreads) {
+    const int64_t q = i / inter, c = i - q * inter;
+    const float g = gate[i];
+    act[(j * kJobPairs + q) * act_ld + c] = F32ToBf16(g / (1.0f + expf(-g)) * up[i]);
+  }
+}
+
 // Step 1b: x rows of the round rounded to bf16 (round to nearest, ties to even).
 __global__ void QuantMoeRoundKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden,
                                     uint16_t* __restrict__ xb, int64_t xb_ld) {
@@ -321,8 +382,9 @@ __global__ void QuantMoeRoundKernel(const float* __restrict__ x, int64_t x_strid
 // Step 4: out[t] (+)= sum_j weights[t, j] y[t, j], slots in order; a token with a bad id keeps its row.
 __global__ void QuantMoeCombineKernel(const int32_t* __restrict__ ids, int64_t ids_stride,
                                       const float* __restrict__ weights, int64_t weights_stride, int64_t token0,
-                                      int top_k, int num_experts, const float* __restrict__ y, int64_t hidden,
-                                      float* __restrict__ out, int64_t out_stride, bool accumulate) {
+                                      int top_k, int num_experts, const float* __restrict__ y,
+                                      const int32_t* __restrict__ slot_of, int64_t hidden, float* __restrict__ out,
+                                      int64_t out_stride, bool accumulate) {
   const int64_t tl = blockIdx.y, t = token0 + tl;
   const int32_t* id = ids + t * ids_stride;
   for (int j = 0; j < top_k; ++j) {
@@ -333,7 +395,9 @@ __global__ void QuantMoeCombineKernel(const int32_t* __restrict__ ids, int64_t i
   float* o = out + t * out_stride + h;
   float acc = accumulate ? *o : 0.0f;  // without accumulate out is write-only (may hold NaN)
   for (int j = 0; j < top_k; ++j) {
-    acc += weights[t * weights_stride + j] * y[(tl * top_k + j) * hidden + h];
+    const int64_t pair = tl * top_k + j;
+    const int64_t row = slot_of != nullptr ? slot_of[pair] : pair;  // grouped path: the pair's slot row
+    acc += weights[t * weights_stride + j] * y[row * hidden + h];
   }
   *o = acc;
 }
@@ -347,40 +411,109 @@ int TeamShift(int64_t k) {
 
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-}  // namespace
+// Grouped steps 2 and 3 of one round (sorted and jobs written): slots and item pointers, the
+// gate-up GEMV, SiLU-mul, the down GEMV; y holds every job's slot rows after it.
+cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpert* experts,
+                            const QuantMoeShape& shape, int64_t max_jobs, const QuantMoeWorkspace& ws,
+                            cudaStream_t stream) {
+  const int64_t hidden = shape.hidden, inter = shape.inter;
+  const int64_t x_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
+  const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
+  const unsigned job_blocks = static_cast<unsigned>(max_jobs);
+  QuantMoeSlotsKernel<<<job_blocks, kThreads, 0, stream>>>(x, x_stride, hidden, static_cast<int>(shape.top_k),
+                                                            experts, int4, ws.sorted, ws.jobs, ws.num_jobs, ws, x_ld);
+  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
 
-size_t QuantMoeWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
-                              int64_t inter) {
-  const int64_t pairs = max_tokens * top_k;
-  return Round256(static_cast<size_t>(pairs) * 4) +
-         Round256(static_cast<size_t>(QuantMoeMaxJobs(pairs, max_experts)) * 12 + 4) +
-         Round256(static_cast<size_t>(max_tokens * QuantMoeRoundUp16(hidden)) * 2) +
-         Round256(static_cast<size_t>(pairs * QuantMoeRoundUp16(inter)) * 2) +
-         Round256(static_cast<size_t>(pairs * hidden) * 4);
+  // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`).
+  const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
+                           const void* a, int64_t lda, int64_t stride_a, float* c, int64_t n, int64_t k) {
+    const int64_t m = kQuantMoeJobPairs;
+    if (int4) {
+      Int4GroupWeights b;
+      b.ld = layout.codes_ld;
+      b.scale_ld = layout.scales_ld;
+      b.col0 = layout.col_off;
+      b.group_size = shape.block_cols;
+      return LaunchInt4GroupGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items,
+                                        m, n, k, 1.0f, 0.0f, stream);
+    }
+    Fp8BlockWeights b;
+    b.ld = layout.codes_ld;
+    b.scale_ld = layout.scales_ld;
+    b.row0 = layout.row_off;
+    b.col0 = layout.col_off;
+    return LaunchFp8BlockGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items, m,
+                                     n, k, 1.0f, 0.0f, stream);
+  };
+  QuantGemvItems gate_up;
+  gate_up.a = ws.gate_up_a;
+  gate_up.a_aligned16 = true;  // slot rows: a 256-byte aligned buffer, rows of RoundUp16(hidden) bf16
+  gate_up.codes = ws.gate_up_codes;
+  gate_up.scales = ws.gate_up_scales;
+  gate_up.count = ws.gate_up_items;
+  if (const cudaError_t error =
+          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, x_ld, 0, ws.gate_up, inter, hidden);
+      error != cudaSuccess) {
+    return error;
+  }
+  QuantMoeSiluMulKernel<<<job_blocks, kThreads, 0, stream>>>(ws.gate_up, inter, ws.num_jobs, ws.act, act_ld);
+  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  QuantGemvItems down;
+  down.codes = ws.down_codes;
+  down.scales = ws.down_scales;
+  down.count = ws.num_jobs;
+  return product(down, max_jobs, shape.down, ws.act, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden, inter);
 }
 
-QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts,
-                                      int64_t hidden, int64_t inter) {
+// Carves a workspace out of `buffer` (nullptr: only counts the bytes, returned in *bytes).
+QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
+                                 int64_t inter, size_t* bytes) {
   const int64_t pairs = max_tokens * top_k;
-  char* at = static_cast<char*>(buffer);
-  QuantMoeWorkspace w;
-  w.sorted = reinterpret_cast<int32_t*>(at);
-  at += Round256(static_cast<size_t>(pairs) * 4);
   const int64_t jobs = QuantMoeMaxJobs(pairs, max_experts);
-  w.jobs = reinterpret_cast<int32_t*>(at);
-  w.num_jobs = w.jobs + 3 * jobs;
-  at += Round256(static_cast<size_t>(jobs) * 12 + 4);
-  w.x = reinterpret_cast<uint16_t*>(at);
-  at += Round256(static_cast<size_t>(max_tokens * QuantMoeRoundUp16(hidden)) * 2);
-  w.act = reinterpret_cast<uint16_t*>(at);
-  at += Round256(static_cast<size_t>(pairs * QuantMoeRoundUp16(inter)) * 2);
-  w.y = reinterpret_cast<float*>(at);
+  const int64_t slots = QuantMoeSlotRows(pairs, max_experts);
+  size_t at = 0;
+  const auto take = [&](size_t size) {
+    char* p = buffer != nullptr ? buffer + at : nullptr;
+    at += Round256(size);
+    return p;
+  };
+  QuantMoeWorkspace w;
+  w.sorted = reinterpret_cast<int32_t*>(take(static_cast<size_t>(pairs) * 4));
+  w.jobs = reinterpret_cast<int32_t*>(take(static_cast<size_t>(jobs) * 12 + 8));
+  w.num_jobs = buffer != nullptr ? w.jobs + 3 * jobs : nullptr;
+  w.gate_up_items = buffer != nullptr ? w.num_jobs + 1 : nullptr;
+  w.slot_of = reinterpret_cast<int32_t*>(take(static_cast<size_t>(pairs) * 4));
+  const size_t item_pointers = static_cast<size_t>(2 * jobs) * sizeof(void*);
+  w.gate_up_a = reinterpret_cast<const void**>(take(item_pointers));
+  w.gate_up_codes = reinterpret_cast<const void**>(take(item_pointers));
+  w.gate_up_scales = reinterpret_cast<const void**>(take(item_pointers));
+  w.down_codes = reinterpret_cast<const void**>(take(item_pointers / 2));
+  w.down_scales = reinterpret_cast<const void**>(take(item_pointers / 2));
+  w.x = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(slots * QuantMoeRoundUp16(hidden)) * 2));
+  w.gate_up = reinterpret_cast<float*>(take(static_cast<size_t>(2 * slots * inter) * 4));
+  w.act = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(slots * QuantMoeRoundUp16(inter)) * 2));
+  w.y = reinterpret_cast<float*>(take(static_cast<size_t>(slots * hidden) * 4));
   w.max_tokens = max_tokens;
   w.top_k = top_k;
   w.max_experts = max_experts;
   w.hidden = hidden;
   w.inter = inter;
+  if (bytes != nullptr) *bytes = at;
   return w;
+}
+
+}  // namespace
+
+size_t QuantMoeWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
+                              int64_t inter) {
+  size_t bytes = 0;
+  CarveWorkspace(nullptr, max_tokens, top_k, max_experts, hidden, inter, &bytes);
+  return bytes;
+}
+
+QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts,
+                                      int64_t hidden, int64_t inter) {
+  return CarveWorkspace(static_cast<char*>(buffer), max_tokens, top_k, max_experts, hidden, inter, nullptr);
 }
 
 cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_t* ids, int64_t ids_stride,
@@ -406,10 +539,18 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       (shape.num_experts > 0 && experts == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  // Rounds of at most max_tokens tokens, each with the workspace's top_k-based pair capacity.
-  const int64_t round_tokens = top_k > 0 ? std::min(ws.max_tokens, ws.max_tokens * ws.top_k / top_k) : ws.max_tokens;
+  const bool grouped = shape.grouped && top_k > 0 && inter > 0 && hidden > 0;
+  if (grouped && (ws.slot_of == nullptr || ws.gate_up_items == nullptr || ws.gate_up_a == nullptr ||
+                  ws.gate_up_codes == nullptr || ws.gate_up_scales == nullptr || ws.down_codes == nullptr ||
+                  ws.down_scales == nullptr || ws.gate_up == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  // Rounds of at most max_tokens tokens, each with the workspace's top_k-based pair capacity (and,
+  // grouped, few enough pairs that the gate-up GEMV's 2 items per job fit the grid's y limit).
+  int64_t round_tokens = top_k > 0 ? std::min(ws.max_tokens, ws.max_tokens * ws.top_k / top_k) : ws.max_tokens;
+  if (grouped) round_tokens = std::min(round_tokens, std::max<int64_t>(1, kMaxGridY / 2 / top_k));
   const int64_t max_jobs = QuantMoeMaxJobs(round_tokens * top_k, shape.num_experts);
-  if (max_jobs > kMaxGridY) return cudaErrorInvalidValue;
+  if (max_jobs > (grouped ? kMaxGridY / 2 : kMaxGridY)) return cudaErrorInvalidValue;
   const int64_t xb_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
   RowsParams base{};
   base.experts = experts;
@@ -430,7 +571,12 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
                                                        ws.sorted, ws.jobs, ws.num_jobs, error_flag, error_code);
     if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
     if (hidden == 0) continue;
-    if (top_k > 0) {
+    if (grouped) {
+      if (const cudaError_t error = GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, max_jobs, ws, stream);
+          error != cudaSuccess) {
+        return error;
+      }
+    } else if (top_k > 0) {
       const unsigned round_blocks = static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64));
       QuantMoeRoundKernel<<<dim3(round_blocks, static_cast<unsigned>(n)), 256, 0, stream>>>(
           x + t0 * x_stride, x_stride, hidden, ws.x, xb_ld);
@@ -464,7 +610,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     const dim3 grid(static_cast<unsigned>((hidden + 255) / 256), static_cast<unsigned>(n));
     QuantMoeCombineKernel<<<grid, 256, 0, stream>>>(ids, ids_stride, weights, weights_stride, t0,
                                                     static_cast<int>(top_k), static_cast<int>(shape.num_experts),
-                                                    ws.y, hidden, out, out_stride, accumulate);
+                                                    ws.y, grouped ? ws.slot_of : nullptr, hidden, out,
+                                                    out_stride, accumulate);
     if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
   }
   return cudaSuccess;

@@ -10,18 +10,31 @@
 // of tokens, below), however many of the call's tokens chose it. One round of kernels:
 //  1. group the round's (token, slot) pairs by expert on the device (counting sort; a pair with a
 //     bad id is left out and its token recorded in the error flag) into jobs of up to
-//     kQuantMoeJobPairs pairs of one expert; x rounded to bf16 into the workspace;
-//  2. per job and block of intermediate rows: act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
-//  3. per job and block of hidden rows: y[pair][h] = down_h . act[pair];
+//     kQuantMoeJobPairs pairs of one expert;
+//  then, on the grouped quantized GEMV (QuantMoeShape::grouped: every expert's views on the GEMV's
+//  layout with one shared layout, QuantMoeGemvLayout; quant_gemv_ops.h's grouped launchers):
+//  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot (rows
+//     past the job's pair count zeros), and the job's weight pointers into the item arrays;
+//  3. one grouped GEMV, items 2j and 2j + 1 = job j's gate and up (m = kQuantMoeJobPairs rows, the
+//     slot's), then act = bf16(silu(gate) * up) per slot row, then one grouped GEMV of down over
+//     the jobs' act slots: y per slot row; the grids are sized for the most jobs a round can have
+//     and the blocks of jobs past the device job count exit at once;
+//  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
+//  2'. x rounded to bf16 per token; per job and block of intermediate rows:
+//      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
+//  3'. per job and block of hidden rows: y[pair][h] = down_h . act[pair];
 //  4. per token: out[t] = (accumulate ? out[t] : 0) + sum_j weights[t, j] * y[t, j], j = 0, 1, ...
 //     in order (a token with a bad id keeps its row).
 // Numerics: x and act are rounded to bf16 (round to nearest, ties to even), as QuantizedGemm rounds
-// its activations (quant_gemv_ops.h); the weights enter as the exact f32 values DequantizeWeight
-// gives (fp8: e4m3 * scale_inv rounded once in fp32; int4: q * bf16 scale, exact); products and
-// sums are fp32 (CUDA-core FMAs) in a fixed order: each lane sums its 16-column chunks in column
-// order, the lanes of a row are added in a fixed butterfly, and step 4 adds the slots in order. No
-// float atomics: every run gives the same bits. Which pairs share a job may vary between runs; a
-// pair's result does not depend on it.
+// its activations (quant_gemv_ops.h); step 4 adds the slots in order in fp32. The grouped path's
+// products are the quantized GEMV's (tensor cores, fp32 sums in the GEMV's fixed order; fp8: exact
+// e4m3 x bf16 products, each 128-column block's sum times its scale; int4: weights as bf16(q *
+// scale), as QuantizedGemm's GEMV path takes them). The CUDA-core path takes the weights as the
+// exact f32 values DequantizeWeight gives (fp8: e4m3 * scale_inv rounded once in fp32; int4: q *
+// bf16 scale, exact) in fp32 FMAs: each lane sums its 16-column chunks in column order, the lanes
+// of a row are added in a fixed butterfly. No float atomics: every run gives the same bits. Which
+// pairs share a job, and a pair's row within its job, may vary between runs; a pair's result does
+// not depend on them (an activation row's products do not depend on the other rows of the tile).
 #pragma once
 
 #include <cstddef>
@@ -68,6 +81,34 @@ inline bool QuantMoeChunked(const QuantMoeMatrix& m, int64_t rows, QuantMoeForma
   return m.nib0 == 0 && at % 8 == 0 && (rows <= 1 || m.codes_ld % 2 == 0);
 }
 
+// The layout of one matrix role (gate and up together, or down) that every expert shares on the
+// grouped path: the quantized GEMV's Fp8BlockWeights / Int4GroupWeights fields other than the
+// pointers (ld, scale_ld, row0 = QuantMoeMatrix::row_off, col0 = col_off).
+struct QuantMoeGemvLayout {
+  int64_t codes_ld = 0, scales_ld = 0, row_off = 0, col_off = 0;
+};
+
+// Whether a [rows, k] expert matrix is on the quantized GEMV launchers' layout (quant_gemv_ops.h):
+// fp8 128 x 128 blocks, col_off a multiple of 16; int4 groups of a power of two >= 32, whole words
+// (nib0 0); codes 16-byte aligned with rows on 16-byte boundaries; the scale grid as wide as the
+// columns need; k and col_off <= 2^29.
+inline bool QuantMoeOnGemvLayout(const QuantMoeMatrix& m, int64_t rows, int64_t k, QuantMoeFormat format,
+                                 int64_t block_rows, int64_t block_cols) {
+  constexpr int64_t kMaxColumn = int64_t{1} << 29;
+  if (reinterpret_cast<uintptr_t>(m.codes) % 16 != 0 || k > kMaxColumn || m.col_off > kMaxColumn || m.row_off < 0 ||
+      m.col_off < 0) {
+    return false;
+  }
+  const int64_t scale_cols = (m.col_off + k - 1) / block_cols + 1;
+  if (format == QuantMoeFormat::kFp8Block) {
+    const int64_t scale_rows = (m.row_off + rows - 1) / block_rows + 1;
+    return block_rows == 128 && block_cols == 128 && m.col_off % 16 == 0 && (rows <= 1 || m.codes_ld % 16 == 0) &&
+           (scale_rows <= 1 || m.scales_ld >= scale_cols);
+  }
+  return block_cols >= 32 && block_cols <= (int64_t{1} << 30) && (block_cols & (block_cols - 1)) == 0 &&
+         m.nib0 == 0 && (rows <= 1 || (m.codes_ld % 4 == 0 && m.scales_ld >= scale_cols));
+}
+
 // What every expert of a call shares.
 struct QuantMoeShape {
   QuantMoeFormat format = QuantMoeFormat::kFp8Block;
@@ -77,6 +118,10 @@ struct QuantMoeShape {
   int64_t top_k = 0;
   // QuantMoeChunked holds for every expert's gate and up (gate_up_chunked), and down.
   bool gate_up_chunked = false, down_chunked = false;
+  // The grouped-GEMV path: every expert's gate, up and down on the GEMV's layout
+  // (QuantMoeOnGemvLayout), gate and up of every expert with the layout gate_up, down with `down`.
+  bool grouped = false;
+  QuantMoeGemvLayout gate_up, down;
 };
 
 // Largest expert count (the grouping kernel's counters live in shared memory).
@@ -84,21 +129,41 @@ inline constexpr int64_t kQuantMoeMaxExperts = 4096;
 // Pairs of one expert a job holds (the kernels keep a job's sums in registers).
 inline constexpr int64_t kQuantMoeJobPairs = 8;
 
+// Most jobs max_pairs pairs over num_experts experts make (a job holds at least one pair).
 inline constexpr int64_t QuantMoeMaxJobs(int64_t max_pairs, int64_t num_experts) {
-  return max_pairs / kQuantMoeJobPairs + (num_experts < max_pairs ? num_experts : max_pairs) + 1;
+  const int64_t bound = max_pairs / kQuantMoeJobPairs + (num_experts < max_pairs ? num_experts : max_pairs) + 1;
+  return bound < max_pairs ? bound : max_pairs;
+}
+
+// Rows of the per-job slots (kQuantMoeJobPairs per job): at most max_pairs + 8 num_experts + 8.
+inline constexpr int64_t QuantMoeSlotRows(int64_t max_pairs, int64_t num_experts) {
+  return QuantMoeMaxJobs(max_pairs, num_experts) * kQuantMoeJobPairs;
 }
 
 inline constexpr int64_t QuantMoeRoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// Device scratch of one round of up to max_tokens tokens (contents overwritten by every call).
+// Device scratch of one round of up to max_tokens tokens (contents overwritten by every call). With
+// S = QuantMoeSlotRows(max_tokens * top_k, max_experts) (>= the round's pairs and tokens), the
+// grouped path holds the rows of job j's slot at rows [8 j, 8 j + 8) of x, act and y; the CUDA-core
+// path indexes them by token (x) or round-local pair (act, y).
 struct QuantMoeWorkspace {
   int32_t* sorted = nullptr;    // [max_tokens * top_k]: round-local pair t * top_k + j, expert-major
   int32_t* jobs = nullptr;      // [QuantMoeMaxJobs(max_tokens * top_k, max_experts), 3]: expert,
                                 // first sorted pair, pair count
   int32_t* num_jobs = nullptr;  // [1]
-  uint16_t* x = nullptr;        // [max_tokens, RoundUp16(hidden)] bf16
-  uint16_t* act = nullptr;      // [max_tokens * top_k, RoundUp16(inter)] bf16
-  float* y = nullptr;           // [max_tokens * top_k, hidden] f32
+  int32_t* gate_up_items = nullptr;  // [1]: 2 * *num_jobs (the gate-up GEMV's item count)
+  int32_t* slot_of = nullptr;   // [max_tokens * top_k]: grouped path, a pair's slot row
+  // [2 * max jobs] each: the gate-up GEMV's per-item activation rows, codes and scales (item 2j:
+  // job j's gate, 2j + 1: its up); [max jobs] each: the down GEMV's codes and scales.
+  const void** gate_up_a = nullptr;
+  const void** gate_up_codes = nullptr;
+  const void** gate_up_scales = nullptr;
+  const void** down_codes = nullptr;
+  const void** down_scales = nullptr;
+  uint16_t* x = nullptr;        // [S, RoundUp16(hidden)] bf16
+  float* gate_up = nullptr;     // [2 S, inter] f32: grouped path, item i's rows at [8 i, 8 i + 8)
+  uint16_t* act = nullptr;      // [S, RoundUp16(inter)] bf16
+  float* y = nullptr;           // [S, hidden] f32
   int64_t max_tokens = 0, top_k = 0, max_experts = 0, hidden = 0, inter = 0;
 };
 

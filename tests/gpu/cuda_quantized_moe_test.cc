@@ -1,9 +1,10 @@
 // CudaBackend::QuantizedMoeExperts against the CPU reference (QuantizedMoeExperts on the host
 // views: exact dequantization, f32 activations), for FP8 block-scaled and INT4 group experts:
 //  - edge shapes (I = 40 and H = 200, multiples of neither 16 nor 32; slices starting inside a
-//    scale block, a group and a packed word, the kernels' value-at-a-time path; aligned slices
-//    whose rows still end in a partial chunk, the chunked path), 1, 4, 16 and 64 tokens, accumulate
-//    on and off;
+//    scale block, a group and a packed word, the CUDA-core kernels' value-at-a-time path; aligned
+//    slices whose rows still end in a partial chunk, the chunked path; one aligned layout shared by
+//    every expert, the grouped-GEMV path), 1, 4, 16 and 64 tokens, accumulate on and off;
+//  - the real TP8-rank shapes (the grouped-GEMV path) and the graph test below;
 //  - the real TP8-rank shapes (rank 3's slices): Kimi-K2.5 INT4 (H 7168, 384 experts, I 2048 / 8 =
 //    256, top-8) and DeepSeek-V3 FP8 (H 7168, 256 experts, I 256, top-8) at 1, 4, 16 and 64 tokens;
 //  - a captured CUDA graph's replay bit for bit equal to an eager call, and two eager calls bit for
@@ -13,7 +14,8 @@
 //
 // Tolerances, as max |gpu - ref| / max |ref| over a call's output:
 //  - 2e-3 against a bf16 model of the kernels (x and act rounded to bf16, exact weights, double
-//    sums): only fp32 summation order differs from it, plus an act value that lands on the other
+//    sums; INT4 weights rounded to bf16 for the grouped-GEMV path, which takes them so): only fp32
+//    summation order differs from it, plus an act value that lands on the other
 //    side of a bf16 rounding boundary (one ulp, 2^-8 relative, of one of I terms of a down product);
 //    a wrong block, group, nibble or row moves results by whole weights, orders of magnitude above.
 //  - 1e-2 against the exact CPU reference: the bf16 rounding of x and act (relative 2^-9 each,
@@ -64,9 +66,14 @@ std::vector<ExpertSlices> AlignedLayouts() {
 
 float Bf16Round(float v) { return Bf16ToFloat(FloatToBf16(v)); }
 
-// The bf16 model of the kernels (see the file comment).
+// The bf16 model of the kernels (see the file comment); bf16_weights: every weight rounded to bf16
+// (INT4 on the grouped-GEMV path, which takes bf16(q * scale) as QuantizedGemm's GEMV does).
 Tensor Bf16Model(const QuantizedExperts& experts, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                 const Tensor& out0, bool accumulate) {
+                 const Tensor& out0, bool accumulate, bool bf16_weights) {
+  const auto weight = [&](const Tensor& t, int64_t i) {
+    const float w = t.data_as<float>()[i];
+    return static_cast<double>(bf16_weights ? Bf16Round(w) : w);
+  };
   const int64_t tokens = x.dim(0), hidden = x.dim(1), k = ids.dim(1);
   Tensor out = *Tensor::Empty(DType::kF32, x.shape());
   std::vector<float> xb(hidden), act;
@@ -82,15 +89,15 @@ Tensor Bf16Model(const QuantizedExperts& experts, const Tensor& x, const Tensor&
       for (int64_t i = 0; i < inter; ++i) {
         double g = 0, u = 0;
         for (int64_t c = 0; c < hidden; ++c) {
-          g += static_cast<double>(gu.data_as<float>()[i * hidden + c]) * xb[c];
-          u += static_cast<double>(gu.data_as<float>()[(inter + i) * hidden + c]) * xb[c];
+          g += weight(gu, i * hidden + c) * xb[c];
+          u += weight(gu, (inter + i) * hidden + c) * xb[c];
         }
         act[i] = Bf16Round(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
       }
       const double w = weights.data_as<float>()[t * k + j];
       for (int64_t h = 0; h < hidden; ++h) {
         double y = 0;
-        for (int64_t i = 0; i < inter; ++i) y += static_cast<double>(down.data_as<float>()[h * inter + i]) * act[i];
+        for (int64_t i = 0; i < inter; ++i) y += weight(down, h * inter + i) * act[i];
         o[h] += w * y;
       }
     }
@@ -142,7 +149,7 @@ class CudaQuantizedMoeTest : public parity::ParityTest {
 
   // GPU vs the bf16 model and the CPU reference for `tokens` tokens of top-k routing.
   void CheckCall(const QuantizationConfig& quantization, const QuantizedExperts& experts, const DeviceExperts& d,
-                 int64_t tokens, int64_t top_k, bool accumulate, uint32_t seed) {
+                 int64_t tokens, int64_t top_k, bool accumulate, uint32_t seed, bool bf16_weights = false) {
     SCOPED_TRACE(testing::Message() << tokens << " tokens, top-" << top_k << (accumulate ? ", accumulate" : ""));
     const int64_t hidden = experts.views[0].gate.k;
     const Tensor x = Random(Shape{tokens, hidden}, seed);
@@ -160,16 +167,18 @@ class CudaQuantizedMoeTest : public parity::ParityTest {
     ASSERT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, experts.views, want, accumulate).ok());
     EXPECT_LE(parity::RelError(got, want), kExactTol);
     if (!experts.dense.empty()) {
-      EXPECT_LE(parity::RelError(got, Bf16Model(experts, x, ids, weights, out0, accumulate)), kModelTol);
+      EXPECT_LE(parity::RelError(got, Bf16Model(experts, x, ids, weights, out0, accumulate, bf16_weights)), kModelTol);
     }
   }
 
   void CheckEdgeShapes(const QuantizationConfig& quantization, const std::vector<ExpertSlices>& layouts,
-                       uint64_t seed) {
+                       uint64_t seed, bool bf16_weights = false) {
     const QuantizedExperts experts = MakeQuantizedExperts(quantization, 9, layouts, seed);
     const DeviceExperts d = ToDevice(quantization, experts);
     for (const int64_t tokens : {1, 4, 16, 64}) {
-      for (const bool accumulate : {false, true}) CheckCall(quantization, experts, d, tokens, 3, accumulate, 40);
+      for (const bool accumulate : {false, true}) {
+        CheckCall(quantization, experts, d, tokens, 3, accumulate, 40, bf16_weights);
+      }
     }
   }
 };
@@ -181,6 +190,14 @@ TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesValueAtATime) {
 }
 TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesChunked) {
   CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), AlignedLayouts(), 4);
+}
+// One shared layout on the quantized GEMV's grid: the grouped-GEMV path, with rows and columns that
+// end inside a tile, a 16-byte chunk and a scale block.
+TEST_F(CudaQuantizedMoeTest, Fp8EdgeShapesGroupedGemv) {
+  CheckEdgeShapes(DeepseekV3Fp8Quantization(), {AlignedLayouts()[1]}, 5);
+}
+TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesGroupedGemv) {
+  CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), {AlignedLayouts()[1]}, 6, /*bf16_weights=*/true);
 }
 
 // Every expert of a real TP8 rank (rank 3: gate / up rows and down columns [768, 1024) of the
