@@ -571,8 +571,12 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
                                                        ws.sorted, ws.jobs, ws.num_jobs, error_flag, error_code);
     if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
     if (hidden == 0) continue;
+    // Grids (and the grouped GEMV's plan) are sized for this round's bound on jobs, not the
+    // workspace's: at decode a round of one token has at most top_k jobs, and a plan made for the
+    // workspace's hundreds would give each real item a few blocks and launch thousands that exit.
+    const int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
     if (grouped) {
-      if (const cudaError_t error = GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, max_jobs, ws, stream);
+      if (const cudaError_t error = GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, round_jobs, ws, stream);
           error != cudaSuccess) {
         return error;
       }
@@ -592,7 +596,7 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
         p.team_shift = TeamShift(p.k);
         const int64_t rows_per_block = static_cast<int64_t>(kWarps) * (32 >> p.team_shift);
         const dim3 grid(static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block),
-                        static_cast<unsigned>(max_jobs));
+                        static_cast<unsigned>(round_jobs));
         if (int4) {
           gate_up ? QuantMoeRowsKernel<Int4, true><<<grid, kThreads, 0, stream>>>(p)
                   : QuantMoeRowsKernel<Int4, false><<<grid, kThreads, 0, stream>>>(p);

@@ -34,15 +34,18 @@ struct QuantizedExperts {
 };
 
 // `count` experts stored as `quantization`, expert e's slices those of layouts[e % layouts.size()]
-// (all with the same I and H), scales alternately the whole grid and only the touched blocks.
+// (all with the same I and H); with mixed_scales, scales alternately the whole grid and only the
+// touched blocks (experts of different layouts), else every expert's the whole grid (one layout,
+// as a hub checkpoint's TP slice has).
 inline QuantizedExperts MakeQuantizedExperts(const QuantizationConfig& quantization, int64_t count,
-                                             const std::vector<ExpertSlices>& layouts, uint64_t seed) {
+                                             const std::vector<ExpertSlices>& layouts, uint64_t seed,
+                                             bool mixed_scales = true) {
   QuantizedExperts out;
   out.matrices.reserve(static_cast<size_t>(3 * count));
   for (int64_t e = 0; e < count; ++e) {
     const ExpertSlices& l = layouts[static_cast<size_t>(e) % layouts.size()];
     Slice gate_up = l.gate_up, down = l.down;
-    gate_up.tight_scales = down.tight_scales = e % 2 == 1;
+    gate_up.tight_scales = down.tight_scales = mixed_scales && e % 2 == 1;
     const uint64_t s = seed + 3 * static_cast<uint64_t>(e);
     out.matrices.push_back(RandomQuantizedMatrix(quantization, l.gate_rows, l.gate_cols, s));
     out.matrices.push_back(RandomQuantizedMatrix(quantization, l.gate_rows, l.gate_cols, s + 1));
@@ -51,7 +54,7 @@ inline QuantizedExperts MakeQuantizedExperts(const QuantizationConfig& quantizat
   for (int64_t e = 0; e < count; ++e) {
     const ExpertSlices& l = layouts[static_cast<size_t>(e) % layouts.size()];
     Slice gate_up = l.gate_up, down = l.down;
-    gate_up.tight_scales = down.tight_scales = e % 2 == 1;
+    gate_up.tight_scales = down.tight_scales = mixed_scales && e % 2 == 1;
     out.gate_up_slices.push_back(gate_up);
     out.down_slices.push_back(down);
     const QuantizedMatrix& g = out.matrices[3 * e];

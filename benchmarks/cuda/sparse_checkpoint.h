@@ -121,6 +121,20 @@ inline std::vector<SparseTensor> SparseTensors(const DeepseekV2Config& config, b
 // that the embedding rows of different tokens differ (each is a shifted window of the block).
 inline constexpr int64_t kSparseTileValues = (int64_t{1} << 20) + 7;
 
+// Writes bytes at offset, in as many pwrite calls as it takes (Linux moves at most 0x7ffff000 bytes
+// per call, less than one tensor of K2's embedding). False on an error or a call that writes nothing.
+inline bool PwriteAll(int fd, const void* data, size_t bytes, int64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd, p, bytes, offset);
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    offset += n;
+  }
+  return true;
+}
+
 // Writes config.json and a single model.safetensors holding `tensors` in order (as the reader
 // requires them contiguous in schema order), holes left unwritten, once: a `complete` marker makes
 // later runs reuse the directory. tiled: each random tensor repeats its first kSparseTileValues
@@ -154,8 +168,8 @@ inline absl::Status WriteSparseCheckpoint(const std::string& dir, const std::str
   if (fd < 0) return absl::InternalError("cannot create " + path + ": " + std::strerror(errno));
   const uint64_t header_len = header.size();
   const int64_t data_start = 8 + static_cast<int64_t>(header_len);
-  bool ok = ::pwrite(fd, &header_len, 8, 0) == 8 &&
-            ::pwrite(fd, header.data(), header.size(), 8) == static_cast<ssize_t>(header.size());
+  errno = 0;
+  bool ok = PwriteAll(fd, &header_len, 8, 0) && PwriteAll(fd, header.data(), header.size(), 8);
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 0.02f);
   std::vector<uint16_t> data;
@@ -164,7 +178,7 @@ inline absl::Status WriteSparseCheckpoint(const std::string& dir, const std::str
     if (t.fill == SparseTensor::Fill::kHole) continue;  // zeros
     if (t.fill == SparseTensor::Fill::kValues) {
       const size_t bytes = t.values.size() * sizeof(int32_t);
-      ok = ::pwrite(fd, t.values.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
+      ok = PwriteAll(fd, t.values.data(), bytes, data_start + offsets[i]);
       continue;
     }
     int64_t numel = 1;
@@ -178,11 +192,14 @@ inline absl::Status WriteSparseCheckpoint(const std::string& dir, const std::str
       std::copy_n(data.begin(), std::min(drawn, data.size() - j), data.begin() + static_cast<std::ptrdiff_t>(j));
     }
     const size_t bytes = data.size() * 2;
-    ok = ::pwrite(fd, data.data(), bytes, data_start + offsets[i]) == static_cast<ssize_t>(bytes);
+    ok = PwriteAll(fd, data.data(), bytes, data_start + offsets[i]);
   }
   ok = ok && ::ftruncate(fd, data_start + offset) == 0;
   ::close(fd);
-  if (!ok) return absl::InternalError("writing " + path + " failed: " + std::strerror(errno));
+  if (!ok) {
+    return absl::InternalError("writing " + path + " failed: " +
+                               (errno != 0 ? std::strerror(errno) : "a write stopped short"));
+  }
   std::ofstream(dir + "/complete") << "ok\n";
   std::fprintf(stderr, "wrote %s (%.1f GB, sparse) in %.1f s\n", path.c_str(),
                static_cast<double>(data_start + offset) * 1e-9,
