@@ -255,6 +255,31 @@ class CommandLineTest(unittest.TestCase):
         self.assertIn("usage", proc.stderr)
 
 
+class WriteCardRunsTest(unittest.TestCase):
+    """The card's end-to-end rows (decode_runs.sh summaries) and its tie_check.py sentence."""
+
+    def test_decode_runs_and_tie_check(self):
+        import write_card
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = os.path.join(tmp, "summary.txt")
+            with open(summary, "w") as f:
+                f.write("per-token cost = ...\n"
+                        "loop      plain us/tok  spec us/tok  speedup  accept len  speedup/len  syncs/step  D2H B/step\n"
+                        "device           593.8        364.1     1.63        2.99         0.55         1.0        80.0\n")
+            row = write_card.read_decode_runs_summary(summary)
+            self.assertEqual((row["plain_us"], row["spec_us"], row["speedup"], row["accept_len"]),
+                             (593.8, 364.1, 1.63, 2.99))
+            table = "\n".join(write_card.decode_runs_section([f"MLA,1,{summary}"]))
+            self.assertIn("| MLA | 1 | 593.8 | 364.1 | **1.63x** | 2.99 |", table)
+            ties = os.path.join(tmp, "ties.jsonl")
+            with open(ties, "w") as f:
+                f.write(json.dumps({"weights": "bf16", "prompts": 4, "identical": 3,
+                                    "differing": [{"prompt": 2, "first_differing_token": 7}]}) + "\n")
+                f.write(json.dumps({"weights": "f32", "prompts": 4, "identical": 4, "differing": []}) + "\n")
+            text = "\n".join(write_card.tie_check_lines(ties))
+            self.assertIn("3/4 identical at bf16 weight storage (prompt 2 from its token 7) and 4/4 at f32", text)
+
+
 class TrainMlaDraftTest(unittest.TestCase):
     """train_mla_draft.py end to end at a tiny budget: a corpus of a few files (data.corpus_roots patched),
     the shipped target (only read), a few draft steps on CPU."""

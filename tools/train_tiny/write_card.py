@@ -2,14 +2,17 @@
 """Writes the model card (models/README.md) from a run's train_log.json (and check_cpp.json, if present).
 
   write_card.py OUT_DIR [--card models/README.md] [--measure measure_cpu.json [--measure measure_cuda.json]]
-                [--mla MLA_DIR [--measure-mla measure_mla_cuda.json ...]]
+                [--mla MLA_DIR [--measure-mla measure_mla_cuda.json ...] [--tie-check tie_check.jsonl]
+                 [--decode-runs DRAFT,BATCH,decode_runs/summary.txt ...]]
 
 With --measure, the card adds the tables of tools/train_tiny/measure.py (acceptance, tokens/s, field
 failures), one per measurement file, each with its command and machine. Every number in the card
 comes from those files; nothing is typed in by hand. --mla adds the MLA EAGLE-3 draft of
 train_mla_draft.sh (MLA_DIR/train_log_mla.json, and MLA_DIR/check_cpp_mla.json if present) beside the
 Llama-style one: its architecture, training, held-out agreement next to the Llama-style draft's on the
-same windows, and, per --measure-mla file, its acceptance next to the --measure file of the same device.
+same windows, and, per --measure-mla file, its acceptance next to the --measure file of the same device;
+--tie-check explains greedy mismatches at bf16 (tie_check.py), --decode-runs adds scripts/decode_runs.sh's
+end-to-end cost per token of each draft.
 """
 
 import argparse
@@ -254,7 +257,7 @@ def mla_comparison_rows(llama, mla):
     return lines
 
 
-def mla_section(mla, check, measures, mla_measures):
+def mla_section(mla, check, measures, mla_measures, decode_runs=(), tie_check=None):
     """The MLA EAGLE-3 draft beside the Llama-style one."""
     d, dc = mla["draft"], mla["draft"]["config"]
     rows = mla_draft_parameter_table(dc)
@@ -327,11 +330,63 @@ def mla_section(mla, check, measures, mla_measures):
             continue
         lines += [f"Same prompts ({len(m['prompts'])}), {m['max_new_tokens']} new tokens, seed {m['seed']}, "
                   "configurations and definitions as the Llama-style tables above.", ""]
+        if llama_m.get("machine") != m.get("machine"):
+            lines += [f"The speedup columns come from different runs (Llama-style: {llama_m['machine']}; MLA: "
+                      f"{m['machine']}), each timing whole generate calls with prefill: compare the drafts' speed "
+                      "in the end-to-end table below, where both ran the same binary in one device call.", ""]
         lines += mla_comparison_rows(llama_m, m) + [""]
+    if tie_check:
+        lines += tie_check_lines(tie_check)
+    if decode_runs:
+        lines += decode_runs_section(decode_runs)
     return lines
 
 
-def card(log, check, measures=(), mla=None, mla_check=None, mla_measures=()):
+def tie_check_lines(path):
+    """What tools/train_tiny/tie_check.py found (JSON lines, one per weight storage)."""
+    with open(path) as f:
+        runs = {r["weights"]: r for r in (json.loads(line) for line in f if line.strip())}
+    bf16, f32 = runs.get("bf16"), runs.get("f32")
+    if not bf16 or not f32:
+        return []
+    where = ", ".join(f"prompt {d['prompt']} from its token {d['first_differing_token']}" for d in bf16["differing"])
+    return [f"Greedy identical below the prompt count: `tools/train_tiny/tie_check.py` (chain-3, the MLA draft) found "
+            f"{bf16['identical']}/{bf16['prompts']} identical at bf16 weight storage ({where or 'none differing'}) "
+            f"and {f32['identical']}/{f32['prompts']} at f32: a near-tie that bf16's summation order (verify pass vs "
+            f"plain step) flips, not a verification error (`{path}`).", ""]
+
+
+def read_decode_runs_summary(path):
+    """The device-loop row of a scripts/decode_runs.sh summary.txt, as a dict of floats."""
+    with open(path) as f:
+        rows = [line.split() for line in f if line.strip()]
+    header = next(i for i, r in enumerate(rows) if r and r[0] == "loop")
+    row = next(r for r in rows[header + 1:] if r and r[0] == "device")
+    names = ("plain_us", "spec_us", "speedup", "accept_len", "speedup_per_len", "syncs", "d2h_bytes")
+    return dict(zip(names, (float(v) for v in row[1:8])))
+
+
+def decode_runs_section(runs):
+    """End-to-end cost per token of both drafts from decode_runs.sh summaries (DRAFT,BATCH,PATH)."""
+    lines = ["### End-to-end, both drafts, same binary (eagle3-decode device loop)", "",
+             "```sh",
+             "scripts/decode_runs.sh BUILD/examples/eagle3-decode OUT --reps 3 --loops device -- --device cuda "
+             "--target models/tiny-v2-code --draft DRAFT_DIR [--batch 8]",
+             "```", "",
+             "Default tree (topk 4, 3 steps, 8 nodes), greedy, every step one SpeculativeStep replayed from a CUDA "
+             "graph; cost per token = (t(320 tokens) - t(64 tokens)) / 256, median of 3 repetitions (prefill and "
+             "warm-up excluded); batch 8 decodes the first 8 held-out prompts together.", "",
+             "| draft | batch | plain us/token | speculative us/token | speedup | mean accepted length | data |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for spec in runs:
+        draft, batch, path = spec.split(",", 2)
+        r = read_decode_runs_summary(path)
+        lines.append(f"| {draft} | {batch} | {r['plain_us']:.1f} | {r['spec_us']:.1f} | **{r['speedup']:.2f}x** | "
+                     f"{r['accept_len']:.2f} | `{path}` |")
+    return lines + [""]
+
+
+def card(log, check, measures=(), mla=None, mla_check=None, mla_measures=(), decode_runs=(), tie_check=None):
     t, d = log["target"], log["draft"]
     tc, dc = t["config"], d["config"]
     corpus, tok = log["corpus"], log["tokenizer"]
@@ -494,7 +549,7 @@ def card(log, check, measures=(), mla=None, mla_check=None, mla_measures=()):
         for m in measures:
             lines += measurement_section(m) + [""]
     if mla:
-        lines += mla_section(mla, mla_check, measures, mla_measures)
+        lines += mla_section(mla, mla_check, measures, mla_measures, decode_runs, tie_check)
     prompt = log["heldout_prompt"]
     lines += [
         "## Sample (greedy, held-out prompt)",
@@ -523,8 +578,12 @@ def card(log, check, measures=(), mla=None, mla_check=None, mla_measures=()):
         "--draft MLA_DIR/tiny-v2-code-eagle3-mla",
         "python3 tools/train_tiny/measure.py --build BUILD_DIR --device cuda --draft models/tiny-v2-code-eagle3-mla "
         "--out measure_mla_cuda.json",
+        "python3 tools/train_tiny/tie_check.py BUILD_DIR/examples/eagle3-decode --draft "
+        "models/tiny-v2-code-eagle3-mla > tie_check.jsonl",
+        "scripts/decode_runs.sh BUILD_DIR/examples/eagle3-decode E2E_DIR --reps 3 --loops device -- --device cuda "
+        "--target models/tiny-v2-code --draft models/tiny-v2-code-eagle3-mla   # and the Llama-style draft, --batch 8",
         "python3 tools/train_tiny/write_card.py OUT_DIR --mla MLA_DIR --measure measure_cuda.json "
-        "--measure-mla measure_mla_cuda.json",
+        "--measure-mla measure_mla_cuda.json --tie-check tie_check.jsonl --decode-runs MLA,1,E2E_DIR/summary.txt",
         "```",
     ] if mla else []) + [
         "",
@@ -549,7 +608,12 @@ def main():
     p.add_argument("--mla", default=None, help="directory with train_mla_draft.sh's train_log_mla.json")
     p.add_argument("--measure-mla", action="append", default=[],
                    help="measure.py --draft <MLA draft> result JSON (repeatable)")
+    p.add_argument("--decode-runs", action="append", default=[],
+                   help="DRAFT,BATCH,PATH of a scripts/decode_runs.sh summary.txt (repeatable; MLA section)")
+    p.add_argument("--tie-check", default=None, help="tools/train_tiny/tie_check.py output (MLA section)")
     args = p.parse_args()
+    if args.decode_runs and not args.mla:
+        p.error("--decode-runs needs --mla")
     if args.measure_mla and not args.mla:
         p.error("--measure-mla needs --mla")
     log = read_json(os.path.join(args.out_dir, "train_log.json"))
@@ -560,7 +624,7 @@ def main():
     mla_check_path = os.path.join(args.mla, "check_cpp_mla.json") if args.mla else None
     mla_check = read_json(mla_check_path) if mla_check_path and os.path.exists(mla_check_path) else None
     mla_measures = [read_json(path) for path in args.measure_mla]
-    text = card(log, check, measures, mla, mla_check, mla_measures)
+    text = card(log, check, measures, mla, mla_check, mla_measures, args.decode_runs, args.tie_check)
     with open(args.card, "w") as f:
         f.write(text)
     print(f"wrote {os.path.normpath(args.card)}")
