@@ -5,10 +5,9 @@
 //  - Up to CudaBackendOptions::quantized_gemv_max_rows activation rows (decode and tree-verify
 //    steps), on the launchers' layout: the quantized GEMV kernels of quant_gemv_ops.h, which stream
 //    the stored bytes. A kernel takes at most 16 rows (one tensor-core tile of activations), so M <=
-//    16 is one launch, and a larger M one batched launch of row chunks (the items share the
-//    weights: item stride 0, so they read the same bytes, mostly from L2): with beta 0, chunks that
-//    may overlap so that one launch covers every row (OverlappingRowChunks); otherwise the full
-//    16-row chunks, then one launch for the remaining rows (which streams the weights again). The launchers' layout: FP8 in 128 x 128 blocks with the slice's column
+//    16 is one launch, and a larger M one batched launch over its full 16-row chunks (the items
+//    share the weights: item stride 0, so they read the same bytes, mostly from L2) plus one launch
+//    for the remaining rows. The launchers' layout: FP8 in 128 x 128 blocks with the slice's column
 //    offset a multiple of 16, INT4 groups of a power of two >= 32 with the column offset a multiple
 //    of 8, and codes rows on 16-byte boundaries (LoadLinearWeight lays out hub checkpoints and their
 //    TP slices so).
@@ -119,33 +118,8 @@ bool GemvLayout(const QuantizedWeightView& w) {
          (n <= 1 || w.codes.stride(0) % 4 == 0);
 }
 
-// Rows of M > 16 as ONE batched launch of `items` items of `rows` <= 16 rows, item i starting at row
-// i * step (step <= rows; the last item ends at row M): every item streams the same weights in the
-// same launch, so they come from DRAM about once, where a second launch for a remainder of M % 16
-// rows would stream them again. Items overlap where step < rows: an overlapped row is computed twice
-// from the same inputs in the same order and written twice with the same bits, which is only sound
-// when c is not read (beta == 0). False when no such split of at most ceil(M / 16) + 3 items exists.
-struct RowChunks {
-  int64_t items = 0, rows = 0, step = 0;
-};
-bool OverlappingRowChunks(int64_t m, RowChunks& chunks) {
-  const int64_t rows_max = kQuantGemvMaxRows;
-  if (m <= rows_max) return false;
-  const int64_t fewest = (m + rows_max - 1) / rows_max;
-  for (int64_t items = fewest; items <= fewest + 3; ++items) {
-    // rows = m - (items - 1) * step with step <= rows <= 16: step in [(m - 16) / (items - 1), m / items].
-    const int64_t lo = (m - rows_max + items - 2) / (items - 1), hi = m / items;
-    if (lo <= hi && lo >= 1) {
-      chunks = {items, m - (items - 1) * lo, lo};
-      return true;
-    }
-  }
-  return false;
-}
-
-// The GEMV path for checked operands with m, n, k > 0 on the launchers' layout: up to 16 rows in
-// one launch; more in one launch of overlapping chunks where c is not read (OverlappingRowChunks),
-// else all full 16-row chunks in one batched launch, then the rest.
+// The GEMV path for checked operands with m, n, k > 0 on the launchers' layout: the rows in 16-row
+// chunks (all full chunks in one batched launch, then the rest).
 absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const QuantizedWeightView& w,
                          const TensorView& c, const GemmOptions& options) {
   const int64_t m = a.dim(0), n = w.rows(), k = w.k;
@@ -172,11 +146,11 @@ absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const Quant
     int4_weights.col0 = LocalCol0(w);
     int4_weights.group_size = w.block_cols;
   }
-  // `batch` items of `rows` rows sharing the weights, item i at rows first + i * step.
-  auto launch = [&](int64_t first, int64_t batch, int64_t rows, int64_t step) {
+  // Rows [first, first + batch * rows) as `batch` items of `rows` rows sharing the weights.
+  auto launch = [&](int64_t first, int64_t batch, int64_t rows) {
     const void* a_rows = static_cast<const char*>(a.data()) + first * lda * a_size;
     float* c_rows = c.data_as<float>() + first * ldc;
-    const int64_t stride_a = step * lda, stride_c = step * ldc;
+    const int64_t stride_a = rows * lda, stride_c = rows * ldc;
     const cudaError_t error =
         fp8 ? LaunchFp8BlockGemv(a_rows, a_type, lda, stride_a, fp8_weights, c_rows, ldc, stride_c, bias, batch, rows,
                                  n, k, options.alpha, options.beta, programmatic, s.stream)
@@ -184,13 +158,9 @@ absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const Quant
                                   rows, n, k, options.alpha, options.beta, programmatic, s.stream);
     return CudaStatus(error, "QuantizedGemm: quantized GEMV kernel launch");
   };
-  RowChunks chunks;
-  if (m % kQuantGemvMaxRows != 0 && options.beta == 0.0f && OverlappingRowChunks(m, chunks)) {
-    return launch(0, chunks.items, chunks.rows, chunks.step);
-  }
   const int64_t full = m / kQuantGemvMaxRows, rest = m % kQuantGemvMaxRows;
-  if (full > 0) EAGLE3_RETURN_IF_ERROR(launch(0, full, kQuantGemvMaxRows, kQuantGemvMaxRows));
-  if (rest > 0) EAGLE3_RETURN_IF_ERROR(launch(full * kQuantGemvMaxRows, 1, rest, rest));
+  if (full > 0) EAGLE3_RETURN_IF_ERROR(launch(0, full, kQuantGemvMaxRows));
+  if (rest > 0) EAGLE3_RETURN_IF_ERROR(launch(full * kQuantGemvMaxRows, 1, rest));
   return absl::OkStatus();
 }
 
