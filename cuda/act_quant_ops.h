@@ -28,7 +28,7 @@ namespace eagle3::cuda {
 //         m == 1), device, any alignment
 // codes:  [m, k], e4m3 bytes, row stride ld_codes >= k (any when m == 1), device, no overlap with x
 // scales: the scale of (row r, group j) at scales[j * scale_ld + r] (Fp8ActScaleIndex with
-//         scale_ld = m: cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F layout, see
+//         scale_ld = Fp8ActScaleLd(m): cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F layout, see
 //         fp8_w8a8_layout.h), f32, device, scale_ld >= m
 // m, k >= 0 (nothing to do when either is 0). Returns cudaErrorInvalidValue otherwise, or for a
 // missing pointer.

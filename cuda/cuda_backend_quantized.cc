@@ -254,8 +254,8 @@ absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, con
   auto* a_scales = const_cast<float*>(p.a_scales);
   const cudaError_t quantized =
       a.dtype() == DType::kBF16
-          ? LaunchFp8ActQuant(a.data_as<const uint16_t>(), LeadingDim(a), m, k, a_codes, k, a_scales, m, s.stream)
-          : LaunchFp8ActQuant(a.data_as<const float>(), LeadingDim(a), m, k, a_codes, k, a_scales, m, s.stream);
+          ? LaunchFp8ActQuant(a.data_as<const uint16_t>(), LeadingDim(a), m, k, a_codes, k, a_scales, Fp8ActScaleLd(m), s.stream)
+          : LaunchFp8ActQuant(a.data_as<const float>(), LeadingDim(a), m, k, a_codes, k, a_scales, Fp8ActScaleLd(m), s.stream);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(quantized, "QuantizedGemm: activation quantization kernel launch"));
   if (!direct) {
     // The slice's blocks, rows L4 apart; the padding past its K blocks zeroed (never used).

@@ -11,7 +11,8 @@
 // the matrix shape, so these are exact, not minimums.
 //  - CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, an operand of `rows` rows (the non-K dimension) and K
 //    columns: one f32 scale per row per 128 columns, "outer-dimension-major": the scale of row r,
-//    column group j at j * rows + r (PyTorch: shape [rows, ceil(K / 128)], strides [1, rows]).
+//    column group j at j * L + r, L = rows rounded up to 4 (PyTorch: shape [rows, ceil(K / 128)],
+//    strides [1, rows], rows a multiple of 16; the padding: Fp8ActScaleLd).
 //  - CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, an operand of `rows` rows and K columns: one f32
 //    scale per 128 x 128 block, K-major with the K extent padded to a multiple of 4 blocks (16
 //    bytes): the scale of block (i, j) at i * L4 + j, L4 = round_up(ceil(K / 128), 4) (PyTorch:
@@ -29,10 +30,16 @@ inline constexpr int64_t kFp8W8A8Block = 128;
 
 constexpr int64_t Fp8W8A8KBlocks(int64_t k) { return (k + kFp8W8A8Block - 1) / kFp8W8A8Block; }
 
+// VEC128_32F: the distance between column groups, the rows padded to a multiple of 4 (16 bytes).
+// PyTorch only passes row counts that are multiples of 16 (where padding changes nothing); on the
+// H200 the unpadded layout gave wrong products at 1 and 17 rows and right ones at 16, 64, 256 and
+// 1000, so cuBLASLt pads the outer dimension as it pads BLK128x128's K blocks (to be confirmed at
+// a row count that is a multiple of 4 but not of 16: the GPU test runs 20).
+constexpr int64_t Fp8ActScaleLd(int64_t rows) { return (rows + 3) / 4 * 4; }
 // VEC128_32F: the scale of row r (< rows), column group j (< Fp8W8A8KBlocks(k)).
-constexpr int64_t Fp8ActScaleIndex(int64_t rows, int64_t r, int64_t j) { return j * rows + r; }
-// Scales of a [rows, k] operand.
-constexpr int64_t Fp8ActScaleCount(int64_t rows, int64_t k) { return Fp8W8A8KBlocks(k) * rows; }
+constexpr int64_t Fp8ActScaleIndex(int64_t rows, int64_t r, int64_t j) { return j * Fp8ActScaleLd(rows) + r; }
+// Scales of a [rows, k] operand, padding included.
+constexpr int64_t Fp8ActScaleCount(int64_t rows, int64_t k) { return Fp8W8A8KBlocks(k) * Fp8ActScaleLd(rows); }
 
 // BLK128x128_32F: the distance between block rows (L4).
 constexpr int64_t Fp8WeightScaleLd(int64_t k) { return (Fp8W8A8KBlocks(k) + 3) / 4 * 4; }

@@ -14,16 +14,19 @@ namespace {
 TEST(Fp8W8A8LayoutTest, ActivationScalesAreOuterDimensionMajor) {
   const int64_t rows = 3, k = 300;  // 3 groups, the last partial
   EXPECT_EQ(Fp8W8A8KBlocks(k), 3);
-  EXPECT_EQ(Fp8ActScaleCount(rows, k), 9);
+  EXPECT_EQ(Fp8ActScaleLd(rows), 4);  // rows padded to 4
+  EXPECT_EQ(Fp8ActScaleLd(16), 16);
+  EXPECT_EQ(Fp8ActScaleLd(17), 20);
+  EXPECT_EQ(Fp8ActScaleCount(rows, k), 12);
   EXPECT_EQ(Fp8ActScaleIndex(rows, 0, 0), 0);
   EXPECT_EQ(Fp8ActScaleIndex(rows, 1, 0), 1);  // the next row: the next scale
-  EXPECT_EQ(Fp8ActScaleIndex(rows, 0, 1), 3);  // the next group: `rows` further
+  EXPECT_EQ(Fp8ActScaleIndex(rows, 0, 1), 4);  // the next group: the padded row count further
   std::set<int64_t> seen;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < Fp8W8A8KBlocks(k); ++j) seen.insert(Fp8ActScaleIndex(rows, r, j));
   }
   EXPECT_EQ(seen.size(), 9u);
-  EXPECT_EQ(*seen.rbegin(), 8);
+  EXPECT_EQ(*seen.rbegin(), 10);
 }
 
 TEST(Fp8W8A8LayoutTest, WeightScaleRowsArePaddedToFourBlocks) {
