@@ -17,17 +17,31 @@
 //    re-reads 2 bytes per weight once: the bound between them (default 64, a tree-verify step's
 //    rows) is a CudaBackendOptions field so that benchmarks/cuda/quantized_gemm_benchmark.cc can
 //    place it.
+//  - W8A8, for FP8 calls of at least CudaBackendOptions::fp8_w8a8_min_rows rows (0, the default:
+//    never) whose slice the path takes (fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
+//    boundaries, K a multiple of 128, N of 16) and whose shape cuBLASLt's heuristic has a kernel for;
+//    it is tried first, and a call it does not take goes on to the paths above. `a` is quantized
+//    into the scratch as DeepSeek's kernels quantize activations (act_quant_ops.h: e4m3 codes, one
+//    f32 scale per row per 128 columns), the weight's scale blocks are copied into cuBLASLt's
+//    layout where the checkpoint's rows are not already in it (column slices), and cuBLASLt's
+//    block-scaled FP8 product (fp8_w8a8_gemm.h) writes c; the bias follows in a small kernel.
 // With b_is_weights, the GEMV launches start streaming the weights early (programmatic dependent
 // launch), as Gemm's GEMV does; the dequantization kernel does not, since it writes the scratch,
 // which the previous dequantized product may still be reading.
 //
 // Numerics against the CPU reference (exact f32 weights, f32 activations): `a` is rounded to bf16
-// on every path, as the bf16-weight Gemm rounds it. INT4 weights enter as bf16(q * scale) on both
+// on the GEMV and dequantized paths, as the bf16-weight Gemm rounds it. INT4 weights enter as bf16(q * scale) on both
 // paths (q * a bf16 scale has up to 11 significant bits). FP8 weights enter exactly on the GEMV
 // path (exact e4m3 x bf16 products, each 128-column block's fp32 sum times its scale) and as
-// bf16(e4m3 * scale) on the dequantized path. Accumulation is fp32 everywhere.
+// bf16(e4m3 * scale) on the dequantized path. Accumulation is fp32 everywhere. The W8A8 path rounds
+// `a` further, to e4m3 with a per-128-column scale (3 mantissa bits: relative rounding up to 2^-4 per
+// element, 2% to 4% RMS depending on where a value falls in its binade, which random signs carry
+// into each result as about that fraction of its magnitude), and multiplies the exact FP8 weights; its
+// 128-deep partial sums come from the FP8 tensor cores, whose accumulator keeps fewer bits than
+// fp32 (DeepSeek-V3's report, section 3.3.2), before they are scaled and summed in fp32.
 //
-// Scratch (State::dequant_scratch): allocated at the first call that dequantizes, grown (at least
+// Scratch (State::dequant_scratch, which also holds the W8A8 path's e4m3 activations, their scales
+// and copied weight scales): allocated at the first call that dequantizes, grown (at least
 // doubling) when a larger weight comes, outgrown buffers kept until the backend is destroyed since
 // a captured graph may still read them. Growing is refused while the stream is being captured
 // (FailedPrecondition: run the shapes once before capturing); GEMV-path calls never touch it, so
@@ -40,6 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "act_quant_ops.h"
 #include "core_ops.h"
 #include "cuda_backend_checks.h"
 #include "cuda_backend_state.h"
@@ -47,6 +62,8 @@
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/detail/int4_packing.h"
 #include "eagle3/status.h"
+#include "fp8_w8a8_gemm.h"
+#include "fp8_w8a8_layout.h"
 #include "quant_dequant_ops.h"
 #include "quant_gemv_ops.h"
 
@@ -69,24 +86,25 @@ struct DequantScratch {
   std::vector<std::pair<void*, size_t>> buffers;  // the current (largest) last
 };
 
-absl::StatusOr<uint16_t*> DequantBuffer(CudaBackend::State& s, size_t bytes) {
+// `bytes` of the scratch (see the file comment); `what` names the copy it holds, for the message.
+absl::StatusOr<void*> ScratchBuffer(CudaBackend::State& s, size_t bytes, const char* what) {
   if (!s.dequant_scratch) s.dequant_scratch = std::make_shared<DequantScratch>(&s.allocator);
   auto& scratch = *static_cast<DequantScratch*>(s.dequant_scratch.get());
   const size_t have = scratch.buffers.empty() ? 0 : scratch.buffers.back().second;
-  if (have >= bytes) return static_cast<uint16_t*>(scratch.buffers.back().first);
+  if (have >= bytes) return scratch.buffers.back().first;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   EAGLE3_RETURN_IF_ERROR(
       CudaStatus(cudaStreamIsCapturing(s.stream, &capture), "QuantizedGemm: cudaStreamIsCapturing"));
   if (capture != cudaStreamCaptureStatusNone) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "QuantizedGemm: the bf16 copy of a dequantized weight needs ", bytes, " bytes of scratch but ", have,
+        "QuantizedGemm: ", what, " needs ", bytes, " bytes of scratch but ", have,
         " are allocated, and the stream is being captured into a CUDA graph (no allocation there); run the "
         "step once before capturing"));
   }
   const size_t grown = std::max(bytes, 2 * have);
   EAGLE3_ASSIGN_OR_RETURN(void* buffer, s.allocator.Allocate(grown, 256));
   scratch.buffers.emplace_back(buffer, grown);
-  return static_cast<uint16_t*>(buffer);
+  return buffer;
 }
 
 // Leading dimension of a row-strided [rows, cols] view (any stride is allowed for one row).
@@ -168,7 +186,9 @@ absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const Quant
 absl::Status DequantizedProduct(CudaBackend& backend, CudaBackend::State& s, const TensorView& a,
                                 const QuantizedWeightView& w, const TensorView& c, const GemmOptions& options) {
   const int64_t n = w.rows(), k = w.k;
-  EAGLE3_ASSIGN_OR_RETURN(uint16_t* scratch, DequantBuffer(s, static_cast<size_t>(n * k) * sizeof(uint16_t)));
+  EAGLE3_ASSIGN_OR_RETURN(void* buffer, ScratchBuffer(s, static_cast<size_t>(n * k) * sizeof(uint16_t),
+                                                      "the bf16 copy of a dequantized weight"));
+  auto* scratch = static_cast<uint16_t*>(buffer);
   const cudaError_t error =
       w.format == WeightFormat::kFp8Block
           ? LaunchFp8BlockDequant(w.codes.data_as<const uint8_t>(), LeadingDim(w.codes),
@@ -184,6 +204,80 @@ absl::Status DequantizedProduct(CudaBackend& backend, CudaBackend::State& s, con
   const absl::Status status = backend.Gemm(a, TensorView(scratch, DType::kBF16, Shape{n, k}, a.device()), c, product);
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat("QuantizedGemm (on the dequantized weight): ", status.message()));
+}
+
+size_t RoundUp256(int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); }
+
+// The W8A8 path (see the file comment) for checked FP8 operands with m, n, k > 0: whether it took
+// the product (what it does not take it leaves untouched, for the other paths).
+absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, const QuantizedWeightView& w,
+                                 const TensorView& c, const GemmOptions& options) {
+  const int64_t m = a.dim(0), n = w.rows(), k = w.k;
+  const Fp8W8A8Slice slice{.n = n,
+                           .k = k,
+                           .row0 = w.row0,
+                           .col0 = w.col0,
+                           .block_rows = w.block_rows,
+                           .block_cols = w.block_cols,
+                           .codes = reinterpret_cast<uintptr_t>(w.codes.data()),
+                           .codes_ld = LeadingDim(w.codes)};
+  if (!Fp8W8A8Takes(slice)) return false;
+  // The slice's first scale block in w's scale tensor, and whether cuBLASLt can read the tensor in
+  // place (else its blocks are copied into the scratch in cuBLASLt's layout).
+  const int64_t block_row = w.row0 / kFp8W8A8Block - w.scale_row0, block_col = w.col0 / kFp8W8A8Block - w.scale_col0;
+  const float* first = reinterpret_cast<const float*>(ScaleRow(w, block_row)) + block_col;
+  const int64_t scale_ld = LeadingDim(w.scales);
+  const bool direct =
+      Fp8W8A8ScalesDirect(n, k, reinterpret_cast<uintptr_t>(first), scale_ld, w.scales.dim(1) - block_col);
+  // Scratch: the activations' codes [m, k], their scales, the weight's scales when copied.
+  const size_t codes_bytes = RoundUp256(m * k);
+  const size_t a_scale_bytes = RoundUp256(Fp8ActScaleCount(m, k) * static_cast<int64_t>(sizeof(float)));
+  const size_t w_scale_bytes = direct ? 0 : RoundUp256(Fp8WeightScaleCount(n, k) * static_cast<int64_t>(sizeof(float)));
+  EAGLE3_ASSIGN_OR_RETURN(void* buffer, ScratchBuffer(s, codes_bytes + a_scale_bytes + w_scale_bytes,
+                                                      "the e4m3 copy of the activations (W8A8)"));
+  auto* bytes = static_cast<char*>(buffer);
+  Fp8W8A8Operands p;
+  p.m = m, p.n = n, p.k = k;
+  p.a = reinterpret_cast<uint8_t*>(bytes);
+  p.lda = k;
+  p.a_scales = reinterpret_cast<float*>(bytes + codes_bytes);
+  p.w = w.codes.data_as<const uint8_t>();
+  p.ldw = LeadingDim(w.codes);
+  p.w_scales = direct ? first : reinterpret_cast<float*>(bytes + codes_bytes + a_scale_bytes);
+  p.c = c.data_as<float>();
+  p.ldc = LeadingDim(c);
+  const size_t workspace_bytes = s.gemm_workspace != nullptr ? s.options.gemm_workspace_bytes : 0;
+  EAGLE3_ASSIGN_OR_RETURN(const bool available, s.fp8_w8a8.Available(s.lt, workspace_bytes, p, options.beta != 0.0f));
+  if (!available) return false;
+
+  auto* a_codes = const_cast<uint8_t*>(p.a);
+  auto* a_scales = const_cast<float*>(p.a_scales);
+  const cudaError_t quantized =
+      a.dtype() == DType::kBF16
+          ? LaunchFp8ActQuant(a.data_as<const uint16_t>(), LeadingDim(a), m, k, a_codes, k, a_scales, Fp8ActScaleLd(m), s.stream)
+          : LaunchFp8ActQuant(a.data_as<const float>(), LeadingDim(a), m, k, a_codes, k, a_scales, Fp8ActScaleLd(m), s.stream);
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(quantized, "QuantizedGemm: activation quantization kernel launch"));
+  if (!direct) {
+    // The slice's blocks, rows L4 apart; the padding past its K blocks zeroed (never used).
+    auto* w_scales = const_cast<float*>(p.w_scales);
+    const int64_t rows = (n + kFp8W8A8Block - 1) / kFp8W8A8Block, used = Fp8W8A8KBlocks(k), l4 = Fp8WeightScaleLd(k);
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy2DAsync(w_scales, l4 * sizeof(float), first, scale_ld * sizeof(float), used * sizeof(float), rows,
+                          cudaMemcpyDeviceToDevice, s.stream),
+        "QuantizedGemm: copying the weight scales"));
+    if (l4 > used) {
+      EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemset2DAsync(w_scales + used, l4 * sizeof(float), 0,
+                                                          (l4 - used) * sizeof(float), rows, s.stream),
+                                        "QuantizedGemm: padding the weight scales"));
+    }
+  }
+  EAGLE3_RETURN_IF_ERROR(s.fp8_w8a8.Run(s.lt, s.gemm_workspace, workspace_bytes, p, options.alpha, options.beta, s.stream));
+  if (options.bias != nullptr) {
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        LaunchScaleAddBias(p.c, p.ldc, m, n, 1.0f, options.bias->data_as<const float>(), s.stream),
+        "QuantizedGemm: bias kernel launch"));
+  }
+  return true;
 }
 
 }  // namespace
@@ -214,6 +308,10 @@ absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeig
     const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
     return CudaStatus(LaunchScaleAddBias(c.data_as<float>(), LeadingDim(c), m, n, options.beta, bias, s.stream),
                       "QuantizedGemm: bias kernel launch");
+  }
+  if (fp8 && s.options.fp8_w8a8_min_rows > 0 && m >= s.options.fp8_w8a8_min_rows) {
+    EAGLE3_ASSIGN_OR_RETURN(const bool done, W8A8Product(s, a, w, c, options));
+    if (done) return absl::OkStatus();
   }
   if (m <= s.options.quantized_gemv_max_rows && GemvLayout(w)) return GemvProduct(s, a, w, c, options);
   return DequantizedProduct(*this, s, a, w, c, options);

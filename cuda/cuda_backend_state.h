@@ -15,6 +15,7 @@
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/pinned_host_allocator.h"
+#include "fp8_w8a8_gemm.h"
 
 namespace eagle3::cuda {
 
@@ -94,6 +95,9 @@ struct CudaBackend::State {
   // cuda_backend_quantized.cc): every buffer allocated, the current (largest) last, none freed
   // before the backend is destroyed.
   std::shared_ptr<void> dequant_scratch;
+  // QuantizedGemm's W8A8 products (CudaBackendOptions::fp8_w8a8_min_rows): cuBLASLt's algorithm per
+  // problem. Their e4m3 activations and scales live in dequant_scratch.
+  Fp8W8A8Gemm fp8_w8a8;
   // QuantizedMoeExperts' expert view tables (cached by content) and its workspaces (every one
   // allocated, the current last, none freed before the backend is destroyed): a QuantMoeState, see
   // cuda_backend_quantized_moe.cc.

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "cublaslt_status.h"
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "convert.h"
@@ -42,19 +43,7 @@ absl::Status Invalid(const Args&... args) {
 }
 
 absl::Status LtError(cublasStatus_t status, const std::string& what) {
-  const std::string message = absl::StrCat("Gemm: ", what, ": ", cublasLtGetStatusName(status),
-                                           " (", cublasLtGetStatusString(status), ")");
-  switch (status) {
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return absl::InvalidArgumentError(message);
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-      return absl::UnimplementedError(message);
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return CublasLtStatus(status, absl::StrCat("Gemm: ", what));
 }
 
 // Builds no string unless the call failed: Gemm runs many times per decode step.

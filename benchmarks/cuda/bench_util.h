@@ -323,10 +323,13 @@ double RunTimedInGraph(benchmark::State& state, cudaStream_t stream, int calls, 
 }
 
 // Sets the roofline counters (see the top of this file) for a run of `seconds` that must move
-// `bytes` and compute `flops`.
-inline void ReportRoofline(benchmark::State& state, double seconds, double bytes, double flops) {
+// `bytes` and compute `flops`; the flops at `gemm_flops_per_s` where the run computes at another
+// rate than the bf16 GEMM's (FP8 tensor cores; the counter gemm_TFLOP/s then reports that rate).
+inline void ReportRoofline(benchmark::State& state, double seconds, double bytes, double flops,
+                           double gemm_flops_per_s = 0) {
   const Ceilings& c = MeasuredCeilings();
-  const double floor = std::max(bytes / c.copy_bytes_per_s, flops / c.gemm_flops_per_s);
+  const double rate = gemm_flops_per_s > 0 ? gemm_flops_per_s : c.gemm_flops_per_s;
+  const double floor = std::max(bytes / c.copy_bytes_per_s, flops / rate);
   state.counters["us"] = seconds * 1e6;
   state.counters["bytes"] = bytes;
   state.counters["flops"] = flops;
@@ -335,7 +338,7 @@ inline void ReportRoofline(benchmark::State& state, double seconds, double bytes
   state.counters["floor_us"] = floor * 1e6;
   state.counters["frac_of_floor"] = seconds > 0 ? floor / seconds : 0;
   state.counters["copy_GB/s"] = c.copy_bytes_per_s * 1e-9;
-  state.counters["gemm_TFLOP/s"] = c.gemm_flops_per_s * 1e-12;
+  state.counters["gemm_TFLOP/s"] = rate * 1e-12;
 }
 
 // Skips the benchmark with `why` when `status` is not OK; returns whether it was OK.

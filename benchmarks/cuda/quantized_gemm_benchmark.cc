@@ -1,14 +1,18 @@
 // CudaBackend::QuantizedGemm at the per-rank shapes of a TP8 deployment, by path, against the
 // weight-streaming floor (timed with CUDA events per call of a 16-call graph, bench_util.h): where
 // the quantized GEMV's 16-row chunks stop paying and the dequantize-then-cuBLASLt path should take
-// over (CudaBackendOptions::quantized_gemv_max_rows).
+// over (CudaBackendOptions::quantized_gemv_max_rows), and where the W8A8 path (issue 20:
+// activations quantized to e4m3 per 1 x 128 group, cuBLASLt's block-scaled FP8 product) beats both
+// (CudaBackendOptions::fp8_w8a8_min_rows).
 //
 //   BM_QuantizedGemm/shape/m/path : m f32 activation rows against one rank's weights.
 //       path 0: QuantizedGemm as the backend routes it (by default the quantized GEMV up to 64 rows,
 //               in 16-row chunks past 16; dequantized into bf16 scratch then cuBLASLt above);
 //       path 1: QuantizedGemm on a backend with quantized_gemv_max_rows 0 (always dequantized);
 //       path 2: Gemm on bf16 weights of the same shape (the dense baseline the quantized form
-//               replaces).
+//               replaces);
+//       path 3: QuantizedGemm on a backend with fp8_w8a8_min_rows 1 (W8A8 at every M; FP8 shapes
+//               only), the activation quantization kernel inside the timed call.
 //   Shapes, N x K (DeepSeek-V3 FP8, 128 x 128 blocks, split as DeepseekV2Weights does, rank 1;
 //   column slices start at K * rank):
 //     0 q_a 1536 x 7168        1 q_b 3072 x 1536         2 kv_a 576 x 7168
@@ -19,11 +23,20 @@
 //
 // Model: bytes = the weights as stored for the path (codes or packed words with the scales they
 // use; bf16 for path 2) + a (f32) + c (f32); flops = 2 m N K; floor = max(bytes / copy rate,
-// flops / GEMM rate). Weight sets rotate past the L2, as in a decode step.
+// flops / GEMM rate), the GEMM rate the bf16 one measured at 8192^3, and for path 3 the W8A8 path's
+// own at 8192^3 (FP8 tensor cores; its activation quantization included, a few percent there). The
+// e4m3 copy of `a` that path 3 writes and reads back is not in its bytes: the floor is the op's,
+// not the implementation's. Weight sets rotate past the L2, as in a decode step.
+//
+// Issue 20's comparison (W8A8 against the weight-only GEMV and the dequantized path):
+//   --benchmark_filter='BM_QuantizedGemm/shape:[0234]/m:[0-9]+/path:[013]'
+// at M 1, 4, 16, 64, 128, 512, 2048 (EAGLE3_BENCH_QUICK=1: q_a and o_proj at fewer M).
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bench_util.h"
 #include "eagle3/cuda/cuda_backend.h"
@@ -58,18 +71,52 @@ QuantizedShape ShapeOf(int64_t id) {
 constexpr int64_t kBlock = 128;
 constexpr int64_t kGroup = 32;
 
+// A backend of its own for a path that needs other options than Backend()'s (created once).
+std::unique_ptr<cuda::CudaBackend> PathBackend(int64_t quantized_gemv_max_rows, int64_t fp8_w8a8_min_rows) {
+  cuda::CudaBackendOptions options;
+  options.max_rows = 4096;
+  options.quantized_gemv_max_rows = quantized_gemv_max_rows;
+  options.fp8_w8a8_min_rows = fp8_w8a8_min_rows;
+  auto b = cuda::CudaBackend::Create(options);
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
 // The backend of path 1: every QuantizedGemm dequantizes.
 cuda::CudaBackend* DequantizingBackend() {
-  static std::unique_ptr<cuda::CudaBackend> backend = [] {
-    std::unique_ptr<cuda::CudaBackend> out;
-    cuda::CudaBackendOptions options;
-    options.max_rows = 4096;
-    options.quantized_gemv_max_rows = 0;
-    auto b = cuda::CudaBackend::Create(options);
-    if (b.ok()) out = std::move(*b);
-    return out;
-  }();
+  static const std::unique_ptr<cuda::CudaBackend> backend = PathBackend(0, 0);
   return backend.get();
+}
+
+// The backend of path 3: FP8 calls W8A8 wherever the path takes the slice.
+cuda::CudaBackend* W8A8Backend() {
+  static const std::unique_ptr<cuda::CudaBackend> backend =
+      PathBackend(cuda::CudaBackendOptions{}.quantized_gemv_max_rows, 1);
+  return backend.get();
+}
+
+// The W8A8 path's rate at 8192^3 (f32 activations quantized in the call), flops per second; 0 when
+// it fails (ReportRoofline then uses the bf16 rate).
+double W8A8FlopsPerSecond() {
+  static const double rate = [] {
+    cuda::CudaBackend* b = W8A8Backend();
+    if (b == nullptr) return 0.0;
+    const int64_t n = 8192;
+    Tensor codes = RandomDevice(DType::kBF16, Shape{n * n / 2}, 90);
+    Tensor scales = RandomDevice(DType::kF32, Shape{n / kBlock, n / kBlock}, 91, 0.01f);
+    QuantizedWeightView w;
+    w.format = WeightFormat::kFp8Block;
+    w.codes = TensorView(codes.data(), DType::kF8E4M3, Shape{n, n}, codes.device());
+    w.scales = scales.view();
+    w.k = n;
+    w.block_rows = w.block_cols = kBlock;
+    Tensor a = RandomDevice(DType::kF32, Shape{n, n}, 92);
+    Tensor c = *Tensor::Empty(DType::kF32, Shape{n, n}, b->allocator());
+    absl::Status status = b->QuantizedGemm(a, w, c, {});
+    if (!status.ok() || !b->Synchronize().ok()) return 0.0;
+    const double t = TimeMedian(b->stream(), 7, 2, [&] { status = b->QuantizedGemm(a, w, c, {}); });
+    return status.ok() ? 2.0 * static_cast<double>(n) * n * n / t : 0.0;
+  }();
+  return rate;
 }
 
 // One rotated weight set: stored codes and scales (paths 0, 1) or bf16 weights (path 2).
@@ -80,9 +127,10 @@ struct WeightSet {
 
 void BM_QuantizedGemm(benchmark::State& state) {
   const int64_t path = state.range(2);
-  cuda::CudaBackend* b = path == 1 ? DequantizingBackend() : Backend();
+  cuda::CudaBackend* b = path == 1 ? DequantizingBackend() : path == 3 ? W8A8Backend() : Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
   const QuantizedShape s = ShapeOf(state.range(0));
+  if (path == 3 && s.int4) return state.SkipWithError("W8A8: FP8 weights only");
   const int64_t m = state.range(1);
   state.SetLabel(s.name);
   // Codes: fp8 bytes [n, k]; int4 words [n, k / 8]. Scales: fp8 the blocks the slice touches; int4
@@ -130,14 +178,29 @@ void BM_QuantizedGemm(benchmark::State& state) {
   if (!Check(state, status, "QuantizedGemm")) return;
   const double bytes = weight_bytes + 4.0 * static_cast<double>(m) * (s.k + s.n);
   state.counters["rotated_sets"] = static_cast<double>(sets.size());
-  ReportRoofline(state, seconds, bytes, 2.0 * static_cast<double>(m) * s.n * s.k);
+  ReportRoofline(state, seconds, bytes, 2.0 * static_cast<double>(m) * s.n * s.k,
+                 path == 3 ? W8A8FlopsPerSecond() : 0.0);
 }
 
 void QuantizedGemmArgs(benchmark::internal::Benchmark* bm) {
+  std::set<std::vector<int64_t>> rows;
+  auto product = [&](const std::vector<int64_t>& shapes, const std::vector<int64_t>& ms,
+                     const std::vector<int64_t>& paths) {
+    for (int64_t shape : shapes) {
+      for (int64_t m : ms) {
+        for (int64_t path : paths) {
+          if (rows.insert({shape, m, path}).second) bm->Args({shape, m, path});
+        }
+      }
+    }
+  };
   if (Quick()) {
-    bm->ArgsProduct({{0, 3, 4, 8}, {1, 16, 64, 300}, {0, 1}});
+    product({0, 3, 4, 8}, {1, 16, 64, 300}, {0, 1});
+    product({0, 3}, {1, 16, 128, 2048}, {3});
+    product({0, 3}, {128, 2048}, {1});
   } else {
-    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 8, 16, 17, 32, 48, 64, 65, 128, 300}, {0, 1, 2}});
+    product({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 8, 16, 17, 32, 48, 64, 65, 128, 300}, {0, 1, 2});
+    product({0, 2, 3, 4}, {1, 4, 16, 64, 128, 512, 2048}, {0, 1, 3});
   }
 }
 BENCHMARK(BM_QuantizedGemm)->ArgNames({"shape", "m", "path"})->Apply(QuantizedGemmArgs)->Apply(Timed);

@@ -18,7 +18,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "linear_weight.h"
 #include "parity_util.h"
+#include "quantized_gemm_parity.h"
 #include "quantized_test_util.h"
 #include "quantized_view_util.h"
 #include "scoped_temp_dir.h"
@@ -51,36 +51,8 @@ Tensor RoundedToBf16(const Tensor& t) {
   return out;
 }
 
-Tensor Clone(const Tensor& t) {
-  Tensor out = *Tensor::Empty(t.dtype(), t.shape());
-  std::memcpy(out.data(), t.data(), t.nbytes());
-  return out;
-}
-
-class CudaQuantizedGemmTest : public parity::ParityTest {
+class CudaQuantizedGemmTest : public QuantizedGemmParityTest {
  protected:
-  // A host view's codes and scales copied to the device as LoadLinearWeight lays them out: each in
-  // its own (256-byte aligned) allocation, so a slice starting inside a 16-byte chunk of the whole
-  // matrix's rows still starts on one.
-  struct DeviceView {
-    Tensor codes, scales;
-    QuantizedWeightView view;
-  };
-  DeviceView ToDevice(const QuantizedWeightView& host) {
-    DeviceView d;
-    d.codes = Upload(Contiguous(host.codes));
-    d.scales = Upload(Contiguous(host.scales));
-    d.view = host;
-    d.view.codes = d.codes.view();
-    d.view.scales = d.scales.view();
-    return d;
-  }
-  Tensor Contiguous(const TensorView& host) {
-    Tensor t = *Tensor::Empty(host.dtype(), host.shape());
-    EXPECT_TRUE(cpu_.Copy(host, t).ok());
-    return t;
-  }
-
   // Whether CudaBackend takes the quantized GEMV path for this view and M (the file comment of
   // cuda/cuda_backend_quantized.cc): the model of the FP8 weights depends on it.
   bool GemvPath(const QuantizationConfig& q, const Slice& s, int64_t m) const {
@@ -104,25 +76,12 @@ class CudaQuantizedGemmTest : public parity::ParityTest {
       const Tensor c0 = Random(Shape{rows, s.rows}, static_cast<uint32_t>(rows + 1));
       const Tensor d_a = Upload(a);
       for (const bool epilogue : {false, true}) {
-        GemmOptions options{.b_is_weights = true};
-        GemmOptions d_options = options;
-        if (epilogue) {
-          options = GemmOptions{.alpha = 0.5f, .beta = -1.25f, .bias = &bias.view(), .b_is_weights = true};
-          d_options = options;
-          d_options.bias = &d_bias.view();
-        }
-        const std::string what = ::testing::PrintToString(s) + " M " + std::to_string(rows) +
-                                 (epilogue ? " alpha, beta, bias" : "");
-        Tensor d_c = Upload(c0);
-        const absl::Status status = gpu_->QuantizedGemm(d_a, device, d_c, d_options);
-        ASSERT_TRUE(status.ok()) << what << ": " << status;
-        const Tensor got = Download(d_c);
-        Tensor exact = Clone(c0), model = Clone(c0);
-        ASSERT_TRUE(cpu_.QuantizedGemm(a, host, exact, options).ok()) << what;
+        const Call call = RunCall(a, d_a, host, device, c0, epilogue, bias, d_bias, s);
+        Tensor model = Clone(c0);
         const bool exact_weights = fp8 && GemvPath(m.quantization, s, rows);
-        ASSERT_TRUE(cpu_.Gemm(RoundedToBf16(a), exact_weights ? exact_w : bf16_w, model, options).ok()) << what;
-        EXPECT_LE(parity::RelError(got, model), kModelTol) << what;
-        EXPECT_LE(parity::RelError(got, exact), kExactTol) << what;
+        ASSERT_TRUE(cpu_.Gemm(RoundedToBf16(a), exact_weights ? exact_w : bf16_w, model, call.options).ok()) << call.what;
+        EXPECT_LE(parity::RelError(call.got, model), kModelTol) << call.what;
+        EXPECT_LE(parity::RelError(call.got, call.exact), kExactTol) << call.what;
       }
     }
   }
