@@ -252,10 +252,13 @@ absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, con
 
   auto* a_codes = const_cast<uint8_t*>(p.a);
   auto* a_scales = const_cast<float*>(p.a_scales);
+  const int64_t a_scale_ld = Fp8ActScaleLd(m);
   const cudaError_t quantized =
       a.dtype() == DType::kBF16
-          ? LaunchFp8ActQuant(a.data_as<const uint16_t>(), LeadingDim(a), m, k, a_codes, k, a_scales, Fp8ActScaleLd(m), s.stream)
-          : LaunchFp8ActQuant(a.data_as<const float>(), LeadingDim(a), m, k, a_codes, k, a_scales, Fp8ActScaleLd(m), s.stream);
+          ? LaunchFp8ActQuant(a.data_as<const uint16_t>(), LeadingDim(a), m, k, a_codes, k, a_scales, a_scale_ld,
+                              s.stream)
+          : LaunchFp8ActQuant(a.data_as<const float>(), LeadingDim(a), m, k, a_codes, k, a_scales, a_scale_ld,
+                              s.stream);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(quantized, "QuantizedGemm: activation quantization kernel launch"));
   if (!direct) {
     // The slice's blocks, rows L4 apart; the padding past its K blocks zeroed (never used).
@@ -271,7 +274,8 @@ absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, con
                                         "QuantizedGemm: padding the weight scales"));
     }
   }
-  EAGLE3_RETURN_IF_ERROR(s.fp8_w8a8.Run(s.lt, s.gemm_workspace, workspace_bytes, p, options.alpha, options.beta, s.stream));
+  EAGLE3_RETURN_IF_ERROR(
+      s.fp8_w8a8.Run(s.lt, s.gemm_workspace, workspace_bytes, p, options.alpha, options.beta, s.stream));
   if (options.bias != nullptr) {
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
         LaunchScaleAddBias(p.c, p.ldc, m, n, 1.0f, options.bias->data_as<const float>(), s.stream),

@@ -120,8 +120,8 @@ absl::Status Fp8W8A8Gemm::Run(cublasLtHandle_t lt, void* workspace, size_t works
                               float alpha, float beta, cudaStream_t stream) {
   EAGLE3_ASSIGN_OR_RETURN(const Found* found, Find(lt, workspace_bytes, p, beta != 0.0f));
   if (!found->ok) {
-    return absl::UnimplementedError(absl::StrCat("QuantizedGemm (W8A8): cuBLASLt has no block-scaled FP8 algorithm for M ",
-                                                 p.m, ", N ", p.n, ", K ", p.k));
+    return absl::UnimplementedError(absl::StrCat(
+        "QuantizedGemm (W8A8): cuBLASLt has no block-scaled FP8 algorithm for M ", p.m, ", N ", p.n, ", K ", p.k));
   }
   Descriptors d;
   EAGLE3_RETURN_IF_ERROR(Describe(p, d));

@@ -30,11 +30,11 @@ inline constexpr int64_t kFp8W8A8Block = 128;
 
 constexpr int64_t Fp8W8A8KBlocks(int64_t k) { return (k + kFp8W8A8Block - 1) / kFp8W8A8Block; }
 
-// VEC128_32F: the distance between column groups, the rows padded to a multiple of 4 (16 bytes).
-// PyTorch only passes row counts that are multiples of 16 (where padding changes nothing); on the
-// H200 the unpadded layout gave wrong products at 1 and 17 rows and right ones at 16, 64, 256 and
-// 1000, so cuBLASLt pads the outer dimension as it pads BLK128x128's K blocks (to be confirmed at
-// a row count that is a multiple of 4 but not of 16: the GPU test runs 20).
+// VEC128_32F: the distance between column groups, the rows padded to a multiple of 4 (16 bytes),
+// as BLK128x128's K blocks are. PyTorch only passes row counts that are multiples of 16, where the
+// padding changes nothing; unpadded scales give wrong products at other row counts
+// (benchmarks/NOTES.md, the W8A8 section). cuda_fp8_w8a8_test runs 20 rows, which tells a padding
+// of 4 from one of 16.
 constexpr int64_t Fp8ActScaleLd(int64_t rows) { return (rows + 3) / 4 * 4; }
 // VEC128_32F: the scale of row r (< rows), column group j (< Fp8W8A8KBlocks(k)).
 constexpr int64_t Fp8ActScaleIndex(int64_t rows, int64_t r, int64_t j) { return j * Fp8ActScaleLd(rows) + r; }

@@ -576,7 +576,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     // workspace's hundreds would give each real item a few blocks and launch thousands that exit.
     const int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
     if (grouped) {
-      if (const cudaError_t error = GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, round_jobs, ws, stream);
+      if (const cudaError_t error =
+              GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, round_jobs, ws, stream);
           error != cudaSuccess) {
         return error;
       }

@@ -56,7 +56,9 @@ struct CudaBackendOptions {
   // block-scaled FP8 tensor-core kernels. Other calls keep the paths above. Numerics differ from
   // them: each activation is rounded to 3 mantissa bits (e4m3 relative rounding up to 2^-4, about
   // 3% relative error of a product's result against the exact f32 one) instead of bf16's 8.
-  // 0: never (the default until the H200 measurements of benchmarks/NOTES.md place it).
+  // Keep it above quantized_gemv_max_rows (prefill only): a verify step on W8A8 would no longer
+  // match a decode step's numerics (docs/semantics.md). 0: never, the default until the GPU tests
+  // pass and benchmarks/NOTES.md places it.
   int64_t fp8_w8a8_min_rows = 0;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
   // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
