@@ -4,16 +4,16 @@
 // Paths:
 //  - Up to CudaBackendOptions::quantized_gemv_max_rows activation rows (decode and tree-verify
 //    steps), on the launchers' layout: the quantized GEMV kernels of quant_gemv_ops.h, which stream
-//    the stored bytes. A kernel takes at most 16 rows (one tensor-core tile of activations), so M <=
-//    16 is one launch, and a larger M one batched launch over its full 16-row chunks (the items
-//    share the weights: item stride 0, so they read the same bytes, mostly from L2) plus one launch
-//    for the remaining rows. The launchers' layout: FP8 in 128 x 128 blocks with the slice's column
-//    offset a multiple of 16, INT4 groups of a power of two >= 32 with the column offset a multiple
-//    of 8, and codes rows on 16-byte boundaries (LoadLinearWeight lays out hub checkpoints and their
-//    TP slices so).
+//    the stored bytes. A kernel pass takes at most kQuantGemvMaxRows = 32 rows (each weight widened
+//    once for all of them), so M <= 32 is one launch, and a larger M one batched launch over its
+//    full 32-row chunks (the items share the weights: item stride 0, so they read the same bytes,
+//    mostly from L2, but widen them again) plus one launch for the remaining rows. The launchers'
+//    layout: FP8 in 128 x 128 blocks with the slice's column offset a multiple of 16, INT4 groups of
+//    a power of two >= 32 with the column offset a multiple of 8, and codes rows on 16-byte
+//    boundaries (LoadLinearWeight lays out hub checkpoints and their TP slices so).
 //  - Otherwise (prefill; views off that layout): W dequantized into a bf16 scratch [N, K]
 //    (quant_dequant_ops.h), then Gemm on it (cuBLASLt; the bf16 GEMV for M <= kGemvMaxRows). The
-//    GEMV path re-streams the quantized bytes once per 16 rows, the dequantized one writes and
+//    GEMV path re-streams the quantized bytes once per 32 rows, the dequantized one writes and
 //    re-reads 2 bytes per weight once: the bound between them (default 64, a tree-verify step's
 //    rows) is a CudaBackendOptions field so that benchmarks/cuda/quantized_gemm_benchmark.cc can
 //    place it.
@@ -136,8 +136,8 @@ bool GemvLayout(const QuantizedWeightView& w) {
          (n <= 1 || w.codes.stride(0) % 4 == 0);
 }
 
-// The GEMV path for checked operands with m, n, k > 0 on the launchers' layout: the rows in 16-row
-// chunks (all full chunks in one batched launch, then the rest).
+// The GEMV path for checked operands with m, n, k > 0 on the launchers' layout: the rows in chunks of
+// kQuantGemvMaxRows (all full chunks in one batched launch, then the rest).
 absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const QuantizedWeightView& w,
                          const TensorView& c, const GemmOptions& options) {
   const int64_t m = a.dim(0), n = w.rows(), k = w.k;

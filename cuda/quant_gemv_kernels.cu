@@ -2,23 +2,28 @@
 // (cuda/quant_gemv_plan.h). No abseil here: nvcc must never see it.
 //
 // A weight stream is bound by the bytes in flight: by Little's law the HBM needs some megabytes of
-// loads outstanding to run at its rate, so every lane keeps kDepth steps of 16-byte weight loads in
-// flight in a register ring (the first ones issued before the programmatic-launch wait), and the
-// planner (quant_gemv_plan.cc) sizes the grid and the K split so that the whole machine holds enough
-// of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight from its load
-// to the widening and the tensor cores.
+// loads outstanding to run at its rate, so every lane keeps QuantGemvDepth steps of 16-byte weight
+// loads in flight in a register ring (the first ones issued before the programmatic-launch wait),
+// and the planner (quant_gemv_plan.cc) sizes the grid and the K split so that the whole machine
+// holds enough of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight
+// from its load to the widening and the tensor cores.
 //
 // Products: each m16n8k16 product takes 16 weight rows as its A operand (a warp's rows g and g + 8
 // of lane (g, c), widened to bf16 in registers straight into the A fragment) and 8 activation rows as
 // its B operand (staged bf16 in shared memory so that one 16-byte read gives a lane its B pairs); up
-// to 8 activation rows cost one product per 16 x 16 weights, 9 to 16 two. Within a chunk, the
-// columns enter the products in a fixed permutation that the staged activations share (PieceColumn):
-// fp8 word j (4 codes) feeds product j with codes (0, 2) and (1, 3); int4 word j (8 nibbles) feeds
-// products 2j and 2j + 1 with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7).
+// to 8 activation rows cost one product per 16 x 16 weights, 9 to 16 two, 17 to 32 four: a fragment
+// is widened once for all of them (QuantGemvRowOperands), since the widening, not the products,
+// bounds the kernel where the bytes do not. Within a chunk, the columns enter the products in a
+// fixed permutation that the staged activations share (PieceColumn): fp8 word j (4 codes) feeds
+// product j with codes (0, 2) and (1, 3); int4 word j (8 nibbles) feeds products 2j and 2j + 1
+// with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7).
 //
 // Sums: each warp accumulates its rows over its K run in step order (fp8: each 128-column block's
 // products in fp32, times the block's scale, added to the row's sum); the wk warps of a row group
 // add their sums in warp order, and the blocks of a cluster in rank order: the same bits every run.
+// From 9 rows on, each 8-row operand has its own accumulators, so an activation row's sum is the
+// same chain whichever operand holds it: for a given plan, row r of a 9- to 32-row call has the bits
+// of the same activations in any row of any 9- to 32-row call (up to 8 rows, two chains per row).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -41,11 +46,10 @@ constexpr int kThreads = kQuantGemvThreads;
 constexpr int kWarps = kQuantGemvWarps;
 constexpr int kWarpRows = kQuantGemvWarpRows;
 constexpr int kBlockRows = kQuantGemvBlockRows;
-constexpr int kDepth = kQuantGemvDepth;
 constexpr int kUnitColumns = kQuantGemvUnitColumns;
-// Partial sums of the final reduction per warp, activation-row half, lane and fragment element
-// (then, cluster ranks only, per block row and activation row: quant_gemv_plan.cc sizes both).
-constexpr int kWarpPartFloats = kWarps * 2 * 32 * 4;
+// Partial sums of the final reduction per warp, B operand, lane and fragment element (then, cluster
+// ranks only, per block row and activation row: quant_gemv_plan.cc sizes both).
+constexpr int WarpPartFloats(int operands) { return kWarps * operands * 32 * 4; }
 // Largest k and col0 taken: column and step arithmetic stays in 32 bits.
 constexpr int64_t kMaxColumn = int64_t{1} << 29;
 
@@ -157,17 +161,15 @@ __device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// A step's staged activation pieces as lane (g, c) reads them: activation rows g (lo) and g + 8 (hi).
-// A lane whose row is past m reads row m - 1 instead: a B column feeds only its own output column,
-// whose sums are never written, so any finite or non-finite value there is harmless.
+// A step's staged activation pieces as lane (g, c) reads them: activation row g + 8 o of B operand
+// o. A lane whose row is past m reads row m - 1 instead: a B column feeds only its own output
+// column, whose sums are never written, so any finite or non-finite value there is harmless.
+template <int kOperands>
 struct StepActivations {
   const unsigned char* smem;
-  int lo, hi;  // byte offsets of the step's piece 0 in rows min(g, m - 1) and min(g + 8, m - 1)
-  __device__ __forceinline__ uint4 Lo(int piece) const {
-    return *reinterpret_cast<const uint4*>(smem + lo + 64 * piece);
-  }
-  __device__ __forceinline__ uint4 Hi(int piece) const {
-    return *reinterpret_cast<const uint4*>(smem + hi + 64 * piece);
+  int row[kOperands];  // byte offsets of the step's piece 0 in rows min(g + 8 o, m - 1)
+  __device__ __forceinline__ uint4 Piece(int o, int piece) const {
+    return *reinterpret_cast<const uint4*>(smem + row[o] + 64 * piece);
   }
 };
 
@@ -209,27 +211,30 @@ struct Fp8Format {
     return Bits(__hmul2(BitCast<__nv_bfloat162>(moved), bias2));
   }
 
-  // The step's products, rows g and g + 8 of the weights times the activation rows. Up to 8 rows
-  // (!kHi), products alternate between the accumulators acc[0] and acc[1], two independent chains;
-  // with 9 to 16, acc[0] takes rows 0-7 and acc[1] rows 8-15.
-  template <bool kHi>
-  __device__ static void Products(const Item& item, const StepActivations& act, float (&acc)[2][4]) {
+  // The step's products, rows g and g + 8 of the weights times the activation rows. With one B
+  // operand (up to 8 rows), products alternate between the accumulators acc[0] and acc[1], two
+  // independent chains; with more, acc[o] takes operand o's rows 8 o .. 8 o + 7.
+  template <int kOperands, int kChains>
+  __device__ static void Products(const Item& item, const StepActivations<kOperands>& act,
+                                  float (&acc)[kChains][4]) {
     const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
                               {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
 #pragma unroll
     for (int pc = 0; pc < kPieces; ++pc) {
-      const uint4 lo = act.Lo(pc);
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         const int j = 2 * pc + jj;
         const unsigned a[4] = {Widen(w[0][j], true), Widen(w[1][j], true), Widen(w[0][j], false),
                                Widen(w[1][j], false)};
-        if constexpr (kHi) {
-          const uint4 up = act.Hi(pc);
-          MmaBf16(acc[0], a, jj == 0 ? lo.x : lo.z, jj == 0 ? lo.y : lo.w);
-          MmaBf16(acc[1], a, jj == 0 ? up.x : up.z, jj == 0 ? up.y : up.w);
+        if constexpr (kOperands == 1) {
+          const uint4 b = act.Piece(0, pc);
+          MmaBf16(acc[jj], a, jj == 0 ? b.x : b.z, jj == 0 ? b.y : b.w);
         } else {
-          MmaBf16(acc[jj], a, jj == 0 ? lo.x : lo.z, jj == 0 ? lo.y : lo.w);
+#pragma unroll
+          for (int o = 0; o < kOperands; ++o) {
+            const uint4 b = act.Piece(o, pc);
+            MmaBf16(acc[o], a, jj == 0 ? b.x : b.z, jj == 0 ? b.y : b.w);
+          }
         }
       }
     }
@@ -290,10 +295,11 @@ struct Int4Format {
     }
   }
 
-  // As Fp8Format::Products: up to 8 activation rows, the two products of a word go to acc[0] and
-  // acc[1]; with more, acc[0] takes rows 0-7 and acc[1] rows 8-15.
-  template <bool kHi>
-  __device__ static void Products(const Item& item, const StepActivations& act, float (&acc)[2][4]) {
+  // As Fp8Format::Products: with one B operand, the two products of a word go to acc[0] and acc[1];
+  // with more, acc[o] takes operand o's rows.
+  template <int kOperands, int kChains>
+  __device__ static void Products(const Item& item, const StepActivations<kOperands>& act,
+                                  float (&acc)[kChains][4]) {
     const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
                               {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
 #pragma unroll
@@ -303,16 +309,19 @@ struct Int4Format {
       for (int h = 0; h < 2; ++h) Dequantize(w[h][j], item.scales[h], pairs[h]);
       const unsigned a0[4] = {pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]};
       const unsigned a1[4] = {pairs[0][2], pairs[1][2], pairs[0][3], pairs[1][3]};
-      const uint4 lo = act.Lo(j);
-      if constexpr (kHi) {
-        const uint4 up = act.Hi(j);
-        MmaBf16(acc[0], a0, lo.x, lo.y);
-        MmaBf16(acc[1], a0, up.x, up.y);
-        MmaBf16(acc[0], a1, lo.z, lo.w);
-        MmaBf16(acc[1], a1, up.z, up.w);
+      if constexpr (kOperands == 1) {
+        const uint4 b = act.Piece(0, j);
+        MmaBf16(acc[0], a0, b.x, b.y);
+        MmaBf16(acc[1], a1, b.z, b.w);
       } else {
-        MmaBf16(acc[0], a0, lo.x, lo.y);
-        MmaBf16(acc[1], a1, lo.z, lo.w);
+        uint4 b[kOperands];
+#pragma unroll
+        for (int o = 0; o < kOperands; ++o) {
+          b[o] = act.Piece(o, j);
+          MmaBf16(acc[o], a0, b[o].x, b[o].y);
+        }
+#pragma unroll
+        for (int o = 0; o < kOperands; ++o) MmaBf16(acc[o], a1, b[o].z, b[o].w);
       }
     }
   }
@@ -419,11 +428,14 @@ __device__ void StageScales(const Params& p, int64_t item, int64_t block_row, in
   }
 }
 
-// kHi: more than 8 activation rows (a second 8-row B operand per product).
-template <typename F, bool kHi>
+// kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m).
+template <typename F, int kOperands>
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kUnitSteps = F::kUnitSteps;
+  constexpr int kDepth = QuantGemvDepth(kOperands);
+  // Accumulator sets: with one operand, two chains that take alternate products.
+  constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int group = warp / p.wk, part = warp % p.wk;
@@ -497,14 +509,20 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   }
   PdlWait();
 
-  float acc[2][4], sum[2][4];
+  float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kChains; ++h) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[h][e] = sum[h][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
   }
-  const int act_lo = min(g, p.m - 1) * p.act_stride + 16 * c;
-  const int act_hi = min(g + 8, p.m - 1) * p.act_stride + 16 * c;
+#pragma unroll
+  for (int h = 0; h < kOperands; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum[h][e] = 0.0f;
+  }
+  int act_row[kOperands];
+#pragma unroll
+  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, p.m - 1) * p.act_stride + 16 * c;
   const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
@@ -522,28 +540,29 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
       for (int d = 0; d < kDepth; ++d) {
         if (j + d >= n_t) break;
         const int offset = (run0 + j + d) * (F::kStepColumns * 2);
-        const StepActivations act{smem, act_lo + offset, act_hi + offset};
-        F::template Products<kHi>(ring[d], act, acc);
+        StepActivations<kOperands> act{smem, {}};
+#pragma unroll
+        for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + offset;
+        F::Products(ring[d], act, acc);
         if constexpr (F::kBlockScaled) {
           // The unit's last step (runs and ring cycles start at unit boundaries): fold its block sum.
           if (d % kUnitSteps == kUnitSteps - 1) {
             const int u = (run0 + j + d) / kUnitSteps;
             const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
             const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
-            if constexpr (!kHi) {  // the block sum is the two chains' sum
+            if constexpr (kOperands == 1) {  // the block sum is the two chains' sum
 #pragma unroll
               for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
             }
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if (h == 1 && !kHi) break;
+            for (int h = 0; h < kOperands; ++h) {
               sum[h][0] = fmaf(acc[h][0], s_lo, sum[h][0]);
               sum[h][1] = fmaf(acc[h][1], s_lo, sum[h][1]);
               sum[h][2] = fmaf(acc[h][2], s_hi, sum[h][2]);
               sum[h][3] = fmaf(acc[h][3], s_hi, sum[h][3]);
             }
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < kChains; ++h) {
 #pragma unroll
               for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
             }
@@ -561,17 +580,17 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // Partial sums: warp fragments -> block rows (the wk warps of a group in warp order) -> cluster
   // ranks in rank order. The shared area is reused: every warp is past its last tile read.
   float* warp_part = reinterpret_cast<float*>(smem);
-  float* block_part = warp_part + kWarpPartFloats;
-  if constexpr (!F::kBlockScaled && !kHi) {  // up to 8 activation rows, the two chains hold parts of one sum
+  float* block_part = warp_part + WarpPartFloats(kOperands);
+  if constexpr (!F::kBlockScaled && kOperands == 1) {  // the two chains hold parts of one sum
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
   }
   __syncthreads();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kOperands; ++h) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      warp_part[((warp * 2 + h) * 32 + lane) * 4 + e] = F::kBlockScaled ? sum[h][e] : acc[h][e];
+      warp_part[((warp * kOperands + h) * 32 + lane) * 4 + e] = F::kBlockScaled ? sum[h][e] : acc[h][e];
     }
   }
   __syncthreads();
@@ -589,13 +608,15 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   };
   for (int e = threadIdx.x; e < outputs; e += kThreads) {
     // Output (block row rr, activation row mr) sits in the fragments of group rr / 16's warps at
-    // lane (rr % 8) * 4 + (mr % 8) / 2, row half mr / 8, element (rr % 16 >= 8 ? 2 : 0) + mr % 2
+    // lane (rr % 8) * 4 + (mr % 8) / 2, B operand mr / 8, element (rr % 16 >= 8 ? 2 : 0) + mr % 2
     // (c0..c3 = (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1) of the 16 x 8 product).
     const int mr = e / block_rows, rr = e - mr * block_rows;
     const int grp = rr / kWarpRows, r16 = rr % kWarpRows;
     const int src_lane = (r16 % 8) * 4 + (mr % 8) / 2, src_e = (r16 >= 8 ? 2 : 0) + mr % 2, h = mr / 8;
     float total = 0.0f;
-    for (int w = 0; w < p.wk; ++w) total += warp_part[(((grp * p.wk + w) * 2 + h) * 32 + src_lane) * 4 + src_e];
+    for (int w = 0; w < p.wk; ++w) {
+      total += warp_part[(((grp * p.wk + w) * kOperands + h) * 32 + src_lane) * 4 + src_e];
+    }
     if (p.split == 1) {
       write(e, total);
     } else {
@@ -678,9 +699,12 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
   p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
   const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
+  const int operands = QuantGemvRowOperands(p.m);
   return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split),
-                                p.m > 8 ? QuantGemvKernel<F, true> : QuantGemvKernel<F, false>, grid, dim3(kThreads),
-                                QuantGemvSharedBytes(problem, chosen), stream, p);
+                                operands == 1   ? QuantGemvKernel<F, 1>
+                                : operands == 2 ? QuantGemvKernel<F, 2>
+                                                : QuantGemvKernel<F, 4>,
+                                grid, dim3(kThreads), QuantGemvSharedBytes(problem, chosen), stream, p);
 }
 
 // The launchers' shared body, with a grouped launch's items (none: all nullptr).

@@ -24,9 +24,11 @@
 
 namespace eagle3::cuda {
 
-// Most activation rows the quantized GEMV takes: the rows are the 16-row operand of one m16n8k16
-// tensor-core tile, so every count up to 16 costs the same products per weight element.
-inline constexpr int64_t kQuantGemvMaxRows = 16;
+// Most activation rows the quantized GEMV takes in one pass over the weights: the rows are the
+// 8-row B operands of m16n8k16 tensor-core products (one, two or four of them), and each weight is
+// widened once for all of them: where the widening, not the bytes, bounds a product, a second pass
+// would pay it again.
+inline constexpr int64_t kQuantGemvMaxRows = 32;
 
 // ---- FP8 block-scaled (DeepSeek-V3 / R1, Kimi-K2-Instruct) ------------------------------------
 

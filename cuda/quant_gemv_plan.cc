@@ -8,9 +8,11 @@
 namespace eagle3::cuda {
 namespace {
 
-// Partial sums of the kernel's final reduction: per warp, activation-row half, lane and fragment
-// element, then per block row and activation row.
-constexpr size_t kReduceBytes = (kQuantGemvWarps * 2 * 32 * 4 + kQuantGemvBlockRows * kQuantGemvMaxRows) * 4;
+// Partial sums of the kernel's final reduction: per warp, B operand, lane and fragment element, then
+// per block row and activation row.
+size_t ReduceBytes(int64_t m) {
+  return static_cast<size_t>(kQuantGemvWarps * QuantGemvRowOperands(m) * 32 * 4 + kQuantGemvBlockRows * m) * 4;
+}
 
 // Shared memory of one multiprocessor, and what the runtime reserves per block.
 constexpr size_t kSmemPerSm = 228 * 1024;
@@ -20,12 +22,13 @@ constexpr size_t kSmemReservedPerBlock = 1024;
 // meet (a 4-norm: two equal limits cost 1.19 times either):
 // - streaming: the weight bytes at the HBM's streaming rate;
 // - L2: the weights and every block's staged activations (which hit in L2) at the L2's rate;
-// - latency: each warp refills its ring of kQuantGemvDepth steps once per load round trip, so a
+// - latency: each warp refills its ring of QuantGemvDepth steps once per load round trip, so a
 //   warp's run of steps takes ceil(steps / depth) round trips, once per wave of blocks, plus an
 //   activation restaging (an L2 round trip the ring only partly hides) per extra tile;
 // - issue: the busiest multiprocessor's weight bytes at the rate at which its warps widen and
-//   multiply them (the dequantization instructions, not the loads, bound a multiprocessor), full
-//   with kQuantGemvBlocksPerSm blocks resident and proportionally less with fewer;
+//   multiply them (the dequantization instructions, not the loads, bound a multiprocessor; a
+//   fragment is widened once for all the rows of a pass), full with kQuantGemvBlocksPerSm blocks
+//   resident and proportionally less with fewer;
 // and a cluster's barriers and distributed reduction once per launch.
 constexpr double kStreamRate = 4.5e12;
 constexpr double kL2Rate = 7.0e12;
@@ -46,6 +49,7 @@ double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& pla
   const int64_t row_blocks = RowBlocks(problem, plan.wk);
   const int64_t blocks = row_blocks * plan.split * problem.batch;
   const size_t smem = QuantGemvSharedBytes(problem, plan);
+  const int operands = QuantGemvRowOperands(problem.m);
   const int64_t per_sm =
       std::min<int64_t>(kQuantGemvBlocksPerSm, static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerBlock)));
   const int64_t slots = std::max<int64_t>(1, per_sm * sm_count);
@@ -56,8 +60,8 @@ double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& pla
   const double act_bytes = static_cast<double>(row_blocks) * problem.batch * problem.m * units *
                            kQuantGemvUnitColumns * problem.a_bytes;
   const double l2 = (problem.weight_bytes + act_bytes) / kL2Rate;
-  const double latency =
-      static_cast<double>(waves) * (CeilDiv(steps, kQuantGemvDepth) * kRoundTrip + (plan.tiles - 1) * kRestage);
+  const double latency = static_cast<double>(waves) *
+                         (CeilDiv(steps, QuantGemvDepth(operands)) * kRoundTrip + (plan.tiles - 1) * kRestage);
   const int64_t busiest = CeilDiv(blocks, sm_count);  // blocks the busiest multiprocessor runs
   const double resident = static_cast<double>(std::min(busiest, per_sm));
   const double sm_rate = (problem.int4 ? kSmRateInt4 : kSmRateFp8) * std::min(1.0, resident / kQuantGemvBlocksPerSm);
@@ -71,7 +75,7 @@ double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& pla
 QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
   const int64_t units = QuantGemvUnits(problem);
   // Units per warp part of a tile when the rank's range does not fit one: whole ring cycles.
-  const int part_step = kQuantGemvDepth / QuantGemvUnitSteps(problem.int4);
+  const int part_step = QuantGemvDepth(QuantGemvRowOperands(problem.m)) / QuantGemvUnitSteps(problem.int4);
   QuantGemvPlan best;
   double best_cost = 0.0;
   bool found = false;
@@ -131,7 +135,7 @@ size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
   // Each activation row: the tile's columns as bf16 and 64 bytes that skew the rows' banks.
   const int64_t act = problem.m * (tile_units * kQuantGemvUnitColumns * 2 + 64);
   const int64_t scales = problem.int4 ? 0 : 2 * tile_units * 4;  // fp8: two scale rows
-  return std::max(static_cast<size_t>(act + scales), kReduceBytes);
+  return std::max(static_cast<size_t>(act + scales), ReduceBytes(problem.m));
 }
 
 bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
@@ -141,7 +145,8 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
   const int64_t units = QuantGemvUnits(problem);
   const int64_t rank_units = CeilDiv(units, plan.split);
   if (static_cast<int64_t>(plan.wk) * plan.part_units * plan.tiles < rank_units) return false;
-  if (plan.tiles > 1 && plan.part_units * QuantGemvUnitSteps(problem.int4) % kQuantGemvDepth != 0) return false;
+  const int depth = QuantGemvDepth(QuantGemvRowOperands(problem.m));
+  if (plan.tiles > 1 && plan.part_units * QuantGemvUnitSteps(problem.int4) % depth != 0) return false;
   if (QuantGemvSharedBytes(problem, plan) > kQuantGemvSharedLimit) return false;
   return RowBlocks(problem, plan.wk) * plan.split <= 0x7fffffff;
 }

@@ -28,11 +28,25 @@ inline constexpr int kQuantGemvWarpRows = 16;
 // Weight rows of a block whose row groups are single warps (wk = 1).
 inline constexpr int kQuantGemvBlockRows = kQuantGemvWarpRows * kQuantGemvWarps;
 inline constexpr int kQuantGemvUnitColumns = 128;
-// K steps a lane has in flight (a step: one 16-byte chunk of each of the lane's two weight rows).
+// K steps a lane has in flight (a step: one 16-byte chunk of each of the lane's two weight rows), at
+// most: the kernel for 17 to 32 rows keeps fewer (QuantGemvDepth).
 inline constexpr int kQuantGemvDepth = 4;
 inline constexpr int kQuantGemvMaxSplit = 8;  // the portable cluster size
+
+// The m16n8k16 B operands (8 activation rows each) that one widened weight fragment is multiplied
+// by: 1 for up to 8 rows, 2 for 9 to 16, 4 for 17 to 32 (kQuantGemvMaxRows). The kernel is compiled
+// for each count, so that its accumulators stay in registers.
+constexpr int QuantGemvRowOperands(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
+
 // Blocks a multiprocessor holds at once (the kernel's register budget is set for it).
 inline constexpr int kQuantGemvBlocksPerSm = 2;
+
+// The ring depth of the kernel for `operands` B operands. With 4, the two extra accumulator sets
+// (and fp8's block sums) do not fit beside a 4-step ring in the registers of kQuantGemvBlocksPerSm
+// blocks: the ring gives up 2 steps rather than the multiprocessor a block, which would hold the
+// same bytes in flight with half the warps to hide the widening's latency.
+constexpr int QuantGemvDepth(int operands) { return operands == 4 ? 2 : kQuantGemvDepth; }
+
 // Dynamic shared memory a block may use: the default limit, so that no launch needs an attribute.
 inline constexpr size_t kQuantGemvSharedLimit = 48 * 1024;
 
@@ -65,7 +79,8 @@ size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
 
 // Whether the kernel can run `plan`: wk and split in range, the tiles covering each cluster rank's
 // units, several tiles only with whole ring cycles per warp (part_units * unit steps a multiple of
-// kQuantGemvDepth), the shared memory within kQuantGemvSharedLimit, and the grid within limits.
+// QuantGemvDepth of the problem's rows), the shared memory within kQuantGemvSharedLimit, and the
+// grid within limits.
 bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
 
 // The valid plan of least modelled time on a device with `sm_count` multiprocessors.

@@ -87,7 +87,8 @@ class CudaQuantizedGemmTest : public QuantizedGemmParityTest {
   }
 };
 
-const std::vector<int64_t> kRows = {1, 4, 16, 17, 64, 300};
+// 33 and 48: a full 32-row pass and a remainder launch; 64: two 32-row items of one launch.
+const std::vector<int64_t> kRows = {1, 4, 16, 17, 32, 33, 48, 64, 300};
 
 TEST_F(CudaQuantizedGemmTest, Fp8MatchesTheCpuReference) {
   const QuantizedMatrix m = RandomQuantizedMatrix(DeepseekV3Fp8Quantization(), 320, 512, 21);

@@ -1,14 +1,15 @@
 // The quantized GEMV launchers (cuda/quant_gemv_ops.h) against a CPU reference that dequantizes the
 // weights as the checkpoint loader does (src/quantized_weights.cc: fp8 code * scale_inv in f32; int4
 // q * scale, exact in f32) and sums in double: FP8 block-scaled and INT4 group-quantized weights
-// written with the library's own packing (eagle3/detail/int4_packing.h), M = 1..16, N and K off every
+// written with the library's own packing (eagle3/detail/int4_packing.h), M = 1..32, N and K off every
 // tile size, tensor-parallel slices that start inside a scale block or group (scales by GLOBAL
 // index), a slice's result ≡ the matching rows / column-sum of the whole matrix's, f32 and bf16
 // activations, strided a and c, alpha / beta / bias (beta 0 over a NaN c: never read), batched
 // items, determinism, the programmatic-launch flag, and bad arguments refused with
 // cudaErrorInvalidValue; every path of the kernel through explicit plans (quant_gemv_plan.h: rows per
-// block, K split over a cluster, several activation tiles), and the planner's choices valid. Skipped
-// where no CUDA device is visible (the planner's test runs anyway).
+// block, K split over a cluster, several activation tiles; 1, 2 or 4 8-row operands), a row's bits
+// independent of the operand that holds it, and the planner's choices valid. Skipped where no CUDA
+// device is visible (the planner's test runs anyway).
 //
 // Tolerance (max |gpu - ref| / max |ref|): 3e-5. The GPU multiplies bf16-rounded activations by
 // weights that are exact in bf16 (fp8 codes; int4's bf16(q * scale), which the reference rounds the
@@ -282,7 +283,7 @@ TEST_F(QuantGemvTest, Fp8EveryRowCount) {
 
 TEST_F(QuantGemvTest, Fp8Bf16ActivationsStridedWithEpilogue) {
   const Fp8Matrix w = RandomFp8(517, 333, 2);
-  for (const int64_t m : {1, 5, 8, 9, 16}) {
+  for (const int64_t m : {1, 5, 8, 9, 16, 17, 32}) {
     Case cs;
     cs.m = m;
     cs.a_type = GemvType::kBF16;
@@ -303,13 +304,13 @@ TEST_F(QuantGemvTest, Fp8DecodeShapes) {
   const Fp8Matrix kv_a = RandomFp8(576, 7168, 3);
   const Fp8Matrix down = RandomFp8(7168, 256, 4);
   const Fp8Matrix wide = RandomFp8(2048, 7168, 5);
-  for (const int64_t m : {1, 4, 8, 16}) {
+  for (const int64_t m : {1, 4, 8, 16, 24, 32}) {
     Case cs;
     cs.m = m;
     CheckFp8(cs, kv_a, 0, 0, 576, 7168, 50 + static_cast<uint32_t>(m));
     CheckFp8(cs, down, 0, 0, 7168, 256, 60 + static_cast<uint32_t>(m));
   }
-  for (const int64_t m : {3, 16}) {
+  for (const int64_t m : {3, 16, 32}) {
     Case cs;
     cs.m = m;
     CheckFp8(cs, wide, 0, 0, 2048, 7168, 70 + static_cast<uint32_t>(m));
@@ -320,7 +321,7 @@ TEST_F(QuantGemvTest, Fp8DecodeShapes) {
 TEST_F(QuantGemvTest, Fp8SubnormalCodes) {
   Fp8Matrix w = RandomFp8(200, 300, 21);
   for (uint8_t& code : w.codes) code &= 0x87;  // sign and mantissa kept, exponent 0
-  for (const int64_t m : {1, 8, 16}) {
+  for (const int64_t m : {1, 8, 16, 32}) {
     Case cs;
     cs.m = m;
     CheckFp8(cs, w, 0, 0, 200, 300, 130 + static_cast<uint32_t>(m));
@@ -331,7 +332,7 @@ TEST_F(QuantGemvTest, Fp8SubnormalCodes) {
 // global blocks' scales.
 TEST_F(QuantGemvTest, Fp8SliceInsideBlock) {
   const Fp8Matrix w = RandomFp8(600, 900, 6);
-  for (const int64_t m : {1, 7, 12}) {
+  for (const int64_t m : {1, 7, 12, 19}) {
     Case cs;
     cs.m = m;
     CheckFp8(cs, w, 200, 48, 300, 560, 80 + static_cast<uint32_t>(m));
@@ -409,7 +410,7 @@ TEST_F(QuantGemvTest, Fp8Batched) {
   // 2, and 16-row blocks whose warp parts 2..7 are idle.
   const QuantGemvPlan split{2, 2, 1, 1}, narrow{8, 1, 1, 1};
   for (const QuantGemvPlan* plan : {static_cast<const QuantGemvPlan*>(nullptr), &split, &narrow}) {
-    for (const int64_t m : {1, 4, 11}) {
+    for (const int64_t m : {1, 4, 11, 20}) {
       Case cs;
       cs.m = m;
       cs.batch = items;
@@ -544,7 +545,7 @@ TEST_F(QuantGemvTest, Int4EveryRowCount) {
 
 TEST_F(QuantGemvTest, Int4Bf16ActivationsStridedWithEpilogue) {
   const Int4Matrix w = RandomInt4(517, 1004, 32, 12);  // k not a multiple of 8: a partial last word
-  for (const int64_t m : {1, 6, 8, 10, 16}) {
+  for (const int64_t m : {1, 6, 8, 10, 16, 23, 32}) {
     Case cs;
     cs.m = m;
     cs.a_type = GemvType::kBF16;
@@ -564,7 +565,7 @@ TEST_F(QuantGemvTest, Int4Bf16ActivationsStridedWithEpilogue) {
 TEST_F(QuantGemvTest, Int4DecodeShapes) {
   const Int4Matrix gate_up = RandomInt4(512, 7168, 32, 13);
   const Int4Matrix down = RandomInt4(7168, 2048, 32, 14);
-  for (const int64_t m : {1, 4, 8, 16}) {
+  for (const int64_t m : {1, 4, 8, 16, 24, 32}) {
     Case cs;
     cs.m = m;
     CheckInt4(cs, gate_up, 0, 0, 512, 7168, 260 + static_cast<uint32_t>(m));
@@ -577,7 +578,7 @@ TEST_F(QuantGemvTest, Int4DecodeShapes) {
 TEST_F(QuantGemvTest, Int4SliceInsideGroup) {
   const Int4Matrix w32 = RandomInt4(260, 700, 32, 15);
   const Int4Matrix w64 = RandomInt4(260, 700, 64, 16);
-  for (const int64_t m : {1, 9}) {
+  for (const int64_t m : {1, 9, 26}) {
     Case cs;
     cs.m = m;
     for (const int64_t col0 : {8, 16, 24, 104}) CheckInt4(cs, w32, 3, col0, 250, 700 - col0 - 5, 300 + static_cast<uint32_t>(col0 + m));
@@ -653,7 +654,7 @@ TEST_F(QuantGemvTest, Int4BatchedDeterministicProgrammatic) {
   // warp parts of one unit; each the same bits twice.
   const QuantGemvPlan split{1, 4, 1, 1}, parts{4, 1, 1, 1};
   for (const QuantGemvPlan* plan : {&split, &parts}) {
-    for (const int64_t m : {3, 12}) {
+    for (const int64_t m : {3, 12, 27}) {
       Case cs;
       cs.m = m;
       cs.batch = items;
@@ -676,7 +677,7 @@ TEST_F(QuantGemvTest, Int4BatchedDeterministicProgrammatic) {
 TEST_F(QuantGemvTest, TinyShapes) {
   const Fp8Matrix f = RandomFp8(9, 40, 22);
   const Int4Matrix q = RandomInt4(9, 40, 32, 23);
-  for (const int64_t m : {1, 2, 16}) {
+  for (const int64_t m : {1, 2, 16, 32}) {
     Case cs;
     cs.m = m;
     for (const int64_t n : {1, 3, 9}) {
@@ -693,7 +694,8 @@ TEST_F(QuantGemvTest, TinyShapes) {
 // The planner picks one plan per shape and device; these run each path of the kernel whatever it
 // picks: 16 to 128 rows per block, K split over a cluster (its last rank empty or not), several
 // activation tiles (the last one partial), warp parts short or idle, warps wholly past n, one B
-// operand (up to 8 activation rows) or two (9 to 16).
+// operand (up to 8 activation rows), two (9 to 16) or four (17 to 32, whose staged rows take twice
+// the shared memory per unit and whose shallower ring allows tiles of shorter parts).
 
 QuantGemvProblem ProblemOf(bool int4, int64_t batch, int64_t m, int64_t n, int64_t k, int64_t col0) {
   QuantGemvProblem problem;
@@ -708,23 +710,31 @@ QuantGemvProblem ProblemOf(bool int4, int64_t batch, int64_t m, int64_t n, int64
   return problem;
 }
 
-// Cases of one plan: m = 1, 8 (one B operand), 9, 16 (two), f32 and bf16 activations, 16-byte
-// staging loads (m = 1, or rows padded to 16 bytes) and element loads, and an epilogue.
-std::vector<Case> PlanCases() {
+// Cases of one plan: m = 1, 8 (one B operand), 9, 16 (two), or (four_operands) 17, 24, 31, 32;
+// f32 and bf16 activations, 16-byte staging loads (m = 1, or rows padded by `pad` to 16 bytes) and
+// element loads, and an epilogue.
+std::vector<Case> PlanCases(bool four_operands, int64_t pad) {
   std::vector<Case> cases;
-  for (const int64_t m : {1, 8, 9, 16}) {
+  const std::vector<int64_t> ms = four_operands ? std::vector<int64_t>{17, 24, 31, 32} : std::vector<int64_t>{1, 8, 9, 16};
+  for (const int64_t m : ms) {
     Case cs;
     cs.m = m;
     cs.a_type = m % 2 == 0 ? GemvType::kBF16 : GemvType::kF32;
-    if (m == 9) {
+    if (m == 9 || m == 17) {
       cs.bias = true;
       cs.alpha = 1.5f;
       cs.beta = 0.5f;
     }
+    if (m == 16 || m == 24 || m == 31) cs.a_pad = pad;
     cases.push_back(cs);
   }
   return cases;
 }
+
+struct PlanSet {
+  bool four_operands;
+  std::vector<QuantGemvPlan> plans;
+};
 
 TEST_F(QuantGemvTest, Fp8EveryPath) {
   // Rows [72, 302) of 420 (72 rows into a scale block; a partial last warp; warps wholly past n when
@@ -732,31 +742,48 @@ TEST_F(QuantGemvTest, Fp8EveryPath) {
   // edge chunks at both ends): 13 units.
   const Fp8Matrix w = RandomFp8(420, 1700, 31);
   const int64_t row0 = 72, col0 = 48, n = 230, k = 1571;
-  const QuantGemvPlan plans[] = {
-      {1, 2, 7, 1},  // 128-row blocks, K split in two
-      {8, 2, 1, 1},  // 16-row blocks: 8 parts of one unit for 7, the last idle
-      {2, 3, 3, 1},  // a cluster of 3; the second part of each rank short
-      {4, 1, 2, 2},  // two activation tiles, the second partial
-      {2, 2, 2, 2},  // K split and two tiles
-      {1, 8, 2, 1},  // 8 ranks of 2 units for 13: the last rank empty
-      {1, 1, 4, 4},  // four tiles
+  const PlanSet sets[] = {
+      {false,
+       {
+           {1, 2, 7, 1},  // 128-row blocks, K split in two
+           {8, 2, 1, 1},  // 16-row blocks: 8 parts of one unit for 7, the last idle
+           {2, 3, 3, 1},  // a cluster of 3; the second part of each rank short
+           {4, 1, 2, 2},  // two activation tiles, the second partial
+           {2, 2, 2, 2},  // K split and two tiles
+           {1, 8, 2, 1},  // 8 ranks of 2 units for 13: the last rank empty
+           {1, 1, 4, 4},  // four tiles
+       }},
+      // 32 staged rows take 8 KB per unit: at most 5 units per tile.
+      {true,
+       {
+           {1, 3, 5, 1},  // 128-row blocks, a cluster of 3 (5, 5, 3 units), one tile
+           {4, 4, 1, 1},  // 32-row blocks of 4 one-unit parts; the last rank's one unit leaves 3 idle
+           {2, 2, 2, 2},  // K split and two tiles, the second partial
+           {2, 1, 1, 7},  // tiles of one-unit parts (one 2-step ring cycle each), the last partial
+           {1, 8, 2, 1},  // 8 ranks of 2 units for 13: the last rank empty
+           {1, 1, 4, 4},  // four tiles
+       }},
   };
   uint32_t seed = 500;
-  for (const QuantGemvPlan& plan : plans) {
-    for (Case cs : PlanCases()) {
-      SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
-                                      << plan.part_units << " tiles " << plan.tiles << " m " << cs.m);
-      ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(false, 1, cs.m, n, k, col0), plan));
-      cs.a_pad = cs.m == 16 ? 5 : 0;  // rows of 1576 elements: 16-byte aligned
-      CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
+  for (const PlanSet& set : sets) {
+    for (const QuantGemvPlan& plan : set.plans) {
+      for (Case cs : PlanCases(set.four_operands, 5)) {  // pad 5: rows of 1576 elements, 16-byte aligned
+        SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
+                                        << plan.part_units << " tiles " << plan.tiles << " m " << cs.m);
+        ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(false, 1, cs.m, n, k, col0), plan));
+        CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
+      }
     }
   }
-  // Split K: the same bits every run.
-  Case cs;
-  cs.m = 5;
-  const std::vector<float> first = CheckFp8(cs, w, row0, col0, n, k, 600, &plans[2]);
-  const std::vector<float> again = CheckFp8(cs, w, row0, col0, n, k, 600, &plans[2]);
-  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0);
+  // Split K: the same bits every run, at 5 and at 29 rows.
+  for (const int64_t m : {5, 29}) {
+    Case cs;
+    cs.m = m;
+    const QuantGemvPlan& plan = m > 16 ? sets[1].plans[0] : sets[0].plans[2];
+    const std::vector<float> first = CheckFp8(cs, w, row0, col0, n, k, 600, &plan);
+    const std::vector<float> again = CheckFp8(cs, w, row0, col0, n, k, 600, &plan);
+    EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0) << "m " << m;
+  }
 }
 
 TEST_F(QuantGemvTest, Int4EveryPath) {
@@ -767,27 +794,88 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
   struct Slice {
     int64_t group, col0;
   };
-  const QuantGemvPlan plans[] = {
-      {1, 2, 6, 1},  // 128-row blocks, K split in two
-      {8, 2, 1, 1},  // 16-row blocks: 8 parts of one unit for 6, the last two idle
-      {2, 3, 2, 1},  // a cluster of 3
-      {2, 1, 4, 2},  // two activation tiles, the second partial
-      {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
-      {1, 1, 4, 3},  // three tiles
+  const PlanSet sets[] = {
+      {false,
+       {
+           {1, 2, 6, 1},  // 128-row blocks, K split in two
+           {8, 2, 1, 1},  // 16-row blocks: 8 parts of one unit for 6, the last two idle
+           {2, 3, 2, 1},  // a cluster of 3
+           {2, 1, 4, 2},  // two activation tiles, the second partial
+           {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
+           {1, 1, 4, 3},  // three tiles
+       }},
+      // 32 staged rows take 8 KB per unit: at most 5 units per tile.
+      {true,
+       {
+           {1, 3, 4, 1},  // 128-row blocks, a cluster of 3, one tile
+           {4, 3, 1, 1},  // 32-row blocks of 4 one-unit parts, a cluster of 3
+           {2, 1, 2, 3},  // tiles of 2-unit parts (one 2-step ring cycle each)
+           {2, 2, 2, 2},  // K split and two tiles, the second partial
+           {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
+           {1, 1, 4, 3},  // three tiles
+       }},
   };
   const int64_t row0 = 3, n = 230, k = 1503;
   uint32_t seed = 700;
   for (const Slice slice : {Slice{32, 104}, Slice{32, 0}, Slice{64, 40}, Slice{256, 96}}) {
     const Int4Matrix w = RandomInt4(300, 1800, slice.group, 40 + static_cast<uint32_t>(slice.col0));
-    for (const QuantGemvPlan& plan : plans) {
-      for (Case cs : PlanCases()) {
-        SCOPED_TRACE(testing::Message() << "group " << slice.group << " col0 " << slice.col0 << " wk " << plan.wk
-                                        << " split " << plan.split << " part_units " << plan.part_units << " tiles "
-                                        << plan.tiles << " m " << cs.m);
-        ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(true, 1, cs.m, n, k, slice.col0), plan));
-        cs.a_pad = cs.m == 16 ? 1 : 0;  // rows of 1504 elements: 16-byte aligned
-        CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
+    for (const PlanSet& set : sets) {
+      for (const QuantGemvPlan& plan : set.plans) {
+        for (Case cs : PlanCases(set.four_operands, 1)) {  // pad 1: rows of 1504 elements, 16-byte aligned
+          SCOPED_TRACE(testing::Message() << "group " << slice.group << " col0 " << slice.col0 << " wk " << plan.wk
+                                          << " split " << plan.split << " part_units " << plan.part_units
+                                          << " tiles " << plan.tiles << " m " << cs.m);
+          ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(true, 1, cs.m, n, k, slice.col0), plan));
+          CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
+        }
       }
+    }
+  }
+}
+
+// A row's sum is one chain whichever 8-row operand holds it (quant_gemv_kernels.cu): under one plan,
+// the rows of 24- and 32-row calls whose activations repeat a 16-row call's have that call's bits,
+// and a row matches its 1-row call (two chains) within the tolerance. Slices start inside an fp8
+// block (row 40, column 48) and an int4 group (column 104).
+TEST_F(QuantGemvTest, RowBitsIndependentOfTheirOperand) {
+  const int64_t n = 250, k = 1000;
+  const Fp8Matrix f = RandomFp8(300, 1100, 51);
+  const Int4Matrix q = RandomInt4(300, 1100, 32, 52);
+  const Fp8Slice fp8(f, 40, 48, n, k, Ld16(k));
+  const Int4Slice int4(q, 7, 104, n, k, LdWords(k));
+  const Activations a = RandomActivations(16 * k, 53);
+  std::vector<float> rows(a.f32);  // 32 rows: rows 16..31 repeat rows 0..15
+  rows.insert(rows.end(), a.f32.begin(), a.f32.end());
+  DeviceBuffer a_dev(rows.size() * sizeof(float)), c_dev(32 * n * sizeof(float));
+  Upload(a_dev, rows);
+  for (const bool is_int4 : {false, true}) {
+    SCOPED_TRACE(is_int4 ? "int4" : "fp8");
+    // 9 (fp8) or 8 (int4) units over a cluster of 3 or 2: one tile at every m below.
+    const QuantGemvPlan plan = is_int4 ? QuantGemvPlan{1, 2, 4, 1} : QuantGemvPlan{1, 3, 3, 1};
+    // c of rows [first, first + m).
+    const auto run = [&](int64_t first, int64_t m) {
+      EXPECT_TRUE(QuantGemvPlanValid(ProblemOf(is_int4, 1, m, n, k, is_int4 ? 104 : 48), plan)) << "m " << m;
+      const float* a_rows = a_dev.as<float>() + first * k;
+      const cudaError_t error =
+          is_int4 ? LaunchInt4GroupGemvPlanned(a_rows, GemvType::kF32, k, 0, int4.weights, c_dev.as<float>(), n, 0,
+                                               nullptr, 1, m, n, k, 1.0f, 0.0f, &plan, false, nullptr)
+                  : LaunchFp8BlockGemvPlanned(a_rows, GemvType::kF32, k, 0, fp8.weights, c_dev.as<float>(), n, 0,
+                                              nullptr, 1, m, n, k, 1.0f, 0.0f, &plan, false, nullptr);
+      EXPECT_EQ(error, cudaSuccess) << "m " << m;
+      return Download<float>(c_dev, m * n);
+    };
+    const std::vector<float> c16 = run(0, 16);
+    for (const int64_t m : {24, 32}) {
+      const std::vector<float> c = run(0, m);
+      for (int64_t r = 0; r < m; ++r) {
+        EXPECT_EQ(std::memcmp(c.data() + r * n, c16.data() + (r % 16) * n, n * sizeof(float)), 0)
+            << "row " << r << " of " << m;
+      }
+    }
+    for (const int64_t r : {0, 9, 15}) {
+      const std::vector<float> one = run(r, 1);
+      EXPECT_LE(MaxRelativeError(one, std::vector<float>(c16.begin() + r * n, c16.begin() + (r + 1) * n)), kTol)
+          << "row " << r;
     }
   }
 }
@@ -850,7 +938,7 @@ TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
                           {65535, 16, 64, 0},  {1, 1 << 24, 128, 0}, {1, 300, 1000, 104}};
   for (const bool int4 : {false, true}) {
     for (const Shape& shape : shapes) {
-      for (const int64_t m : {1, 5, 8, 9, 16}) {
+      for (const int64_t m : {1, 5, 8, 9, 16, 17, 24, 32}) {
         for (const int sm_count : {1, 16, 132, 1000}) {
           const int64_t col0 = int4 ? shape.col0 / 8 * 8 : shape.col0 / 16 * 16;
           const QuantGemvProblem problem = ProblemOf(int4, shape.batch, m, shape.n, shape.k, col0);

@@ -45,7 +45,7 @@ struct CudaBackendOptions {
   // the one before it has finished.
   bool programmatic_launch = true;
   // QuantizedGemm calls of up to this many activation rows (decode and tree-verify steps) stream the
-  // quantized weights on the quantized GEMV kernels, 16 rows per pass (quant_gemv_ops.h); more rows
+  // quantized weights on the quantized GEMV kernels, 32 rows per pass (quant_gemv_ops.h); more rows
   // (prefill) dequantize the weight into bf16 scratch for cuBLASLt. 0: every call dequantizes.
   int64_t quantized_gemv_max_rows = 64;
   // FP8 block-scaled QuantizedGemm calls of at least this many activation rows run W8A8 when the
