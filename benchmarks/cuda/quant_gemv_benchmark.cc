@@ -153,8 +153,9 @@ void BM_QuantGemv(benchmark::State& state) {
 void QuantArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
     bm->ArgsProduct({{0, 2, 5, 6, 8, 10, 12, 14}, {1, 8}});
+    bm->ArgsProduct({{0, 5, 12}, {16, 32}});
   } else {
-    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16}});
+    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);

@@ -1,13 +1,13 @@
 // CudaBackend::QuantizedGemm at the per-rank shapes of a TP8 deployment, by path, against the
 // weight-streaming floor (timed with CUDA events per call of a 16-call graph, bench_util.h): where
-// the quantized GEMV's 16-row chunks stop paying and the dequantize-then-cuBLASLt path should take
+// the quantized GEMV's 32-row chunks stop paying and the dequantize-then-cuBLASLt path should take
 // over (CudaBackendOptions::quantized_gemv_max_rows), and where the W8A8 path (issue 20:
 // activations quantized to e4m3 per 1 x 128 group, cuBLASLt's block-scaled FP8 product) beats both
 // (CudaBackendOptions::fp8_w8a8_min_rows).
 //
 //   BM_QuantizedGemm/shape/m/path : m f32 activation rows against one rank's weights.
 //       path 0: QuantizedGemm as the backend routes it (by default the quantized GEMV up to 64 rows,
-//               in 16-row chunks past 16; dequantized into bf16 scratch then cuBLASLt above);
+//               in 32-row chunks past 32; dequantized into bf16 scratch then cuBLASLt above);
 //       path 1: QuantizedGemm on a backend with quantized_gemv_max_rows 0 (always dequantized);
 //       path 2: Gemm on bf16 weights of the same shape (the dense baseline the quantized form
 //               replaces);
@@ -196,10 +196,11 @@ void QuantizedGemmArgs(benchmark::internal::Benchmark* bm) {
   };
   if (Quick()) {
     product({0, 3, 4, 8}, {1, 16, 64, 300}, {0, 1});
+    product({0, 3, 8}, {17, 32}, {0});
     product({0, 3}, {1, 16, 128, 2048}, {3});
     product({0, 3}, {128, 2048}, {1});
   } else {
-    product({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 8, 16, 17, 32, 48, 64, 65, 128, 300}, {0, 1, 2});
+    product({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 8, 16, 17, 24, 32, 33, 48, 64, 65, 128, 300}, {0, 1, 2});
     product({0, 2, 3, 4}, {1, 4, 16, 64, 128, 512, 2048}, {0, 1, 3});
   }
 }
