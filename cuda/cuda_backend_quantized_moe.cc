@@ -255,7 +255,8 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
       LaunchQuantMoeExperts(x.data_as<const float>(), x.stride(0), ids.data_as<const int32_t>(), ids.stride(0),
                             weights.data_as<const float>(), weights.stride(0), table, shape, tokens, workspace,
                             out.data_as<float>(), out.stride(0), accumulate, s.error_flag,
-                            DeviceErrorCode(DeviceCheck::kQuantizedMoeExpertsId), s.stream),
+                            DeviceErrorCode(DeviceCheck::kQuantizedMoeExpertsId), s.options.programmatic_launch,
+                            s.stream),
       "QuantizedMoeExperts: kernel launch");
 }
 

@@ -58,6 +58,7 @@ struct Params {
   int64_t lda, stride_a;
   bool a_bf16;
   bool a_vec;  // every activation row of every item 16-byte aligned: 16-byte loads
+  int64_t silu_up;  // QuantGemvItems::silu_up_offset (f32 activations only)
   const char* b;           // codes (fp8) or packed words (int4)
   int64_t ldb, stride_b;   // bytes
   const void* scale;       // f32 scale_inv (fp8) or bf16 weight_scale (int4)
@@ -345,6 +346,20 @@ __device__ __forceinline__ int PieceOffset(int q) {
 // Pieces a thread stages at once (their loads in flight together).
 constexpr int kStageBatch = 2;
 
+// f32 columns [lk, lk + 8) of `row` into out (left as they are outside 0 .. k - 1).
+__device__ __forceinline__ void LoadF32Columns(const Params& p, const float* row, int lk, bool whole, float (&out)[8]) {
+  if (whole && p.a_vec) {
+    const float4 q0 = *reinterpret_cast<const float4*>(row + lk);
+    const float4 q1 = *reinterpret_cast<const float4*>(row + lk + 4);
+    out[0] = q0.x, out[1] = q0.y, out[2] = q0.z, out[3] = q0.w, out[4] = q1.x, out[5] = q1.y, out[6] = q1.z, out[7] = q1.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (lk + e >= 0 && lk + e < p.k) out[e] = row[lk + e];
+    }
+  }
+}
+
 // Activation columns [lk, lk + 8) of row r, as floats (zeros outside 0 .. k - 1).
 __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int r, int lk, float (&v)[8]) {
 #pragma unroll
@@ -365,14 +380,14 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
     }
   } else {
     const float* row = reinterpret_cast<const float*>(a) + r * p.lda;
-    if (whole && p.a_vec) {
-      const float4 q0 = *reinterpret_cast<const float4*>(row + lk);
-      const float4 q1 = *reinterpret_cast<const float4*>(row + lk + 4);
-      v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
-    } else {
+    LoadF32Columns(p, row, lk, whole, v);
+    if (p.silu_up != 0) {
+      // The gated activation: the up values one at a time (the ring's weights are live here, and
+      // a second 8-float vector would cost registers to every instantiation).
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (lk + e >= 0 && lk + e < p.k) v[e] = row[lk + e];
+        const float up = lk + e >= 0 && lk + e < p.k ? row[p.silu_up + lk + e] : 0.0f;
+        v[e] = v[e] / (1.0f + expf(-v[e])) * up;
       }
     }
   }
@@ -444,6 +459,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.split) * block_rows;
   const int64_t warp_row = block_row + group * kWarpRows;
   const int64_t item = blockIdx.y;
+  // A grouped launch's count and item pointers (and so the weights they point at) are written by the
+  // kernels just before it: read only after they have completed (programmatic_launch.cuh).
+  const bool grouped = p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr ||
+                       p.scale_items != nullptr || p.c_items != nullptr;
+  if (grouped) PdlWait();
   // A grouped launch's items past the device count: the whole block leaves before any barrier, and
   // so does its whole cluster (a cluster's blocks differ in blockIdx.x only).
   if (p.item_count != nullptr && item >= *p.item_count) return;
@@ -654,8 +674,10 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.lda = m > 1 ? lda : 0;
   p.stride_a = batch > 1 ? batch_stride_a : 0;
   const int64_t vec = p.a_bf16 ? 8 : 4;  // elements per 16 bytes
+  if (items.silu_up_offset < 0 || (items.silu_up_offset > 0 && a_type != GemvType::kF32)) return cudaErrorInvalidValue;
+  p.silu_up = items.silu_up_offset;
   p.a_vec = (items.a != nullptr ? items.a_aligned16 : reinterpret_cast<uintptr_t>(a) % 16 == 0) && p.lda % vec == 0 &&
-            p.stride_a % vec == 0;
+            p.stride_a % vec == 0 && p.silu_up % vec == 0;
   p.a_items = items.a;
   p.b_items = items.codes;
   p.scale_items = items.scales;
@@ -818,22 +840,24 @@ cudaError_t LaunchInt4GroupGemvPlanned(const void* a, GemvType a_type, int64_t l
                   programmatic, QuantGemvItems{}, stream);
 }
 
-// Grouped launches are never programmatic: the item pointers (and so the weights a block reads
-// before PdlWait) are written by the kernels just before.
+// A grouped launch may be programmatic: its blocks wait for the kernels before them before they read
+// the item count and pointers (QuantGemvKernel), so only the launch overlaps those kernels' drain.
 cudaError_t LaunchFp8BlockGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                                       const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
                                       const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
-                                      int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream) {
+                                      int64_t n, int64_t k, float alpha, float beta, bool programmatic,
+                                      cudaStream_t stream) {
   return Fp8Gemv(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, max_items, m, n, k, alpha, beta,
-                 nullptr, /*programmatic=*/false, items, stream);
+                 nullptr, programmatic, items, stream);
 }
 
 cudaError_t LaunchInt4GroupGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                                        const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
                                        const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
-                                       int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream) {
+                                       int64_t n, int64_t k, float alpha, float beta, bool programmatic,
+                                       cudaStream_t stream) {
   return Int4Gemv(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, max_items, m, n, k, alpha, beta,
-                  nullptr, /*programmatic=*/false, items, stream);
+                  nullptr, programmatic, items, stream);
 }
 
 cudaError_t LaunchFp8BlockGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,

@@ -140,21 +140,30 @@ struct QuantGemvItems {
   float* const* c = nullptr;            // item i's output rows [m, n], f32, row stride ldc
   // [1] i32, device: items i >= *count are skipped (their c untouched); nullptr: all max_items.
   const int32_t* count = nullptr;
+  // 0, or > 0 with a_type kF32 (an MoE's gated activation, folded into the product): each activation
+  // row holds gate values and the up values of the same row sit silu_up_offset elements after them;
+  // the product's activation is bf16(silu(gate) * up), silu(g) = g / (1 + exp(-g)), as the CUDA-core
+  // path of quant_moe_kernels.cu computes it. The up rows follow the gate rows' layout (lda, item stride).
+  int64_t silu_up_offset = 0;
 };
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv over batch = max_items items (same sizes, alignment and
 // error contract, per-item strides as there for the operands without a pointer array), with the
 // operands of `items`. A base pointer that an array replaces (a, c, b.codes / b.packed,
 // b.scale_inv / b.scale) may be nullptr; the alignment rules of b.codes apply to every items.codes
-// entry (unchecked: device memory). Never a programmatic launch: the kernel would read the item
-// pointers and weights before the kernels writing them have finished.
+// entry (unchecked: device memory). programmatic: launched as a programmatic dependent
+// (programmatic_launch.cuh) whose blocks wait for the kernels before it before they read anything
+// (the count, item pointers and the weights they point at may be written by those kernels): the
+// launch and block scheduling overlap their drain, the loads do not.
 cudaError_t LaunchFp8BlockGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                                       const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
                                       const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
-                                      int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream);
+                                      int64_t n, int64_t k, float alpha, float beta, bool programmatic,
+                                      cudaStream_t stream);
 cudaError_t LaunchInt4GroupGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                                        const Int4GroupWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
                                        const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,
-                                       int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream);
+                                       int64_t n, int64_t k, float alpha, float beta, bool programmatic,
+                                       cudaStream_t stream);
 
 }  // namespace eagle3::cuda

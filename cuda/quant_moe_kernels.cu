@@ -2,7 +2,8 @@
 // abseil here: nvcc must never see it.
 //
 // The grouped path's products are the quantized GEMV's (quant_gemv_kernels.cu); this file holds the
-// kernels around them (grouping, per-job slots and pointers, SiLU-mul, the ordered combine) and the
+// kernels around them (grouping, per-job slots and pointers, the ordered combine; the SiLU-mul is in the
+// down product's activation staging) and the
 // CUDA-core kernels of the path for views off the GEMV's layout.
 //
 // CUDA-core path: weight rows stream through CUDA cores: a team of 2^team_shift lanes owns one weight row (gate and
@@ -21,6 +22,7 @@
 #include <cstdint>
 
 #include "core_kernels.cuh"
+#include "programmatic_launch.cuh"
 #include "quant_gemv_ops.h"
 #include "quant_moe_ops.h"
 
@@ -37,6 +39,15 @@ constexpr int64_t kMaxGridY = 65535;
 
 __device__ __forceinline__ float Bf16ToF32(uint32_t bits) { return __uint_as_float(bits << 16); }
 __device__ __forceinline__ uint16_t F32ToBf16(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// Every kernel of this file reads what the kernel before it writes (the routing, the grouping, the
+// products) and streams no weights before that: it waits for the kernels before it first, and lets
+// the next one launch at once, so that only launches and block scheduling overlap
+// (programmatic_launch.cuh; both are no-ops in a kernel launched without the attribute).
+__device__ __forceinline__ void PdlEnter() {
+  PdlWait();
+  PdlLaunchDependents();
+}
 
 // The e4m3 value of a code, exactly (NaN codes 0x7f / 0xff read as NaN, as F8E4M3ToFloat does).
 __device__ __forceinline__ float E4m3ToF32(uint32_t code) {
@@ -153,6 +164,7 @@ __device__ __forceinline__ void LoadInput(const uint16_t* row, int c0, int k, bo
 // the block's rows (blockIdx.x).
 template <typename F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) QuantMoeRowsKernel(const RowsParams p) {
+  PdlEnter();
   if (static_cast<int>(blockIdx.y) >= *p.num_jobs) return;  // block-uniform
   const int32_t* job = p.jobs + 3 * blockIdx.y;
   const int expert = job[0], first = job[1], count = job[2];
@@ -253,6 +265,7 @@ __global__ void __launch_bounds__(kSortThreads)
     QuantMoeSortKernel(const int32_t* __restrict__ ids, int64_t ids_stride, int64_t token0, int tokens, int top_k,
                        int num_experts, int32_t* __restrict__ sorted, int32_t* __restrict__ jobs,
                        int32_t* __restrict__ num_jobs, int* error_flag, int error_code) {
+  PdlEnter();
   __shared__ int cursor[kQuantMoeMaxExperts];  // counts, then each expert's next slot
   __shared__ int2 warp_total[kSortThreads / 32];
   const int pairs = tokens * top_k;
@@ -321,6 +334,7 @@ __global__ void __launch_bounds__(kThreads)
                         const QuantMoeExpert* __restrict__ experts, bool int4, const int32_t* __restrict__ sorted,
                         const int32_t* __restrict__ jobs, const int32_t* __restrict__ num_jobs,
                         QuantMoeWorkspace ws, int64_t x_ld) {
+  PdlEnter();
   const int j = static_cast<int>(blockIdx.x);
   const int job_count = *num_jobs;
   // Written even with no jobs: the gate-up GEMV must never see a stale count.
@@ -353,25 +367,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Grouped step 3b, block j per job: act rows of job j's slot = bf16(silu(gate) * up), from the
-// gate-up GEMV's items 2j (gate) and 2j + 1 (up), [8, inter] each.
-__global__ void __launch_bounds__(kThreads)
-    QuantMoeSiluMulKernel(const float* __restrict__ gate_up, int64_t inter, const int32_t* __restrict__ num_jobs,
-                          uint16_t* __restrict__ act, int64_t act_ld) {
-  const int64_t j = blockIdx.x;
-  if (j >= *num_jobs) return;
-  const float* gate = gate_up + 2 * j * kJobPairs * inter;
-  const float* up = gate + kJobPairs * inter;
-  for (int64_t i = threadIdx.x; i < kJobPairs * inter; i += kThreads) {
-    const int64_t q = i / inter, c = i - q * inter;
-    const float g = gate[i];
-    act[(j * kJobPairs + q) * act_ld + c] = F32ToBf16(g / (1.0f + expf(-g)) * up[i]);
-  }
-}
-
 // Step 1b: x rows of the round rounded to bf16 (round to nearest, ties to even).
 __global__ void QuantMoeRoundKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden,
                                     uint16_t* __restrict__ xb, int64_t xb_ld) {
+  PdlEnter();
   const int64_t t = blockIdx.y;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < hidden;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -385,6 +384,7 @@ __global__ void QuantMoeCombineKernel(const int32_t* __restrict__ ids, int64_t i
                                       int top_k, int num_experts, const float* __restrict__ y,
                                       const int32_t* __restrict__ slot_of, int64_t hidden, float* __restrict__ out,
                                       int64_t out_stride, bool accumulate) {
+  PdlEnter();
   const int64_t tl = blockIdx.y, t = token0 + tl;
   const int32_t* id = ids + t * ids_stride;
   for (int j = 0; j < top_k; ++j) {
@@ -412,21 +412,26 @@ int TeamShift(int64_t k) {
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Grouped steps 2 and 3 of one round (sorted and jobs written): slots and item pointers, the
-// gate-up GEMV, SiLU-mul, the down GEMV; y holds every job's slot rows after it.
+// gate-up GEMV, the down GEMV with the SiLU-mul in its activation staging; y holds every job's slot
+// rows after it.
 cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpert* experts,
                             const QuantMoeShape& shape, int64_t max_jobs, const QuantMoeWorkspace& ws,
-                            cudaStream_t stream) {
+                            bool programmatic, cudaStream_t stream) {
   const int64_t hidden = shape.hidden, inter = shape.inter;
-  const int64_t x_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
+  const int64_t x_ld = QuantMoeRoundUp16(hidden);
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   const unsigned job_blocks = static_cast<unsigned>(max_jobs);
-  QuantMoeSlotsKernel<<<job_blocks, kThreads, 0, stream>>>(x, x_stride, hidden, static_cast<int>(shape.top_k),
-                                                            experts, int4, ws.sorted, ws.jobs, ws.num_jobs, ws, x_ld);
-  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  if (const cudaError_t error =
+          LaunchKernel(programmatic, QuantMoeSlotsKernel, dim3(job_blocks), dim3(kThreads), 0, stream, x, x_stride,
+                       hidden, static_cast<int>(shape.top_k), experts, int4, ws.sorted, ws.jobs, ws.num_jobs, ws, x_ld);
+      error != cudaSuccess) {
+    return error;
+  }
 
   // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`).
   const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
-                           const void* a, int64_t lda, int64_t stride_a, float* c, int64_t n, int64_t k) {
+                           const void* a, GemvType a_type, int64_t lda, int64_t stride_a, float* c, int64_t n,
+                           int64_t k) {
     const int64_t m = kQuantMoeJobPairs;
     if (int4) {
       Int4GroupWeights b;
@@ -434,16 +439,16 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
       b.scale_ld = layout.scales_ld;
       b.col0 = layout.col_off;
       b.group_size = shape.block_cols;
-      return LaunchInt4GroupGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items,
-                                        m, n, k, 1.0f, 0.0f, stream);
+      return LaunchInt4GroupGemvGrouped(a, a_type, lda, stride_a, b, c, n, m * n, nullptr, items, max_items,
+                                        m, n, k, 1.0f, 0.0f, programmatic, stream);
     }
     Fp8BlockWeights b;
     b.ld = layout.codes_ld;
     b.scale_ld = layout.scales_ld;
     b.row0 = layout.row_off;
     b.col0 = layout.col_off;
-    return LaunchFp8BlockGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items, m,
-                                     n, k, 1.0f, 0.0f, stream);
+    return LaunchFp8BlockGemvGrouped(a, a_type, lda, stride_a, b, c, n, m * n, nullptr, items, max_items, m,
+                                     n, k, 1.0f, 0.0f, programmatic, stream);
   };
   QuantGemvItems gate_up;
   gate_up.a = ws.gate_up_a;
@@ -452,17 +457,19 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
   gate_up.scales = ws.gate_up_scales;
   gate_up.count = ws.gate_up_items;
   if (const cudaError_t error =
-          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, x_ld, 0, ws.gate_up, inter, hidden);
+          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, GemvType::kBF16, x_ld, 0, ws.gate_up, inter, hidden);
       error != cudaSuccess) {
     return error;
   }
-  QuantMoeSiluMulKernel<<<job_blocks, kThreads, 0, stream>>>(ws.gate_up, inter, ws.num_jobs, ws.act, act_ld);
-  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
   QuantGemvItems down;
   down.codes = ws.down_codes;
   down.scales = ws.down_scales;
   down.count = ws.num_jobs;
-  return product(down, max_jobs, shape.down, ws.act, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden, inter);
+  // The SiLU-mul folded into the down product's activation staging: job j's gate rows are gate-up
+  // item 2j's output, its up rows item 2j + 1's, right after them.
+  down.silu_up_offset = kQuantMoeJobPairs * inter;
+  return product(down, max_jobs, shape.down, ws.gate_up, GemvType::kF32, inter, 2 * kQuantMoeJobPairs * inter, ws.y,
+                 hidden, inter);
 }
 
 // Carves a workspace out of `buffer` (nullptr: only counts the bytes, returned in *bytes).
@@ -520,7 +527,7 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
                                   const float* weights, int64_t weights_stride, const QuantMoeExpert* experts,
                                   const QuantMoeShape& shape, int64_t tokens, const QuantMoeWorkspace& ws,
                                   float* out, int64_t out_stride, bool accumulate, int* error_flag, int error_code,
-                                  cudaStream_t stream) {
+                                  bool programmatic, cudaStream_t stream) {
   const int64_t top_k = shape.top_k, hidden = shape.hidden, inter = shape.inter;
   if (tokens < 0 || top_k < 0 || hidden < 0 || inter < 0 || shape.num_experts < 0 ||
       shape.num_experts > kQuantMoeMaxExperts || shape.block_rows < 1 || shape.block_cols < 1 || x_stride < 0 ||
@@ -566,10 +573,13 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   for (int64_t t0 = 0; t0 < tokens; t0 += round_tokens) {
     const int64_t n = std::min(round_tokens, tokens - t0);
-    QuantMoeSortKernel<<<1, kSortThreads, 0, stream>>>(ids, ids_stride, t0, static_cast<int>(n),
-                                                       static_cast<int>(top_k), static_cast<int>(shape.num_experts),
-                                                       ws.sorted, ws.jobs, ws.num_jobs, error_flag, error_code);
-    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+    if (const cudaError_t error =
+            LaunchKernel(programmatic, QuantMoeSortKernel, dim3(1), dim3(kSortThreads), 0, stream, ids, ids_stride, t0,
+                         static_cast<int>(n), static_cast<int>(top_k), static_cast<int>(shape.num_experts), ws.sorted,
+                         ws.jobs, ws.num_jobs, error_flag, error_code);
+        error != cudaSuccess) {
+      return error;
+    }
     if (hidden == 0) continue;
     // Grids (and the grouped GEMV's plan) are sized for this round's bound on jobs, not the
     // workspace's: at decode a round of one token has at most top_k jobs, and a plan made for the
@@ -577,7 +587,7 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     const int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
     if (grouped) {
       if (const cudaError_t error =
-              GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, round_jobs, ws, stream);
+              GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, round_jobs, ws, programmatic, stream);
           error != cudaSuccess) {
         return error;
       }
@@ -613,11 +623,14 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       if (const cudaError_t error = rows_launch(false); error != cudaSuccess) return error;
     }
     const dim3 grid(static_cast<unsigned>((hidden + 255) / 256), static_cast<unsigned>(n));
-    QuantMoeCombineKernel<<<grid, 256, 0, stream>>>(ids, ids_stride, weights, weights_stride, t0,
-                                                    static_cast<int>(top_k), static_cast<int>(shape.num_experts),
-                                                    ws.y, grouped ? ws.slot_of : nullptr, hidden, out,
-                                                    out_stride, accumulate);
-    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+    if (const cudaError_t error =
+            LaunchKernel(programmatic, QuantMoeCombineKernel, grid, dim3(256), 0, stream, ids, ids_stride, weights,
+                         weights_stride, t0, static_cast<int>(top_k), static_cast<int>(shape.num_experts),
+                         static_cast<const float*>(ws.y), grouped ? static_cast<const int32_t*>(ws.slot_of) : nullptr,
+                         hidden, out, out_stride, accumulate);
+        error != cudaSuccess) {
+      return error;
+    }
   }
   return cudaSuccess;
 }

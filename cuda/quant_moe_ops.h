@@ -16,9 +16,10 @@
 //  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot (rows
 //     past the job's pair count zeros), and the job's weight pointers into the item arrays;
 //  3. one grouped GEMV, items 2j and 2j + 1 = job j's gate and up (m = kQuantMoeJobPairs rows, the
-//     slot's), then act = bf16(silu(gate) * up) per slot row, then one grouped GEMV of down over
-//     the jobs' act slots: y per slot row; the grids are sized for the most jobs a round can have
-//     and the blocks of jobs past the device job count exit at once;
+//     slot's), then one grouped GEMV of down whose activation rows are act = bf16(silu(gate) * up)
+//     of the job's slot rows, computed as each block stages them (no kernel of its own): y per slot
+//     row; the grids are sized for the most jobs a round can have and the blocks of jobs past the
+//     device job count exit at once;
 //  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
@@ -184,11 +185,13 @@ QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t 
 // error_flag: [1], i32, device
 // workspace: as above with max_tokens >= 1, top_k, max_experts >= num_experts, hidden and inter
 //            >= the call's
+// programmatic: the kernels are launched as programmatic dependents (programmatic_launch.cuh), each
+// waiting for the kernels before it before it touches memory: launches overlap, work does not.
 // Returns cudaErrorInvalidValue for sizes or a workspace outside this, or a missing pointer.
 cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_t* ids, int64_t ids_stride,
                                   const float* weights, int64_t weights_stride, const QuantMoeExpert* experts,
                                   const QuantMoeShape& shape, int64_t tokens, const QuantMoeWorkspace& workspace,
                                   float* out, int64_t out_stride, bool accumulate, int* error_flag, int error_code,
-                                  cudaStream_t stream);
+                                  bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda
