@@ -23,11 +23,18 @@
 //    14 8 routed experts' gate_up (batch 8)                   15 8 routed experts' down (batch 8)
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
+//   BM_QuantGemvPlan/shape/m/wk/split : the same products with an explicit plan (quant_gemv_plan.h:
+//       wk warps per 16-row group, split blocks per cluster along K, the K range in one activation
+//       tile where it fits, else the fewest tiles of whole ring cycles), chosen = 1 on the row of the
+//       plan ChooseQuantGemvPlan picks: the data behind the planner's time model. Skipped where the
+//       plan is not valid for the shape.
+//
 // Model: bytes = the quantized weight bytes read (codes or packed words, and the scales they use);
 // the floor is bytes / the measured copy rate (flops are far below the GEMM rate). Weight sets rotate
 // past the L2, as in a decode step, where a layer's weights are long evicted by the time the next
 // step reads them. Activations (f32 [m, k]) and outputs are not counted: at m = 8 they are under 7 %
 // of the weight bytes of every shape but the batched ones.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +43,7 @@
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/tensor.h"
 #include "quant_gemv_ops.h"
+#include "quant_gemv_plan.h"
 
 namespace eagle3::bench {
 namespace {
@@ -78,11 +86,10 @@ struct WeightSet {
   Tensor data, scales;
 };
 
-void BM_QuantGemv(benchmark::State& state) {
+// The product of shape s with m rows, the chosen plan or `plan`.
+void RunQuantGemv(benchmark::State& state, const QuantShape& s, int64_t m, const cuda::QuantGemvPlan* plan) {
   cuda::CudaBackend* b = Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
-  const QuantShape s = ShapeOf(state.range(0));
-  const int64_t m = state.range(1);
   state.SetLabel(s.name);
   const int64_t item_rows = s.item_rows > 0 ? s.item_rows : s.n;
   // Row strides: fp8 rows of k bytes, int4 rows of k / 8 words (both multiples of 16 bytes here).
@@ -124,8 +131,9 @@ void BM_QuantGemv(benchmark::State& state) {
       q.scale_batch_stride = scale_item;
       q.col0 = s.col0;
       q.group_size = kInt4Group;
-      error = cuda::LaunchInt4GroupGemv(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()), s.n,
-                                        m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, true, b->stream());
+      error = cuda::LaunchInt4GroupGemvPlanned(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()),
+                                               s.n, m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, plan, true,
+                                               b->stream());
     } else {
       cuda::Fp8BlockWeights q;
       q.codes = reinterpret_cast<const uint8_t*>(data);
@@ -137,8 +145,9 @@ void BM_QuantGemv(benchmark::State& state) {
       q.scale_batch_stride = item_rows / 128 * scale_ld;
       q.row0 = s.row0;
       q.col0 = s.col0;
-      error = cuda::LaunchFp8BlockGemv(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()), s.n,
-                                       m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, true, b->stream());
+      error = cuda::LaunchFp8BlockGemvPlanned(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()),
+                                              s.n, m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, plan, true,
+                                              b->stream());
     }
   };
   run();
@@ -150,6 +159,10 @@ void BM_QuantGemv(benchmark::State& state) {
   ReportRoofline(state, seconds, bytes, 2.0 * static_cast<double>(m) * s.batch * s.n * s.k);
 }
 
+void BM_QuantGemv(benchmark::State& state) {
+  RunQuantGemv(state, ShapeOf(state.range(0)), state.range(1), nullptr);
+}
+
 void QuantArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
     bm->ArgsProduct({{0, 2, 5, 6, 8, 10, 12, 14}, {1, 8}});
@@ -159,6 +172,53 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
+
+void BM_QuantGemvPlan(benchmark::State& state) {
+  const QuantShape s = ShapeOf(state.range(0));
+  const int64_t m = state.range(1);
+  cuda::QuantGemvProblem problem;
+  problem.int4 = s.int4;
+  problem.batch = s.batch;
+  problem.m = m;
+  problem.n = s.n;
+  problem.k = s.k;
+  problem.shift = s.int4 ? s.col0 % kInt4Group : s.col0 % 128;
+  problem.a_bytes = 4;
+  // As the launchers count them (the planner's input).
+  problem.weight_bytes = static_cast<double>(s.batch) * s.n * (s.int4 ? (s.k + 7) / 8 * 4 + 2.0 * s.k / kInt4Group : s.k);
+  const int64_t units = cuda::QuantGemvUnits(problem);
+  cuda::QuantGemvPlan plan;
+  plan.wk = static_cast<int>(state.range(2));
+  plan.split = static_cast<int>(state.range(3));
+  const int64_t rank_units = (units + plan.split - 1) / plan.split;
+  plan.part_units = static_cast<int>((rank_units + plan.wk - 1) / plan.wk);
+  plan.tiles = 1;
+  // Too large a tile: the fewest tiles of whole ring cycles that fit (as the planner tiles).
+  const int cycle = std::max(1, cuda::kQuantGemvDepth / cuda::QuantGemvUnitSteps(s.int4));  // m <= 16 here
+  for (int part = plan.part_units / cycle * cycle; !cuda::QuantGemvPlanValid(problem, plan) && part >= cycle;
+       part -= cycle) {
+    plan.part_units = part;
+    plan.tiles = static_cast<int>((rank_units + int64_t{plan.wk} * part - 1) / (int64_t{plan.wk} * part));
+  }
+  if (!cuda::QuantGemvPlanValid(problem, plan)) return state.SkipWithError("plan not valid for the shape");
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const cuda::QuantGemvPlan chosen = cuda::ChooseQuantGemvPlan(problem, sms);
+  RunQuantGemv(state, s, m, &plan);
+  state.counters["part_units"] = plan.part_units;
+  state.counters["tiles"] = plan.tiles;
+  state.counters["chosen"] = chosen.wk == plan.wk && chosen.split == plan.split && chosen.part_units == plan.part_units &&
+                             chosen.tiles == plan.tiles;
+}
+
+void PlanArgs(benchmark::internal::Benchmark* bm) {
+  // The long-K, few-row shapes (q_a, kv_a), o_proj, and the experts as the grouped MoE runs them
+  // (8 items of 8 rows: gate_up long-K, down short-K).
+  bm->ArgsProduct({{0, 2, 5}, {1}, {1, 2, 4, 8}, {1, 2, 4, 8}});
+  bm->ArgsProduct({{10, 11, 14, 15}, {8}, {1, 2, 4, 8}, {1, 2, 4, 8}});
+}
+BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 
 }  // namespace
 }  // namespace eagle3::bench
