@@ -58,7 +58,6 @@ struct Params {
   int64_t lda, stride_a;
   bool a_bf16;
   bool a_vec;  // every activation row of every item 16-byte aligned: 16-byte loads
-  int64_t silu_up;  // QuantGemvItems::silu_up_offset (f32 activations only)
   const char* b;           // codes (fp8) or packed words (int4)
   int64_t ldb, stride_b;   // bytes
   const void* scale;       // f32 scale_inv (fp8) or bf16 weight_scale (int4)
@@ -381,15 +380,6 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
   } else {
     const float* row = reinterpret_cast<const float*>(a) + r * p.lda;
     LoadF32Columns(p, row, lk, whole, v);
-    if (p.silu_up != 0) {
-      // The gated activation: the up values one at a time (the ring's weights are live here, and
-      // a second 8-float vector would cost registers to every instantiation).
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float up = lk + e >= 0 && lk + e < p.k ? row[p.silu_up + lk + e] : 0.0f;
-        v[e] = v[e] / (1.0f + expf(-v[e])) * up;
-      }
-    }
   }
 }
 
@@ -674,10 +664,8 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.lda = m > 1 ? lda : 0;
   p.stride_a = batch > 1 ? batch_stride_a : 0;
   const int64_t vec = p.a_bf16 ? 8 : 4;  // elements per 16 bytes
-  if (items.silu_up_offset < 0 || (items.silu_up_offset > 0 && a_type != GemvType::kF32)) return cudaErrorInvalidValue;
-  p.silu_up = items.silu_up_offset;
   p.a_vec = (items.a != nullptr ? items.a_aligned16 : reinterpret_cast<uintptr_t>(a) % 16 == 0) && p.lda % vec == 0 &&
-            p.stride_a % vec == 0 && p.silu_up % vec == 0;
+            p.stride_a % vec == 0;
   p.a_items = items.a;
   p.b_items = items.codes;
   p.scale_items = items.scales;

@@ -140,11 +140,6 @@ struct QuantGemvItems {
   float* const* c = nullptr;            // item i's output rows [m, n], f32, row stride ldc
   // [1] i32, device: items i >= *count are skipped (their c untouched); nullptr: all max_items.
   const int32_t* count = nullptr;
-  // 0, or > 0 with a_type kF32 (an MoE's gated activation, folded into the product): each activation
-  // row holds gate values and the up values of the same row sit silu_up_offset elements after them;
-  // the product's activation is bf16(silu(gate) * up), silu(g) = g / (1 + exp(-g)), as the CUDA-core
-  // path of quant_moe_kernels.cu computes it. The up rows follow the gate rows' layout (lda, item stride).
-  int64_t silu_up_offset = 0;
 };
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv over batch = max_items items (same sizes, alignment and

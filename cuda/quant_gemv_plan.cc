@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 
 namespace eagle3::cuda {
 namespace {
@@ -71,10 +72,58 @@ double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& pla
   return norm + (plan.split > 1 ? kClusterCost : 0.0);
 }
 
+// The plan of wk warps per row group and `split` cluster ranks: the rank's units in one activation
+// tile where it fits, else the most units per part (whole ring cycles) whose tile fits; nullopt
+// where a rank or a warp part would have no units, or no tile fits.
+std::optional<QuantGemvPlan> PlanFor(const QuantGemvProblem& problem, int wk, int split) {
+  const int64_t units = QuantGemvUnits(problem);
+  const int64_t rank_units = CeilDiv(units, split);
+  if (split > 1 && (split - 1) * rank_units >= units) return std::nullopt;  // a rank without units
+  if (wk > 1 && wk > rank_units) return std::nullopt;                       // a warp part without units
+  QuantGemvPlan plan{wk, split, static_cast<int>(CeilDiv(rank_units, wk)), 1};
+  if (QuantGemvPlanValid(problem, plan)) return plan;
+  // Units per warp part of a tile when the rank's range does not fit one: whole ring cycles.
+  const int part_step = QuantGemvDepth(QuantGemvRowOperands(problem.m)) / QuantGemvUnitSteps(problem.int4);
+  std::optional<QuantGemvPlan> tiled;
+  for (int part_units = part_step;; part_units += part_step) {
+    const QuantGemvPlan candidate{wk, split, part_units,
+                                  static_cast<int>(CeilDiv(rank_units, static_cast<int64_t>(wk) * part_units))};
+    if (candidate.tiles < 2 || !QuantGemvPlanValid(problem, candidate)) break;
+    tiled = candidate;
+  }
+  return tiled;
+}
+
+// Products whose blocks can all be resident at once take the plan that splits each 16-row group's K
+// range the most ways (wk warps x split cluster ranks, both powers of two, wk up to 4) while still
+// fitting one wave: the kernel is then bound by the weight loads in flight and by its fixed costs
+// (launch, staging, reduction), and a second wave pays the fixed costs again. Timed with explicit
+// plans (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode shapes, this
+// rule's plans were the fastest or near them where the time model below picked slower ones (odd
+// cluster sizes, wide splits of 128-row blocks). nullopt: no such plan fits one wave (large
+// batches: the model decides).
+std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count) {
+  constexpr int kMaxWays = 4 * kQuantGemvMaxSplit;
+  for (int ways = kMaxWays; ways >= 1; ways /= 2) {
+    const int wk = std::min(ways, 4), split = ways / wk;
+    if (split > kQuantGemvMaxSplit) continue;
+    const std::optional<QuantGemvPlan> plan = PlanFor(problem, wk, split);
+    if (!plan.has_value()) continue;
+    const size_t smem = QuantGemvSharedBytes(problem, *plan);
+    const int64_t per_sm = std::min<int64_t>(kQuantGemvBlocksPerSm,
+                                             static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerBlock)));
+    const int64_t blocks = RowBlocks(problem, wk) * split * problem.batch;
+    if (blocks <= per_sm * sm_count) return plan;
+  }
+  return std::nullopt;
+}
+
 // The sweep behind ChooseQuantGemvPlan.
 QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
+  if (const std::optional<QuantGemvPlan> one_wave = OneWavePlan(problem, sm_count); one_wave.has_value()) {
+    return *one_wave;
+  }
   const int64_t units = QuantGemvUnits(problem);
-  // Units per warp part of a tile when the rank's range does not fit one: whole ring cycles.
   const int part_step = QuantGemvDepth(QuantGemvRowOperands(problem.m)) / QuantGemvUnitSteps(problem.int4);
   QuantGemvPlan best;
   double best_cost = 0.0;
@@ -83,26 +132,9 @@ QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
   // ranks first: a later plan must be clearly faster to replace an earlier one.
   for (int wk = 1; wk <= kQuantGemvWarps; wk *= 2) {
     for (int split = 1; split <= kQuantGemvMaxSplit; ++split) {
-      const int64_t rank_units = CeilDiv(units, split);
-      if (split > 1 && (split - 1) * rank_units >= units) continue;  // a rank without units
-      if (wk > 1 && wk > rank_units) continue;                       // a warp part without units
-      QuantGemvPlan plan;
-      plan.wk = wk;
-      plan.split = split;
-      plan.part_units = static_cast<int>(CeilDiv(rank_units, wk));
-      plan.tiles = 1;
-      if (!QuantGemvPlanValid(problem, plan)) {
-        // Several tiles: the most units per part (whole ring cycles) whose tile fits.
-        bool tiled = false;
-        for (int part_units = part_step;; part_units += part_step) {
-          const QuantGemvPlan candidate{wk, split, part_units,
-                                        static_cast<int>(CeilDiv(rank_units, static_cast<int64_t>(wk) * part_units))};
-          if (candidate.tiles < 2 || !QuantGemvPlanValid(problem, candidate)) break;
-          plan = candidate;
-          tiled = true;
-        }
-        if (!tiled) continue;
-      }
+      const std::optional<QuantGemvPlan> candidate = PlanFor(problem, wk, split);
+      if (!candidate.has_value()) continue;
+      const QuantGemvPlan& plan = *candidate;
       const double cost = ModelledSeconds(problem, plan, sm_count);
       if (!found || cost < 0.97 * best_cost) {
         best = plan;

@@ -16,10 +16,9 @@
 //  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot (rows
 //     past the job's pair count zeros), and the job's weight pointers into the item arrays;
 //  3. one grouped GEMV, items 2j and 2j + 1 = job j's gate and up (m = kQuantMoeJobPairs rows, the
-//     slot's), then one grouped GEMV of down whose activation rows are act = bf16(silu(gate) * up)
-//     of the job's slot rows, computed as each block stages them (no kernel of its own): y per slot
-//     row; the grids are sized for the most jobs a round can have and the blocks of jobs past the
-//     device job count exit at once;
+//     slot's), then act = bf16(silu(gate) * up) per slot row, then one grouped GEMV of down over
+//     the jobs' act slots: y per slot row; the grids are sized for the most jobs a round can have
+//     and the blocks of jobs past the device job count exit at once;
 //  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
