@@ -18,7 +18,7 @@
 //    rows) is a CudaBackendOptions field so that benchmarks/cuda/quantized_gemm_benchmark.cc can
 //    place it.
 //  - W8A8, for FP8 calls of at least CudaBackendOptions::fp8_w8a8_min_rows rows (0, the default:
-//    never) whose slice the path takes (fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
+//    never), a multiple of 4 rows (Fp8W8A8RowsTaken), whose slice the path takes (fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
 //    boundaries, K a multiple of 128, N of 16) and whose shape cuBLASLt's heuristic has a kernel for;
 //    it is tried first, and a call it does not take goes on to the paths above. `a` is quantized
 //    into the scratch as DeepSeek's kernels quantize activations (act_quant_ops.h: e4m3 codes, one
@@ -313,7 +313,7 @@ absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeig
     return CudaStatus(LaunchScaleAddBias(c.data_as<float>(), LeadingDim(c), m, n, options.beta, bias, s.stream),
                       "QuantizedGemm: bias kernel launch");
   }
-  if (fp8 && s.options.fp8_w8a8_min_rows > 0 && m >= s.options.fp8_w8a8_min_rows) {
+  if (fp8 && s.options.fp8_w8a8_min_rows > 0 && m >= s.options.fp8_w8a8_min_rows && Fp8W8A8RowsTaken(m)) {
     EAGLE3_ASSIGN_OR_RETURN(const bool done, W8A8Product(s, a, w, c, options));
     if (done) return absl::OkStatus();
   }

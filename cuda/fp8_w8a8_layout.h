@@ -30,11 +30,14 @@ inline constexpr int64_t kFp8W8A8Block = 128;
 
 constexpr int64_t Fp8W8A8KBlocks(int64_t k) { return (k + kFp8W8A8Block - 1) / kFp8W8A8Block; }
 
-// VEC128_32F: the distance between column groups, the rows padded to a multiple of 4 (16 bytes),
-// as BLK128x128's K blocks are. PyTorch only passes row counts that are multiples of 16, where the
-// padding changes nothing; unpadded scales give wrong products at other row counts
-// (benchmarks/NOTES.md, the W8A8 section). cuda_fp8_w8a8_test runs 20 rows, which tells a padding
-// of 4 from one of 16.
+// Activation row counts the W8A8 path takes: multiples of 4. cuBLASLt's heuristic offers no
+// block-scaled FP8 kernel for other counts (PyTorch passes multiples of 16 only), and QuantizedGemm
+// then runs the weight-only paths: deciding it here keeps a call's path, and so its numerics, a
+// function of its row count alone (tests/gpu/cuda_fp8_w8a8_test.cc runs 1 and 17 rows).
+constexpr bool Fp8W8A8RowsTaken(int64_t rows) { return rows > 0 && rows % 4 == 0; }
+
+// VEC128_32F: the distance between column groups: the rows, padded to a multiple of 4 (16 bytes)
+// as BLK128x128's K blocks are (the row count itself wherever Fp8W8A8RowsTaken holds).
 constexpr int64_t Fp8ActScaleLd(int64_t rows) { return (rows + 3) / 4 * 4; }
 // VEC128_32F: the scale of row r (< rows), column group j (< Fp8W8A8KBlocks(k)).
 constexpr int64_t Fp8ActScaleIndex(int64_t rows, int64_t r, int64_t j) { return j * Fp8ActScaleLd(rows) + r; }

@@ -29,6 +29,11 @@ TEST(Fp8W8A8LayoutTest, ActivationScalesAreOuterDimensionMajor) {
   EXPECT_EQ(*seen.rbegin(), 10);
 }
 
+TEST(Fp8W8A8LayoutTest, TakesRowCountsThatAreMultiplesOfFour) {
+  for (const int64_t rows : {4, 8, 16, 20, 64, 1000, 2048}) EXPECT_TRUE(Fp8W8A8RowsTaken(rows)) << rows;
+  for (const int64_t rows : {0, 1, 2, 3, 17, 63, 1001}) EXPECT_FALSE(Fp8W8A8RowsTaken(rows)) << rows;
+}
+
 TEST(Fp8W8A8LayoutTest, WeightScaleRowsArePaddedToFourBlocks) {
   EXPECT_EQ(Fp8WeightScaleLd(7168), 56);  // q_a, kv_a, gate_up: 56 blocks, already a multiple of 4
   EXPECT_EQ(Fp8WeightScaleLd(2048), 16);  // o_proj TP 8

@@ -48,8 +48,8 @@ struct CudaBackendOptions {
   // quantized weights on the quantized GEMV kernels, 32 rows per pass (quant_gemv_ops.h); more rows
   // (prefill) dequantize the weight into bf16 scratch for cuBLASLt. 0: every call dequantizes.
   int64_t quantized_gemv_max_rows = 64;
-  // FP8 block-scaled QuantizedGemm calls of at least this many activation rows run W8A8 when the
-  // weight slice allows it (cuda/fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
+  // FP8 block-scaled QuantizedGemm calls of at least this many activation rows, a multiple of 4
+  // (the row counts cuBLASLt's block-scaled kernels take), run W8A8 when the weight slice allows it (cuda/fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
   // boundaries, K a multiple of 128, N of 16) and cuBLASLt has a kernel for the shape: the
   // activations are quantized on the fly to e4m3 with one f32 scale per row per 128 columns
   // (DeepSeek's per-token-group scaling, cuda/act_quant_ops.h), then multiplied on cuBLASLt's
@@ -57,8 +57,8 @@ struct CudaBackendOptions {
   // them: each activation is rounded to 3 mantissa bits (e4m3 relative rounding up to 2^-4, about
   // 3% relative error of a product's result against the exact f32 one) instead of bf16's 8.
   // Keep it above quantized_gemv_max_rows (prefill only): a verify step on W8A8 would no longer
-  // match a decode step's numerics (docs/semantics.md). 0: never, the default until the GPU tests
-  // pass and benchmarks/NOTES.md places it.
+  // match a decode step's numerics (docs/semantics.md). 0: never, the default: the weight-only paths
+  // keep every step's numerics bf16-exact in the activations (benchmarks/NOTES.md, W8A8).
   int64_t fp8_w8a8_min_rows = 0;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
   // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
