@@ -94,7 +94,7 @@ std::optional<QuantGemvPlan> PlanFor(const QuantGemvProblem& problem, int wk, in
   return tiled;
 }
 
-// Products whose blocks can all be resident at once take the plan that splits each 16-row group's K
+// Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each 16-row group's K
 // range the most ways (wk warps x split cluster ranks, both powers of two, wk up to 4) while still
 // fitting one wave: the kernel is then bound by the weight loads in flight and by its fixed costs
 // (launch, staging, reduction), and a second wave pays the fixed costs again. Timed with explicit
@@ -103,6 +103,9 @@ std::optional<QuantGemvPlan> PlanFor(const QuantGemvProblem& problem, int wk, in
 // cluster sizes, wide splits of 128-row blocks). nullopt: no such plan fits one wave (large
 // batches: the model decides).
 std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count) {
+  // Up to 8 activation rows (one B operand) only: with more, each of the rule's narrower blocks
+  // stages more activation rows for fewer weight rows, and the model's plans measured faster.
+  if (QuantGemvRowOperands(problem.m) > 1) return std::nullopt;
   constexpr int kMaxWays = 4 * kQuantGemvMaxSplit;
   for (int ways = kMaxWays; ways >= 1; ways /= 2) {
     const int wk = std::min(ways, 4), split = ways / wk;
