@@ -94,14 +94,14 @@ std::optional<QuantGemvPlan> PlanFor(const QuantGemvProblem& problem, int wk, in
   return tiled;
 }
 
-// Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each 16-row group's K
-// range the most ways (wk warps x split cluster ranks, both powers of two, wk up to 4) while still
-// fitting one wave: the kernel is then bound by the weight loads in flight and by its fixed costs
-// (launch, staging, reduction), and a second wave pays the fixed costs again. Timed with explicit
-// plans (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode shapes, this
-// rule's plans were the fastest or near them where the time model below picked slower ones (odd
-// cluster sizes, wide splits of 128-row blocks). nullopt: no such plan fits one wave (large
-// batches: the model decides).
+// Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each
+// 16-row group's K range the most ways (wk warps x split cluster ranks, both powers of two, wk up
+// to 4) while still fitting one wave: the kernel is then bound by the weight loads in flight and by
+// its fixed costs (launch, staging, reduction), and a second wave pays the fixed costs again. Timed
+// with explicit plans (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode
+// shapes, this rule's plans were the fastest or near them where the time model below picked slower
+// ones (odd cluster sizes, wide splits of 128-row blocks). nullopt: no such plan fits one wave
+// (large batches: the model decides).
 std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count) {
   // Up to 8 activation rows (one B operand) only: with more, each of the rule's narrower blocks
   // stages more activation rows for fewer weight rows, and the model's plans measured faster.
