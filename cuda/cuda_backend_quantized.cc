@@ -18,8 +18,9 @@
 //    rows) is a CudaBackendOptions field so that benchmarks/cuda/quantized_gemm_benchmark.cc can
 //    place it.
 //  - W8A8, for FP8 calls of at least CudaBackendOptions::fp8_w8a8_min_rows rows (0, the default:
-//    never), a multiple of 4 rows (Fp8W8A8RowsTaken), whose slice the path takes (fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
-//    boundaries, K a multiple of 128, N of 16) and whose shape cuBLASLt's heuristic has a kernel for;
+//    never), a multiple of 4 rows (Fp8W8A8RowsTaken), whose slice the path takes (fp8_w8a8_layout.h:
+//    128 x 128 blocks, the slice on block boundaries, K a multiple of 128, N of 16) and whose shape
+//    cuBLASLt's heuristic has a kernel for;
 //    it is tried first, and a call it does not take goes on to the paths above. `a` is quantized
 //    into the scratch as DeepSeek's kernels quantize activations (act_quant_ops.h: e4m3 codes, one
 //    f32 scale per row per 128 columns), the weight's scale blocks are copied into cuBLASLt's

@@ -19,6 +19,11 @@ size_t ReduceBytes(int64_t m) {
 constexpr size_t kSmemPerSm = 228 * 1024;
 constexpr size_t kSmemReservedPerBlock = 1024;
 
+// Blocks of `smem` dynamic shared memory a multiprocessor holds at once.
+int64_t BlocksPerSm(size_t smem) {
+  return std::min<int64_t>(kQuantGemvBlocksPerSm, static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerBlock)));
+}
+
 // The time model (seconds, bytes per second). A plan is charged the largest of, softened where they
 // meet (a 4-norm: two equal limits cost 1.19 times either):
 // - streaming: the weight bytes at the HBM's streaming rate;
@@ -51,8 +56,7 @@ double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& pla
   const int64_t blocks = row_blocks * plan.split * problem.batch;
   const size_t smem = QuantGemvSharedBytes(problem, plan);
   const int operands = QuantGemvRowOperands(problem.m);
-  const int64_t per_sm =
-      std::min<int64_t>(kQuantGemvBlocksPerSm, static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerBlock)));
+  const int64_t per_sm = BlocksPerSm(smem);
   const int64_t slots = std::max<int64_t>(1, per_sm * sm_count);
   const int64_t waves = CeilDiv(blocks, slots);
   const int64_t steps = static_cast<int64_t>(plan.part_units) * plan.tiles * QuantGemvUnitSteps(problem.int4);
@@ -72,10 +76,9 @@ double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& pla
   return norm + (plan.split > 1 ? kClusterCost : 0.0);
 }
 
-// The plan of wk warps per row group and `split` cluster ranks: the rank's units in one activation
-// tile where it fits, else the most units per part (whole ring cycles) whose tile fits; nullopt
-// where a rank or a warp part would have no units, or no tile fits.
-std::optional<QuantGemvPlan> PlanFor(const QuantGemvProblem& problem, int wk, int split) {
+}  // namespace
+
+std::optional<QuantGemvPlan> QuantGemvPlanFor(const QuantGemvProblem& problem, int wk, int split) {
   const int64_t units = QuantGemvUnits(problem);
   const int64_t rank_units = CeilDiv(units, split);
   if (split > 1 && (split - 1) * rank_units >= units) return std::nullopt;  // a rank without units
@@ -94,6 +97,8 @@ std::optional<QuantGemvPlan> PlanFor(const QuantGemvProblem& problem, int wk, in
   return tiled;
 }
 
+namespace {
+
 // Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each
 // 16-row group's K range the most ways (wk warps x split cluster ranks, both powers of two, wk up
 // to 4) while still fitting one wave: the kernel is then bound by the weight loads in flight and by
@@ -110,13 +115,10 @@ std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm
   for (int ways = kMaxWays; ways >= 1; ways /= 2) {
     const int wk = std::min(ways, 4), split = ways / wk;
     if (split > kQuantGemvMaxSplit) continue;
-    const std::optional<QuantGemvPlan> plan = PlanFor(problem, wk, split);
+    const std::optional<QuantGemvPlan> plan = QuantGemvPlanFor(problem, wk, split);
     if (!plan.has_value()) continue;
-    const size_t smem = QuantGemvSharedBytes(problem, *plan);
-    const int64_t per_sm = std::min<int64_t>(kQuantGemvBlocksPerSm,
-                                             static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerBlock)));
     const int64_t blocks = RowBlocks(problem, wk) * split * problem.batch;
-    if (blocks <= per_sm * sm_count) return plan;
+    if (blocks <= BlocksPerSm(QuantGemvSharedBytes(problem, *plan)) * sm_count) return plan;
   }
   return std::nullopt;
 }
@@ -135,7 +137,7 @@ QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
   // ranks first: a later plan must be clearly faster to replace an earlier one.
   for (int wk = 1; wk <= kQuantGemvWarps; wk *= 2) {
     for (int split = 1; split <= kQuantGemvMaxSplit; ++split) {
-      const std::optional<QuantGemvPlan> candidate = PlanFor(problem, wk, split);
+      const std::optional<QuantGemvPlan> candidate = QuantGemvPlanFor(problem, wk, split);
       if (!candidate.has_value()) continue;
       const QuantGemvPlan& plan = *candidate;
       const double cost = ModelledSeconds(problem, plan, sm_count);

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include <cuda_runtime_api.h>
 
@@ -83,7 +84,14 @@ size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
 // grid within limits.
 bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
 
-// The valid plan of least modelled time on a device with `sm_count` multiprocessors.
+// The plan of wk warps per row group and `split` cluster ranks: the rank's units in one activation
+// tile where it fits, else the most units per part (whole ring cycles) whose tile fits; nullopt
+// where a rank or a warp part would have no units, or no tile fits.
+std::optional<QuantGemvPlan> QuantGemvPlanFor(const QuantGemvProblem& problem, int wk, int split);
+
+// The plan the launchers take on a device with `sm_count` multiprocessors: up to 8 rows, the
+// one-wave rule of quant_gemv_plan.cc where a plan fits it; otherwise the valid plan of least
+// modelled time.
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)

@@ -447,8 +447,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
 
   // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`).
   const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
-                           const void* a, GemvType a_type, int64_t lda, int64_t stride_a, float* c, int64_t n,
-                           int64_t k) {
+                           const void* a, int64_t lda, int64_t stride_a, float* c, int64_t n, int64_t k) {
     const int64_t m = kQuantMoeJobPairs;
     if (int4) {
       Int4GroupWeights b;
@@ -456,7 +455,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
       b.scale_ld = layout.scales_ld;
       b.col0 = layout.col_off;
       b.group_size = shape.block_cols;
-      return LaunchInt4GroupGemvGrouped(a, a_type, lda, stride_a, b, c, n, m * n, nullptr, items, max_items,
+      return LaunchInt4GroupGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items,
                                         m, n, k, 1.0f, 0.0f, programmatic, stream);
     }
     Fp8BlockWeights b;
@@ -464,7 +463,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
     b.scale_ld = layout.scales_ld;
     b.row0 = layout.row_off;
     b.col0 = layout.col_off;
-    return LaunchFp8BlockGemvGrouped(a, a_type, lda, stride_a, b, c, n, m * n, nullptr, items, max_items, m,
+    return LaunchFp8BlockGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items, m,
                                      n, k, 1.0f, 0.0f, programmatic, stream);
   };
   QuantGemvItems gate_up;
@@ -474,7 +473,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
   gate_up.scales = ws.gate_up_scales;
   gate_up.count = ws.gate_up_items;
   if (const cudaError_t error =
-          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, GemvType::kBF16, x_ld, 0, ws.gate_up, inter, hidden);
+          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, x_ld, 0, ws.gate_up, inter, hidden);
       error != cudaSuccess) {
     return error;
   }
@@ -487,8 +486,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
   down.codes = ws.down_codes;
   down.scales = ws.down_scales;
   down.count = ws.num_jobs;
-  return product(down, max_jobs, shape.down, ws.act, GemvType::kBF16, act_ld, kQuantMoeJobPairs * act_ld, ws.y,
-                 hidden, inter);
+  return product(down, max_jobs, shape.down, ws.act, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden, inter);
 }
 
 // Carves a workspace out of `buffer` (nullptr: only counts the bytes, returned in *bytes).

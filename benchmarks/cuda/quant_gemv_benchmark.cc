@@ -23,19 +23,18 @@
 //    14 8 routed experts' gate_up (batch 8)                   15 8 routed experts' down (batch 8)
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
-//   BM_QuantGemvPlan/shape/m/wk/split : the same products with an explicit plan (quant_gemv_plan.h:
-//       wk warps per 16-row group, split blocks per cluster along K, the K range in one activation
-//       tile where it fits, else the fewest tiles of whole ring cycles), chosen = 1 on the row of the
-//       plan ChooseQuantGemvPlan picks: the data behind the planner's time model. Skipped where the
-//       plan is not valid for the shape.
+//   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
+//       wk warps per 16-row group and split blocks per cluster along K (quant_gemv_plan.h), chosen
+//       = 1 on the row of the plan ChooseQuantGemvPlan picks: the data behind the planner's rules.
+//       Skipped where QuantGemvPlanFor has no plan (a rank or warp part without units).
 //
 // Model: bytes = the quantized weight bytes read (codes or packed words, and the scales they use);
 // the floor is bytes / the measured copy rate (flops are far below the GEMM rate). Weight sets rotate
 // past the L2, as in a decode step, where a layer's weights are long evicted by the time the next
 // step reads them. Activations (f32 [m, k]) and outputs are not counted: at m = 8 they are under 7 %
 // of the weight bytes of every shape but the batched ones.
-#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -185,22 +184,12 @@ void BM_QuantGemvPlan(benchmark::State& state) {
   problem.shift = s.int4 ? s.col0 % kInt4Group : s.col0 % 128;
   problem.a_bytes = 4;
   // As the launchers count them (the planner's input).
-  problem.weight_bytes = static_cast<double>(s.batch) * s.n * (s.int4 ? (s.k + 7) / 8 * 4 + 2.0 * s.k / kInt4Group : s.k);
-  const int64_t units = cuda::QuantGemvUnits(problem);
-  cuda::QuantGemvPlan plan;
-  plan.wk = static_cast<int>(state.range(2));
-  plan.split = static_cast<int>(state.range(3));
-  const int64_t rank_units = (units + plan.split - 1) / plan.split;
-  plan.part_units = static_cast<int>((rank_units + plan.wk - 1) / plan.wk);
-  plan.tiles = 1;
-  // Too large a tile: the fewest tiles of whole ring cycles that fit (as the planner tiles).
-  const int cycle = std::max(1, cuda::kQuantGemvDepth / cuda::QuantGemvUnitSteps(s.int4));  // m <= 16 here
-  for (int part = plan.part_units / cycle * cycle; !cuda::QuantGemvPlanValid(problem, plan) && part >= cycle;
-       part -= cycle) {
-    plan.part_units = part;
-    plan.tiles = static_cast<int>((rank_units + int64_t{plan.wk} * part - 1) / (int64_t{plan.wk} * part));
-  }
-  if (!cuda::QuantGemvPlanValid(problem, plan)) return state.SkipWithError("plan not valid for the shape");
+  problem.weight_bytes =
+      static_cast<double>(s.batch) * s.n * (s.int4 ? (s.k + 7) / 8 * 4 + 2.0 * s.k / kInt4Group : s.k);
+  const std::optional<cuda::QuantGemvPlan> planned =
+      cuda::QuantGemvPlanFor(problem, static_cast<int>(state.range(2)), static_cast<int>(state.range(3)));
+  if (!planned.has_value()) return state.SkipWithError("plan not valid for the shape");
+  const cuda::QuantGemvPlan plan = *planned;
   int device = 0, sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -208,8 +197,9 @@ void BM_QuantGemvPlan(benchmark::State& state) {
   RunQuantGemv(state, s, m, &plan);
   state.counters["part_units"] = plan.part_units;
   state.counters["tiles"] = plan.tiles;
-  state.counters["chosen"] = chosen.wk == plan.wk && chosen.split == plan.split && chosen.part_units == plan.part_units &&
-                             chosen.tiles == plan.tiles;
+  const bool is_chosen = chosen.wk == plan.wk && chosen.split == plan.split &&
+                         chosen.part_units == plan.part_units && chosen.tiles == plan.tiles;
+  state.counters["chosen"] = is_chosen ? 1.0 : 0.0;
 }
 
 void PlanArgs(benchmark::internal::Benchmark* bm) {

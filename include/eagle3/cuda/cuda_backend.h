@@ -49,8 +49,9 @@ struct CudaBackendOptions {
   // (prefill) dequantize the weight into bf16 scratch for cuBLASLt. 0: every call dequantizes.
   int64_t quantized_gemv_max_rows = 64;
   // FP8 block-scaled QuantizedGemm calls of at least this many activation rows, a multiple of 4
-  // (the row counts cuBLASLt's block-scaled kernels take), run W8A8 when the weight slice allows it (cuda/fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block
-  // boundaries, K a multiple of 128, N of 16) and cuBLASLt has a kernel for the shape: the
+  // (the row counts cuBLASLt's block-scaled kernels take), run W8A8 when the weight slice allows it
+  // (cuda/fp8_w8a8_layout.h: 128 x 128 blocks, the slice on block boundaries, K a multiple of 128, N
+  // of 16) and cuBLASLt has a kernel for the shape: the
   // activations are quantized on the fly to e4m3 with one f32 scale per row per 128 columns
   // (DeepSeek's per-token-group scaling, cuda/act_quant_ops.h), then multiplied on cuBLASLt's
   // block-scaled FP8 tensor-core kernels. Other calls keep the paths above. Numerics differ from
