@@ -79,6 +79,7 @@ struct Params {
   int part_units;          // units per warp part per tile
   int tiles;               // activation tiles per block
   int wk, split;
+  int row_loops;           // row-looped plans: 16-row groups per warp (quant_gemv_plan.h)
   int act_stride;          // bytes between staged activation rows
   // Grouped launches (QuantGemvItems): per-item device pointers replacing `item * stride`
   // arithmetic where given, and the device item count past which blocks exit.
@@ -419,14 +420,15 @@ __device__ void StageActivations(const Params& p, int64_t item, int unit0, int u
   }
 }
 
-// fp8: stages the f32 scale_inv of the tile's units for the block's (at most two) scale rows:
-// [2][units], after the activation rows.
-__device__ void StageScales(const Params& p, int64_t item, int64_t block_row, int block_rows, int unit0, int units,
-                            float* staged) {
+// fp8: stages the f32 scale_inv of the tile's units for the scale rows of the block's rows
+// [block_row, block_row + block_rows): [scale_rows][units] (scale_rows: at least the rows those rows
+// touch), after the activation rows.
+__device__ void StageScales(const Params& p, int64_t item, int64_t block_row, int block_rows, int scale_rows,
+                            int unit0, int units, float* staged) {
   const int64_t first_row = (p.row0 + block_row) >> 7;
   const int64_t last_row = (p.row0 + min(block_row + block_rows, p.n) - 1) >> 7;
   const float* scale = ItemScale<float>(p, item);
-  for (int i = threadIdx.x; i < 2 * units; i += kThreads) {
+  for (int i = threadIdx.x; i < scale_rows * units; i += kThreads) {
     const int r = i / units, u = unit0 + i % units;
     staged[i] = first_row + r <= last_row && u < p.units ? scale[(first_row + r) * p.scale_ld + (p.col0 >> 7) + u]
                                                          : 0.0f;
@@ -540,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, tile_unit0, tile_units, smem);
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
+      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
     __syncthreads();
     const int n_t = tile_steps(t);
@@ -645,6 +647,197 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   }
 }
 
+// ---- Row-looped plans (short K) -------------------------------------------------------------------
+//
+// Where a row's whole K is a few steps (the routed experts' down product: K is the rank's slice of
+// the expert intermediate), a warp of the kernel above streams those few chunks and its block then
+// pays its fixed costs (the staging, the reduction, a ring filled from empty) again, block after
+// block. Here a warp takes row_loops 16-row groups of its block in turn, each with its whole K, and
+// its ring runs on from one group into the next: the loads of a group's first steps are in flight
+// while the previous group's last products run. The whole K of a row being one warp's (wk 1, no
+// cluster), a group's sums are final in the warp's fragments and are written from there; each sum
+// is the same chain as in a wk = 1, split = 1 plan of the kernel above.
+template <typename F, int kOperands>
+__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowLoopKernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kUnitSteps = F::kUnitSteps;
+  constexpr int kDepth = QuantGemvDepth(kOperands);
+  constexpr int kChains = kOperands == 1 ? 2 : kOperands;
+  static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kBlockRows * p.row_loops;
+  const int64_t item = blockIdx.y;
+  const bool grouped = p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr ||
+                       p.scale_items != nullptr || p.c_items != nullptr;
+  if (grouped) PdlWait();
+  if (p.item_count != nullptr && item >= *p.item_count) return;
+
+  // The warp's groups: group i holds rows first_row + i * kBlockRows .. + 15; groups wholly past n
+  // are not taken.
+  const int64_t first_row = block_row + warp * kWarpRows;
+  const int groups =
+      first_row < p.n ? static_cast<int>(min(static_cast<int64_t>(p.row_loops), (p.n - first_row + kBlockRows - 1) / kBlockRows))
+                      : 0;
+  const int steps = p.units * kUnitSteps;  // per group: the whole K
+  const int total_steps = groups * steps;
+
+  const char* item_b = ItemB(p, item);
+  const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
+  // Lane rows of group i (rows past n read row n - 1, whose results are not written); opaque to the
+  // compiler for the reason the kernel above gives.
+  const auto rows_of = [&](int i) {
+    LaneRows rows;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = min(first_row + static_cast<int64_t>(i) * kBlockRows + g + 8 * h, p.n - 1);
+      rows.row[h] = item_b + r * p.ldb;
+      rows.scale_row[h] = item_scale + r * p.scale_ld;
+      asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
+    }
+    return rows;
+  };
+  LaneRows load_rows = rows_of(0);
+  int load_group = 0, load_step = 0;
+  const auto advance = [&] {
+    if (++load_step == steps) {
+      load_step = 0;
+      if (++load_group < groups) load_rows = rows_of(load_group);
+    }
+  };
+
+  typename F::Item ring[kDepth];
+  PdlLaunchDependents();
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+    if (d < total_steps) {
+      F::Load(p, load_rows, load_step, c, ring[d]);
+      advance();
+    }
+  }
+  PdlWait();
+
+  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it.
+  const int block_rows = kBlockRows * p.row_loops;
+  const int scales_at = p.m * p.act_stride;
+  StageActivations<F>(p, item, 0, p.units, smem);
+  if constexpr (F::kBlockScaled) {
+    StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
+  }
+  __syncthreads();
+
+  float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
+#pragma unroll
+  for (int h = 0; h < kChains; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+  }
+#pragma unroll
+  for (int h = 0; h < kOperands; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum[h][e] = 0.0f;
+  }
+  int act_row[kOperands];
+#pragma unroll
+  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, p.m - 1) * p.act_stride + 16 * c;
+  // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
+  const int64_t first_scale_row = (p.row0 + block_row) >> 7;
+  const auto scale_rows_of = [&](int i, int (&at)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = min(first_row + static_cast<int64_t>(i) * kBlockRows + g + 8 * h, p.n - 1);
+      at[h] = static_cast<int>(((p.row0 + r) >> 7) - first_scale_row) * p.units * 4;
+    }
+  };
+  int scale_row_at[2] = {0, 0};
+  if constexpr (F::kBlockScaled) scale_rows_of(0, scale_row_at);
+  float* const item_c = ItemC(p, item);
+  // Group i's sums, final: out = alpha * sum (+ beta * out) (+ bias). Fragment element e of operand
+  // h is weight row g (e < 2) or g + 8, activation row 8 h + 2 c + e % 2 (the m16n8 C layout).
+  const auto write_group = [&](int i) {
+    const int64_t row_base = first_row + static_cast<int64_t>(i) * kBlockRows + g;
+#pragma unroll
+    for (int h = 0; h < kOperands; ++h) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float total;
+        if constexpr (F::kBlockScaled) {
+          total = sum[h][e];
+        } else if constexpr (kOperands == 1) {
+          total = acc[0][e] + acc[1][e];  // the two chains hold parts of one sum
+        } else {
+          total = acc[h][e];
+        }
+        const int64_t row = row_base + (e >= 2 ? 8 : 0);
+        const int mr = 8 * h + 2 * c + e % 2;
+        if (row >= p.n || mr >= p.m) continue;
+        float* out = item_c + mr * p.ldc + row;
+        float v = p.alpha * total;
+        if (p.beta != 0.0f) v += p.beta * *out;
+        if (p.bias != nullptr) v += p.bias[row];
+        *out = v;
+      }
+    }
+  };
+
+  int cons_group = 0, cons_step = 0;
+  for (int j = 0; j < total_steps; j += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (j + d >= total_steps) break;
+      StepActivations<kOperands> act{smem, {}};
+#pragma unroll
+      for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
+      F::Products(ring[d], act, acc);
+      if constexpr (F::kBlockScaled) {
+        // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are
+        // multiples of kUnitSteps), so cons_step % kUnitSteps == d % kUnitSteps.
+        if (d % kUnitSteps == kUnitSteps - 1) {
+          const int u = cons_step / kUnitSteps;
+          const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
+          const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
+          if constexpr (kOperands == 1) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
+          }
+#pragma unroll
+          for (int h = 0; h < kOperands; ++h) {
+            sum[h][0] = fmaf(acc[h][0], s_lo, sum[h][0]);
+            sum[h][1] = fmaf(acc[h][1], s_lo, sum[h][1]);
+            sum[h][2] = fmaf(acc[h][2], s_hi, sum[h][2]);
+            sum[h][3] = fmaf(acc[h][3], s_hi, sum[h][3]);
+          }
+#pragma unroll
+          for (int h = 0; h < kChains; ++h) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+          }
+        }
+      }
+      if (++cons_step == steps) {  // the group's last step: its sums are final
+        write_group(cons_group);
+#pragma unroll
+        for (int h = 0; h < kChains; ++h) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < kOperands; ++h) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sum[h][e] = 0.0f;
+        }
+        cons_step = 0;
+        if (++cons_group < groups) {
+          if constexpr (F::kBlockScaled) scale_rows_of(cons_group, scale_row_at);
+        }
+      }
+      if (j + d + kDepth < total_steps) {
+        F::Load(p, load_rows, load_step, c, ring[d]);
+        advance();
+      }
+    }
+  }
+}
+
 // ---- Launch ---------------------------------------------------------------------------------------
 
 // The checks and fields both formats share (a, c, bias, sizes).
@@ -703,13 +896,20 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
   p.units = static_cast<int>(QuantGemvUnits(problem));
   p.wk = chosen.wk;
   p.split = chosen.split;
+  p.row_loops = chosen.row_loops;
   p.rank_units = (p.units + p.split - 1) / p.split;
   p.part_units = chosen.part_units;
   p.tiles = chosen.tiles;
   p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
+  const int operands = QuantGemvRowOperands(p.m);
+  if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
+    const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
+    const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
+    return LaunchKernel(programmatic, operands == 1 ? QuantGemvRowLoopKernel<F, 1> : QuantGemvRowLoopKernel<F, 2>, grid,
+                        dim3(kThreads), QuantGemvSharedBytes(problem, chosen), stream, p);
+  }
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
   const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
-  const int operands = QuantGemvRowOperands(p.m);
   return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split),
                                 operands == 1   ? QuantGemvKernel<F, 1>
                                 : operands == 2 ? QuantGemvKernel<F, 2>

@@ -46,8 +46,8 @@ constexpr double kClusterCost = 0.3e-6;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t RowBlocks(const QuantGemvProblem& problem, int wk) {
-  return CeilDiv(problem.n, kQuantGemvBlockRows / wk);
+int64_t RowBlocks(const QuantGemvProblem& problem, int wk, int row_loops = 0) {
+  return CeilDiv(problem.n, kQuantGemvBlockRows / wk * std::max(row_loops, 1));
 }
 
 double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& plan, int sm_count) {
@@ -97,7 +97,31 @@ std::optional<QuantGemvPlan> QuantGemvPlanFor(const QuantGemvProblem& problem, i
   return tiled;
 }
 
+std::optional<QuantGemvPlan> QuantGemvRowLoopPlanFor(const QuantGemvProblem& problem, int row_loops) {
+  const QuantGemvPlan plan{1, 1, static_cast<int>(QuantGemvUnits(problem)), 1, row_loops};
+  if (!QuantGemvPlanValid(problem, plan)) return std::nullopt;
+  return plan;
+}
+
 namespace {
+
+// Short K (the routed experts' down product): a K-split block would stream a few chunks per warp
+// and then pay its fixed costs (launch, staging, the reduction, an empty ring) again, block after
+// block. Where the products need more blocks than one wave holds, a row-looped plan gives each warp
+// the most 16-row groups (powers of two) that still leave every block slot of the device a block:
+// the ring stays full across the groups, and the fixed costs are paid once per block. Where one
+// wave holds them all, the K-split plans spread the work wider instead.
+std::optional<QuantGemvPlan> RowLoopPlan(const QuantGemvProblem& problem, int sm_count) {
+  if (QuantGemvUnits(problem) * QuantGemvUnitSteps(problem.int4) > kQuantGemvRowLoopMaxSteps) return std::nullopt;
+  const std::optional<QuantGemvPlan> one = QuantGemvRowLoopPlanFor(problem, 1);
+  if (!one.has_value()) return std::nullopt;
+  const int64_t slots = BlocksPerSm(QuantGemvSharedBytes(problem, *one)) * sm_count;
+  const auto blocks = [&](int row_loops) { return RowBlocks(problem, 1, row_loops) * problem.batch; };
+  if (blocks(1) <= slots) return std::nullopt;
+  int row_loops = 1;
+  while (2 * row_loops <= kQuantGemvMaxRowLoops && blocks(2 * row_loops) >= slots) row_loops *= 2;
+  return QuantGemvRowLoopPlanFor(problem, row_loops);
+}
 
 // Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each
 // 16-row group's K range the most ways (wk warps x split cluster ranks, both powers of two, wk up
@@ -123,7 +147,7 @@ std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm
   return std::nullopt;
 }
 
-// The sweep behind ChooseQuantGemvPlan.
+// The sweep behind ChooseQuantGemvSplitPlan.
 QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
   if (const std::optional<QuantGemvPlan> one_wave = OneWavePlan(problem, sm_count); one_wave.has_value()) {
     return *one_wave;
@@ -171,7 +195,11 @@ size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
   const int64_t tile_units = static_cast<int64_t>(plan.wk) * plan.part_units;
   // Each activation row: the tile's columns as bf16 and 64 bytes that skew the rows' banks.
   const int64_t act = problem.m * (tile_units * kQuantGemvUnitColumns * 2 + 64);
-  const int64_t scales = problem.int4 ? 0 : 2 * tile_units * 4;  // fp8: two scale rows
+  // fp8: the scale rows the block's rows touch (two for 128 rows; one more per further 128).
+  const int64_t scale_rows = plan.row_loops > 0 ? plan.row_loops + 1 : 2;
+  const int64_t scales = problem.int4 ? 0 : scale_rows * tile_units * 4;
+  // A row-looped block writes its sums from the fragments: no reduction area.
+  if (plan.row_loops > 0) return static_cast<size_t>(act + scales);
   return std::max(static_cast<size_t>(act + scales), ReduceBytes(problem.m));
 }
 
@@ -180,12 +208,23 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
   if (plan.split < 1 || plan.split > kQuantGemvMaxSplit) return false;
   if (plan.part_units < 1 || plan.tiles < 1 || plan.part_units > (1 << 20) || plan.tiles > (1 << 20)) return false;
   const int64_t units = QuantGemvUnits(problem);
+  if (plan.row_loops != 0) {
+    if (plan.row_loops < 1 || plan.row_loops > kQuantGemvMaxRowLoops) return false;
+    if (plan.wk != 1 || plan.split != 1 || plan.tiles != 1 || plan.part_units != units) return false;
+    if (QuantGemvRowOperands(problem.m) > 2) return false;
+    if (QuantGemvSharedBytes(problem, plan) > kQuantGemvSharedLimit) return false;
+    return RowBlocks(problem, 1, plan.row_loops) <= 0x7fffffff;
+  }
   const int64_t rank_units = CeilDiv(units, plan.split);
   if (static_cast<int64_t>(plan.wk) * plan.part_units * plan.tiles < rank_units) return false;
   const int depth = QuantGemvDepth(QuantGemvRowOperands(problem.m));
   if (plan.tiles > 1 && plan.part_units * QuantGemvUnitSteps(problem.int4) % depth != 0) return false;
   if (QuantGemvSharedBytes(problem, plan) > kQuantGemvSharedLimit) return false;
   return RowBlocks(problem, plan.wk) * plan.split <= 0x7fffffff;
+}
+
+QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_count) {
+  return SweepPlans(problem, std::max(sm_count, 1));
 }
 
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count) {
@@ -203,7 +242,8 @@ QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count)
   for (const Choice& choice : kept) {
     if (choice.sm_count == sm_count && SameProblem(choice.problem, problem)) return choice.plan;
   }
-  const QuantGemvPlan plan = SweepPlans(problem, sm_count);
+  const std::optional<QuantGemvPlan> row_looped = RowLoopPlan(problem, sm_count);
+  const QuantGemvPlan plan = row_looped.has_value() ? *row_looped : SweepPlans(problem, sm_count);
   kept[next] = {problem, sm_count, plan};
   next = (next + 1) % kKept;
   return plan;

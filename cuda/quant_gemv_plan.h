@@ -11,6 +11,12 @@
 // before the slice's column 0. A cluster of `split` blocks splits the units of K further and adds
 // the blocks' partial sums through distributed shared memory. A block stages its activations
 // (bf16) a tile of wk * part_units units at a time.
+//
+// Row-looped plans (row_loops >= 1) run a second kernel for short K: one warp per 16-row group and
+// the whole K (wk 1, no cluster, one tile), each warp taking row_loops 16-row groups of its block in
+// turn (group i of warp w: the block's rows from (i * 8 + w) * 16) with its ring of loads running on
+// from one group into the next, and each group's sums written straight from the warp's fragments. A
+// block holds 128 * row_loops rows and stages its activations once for all of them.
 #pragma once
 
 #include <cstddef>
@@ -66,7 +72,17 @@ struct QuantGemvPlan {
   int split = 1;       // blocks per cluster along K: 1 .. kQuantGemvMaxSplit
   int part_units = 1;  // units a warp takes from each activation tile
   int tiles = 1;       // activation tiles per block
+  // 0: the K-split kernel above; >= 1: the row-looped kernel with this many 16-row groups per warp
+  // (then wk 1, split 1, part_units the problem's units, tiles 1).
+  int row_loops = 0;
 };
+
+// Most 16-row groups a warp of a row-looped plan takes.
+inline constexpr int kQuantGemvMaxRowLoops = 64;
+
+// Steps of K (QuantGemvUnitSteps per unit) up to which a row's whole K is short enough that the
+// chooser takes a row-looped plan: past it, a warp's own run of K keeps its ring busy.
+inline constexpr int kQuantGemvRowLoopMaxSteps = 8;
 
 // 128-column units covering shift + k columns.
 int64_t QuantGemvUnits(const QuantGemvProblem& problem);
@@ -81,7 +97,8 @@ size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
 // Whether the kernel can run `plan`: wk and split in range, the tiles covering each cluster rank's
 // units, several tiles only with whole ring cycles per warp (part_units * unit steps a multiple of
 // QuantGemvDepth of the problem's rows), the shared memory within kQuantGemvSharedLimit, and the
-// grid within limits.
+// grid within limits; a row-looped plan: 1 <= row_loops <= kQuantGemvMaxRowLoops, wk 1, split 1,
+// one tile of the whole K, up to 16 activation rows (one or two B operands).
 bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
 
 // The plan of wk warps per row group and `split` cluster ranks: the rank's units in one activation
@@ -89,9 +106,18 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
 // where a rank or a warp part would have no units, or no tile fits.
 std::optional<QuantGemvPlan> QuantGemvPlanFor(const QuantGemvProblem& problem, int wk, int split);
 
-// The plan the launchers take on a device with `sm_count` multiprocessors: up to 8 rows, the
-// one-wave rule of quant_gemv_plan.cc where a plan fits it; otherwise the valid plan of least
-// modelled time.
+// The row-looped plan of `row_loops` groups per warp; nullopt where it is not valid (too many
+// activation rows, or their staged tile past the shared-memory limit).
+std::optional<QuantGemvPlan> QuantGemvRowLoopPlanFor(const QuantGemvProblem& problem, int row_loops);
+
+// The plan ChooseQuantGemvPlan takes among the K-split kernel's plans alone (row_loops 0): the
+// benchmark's reference beside row-looped plans.
+QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_count);
+
+// The plan the launchers take on a device with `sm_count` multiprocessors: for short K (at most
+// kQuantGemvRowLoopMaxSteps steps) over more blocks than one wave holds, a row-looped plan
+// (quant_gemv_plan.cc says how many groups); else, up to 8 rows, the one-wave rule of
+// quant_gemv_plan.cc where a plan fits it; otherwise the valid plan of least modelled time.
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)

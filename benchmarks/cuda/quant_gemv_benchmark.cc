@@ -21,12 +21,18 @@
 //   moe_intermediate 2048 -> 256 per rank):
 //    12 expert gate_up 512 x 7168   13 expert down 7168 x 256 (column slice at 256 * rank)
 //    14 8 routed experts' gate_up (batch 8)                   15 8 routed experts' down (batch 8)
+//   The down product of a 16-token verify step, as the grouped MoE launches it (one item per job of
+//   up to 8 tokens of one expert; 16 tokens x top-8 make up to 128 jobs):
+//    16 V3 FP8 128 experts' down (batch 128)                  17 K2.5 INT4 128 experts' down
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
 //   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
 //       wk warps per 16-row group and split blocks per cluster along K (quant_gemv_plan.h), chosen
 //       = 1 on the row of the plan ChooseQuantGemvPlan picks: the data behind the planner's rules.
 //       Skipped where QuantGemvPlanFor has no plan (a rank or warp part without units).
+//   BM_QuantGemvRowLoop/shape/m/loops : the short-K products with the row-looped plan of `loops`
+//       16-row groups per warp (QuantGemvRowLoopPlanFor), or with loops = 0 the plan the chooser
+//       takes among the K-split kernel's plans (ChooseQuantGemvSplitPlan); chosen = 1 as above.
 //
 // Model: bytes = the quantized weight bytes read (codes or packed words, and the scales they use);
 // the floor is bytes / the measured copy rate (flops are far below the GEMM rate). Weight sets rotate
@@ -74,7 +80,9 @@ QuantShape ShapeOf(int64_t id) {
     case 12: return {"k25_expert_gate_up", true, 1, 512, 7168};
     case 13: return {"k25_expert_down", true, 1, 7168, 256, 0, 256};
     case 14: return {"k25_experts8_gate_up", true, 8, 512, 7168};
-    default: return {"k25_experts8_down", true, 8, 7168, 256, 0, 256};
+    case 15: return {"k25_experts8_down", true, 8, 7168, 256, 0, 256};
+    case 16: return {"v3_experts128_down", false, 128, 7168, 256, 0, 256};
+    default: return {"k25_experts128_down", true, 128, 7168, 256, 0, 256};
   }
 }
 
@@ -166,15 +174,16 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
     bm->ArgsProduct({{0, 2, 5, 6, 8, 10, 12, 14}, {1, 8}});
     bm->ArgsProduct({{0, 5, 12}, {16, 32}});
+    bm->ArgsProduct({{11, 15, 16, 17}, {8}});
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
+    bm->ArgsProduct({{16, 17}, {1, 8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
 
-void BM_QuantGemvPlan(benchmark::State& state) {
-  const QuantShape s = ShapeOf(state.range(0));
-  const int64_t m = state.range(1);
+// The planner's view of shape s with m rows (as the launchers count the bytes).
+cuda::QuantGemvProblem ProblemOf(const QuantShape& s, int64_t m) {
   cuda::QuantGemvProblem problem;
   problem.int4 = s.int4;
   problem.batch = s.batch;
@@ -186,20 +195,38 @@ void BM_QuantGemvPlan(benchmark::State& state) {
   // As the launchers count them (the planner's input).
   problem.weight_bytes =
       static_cast<double>(s.batch) * s.n * (s.int4 ? (s.k + 7) / 8 * 4 + 2.0 * s.k / kInt4Group : s.k);
-  const std::optional<cuda::QuantGemvPlan> planned =
-      cuda::QuantGemvPlanFor(problem, static_cast<int>(state.range(2)), static_cast<int>(state.range(3)));
-  if (!planned.has_value()) return state.SkipWithError("plan not valid for the shape");
-  const cuda::QuantGemvPlan plan = *planned;
+  return problem;
+}
+
+int SmCount() {
   int device = 0, sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const cuda::QuantGemvPlan chosen = cuda::ChooseQuantGemvPlan(problem, sms);
+  return sms;
+}
+
+// Runs shape s with m rows and `plan`, with the plan's fields and whether the chooser takes it.
+void RunPlan(benchmark::State& state, const QuantShape& s, int64_t m, const cuda::QuantGemvPlan& plan) {
+  const cuda::QuantGemvPlan chosen = cuda::ChooseQuantGemvPlan(ProblemOf(s, m), SmCount());
   RunQuantGemv(state, s, m, &plan);
+  state.counters["wk"] = plan.wk;
+  state.counters["split"] = plan.split;
   state.counters["part_units"] = plan.part_units;
   state.counters["tiles"] = plan.tiles;
+  state.counters["row_loops"] = plan.row_loops;
   const bool is_chosen = chosen.wk == plan.wk && chosen.split == plan.split &&
-                         chosen.part_units == plan.part_units && chosen.tiles == plan.tiles;
+                         chosen.part_units == plan.part_units && chosen.tiles == plan.tiles &&
+                         chosen.row_loops == plan.row_loops;
   state.counters["chosen"] = is_chosen ? 1.0 : 0.0;
+}
+
+void BM_QuantGemvPlan(benchmark::State& state) {
+  const QuantShape s = ShapeOf(state.range(0));
+  const int64_t m = state.range(1);
+  const std::optional<cuda::QuantGemvPlan> planned =
+      cuda::QuantGemvPlanFor(ProblemOf(s, m), static_cast<int>(state.range(2)), static_cast<int>(state.range(3)));
+  if (!planned.has_value()) return state.SkipWithError("plan not valid for the shape");
+  RunPlan(state, s, m, *planned);
 }
 
 void PlanArgs(benchmark::internal::Benchmark* bm) {
@@ -209,6 +236,25 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   bm->ArgsProduct({{10, 11, 14, 15}, {8}, {1, 2, 4, 8}, {1, 2, 4, 8}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
+
+void BM_QuantGemvRowLoop(benchmark::State& state) {
+  const QuantShape s = ShapeOf(state.range(0));
+  const int64_t m = state.range(1);
+  const int loops = static_cast<int>(state.range(2));
+  const cuda::QuantGemvProblem problem = ProblemOf(s, m);
+  const std::optional<cuda::QuantGemvPlan> planned =
+      loops == 0 ? std::optional<cuda::QuantGemvPlan>(cuda::ChooseQuantGemvSplitPlan(problem, SmCount()))
+                 : cuda::QuantGemvRowLoopPlanFor(problem, loops);
+  if (!planned.has_value()) return state.SkipWithError("plan not valid for the shape");
+  RunPlan(state, s, m, *planned);
+}
+
+void RowLoopArgs(benchmark::internal::Benchmark* bm) {
+  // The experts' down product: one expert, 8 (a token's top-8), 128 (a 16-token verify step's jobs).
+  bm->ArgsProduct({{9, 11, 13, 15, 16, 17}, {8}, {0, 1, 2, 4, 8, 16, 32}});
+  bm->ArgsProduct({{11, 15, 16, 17}, {1, 16}, {0, 1, 2, 4, 8, 16}});
+}
+BENCHMARK(BM_QuantGemvRowLoop)->ArgNames({"shape", "m", "loops"})->Apply(RowLoopArgs)->Apply(Timed);
 
 }  // namespace
 }  // namespace eagle3::bench

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -697,8 +698,8 @@ TEST_F(QuantGemvTest, TinyShapes) {
 // (listed in reverse, so an item read through the batched stride would show), a device count below
 // max_items (the last item's c must keep its bits), and a programmatic launch, whose blocks must
 // read the count and pointers only after the kernels before them (here: the uploads) are done.
-void CheckGrouped(bool int4) {
-  const int64_t items = 3, count = 2, m = 8, n = 96, k = 256;
+void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 96) {
+  const int64_t m = 8, k = 256;
   const Activations a = RandomActivations(items * m * k, int4 ? 501 : 502);
   std::vector<Fp8Matrix> f;
   std::vector<Int4Matrix> q;
@@ -774,6 +775,28 @@ void CheckGrouped(bool int4) {
 
 TEST_F(QuantGemvTest, Fp8GroupedProgrammatic) { CheckGrouped(false); }
 TEST_F(QuantGemvTest, Int4GroupedProgrammatic) { CheckGrouped(true); }
+
+// The experts' down product of a verify step (short K, more blocks than a wave): the chooser takes
+// a row-looped plan (each warp several 16-row groups, 9000 rows a partial last group) on a device of
+// up to 200 multiprocessors.
+TEST_F(QuantGemvTest, GroupedRowLooped) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  const int64_t items = 16, count = 12, n = 9000;
+  for (const bool int4 : {false, true}) {
+    QuantGemvProblem problem;
+    problem.int4 = int4;
+    problem.batch = items;
+    problem.m = 8;
+    problem.n = n;
+    problem.k = 256;
+    problem.a_bytes = 2;
+    problem.weight_bytes = static_cast<double>(items) * n * (int4 ? 128 + 16 : 256);
+    if (sms <= 200) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 1) << (int4 ? "int4" : "fp8");
+    CheckGrouped(int4, items, count, n);
+  }
+}
 
 // ---- Every path of the kernel (explicit plans, quant_gemv_plan.h) ----------------------------------
 //
@@ -919,6 +942,54 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
   }
 }
 
+// Row-looped plans (quant_gemv_plan.h): 1, 2, 3 and 8 groups per warp over 1000 rows (the last
+// block's warps with fewer groups, or none; a partial last group), fp8 rows from 72 (the block's rows
+// over several scale rows, 72 rows into the first), int4 slices on and off the 32-column grid and
+// with groups of 32 to 256; each within the tolerance of the reference and with the bits of the
+// K-split kernel's plan of one warp per group and no cluster (the same sums in the same order).
+TEST_F(QuantGemvTest, RowLoopedPlans) {
+  const int64_t n = 1000;
+  const int loops[] = {1, 2, 3, 8};
+  {
+    const Fp8Matrix w = RandomFp8(1100, 400, 61);
+    const int64_t row0 = 72, col0 = 48, k = 300;  // 3 units: edge chunks at both ends
+    uint32_t seed = 800;
+    for (const int row_loops : loops) {
+      for (Case cs : PlanCases(false, 4)) {  // pad 4: rows of 304 elements, 16-byte aligned
+        const QuantGemvProblem problem = ProblemOf(false, 1, cs.m, n, k, col0);
+        const std::optional<QuantGemvPlan> plan = QuantGemvRowLoopPlanFor(problem, row_loops);
+        ASSERT_TRUE(plan.has_value()) << "fp8 row_loops " << row_loops << " m " << cs.m;
+        SCOPED_TRACE(testing::Message() << "fp8 row_loops " << row_loops << " m " << cs.m);
+        const std::vector<float> looped = CheckFp8(cs, w, row0, col0, n, k, ++seed, &*plan);
+        const QuantGemvPlan split{1, 1, plan->part_units, 1};
+        const std::vector<float> reference = CheckFp8(cs, w, row0, col0, n, k, seed, &split);
+        EXPECT_EQ(std::memcmp(looped.data(), reference.data(), looped.size() * sizeof(float)), 0);
+      }
+    }
+  }
+  struct Slice {
+    int64_t group, col0;
+  };
+  const int64_t row0 = 3, k = 503;  // k % 8 = 7: a partial last word
+  uint32_t seed = 900;
+  for (const Slice slice : {Slice{32, 104}, Slice{32, 0}, Slice{64, 40}, Slice{256, 96}}) {
+    const Int4Matrix w = RandomInt4(1010, 640, slice.group, 70 + static_cast<uint32_t>(slice.col0));
+    for (const int row_loops : loops) {
+      for (Case cs : PlanCases(false, 1)) {  // pad 1: rows of 504 elements, 16-byte aligned
+        const QuantGemvProblem problem = ProblemOf(true, 1, cs.m, n, k, slice.col0);
+        const std::optional<QuantGemvPlan> plan = QuantGemvRowLoopPlanFor(problem, row_loops);
+        ASSERT_TRUE(plan.has_value()) << "int4 row_loops " << row_loops << " m " << cs.m;
+        SCOPED_TRACE(testing::Message() << "int4 group " << slice.group << " col0 " << slice.col0 << " row_loops "
+                                        << row_loops << " m " << cs.m);
+        const std::vector<float> looped = CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &*plan);
+        const QuantGemvPlan split{1, 1, plan->part_units, 1};
+        const std::vector<float> reference = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &split);
+        EXPECT_EQ(std::memcmp(looped.data(), reference.data(), looped.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
 // A row's sum is one chain whichever 8-row operand holds it (quant_gemv_kernels.cu): under one plan,
 // the rows of 24- and 32-row calls whose activations repeat a 16-row call's have that call's bits,
 // and a row matches its 1-row call (two chains) within the tolerance. Slices start inside an fp8
@@ -1037,6 +1108,42 @@ TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
         }
       }
     }
+  }
+}
+
+// Row-looped plans: what QuantGemvPlanValid takes, and where the chooser takes them (short K over
+// more blocks than one wave of an H200-sized device holds: the experts' down products of a decode
+// and a verify step) and where not (long K, one wave, more than 16 rows).
+TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
+  for (const bool int4 : {false, true}) {
+    SCOPED_TRACE(int4 ? "int4" : "fp8");
+    const QuantGemvProblem down = ProblemOf(int4, 8, 8, 7168, 256, 256);  // 2 units
+    EXPECT_TRUE(QuantGemvPlanValid(down, QuantGemvPlan{1, 1, 2, 1, 4}));
+    ASSERT_TRUE(QuantGemvRowLoopPlanFor(down, 64).has_value());
+    const QuantGemvPlan bad[] = {
+        {2, 1, 1, 1, 4},  // wk
+        {1, 2, 1, 1, 4},  // split
+        {1, 1, 1, 2, 4},  // tiles
+        {1, 1, 1, 1, 4},  // part_units short of the units
+        {1, 1, 3, 1, 4},  // part_units past them
+        {1, 1, 2, 1, 65}, {1, 1, 2, 1, -1},  // row_loops
+    };
+    for (const QuantGemvPlan& plan : bad) {
+      EXPECT_FALSE(QuantGemvPlanValid(down, plan)) << "wk " << plan.wk << " split " << plan.split << " part_units "
+                                                   << plan.part_units << " tiles " << plan.tiles << " row_loops "
+                                                   << plan.row_loops;
+    }
+    EXPECT_FALSE(QuantGemvRowLoopPlanFor(ProblemOf(int4, 8, 17, 7168, 256, 256), 2).has_value()) << "17 rows";
+    EXPECT_FALSE(QuantGemvRowLoopPlanFor(ProblemOf(int4, 1, 16, 7168, 7168, 0), 1).has_value()) << "tile past 48 KB";
+
+    EXPECT_GE(ChooseQuantGemvPlan(down, 132).row_loops, 1);
+    const QuantGemvPlan verify = ChooseQuantGemvPlan(ProblemOf(int4, 128, 8, 7168, 256, 256), 132);
+    EXPECT_GE(verify.row_loops, 8);
+    EXPECT_TRUE(QuantGemvPlanValid(ProblemOf(int4, 128, 8, 7168, 256, 256), verify));
+    EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 8, 8, 512, 7168, 0), 132).row_loops, 0) << "long K";
+    EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 1, 8, 7168, 256, 256), 132).row_loops, 0) << "one wave";
+    EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 128, 17, 7168, 256, 256), 132).row_loops, 0) << "17 rows";
+    EXPECT_EQ(ChooseQuantGemvSplitPlan(down, 132).row_loops, 0);
   }
 }
 
