@@ -325,44 +325,63 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
-// Grouped step 2, block j per job (blocks past the device job count exit): job j's item pointers
-// (gate-up items 2j, 2j + 1; down item j), its pairs' slot rows, and its slot of x: row q < count
-// = bf16(x of pair q's token), rows past count zeros (so that every row the GEMVs read is written).
+// Grouped step 2, block (j, q) per job and slot row (blocks of jobs past the device job count
+// exit): block (j, 0) writes job j's item pointers (gate-up items 2j, 2j + 1; down item j) and its
+// pairs' slot rows; block (j, q) writes row q of job j's slot of x: bf16(x of pair q's token) for
+// q < count, zeros past it (so that every row the GEMVs read is written). One block per row, eight
+// columns per thread and load: the copy is latency-bound at decode sizes, not bandwidth-bound.
 __global__ void __launch_bounds__(kThreads)
     QuantMoeSlotsKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden, int top_k,
                         const QuantMoeExpert* __restrict__ experts, bool int4, const int32_t* __restrict__ sorted,
                         const int32_t* __restrict__ jobs, const int32_t* __restrict__ num_jobs,
                         QuantMoeWorkspace ws, int64_t x_ld) {
   PdlEnter();
-  const int j = static_cast<int>(blockIdx.x);
+  const int j = static_cast<int>(blockIdx.x), q = static_cast<int>(blockIdx.y);
   const int job_count = *num_jobs;
   // Written even with no jobs: the gate-up GEMV must never see a stale count.
-  if (j == 0 && threadIdx.x == 0) *ws.gate_up_items = 2 * job_count;
+  if (j == 0 && q == 0 && threadIdx.x == 0) *ws.gate_up_items = 2 * job_count;
   if (j >= job_count) return;  // block-uniform
   const int expert = jobs[3 * j], first = jobs[3 * j + 1], count = jobs[3 * j + 2];
   uint16_t* slot = ws.x + static_cast<int64_t>(j) * kJobPairs * x_ld;
-  if (threadIdx.x == 0) {
-    const QuantMoeExpert& e = experts[expert];
-    // int4: the slice's first row of scales, as Int4GroupWeights::scale; fp8: the scale tensor's
-    // block (0, 0), as Fp8BlockWeights::scale_inv (the GEMV adds row_off and col_off).
-    const auto scales = [&](const QuantMoeMatrix& m) -> const void* {
-      return int4 ? static_cast<const void*>(static_cast<const uint16_t*>(m.scales) + m.row_off * m.scales_ld)
-                  : m.scales;
-    };
-    ws.gate_up_a[2 * j] = ws.gate_up_a[2 * j + 1] = slot;
-    ws.gate_up_codes[2 * j] = e.gate.codes;
-    ws.gate_up_codes[2 * j + 1] = e.up.codes;
-    ws.gate_up_scales[2 * j] = scales(e.gate);
-    ws.gate_up_scales[2 * j + 1] = scales(e.up);
-    ws.down_codes[j] = e.down.codes;
-    ws.down_scales[j] = scales(e.down);
-  }
-  if (threadIdx.x < count) ws.slot_of[sorted[first + threadIdx.x]] = j * kJobPairs + threadIdx.x;
-  for (int q = 0; q < kJobPairs; ++q) {
-    const float* row = q < count ? x + static_cast<int64_t>(sorted[first + q] / top_k) * x_stride : nullptr;
-    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
-      slot[q * x_ld + c] = row != nullptr ? F32ToBf16(row[c]) : uint16_t{0};
+  if (q == 0) {
+    if (threadIdx.x == 0) {
+      const QuantMoeExpert& e = experts[expert];
+      // int4: the slice's first row of scales, as Int4GroupWeights::scale; fp8: the scale tensor's
+      // block (0, 0), as Fp8BlockWeights::scale_inv (the GEMV adds row_off and col_off).
+      const auto scales = [&](const QuantMoeMatrix& m) -> const void* {
+        return int4 ? static_cast<const void*>(static_cast<const uint16_t*>(m.scales) + m.row_off * m.scales_ld)
+                    : m.scales;
+      };
+      ws.gate_up_a[2 * j] = ws.gate_up_a[2 * j + 1] = slot;
+      ws.gate_up_codes[2 * j] = e.gate.codes;
+      ws.gate_up_codes[2 * j + 1] = e.up.codes;
+      ws.gate_up_scales[2 * j] = scales(e.gate);
+      ws.gate_up_scales[2 * j + 1] = scales(e.up);
+      ws.down_codes[j] = e.down.codes;
+      ws.down_scales[j] = scales(e.down);
     }
+    if (threadIdx.x < count) ws.slot_of[sorted[first + threadIdx.x]] = j * kJobPairs + threadIdx.x;
+  }
+  const float* row = q < count ? x + static_cast<int64_t>(sorted[first + q] / top_k) * x_stride : nullptr;
+  uint16_t* out = slot + static_cast<int64_t>(q) * x_ld;
+  // Whole 8-column pieces with 16-byte loads and stores where the row allows (the slot rows are
+  // 32-byte aligned: a 256-byte aligned buffer, rows of RoundUp16(hidden) bf16), the rest one by one.
+  const bool vec = row == nullptr || reinterpret_cast<uintptr_t>(row) % 16 == 0;
+  const int64_t pieces = vec ? hidden / 8 : 0;
+  for (int64_t v = threadIdx.x; v < pieces; v += kThreads) {
+    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+    if (row != nullptr) {
+      const float4 lo = *reinterpret_cast<const float4*>(row + 8 * v);
+      const float4 hi = *reinterpret_cast<const float4*>(row + 8 * v + 4);
+      const auto pack = [](float a, float b) {
+        return static_cast<uint32_t>(F32ToBf16(a)) | (static_cast<uint32_t>(F32ToBf16(b)) << 16);
+      };
+      packed = make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
+    }
+    *reinterpret_cast<uint4*>(out + 8 * v) = packed;
+  }
+  for (int64_t c = 8 * pieces + threadIdx.x; c < hidden; c += kThreads) {
+    out[c] = row != nullptr ? F32ToBf16(row[c]) : uint16_t{0};
   }
 }
 
@@ -439,7 +458,8 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   const unsigned job_blocks = static_cast<unsigned>(max_jobs);
   if (const cudaError_t error =
-          LaunchKernel(programmatic, QuantMoeSlotsKernel, dim3(job_blocks), dim3(kThreads), 0, stream, x, x_stride,
+          LaunchKernel(programmatic, QuantMoeSlotsKernel, dim3(job_blocks, static_cast<unsigned>(kJobPairs)),
+                       dim3(kThreads), 0, stream, x, x_stride,
                        hidden, static_cast<int>(shape.top_k), experts, int4, ws.sorted, ws.jobs, ws.num_jobs, ws, x_ld);
       error != cudaSuccess) {
     return error;
