@@ -88,6 +88,7 @@ struct Params {
   const void* const* scale_items;
   float* const* c_items;
   const int32_t* item_count;
+  const int32_t* rows_items;  // per item: its activation rows (<= m), or nullptr: m each
 };
 
 // Item `item`'s operands: its pointer from the grouped launch's array, or the batched stride's. A
@@ -107,6 +108,10 @@ __device__ __forceinline__ const T* ItemScale(const Params& p, int64_t item) {
 }
 __device__ __forceinline__ float* ItemC(const Params& p, int64_t item) {
   return p.c_items != nullptr ? p.c_items[item] : p.c + item * p.stride_c;
+}
+// The item's activation rows: its entry of the grouped launch's row counts (at most m), or m.
+__device__ __forceinline__ int ItemRows(const Params& p, int64_t item) {
+  return p.rows_items != nullptr ? min(p.m, p.rows_items[item]) : p.m;
 }
 
 template <typename T>
@@ -384,13 +389,13 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
   }
 }
 
-// Stages the m activation rows of the tile of units [unit0, unit0 + units) as bf16 (f32 rounded to
-// nearest even, bf16 exact), zeros outside the slice's columns.
+// Stages the item's m (<= p.m) activation rows of the tile of units [unit0, unit0 + units) as bf16
+// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns.
 template <typename F>
-__device__ void StageActivations(const Params& p, int64_t item, int unit0, int units, unsigned char* smem) {
+__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem) {
   const char* a = ItemA(p, item);
   const int row_pieces = units * (kUnitColumns / 8);
-  const int total = p.m * row_pieces;
+  const int total = m * row_pieces;
   const int col0 = unit0 * kUnitColumns - p.shift;  // slice column of the tile's first column
   for (int base = threadIdx.x; base < total; base += kThreads * kStageBatch) {
     float v[kStageBatch][8];
@@ -454,11 +459,15 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // A grouped launch's count and item pointers (and so the weights they point at) are written by the
   // kernels just before it: read only after they have completed (programmatic_launch.cuh).
   const bool grouped = p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr ||
-                       p.scale_items != nullptr || p.c_items != nullptr;
+                       p.scale_items != nullptr || p.c_items != nullptr || p.rows_items != nullptr;
   if (grouped) PdlWait();
   // A grouped launch's items past the device count: the whole block leaves before any barrier, and
   // so does its whole cluster (a cluster's blocks differ in blockIdx.x only).
   if (p.item_count != nullptr && item >= *p.item_count) return;
+  // The item's rows (a grouped launch's per-item count): rows past them are neither staged nor
+  // written, and the lanes of their B columns read the last row instead (StepActivations).
+  const int m = ItemRows(p, item);
+  if (m <= 0) return;  // the whole cluster: its blocks share the item
 
   // The warp's units: in tile t, [part_first + t * tile_units, + part_units) within the rank's
   // [unit0, unit_end). Only a warp's last non-empty tile can be partial, so with several tiles
@@ -534,13 +543,13 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   }
   int act_row[kOperands];
 #pragma unroll
-  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, p.m - 1) * p.act_stride + 16 * c;
+  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
   const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
     const int tile_unit0 = unit0 + t * tile_units;
-    StageActivations<F>(p, item, tile_unit0, tile_units, smem);
+    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem);
     if constexpr (F::kBlockScaled) {
       StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
@@ -606,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     }
   }
   __syncthreads();
-  const int outputs = block_rows * p.m;
+  const int outputs = block_rows * m;
   float* const item_c = ItemC(p, item);
   const auto write = [&](int e, float total) {
     const int mr = e / block_rows;
@@ -668,9 +677,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kBlockRows * p.row_loops;
   const int64_t item = blockIdx.y;
   const bool grouped = p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr ||
-                       p.scale_items != nullptr || p.c_items != nullptr;
+                       p.scale_items != nullptr || p.c_items != nullptr || p.rows_items != nullptr;
   if (grouped) PdlWait();
   if (p.item_count != nullptr && item >= *p.item_count) return;
+  const int m = ItemRows(p, item);  // as in the kernel above
+  if (m <= 0) return;
 
   // The warp's groups: group i holds rows first_row + i * kBlockRows .. + 15; groups wholly past n
   // are not taken.
@@ -719,7 +730,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it.
   const int block_rows = kBlockRows * p.row_loops;
   const int scales_at = p.m * p.act_stride;
-  StageActivations<F>(p, item, 0, p.units, smem);
+  StageActivations<F>(p, item, m, 0, p.units, smem);
   if constexpr (F::kBlockScaled) {
     StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
   }
@@ -738,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   }
   int act_row[kOperands];
 #pragma unroll
-  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, p.m - 1) * p.act_stride + 16 * c;
+  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
   // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
   const int64_t first_scale_row = (p.row0 + block_row) >> 7;
   const auto scale_rows_of = [&](int i, int (&at)[2]) {
@@ -769,7 +780,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
         }
         const int64_t row = row_base + (e >= 2 ? 8 : 0);
         const int mr = 8 * h + 2 * c + e % 2;
-        if (row >= p.n || mr >= p.m) continue;
+        if (row >= p.n || mr >= m) continue;
         float* out = item_c + mr * p.ldc + row;
         float v = p.alpha * total;
         if (p.beta != 0.0f) v += p.beta * *out;
@@ -864,6 +875,7 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.scale_items = items.scales;
   p.c_items = items.c;
   p.item_count = items.count;
+  p.rows_items = items.rows;
   p.c = c;
   p.ldc = m > 1 ? ldc : 0;
   p.stride_c = batch > 1 ? batch_stride_c : 0;

@@ -140,6 +140,10 @@ struct QuantGemvItems {
   float* const* c = nullptr;            // item i's output rows [m, n], f32, row stride ldc
   // [1] i32, device: items i >= *count are skipped (their c untouched); nullptr: all max_items.
   const int32_t* count = nullptr;
+  // [max_items] i32, device: item i's activation rows are its first min(m, rows[i]) (an MoE job's
+  // tokens): only those are read and only their rows of c written (an item with none is skipped);
+  // nullptr: m rows each.
+  const int32_t* rows = nullptr;
 };
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv over batch = max_items items (same sizes, alignment and

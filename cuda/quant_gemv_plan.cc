@@ -107,19 +107,25 @@ namespace {
 
 // Short K (the routed experts' down product): a K-split block would stream a few chunks per warp
 // and then pay its fixed costs (launch, staging, the reduction, an empty ring) again, block after
-// block. Where the products need more blocks than one wave holds, a row-looped plan gives each warp
-// the most 16-row groups (powers of two) that still leave every block slot of the device a block:
-// the ring stays full across the groups, and the fixed costs are paid once per block. Where one
-// wave holds them all, the K-split plans spread the work wider instead.
+// block. Where the products need more blocks than one wave holds, a row-looped plan takes the
+// fewest groups per warp (a power of two) whose blocks fit one wave, but no more than
+// kRowLoopSteps steps per warp: timed with explicit plans (quant_gemv_benchmark's
+// BM_QuantGemvRowLoop; benchmarks/NOTES.md) on the experts' down products, a second wave of blocks
+// cost more than the groups that avoid it, and past ~16 steps per warp more groups gained nothing
+// (int4) or lost (fp8) while fewer, larger blocks balance worse. Where one wave holds the K-split
+// blocks, their plans spread the work wider instead.
+constexpr int kRowLoopSteps = 16;
+
 std::optional<QuantGemvPlan> RowLoopPlan(const QuantGemvProblem& problem, int sm_count) {
-  if (QuantGemvUnits(problem) * QuantGemvUnitSteps(problem.int4) > kQuantGemvRowLoopMaxSteps) return std::nullopt;
+  const int64_t steps = QuantGemvUnits(problem) * QuantGemvUnitSteps(problem.int4);  // per group
+  if (steps > kQuantGemvRowLoopMaxSteps) return std::nullopt;
   const std::optional<QuantGemvPlan> one = QuantGemvRowLoopPlanFor(problem, 1);
   if (!one.has_value()) return std::nullopt;
   const int64_t slots = BlocksPerSm(QuantGemvSharedBytes(problem, *one)) * sm_count;
   const auto blocks = [&](int row_loops) { return RowBlocks(problem, 1, row_loops) * problem.batch; };
   if (blocks(1) <= slots) return std::nullopt;
   int row_loops = 1;
-  while (2 * row_loops <= kQuantGemvMaxRowLoops && blocks(2 * row_loops) >= slots) row_loops *= 2;
+  while (blocks(row_loops) > slots && 2 * row_loops * steps <= kRowLoopSteps) row_loops *= 2;
   return QuantGemvRowLoopPlanFor(problem, row_loops);
 }
 

@@ -327,9 +327,10 @@ __global__ void __launch_bounds__(kSortThreads)
 
 // Grouped step 2, block (j, q) per job and slot row (blocks of jobs past the device job count
 // exit): block (j, 0) writes job j's item pointers (gate-up items 2j, 2j + 1; down item j) and its
-// pairs' slot rows; block (j, q) writes row q of job j's slot of x: bf16(x of pair q's token) for
-// q < count, zeros past it (so that every row the GEMVs read is written). One block per row, eight
-// columns per thread and load: the copy is latency-bound at decode sizes, not bandwidth-bound.
+// pairs' slot rows and its pair count as the GEMVs' item rows; block (j, q < count) writes row q of
+// job j's slot of x: bf16(x of pair q's token). The GEMVs take each item's rows (QuantGemvItems::
+// rows), so rows past the count are neither written nor read. One block per row, eight columns per
+// thread and load: the copy is latency-bound at decode sizes, not bandwidth-bound.
 __global__ void __launch_bounds__(kThreads)
     QuantMoeSlotsKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden, int top_k,
                         const QuantMoeExpert* __restrict__ experts, bool int4, const int32_t* __restrict__ sorted,
@@ -359,45 +360,44 @@ __global__ void __launch_bounds__(kThreads)
       ws.gate_up_scales[2 * j + 1] = scales(e.up);
       ws.down_codes[j] = e.down.codes;
       ws.down_scales[j] = scales(e.down);
+      ws.gate_up_rows[2 * j] = ws.gate_up_rows[2 * j + 1] = count;
+      ws.down_rows[j] = count;
     }
     if (threadIdx.x < count) ws.slot_of[sorted[first + threadIdx.x]] = j * kJobPairs + threadIdx.x;
   }
-  const float* row = q < count ? x + static_cast<int64_t>(sorted[first + q] / top_k) * x_stride : nullptr;
+  if (q >= count) return;  // block-uniform
+  const float* row = x + static_cast<int64_t>(sorted[first + q] / top_k) * x_stride;
   uint16_t* out = slot + static_cast<int64_t>(q) * x_ld;
   // Whole 8-column pieces with 16-byte loads and stores where the row allows (the slot rows are
   // 32-byte aligned: a 256-byte aligned buffer, rows of RoundUp16(hidden) bf16), the rest one by one.
-  const bool vec = row == nullptr || reinterpret_cast<uintptr_t>(row) % 16 == 0;
-  const int64_t pieces = vec ? hidden / 8 : 0;
+  const int64_t pieces = reinterpret_cast<uintptr_t>(row) % 16 == 0 ? hidden / 8 : 0;
+  const auto pack = [](float a, float b) {
+    return static_cast<uint32_t>(F32ToBf16(a)) | (static_cast<uint32_t>(F32ToBf16(b)) << 16);
+  };
   for (int64_t v = threadIdx.x; v < pieces; v += kThreads) {
-    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
-    if (row != nullptr) {
-      const float4 lo = *reinterpret_cast<const float4*>(row + 8 * v);
-      const float4 hi = *reinterpret_cast<const float4*>(row + 8 * v + 4);
-      const auto pack = [](float a, float b) {
-        return static_cast<uint32_t>(F32ToBf16(a)) | (static_cast<uint32_t>(F32ToBf16(b)) << 16);
-      };
-      packed = make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
-    }
-    *reinterpret_cast<uint4*>(out + 8 * v) = packed;
+    const float4 lo = *reinterpret_cast<const float4*>(row + 8 * v);
+    const float4 hi = *reinterpret_cast<const float4*>(row + 8 * v + 4);
+    *reinterpret_cast<uint4*>(out + 8 * v) =
+        make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
   }
-  for (int64_t c = 8 * pieces + threadIdx.x; c < hidden; c += kThreads) {
-    out[c] = row != nullptr ? F32ToBf16(row[c]) : uint16_t{0};
-  }
+  for (int64_t c = 8 * pieces + threadIdx.x; c < hidden; c += kThreads) out[c] = F32ToBf16(row[c]);
 }
 
-// Grouped step 3b, block j per job: act rows of job j's slot = bf16(silu(gate) * up), from the
-// gate-up GEMV's items 2j (gate) and 2j + 1 (up), [8, inter] each. Its own kernel rather than the
+// Grouped step 3b, block j per job: act rows q < count of job j's slot = bf16(silu(gate) * up), from
+// the gate-up GEMV's items 2j (gate) and 2j + 1 (up), [8, inter] each (rows past the job's count
+// are not written by it, and not read by the down GEMV). Its own kernel rather than the
 // down GEMV's activation staging: that stages each job's rows once per block of down rows (56 at
 // hidden 7168), which reads 4x the bytes and repeats the exponentials as often.
 __global__ void __launch_bounds__(kThreads)
-    QuantMoeSiluMulKernel(const float* __restrict__ gate_up, int64_t inter, const int32_t* __restrict__ num_jobs,
-                          uint16_t* __restrict__ act, int64_t act_ld) {
+    QuantMoeSiluMulKernel(const float* __restrict__ gate_up, int64_t inter, const int32_t* __restrict__ jobs,
+                          const int32_t* __restrict__ num_jobs, uint16_t* __restrict__ act, int64_t act_ld) {
   PdlEnter();
   const int64_t j = blockIdx.x;
   if (j >= *num_jobs) return;
+  const int64_t count = jobs[3 * j + 2];
   const float* gate = gate_up + 2 * j * kJobPairs * inter;
   const float* up = gate + kJobPairs * inter;
-  for (int64_t i = threadIdx.x; i < kJobPairs * inter; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < count * inter; i += kThreads) {
     const int64_t q = i / inter, c = i - q * inter;
     const float g = gate[i];
     act[(j * kJobPairs + q) * act_ld + c] = F32ToBf16(g / (1.0f + expf(-g)) * up[i]);
@@ -492,13 +492,14 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
   gate_up.codes = ws.gate_up_codes;
   gate_up.scales = ws.gate_up_scales;
   gate_up.count = ws.gate_up_items;
+  gate_up.rows = ws.gate_up_rows;
   if (const cudaError_t error =
           product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, x_ld, 0, ws.gate_up, inter, hidden);
       error != cudaSuccess) {
     return error;
   }
   if (const cudaError_t error = LaunchKernel(programmatic, QuantMoeSiluMulKernel, dim3(job_blocks), dim3(kThreads), 0,
-                                            stream, ws.gate_up, inter, ws.num_jobs, ws.act, act_ld);
+                                            stream, ws.gate_up, inter, ws.jobs, ws.num_jobs, ws.act, act_ld);
       error != cudaSuccess) {
     return error;
   }
@@ -506,6 +507,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpe
   down.codes = ws.down_codes;
   down.scales = ws.down_scales;
   down.count = ws.num_jobs;
+  down.rows = ws.down_rows;
   return product(down, max_jobs, shape.down, ws.act, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden, inter);
 }
 
@@ -533,6 +535,8 @@ QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k
   w.gate_up_scales = reinterpret_cast<const void**>(take(item_pointers));
   w.down_codes = reinterpret_cast<const void**>(take(item_pointers / 2));
   w.down_scales = reinterpret_cast<const void**>(take(item_pointers / 2));
+  w.gate_up_rows = reinterpret_cast<int32_t*>(take(static_cast<size_t>(2 * jobs) * 4));
+  w.down_rows = reinterpret_cast<int32_t*>(take(static_cast<size_t>(jobs) * 4));
   w.x = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(slots * QuantMoeRoundUp16(hidden)) * 2));
   w.gate_up = reinterpret_cast<float*>(take(static_cast<size_t>(2 * slots * inter) * 4));
   w.act = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(slots * QuantMoeRoundUp16(inter)) * 2));

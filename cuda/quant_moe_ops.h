@@ -13,12 +13,14 @@
 //     kQuantMoeJobPairs pairs of one expert;
 //  then, on the grouped quantized GEMV (QuantMoeShape::grouped: every expert's views on the GEMV's
 //  layout with one shared layout, QuantMoeGemvLayout; quant_gemv_ops.h's grouped launchers):
-//  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot (rows
-//     past the job's pair count zeros), and the job's weight pointers into the item arrays;
+//  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot, and the
+//     job's weight pointers and pair count into the item arrays;
 //  3. one grouped GEMV, items 2j and 2j + 1 = job j's gate and up (m = kQuantMoeJobPairs rows, the
-//     slot's), then act = bf16(silu(gate) * up) per slot row, then one grouped GEMV of down over
-//     the jobs' act slots: y per slot row; the grids are sized for the most jobs a round can have
-//     and the blocks of jobs past the device job count exit at once;
+//     slot's, of which each item takes its job's pair count: QuantGemvItems::rows), then act =
+//     bf16(silu(gate) * up) per pair row, then one grouped GEMV of down over the jobs' act slots: y
+//     per pair row (slot rows past a job's pairs are never written or read); the grids are sized
+//     for the most jobs a round can have and the blocks of jobs past the device job count exit at
+//     once;
 //  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
@@ -160,6 +162,9 @@ struct QuantMoeWorkspace {
   const void** gate_up_scales = nullptr;
   const void** down_codes = nullptr;
   const void** down_scales = nullptr;
+  int32_t* gate_up_rows = nullptr;  // [2 * max jobs]: the gate-up GEMV's item rows (job j's pair count
+                                    // at items 2j, 2j + 1)
+  int32_t* down_rows = nullptr;     // [max jobs]: the down GEMV's item rows
   uint16_t* x = nullptr;        // [S, RoundUp16(hidden)] bf16
   float* gate_up = nullptr;     // [2 S, inter] f32: grouped path, item i's rows at [8 i, 8 i + 8)
   uint16_t* act = nullptr;      // [S, RoundUp16(inter)] bf16

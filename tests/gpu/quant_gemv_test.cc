@@ -696,8 +696,10 @@ TEST_F(QuantGemvTest, TinyShapes) {
 //
 // An MoE's product as quant_moe_kernels.cu launches it: items' weights through device pointer arrays
 // (listed in reverse, so an item read through the batched stride would show), a device count below
-// max_items (the last item's c must keep its bits), and a programmatic launch, whose blocks must
-// read the count and pointers only after the kernels before them (here: the uploads) are done.
+// max_items (the last item's c must keep its bits), per-item row counts below m (item i takes
+// (i + 5) % 9 rows: none, some or all 8; the rows past them keep their bits), and a programmatic
+// launch, whose blocks must read the count, rows and pointers only after the kernels before them
+// (here: the uploads) are done.
 void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 96) {
   const int64_t m = 8, k = 256;
   const Activations a = RandomActivations(items * m * k, int4 ? 501 : 502);
@@ -723,8 +725,11 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
     code_ptrs[slot] = codes.back()->ptr;
     scale_ptrs[slot] = scales.back()->ptr;
   }
+  std::vector<int32_t> rows(items);
+  for (int64_t i = 0; i < items; ++i) rows[i] = static_cast<int32_t>((i + 5) % 9);
   DeviceBuffer a_dev(a.bf16.size() * 2), c_dev(static_cast<size_t>(items * m * n) * 4), code_table(items * 8),
-      scale_table(items * 8), count_dev(4);
+      scale_table(items * 8), count_dev(4), rows_dev(items * 4);
+  Upload(rows_dev, rows);
   Upload(a_dev, a.bf16);
   Upload(c_dev, std::vector<float>(static_cast<size_t>(items * m * n), -7.0f));
   Upload(code_table, code_ptrs);
@@ -734,6 +739,7 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
   list.codes = code_table.as<const void* const>();
   list.scales = scale_table.as<const void* const>();
   list.count = count_dev.as<int32_t>();
+  list.rows = rows_dev.as<int32_t>();
   if (int4) {
     Int4GroupWeights b;
     b.ld = q[0].words();
@@ -757,8 +763,8 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t o = 0; o < n; ++o) {
         const float g = got[(item * m + r) * n + o];
-        if (item >= count) {
-          EXPECT_EQ(g, -7.0f) << "item " << item << " past the count was written";
+        if (item >= count || r >= rows[item]) {
+          EXPECT_EQ(g, -7.0f) << "item " << item << " row " << r << " past the count or the item's rows was written";
           continue;
         }
         double want = 0;
@@ -1111,9 +1117,9 @@ TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
   }
 }
 
-// Row-looped plans: what QuantGemvPlanValid takes, and where the chooser takes them (short K over
-// more blocks than one wave of an H200-sized device holds: the experts' down products of a decode
-// and a verify step) and where not (long K, one wave, more than 16 rows).
+// Row-looped plans: what QuantGemvPlanValid takes, and where the chooser takes them and with how
+// many groups (short K over more blocks than one wave of an H200-sized device holds: the experts'
+// down products of a decode and a verify step) and where not (long K, one wave, more than 16 rows).
 TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
   for (const bool int4 : {false, true}) {
     SCOPED_TRACE(int4 ? "int4" : "fp8");
@@ -1136,9 +1142,11 @@ TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
     EXPECT_FALSE(QuantGemvRowLoopPlanFor(ProblemOf(int4, 8, 17, 7168, 256, 256), 2).has_value()) << "17 rows";
     EXPECT_FALSE(QuantGemvRowLoopPlanFor(ProblemOf(int4, 1, 16, 7168, 7168, 0), 1).has_value()) << "tile past 48 KB";
 
-    EXPECT_GE(ChooseQuantGemvPlan(down, 132).row_loops, 1);
+    // 8 experts (a token's top-8): 2 groups per warp fit one wave of 264 blocks; 128 (a 16-token
+    // step's jobs): 16 steps per warp, 8 groups of 2 int4 steps or 4 of 4 fp8 steps.
+    EXPECT_EQ(ChooseQuantGemvPlan(down, 132).row_loops, 2);
     const QuantGemvPlan verify = ChooseQuantGemvPlan(ProblemOf(int4, 128, 8, 7168, 256, 256), 132);
-    EXPECT_GE(verify.row_loops, 8);
+    EXPECT_EQ(verify.row_loops, int4 ? 8 : 4);
     EXPECT_TRUE(QuantGemvPlanValid(ProblemOf(int4, 128, 8, 7168, 256, 256), verify));
     EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 8, 8, 512, 7168, 0), 132).row_loops, 0) << "long K";
     EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 1, 8, 7168, 256, 256), 132).row_loops, 0) << "one wave";
