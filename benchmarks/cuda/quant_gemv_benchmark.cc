@@ -24,6 +24,8 @@
 //   The down product of a 16-token verify step, as the grouped MoE launches it (one item per job of
 //   up to 8 tokens of one expert; 16 tokens x top-8 make up to 128 jobs):
 //    16 V3 FP8 128 experts' down (batch 128)                  17 K2.5 INT4 128 experts' down
+//   and its gate-up product (items 2j, 2j + 1: job j's gate and up, 256 rows each):
+//    18 V3 FP8 256 items' gate / up (batch 256)               19 K2.5 INT4 256 items' gate / up
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
 //   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
@@ -82,7 +84,9 @@ QuantShape ShapeOf(int64_t id) {
     case 14: return {"k25_experts8_gate_up", true, 8, 512, 7168};
     case 15: return {"k25_experts8_down", true, 8, 7168, 256, 0, 256};
     case 16: return {"v3_experts128_down", false, 128, 7168, 256, 0, 256};
-    default: return {"k25_experts128_down", true, 128, 7168, 256, 0, 256};
+    case 17: return {"k25_experts128_down", true, 128, 7168, 256, 0, 256};
+    case 18: return {"v3_items256_gate_up", false, 256, 256, 7168};
+    default: return {"k25_items256_gate_up", true, 256, 256, 7168};
   }
 }
 
@@ -177,7 +181,7 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
     bm->ArgsProduct({{11, 15, 16, 17}, {8}});
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
-    bm->ArgsProduct({{16, 17}, {1, 8}});
+    bm->ArgsProduct({{16, 17, 18, 19}, {1, 8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
@@ -234,6 +238,8 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   // (8 items of 8 rows: gate_up long-K, down short-K).
   bm->ArgsProduct({{0, 2, 5}, {1}, {1, 2, 4, 8}, {1, 2, 4, 8}});
   bm->ArgsProduct({{10, 11, 14, 15}, {8}, {1, 2, 4, 8}, {1, 2, 4, 8}});
+  // A 16-token step's gate-up product: 8 rows (a job's slot), 1 (the staging of one pair).
+  bm->ArgsProduct({{18, 19}, {1, 8}, {1, 2, 4, 8}, {1, 2, 4}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 
