@@ -157,6 +157,13 @@ bool ModelWanted(int model) {
   return std::string(s).find(std::to_string(model)) != std::string::npos;
 }
 
+// EAGLE3_BENCH_EAGER=1: the quantized ranks' decode rows eager too (graph:0), as a profiler's target:
+// every kernel of an eager step is its own launch inside the "eagle3_step" NVTX range.
+bool EagerQuantizedRows() {
+  const char* s = std::getenv("EAGLE3_BENCH_EAGER");
+  return s != nullptr && std::string(s) == "1";
+}
+
 std::string CheckpointDir(int model) { return BenchCheckpointRoot() + "/" + kModelNames[model] + "-sparse"; }
 
 struct Model {
@@ -392,6 +399,7 @@ void BM_VerifyStep(benchmark::State& state) {
     if (Quantized(model)) {
       // Decode and the 8- / 16-token verify steps that speculation runs at these ranks.
       decode->ArgsProduct({{model}, {1, 8, 32}, {1024, MaxContext()}, {1}});
+      if (EagerQuantizedRows()) decode->ArgsProduct({{model}, {1}, {1024}, {0}});
       verify->ArgsProduct({{model}, {1, 8}, {8, 16}, {MaxContext()}, {1}});
     } else if (Quick()) {
       decode->ArgsProduct({{model}, {1, 32}, {1024}, {0, 1}});
