@@ -440,6 +440,65 @@ __device__ void StageScales(const Params& p, int64_t item, int64_t block_row, in
   }
 }
 
+// ---- Pieces both kernels share ------------------------------------------------------------------
+
+// Whether the launch is grouped (QuantGemvItems): its count, rows and pointers are written by the
+// kernels just before it, so they are read only after those have completed.
+__device__ __forceinline__ bool Grouped(const Params& p) {
+  return p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr || p.scale_items != nullptr ||
+         p.c_items != nullptr || p.rows_items != nullptr;
+}
+
+template <int kSets>
+__device__ __forceinline__ void Zero(float (&x)[kSets][4]) {
+#pragma unroll
+  for (int h = 0; h < kSets; ++h) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[h][e] = 0.0f;
+  }
+}
+
+// Lane (g, c)'s byte offsets of its B rows in a staged step: activation row g + 8 o of operand o,
+// or the item's last row m - 1 past it (StepActivations).
+template <int kOperands>
+__device__ __forceinline__ void ActRows(const Params& p, int m, int g, int c, int (&act_row)[kOperands]) {
+#pragma unroll
+  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
+}
+
+// fp8, at a unit's last step: its block sums (the two chains' sum with one operand) times the scales
+// of rows g (s_lo) and g + 8 (s_hi) into the running sums; the block accumulators restart.
+template <int kOperands, int kChains>
+__device__ __forceinline__ void FoldBlockSums(float (&acc)[kChains][4], float (&sum)[kOperands][4], float s_lo,
+                                              float s_hi) {
+  if constexpr (kOperands == 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
+  }
+#pragma unroll
+  for (int h = 0; h < kOperands; ++h) {
+    sum[h][0] = fmaf(acc[h][0], s_lo, sum[h][0]);
+    sum[h][1] = fmaf(acc[h][1], s_lo, sum[h][1]);
+    sum[h][2] = fmaf(acc[h][2], s_hi, sum[h][2]);
+    sum[h][3] = fmaf(acc[h][3], s_hi, sum[h][3]);
+  }
+  Zero(acc);
+}
+
+// The ring's first steps (at most kDepth of total_steps; load(d) fills slot d and advances the load
+// cursor), issued before the programmatic-launch wait: the weights are not written by the step, so
+// they are read while the kernels that write the activations (and c) finish
+// (programmatic_launch.cuh).
+template <int kDepth, typename Load>
+__device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& load) {
+  PdlLaunchDependents();
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+    if (d < total_steps) load(d);
+  }
+  PdlWait();
+}
+
 // kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m).
 template <typename F, int kOperands>
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
@@ -458,9 +517,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   const int64_t item = blockIdx.y;
   // A grouped launch's count and item pointers (and so the weights they point at) are written by the
   // kernels just before it: read only after they have completed (programmatic_launch.cuh).
-  const bool grouped = p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr ||
-                       p.scale_items != nullptr || p.c_items != nullptr || p.rows_items != nullptr;
-  if (grouped) PdlWait();
+  if (Grouped(p)) PdlWait();
   // A grouped launch's items past the device count: the whole block leaves before any barrier, and
   // so does its whole cluster (a cluster's blocks differ in blockIdx.x only).
   if (p.item_count != nullptr && item >= *p.item_count) return;
@@ -517,33 +574,17 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     }
   };
 
-  // The weights are not written by the step, so the first kDepth steps are read before the kernels
-  // that write the activations (and c) have finished (programmatic_launch.cuh).
   typename F::Item ring[kDepth];
-  PdlLaunchDependents();
-#pragma unroll
-  for (int d = 0; d < kDepth; ++d) {
-    if (d < total_steps) {
-      F::Load(p, rows, load_step, c, ring[d]);
-      advance();
-    }
-  }
-  PdlWait();
+  FillRingThenWait<kDepth>(total_steps, [&](int d) {
+    F::Load(p, rows, load_step, c, ring[d]);
+    advance();
+  });
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
-#pragma unroll
-  for (int h = 0; h < kChains; ++h) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-  }
-#pragma unroll
-  for (int h = 0; h < kOperands; ++h) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sum[h][e] = 0.0f;
-  }
+  Zero(acc);
+  Zero(sum);
   int act_row[kOperands];
-#pragma unroll
-  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
+  ActRows(p, m, g, c, act_row);
   const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
@@ -571,22 +612,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
             const int u = (run0 + j + d) / kUnitSteps;
             const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
             const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
-            if constexpr (kOperands == 1) {  // the block sum is the two chains' sum
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
-            }
-#pragma unroll
-            for (int h = 0; h < kOperands; ++h) {
-              sum[h][0] = fmaf(acc[h][0], s_lo, sum[h][0]);
-              sum[h][1] = fmaf(acc[h][1], s_lo, sum[h][1]);
-              sum[h][2] = fmaf(acc[h][2], s_hi, sum[h][2]);
-              sum[h][3] = fmaf(acc[h][3], s_hi, sum[h][3]);
-            }
-#pragma unroll
-            for (int h = 0; h < kChains; ++h) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-            }
+            FoldBlockSums(acc, sum, s_lo, s_hi);
           }
         }
         if (done + j + d + kDepth < total_steps) {
@@ -615,7 +641,9 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     }
   }
   __syncthreads();
-  const int outputs = block_rows * m;
+  // The item's rows read again rather than kept live through the loop (a register the 4-operand
+  // kernel does not have to spare).
+  const int outputs = block_rows * ItemRows(p, item);
   float* const item_c = ItemC(p, item);
   const auto write = [&](int e, float total) {
     const int mr = e / block_rows;
@@ -676,9 +704,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kBlockRows * p.row_loops;
   const int64_t item = blockIdx.y;
-  const bool grouped = p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr ||
-                       p.scale_items != nullptr || p.c_items != nullptr || p.rows_items != nullptr;
-  if (grouped) PdlWait();
+  if (Grouped(p)) PdlWait();
   if (p.item_count != nullptr && item >= *p.item_count) return;
   const int m = ItemRows(p, item);  // as in the kernel above
   if (m <= 0) return;
@@ -717,15 +743,10 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   };
 
   typename F::Item ring[kDepth];
-  PdlLaunchDependents();
-#pragma unroll
-  for (int d = 0; d < kDepth; ++d) {
-    if (d < total_steps) {
-      F::Load(p, load_rows, load_step, c, ring[d]);
-      advance();
-    }
-  }
-  PdlWait();
+  FillRingThenWait<kDepth>(total_steps, [&](int d) {
+    F::Load(p, load_rows, load_step, c, ring[d]);
+    advance();
+  });
 
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it.
   const int block_rows = kBlockRows * p.row_loops;
@@ -737,19 +758,10 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   __syncthreads();
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
-#pragma unroll
-  for (int h = 0; h < kChains; ++h) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-  }
-#pragma unroll
-  for (int h = 0; h < kOperands; ++h) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sum[h][e] = 0.0f;
-  }
+  Zero(acc);
+  Zero(sum);
   int act_row[kOperands];
-#pragma unroll
-  for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
+  ActRows(p, m, g, c, act_row);
   // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
   const int64_t first_scale_row = (p.row0 + block_row) >> 7;
   const auto scale_rows_of = [&](int i, int (&at)[2]) {
@@ -806,36 +818,13 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
           const int u = cons_step / kUnitSteps;
           const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
           const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
-          if constexpr (kOperands == 1) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[0][e] += acc[1][e];
-          }
-#pragma unroll
-          for (int h = 0; h < kOperands; ++h) {
-            sum[h][0] = fmaf(acc[h][0], s_lo, sum[h][0]);
-            sum[h][1] = fmaf(acc[h][1], s_lo, sum[h][1]);
-            sum[h][2] = fmaf(acc[h][2], s_hi, sum[h][2]);
-            sum[h][3] = fmaf(acc[h][3], s_hi, sum[h][3]);
-          }
-#pragma unroll
-          for (int h = 0; h < kChains; ++h) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-          }
+          FoldBlockSums(acc, sum, s_lo, s_hi);
         }
       }
       if (++cons_step == steps) {  // the group's last step: its sums are final
         write_group(cons_group);
-#pragma unroll
-        for (int h = 0; h < kChains; ++h) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-        }
-#pragma unroll
-        for (int h = 0; h < kOperands; ++h) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sum[h][e] = 0.0f;
-        }
+        Zero(acc);
+        Zero(sum);
         cons_step = 0;
         if (++cons_group < groups) {
           if constexpr (F::kBlockScaled) scale_rows_of(cons_group, scale_row_at);
