@@ -58,8 +58,23 @@ absl::StatusOr<FeedForwardWorkspace> FeedForwardWorkspace::Create(const FeedForw
   EAGLE3_ASSIGN_OR_RETURN(ws.gate_up, alloc(DType::kF32, Shape{t_max, 2 * ws.intermediate}));
   EAGLE3_ASSIGN_OR_RETURN(ws.act, alloc(DType::kF32, Shape{t_max, ws.intermediate}));
   EAGLE3_ASSIGN_OR_RETURN(ws.router_logits, alloc(DType::kF32, Shape{t_max, experts}));
-  EAGLE3_ASSIGN_OR_RETURN(ws.ids, alloc(DType::kI32, Shape{t_max, top_k}));
-  EAGLE3_ASSIGN_OR_RETURN(ws.weights, alloc(DType::kF32, Shape{t_max, top_k}));
+  // One column more where a shared expert may join the routed ones (FeedForwardBlock::Forward):
+  // every row's last slot names it (expert n_routed_experts) with weight 1, written here once; the
+  // routing writes only the first top_k columns.
+  const int64_t slots = top_k + (config.n_shared_experts > 0 ? 1 : 0);
+  EAGLE3_ASSIGN_OR_RETURN(ws.ids, alloc(DType::kI32, Shape{t_max, slots}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.weights, alloc(DType::kF32, Shape{t_max, slots}));
+  if (slots > top_k) {
+    EAGLE3_ASSIGN_OR_RETURN(Tensor ids, Tensor::Zeros(DType::kI32, Shape{t_max, slots}));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor weights, Tensor::Zeros(DType::kF32, Shape{t_max, slots}));
+    for (int64_t t = 0; t < t_max; ++t) {
+      ids.view().data_as<int32_t>()[t * slots + top_k] = static_cast<int32_t>(config.n_routed_experts);
+      weights.view().data_as<float>()[t * slots + top_k] = 1.0f;
+    }
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(ids.view(), ws.ids.view()));
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(weights.view(), ws.weights.view()));
+    EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  }
   return ws;
 }
 
@@ -116,10 +131,68 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
     b.expert_weights_.push_back(std::move(*gate_up));
     b.expert_weights_.push_back(std::move(parts[2]));
   }
-  if (config.n_shared_experts > 0) {
-    EAGLE3_ASSIGN_OR_RETURN(b.shared_, LoadSiluMlp(specs, &next, weight_dtype, loader));
-  }
+  if (config.n_shared_experts > 0) EAGLE3_RETURN_IF_ERROR(b.LoadShared(config, specs, next, weight_dtype, loader));
   return b;
+}
+
+namespace {
+
+// Rows up to which a shared expert joins the routed experts' op. Past them its own MLP is cheaper:
+// the op's backends group each expert's rows in batches (CudaBackend: 8 rows per job, each job
+// reading the expert's weights), so a shared expert, which every row takes, would be read once per
+// batch, where its own products read it once per pass of up to 32 rows.
+constexpr int64_t kSharedJoinMaxTokens = 32;
+
+// Whether `shared` can be one more expert of the routed ones' op: the same format, block sizes,
+// scale dtype and shape.
+bool AlikeExpert(const QuantizedExpertWeights& shared, const QuantizedExpertWeights& routed) {
+  const auto alike = [](const QuantizedWeightView& a, const QuantizedWeightView& b) {
+    return a.format == b.format && a.block_rows == b.block_rows && a.block_cols == b.block_cols &&
+           a.scales.dtype() == b.scales.dtype() && a.rows() == b.rows() && a.k == b.k;
+  };
+  return alike(shared.gate, routed.gate) && alike(shared.up, routed.up) && alike(shared.down, routed.down);
+}
+
+}  // namespace
+
+absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::span<const WeightSpec> specs,
+                                          size_t next, DType weight_dtype, WeightLoader& loader) {
+  if (config.n_shared_experts != 1 || quantized_experts_.empty()) {
+    EAGLE3_ASSIGN_OR_RETURN(shared_, LoadSiluMlp(specs, &next, weight_dtype, loader));
+    return absl::OkStatus();
+  }
+  // One shared expert beside quantized routed ones: gate, up and down read apart, so that where
+  // they are quantized like the routed experts (DeepSeek-V3 / R1, Kimi-K2-Instruct FP8) they can
+  // also serve as one more routed expert (Forward).
+  std::vector<LinearWeight> parts;
+  for (size_t i = next; i < next + 3; ++i) {
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype));
+    parts.push_back(std::move(w));
+  }
+  if (parts[0].quantized() && parts[1].quantized() && parts[2].quantized()) {
+    const QuantizedExpertWeights shared{parts[0].quantized_view(), parts[1].quantized_view(),
+                                        parts[2].quantized_view()};
+    shared_joins_experts_ = AlikeExpert(shared, quantized_experts_[0]);
+    if (shared_joins_experts_) quantized_experts_.push_back(shared);
+  }
+  // The shared MLP for the calls it does not join: gate and up stacked where they can be (a copy;
+  // the parts then stay only where the joined expert's views point into them). Moving a
+  // LinearWeight keeps its device memory where it is, so the views stay valid.
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> gate_up,
+                          StackLinearWeights(loader.backend(), std::span(parts).first(2)));
+  if (gate_up.has_value()) {
+    shared_.gate_up.push_back(std::move(*gate_up));
+    if (shared_joins_experts_) {
+      expert_weights_.push_back(std::move(parts[0]));
+      expert_weights_.push_back(std::move(parts[1]));
+    }
+  } else {
+    shared_.gate_up.push_back(std::move(parts[0]));
+    shared_.gate_up.push_back(std::move(parts[1]));
+  }
+  shared_.down = std::move(parts[2]);
+  shared_.inter = shared_.down.cols();
+  return absl::OkStatus();
 }
 
 absl::Status FeedForwardBlock::SiluMlp(const TensorView& x, const SiluMlpWeights& mlp, float beta,
@@ -152,17 +225,27 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   if (!moe_) return SiluMlp(x, dense_, 0.0f, ws, out);
   const TensorView logits_t = Rows(ws.router_logits, 0, t);
   EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
-  const TensorView ids_t = Rows(ws.ids, 0, t), w_t = Rows(ws.weights, 0, t);
+  const int64_t k = routing_.top_k;
+  if (ws.ids.view().dim(1) < k + (shared_joins_experts_ ? 1 : 0)) {
+    return absl::InvalidArgumentError("FeedForwardBlock: the workspace holds " + std::to_string(ws.ids.view().dim(1)) +
+                                      " expert slots per row, the block needs " +
+                                      std::to_string(k + (shared_joins_experts_ ? 1 : 0)));
+  }
   const TensorView bias = correction_bias_.view();
-  EAGLE3_RETURN_IF_ERROR(
-      backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_, ids_t, w_t));
+  EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
+                                            Block(ws.ids, 0, t, 0, k), Block(ws.weights, 0, t, 0, k)));
+  // The shared expert joins the routed ones up to kSharedJoinMaxTokens rows: every row's last slot
+  // (weight 1: the workspace's extra column), added after the routed slots in the op's one sum.
+  const bool join = shared_joins_experts_ && t <= kSharedJoinMaxTokens;
+  const int64_t slots = k + (join ? 1 : 0);
+  const TensorView ids_t = Block(ws.ids, 0, t, 0, slots), w_t = Block(ws.weights, 0, t, 0, slots);
   if (quantized_experts_.empty()) {
     EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));
   } else {
     EAGLE3_RETURN_IF_ERROR(backend_->QuantizedMoeExperts(x, ids_t, w_t, quantized_experts_, out, /*accumulate=*/false));
   }
-  // Shared experts join the routed output before the one reduction that follows.
-  if (shared_.inter > 0) return SiluMlp(x, shared_, 1.0f, ws, out);
+  // Otherwise the shared MLP joins the routed output before the one reduction that follows.
+  if (shared_.inter > 0 && !join) return SiluMlp(x, shared_, 1.0f, ws, out);
   return absl::OkStatus();
 }
 

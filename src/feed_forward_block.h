@@ -62,8 +62,10 @@ struct FeedForwardWorkspace {
   Tensor gate_up;            // [T, 2 * intermediate] f32
   Tensor act;                // [T, intermediate] f32: silu(gate) * up
   Tensor router_logits;      // [T, max(n_routed_experts, 1)] f32
-  Tensor ids;                // [T, max(top_k, 1)] i32: routed experts of each row
-  Tensor weights;            // [T, max(top_k, 1)] f32: their weights
+  // [T, max(top_k, 1) (+ 1 with shared experts)] i32 / f32: each row's routed experts and their
+  // weights; the extra last column holds the shared expert's slot (id n_routed_experts, weight 1).
+  Tensor ids;
+  Tensor weights;
 
   // Buffers for every block `config` describes (dense and MoE alike) on one of `tp_size` ranks.
   static absl::StatusOr<FeedForwardWorkspace> Create(const FeedForwardConfig& config, int tp_size,
@@ -81,6 +83,9 @@ class FeedForwardBlock {
                                                DType weight_dtype, WeightLoader& loader);
 
   bool moe() const { return moe_; }
+  // Whether the shared expert runs as one more expert of the routed experts' op (Forward, up to 32
+  // rows): one shared expert kept quantized like the routed ones.
+  bool shared_joins_experts() const { return shared_joins_experts_; }
 
   // out = this rank's partial sum of the block over x, shared experts added before the caller's one
   // reduction.
@@ -102,6 +107,10 @@ class FeedForwardBlock {
   // The next MLP of Weights' order (gate, up, down) from specs[*next], as LinearWeights.
   static absl::StatusOr<SiluMlpWeights> LoadSiluMlp(std::span<const WeightSpec> specs, size_t* next, DType dtype,
                                                     WeightLoader& loader);
+  // The shared experts' MLP from specs[next]: one expert of the routed experts' form and shape joins
+  // them (shared_joins_experts_), else shared_.
+  absl::Status LoadShared(const FeedForwardConfig& config, std::span<const WeightSpec> specs, size_t next,
+                          DType weight_dtype, WeightLoader& loader);
   // `mlp` over x; beta 1 accumulates into `out`.
   absl::Status SiluMlp(const TensorView& x, const SiluMlpWeights& mlp, float beta, FeedForwardWorkspace& ws,
                        const TensorView& out) const;
@@ -115,7 +124,9 @@ class FeedForwardBlock {
   std::vector<LinearWeight> expert_weights_;  // dense: gate_up, down; quantized: gate, up, down
   std::vector<ExpertWeights> experts_;                 // dense views of expert_weights_
   std::vector<QuantizedExpertWeights> quantized_experts_;  // quantized views of expert_weights_
-  SiluMlpWeights shared_;
+  SiluMlpWeights shared_;  // the shared experts' MLP, unless it joined the routed experts
+  // The shared expert is the last entry of experts_ / quantized_experts_, in every row's last slot.
+  bool shared_joins_experts_ = false;
 };
 
 }  // namespace eagle3

@@ -23,11 +23,14 @@
 #include "eagle3/pair_check.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
+#include "eagle3/detail/quantized_weights.h"
 #include "eagle3/testing/random_draft_checkpoint.h"
 #include "eagle3/testing/rank_threads.h"
 #include "gmock/gmock.h"
+#include "feed_forward_block.h"
 #include "gtest/gtest.h"
 #include "quantized_test_util.h"
+#include "weight_loader.h"
 #include "scoped_temp_dir.h"
 #include "speculative_greedy_check.h"
 
@@ -119,11 +122,14 @@ TEST_P(QuantizedTargetTest, TensorParallelMatchesTp1InBothResidualModes) {
 
 // Weights kept quantized in memory (QuantizedGemm: what CudaBackend does by default; forced on the
 // CPU reference, which dequantizes per product) give the dequantized checkpoint's logits: bit for bit
-// where gate and up stack into one quantized weight (every INT4 slice, whole FP8 blocks: TP 1 here),
-// within fp32 summation order where they are applied as two weights (this config's 16-row FP8 slices
-// at TP 8 start inside a block, and the CPU Gemm's blocking depends on N).
+// where gate and up stack into one quantized weight and the shared expert stays a SiLU MLP (the
+// Kimi-K2-Thinking form, whose shared expert is dense), within fp32 summation order where they are
+// applied as two weights (this config's 16-row FP8 slices at TP 8 start inside a block, and the CPU
+// Gemm's blocking depends on N) or where the quantized shared expert joins the routed experts' op
+// (FeedForwardBlock: one expert's product per token, not the dense MLP's GEMM).
 TEST_P(QuantizedTargetTest, WeightsKeptQuantizedGiveTheDequantizedLogits) {
-  const bool fp8 = config_.quantization.format == WeightFormat::kFp8Block;
+  // KimiK2ThinkingInt4Quantization ignores the shared experts: theirs stays a dense SiLU MLP.
+  const bool shared_dense = GetParam().first == "int4_k2";
   for (int tp : {1, 8}) {
     for (ResidualMode mode : {ResidualMode::kReplicated, ResidualMode::kTokenSharded}) {
       if (tp == 1 && mode == ResidualMode::kTokenSharded) continue;
@@ -132,7 +138,7 @@ TEST_P(QuantizedTargetTest, WeightsKeptQuantizedGiveTheDequantizedLogits) {
       const std::vector<float> plain = Logits(plain_dir_.path(), tp, mode);
       ASSERT_EQ(kept.size(), plain.size()) << what;
       ASSERT_FALSE(kept.empty()) << what;
-      if (tp == 1 || !fp8) {
+      if (shared_dense) {
         EXPECT_EQ(kept, plain) << what;
         continue;
       }
@@ -143,6 +149,50 @@ TEST_P(QuantizedTargetTest, WeightsKeptQuantizedGiveTheDequantizedLogits) {
       }
       EXPECT_LT(diff / scale, 1e-6) << what;
     }
+  }
+}
+
+// The MoE layer's shared expert: kept quantized like the routed experts (FP8, and INT4 where the
+// checkpoint quantizes it), it runs as one more expert of QuantizedMoeExperts up to 32 rows and as
+// its own MLP past them; dense beside INT4 experts (the Kimi-K2-Thinking form) always its own MLP.
+// Either way the layer's output is the dequantized checkpoint's within fp32 summation order.
+TEST_P(QuantizedTargetTest, TheSharedExpertJoinsTheRoutedExpertsUpTo32Rows) {
+  const FeedForwardConfig ffn = FeedForwardConfig::ForTargetLayer(config_, 1);
+  const std::string prefix = "model.layers.1.mlp.";
+  const std::vector<WeightSpec> specs = ffn.Weights(prefix);
+  cpu::CpuBackend backend;
+  const auto load = [&](const std::string& dir, const DeepseekV2Config& config, bool keep,
+                        std::unique_ptr<Checkpoint>& checkpoint) -> absl::StatusOr<FeedForwardBlock> {
+    EAGLE3_ASSIGN_OR_RETURN(checkpoint, Checkpoint::Open(dir));
+    WeightLoader loader(*checkpoint, config.quantization, specs, StoredForms(config, specs), 1, 0, backend);
+    loader.set_keep_quantized(keep);
+    return FeedForwardBlock::Load(ffn, prefix, DType::kF32, loader);
+  };
+  DeepseekV2Config plain_config = config_;
+  plain_config.quantization = QuantizationConfig{};
+  std::unique_ptr<Checkpoint> kept_ckpt, plain_ckpt;
+  auto kept = load(dir_.path(), config_, /*keep=*/true, kept_ckpt);
+  auto plain = load(plain_dir_.path(), plain_config, /*keep=*/false, plain_ckpt);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(kept->shared_joins_experts(), GetParam().first != "int4_k2");
+  EXPECT_FALSE(plain->shared_joins_experts());
+  auto ws = FeedForwardWorkspace::Create(ffn, 1, 40, backend);
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  const int64_t h = config_.hidden_size;
+  std::vector<float> x(40 * h);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  for (const int64_t t : {int64_t{5}, int64_t{32}, int64_t{33}, int64_t{40}}) {
+    std::vector<float> got(t * h), want(t * h);
+    const TensorView xv(x.data(), DType::kF32, Shape{t, h});
+    ASSERT_TRUE(kept->Forward(xv, *ws, TensorView(got.data(), DType::kF32, Shape{t, h})).ok()) << t;
+    ASSERT_TRUE(plain->Forward(xv, *ws, TensorView(want.data(), DType::kF32, Shape{t, h})).ok()) << t;
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < want.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(got[i] - want[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+    }
+    EXPECT_LT(diff / scale, 1e-6) << "rows " << t;
   }
 }
 
