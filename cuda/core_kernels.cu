@@ -293,12 +293,6 @@ __global__ void __launch_bounds__(kRowThreads)
   if (lane == 0) out[r] = static_cast<Index>(best_i);
 }
 
-// Unsigned key with the order of the floats (NaN excluded); -0 maps like +0 so that they tie.
-__device__ inline uint32_t OrderedKey(float v) {
-  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
-  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
-}
-
 // One block per row:
 //  1. radix select, 8 bits per pass from the top, finds the k-th largest key `prefix` and how many
 //     keys equal to it belong to the top k (`remaining`; every larger key does);

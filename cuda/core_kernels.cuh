@@ -1,5 +1,5 @@
 // Device helpers shared by the CUDA backend's kernels: the device error flag protocol and
-// block-wide reductions. No abseil here: nvcc must never see it.
+// block-wide reductions, an order-preserving float key. No abseil here: nvcc must never see it.
 #pragma once
 
 #include <math_constants.h>
@@ -34,6 +34,13 @@ __device__ inline void RecordDeviceError(int* flag, int error_code, int64_t inde
 __device__ __forceinline__ int64_t NonNegativeDiv(int64_t n, int64_t d) {
   if (((n | d) >> 31) == 0) return static_cast<uint32_t>(n) / static_cast<uint32_t>(d);
   return n / d;
+}
+
+// Unsigned key with the order of the floats (NaN excluded); -0 maps like +0 so that they tie. Every
+// non-NaN float, -inf included, maps above 0, which callers may use as "no candidate".
+__device__ inline uint32_t OrderedKey(float v) {
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
 }
 
 __device__ inline float WarpSum(float v) {

@@ -236,6 +236,180 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, int64_t logits_
   }
 }
 
+// ---- Routing, one block per row --------------------------------------------------------------
+//
+// The rule of MoeRouteKernel with one thread per expert: the serial scans of the warp kernel
+// (32 experts a lane, group scores by one lane each, group and expert picks over shared memory)
+// become block-wide reductions, which is what decides the latency at decode sizes, where the
+// grid has only a few rows.
+
+// Per-warp winners of one BlockArgmax round. Two buffers, alternating by round: a warp may start
+// writing round r + 1 while another still reads round r, but reaches round r + 2's write only after
+// round r + 1's barrier, which every warp passes after its reads of round r.
+struct RouteArgmaxScratch {
+  uint32_t key[2][kWarpSize];
+  int index[2][kWarpSize];
+  float value[2][kWarpSize];
+};
+
+// The thread holding the largest key over the block, ties to the lowest thread (threads are in
+// expert or group order, so to the lower id), and that thread's `value`; every thread gets both.
+// Key 0 is no candidate (OrderedKey of a non-NaN float is never 0); some thread must hold one.
+// Every thread of the block calls it, with a `round` that counts up from call to call.
+__device__ int BlockArgmax(uint32_t key, float value, int round, RouteArgmaxScratch& scratch,
+                          float* winner_value) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int buffer = round & 1;
+  const uint32_t warp_best = __reduce_max_sync(kFullMask, key);
+  if (lane == __ffs(__ballot_sync(kFullMask, key == warp_best)) - 1) {
+    scratch.key[buffer][warp] = warp_best;
+    scratch.index[buffer][warp] = threadIdx.x;
+    scratch.value[buffer][warp] = value;
+  }
+  __syncthreads();
+  // Every warp reduces the warp winners itself: no second barrier to hand the result out.
+  const uint32_t k = lane < warps ? scratch.key[buffer][lane] : 0u;
+  const uint32_t best = __reduce_max_sync(kFullMask, k);
+  const int w = __ffs(__ballot_sync(kFullMask, lane < warps && k == best)) - 1;
+  *winner_value = scratch.value[buffer][w];
+  return scratch.index[buffer][w];
+}
+
+// One block per token row (blockIdx.x), thread e for expert e; blockDim.x = experts rounded up to
+// a multiple of 32 (<= 1024); the threads past the last expert only join the reductions. Dynamic
+// shared memory: experts + n_group floats (the softmax's exponentials, then choice[experts] and
+// group[n_group] for the group limit). The float operations that make the scores, group scores
+// and weights are those of MoeRouteKernel, in its order wherever the order matters (the fp64 sum,
+// the sum of the chosen scores), so both kernels give the same bits.
+__global__ void MoeRouteBlockKernel(const float* __restrict__ logits, int64_t logits_stride,
+                                    const float* __restrict__ bias, int experts,
+                                    MoeRouteLaunchParams p, int32_t* __restrict__ ids,
+                                    int64_t ids_stride, float* __restrict__ weights,
+                                    int64_t weights_stride, int* error_flag, int error_code,
+                                    int bias_error_code) {
+  PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
+  extern __shared__ float shared[];
+  __shared__ RouteArgmaxScratch argmax;
+  __shared__ float warp_max[kWarpSize];
+  __shared__ float row_total;
+  __shared__ int warp_bad[kWarpSize];
+  const int e = threadIdx.x;
+  const int lane = e % kWarpSize;
+  const int warp = e / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t t = blockIdx.x;
+  const bool is_expert = e < experts;
+  const float x = is_expert ? logits[t * logits_stride + e] : 0.0f;
+  const float b = is_expert && bias != nullptr ? bias[e] : 0.0f;
+  const bool bad_logit = !isfinite(x);
+  const bool bad_bias = !isfinite(b);
+  if (__syncthreads_or(bad_logit || bad_bias)) {  // the row is left unwritten
+    if (__syncthreads_or(bad_logit)) {
+      if (e == 0) RecordDeviceError(error_flag, error_code, t);
+    } else if (t == 0) {  // every block sees a bad bias; token 0's reports its lowest expert
+      const int lowest = __reduce_min_sync(kFullMask, bad_bias ? e : INT_MAX);
+      if (lane == 0) warp_bad[warp] = lowest;
+      __syncthreads();
+      if (e == 0) {
+        int bad = INT_MAX;
+        for (int w = 0; w < warps; ++w) bad = min(bad, warp_bad[w]);
+        RecordDeviceError(error_flag, bias_error_code, bad);
+      }
+    }
+    return;
+  }
+
+  float score;
+  if (p.sigmoid) {
+    score = 1.0f / (1.0f + expf(-x));
+  } else {
+    // As MoeRouteKernel: the max, then the sum of the exponentials in fp64.
+    const float row_max = WarpMax(is_expert ? x : kExcluded);
+    if (lane == 0) warp_max[warp] = row_max;
+    __syncthreads();
+    const float max = WarpMax(lane < warps ? warp_max[lane] : kExcluded);
+    const float ex = is_expert ? expf(x - max) : 0.0f;
+    // Summed by warp 0 in MoeRouteKernel's order (lane l adds experts l, l + 32, ... in turn, then
+    // the warp's butterfly), so that both kernels divide by the same total.
+    float* exps = shared;  // reused as choice below, after the barrier that publishes the total
+    if (is_expert) exps[e] = ex;
+    __syncthreads();
+    if (warp == 0) {
+      double sum = 0.0;
+      for (int i = lane; i < experts; i += kWarpSize) sum += exps[i];
+      sum = WarpSumF64(sum);
+      if (lane == 0) row_total = static_cast<float>(sum);
+    }
+    __syncthreads();
+    score = ex / row_total;
+  }
+  const float c = score + (bias != nullptr ? b : 0.0f);  // the selection score
+
+  bool eligible = is_expert;
+  int round = 0;  // BlockArgmax rounds so far
+  float unused;
+  if (p.topk_group < p.n_group) {
+    const int per_group = experts / p.n_group;
+    float* choice = shared;
+    float* group = shared + experts;
+    if (is_expert) choice[e] = c;
+    __syncthreads();
+    // One warp per group: each lane keeps the top two of its share, then the lanes merge them.
+    for (int g = warp; g < p.n_group; g += warps) {
+      const float* members = choice + g * per_group;
+      float first = kExcluded, second = kExcluded;
+      for (int i = lane; i < per_group; i += kWarpSize) {
+        const float v = members[i];
+        second = fmaxf(second, fminf(first, v));
+        first = fmaxf(first, v);
+      }
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        const float other_first = __shfl_xor_sync(kFullMask, first, offset);
+        const float other_second = __shfl_xor_sync(kFullMask, second, offset);
+        second = fmaxf(fmaxf(second, other_second), fminf(first, other_first));
+        first = fmaxf(first, other_first);
+      }
+      if (lane == 0) group[g] = p.group_top2 ? first + second : first;
+    }
+    __syncthreads();
+    // Thread g holds group g's key; each round's winner is dropped from the next rounds.
+    uint32_t group_key = e < p.n_group ? OrderedKey(group[e]) : 0u;
+    const int my_group = e / per_group;  // >= n_group past the last expert: never kept
+    bool kept = false;
+    for (int i = 0; i < p.topk_group; ++i) {
+      const int g = BlockArgmax(group_key, 0.0f, round++, argmax, &unused);
+      if (e == g) group_key = 0;
+      kept = kept || g == my_group;
+    }
+    eligible = eligible && kept;
+  }
+
+  // Slot j's expert and weight end up in thread j (top_k <= experts <= blockDim.x); every thread
+  // adds the weights up in slot order, as the reference does.
+  uint32_t key = eligible ? OrderedKey(c) : 0u;
+  int32_t slot_id = 0;
+  float slot_weight = 0.0f;
+  float sum = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    float w;
+    const int winner = BlockArgmax(key, score, round++, argmax, &w);
+    sum += w;
+    if (e == winner) key = 0;
+    if (e == j) {
+      slot_id = winner;
+      slot_weight = w;
+    }
+  }
+  if (e < p.top_k) {
+    float w = slot_weight;
+    if (p.normalize) w = w / (sum + 1e-20f);
+    ids[t * ids_stride + e] = slot_id;
+    weights[t * weights_stride + e] = w * p.scale;
+  }
+}
+
 // ---- Routed experts -------------------------------------------------------------------------
 
 constexpr int kGemvWarps = 8;  // output rows per block, one warp each
@@ -748,6 +922,18 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
   if (logits == nullptr || ids == nullptr || weights == nullptr || error_flag == nullptr) {
     return cudaErrorInvalidValue;
   }
+  if (experts <= kMoeRouteMaxBlockExperts && !p.warp_per_row) {
+    // One block per row, one thread per expert (rounded up to whole warps).
+    if (tokens > INT_MAX) return cudaErrorInvalidValue;
+    const unsigned threads =
+        static_cast<unsigned>((experts + kWarpSize - 1) / kWarpSize * kWarpSize);
+    const size_t shared_bytes = (static_cast<size_t>(experts) + p.n_group) * sizeof(float);
+    MoeRouteBlockKernel<<<static_cast<unsigned>(tokens), threads, shared_bytes, stream>>>(
+        logits, logits_stride, correction_bias, static_cast<int>(experts), p, ids, ids_stride,
+        weights, weights_stride, error_flag, error_code, bias_error_code);
+    return cudaGetLastError();
+  }
+  // One warp per row, up to kRouteMaxRowsPerBlock rows a block as their shared slices fit.
   const size_t row_bytes = (2 * static_cast<size_t>(experts) + p.n_group) * sizeof(float);
   const int64_t fit = static_cast<int64_t>(kRouteSharedBytes / row_bytes);  // >= 1 by the bound
   const int64_t rows = fit < kRouteMaxRowsPerBlock ? fit : kRouteMaxRowsPerBlock;

@@ -27,10 +27,15 @@ struct MoeRouteLaunchParams {
   bool group_top2 = false;  // group score = sum of its two best biased scores (noaux_tc), else max
   bool normalize = false;   // divide the chosen scores by their sum + 1e-20
   float scale = 1.0f;       // then multiply by this (1 where the method does not scale)
+  // Tests only: route with the one-warp-per-row kernel at any expert count (see LaunchMoeRoute),
+  // to hold the two kernels to the same outputs.
+  bool warp_per_row = false;
 };
 
 // Largest expert count LaunchMoeRoute takes (per-row working set in shared memory).
 inline constexpr int64_t kMoeRouteMaxExperts = 4096;
+// Largest expert count LaunchMoeRoute routes with one thread block per row (one thread per expert).
+inline constexpr int64_t kMoeRouteMaxBlockExperts = 1024;
 
 // Per token row t: selection score c[e] = score[e] + correction_bias[e] (bias only when given);
 // with topk_group < n_group, keep the topk_group groups of highest group score and exclude the
@@ -44,6 +49,11 @@ inline constexpr int64_t kMoeRouteMaxExperts = 4096;
 //                  non-finite bias leaves every row unwritten and records bias_error_code | the
 //                  lowest such expert (when both happen, either may be the one kept)
 // 1 <= experts <= kMoeRouteMaxExperts; n_group divides experts; group_top2 needs >= 2 per group.
+// Two kernels, the same outputs: up to kMoeRouteMaxBlockExperts experts, one thread block per row
+// with a thread per expert (block-wide reductions: the latency of a decode step's few rows);
+// above, one warp per row, each lane scanning experts / 32 of them. Both give the same bits: the
+// same float operations in the same order where the order matters (the softmax's fp64 sum, the
+// sum of the chosen scores in slot order).
 cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const float* correction_bias,
                            int64_t tokens, int64_t experts, const MoeRouteLaunchParams& params,
                            int32_t* ids, int64_t ids_stride, float* weights, int64_t weights_stride,

@@ -8,6 +8,7 @@
 // expert outputs within 1e-5 relative (RelError: max |diff| / max |cpu|), fp32 dot products of up
 // to 7168 terms summed in different orders.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -281,7 +282,7 @@ class CudaBackendMoeRouteTest : public CudaBackendMoeTest,
 
 TEST_P(CudaBackendMoeRouteTest, MatchesCpu) {
   const RouteCase& c = GetParam();
-  for (const int64_t tokens : {1, 5, 133}) {
+  for (const int64_t tokens : {1, 7, 300}) {
     SCOPED_TRACE(tokens);
     ExpectRouteParity(MakeRouteInputs(tokens, c.experts, c.params, 100 + tokens), c.experts,
                       c.params);
@@ -319,6 +320,60 @@ TEST_P(CudaBackendMoeRouteTest, AllNegativeScores) {
   negative.offset = c.params.scoring_func == ScoringFunc::kSoftmax ? -40.0f : -4.0f;
   negative.bias_offset = -3.0f;
   ExpectRouteParity(MakeRouteInputs(32, c.experts, c.params, 11, negative), c.experts, c.params);
+}
+
+// LaunchMoeRoute's two kernels on the same device inputs: the same ids and the same weight bits
+// (for experts <= kMoeRouteMaxBlockExperts, where the block kernel is the one LaunchMoeRoute takes;
+// above, only the warp kernel exists).
+TEST_P(CudaBackendMoeRouteTest, BlockKernelMatchesWarpKernelBitwise) {
+  const RouteCase& c = GetParam();
+  if (c.experts > cuda::kMoeRouteMaxBlockExperts) GTEST_SKIP() << "one kernel only";
+  Draw coarse;
+  coarse.step = 0.5f;
+  coarse.bias_step = 0.25f;
+  for (const RouteInputs& in : {MakeRouteInputs(1, c.experts, c.params, 21),
+                                MakeRouteInputs(300, c.experts, c.params, 22),
+                                MakeRouteInputs(64, c.experts, c.params, 23, coarse)}) {
+    const int64_t tokens = in.logits.dim(0);
+    const int64_t top_k = c.params.top_k;
+    const bool grouped = c.params.topk_method != TopkMethod::kGreedy;
+    const bool noaux = c.params.topk_method == TopkMethod::kNoauxTc;
+    cuda::MoeRouteLaunchParams lp;
+    lp.top_k = c.params.top_k;
+    lp.n_group = grouped ? c.params.n_group : 1;
+    lp.topk_group = grouped ? c.params.topk_group : 1;
+    lp.sigmoid = c.params.scoring_func == ScoringFunc::kSigmoid;
+    lp.group_top2 = noaux;
+    lp.normalize = c.params.norm_topk_prob && (noaux || top_k > 1);
+    lp.scale = noaux || !lp.normalize ? c.params.routed_scaling_factor : 1.0f;
+    Tensor logits = Upload(in.logits);
+    Tensor bias;
+    if (!in.bias.empty()) bias = Upload(in.bias);
+    Tensor flag = Upload(*Tensor::Zeros(DType::kI32, Shape{1}));
+    Routed out[2];
+    for (const bool warp_per_row : {false, true}) {
+      lp.warp_per_row = warp_per_row;
+      Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, top_k}, gpu_->allocator());
+      Tensor weights = *Tensor::Empty(DType::kF32, Shape{tokens, top_k}, gpu_->allocator());
+      ASSERT_EQ(cuda::LaunchMoeRoute(logits.data_as<const float>(), logits.view().stride(0),
+                                     bias.empty() ? nullptr : bias.data_as<const float>(), tokens,
+                                     c.experts, lp, ids.data_as<int32_t>(), top_k,
+                                     weights.data_as<float>(), top_k, flag.data_as<int>(),
+                                     /*error_code=*/1 << 24, /*bias_error_code=*/2 << 24,
+                                     gpu_->stream()),
+                cudaSuccess);
+      out[warp_per_row] = Routed{Download(ids), Download(weights)};
+    }
+    EXPECT_EQ(Download(flag).data_as<int32_t>()[0], 0);
+    for (int64_t i = 0; i < tokens * top_k; ++i) {
+      ASSERT_EQ(out[0].ids.data_as<int32_t>()[i], out[1].ids.data_as<int32_t>()[i])
+          << "row " << i / top_k << " slot " << i % top_k;
+      EXPECT_EQ(std::bit_cast<uint32_t>(out[0].weights.data_as<float>()[i]),
+                std::bit_cast<uint32_t>(out[1].weights.data_as<float>()[i]))
+          << "row " << i / top_k << " slot " << i % top_k << ": block "
+          << out[0].weights.data_as<float>()[i] << " warp " << out[1].weights.data_as<float>()[i];
+    }
+  }
 }
 
 // A non-finite logit: the op itself succeeds (the check runs on the device), Synchronize reports
@@ -360,22 +415,49 @@ INSTANTIATE_TEST_SUITE_P(
                   Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 8, 1, 1, true, 2.827f)},
         // More groups than a warp has lanes, one kept.
         RouteCase{"noaux_64g_top1_k2", 256,
-                  Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 2, 64, 1, true, 1.0f)}),
+                  Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 2, 64, 1, true, 1.0f)},
+        // Groups of 48 (more than a warp, not a multiple of it).
+        RouteCase{"noaux_384_8g_top4_k8", 384,
+                  Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 8, 8, 4, true, 2.5f)},
+        // Expert counts that are not whole warps (the block kernel's idle threads).
+        RouteCase{
+            "group_limited_100_4g_top2_k6", 100,
+            Params(ScoringFunc::kSoftmax, TopkMethod::kGroupLimitedGreedy, 6, 4, 2, true, 1.0f)},
+        RouteCase{"greedy_3_k2", 3,
+                  Params(ScoringFunc::kSoftmax, TopkMethod::kGreedy, 2, 1, 1, true, 1.0f)},
+        // The largest block (1024 threads), 32 groups of 32.
+        RouteCase{"noaux_1024_32g_top4_k8", 1024,
+                  Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 8, 32, 4, true, 2.5f)},
+        // Past kMoeRouteMaxBlockExperts: the one-warp-per-row kernel.
+        RouteCase{"warp_kernel_noaux_1536_8g_top4_k8", 1536,
+                  Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 8, 8, 4, true, 2.5f)},
+        // Normalized: unnormalized softmax weights at this E carry the CPU's fp32 sum's rounding,
+        // beyond WeightTolerance (that path of the warp kernel is held to the block kernel's bits
+        // by BlockKernelMatchesWarpKernelBitwise).
+        RouteCase{
+            "warp_kernel_group_limited_1536_8g_top3_k6_normalized", 1536,
+            Params(ScoringFunc::kSoftmax, TopkMethod::kGroupLimitedGreedy, 6, 8, 3, true, 1.0f)}),
     [](const ::testing::TestParamInfo<RouteCase>& info) { return std::string(info.param.name); });
 
+// Both kernels (256 experts: one block per row; 1536: one warp per row). Two bad biases: the lower
+// expert is the one reported.
 TEST_F(CudaBackendMoeTest, RouteNonFiniteBiasIsReportedAtSynchronize) {
   const MoeRoutingParams p =
       Params(ScoringFunc::kSigmoid, TopkMethod::kNoauxTc, 8, 8, 4, true, 2.5f);
-  RouteInputs in = MakeRouteInputs(4, 256, p, 13);
-  in.bias.data_as<float>()[17] = kNaN;
-  Routed gpu;
-  ASSERT_TRUE(RouteGpu(in.logits, 256, in.bias, p, &gpu).ok());
-  const absl::Status s = gpu_->Synchronize();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("MoeRoute")) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("17")) << s;
-  for (int64_t i = 0; i < gpu.ids.numel(); ++i) EXPECT_EQ(gpu.ids.data_as<int32_t>()[i], -1);
-  EXPECT_TRUE(gpu_->Synchronize().ok());
+  for (const int64_t experts : {256, 1536}) {
+    SCOPED_TRACE(experts);
+    RouteInputs in = MakeRouteInputs(4, experts, p, 13);
+    in.bias.data_as<float>()[experts - 3] = kInf;
+    in.bias.data_as<float>()[17] = kNaN;
+    Routed gpu;
+    ASSERT_TRUE(RouteGpu(in.logits, experts, in.bias, p, &gpu).ok());
+    const absl::Status s = gpu_->Synchronize();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("MoeRoute")) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("17")) << s;
+    for (int64_t i = 0; i < gpu.ids.numel(); ++i) EXPECT_EQ(gpu.ids.data_as<int32_t>()[i], -1);
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+  }
 }
 
 // Shape / dtype / params errors come back from the call itself, as InvalidArgument.
