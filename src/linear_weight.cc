@@ -1,5 +1,6 @@
 #include "linear_weight.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -162,15 +163,35 @@ absl::Status LinearWeight::Apply(Backend& backend, const TensorView& a, const Te
 absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint& checkpoint, const WeightSpec& spec,
                                               StoredForm form, const QuantizationConfig& quantization,
                                               const ShardSpec& shard, const LinearWeightLoad& load) {
+  WeightLoadStats unused;
+  WeightLoadStats& stats = load.stats != nullptr ? *load.stats : unused;
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  ++stats.tensors;
   if (form != StoredForm::kPlain && load.keep_quantized.value_or(backend.keeps_quantized(FormatOf(form)))) {
+    Clock::time_point start = Clock::now();
     EAGLE3_ASSIGN_OR_RETURN(QuantizedShard host, ReadQuantizedShard(checkpoint, spec, form, quantization, shard));
-    if (form == StoredForm::kFp8Block || AllBf16(host.scales)) return LoadQuantized(backend, std::move(host));
+    stats.read_seconds += since(start);
+    if (form == StoredForm::kFp8Block || AllBf16(host.scales)) {
+      stats.host_bytes += static_cast<int64_t>(host.codes.nbytes() + host.scales.nbytes());
+      start = Clock::now();
+      absl::StatusOr<LinearWeight> loaded = LoadQuantized(backend, std::move(host));
+      stats.device_seconds += since(start);
+      return loaded;
+    }
   }
+  Clock::time_point start = Clock::now();
   EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadWeightShard(checkpoint, spec, form, quantization, shard, load.dense_dtype));
+  stats.read_seconds += since(start);
+  stats.host_bytes += static_cast<int64_t>(host.nbytes());
   if (backend.device().is_cpu()) return LinearWeight(std::move(host));
+  start = Clock::now();
   EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend.allocator()));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));
   EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  stats.device_seconds += since(start);
   return LinearWeight(std::move(device));
 }
 

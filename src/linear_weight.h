@@ -21,6 +21,7 @@
 #include "eagle3/quantization_config.h"
 #include "eagle3/quantized_weight_view.h"
 #include "eagle3/tensor.h"
+#include "eagle3/weight_load_stats.h"
 
 namespace eagle3 {
 
@@ -81,6 +82,8 @@ struct LinearWeightLoad {
   DType dense_dtype = DType::kF32;
   // Keep a quantized weight in its stored form. Unset: when backend.keeps_quantized(its format).
   std::optional<bool> keep_quantized;
+  // Where the load's time goes (host reads, device copies) is added here; nullptr: not counted.
+  WeightLoadStats* stats = nullptr;
 };
 
 // The `shard` slice of `spec`, stored as `form` under `quantization` (run CheckStoredWeight first),

@@ -1,6 +1,7 @@
 #include "eagle3/target_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -119,6 +120,7 @@ struct TargetModel::Impl {
   }
 
   absl::Status LoadWeights();
+  WeightLoadStats load_stats;  // LoadWeights' times
   absl::Status CheckBuffersFit() const;
   absl::Status AllocateWorkspaces();
 
@@ -145,6 +147,9 @@ struct TargetModel::Impl {
 };
 
 absl::Status TargetModel::Impl::LoadWeights() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const std::vector<WeightSpec> specs = DeepseekV2Weights(config);
   // How each weight is stored (quantized ones with their scales), from config.json's
   // quantization_config: the target's alone, never the draft's.
@@ -154,9 +159,11 @@ absl::Status TargetModel::Impl::LoadWeights() {
     EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint, specs[i], forms[i], config.quantization));
   }
   EAGLE3_RETURN_IF_ERROR(CheckNoUnknownTensors(*checkpoint, config, specs));
+  load_stats.check_seconds = since(start);
   WeightLoader loader(*checkpoint, config.quantization, specs, forms, options.tp_size, options.rank, *backend,
                       WeightLoader::Checks::kSchemaChecked);
   loader.set_keep_quantized(options.keep_quantized);
+  loader.set_stats(&load_stats);
   // Gemm weights and the embedding in weight_dtype; norms (and, in FeedForwardBlock, the router and
   // its bias) in f32.
   EAGLE3_ASSIGN_OR_RETURN(embed, loader.Load(DeepseekEmbeddingName(config), weight_dtype));
@@ -178,6 +185,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
   if (!config.tie_word_embeddings) {
     EAGLE3_ASSIGN_OR_RETURN(lm_head, loader.Load(config.tensor_prefix + "lm_head.weight", weight_dtype));
   }
+  load_stats.total_seconds = since(start);
   return absl::OkStatus();
 }
 
@@ -620,6 +628,8 @@ TargetModel::~TargetModel() = default;
 
 const DeepseekV2Config& TargetModel::config() const { return impl_->config; }
 const TargetModelOptions& TargetModel::options() const { return impl_->options; }
+
+const WeightLoadStats& TargetModel::load_stats() const { return impl_->load_stats; }
 
 TensorView TargetModel::kv_cache(int layer) const {
   if (layer < 0 || layer >= static_cast<int>(impl_->layers.size())) return TensorView();

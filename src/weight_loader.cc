@@ -1,5 +1,7 @@
 #include "weight_loader.h"
 
+#include <chrono>
+
 #include <utility>
 
 #include "eagle3/status.h"
@@ -56,13 +58,23 @@ absl::StatusOr<Tensor> WeightLoader::ReadHost(const WeightSpec& spec, DType dtyp
 
 absl::StatusOr<Tensor> WeightLoader::ToDevice(Tensor host) {
   if (backend_->device().is_cpu()) return host;
+  const auto start = std::chrono::steady_clock::now();
   EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend_->allocator()));
   EAGLE3_RETURN_IF_ERROR(backend_->Copy(host, device));
+  if (stats_ != nullptr) {
+    stats_->device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   return device;
 }
 
 absl::StatusOr<Tensor> WeightLoader::Load(const WeightSpec& spec, DType dtype) {
+  const auto start = std::chrono::steady_clock::now();
   EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadHost(spec, dtype));
+  if (stats_ != nullptr) {
+    ++stats_->tensors;
+    stats_->host_bytes += static_cast<int64_t>(host.nbytes());
+    stats_->read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   return ToDevice(std::move(host));
 }
 
@@ -79,6 +91,7 @@ absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DT
   LinearWeightLoad load;
   load.dense_dtype = dense_dtype;
   load.keep_quantized = keep_quantized_;
+  load.stats = stats_;
   return LoadLinearWeight(*backend_, *checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), load);
 }
 

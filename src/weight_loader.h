@@ -23,6 +23,7 @@
 #include "eagle3/dtype.h"
 #include "eagle3/quantization_config.h"
 #include "eagle3/tensor.h"
+#include "eagle3/weight_load_stats.h"
 #include "linear_weight.h"
 
 namespace eagle3 {
@@ -74,6 +75,10 @@ class WeightLoader {
   void set_keep_quantized(std::optional<bool> keep) { keep_quantized_ = keep; }
   std::optional<bool> keep_quantized() const { return keep_quantized_; }
 
+  // Counts every later load's time and bytes into *stats (WeightLoadStats; nullptr: none). `stats`
+  // must outlive the loads.
+  void set_stats(WeightLoadStats* stats) { stats_ = stats; }
+
   Backend& backend() const { return *backend_; }
 
  private:
@@ -90,6 +95,7 @@ class WeightLoader {
   Backend* backend_;
   Checks checks_;
   std::optional<bool> keep_quantized_;
+  WeightLoadStats* stats_ = nullptr;
 };
 
 }  // namespace eagle3

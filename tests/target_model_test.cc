@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/half.h"
 #include "eagle3/status.h"
 #include "eagle3/testing/random_checkpoint.h"
@@ -268,6 +269,36 @@ TEST_P(TargetModelTest, PageTableLongerThanThePoolUsesItsFirstPages) {
   const absl::Status negative = (*model)->CommitAccepted(repeating, -1, first);
   EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
   EXPECT_NE(negative.message().find("cache_len -1"), std::string::npos) << negative;
+}
+
+// Create's load statistics count every schema tensor once, and their times are parts of the whole
+// (the check before any read, then each tensor's read and its device copy, disjoint intervals).
+TEST_P(TargetModelTest, LoadStatsCountEveryWeight) {
+  int64_t tp1_bytes = 0;
+  for (const int tp : {1, 2}) {
+    std::vector<WeightLoadStats> stats(static_cast<size_t>(tp));
+    const absl::Status status = RunRankThreads(tp, [&](int rank, Communicator* comm) -> absl::Status {
+      cpu::CpuBackend backend;
+      TargetModelOptions o = Options(tp, ResidualMode::kReplicated);
+      o.rank = rank;
+      EAGLE3_ASSIGN_OR_RETURN(auto model, TargetModel::Create(dir_.path(), o, comm, &backend));
+      stats[static_cast<size_t>(rank)] = model->load_stats();
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(status.ok()) << status;
+    for (int rank = 0; rank < tp; ++rank) {
+      const WeightLoadStats& s = stats[static_cast<size_t>(rank)];
+      const std::string what = "tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+      EXPECT_EQ(s.tensors, static_cast<int64_t>(DeepseekV2Weights(config_).size())) << what;
+      EXPECT_GT(s.host_bytes, 0) << what;
+      EXPECT_GT(s.read_seconds, 0.0) << what;
+      EXPECT_GE(s.device_seconds, 0.0) << what;
+      EXPECT_GE(s.total_seconds, s.check_seconds + s.read_seconds + s.device_seconds) << what;
+      // A rank reads its own shards: fewer bytes than the whole model at TP 2.
+      if (tp == 1) tp1_bytes = s.host_bytes;
+      if (tp == 2) EXPECT_LT(s.host_bytes, tp1_bytes) << what;
+    }
+  }
 }
 
 // A tree over a 5-token prefix: root r (last verified token) with children a, b; a has child c.

@@ -23,6 +23,7 @@
 #include "eagle3/hidden_state_tap.h"
 #include "eagle3/model_rank_options.h"
 #include "eagle3/tensor_view.h"
+#include "eagle3/weight_load_stats.h"
 
 namespace eagle3 {
 
@@ -117,6 +118,8 @@ class EAGLE3_API TargetModel {
 
   const DeepseekV2Config& config() const;
   const TargetModelOptions& options() const;
+  // How Create's weight loading spent its time (host reads, device copies).
+  const WeightLoadStats& load_stats() const;
 
   // Layer `layer`'s latent KV cache, on the backend's device: [num_kv_pages, page_size,
   // kv_lora_rank + qk_rope_head_dim] in options().kv_cache_dtype (f32 unset), contiguous; position s
