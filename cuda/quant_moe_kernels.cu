@@ -386,8 +386,9 @@ __global__ void __launch_bounds__(kThreads)
 // Grouped step 3b, block j per job: act rows q < count of job j's slot = bf16(silu(gate) * up), from
 // the gate-up GEMV's items 2j (gate) and 2j + 1 (up), [8, inter] each (rows past the job's count
 // are not written by it, and not read by the down GEMV). Its own kernel rather than the
-// down GEMV's activation staging: that stages each job's rows once per block of down rows (56 at
-// hidden 7168), which reads 4x the bytes and repeats the exponentials as often.
+// down GEMV's activation staging: that stages each job's rows once per block of down rows (several
+// per job at every plan the down product takes), which repeats the reads and the exponentials as
+// often.
 __global__ void __launch_bounds__(kThreads)
     QuantMoeSiluMulKernel(const float* __restrict__ gate_up, int64_t inter, const int32_t* __restrict__ jobs,
                           const int32_t* __restrict__ num_jobs, uint16_t* __restrict__ act, int64_t act_ld) {

@@ -367,6 +367,7 @@ struct RunResult {
   std::string weights;   // the weight dtype the models ran with
   std::string comm;      // the collectives of tp > 1
   double load_seconds = 0;  // rank 0's model creation (weights loaded)
+  eagle3::WeightLoadStats target_weights;  // where rank 0's target load spent its time
   eagle3::Device device;    // rank 0's
 };
 
@@ -489,8 +490,9 @@ absl::StatusOr<RunResult> Decode(const Flags& flags, const std::vector<std::vect
     eagle3::SpeculativeDecoder decoder = make_decoder(options);
     EAGLE3_ASSIGN_OR_RETURN(auto out, decoder.Generate(prompts, &stats));
     if (rank == 0) {
-      result = RunResult{std::move(out), stats, ctx.LauncherSummary(), eagle3::examples::WeightsName(flags.weights, *backend),
-                         ctx.comm_name, load_seconds, backend->device()};
+      result = RunResult{std::move(out),         stats,        ctx.LauncherSummary(),
+                         eagle3::examples::WeightsName(flags.weights, *backend), ctx.comm_name, load_seconds,
+                         target->load_stats(),   backend->device()};
     }
     return absl::OkStatus();
   }));
@@ -825,12 +827,19 @@ absl::Status Run(Flags flags) {
         .Number("device_to_host_bytes_per_step",
                 per_step(st.device_to_host_bytes, st.device_steps));
   };
-  // Load: model creation; generate: the timed Generate, prefill + decode; with --loop host, also
-  // target, draft and verify within it (the device step runs them as one unit, untimed apart).
+  // Load: model creation, and within it the target's weights (TargetModel::load_stats: the whole,
+  // its checks, host reads and device copies); generate: the timed Generate, prefill + decode;
+  // with --loop host, also target, draft and verify within it (the device step runs them as one
+  // unit, untimed apart).
   auto run_seconds = [](const RunResult& run) {
     const eagle3::DecodeStats& st = run.stats;
+    const eagle3::WeightLoadStats& w = run.target_weights;
     return JsonObject()
         .Number("load", run.load_seconds)
+        .Number("target_weights", w.total_seconds)
+        .Number("target_weights_check", w.check_seconds)
+        .Number("target_weights_read", w.read_seconds)
+        .Number("target_weights_device", w.device_seconds)
         .Number("generate", st.total_seconds)
         .Number("prefill", st.prefill_seconds)
         .Number("decode", st.total_seconds - st.prefill_seconds);

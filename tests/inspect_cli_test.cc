@@ -320,6 +320,13 @@ TEST(InspectCliTest, DecodeJsonHoldsSettingsAndTimes) {
   for (const std::string run_name : {"plain", "speculative"}) {
     const nlohmann::json& t = j["seconds"][run_name];
     EXPECT_GT(t["load"].get<double>(), 0) << run_name;
+    // The target's weights within the load: their checks, host reads and device copies.
+    const double weights = t["target_weights"].get<double>();
+    EXPECT_GT(t["target_weights_read"].get<double>(), 0) << run_name;
+    EXPECT_GE(weights, t["target_weights_check"].get<double>() + t["target_weights_read"].get<double>() +
+                           t["target_weights_device"].get<double>())
+        << run_name;
+    EXPECT_LE(weights, t["load"].get<double>()) << run_name;
     const double generate = t["generate"].get<double>(), prefill = t["prefill"].get<double>();
     EXPECT_GT(generate, 0) << run_name;
     EXPECT_GT(prefill, 0) << run_name;
