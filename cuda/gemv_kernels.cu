@@ -10,11 +10,18 @@
 // chunks in order; the 8 lanes of a row reduce by an xor butterfly (every lane ends with the same
 // bits) and the wk warps of a group add their partials in warp order: deterministic.
 //
+// Few rows over a long K (a MoE router's 256 x 7168, more so at 8 activation rows, where a block
+// takes fewer rows) leave most multiprocessors idle even at wk = 8: the kernel then splits K
+// between the `ksplit` blocks of a thread-block cluster, each streaming one contiguous part of
+// every row of its block, and rank 0 adds the ranks' sums in rank order from their shared memory
+// (distributed shared memory: no scratch, no second launch, the same bits every run).
+//
 // Two to kGemvMaxRows activation rows with bf16 weights run GemvMmaKernel instead (below): the
 // weights are the A operand of m16n8k16 tensor-core products and the (bf16-rounded) activation rows
 // the B operand, so a weight element costs no CUDA-core FMAs whatever M is. On the H200 the FMA
 // kernel above reached 2.0-2.3 TB/s at M = 4 against 3.9 TB/s at M = 1 (ncu, the DeepSeek-V3 draft
 // step at TP 1): each 16-byte chunk fed 32 FMAs, 8 shared loads and the bf16 unpacking.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -25,6 +32,8 @@
 
 namespace eagle3::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -50,6 +59,8 @@ struct GemvArgs {
   float alpha, beta;
   int wk;           // warps per row group: 1, 2, 4 or 8
   int tile_chunks;  // chunks per activation tile
+  int ksplit;       // GemvKernel: blocks of a cluster splitting K (1: no split)
+  int64_t part_chunks;  // GemvKernel with ksplit > 1: whole chunks of K per cluster rank
   bool programmatic;  // host only: launched with the programmatic-serialization attribute
 };
 
@@ -227,20 +238,35 @@ template <int kM>
 constexpr int kBatchChunks = kM >= 8 ? 2 : kM >= 4 ? 4 : 8;
 
 template <typename W, int kM>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(GemvArgs p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(const GemvArgs args) {
   static_assert(kM <= kLanesPerRow, "one output row per lane of a row's lanes");
   constexpr int kVec = Chunk<W>::kVec;
   constexpr int kBatch = kBatchChunks<kM>;
   extern __shared__ float4 tile[];
   __shared__ float partial[kWarps][kRowsPerWarp][kM];
 
+  // With a K split, this block is cluster rank `part` of its row block and sees its part of K as
+  // the whole problem: a and b start at the part's first element, k is the part's length (whole
+  // chunks but for the last part's tail), so the loops below are those of an unsplit block.
+  GemvArgs p = args;
+  int part = 0;
+  int64_t row_block = blockIdx.x;
+  if (args.ksplit > 1) {
+    part = static_cast<int>(blockIdx.x % args.ksplit);  // the cluster rank: clusters run along x
+    row_block = blockIdx.x / args.ksplit;
+    const int64_t begin = part * args.part_chunks * kVec;
+    p.k = begin < args.k ? min(args.k - begin, args.part_chunks * kVec) : 0;
+    const int64_t a_size = args.a_bf16 ? sizeof(uint16_t) : sizeof(float);
+    p.a = static_cast<const char*>(args.a) + begin * a_size;
+    p.b = static_cast<const W*>(args.b) + begin;
+  }
+
   const int64_t item = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / p.wk, warp_in_group = warp % p.wk;
   const int rows_per_block = kRowsPerWarp * (kWarps / p.wk);
   const int row_in_warp = lane / kLanesPerRow, lane_in_row = lane % kLanesPerRow;
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * rows_per_block + group * kRowsPerWarp + row_in_warp;
+  const int64_t row = row_block * rows_per_block + group * kRowsPerWarp + row_in_warp;
   LaneWork<W> lw;
   lw.active = row < p.n;
   lw.row = static_cast<const W*>(p.b) + item * p.stride_b + (lw.active ? row * p.ldb : 0);
@@ -304,16 +330,31 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(GemvArgs p)
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kM; ++i) sum = i == m ? acc[i] : sum;
+  const bool owner = warp_in_group == 0;  // a group's sums end in its first warp
   if (p.wk > 1) {
     if (m < kM) partial[warp][row_in_warp][m] = sum;
     __syncthreads();
-    if (warp_in_group != 0) return;
-    if (m < kM) {
+    if (owner && m < kM) {
       sum = partial[warp][row_in_warp][m];
       for (int w = 1; w < p.wk; ++w) sum += partial[warp + w][row_in_warp][m];
     }
   }
-  if (!lw.active || m >= p.m) return;
+  if (p.ksplit > 1) {
+    // Every thread of every rank reaches both cluster barriers (no early return above). The
+    // partial array, read above, now holds each of the block's rows' sums: [rows][kM].
+    float* rank_sums = &partial[0][0][0];
+    const int r = group * kRowsPerWarp + row_in_warp;
+    if (p.wk > 1) __syncthreads();  // every group has read its warps' partials
+    if (owner && m < kM) rank_sums[r * kM + m] = sum;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's sums are written
+    if (part == 0 && owner && m < kM) {
+      for (int q = 1; q < p.ksplit; ++q) sum += cluster.map_shared_rank(rank_sums, q)[r * kM + m];
+    }
+    cluster.sync();  // no rank leaves while rank 0 still reads its shared memory
+    if (part != 0) return;
+  }
+  if (!owner || !lw.active || m >= p.m) return;
   float* out = p.c + item * p.stride_c + m * p.ldc + row;
   float v = p.alpha * sum;
   if (p.beta != 0.0f) v += p.beta * *out;
@@ -321,34 +362,67 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(GemvArgs p)
   *out = v;
 }
 
-template <typename W, int kM>
-cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
-  constexpr int kVec = Chunk<W>::kVec;
-  const int64_t chunks = (p.k + kVec - 1) / kVec;
-  const int64_t budget = kTileBytes / (kM * kVec * static_cast<int64_t>(sizeof(float)));
-  p.tile_chunks = static_cast<int>(chunks < budget ? chunks : budget);
+// The largest K split (a portable cluster size) and the fewest chunks each lane of a split part
+// streams.
+constexpr int kMaxGemvSplit = 8;
+constexpr int kMinSplitLaneChunks = 4;
+
+// How GemvKernel<W, kM> covers a problem: warps per row group, K split, chunks per activation tile
+// and per split part.
+struct GemvTiling {
+  int wk = 1, ksplit = 1, tile_chunks = 0;
+  int64_t part_chunks = 0;
+};
+
+// kVec: weight elements per 16-byte chunk.
+GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch, int sm_count) {
+  GemvTiling t;
+  const int64_t chunks = (k + k_vec - 1) / k_vec;
+  const int64_t budget = kTileBytes / (k_m * k_vec * static_cast<int64_t>(sizeof(float)));
+  t.tile_chunks = static_cast<int>(chunks < budget ? chunks : budget);
   // Warps per row: the most that keep the grid within one wave of resident blocks (fewer, longer
   // blocks keep more of each lane's chunks in flight and pay the tile staging and the reduction
   // less often) and leave each lane two chunks of a tile; past 4 activation rows at most 4, so
   // that the tile a block stages stays small beside the weight bytes it streams. (Choosing wk for
   // the least loaded busiest multiprocessor instead, which takes more, smaller blocks, was slower
   // at every shape measured: benchmarks/NOTES.md.)
-  const int max_wk = kM >= 8 ? 4 : kWarps;
+  const int max_wk = k_m >= 8 ? 4 : kWarps;
   const int64_t wave = static_cast<int64_t>(kBlocksPerSm) * sm_count;
   const auto blocks_for = [&](int wk) {
     const int64_t rows_per_block = kRowsPerWarp * (kWarps / wk);
-    return (p.n + rows_per_block - 1) / rows_per_block;
+    return (n + rows_per_block - 1) / rows_per_block;
   };
-  p.wk = 1;
-  while (p.wk < max_wk && 2 * p.wk * kLanesPerRow * 2 <= p.tile_chunks &&
-         blocks_for(2 * p.wk) * batch <= wave) {
-    p.wk *= 2;
+  while (t.wk < max_wk && 2 * t.wk * kLanesPerRow * 2 <= t.tile_chunks && blocks_for(2 * t.wk) * batch <= wave) {
+    t.wk *= 2;
   }
-  const int64_t blocks = blocks_for(p.wk);
+  // K split over a cluster while the grid, doubled, still fits one wave and each lane of a part
+  // keeps at least kMinSplitLaneChunks chunks (fewer would leave the split's cluster barriers and
+  // staging as the cost).
+  const int64_t blocks = blocks_for(t.wk);
+  while (2 * t.ksplit <= kMaxGemvSplit && 2 * t.ksplit * blocks * batch <= wave &&
+         chunks / (2 * t.ksplit) >= static_cast<int64_t>(kMinSplitLaneChunks) * t.wk * kLanesPerRow) {
+    t.ksplit *= 2;
+  }
+  t.part_chunks = (chunks + t.ksplit - 1) / t.ksplit;
+  if (t.ksplit > 1) t.tile_chunks = static_cast<int>(t.part_chunks < budget ? t.part_chunks : budget);
+  return t;
+}
+
+template <typename W, int kM>
+cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
+  constexpr int kVec = Chunk<W>::kVec;
+  const GemvTiling t = ChooseTiling(kM, kVec, p.n, p.k, batch, sm_count);
+  p.wk = t.wk;
+  p.ksplit = t.ksplit;
+  p.tile_chunks = t.tile_chunks;
+  p.part_chunks = t.part_chunks;
+  const int64_t rows_per_block = kRowsPerWarp * (kWarps / p.wk);
+  const int64_t blocks = (p.n + rows_per_block - 1) / rows_per_block * p.ksplit;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(kM) * kVec * sizeof(float) * p.tile_chunks;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
-  return LaunchKernel(p.programmatic, GemvKernel<W, kM>, grid, dim3(kThreads), smem, stream, p);
+  return LaunchKernelInClusters(p.programmatic, static_cast<unsigned>(p.ksplit), GemvKernel<W, kM>, grid,
+                                dim3(kThreads), smem, stream, p);
 }
 
 // GemvMmaKernel: block (x, item) computes 8 / wk groups of 16 weight rows of item `item` for all M
@@ -527,7 +601,16 @@ cudaError_t LaunchRows(const GemvArgs& p, int64_t batch, int sm_count, cudaStrea
   return Launch<W, 8>(p, batch, sm_count, stream);
 }
 
+int RowsBucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
+
 }  // namespace
+
+int GemvKSplit(GemvType b_type, int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
+  if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || sm_count < 1) return 1;
+  if (b_type == GemvType::kBF16 && m >= 2) return 1;  // GemvMmaKernel
+  const int vec = b_type == GemvType::kBF16 ? 8 : 4;
+  return ChooseTiling(RowsBucket(m), vec, n, k, batch, sm_count).ksplit;
+}
 
 cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                        const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b, float* c,

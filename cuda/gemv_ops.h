@@ -60,4 +60,11 @@ cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batc
                        int64_t m, int64_t n, int64_t k, float alpha, float beta, bool programmatic,
                        cudaStream_t stream);
 
+// The K split LaunchGemv uses for these sizes on a device of sm_count multiprocessors: how many
+// blocks of a thread-block cluster share each weight row's K (1: none; always 1 on the tensor-core
+// path, bf16 weights with 2 or more rows). A few rows over a long K (a MoE router) split so that
+// the grid fills the GPU; the rank sums add in rank order, so results stay deterministic, but
+// differ in fp32 rounding from an unsplit product. Sizes outside LaunchGemv's contract: 1.
+int GemvKSplit(GemvType b_type, int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count);
+
 }  // namespace eagle3::cuda

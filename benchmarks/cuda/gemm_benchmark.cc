@@ -1,4 +1,4 @@
-// Small-M products with bf16 weights and f32 activations, as decode steps run them (timed with CUDA
+// Small-M products with bf16 (one shape: f32) weights and f32 activations, as decode steps run them (timed with CUDA
 // events, bench_util.h), each against its weight-streaming floor.
 //
 //   BM_GemmSmallM/shape/m/path : CudaBackend::Gemm, or BatchedGemm for the per-head shapes, of m
@@ -7,6 +7,9 @@
 //         3 o_proj 5120 x 2048          4 shared-expert gate_up 768 x 5120
 //         5 shared-expert down 5120 x 384                                6 router 160 x 5120
 //         7 V3 draft fc 7168 x 21504    8 W_UK: 16 heads of 512 x 128    9 W_UV: 16 heads of 128 x 512
+//         10 V3 router 256 x 7168 with f32 weights (as the library keeps routers)
+//       counter ksplit: the K split of the GEMV kernel (cuda/gemv_ops.h GemvKSplit; absent past
+//       kGemvMaxRows rows)
 //       path 0 is what the backend picks (by default CudaBackendOptions::small_m_gemv: the GEMV
 //       kernel up to kGemvMaxRows rows, cuBLASLt above; with EAGLE3_BENCH_SMALL_M_GEMV=0, cuBLASLt
 //       throughout);
@@ -14,14 +17,17 @@
 //       so that the GEMV path declines them (rows 8-byte aligned) and cuBLASLt runs with its bf16
 //       conversion of `a`: the contrast, at a slight alignment handicap for cuBLASLt.
 //
-// Model: bytes = the bf16 weights + a (f32) + c (f32); the floor is bytes / the measured copy rate
+// Model: bytes = the weights + a (f32) + c (f32); the floor is bytes / the measured copy rate
 // (flops are far below the GEMM rate). Weight sets rotate past the L2, as in a decode step, where a
 // layer's weights are long evicted by the time the next step reads them.
 #include <cstdint>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 #include "bench_util.h"
 #include "eagle3/cuda/cuda_backend.h"
+#include "gemv_ops.h"
 #include "eagle3/tensor.h"
 
 namespace eagle3::bench {
@@ -30,6 +36,7 @@ namespace {
 struct GemmShape {
   const char* name;
   int64_t items, n, k;  // items > 1: BatchedGemm over head-major views
+  DType weights = DType::kBF16;
 };
 
 GemmShape ShapeOf(int64_t id) {
@@ -43,7 +50,8 @@ GemmShape ShapeOf(int64_t id) {
     case 6: return {"router", 1, 160, 5120};
     case 7: return {"v3_draft_fc", 1, 7168, 21504};
     case 8: return {"w_uk", 16, 512, 128};
-    default: return {"w_uv", 16, 128, 512};
+    case 9: return {"w_uv", 16, 128, 512};
+    default: return {"v3_router_f32", 1, 256, 7168, DType::kF32};  // a TP rank's full router
   }
 }
 
@@ -56,15 +64,15 @@ void BM_GemmSmallM(benchmark::State& state) {
   state.SetLabel(s.name);
   // Weights [items, n, ld]; path 1 views them 8 elements (16 bytes) in with ld = k + 4.
   const int64_t ld = misaligned ? s.k + 4 : s.k, offset = misaligned ? 8 : 0;
-  const double weight_bytes = 2.0 * static_cast<double>(s.items) * s.n * s.k;
+  const int64_t size = static_cast<int64_t>(DTypeSize(s.weights));
+  const double weight_bytes = static_cast<double>(size) * s.items * s.n * s.k;
   Rotation<Tensor> sets(CopiesToDefeatL2(weight_bytes), [&](int i) {
-    return RandomDevice(DType::kBF16, Shape{offset + s.items * s.n * ld}, 20 + i, 0.02f);
+    return RandomDevice(s.weights, Shape{offset + s.items * s.n * ld}, 20 + i, 0.02f);
   });
   const auto weights = [&](const Tensor& t) {
-    auto* data = static_cast<char*>(t.data()) + offset * 2;
-    if (s.items == 1) return TensorView(data, DType::kBF16, Shape{s.n, s.k}, Shape{ld, 1}, t.device());
-    return TensorView(data, DType::kBF16, Shape{s.items, s.n, s.k}, Shape{s.n * ld, ld, 1},
-                      t.device());
+    auto* data = static_cast<char*>(t.data()) + offset * size;
+    if (s.items == 1) return TensorView(data, s.weights, Shape{s.n, s.k}, Shape{ld, 1}, t.device());
+    return TensorView(data, s.weights, Shape{s.items, s.n, s.k}, Shape{s.n * ld, ld, 1}, t.device());
   };
   // Activations and outputs [m, items * k] / [m, items * n]: per-head items are head-major views.
   Tensor a = RandomDevice(DType::kF32, Shape{m, s.items * s.k}, 3);
@@ -86,6 +94,12 @@ void BM_GemmSmallM(benchmark::State& state) {
   const double bytes = weight_bytes + 4.0 * static_cast<double>(m) * s.items * (s.k + s.n);
   const double flops = 2.0 * static_cast<double>(m) * s.items * s.n * s.k;
   state.counters["rotated_sets"] = static_cast<double>(sets.size());
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && m <= cuda::kGemvMaxRows) {
+    const cuda::GemvType type = s.weights == DType::kF32 ? cuda::GemvType::kF32 : cuda::GemvType::kBF16;
+    state.counters["ksplit"] = cuda::GemvKSplit(type, m, s.n, s.k, s.items, sms);
+  }
   ReportRoofline(state, seconds, bytes, flops);
 }
 
@@ -93,8 +107,9 @@ void GemmArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
     bm->ArgsProduct({{1, 2, 3, 7, 8}, {1, 16}, {0}});
     bm->ArgsProduct({{1, 7}, {1}, {1}});
+    bm->ArgsProduct({{10}, {1, 8}, {0}});
   } else {
-    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 4, 8, 9, 16}, {0}});
+    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 4, 8, 9, 16}, {0}});
     bm->ArgsProduct({{0, 1, 2, 3, 7, 8}, {1, 4, 8}, {1}});
   }
 }

@@ -241,16 +241,68 @@ TEST_F(CudaGemvTest, UnalignedWeightsFallBackAndMatchCpu) {
 
 // The same product twice gives the same bits.
 TEST_F(CudaGemvTest, Deterministic) {
-  const Weights w = MakeWeights(3072, 1536, DType::kBF16, 320);
-  for (const int64_t m : {int64_t{1}, kGemvMaxRows}) {
-    const Tensor a = Upload(Random(Shape{m, 1536}, 321));
-    Tensor c1 = *Tensor::Empty(DType::kF32, Shape{m, 3072}, gpu_->allocator());
-    Tensor c2 = *Tensor::Empty(DType::kF32, Shape{m, 3072}, gpu_->allocator());
-    ASSERT_TRUE(gpu_->Gemm(a, w.gpu, c1, {}).ok());
-    ASSERT_TRUE(gpu_->Gemm(a, w.gpu, c2, {}).ok());
-    const Tensor h1 = Download(c1), h2 = Download(c2);
-    EXPECT_EQ(std::memcmp(h1.data(), h2.data(), h1.nbytes()), 0) << "M " << m;
+  struct Nk {
+    int64_t n, k;
+    DType b_type;
+  };
+  // q_b of a V2 rank, and a V3 router (K split over a cluster).
+  for (const Nk& s : {Nk{3072, 1536, DType::kBF16}, Nk{256, 7168, DType::kF32}}) {
+    const Weights w = MakeWeights(s.n, s.k, s.b_type, 320);
+    for (const int64_t m : {int64_t{1}, kGemvMaxRows}) {
+      const Tensor a = Upload(Random(Shape{m, s.k}, 321));
+      Tensor c1 = *Tensor::Empty(DType::kF32, Shape{m, s.n}, gpu_->allocator());
+      Tensor c2 = *Tensor::Empty(DType::kF32, Shape{m, s.n}, gpu_->allocator());
+      ASSERT_TRUE(gpu_->Gemm(a, w.gpu, c1, {}).ok());
+      ASSERT_TRUE(gpu_->Gemm(a, w.gpu, c2, {}).ok());
+      const Tensor h1 = Download(c1), h2 = Download(c2);
+      EXPECT_EQ(std::memcmp(h1.data(), h2.data(), h1.nbytes()), 0) << "M " << m << " N " << s.n;
+    }
   }
+}
+
+// Few rows over a long K, the grid of the unsplit kernel under half the GPU: a MoE router's product
+// (256 x 7168, f32 weights at 1, 3 and 8 rows, bf16 at 1), ragged N and K (the last part's tail
+// chunk partial; weight rows padded with NaN, which a part reading past its end would show) and a
+// single-row-group K. Each case asserts that LaunchGemv splits K over a cluster (GemvKSplit), then
+// matches the CPU plainly and with a strided, offset a and c, bias, alpha and beta (Deterministic
+// covers the router's split product).
+TEST_F(CudaGemvTest, KSplitShapesMatchCpu) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  struct Case {
+    int64_t n, k, ld, m;
+    DType b_type;
+  };
+  uint32_t seed = 400;
+  for (const Case& c : {Case{256, 7168, 0, 1, DType::kF32}, Case{256, 7168, 0, 3, DType::kF32},
+                        Case{256, 7168, 0, 8, DType::kF32}, Case{256, 7168, 0, 1, DType::kBF16},
+                        Case{37, 7171, 7172, 1, DType::kF32}, Case{37, 7171, 7172, 5, DType::kF32},
+                        Case{5, 20001, 20008, 1, DType::kBF16}, Case{1, 21504, 0, 2, DType::kF32}}) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(c.b_type) << " weights, M " << c.m << " N " << c.n << " K "
+                                      << c.k);
+    const cuda::GemvType type = c.b_type == DType::kBF16 ? cuda::GemvType::kBF16 : cuda::GemvType::kF32;
+    EXPECT_GT(cuda::GemvKSplit(type, c.m, c.n, c.k, 1, sms), 1);
+    const double tol = c.b_type == DType::kBF16 ? kTolBf16 : kTolF32;
+    const Weights w = MakeWeights(c.n, c.k, c.b_type, seed++, c.ld);
+    EXPECT_LE(RunGemm({.m = c.m}, w, seed++), tol);
+    EXPECT_LE(RunGemm({.m = c.m, .a_pad = 5, .a_offset = 3, .c_pad = 2, .c_offset = 1, .bias = true, .alpha = 0.5f,
+                       .beta = 2.0f},
+                      w, seed++),
+              tol);
+  }
+}
+
+// The split applies only where the grid would fill less than half the GPU: not to V3's wide
+// products, nor to the tensor-core path (bf16 weights, 2+ rows).
+TEST(GemvKSplitTest, OnlyNarrowGridsSplit) {
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 256, 7168, 1, 132), 4);
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 8, 256, 7168, 1, 132), 8);
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kBF16, 1, 7168, 7168, 1, 132), 1);
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kBF16, 4, 256, 7168, 1, 132), 1);
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 256, 7168, 16, 132), 1);  // 16 items fill it
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 256, 64, 1, 132), 1);     // K too short to share
+  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 9, 256, 7168, 1, 132), 1);    // not a GEMV size
 }
 
 // GemmOptions::b_is_weights launches the GEMV as a programmatic dependent that reads its first
