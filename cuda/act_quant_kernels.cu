@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "act_quant_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -52,6 +53,7 @@ template <typename T>
 __global__ void Fp8ActQuantKernel(const T* __restrict__ x, int64_t ldx, int64_t m, int64_t k,
                                   uint8_t* __restrict__ codes, int64_t ld_codes, float* __restrict__ scales,
                                   int64_t scale_ld, bool vector_in, bool vector_out) {
+  PdlEnter();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t groups = Fp8W8A8KBlocks(k);
   const int64_t total = groups * m;
@@ -93,7 +95,7 @@ bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 template <typename T>
 cudaError_t LaunchFp8ActQuant(const T* x, int64_t ldx, int64_t m, int64_t k, uint8_t* codes, int64_t ld_codes,
-                              float* scales, int64_t scale_ld, cudaStream_t stream) {
+                              float* scales, int64_t scale_ld, bool programmatic, cudaStream_t stream) {
   if (m < 0 || k < 0) return cudaErrorInvalidValue;
   if (m == 0 || k == 0) return cudaSuccess;
   if (x == nullptr || codes == nullptr || scales == nullptr || scale_ld < m) return cudaErrorInvalidValue;
@@ -104,14 +106,13 @@ cudaError_t LaunchFp8ActQuant(const T* x, int64_t ldx, int64_t m, int64_t k, uin
   const bool vector_out = Aligned(codes, kPerLane) && (m == 1 || ld_codes % kPerLane == 0);
   const int64_t warps = Fp8W8A8KBlocks(k) * m;
   const int64_t blocks = std::min((warps + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
-  Fp8ActQuantKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, ldx, m, k, codes, ld_codes, scales,
-                                                                                scale_ld, vector_in, vector_out);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, Fp8ActQuantKernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                      stream, x, ldx, m, k, codes, ld_codes, scales, scale_ld, vector_in, vector_out);
 }
 
 template cudaError_t LaunchFp8ActQuant<float>(const float*, int64_t, int64_t, int64_t, uint8_t*, int64_t, float*,
-                                              int64_t, cudaStream_t);
+                                              int64_t, bool, cudaStream_t);
 template cudaError_t LaunchFp8ActQuant<uint16_t>(const uint16_t*, int64_t, int64_t, int64_t, uint8_t*, int64_t,
-                                                 float*, int64_t, cudaStream_t);
+                                                 float*, int64_t, bool, cudaStream_t);
 
 }  // namespace eagle3::cuda

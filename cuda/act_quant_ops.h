@@ -30,10 +30,13 @@ namespace eagle3::cuda {
 // scales: the scale of (row r, group j) at scales[j * scale_ld + r] (Fp8ActScaleIndex with
 //         scale_ld = Fp8ActScaleLd(m): cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F layout, see
 //         fp8_w8a8_layout.h), f32, device, scale_ld >= m
+// programmatic: the kernel is launched as a programmatic dependent of the kernel before it on
+// `stream` (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch): it waits for the
+// earlier kernels before it touches memory, so results are the same either way.
 // m, k >= 0 (nothing to do when either is 0). Returns cudaErrorInvalidValue otherwise, or for a
 // missing pointer.
 template <typename T>
 cudaError_t LaunchFp8ActQuant(const T* x, int64_t ldx, int64_t m, int64_t k, uint8_t* codes, int64_t ld_codes,
-                              float* scales, int64_t scale_ld, cudaStream_t stream);
+                              float* scales, int64_t scale_ld, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -5,6 +5,7 @@
 
 #include "attention_common.cuh"
 #include "attention_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -12,6 +13,7 @@ namespace {
 template <typename IdType>
 __global__ void CheckIndexRangeKernel(const IdType* __restrict__ idx, int64_t n, int64_t limit,
                                       int* bad, int* error_flag, int error_code) {
+  PdlEnter();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t value = idx[i];
@@ -24,6 +26,7 @@ __global__ void CheckPagedPositionsKernel(const IdType* __restrict__ positions, 
                                           const int32_t* __restrict__ page_table, int64_t pages,
                                           int64_t page_size, int64_t num_pages, int* bad,
                                           int* error_flag, int error_code) {
+  PdlEnter();
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t pos = positions[t];
@@ -40,6 +43,7 @@ __global__ void CheckPagedPositionsKernel(const IdType* __restrict__ positions, 
 __global__ void CheckMaskRowsKernel(const uint8_t* __restrict__ mask, int64_t rows, int64_t cols,
                                     int64_t mask_stride, int* bad, int* error_flag,
                                     int error_code) {
+  PdlEnter();
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const uint8_t* row = mask + r * mask_stride;
     int any = 0;
@@ -53,53 +57,54 @@ __global__ void CheckMaskRowsKernel(const uint8_t* __restrict__ mask, int64_t ro
 
 template <typename IdType>
 cudaError_t LaunchCheckIndexRange(const IdType* idx, int64_t n, int64_t limit, int* bad,
-                                  int* error_flag, int error_code, cudaStream_t stream) {
+                                  int* error_flag, int error_code, bool programmatic,
+                                  cudaStream_t stream) {
   if (n < 0 || (n > 0 && (idx == nullptr || bad == nullptr || error_flag == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;
-  CheckIndexRangeKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(idx, n, limit, bad,
-                                                                       error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, CheckIndexRangeKernel<IdType>, GridFor(n, kThreads),
+                      dim3(kThreads), 0, stream, idx, n, limit, bad, error_flag, error_code);
 }
 
-template cudaError_t LaunchCheckIndexRange(const int32_t*, int64_t, int64_t, int*, int*, int,
+template cudaError_t LaunchCheckIndexRange(const int32_t*, int64_t, int64_t, int*, int*, int, bool,
                                            cudaStream_t);
-template cudaError_t LaunchCheckIndexRange(const int64_t*, int64_t, int64_t, int*, int*, int,
+template cudaError_t LaunchCheckIndexRange(const int64_t*, int64_t, int64_t, int*, int*, int, bool,
                                            cudaStream_t);
 
 template <typename IdType>
 cudaError_t LaunchCheckPagedPositions(const IdType* positions, int64_t tokens,
                                       const int32_t* page_table, int64_t pages, int64_t page_size,
                                       int64_t num_pages, int* bad, int* error_flag, int error_code,
-                                      cudaStream_t stream) {
+                                      bool programmatic, cudaStream_t stream) {
   if (tokens < 0 || pages < 0 || page_size < 1 || num_pages < 0) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   if (positions == nullptr || (pages > 0 && page_table == nullptr) || bad == nullptr ||
       error_flag == nullptr) {
     return cudaErrorInvalidValue;
   }
-  CheckPagedPositionsKernel<<<GridFor(tokens, kThreads), kThreads, 0, stream>>>(
-      positions, tokens, page_table, pages, page_size, num_pages, bad, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, CheckPagedPositionsKernel<IdType>, GridFor(tokens, kThreads),
+                      dim3(kThreads), 0, stream, positions, tokens, page_table, pages, page_size,
+                      num_pages, bad, error_flag, error_code);
 }
 
 template cudaError_t LaunchCheckPagedPositions(const int32_t*, int64_t, const int32_t*, int64_t,
-                                               int64_t, int64_t, int*, int*, int, cudaStream_t);
+                                               int64_t, int64_t, int*, int*, int, bool,
+                                               cudaStream_t);
 template cudaError_t LaunchCheckPagedPositions(const int64_t*, int64_t, const int32_t*, int64_t,
-                                               int64_t, int64_t, int*, int*, int, cudaStream_t);
+                                               int64_t, int64_t, int*, int*, int, bool,
+                                               cudaStream_t);
 
 cudaError_t LaunchCheckMaskRows(const uint8_t* mask, int64_t rows, int64_t cols,
                                 int64_t mask_stride, int* bad, int* error_flag, int error_code,
-                                cudaStream_t stream) {
+                                bool programmatic, cudaStream_t stream) {
   if (rows < 0 || cols < 0 || mask_stride < 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if ((cols > 0 && mask == nullptr) || bad == nullptr || error_flag == nullptr) {
     return cudaErrorInvalidValue;
   }
-  CheckMaskRowsKernel<<<RowGrid(rows), kThreads, 0, stream>>>(mask, rows, cols, mask_stride, bad,
-                                                              error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, CheckMaskRowsKernel, RowGrid(rows), dim3(kThreads), 0, stream,
+                      mask, rows, cols, mask_stride, bad, error_flag, error_code);
 }
 
 }  // namespace eagle3::cuda

@@ -22,6 +22,10 @@
 // error_code | index in the backend's error flag (RecordDeviceError in cuda/core_kernels.cuh: the
 // first failing op is kept, within it the lowest index); every writing kernel reads *bad as it
 // starts and writes nothing when it is set. So a bad entry anywhere leaves every output untouched.
+//
+// programmatic: the launcher's kernels are launched as programmatic dependents of the kernel before
+// them on `stream` (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch): each waits
+// for the earlier kernels before it touches memory, so results are the same either way.
 #pragma once
 
 #include <cstddef>
@@ -39,7 +43,8 @@ namespace eagle3::cuda {
 // error_flag: [1], i32, device (the backend's flag; see the top of this file)
 template <typename IdType>
 cudaError_t LaunchCheckIndexRange(const IdType* idx, int64_t n, int64_t limit, int* bad,
-                                  int* error_flag, int error_code, cudaStream_t stream);
+                                  int* error_flag, int error_code, bool programmatic,
+                                  cudaStream_t stream);
 
 // Records token t when positions[t] is outside [0, pages * page_size) or its page entry
 // page_table[positions[t] / page_size] is outside [0, num_pages).
@@ -50,13 +55,13 @@ template <typename IdType>
 cudaError_t LaunchCheckPagedPositions(const IdType* positions, int64_t tokens,
                                       const int32_t* page_table, int64_t pages, int64_t page_size,
                                       int64_t num_pages, int* bad, int* error_flag, int error_code,
-                                      cudaStream_t stream);
+                                      bool programmatic, cudaStream_t stream);
 
 // Records row r when mask row r allows no key (every byte zero; cols == 0 counts as none).
 // mask: [rows, cols], u8 or bool bytes (nonzero = allowed), row stride mask_stride, device
 cudaError_t LaunchCheckMaskRows(const uint8_t* mask, int64_t rows, int64_t cols,
                                 int64_t mask_stride, int* bad, int* error_flag, int error_code,
-                                cudaStream_t stream);
+                                bool programmatic, cudaStream_t stream);
 
 // ---- Writers ---------------------------------------------------------------------------------
 
@@ -73,7 +78,8 @@ template <typename IdType>
 cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride,
                             int64_t head_stride, int64_t offset, int64_t rope_dim,
                             const IdType* positions, const float* cos_sin, int64_t table_stride,
-                            bool adjacent_pairs, const int* bad, cudaStream_t stream);
+                            bool adjacent_pairs, const int* bad, bool programmatic,
+                            cudaStream_t stream);
 
 // Paged cache rows: the slot of token t is row page_table[p / page_size] * page_size + p % page_size
 // of cache, p = positions[t] (checked by LaunchCheckPagedPositions). PagedWrite copies rows[t] to
@@ -90,11 +96,12 @@ cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t tok
 template <typename T, typename IdType>
 cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
                              const IdType* positions, const int32_t* page_table, int64_t page_size,
-                             T* cache, const int* bad, cudaStream_t stream);
+                             T* cache, const int* bad, bool programmatic, cudaStream_t stream);
 template <typename T, typename IdType>
 cudaError_t LaunchPagedRead(const T* cache, const int32_t* page_table, int64_t page_size,
                             const IdType* positions, int64_t tokens, int64_t width, float* out,
-                            int64_t out_stride, const int* bad, cudaStream_t stream);
+                            int64_t out_stride, const int* bad, bool programmatic,
+                            cudaStream_t stream);
 
 // One masked attention call (Backend::Attention, or Backend::LatentAttention when `paged`):
 //   out[t, n] = sum_s softmax_s(scale * q[t, n] . key(s, n) over s with mask[t][s] != 0) * value(s, n)
@@ -151,7 +158,8 @@ size_t AttentionSharedBytes(int64_t key_dim, int64_t value_dim, bool paged);
 // any capacity is correct and more of it only adds parallelism for long contexts. Nothing is
 // written when *bad != 0. tokens * heads == 0 or value_dim == 0 launches nothing.
 cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials,
-                            int64_t partial_capacity, const int* bad, cudaStream_t stream);
+                            int64_t partial_capacity, const int* bad, bool programmatic,
+                            cudaStream_t stream);
 
 // ---- Paged latent attention, fast path ---------------------------------------------------------
 //
@@ -237,7 +245,8 @@ size_t LatentBf16SharedBytes(int64_t key_dim);
 // and mask rows (LaunchCheckIndexRange, LaunchCheckMaskRows) with the same `bad`. partials as in
 // LaunchAttention. Nothing is written when *bad != 0.
 cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
-                                  int64_t partial_capacity, const int* bad, cudaStream_t stream);
+                                  int64_t partial_capacity, const int* bad, bool programmatic,
+                                  cudaStream_t stream);
 
 // Batched form: checks the metadata on the device first (q_start, kv_len, page entries, tree-mask
 // width and rows, as CpuBackend::BatchedLatentAttention does), recording
@@ -250,9 +259,8 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // Launch shapes depend only on tokens, heads, key_dim, value_dim, batch, max_kv_len and the
 // capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.
 // batch in [0, kLatentMaxBatch]; nothing is written when a check fails (or *bad != 0 before).
-// programmatic: where the attention kernel may overlap the check (one token per row tile, the
-// compact or tree kernel), it and the combine launch as programmatic dependents
-// (programmatic_launch.cuh).
+// programmatic: as above; where the compact or tree kernel runs with one token per row tile, its
+// prologue (query staging) also overlaps the check.
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
                                          float* partials, int64_t partial_capacity, int* bad,
                                          int* error_flag, int error_code, bool programmatic,

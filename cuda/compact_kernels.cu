@@ -5,6 +5,7 @@
 #include "core_kernels.cuh"
 #include "compact_accepted_check.h"
 #include "compact_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -23,6 +24,7 @@ __global__ void __launch_bounds__(kCompactThreads)
   __shared__ int64_t src_off[kChunkRows], dst_off[kChunkRows];
   __shared__ unsigned long long problem;  // (condition << 40) | entry, the smallest
 
+  PdlEnter();
   const int64_t b = blockIdx.x;
   const int64_t n = p.num_accepted[b];
   if (n <= 0) return;  // skipped (< 0) or nothing to move; uniform over the block
@@ -88,6 +90,7 @@ __global__ void __launch_bounds__(kCompactThreads)
 __global__ void VerifyCommitOffsetsKernel(const int32_t* num_accepted, const int32_t* accepted_nodes,
                                           int32_t batch, int32_t max_nodes, int32_t* commit_offsets,
                                           int32_t* commit_counts) {
+  PdlEnter();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(batch) * max_nodes) return;
   const int64_t b = idx / max_nodes;
@@ -102,7 +105,8 @@ __global__ void VerifyCommitOffsetsKernel(const int32_t* num_accepted, const int
 }
 
 template <typename U>
-cudaError_t Launch(const CompactLaunchParams& p, int* error_flag, int error_code, cudaStream_t stream) {
+cudaError_t Launch(const CompactLaunchParams& p, int* error_flag, int error_code, bool programmatic,
+                   cudaStream_t stream) {
   const int64_t row_units = p.row_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t max_seg_units = kSegBytes / static_cast<int64_t>(sizeof(U));
   // At least one segment: with empty rows the blocks still check their sequences.
@@ -110,14 +114,14 @@ cudaError_t Launch(const CompactLaunchParams& p, int* error_flag, int error_code
   if (segments > 65535) return cudaErrorInvalidValue;
   const int64_t seg_units = (row_units + segments - 1) / segments;  // balanced, <= max_seg_units
   const dim3 grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(segments));
-  CompactAcceptedKernel<U><<<grid, kCompactThreads, 0, stream>>>(p, row_units, seg_units, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, CompactAcceptedKernel<U>, grid, dim3(kCompactThreads), 0, stream, p,
+                      row_units, seg_units, error_flag, error_code);
 }
 
 }  // namespace
 
 cudaError_t LaunchCompactAccepted(const CompactLaunchParams& p, int* error_flag, int error_code,
-                                  cudaStream_t stream) {
+                                  bool programmatic, cudaStream_t stream) {
   if (p.batch < 0 || p.batch > INT32_MAX || p.num_pages < 0 || p.page_size < 1 || p.row_bytes < 0 ||
       p.row_bytes % 2 != 0 || p.pages_per_seq < 0 || p.max_nodes < 0 || error_flag == nullptr) {
     return cudaErrorInvalidValue;
@@ -131,15 +135,19 @@ cudaError_t LaunchCompactAccepted(const CompactLaunchParams& p, int* error_flag,
     return cudaErrorInvalidValue;
   }
   const auto address = reinterpret_cast<uintptr_t>(p.cache);
-  if (p.row_bytes % 16 == 0 && address % 16 == 0) return Launch<uint4>(p, error_flag, error_code, stream);
-  if (p.row_bytes % 4 == 0 && address % 4 == 0) return Launch<uint32_t>(p, error_flag, error_code, stream);
+  if (p.row_bytes % 16 == 0 && address % 16 == 0) {
+    return Launch<uint4>(p, error_flag, error_code, programmatic, stream);
+  }
+  if (p.row_bytes % 4 == 0 && address % 4 == 0) {
+    return Launch<uint32_t>(p, error_flag, error_code, programmatic, stream);
+  }
   if (address % 2 != 0) return cudaErrorInvalidValue;
-  return Launch<uint16_t>(p, error_flag, error_code, stream);
+  return Launch<uint16_t>(p, error_flag, error_code, programmatic, stream);
 }
 
 cudaError_t LaunchVerifyCommitOffsets(const int32_t* num_accepted, const int32_t* accepted_nodes,
                                       int32_t batch, int32_t max_nodes, int32_t* commit_offsets,
-                                      int32_t* commit_counts, cudaStream_t stream) {
+                                      int32_t* commit_counts, bool programmatic, cudaStream_t stream) {
   if (batch < 0 || max_nodes < 1) return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   if (num_accepted == nullptr || accepted_nodes == nullptr || commit_offsets == nullptr ||
@@ -148,9 +156,9 @@ cudaError_t LaunchVerifyCommitOffsets(const int32_t* num_accepted, const int32_t
   }
   constexpr int kThreads = 256;
   const int64_t total = static_cast<int64_t>(batch) * max_nodes;
-  VerifyCommitOffsetsKernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      num_accepted, accepted_nodes, batch, max_nodes, commit_offsets, commit_counts);
-  return cudaGetLastError();
+  const dim3 grid(static_cast<unsigned>((total + kThreads - 1) / kThreads));
+  return LaunchKernel(programmatic, VerifyCommitOffsetsKernel, grid, dim3(kThreads), 0, stream, num_accepted,
+                      accepted_nodes, batch, max_nodes, commit_offsets, commit_counts);
 }
 
 }  // namespace eagle3::cuda

@@ -12,6 +12,10 @@
 // destination cache_len + i lies below every later source cache_len + accepted[j] (j > i): no
 // global scratch is needed and column segments never interact. Rows are copied bit for bit, in
 // 16-byte units when the row size and the cache pointer allow, else 4- or 2-byte units.
+//
+// programmatic: the kernel is launched as a programmatic dependent of the kernel before it on
+// `stream` (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch): it waits for the
+// earlier kernels before it touches memory, so results are the same either way.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +52,7 @@ struct CompactLaunchParams {
 // core_ops.h) and is left unwritten; the others are compacted. cudaErrorInvalidValue for sizes or
 // pointers outside the contract above (checked on the host; nothing launched).
 cudaError_t LaunchCompactAccepted(const CompactLaunchParams& params, int* error_flag, int error_code,
-                                  cudaStream_t stream);
+                                  bool programmatic, cudaStream_t stream);
 
 // DeviceTreeVerifier's results (verify_ops.h: accepted node ids root excluded, -1 for a failed
 // sequence) as CompactAccepted's inputs for a tree verified at cache_len, where node i's KV row sits
@@ -63,6 +67,7 @@ cudaError_t LaunchCompactAccepted(const CompactLaunchParams& params, int* error_
 // CompactAccepted refuses. cudaErrorInvalidValue for batch < 0, max_nodes < 1 or a null pointer.
 cudaError_t LaunchVerifyCommitOffsets(const int32_t* num_accepted, const int32_t* accepted_nodes,
                                       int32_t batch, int32_t max_nodes, int32_t* commit_offsets,
-                                      int32_t* commit_counts, cudaStream_t stream);
+                                      int32_t* commit_counts, bool programmatic,
+                                      cudaStream_t stream);
 
 }  // namespace eagle3::cuda

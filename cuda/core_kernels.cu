@@ -45,6 +45,7 @@ struct StridedCopyParams {
 template <typename T>
 __global__ void StridedCopyKernel(const T* __restrict__ src, T* __restrict__ dst,
                                   StridedCopyParams p, int64_t n) {
+  PdlEnter();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t rest = e;
@@ -65,16 +66,16 @@ __global__ void StridedCopyKernel(const T* __restrict__ src, T* __restrict__ dst
 
 template <typename T>
 cudaError_t StridedCopy(const void* src, void* dst, const StridedCopyParams& p, int64_t n,
-                        cudaStream_t stream) {
-  StridedCopyKernel<T>
-      <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(src), static_cast<T*>(dst), p, n);
-  return cudaGetLastError();
+                        bool programmatic, cudaStream_t stream) {
+  return LaunchKernel(programmatic, StridedCopyKernel<T>, dim3(GridFor(n)), dim3(kThreads), 0,
+                      stream, static_cast<const T*>(src), static_cast<T*>(dst), p, n);
 }
 
 // ---- GEMM completion ----------------------------------------------------------------------------
 
 __global__ void ScaleAddBiasKernel(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta,
                                    const float* __restrict__ bias) {
+  PdlEnter();
   const int64_t n = rows * cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -93,6 +94,7 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int6
                               const float* __restrict__ weight, float eps, float* out, int64_t ldo,
                               int64_t hidden) {
   PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
+  PdlWait();
   const int64_t t = blockIdx.x;
   const float* xr = x + t * ldx;
   float* rr = residual != nullptr ? residual + t * ldr : nullptr;
@@ -135,6 +137,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
                            const float* __restrict__ weight, float eps, float* out, int64_t ldo,
                            int64_t hidden) {
   PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
+  PdlWait();
   const int64_t t = blockIdx.x;
   float* rr = residual != nullptr ? residual + t * ldr : nullptr;
   float* o = out + t * ldo;
@@ -166,6 +169,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 __global__ void SiluMulKernel(const float* __restrict__ gate_up, int64_t ldg,
                               float* __restrict__ out, int64_t ldo, int64_t rows, int64_t inter) {
   PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
+  PdlWait();
   const int64_t n = rows * inter;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -185,6 +189,7 @@ __global__ void EmbeddingKernel(const Index* __restrict__ ids, const void* __res
                                 bool bf16, int64_t ldt, int64_t shard_rows, int64_t vocab_start,
                                 float* __restrict__ out, int64_t ldo, int64_t hidden,
                                 int* error_flag, int error_code) {
+  PdlEnter();
   const int64_t t = blockIdx.x;
   const int64_t id = static_cast<int64_t>(ids[t]);
   if (id < 0 && threadIdx.x == 0) RecordDeviceError(error_flag, error_code, t);
@@ -209,6 +214,7 @@ __global__ void EmbeddingKernel(const Index* __restrict__ ids, const void* __res
 __global__ void __launch_bounds__(kRowThreads)
     SoftmaxKernel(const float* logits, int64_t ldl, float temperature, float* out, int64_t ldo,
                   int64_t cols, int* error_flag, int error_code) {
+  PdlEnter();
   const int64_t r = blockIdx.x;
   const float* x = logits + r * ldl;
   float* o = out + r * ldo;
@@ -243,6 +249,7 @@ template <typename Index>
 __global__ void __launch_bounds__(kRowThreads)
     ArgmaxKernel(const float* __restrict__ logits, int64_t ldl, int64_t cols,
                  Index* __restrict__ out, int* error_flag, int error_code) {
+  PdlEnter();
   __shared__ float warp_best[32];
   __shared__ int64_t warp_best_i[32];
   const int64_t r = blockIdx.x;
@@ -304,6 +311,7 @@ __global__ void __launch_bounds__(kRowThreads)
     TopKKernel(const float* __restrict__ values, int64_t ldv, int64_t cols, int k,
                float* __restrict__ out_values, int64_t ldov, Index* __restrict__ out_indices,
                int64_t ldoi, int* error_flag, int error_code) {
+  PdlEnter();
   __shared__ uint32_t histogram[256];
   __shared__ uint32_t keys[kTopKMaxK];
   __shared__ int indices[kTopKMaxK];
@@ -415,51 +423,50 @@ template <typename Index>
 cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const void* table, bool bf16,
                             int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
                             int64_t ldo, int64_t hidden, int* error_flag, int error_code,
-                            cudaStream_t stream) {
+                            bool programmatic, cudaStream_t stream) {
   if (tokens < 0 || vocab_start < 0 || !ValidMatrix(table, ldt, shard_rows, hidden) ||
       !ValidMatrix(out, ldo, tokens, hidden) ||
       (tokens > 0 && (ids == nullptr || error_flag == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (tokens == 0) return cudaSuccess;
-  EmbeddingKernel<Index><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-      ids, table, bf16, ldt, shard_rows, vocab_start, out, ldo, hidden, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, EmbeddingKernel<Index>, dim3(static_cast<unsigned>(tokens)),
+                      dim3(kThreads), 0, stream, ids, table, bf16, ldt, shard_rows, vocab_start, out,
+                      ldo, hidden, error_flag, error_code);
 }
 
 template <typename Index>
 cudaError_t Argmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, Index* out,
-                   int* error_flag, int error_code, cudaStream_t stream) {
+                   int* error_flag, int error_code, bool programmatic, cudaStream_t stream) {
   if (cols < 1 || !ValidMatrix(logits, ldl, rows, cols) ||
       (rows > 0 && (out == nullptr || error_flag == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  ArgmaxKernel<Index><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      logits, ldl, cols, out, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, ArgmaxKernel<Index>, dim3(static_cast<unsigned>(rows)),
+                      dim3(kRowThreads), 0, stream, logits, ldl, cols, out, error_flag, error_code);
 }
 
 template <typename Index>
 cudaError_t TopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
                  float* out_values, int64_t ldov, Index* out_indices, int64_t ldoi, int* error_flag,
-                 int error_code, cudaStream_t stream) {
+                 int error_code, bool programmatic, cudaStream_t stream) {
   if (cols < 1 || cols > INT_MAX || k < 1 || k > cols || k > kTopKMaxK ||
       !ValidMatrix(values, ldv, rows, cols) || !ValidMatrix(out_values, ldov, rows, k) ||
       !ValidMatrix(out_indices, ldoi, rows, k) || (rows > 0 && error_flag == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  TopKKernel<Index><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      values, ldv, cols, k, out_values, ldov, out_indices, ldoi, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, TopKKernel<Index>, dim3(static_cast<unsigned>(rows)),
+                      dim3(kRowThreads), 0, stream, values, ldv, cols, k, out_values, ldov,
+                      out_indices, ldoi, error_flag, error_code);
 }
 
 }  // namespace
 
 cudaError_t LaunchStridedCopy(const void* src, const int64_t* src_strides, void* dst,
                               const int64_t* dst_strides, const int64_t* shape, int rank,
-                              int element_size, cudaStream_t stream) {
+                              int element_size, bool programmatic, cudaStream_t stream) {
   if (rank < 0 || rank > kStridedCopyMaxRank ||
       (rank > 0 && (shape == nullptr || src_strides == nullptr || dst_strides == nullptr))) {
     return cudaErrorInvalidValue;
@@ -478,29 +485,29 @@ cudaError_t LaunchStridedCopy(const void* src, const int64_t* src_strides, void*
   if (src == nullptr || dst == nullptr) return cudaErrorInvalidValue;
   switch (element_size) {
     case 1:
-      return StridedCopy<uint8_t>(src, dst, p, n, stream);
+      return StridedCopy<uint8_t>(src, dst, p, n, programmatic, stream);
     case 2:
-      return StridedCopy<uint16_t>(src, dst, p, n, stream);
+      return StridedCopy<uint16_t>(src, dst, p, n, programmatic, stream);
     case 4:
-      return StridedCopy<uint32_t>(src, dst, p, n, stream);
+      return StridedCopy<uint32_t>(src, dst, p, n, programmatic, stream);
     case 8:
-      return StridedCopy<uint64_t>(src, dst, p, n, stream);
+      return StridedCopy<uint64_t>(src, dst, p, n, programmatic, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t LaunchScaleAddBias(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta,
-                               const float* bias, cudaStream_t stream) {
+                               const float* bias, bool programmatic, cudaStream_t stream) {
   if (!ValidMatrix(c, ldc, rows, cols)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
-  ScaleAddBiasKernel<<<GridFor(rows * cols), kThreads, 0, stream>>>(c, ldc, rows, cols, beta, bias);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, ScaleAddBiasKernel, dim3(GridFor(rows * cols)),
+                      dim3(kThreads), 0, stream, c, ldc, rows, cols, beta, bias);
 }
 
 cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t ldr,
                           const float* weight, float eps, float* out, int64_t ldo, int64_t rows,
-                          int64_t hidden, cudaStream_t stream) {
+                          int64_t hidden, bool programmatic, cudaStream_t stream) {
   if (!ValidMatrix(x, ldx, rows, hidden) || !ValidMatrix(out, ldo, rows, hidden) ||
       (residual != nullptr && !ValidMatrix(residual, ldr, rows, hidden)) ||
       (rows > 0 && hidden > 0 && weight == nullptr) || !(eps >= 0.0f)) {
@@ -511,87 +518,87 @@ cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t 
     // Whole warps, enough that kNormPerThread elements each cover the row.
     const int64_t threads = std::max<int64_t>(
         32, (hidden + kNormPerThread * 32 - 1) / (kNormPerThread * 32) * 32);
-    RmsNormRegistersKernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0,
-                             stream>>>(x, ldx, residual, ldr, weight, eps, out, ldo, hidden);
-    return cudaGetLastError();
+    return LaunchKernel(programmatic, RmsNormRegistersKernel, dim3(static_cast<unsigned>(rows)),
+                        dim3(static_cast<unsigned>(threads)), 0, stream, x, ldx, residual, ldr,
+                        weight, eps, out, ldo, hidden);
   }
-  RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, ldx, residual, ldr, weight,
-                                                                      eps, out, ldo, hidden);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, RmsNormKernel, dim3(static_cast<unsigned>(rows)),
+                      dim3(kThreads), 0, stream, x, ldx, residual, ldr, weight, eps, out, ldo,
+                      hidden);
 }
 
 cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t ldo, int64_t rows,
-                          int64_t inter, cudaStream_t stream) {
+                          int64_t inter, bool programmatic, cudaStream_t stream) {
   if (inter < 0 || !ValidMatrix(gate_up, ldg, rows, 2 * inter) ||
       !ValidMatrix(out, ldo, rows, inter)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0 || inter == 0) return cudaSuccess;
-  SiluMulKernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(gate_up, ldg, out, ldo, rows,
-                                                                inter);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, SiluMulKernel, dim3(GridFor(rows * inter)), dim3(kThreads), 0,
+                      stream, gate_up, ldg, out, ldo, rows, inter);
 }
 
 template <typename T, typename IdType>
 cudaError_t LaunchEmbeddingLookup(const IdType* ids, int64_t tokens, const T* table, int64_t ldt,
                                   int64_t shard_rows, int64_t vocab_start, float* out, int64_t ldo,
                                   int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream) {
+                                  bool programmatic, cudaStream_t stream) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t>, "f32 or bf16 bits");
   return EmbeddingLookup(ids, tokens, table, std::is_same_v<T, uint16_t>, ldt, shard_rows,
-                         vocab_start, out, ldo, hidden, error_flag, error_code, stream);
+                         vocab_start, out, ldo, hidden, error_flag, error_code, programmatic,
+                         stream);
 }
 template cudaError_t LaunchEmbeddingLookup<float, int32_t>(const int32_t*, int64_t, const float*,
                                                             int64_t, int64_t, int64_t, float*,
                                                             int64_t, int64_t, int*, int,
-                                                            cudaStream_t);
+                                                            bool, cudaStream_t);
 template cudaError_t LaunchEmbeddingLookup<float, int64_t>(const int64_t*, int64_t, const float*,
                                                             int64_t, int64_t, int64_t, float*,
                                                             int64_t, int64_t, int*, int,
-                                                            cudaStream_t);
+                                                            bool, cudaStream_t);
 template cudaError_t LaunchEmbeddingLookup<uint16_t, int32_t>(const int32_t*, int64_t,
                                                                const uint16_t*, int64_t, int64_t,
                                                                int64_t, float*, int64_t, int64_t,
-                                                               int*, int, cudaStream_t);
+                                                               int*, int, bool, cudaStream_t);
 template cudaError_t LaunchEmbeddingLookup<uint16_t, int64_t>(const int64_t*, int64_t,
                                                                const uint16_t*, int64_t, int64_t,
                                                                int64_t, float*, int64_t, int64_t,
-                                                               int*, int, cudaStream_t);
+                                                               int*, int, bool, cudaStream_t);
 
 cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, float* out,
                           int64_t ldo, int64_t rows, int64_t cols, int* error_flag, int error_code,
-                          cudaStream_t stream) {
+                          bool programmatic, cudaStream_t stream) {
   if (cols < 1 || !ValidMatrix(logits, ldl, rows, cols) || !ValidMatrix(out, ldo, rows, cols) ||
       !(temperature > 0.0f) || !std::isfinite(temperature) || (rows > 0 && error_flag == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  SoftmaxKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      logits, ldl, temperature, out, ldo, cols, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, SoftmaxKernel, dim3(static_cast<unsigned>(rows)),
+                      dim3(kRowThreads), 0, stream, logits, ldl, temperature, out, ldo, cols,
+                      error_flag, error_code);
 }
 
 template <typename IdType>
 cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, IdType* out,
-                         int* error_flag, int error_code, cudaStream_t stream) {
+                         int* error_flag, int error_code, bool programmatic, cudaStream_t stream) {
   if (std::is_same_v<IdType, int32_t> && cols > INT32_MAX) return cudaErrorInvalidValue;
-  return Argmax(logits, ldl, rows, cols, out, error_flag, error_code, stream);
+  return Argmax(logits, ldl, rows, cols, out, error_flag, error_code, programmatic, stream);
 }
 template cudaError_t LaunchArgmax<int32_t>(const float*, int64_t, int64_t, int64_t, int32_t*, int*,
-                                           int, cudaStream_t);
+                                           int, bool, cudaStream_t);
 template cudaError_t LaunchArgmax<int64_t>(const float*, int64_t, int64_t, int64_t, int64_t*, int*,
-                                           int, cudaStream_t);
+                                           int, bool, cudaStream_t);
 
 template <typename IdType>
 cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
                        float* out_values, int64_t ldov, IdType* out_indices, int64_t ldoi,
-                       int* error_flag, int error_code, cudaStream_t stream) {
+                       int* error_flag, int error_code, bool programmatic, cudaStream_t stream) {
   return TopK(values, ldv, rows, cols, k, out_values, ldov, out_indices, ldoi, error_flag,
-              error_code, stream);
+              error_code, programmatic, stream);
 }
 template cudaError_t LaunchTopK<int32_t>(const float*, int64_t, int64_t, int64_t, int, float*,
-                                         int64_t, int32_t*, int64_t, int*, int, cudaStream_t);
+                                         int64_t, int32_t*, int64_t, int*, int, bool, cudaStream_t);
 template cudaError_t LaunchTopK<int64_t>(const float*, int64_t, int64_t, int64_t, int, float*,
-                                         int64_t, int64_t*, int64_t, int*, int, cudaStream_t);
+                                         int64_t, int64_t*, int64_t, int*, int, bool, cudaStream_t);
 
 }  // namespace eagle3::cuda

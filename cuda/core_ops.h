@@ -12,6 +12,10 @@
 // they store error_code | index (the index saturates at kDeviceErrorMaxIndex) with the rule of
 // RecordDeviceError in cuda/core_kernels.cuh: the first op to fail is kept; within it, the lowest
 // index. The host reads and clears the flag (CudaBackend::Synchronize).
+//
+// programmatic: the kernel is launched as a programmatic dependent of the kernel before it on
+// `stream` (cuda/programmatic_launch.cuh; CudaBackendOptions::programmatic_launch): it waits for
+// the earlier kernels before it touches memory, so results are the same either way.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,13 +42,13 @@ inline constexpr int kStridedCopyMaxRank = 6;
 // element)
 cudaError_t LaunchStridedCopy(const void* src, const int64_t* src_strides, void* dst,
                               const int64_t* dst_strides, const int64_t* shape, int rank,
-                              int element_size, cudaStream_t stream);
+                              int element_size, bool programmatic, cudaStream_t stream);
 
 // c[r][j] = beta * c[r][j] + bias[j], with beta == 0 meaning c is write-only (never read) and a
 // null bias adding nothing. Completes a GEMM whose product is empty (K = 0) or adds a bias after
 // one. c:    [rows, cols], f32, leading dimension ldc, device bias: [cols], f32, device, or nullptr
 cudaError_t LaunchScaleAddBias(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta,
-                               const float* bias, cudaStream_t stream);
+                               const float* bias, bool programmatic, cudaStream_t stream);
 
 // RMSNorm over each row, fp32: out = x * (1 / sqrt(mean(x^2) + eps)) * weight. With a residual,
 // first residual += x and the norm reads the updated residual (AddRmsNorm).
@@ -55,13 +59,13 @@ cudaError_t LaunchScaleAddBias(float* c, int64_t ldc, int64_t rows, int64_t cols
 //           the residual or the weight
 cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t ldr,
                           const float* weight, float eps, float* out, int64_t ldo, int64_t rows,
-                          int64_t hidden, cudaStream_t stream);
+                          int64_t hidden, bool programmatic, cudaStream_t stream);
 
 // out[t][i] = silu(gate_up[t][i]) * gate_up[t][inter + i], silu(g) = g / (1 + exp(-g)).
 // gate_up: [rows, 2 * inter], f32, leading dimension ldg, device
 // out:     [rows, inter], f32, leading dimension ldo, device, no overlap with gate_up
 cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t ldo, int64_t rows,
-                          int64_t inter, cudaStream_t stream);
+                          int64_t inter, bool programmatic, cudaStream_t stream);
 
 // Vocab-parallel embedding: out[t] = table[ids[t] - vocab_start] when 0 <= ids[t] - vocab_start <
 // shard_rows, else zeros. A negative id writes zeros and records index t in the error flag.
@@ -73,7 +77,7 @@ template <typename T, typename IdType>
 cudaError_t LaunchEmbeddingLookup(const IdType* ids, int64_t tokens, const T* table, int64_t ldt,
                                   int64_t shard_rows, int64_t vocab_start, float* out, int64_t ldo,
                                   int64_t hidden, int* error_flag, int error_code,
-                                  cudaStream_t stream);
+                                  bool programmatic, cudaStream_t stream);
 
 // out[r] = softmax((logits[r] - max(logits[r])) / temperature), temperature > 0 and finite. A row
 // holding NaN or +inf, or no finite logit, is left unwritten and its index recorded in the flag.
@@ -81,7 +85,7 @@ cudaError_t LaunchEmbeddingLookup(const IdType* ids, int64_t tokens, const T* ta
 // out:    [rows, cols], f32, leading dimension ldo, device; may be logits itself (same ld)
 cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, float* out,
                           int64_t ldo, int64_t rows, int64_t cols, int* error_flag, int error_code,
-                          cudaStream_t stream);
+                          bool programmatic, cudaStream_t stream);
 
 // out[r] = index of the largest logit of row r, ties to the lowest index. A row holding NaN is left
 // unwritten and its index recorded in the flag.
@@ -89,7 +93,7 @@ cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, f
 // out:    [rows], IdType = int32_t or int64_t, device
 template <typename IdType>
 cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, IdType* out,
-                         int* error_flag, int error_code, cudaStream_t stream);
+                         int* error_flag, int error_code, bool programmatic, cudaStream_t stream);
 
 // The k largest values of each row, best first, ties to the lowest index (-0 and +0 tie). A row
 // holding NaN is left unwritten and its index recorded in the flag.
@@ -100,6 +104,6 @@ cudaError_t LaunchArgmax(const float* logits, int64_t ldl, int64_t rows, int64_t
 template <typename IdType>
 cudaError_t LaunchTopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, int k,
                        float* out_values, int64_t ldov, IdType* out_indices, int64_t ldoi,
-                       int* error_flag, int error_code, cudaStream_t stream);
+                       int* error_flag, int error_code, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -277,7 +277,7 @@ absl::Status CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
                               l.shape[1] * elem, l.shape[0], kind, s.stream);
   } else if (kind == cudaMemcpyDeviceToDevice) {
     error = LaunchStridedCopy(src.data(), l.src, dst.data(), l.dst, l.shape, l.rank,
-                              static_cast<int>(elem), s.stream);
+                              static_cast<int>(elem), s.options.programmatic_launch, s.stream);
   } else {
     return Invalid("Copy",
                    "a copy between host and device needs both views contiguous, or both rows "
@@ -299,7 +299,8 @@ absl::Status CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight,
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(*state_), "RmsNorm: cudaSetDevice"));
   return Launched("RmsNorm", LaunchRmsNorm(x.data_as<const float>(), x.stride(0), nullptr, 0,
                                            weight.data_as<const float>(), eps, out.data_as<float>(),
-                                           out.stride(0), x.dim(0), x.dim(1), state_->stream));
+                                           out.stride(0), x.dim(0), x.dim(1),
+                                           state_->options.programmatic_launch, state_->stream));
 }
 
 absl::Status CudaBackend::AddRmsNorm(const TensorView& x, const TensorView& residual,
@@ -314,7 +315,8 @@ absl::Status CudaBackend::AddRmsNorm(const TensorView& x, const TensorView& resi
       "AddRmsNorm",
       LaunchRmsNorm(x.data_as<const float>(), x.stride(0), residual.data_as<float>(),
                     residual.stride(0), weight.data_as<const float>(), eps, out.data_as<float>(),
-                    out.stride(0), x.dim(0), x.dim(1), state_->stream));
+                    out.stride(0), x.dim(0), x.dim(1), state_->options.programmatic_launch,
+                    state_->stream));
 }
 
 absl::Status CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
@@ -324,7 +326,8 @@ absl::Status CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& o
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(*state_), "SiluMul: cudaSetDevice"));
   return Launched("SiluMul", LaunchSiluMul(gate_up.data_as<const float>(), gate_up.stride(0),
                                            out.data_as<float>(), out.stride(0), out.dim(0),
-                                           out.dim(1), state_->stream));
+                                           out.dim(1), state_->options.programmatic_launch,
+                                           state_->stream));
 }
 
 // The table is f32 or bf16 (out f32). Negative ids are found on the device: Synchronize reports
@@ -343,7 +346,7 @@ absl::Status CudaBackend::EmbeddingLookup(const TensorView& ids, const TensorVie
     const auto with_table = [&](const auto* table_data) {
       return LaunchEmbeddingLookup(id_data, ids.dim(0), table_data, table.stride(0), table.dim(0),
                                    vocab_start, out.data_as<float>(), out.stride(0), table.dim(1),
-                                   s.error_flag, code, s.stream);
+                                   s.error_flag, code, s.options.programmatic_launch, s.stream);
     };
     return table.dtype() == DType::kBF16 ? with_table(table.data_as<const uint16_t>())
                                          : with_table(table.data_as<const float>());
@@ -364,7 +367,8 @@ absl::Status CudaBackend::Softmax(const TensorView& logits, float temperature,
   return Launched("Softmax", LaunchSoftmax(logits.data_as<const float>(), logits.stride(0),
                                            temperature, out.data_as<float>(), out.stride(0),
                                            logits.dim(0), logits.dim(1), s.error_flag,
-                                           DeviceErrorCode(DeviceCheck::kSoftmaxBadRow), s.stream));
+                                           DeviceErrorCode(DeviceCheck::kSoftmaxBadRow),
+                                           s.options.programmatic_launch, s.stream));
 }
 
 // A NaN row is found on the device: Synchronize reports the lowest; its out entry is unwritten.
@@ -376,7 +380,8 @@ absl::Status CudaBackend::Argmax(const TensorView& logits, const TensorView& out
   const int code = DeviceErrorCode(DeviceCheck::kArgmaxNaN);
   const auto launch = [&](auto* out_data) {
     return LaunchArgmax(logits.data_as<const float>(), logits.stride(0), logits.dim(0),
-                        logits.dim(1), out_data, s.error_flag, code, s.stream);
+                        logits.dim(1), out_data, s.error_flag, code, s.options.programmatic_launch,
+                        s.stream);
   };
   return Launched("Argmax", out.dtype() == DType::kI32 ? launch(out.data_as<int32_t>())
                                                        : launch(out.data_as<int64_t>()));
@@ -402,7 +407,8 @@ absl::Status CudaBackend::TopK(const TensorView& values, int k, const TensorView
   const auto launch = [&](auto* index_data) {
     return LaunchTopK(values.data_as<const float>(), values.stride(0), values.dim(0), values.dim(1),
                       k, out_values.data_as<float>(), out_values.stride(0), index_data,
-                      out_indices.stride(0), s.error_flag, code, s.stream);
+                      out_indices.stride(0), s.error_flag, code, s.options.programmatic_launch,
+                      s.stream);
   };
   return Launched("TopK", out_indices.dtype() == DType::kI32
                               ? launch(out_indices.data_as<int32_t>())

@@ -184,7 +184,7 @@ absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t
                                                       pos, x.dim(0), cos_sin.dim(0), scratch.bad,
                                                       s.error_flag,
                                                       DeviceErrorCode(DeviceCheck::kRopePosition),
-                                                      s.stream);
+                                                      s.options.programmatic_launch, s.stream);
                                                 }),
                                     "ApplyRope: position check launch"));
   return CudaStatus(WithIndices(positions,
@@ -193,7 +193,8 @@ absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t
                                       x.data_as<float>(), x.dim(0), x.dim(1), x.stride(0),
                                       x.stride(1), offset, rope_dim, pos,
                                       cos_sin.data_as<const float>(), cos_sin.stride(0),
-                                      style == RopeStyle::kAdjacentPairs, scratch.bad, s.stream);
+                                      style == RopeStyle::kAdjacentPairs, scratch.bad,
+                                      s.options.programmatic_launch, s.stream);
                                 }),
                     "ApplyRope: kernel launch");
 }
@@ -212,7 +213,8 @@ absl::Status CudaBackend::Attention(const TensorView& q, const TensorView& k, co
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       LaunchCheckMaskRows(mask.data_as<const uint8_t>(), mask.dim(0), mask.dim(1), mask.stride(0),
                           scratch.bad, s.error_flag,
-                          DeviceErrorCode(DeviceCheck::kAttentionMaskRow), s.stream),
+                          DeviceErrorCode(DeviceCheck::kAttentionMaskRow),
+                          s.options.programmatic_launch, s.stream),
       "Attention: mask check launch"));
   AttentionLaunchParams p = QueryParams(q, mask, scale, out);
   p.k = k.data_as<const float>();
@@ -221,7 +223,8 @@ absl::Status CudaBackend::Attention(const TensorView& q, const TensorView& k, co
   p.v = v.data_as<const float>();
   p.v_key_stride = v.stride(0);
   p.v_head_stride = v.stride(1);
-  return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
+  return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad,
+                                    s.options.programmatic_launch, s.stream),
                     "Attention: kernel launch");
 }
 
@@ -248,12 +251,13 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
       LaunchCheckIndexRange(page_table.data_as<const int32_t>(),
                             (context_len + page_size - 1) / page_size, cache.dim(0), scratch.bad,
                             s.error_flag, DeviceErrorCode(DeviceCheck::kLatentAttentionPage),
-                            s.stream),
+                            s.options.programmatic_launch, s.stream),
       "LatentAttention: page check launch"));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       LaunchCheckMaskRows(mask.data_as<const uint8_t>(), mask.dim(0), mask.dim(1), mask.stride(0),
                           scratch.bad, s.error_flag,
-                          DeviceErrorCode(DeviceCheck::kLatentAttentionMaskRow), s.stream),
+                          DeviceErrorCode(DeviceCheck::kLatentAttentionMaskRow),
+                          s.options.programmatic_launch, s.stream),
       "LatentAttention: mask check launch"));
   if (fast) {
     LatentLaunchParams lp = LatentParams(q, cache, scale, value_dim, out);
@@ -263,7 +267,8 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
     lp.mask = mask.data_as<const uint8_t>();
     lp.mask_stride = mask.stride(0);
     return CudaStatus(
-        LaunchLatentAttention(lp, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
+        LaunchLatentAttention(lp, scratch.partials, scratch.partial_floats, scratch.bad,
+                              s.options.programmatic_launch, s.stream),
         "LatentAttention: kernel launch");
   }
   AttentionLaunchParams p = QueryParams(q, mask, scale, out);
@@ -271,7 +276,8 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
   p.cache = cache.data_as<const float>();
   p.page_table = page_table.data_as<const int32_t>();
   p.page_size = page_size;
-  return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad, s.stream),
+  return CudaStatus(LaunchAttention(p, scratch.partials, scratch.partial_floats, scratch.bad,
+                                    s.options.programmatic_launch, s.stream),
                     "LatentAttention: kernel launch");
 }
 
@@ -357,7 +363,8 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
                     return LaunchCheckPagedPositions(
                         pos, rows.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
                         scratch.bad, s.error_flag,
-                        DeviceErrorCode(DeviceCheck::kPagedWritePosition), s.stream);
+                        DeviceErrorCode(DeviceCheck::kPagedWritePosition),
+                        s.options.programmatic_launch, s.stream);
                   }),
       "PagedWrite: position check launch"));
   const bool bf16 = cache.dtype() == DType::kBF16;
@@ -368,12 +375,12 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
                                     return LaunchPagedWrite(from, rows.stride(0), rows.dim(0),
                                                             rows.dim(1), pos, pages, cache.dim(1),
                                                             cache.data_as<uint16_t>(), scratch.bad,
-                                                            s.stream);
+                                                            s.options.programmatic_launch, s.stream);
                                   }
                                   return LaunchPagedWrite(from, rows.stride(0), rows.dim(0),
                                                           rows.dim(1), pos, pages, cache.dim(1),
                                                           cache.data_as<float>(), scratch.bad,
-                                                          s.stream);
+                                                          s.options.programmatic_launch, s.stream);
                                 }),
                     "PagedWrite: kernel launch");
 }
@@ -392,7 +399,8 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                     return LaunchCheckPagedPositions(
                         pos, out.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
                         scratch.bad, s.error_flag,
-                        DeviceErrorCode(DeviceCheck::kPagedReadPosition), s.stream);
+                        DeviceErrorCode(DeviceCheck::kPagedReadPosition),
+                        s.options.programmatic_launch, s.stream);
                   }),
       "PagedRead: position check launch"));
   const bool bf16 = cache.dtype() == DType::kBF16;
@@ -402,12 +410,14 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                                     return LaunchPagedRead(cache.data_as<const uint16_t>(), pages,
                                                            cache.dim(1), pos, out.dim(0),
                                                            out.dim(1), out.data_as<float>(),
-                                                           out.stride(0), scratch.bad, s.stream);
+                                                           out.stride(0), scratch.bad,
+                                                           s.options.programmatic_launch, s.stream);
                                   }
                                   return LaunchPagedRead(cache.data_as<const float>(), pages,
                                                          cache.dim(1), pos, out.dim(0), out.dim(1),
                                                          out.data_as<float>(), out.stride(0),
-                                                         scratch.bad, s.stream);
+                                                         scratch.bad, s.options.programmatic_launch,
+                                                         s.stream);
                                 }),
                     "PagedRead: kernel launch");
 }

@@ -56,7 +56,8 @@ absl::Status CudaBackend::CompactAccepted(const TensorView& cache, const TensorV
   p.max_nodes = accepted.dim(1);
   p.num_accepted = num_accepted.data_as<const int32_t>();
   const int code = DeviceErrorCode(DeviceCheck::kCompactAccepted);
-  return CudaStatus(LaunchCompactAccepted(p, s.error_flag, code, s.stream), "CompactAccepted: kernel launch");
+  return CudaStatus(LaunchCompactAccepted(p, s.error_flag, code, s.options.programmatic_launch, s.stream),
+                    "CompactAccepted: kernel launch");
 }
 
 }  // namespace eagle3::cuda

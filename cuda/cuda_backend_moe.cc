@@ -233,7 +233,8 @@ absl::Status CudaBackend::MoeRoute(const TensorView& logits, const TensorView* c
                      logits.dim(0), experts, p, ids.data_as<int32_t>(), ids.stride(0),
                      weights.data_as<float>(), weights.stride(0), s.error_flag,
                      DeviceErrorCode(DeviceCheck::kMoeRouteLogits),
-                     DeviceErrorCode(DeviceCheck::kMoeRouteBias), s.stream),
+                     DeviceErrorCode(DeviceCheck::kMoeRouteBias), s.options.programmatic_launch,
+                     s.stream),
       "MoeRoute: kernel launch");
 }
 
@@ -300,7 +301,7 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
                                 weight_type, num_experts, tokens, top_k, hidden, inter, act,
                                 workspace, out.data_as<float>(), out.stride(0), accumulate,
                                 s.error_flag, DeviceErrorCode(DeviceCheck::kMoeExpertsId),
-                                s.stream),
+                                s.options.programmatic_launch, s.stream),
         "MoeExperts: grouped kernel launch");
   }
   float* act = nullptr;
@@ -312,7 +313,8 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
                        ids.stride(0), weights.data_as<const float>(), weights.stride(0), table,
                        weight_type, num_experts, tokens, top_k, hidden, inter, act,
                        out.data_as<float>(), out.stride(0), accumulate, s.error_flag,
-                       DeviceErrorCode(DeviceCheck::kMoeExpertsId), s.stream),
+                       DeviceErrorCode(DeviceCheck::kMoeExpertsId), s.options.programmatic_launch,
+                       s.stream),
       "MoeExperts: kernel launch");
 }
 

@@ -138,7 +138,7 @@ absl::Status CudaBackend::BatchedPagedAttention(const TensorView& q, const Tenso
   }
   return CudaStatus(LaunchBatchedPagedAttention(
                         p, s.error_flag, DeviceErrorCode(kBatchedPagedAttentionCheck),
-                        s.stream),
+                        s.options.programmatic_launch, s.stream),
                     "BatchedPagedAttention: kernel launch");
 }
 

@@ -194,11 +194,12 @@ absl::Status DequantizedProduct(CudaBackend& backend, CudaBackend::State& s, con
       w.format == WeightFormat::kFp8Block
           ? LaunchFp8BlockDequant(w.codes.data_as<const uint8_t>(), LeadingDim(w.codes),
                                   w.scales.data_as<const float>(), LeadingDim(w.scales), LocalRow0(w), LocalCol0(w),
-                                  w.block_rows, w.block_cols, scratch, k, n, k, s.stream)
+                                  w.block_rows, w.block_cols, scratch, k, n, k, s.options.programmatic_launch, s.stream)
           : LaunchInt4GroupDequant(w.codes.data_as<const int32_t>(), LeadingDim(w.codes),
                                    static_cast<int>(w.col0 % kInt4PerWord),
                                    reinterpret_cast<const uint16_t*>(ScaleRow(w, LocalRow0(w))),
-                                   LeadingDim(w.scales), LocalCol0(w), w.block_cols, scratch, k, n, k, s.stream);
+                                   LeadingDim(w.scales), LocalCol0(w), w.block_cols, scratch, k, n, k,
+                                   s.options.programmatic_launch, s.stream);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(error, "QuantizedGemm: dequantization kernel launch"));
   GemmOptions product = options;
   product.b_is_weights = false;  // the scratch was written just before: no early start
@@ -257,9 +258,9 @@ absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, con
   const cudaError_t quantized =
       a.dtype() == DType::kBF16
           ? LaunchFp8ActQuant(a.data_as<const uint16_t>(), LeadingDim(a), m, k, a_codes, k, a_scales, a_scale_ld,
-                              s.stream)
+                              s.options.programmatic_launch, s.stream)
           : LaunchFp8ActQuant(a.data_as<const float>(), LeadingDim(a), m, k, a_codes, k, a_scales, a_scale_ld,
-                              s.stream);
+                              s.options.programmatic_launch, s.stream);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(quantized, "QuantizedGemm: activation quantization kernel launch"));
   if (!direct) {
     // The slice's blocks, rows L4 apart; the padding past its K blocks zeroed (never used).
@@ -279,7 +280,8 @@ absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, con
       s.fp8_w8a8.Run(s.lt, s.gemm_workspace, workspace_bytes, p, options.alpha, options.beta, s.stream));
   if (options.bias != nullptr) {
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
-        LaunchScaleAddBias(p.c, p.ldc, m, n, 1.0f, options.bias->data_as<const float>(), s.stream),
+        LaunchScaleAddBias(p.c, p.ldc, m, n, 1.0f, options.bias->data_as<const float>(),
+                           s.options.programmatic_launch, s.stream),
         "QuantizedGemm: bias kernel launch"));
   }
   return true;
@@ -311,7 +313,8 @@ absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeig
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "QuantizedGemm: cudaSetDevice"));
   if (k == 0) {  // empty product: c = beta * c + bias
     const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
-    return CudaStatus(LaunchScaleAddBias(c.data_as<float>(), LeadingDim(c), m, n, options.beta, bias, s.stream),
+    return CudaStatus(LaunchScaleAddBias(c.data_as<float>(), LeadingDim(c), m, n, options.beta, bias,
+                                         s.options.programmatic_launch, s.stream),
                       "QuantizedGemm: bias kernel launch");
   }
   if (fp8 && s.options.fp8_w8a8_min_rows > 0 && m >= s.options.fp8_w8a8_min_rows && Fp8W8A8RowsTaken(m)) {

@@ -83,7 +83,7 @@ absl::Status CudaBackend::TreeBuildStep(const TreeBuildShape& shape, int step, c
   const int64_t ld = logits.dim(0) > 1 ? logits.stride(0) : shape.vocab;
   return CudaStatus(LaunchTreeBuildStep(ParamsOf(shape, workspace, errors), step, logits.data_as<const float>(),
                                         ld, d2t.empty() ? nullptr : d2t.data_as<const int64_t>(), frontier,
-                                        s.stream),
+                                        s.options.programmatic_launch, s.stream),
                     "TreeBuildStep: kernel launch");
 }
 
@@ -106,7 +106,8 @@ absl::Status CudaBackend::TreeBuildFinalize(const TreeBuildShape& shape, const T
   out.parents = parents.data_as<int32_t>();
   out.positions = positions.data_as<int64_t>();
   out.mask = mask.data_as<uint8_t>();  // [B, N, N] is [B * N, N]
-  return CudaStatus(LaunchTreeBuildFinalize(ParamsOf(shape, workspace, errors), out, s.stream),
+  return CudaStatus(LaunchTreeBuildFinalize(ParamsOf(shape, workspace, errors), out,
+                                            s.options.programmatic_launch, s.stream),
                     "TreeBuildFinalize: kernel launch");
 }
 

@@ -110,7 +110,8 @@ absl::Status CudaBackend::TreeVerify(const TensorView& tokens, const TensorView&
   auto* next_sibling = reinterpret_cast<int32_t*>(scratch + layout.next_sibling);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       LaunchTreeListsFromParents(parents.data_as<const int32_t>(), static_cast<int32_t>(batch),
-                                 static_cast<int32_t>(nodes), row_offsets, first_child, next_sibling, s.stream),
+                                 static_cast<int32_t>(nodes), row_offsets, first_child, next_sibling,
+                                 s.options.programmatic_launch, s.stream),
       "TreeVerify: LaunchTreeListsFromParents"));
   TreeVerifyLaunchParams p;
   p.batch = static_cast<int32_t>(batch);
@@ -136,10 +137,12 @@ absl::Status CudaBackend::TreeVerify(const TensorView& tokens, const TensorView&
   p.out_tokens = out.out_tokens.data_as<int64_t>();
   static_assert(sizeof(VerifyError) == kVerifyErrorWidth * sizeof(int64_t));
   p.errors = out.errors.data_as<VerifyError>();
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(LaunchTreeVerify(p, s.stream), "TreeVerify: LaunchTreeVerify"));
+  EAGLE3_RETURN_IF_ERROR(
+      CudaStatus(LaunchTreeVerify(p, s.options.programmatic_launch, s.stream), "TreeVerify: LaunchTreeVerify"));
   return CudaStatus(LaunchVerifyCommitOffsets(p.num_accepted, p.accepted_nodes, p.batch, p.max_nodes,
                                               out.commit_offsets.data_as<int32_t>(),
-                                              out.commit_counts.data_as<int32_t>(), s.stream),
+                                              out.commit_counts.data_as<int32_t>(), s.options.programmatic_launch,
+                                              s.stream),
                     "TreeVerify: LaunchVerifyCommitOffsets");
 }
 
@@ -152,7 +155,8 @@ absl::Status CudaBackend::GatherRows(const TensorView& src, const TensorView& in
   const int64_t row_bytes = src.dim(1) * static_cast<int64_t>(DTypeSize(src.dtype()));
   return CudaStatus(LaunchGatherRows(src.data(), RowStrideBytes(src), src.dim(0), groups, index.data_as<const int32_t>(),
                                      index.dim(0), out.data(), RowStrideBytes(out), row_bytes, s.error_flag,
-                                     DeviceErrorCode(DeviceCheck::kGatherRowsIndex), s.stream),
+                                     DeviceErrorCode(DeviceCheck::kGatherRowsIndex), s.options.programmatic_launch,
+                                     s.stream),
                     "GatherRows: kernel launch");
 }
 
@@ -166,7 +170,7 @@ absl::Status CudaBackend::ExtendMaskRows(const TensorView& src, const TensorView
                                          parent.data_as<const int32_t>(), column.data_as<const int32_t>(),
                                          parent.dim(0), out.data_as<uint8_t>(), RowStrideBytes(out), src.dim(1),
                                          s.error_flag, DeviceErrorCode(DeviceCheck::kExtendMaskRowsIndex),
-                                         s.stream),
+                                         s.options.programmatic_launch, s.stream),
                     "ExtendMaskRows: kernel launch");
 }
 

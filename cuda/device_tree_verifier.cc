@@ -275,11 +275,13 @@ absl::Status DeviceTreeVerifier::Launch() {
   p.accepted_nodes = reinterpret_cast<int32_t*>(s.device_out + out.accepted_nodes);
   p.out_tokens = reinterpret_cast<int64_t*>(s.device_out + out.tokens);
   p.errors = reinterpret_cast<VerifyError*>(s.device_out + out.errors);
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(LaunchTreeVerify(p, s.stream), "verify: LaunchTreeVerify"));
+  // Programmatic launches: the kernels wait for the work before them, so only their launches overlap.
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(LaunchTreeVerify(p, /*programmatic=*/true, s.stream), "verify: LaunchTreeVerify"));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       LaunchVerifyCommitOffsets(p.num_accepted, p.accepted_nodes, p.batch, p.max_nodes,
                                 reinterpret_cast<int32_t*>(s.device_out + out.commit_offsets),
-                                reinterpret_cast<int32_t*>(s.device_out + out.commit_counts), s.stream),
+                                reinterpret_cast<int32_t*>(s.device_out + out.commit_counts),
+                                /*programmatic=*/true, s.stream),
       "verify: LaunchVerifyCommitOffsets"));
   return CudaStatus(cudaMemcpyAsync(s.host_out, s.device_out, out.download_bytes, cudaMemcpyDeviceToHost, s.stream),
                     "DeviceTreeVerifier: download");

@@ -260,7 +260,7 @@ absl::Status Matmul(CudaBackend::State& s, const TensorView& a, const TensorView
     return LtError(status, "cublasLtMatmul for " + Operands(a, b, c));
   }
   if (bias == nullptr) return absl::OkStatus();
-  return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, 1.0f, bias, s.stream),
+  return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, 1.0f, bias, s.options.programmatic_launch, s.stream),
                     "Gemm: bias kernel launch");
 }
 
@@ -281,7 +281,8 @@ absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const T
   const int64_t ldc = LeadingDim(c);
   const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
   if (k == 0) {  // empty product: c = beta * c + bias
-    return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, options.beta, bias, s.stream),
+    return CudaStatus(LaunchScaleAddBias(c_data, ldc, m, n, options.beta, bias, s.options.programmatic_launch,
+                                         s.stream),
                       "Gemm: bias kernel launch");
   }
   EAGLE3_ASSIGN_OR_RETURN(const bool gemv, TryGemv(s, a, b, c, options, Batch{}, "Gemm"));
@@ -291,7 +292,8 @@ absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const T
                             ActivationScratch(s, static_cast<size_t>(m * k) * sizeof(uint16_t)));
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
         LaunchF32ToBf16Rows(a.data_as<const float>(), LeadingDim(a),
-                            static_cast<uint16_t*>(scratch), k, m, k, s.stream),
+                            static_cast<uint16_t*>(scratch), k, m, k, s.options.programmatic_launch,
+                            s.stream),
         "Gemm: converting a to bf16"));
     const TensorView a_bf16(scratch, DType::kBF16, Shape{m, k}, a.device());
     return Matmul(s, a_bf16, b, c, options);
@@ -331,7 +333,8 @@ absl::Status CudaBackend::BatchedGemm(const TensorView& a, const TensorView& b, 
                             ActivationScratch(s, static_cast<size_t>(items * m * k) * sizeof(uint16_t)));
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
         LaunchF32ToBf16Batched(a.data_as<const float>(), a.stride(0), a.stride(1),
-                               static_cast<uint16_t*>(scratch), items, m, k, s.stream),
+                               static_cast<uint16_t*>(scratch), items, m, k,
+                               s.options.programmatic_launch, s.stream),
         "BatchedGemm: converting a to bf16"));
     batch.stride_a = m * k;
     return Matmul(s, TensorView(scratch, DType::kBF16, Shape{m, k}, a.device()), b0, c0, options, batch);

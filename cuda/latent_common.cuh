@@ -273,15 +273,16 @@ __device__ inline unsigned LatentKeepKeyPair(unsigned bits, int key) {
 }
 
 // Raises the dynamic shared memory limit of `kernel` (the latent kernels take more than the
-// default 48 KiB) to shared_bytes and launches it. Returns the attribute call's error; the
-// launch's own error is left for the caller's cudaGetLastError.
+// default 48 KiB) to shared_bytes and launches it, as a programmatic dependent when
+// `programmatic` (the kernel opens with PdlEnter). Returns the attribute call's error, else the
+// launch's.
 inline cudaError_t LaunchWithSharedMemory(void (*kernel)(LatentArgs), dim3 grid, int threads,
-                                          size_t shared_bytes, cudaStream_t stream,
+                                          size_t shared_bytes, bool programmatic, cudaStream_t stream,
                                           const LatentArgs& a) {
   const cudaError_t error = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
-  if (error == cudaSuccess) kernel<<<grid, threads, shared_bytes, stream>>>(a);
-  return error;
+  if (error != cudaSuccess) return error;
+  return LaunchKernel(programmatic, kernel, grid, dim3(threads), shared_bytes, stream, a);
 }
 
 // ---- The bf16 tensor-core kernel (latent_mma_kernels.cu), for the launcher ---------------------
@@ -293,10 +294,9 @@ int MmaRowStride(int64_t key_dim);
 size_t MmaSharedBytes(int64_t key_dim, int groups);
 
 // Sets LatentMmaKernel<groups>'s dynamic shared memory limit to shared_bytes and launches it on
-// `grid` (a.wp = MmaRowStride(key_dim)). Returns the attribute call's error; the launch's own
-// error is left for the caller's cudaGetLastError.
+// `grid` (a.wp = MmaRowStride(key_dim)), as LaunchWithSharedMemory does.
 cudaError_t LaunchLatentMma(const LatentArgs& a, int groups, dim3 grid, size_t shared_bytes,
-                            cudaStream_t stream);
+                            bool programmatic, cudaStream_t stream);
 
 // ---- The compact bf16 kernel at DeepSeek's latent shape (latent_compact_kernels.cu) ------------
 
@@ -324,10 +324,11 @@ size_t LatentCompactSharedBytes();
 
 // Launches it on `grid` (one value tile: value_dim 512). programmatic: as a programmatic dependent
 // of the kernel before it on the stream (programmatic_launch.cuh), which must be the batched form's
-// metadata check, launched normally, with nothing between them: before PdlWait the kernel reads
-// only what the kernels before the check wrote (queries, page tables, q_start, kv_len), with every
-// index bounded as if the check had failed, and reads no cache row and no `bad`. Returns the
-// attribute call's error, else the launch's.
+// metadata check, with nothing between them: the check waits for the kernels before it before it
+// lets this one launch (PdlEnter), and before PdlWait this kernel reads only what those kernels
+// wrote (queries, page tables, q_start, kv_len), with every index bounded as if the check had
+// failed, and reads no cache row and no `bad`. Returns the attribute call's error, else the
+// launch's.
 cudaError_t LaunchLatentCompact(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
 // ---- The 64-row bf16 kernel at the compact kernel's shape (latent_tree_kernels.cu) -------------

@@ -50,6 +50,7 @@ size_t LatentSharedFloats(int64_t key_dim) {
 
 template <int kRT>
 __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentArgs a) {
+  PdlEnter();
   if (*a.bad != 0) return;
   constexpr int kRows = 4 * kRT;
   const LatentLaunchParams& p = a.p;
@@ -395,7 +396,9 @@ __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const Late
 // the CPU reference's order). Threads only read what the earlier conditions of b made safe.
 __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, int* error_flag,
                                          int error_code) {
-  PdlLaunchDependents();  // the compact attention kernel's prologue may overlap this check
+  // Waits before it lets the next kernel launch: the compact or tree kernel after it reads the
+  // queries and page tables before its own PdlWait (LaunchLatentCompact).
+  PdlEnter();
   const int64_t batch = p.batch;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (p.q_start[0] != 0) Flag(bad, error_flag, error_code, 0);
@@ -447,6 +450,7 @@ __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, i
 __global__ void LatentTileTableKernel(const int32_t* __restrict__ q_start, int64_t batch,
                                       int64_t tokens_per_tile, int32_t* tile_table,
                                       const int* bad) {
+  PdlEnter();
   if (*bad != 0) return;
   int running = 0;
   for (int64_t base = 0; base < batch; base += blockDim.x) {
@@ -519,12 +523,12 @@ int LatentBlockRows(const LatentLaunchParams& p) {
 }
 
 // Launch geometry (host values only, so a captured graph replays any lengths within the bounds).
-// programmatic: the batched form's check kernel was launched just before (see
-// LaunchLatentCompact); the compact or tree kernel and the combine then launch as programmatic
-// dependents.
+// programmatic: the kernels launch as programmatic dependents; the compact or tree kernel only
+// where `after_check` (the batched form's check kernel was launched just before: see
+// LaunchLatentCompact), since its prologue reads before its PdlWait.
 cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
                                 float* partials, int64_t partial_capacity, const int* bad,
-                                bool programmatic, cudaStream_t stream) {
+                                bool programmatic, bool after_check, cudaStream_t stream) {
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
   int device = 0, sms = 0, max_shared = 0;
   cudaError_t error = cudaGetDevice(&device);
@@ -590,22 +594,22 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
   if (tree) {
-    error = LaunchLatentTree(a, grid, programmatic, stream);
+    error = LaunchLatentTree(a, grid, programmatic && after_check, stream);
   } else if (compact) {
-    error = LaunchLatentCompact(a, grid, programmatic, stream);
+    error = LaunchLatentCompact(a, grid, programmatic && after_check, stream);
   } else if (bf16) {
-    error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, stream);
+    error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, programmatic, stream);
   } else {
     error = LaunchWithSharedMemory(row_tile == 2 ? LatentKernel<2> : LatentKernel<4>, grid,
-                                   kLatentThreads, shared_bytes, stream, a);
+                                   kLatentThreads, shared_bytes, programmatic, stream, a);
   }
   if (error != cudaSuccess) return error;
   error = cudaGetLastError();
   if (error != cudaSuccess || a.splits == 1) return error;
   const dim3 combine_grid(static_cast<unsigned>(p.tokens * p.heads),
                           static_cast<unsigned>((p.value_dim + 127) / 128));
-  return LaunchKernel(programmatic && (tree || compact), LatentCombineKernel, combine_grid,
-                      dim3(kLatentThreads), 0, stream, a);
+  return LaunchKernel(programmatic, LatentCombineKernel, combine_grid, dim3(kLatentThreads), 0,
+                      stream, a);
 }
 
 }  // namespace
@@ -613,7 +617,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
 size_t LatentSharedBytes(int64_t key_dim) { return LatentSharedFloats(key_dim) * sizeof(float); }
 
 cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
-                                  int64_t partial_capacity, const int* bad, cudaStream_t stream) {
+                                  int64_t partial_capacity, const int* bad, bool programmatic,
+                                  cudaStream_t stream) {
   if (!ValidLatentParams(params) || partial_capacity < 0 || bad == nullptr) return cudaErrorInvalidValue;
   LatentLaunchParams p = params;
   p.batch = 1;
@@ -621,7 +626,8 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
   p.kv_len = nullptr;
   p.tree_mask = nullptr;
   if (p.tokens * p.heads > 0 && p.value_dim > 0 && p.mask == nullptr) return cudaErrorInvalidValue;
-  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, bad, /*programmatic=*/false, stream);
+  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, bad, programmatic,
+                             /*after_check=*/false, stream);
 }
 
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
@@ -635,21 +641,23 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
     return cudaErrorInvalidValue;
   }
   if (p.batch > 0 && p.page_tables == nullptr) return cudaErrorInvalidValue;
-  CheckBatchedLatentKernel<<<static_cast<unsigned>(std::max<int64_t>(p.batch, 1)), kThreads, 0,
-                             stream>>>(p, bad, error_flag, error_code);
-  cudaError_t error = cudaGetLastError();
+  cudaError_t error = LaunchKernel(programmatic, CheckBatchedLatentKernel,
+                                   dim3(static_cast<unsigned>(std::max<int64_t>(p.batch, 1))),
+                                   dim3(kThreads), 0, stream, p, bad, error_flag, error_code);
   if (error != cudaSuccess || p.tokens * p.heads == 0 || p.value_dim == 0) return error;
   const int rows = LatentBlockRows(p);
   const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
   // One token per tile (as many heads as block rows, or more): the tile table is q_start itself.
   if (tokens_per_tile == 1) {
-    return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, bad, programmatic, stream);
+    return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, bad, programmatic,
+                               /*after_check=*/true, stream);
   }
-  LatentTileTableKernel<<<1, kThreads, 0, stream>>>(p.q_start, p.batch, tokens_per_tile,
-                                                    tile_table, bad);
-  error = cudaGetLastError();
+  error = LaunchKernel(programmatic, LatentTileTableKernel, dim3(1), dim3(kThreads), 0, stream,
+                       p.q_start, p.batch, tokens_per_tile, tile_table, bad);
   if (error != cudaSuccess) return error;
-  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, /*programmatic=*/false, stream);
+  // The attention kernel reads the tile table, which the kernel just before writes.
+  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, programmatic,
+                             /*after_check=*/false, stream);
 }
 
 }  // namespace eagle3::cuda

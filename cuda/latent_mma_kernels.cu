@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   constexpr int kRowThreads = 256 / kRows;  // softmax threads per row: 16 or 4
   constexpr int kRowKeys = kLatentChunk / kRowThreads;  // keys per softmax thread: 2 or 8
   constexpr int kValueTiles = 8 * kGroups;  // n-tiles of 8 columns per warp: 64 or 256 columns
+  PdlEnter();
   if (*a.bad != 0) return;
   const LatentLaunchParams& p = a.p;
   LatentTile tile;
@@ -385,9 +386,9 @@ size_t MmaSharedBytes(int64_t key_dim, int groups) {
 }
 
 cudaError_t LaunchLatentMma(const LatentArgs& a, int groups, dim3 grid, size_t shared_bytes,
-                            cudaStream_t stream) {
+                            bool programmatic, cudaStream_t stream) {
   return LaunchWithSharedMemory(groups == 4 ? LatentMmaKernel<4> : LatentMmaKernel<1>, grid,
-                                kMmaThreads, shared_bytes, stream, a);
+                                kMmaThreads, shared_bytes, programmatic, stream, a);
 }
 
 size_t LatentBf16SharedBytes(int64_t key_dim) { return MmaSharedBytes(key_dim, 1); }

@@ -138,6 +138,7 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, int64_t logits_
                                int64_t weights_stride, int* error_flag, int error_code,
                                int bias_error_code) {
   PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
+  PdlWait();
   extern __shared__ float shared[];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -290,6 +291,7 @@ __global__ void MoeRouteBlockKernel(const float* __restrict__ logits, int64_t lo
                                     int64_t weights_stride, int* error_flag, int error_code,
                                     int bias_error_code) {
   PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
+  PdlWait();
   extern __shared__ float shared[];
   __shared__ RouteArgmaxScratch argmax;
   __shared__ float warp_max[kWarpSize];
@@ -424,6 +426,7 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
                              int64_t top_k, int64_t hidden, int64_t inter, float* __restrict__ act,
                              int* error_flag, int error_code) {
   PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
+  PdlWait();
   const int64_t slot = blockIdx.x;
   const int64_t t = slot / top_k;
   const int32_t e = ids[t * ids_stride + slot % top_k];
@@ -457,6 +460,7 @@ __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_strid
                               int64_t out_stride, bool accumulate, int* error_flag,
                               int error_code) {
   PdlLaunchDependents();  // lets a weight-streaming kernel after this one start early
+  PdlWait();
   const int64_t t = blockIdx.x;
   const int32_t* id = ids + t * ids_stride;
   for (int64_t j = 0; j < top_k; ++j) {
@@ -539,6 +543,7 @@ __global__ void __launch_bounds__(kGroupThreads)
                    int experts, int64_t t0, int32_t* __restrict__ pairs,
                    int32_t* __restrict__ tiles, int32_t* __restrict__ num_tiles, int* error_flag,
                    int error_code) {
+  PdlEnter();
   __shared__ int count[kMoeGroupedMaxExperts];  // per expert: pairs, then the scatter cursor
   const int n = tokens * top_k;
   for (int e = threadIdx.x; e < experts; e += kGroupThreads) count[e] = 0;
@@ -662,6 +667,7 @@ __global__ void __launch_bounds__(kTileThreads, 2) MoeGroupedGemmKernel(GroupedG
                                                kTileM * kTileStride * sizeof(float));
   };
 
+  PdlEnter();
   const int tile = blockIdx.y;
   if (tile >= *args.num_tiles) return;
   const int expert = args.tiles[3 * tile];
@@ -870,14 +876,15 @@ __global__ void __launch_bounds__(kTileThreads, 2) MoeGroupedGemmKernel(GroupedG
 // Sets the dynamic shared memory MoeGroupedGemmKernel<W, kDown> needs (above the 48 KiB default)
 // and launches it.
 template <typename W, bool kDown>
-cudaError_t LaunchGroupedGemm(const GroupedGemmArgs& a, dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchGroupedGemm(const GroupedGemmArgs& a, dim3 grid, bool programmatic,
+                              cudaStream_t stream) {
   constexpr size_t kBytes = GroupedSharedBytes<W>();
   const cudaError_t error = cudaFuncSetAttribute(
       MoeGroupedGemmKernel<W, kDown>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(kBytes));
   if (error != cudaSuccess) return error;
-  MoeGroupedGemmKernel<W, kDown><<<grid, kTileThreads, kBytes, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, MoeGroupedGemmKernel<W, kDown>, grid, dim3(kTileThreads),
+                      kBytes, stream, a);
 }
 
 // out[t, h] = (accumulate ? out[t, h] : 0) + sum over j in order of weights[t, j] * partial[t *
@@ -889,6 +896,7 @@ __global__ void __launch_bounds__(kReduceThreads)
                            int64_t num_experts, int64_t top_k, int64_t hidden,
                            const float* __restrict__ partial, float* __restrict__ out,
                            int64_t out_stride, bool accumulate) {
+  PdlEnter();
   const int64_t t = blockIdx.x;
   const int32_t* id = ids + t * ids_stride;
   for (int64_t j = 0; j < top_k; ++j) {
@@ -909,7 +917,7 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
                            int64_t tokens, int64_t experts, const MoeRouteLaunchParams& params,
                            int32_t* ids, int64_t ids_stride, float* weights, int64_t weights_stride,
                            int* error_flag, int error_code, int bias_error_code,
-                           cudaStream_t stream) {
+                           bool programmatic, cudaStream_t stream) {
   const MoeRouteLaunchParams& p = params;
   if (tokens < 0 || experts < 1 || experts > kMoeRouteMaxExperts || p.n_group < 1 ||
       experts % p.n_group != 0 || p.topk_group < 1 || p.topk_group > p.n_group || p.top_k < 1 ||
@@ -928,10 +936,10 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
     const unsigned threads =
         static_cast<unsigned>((experts + kWarpSize - 1) / kWarpSize * kWarpSize);
     const size_t shared_bytes = (static_cast<size_t>(experts) + p.n_group) * sizeof(float);
-    MoeRouteBlockKernel<<<static_cast<unsigned>(tokens), threads, shared_bytes, stream>>>(
-        logits, logits_stride, correction_bias, static_cast<int>(experts), p, ids, ids_stride,
-        weights, weights_stride, error_flag, error_code, bias_error_code);
-    return cudaGetLastError();
+    return LaunchKernel(programmatic, MoeRouteBlockKernel, dim3(static_cast<unsigned>(tokens)),
+                        dim3(threads), shared_bytes, stream, logits, logits_stride,
+                        correction_bias, static_cast<int>(experts), p, ids, ids_stride, weights,
+                        weights_stride, error_flag, error_code, bias_error_code);
   }
   // One warp per row, up to kRouteMaxRowsPerBlock rows a block as their shared slices fit.
   const size_t row_bytes = (2 * static_cast<size_t>(experts) + p.n_group) * sizeof(float);
@@ -939,11 +947,11 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
   const int64_t rows = fit < kRouteMaxRowsPerBlock ? fit : kRouteMaxRowsPerBlock;
   const int64_t blocks = (tokens + rows - 1) / rows;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  MoeRouteKernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(rows * kWarpSize),
-                   rows * row_bytes, stream>>>(
-      logits, logits_stride, correction_bias, tokens, static_cast<int>(experts), p, ids, ids_stride,
-      weights, weights_stride, error_flag, error_code, bias_error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, MoeRouteKernel, dim3(static_cast<unsigned>(blocks)),
+                      dim3(static_cast<unsigned>(rows * kWarpSize)), rows * row_bytes, stream,
+                      logits, logits_stride, correction_bias, tokens, static_cast<int>(experts), p,
+                      ids, ids_stride, weights, weights_stride, error_flag, error_code,
+                      bias_error_code);
 }
 
 cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* ids,
@@ -952,7 +960,7 @@ cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* id
                              int64_t num_experts, int64_t tokens, int64_t top_k, int64_t hidden,
                              int64_t inter, float* act, float* out, int64_t out_stride,
                              bool accumulate, int* error_flag, int error_code,
-                             cudaStream_t stream) {
+                             bool programmatic, cudaStream_t stream) {
   if (weight_type != MoeWeightType::kF32 && weight_type != MoeWeightType::kBF16) {
     return cudaErrorInvalidValue;
   }
@@ -978,16 +986,19 @@ cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* id
     using W = decltype(weight);
     if (gemv) {
       const dim3 grid(static_cast<unsigned>(tokens * top_k), static_cast<unsigned>(inter_blocks));
-      MoeActKernel<W><<<grid, kGemvWarps * kWarpSize, 0, stream>>>(
-          x, x_stride, ids, ids_stride, experts, num_experts, top_k, hidden, inter, act,
-          error_flag, error_code);
-      if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+      if (const cudaError_t error =
+              LaunchKernel(programmatic, MoeActKernel<W>, grid, dim3(kGemvWarps * kWarpSize), 0,
+                           stream, x, x_stride, ids, ids_stride, experts, num_experts, top_k,
+                           hidden, inter, act, error_flag, error_code);
+          error != cudaSuccess) {
+        return error;
+      }
     }
     const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(hidden_blocks));
-    MoeDownKernel<W><<<grid, kGemvWarps * kWarpSize, 0, stream>>>(
-        ids, ids_stride, weights, weights_stride, experts, num_experts, top_k, hidden, inter, act,
-        out, out_stride, accumulate, error_flag, error_code);
-    return cudaGetLastError();
+    return LaunchKernel(programmatic, MoeDownKernel<W>, grid, dim3(kGemvWarps * kWarpSize), 0,
+                        stream, ids, ids_stride, weights, weights_stride, experts, num_experts,
+                        top_k, hidden, inter, act, out, out_stride, accumulate, error_flag,
+                        error_code);
   };
   return weight_type == MoeWeightType::kBF16 ? launch(uint16_t{0}) : launch(0.0f);
 }
@@ -999,7 +1010,7 @@ cudaError_t LaunchMoeExpertsGrouped(const float* x, int64_t x_stride, const int3
                                     int64_t top_k, int64_t hidden, int64_t inter, float* act,
                                     const MoeGroupedWorkspace& workspace, float* out,
                                     int64_t out_stride, bool accumulate, int* error_flag,
-                                    int error_code, cudaStream_t stream) {
+                                    int error_code, bool programmatic, cudaStream_t stream) {
   const MoeGroupedWorkspace& ws = workspace;
   if (weight_type != MoeWeightType::kF32 && weight_type != MoeWeightType::kBF16) {
     return cudaErrorInvalidValue;
@@ -1029,10 +1040,12 @@ cudaError_t LaunchMoeExpertsGrouped(const float* x, int64_t x_stride, const int3
     using W = decltype(weight);
     for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
       const int64_t n = std::min(chunk, tokens - t0);
-      MoeGroupKernel<<<1, kGroupThreads, 0, stream>>>(
+      cudaError_t error = LaunchKernel(
+          programmatic, MoeGroupKernel, dim3(1), dim3(kGroupThreads), 0, stream,
           ids + t0 * ids_stride, ids_stride, static_cast<int>(n), static_cast<int>(top_k),
           static_cast<int>(num_experts), t0, ws.pairs, ws.tiles, ws.num_tiles, error_flag,
           error_code);
+      if (error != cudaSuccess) return error;
       GroupedGemmArgs a;
       a.x = x + t0 * x_stride;
       a.x_stride = x_stride;
@@ -1046,18 +1059,20 @@ cudaError_t LaunchMoeExpertsGrouped(const float* x, int64_t x_stride, const int3
       a.hidden = hidden;
       a.inter = inter;
       const unsigned tiles = static_cast<unsigned>(MoeGroupedMaxTiles(n * top_k, num_experts));
-      cudaError_t error =
-          LaunchGroupedGemm<W, false>(a, dim3(static_cast<unsigned>(act_blocks), tiles), stream);
+      error = LaunchGroupedGemm<W, false>(a, dim3(static_cast<unsigned>(act_blocks), tiles),
+                                          programmatic, stream);
       if (error == cudaSuccess) {
-        error =
-            LaunchGroupedGemm<W, true>(a, dim3(static_cast<unsigned>(down_blocks), tiles), stream);
+        error = LaunchGroupedGemm<W, true>(a, dim3(static_cast<unsigned>(down_blocks), tiles),
+                                           programmatic, stream);
       }
-      if (error != cudaSuccess) return error;
-      MoeGroupedReduceKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(reduce_blocks)),
-                               kReduceThreads, 0, stream>>>(
-          ids + t0 * ids_stride, ids_stride, weights + t0 * weights_stride, weights_stride,
-          num_experts, top_k, hidden, ws.partial, out + t0 * out_stride, out_stride, accumulate);
-      error = cudaGetLastError();
+      if (error == cudaSuccess) {
+        error = LaunchKernel(
+            programmatic, MoeGroupedReduceKernel,
+            dim3(static_cast<unsigned>(n), static_cast<unsigned>(reduce_blocks)),
+            dim3(kReduceThreads), 0, stream, ids + t0 * ids_stride, ids_stride,
+            weights + t0 * weights_stride, weights_stride, num_experts, top_k, hidden, ws.partial,
+            out + t0 * out_stride, out_stride, accumulate);
+      }
       if (error != cudaSuccess) return error;
     }
     return cudaSuccess;

@@ -9,6 +9,10 @@
 // (the device error flag protocol of cuda/core_ops.h: one device int, 0 = no error; the
 // first op to fail is kept, within it the lowest index); the host reads it later
 // (CudaBackend::Synchronize).
+//
+// programmatic: the launcher's kernels are launched as programmatic dependents of the kernel before
+// them on `stream` (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch): each waits
+// for the earlier kernels before it touches memory, so results are the same either way.
 #pragma once
 
 #include <cstddef>
@@ -58,7 +62,7 @@ cudaError_t LaunchMoeRoute(const float* logits, int64_t logits_stride, const flo
                            int64_t tokens, int64_t experts, const MoeRouteLaunchParams& params,
                            int32_t* ids, int64_t ids_stride, float* weights, int64_t weights_stride,
                            int* error_flag, int error_code, int bias_error_code,
-                           cudaStream_t stream);
+                           bool programmatic, cudaStream_t stream);
 
 // How every routed expert's weights are stored (one type for all experts of a call).
 enum class MoeWeightType : int {
@@ -96,7 +100,8 @@ cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* id
                              const MoeExpertPointers* experts, MoeWeightType weight_type,
                              int64_t num_experts, int64_t tokens, int64_t top_k, int64_t hidden,
                              int64_t inter, float* act, float* out, int64_t out_stride,
-                             bool accumulate, int* error_flag, int error_code, cudaStream_t stream);
+                             bool accumulate, int* error_flag, int error_code, bool programmatic,
+                             cudaStream_t stream);
 
 // ---- Grouped routed experts (many tokens: verify trees, prefill) ------------------------------
 //
@@ -195,6 +200,6 @@ cudaError_t LaunchMoeExpertsGrouped(const float* x, int64_t x_stride, const int3
                                     int64_t top_k, int64_t hidden, int64_t inter, float* act,
                                     const MoeGroupedWorkspace& workspace, float* out,
                                     int64_t out_stride, bool accumulate, int* error_flag,
-                                    int error_code, cudaStream_t stream);
+                                    int error_code, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

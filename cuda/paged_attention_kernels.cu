@@ -8,6 +8,7 @@
 
 #include "core_kernels.cuh"
 #include "paged_attention_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -18,6 +19,7 @@ constexpr int kCheckThreads = 128;
 // One block per sequence (block 0 also checks q_start[0] and q_start[B]); conditions as in
 // paged_attention_ops.h. Threads only read what the earlier conditions of b made safe.
 __global__ void CheckBatchedPagedKernel(const PagedAttentionParams p, int* error_flag, int error_code) {
+  PdlEnter();
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (p.q_start[0] != 0) RecordDeviceError(error_flag, error_code, 0);
     if (p.q_start[p.batch] != p.tokens) RecordDeviceError(error_flag, error_code, 8 * p.batch + 5);
@@ -152,6 +154,7 @@ __device__ inline void MergePagedWarps(const PagedAttentionParams& p, int64_t t,
 // the running sums [group]. Warp w takes keys [32 (w + k W), 32 (w + k W) + 32), a lane per key.
 __global__ void __launch_bounds__(kPagedAttentionThreads)
     BatchedPagedAttentionKernel(const PagedAttentionParams p, bool vec4, int* error_flag, int error_code) {
+  PdlEnter();
   extern __shared__ __align__(16) float smem[];
   const int64_t t = blockIdx.x;
   const int64_t kv_head = blockIdx.y;
@@ -292,6 +295,7 @@ __device__ __forceinline__ float WarpSumEach32(float (&v)[32]) {
 template <int kDims>  // head_dim <= 32 * kDims
 __global__ void __launch_bounds__(kPagedAttentionThreads)
     PagedSplitKernel(const PagedAttentionParams p, int* error_flag, int error_code) {
+  PdlEnter();
   extern __shared__ __align__(16) float smem[];
   const int64_t t = blockIdx.x;
   const int64_t kv_head = blockIdx.y;
@@ -452,6 +456,7 @@ __global__ void __launch_bounds__(kPagedAttentionThreads)
 // split is reported (by head 0) and not written.
 __global__ void __launch_bounds__(128) PagedCombineKernel(const PagedAttentionParams p, int splits,
                                                           int* error_flag, int error_code) {
+  PdlEnter();
   __shared__ float weight[kPagedMaxSplits];  // e^(m_s - M), then divided by the total
   __shared__ float top_s;
   const int64_t t = blockIdx.x, head = blockIdx.y;
@@ -492,7 +497,7 @@ __global__ void __launch_bounds__(128) PagedCombineKernel(const PagedAttentionPa
 }  // namespace
 
 cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int* error_flag, int error_code,
-                                        cudaStream_t stream) {
+                                        bool programmatic, cudaStream_t stream) {
   const PagedAttentionParams& p = params;
   if (p.batch < 0 || p.tokens < 0 || p.tokens > INT32_MAX || p.num_pages < 0 || p.page_size < 1 || p.pages_per_seq < 0 ||
       p.max_kv_len < 1 || p.max_kv_len > INT32_MAX || p.head_dim < 1 || p.kv_heads < 1 || p.kv_heads > 65535 ||
@@ -505,9 +510,10 @@ cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int*
   const int64_t group = p.q_heads / p.kv_heads;
   const int64_t shared = PagedAttentionSharedBytes(group, p.head_dim);
   if (shared > kPagedAttentionMaxSharedBytes) return cudaErrorInvalidValue;
-  CheckBatchedPagedKernel<<<static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(p.batch, 1), 65535)),
-                            kCheckThreads, 0, stream>>>(p, error_flag, error_code);
-  cudaError_t error = cudaGetLastError();
+  cudaError_t error =
+      LaunchKernel(programmatic, CheckBatchedPagedKernel,
+                   dim3(static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(p.batch, 1), 65535))),
+                   dim3(kCheckThreads), 0, stream, p, error_flag, error_code);
   if (error != cudaSuccess || p.tokens == 0) return error;
   if (p.register_kernel && p.head_dim <= kPagedAttentionRegisterMaxDim && p.q_heads > 0) {
     // Splits: enough blocks to fill the device, at most one per chunk of the longest sequence, and
@@ -521,26 +527,19 @@ cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int*
     const size_t bytes = sizeof(float) * static_cast<size_t>(PagedSplitSharedFloats(group, p.head_dim));
     const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.kv_heads),
                     static_cast<unsigned>(splits));
-    if (p.head_dim <= 128) {
-      PagedSplitKernel<4><<<grid, kPagedAttentionThreads, bytes, stream>>>(p, error_flag, error_code);
-    } else {
-      PagedSplitKernel<kPagedAttentionRegisterMaxDim / 32>
-          <<<grid, kPagedAttentionThreads, bytes, stream>>>(p, error_flag, error_code);
-    }
-    if (splits > 1) {
-      error = cudaGetLastError();
-      if (error != cudaSuccess) return error;
-      PagedCombineKernel<<<dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.q_heads)), 128, 0,
-                           stream>>>(p, static_cast<int>(splits), error_flag, error_code);
-    }
-  } else {
-    // float4 loads of keys and queries: every key row and the queries' shared rows 16-byte aligned.
-    const bool vec4 = p.head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
-    const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.kv_heads));
-    BatchedPagedAttentionKernel<<<grid, kPagedAttentionThreads, static_cast<size_t>(shared), stream>>>(
-        p, vec4, error_flag, error_code);
+    error = LaunchKernel(programmatic,
+                         p.head_dim <= 128 ? PagedSplitKernel<4> : PagedSplitKernel<kPagedAttentionRegisterMaxDim / 32>,
+                         grid, dim3(kPagedAttentionThreads), bytes, stream, p, error_flag, error_code);
+    if (error != cudaSuccess || splits == 1) return error;
+    return LaunchKernel(programmatic, PagedCombineKernel,
+                        dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.q_heads)), dim3(128), 0,
+                        stream, p, static_cast<int>(splits), error_flag, error_code);
   }
-  return cudaGetLastError();
+  // float4 loads of keys and queries: every key row and the queries' shared rows 16-byte aligned.
+  const bool vec4 = p.head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.kv_heads));
+  return LaunchKernel(programmatic, BatchedPagedAttentionKernel, grid, dim3(kPagedAttentionThreads),
+                      static_cast<size_t>(shared), stream, p, vec4, error_flag, error_code);
 }
 
 }  // namespace eagle3::cuda

@@ -99,8 +99,10 @@ struct PagedAttentionParams {
 };
 
 // error_flag: [1], i32, device (the backend's flag); error_code: the op's id shifted left by
-// kDeviceErrorIndexBits (core_ops.h).
+// kDeviceErrorIndexBits (core_ops.h). programmatic: the kernels are launched as programmatic
+// dependents (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch), each waiting for
+// the kernels before it before it touches memory, so results are the same either way.
 cudaError_t LaunchBatchedPagedAttention(const PagedAttentionParams& params, int* error_flag,
-                                        int error_code, cudaStream_t stream);
+                                        int error_code, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -12,6 +12,13 @@
 // In a kernel launched without the attribute PdlWait returns at once, and PdlLaunchDependents
 // does nothing when the next kernel was launched without it. Stream capture records the
 // dependency as a programmatic edge, so CUDA graphs keep the overlap.
+//
+// Every kernel that a decode, verify or draft step runs follows this rule and is launched through
+// LaunchKernel with the `programmatic` flag its launcher takes (CudaBackendOptions::
+// programmatic_launch), so that no kernel of a step waits out its predecessor's end and a launch
+// gap: a new step kernel must do the same. A kernel with nothing to read before its inputs are
+// complete opens with PdlEnter; one that precedes a weight-streaming kernel may trigger its
+// dependents before it waits, so that their weight loads overlap its wait too.
 // No abseil here: nvcc must never see it.
 #pragma once
 
@@ -31,6 +38,16 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// The opening of a kernel that reads what the kernels before it write and has nothing to do before
+// that: waits for them, then lets the next kernel launch, so that its launch and block scheduling
+// overlap this kernel's work. Waiting first keeps the next kernel's blocks from being parked on
+// SMs while this one still waits, and means that when the next kernel starts, everything before
+// this one has completed (what a kernel that reads before its own PdlWait relies on).
+__device__ __forceinline__ void PdlEnter() {
+  PdlWait();
+  PdlLaunchDependents();
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) in thread-block clusters of

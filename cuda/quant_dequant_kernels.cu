@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "eagle3/detail/int4_packing.h"
+#include "programmatic_launch.cuh"
 #include "quant_dequant_ops.h"
 
 namespace eagle3::cuda {
@@ -75,6 +76,7 @@ __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t
                                       const float* __restrict__ scale_inv, int64_t scale_ld, int64_t row0,
                                       int64_t col0, int64_t block_rows, int64_t block_cols,
                                       uint16_t* __restrict__ out, int64_t ld_out, int64_t n, int64_t k, bool vector) {
+  PdlEnter();  // out may be scratch that the product before this one still reads
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     ScaleCursor scale;
     scale.f32 = scale_inv + (row0 + r) / block_rows * scale_ld;
@@ -108,6 +110,7 @@ __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64
                                        const uint16_t* __restrict__ scale, int64_t scale_ld, int64_t col0,
                                        int64_t group_size, uint16_t* __restrict__ out, int64_t ld_out, int64_t n,
                                        int64_t k, bool vector) {
+  PdlEnter();  // out may be scratch that the product before this one still reads
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     ScaleCursor cursor;
     cursor.bf16 = scale + r * scale_ld;
@@ -144,21 +147,21 @@ bool RunsAligned(const void* p, int64_t ld, int64_t n, int64_t size) {
 
 cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float* scale_inv, int64_t scale_ld,
                                   int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols,
-                                  uint16_t* out, int64_t ld_out, int64_t n, int64_t k, cudaStream_t stream) {
+                                  uint16_t* out, int64_t ld_out, int64_t n, int64_t k, bool programmatic,
+                                  cudaStream_t stream) {
   if (n < 0 || k < 0 || row0 < 0 || col0 < 0 || block_rows < 1 || block_cols < 1) return cudaErrorInvalidValue;
   if (n == 0 || k == 0) return cudaSuccess;
   if (codes == nullptr || scale_inv == nullptr || out == nullptr) return cudaErrorInvalidValue;
   if (n > 1 && (ld < k || ld_out < k)) return cudaErrorInvalidValue;
   if ((row0 + n - 1) / block_rows > 0 && scale_ld < (col0 + k - 1) / block_cols + 1) return cudaErrorInvalidValue;
   const bool vector = RunsAligned(codes, ld, n, 1) && RunsAligned(out, ld_out, n, 2);
-  Fp8BlockDequantKernel<<<Grid(n, k), kThreads, 0, stream>>>(codes, ld, scale_inv, scale_ld, row0, col0, block_rows,
-                                                              block_cols, out, ld_out, n, k, vector);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, Fp8BlockDequantKernel, Grid(n, k), dim3(kThreads), 0, stream, codes, ld,
+                      scale_inv, scale_ld, row0, col0, block_rows, block_cols, out, ld_out, n, k, vector);
 }
 
 cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift, const uint16_t* scale,
                                    int64_t scale_ld, int64_t col0, int64_t group_size, uint16_t* out,
-                                   int64_t ld_out, int64_t n, int64_t k, cudaStream_t stream) {
+                                   int64_t ld_out, int64_t n, int64_t k, bool programmatic, cudaStream_t stream) {
   if (n < 0 || k < 0 || shift < 0 || shift >= kInt4PerWord || col0 < 0 || group_size < 1) {
     return cudaErrorInvalidValue;
   }
@@ -168,9 +171,8 @@ cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift,
     return cudaErrorInvalidValue;
   }
   const bool vector = RunsAligned(out, ld_out, n, 2);
-  Int4GroupDequantKernel<<<Grid(n, k), kThreads, 0, stream>>>(packed, ld, shift, scale, scale_ld, col0, group_size,
-                                                               out, ld_out, n, k, vector);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, Int4GroupDequantKernel, Grid(n, k), dim3(kThreads), 0, stream, packed, ld, shift,
+                      scale, scale_ld, col0, group_size, out, ld_out, n, k, vector);
 }
 
 }  // namespace eagle3::cuda

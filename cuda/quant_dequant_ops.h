@@ -9,6 +9,10 @@
 // ties to even): the bf16 weights ReadWeightShard(..., DType::kBF16) loads. Scale blocks are
 // indexed from the scale pointer, so a caller whose scale tensor starts at global block (R, C)
 // passes row0 - R * block_rows and col0 - C * block_cols.
+//
+// programmatic: the kernel is launched as a programmatic dependent of the kernel before it on
+// `stream` (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch): it waits for the
+// earlier kernels before it touches memory, so results are the same either way.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +32,8 @@ namespace eagle3::cuda {
 // block_cols >= 1. Returns cudaErrorInvalidValue otherwise, or for a missing pointer.
 cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float* scale_inv, int64_t scale_ld,
                                   int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols,
-                                  uint16_t* out, int64_t ld_out, int64_t n, int64_t k, cudaStream_t stream);
+                                  uint16_t* out, int64_t ld_out, int64_t n, int64_t k, bool programmatic,
+                                  cudaStream_t stream);
 
 // out[r][c] = bf16(q * scale[r][(col0 + c) / group_size]) for r < n, c < k, where q is value
 // shift + c of packed row r (eagle3/detail/int4_packing.h: Int4At).
@@ -40,6 +45,7 @@ cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float*
 // for a missing pointer.
 cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift, const uint16_t* scale,
                                    int64_t scale_ld, int64_t col0, int64_t group_size, uint16_t* out,
-                                   int64_t ld_out, int64_t n, int64_t k, cudaStream_t stream);
+                                   int64_t ld_out, int64_t n, int64_t k, bool programmatic,
+                                   cudaStream_t stream);
 
 }  // namespace eagle3::cuda

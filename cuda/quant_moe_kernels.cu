@@ -40,13 +40,7 @@ __device__ __forceinline__ float Bf16ToF32(uint32_t bits) { return __uint_as_flo
 __device__ __forceinline__ uint16_t F32ToBf16(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 // Every kernel of this file reads what the kernel before it writes (the routing, the grouping, the
-// products) and streams no weights before that: it waits for the kernels before it first, and lets
-// the next one launch at once, so that only launches and block scheduling overlap
-// (programmatic_launch.cuh; both are no-ops in a kernel launched without the attribute).
-__device__ __forceinline__ void PdlEnter() {
-  PdlWait();
-  PdlLaunchDependents();
-}
+// products) and streams no weights before that: it opens with PdlEnter (programmatic_launch.cuh).
 
 // The e4m3 value of a code, exactly (NaN codes 0x7f / 0xff read as NaN, as F8E4M3ToFloat does).
 __device__ __forceinline__ float E4m3ToF32(uint32_t code) {
@@ -635,9 +629,12 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       }
     } else if (top_k > 0) {
       const unsigned round_blocks = static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64));
-      QuantMoeRoundKernel<<<dim3(round_blocks, static_cast<unsigned>(n)), 256, 0, stream>>>(
-          x + t0 * x_stride, x_stride, hidden, ws.x, xb_ld);
-      if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+      if (const cudaError_t error = LaunchKernel(programmatic, QuantMoeRoundKernel,
+                                                 dim3(round_blocks, static_cast<unsigned>(n)), dim3(256), 0, stream,
+                                                 x + t0 * x_stride, x_stride, hidden, ws.x, xb_ld);
+          error != cudaSuccess) {
+        return error;
+      }
       const auto rows_launch = [&](bool gate_up) {
         RowsParams p = base;
         p.in = gate_up ? ws.x : ws.act;
@@ -650,14 +647,9 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
         const int64_t rows_per_block = static_cast<int64_t>(kWarps) * (32 >> p.team_shift);
         const dim3 grid(static_cast<unsigned>((p.rows + rows_per_block - 1) / rows_per_block),
                         static_cast<unsigned>(round_jobs));
-        if (int4) {
-          gate_up ? QuantMoeRowsKernel<Int4, true><<<grid, kThreads, 0, stream>>>(p)
-                  : QuantMoeRowsKernel<Int4, false><<<grid, kThreads, 0, stream>>>(p);
-        } else {
-          gate_up ? QuantMoeRowsKernel<Fp8, true><<<grid, kThreads, 0, stream>>>(p)
-                  : QuantMoeRowsKernel<Fp8, false><<<grid, kThreads, 0, stream>>>(p);
-        }
-        return cudaGetLastError();
+        const auto kernel = int4 ? (gate_up ? QuantMoeRowsKernel<Int4, true> : QuantMoeRowsKernel<Int4, false>)
+                                 : (gate_up ? QuantMoeRowsKernel<Fp8, true> : QuantMoeRowsKernel<Fp8, false>);
+        return LaunchKernel(programmatic, kernel, grid, dim3(kThreads), 0, stream, p);
       };
       if (inter > 0) {
         if (const cudaError_t error = rows_launch(true); error != cudaSuccess) return error;

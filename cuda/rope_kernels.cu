@@ -4,6 +4,7 @@
 
 #include "attention_common.cuh"
 #include "attention_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -15,6 +16,7 @@ __global__ void RopeKernel(float* __restrict__ x, int64_t tokens, int64_t heads,
                            const IdType* __restrict__ positions, const float* __restrict__ cos_sin,
                            int64_t table_stride, int64_t a_step, int64_t b_offset,
                            const int* __restrict__ bad) {
+  PdlEnter();
   if (*bad != 0) return;
   const int64_t total = tokens * heads * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -40,7 +42,8 @@ template <typename IdType>
 cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride,
                             int64_t head_stride, int64_t offset, int64_t rope_dim,
                             const IdType* positions, const float* cos_sin, int64_t table_stride,
-                            bool adjacent_pairs, const int* bad, cudaStream_t stream) {
+                            bool adjacent_pairs, const int* bad, bool programmatic,
+                            cudaStream_t stream) {
   if (tokens < 0 || heads < 0 || offset < 0 || rope_dim < 2 || rope_dim % 2 != 0 ||
       token_stride < 0 || head_stride < 0 || table_stride < 0) {
     return cudaErrorInvalidValue;
@@ -51,17 +54,17 @@ cudaError_t LaunchApplyRope(float* x, int64_t tokens, int64_t heads, int64_t tok
   if (x == nullptr || positions == nullptr || cos_sin == nullptr || bad == nullptr) {
     return cudaErrorInvalidValue;
   }
-  RopeKernel<<<GridFor(total, kThreads), kThreads, 0, stream>>>(
-      x, tokens, heads, token_stride, head_stride, offset, half, positions, cos_sin, table_stride,
-      adjacent_pairs ? 2 : 1, adjacent_pairs ? 1 : half, bad);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, RopeKernel<IdType>, GridFor(total, kThreads), dim3(kThreads),
+                      0, stream, x, tokens, heads, token_stride, head_stride, offset, half,
+                      positions, cos_sin, table_stride, int64_t{adjacent_pairs ? 2 : 1},
+                      adjacent_pairs ? int64_t{1} : half, bad);
 }
 
 template cudaError_t LaunchApplyRope(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                     const int32_t*, const float*, int64_t, bool, const int*,
+                                     const int32_t*, const float*, int64_t, bool, const int*, bool,
                                      cudaStream_t);
 template cudaError_t LaunchApplyRope(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                     const int64_t*, const float*, int64_t, bool, const int*,
+                                     const int64_t*, const float*, int64_t, bool, const int*, bool,
                                      cudaStream_t);
 
 }  // namespace eagle3::cuda

@@ -7,6 +7,7 @@
 
 #include "attention_common.cuh"
 #include "attention_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -54,6 +55,7 @@ size_t SharedFloats(int64_t key_dim, int64_t value_dim, bool paged) {
 
 template <int kChunks>
 __global__ void __launch_bounds__(kThreads) AttendSplitKernel(const AttendArgs a) {
+  PdlEnter();
   if (*a.bad != 0) return;
   extern __shared__ float4 shared_f4[];
   float* qs = reinterpret_cast<float*>(shared_f4);     // [kBlockRows][qstride]
@@ -248,6 +250,7 @@ __global__ void __launch_bounds__(kThreads) AttendSplitKernel(const AttendArgs a
 // One block per query row (t, n): out = sum_i w_i acc_i / sum_i w_i l_i, w_i = exp(m_i - max m).
 // A split whose keys the row masks entirely has m = -inf, l = 0 and weight 0.
 __global__ void __launch_bounds__(kCombineThreads) AttendCombineKernel(const AttendArgs a) {
+  PdlEnter();
   if (*a.bad != 0) return;
   extern __shared__ float weight[];  // [splits]
   const AttentionLaunchParams& p = a.p;
@@ -300,15 +303,16 @@ bool ValidParams(const AttentionLaunchParams& p) {
 }
 
 template <int kChunks>
-cudaError_t LaunchSplit(const AttendArgs& a, dim3 grid, size_t shared_bytes, cudaStream_t stream) {
+cudaError_t LaunchSplit(const AttendArgs& a, dim3 grid, size_t shared_bytes, bool programmatic,
+                        cudaStream_t stream) {
   if (shared_bytes > 48 * 1024) {
     const cudaError_t error = cudaFuncSetAttribute(
         AttendSplitKernel<kChunks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(shared_bytes));
     if (error != cudaSuccess) return error;
   }
-  AttendSplitKernel<kChunks><<<grid, kThreads, shared_bytes, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, AttendSplitKernel<kChunks>, grid, dim3(kThreads), shared_bytes,
+                      stream, a);
 }
 
 }  // namespace
@@ -318,7 +322,8 @@ size_t AttentionSharedBytes(int64_t key_dim, int64_t value_dim, bool paged) {
 }
 
 cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials,
-                            int64_t partial_capacity, const int* bad, cudaStream_t stream) {
+                            int64_t partial_capacity, const int* bad, bool programmatic,
+                            cudaStream_t stream) {
   if (!ValidParams(params) || partial_capacity < 0) return cudaErrorInvalidValue;
   const AttentionLaunchParams& p = params;
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
@@ -375,14 +380,14 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(column_blocks * a.value_tiles));
-  error = tile_columns == 128 ? LaunchSplit<4>(a, grid, shared_bytes, stream)
-                              : LaunchSplit<16>(a, grid, shared_bytes, stream);
+  error = tile_columns == 128 ? LaunchSplit<4>(a, grid, shared_bytes, programmatic, stream)
+                              : LaunchSplit<16>(a, grid, shared_bytes, programmatic, stream);
   if (error != cudaSuccess || a.splits == 1) return error;
   // Four floats of slack: compute-sanitizer saw 12-byte shared reads just past `splits` floats in
   // this kernel (the compiler's vectorized reads of the weight loops); they stay inside the slack.
-  AttendCombineKernel<<<RowGrid(p.tokens * p.heads), kCombineThreads,
-                        static_cast<size_t>(a.splits + 4) * sizeof(float), stream>>>(a);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, AttendCombineKernel, RowGrid(p.tokens * p.heads),
+                      dim3(kCombineThreads), static_cast<size_t>(a.splits + 4) * sizeof(float),
+                      stream, a);
 }
 
 }  // namespace eagle3::cuda

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core_kernels.cuh"
+#include "programmatic_launch.cuh"
 #include "step_ops.h"
 #include "verify_ops.h"
 
@@ -20,6 +21,7 @@ __global__ void __launch_bounds__(kListThreads)
     TreeListsKernel(const int32_t* __restrict__ parents, int32_t batch, int32_t nodes, int32_t* row_offsets,
                     int32_t* first_child, int32_t* next_sibling) {
   __shared__ int32_t s_parent[kVerifyMaxNodes];
+  PdlEnter();
   const int32_t b = static_cast<int32_t>(blockIdx.x);
   const int64_t base = static_cast<int64_t>(b) * nodes;
   for (int i = threadIdx.x; i < nodes; i += kListThreads) s_parent[i] = parents[base + i];
@@ -48,6 +50,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     GatherRowsKernel(const char* __restrict__ src, int64_t src_stride, int64_t group_rows, int64_t group_out,
                      const int32_t* __restrict__ index, char* __restrict__ out, int64_t out_stride, int64_t row_units,
                      int64_t seg_units, int* error_flag, int error_code) {
+  PdlEnter();
   const int64_t i = blockIdx.x;
   const int32_t r = index[i];
   if (r < 0 || r >= group_rows) {
@@ -64,17 +67,16 @@ __global__ void __launch_bounds__(kCopyThreads)
 template <typename U>
 cudaError_t GatherRows(const void* src, int64_t src_stride, int64_t group_rows, int64_t group_out,
                        const int32_t* index, int64_t n, void* out, int64_t out_stride, int64_t row_bytes,
-                       int* error_flag, int error_code, cudaStream_t stream) {
+                       int* error_flag, int error_code, bool programmatic, cudaStream_t stream) {
   const int64_t row_units = row_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t max_seg_units = kCopyThreads * kUnitsPerThread;
   // At least one segment: with empty rows the blocks still check their indices.
   const int64_t segments = row_units == 0 ? 1 : (row_units + max_seg_units - 1) / max_seg_units;
   if (segments > 65535 || n > INT32_MAX) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(segments));
-  GatherRowsKernel<U><<<grid, kCopyThreads, 0, stream>>>(static_cast<const char*>(src), src_stride, group_rows,
-                                                         group_out, index, static_cast<char*>(out), out_stride,
-                                                         row_units, max_seg_units, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, GatherRowsKernel<U>, grid, dim3(kCopyThreads), 0, stream,
+                      static_cast<const char*>(src), src_stride, group_rows, group_out, index,
+                      static_cast<char*>(out), out_stride, row_units, max_seg_units, error_flag, error_code);
 }
 
 // One block per row; every entry is written once (the new column with 1), so no ordering is needed.
@@ -83,6 +85,7 @@ __global__ void __launch_bounds__(kCopyThreads)
                          const int32_t* __restrict__ parent, const int32_t* __restrict__ column,
                          uint8_t* __restrict__ out, int64_t out_stride, int64_t width, int* error_flag,
                          int error_code) {
+  PdlEnter();
   const int64_t i = blockIdx.x;
   const int32_t p = parent[i];
   const int32_t c = column[i];
@@ -110,7 +113,8 @@ int CopyUnit(const void* src, int64_t src_stride, const void* out, int64_t out_s
 }  // namespace
 
 cudaError_t LaunchTreeListsFromParents(const int32_t* parents, int32_t batch, int32_t nodes, int32_t* row_offsets,
-                                       int32_t* first_child, int32_t* next_sibling, cudaStream_t stream) {
+                                       int32_t* first_child, int32_t* next_sibling, bool programmatic,
+                                       cudaStream_t stream) {
   if (batch < 0 || nodes < 1 || nodes > kVerifyMaxNodes ||
       static_cast<int64_t>(batch) * nodes > INT32_MAX) {
     return cudaErrorInvalidValue;
@@ -119,14 +123,13 @@ cudaError_t LaunchTreeListsFromParents(const int32_t* parents, int32_t batch, in
   if (parents == nullptr || row_offsets == nullptr || first_child == nullptr || next_sibling == nullptr) {
     return cudaErrorInvalidValue;
   }
-  TreeListsKernel<<<static_cast<unsigned>(batch), kListThreads, 0, stream>>>(parents, batch, nodes, row_offsets,
-                                                                             first_child, next_sibling);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, TreeListsKernel, dim3(static_cast<unsigned>(batch)), dim3(kListThreads), 0,
+                      stream, parents, batch, nodes, row_offsets, first_child, next_sibling);
 }
 
 cudaError_t LaunchGatherRows(const void* src, int64_t src_stride, int64_t rows, int64_t groups, const int32_t* index,
                              int64_t n, void* out, int64_t out_stride, int64_t row_bytes, int* error_flag,
-                             int error_code, cudaStream_t stream) {
+                             int error_code, bool programmatic, cudaStream_t stream) {
   if (n < 0 || rows < 0 || row_bytes < 0 || src_stride < 0 || out_stride < 0) return cudaErrorInvalidValue;
   if (groups < 1 || rows % groups != 0 || n % groups != 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
@@ -139,25 +142,25 @@ cudaError_t LaunchGatherRows(const void* src, int64_t src_stride, int64_t rows, 
   switch (CopyUnit(src, src_stride, out, out_stride, row_bytes)) {
     case 16:
       return GatherRows<uint4>(src, src_stride, m, q, index, n, out, out_stride, row_bytes, error_flag,
-                                 error_code, stream);
+                                 error_code, programmatic, stream);
     case 8:
       return GatherRows<uint2>(src, src_stride, m, q, index, n, out, out_stride, row_bytes, error_flag,
-                                 error_code, stream);
+                                 error_code, programmatic, stream);
     case 4:
       return GatherRows<uint32_t>(src, src_stride, m, q, index, n, out, out_stride, row_bytes, error_flag,
-                                 error_code, stream);
+                                 error_code, programmatic, stream);
     case 2:
       return GatherRows<uint16_t>(src, src_stride, m, q, index, n, out, out_stride, row_bytes, error_flag,
-                                 error_code, stream);
+                                 error_code, programmatic, stream);
     default:
       return GatherRows<uint8_t>(src, src_stride, m, q, index, n, out, out_stride, row_bytes, error_flag,
-                                 error_code, stream);
+                                 error_code, programmatic, stream);
   }
 }
 
 cudaError_t LaunchExtendMaskRows(const uint8_t* src, int64_t src_stride, int64_t rows, const int32_t* parent,
                                  const int32_t* column, int64_t n, uint8_t* out, int64_t out_stride, int64_t width,
-                                 int* error_flag, int error_code, cudaStream_t stream) {
+                                 int* error_flag, int error_code, bool programmatic, cudaStream_t stream) {
   if (n < 0 || rows < 0 || width < 0 || src_stride < 0 || out_stride < 0 || n > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
@@ -167,9 +170,8 @@ cudaError_t LaunchExtendMaskRows(const uint8_t* src, int64_t src_stride, int64_t
       (width > 0 && (out == nullptr || (rows > 0 && src == nullptr)))) {
     return cudaErrorInvalidValue;
   }
-  ExtendMaskRowsKernel<<<static_cast<unsigned>(n), kCopyThreads, 0, stream>>>(
-      src, src_stride, rows, parent, column, out, out_stride, width, error_flag, error_code);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, ExtendMaskRowsKernel, dim3(static_cast<unsigned>(n)), dim3(kCopyThreads), 0,
+                      stream, src, src_stride, rows, parent, column, out, out_stride, width, error_flag, error_code);
 }
 
 }  // namespace eagle3::cuda

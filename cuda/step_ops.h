@@ -2,7 +2,9 @@
 // lists, GatherRows, ExtendMaskRows). Raw pointers, stream last, cudaError_t out; no allocation and
 // no host synchronization (capturable in a CUDA graph); callable from any C++ compiler (no nvcc
 // needed to include this header). cudaErrorInvalidValue for a size or pointer outside what a
-// launcher documents (checked on the host; nothing launched).
+// launcher documents (checked on the host; nothing launched). programmatic: the kernel is launched
+// as a programmatic dependent (programmatic_launch.cuh; CudaBackendOptions::programmatic_launch)
+// that waits for the kernels before it before it touches memory, so results are the same either way.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,8 @@ namespace eagle3::cuda {
 //   first_child, next_sibling: [B, N] i32, contiguous, device (local node ids)
 // B >= 0, N in [1, kVerifyMaxNodes], B N < 2^31.
 cudaError_t LaunchTreeListsFromParents(const int32_t* parents, int32_t batch, int32_t nodes, int32_t* row_offsets,
-                                       int32_t* first_child, int32_t* next_sibling, cudaStream_t stream);
+                                       int32_t* first_child, int32_t* next_sibling, bool programmatic,
+                                       cudaStream_t stream);
 
 // out[i] = src[g m + index[i]] with g = i / (n / groups), m = rows / groups (Backend::GatherRows:
 // indices local to equal groups; groups = 1 is a plain gather), `row_bytes` bytes per row, bit for
@@ -35,7 +38,7 @@ cudaError_t LaunchTreeListsFromParents(const int32_t* parents, int32_t batch, in
 cudaError_t LaunchGatherRows(const void* src, int64_t src_stride, int64_t rows, int64_t groups, const int32_t* index,
                              int64_t n,
                              void* out, int64_t out_stride, int64_t row_bytes, int* error_flag, int error_code,
-                             cudaStream_t stream);
+                             bool programmatic, cudaStream_t stream);
 
 // out[i] = src[parent[i]], then out[i][column[i]] = 1, over u8 rows of `width` entries. A row i
 // with parent[i] outside [0, rows) or column[i] outside [0, width) is left unwritten and records
@@ -45,6 +48,6 @@ cudaError_t LaunchGatherRows(const void* src, int64_t src_stride, int64_t rows, 
 // n, rows, width >= 0; strides >= width when there is more than one row.
 cudaError_t LaunchExtendMaskRows(const uint8_t* src, int64_t src_stride, int64_t rows, const int32_t* parent,
                                  const int32_t* column, int64_t n, uint8_t* out, int64_t out_stride, int64_t width,
-                                 int* error_flag, int error_code, cudaStream_t stream);
+                                 int* error_flag, int error_code, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

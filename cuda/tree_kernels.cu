@@ -15,6 +15,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "eagle3/cuda/tree_ops.h"
+#include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -286,6 +287,7 @@ __device__ __forceinline__ void CombineSequence(const StepArgs& a, int64_t b, Co
 }
 
 __global__ void __launch_bounds__(kThreads, 3) StepKernel(StepArgs a) {
+  PdlEnter();
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32, lane = tid & 31;
   const int64_t p = blockIdx.x;
@@ -414,6 +416,7 @@ __device__ __forceinline__ int32_t CandidateDepth(int64_t c, int64_t k) {
 
 // Dynamic shared memory: scores [C] (double), then kept flags [C] (u8).
 __global__ void __launch_bounds__(kFinalizeThreads) FinalizeKernel(FinalizeArgs a) {
+  PdlEnter();
   const int64_t b = blockIdx.x;
   if (a.errors[b].kind != static_cast<int64_t>(TreeBuildErrorKind::kNone)) return;
   const int tid = static_cast<int>(threadIdx.x);
@@ -519,7 +522,8 @@ size_t TreeBuildWorkspaceBytes(int32_t batch, int32_t topk, int32_t num_steps) {
 }
 
 cudaError_t LaunchTreeBuildStep(const TreeBuildParams& p, int32_t step, const float* logits, int64_t ld,
-                                const int64_t* d2t, const TreeFrontier& frontier, cudaStream_t stream) {
+                                const int64_t* d2t, const TreeFrontier& frontier, bool programmatic,
+                                cudaStream_t stream) {
   if (!ParamsOk(p) || step < 0 || step >= p.num_steps || ld < p.vocab) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   if (logits == nullptr) return cudaErrorInvalidValue;
@@ -543,11 +547,11 @@ cudaError_t LaunchTreeBuildStep(const TreeBuildParams& p, int32_t step, const fl
   a.errors = p.errors;
   a.out = frontier;
   const unsigned blocks = static_cast<unsigned>(rows * split.count);
-  StepKernel<<<blocks, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, StepKernel, dim3(blocks), dim3(kThreads), 0, stream, a);
 }
 
-cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& p, const TreeBuildOutputs& o, cudaStream_t stream) {
+cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& p, const TreeBuildOutputs& o, bool programmatic,
+                                    cudaStream_t stream) {
   if (!ParamsOk(p)) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   if (o.root_tokens == nullptr || o.root_positions == nullptr || o.tokens == nullptr || o.parents == nullptr ||
@@ -561,9 +565,8 @@ cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& p, const TreeBuildOut
   a.ws = Carve(p.workspace, p.batch, p.topk, p.num_steps, nullptr);
   a.errors = p.errors;
   a.out = o;
-  FinalizeKernel<<<static_cast<unsigned>(p.batch), kFinalizeThreads, FinalizeSharedBytes(a.num_candidates),
-                   stream>>>(a);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, FinalizeKernel, dim3(static_cast<unsigned>(p.batch)), dim3(kFinalizeThreads),
+                      FinalizeSharedBytes(a.num_candidates), stream, a);
 }
 
 }  // namespace eagle3::cuda

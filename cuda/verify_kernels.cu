@@ -17,6 +17,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "programmatic_launch.cuh"
 #include "ptx.cuh"
 #include "verify_ops.h"
 #include "eagle3/philox.h"
@@ -272,6 +273,7 @@ template <typename T, bool kSum>
 __global__ void __launch_bounds__(kPassThreads)
     RowPassKernel(const T* __restrict__ logits, int64_t ld, int32_t vocab, int32_t split_elems, int32_t splits,
                   float inv_t, Partials out) {
+  PdlEnter();
   constexpr int kV = kVec<T>;
   const int64_t row = blockIdx.x / splits;
   const int32_t split = static_cast<int32_t>(blockIdx.x % splits);
@@ -808,6 +810,7 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
   __shared__ SampleShared sample;
   __shared__ SearchShared search;
 
+  PdlEnter();
   const int b = blockIdx.x;
   const int tid = threadIdx.x;
   const uint64_t philox_seed = p.seed_offset != nullptr ? p.seed_offset[0] : p.seed;
@@ -1008,7 +1011,7 @@ __global__ void __launch_bounds__(kWalkThreads) WalkKernel(const T* __restrict__
 }
 
 template <typename T>
-cudaError_t Launch(const TreeVerifyLaunchParams& params, cudaStream_t stream) {
+cudaError_t Launch(const TreeVerifyLaunchParams& params, bool programmatic, cudaStream_t stream) {
   const Split split = SplitFor(params.total_rows, params.vocab);
   const bool sampling = params.temperature != 0.0f;
   const float inv_t = sampling ? 1.0f / params.temperature : 1.0f;
@@ -1019,20 +1022,18 @@ cudaError_t Launch(const TreeVerifyLaunchParams& params, cudaStream_t stream) {
   const auto vocab = static_cast<int32_t>(params.vocab);
   const auto elems = static_cast<int32_t>(split.elems);
   const auto count = static_cast<int32_t>(split.count);
-  if (sampling) {
-    RowPassKernel<T, true><<<blocks, kPassThreads, 0, stream>>>(logits, params.ld, vocab, elems, count, inv_t,
-                                                                partials);
-  } else {
-    RowPassKernel<T, false><<<blocks, kPassThreads, 0, stream>>>(logits, params.ld, vocab, elems, count, inv_t,
-                                                                 partials);
+  if (const cudaError_t e = LaunchKernel(programmatic, sampling ? RowPassKernel<T, true> : RowPassKernel<T, false>,
+                                         dim3(blocks), dim3(kPassThreads), 0, stream, logits, params.ld, vocab, elems,
+                                         count, inv_t, partials);
+      e != cudaSuccess) {
+    return e;
   }
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   WalkParams w{params.row_offsets, params.tokens, params.first_child, params.next_sibling, params.ld,
                params.vocab, split.count, params.max_nodes, sampling, inv_t, params.top_k, params.top_p,
                params.seed, params.offset, params.seed_offset, partials, params.num_accepted, params.accepted_nodes,
                params.out_tokens, params.errors};
-  WalkKernel<T><<<static_cast<unsigned>(params.batch), kWalkThreads, 0, stream>>>(logits, w);
-  return cudaGetLastError();
+  return LaunchKernel(programmatic, WalkKernel<T>, dim3(static_cast<unsigned>(params.batch)), dim3(kWalkThreads), 0,
+                      stream, logits, w);
 }
 
 }  // namespace
@@ -1045,7 +1046,7 @@ size_t TreeVerifyWorkspaceBytes(int64_t total_rows, int64_t vocab) {
   return PartialsBytes(bound);
 }
 
-cudaError_t LaunchTreeVerify(const TreeVerifyLaunchParams& p, cudaStream_t stream) {
+cudaError_t LaunchTreeVerify(const TreeVerifyLaunchParams& p, bool programmatic, cudaStream_t stream) {
   if (p.batch < 0) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   const bool sizes_ok = p.total_rows >= p.batch && p.total_rows <= (int64_t{1} << 31) / 64 &&
@@ -1064,7 +1065,8 @@ cudaError_t LaunchTreeVerify(const TreeVerifyLaunchParams& p, cudaStream_t strea
     return cudaErrorInvalidValue;
   }
   if (p.total_rows * SplitFor(p.total_rows, p.vocab).count > INT32_MAX) return cudaErrorInvalidValue;
-  return p.logits_type == VerifyLogitsType::kF32 ? Launch<float>(p, stream) : Launch<uint16_t>(p, stream);
+  return p.logits_type == VerifyLogitsType::kF32 ? Launch<float>(p, programmatic, stream)
+                                                 : Launch<uint16_t>(p, programmatic, stream);
 }
 
 }  // namespace eagle3::cuda

@@ -106,6 +106,9 @@ size_t TreeVerifyWorkspaceBytes(int64_t total_rows, int64_t vocab);
 
 // Verifies every sequence of the batch (two kernels on `stream`). cudaErrorInvalidValue for a size
 // or pointer outside what the parameters above document (checked on the host; nothing launched).
-cudaError_t LaunchTreeVerify(const TreeVerifyLaunchParams& params, cudaStream_t stream);
+// programmatic: the kernels are launched as programmatic dependents (programmatic_launch.cuh), each
+// waiting for the kernels before it before it touches memory, so results are the same either way.
+cudaError_t LaunchTreeVerify(const TreeVerifyLaunchParams& params, bool programmatic,
+                             cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -72,7 +72,7 @@ inline cuda::CudaBackend* Backend() {
     const char* paged = std::getenv("EAGLE3_BENCH_PAGED_REGISTERS");
     if (paged != nullptr && paged[0] != '\0') options.paged_attention_registers = paged[0] != '0';
     // EAGLE3_BENCH_PDL=0: no programmatic dependent launch (CudaBackendOptions::
-    // programmatic_launch), to measure what the overlap of weight-streaming kernels gains.
+    // programmatic_launch), to measure what the overlap of consecutive kernels gains.
     const char* pdl = std::getenv("EAGLE3_BENCH_PDL");
     if (pdl != nullptr && pdl[0] != '\0') options.programmatic_launch = pdl[0] != '0';
     auto b = cuda::CudaBackend::Create(options);

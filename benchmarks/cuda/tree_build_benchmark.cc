@@ -77,10 +77,10 @@ void BM_TreeBuild(benchmark::State& state) {
     int64_t row = 0;
     for (int32_t s = 0; s < steps && launch == cudaSuccess; ++s) {
       launch = cuda::LaunchTreeBuildStep(p, s, logits + row * vocab, vocab, static_cast<int64_t*>(d_d2t.ptr),
-                                         frontier, stream);
+                                         frontier, /*programmatic=*/true, stream);
       row += static_cast<int64_t>(batch) * (s == 0 ? 1 : topk);
     }
-    if (launch == cudaSuccess) launch = cuda::LaunchTreeBuildFinalize(p, out, stream);
+    if (launch == cudaSuccess) launch = cuda::LaunchTreeBuildFinalize(p, out, /*programmatic=*/true, stream);
   };
   build();
   if (launch != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) {

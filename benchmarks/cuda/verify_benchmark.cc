@@ -171,7 +171,7 @@ void BM_Verify(benchmark::State& state, Mode mode, bool bf16) {
   auto step = [&] {
     p.logits = static_cast<char*>(pool.ptr) + slot * (next++ % slots);
     p.offset = next;
-    launch = LaunchTreeVerify(p, Stream());
+    launch = LaunchTreeVerify(p, /*programmatic=*/true, Stream());
   };
   step();
   if (launch != cudaSuccess || cudaStreamSynchronize(Stream()) != cudaSuccess) {

@@ -360,7 +360,7 @@ TEST_P(CudaBackendMoeRouteTest, BlockKernelMatchesWarpKernelBitwise) {
                                      c.experts, lp, ids.data_as<int32_t>(), top_k,
                                      weights.data_as<float>(), top_k, flag.data_as<int>(),
                                      /*error_code=*/1 << 24, /*bias_error_code=*/2 << 24,
-                                     gpu_->stream()),
+                                     /*programmatic=*/true, gpu_->stream()),
                 cudaSuccess);
       out[warp_per_row] = Routed{Download(ids), Download(weights)};
     }

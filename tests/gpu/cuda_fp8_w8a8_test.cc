@@ -142,9 +142,9 @@ class Fp8ActQuantTest : public parity::ParityTest {
     Tensor d_scales = *Tensor::Empty(DType::kF32, Shape{cuda::Fp8ActScaleCount(m, k)}, gpu_->allocator());
     const cudaError_t error =
         bf16 ? cuda::LaunchFp8ActQuant(d_x.data_as<const uint16_t>(), ldx, m, k, d_codes.data_as<uint8_t>(), k,
-                                       d_scales.data_as<float>(), cuda::Fp8ActScaleLd(m), gpu_->stream())
+                                       d_scales.data_as<float>(), cuda::Fp8ActScaleLd(m), true, gpu_->stream())
              : cuda::LaunchFp8ActQuant(d_x.data_as<const float>(), ldx, m, k, d_codes.data_as<uint8_t>(), k,
-                                       d_scales.data_as<float>(), cuda::Fp8ActScaleLd(m), gpu_->stream());
+                                       d_scales.data_as<float>(), cuda::Fp8ActScaleLd(m), true, gpu_->stream());
     ASSERT_EQ(error, cudaSuccess) << what << ": " << cudaGetErrorString(error);
     const Tensor codes = Download(d_codes), scales = Download(d_scales);
     int64_t bad_codes = 0, bad_scales = 0;

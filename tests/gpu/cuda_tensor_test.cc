@@ -70,7 +70,8 @@ TEST_F(CudaTensorTest, ConversionKernelsMatchHost) {
   ASSERT_TRUE(d_bits.ok() && d_f32.ok());
 
   ASSERT_TRUE(CopyTensor(TensorView(patterns.data(), DType::kBF16, Shape{n}), *d_bits, nullptr).ok());
-  ASSERT_EQ(LaunchBf16ToF32(d_bits->data_as<uint16_t>(), d_f32->data_as<float>(), n, nullptr),
+  ASSERT_EQ(LaunchBf16ToF32(d_bits->data_as<uint16_t>(), d_f32->data_as<float>(), n,
+                            /*programmatic=*/true, nullptr),
             cudaSuccess);
   std::vector<float> widened(n);
   ASSERT_TRUE(CopyTensor(*d_f32, TensorView(widened.data(), DType::kF32, Shape{n}), nullptr).ok());
@@ -85,15 +86,17 @@ TEST_F(CudaTensorTest, ConversionKernelsMatchHost) {
   }
 
   ASSERT_TRUE(CopyTensor(TensorView(floats.data(), DType::kF32, Shape{n}), *d_f32, nullptr).ok());
-  ASSERT_EQ(LaunchF32ToBf16(d_f32->data_as<float>(), d_bits->data_as<uint16_t>(), n, nullptr),
+  ASSERT_EQ(LaunchF32ToBf16(d_f32->data_as<float>(), d_bits->data_as<uint16_t>(), n,
+                            /*programmatic=*/true, nullptr),
             cudaSuccess);
   std::vector<uint16_t> narrowed(n);
   ASSERT_TRUE(CopyTensor(*d_bits, TensorView(narrowed.data(), DType::kBF16, Shape{n}), nullptr).ok());
   ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(narrowed[i], FloatToBf16(floats[i])) << floats[i];
 
-  EXPECT_EQ(LaunchBf16ToF32(nullptr, d_f32->data_as<float>(), 4, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchF32ToBf16(d_f32->data_as<float>(), d_bits->data_as<uint16_t>(), -1, nullptr),
+  EXPECT_EQ(LaunchBf16ToF32(nullptr, d_f32->data_as<float>(), 4, true, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchF32ToBf16(d_f32->data_as<float>(), d_bits->data_as<uint16_t>(), -1, true, nullptr),
             cudaErrorInvalidValue);
 }
 

@@ -193,7 +193,7 @@ class CudaTreeBuildTest : public ::testing::Test {
                              rows, cudaMemcpyHostToDevice),
                 cudaSuccess);
       ASSERT_EQ(LaunchTreeBuildStep(params, s, d_logits.as<float>(), ld, c.d2t ? d_d2t.as<int64_t>() : nullptr, frontier,
-                                    nullptr),
+                                    /*programmatic=*/true, nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       if (s + 1 < c.steps) {
@@ -215,7 +215,7 @@ class CudaTreeBuildTest : public ::testing::Test {
     TreeBuildOutputs outputs{d_roots.as<int64_t>(), d_positions.as<int64_t>(), o_tok.as<int64_t>(),
                              o_par.as<int32_t>(),   o_depth.as<int32_t>(),     o_pos.as<int64_t>(),
                              o_score.as<float>(),   o_mask.as<uint8_t>()};
-    ASSERT_EQ(LaunchTreeBuildFinalize(params, outputs, nullptr), cudaSuccess);
+    ASSERT_EQ(LaunchTreeBuildFinalize(params, outputs, /*programmatic=*/true, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto tokens = Download<int64_t>(o_tok, bn);
     const auto parents = Download<int32_t>(o_par, bn);
@@ -368,7 +368,7 @@ TEST_F(CudaTreeBuildTest, BadParametersAreInvalid) {
   const float* l = logits.as<float>();
   const TreeFrontier none;
   auto step = [&](const TreeBuildParams& p, int s = 0, int64_t ld = 1000, const float* x = nullptr) {
-    return LaunchTreeBuildStep(p, s, x == nullptr ? l : x, ld, nullptr, none, nullptr);
+    return LaunchTreeBuildStep(p, s, x == nullptr ? l : x, ld, nullptr, none, true, nullptr);
   };
   const TreeBuildParams good = Params(c);
   EXPECT_EQ(step(good), cudaSuccess);
@@ -405,7 +405,7 @@ TEST_F(CudaTreeBuildTest, BadParametersAreInvalid) {
   EXPECT_EQ(step(good, -1), cudaErrorInvalidValue);
   EXPECT_EQ(step(good, 3), cudaErrorInvalidValue);
   EXPECT_EQ(step(good, 0, 999), cudaErrorInvalidValue);  // ld < vocab
-  EXPECT_EQ(LaunchTreeBuildStep(good, 0, nullptr, 1000, nullptr, none, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchTreeBuildStep(good, 0, nullptr, 1000, nullptr, none, true, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(TreeBuildWorkspaceBytes(2, 0, 3), 0u);
   EXPECT_EQ(TreeBuildWorkspaceBytes(2, 4, kTreeMaxSteps + 1), 0u);
   EXPECT_EQ(TreeBuildWorkspaceBytes(-1, 4, 3), 0u);
@@ -413,8 +413,8 @@ TEST_F(CudaTreeBuildTest, BadParametersAreInvalid) {
   EXPECT_GE(TreeBuildWorkspaceBytes(3, 4, 3), TreeBuildWorkspaceBytes(2, 4, 3));
 
   const TreeBuildOutputs no_outputs;
-  EXPECT_EQ(LaunchTreeBuildFinalize(good, no_outputs, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchTreeBuildFinalize(with([](TreeBuildParams& p) { p.num_draft_tokens = 38; }), no_outputs, nullptr),
+  EXPECT_EQ(LaunchTreeBuildFinalize(good, no_outputs, true, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchTreeBuildFinalize(with([](TreeBuildParams& p) { p.num_draft_tokens = 38; }), no_outputs, true, nullptr),
             cudaErrorInvalidValue);
   // An empty batch launches nothing and succeeds.
   EXPECT_EQ(step(with([](TreeBuildParams& p) { p.batch = 0; })), cudaSuccess);

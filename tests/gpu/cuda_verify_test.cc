@@ -572,7 +572,7 @@ RawOutputs RawVerify(const Batch& data, const SamplingParams& sampling, uint64_t
   p.top_p = sampling.top_p;
   p.seed = seed;
   p.offset = offset;
-  EXPECT_EQ(LaunchTreeVerify(p, nullptr), cudaSuccess);
+  EXPECT_EQ(LaunchTreeVerify(p, /*programmatic=*/true, nullptr), cudaSuccess);
   return launch.Read();
 }
 
@@ -800,7 +800,7 @@ TEST_F(CudaVerifyTest, LauncherReportsErrorsPerSequence) {
   TreeVerifyLaunchParams p = launch.Params();
   p.logits = d_logits.ptr;
   p.ld = vocab;
-  ASSERT_EQ(LaunchTreeVerify(p, nullptr), cudaSuccess);
+  ASSERT_EQ(LaunchTreeVerify(p, /*programmatic=*/true, nullptr), cudaSuccess);
   const RawOutputs got = launch.Read();
   const std::vector<int32_t>& num = got.num_accepted;
   const std::vector<VerifyError>& err = got.errors;
@@ -819,16 +819,16 @@ TEST_F(CudaVerifyTest, LauncherReportsErrorsPerSequence) {
   const size_t ws = p.workspace_bytes;
   TreeVerifyLaunchParams small = p;
   small.workspace_bytes = ws - 1;
-  EXPECT_EQ(LaunchTreeVerify(small, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchTreeVerify(small, true, nullptr), cudaErrorInvalidValue);
   TreeVerifyLaunchParams no_tokens = p;
   no_tokens.tokens = nullptr;
-  EXPECT_EQ(LaunchTreeVerify(no_tokens, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchTreeVerify(no_tokens, true, nullptr), cudaErrorInvalidValue);
   TreeVerifyLaunchParams bad_ld = p;
   bad_ld.ld = vocab - 1;
-  EXPECT_EQ(LaunchTreeVerify(bad_ld, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchTreeVerify(bad_ld, true, nullptr), cudaErrorInvalidValue);
   TreeVerifyLaunchParams bad_p = p;
   bad_p.top_p = 0.0f;
-  EXPECT_EQ(LaunchTreeVerify(bad_p, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchTreeVerify(bad_p, true, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -39,10 +39,11 @@ struct CudaBackendOptions {
   // Gemm / BatchedGemm of up to kGemvMaxRows (gemv_ops.h) activation rows on the GEMV kernel (no
   // activation scratch, no conversion kernel) instead of cuBLASLt; off: cuBLASLt for every call.
   bool small_m_gemv = true;
-  // Kernels that stream weights (the GEMV path of Gemm / BatchedGemm calls with
-  // GemmOptions::b_is_weights) start their weight loads while the kernel before them drains
-  // (programmatic dependent launch, cuda/programmatic_launch.cuh); off: every kernel starts after
-  // the one before it has finished.
+  // Every kernel of the backend's ops is launched as a programmatic dependent of the kernel before
+  // it (programmatic dependent launch, cuda/programmatic_launch.cuh): its launch overlaps that
+  // kernel's end, and kernels that stream weights (the GEMV path of Gemm / BatchedGemm calls with
+  // GemmOptions::b_is_weights) start their weight loads while it drains. Results are the same; off:
+  // every kernel starts after the one before it has finished.
   bool programmatic_launch = true;
   // QuantizedGemm calls of up to this many activation rows (decode and tree-verify steps) stream the
   // quantized weights on the quantized GEMV kernels, 32 rows per pass (quant_gemv_ops.h); more rows

@@ -36,6 +36,11 @@
 // error. Checked in the reference's order: rows in order; in a row, the lowest draft id holding NaN
 // or +inf, else the row is all -inf. d2t is not checked on the device (validate it once on the host,
 // as BuildDraftTree does: target = draft + d2t[draft] >= 0).
+//
+// programmatic: the kernel is launched as a programmatic dependent of the kernel before it on
+// `stream` (programmatic dependent launch, sm_90 and later; CudaBackendOptions::programmatic_launch):
+// its launch overlaps the end of that kernel, and it waits for the earlier work before it touches
+// memory, so the trees are the same either way.
 #pragma once
 
 #include <cstddef>
@@ -117,7 +122,8 @@ struct TreeFrontier {
 // cudaErrorInvalidValue for a parameter outside the ranges above, a null logits / workspace / errors,
 // a small or misaligned workspace (checked on the host; nothing launched).
 EAGLE3_API cudaError_t LaunchTreeBuildStep(const TreeBuildParams& params, int32_t step, const float* logits, int64_t ld,
-                                           const int64_t* d2t, const TreeFrontier& frontier, cudaStream_t stream);
+                                           const int64_t* d2t, const TreeFrontier& frontier, bool programmatic,
+                                           cudaStream_t stream);
 
 // The trees, after the last step: node 0 is the root, nodes in candidate order (parents first).
 struct TreeBuildOutputs {
@@ -135,6 +141,6 @@ struct TreeBuildOutputs {
 // candidate index, the root prepended. Sequences in error write nothing. cudaErrorInvalidValue as
 // for LaunchTreeBuildStep, or for a null pointer in `outputs` other than depths and scores.
 EAGLE3_API cudaError_t LaunchTreeBuildFinalize(const TreeBuildParams& params, const TreeBuildOutputs& outputs,
-                                               cudaStream_t stream);
+                                               bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda
