@@ -17,8 +17,10 @@
 //
 // "Checked before anything is written" on the device. The data-dependent checks (positions, page
 // entries, mask rows) run as check kernels ahead of the writing kernels of the same op, on the same
-// stream. One device int, `bad`, links them: the caller zeroes it (cudaMemsetAsync) before the
-// op's checks; a check kernel that finds a bad entry sets *bad = 1 and records
+// stream. One device int, `bad`, links them: it is zeroed before the op's checks, by the caller
+// (cudaMemsetAsync) or by the op's first check itself (clear_flag: one graph node fewer, and no
+// memset node between programmatic kernels); a check kernel that finds a bad entry sets *bad = 1
+// and records
 // error_code | index in the backend's error flag (RecordDeviceError in cuda/core_kernels.cuh: the
 // first failing op is kept, within it the lowest index); every writing kernel reads *bad as it
 // starts and writes nothing when it is set. So a bad entry anywhere leaves every output untouched.
@@ -41,21 +43,23 @@ namespace eagle3::cuda {
 // idx:        [n], IdType = int32_t or int64_t, device
 // bad:        [1], i32, device (set to 1 on a bad entry)
 // error_flag: [1], i32, device (the backend's flag; see the top of this file)
+// clear_flag: this is the op's first check: *bad is set to 0 first (also when n == 0), within the
+//             check's one block, so that the caller need not zero it; else *bad is only set
 template <typename IdType>
 cudaError_t LaunchCheckIndexRange(const IdType* idx, int64_t n, int64_t limit, int* bad,
-                                  int* error_flag, int error_code, bool programmatic,
+                                  int* error_flag, int error_code, bool clear_flag, bool programmatic,
                                   cudaStream_t stream);
 
 // Records token t when positions[t] is outside [0, pages * page_size) or its page entry
 // page_table[positions[t] / page_size] is outside [0, num_pages).
 // positions:  [tokens], IdType = int32_t or int64_t, device
 // page_table: [pages], i32, device
-// page_size >= 1, num_pages >= 0
+// page_size >= 1, num_pages >= 0; bad, error_flag and clear_flag as in LaunchCheckIndexRange
 template <typename IdType>
 cudaError_t LaunchCheckPagedPositions(const IdType* positions, int64_t tokens,
                                       const int32_t* page_table, int64_t pages, int64_t page_size,
                                       int64_t num_pages, int* bad, int* error_flag, int error_code,
-                                      bool programmatic, cudaStream_t stream);
+                                      bool clear_flag, bool programmatic, cudaStream_t stream);
 
 // Records row r when mask row r allows no key (every byte zero; cols == 0 counts as none).
 // mask: [rows, cols], u8 or bool bytes (nonzero = allowed), row stride mask_stride, device
@@ -258,7 +262,8 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // attention launch over every sequence. tile_table: [kLatentMaxBatch + 1] i32 device scratch.
 // Launch shapes depend only on tokens, heads, key_dim, value_dim, batch, max_kv_len and the
 // capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.
-// batch in [0, kLatentMaxBatch]; nothing is written when a check fails (or *bad != 0 before).
+// batch in [0, kLatentMaxBatch]; nothing is written when a check fails. The check is the op's
+// first: it clears *bad itself (one block), so the caller need not zero it.
 // programmatic: as above; where the compact or tree kernel runs with one token per row tile, its
 // prologue (query staging) also overlaps the check.
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,

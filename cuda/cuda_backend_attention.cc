@@ -51,9 +51,15 @@ struct Scratch {
   int64_t partial_floats = 0;
 };
 
+// Who zeroes the per-call flag ahead of the op's checks.
+enum class FlagClear {
+  kMemset,      // Prepare, with cudaMemsetAsync
+  kFirstCheck,  // the op's first check kernel (clear_flag, attention_ops.h)
+};
+
 // Makes the backend's device current, allocates the scratch on first use, and zeroes the per-call
-// flag ahead of the op's checks.
-absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op) {
+// flag ahead of the op's checks unless its first check does.
+absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op, FlagClear clear) {
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(state), absl::StrCat(op, ": cudaSetDevice")));
   if (state.attention_scratch == nullptr) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -75,8 +81,10 @@ absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op) {
   scratch.partials = reinterpret_cast<float*>(base + kFlagBytes + kTileTableBytes);
   scratch.partial_floats = static_cast<int64_t>(
       (state.attention_scratch_bytes - kFlagBytes - kTileTableBytes) / sizeof(float));
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(scratch.bad, 0, sizeof(int), state.stream),
-                                    absl::StrCat(op, ": clearing the check flag")));
+  if (clear == FlagClear::kMemset) {
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(scratch.bad, 0, sizeof(int), state.stream),
+                                      absl::StrCat(op, ": clearing the check flag")));
+  }
   return scratch;
 }
 
@@ -177,14 +185,14 @@ absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "x", x));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
   State& s = *state_;
-  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
                                                 [&](const auto* pos) {
                                                   return LaunchCheckIndexRange(
                                                       pos, x.dim(0), cos_sin.dim(0), scratch.bad,
                                                       s.error_flag,
                                                       DeviceErrorCode(DeviceCheck::kRopePosition),
-                                                      s.options.programmatic_launch, s.stream);
+                                                      /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
                                                 }),
                                     "ApplyRope: position check launch"));
   return CudaStatus(WithIndices(positions,
@@ -209,7 +217,7 @@ absl::Status CudaBackend::Attention(const TensorView& q, const TensorView& k, co
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
   EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), v.dim(2), false));
-  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kMemset));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       LaunchCheckMaskRows(mask.data_as<const uint8_t>(), mask.dim(0), mask.dim(1), mask.stride(0),
                           scratch.bad, s.error_flag,
@@ -243,7 +251,7 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
   if (bf16) EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2), true));
   const bool fast = bf16 || CheckLatentSharedMemory(s, op, q.dim(2), false).ok();
   if (!fast) EAGLE3_RETURN_IF_ERROR(CheckSharedMemory(s, op, q.dim(2), value_dim, true));
-  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   const int64_t page_size = cache.dim(1);
   // The CPU reference checks the page entries first, then the mask rows: so do the kernels, in
   // stream order, and the flag keeps the first failure.
@@ -251,7 +259,7 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
       LaunchCheckIndexRange(page_table.data_as<const int32_t>(),
                             (context_len + page_size - 1) / page_size, cache.dim(0), scratch.bad,
                             s.error_flag, DeviceErrorCode(DeviceCheck::kLatentAttentionPage),
-                            s.options.programmatic_launch, s.stream),
+                            /*clear_flag=*/true, s.options.programmatic_launch, s.stream),
       "LatentAttention: page check launch"));
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       LaunchCheckMaskRows(mask.data_as<const uint8_t>(), mask.dim(0), mask.dim(1), mask.stride(0),
@@ -299,7 +307,7 @@ absl::Status LaunchBatchedLatent(CudaBackend::State& s, const char* op, const Te
     return Invalid(op, "max_kv_len = ", max_kv_len, " exceeds the i32 range of kv_len");
   }
   EAGLE3_RETURN_IF_ERROR(CheckLatentSharedMemory(s, op, q.dim(2), cache.dtype() == DType::kBF16));
-  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   LatentLaunchParams p = LatentParams(q, cache, scale, value_dim, out);
   p.page_tables = page_tables.data_as<const int32_t>();
   p.page_table_stride = page_tables.stride(0);
@@ -355,7 +363,7 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
   EAGLE3_RETURN_IF_ERROR(CheckPaged(op, rows, positions, page_table, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "rows", rows));
   State& s = *state_;
-  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   const int32_t* pages = page_table.data_as<const int32_t>();
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       WithIndices(positions,
@@ -364,7 +372,7 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
                         pos, rows.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
                         scratch.bad, s.error_flag,
                         DeviceErrorCode(DeviceCheck::kPagedWritePosition),
-                        s.options.programmatic_launch, s.stream);
+                        /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
                   }),
       "PagedWrite: position check launch"));
   const bool bf16 = cache.dtype() == DType::kBF16;
@@ -391,7 +399,7 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
   EAGLE3_RETURN_IF_ERROR(CheckPaged(op, out, positions, page_table, cache));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "out", out));
   State& s = *state_;
-  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op));
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   const int32_t* pages = page_table.data_as<const int32_t>();
   EAGLE3_RETURN_IF_ERROR(CudaStatus(
       WithIndices(positions,
@@ -400,7 +408,7 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                         pos, out.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
                         scratch.bad, s.error_flag,
                         DeviceErrorCode(DeviceCheck::kPagedReadPosition),
-                        s.options.programmatic_launch, s.stream);
+                        /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
                   }),
       "PagedRead: position check launch"));
   const bool bf16 = cache.dtype() == DType::kBF16;

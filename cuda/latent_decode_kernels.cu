@@ -391,7 +391,10 @@ __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const Late
   }
 }
 
-// Batched metadata, one block per sequence (block 0 also checks q_start[0] and q_start[B]):
+// Threads of the batched metadata check: one block covers every sequence.
+constexpr int kCheckThreads = 1024;
+
+// Batched metadata, one block for all sequences (and q_start[0] and q_start[B]):
 // records 8 * b + condition for the lowest failing sequence (conditions in attention_ops.h, in
 // the CPU reference's order). Threads only read what the earlier conditions of b made safe.
 __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, int* error_flag,
@@ -399,6 +402,10 @@ __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, i
   // Waits before it lets the next kernel launch: the compact or tree kernel after it reads the
   // queries and page tables before its own PdlWait (LaunchLatentCompact).
   PdlEnter();
+  // One block: it clears the op's flag (the kernels of the op before have completed: PdlEnter),
+  // then any thread may set it.
+  if (threadIdx.x == 0) *bad = 0;
+  __syncthreads();
   const int64_t batch = p.batch;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (p.q_start[0] != 0) Flag(bad, error_flag, error_code, 0);
@@ -641,9 +648,8 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
     return cudaErrorInvalidValue;
   }
   if (p.batch > 0 && p.page_tables == nullptr) return cudaErrorInvalidValue;
-  cudaError_t error = LaunchKernel(programmatic, CheckBatchedLatentKernel,
-                                   dim3(static_cast<unsigned>(std::max<int64_t>(p.batch, 1))),
-                                   dim3(kThreads), 0, stream, p, bad, error_flag, error_code);
+  cudaError_t error = LaunchKernel(programmatic, CheckBatchedLatentKernel, dim3(1), dim3(kCheckThreads), 0,
+                                   stream, p, bad, error_flag, error_code);
   if (error != cudaSuccess || p.tokens * p.heads == 0 || p.value_dim == 0) return error;
   const int rows = LatentBlockRows(p);
   const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
