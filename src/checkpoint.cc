@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,15 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// Converted reads stage through an aligned scratch buffer of this many bytes: one pread per block.
-constexpr size_t kBounceBytes = size_t{1} << 20;
+// Converted and coalesced reads stage through a scratch buffer of at most this many bytes: enough
+// rows for one pread to move many, few enough that they are still in the L2 cache when they are
+// scattered or converted.
+constexpr size_t kBounceBytes = size_t{256} << 10;
+// Runs of a strided read (a column slice's rows) with gaps shorter than a page are read together,
+// gaps included, and scattered from the scratch buffer: such a gap holds no whole page, so the
+// coalesced read touches no page that the run-by-run reads would not, and copying less than a page
+// costs about as much as the pread it saves.
+constexpr size_t kPageBytes = 4096;
 // Messages quote at most this much of a name.
 constexpr size_t kMaxQuoted = 256;
 
@@ -257,34 +265,119 @@ bool IsAligned(const void* p, DType dtype) {
   return reinterpret_cast<uintptr_t>(p) % DTypeSize(dtype) == 0;
 }
 
+// Aligned scratch for converted and coalesced reads: allocated on first use at the size asked for
+// (never zeroed: every byte used is read first) and reused for the later reads of one tensor.
+class Bounce {
+ public:
+  // At least `bytes` bytes, 8-byte aligned.
+  uint8_t* Get(size_t bytes) {
+    if (bytes > bytes_) {
+      data_ = std::make_unique_for_overwrite<uint64_t[]>((bytes + 7) / 8);
+      bytes_ = bytes;
+    }
+    return reinterpret_cast<uint8_t*>(data_.get());
+  }
+
+ private:
+  std::unique_ptr<uint64_t[]> data_;
+  size_t bytes_ = 0;
+};
+
+// `n` elements from `src` (dtype `src_dtype`) into `dst`; conversion errors are prefixed with
+// `where` and the tensor element `first` that `src` starts at.
+absl::Status Convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n, int64_t first,
+                     const std::string& where) {
+  const absl::Status converted =
+      ConvertTensor(TensorView(const_cast<void*>(src), src_dtype, Shape{n}), TensorView(dst, dst_dtype, Shape{n}));
+  if (converted.ok()) return converted;
+  return absl::Status(converted.code(),
+                      absl::StrCat(where, " (elements from ", first, "): ", converted.message()));
+}
+
 // Reads elements [first, first + n) of tensor `info` through `reader` into `dst` (element-aligned)
-// as `dst_dtype`. Same-dtype reads go straight into `dst`; conversions stage through `bounce`
-// (aligned scratch, sized on first use and reused across calls), one block per pread. Read errors
-// (DataLoss when the file changed) name the file and tensor; conversion errors are prefixed with
-// `where`.
-absl::Status ReadConvert(const SafetensorsFile::Reader& reader, const TensorInfo& info,
-                         int64_t first, int64_t n, void* dst, DType dst_dtype,
-                         std::vector<uint64_t>& bounce, const std::string& where) {
+// as `dst_dtype`. Same-dtype reads go straight into `dst`; conversions stage through `bounce`, one
+// block per pread. Read errors (DataLoss when the file changed) name the file and tensor; conversion
+// errors are prefixed with `where`.
+absl::Status ReadConvert(const SafetensorsFile::Reader& reader, const TensorInfo& info, int64_t first, int64_t n,
+                         void* dst, DType dst_dtype, Bounce& bounce, const std::string& where) {
   if (n == 0) return absl::OkStatus();
   const size_t src_size = DTypeSize(info.dtype);
   const size_t dst_size = DTypeSize(dst_dtype);
   if (info.dtype == dst_dtype) {
-    return reader.Read(info, static_cast<uint64_t>(first) * src_size, dst,
-                       static_cast<size_t>(n) * src_size);
+    return reader.Read(info, static_cast<uint64_t>(first) * src_size, dst, static_cast<size_t>(n) * src_size);
   }
-  bounce.resize(kBounceBytes / sizeof(uint64_t));
-  const int64_t block = static_cast<int64_t>(kBounceBytes / src_size);
+  const int64_t block = std::min(n, static_cast<int64_t>(kBounceBytes / src_size));
+  uint8_t* scratch = bounce.Get(static_cast<size_t>(block) * src_size);
   for (int64_t i = 0; i < n; i += block) {
     const int64_t count = std::min(block, n - i);
-    EAGLE3_RETURN_IF_ERROR(reader.Read(info, static_cast<uint64_t>(first + i) * src_size,
-                                       bounce.data(), static_cast<size_t>(count) * src_size));
-    const absl::Status converted =
-        ConvertTensor(TensorView(bounce.data(), info.dtype, Shape{count}),
-                      TensorView(static_cast<uint8_t*>(dst) + i * dst_size, dst_dtype,
-                                 Shape{count}));
-    if (!converted.ok()) {
-      return absl::Status(converted.code(), absl::StrCat(where, " (elements from ", first + i,
-                                                         "): ", converted.message()));
+    EAGLE3_RETURN_IF_ERROR(reader.Read(info, static_cast<uint64_t>(first + i) * src_size, scratch,
+                                       static_cast<size_t>(count) * src_size));
+    EAGLE3_RETURN_IF_ERROR(Convert(scratch, info.dtype, static_cast<uint8_t*>(dst) + i * dst_size, dst_dtype, count,
+                                   first + i, where));
+  }
+  return absl::OkStatus();
+}
+
+// `count` runs of `run` elements of a tensor, run i starting at element first + i * stride, for
+// element i * dst_stride of the destination: the rows of a column slice.
+struct Runs {
+  int64_t first = 0;
+  int64_t run = 0;
+  int64_t stride = 0;  // >= run
+  int64_t count = 0;
+  int64_t dst_stride = 0;  // >= run
+};
+
+// Reads `runs` of tensor `info` into `dst` (element-aligned) as `dst_dtype`: the results and errors
+// of a ReadConvert per run, in as few preads as it can. Runs back to back in the file and in `dst`,
+// of one dtype, are one read; runs with gaps under a page (kPageBytes) are read a bounce buffer at a
+// time, gaps included, and scattered; others are a pread each.
+absl::Status ReadRuns(const SafetensorsFile::Reader& reader, const TensorInfo& info, const Runs& runs, void* dst,
+                      DType dst_dtype, Bounce& bounce, const std::string& where) {
+  if (runs.count == 0 || runs.run == 0) return absl::OkStatus();
+  const size_t src_size = DTypeSize(info.dtype);
+  const size_t dst_size = DTypeSize(dst_dtype);
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  const bool back_to_back = runs.stride == runs.run && runs.dst_stride == runs.run;
+  if (runs.count == 1 || (back_to_back && info.dtype == dst_dtype)) {
+    return ReadConvert(reader, info, runs.first, runs.run * runs.count, dst, dst_dtype, bounce, where);
+  }
+  const uint64_t stride_bytes = static_cast<uint64_t>(runs.stride) * src_size;
+  const uint64_t run_bytes = static_cast<uint64_t>(runs.run) * src_size;
+  if (stride_bytes - run_bytes >= kPageBytes || stride_bytes + run_bytes > kBounceBytes) {
+    for (int64_t i = 0; i < runs.count; ++i) {
+      EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, info, runs.first + i * runs.stride, runs.run,
+                                         out + i * runs.dst_stride * dst_size, dst_dtype, bounce, where));
+    }
+    return absl::OkStatus();
+  }
+  // Runs per chunk: k runs span (k - 1) strides and a run.
+  const int64_t per_chunk =
+      std::min<int64_t>(runs.count, static_cast<int64_t>((kBounceBytes - run_bytes) / stride_bytes) + 1);
+  uint8_t* scratch = bounce.Get(static_cast<size_t>((per_chunk - 1) * stride_bytes + run_bytes));
+  for (int64_t i = 0; i < runs.count; i += per_chunk) {
+    const int64_t k = std::min(per_chunk, runs.count - i);
+    EAGLE3_RETURN_IF_ERROR(reader.Read(info, static_cast<uint64_t>(runs.first + i * runs.stride) * src_size, scratch,
+                                       static_cast<size_t>((k - 1) * stride_bytes + run_bytes)));
+    uint8_t* to = out + i * runs.dst_stride * dst_size;
+    if (info.dtype == dst_dtype) {
+      for (int64_t j = 0; j < k; ++j) {
+        std::memcpy(to + j * runs.dst_stride * dst_size, scratch + j * stride_bytes, run_bytes);
+      }
+      continue;
+    }
+    // Runs bound for back-to-back destinations are packed in the scratch buffer and converted in
+    // one call (a ConvertTensor call per run costs more than a short run's conversion). A failed
+    // call is redone run by run, so that its error names the run as a run-by-run read's does.
+    uint64_t pitch = stride_bytes;
+    if (runs.dst_stride == runs.run) {
+      for (int64_t j = 1; j < k; ++j) std::memmove(scratch + j * run_bytes, scratch + j * stride_bytes, run_bytes);
+      pitch = run_bytes;
+      if (Convert(scratch, info.dtype, to, dst_dtype, k * runs.run, runs.first + i * runs.stride, where).ok()) continue;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      EAGLE3_RETURN_IF_ERROR(Convert(scratch + j * pitch, info.dtype, to + j * runs.dst_stride * dst_size, dst_dtype,
+                                     runs.run, runs.first + (i + j) * runs.stride, where));
     }
   }
   return absl::OkStatus();
@@ -565,7 +658,7 @@ absl::StatusOr<Tensor> Checkpoint::Read(std::string_view name, DType dtype,
   EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
   EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, entry.info->shape, allocator));
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, entry.file->OpenReader());
-  std::vector<uint64_t> bounce;
+  Bounce bounce;
   EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, *entry.info, 0, entry.info->shape.numel(),
                                      out.data(), dtype, bounce, Where(name, *entry.file)));
   EAGLE3_RETURN_IF_ERROR(reader.CheckUnchanged());
@@ -602,14 +695,10 @@ absl::StatusOr<Tensor> Checkpoint::ReadColumns(std::string_view name, int64_t be
   EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, Shape{rows, end - begin}, allocator));
   const int64_t width = end - begin;
   if (width == 0) return out;
-  const size_t dst_size = DTypeSize(dtype);
-  uint8_t* dst = static_cast<uint8_t*>(out.data());
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());
-  std::vector<uint64_t> bounce;
-  for (int64_t r = 0; r < rows; ++r) {
-    EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, info, r * columns + begin, width, dst + r * width * dst_size, dtype,
-                                       bounce, where));
-  }
+  Bounce bounce;
+  const Runs runs{.first = begin, .run = width, .stride = columns, .count = rows, .dst_stride = width};
+  EAGLE3_RETURN_IF_ERROR(ReadRuns(reader, info, runs, out.data(), dtype, bounce, where));
   EAGLE3_RETURN_IF_ERROR(reader.CheckUnchanged());
   return out;
 }
@@ -635,16 +724,18 @@ absl::Status Checkpoint::ReadShardInto(std::string_view name, const ShardSpec& s
   const int64_t copy = plan.real * plan.inner;
   const int64_t pad = (plan.length - plan.real) * plan.inner;
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());
-  std::vector<uint64_t> bounce;
-  // One contiguous run per outer index: the whole block for dim 0, a column block per row for 1.
-  for (int64_t o = 0; o < plan.outer; ++o) {
-    const int64_t dst_offset = o * plan.length * plan.inner;
-    if (copy > 0) {
-      const int64_t src_offset = (o * plan.n + plan.start) * plan.inner;
-      EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, info, src_offset, copy,
-                                         dst + dst_offset * dst_size, out.dtype(), bounce, where));
+  Bounce bounce;
+  // One run per outer index: the whole block for dim 0, a column block per row for 1.
+  const Runs runs{.first = plan.start * plan.inner,
+                  .run = copy,
+                  .stride = plan.n * plan.inner,
+                  .count = plan.outer,
+                  .dst_stride = plan.length * plan.inner};
+  EAGLE3_RETURN_IF_ERROR(ReadRuns(reader, info, runs, dst, out.dtype(), bounce, where));
+  if (pad > 0) {
+    for (int64_t o = 0; o < plan.outer; ++o) {
+      std::memset(dst + (o * plan.length * plan.inner + copy) * dst_size, 0, pad * dst_size);
     }
-    if (pad > 0) std::memset(dst + (dst_offset + copy) * dst_size, 0, pad * dst_size);
   }
   return reader.CheckUnchanged();
 }

@@ -1,5 +1,6 @@
 #include "eagle3/tensor_convert.h"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -12,31 +13,47 @@ bool IsConvertibleFloat(DType d) {
   return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
 }
 
-float LoadFloat(const void* base, DType dtype, int64_t i) {
-  switch (dtype) {
+// dst[i] = store(load(src[i])) for i < n. The dtypes are resolved once per call, not per element,
+// so that the loop over a weight's millions of elements inlines and vectorizes.
+template <typename From, typename To, typename Load, typename Store>
+void ConvertLoop(const void* src, void* dst, int64_t n, Load load, Store store) {
+  const From* from = static_cast<const From*>(src);
+  To* to = static_cast<To*>(dst);
+  for (int64_t i = 0; i < n; ++i) to[i] = store(load(from[i]));
+}
+
+template <typename From, typename Load>
+void ConvertTo(const void* src, void* dst, DType dst_dtype, int64_t n, Load load) {
+  switch (dst_dtype) {
     case DType::kF32:
-      return static_cast<const float*>(base)[i];
+      ConvertLoop<From, float>(src, dst, n, load, [](float v) { return v; });
+      break;
     case DType::kF16:
-      return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+      ConvertLoop<From, uint16_t>(src, dst, n, load, [](float v) { return FloatToF16(v); });
+      break;
     case DType::kBF16:
-      return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF8E4M3:
-      return F8E4M3ToFloat(static_cast<const uint8_t*>(base)[i]);
+      ConvertLoop<From, uint16_t>(src, dst, n, load, [](float v) { return FloatToBf16(v); });
+      break;
     default:
-      return 0.0f;  // unreachable: callers check the dtype first
+      break;  // unreachable: callers check the dtype first
   }
 }
 
-void StoreFloat(void* base, DType dtype, int64_t i, float value) {
-  switch (dtype) {
+// Float-to-float conversion of n elements (src: f32, f16, bf16 or f8_e4m3; dst: f32, f16 or bf16).
+// Out of line: inlined into ConvertTensor, GCC leaves its loops scalar.
+[[gnu::noinline]] void ConvertFloats(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  switch (src_dtype) {
     case DType::kF32:
-      static_cast<float*>(base)[i] = value;
+      ConvertTo<float>(src, dst, dst_dtype, n, [](float v) { return v; });
       break;
     case DType::kF16:
-      static_cast<uint16_t*>(base)[i] = FloatToF16(value);
+      ConvertTo<uint16_t>(src, dst, dst_dtype, n, [](uint16_t b) { return F16ToFloat(b); });
       break;
     case DType::kBF16:
-      static_cast<uint16_t*>(base)[i] = FloatToBf16(value);
+      ConvertTo<uint16_t>(src, dst, dst_dtype, n, [](uint16_t b) { return Bf16ToFloat(b); });
+      break;
+    case DType::kF8E4M3:
+      ConvertTo<uint8_t>(src, dst, dst_dtype, n, [](uint8_t b) { return F8E4M3ToFloat(b); });
       break;
     default:
       break;  // unreachable: callers check the dtype first
@@ -66,9 +83,7 @@ absl::Status ConvertTensor(const TensorView& src, const TensorView& dst) {
   }
   if ((IsConvertibleFloat(src.dtype()) || src.dtype() == DType::kF8E4M3) &&
       IsConvertibleFloat(dst.dtype())) {
-    for (int64_t i = 0; i < n; ++i) {
-      StoreFloat(dst.data(), dst.dtype(), i, LoadFloat(src.data(), src.dtype(), i));
-    }
+    ConvertFloats(src.data(), src.dtype(), dst.data(), dst.dtype(), n);
     return absl::OkStatus();
   }
   if (src.dtype() == DType::kI32 && dst.dtype() == DType::kI64) {

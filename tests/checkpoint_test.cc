@@ -1,7 +1,10 @@
 #include "eagle3/checkpoint.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -11,7 +14,10 @@
 #include <vector>
 
 #include "eagle3/half.h"
+#include "eagle3/safetensors.h"
 #include "eagle3/safetensors_writer.h"
+#include "eagle3/status.h"
+#include "eagle3/tensor_convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
@@ -369,6 +375,131 @@ TEST(CheckpointMisalignedTest, ConvertsFromOddOffsets) {
   ASSERT_TRUE(view.ok());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(view->data()) % 2, 0u);
   EXPECT_EQ(Bf16ToFloat(view->data_as<uint16_t>()[11]), values[11]);
+}
+
+// Columns [begin, end) of every row of 2-D `name` as the reader read them before it coalesced
+// rows: one ReadBytes per row, converted row by row. InvalidArgument for an unknown tensor.
+absl::StatusOr<Tensor> RowByRow(const SafetensorsFile& file, const std::string& name, int64_t begin, int64_t end,
+                                DType dtype) {
+  const TensorInfo* info = file.Find(name);
+  if (info == nullptr) return absl::InvalidArgumentError("no tensor " + name);
+  const int64_t rows = info->shape[0], columns = info->shape[1], width = end - begin;
+  const size_t src_size = DTypeSize(info->dtype);
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, Shape{rows, width}));
+  std::vector<uint64_t> row((static_cast<size_t>(width) * src_size + 7) / 8);
+  for (int64_t r = 0; r < rows; ++r) {
+    EAGLE3_RETURN_IF_ERROR(file.ReadBytes(*info, (r * columns + begin) * src_size, row.data(), width * src_size));
+    EAGLE3_RETURN_IF_ERROR(ConvertTensor(TensorView(row.data(), info->dtype, Shape{width}),
+                                         TensorView(static_cast<uint8_t*>(out.data()) + r * width * DTypeSize(dtype),
+                                                    dtype, Shape{width})));
+  }
+  return out;
+}
+
+// Column slices read in few large reads (the rows of one read scattered from a scratch buffer)
+// equal the row-by-row reads they replace, byte for byte: odd shapes larger than the scratch
+// buffer, so that its loads end inside a row, slices starting inside a row, conversions or none,
+// rows too far apart or too long to read together, ShardSpec's column blocks with and without
+// padding; a conversion error names the row it is in, as a row-by-row read did; and a file changed
+// since Open is still reported.
+TEST(CheckpointColumnReadsTest, EqualRowByRowReads) {
+  ScopedTempDir dir;
+  const std::vector<uint16_t> odd = ToBf16(RandomFloats(1031 * 333, 11));  // rows of 666 bytes
+  std::vector<uint8_t> fp8(2053 * 129);                                   // 265 KB: two scratch loads
+  std::mt19937 rng(12);
+  for (uint8_t& b : fp8) b = static_cast<uint8_t>(rng() % 0x7f);  // finite e4m3, both signs below
+  for (size_t i = 0; i < fp8.size(); i += 3) fp8[i] |= 0x80;
+  const std::vector<float> wide = RandomFloats(67 * 1500, 13);      // rows of 6000 bytes
+  const std::vector<float> long_rows = RandomFloats(3 * 70000, 14);  // rows longer than the scratch
+  std::vector<int32_t> words(300 * 37);
+  for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<int32_t>(rng());
+  std::vector<int64_t> ids(500 * 7);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) - 1000;
+  ids[321 * 7 + 3] = int64_t{1} << 40;  // does not fit in i32
+  const std::vector<NamedTensor> tensors = {
+      {"odd", TensorView(const_cast<uint16_t*>(odd.data()), DType::kBF16, Shape{1031, 333})},
+      {"fp8", TensorView(fp8.data(), DType::kF8E4M3, Shape{2053, 129})},
+      {"wide", TensorView(const_cast<float*>(wide.data()), DType::kF32, Shape{67, 1500})},
+      {"long", TensorView(const_cast<float*>(long_rows.data()), DType::kF32, Shape{3, 70000})},
+      {"words", TensorView(words.data(), DType::kI32, Shape{300, 37})},
+      {"ids", TensorView(ids.data(), DType::kI64, Shape{500, 7})},
+  };
+  const std::string path = dir.File("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto checkpoint = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+
+  struct Case {
+    std::string name;
+    int64_t begin, end;
+    DType dtype;
+  };
+  const std::vector<Case> cases = {
+      {"odd", 37, 101, DType::kF32},    {"odd", 37, 101, DType::kBF16}, {"odd", 0, 333, DType::kF32},
+      {"odd", 332, 333, DType::kF16},   {"odd", 1, 2, DType::kBF16},    {"odd", 5, 5, DType::kF32},
+      {"fp8", 64, 129, DType::kF32},    {"fp8", 3, 67, DType::kF8E4M3}, {"fp8", 0, 129, DType::kBF16},
+      {"wide", 10, 20, DType::kF32},    {"wide", 1499, 1500, DType::kBF16},
+      {"long", 100, 69000, DType::kBF16}, {"long", 7, 8, DType::kF32},
+      {"words", 5, 9, DType::kI32},     {"words", 0, 37, DType::kI32},  {"ids", 0, 3, DType::kI32},
+      {"ids", 4, 7, DType::kI64},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.name << " [" << c.begin << ", " << c.end << ") as "
+                                      << DTypeName(c.dtype));
+    auto expected = RowByRow(**file, c.name, c.begin, c.end, c.dtype);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    auto got = (*checkpoint)->ReadColumns(c.name, c.begin, c.end, c.dtype);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->shape(), expected->shape());
+    EXPECT_EQ(std::memcmp(got->data(), expected->data(), got->nbytes()), 0);
+  }
+
+  // ShardSpec's column blocks: [1031, 333] in three, and padded to 336 in four (the last block
+  // 81 columns and 3 of zeros).
+  for (const auto& [tp, pad] : std::vector<std::pair<int, int64_t>>{{3, 1}, {4, 336}}) {
+    for (int r = 0; r < tp; ++r) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(::testing::Message() << "tp " << tp << " rank " << r << " as " << DTypeName(dtype));
+        auto got = (*checkpoint)->ReadShard("odd", ShardSpec{1, tp, r, pad}, dtype);
+        ASSERT_TRUE(got.ok()) << got.status();
+        const int64_t block = PaddedSize(333, pad) / tp, begin = block * r, end = std::min<int64_t>(begin + block, 333);
+        auto expected = RowByRow(**file, "odd", begin, end, dtype);
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        const size_t esize = DTypeSize(dtype);
+        for (int64_t row = 0; row < 1031; ++row) {
+          const uint8_t* g = static_cast<const uint8_t*>(got->data()) + row * block * esize;
+          ASSERT_EQ(std::memcmp(g, static_cast<const uint8_t*>(expected->data()) + row * (end - begin) * esize,
+                                (end - begin) * esize),
+                    0)
+              << row;
+          for (size_t i = (end - begin) * esize; i < block * esize; ++i) ASSERT_EQ(g[i], 0) << row;
+        }
+      }
+    }
+  }
+
+  // The value that does not fit sits in row 321, column 3: both reads name that row's first
+  // element, 321 * 7 + begin, and its place in the row.
+  const std::string named = "(elements from " + std::to_string(321 * 7 + 2) + "): ";
+  const absl::Status columns = (*checkpoint)->ReadColumns("ids", 2, 5, DType::kI32).status();
+  EXPECT_EQ(columns.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(columns.message(), HasSubstr("tensor 'ids' in '" + path + "' " + named));
+  EXPECT_THAT(columns.message(), HasSubstr("element 1 = 1099511627776 does not fit in i32"));
+  const absl::Status whole_rows = (*checkpoint)->ReadShard("ids", ShardSpec{1, 1, 0, 1}, DType::kI32).status();
+  EXPECT_EQ(whole_rows.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(whole_rows.message(), HasSubstr("(elements from " + std::to_string(321 * 7) + "): "));
+  EXPECT_THAT(whole_rows.message(), HasSubstr("element 3 = 1099511627776 does not fit in i32"));
+  EXPECT_EQ((*checkpoint)->ReadColumns("ids", 4, 7, DType::kI32).status().code(), absl::StatusCode::kOk);
+
+  // Rewritten in place after Open (same size, new modification time): the coalesced reads still
+  // report it.
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  const absl::Status changed = (*checkpoint)->ReadColumns("odd", 37, 101, DType::kF32).status();
+  EXPECT_EQ(changed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(changed.message(), HasSubstr("file changed while loading"));
 }
 
 TEST(PaddedSizeTest, RoundsUp) {

@@ -3,7 +3,8 @@
 // (the CPU backend's default) and kept quantized (forced), each applied to the same activations
 // equal to Gemm over the slice of the unquantized checkpoint, bit for bit (vocab padding rows
 // included); the quantized form is the slice's stored bytes at its global offsets; INT4 scales that
-// are not bf16 values load dense.
+// are not bf16 values (or NaN) load dense, f32 ones that are (signed zeros and infinities included)
+// stay quantized.
 #include "linear_weight.h"
 
 #include <bit>
@@ -179,7 +180,11 @@ TEST_P(LinearWeightTest, GateAndUpStackWhereTheirBlocksAllow) {
   }
 }
 
-TEST(LinearWeightLoadTest, Int4ScalesThatAreNotBf16LoadDense) {
+// Rank 3 of 8's slice of an INT4 expert whose scales the checkpoint stores in f32, as
+// `scale(its bf16 value, index)`, loaded by LoadLinearWeight with keep_quantized: kept quantized when
+// every scale is a bf16 value, else dense and equal to ReadWeightShard's dequantized slice.
+template <typename ScaleFn>
+void LoadInt4WithF32Scales(ScaleFn scale, bool expect_quantized) {
   const DeepseekV2Config config = QuantTestConfig(KimiK2ThinkingInt4Quantization());
   ScopedTempDir dir, plain_dir;
   WriteQuantTestCheckpoint(config, dir.path(), plain_dir.path());
@@ -187,8 +192,8 @@ TEST(LinearWeightLoadTest, Int4ScalesThatAreNotBf16LoadDense) {
   Rewrite(dir.path(), [&](std::map<std::string, Tensor>& tensors) {
     const Tensor& bf16 = tensors.at(Int4ScaleName(expert));
     Tensor f32 = *Tensor::Empty(DType::kF32, bf16.shape());
-    for (int64_t j = 0; j < bf16.numel(); ++j) {  // no longer bf16 values
-      f32.data_as<float>()[j] = Bf16ToFloat(bf16.data_as<uint16_t>()[j]) * (1.0f + 0x1p-20f);
+    for (int64_t j = 0; j < bf16.numel(); ++j) {
+      f32.data_as<float>()[j] = scale(Bf16ToFloat(bf16.data_as<uint16_t>()[j]), j);
     }
     tensors[Int4ScaleName(expert)] = std::move(f32);
   });
@@ -205,13 +210,29 @@ TEST(LinearWeightLoadTest, Int4ScalesThatAreNotBf16LoadDense) {
     auto w = LoadLinearWeight(cpu, **checkpoint, specs[i], forms[i], config.quantization, shard,
                               LinearWeightLoad{.keep_quantized = true});
     ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_FALSE(w->quantized());
+    EXPECT_EQ(w->quantized(), expect_quantized);
+    if (expect_quantized) return;
     auto want = ReadWeightShard(**checkpoint, specs[i], forms[i], config.quantization, shard, DType::kF32);
     ASSERT_TRUE(want.ok()) << want.status();
     EXPECT_TRUE(BitwiseEqual(w->dense(), *want));
     return;
   }
   FAIL() << expert << " is not in the schema";
+}
+
+TEST(LinearWeightLoadTest, Int4ScalesThatAreNotBf16LoadDense) {
+  LoadInt4WithF32Scales([](float s, int64_t) { return s * (1.0f + 0x1p-20f); }, /*expect_quantized=*/false);
+  // One NaN among bf16 values (scales [64, 3]: index 4 is row 1's group 1, which rank 3's columns 36..47
+  // use): a NaN never equals itself after a round trip through bf16.
+  LoadInt4WithF32Scales([](float s, int64_t j) { return j == 4 ? std::bit_cast<float>(0x7fc00000u) : s; },
+                        /*expect_quantized=*/false);
+}
+
+TEST(LinearWeightLoadTest, F32Int4ScalesThatAreBf16ValuesStayQuantized) {
+  LoadInt4WithF32Scales([](float s, int64_t) { return s; }, /*expect_quantized=*/true);
+  LoadInt4WithF32Scales(
+      [](float s, int64_t j) { return j == 1 ? -0.0f : j == 4 ? std::bit_cast<float>(0x7f800000u) : s; },
+      /*expect_quantized=*/true);
 }
 
 TEST(LinearWeightLoadTest, AnEmptyWeightIsRefused) {

@@ -1,9 +1,11 @@
 #include "eagle3/tensor.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "eagle3/half.h"
@@ -150,6 +152,56 @@ TEST(ConvertTensorTest, FloatsAndIntegers) {
   EXPECT_NE(mismatch.message().find("f32[2, 2]"), std::string::npos) << mismatch;
   absl::Status unsupported = ConvertTensor(s, TensorView(small.data(), DType::kI32, Shape{2, 2}));
   EXPECT_EQ(unsupported.code(), absl::StatusCode::kUnimplemented);
+}
+
+// Every float pair converts element by element as the scalar conversions of half.h do, over values
+// that round, overflow, underflow, are NaN, infinite or signed zeros, and over lengths that leave a
+// tail after any vector width.
+TEST(ConvertTensorTest, EveryFloatPairMatchesTheScalarConversions) {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.5f, 3.140625f, 65504.0f, 65520.0f, 1e-8f, -6e-5f, 1e30f,
+                               std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()};
+  for (int i = 0; i < 256; ++i) values.push_back(F8E4M3ToFloat(static_cast<uint8_t>(i)) * 1.0009765625f);
+  const int64_t n = static_cast<int64_t>(values.size());  // 270: no vector width divides it
+  std::vector<uint8_t> f8(static_cast<size_t>(n));
+  std::vector<uint16_t> f16(static_cast<size_t>(n)), bf16(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    f8[i] = static_cast<uint8_t>(i % 256);
+    f16[i] = FloatToF16(values[i]);
+    bf16[i] = FloatToBf16(values[i]);
+  }
+  struct Source {
+    DType dtype;
+    const void* data;
+    float (*load)(const void*, int64_t);
+  };
+  const Source sources[] = {
+      {DType::kF32, values.data(), [](const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }},
+      {DType::kF16, f16.data(),
+       [](const void* p, int64_t i) { return F16ToFloat(static_cast<const uint16_t*>(p)[i]); }},
+      {DType::kBF16, bf16.data(),
+       [](const void* p, int64_t i) { return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]); }},
+      {DType::kF8E4M3, f8.data(),
+       [](const void* p, int64_t i) { return F8E4M3ToFloat(static_cast<const uint8_t*>(p)[i]); }},
+  };
+  for (const Source& src : sources) {
+    for (DType dst : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(std::string(DTypeName(src.dtype)) + " -> " + std::string(DTypeName(dst)));
+      std::vector<uint32_t> got(static_cast<size_t>(n));
+      ASSERT_TRUE(ConvertTensor(TensorView(const_cast<void*>(src.data), src.dtype, Shape{n}),
+                                TensorView(got.data(), dst, Shape{n}))
+                      .ok());
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = src.load(src.data, i);
+        if (dst == DType::kF32) {
+          ASSERT_EQ(got[i], std::bit_cast<uint32_t>(v)) << i;
+        } else {
+          const uint16_t want = dst == DType::kF16 ? FloatToF16(v) : FloatToBf16(v);
+          ASSERT_EQ(reinterpret_cast<const uint16_t*>(got.data())[i], want) << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

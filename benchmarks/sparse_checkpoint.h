@@ -1,6 +1,6 @@
-// Sparse DeepSeek-V2-family checkpoints for the GPU benchmarks (decode_step_benchmark,
-// e2e_benchmark; draft_step_benchmark's MTP module and MLA-draft targets, which list only the tensors
-// they read: SparseTensorsOf), unquantized or in a quantization_config's stored form: the embedding and each MoE
+// Sparse DeepSeek-V2-family checkpoints for the benchmarks (decode_step_benchmark,
+// e2e_benchmark, checkpoint_load_benchmark; draft_step_benchmark's MTP module and MLA-draft targets,
+// which list only the tensors they read: SparseTensorsOf), unquantized or in a quantization_config's stored form: the embedding and each MoE
 // router are N(0, 0.02²) bf16, norms are 1, every other matrix is a file hole (zeros; the file takes
 // well under a gigabyte on disk whatever its size).
 // Timing does not depend on the values of a GEMM's or an attention's operands; the random embedding
