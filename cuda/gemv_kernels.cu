@@ -366,6 +366,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(const GemvA
 // streams.
 constexpr int kMaxGemvSplit = 8;
 constexpr int kMinSplitLaneChunks = 4;
+// Weight bytes the grid must keep in flight to stream at the copy rate (about the bandwidth times
+// the DRAM latency): below it the kernel is latency-bound and a K split, whose extra blocks bring
+// their own loads, pays; at or above it the split only adds its cluster barriers (at one row a
+// router's 64 unsplit blocks already hold this much, and its split measured slower).
+constexpr int64_t kInFlightBytesTarget = int64_t{4} << 20;
 
 // How GemvKernel<W, kM> covers a problem: warps per row group, K split, chunks per activation tile
 // and per split part.
@@ -374,8 +379,8 @@ struct GemvTiling {
   int64_t part_chunks = 0;
 };
 
-// kVec: weight elements per 16-byte chunk.
-GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch, int sm_count) {
+// k_vec: weight elements per 16-byte chunk; batch_chunks: kBatchChunks<k_m>.
+GemvTiling ChooseTiling(int k_m, int k_vec, int batch_chunks, int64_t n, int64_t k, int64_t batch, int sm_count) {
   GemvTiling t;
   const int64_t chunks = (k + k_vec - 1) / k_vec;
   const int64_t budget = kTileBytes / (k_m * k_vec * static_cast<int64_t>(sizeof(float)));
@@ -395,11 +400,14 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch,
   while (t.wk < max_wk && 2 * t.wk * kLanesPerRow * 2 <= t.tile_chunks && blocks_for(2 * t.wk) * batch <= wave) {
     t.wk *= 2;
   }
-  // K split over a cluster while the grid, doubled, still fits one wave and each lane of a part
-  // keeps at least kMinSplitLaneChunks chunks (fewer would leave the split's cluster barriers and
-  // staging as the cost).
+  // K split over a cluster while the grid keeps fewer than kInFlightBytesTarget bytes in flight
+  // (each lane two batches of kBatchChunks chunks), the grid, doubled, still fits one wave, and
+  // each lane of a part keeps at least kMinSplitLaneChunks chunks (fewer would leave the split's
+  // cluster barriers and staging as the cost).
   const int64_t blocks = blocks_for(t.wk);
-  while (2 * t.ksplit <= kMaxGemvSplit && 2 * t.ksplit * blocks * batch <= wave &&
+  const int64_t in_flight_per_block = int64_t{kThreads} * 2 * batch_chunks * 16;
+  while (2 * t.ksplit <= kMaxGemvSplit && t.ksplit * blocks * batch * in_flight_per_block < kInFlightBytesTarget &&
+         2 * t.ksplit * blocks * batch <= wave &&
          chunks / (2 * t.ksplit) >= static_cast<int64_t>(kMinSplitLaneChunks) * t.wk * kLanesPerRow) {
     t.ksplit *= 2;
   }
@@ -411,7 +419,7 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch,
 template <typename W, int kM>
 cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
   constexpr int kVec = Chunk<W>::kVec;
-  const GemvTiling t = ChooseTiling(kM, kVec, p.n, p.k, batch, sm_count);
+  const GemvTiling t = ChooseTiling(kM, kVec, kBatchChunks<kM>, p.n, p.k, batch, sm_count);
   p.wk = t.wk;
   p.ksplit = t.ksplit;
   p.tile_chunks = t.tile_chunks;
@@ -609,7 +617,9 @@ int GemvKSplit(GemvType b_type, int64_t m, int64_t n, int64_t k, int64_t batch, 
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || sm_count < 1) return 1;
   if (b_type == GemvType::kBF16 && m >= 2) return 1;  // GemvMmaKernel
   const int vec = b_type == GemvType::kBF16 ? 8 : 4;
-  return ChooseTiling(RowsBucket(m), vec, n, k, batch, sm_count).ksplit;
+  const int bucket = RowsBucket(m);
+  const int batch_chunks = bucket == 1 ? kBatchChunks<1> : bucket == 2 ? kBatchChunks<2> : bucket == 4 ? kBatchChunks<4> : kBatchChunks<8>;
+  return ChooseTiling(bucket, vec, batch_chunks, n, k, batch, sm_count).ksplit;
 }
 
 cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
