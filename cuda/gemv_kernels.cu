@@ -234,8 +234,9 @@ constexpr int kBlocksPerSm = 2;
 // Chunks of a lane's batch (two batches overlap: the next is loaded while the current one is
 // multiplied): with 8, a lane of a 5120-wide bf16 row has its whole share in flight at once; fewer
 // where the accumulators of more rows take the registers.
+constexpr int BatchChunks(int m) { return m >= 8 ? 2 : m >= 4 ? 4 : 8; }
 template <int kM>
-constexpr int kBatchChunks = kM >= 8 ? 2 : kM >= 4 ? 4 : 8;
+constexpr int kBatchChunks = BatchChunks(kM);
 
 template <typename W, int kM>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(const GemvArgs args) {
@@ -379,8 +380,8 @@ struct GemvTiling {
   int64_t part_chunks = 0;
 };
 
-// k_vec: weight elements per 16-byte chunk; batch_chunks: kBatchChunks<k_m>.
-GemvTiling ChooseTiling(int k_m, int k_vec, int batch_chunks, int64_t n, int64_t k, int64_t batch, int sm_count) {
+// k_vec: weight elements per 16-byte chunk.
+GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch, int sm_count) {
   GemvTiling t;
   const int64_t chunks = (k + k_vec - 1) / k_vec;
   const int64_t budget = kTileBytes / (k_m * k_vec * static_cast<int64_t>(sizeof(float)));
@@ -405,7 +406,7 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int batch_chunks, int64_t n, int64_t
   // each lane of a part keeps at least kMinSplitLaneChunks chunks (fewer would leave the split's
   // cluster barriers and staging as the cost).
   const int64_t blocks = blocks_for(t.wk);
-  const int64_t in_flight_per_block = int64_t{kThreads} * 2 * batch_chunks * 16;
+  const int64_t in_flight_per_block = int64_t{kThreads} * 2 * BatchChunks(k_m) * 16;
   while (2 * t.ksplit <= kMaxGemvSplit && t.ksplit * blocks * batch * in_flight_per_block < kInFlightBytesTarget &&
          2 * t.ksplit * blocks * batch <= wave &&
          chunks / (2 * t.ksplit) >= static_cast<int64_t>(kMinSplitLaneChunks) * t.wk * kLanesPerRow) {
@@ -419,7 +420,7 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int batch_chunks, int64_t n, int64_t
 template <typename W, int kM>
 cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
   constexpr int kVec = Chunk<W>::kVec;
-  const GemvTiling t = ChooseTiling(kM, kVec, kBatchChunks<kM>, p.n, p.k, batch, sm_count);
+  const GemvTiling t = ChooseTiling(kM, kVec, p.n, p.k, batch, sm_count);
   p.wk = t.wk;
   p.ksplit = t.ksplit;
   p.tile_chunks = t.tile_chunks;
@@ -617,9 +618,7 @@ int GemvKSplit(GemvType b_type, int64_t m, int64_t n, int64_t k, int64_t batch, 
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || sm_count < 1) return 1;
   if (b_type == GemvType::kBF16 && m >= 2) return 1;  // GemvMmaKernel
   const int vec = b_type == GemvType::kBF16 ? 8 : 4;
-  const int bucket = RowsBucket(m);
-  const int batch_chunks = bucket == 1 ? kBatchChunks<1> : bucket == 2 ? kBatchChunks<2> : bucket == 4 ? kBatchChunks<4> : kBatchChunks<8>;
-  return ChooseTiling(bucket, vec, batch_chunks, n, k, batch, sm_count).ksplit;
+  return ChooseTiling(RowsBucket(m), vec, n, k, batch, sm_count).ksplit;
 }
 
 cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,

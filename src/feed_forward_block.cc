@@ -226,10 +226,10 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   const TensorView logits_t = Rows(ws.router_logits, 0, t);
   EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
   const int64_t k = routing_.top_k;
-  if (ws.ids.view().dim(1) < k + (shared_joins_experts_ ? 1 : 0)) {
+  const int64_t needed = k + (shared_joins_experts_ ? 1 : 0);
+  if (ws.ids.view().dim(1) < needed) {
     return absl::InvalidArgumentError("FeedForwardBlock: the workspace holds " + std::to_string(ws.ids.view().dim(1)) +
-                                      " expert slots per row, the block needs " +
-                                      std::to_string(k + (shared_joins_experts_ ? 1 : 0)));
+                                      " expert slots per row, the block needs " + std::to_string(needed));
   }
   const TensorView bias = correction_bias_.view();
   EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
