@@ -223,14 +223,14 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
                                       std::to_string(ws.intermediate) + ", the block needs " + std::to_string(widest));
   }
   if (!moe_) return SiluMlp(x, dense_, 0.0f, ws, out);
-  const TensorView logits_t = Rows(ws.router_logits, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
   const int64_t k = routing_.top_k;
   const int64_t needed = k + (shared_joins_experts_ ? 1 : 0);
   if (ws.ids.view().dim(1) < needed) {
     return absl::InvalidArgumentError("FeedForwardBlock: the workspace holds " + std::to_string(ws.ids.view().dim(1)) +
                                       " expert slots per row, the block needs " + std::to_string(needed));
   }
+  const TensorView logits_t = Rows(ws.router_logits, 0, t);
+  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
   const TensorView bias = correction_bias_.view();
   EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
                                             Block(ws.ids, 0, t, 0, k), Block(ws.weights, 0, t, 0, k)));

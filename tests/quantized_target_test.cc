@@ -194,6 +194,19 @@ TEST_P(QuantizedTargetTest, TheSharedExpertJoinsTheRoutedExpertsUpTo32Rows) {
     }
     EXPECT_LT(diff / scale, 1e-6) << "rows " << t;
   }
+  if (!kept->shared_joins_experts()) return;
+  // A workspace sized for the block's config without its shared expert has no slot for it: refused
+  // by name, nothing written.
+  FeedForwardConfig no_shared = ffn;
+  no_shared.n_shared_experts = 0;
+  auto narrow = FeedForwardWorkspace::Create(no_shared, 1, 40, backend);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  std::vector<float> out(5 * h, 7.0f);
+  const absl::Status refused = kept->Forward(TensorView(x.data(), DType::kF32, Shape{5, h}), *narrow,
+                                             TensorView(out.data(), DType::kF32, Shape{5, h}));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("expert slots per row, the block needs"), std::string::npos) << refused;
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }));
 }
 
 DraftModelOptions DraftOptions() {
