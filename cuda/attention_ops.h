@@ -264,11 +264,14 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // capacity, so the sequence can be captured in a CUDA graph and replayed with other lengths.
 // batch in [0, kLatentMaxBatch]; nothing is written when a check fails. The check is the op's
 // first: it clears *bad itself (one block), so the caller need not zero it.
-// programmatic: as above; where the compact or tree kernel runs with one token per row tile, its
-// prologue (query staging) also overlaps the check.
+// check false: an earlier call with the same metadata (and the same tokens, heads, key_dim,
+// value_dim, max_kv_len and cache dtype) checked it and built tile_table, and *bad holds its
+// verdict (shared checks, Backend::BeginSharedChecks): only the attention launches run.
+// programmatic: as above; where the compact or tree kernel runs with one token per row tile right
+// after the check, its prologue (query staging) also overlaps the check.
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
                                          float* partials, int64_t partial_capacity, int* bad,
-                                         int* error_flag, int error_code, bool programmatic,
+                                         int* error_flag, int error_code, bool check, bool programmatic,
                                          cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -10,9 +10,17 @@
 // entry makes the op write nothing and is reported by the next Synchronize() as InvalidArgument
 // naming the op and the entry (DeviceCheck in cuda_backend_state.h). The op itself returns OK.
 //
+// Shared checks (Backend::BeginSharedChecks). Inside a scope, ApplyRope, PagedWrite and
+// BatchedLatentAttention[KeyMask] key their index tensors and bounds; the first call of a key runs
+// the checks into a flag slot of its own, and later calls of the key skip the check kernels (and
+// the batched op's tile table) and have their writers read that slot. Each key keeps its slot for
+// the scope, so a verdict is never overwritten by another op's check; the tile table is one buffer,
+// so a batched call of a new key retires the earlier batched keys. Outside a scope, or when the
+// slots run out, every call checks into slot 0.
+//
 // Scratch (State::attention_scratch), allocated once, on the first call of any of these ops (not
 // while the stream is being captured into a CUDA graph: run the step once before capturing):
-// kFlagBytes for the per-call flag that links an op's checks to its writers, kTileTableBytes for
+// kFlagBytes for the flag slots that link an op's checks to its writers, kTileTableBytes for
 // BatchedLatentAttention's tile table (kLatentMaxBatch + 1 ints: a call with more sequences is
 // InvalidArgument), then kPartialBytes for the partial results of split attention. The split count
 // adapts to the scratch (it is chosen on the host from T, N, value_dim and max_kv_len), so no call
@@ -27,6 +35,8 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cuda_backend_checks.h"
@@ -40,12 +50,13 @@ namespace eagle3::cuda {
 namespace {
 
 constexpr size_t kFlagBytes = 256;
+constexpr int kFlagSlots = static_cast<int>(kFlagBytes / sizeof(int));
 constexpr size_t kTileTableBytes = ((kLatentMaxBatch + 1) * sizeof(int32_t) + 255) / 256 * 256;
 constexpr size_t kPartialBytes = size_t{32} << 20;
 
 // What an op's launchers need from the scratch.
 struct Scratch {
-  int* bad = nullptr;  // the per-call flag, zeroed on the stream by Prepare
+  int* bad = nullptr;  // flag slot 0: the per-call flag, zeroed by Prepare or the op's first check
   int32_t* tile_table = nullptr;
   float* partials = nullptr;
   int64_t partial_floats = 0;
@@ -86,6 +97,45 @@ absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op, FlagC
                                       absl::StrCat(op, ": clearing the check flag")));
   }
   return scratch;
+}
+
+// The ops whose checks a shared-checks scope shares (the first element of a key).
+enum class SharedOp : int64_t { kRetired = 0, kApplyRope, kPagedWrite, kBatchedLatent };
+
+// Where an op's writers read their verdict, and whether its checks must run first (clearing it).
+struct CheckSite {
+  int* bad;
+  bool check;
+};
+
+// A key's element for an index tensor: its data, dtype and layout (contents are the caller's
+// promise, Backend::BeginSharedChecks).
+void AppendTensor(std::vector<int64_t>& key, const TensorView& t) {
+  key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data())));
+  key.push_back(static_cast<int64_t>(t.dtype()));
+  key.push_back(t.rank());
+  for (int64_t d = 0; d < t.rank(); ++d) {
+    key.push_back(t.dim(d));
+    key.push_back(t.stride(d));
+  }
+}
+
+// The flag slot and check decision for a call with `key` (its SharedOp first).
+CheckSite SharedCheck(CudaBackend::State& s, const Scratch& scratch, std::vector<int64_t> key) {
+  if (s.shared_checks_depth == 0) return {scratch.bad, true};
+  for (const auto& [known, slot] : s.shared_checks) {
+    if (known == key) return {scratch.bad + slot, false};
+  }
+  const int slot = static_cast<int>(s.shared_checks.size()) + 1;
+  if (slot >= kFlagSlots) return {scratch.bad, true};
+  if (key.front() == static_cast<int64_t>(SharedOp::kBatchedLatent)) {
+    // This call's check rewrites the tile table that the earlier batched keys' calls would reuse.
+    for (auto& entry : s.shared_checks) {
+      if (entry.first.front() == key.front()) entry.first.front() = static_cast<int64_t>(SharedOp::kRetired);
+    }
+  }
+  s.shared_checks.emplace_back(std::move(key), slot);
+  return {scratch.bad + slot, true};
 }
 
 // Calls fn with positions' data as const int32_t* or const int64_t* (validated i32 / i64).
@@ -186,22 +236,27 @@ absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
-                                                [&](const auto* pos) {
-                                                  return LaunchCheckIndexRange(
-                                                      pos, x.dim(0), cos_sin.dim(0), scratch.bad,
-                                                      s.error_flag,
-                                                      DeviceErrorCode(DeviceCheck::kRopePosition),
-                                                      /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
-                                                }),
-                                    "ApplyRope: position check launch"));
+  std::vector<int64_t> key = {static_cast<int64_t>(SharedOp::kApplyRope), x.dim(0), cos_sin.dim(0)};
+  AppendTensor(key, positions);
+  const CheckSite site = SharedCheck(s, scratch, std::move(key));
+  if (site.check) {
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
+                                                  [&](const auto* pos) {
+                                                    return LaunchCheckIndexRange(
+                                                        pos, x.dim(0), cos_sin.dim(0), site.bad, s.error_flag,
+                                                        DeviceErrorCode(DeviceCheck::kRopePosition),
+                                                        /*clear_flag=*/true, s.options.programmatic_launch,
+                                                        s.stream);
+                                                  }),
+                                      "ApplyRope: position check launch"));
+  }
   return CudaStatus(WithIndices(positions,
                                 [&](const auto* pos) {
                                   return LaunchApplyRope(
                                       x.data_as<float>(), x.dim(0), x.dim(1), x.stride(0),
                                       x.stride(1), offset, rope_dim, pos,
                                       cos_sin.data_as<const float>(), cos_sin.stride(0),
-                                      style == RopeStyle::kAdjacentPairs, scratch.bad,
+                                      style == RopeStyle::kAdjacentPairs, site.bad,
                                       s.options.programmatic_launch, s.stream);
                                 }),
                     "ApplyRope: kernel launch");
@@ -325,9 +380,16 @@ absl::Status LaunchBatchedLatent(CudaBackend::State& s, const char* op, const Te
     p.mask = key_mask.data_as<const uint8_t>();
     p.mask_stride = key_mask.stride(0);
   }
+  // The check's verdict and the tile table depend on the metadata and on the launch geometry's
+  // inputs (LaunchBatchedLatentAttention).
+  std::vector<int64_t> key = {static_cast<int64_t>(SharedOp::kBatchedLatent), q.dim(0), q.dim(1), q.dim(2),
+                              value_dim, max_kv_len, cache.dim(0), cache.dim(1),
+                              static_cast<int64_t>(cache.dtype())};
+  for (const TensorView* t : {&page_tables, &q_start, &kv_len, &tree_mask, &key_mask}) AppendTensor(key, *t);
+  const CheckSite site = SharedCheck(s, scratch, std::move(key));
   return CudaStatus(LaunchBatchedLatentAttention(
-                        p, scratch.tile_table, scratch.partials, scratch.partial_floats, scratch.bad,
-                        s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention),
+                        p, scratch.tile_table, scratch.partials, scratch.partial_floats, site.bad,
+                        s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention), site.check,
                         s.options.programmatic_launch, s.stream),
                     absl::StrCat(op, ": kernel launch"));
 }
@@ -365,16 +427,21 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   const int32_t* pages = page_table.data_as<const int32_t>();
-  EAGLE3_RETURN_IF_ERROR(CudaStatus(
-      WithIndices(positions,
-                  [&](const auto* pos) {
-                    return LaunchCheckPagedPositions(
-                        pos, rows.dim(0), pages, page_table.dim(0), cache.dim(1), cache.dim(0),
-                        scratch.bad, s.error_flag,
-                        DeviceErrorCode(DeviceCheck::kPagedWritePosition),
-                        /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
-                  }),
-      "PagedWrite: position check launch"));
+  std::vector<int64_t> key = {static_cast<int64_t>(SharedOp::kPagedWrite), rows.dim(0), cache.dim(0), cache.dim(1)};
+  AppendTensor(key, positions);
+  AppendTensor(key, page_table);
+  const CheckSite site = SharedCheck(s, scratch, std::move(key));
+  if (site.check) {
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        WithIndices(positions,
+                    [&](const auto* pos) {
+                      return LaunchCheckPagedPositions(pos, rows.dim(0), pages, page_table.dim(0), cache.dim(1),
+                                                       cache.dim(0), site.bad, s.error_flag,
+                                                       DeviceErrorCode(DeviceCheck::kPagedWritePosition),
+                                                       /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
+                    }),
+        "PagedWrite: position check launch"));
+  }
   const bool bf16 = cache.dtype() == DType::kBF16;
   return CudaStatus(WithIndices(positions,
                                 [&](const auto* pos) {
@@ -382,12 +449,12 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
                                   if (bf16) {
                                     return LaunchPagedWrite(from, rows.stride(0), rows.dim(0),
                                                             rows.dim(1), pos, pages, cache.dim(1),
-                                                            cache.data_as<uint16_t>(), scratch.bad,
+                                                            cache.data_as<uint16_t>(), site.bad,
                                                             s.options.programmatic_launch, s.stream);
                                   }
                                   return LaunchPagedWrite(from, rows.stride(0), rows.dim(0),
                                                           rows.dim(1), pos, pages, cache.dim(1),
-                                                          cache.data_as<float>(), scratch.bad,
+                                                          cache.data_as<float>(), site.bad,
                                                           s.options.programmatic_launch, s.stream);
                                 }),
                     "PagedWrite: kernel launch");
@@ -428,6 +495,14 @@ absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& p
                                                          s.stream);
                                 }),
                     "PagedRead: kernel launch");
+}
+
+void CudaBackend::BeginSharedChecks() { ++state_->shared_checks_depth; }
+
+void CudaBackend::EndSharedChecks() {
+  State& s = *state_;
+  if (s.shared_checks_depth == 0) return;
+  if (--s.shared_checks_depth == 0) s.shared_checks.clear();
 }
 
 }  // namespace eagle3::cuda

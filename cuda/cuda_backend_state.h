@@ -71,6 +71,11 @@ struct CudaBackend::State {
   // (allocation happens once; later calls reuse them).
   void* attention_scratch = nullptr;
   size_t attention_scratch_bytes = 0;
+  // Shared checks (Backend::BeginSharedChecks; cuda_backend_attention.cc): the open scopes, and
+  // per op and set of index tensors already checked in the outermost one, the flag slot holding
+  // its verdict.
+  int shared_checks_depth = 0;
+  std::vector<std::pair<std::vector<int64_t>, int>> shared_checks;
   void* moe_scratch = nullptr;
   size_t moe_scratch_bytes = 0;
   // BatchedPagedAttention's partial results (cuda_backend_paged_attention.cc).

@@ -43,6 +43,10 @@ struct LatentArgs {
   bool vec;                   // 16-byte cp.async
   float* partials;
   const int* bad;
+  // The compact and tree kernels stage the tile, the query rows and the first page entries before
+  // their PdlWait when the kernel just before them is the batched op's check (PdlEnter: everything
+  // before it has completed); after any other kernel they wait first.
+  bool wait_first;
 };
 
 // The sequence of a block's token tile.

@@ -85,6 +85,7 @@ __device__ inline unsigned KeepPair(unsigned bits, int key) {
 __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const LatentArgs a) {
   // Before PdlWait (see LaunchLatentCompact): the tile, the query rows and the first page entries,
   // every index bounded even if the metadata is bad; no cache row, no `bad`.
+  if (a.wait_first) PdlWait();
   PdlLaunchDependents();  // lets the combine's blocks start where this kernel leaves room
   const LatentLaunchParams& p = a.p;
   LatentBlockStart start;

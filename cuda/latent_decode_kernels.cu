@@ -530,9 +530,9 @@ int LatentBlockRows(const LatentLaunchParams& p) {
 }
 
 // Launch geometry (host values only, so a captured graph replays any lengths within the bounds).
-// programmatic: the kernels launch as programmatic dependents; the compact or tree kernel only
-// where `after_check` (the batched form's check kernel was launched just before: see
-// LaunchLatentCompact), since its prologue reads before its PdlWait.
+// programmatic: the kernels launch as programmatic dependents; the compact or tree kernel stages
+// its prologue before its PdlWait only where `after_check` (the batched form's check kernel was
+// launched just before: see LaunchLatentCompact), and otherwise waits first (LatentArgs::wait_first).
 cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
                                 float* partials, int64_t partial_capacity, const int* bad,
                                 bool programmatic, bool after_check, cudaStream_t stream) {
@@ -559,6 +559,7 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.tile_table = tile_table;
   a.partials = partials;
   a.bad = bad;
+  a.wait_first = !after_check;
   a.split_chunk = tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
   a.splits_marked = tree || compact;
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
@@ -601,9 +602,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
   if (tree) {
-    error = LaunchLatentTree(a, grid, programmatic && after_check, stream);
+    error = LaunchLatentTree(a, grid, programmatic, stream);
   } else if (compact) {
-    error = LaunchLatentCompact(a, grid, programmatic && after_check, stream);
+    error = LaunchLatentCompact(a, grid, programmatic, stream);
   } else if (bf16) {
     error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, programmatic, stream);
   } else {
@@ -639,8 +640,8 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
                                          float* partials, int64_t partial_capacity, int* bad,
-                                         int* error_flag, int error_code, bool programmatic,
-                                         cudaStream_t stream) {
+                                         int* error_flag, int error_code, bool check,
+                                         bool programmatic, cudaStream_t stream) {
   const LatentLaunchParams& p = params;
   if (!ValidLatentParams(p) || partial_capacity < 0 || bad == nullptr || error_flag == nullptr ||
       tile_table == nullptr || p.q_start == nullptr || (p.batch > 0 && p.kv_len == nullptr) ||
@@ -648,15 +649,23 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
     return cudaErrorInvalidValue;
   }
   if (p.batch > 0 && p.page_tables == nullptr) return cudaErrorInvalidValue;
-  cudaError_t error = LaunchKernel(programmatic, CheckBatchedLatentKernel, dim3(1), dim3(kCheckThreads), 0,
-                                   stream, p, bad, error_flag, error_code);
+  cudaError_t error = cudaSuccess;
+  if (check) {
+    error = LaunchKernel(programmatic, CheckBatchedLatentKernel, dim3(1), dim3(kCheckThreads), 0, stream, p, bad,
+                         error_flag, error_code);
+  }
   if (error != cudaSuccess || p.tokens * p.heads == 0 || p.value_dim == 0) return error;
   const int rows = LatentBlockRows(p);
   const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
   // One token per tile (as many heads as block rows, or more): the tile table is q_start itself.
   if (tokens_per_tile == 1) {
     return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, bad, programmatic,
-                               /*after_check=*/true, stream);
+                               /*after_check=*/check, stream);
+  }
+  // Without the check, the earlier call's tile table (for the same metadata) stands.
+  if (!check) {
+    return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, programmatic,
+                               /*after_check=*/false, stream);
   }
   error = LaunchKernel(programmatic, LatentTileTableKernel, dim3(1), dim3(kThreads), 0, stream,
                        p.q_start, p.batch, tokens_per_tile, tile_table, bad);

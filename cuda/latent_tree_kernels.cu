@@ -96,6 +96,7 @@ static_assert((2 * kStride * (kRows + kSlots * kChunk) + 4 * 4 * kRows * kRedStr
 __global__ void __launch_bounds__(kTreeThreads, 1) LatentTreeKernel(const LatentArgs a) {
   // Before PdlWait (see LaunchLatentTree): the tile, the query rows and the first page entries,
   // every index bounded even if the metadata is bad; no cache row, no mask byte, no `bad`.
+  if (a.wait_first) PdlWait();
   PdlLaunchDependents();  // lets the combine's blocks start where this kernel leaves room
   const LatentLaunchParams& p = a.p;
   LatentBlockStart start;

@@ -581,6 +581,10 @@ absl::Status TargetModel::Impl::Launch() {
   EAGLE3_RETURN_IF_ERROR(Capture(0, t));
   EAGLE3_RETURN_IF_ERROR(backend->RmsNorm(r_t, layers[0].input_ln, eps, h_t));
 
+  // Every layer's batched attention takes the same index tensors, staged above and unchanged until
+  // the step ends: their device checks run once (the per-sequence path rewrites its page table and
+  // mask per sequence, so it checks at every call).
+  const SharedChecksScope shared_checks(*backend, step.batched);
   const int num_layers = static_cast<int>(config.num_hidden_layers);
   for (int l = 0; l < num_layers; ++l) {
     EAGLE3_ASSIGN_OR_RETURN(TensorView x, full_input());

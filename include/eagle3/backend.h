@@ -483,6 +483,18 @@ class EAGLE3_API Backend {
   // Waits until every op issued so far has finished; reports deferred device errors.
   virtual absl::Status Synchronize() = 0;
 
+  // Checks shared within a step. A device backend checks the index tensors of ApplyRope, PagedWrite
+  // and BatchedLatentAttention[KeyMask] (positions, page tables, lengths, masks) with kernels ahead
+  // of each call; a step passes the same tensors to every layer. Between BeginSharedChecks and the
+  // matching EndSharedChecks the caller promises that the contents of the index tensors it passes to
+  // those ops do not change; a call whose index tensors (data, dtype, shape, strides) and bounds
+  // equal those of an earlier call of the same op in the scope then takes that call's verdict
+  // instead of checking again: a bad entry still makes every such call write nothing, and is
+  // reported once, by the next Synchronize. Scopes nest (the outermost one counts). The CPU
+  // reference checks on the host at every call and ignores scopes. SharedChecksScope opens one.
+  virtual void BeginSharedChecks() {}
+  virtual void EndSharedChecks() {}
+
  protected:
   // Shape, stride, device, index-dtype and aliasing checks shared by every backend, so that the
   // contract above is enforced once. They do not check floating dtypes (backend policy).
@@ -572,6 +584,23 @@ class EAGLE3_API Backend {
                                       const TensorView& root_positions, const TensorView& tokens,
                                       const TensorView& parents, const TensorView& positions,
                                       const TensorView& mask) const;
+};
+
+// Opens a shared-checks scope of `backend` (Backend::BeginSharedChecks) for its lifetime, or none
+// when `open` is false.
+class SharedChecksScope {
+ public:
+  SharedChecksScope(Backend& backend, bool open) : backend_(open ? &backend : nullptr) {
+    if (backend_ != nullptr) backend_->BeginSharedChecks();
+  }
+  ~SharedChecksScope() {
+    if (backend_ != nullptr) backend_->EndSharedChecks();
+  }
+  SharedChecksScope(const SharedChecksScope&) = delete;
+  SharedChecksScope& operator=(const SharedChecksScope&) = delete;
+
+ private:
+  Backend* backend_;
 };
 
 }  // namespace eagle3

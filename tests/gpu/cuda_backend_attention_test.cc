@@ -665,6 +665,49 @@ TEST_F(CudaAttentionParityTest, PagedBadPositionOrPageWritesNothing) {
   EXPECT_TRUE(SameBytes(Download(cache.dev), cache.host));
 }
 
+// Shared checks (Backend::BeginSharedChecks): within a scope a call of ApplyRope / PagedWrite with
+// the index tensors of an earlier call takes that call's verdict. Observed by breaking the scope's
+// promise on purpose: positions made bad before the first call and repaired before the second keep
+// the second from writing too (it did not check again), while the other op's verdict, in its own
+// flag slot, is untouched. Once the scope ends, the calls check again.
+TEST_F(CudaAttentionParityTest, SharedChecksReuseTheFirstVerdict) {
+  const int64_t t = 4, d = 8, table_rows = 10, page_size = 3, num_pages = 3;
+  const Twin table = Make(Random(Shape{table_rows, d}, 1));
+  const Twin pt = Make(Indices(DType::kI32, {2, 0, 1}));
+  const Twin rows = Make(Random(Shape{t, d}, 2));
+  const Twin cache = Make(Random(Shape{num_pages, page_size, d}, 3));
+  const Twin x = Make(Random(Shape{t, 1, d}, 4));
+  const Twin pos = Make(Indices(DType::kI64, {0, 4, 5, 1}));
+  const Tensor good = HostCopy(pos.host);
+  const Tensor bad = Indices(DType::kI64, {0, 4, 12, 1});  // 12 is outside the table and the pages
+  {
+    const SharedChecksScope scope(*gpu_, true);
+    ASSERT_TRUE(gpu_->Copy(bad, pos.dev).ok());
+    EXPECT_TRUE(gpu_->ApplyRope(x.dev, 0, d, pos.dev, table.dev, RopeStyle::kRotateHalf).ok());
+    ASSERT_TRUE(gpu_->Copy(good, pos.dev).ok());
+    // PagedWrite's first call of this key checks (the repaired positions: good) and writes.
+    EXPECT_TRUE(gpu_->PagedWrite(rows.dev, pos.dev, pt.dev, cache.dev).ok());
+    // ApplyRope's second call reuses the first verdict (bad): no write.
+    EXPECT_TRUE(gpu_->ApplyRope(x.dev, 0, d, pos.dev, table.dev, RopeStyle::kRotateHalf).ok());
+    // Other positions (a view of different shape) are a new key: checked, good, written.
+    EXPECT_TRUE(gpu_->ApplyRope(x.dev.view().Narrow(0, 0, 2), 0, d, pos.dev.view().Narrow(0, 0, 2), table.dev,
+                                RopeStyle::kRotateHalf).ok());
+  }
+  const absl::Status deferred = gpu_->Synchronize();
+  EXPECT_EQ(deferred.code(), absl::StatusCode::kInvalidArgument) << deferred;
+  EXPECT_THAT(std::string(deferred.message()), HasSubstr("ApplyRope"));
+  ASSERT_TRUE(cpu_.PagedWrite(rows.host, pos.host, pt.host, cache.host).ok());
+  EXPECT_TRUE(SameBytes(Download(cache.dev), cache.host));
+  ASSERT_TRUE(cpu_.ApplyRope(x.host.view().Narrow(0, 0, 2), 0, d, pos.host.view().Narrow(0, 0, 2), table.host,
+                             RopeStyle::kRotateHalf).ok());
+  EXPECT_TRUE(SameBytes(Download(x.dev), x.host)) << "only the new key's call rotated";
+  // Outside the scope every call checks: the repaired positions rotate.
+  ASSERT_TRUE(gpu_->ApplyRope(x.dev, 0, d, pos.dev, table.dev, RopeStyle::kRotateHalf).ok());
+  ASSERT_TRUE(cpu_.ApplyRope(x.host, 0, d, pos.host, table.host, RopeStyle::kRotateHalf).ok());
+  EXPECT_LE(Diff(Download(x.dev), x.host), 2e-6);
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
 
 // ---- BatchedLatentAttention -----------------------------------------------------------------------
 
@@ -995,6 +1038,75 @@ TEST_F(CudaBatchedLatentTest, BadMetadataAtTheTreeShapeWritesNothing) {
                          }, "sequence 2"});
       }
       ExpectBadMetadataWritesNothing(c, cases);
+    }
+  }
+}
+
+// Shared checks on the batched op, at the decode shape (the tile table is q_start) and the tree
+// kernel's (a tile table built by the check's companion kernel), f32 and bf16 caches: inside a
+// scope the repeated call skips the check and tile table and gives the same bits; two batches
+// alternating in one scope stay right (a new key retires the earlier one's tile table); a verdict
+// of bad metadata stands for the scope's later calls of the key, observed by repairing kv_len
+// between two calls (breaking the scope's promise on purpose).
+TEST_F(CudaBatchedLatentTest, SharedChecksReuseTheFirstVerdict) {
+  for (const bool tree_shape : {false, true}) {
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (tree_shape ? "tree kernel shape" : "decode shape")
+                                        << (bf16 ? ", bf16 cache" : ", f32 cache"));
+      BatchCase c, other;
+      c.tree = other.tree = tree_shape;
+      c.page_size = other.page_size = 16;
+      c.n = tree_shape ? std::vector<int64_t>{64, 72} : std::vector<int64_t>{1, 1, 1};
+      c.kv = tree_shape ? std::vector<int64_t>{100, 1000} : std::vector<int64_t>{10, 1200, 64};
+      other.n = tree_shape ? std::vector<int64_t>{66, 64} : std::vector<int64_t>{1, 1};
+      other.kv = tree_shape ? std::vector<int64_t>{3000, 64} : std::vector<int64_t>{333, 1};
+      other.seed = 5;
+      Batch x = MakeBatch(c), y = MakeBatch(other);
+      const Tensor x_cache = bf16 ? UploadBf16(x.cache.host) : Tensor();
+      const Tensor y_cache = bf16 ? UploadBf16(y.cache.host) : Tensor();
+      auto call = [&](Batch& b, const BatchCase& k, const Tensor& cache16) {
+        return gpu_->BatchedLatentAttention(b.q.dev, bf16 ? cache16 : b.cache.dev, b.tables.dev, b.q_start.dev,
+                                            b.kv_len.dev, b.max_kv, MaskView(b.tree_mask.dev, k.tree, b.t), 0.05f,
+                                            k.r, b.out.dev);
+      };
+      ASSERT_TRUE(call(x, c, x_cache).ok());
+      ASSERT_TRUE(call(y, other, y_cache).ok());
+      ASSERT_TRUE(gpu_->Synchronize().ok());
+      const Tensor x_alone = Download(x.out.dev), y_alone = Download(y.out.dev);
+      {
+        const SharedChecksScope scope(*gpu_, true);
+        for (int round = 0; round < 3; ++round) {
+          ASSERT_TRUE(gpu_->Copy(Filled(x.out.host.shape(), kNaN), x.out.dev).ok());
+          ASSERT_TRUE(call(x, c, x_cache).ok());
+          if (round == 1) ASSERT_TRUE(call(x, c, x_cache).ok());  // a repeat right after its check
+          ASSERT_TRUE(gpu_->Copy(Filled(y.out.host.shape(), kNaN), y.out.dev).ok());
+          ASSERT_TRUE(call(y, other, y_cache).ok());
+          ASSERT_TRUE(gpu_->Synchronize().ok());
+          EXPECT_TRUE(SameBytes(Download(x.out.dev), x_alone)) << "round " << round;
+          EXPECT_TRUE(SameBytes(Download(y.out.dev), y_alone)) << "round " << round;
+        }
+      }
+      // A bad kv_len checked first in a scope: the repaired kv_len's call within it writes nothing.
+      const Tensor good_len = HostCopy(x.kv_len.host);
+      Tensor bad_len = HostCopy(x.kv_len.host);
+      bad_len.data_as<int32_t>()[1] = 1 << 30;
+      ASSERT_TRUE(gpu_->Copy(Filled(x.out.host.shape(), kNaN), x.out.dev).ok());
+      {
+        const SharedChecksScope scope(*gpu_, true);
+        ASSERT_TRUE(gpu_->Copy(bad_len, x.kv_len.dev).ok());
+        EXPECT_TRUE(call(x, c, x_cache).ok());
+        ASSERT_TRUE(gpu_->Copy(good_len, x.kv_len.dev).ok());
+        EXPECT_TRUE(call(x, c, x_cache).ok());
+      }
+      const absl::Status deferred = gpu_->Synchronize();
+      EXPECT_EQ(deferred.code(), absl::StatusCode::kInvalidArgument) << deferred;
+      EXPECT_THAT(std::string(deferred.message()), HasSubstr("sequence 1"));
+      const Tensor after = Download(x.out.dev);
+      EXPECT_EQ(Diff(after, Filled(after.shape(), kNaN)), 0.0) << "out was written";
+      // After the scope the call checks again.
+      ASSERT_TRUE(call(x, c, x_cache).ok());
+      ASSERT_TRUE(gpu_->Synchronize().ok());
+      EXPECT_TRUE(SameBytes(Download(x.out.dev), x_alone));
     }
   }
 }

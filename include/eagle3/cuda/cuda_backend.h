@@ -178,6 +178,11 @@ class EAGLE3_API CudaBackend final : public Backend {
   absl::Status ExtendMaskRows(const TensorView& src, const TensorView& parent, const TensorView& column,
                               const TensorView& out) override;
   absl::Status Synchronize() override;
+  // Shared checks (Backend::BeginSharedChecks; cuda/cuda_backend_attention.cc): inside a scope the
+  // check kernels of ApplyRope, PagedWrite and BatchedLatentAttention[KeyMask] (and the batched
+  // op's tile table) run once per distinct set of index tensors, each set with its own device flag.
+  void BeginSharedChecks() override;
+  void EndSharedChecks() override;
 
   struct State;  // device handles and scratch, shared by the op implementation files
 
