@@ -700,7 +700,7 @@ TEST_F(CudaAttentionParityTest, SharedChecksReuseTheFirstVerdict) {
   EXPECT_TRUE(SameBytes(Download(cache.dev), cache.host));
   ASSERT_TRUE(cpu_.ApplyRope(x.host.view().Narrow(0, 0, 2), 0, d, pos.host.view().Narrow(0, 0, 2), table.host,
                              RopeStyle::kRotateHalf).ok());
-  EXPECT_TRUE(SameBytes(Download(x.dev), x.host)) << "only the new key's call rotated";
+  EXPECT_LE(Diff(Download(x.dev), x.host), 2e-6) << "only the new key's call rotated";
   // Outside the scope every call checks: the repaired positions rotate.
   ASSERT_TRUE(gpu_->ApplyRope(x.dev, 0, d, pos.dev, table.dev, RopeStyle::kRotateHalf).ok());
   ASSERT_TRUE(cpu_.ApplyRope(x.host, 0, d, pos.host, table.host, RopeStyle::kRotateHalf).ok());
