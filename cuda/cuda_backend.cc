@@ -237,7 +237,25 @@ absl::Status CudaBackend::Synchronize() {
 // direction); anything else device-side is the strided copy kernel (a zero-stride source
 // broadcasts; a destination mapping several elements to one address gets one of them). Other
 // host-side layouts are refused. Host memory that is not pinned makes a transfer synchronous, as
-// CUDA does.
+// CUDA does; a large contiguous one to the device (weights at load) goes through the backend's
+// pinned buffers (StagedUpload) unless the stream is being captured.
+namespace {
+
+// A contiguous host-to-device copy through StagedUpload when src is pageable and the stream is not
+// being captured (a captured copy must read src at replay time); false: not taken.
+absl::StatusOr<bool> UploadStaged(CudaBackend::State& s, const TensorView& src, const TensorView& dst) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(s.stream, &capture), "Copy: cudaStreamIsCapturing"));
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  cudaPointerAttributes attributes{};
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, src.data()), "Copy: cudaPointerGetAttributes"));
+  if (attributes.type != cudaMemoryTypeUnregistered) return false;
+  EAGLE3_RETURN_IF_ERROR(s.upload.Copy(dst.data(), src.data(), src.nbytes(), s.stream));
+  return true;
+}
+
+}  // namespace
+
 absl::Status CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
   EAGLE3_RETURN_IF_ERROR(CheckCopy(src, dst));
   const Device dev = device();
@@ -269,6 +287,10 @@ absl::Status CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
     l = {2, {l.shape[0], 1}, {l.src[0], 1}, {l.dst[0], 1}};
   }
   cudaError_t error = cudaSuccess;
+  if (l.rank <= 1 && kind == cudaMemcpyHostToDevice && src.nbytes() >= StagedUpload::kMinBytes) {
+    EAGLE3_ASSIGN_OR_RETURN(const bool staged, UploadStaged(s, src, dst));
+    if (staged) return absl::OkStatus();
+  }
   if (l.rank <= 1) {
     error = cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), kind, s.stream);
   } else if (l.rank == 2 && l.src[1] == 1 && l.dst[1] == 1 && l.src[0] >= l.shape[1] &&

@@ -16,6 +16,7 @@
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/pinned_host_allocator.h"
 #include "fp8_w8a8_gemm.h"
+#include "staged_upload.h"
 
 namespace eagle3::cuda {
 
@@ -67,6 +68,9 @@ struct CudaBackend::State {
   int* error_flag = nullptr;
   DeviceAllocator allocator{0};
   PinnedHostAllocator pinned;  // Backend::staging_allocator()
+  // Copy's path for large transfers from pageable host memory (weights at load); its buffers come
+  // from `pinned`, declared before it so that they are freed first.
+  StagedUpload upload{pinned};
   // Scratch buffers owned by the op files, created on first use within the options' bounds
   // (allocation happens once; later calls reuse them).
   void* attention_scratch = nullptr;

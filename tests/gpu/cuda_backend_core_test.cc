@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core_ops.h"
@@ -124,6 +126,37 @@ TEST_F(CudaBackendCoreTest, CopyContiguousRoundTripEveryElementSize) {
     Tensor back = Download(d2);
     EXPECT_EQ(std::memcmp(back.data(), host.data(), back.nbytes()), 0) << DTypeName(dtype);
   }
+}
+
+// Large uploads from pageable memory go through the backend's pinned buffers in chunks
+// (StagedUpload): sizes around the threshold and the chunk, a source changed and freed right after
+// Copy returns (Copy has read it all by then), back-to-back uploads reusing both buffers, and a
+// pinned source (the driver's path) between them.
+TEST_F(CudaBackendCoreTest, CopyLargePageableUploadsThroughStaging) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  uint32_t seed = 40;
+  std::vector<std::pair<Tensor, Tensor>> done;  // (expected host bytes, device copy)
+  for (const int64_t bytes : {4 * kMiB - 1, 4 * kMiB, 8 * kMiB, 8 * kMiB + 1, 19 * kMiB + 12345, 33 * kMiB}) {
+    SCOPED_TRACE(bytes);
+    auto source = std::make_unique<Tensor>(RandomInts(DType::kU8, Shape{bytes}, seed++, 0, 256));
+    Tensor expected = Clone(*source);
+    Tensor dev = *Tensor::Empty(DType::kU8, Shape{bytes}, gpu_->allocator());
+    ASSERT_TRUE(gpu_->Copy(*source, dev).ok());
+    std::memset(source->data(), 0xab, static_cast<size_t>(bytes));
+    source.reset();
+    done.emplace_back(std::move(expected), std::move(dev));
+  }
+  Tensor pinned = *Tensor::Empty(DType::kU8, Shape{9 * kMiB}, gpu_->staging_allocator());
+  std::memcpy(pinned.data(), done.back().first.data(), static_cast<size_t>(pinned.nbytes()));
+  Tensor from_pinned = *Tensor::Empty(DType::kU8, Shape{9 * kMiB}, gpu_->allocator());
+  ASSERT_TRUE(gpu_->Copy(pinned, from_pinned).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  for (const auto& [expected, dev] : done) {
+    Tensor back = Download(dev);
+    EXPECT_EQ(std::memcmp(back.data(), expected.data(), back.nbytes()), 0) << back.nbytes() << " bytes";
+  }
+  Tensor back = Download(from_pinned);
+  EXPECT_EQ(std::memcmp(back.data(), pinned.data(), back.nbytes()), 0);
 }
 
 // Rows of a wider matrix both ways (the lm_head logits columns, a narrowed block), and a strided
