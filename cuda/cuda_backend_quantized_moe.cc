@@ -246,6 +246,7 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
     shape.down_chunked = shape.down_chunked && QuantMoeChunked(entry.down, hidden, shape.format, shape.block_cols);
   }
   shape.grouped = num_experts > 0 && !LegacyKernelsRequested() && OnSharedGemvLayout(state.wanted, shape);
+  shape.fold_grouping = s.options.quant_moe_fold_grouping;
   const QuantMoeExpert* table = nullptr;
   if (num_experts > 0) {
     EAGLE3_ASSIGN_OR_RETURN(table, DeviceTable(s, state));

@@ -251,36 +251,71 @@ __global__ void __launch_bounds__(kThreads) QuantMoeRowsKernel(const RowsParams 
   }
 }
 
-// Step 1a, one block: the round's pairs grouped by expert into `sorted` (expert-major; the order
-// within an expert is whatever the atomics give) and the job list (expert, first, count), experts
-// in ascending order. A pair with a bad id records its token and is left out.
-__global__ void __launch_bounds__(kSortThreads)
-    QuantMoeSortKernel(const int32_t* __restrict__ ids, int64_t ids_stride, int64_t token0, int tokens, int top_k,
-                       int num_experts, int32_t* __restrict__ sorted, int32_t* __restrict__ jobs,
-                       int32_t* __restrict__ num_jobs, int* error_flag, int error_code) {
-  PdlEnter();
-  __shared__ int cursor[kQuantMoeMaxExperts];  // counts, then each expert's next slot
-  __shared__ int2 warp_total[kSortThreads / 32];
-  const int pairs = tokens * top_k;
-  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) cursor[e] = 0;
+// The round's routing as the grouping reads it: pair i = tl * top_k + j (tl < tokens) has the id
+// ids[(token0 + tl) * stride + j]; a pair whose id is outside [0, num_experts) records its token
+// (error_code | token0 + tl) in error_flag.
+struct RoundIds {
+  const int32_t* ids;
+  int64_t stride, token0;
+  int tokens, top_k, num_experts;
+  int* error_flag;
+  int error_code;
+};
+
+__device__ __forceinline__ int64_t PairToken(const RoundIds& r, int i) { return r.token0 + i / r.top_k; }
+__device__ __forceinline__ int32_t PairId(const RoundIds& r, int i) {
+  return r.ids[PairToken(r, i) * r.stride + i % r.top_k];
+}
+__device__ __forceinline__ bool GoodId(const RoundIds& r, int32_t e) { return e >= 0 && e < r.num_experts; }
+
+// Step 1a's shared memory in a block of kBlockThreads threads.
+template <int kBlockThreads>
+struct GroupingShared {
+  int cursor[kQuantMoeMaxExperts];  // counts, then each expert's next place
+  int2 warp_total[kBlockThreads / 32];
+  int num_jobs, placed;  // the round's jobs, and its pairs with good ids
+};
+
+// Step 1a, by every thread of a block of kBlockThreads: the round's pairs grouped by expert into
+// sorted[0, s.placed) (expert-major, experts in ascending order) and the job list
+// jobs[0, 3 s.num_jobs) (expert, first, count: each expert's pairs in runs of up to kJobPairs);
+// sorted and jobs may be shared or global memory, and are complete when it returns. A pair with a
+// bad id is left out and, with `record`, its token recorded.
+// Within an expert, a round of up to kQuantMoeFoldPairs pairs keeps its pairs in index order: the
+// same grouping on every run, in the grouping kernel and in the slots kernel that folds it in. A
+// larger round takes the order its atomics give, which results do not depend on: the jobs depend
+// only on the counts, and a pair's place only decides which row of which of its expert's jobs
+// holds it, while every later step computes a row by itself (the GEMVs sum an activation row in a
+// chain of its own whichever row of its operand holds it, quant_gemv_kernels.cu; SiLU-mul is per
+// row; the combine adds a token's slots in k order, finding each through slot_of).
+template <int kBlockThreads>
+__device__ void GroupPairs(const RoundIds& r, bool record, GroupingShared<kBlockThreads>& s, int32_t* sorted,
+                           int32_t* jobs) {
+  static_assert(kQuantMoeFoldPairs <= kBlockThreads, "the ordered placement takes one pair per thread");
+  const int pairs = r.tokens * r.top_k;
+  // Pairs in index order within an expert (below): then each thread has at most one pair,
+  // threadIdx.x, whose expert it keeps (-1: none, or a bad id).
+  const bool ordered = pairs <= kQuantMoeFoldPairs;
+  int32_t my_expert = -1;
+  for (int e = threadIdx.x; e < r.num_experts; e += kBlockThreads) s.cursor[e] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < pairs; i += kSortThreads) {
-    const int64_t t = token0 + i / top_k;
-    const int32_t e = ids[t * ids_stride + i % top_k];
-    if (e < 0 || e >= num_experts) {
-      RecordDeviceError(error_flag, error_code, t);
-    } else {
-      atomicAdd(&cursor[e], 1);
+  for (int i = threadIdx.x; i < pairs; i += kBlockThreads) {
+    const int32_t e = PairId(r, i);
+    if (GoodId(r, e)) {
+      atomicAdd(&s.cursor[e], 1);
+      my_expert = e;
+    } else if (record) {
+      RecordDeviceError(r.error_flag, r.error_code, PairToken(r, i));
     }
   }
   __syncthreads();
   // Exclusive scan of (pairs, jobs) over the experts: thread i owns experts [i per, (i + 1) per).
-  const int per = (num_experts + kSortThreads - 1) / kSortThreads;
-  const int e0 = threadIdx.x * per, e1 = min(e0 + per, num_experts);
+  const int per = (r.num_experts + kBlockThreads - 1) / kBlockThreads;
+  const int e0 = threadIdx.x * per, e1 = min(e0 + per, r.num_experts);
   int2 mine = make_int2(0, 0);
   for (int e = e0; e < e1; ++e) {
-    mine.x += cursor[e];
-    mine.y += (cursor[e] + kJobPairs - 1) / kJobPairs;
+    mine.x += s.cursor[e];
+    mine.y += (s.cursor[e] + kJobPairs - 1) / kJobPairs;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int2 inclusive = mine;
@@ -292,49 +327,105 @@ __global__ void __launch_bounds__(kSortThreads)
       inclusive.y += y;
     }
   }
-  if (lane == 31) warp_total[warp] = inclusive;
+  if (lane == 31) s.warp_total[warp] = inclusive;
   __syncthreads();
   int2 before = make_int2(inclusive.x - mine.x, inclusive.y - mine.y);
   for (int w = 0; w < warp; ++w) {
-    before.x += warp_total[w].x;
-    before.y += warp_total[w].y;
+    before.x += s.warp_total[w].x;
+    before.y += s.warp_total[w].y;
   }
-  if (threadIdx.x == kSortThreads - 1) *num_jobs = before.y + mine.y;
+  if (threadIdx.x == kBlockThreads - 1) {
+    s.num_jobs = before.y + mine.y;
+    s.placed = before.x + mine.x;
+  }
   __syncthreads();  // every count read
   for (int e = e0; e < e1; ++e) {
-    const int count = cursor[e];
+    const int count = s.cursor[e];
     for (int start = 0; start < count; start += kJobPairs) {
       int32_t* entry = jobs + 3 * before.y++;
       entry[0] = e;
       entry[1] = before.x + start;
       entry[2] = min(kJobPairs, count - start);
     }
-    cursor[e] = before.x;
+    s.cursor[e] = before.x;
     before.x += count;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < pairs; i += kSortThreads) {
-    const int32_t e = ids[(token0 + i / top_k) * ids_stride + i % top_k];
-    if (e >= 0 && e < num_experts) sorted[atomicAdd(&cursor[e], 1)] = i;
+  if (ordered) {
+    // The warps take their pairs' places in turn; within a warp, the pairs of an expert rank by
+    // lane.
+    const int i = static_cast<int>(threadIdx.x);
+    const int32_t e = my_expert;
+    const unsigned same = __match_any_sync(kFullMask, e);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    for (int w = 0; 32 * w < pairs; ++w) {
+      if (warp == w) {
+        const int base = e >= 0 ? s.cursor[e] : 0;
+        __syncwarp();  // every lane has read its expert's place before the expert's first lane moves it
+        if (e >= 0) {
+          sorted[base + rank] = i;
+          if (rank == 0) s.cursor[e] = base + __popc(same);
+        }
+      }
+      __syncthreads();
+    }
+  } else {
+    for (int i = threadIdx.x; i < pairs; i += kBlockThreads) {
+      const int32_t e = PairId(r, i);
+      if (GoodId(r, e)) sorted[atomicAdd(&s.cursor[e], 1)] = i;
+    }
+    __syncthreads();
   }
 }
 
-// Grouped step 2, block (j, q) per job and slot row (blocks of jobs past the device job count
-// exit): block (j, 0) writes job j's item pointers (gate-up items 2j, 2j + 1; down item j) and its
+// Step 1a as a kernel of its own, one block: the grouping into the workspace.
+__global__ void __launch_bounds__(kSortThreads)
+    QuantMoeSortKernel(const RoundIds r, int32_t* __restrict__ sorted, int32_t* __restrict__ jobs,
+                       int32_t* __restrict__ num_jobs) {
+  PdlEnter();
+  __shared__ GroupingShared<kSortThreads> s;
+  GroupPairs(r, /*record=*/true, s, sorted, jobs);
+  if (threadIdx.x == 0) *num_jobs = s.num_jobs;
+}
+
+// Grouped step 2, block (j, q) per job and slot row (blocks of jobs past the job count exit):
+// block (j, 0) writes job j's item pointers (gate-up items 2j, 2j + 1; down item j) and its
 // pairs' slot rows and its pair count as the GEMVs' item rows; block (j, q < count) writes row q of
 // job j's slot of x: bf16(x of pair q's token). The GEMVs take each item's rows (QuantGemvItems::
 // rows), so rows past the count are neither written nor read. One block per row, eight columns per
 // thread and load: the copy is latency-bound at decode sizes, not bandwidth-bound.
+// kFold: step 1a folded in (a round of at most kQuantMoeFoldPairs pairs, launched without the
+// grouping kernel): every block groups the round in its shared memory (GroupPairs: the same
+// grouping in every block) and block (0, 0) writes the grouping to the workspace (jobs and
+// num_jobs for SiLU-mul and the down GEMV, sorted as the grouping kernel leaves it) and records the
+// bad ids. Otherwise the grouping kernel has written it.
+template <bool kFold>
 __global__ void __launch_bounds__(kThreads)
-    QuantMoeSlotsKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden, int top_k,
-                        const QuantMoeExpert* __restrict__ experts, bool int4, const int32_t* __restrict__ sorted,
-                        const int32_t* __restrict__ jobs, const int32_t* __restrict__ num_jobs,
-                        QuantMoeWorkspace ws, int64_t x_ld) {
+    QuantMoeSlotsKernel(const float* __restrict__ x, int64_t x_stride, int64_t hidden, const RoundIds r,
+                        const QuantMoeExpert* __restrict__ experts, bool int4, QuantMoeWorkspace ws, int64_t x_ld) {
   PdlEnter();
   const int j = static_cast<int>(blockIdx.x), q = static_cast<int>(blockIdx.y);
-  const int job_count = *num_jobs;
+  const bool first_block = j == 0 && q == 0;
+  const int32_t* sorted = ws.sorted;
+  const int32_t* jobs = ws.jobs;
+  int job_count;
+  if constexpr (kFold) {
+    __shared__ GroupingShared<kThreads> s;
+    __shared__ int32_t fold_sorted[kQuantMoeFoldPairs], fold_jobs[3 * kQuantMoeFoldPairs];  // a job has a pair
+    GroupPairs(r, /*record=*/first_block, s, fold_sorted, fold_jobs);
+    job_count = s.num_jobs;
+    if (first_block) {
+      for (int i = threadIdx.x; i < s.placed; i += kThreads) ws.sorted[i] = fold_sorted[i];
+      for (int i = threadIdx.x; i < 3 * job_count; i += kThreads) ws.jobs[i] = fold_jobs[i];
+      if (threadIdx.x == 0) *ws.num_jobs = job_count;
+    }
+    sorted = fold_sorted;
+    jobs = fold_jobs;
+  } else {
+    job_count = *ws.num_jobs;
+  }
   // Written even with no jobs: the gate-up GEMV must never see a stale count.
-  if (j == 0 && q == 0 && threadIdx.x == 0) *ws.gate_up_items = 2 * job_count;
+  if (first_block && threadIdx.x == 0) *ws.gate_up_items = 2 * job_count;
   if (j >= job_count) return;  // block-uniform
   const int expert = jobs[3 * j], first = jobs[3 * j + 1], count = jobs[3 * j + 2];
   uint16_t* slot = ws.x + static_cast<int64_t>(j) * kJobPairs * x_ld;
@@ -360,7 +451,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x < count) ws.slot_of[sorted[first + threadIdx.x]] = j * kJobPairs + threadIdx.x;
   }
   if (q >= count) return;  // block-uniform
-  const float* row = x + static_cast<int64_t>(sorted[first + q] / top_k) * x_stride;
+  const float* row = x + static_cast<int64_t>(sorted[first + q] / r.top_k) * x_stride;
   uint16_t* out = slot + static_cast<int64_t>(q) * x_ld;
   // Whole 8-column pieces with 16-byte loads and stores where the row allows (the slot rows are
   // 32-byte aligned: a 256-byte aligned buffer, rows of RoundUp16(hidden) bf16), the rest one by one.
@@ -420,7 +511,7 @@ __global__ void QuantMoeCombineKernel(const int32_t* __restrict__ ids, int64_t i
   const int64_t tl = blockIdx.y, t = token0 + tl;
   const int32_t* id = ids + t * ids_stride;
   for (int j = 0; j < top_k; ++j) {
-    if (id[j] < 0 || id[j] >= num_experts) return;  // recorded by the sort kernel
+    if (id[j] < 0 || id[j] >= num_experts) return;  // recorded by the grouping (step 1a)
   }
   const int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (h >= hidden) return;
@@ -443,19 +534,20 @@ int TeamShift(int64_t k) {
 
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Grouped steps 2 and 3 of one round (sorted and jobs written): slots and item pointers, the
-// gate-up GEMV, SiLU-mul, the down GEMV; y holds every job's slot rows after it.
-cudaError_t GroupedProducts(const float* x, int64_t x_stride, const QuantMoeExpert* experts,
-                            const QuantMoeShape& shape, int64_t max_jobs, const QuantMoeWorkspace& ws,
+// Grouped steps 2 and 3 of one round (fold: step 1a too; otherwise sorted and jobs written): slots
+// and item pointers, the gate-up GEMV, SiLU-mul, the down GEMV; y holds every job's slot rows after
+// it.
+cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& round, const QuantMoeExpert* experts,
+                            const QuantMoeShape& shape, int64_t max_jobs, const QuantMoeWorkspace& ws, bool fold,
                             bool programmatic, cudaStream_t stream) {
   const int64_t hidden = shape.hidden, inter = shape.inter;
   const int64_t x_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   const unsigned job_blocks = static_cast<unsigned>(max_jobs);
+  const auto slots = fold ? QuantMoeSlotsKernel<true> : QuantMoeSlotsKernel<false>;
   if (const cudaError_t error =
-          LaunchKernel(programmatic, QuantMoeSlotsKernel, dim3(job_blocks, static_cast<unsigned>(kJobPairs)),
-                       dim3(kThreads), 0, stream, x, x_stride,
-                       hidden, static_cast<int>(shape.top_k), experts, int4, ws.sorted, ws.jobs, ws.num_jobs, ws, x_ld);
+          LaunchKernel(programmatic, slots, dim3(job_blocks, static_cast<unsigned>(kJobPairs)), dim3(kThreads), 0,
+                       stream, x, x_stride, hidden, round, experts, int4, ws, x_ld);
       error != cudaSuccess) {
     return error;
   }
@@ -609,12 +701,17 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   for (int64_t t0 = 0; t0 < tokens; t0 += round_tokens) {
     const int64_t n = std::min(round_tokens, tokens - t0);
-    if (const cudaError_t error =
-            LaunchKernel(programmatic, QuantMoeSortKernel, dim3(1), dim3(kSortThreads), 0, stream, ids, ids_stride, t0,
-                         static_cast<int>(n), static_cast<int>(top_k), static_cast<int>(shape.num_experts), ws.sorted,
-                         ws.jobs, ws.num_jobs, error_flag, error_code);
-        error != cudaSuccess) {
-      return error;
+    const RoundIds round{ids, ids_stride, t0, static_cast<int>(n), static_cast<int>(top_k),
+                         static_cast<int>(shape.num_experts), error_flag, error_code};
+    // A small grouped round is grouped by the slots kernel itself (kQuantMoeFoldPairs): the
+    // grouping kernel's launch would sit on the critical path of every MoE layer of a decode step.
+    const bool fold = grouped && shape.fold_grouping && n * top_k <= kQuantMoeFoldPairs;
+    if (!fold) {
+      if (const cudaError_t error = LaunchKernel(programmatic, QuantMoeSortKernel, dim3(1), dim3(kSortThreads), 0,
+                                                 stream, round, ws.sorted, ws.jobs, ws.num_jobs);
+          error != cudaSuccess) {
+        return error;
+      }
     }
     if (hidden == 0) continue;
     // Grids (and the grouped GEMV's plan) are sized for this round's bound on jobs, not the
@@ -623,7 +720,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     const int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
     if (grouped) {
       if (const cudaError_t error =
-              GroupedProducts(x + t0 * x_stride, x_stride, experts, shape, round_jobs, ws, programmatic, stream);
+              GroupedProducts(x + t0 * x_stride, x_stride, round, experts, shape, round_jobs, ws, fold, programmatic,
+                              stream);
           error != cudaSuccess) {
         return error;
       }

@@ -10,7 +10,8 @@
 // of tokens, below), however many of the call's tokens chose it. One round of kernels:
 //  1. group the round's (token, slot) pairs by expert on the device (counting sort; a pair with a
 //     bad id is left out and its token recorded in the error flag) into jobs of up to
-//     kQuantMoeJobPairs pairs of one expert;
+//     kQuantMoeJobPairs pairs of one expert (on the grouped path, a round of at most
+//     kQuantMoeFoldPairs pairs is grouped by step 2's kernel rather than a kernel of its own);
 //  then, on the grouped quantized GEMV (QuantMoeShape::grouped: every expert's views on the GEMV's
 //  layout with one shared layout, QuantMoeGemvLayout; quant_gemv_ops.h's grouped launchers):
 //  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot, and the
@@ -35,8 +36,10 @@
 // exact f32 values DequantizeWeight gives (fp8: e4m3 * scale_inv rounded once in fp32; int4: q *
 // bf16 scale, exact) in fp32 FMAs: each lane sums its 16-column chunks in column order, the lanes
 // of a row are added in a fixed butterfly. No float atomics: every run gives the same bits. Which
-// pairs share a job, and a pair's row within its job, may vary between runs; a pair's result does
-// not depend on them (an activation row's products do not depend on the other rows of the tile).
+// pairs share a job, and a pair's row within its job, may vary between runs of a round of more
+// than kQuantMoeFoldPairs pairs (smaller ones keep an expert's pairs in index order); a pair's
+// result does not depend on them (an activation row's products do not depend on the other rows of
+// the tile).
 #pragma once
 
 #include <cstddef>
@@ -124,12 +127,26 @@ struct QuantMoeShape {
   // (QuantMoeOnGemvLayout), gate and up of every expert with the layout gate_up, down with `down`.
   bool grouped = false;
   QuantMoeGemvLayout gate_up, down;
+  // On the grouped path, rounds of at most kQuantMoeFoldPairs pairs are grouped by step 2's kernel
+  // itself, one launch fewer; false: by the grouping kernel, as larger rounds are (the same
+  // grouping and the same bits: the reference the tests hold the fold to).
+  bool fold_grouping = true;
 };
 
 // Largest expert count (the grouping kernel's counters live in shared memory).
 inline constexpr int64_t kQuantMoeMaxExperts = 4096;
 // Pairs of one expert a job holds (the kernels keep a job's sums in registers).
 inline constexpr int64_t kQuantMoeJobPairs = 8;
+// Most pairs (tokens * top_k) of a round whose grouping step 2's kernel folds in
+// (QuantMoeShape::fold_grouping). Every block of that kernel then groups the whole round itself (a
+// few shared-memory passes over the pairs and the experts), and the kernel has kQuantMoeJobPairs
+// blocks per job the round may have (jobs <= pairs): at most 1024 blocks of 256 threads, one wave
+// of a Hopper GPU or little more, so the repeated grouping adds about one block's grouping time to
+// the kernel, less than the grouping kernel's launch it saves. A larger round would repeat it over
+// more waves, and its other kernels take longer, so that one launch matters less. Decode (a
+// token's top-8 and the shared expert: 9 pairs) and verify steps of up to 14 tokens (16 without
+// the shared expert) are folded.
+inline constexpr int64_t kQuantMoeFoldPairs = 128;
 
 // Most jobs max_pairs pairs over num_experts experts make (a job holds at least one pair).
 inline constexpr int64_t QuantMoeMaxJobs(int64_t max_pairs, int64_t num_experts) {

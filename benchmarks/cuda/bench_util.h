@@ -75,6 +75,11 @@ inline cuda::CudaBackend* Backend() {
     // programmatic_launch), to measure what the overlap of consecutive kernels gains.
     const char* pdl = std::getenv("EAGLE3_BENCH_PDL");
     if (pdl != nullptr && pdl[0] != '\0') options.programmatic_launch = pdl[0] != '0';
+    // EAGLE3_BENCH_QUANT_MOE_FOLD=0: QuantizedMoeExperts groups every call's pairs in a kernel of its
+    // own (CudaBackendOptions::quant_moe_fold_grouping), to measure what folding the grouping of
+    // small calls into the next kernel saves.
+    const char* fold = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD");
+    if (fold != nullptr && fold[0] != '\0') options.quant_moe_fold_grouping = fold[0] != '0';
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

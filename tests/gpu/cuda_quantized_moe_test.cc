@@ -9,6 +9,11 @@
 //    256, top-8) and DeepSeek-V3 FP8 (H 7168, 256 experts, I 256, top-8) at 1, 4, 16 and 64 tokens;
 //  - a captured CUDA graph's replay bit for bit equal to an eager call, and two eager calls bit for
 //    bit equal (no float atomics);
+//  - the grouping folded into the slots kernel (calls of up to kQuantMoeFoldPairs pairs, the
+//    default) bit for bit equal to the grouping kernel's (CudaBackendOptions::
+//    quant_moe_fold_grouping off) at the V3 (with the shared expert) and K2 rank shapes: 1, 2, 4, 8
+//    tokens and the largest folded call, experts of several jobs, bad ids, a call of no jobs, and
+//    the first call again after the others;
 //  - a bad id reported by Synchronize naming the token, whose out row is kept; INT4 f32 scales
 //    refused. Skipped where no CUDA device is visible.
 //
@@ -26,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +42,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parity_util.h"
+#include "quant_moe_ops.h"
 #include "quantized_moe_util.h"
 
 namespace eagle3 {
@@ -354,6 +361,146 @@ TEST_F(CudaQuantizedMoeRankTest, CapturedGraphReplaysAsEager) {
   ASSERT_TRUE(gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_views, d_out, false).ok());
   ExpectBitwiseEqual(Download(d_out), replayed, "eager after replay");
 }
+
+// The grouping folded into the slots kernel (calls of at most kQuantMoeFoldPairs pairs, the default)
+// against the grouping kernel (CudaBackendOptions::quant_moe_fold_grouping off, on a backend of its
+// own): the same bits, and both within tolerance of the CPU reference, at the V3 FP8 rank shape
+// (256 routed experts, top-8 and the shared expert as id 256 in every token's last slot, as
+// FeedForwardBlock joins it at decode) and the K2 INT4 one (384 experts, top-8).
+class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
+ protected:
+  static constexpr int64_t kRankHidden = 7168, kRankInter = 256;
+
+  void SetUp() override {
+    CudaQuantizedMoeRankTest::SetUp();
+    if (gpu_ == nullptr) return;  // skipped
+    cuda::CudaBackendOptions options = Options();
+    options.quant_moe_fold_grouping = false;
+    auto backend = cuda::CudaBackend::Create(options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    separate_ = std::move(*backend);
+  }
+
+  // Top-8 routing over `routed` experts, random or skewed (every token a permutation of experts
+  // 0..7: each of them has a pair per token, so past 8 tokens its pairs fill several jobs), then,
+  // with `shared`, expert `routed` in a last slot of weight 1.
+  static void Routing(int64_t tokens, int64_t routed, bool shared, bool skewed, uint32_t seed, Tensor& ids,
+                      Tensor& weights) {
+    Tensor top_ids, top_weights;
+    RandomRouting(tokens, 8, skewed ? 8 : routed, seed, top_ids, top_weights);
+    const int64_t k = shared ? 9 : 8;
+    ids = *Tensor::Empty(DType::kI32, Shape{tokens, k});
+    weights = *Tensor::Empty(DType::kF32, Shape{tokens, k});
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const bool top = j < 8;
+        ids.data_as<int32_t>()[t * k + j] = top ? top_ids.data_as<int32_t>()[t * 8 + j] : static_cast<int32_t>(routed);
+        weights.data_as<float>()[t * k + j] = top ? top_weights.data_as<float>()[t * 8 + j] : 1.0f;
+      }
+    }
+  }
+
+  // One call on `backend` over an out filled with `fill`; out on the host, and what the backend's
+  // Synchronize then returns in `sync`. The inputs are uploaded on gpu_'s stream, which the other
+  // backend does not share: gpu_ is synchronized first.
+  Tensor Call(cuda::CudaBackend& backend, const Tensor& d_x, const Tensor& d_ids, const Tensor& d_weights,
+              const std::vector<QuantizedExpertWeights>& d_views, float fill, absl::Status& sync) {
+    Tensor d_out = Upload(Filled(Shape{d_x.dim(0), d_x.dim(1)}, fill));
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+    EXPECT_TRUE(backend.QuantizedMoeExperts(d_x, d_ids, d_weights, d_views, d_out, false).ok());
+    sync = backend.Synchronize();
+    return Download(d_out);
+  }
+
+  void CheckFold(const QuantizationConfig& quantization, int64_t routed, bool shared) {
+    const int64_t top_k = shared ? 9 : 8, num_experts = routed + (shared ? 1 : 0);
+    const RankExperts r = MakeRankExperts(quantization, num_experts, kRankHidden, kRankInter, 3);
+    const std::vector<QuantizedExpertWeights> d_views = ToDevice(r);
+    // Tokens of the largest call the fold takes.
+    const int64_t folded = cuda::kQuantMoeFoldPairs / top_k;
+    ASSERT_GE(folded, 8);
+
+    // A call of `tokens` tokens (seeded by its size and kind) on both backends: out of the fold.
+    const auto check = [&](int64_t tokens, bool skewed) {
+      SCOPED_TRACE(testing::Message() << tokens << " tokens" << (skewed ? ", skewed" : "")
+                                      << (tokens * top_k <= cuda::kQuantMoeFoldPairs ? ", folded" : ", not folded"));
+      const uint32_t seed = static_cast<uint32_t>(2 * tokens + (skewed ? 1 : 0));
+      const Tensor x = Random(Shape{tokens, kRankHidden}, seed);
+      Tensor ids, weights;
+      Routing(tokens, routed, shared, skewed, seed, ids, weights);
+      const Tensor d_x = Upload(x), d_ids = Upload(ids), d_weights = Upload(weights);
+      absl::Status sync;
+      Tensor got = Call(*gpu_, d_x, d_ids, d_weights, d_views, NAN, sync);
+      EXPECT_TRUE(sync.ok()) << sync;
+      const Tensor separate = Call(*separate_, d_x, d_ids, d_weights, d_views, NAN, sync);
+      EXPECT_TRUE(sync.ok()) << sync;
+      ExpectBitwiseEqual(got, separate, "folded vs the grouping kernel");
+      Tensor want = Filled(Shape{tokens, kRankHidden}, 0.0f);
+      EXPECT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, want, false).ok());
+      EXPECT_LE(parity::RelError(got, want), kExactTol);
+      return got;
+    };
+    // Job counts rising call after call, so that a job count or job list the fold left stale in
+    // the workspace would leave out jobs of the next call; then jobs of 8 pairs and experts of
+    // several jobs (skewed), one token past the fold (the grouping kernel on both backends).
+    const Tensor first = check(1, false);
+    for (const int64_t tokens : {int64_t{2}, int64_t{4}, int64_t{8}, folded}) check(tokens, false);
+    check(folded, true);
+    check(folded + 1, false);
+
+    // Bad ids (token 1's slot 2 past the table, token 3's slot 0 negative): both paths report the
+    // lowest bad token, keep its row and the other bad token's, and compute the good tokens' rows.
+    {
+      const Tensor x = Random(Shape{4, kRankHidden}, 8);
+      Tensor ids, weights;
+      Routing(4, routed, shared, false, 8, ids, weights);
+      Tensor want = Filled(Shape{4, kRankHidden}, 0.0f);
+      ASSERT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, want, false).ok());
+      ids.data_as<int32_t>()[1 * top_k + 2] = static_cast<int32_t>(num_experts);
+      ids.data_as<int32_t>()[3 * top_k] = -1;
+      const Tensor d_x = Upload(x), d_ids = Upload(ids), d_weights = Upload(weights);
+      Tensor outs[2];
+      for (const bool fold : {true, false}) {
+        SCOPED_TRACE(fold ? "folded" : "grouping kernel");
+        absl::Status sync;
+        outs[fold ? 0 : 1] = Call(fold ? *gpu_ : *separate_, d_x, d_ids, d_weights, d_views, 5.0f, sync);
+        const Tensor& got = outs[fold ? 0 : 1];
+        EXPECT_THAT(std::string(sync.message()),
+                    testing::AllOf(HasSubstr("QuantizedMoeExperts"), HasSubstr("token 1")));
+        for (const int64_t t : {1, 3}) {
+          for (int64_t h = 0; h < kRankHidden; ++h) {
+            ASSERT_EQ(got.data_as<float>()[t * kRankHidden + h], 5.0f) << "token " << t << ", column " << h;
+          }
+        }
+        for (const int64_t t : {0, 2}) {
+          EXPECT_LE(parity::RelError(got.view().Narrow(0, t, 1), want.view().Narrow(0, t, 1)), kExactTol)
+              << "token " << t;
+        }
+      }
+      ExpectBitwiseEqual(outs[0], outs[1], "bad ids: folded vs the grouping kernel");
+    }
+    // Every id bad: a round of no jobs.
+    {
+      Tensor ids = *Tensor::Empty(DType::kI32, Shape{1, top_k});
+      for (int64_t j = 0; j < top_k; ++j) ids.data_as<int32_t>()[j] = -1;
+      const Tensor d_x = Upload(Random(Shape{1, kRankHidden}, 9)), d_ids = Upload(ids);
+      const Tensor d_weights = Upload(Filled(Shape{1, top_k}, 1.0f));
+      absl::Status sync;
+      const Tensor got = Call(*gpu_, d_x, d_ids, d_weights, d_views, 5.0f, sync);
+      EXPECT_THAT(std::string(sync.message()), HasSubstr("token 0"));
+      for (int64_t h = 0; h < kRankHidden; ++h) ASSERT_EQ(got.data_as<float>()[h], 5.0f) << "column " << h;
+    }
+    // The first call again: the same bits (nothing left over from the calls between).
+    ExpectBitwiseEqual(check(1, false), first, "the first call again");
+  }
+
+  std::unique_ptr<cuda::CudaBackend> separate_;
+};
+
+TEST_F(CudaQuantizedMoeFoldTest, DeepseekV3Fp8WithSharedExpert) {
+  CheckFold(DeepseekV3Fp8Quantization(), 256, /*shared=*/true);
+}
+TEST_F(CudaQuantizedMoeFoldTest, KimiK25Int4) { CheckFold(KimiK2ThinkingInt4Quantization(), 384, /*shared=*/false); }
 
 TEST_F(CudaQuantizedMoeTest, NewExpertSetWhileCapturingIsRefused) {
   const QuantizedExperts experts = MakeQuantizedExperts(DeepseekV3Fp8Quantization(), 3, AlignedLayouts(), 5);

@@ -67,6 +67,11 @@ struct CudaBackendOptions {
   // kernels). Off: the shared-memory kernel (the TP 8 draft step at one token: 986 vs 321 us,
   // benchmarks/NOTES.md).
   bool paged_attention_registers = true;
+  // QuantizedMoeExperts on the grouped-GEMV path groups the (token, expert) pairs of a small call
+  // (decode, small verify steps: up to kQuantMoeFoldPairs = 128 pairs, cuda/quant_moe_ops.h) inside
+  // the kernel that stages the experts' inputs rather than in a kernel of its own: one launch fewer
+  // per MoE layer. Results are the same bits; off: the grouping kernel for every call.
+  bool quant_moe_fold_grouping = true;
 };
 
 class EAGLE3_API CudaBackend final : public Backend {
