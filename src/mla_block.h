@@ -72,13 +72,18 @@ struct MlaWorkspace {
   MlaRankDims dims;
   int64_t max_tokens = 0;
   int64_t max_context_len = 0;
-  Tensor qa;      // [T, q_lora (1 for a plain q_proj)]: q_a's output
   Tensor q;       // [T, heads * qk]: every head's [q_nope | q_pe]
   Tensor attn_v;  // [T, heads * vdim]: attention output, o_proj's input
-  // Row t: the absorbed query of each head ([q_nope W_UK | q_pe], W wide), then, as head `heads`,
-  // token t's latent cache row, so that one ApplyRope rotates the heads' q_pe and the row's k_pe
-  // together (batched path).
-  Tensor q_lat;                   // [T, (heads + 1) * width]
+  // Row t: [qa | c | k_pe | the absorbed query of each head]: q_a's output (q_lora columns, none for
+  // a plain q_proj), token t's latent cache row (width), then each head's [q_nope W_UK | q_pe]
+  // (width each). [qa | c | k_pe] is one column range, which a product of q_a and kv_a stacked
+  // could write at once; the cache row sits right before the heads, so that one ApplyRope rotates
+  // its k_pe and every head's q_pe together (batched path). The column ranges, every row:
+  Tensor lat;                     // [T, q_lora + (heads + 1) * width]
+  TensorView Qa() const;          // [T, q_lora]
+  TensorView CacheRow() const;    // [T, width]: [c | k_pe]
+  TensorView RopeRows() const;    // [T, (heads + 1) * width]: the cache row and the heads
+  TensorView QLat() const;        // [T, heads * width]: the heads
   Tensor o_lat;                   // [T, heads * latent]: absorbed attention output, before W_UV
   Tensor ctx_lat, ctx_kv, ctx_k;  // [S, width], [S, heads * (nope + vdim)], [S, heads * qk]: k/v rebuilt
   Tensor mask;                    // u8 [T * S]: per-sequence path mask
@@ -156,10 +161,10 @@ class MlaBlock {
 
   // x and ws against the block's dims (InvalidArgument naming what differs).
   absl::Status CheckShapes(const TensorView& x, const MlaWorkspace& ws) const;
-  // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.q_lat's last head (k_pe not yet
+  // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.CacheRow() (k_pe not yet
   // rotated); the rows [0, T).
   absl::Status Project(const TensorView& x, MlaWorkspace& ws) const;
-  // The latent rows alone into ws.q_lat's last head (Project's second half).
+  // The latent rows alone into ws.CacheRow() (Project's second half).
   absl::Status ProjectLatent(const TensorView& x, MlaWorkspace& ws) const;
   // W_UV of every head: rows [h (nope + vdim) + nope, + vdim) of kv_b, as [heads, vdim, latent].
   TensorView WUv() const;
