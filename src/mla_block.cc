@@ -1,6 +1,7 @@
 #include "mla_block.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "view_slices.h"
@@ -77,6 +78,7 @@ absl::StatusOr<MlaWorkspace> MlaWorkspace::Create(const MlaAttentionConfig& conf
 }
 
 TensorView MlaWorkspace::Qa() const { return Block(lat, 0, max_tokens, 0, dims.q_lora); }
+TensorView MlaWorkspace::QaCacheRow() const { return Block(lat, 0, max_tokens, 0, dims.q_lora + dims.width); }
 TensorView MlaWorkspace::CacheRow() const { return Block(lat, 0, max_tokens, dims.q_lora, dims.width); }
 TensorView MlaWorkspace::RopeRows() const {
   return Block(lat, 0, max_tokens, dims.q_lora, (dims.heads + 1) * dims.width);
@@ -86,7 +88,8 @@ TensorView MlaWorkspace::QLat() const {
 }
 
 absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
-                                        DType weight_dtype, WeightLoader& loader) {
+                                        DType weight_dtype, WeightLoader& loader,
+                                        InputProjections input_projections) {
   EAGLE3_RETURN_IF_ERROR(config.ValidateForTp(tp_size, "MlaBlock '" + std::string(prefix) + "'"));
   MlaBlock b;
   b.backend_ = &loader.backend();
@@ -122,6 +125,19 @@ absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp
     EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_proj.weight"));
   }
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, take_linear("kv_a_proj_with_mqa.weight"));
+  // q_a and kv_a both read x: stacked [q_a; kv_a] (an FP8 q_a of whole 128-row blocks, as every
+  // published checkpoint's 1536 rows are), one product streams both weights, and the parts are
+  // freed. Both are replicated, so every rank stacks the same whole tensors.
+  if (config.q_lora_rank.has_value() && input_projections == InputProjections::kStackWherePossible) {
+    LinearWeight parts[] = {std::exchange(b.q_a_, LinearWeight()), std::exchange(b.kv_a_, LinearWeight())};
+    EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*b.backend_, parts));
+    if (stacked.has_value()) {
+      b.q_kv_a_ = std::move(*stacked);
+    } else {
+      b.q_a_ = std::move(parts[0]);
+      b.kv_a_ = std::move(parts[1]);
+    }
+  }
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_ln_, take("kv_a_layernorm.weight", DType::kF32));
   const WeightSpec& kv_b_spec = specs[next];
   EAGLE3_ASSIGN_OR_RETURN(b.kv_b_, take("kv_b_proj.weight", weight_dtype));
@@ -176,23 +192,29 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   const TensorView q_t = Rows(ws.q, 0, t);
-  if (!q_a_ln_.empty()) {
-    const TensorView qa_t = Rows(ws.Qa(), 0, t);
-    EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
-    EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
-    EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, qa_t, q_t));
-  } else {
+  if (q_a_ln_.empty()) {
     EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
+    return ProjectLatent(x, ws);
   }
-  return ProjectLatent(x, ws);
+  EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
+  const TensorView qa_t = Rows(ws.Qa(), 0, t);
+  if (!input_projections_stacked()) EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
+  EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
+  return q_b_.Apply(be, qa_t, q_t);
 }
 
 absl::Status MlaBlock::ProjectLatent(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   // The latent cache row [c | k_pe] = kv_a x, written straight into the row before the heads'
-  // queries.
-  EAGLE3_RETURN_IF_ERROR(kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t)));
+  // queries, by the stacked product where there is one: [qa | c | k_pe] = [q_a; kv_a] x, one pass
+  // over x and both weights. WriteCacheRows runs it too, so that its rows are Forward*'s bit for bit
+  // (a backend may sum a product of other rows in another order).
+  if (input_projections_stacked()) {
+    EAGLE3_RETURN_IF_ERROR(q_kv_a_.Apply(be, x, Rows(ws.QaCacheRow(), 0, t)));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t)));
+  }
   // kv_a_layernorm(c) in place; then (by the caller's path) the rotation of k_pe: what every later
   // query reads.
   const TensorView c_t = Block(ws.CacheRow(), 0, t, 0, dims_.latent);
