@@ -121,8 +121,6 @@ absl::StatusOr<LinearWeight> StackQuantized(Backend& backend, std::span<const Li
   view.scales = scales.view();
   view.row0 = 0;
   view.scale_row0 = 0;
-  // The parts are freed by the caller once this returns: the copies must have read them.
-  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
   return LinearWeight(std::move(codes), std::move(scales), view);
 }
 
@@ -145,6 +143,8 @@ absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend,
   }
   if (!dense && !quantized) return std::optional<LinearWeight>();
   EAGLE3_ASSIGN_OR_RETURN(LinearWeight stacked, dense ? StackDense(backend, parts) : StackQuantized(backend, parts));
+  // The caller may free the parts once this returns: the copies must have read them.
+  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
   return std::optional<LinearWeight>(std::move(stacked));
 }
 

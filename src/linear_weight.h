@@ -73,7 +73,8 @@ class LinearWeight {
 //    slices stack when their rows are whole 128-row blocks (every published checkpoint's MLP slices
 //    at TP <= 8).
 // Otherwise std::nullopt: the caller applies the parts one by one (same results: each output column
-// is one part's row, computed alike). `parts` is not modified.
+// is one part's row, computed alike). `parts` is not modified; the copies are done when this returns,
+// so the caller may free the parts at once.
 absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts);
 
 // How LoadLinearWeight stores a weight.

@@ -1,6 +1,7 @@
 #include "mla_block.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "view_slices.h"
@@ -51,10 +52,9 @@ absl::StatusOr<MlaWorkspace> MlaWorkspace::Create(const MlaAttentionConfig& conf
   const MlaRankDims& d = ws.dims;
   const int64_t t_max = max_tokens, s_max = max_context_len;
   auto alloc = [&](DType dtype, const Shape& shape) { return Tensor::Empty(dtype, shape, backend.allocator()); };
-  EAGLE3_ASSIGN_OR_RETURN(ws.qa, alloc(DType::kF32, Shape{t_max, std::max<int64_t>(d.q_lora, 1)}));
   EAGLE3_ASSIGN_OR_RETURN(ws.q, alloc(DType::kF32, Shape{t_max, d.heads * d.qk}));
   EAGLE3_ASSIGN_OR_RETURN(ws.attn_v, alloc(DType::kF32, Shape{t_max, d.heads * d.vdim}));
-  EAGLE3_ASSIGN_OR_RETURN(ws.q_lat, alloc(DType::kF32, Shape{t_max, (d.heads + 1) * d.width}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.lat, alloc(DType::kF32, Shape{t_max, d.q_lora + (d.heads + 1) * d.width}));
   EAGLE3_ASSIGN_OR_RETURN(ws.o_lat, alloc(DType::kF32, Shape{t_max, d.heads * d.latent}));
   EAGLE3_ASSIGN_OR_RETURN(ws.ctx_lat, alloc(DType::kF32, Shape{s_max, d.width}));
   EAGLE3_ASSIGN_OR_RETURN(ws.ctx_kv, alloc(DType::kF32, Shape{s_max, d.heads * (d.nope + d.vdim)}));
@@ -77,8 +77,19 @@ absl::StatusOr<MlaWorkspace> MlaWorkspace::Create(const MlaAttentionConfig& conf
   return ws;
 }
 
+TensorView MlaWorkspace::Qa() const { return Block(lat, 0, max_tokens, 0, dims.q_lora); }
+TensorView MlaWorkspace::QaCacheRow() const { return Block(lat, 0, max_tokens, 0, dims.q_lora + dims.width); }
+TensorView MlaWorkspace::CacheRow() const { return Block(lat, 0, max_tokens, dims.q_lora, dims.width); }
+TensorView MlaWorkspace::RopeRows() const {
+  return Block(lat, 0, max_tokens, dims.q_lora, (dims.heads + 1) * dims.width);
+}
+TensorView MlaWorkspace::QLat() const {
+  return Block(lat, 0, max_tokens, dims.q_lora + dims.width, dims.heads * dims.width);
+}
+
 absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
-                                        DType weight_dtype, WeightLoader& loader) {
+                                        DType weight_dtype, WeightLoader& loader,
+                                        InputProjections input_projections) {
   EAGLE3_RETURN_IF_ERROR(config.ValidateForTp(tp_size, "MlaBlock '" + std::string(prefix) + "'"));
   MlaBlock b;
   b.backend_ = &loader.backend();
@@ -114,6 +125,19 @@ absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp
     EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_proj.weight"));
   }
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, take_linear("kv_a_proj_with_mqa.weight"));
+  // q_a and kv_a both read x: stacked [q_a; kv_a] (an FP8 q_a of whole 128-row blocks, as every
+  // published checkpoint's 1536 rows are), one product streams both weights, and the parts are
+  // freed. Both are replicated, so every rank stacks the same whole tensors.
+  if (config.q_lora_rank.has_value() && input_projections == InputProjections::kStackWherePossible) {
+    LinearWeight parts[] = {std::exchange(b.q_a_, LinearWeight()), std::exchange(b.kv_a_, LinearWeight())};
+    EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*b.backend_, parts));
+    if (stacked.has_value()) {
+      b.q_kv_a_ = std::move(*stacked);
+    } else {
+      b.q_a_ = std::move(parts[0]);
+      b.kv_a_ = std::move(parts[1]);
+    }
+  }
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_ln_, take("kv_a_layernorm.weight", DType::kF32));
   const WeightSpec& kv_b_spec = specs[next];
   EAGLE3_ASSIGN_OR_RETURN(b.kv_b_, take("kv_b_proj.weight", weight_dtype));
@@ -168,27 +192,32 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   const TensorView q_t = Rows(ws.q, 0, t);
-  if (!q_a_ln_.empty()) {
-    const TensorView qa_t = Rows(ws.qa, 0, t);
-    EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
-    EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
-    EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, qa_t, q_t));
-  } else {
+  if (q_a_ln_.empty()) {
     EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
+    return ProjectLatent(x, ws);
   }
-  return ProjectLatent(x, ws);
+  EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
+  const TensorView qa_t = Rows(ws.Qa(), 0, t);
+  if (!input_projections_stacked()) EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
+  EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
+  return q_b_.Apply(be, qa_t, q_t);
 }
 
 absl::Status MlaBlock::ProjectLatent(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
-  const MlaRankDims& d = dims_;
   const int64_t t = x.dim(0);
-  // The latent cache row [c | k_pe] = kv_a x, written straight into q_lat's last head; then
-  // kv_a_layernorm(c) in place and (by the caller's path) the rotation of k_pe: what every later
+  // The latent cache row [c | k_pe] = kv_a x, written straight into the row before the heads'
+  // queries, by the stacked product where there is one: [qa | c | k_pe] = [q_a; kv_a] x, one pass
+  // over x and both weights. WriteCacheRows runs it too, so that its rows are Forward*'s bit for bit
+  // (a backend may sum a product of other rows in another order).
+  if (input_projections_stacked()) {
+    EAGLE3_RETURN_IF_ERROR(q_kv_a_.Apply(be, x, Rows(ws.QaCacheRow(), 0, t)));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t)));
+  }
+  // kv_a_layernorm(c) in place; then (by the caller's path) the rotation of k_pe: what every later
   // query reads.
-  const TensorView rows_t = Block(Rows(ws.q_lat, 0, t), 0, t, d.heads * d.width, d.width);
-  EAGLE3_RETURN_IF_ERROR(kv_a_.Apply(be, x, rows_t));
-  const TensorView c_t = Block(rows_t, 0, t, 0, d.latent);
+  const TensorView c_t = Block(ws.CacheRow(), 0, t, 0, dims_.latent);
   return be.RmsNorm(c_t, kv_a_ln_, eps_, c_t);
 }
 
@@ -198,8 +227,7 @@ absl::Status MlaBlock::WriteCacheRows(const TensorView& x, const MlaBatchedStep&
   EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
   Backend& be = *backend_;
   const MlaRankDims& d = dims_;
-  const int64_t t = x.dim(0);
-  const TensorView rows_t = Block(Rows(ws.q_lat, 0, t), 0, t, d.heads * d.width, d.width);
+  const TensorView rows_t = Rows(ws.CacheRow(), 0, x.dim(0));
   // RoPE rotates each row's k_pe alone, so rotating it apart from the heads' q_pe gives the bits
   // ForwardBatched's joint rotation gives.
   EAGLE3_RETURN_IF_ERROR(
@@ -218,8 +246,8 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   const int64_t t = x.dim(0);
   const int64_t heads = d.heads, width = d.width, latent = d.latent, rope = d.rope, nope = d.nope;
   const TensorView q_t = Rows(ws.q, 0, t);
-  const TensorView q_lat_t = Rows(ws.q_lat, 0, t);
-  const TensorView rows_t = Block(q_lat_t, 0, t, heads * width, width);
+  const TensorView q_lat_t = Rows(ws.QLat(), 0, t);
+  const TensorView rows_t = Rows(ws.CacheRow(), 0, t);
   const TensorView q3 = Heads(q_t, heads, d.qk);
   // Every sequence at once, lengths and page tables from the device (graph-capturable).
   const TensorView q_lat3 = Heads(q_lat_t, heads, width);
@@ -227,10 +255,10 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(q_t, heads, d.qk, 0, nope), w_uk_t_,
                                         HeadMajor(q_lat_t, heads, width, 0, latent), kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(be.Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
-  // q_pe of every head and the cache row's k_pe: heads + 1 rows of q_lat, rotated alike (one launch
-  // and one position check instead of two of each on a device).
-  EAGLE3_RETURN_IF_ERROR(be.ApplyRope(Heads(q_lat_t, heads + 1, width), latent, rope, step.positions, ws.cos_sin,
-                                      RopeStyle::kAdjacentPairs));
+  // The cache row's k_pe and q_pe of every head: heads + 1 rows, rotated alike (one launch and one
+  // position check instead of two of each on a device).
+  EAGLE3_RETURN_IF_ERROR(be.ApplyRope(Heads(Rows(ws.RopeRows(), 0, t), heads + 1, width), latent, rope, step.positions,
+                                      ws.cos_sin, RopeStyle::kAdjacentPairs));
   // The rows go through a flat [num_pages * page_size, 1, W] view of the cache whose page table is
   // the identity, so one PagedWrite stores every sequence's rows at their slots.
   const TensorView flat_cache(cache.data(), cache.dtype(), Shape{cache.dim(0) * cache.dim(1), 1, width},
@@ -259,7 +287,7 @@ absl::Status MlaBlock::ForwardPerSequence(const TensorView& x, const MlaSequence
   const int64_t heads = d.heads, width = d.width, latent = d.latent, rope = d.rope, nope = d.nope;
   const int64_t qk = d.qk, vdim = d.vdim;
   const TensorView q_t = Rows(ws.q, 0, t);
-  const TensorView rows_t = Block(Rows(ws.q_lat, 0, t), 0, t, heads * width, width);
+  const TensorView rows_t = Rows(ws.CacheRow(), 0, t);
   const TensorView q3 = Heads(q_t, heads, qk);
   // q3 (every head's q_pe) and the cache rows' k_pe rotated apart, since the unabsorbed path
   // attends with q3 itself.
@@ -290,10 +318,13 @@ absl::Status MlaBlock::ForwardPerSequence(const TensorView& x, const MlaSequence
     const TensorView q_s = q3.Narrow(0, offset, n);
     const TensorView out_s = Heads(Rows(ws.attn_v, offset, n), heads, vdim);
     if (MlaAbsorbed(step.path, n)) {
-      const TensorView q_lat_s = Heads(Rows(ws.q_lat, 0, n), heads, width);
+      // Every sequence's absorbed queries go to rows [0, n); the cache rows beside them, of every
+      // sequence, stay.
+      const TensorView q_lat_n = Rows(ws.QLat(), 0, n);
+      const TensorView q_lat_s = Heads(q_lat_n, heads, width);
       const TensorView o_lat_s = Heads(Rows(ws.o_lat, 0, n), heads, latent);
       EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(Rows(q_t, offset, n), heads, qk, 0, nope), w_uk_t_,
-                                            HeadMajor(Rows(ws.q_lat, 0, n), heads, width, 0, latent), kWeightsGemm));
+                                            HeadMajor(q_lat_n, heads, width, 0, latent), kWeightsGemm));
       EAGLE3_RETURN_IF_ERROR(be.Copy(q_s.Narrow(2, nope, rope), q_lat_s.Narrow(2, latent, rope)));
       EAGLE3_RETURN_IF_ERROR(be.LatentAttention(q_lat_s, cache, pt, s, mask_t, scale_, latent, o_lat_s));
       EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(Rows(ws.o_lat, 0, n), heads, latent, 0, latent), WUv(),

@@ -2,9 +2,9 @@
 // attention every DeepSeek layer eagle3 runs is made of: the target's decoder layers, DeepSeek-V3's
 // MTP layer and an MLA EAGLE-3 draft layer (docs/mla_drafts.md, "Proposed C++ design"). From the
 // normalized input rows x it computes q (q_a -> q_a_layernorm -> q_b, or q_proj), the latent cache
-// row [kv_a_layernorm(c) | RoPE(k_pe)] of every new token, writes those rows into the caller's paged
-// latent cache, attends, and leaves o_proj's output, this rank's heads only, for the caller to
-// reduce over the ranks.
+// row [kv_a_layernorm(c) | RoPE(k_pe)] of every new token (q_a and kv_a as one product where their
+// weights stack), writes those rows into the caller's paged latent cache, attends, and leaves
+// o_proj's output, this rank's heads only, for the caller to reduce over the ranks.
 //
 // Two attention paths (docs/semantics.md):
 //  - batched: every sequence at once, absorbed (W_UK folded into q, attention over the latent rows,
@@ -72,13 +72,19 @@ struct MlaWorkspace {
   MlaRankDims dims;
   int64_t max_tokens = 0;
   int64_t max_context_len = 0;
-  Tensor qa;      // [T, q_lora (1 for a plain q_proj)]: q_a's output
   Tensor q;       // [T, heads * qk]: every head's [q_nope | q_pe]
   Tensor attn_v;  // [T, heads * vdim]: attention output, o_proj's input
-  // Row t: the absorbed query of each head ([q_nope W_UK | q_pe], W wide), then, as head `heads`,
-  // token t's latent cache row, so that one ApplyRope rotates the heads' q_pe and the row's k_pe
-  // together (batched path).
-  Tensor q_lat;                   // [T, (heads + 1) * width]
+  // Row t: [qa | c | k_pe | the absorbed query of each head]: q_a's output (q_lora columns, none for
+  // a plain q_proj), token t's latent cache row (width), then each head's [q_nope W_UK | q_pe]
+  // (width each). q_a and kv_a both read x, so a block whose two weights stack writes [qa | c | k_pe]
+  // with one product; the cache row sits right before the heads, so that one ApplyRope rotates its
+  // k_pe and every head's q_pe together (batched path). The column ranges, every row:
+  Tensor lat;                     // [T, q_lora + (heads + 1) * width]
+  TensorView Qa() const;          // [T, q_lora]
+  TensorView QaCacheRow() const;  // [T, q_lora + width]: [qa | c | k_pe], a stacked product's output
+  TensorView CacheRow() const;    // [T, width]: [c | k_pe]
+  TensorView RopeRows() const;    // [T, (heads + 1) * width]: the cache row and the heads
+  TensorView QLat() const;        // [T, heads * width]: the heads
   Tensor o_lat;                   // [T, heads * latent]: absorbed attention output, before W_UV
   Tensor ctx_lat, ctx_kv, ctx_k;  // [S, width], [S, heads * (nope + vdim)], [S, heads * qk]: k/v rebuilt
   Tensor mask;                    // u8 [T * S]: per-sequence path mask
@@ -121,18 +127,28 @@ struct MlaSequenceStep {
 
 class MlaBlock {
  public:
+  // Whether Load stacks q_a_proj and kv_a_proj_with_mqa into one weight [q_a; kv_a].
+  enum class InputProjections {
+    kStackWherePossible,  // where StackLinearWeights can: one product writes [qa | c | k_pe]
+    kApart,               // two weights, two products (the reference the stacked block must match)
+  };
+
   // Loads rank `rank` of `tp_size`'s shard of the block's tensors (MlaAttentionWeights(config,
   // prefix), "model.layers.12.self_attn.", "layers.0.self_attn.") through `loader`: q_a / q_b (or
   // q_proj), kv_a and o_proj as LinearWeights (kept quantized as the loader says, else in
   // `weight_dtype`), kv_b dense in `weight_dtype`, norms in f32, and W_UK per head transposed to
-  // [R, nope] from kv_b's f32 values.
+  // [R, nope] from kv_b's f32 values. q_a and kv_a (both replicated: every rank's are the whole
+  // tensors) are stacked as `input_projections` says, the parts then freed.
   // A checkpoint tensor of another shape (an H-wide q_a_proj for a 2H-wide block) is InvalidArgument
   // naming it when `loader` checks each read (WeightLoader::Checks::kEachRead).
   static absl::StatusOr<MlaBlock> Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
-                                       DType weight_dtype, WeightLoader& loader);
+                                       DType weight_dtype, WeightLoader& loader,
+                                       InputProjections input_projections = InputProjections::kStackWherePossible);
 
   const MlaAttentionConfig& config() const { return config_; }
   const MlaRankDims& dims() const { return dims_; }
+  // Whether q_a and kv_a are one stacked weight (Project runs one product for both).
+  bool input_projections_stacked() const { return q_kv_a_.rows() > 0; }
 
   // The batched path. Writes every new row's latent cache row into `cache` at step.slots and
   // attends every sequence over its pages.
@@ -145,9 +161,10 @@ class MlaBlock {
   absl::Status ForwardPerSequence(const TensorView& x, const MlaSequenceStep& step, const TensorView& cache,
                                   MlaWorkspace& ws, const TensorView& out) const;
   // Only the new rows' latent cache rows, written at step.slots as ForwardBatched writes them (bit
-  // for bit: kv_a, kv_a_layernorm, RoPE of k_pe at step.positions), without q or attention: a
-  // draft step that only keeps its cache in step with the target. Reads step.positions, slots and
-  // slot_iota; x and cache as ForwardBatched.
+  // for bit: kv_a, kv_a_layernorm, RoPE of k_pe at step.positions), without q_b or attention: a
+  // draft step that only keeps its cache in step with the target. With q_a and kv_a stacked, the
+  // same stacked product (q_a's part included) as ForwardBatched's, so that the bits agree. Reads
+  // step.positions, slots and slot_iota; x and cache as ForwardBatched.
   absl::Status WriteCacheRows(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
                               MlaWorkspace& ws) const;
 
@@ -156,10 +173,11 @@ class MlaBlock {
 
   // x and ws against the block's dims (InvalidArgument naming what differs).
   absl::Status CheckShapes(const TensorView& x, const MlaWorkspace& ws) const;
-  // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.q_lat's last head (k_pe not yet
+  // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.CacheRow() (k_pe not yet
   // rotated); the rows [0, T).
   absl::Status Project(const TensorView& x, MlaWorkspace& ws) const;
-  // The latent rows alone into ws.q_lat's last head (Project's second half).
+  // The latent rows into ws.CacheRow() (Project's first half); with stacked weights also q_a's
+  // output into ws.Qa(), not yet normed.
   absl::Status ProjectLatent(const TensorView& x, MlaWorkspace& ws) const;
   // W_UV of every head: rows [h (nope + vdim) + nope, + vdim) of kv_b, as [heads, vdim, latent].
   TensorView WUv() const;
@@ -171,10 +189,11 @@ class MlaBlock {
   float scale_ = 0.0f;  // SoftmaxScale()
   // The projections may stay quantized (LinearWeight); kv_b is always dense, as W_UK and W_UV are
   // per-head slices of it that BatchedGemm takes.
-  LinearWeight q_a_;     // empty for a plain q_proj
+  LinearWeight q_kv_a_;  // [q_a; kv_a] when they stack (q_a_ and kv_a_ then empty)
+  LinearWeight q_a_;     // empty for a plain q_proj, or stacked
   Tensor q_a_ln_;        // empty for a plain q_proj
   LinearWeight q_b_;     // q_b_proj, or q_proj when q_lora_rank is unset
-  LinearWeight kv_a_;
+  LinearWeight kv_a_;    // empty when stacked
   Tensor kv_a_ln_, kv_b_;
   Tensor w_uk_t_;  // [heads, latent, nope]
   LinearWeight o_proj_;

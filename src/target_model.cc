@@ -678,7 +678,8 @@ absl::Status TargetModel::Impl::CheckBuffersFit() const {
                {options.tp_size + 1, t, vocab_shard}, 4);
     budget.Add(tokens + " x 7 x hidden_size " + Str(h_dim) + " (residual streams)", {t + options.tp_size, 7, h_dim},
                4);
-    budget.Add(tokens + " x attention widths (queries)", {t, (heads + 1) * width + heads * (qk + vdim + latent)}, 4);
+    budget.Add(tokens + " x attention widths (queries)",
+               {t, mla.q_lora + (heads + 1) * width + heads * (qk + vdim + latent)}, 4);
     budget.Add(tokens + " x 3 x intermediate " + Str(inter_max) + " (MLP)", {t, 3, inter_max}, 4);
     budget.Add("num_kv_pages " + Str(pages) + " x page_size " + Str(page_size) + " (slot ids)", {pages, page_size},
                8);

@@ -1,15 +1,17 @@
 // The layer blocks on their own (CPU reference backend), in the shape only the MLA EAGLE-3 draft
 // gives them: an MlaBlock whose q_a / kv_a take a 2H input loads its checkpoint, refuses an H-wide
 // one by name, runs its batched and per-sequence paths to the same result, and its TP ranks' o_proj
-// partial sums add up to the TP1 output with the latent rows replicated bit for bit. Also: the
-// blocks' tensor lists equal the target layer's (DeepseekDecoderLayerWeights), and bad shapes,
-// workspaces and schema names are refused.
+// partial sums add up to the TP1 output with the latent rows replicated bit for bit. q_a and kv_a
+// stacked into one weight give what the two weights give, f32 and FP8, and a pair that cannot stack
+// stays two weights. Also: the blocks' tensor lists equal the target layer's
+// (DeepseekDecoderLayerWeights), and bad shapes, workspaces and schema names are refused.
 #include "mla_block.h"
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batch_staging.h"
@@ -20,6 +22,7 @@
 #include "eagle3/deepseek_v2_weights.h"
 #include "eagle3/mla_attention_weights.h"
 #include "eagle3/safetensors_writer.h"
+#include "eagle3/testing/random_quantized_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
@@ -32,13 +35,14 @@ using ::testing::HasSubstr;
 constexpr int64_t kHidden = 32;
 constexpr char kPrefix[] = "layers.0.self_attn.";
 
-// An MLA block of 4 heads reading `input_width` columns and writing kHidden.
-MlaAttentionConfig Attention(int64_t input_width, bool q_lora = true) {
+// An MLA block of 4 heads reading `input_width` columns and writing kHidden; a plain q_proj when
+// q_lora is 0.
+MlaAttentionConfig Attention(int64_t input_width, int64_t q_lora = 16) {
   MlaAttentionConfig a;
   a.input_width = input_width;
   a.output_width = kHidden;
   a.num_heads = 4;
-  if (q_lora) a.q_lora_rank = 16;
+  if (q_lora > 0) a.q_lora_rank = q_lora;
   a.kv_lora_rank = 16;
   a.qk_nope_head_dim = 8;
   a.qk_rope_head_dim = 4;
@@ -59,13 +63,25 @@ std::vector<float> Values(int64_t n, uint64_t seed, float center, float scale) {
   return v;
 }
 
-// Every tensor of `specs` as f32 in dir/model.safetensors: norms around 1, matrices ~ 1/sqrt(in).
-void WriteCheckpoint(const std::string& dir, const std::vector<WeightSpec>& specs) {
+// Every tensor of `specs` in dir/model.safetensors: norms f32 around 1, matrices ~ 1/sqrt(in), f32
+// or, where `forms` says kFp8Block, FP8 codes with their block scales under `quantization`.
+void WriteCheckpoint(const std::string& dir, const std::vector<WeightSpec>& specs,
+                     const std::vector<StoredForm>& forms = {}, const QuantizationConfig& quantization = {}) {
   std::vector<std::vector<float>> data;
   data.reserve(specs.size());
+  std::vector<Tensor> stored;
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     const Shape& shape = specs[i].shape;
+    if (!forms.empty() && forms[i] == StoredForm::kFp8Block) {
+      auto weight = RandomQuantizedWeightOf(specs[i], StoredForm::kFp8Block, quantization, i + 1);
+      ASSERT_TRUE(weight.ok()) << weight.status();
+      for (auto& [name, tensor] : weight->stored) {
+        tensors.push_back(NamedTensor{name, tensor.view()});
+        stored.push_back(std::move(tensor));
+      }
+      continue;
+    }
     const bool norm = shape.rank() == 1;
     const float scale = norm ? 0.1f : 1.0f / std::sqrt(static_cast<float>(shape[1]));
     data.push_back(Values(shape.numel(), i + 1, norm ? 1.0f : 0.0f, scale));
@@ -80,6 +96,16 @@ WeightLoader PlainLoader(const Checkpoint& checkpoint, const std::vector<WeightS
                       tp, rank, backend);
 }
 
+// Every matrix of `specs` (q_a, q_b or q_proj, kv_a, kv_b, o_proj) FP8 block-quantized; the norms
+// plain.
+std::vector<StoredForm> Fp8Forms(const std::vector<WeightSpec>& specs) {
+  std::vector<StoredForm> forms;
+  for (const WeightSpec& spec : specs) {
+    forms.push_back(spec.shape.rank() == 2 ? StoredForm::kFp8Block : StoredForm::kPlain);
+  }
+  return forms;
+}
+
 // Max |a - b| relative to the largest |b| (at least 1).
 double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -92,7 +118,7 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(MlaBlockTest, TwoHWideBlockRefusesHWideWeightsByName) {
-  for (bool q_lora : {true, false}) {
+  for (int64_t q_lora : {16, 0}) {
     ScopedTempDir dir;
     WriteCheckpoint(dir.path(), MlaAttentionWeights(Attention(kHidden, q_lora), kPrefix));
     auto checkpoint = Checkpoint::Open(dir.path());
@@ -104,7 +130,7 @@ TEST(MlaBlockTest, TwoHWideBlockRefusesHWideWeightsByName) {
     ASSERT_FALSE(block.ok());
     EXPECT_EQ(block.status().code(), absl::StatusCode::kInvalidArgument);
     const std::string message(block.status().message());
-    if (q_lora) {
+    if (q_lora > 0) {
       EXPECT_THAT(message, HasSubstr("layers.0.self_attn.q_a_proj.weight"));
       EXPECT_THAT(message, HasSubstr("has shape [16, 32], expected [16, 64]"));
     } else {
@@ -125,21 +151,34 @@ class MlaBlockRunTest : public ::testing::Test {
   struct Output {
     std::vector<float> out;    // both steps' [T, kHidden] outputs, concatenated
     std::vector<float> cache;  // the latent cache after them
+    bool stacked = false;      // MlaBlock::input_projections_stacked()
   };
 
-  void SetUp() override {
-    WriteCheckpoint(dir_.path(), MlaAttentionWeights(config_, kPrefix));
-    auto checkpoint = Checkpoint::Open(dir_.path());
+  void SetUp() override { Write(Attention(2 * kHidden), /*fp8=*/false); }
+
+  // A checkpoint of `config` for Run: f32, or every matrix FP8 in DeepSeek-V3's 128 x 128 blocks
+  // (loaded kept quantized, as CudaBackend keeps it).
+  void Write(const MlaAttentionConfig& config, bool fp8) {
+    config_ = config;
+    const std::vector<WeightSpec> specs = MlaAttentionWeights(config_, kPrefix);
+    forms_ = fp8 ? Fp8Forms(specs) : std::vector<StoredForm>(specs.size(), StoredForm::kPlain);
+    quantization_ = fp8 ? DeepseekV3Fp8Quantization() : QuantizationConfig{};
+    dir_ = std::make_unique<ScopedTempDir>();
+    WriteCheckpoint(dir_->path(), specs, forms_, quantization_);
+    auto checkpoint = Checkpoint::Open(dir_->path());
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     checkpoint_ = std::move(*checkpoint);
   }
 
-  Output Run(Path path, int tp, int rank) {
+  Output Run(Path path, int tp, int rank,
+             MlaBlock::InputProjections projections = MlaBlock::InputProjections::kStackWherePossible) {
     Output result;
     cpu::CpuBackend backend;
-    WeightLoader loader = PlainLoader(*checkpoint_, MlaAttentionWeights(config_, kPrefix), tp, rank, backend);
-    auto block = MlaBlock::Load(config_, tp, kPrefix, DType::kF32, loader);
+    WeightLoader loader(*checkpoint_, quantization_, MlaAttentionWeights(config_, kPrefix), forms_, tp, rank, backend);
+    loader.set_keep_quantized(true);
+    auto block = MlaBlock::Load(config_, tp, kPrefix, DType::kF32, loader, projections);
     EXPECT_TRUE(block.ok()) << block.status();
+    if (block.ok()) result.stacked = block->input_projections_stacked();
     auto ws = MlaWorkspace::Create(config_, tp, kMaxTokens, kMaxContext, backend, "test");
     EXPECT_TRUE(ws.ok()) << ws.status();
     auto cache = Tensor::Zeros(DType::kF32, Shape{kPages, kPageSize, config_.latent_cache_width()});
@@ -209,8 +248,30 @@ class MlaBlockRunTest : public ::testing::Test {
     return result;
   }
 
-  const MlaAttentionConfig config_ = Attention(2 * kHidden);
-  ScopedTempDir dir_;
+  // Every path's outputs and cache with q_a and kv_a stacked where they can be equal those with two
+  // weights bit for bit, at TP 1 and on both ranks of TP 2 (q_a and kv_a are replicated: every rank
+  // stacks the whole pair); `stacks`: whether the block stacks them.
+  void ExpectStackedEqualsApart(bool stacks) {
+    for (const Path path : {Path::kBatched, Path::kAbsorbed, Path::kNonAbsorbed}) {
+      for (const auto [tp, rank] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{2, 1}}) {
+        const std::string what = "path " + std::to_string(static_cast<int>(path)) + ", tp " + std::to_string(tp) +
+                                 " rank " + std::to_string(rank);
+        const Output stacked = Run(path, tp, rank);
+        const Output apart = Run(path, tp, rank, MlaBlock::InputProjections::kApart);
+        EXPECT_EQ(stacked.stacked, stacks) << what;
+        EXPECT_FALSE(apart.stacked) << what;
+        ASSERT_EQ(stacked.out.size(), static_cast<size_t>(11 * kHidden)) << what;
+        EXPECT_GT(*std::max_element(stacked.out.begin(), stacked.out.end()), 0.0f) << what;
+        EXPECT_EQ(stacked.out, apart.out) << what;
+        EXPECT_EQ(stacked.cache, apart.cache) << what;
+      }
+    }
+  }
+
+  MlaAttentionConfig config_;
+  std::vector<StoredForm> forms_;
+  QuantizationConfig quantization_;
+  std::unique_ptr<ScopedTempDir> dir_;
   std::unique_ptr<Checkpoint> checkpoint_;
 };
 
@@ -236,6 +297,28 @@ TEST_F(MlaBlockRunTest, PathsAgreeAndRanksSumToTp1) {
   EXPECT_GT(RelDiff(rank0.out, batched.out), 1e-3);  // a rank alone is not the whole sum
   EXPECT_EQ(rank0.cache, batched.cache);
   EXPECT_EQ(rank1.cache, batched.cache);
+}
+
+TEST_F(MlaBlockRunTest, StackedInputProjectionsGiveTheTwoWeightsOutputs) {
+  ExpectStackedEqualsApart(/*stacks=*/true);
+}
+
+// FP8 kept quantized: a q_a of one whole 128-row block stacks over kv_a's partial block (the scale
+// rows of both, in order); a q_a of 16 rows ends inside its block, so the pair stays two weights.
+TEST_F(MlaBlockRunTest, Fp8InputProjectionsStackOnlyOverWholeBlocks) {
+  Write(Attention(2 * kHidden, /*q_lora=*/128), /*fp8=*/true);
+  ExpectStackedEqualsApart(/*stacks=*/true);
+  Write(Attention(2 * kHidden, /*q_lora=*/16), /*fp8=*/true);
+  ExpectStackedEqualsApart(/*stacks=*/false);
+}
+
+// A plain q_proj (DeepSeek-V2-Lite): kv_a alone, nothing to stack; the paths still agree.
+TEST_F(MlaBlockRunTest, WithoutQLoraKvARunsAlone) {
+  Write(Attention(2 * kHidden, /*q_lora=*/0), /*fp8=*/false);
+  ExpectStackedEqualsApart(/*stacks=*/false);
+  const Output batched = Run(Path::kBatched, 1, 0);
+  EXPECT_LT(RelDiff(Run(Path::kAbsorbed, 1, 0).out, batched.out), 1e-5);
+  EXPECT_LT(RelDiff(Run(Path::kNonAbsorbed, 1, 0).out, batched.out), 1e-4);
 }
 
 TEST_F(MlaBlockRunTest, RefusesBadShapesAndWorkspaces) {
