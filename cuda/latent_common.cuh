@@ -1,8 +1,9 @@
 // What the two paged latent attention kernel families share (cuda/attention_ops.h, "Paged latent
 // attention, fast path"): the f32 kernel and the launchers in latent_decode_kernels.cu, the bf16
 // tensor-core kernel in latent_mma_kernels.cu. Their arguments, how a block finds its sequence and
-// keys, the staging of its queries and mask bytes, and the tensor-core kernel's entry points for
-// the launcher. Internal to those two files. No abseil here: nvcc must never see it.
+// keys, the staging of its queries and mask bytes, the merge of split results, and the tensor-core
+// kernel's entry points for the launcher. Internal to those two files. No abseil here: nvcc must
+// never see it.
 #pragma once
 
 #include <algorithm>
@@ -167,6 +168,13 @@ __device__ inline LatentPartialRow LatentPartials(const LatentArgs& a, int64_t t
   return {a.partials + entry * p.value_dim, a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry};
 }
 
+// Splits that hold keys of a sequence of kv keys (LatentBlockKeys): the first
+// ceil(kv / split_keys), at most a.splits.
+__device__ inline int LatentUsedSplits(const LatentArgs& a, int64_t kv) {
+  const int64_t split_keys = LatentSplitKeys(a, kv);
+  return static_cast<int>(std::min(a.splits, (kv + split_keys - 1) / split_keys));
+}
+
 // A block whose split holds no key of its tile's sequence marks its rows' entries of the split
 // partials as empty (max -inf, sum 0), so the combine reads every split of a row without looking
 // up the sequence's length (a.splits_marked). `n0`: the block's first head; `tile_tokens`: the
@@ -274,6 +282,74 @@ __device__ inline void StageLatentQueries(const LatentArgs& a, const LatentTile&
 // value product, whatever its cache row holds (0 x NaN is NaN; its probabilities are 0).
 __device__ inline unsigned LatentKeepKeyPair(unsigned bits, int key) {
   return (((bits >> key) & 1u) != 0 ? 0x0000ffffu : 0u) | (((bits >> (key + 1)) & 1u) != 0 ? 0xffff0000u : 0u);
+}
+
+// ---- Merging a row's splits (LatentCombineKernel) -----------------------------------------------
+//
+// out = sum_i w_i acc_i / sum_i w_i l_i over a row's splits, w_i = exp(m_i - max m) (0 for
+// m_i = -inf), computed with the functions below in one order: the denominator as 32 lane sums
+// (split i in lane i % 32, ascending) added by WarpSum; each output element as kLatentCombineGroups
+// group sums (split i in group i % 8, ascending) added in group order. A split of weight 0 is
+// skipped, not multiplied (an empty split's values were never written: 0 x NaN), so a loop may also
+// run past the splits that hold keys, or stop at the last of them, without changing a bit.
+constexpr int kLatentCombineGroups = 8;
+
+__device__ inline float LatentCombineStep(float acc, float w, float v) { return w != 0.0f ? fmaf(w, v, acc) : acc; }
+
+__device__ inline float4 LatentCombineStep(float4 acc, float w, float4 v) {
+  return make_float4(LatentCombineStep(acc.x, w, v.x), LatentCombineStep(acc.y, w, v.y),
+                     LatentCombineStep(acc.z, w, v.z), LatentCombineStep(acc.w, w, v.w));
+}
+
+// One warp, every lane: the weights of a row's first `splits` splits into weights[0, splits), and
+// 1 / the denominator (the same on every lane). max_sum: the row's split 0 (LatentPartials), read
+// through L2: blocks on other SMs wrote it.
+__device__ inline float LatentCombineWeights(const float* max_sum, int splits, float* weights) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const float no_key = -__int_as_float(0x7f800000);
+  float row_max = no_key;
+  for (int i = lane; i < splits; i += 32) row_max = fmaxf(row_max, __ldcg(max_sum + 2 * i));
+  row_max = WarpMax(row_max);
+  float denominator = 0.0f;
+  for (int i = lane; i < splits; i += 32) {
+    const float m = __ldcg(max_sum + 2 * i);
+    const float w = m != no_key ? expf(m - row_max) : 0.0f;
+    weights[i] = w;
+    denominator = LatentCombineStep(denominator, w, __ldcg(max_sum + 2 * i + 1));
+  }
+  return 1.0f / WarpSum(denominator);
+}
+
+// Columns col .. col + 3 (col < value_dim, a multiple of 4) of one split's partial values, through
+// L2; 0 past value_dim. 16-byte loads when value_dim % 4 == 0 (the quads are then aligned).
+__device__ inline float4 LatentPartialQuad(const float* values, int64_t col, int64_t value_dim) {
+  if (value_dim % 4 == 0) return __ldcg(reinterpret_cast<const float4*>(values + col));
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  v.x = __ldcg(values + col);
+  if (col + 1 < value_dim) v.y = __ldcg(values + col + 1);
+  if (col + 2 < value_dim) v.z = __ldcg(values + col + 2);
+  if (col + 3 < value_dim) v.w = __ldcg(values + col + 3);
+  return v;
+}
+
+// Adds the group sums group(0), ..., group(kLatentCombineGroups - 1) in order and stores their
+// columns below value_dim, times `inv`, at out[col ..].
+template <typename Group>
+__device__ inline void LatentStoreCombined(Group&& group, float inv, float* out, int64_t col, int64_t value_dim) {
+  float4 sum = group(0);
+#pragma unroll
+  for (int g = 1; g < kLatentCombineGroups; ++g) {
+    const float4 v = group(g);
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+  }
+  const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (col + e < value_dim) out[col + e] = values[e] * inv;
+  }
 }
 
 // Raises the dynamic shared memory limit of `kernel` (the latent kernels take more than the

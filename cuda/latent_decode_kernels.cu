@@ -308,17 +308,18 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
   }
 }
 
-// One block per (query row, 128 value columns): out = sum_i w_i acc_i / sum_i w_i l_i over the
-// splits that hold keys of the row's sequence, w_i = exp(m_i - max m) (0 for m_i = -inf). The
-// weights go to shared memory first, so the value loop has no branch and no dependent load: its
-// loads of several splits are in flight at once (a loop that skips empty splits waits one memory
-// latency per split).
+// One block per (query row, 128 value columns), the merge of latent_common.cuh ("Merging a row's
+// splits"): warp 0 computes the weights into shared memory first, so the value loop has no branch
+// and no dependent load (its loads of several splits are in flight at once; a loop that skips empty
+// splits waits one memory latency per split), and warp g sums group g.
 __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const LatentArgs a) {
+  static_assert(kLatentWarps == kLatentCombineGroups, "a warp per group");
   PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
   PdlWait();              // the attention kernel's partials
   if (*a.bad != 0) return;
-  __shared__ float4 part_sums[kLatentWarps][32];
+  __shared__ float4 part_sums[kLatentCombineGroups][32];
   __shared__ float split_weight[kLatentMaxSplits];
+  __shared__ float row_inv;
   const LatentLaunchParams& p = a.p;
   const int64_t row = blockIdx.x;
   const int64_t t = row / p.heads;
@@ -329,65 +330,30 @@ __global__ void __launch_bounds__(kLatentThreads) LatentCombineKernel(const Late
   if (!a.splits_marked) {
     int64_t kv = p.max_kv_len;
     if (p.q_start != nullptr) kv = p.kv_len[LastNotAbove(p.q_start, p.batch, t)];
-    const int64_t split_keys = LatentSplitKeys(a, kv);
-    splits = static_cast<int>(std::min(a.splits, (kv + split_keys - 1) / split_keys));
+    splits = LatentUsedSplits(a, kv);
   }
   const LatentPartialRow first = LatentPartials(a, t, n, 0);  // the row's splits follow it
-  const float* max_sum = first.max_sum;
   const int tid = static_cast<int>(threadIdx.x);
-  float row_max = -CUDART_INF_F;
-  for (int i = tid; i < splits; i += kLatentThreads) row_max = fmaxf(row_max, max_sum[2 * i]);
-  row_max = BlockMax(row_max);
-  float denominator = 0.0f;
-  for (int i = tid; i < splits; i += kLatentThreads) {
-    const float mi = max_sum[2 * i];
-    const float w = mi != -CUDART_INF_F ? expf(mi - row_max) : 0.0f;
-    split_weight[i] = w;
-    if (w != 0.0f) denominator += max_sum[2 * i + 1] * w;
-  }
-  denominator = BlockSum(denominator);
-  __syncthreads();  // split_weight written
-  const int group = tid / 32;
-  const int64_t col = blockIdx.y * 128 + 4 * (tid % 32);
-  const float* part = first.values + col;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (p.value_dim % 4 == 0 && col < p.value_dim) {
-#pragma unroll 4
-    for (int i = group; i < splits; i += kLatentWarps) {
-      const float w = split_weight[i];
-      const float4 v = *reinterpret_cast<const float4*>(part + static_cast<int64_t>(i) * p.value_dim);
-      // An empty split's values were never written: select, do not multiply (0 x NaN).
-      acc.x += w != 0.0f ? w * v.x : 0.0f;
-      acc.y += w != 0.0f ? w * v.y : 0.0f;
-      acc.z += w != 0.0f ? w * v.z : 0.0f;
-      acc.w += w != 0.0f ? w * v.w : 0.0f;
-    }
-  } else {
-    float* lanes[4] = {&acc.x, &acc.y, &acc.z, &acc.w};
-    for (int i = group; i < splits; i += kLatentWarps) {
-      const float w = split_weight[i];
-      if (w == 0.0f) continue;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (col + e < p.value_dim) *lanes[e] = fmaf(w, part[static_cast<int64_t>(i) * p.value_dim + e], *lanes[e]);
-      }
-    }
-  }
-  part_sums[group][tid % 32] = acc;
-  __syncthreads();
+  const int group = tid / 32, lane = tid % 32;
   if (group == 0) {
-    float4 sum = part_sums[0][tid];
-    for (int g = 1; g < kLatentWarps; ++g) {
-      const float4 v = part_sums[g][tid];
-      sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    const float inv = LatentCombineWeights(first.max_sum, splits, split_weight);
+    if (lane == 0) row_inv = inv;
+  }
+  __syncthreads();  // split_weight, row_inv written
+  const int64_t col = blockIdx.y * 128 + 4 * lane;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (col < p.value_dim) {
+#pragma unroll 4
+    for (int i = group; i < splits; i += kLatentCombineGroups) {
+      const float4 v = LatentPartialQuad(first.values + static_cast<int64_t>(i) * p.value_dim, col, p.value_dim);
+      acc = LatentCombineStep(acc, split_weight[i], v);
     }
-    const float inv = 1.0f / denominator;
-    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
-    float* o = p.out + t * p.out_token_stride + n * p.out_head_stride;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (col + e < p.value_dim) o[col + e] = values[e] * inv;
-    }
+  }
+  part_sums[group][lane] = acc;
+  __syncthreads();
+  if (group == 0 && col < p.value_dim) {
+    LatentStoreCombined([&](int g) { return part_sums[g][lane]; }, row_inv,
+                        p.out + t * p.out_token_stride + n * p.out_head_stride, col, p.value_dim);
   }
 }
 
