@@ -174,7 +174,8 @@ cudaError_t LaunchAttention(const AttentionLaunchParams& params, float* partials
 // aligned) one 32-key chunk ahead of the compute, and page entries and mask bytes one chunk ahead
 // in registers; a block serves up to 16 query rows (heads of one token, or several tokens of one
 // sequence when there are few heads) and one range of keys; partial results are merged by a
-// combine kernel. key_dim <= kLatentMaxKeyDim (shared memory).
+// combine kernel or in the attention kernel itself (LatentFold). key_dim <= kLatentMaxKeyDim (shared
+// memory).
 //
 // bf16 cache (cache_bf16 set instead of cache): a tensor-core kernel (mma.sync m16n8k16, bf16
 // operands, fp32 accumulation). q is rounded to bf16 (nearest even) as it is staged, scores are
@@ -238,6 +239,22 @@ struct LatentLaunchParams {
   float scale = 1.0f;
 };
 
+// Where a split latent attention call merges its splits. A call whose keys are split writes each
+// split's partial results to the scratch, and they are merged either by a combine kernel launched
+// after the attention kernel, or, folded into the attention kernel, by the last block to finish of
+// each output tile (token tile x head tile): that block counts the tile's arrivals on an atomic
+// counter, merges the tile's rows and sets its counter back to zero. Same bits either way; the
+// fold saves a launch, but one block reads the tile's whole partials (splits x block rows x
+// value_dim floats), which the combine kernel spreads over many. The launcher folds a call when
+// its kernel can (all but the general bf16 kernel's 64-row blocks), value_dim <= 512, its output
+// tiles fit the counters and a tile's partials take at most max_fold_bytes; other calls launch the
+// combine kernel.
+struct LatentFold {
+  int* counters = nullptr;  // [capacity] i32, device, zero (the kernels leave them so); nullptr: no fold
+  int64_t capacity = 0;
+  int64_t max_fold_bytes = 0;
+};
+
 // Dynamic shared memory of one latent attention block (188 KiB at key_dim 576, 227 KiB at 704);
 // the launchers return cudaErrorInvalidValue when the device allows less.
 size_t LatentSharedBytes(int64_t key_dim);
@@ -247,10 +264,10 @@ size_t LatentBf16SharedBytes(int64_t key_dim);
 
 // Explicit-mask form (q_start, kv_len, tree_mask unused): the caller has checked the page entries
 // and mask rows (LaunchCheckIndexRange, LaunchCheckMaskRows) with the same `bad`. partials as in
-// LaunchAttention. Nothing is written when *bad != 0.
+// LaunchAttention; fold: see LatentFold. Nothing is written when *bad != 0.
 cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
-                                  int64_t partial_capacity, const int* bad, bool programmatic,
-                                  cudaStream_t stream);
+                                  int64_t partial_capacity, const LatentFold& fold, const int* bad,
+                                  bool programmatic, cudaStream_t stream);
 
 // Batched form: checks the metadata on the device first (q_start, kv_len, page entries, tree-mask
 // width and rows, as CpuBackend::BatchedLatentAttention does), recording
@@ -268,10 +285,10 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
 // value_dim, max_kv_len and cache dtype) checked it and built tile_table, and *bad holds its
 // verdict (shared checks, Backend::BeginSharedChecks): only the attention launches run.
 // programmatic: as above; where the compact or tree kernel runs with one token per row tile right
-// after the check, its prologue (query staging) also overlaps the check.
+// after the check, its prologue (query staging) also overlaps the check. fold: see LatentFold.
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
-                                         float* partials, int64_t partial_capacity, int* bad,
-                                         int* error_flag, int error_code, bool check, bool programmatic,
+                                         float* partials, int64_t partial_capacity, const LatentFold& fold,
+                                         int* bad, int* error_flag, int error_code, bool check, bool programmatic,
                                          cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -22,7 +22,10 @@
 // while the stream is being captured into a CUDA graph: run the step once before capturing):
 // kFlagBytes for the flag slots that link an op's checks to its writers, kTileTableBytes for
 // BatchedLatentAttention's tile table (kLatentMaxBatch + 1 ints: a call with more sequences is
-// InvalidArgument), then kPartialBytes for the partial results of split attention. The split count
+// InvalidArgument), kFoldCounterBytes for the latent kernels' arrival counters (LatentFold: zeroed
+// once here, and every launch that uses them leaves them zero; a call with more output tiles than
+// counters launches the combine kernel), then kPartialBytes for the partial results of split
+// attention. The split count
 // adapts to the scratch (it is chosen on the host from T, N, value_dim and max_kv_len), so no call
 // is refused for its size: 32 MiB holds every decode shape of the DeepSeek models at full
 // parallelism (B <= 64 sequences of 1 token x 16 heads at TP 8 or 128 at TP 1, value_dim 512:
@@ -52,12 +55,18 @@ namespace {
 constexpr size_t kFlagBytes = 256;
 constexpr int kFlagSlots = static_cast<int>(kFlagBytes / sizeof(int));
 constexpr size_t kTileTableBytes = ((kLatentMaxBatch + 1) * sizeof(int32_t) + 255) / 256 * 256;
+// Arrival counters of the folded latent merge, one per output tile (token tile x head tile): a
+// decode step of kLatentMaxBatch sequences of 32 heads in 16-row tiles; a call with more tiles (such
+// calls rarely split their keys) launches the combine kernel.
+constexpr int64_t kFoldCounters = 2 * kLatentMaxBatch;
+constexpr size_t kFoldCounterBytes = kFoldCounters * sizeof(int);
 constexpr size_t kPartialBytes = size_t{32} << 20;
 
 // What an op's launchers need from the scratch.
 struct Scratch {
   int* bad = nullptr;  // flag slot 0: the per-call flag, zeroed by Prepare or the op's first check
   int32_t* tile_table = nullptr;
+  int* fold_counters = nullptr;  // [kFoldCounters], zero between launches
   float* partials = nullptr;
   int64_t partial_floats = 0;
 };
@@ -81,17 +90,22 @@ absl::StatusOr<Scratch> Prepare(CudaBackend::State& state, const char* op, FlagC
           absl::StrCat(op, ": the attention scratch would be allocated while the stream is being "
                            "captured into a CUDA graph; run the step once before capturing"));
     }
-    const size_t bytes = kFlagBytes + kTileTableBytes + kPartialBytes;
+    const size_t bytes = kFlagBytes + kTileTableBytes + kFoldCounterBytes + kPartialBytes;
     EAGLE3_ASSIGN_OR_RETURN(state.attention_scratch, state.allocator.Allocate(bytes, 256));
     state.attention_scratch_bytes = bytes;
+    EAGLE3_RETURN_IF_ERROR(
+        CudaStatus(cudaMemsetAsync(static_cast<char*>(state.attention_scratch) + kFlagBytes + kTileTableBytes, 0,
+                                   kFoldCounterBytes, state.stream),
+                   absl::StrCat(op, ": clearing the fold counters")));
   }
   char* base = static_cast<char*>(state.attention_scratch);
   Scratch scratch;
   scratch.bad = reinterpret_cast<int*>(base);
   scratch.tile_table = reinterpret_cast<int32_t*>(base + kFlagBytes);
-  scratch.partials = reinterpret_cast<float*>(base + kFlagBytes + kTileTableBytes);
+  scratch.fold_counters = reinterpret_cast<int*>(base + kFlagBytes + kTileTableBytes);
+  scratch.partials = reinterpret_cast<float*>(base + kFlagBytes + kTileTableBytes + kFoldCounterBytes);
   scratch.partial_floats = static_cast<int64_t>(
-      (state.attention_scratch_bytes - kFlagBytes - kTileTableBytes) / sizeof(float));
+      (state.attention_scratch_bytes - kFlagBytes - kTileTableBytes - kFoldCounterBytes) / sizeof(float));
   if (clear == FlagClear::kMemset) {
     EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(scratch.bad, 0, sizeof(int), state.stream),
                                       absl::StrCat(op, ": clearing the check flag")));
@@ -159,6 +173,11 @@ absl::Status CheckSharedMemory(const CudaBackend::State& state, const char* op, 
                    state.options.device, " allows ", limit);
   }
   return absl::OkStatus();
+}
+
+// Where the latent kernels may merge their splits (CudaBackendOptions::latent_fold_combine_bytes).
+LatentFold Fold(const CudaBackend::State& state, const Scratch& scratch) {
+  return {scratch.fold_counters, kFoldCounters, state.options.latent_fold_combine_bytes};
 }
 
 // Latent-kernel params for q, cache and out (the mask fields are the caller's).
@@ -330,7 +349,7 @@ absl::Status CudaBackend::LatentAttention(const TensorView& q, const TensorView&
     lp.mask = mask.data_as<const uint8_t>();
     lp.mask_stride = mask.stride(0);
     return CudaStatus(
-        LaunchLatentAttention(lp, scratch.partials, scratch.partial_floats, scratch.bad,
+        LaunchLatentAttention(lp, scratch.partials, scratch.partial_floats, Fold(s, scratch), scratch.bad,
                               s.options.programmatic_launch, s.stream),
         "LatentAttention: kernel launch");
   }
@@ -388,8 +407,8 @@ absl::Status LaunchBatchedLatent(CudaBackend::State& s, const char* op, const Te
   for (const TensorView* t : {&page_tables, &q_start, &kv_len, &tree_mask, &key_mask}) AppendTensor(key, *t);
   const CheckSite site = SharedCheck(s, scratch, std::move(key));
   return CudaStatus(LaunchBatchedLatentAttention(
-                        p, scratch.tile_table, scratch.partials, scratch.partial_floats, site.bad,
-                        s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention), site.check,
+                        p, scratch.tile_table, scratch.partials, scratch.partial_floats, Fold(s, scratch),
+                        site.bad, s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention), site.check,
                         s.options.programmatic_launch, s.stream),
                     absl::StrCat(op, ": kernel launch"));
 }

@@ -1,9 +1,9 @@
 // What the two paged latent attention kernel families share (cuda/attention_ops.h, "Paged latent
 // attention, fast path"): the f32 kernel and the launchers in latent_decode_kernels.cu, the bf16
 // tensor-core kernel in latent_mma_kernels.cu. Their arguments, how a block finds its sequence and
-// keys, the staging of its queries and mask bytes, the merge of split results, and the tensor-core
-// kernel's entry points for the launcher. Internal to those two files. No abseil here: nvcc must
-// never see it.
+// keys, the staging of its queries and mask bytes, the merge of split results (the combine kernel's
+// and the one folded into the attention kernels), and the tensor-core kernel's entry points for the
+// launcher. Internal to those two files. No abseil here: nvcc must never see it.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +48,11 @@ struct LatentArgs {
   // their PdlWait when the kernel just before them is the batched op's check (PdlEnter: everything
   // before it has completed); after any other kernel they wait first.
   bool wait_first;
+  // The attention kernel merges the splits itself (LatentFoldCombine; set only with splits > 1 and
+  // one value tile), with one arrival counter per output tile: counters[blockIdx.x * gridDim.z +
+  // blockIdx.z]. Else LatentCombineKernel does.
+  bool fold_combine;
+  int* counters;
 };
 
 // The sequence of a block's token tile.
@@ -284,14 +289,16 @@ __device__ inline unsigned LatentKeepKeyPair(unsigned bits, int key) {
   return (((bits >> key) & 1u) != 0 ? 0x0000ffffu : 0u) | (((bits >> (key + 1)) & 1u) != 0 ? 0xffff0000u : 0u);
 }
 
-// ---- Merging a row's splits (LatentCombineKernel) -----------------------------------------------
+// ---- Merging a row's splits (LatentCombineKernel, and LatentFoldCombine in the kernels) --------
 //
 // out = sum_i w_i acc_i / sum_i w_i l_i over a row's splits, w_i = exp(m_i - max m) (0 for
-// m_i = -inf), computed with the functions below in one order: the denominator as 32 lane sums
-// (split i in lane i % 32, ascending) added by WarpSum; each output element as kLatentCombineGroups
-// group sums (split i in group i % 8, ascending) added in group order. A split of weight 0 is
-// skipped, not multiplied (an empty split's values were never written: 0 x NaN), so a loop may also
-// run past the splits that hold keys, or stop at the last of them, without changing a bit.
+// m_i = -inf). Both paths compute it with the functions below in one order, so that a call gives the
+// same bits whether a combine kernel or the attention kernel merges it, and whichever block of a
+// tile arrives last: the denominator as 32 lane sums (split i in lane i % 32, ascending) added by
+// WarpSum; each output element as kLatentCombineGroups group sums (split i in group i % 8,
+// ascending) added in group order. A split of weight 0 is skipped, not multiplied (an empty split's
+// values were never written: 0 x NaN), so a loop may also run past the splits that hold keys, or
+// stop at the last of them, without changing a bit.
 constexpr int kLatentCombineGroups = 8;
 
 __device__ inline float LatentCombineStep(float acc, float w, float v) { return w != 0.0f ? fmaf(w, v, acc) : acc; }
@@ -352,6 +359,81 @@ __device__ inline void LatentStoreCombined(Group&& group, float inv, float* out,
   }
 }
 
+// Dynamic shared memory the folded combine of a block of `rows` query rows takes: a flag, 1 / the
+// denominator of each row, the weights of each row's splits.
+__host__ __device__ constexpr size_t LatentFoldSharedBytes(int64_t rows, int64_t splits) {
+  return sizeof(float) * static_cast<size_t>(1 + rows + rows * splits);
+}
+
+// The combine folded into an attention kernel (a.fold_combine), called by every thread of each
+// block that wrote split partials, after it wrote them (and by no block whose split holds no key:
+// those do not count). The block arrives on its output tile's counter; the last of the tile's
+// blocks to arrive (the counter reaches the tile's sequence's LatentUsedSplits) sets it back to zero
+// for the next launch (graph replays included) and merges the tile's rows over every split that holds
+// keys. shared: the block's dynamic shared memory (LatentFoldSharedBytes(kRows, a.splits) bytes or
+// more), free from the call on: it is written only after the first barrier here.
+template <int kThreads, int kRows>
+__device__ inline void LatentFoldCombine(const LatentArgs& a, const LatentTile& tile, int64_t n0, int64_t tile_tokens,
+                                         float* shared) {
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kQuads = kLatentTileColumns / 4;
+  static_assert(kThreads % 32 == 0 && kQuads % 32 == 0, "a warp's tasks lie in one row");
+  __threadfence();  // this thread's partials, before the block counts itself
+  __syncthreads();
+  const int used = LatentUsedSplits(a, tile.kv);
+  int* last = reinterpret_cast<int*>(shared);
+  if (threadIdx.x == 0) {
+    int* counter = a.counters + (static_cast<int64_t>(blockIdx.x) * gridDim.z + blockIdx.z);
+    const bool is_last = atomicAdd(counter, 1) == used - 1;
+    if (is_last) atomicExch(counter, 0);
+    *last = is_last ? 1 : 0;
+  }
+  __syncthreads();
+  if (*last == 0) return;
+  __threadfence();  // the other blocks' partials, after their counts
+
+  const LatentLaunchParams& p = a.p;
+  const int heads = a.heads_per_tile;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  float* row_inv = shared + 1;        // [kRows]
+  float* weights = row_inv + kRows;  // [kRows][used]
+  for (int r = warp; r < kRows; r += kWarps) {
+    if (!LatentRowHeld(a, n0, tile_tokens, r)) continue;
+    const int64_t t = tile.q0 + tile.i0 + r / heads;
+    const float inv = LatentCombineWeights(LatentPartials(a, t, n0 + r % heads, 0).max_sum, used, weights + r * used);
+    if (lane == 0) row_inv[r] = inv;
+  }
+  __syncthreads();  // weights written
+  // Thread task: row task / kQuads, columns 4 (task % kQuads) .. + 3, every group at once: a round
+  // loads one split of each group (kLatentCombineGroups loads in flight per thread).
+  for (int task = static_cast<int>(threadIdx.x); task < kRows * kQuads; task += kThreads) {
+    const int r = task / kQuads;
+    const int64_t col = 4 * (task % kQuads);
+    if (col >= p.value_dim || !LatentRowHeld(a, n0, tile_tokens, r)) continue;
+    const int64_t t = tile.q0 + tile.i0 + r / heads;
+    const int64_t n = n0 + r % heads;
+    const float* values = LatentPartials(a, t, n, 0).values;  // split i at values + i * value_dim
+    const float* w = weights + r * used;
+    float4 groups[kLatentCombineGroups];
+#pragma unroll
+    for (int g = 0; g < kLatentCombineGroups; ++g) groups[g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int base = 0; base < used; base += kLatentCombineGroups) {
+      float4 v[kLatentCombineGroups];
+#pragma unroll
+      for (int g = 0; g < kLatentCombineGroups; ++g) {
+        const int i = min(base + g, used - 1);  // past `used`: a real address, weight 0
+        v[g] = LatentPartialQuad(values + static_cast<int64_t>(i) * p.value_dim, col, p.value_dim);
+      }
+#pragma unroll
+      for (int g = 0; g < kLatentCombineGroups; ++g) {
+        groups[g] = LatentCombineStep(groups[g], base + g < used ? w[base + g] : 0.0f, v[g]);
+      }
+    }
+    LatentStoreCombined([&](int g) { return groups[g]; }, row_inv[r],
+                        p.out + t * p.out_token_stride + n * p.out_head_stride, col, p.value_dim);
+  }
+}
+
 // Raises the dynamic shared memory limit of `kernel` (the latent kernels take more than the
 // default 48 KiB) to shared_bytes and launches it, as a programmatic dependent when
 // `programmatic` (the kernel opens with PdlEnter). Returns the attribute call's error, else the
@@ -372,6 +454,9 @@ int MmaRowStride(int64_t key_dim);
 
 // Dynamic shared memory of a block of 16 x groups query rows (groups 1 or 4).
 size_t MmaSharedBytes(int64_t key_dim, int groups);
+
+// Whether LatentMmaKernel<groups> can merge its splits itself (a.fold_combine).
+bool LatentMmaFolds(int groups);
 
 // Sets LatentMmaKernel<groups>'s dynamic shared memory limit to shared_bytes and launches it on
 // `grid` (a.wp = MmaRowStride(key_dim)), as LaunchWithSharedMemory does.

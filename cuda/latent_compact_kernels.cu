@@ -27,7 +27,8 @@
 // softmax, values) separated by barriers, each a short chain of tensor-core and shared-memory
 // latencies; twice the warps halve every warp's chain, which is what bounds a chunk. Staged rows
 // are padded by 16 bytes (row stride = 73 x 16 bytes): ldmatrix is conflict-free. Results go where
-// LatentMmaKernel's go (the output, or the split partials that LatentCombineKernel reads).
+// LatentMmaKernel's go (the output, or the split partials that LatentCombineKernel or the last of
+// the tile's blocks merges: LatentFoldCombine).
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -86,7 +87,9 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
   // Before PdlWait (see LaunchLatentCompact): the tile, the query rows and the first page entries,
   // every index bounded even if the metadata is bad; no cache row, no `bad`.
   if (a.wait_first) PdlWait();
-  PdlLaunchDependents();  // lets the combine's blocks start where this kernel leaves room
+  // Lets the next kernel's blocks start where this kernel leaves room: the combine's, or, where this
+  // kernel merges the splits itself (a.fold_combine), the weight-streaming GEMV's.
+  PdlLaunchDependents();
   const LatentLaunchParams& p = a.p;
   LatentBlockStart start;
   if (!StartLatentBlock(a, &start)) return;
@@ -356,6 +359,9 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
       dst[col] = o[j][2 * half] * factor;
       dst[col + 1] = o[j][2 * half + 1] * factor;
     }
+  }
+  if (a.fold_combine) {
+    LatentFoldCombine<kCompactThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(compact_shared));
   }
 }
 

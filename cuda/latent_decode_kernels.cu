@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
   if (!FindLatentTile(a, blockIdx.x, &tile)) return;
   const LatentKeyRange keys = LatentBlockKeys(a, tile);
   const int64_t s_begin = keys.begin, s_end = keys.end;
-  if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
+  if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys (and counts no other)
   const int64_t head_tile = blockIdx.z / a.value_tiles;
   const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
   const int heads_per_tile = a.heads_per_tile;
@@ -306,6 +306,9 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
       if (col0 + col < p.value_dim) dst[col] = values[e] * factor;
     }
   }
+  if (a.fold_combine) {
+    LatentFoldCombine<kLatentThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(latent_shared));
+  }
 }
 
 // One block per (query row, 128 value columns), the merge of latent_common.cuh ("Merging a row's
@@ -499,9 +502,11 @@ int LatentBlockRows(const LatentLaunchParams& p) {
 // programmatic: the kernels launch as programmatic dependents; the compact or tree kernel stages
 // its prologue before its PdlWait only where `after_check` (the batched form's check kernel was
 // launched just before: see LaunchLatentCompact), and otherwise waits first (LatentArgs::wait_first).
+// Split calls merge their splits in the attention kernel where `fold` allows it (LatentFold), else
+// in LatentCombineKernel.
 cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
-                                float* partials, int64_t partial_capacity, const int* bad,
-                                bool programmatic, bool after_check, cudaStream_t stream) {
+                                float* partials, int64_t partial_capacity, const LatentFold& fold,
+                                const int* bad, bool programmatic, bool after_check, cudaStream_t stream) {
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
   int device = 0, sms = 0, max_shared = 0;
   cudaError_t error = cudaGetDevice(&device);
@@ -563,6 +568,14 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
     }
   }
   if (a.splits > 65535) return cudaErrorInvalidValue;
+  // The fold's counters are per token tile x head tile; its last block reads the tile's partials
+  // alone, and keeps each row's split weights in the block's shared memory.
+  const int64_t tile_partial_bytes = a.splits * rows * p.value_dim * static_cast<int64_t>(sizeof(float));
+  const bool kernel_folds = tree || compact || !bf16 || LatentMmaFolds(rows / 16);
+  a.fold_combine = kernel_folds && a.splits > 1 && fold.counters != nullptr && a.value_tiles == 1 &&
+                   token_tiles * head_tiles <= fold.capacity && tile_partial_bytes <= fold.max_fold_bytes &&
+                   LatentFoldSharedBytes(rows, a.splits) <= shared_bytes;
+  a.counters = fold.counters;
 
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
@@ -579,7 +592,7 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   }
   if (error != cudaSuccess) return error;
   error = cudaGetLastError();
-  if (error != cudaSuccess || a.splits == 1) return error;
+  if (error != cudaSuccess || a.splits == 1 || a.fold_combine) return error;
   const dim3 combine_grid(static_cast<unsigned>(p.tokens * p.heads),
                           static_cast<unsigned>((p.value_dim + 127) / 128));
   return LaunchKernel(programmatic, LatentCombineKernel, combine_grid, dim3(kLatentThreads), 0,
@@ -591,25 +604,27 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
 size_t LatentSharedBytes(int64_t key_dim) { return LatentSharedFloats(key_dim) * sizeof(float); }
 
 cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* partials,
-                                  int64_t partial_capacity, const int* bad, bool programmatic,
-                                  cudaStream_t stream) {
-  if (!ValidLatentParams(params) || partial_capacity < 0 || bad == nullptr) return cudaErrorInvalidValue;
+                                  int64_t partial_capacity, const LatentFold& fold, const int* bad,
+                                  bool programmatic, cudaStream_t stream) {
+  if (!ValidLatentParams(params) || partial_capacity < 0 || bad == nullptr || fold.capacity < 0) {
+    return cudaErrorInvalidValue;
+  }
   LatentLaunchParams p = params;
   p.batch = 1;
   p.q_start = nullptr;
   p.kv_len = nullptr;
   p.tree_mask = nullptr;
   if (p.tokens * p.heads > 0 && p.value_dim > 0 && p.mask == nullptr) return cudaErrorInvalidValue;
-  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, bad, programmatic,
+  return LaunchLatentKernels(p, nullptr, partials, partial_capacity, fold, bad, programmatic,
                              /*after_check=*/false, stream);
 }
 
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
-                                         float* partials, int64_t partial_capacity, int* bad,
-                                         int* error_flag, int error_code, bool check,
+                                         float* partials, int64_t partial_capacity, const LatentFold& fold,
+                                         int* bad, int* error_flag, int error_code, bool check,
                                          bool programmatic, cudaStream_t stream) {
   const LatentLaunchParams& p = params;
-  if (!ValidLatentParams(p) || partial_capacity < 0 || bad == nullptr || error_flag == nullptr ||
+  if (!ValidLatentParams(p) || partial_capacity < 0 || fold.capacity < 0 || bad == nullptr || error_flag == nullptr ||
       tile_table == nullptr || p.q_start == nullptr || (p.batch > 0 && p.kv_len == nullptr) ||
       (p.mask != nullptr && p.tree_mask != nullptr) || (p.tree_mask != nullptr && p.tree_width < 1)) {
     return cudaErrorInvalidValue;
@@ -625,19 +640,19 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
   const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
   // One token per tile (as many heads as block rows, or more): the tile table is q_start itself.
   if (tokens_per_tile == 1) {
-    return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, bad, programmatic,
+    return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, fold, bad, programmatic,
                                /*after_check=*/check, stream);
   }
   // Without the check, the earlier call's tile table (for the same metadata) stands.
   if (!check) {
-    return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, programmatic,
+    return LaunchLatentKernels(p, tile_table, partials, partial_capacity, fold, bad, programmatic,
                                /*after_check=*/false, stream);
   }
   error = LaunchKernel(programmatic, LatentTileTableKernel, dim3(1), dim3(kThreads), 0, stream,
                        p.q_start, p.batch, tokens_per_tile, tile_table, bad);
   if (error != cudaSuccess) return error;
   // The attention kernel reads the tile table, which the kernel just before writes.
-  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, bad, programmatic,
+  return LaunchLatentKernels(p, tile_table, partials, partial_capacity, fold, bad, programmatic,
                              /*after_check=*/false, stream);
 }
 

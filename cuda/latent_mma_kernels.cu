@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
   if (!FindLatentTile(a, blockIdx.x, &tile)) return;
   const LatentKeyRange keys = LatentBlockKeys(a, tile);
   const int64_t s_begin = keys.begin, s_end = keys.end;
-  if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys
+  if (s_begin >= s_end) return;  // the combine reads only the splits that hold keys (and counts no other)
   const int64_t col0 = (blockIdx.z % a.value_tiles) * kLatentTileColumns;
   const int heads_per_tile = a.heads_per_tile;
   const int64_t n0 = (blockIdx.z / a.value_tiles) * heads_per_tile;
@@ -370,9 +370,18 @@ __global__ void __launch_bounds__(kMmaThreads, 1) LatentMmaKernel(const LatentAr
       if (col + 1 < p.value_dim) dst[col + 1] = o[j][2 * half + 1] * factor;
     }
   }
+  // Not with four row groups: the 64-row kernel is at its register limit, and the sequence length the
+  // fold needs, kept live through the key loop, spills (LatentMmaFolds).
+  if constexpr (kGroups == 1) {
+    if (a.fold_combine) {
+      LatentFoldCombine<kMmaThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(mma_shared));
+    }
+  }
 }
 
 }  // namespace
+
+bool LatentMmaFolds(int groups) { return groups == 1; }
 
 int MmaRowStride(int64_t key_dim) { return static_cast<int>((key_dim + 63) / 64 * 64 + 8); }
 

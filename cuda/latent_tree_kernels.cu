@@ -43,7 +43,7 @@
 //   anything, NaN included).
 // Staged rows are padded by 16 bytes (row stride 1168 bytes = 4 banks mod 32): ldmatrix is
 // conflict-free. Results go where the compact kernel's go (the output, or the split partials that
-// LatentCombineKernel reads; empty splits are marked).
+// LatentCombineKernel or the last of the tile's blocks merges; empty splits are marked).
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -97,7 +97,9 @@ __global__ void __launch_bounds__(kTreeThreads, 1) LatentTreeKernel(const Latent
   // Before PdlWait (see LaunchLatentTree): the tile, the query rows and the first page entries,
   // every index bounded even if the metadata is bad; no cache row, no mask byte, no `bad`.
   if (a.wait_first) PdlWait();
-  PdlLaunchDependents();  // lets the combine's blocks start where this kernel leaves room
+  // Lets the next kernel's blocks start where this kernel leaves room: the combine's, or, where this
+  // kernel merges the splits itself (a.fold_combine), the weight-streaming GEMV's.
+  PdlLaunchDependents();
   const LatentLaunchParams& p = a.p;
   LatentBlockStart start;
   if (!StartLatentBlock(a, &start)) return;
@@ -417,6 +419,9 @@ __global__ void __launch_bounds__(kTreeThreads, 1) LatentTreeKernel(const Latent
         dst[col + 1] = o[j][nt][2 * half + 1] * factor;
       }
     }
+  }
+  if (a.fold_combine) {
+    LatentFoldCombine<kTreeThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(tree_shared));
   }
 }
 

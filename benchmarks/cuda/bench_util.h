@@ -80,6 +80,13 @@ inline cuda::CudaBackend* Backend() {
     // small calls into the next kernel saves.
     const char* fold = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD");
     if (fold != nullptr && fold[0] != '\0') options.quant_moe_fold_grouping = fold[0] != '0';
+    // EAGLE3_BENCH_LATENT_FOLD_BYTES=N: CudaBackendOptions::latent_fold_combine_bytes (0: every split
+    // latent attention call launches its combine kernel; a large N: every call whose kernel can merges
+    // its splits itself).
+    const char* latent_fold = std::getenv("EAGLE3_BENCH_LATENT_FOLD_BYTES");
+    if (latent_fold != nullptr && latent_fold[0] != '\0') {
+      options.latent_fold_combine_bytes = std::strtoll(latent_fold, nullptr, 10);
+    }
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

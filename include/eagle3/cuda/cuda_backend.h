@@ -72,6 +72,13 @@ struct CudaBackendOptions {
   // the kernel that stages the experts' inputs rather than in a kernel of its own: one launch fewer
   // per MoE layer. Results are the same bits; off: the grouping kernel for every call.
   bool quant_moe_fold_grouping = true;
+  // Latent attention calls (LatentAttention, BatchedLatentAttention) that split their keys merge the
+  // splits' partial results in the attention kernel itself, in the last block to finish of each
+  // tile of query rows, when the tile's partial results (splits x rows of a block x value_dim
+  // floats) take at most this many bytes; larger ones launch a combine kernel, which spreads the
+  // merge over many blocks. Results are the same (bitwise); 0: every split call launches the combine
+  // kernel.
+  int64_t latent_fold_combine_bytes = int64_t{512} << 10;
 };
 
 class EAGLE3_API CudaBackend final : public Backend {
