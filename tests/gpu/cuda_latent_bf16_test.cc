@@ -9,18 +9,27 @@
 // ~0.002 of the values it averages; 1e-2 leaves room for the largest of many rows. The same run
 // against unrounded q shows the q-rounding error (scores off by ~2^-9 |q| |k| scale), bounded by
 // kUnroundedTol and printed.
+//
+// Split calls merge their splits either in a combine kernel or in the attention kernel's last block
+// of each tile (CudaBackendOptions::latent_fold_combine_bytes): the parity suites run on both, and
+// the folded merge gives the combine kernel's bits on every latent kernel (compact, tree, the
+// general bf16 one, the f32 one), call after call, in CUDA graph replays and after a failed check,
+// with one kernel launch fewer.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "eagle3/backend.h"
+#include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,7 +42,28 @@ using ::testing::HasSubstr;
 
 constexpr double kBf16Tol = 1e-2;
 constexpr double kUnroundedTol = 3e-2;
+// The f32 kernel on an f32 cache against the CPU (both fp32, summed in other orders).
+constexpr double kF32Tol = 1e-5;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Options whose latent calls merge their splits in the attention kernel wherever it can (fold) or
+// always in the combine kernel.
+cuda::CudaBackendOptions CombineOptions(bool fold) {
+  cuda::CudaBackendOptions o;
+  o.latent_fold_combine_bytes = fold ? std::numeric_limits<int64_t>::max() : 0;
+  return o;
+}
+
+// A CudaBackend beside the fixture's, on the same device, with CombineOptions(fold).
+std::unique_ptr<cuda::CudaBackend> CombineBackend(bool fold) {
+  auto backend = cuda::CudaBackend::Create(CombineOptions(fold));
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(*backend) : nullptr;
+}
+
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
 
 // max |a - b| / max |b| over the elements that are numbers in both; +inf when NaN-ness differs.
 double NanAwareError(const TensorView& a, const TensorView& b) {
@@ -108,88 +138,203 @@ class CudaLatentBf16Test : public ParityTest {
     return c;
   }
 
-  // LatentAttention: q [T, N, W] random, mask random / causal. Returns {error vs the CPU on
-  // rounded q, error vs the CPU on unrounded q}.
-  std::pair<double, double> RunLatent(int64_t t, int64_t n, int64_t s, int64_t page_size, int64_t w,
-                                      int64_t r, bool causal, uint32_t seed) {
-    const Cache c = MakeCache(s, page_size, w, seed);
-    const Tensor q = Random(Shape{t, n, w}, seed + 2);
-    const Tensor q_rounded = Rounded(q);
-    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{t, s});
+  // What both forms' problems hold: the cache, q [t, heads, W] (and rounded to bf16), the mask and
+  // page table, and their device copies.
+  struct Problem {
+    Cache c;
+    Tensor q, q_rounded, mask, table;
+    Tensor d_q, d_mask, d_table;
+    int64_t t = 0, heads = 0, r = 0;
+    float scale = 1.0f;
+  };
+  // Draws q for x (its cache, mask, table, t, heads and r set) and uploads q, the mask and the table;
+  // then gpu_ synchronizes, so that other backends may read every upload.
+  void FinishProblem(Problem& x, int64_t w, uint32_t seed) {
+    x.q = Random(Shape{x.t, x.heads, w}, seed + 2);
+    x.q_rounded = Rounded(x.q);
+    x.scale = 1.0f / std::sqrt(static_cast<float>(w));
+    x.d_q = Upload(x.q);
+    x.d_mask = Upload(x.mask);
+    x.d_table = Upload(x.table);
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+  }
+
+  // A LatentAttention problem: q [T, N, W] random, mask random / causal.
+  struct Explicit : Problem {
+    int64_t s = 0;
+    absl::Status Run(Backend& backend, const TensorView& out) const {
+      return backend.LatentAttention(d_q, c.dev_bf16, d_table, s, d_mask, scale, r, out);
+    }
+    Tensor Cpu(Backend& cpu, const Tensor& queries) const {
+      Tensor ref = Filled(Shape{t, heads, r}, kNaN);
+      EXPECT_TRUE(cpu.LatentAttention(queries, c.host_f32, table, s, mask, scale, r, ref).ok());
+      return ref;
+    }
+  };
+  Explicit MakeExplicit(int64_t t, int64_t n, int64_t s, int64_t page_size, int64_t w, int64_t r, bool causal,
+                        uint32_t seed) {
+    Explicit x;
+    x.c = MakeCache(s, page_size, w, seed);
+    x.mask = *Tensor::Zeros(DType::kU8, Shape{t, s});
     std::mt19937 rng(seed + 3);
     for (int64_t i = 0; i < t; ++i) {
-      uint8_t* row = mask.data_as<uint8_t>() + i * s;
+      uint8_t* row = x.mask.data_as<uint8_t>() + i * s;
       for (int64_t j = 0; j < s; ++j) {
         row[j] = causal ? (j <= s - t + i ? 1 : 0) : (rng() % 3 == 0 ? 1 : 0);
       }
       row[causal ? 0 : rng() % s] = 1;
     }
-    const Tensor table = I32(c.pages);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(w));
-    const Tensor d_q = Upload(q), d_mask = Upload(mask), d_table = Upload(table);
-    Tensor d_out = Upload(Filled(Shape{t, n, r}, kNaN));
-    EXPECT_TRUE(gpu_->LatentAttention(d_q, c.dev_bf16, d_table, s, d_mask, scale, r, d_out).ok());
-    Tensor ref = Filled(Shape{t, n, r}, kNaN), ref_unrounded = Filled(Shape{t, n, r}, kNaN);
-    EXPECT_TRUE(cpu_.LatentAttention(q_rounded, c.host_f32, table, s, mask, scale, r, ref).ok());
-    EXPECT_TRUE(cpu_.LatentAttention(q, c.host_f32, table, s, mask, scale, r, ref_unrounded).ok());
-    const Tensor got = Download(d_out);
-    return {NanAwareError(got, ref), NanAwareError(got, ref_unrounded)};
+    x.table = I32(x.c.pages);
+    x.t = t;
+    x.heads = n;
+    x.s = s;
+    x.r = r;
+    FinishProblem(x, w, seed);
+    return x;
   }
 
-  // BatchedLatentAttention: sequence b has n[b] new tokens and kv[b] keys on its own shuffled
-  // pages of one shared cache; tree masks are random trees (ancestors + itself), else causal.
-  std::pair<double, double> RunBatched(const std::vector<int64_t>& n, const std::vector<int64_t>& kv,
-                                       int64_t heads, int64_t page_size, int64_t w, int64_t r,
-                                       bool tree, uint32_t seed) {
+  // LatentAttention on the bf16 cache. Returns {error vs the CPU on rounded q, error vs the CPU on
+  // unrounded q}.
+  std::pair<double, double> RunLatent(int64_t t, int64_t n, int64_t s, int64_t page_size, int64_t w,
+                                      int64_t r, bool causal, uint32_t seed) {
+    const Explicit x = MakeExplicit(t, n, s, page_size, w, r, causal, seed);
+    const Tensor got = OutputOf(*gpu_, Shape{t, n, r},
+                                [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, out); });
+    return {NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), NanAwareError(got, x.Cpu(cpu_, x.q))};
+  }
+
+  // A BatchedLatentAttention problem: sequence b has n[b] new tokens and kv[b] keys on its own
+  // shuffled pages of one shared cache; tree masks are random trees (ancestors + itself), else
+  // causal. The device holds the bf16 cache and an f32 one with the same rounded rows.
+  struct Batched : Problem {
+    Tensor starts, kv;
+    Tensor d_starts, d_kv, d_cache_f32;
+    int64_t max_kv = 1;
+    bool tree = false;
+    TensorView Mask(const Tensor& m) const {
+      return tree ? m.view() : TensorView(m.data(), DType::kU8, Shape{t, 0}, Shape{1, 1}, m.device());
+    }
+    // The op on the device over the bf16 cache (or the f32 one) into out.
+    absl::Status Run(Backend& backend, bool f32_cache, const TensorView& out) const {
+      return backend.BatchedLatentAttention(d_q, f32_cache ? d_cache_f32 : c.dev_bf16, d_table, d_starts, d_kv,
+                                            max_kv, Mask(d_mask), scale, r, out);
+    }
+    // The CPU reference on the f32 cache with queries q.
+    Tensor Cpu(Backend& cpu, const Tensor& queries) const {
+      Tensor ref = Filled(Shape{t, heads, r}, kNaN);
+      EXPECT_TRUE(cpu.BatchedLatentAttention(queries, c.host_f32, table, starts, kv, max_kv, Mask(mask), scale, r, ref)
+                      .ok());
+      return ref;
+    }
+  };
+  Batched MakeBatched(const std::vector<int64_t>& n, const std::vector<int64_t>& kv, int64_t heads,
+                      int64_t page_size, int64_t w, int64_t r, bool tree, uint32_t seed) {
+    Batched x;
     const int64_t b = static_cast<int64_t>(n.size());
-    int64_t t = 0, max_kv = 1, max_n = 1;
+    int64_t max_n = 1;
     std::vector<int32_t> starts{0};
     for (int64_t i = 0; i < b; ++i) {
-      t += n[i];
-      starts.push_back(static_cast<int32_t>(t));
-      max_kv = std::max(max_kv, kv[i]);
+      x.t += n[i];
+      starts.push_back(static_cast<int32_t>(x.t));
+      x.max_kv = std::max(x.max_kv, kv[i]);
       max_n = std::max(max_n, n[i]);
     }
-    const int64_t pages_per_seq = (max_kv + page_size - 1) / page_size + 1;
+    const int64_t pages_per_seq = (x.max_kv + page_size - 1) / page_size + 1;
     // One cache for all sequences: sequence i owns pages [i * pages_per_seq, ...) of the shuffle.
-    const Cache c = MakeCache(b * pages_per_seq * page_size, page_size, w, seed);
-    std::vector<int32_t> tables(static_cast<size_t>(b * pages_per_seq));
-    for (int64_t i = 0; i < b * pages_per_seq; ++i) tables[i] = c.pages[i];
-    Tensor table_t = *Tensor::Empty(DType::kI32, Shape{b, pages_per_seq});
-    std::copy(tables.begin(), tables.end(), table_t.data_as<int32_t>());
+    x.c = MakeCache(b * pages_per_seq * page_size, page_size, w, seed);
+    x.table = *Tensor::Empty(DType::kI32, Shape{b, pages_per_seq});
+    std::copy(x.c.pages.begin(), x.c.pages.begin() + b * pages_per_seq, x.table.data_as<int32_t>());
     const int64_t m = tree ? max_n + 1 : 0;
-    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{t, std::max<int64_t>(m, 1)});
+    x.mask = *Tensor::Zeros(DType::kU8, Shape{x.t, std::max<int64_t>(m, 1)});
     std::mt19937 rng(seed + 5);
     for (int64_t i = 0; i < b && tree; ++i) {
       std::vector<int64_t> parent(static_cast<size_t>(n[i]));
       for (int64_t k = 0; k < n[i]; ++k) {
         parent[k] = k == 0 ? -1 : static_cast<int64_t>(rng() % k);
-        uint8_t* row = mask.data_as<uint8_t>() + (starts[i] + k) * m;
+        uint8_t* row = x.mask.data_as<uint8_t>() + (starts[i] + k) * m;
         for (int64_t a = k; a >= 0; a = parent[a]) row[a] = 1;
       }
     }
-    std::vector<int32_t> kv32(kv.begin(), kv.end());
-    const Tensor q = Random(Shape{t, heads, w}, seed + 2);
-    const Tensor q_rounded = Rounded(q);
-    const Tensor starts_t = I32(starts), kv_t = I32(kv32);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(w));
-    auto mask_view = [&](const Tensor& mt) {
-      return tree ? mt.view() : TensorView(mt.data(), DType::kU8, Shape{t, 0}, Shape{1, 1}, mt.device());
-    };
-    const Tensor d_q = Upload(q), d_tables = Upload(table_t), d_starts = Upload(starts_t);
-    const Tensor d_kv = Upload(kv_t), d_mask = Upload(mask);
-    Tensor d_out = Upload(Filled(Shape{t, heads, r}, kNaN));
-    EXPECT_TRUE(gpu_->BatchedLatentAttention(d_q, c.dev_bf16, d_tables, d_starts, d_kv, max_kv,
-                                             mask_view(d_mask), scale, r, d_out).ok());
-    Tensor ref = Filled(Shape{t, heads, r}, kNaN), ref_unrounded = Filled(Shape{t, heads, r}, kNaN);
-    EXPECT_TRUE(cpu_.BatchedLatentAttention(q_rounded, c.host_f32, table_t, starts_t, kv_t, max_kv,
-                                            mask_view(mask), scale, r, ref).ok());
-    EXPECT_TRUE(cpu_.BatchedLatentAttention(q, c.host_f32, table_t, starts_t, kv_t, max_kv,
-                                            mask_view(mask), scale, r, ref_unrounded).ok());
-    const Tensor got = Download(d_out);
-    return {NanAwareError(got, ref), NanAwareError(got, ref_unrounded)};
+    x.starts = I32(starts);
+    x.kv = I32(std::vector<int32_t>(kv.begin(), kv.end()));
+    x.heads = heads;
+    x.r = r;
+    x.tree = tree;
+    x.d_starts = Upload(x.starts);
+    x.d_kv = Upload(x.kv);
+    x.d_cache_f32 = Upload(x.c.host_f32);
+    FinishProblem(x, w, seed);
+    return x;
+  }
+
+  // The output of call(backend, out) on a fresh NaN-filled device tensor of `shape`, once `backend`
+  // has finished.
+  using DeviceCall = std::function<absl::Status(cuda::CudaBackend&, const TensorView&)>;
+  Tensor OutputOf(cuda::CudaBackend& backend, const Shape& shape, const DeviceCall& call) {
+    const Tensor out = Upload(Filled(shape, kNaN));
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+    EXPECT_TRUE(call(backend, out).ok());
+    EXPECT_TRUE(backend.Synchronize().ok());
+    return Download(out);
+  }
+
+  // call(backend, out) captured in a CUDA graph, replayed twice with out reset to NaN before each
+  // replay: each must give `eager`'s bits. Returns the graph's node count.
+  size_t ExpectReplaysGive(cuda::CudaBackend& backend, const Shape& shape, const DeviceCall& call,
+                           const Tensor& eager) {
+    const Tensor out = Upload(Filled(shape, kNaN));
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+    auto graph = cuda::CudaGraph::Capture(backend.stream(), [&] { return call(backend, out); });
+    EXPECT_TRUE(graph.ok()) << graph.status();
+    if (!graph.ok()) return 0;
+    const Tensor nan = Filled(shape, kNaN);
+    for (int replay = 0; replay < 2; ++replay) {
+      EXPECT_TRUE(backend.Copy(nan, out).ok());
+      EXPECT_TRUE((*graph)->Launch(backend.stream()).ok());
+      EXPECT_TRUE(backend.Synchronize().ok());
+      EXPECT_TRUE(SameBits(Download(out), eager)) << "replay " << replay;
+    }
+    return (*graph)->num_nodes();
+  }
+
+  // call on `folded` (CombineBackend(true)) twice and on `separate` (CombineBackend(false)), eagerly
+  // and in CUDA graphs: the same bits every time (a count left on a fold counter would leave the
+  // next call's output NaN), and where the call splits its keys, one kernel node fewer in the
+  // folded graph (the merge ran in the attention kernel). Returns the output.
+  Tensor ExpectFoldedMergeIsTheCombineKernels(cuda::CudaBackend& folded, cuda::CudaBackend& separate,
+                                               const Shape& shape, const DeviceCall& call, bool split) {
+    Tensor first = OutputOf(folded, shape, call);
+    EXPECT_TRUE(SameBits(OutputOf(folded, shape, call), first)) << "the same call again";
+    EXPECT_TRUE(SameBits(OutputOf(separate, shape, call), first)) << "the combine kernel";
+    const size_t folded_nodes = ExpectReplaysGive(folded, shape, call, first);
+    const size_t separate_nodes = ExpectReplaysGive(separate, shape, call, first);
+    EXPECT_EQ(separate_nodes, folded_nodes + (split ? 1 : 0));
+    return first;
+  }
+
+  // BatchedLatentAttention on the bf16 cache. Returns {error vs the CPU on rounded q, error vs the
+  // CPU on unrounded q}.
+  std::pair<double, double> RunBatched(const std::vector<int64_t>& n, const std::vector<int64_t>& kv,
+                                       int64_t heads, int64_t page_size, int64_t w, int64_t r,
+                                       bool tree, uint32_t seed) {
+    const Batched x = MakeBatched(n, kv, heads, page_size, w, r, tree, seed);
+    const Tensor got = OutputOf(*gpu_, Shape{x.t, heads, r},
+                                [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, false, out); });
+    return {NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), NanAwareError(got, x.Cpu(cpu_, x.q))};
   }
 };
+
+// The parity suites below run on both merges of a split call's results: the combine kernel, and the
+// attention kernels' folded merge wherever it applies.
+class CudaLatentBf16CombineTest : public CudaLatentBf16Test, public ::testing::WithParamInterface<bool> {
+ protected:
+  cuda::CudaBackendOptions Options() const override { return CombineOptions(GetParam()); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Merge, CudaLatentBf16CombineTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Folded" : "CombineKernel");
+                         });
 
 // Rows of awkward values (ties, subnormals, infinities, large finite values that round to inf)
 // written at scattered positions through shuffled pages: every cache element is bitwise the host's
@@ -265,7 +410,7 @@ TEST_F(CudaLatentBf16Test, PagedWriteRoundsAndReadWidens) {
 // the page size, page sizes 1 / 3 / 64, 16 / 8 / 5 / 1 heads, widths 576 / 512 (values 512), 72
 // (values 64: pad dims) and 36 (not a multiple of 8: the kernel's plain-load path). At W = 576 one
 // token of 16 heads runs the compact kernel, 4+ tokens (or 64 of one head) the tree kernel.
-TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
+TEST_P(CudaLatentBf16CombineTest, LatentAttentionMatchesCpuOnRoundedInputs) {
   struct Case {
     int64_t t, n, s, page_size, w, r;
     bool causal;
@@ -300,8 +445,9 @@ TEST_F(CudaLatentBf16Test, LatentAttentionMatchesCpuOnRoundedInputs) {
 
 // Decode (1 token) and tree verify (8 / 32 tokens, random trees) over batches of different
 // lengths, page sizes 1 and 64, 16 and 8 heads: 16-row blocks (decode) and 64-row blocks (a
-// sequence averaging >= 64 query rows; at W = 576 the tree kernel, latent_tree_kernels.cu).
-TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
+// sequence averaging >= 64 query rows; at W = 576 the tree kernel, latent_tree_kernels.cu). Decode
+// of one sequence at 1K / 4K keys and at lengths off the 64-key chunk splits its keys the most.
+TEST_P(CudaLatentBf16CombineTest, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
   struct Case {
     std::vector<int64_t> n, kv;
     int64_t heads, page_size, w, r;
@@ -310,6 +456,10 @@ TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
   const std::vector<Case> cases = {
       {{1}, {1}, 16, 64, 576, 512, false},
       {{1}, {4096}, 16, 64, 576, 512, false},
+      {{1}, {1024}, 16, 1, 576, 512, false},
+      {{1}, {1000}, 16, 64, 576, 512, false},
+      {{1}, {4097}, 16, 1, 576, 512, false},
+      {std::vector<int64_t>(8, 1), {4096, 65, 1, 2049, 300, 31, 32, 4000}, 16, 1, 576, 512, false},
       {{1, 1, 1, 1}, {1, 33, 64, 1000}, 16, 1, 576, 512, false},
       {{1, 1, 1, 1, 1, 1, 1, 1}, {4096, 65, 1, 2049, 300, 31, 32, 4000}, 8, 64, 576, 512, false},
       {{8, 8}, {8, 700}, 16, 64, 576, 512, true},
@@ -341,7 +491,7 @@ TEST_F(CudaLatentBf16Test, BatchedLatentAttentionMatchesCpuOnRoundedInputs) {
 // 128 tokens: the tree kernel's 64-row blocks): such a key must not reach the value product
 // (0 x NaN), whether it sits in a chunk with allowed keys (70, 201) or fills one (128..159). Pages of
 // 16 and 3.
-TEST_F(CudaLatentBf16Test, KeysNoRowAllowsMayHoldNaN) {
+TEST_P(CudaLatentBf16CombineTest, KeysNoRowAllowsMayHoldNaN) {
   constexpr int64_t kT = 128, kHeads = 16, kS = 300, kW = 576, kR = 512;
   auto blocked = [](int64_t key) { return (key >= 128 && key < 160) || key == 70 || key == 201; };
   uint32_t seed = 900;
@@ -381,11 +531,12 @@ TEST_F(CudaLatentBf16Test, KeysNoRowAllowsMayHoldNaN) {
 // The tree kernel (64-row blocks at W = 576, R = 512, where LatentBlockRows routes to it):
 // 16 / 64 tokens x 16 heads with random trees, contexts that end mid-chunk (and the splits
 // the launcher cuts them into), page sizes 1 / 3 / 16 / 64, sequences whose keys are all new (kv ==
-// n), mixed token counts in one batch (short sequences leave tile rows empty), causal without a
+// n), mixed token counts in one batch (short sequences leave tile rows empty), one sequence of 66
+// tokens (its last tile half full) or 64 tokens after 4K keys, causal without a
 // mask, 8 / 20 heads (tiles of 8 x 8 and 3 x 20 = 60 rows), 2 heads x 32+ tokens (more tokens per
 // tile than warps), 128 heads x 1 token (two 64-head tiles, launched as a programmatic dependent of
 // the check), and a batch large enough for one split (results written directly, no combine).
-TEST_F(CudaLatentBf16Test, TreeKernelMatchesCpuOnRoundedInputs) {
+TEST_P(CudaLatentBf16CombineTest, TreeKernelMatchesCpuOnRoundedInputs) {
   struct Case {
     std::vector<int64_t> n, kv;
     int64_t heads, page_size;
@@ -406,6 +557,9 @@ TEST_F(CudaLatentBf16Test, TreeKernelMatchesCpuOnRoundedInputs) {
       {{512, 520}, {600, 520}, 2, 64, true},
       {std::vector<int64_t>(8, 2), {2, 1000, 4096, 3, 77, 2, 500, 64}, 128, 64, false},
       {std::vector<int64_t>(16, 64), std::vector<int64_t>(16, 300), 16, 64, true},
+      // One sequence: 17 tiles, the last holding 2 of its 4 tokens, each tile's keys split.
+      {{66}, {1100}, 16, 64, true},
+      {{64}, {4096}, 16, 1, true},
   };
   uint32_t seed = 900;
   for (const Case& c : cases) {
@@ -420,6 +574,87 @@ TEST_F(CudaLatentBf16Test, TreeKernelMatchesCpuOnRoundedInputs) {
                 static_cast<long>(c.heads), static_cast<long>(c.n[0]), static_cast<long>(c.kv[0]), rounded,
                 unrounded);
   }
+}
+
+// The folded merge against the combine kernel, bitwise, on every latent kernel at DeepSeek's shape
+// (16 heads, 576 / 512) and beside it: one decode sequence of 1 (no split) / 1K / 4K + 1 keys (page
+// sizes 64 and 1), 8 of mixed lengths (some in one split; at 8 heads a tile has rows for 2 tokens
+// and holds 1), several tokens per sequence on the compact kernel, the tree kernel (a last tile half full;
+// 8 sequences of 16 tokens), the general bf16 kernel (W = 72), the f32 kernel, and the explicit-mask
+// form (random masks: splits where a row allows no key weigh 0). Each result also matches the CPU.
+TEST_F(CudaLatentBf16Test, FoldedMergeIsTheCombineKernels) {
+  const std::unique_ptr<cuda::CudaBackend> folded = CombineBackend(true), separate = CombineBackend(false);
+  ASSERT_TRUE(folded != nullptr && separate != nullptr);
+  struct Case {
+    const char* what;
+    std::vector<int64_t> n, kv;
+    int64_t heads, page_size, w, r;
+    bool tree, f32_cache, split;
+  };
+  const std::vector<int64_t> decode8(8, 1), mixed = {4096, 65, 1, 2049, 300, 31, 32, 4000};
+  const std::vector<Case> cases = {
+      {"compact, 1 x 1K", {1}, {1024}, 16, 64, 576, 512, false, false, true},
+      {"compact, 1 x 4097, page 1", {1}, {4097}, 16, 1, 576, 512, false, false, true},
+      {"compact, 1 x 1 (one split)", {1}, {1}, 16, 64, 576, 512, false, false, false},
+      {"compact, 8 mixed, page 1", decode8, mixed, 16, 1, 576, 512, false, false, true},
+      {"compact, 8 mixed at 8 heads", decode8, mixed, 8, 64, 576, 512, false, false, true},
+      {"compact, tree of 8 tokens", {8, 8}, {77, 4000}, 16, 64, 576, 512, true, false, true},
+      {"tree kernel, 66 tokens", {66}, {1100}, 16, 64, 576, 512, true, false, true},
+      {"tree kernel, 8 x 16 tokens", std::vector<int64_t>(8, 16), {100, 16, 1000, 4097, 33, 700, 2049, 17}, 16, 1,
+       576, 512, true, false, true},
+      {"general bf16 kernel", {1, 1}, {1000, 70}, 16, 64, 72, 64, false, false, true},
+      {"f32 kernel, 1 x 1K", {1}, {1024}, 16, 64, 576, 512, false, true, true},
+      {"f32 kernel, 8 mixed at 8 heads", decode8, mixed, 8, 16, 576, 512, false, true, true},
+  };
+  uint32_t seed = 2000;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Batched x = MakeBatched(c.n, c.kv, c.heads, c.page_size, c.w, c.r, c.tree, seed);
+    seed += 10;
+    const Tensor got = ExpectFoldedMergeIsTheCombineKernels(
+        *folded, *separate, Shape{x.t, c.heads, c.r},
+        [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, c.f32_cache, out); }, c.split);
+    if (c.f32_cache) {
+      EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q)), kF32Tol);
+    } else {
+      EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), kBf16Tol);
+    }
+  }
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "explicit mask, 4 x 300 causal" : "explicit mask, 1 x 4097 random");
+    const Explicit x = causal ? MakeExplicit(4, 16, 300, 1, 576, 512, true, seed)
+                              : MakeExplicit(1, 16, 4097, 64, 576, 512, false, seed);
+    seed += 10;
+    const Tensor got = ExpectFoldedMergeIsTheCombineKernels(
+        *folded, *separate, Shape{x.t, x.heads, x.r},
+        [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, out); }, true);
+    EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), kBf16Tol);
+  }
+}
+
+// A call whose check fails (a page entry out of range) writes nothing and leaves the fold counters
+// at zero (its blocks exit before they count), so the next call merges as the combine kernel does.
+TEST_F(CudaLatentBf16Test, FoldedMergeAfterAFailedCheck) {
+  const std::unique_ptr<cuda::CudaBackend> folded = CombineBackend(true), separate = CombineBackend(false);
+  ASSERT_TRUE(folded != nullptr && separate != nullptr);
+  Batched x = MakeBatched({1, 1}, {1000, 3000}, 16, 64, 576, 512, false, 3000);
+  Tensor bad_table = *Tensor::Empty(DType::kI32, x.table.shape());
+  std::memcpy(bad_table.data(), x.table.data(), x.table.nbytes());
+  bad_table.data_as<int32_t>()[x.table.dim(1) + 2] = -3;
+  Tensor good_table = std::move(x.d_table);
+  x.d_table = Upload(bad_table);
+  const Shape shape{x.t, x.heads, x.r};
+  const Tensor out = Upload(Filled(shape, kNaN));
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(x.Run(*folded, false, out).ok());
+  const absl::Status deferred = folded->Synchronize();
+  EXPECT_EQ(deferred.code(), absl::StatusCode::kInvalidArgument) << deferred;
+  EXPECT_TRUE(SameBits(Download(out), Filled(shape, kNaN))) << "out was written";
+  x.d_table = std::move(good_table);
+  const Tensor got = ExpectFoldedMergeIsTheCombineKernels(
+      *folded, *separate, shape, [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, false, out); },
+      true);
+  EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), kBf16Tol);
 }
 
 // Host-side refusals: q and out stay f32; the cache is f32 or bf16 (an f16 cache is named).
