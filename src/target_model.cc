@@ -173,7 +173,10 @@ absl::Status TargetModel::Impl::LoadWeights() {
     EAGLE3_ASSIGN_OR_RETURN(Tensor input_ln, loader.Load(prefix + "input_layernorm.weight", DType::kF32));
     EAGLE3_ASSIGN_OR_RETURN(Tensor post_ln, loader.Load(prefix + "post_attention_layernorm.weight", DType::kF32));
     EAGLE3_ASSIGN_OR_RETURN(MlaBlock block,
-                            MlaBlock::Load(attention, options.tp_size, prefix + "self_attn.", weight_dtype, loader));
+                            MlaBlock::Load(attention, options.tp_size, prefix + "self_attn.", weight_dtype, loader,
+                                           options.stack_attention_inputs
+                                               ? MlaBlock::InputProjections::kStackWherePossible
+                                               : MlaBlock::InputProjections::kApart));
     EAGLE3_ASSIGN_OR_RETURN(
         FeedForwardBlock mlp,
         FeedForwardBlock::Load(FeedForwardConfig::ForTargetLayer(config, l), prefix + "mlp.", weight_dtype, loader));

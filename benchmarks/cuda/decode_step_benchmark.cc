@@ -149,6 +149,13 @@ bool KvCacheBf16() {
   return s != nullptr && std::string(s) == "bf16";
 }
 
+// EAGLE3_BENCH_STACK_ATTENTION_INPUTS=0: q_a and kv_a as two products
+// (TargetModelOptions::stack_attention_inputs), for A/B runs.
+bool StackAttentionInputs() {
+  const char* s = std::getenv("EAGLE3_BENCH_STACK_ATTENTION_INPUTS");
+  return s == nullptr || std::string(s) != "0";
+}
+
 // EAGLE3_BENCH_MODELS lists the models to run ("0", "23", ...); unset: models 0 and 1 (the quantized
 // ranks take ~85 / ~75 GB and a minute or more to load: asked for by name).
 bool ModelWanted(int model) {
@@ -263,6 +270,7 @@ absl::StatusOr<Model*> Get(int id) {
     o.num_kv_pages = kMaxBatch * pages_per_seq;
     if (KvCacheBf16() || Quantized(id)) o.kv_cache_dtype = DType::kBF16;
     if (Quantized(id)) o.keep_quantized = true;
+    o.stack_attention_inputs = StackAttentionInputs();
     size_t free_before = 0, free_after = 0, total = 0;
     (void)cudaMemGetInfo(&free_before, &total);
     EAGLE3_ASSIGN_OR_RETURN(m->target, TargetModel::Create(dir, o, nullptr, Backend()));

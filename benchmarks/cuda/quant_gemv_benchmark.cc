@@ -86,7 +86,9 @@ QuantShape ShapeOf(int64_t id) {
     case 16: return {"v3_experts128_down", false, 128, 7168, 256, 0, 256};
     case 17: return {"k25_experts128_down", true, 128, 7168, 256, 0, 256};
     case 18: return {"v3_items256_gate_up", false, 256, 256, 7168};
-    default: return {"k25_items256_gate_up", true, 256, 256, 7168};
+    case 19: return {"k25_items256_gate_up", true, 256, 256, 7168};
+    // q_a and kv_a stacked by rows (MlaBlock's one product for both).
+    default: return {"v3_q_a_kv_a", false, 1, 2112, 7168};
   }
 }
 
@@ -181,7 +183,7 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
     bm->ArgsProduct({{11, 15, 16, 17}, {8}});
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
-    bm->ArgsProduct({{16, 17, 18, 19}, {1, 8}});
+    bm->ArgsProduct({{16, 17, 18, 19, 20}, {1, 8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
@@ -237,6 +239,7 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   // The long-K, few-row shapes (q_a, kv_a), o_proj, and the experts as the grouped MoE runs them
   // (8 items of 8 rows: gate_up long-K, down short-K).
   bm->ArgsProduct({{0, 2, 5}, {1}, {1, 2, 4, 8}, {1, 2, 4, 8}});
+  bm->ArgsProduct({{20}, {1, 8}, {1, 2, 4, 8}, {1, 2, 4, 8}});
   bm->ArgsProduct({{10, 11, 14, 15}, {8}, {1, 2, 4, 8}, {1, 2, 4, 8}});
   // A 16-token step's gate-up product: 8 rows (a job's slot), 1 (the staging of one pair).
   bm->ArgsProduct({{18, 19}, {1, 8}, {1, 2, 4, 8}, {1, 2, 4}});
