@@ -131,19 +131,22 @@ std::optional<QuantGemvPlan> RowLoopPlan(const QuantGemvProblem& problem, int sm
 
 // Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each
 // 16-row group's K range the most ways (wk warps x split cluster ranks, both powers of two, wk up
-// to 4) while still fitting one wave: the kernel is then bound by the weight loads in flight and by
-// its fixed costs (launch, staging, reduction), and a second wave pays the fixed costs again. Timed
-// with explicit plans (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode
-// shapes, this rule's plans were the fastest or near them where the time model below picked slower
-// ones (odd cluster sizes, wide splits of 128-row blocks). nullopt: no such plan fits one wave
-// (large batches: the model decides).
+// to 4, or up to every warp of the block for a single product) while still fitting one wave: the
+// kernel is then bound by the weight loads in flight and by its fixed costs (launch, staging,
+// reduction), and a second wave pays the fixed costs again. Timed with explicit plans
+// (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode shapes, this rule's
+// plans were the fastest or near them where the time model below picked slower ones (odd cluster
+// sizes, wide splits of 128-row blocks). Of two plans with as many ways, a single product takes the
+// one with more warps and fewer cluster ranks: a grid of larger clusters fits a wave less often (a
+// cluster's blocks must share a GPC). nullopt: no such plan fits one wave (large batches: the model decides).
 std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count) {
   // Up to 8 activation rows (one B operand) only: with more, each of the rule's narrower blocks
   // stages more activation rows for fewer weight rows, and the model's plans measured faster.
   if (QuantGemvRowOperands(problem.m) > 1) return std::nullopt;
+  const int max_wk = problem.batch == 1 ? kQuantGemvWarps : 4;
   constexpr int kMaxWays = 4 * kQuantGemvMaxSplit;
   for (int ways = kMaxWays; ways >= 1; ways /= 2) {
-    const int wk = std::min(ways, 4), split = ways / wk;
+    const int wk = std::min(ways, max_wk), split = ways / wk;
     if (split > kQuantGemvMaxSplit) continue;
     const std::optional<QuantGemvPlan> plan = QuantGemvPlanFor(problem, wk, split);
     if (!plan.has_value()) continue;

@@ -1098,7 +1098,7 @@ TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
   const Shape shapes[] = {{1, 1, 1, 0},        {1, 9, 40, 16},       {1, 1536, 7168, 0},     {1, 576, 7168, 0},
                           {16, 512, 128, 0},   {16, 128, 512, 0},    {1, 7168, 2048, 2048},  {1, 4608, 7168, 0},
                           {8, 7168, 256, 256}, {8, 512, 7168, 0},    {1, 100, 1 << 20, 48},  {1, 3, 1 << 29, 0},
-                          {65535, 16, 64, 0},  {1, 1 << 24, 128, 0}, {1, 300, 1000, 104}};
+                          {65535, 16, 64, 0},  {1, 1 << 24, 128, 0}, {1, 300, 1000, 104},  {1, 2112, 7168, 0}};
   for (const bool int4 : {false, true}) {
     for (const Shape& shape : shapes) {
       for (const int64_t m : {1, 5, 8, 9, 16, 17, 24, 32}) {
@@ -1115,6 +1115,20 @@ TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
       }
     }
   }
+}
+
+// The one-wave rule for a single product: of the plans with the most K ways that fit one wave, the
+// one with every warp of the block on K and fewer cluster ranks (the stacked q_a | kv_a product of
+// a V3 rank: 16 ways as 8 warps x 2 ranks, not 4 x 4); a grouped product keeps 4 warps at most.
+TEST(QuantGemvPlanTest, OneWavePlansPreferWarpsOverClusterRanks) {
+  const QuantGemvPlan stacked = ChooseQuantGemvPlan(ProblemOf(false, 1, 1, 2112, 7168, 0), 132);
+  EXPECT_EQ(stacked.wk, 8);
+  EXPECT_EQ(stacked.split, 2);
+  const QuantGemvPlan q_a = ChooseQuantGemvPlan(ProblemOf(false, 1, 1, 1536, 7168, 0), 132);
+  EXPECT_EQ(q_a.wk * q_a.split, 16);
+  EXPECT_EQ(q_a.wk, 8);
+  const QuantGemvPlan experts = ChooseQuantGemvPlan(ProblemOf(false, 8, 8, 512, 7168, 0), 132);
+  EXPECT_LE(experts.wk, 4);
 }
 
 // Row-looped plans: what QuantGemvPlanValid takes, and where the chooser takes them and with how

@@ -77,8 +77,9 @@ struct CudaBackendOptions {
   // tile of query rows, when the tile's partial results (splits x rows of a block x value_dim
   // floats) take at most this many bytes; larger ones launch a combine kernel, which spreads the
   // merge over many blocks. Results are the same (bitwise); 0: every split call launches the combine
-  // kernel.
-  int64_t latent_fold_combine_bytes = int64_t{512} << 10;
+  // kernel. The default folds only few splits of a 16-row tile (large batches, whose tiles already
+  // fill the GPU): one block reading many splits' partials is slower than a combine kernel.
+  int64_t latent_fold_combine_bytes = int64_t{128} << 10;
 };
 
 class EAGLE3_API CudaBackend final : public Backend {
