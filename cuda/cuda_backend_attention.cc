@@ -134,9 +134,15 @@ void AppendTensor(std::vector<int64_t>& key, const TensorView& t) {
   }
 }
 
-// The flag slot and check decision for a call with `key` (its SharedOp first).
-CheckSite SharedCheck(CudaBackend::State& s, const Scratch& scratch, std::vector<int64_t> key) {
+// The flag slot and check decision for a call of `op` whose key's other elements fill_key appends
+// (built only inside a scope, in the state's reused key buffer: no allocation per call).
+template <typename FillKey>
+CheckSite SharedCheck(CudaBackend::State& s, const Scratch& scratch, SharedOp op, FillKey&& fill_key) {
   if (s.shared_checks_depth == 0) return {scratch.bad, true};
+  std::vector<int64_t>& key = s.shared_check_key;
+  key.clear();
+  key.push_back(static_cast<int64_t>(op));
+  fill_key(key);
   for (const auto& [known, slot] : s.shared_checks) {
     if (known == key) return {scratch.bad + slot, false};
   }
@@ -148,7 +154,7 @@ CheckSite SharedCheck(CudaBackend::State& s, const Scratch& scratch, std::vector
       if (entry.first.front() == key.front()) entry.first.front() = static_cast<int64_t>(SharedOp::kRetired);
     }
   }
-  s.shared_checks.emplace_back(std::move(key), slot);
+  s.shared_checks.emplace_back(key, slot);
   return {scratch.bad + slot, true};
 }
 
@@ -255,9 +261,10 @@ absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
-  std::vector<int64_t> key = {static_cast<int64_t>(SharedOp::kApplyRope), x.dim(0), cos_sin.dim(0)};
-  AppendTensor(key, positions);
-  const CheckSite site = SharedCheck(s, scratch, std::move(key));
+  const CheckSite site = SharedCheck(s, scratch, SharedOp::kApplyRope, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {x.dim(0), cos_sin.dim(0)});
+    AppendTensor(key, positions);
+  });
   if (site.check) {
     EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
                                                   [&](const auto* pos) {
@@ -401,11 +408,11 @@ absl::Status LaunchBatchedLatent(CudaBackend::State& s, const char* op, const Te
   }
   // The check's verdict and the tile table depend on the metadata and on the launch geometry's
   // inputs (LaunchBatchedLatentAttention).
-  std::vector<int64_t> key = {static_cast<int64_t>(SharedOp::kBatchedLatent), q.dim(0), q.dim(1), q.dim(2),
-                              value_dim, max_kv_len, cache.dim(0), cache.dim(1),
-                              static_cast<int64_t>(cache.dtype())};
-  for (const TensorView* t : {&page_tables, &q_start, &kv_len, &tree_mask, &key_mask}) AppendTensor(key, *t);
-  const CheckSite site = SharedCheck(s, scratch, std::move(key));
+  const CheckSite site = SharedCheck(s, scratch, SharedOp::kBatchedLatent, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {q.dim(0), q.dim(1), q.dim(2), value_dim, max_kv_len, cache.dim(0), cache.dim(1),
+                           static_cast<int64_t>(cache.dtype())});
+    for (const TensorView* t : {&page_tables, &q_start, &kv_len, &tree_mask, &key_mask}) AppendTensor(key, *t);
+  });
   return CudaStatus(LaunchBatchedLatentAttention(
                         p, scratch.tile_table, scratch.partials, scratch.partial_floats, Fold(s, scratch),
                         site.bad, s.error_flag, DeviceErrorCode(DeviceCheck::kBatchedLatentAttention), site.check,
@@ -446,10 +453,11 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   const int32_t* pages = page_table.data_as<const int32_t>();
-  std::vector<int64_t> key = {static_cast<int64_t>(SharedOp::kPagedWrite), rows.dim(0), cache.dim(0), cache.dim(1)};
-  AppendTensor(key, positions);
-  AppendTensor(key, page_table);
-  const CheckSite site = SharedCheck(s, scratch, std::move(key));
+  const CheckSite site = SharedCheck(s, scratch, SharedOp::kPagedWrite, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {rows.dim(0), cache.dim(0), cache.dim(1)});
+    AppendTensor(key, positions);
+    AppendTensor(key, page_table);
+  });
   if (site.check) {
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
         WithIndices(positions,

@@ -80,6 +80,7 @@ struct CudaBackend::State {
   // its verdict.
   int shared_checks_depth = 0;
   std::vector<std::pair<std::vector<int64_t>, int>> shared_checks;
+  std::vector<int64_t> shared_check_key;  // the key being looked up, reused from call to call
   void* moe_scratch = nullptr;
   size_t moe_scratch_bytes = 0;
   // BatchedPagedAttention's partial results (cuda_backend_paged_attention.cc).
