@@ -117,26 +117,32 @@ absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp
     EAGLE3_ASSIGN_OR_RETURN(const WeightSpec spec, next_spec(suffix));
     return loader.LoadLinear(spec, weight_dtype);
   };
+  std::optional<WeightSpec> q_a_spec;
   if (config.q_lora_rank.has_value()) {
-    EAGLE3_ASSIGN_OR_RETURN(b.q_a_, take_linear("q_a_proj.weight"));
+    EAGLE3_ASSIGN_OR_RETURN(q_a_spec, next_spec("q_a_proj.weight"));
     EAGLE3_ASSIGN_OR_RETURN(b.q_a_ln_, take("q_a_layernorm.weight", DType::kF32));
     EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_b_proj.weight"));
   } else {
     EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_proj.weight"));
   }
-  EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, take_linear("kv_a_proj_with_mqa.weight"));
+  EAGLE3_ASSIGN_OR_RETURN(const WeightSpec kv_a_spec, next_spec("kv_a_proj_with_mqa.weight"));
   // q_a and kv_a both read x: stacked [q_a; kv_a] (an FP8 q_a of whole 128-row blocks, as every
   // published checkpoint's 1536 rows are), one product streams both weights, and the parts are
   // freed. Both are replicated, so every rank stacks the same whole tensors.
-  if (config.q_lora_rank.has_value() && input_projections == InputProjections::kStackWherePossible) {
-    LinearWeight parts[] = {std::exchange(b.q_a_, LinearWeight()), std::exchange(b.kv_a_, LinearWeight())};
-    EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*b.backend_, parts));
-    if (stacked.has_value()) {
-      b.q_kv_a_ = std::move(*stacked);
+  if (q_a_spec.has_value() && input_projections == InputProjections::kStackWherePossible) {
+    const WeightSpec pair[] = {*q_a_spec, kv_a_spec};
+    EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> loaded, loader.LoadStackedLinear(pair, weight_dtype));
+    if (loaded.size() == 1) {
+      b.q_kv_a_ = std::move(loaded[0]);
     } else {
-      b.q_a_ = std::move(parts[0]);
-      b.kv_a_ = std::move(parts[1]);
+      b.q_a_ = std::move(loaded[0]);
+      b.kv_a_ = std::move(loaded[1]);
     }
+  } else {
+    if (q_a_spec.has_value()) {
+      EAGLE3_ASSIGN_OR_RETURN(b.q_a_, loader.LoadLinear(*q_a_spec, weight_dtype));
+    }
+    EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, loader.LoadLinear(kv_a_spec, weight_dtype));
   }
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_ln_, take("kv_a_layernorm.weight", DType::kF32));
   const WeightSpec& kv_b_spec = specs[next];
