@@ -366,6 +366,10 @@ constexpr int kCheckThreads = 1024;
 // Batched metadata, one block for all sequences (and q_start[0] and q_start[B]):
 // records 8 * b + condition for the lowest failing sequence (conditions in attention_ops.h, in
 // the CPU reference's order). Threads only read what the earlier conditions of b made safe.
+// The block splits into teams (a power of two, at most one per warp), team k taking sequences k,
+// k + teams, ...: a sequence's checks are a chain of dependent loads (its starts and length, then
+// its page entries and mask rows), so sequences one after another would make the check's time grow
+// with the batch, while one team per sequence of a small batch keeps a long page table's scan wide.
 __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, int* error_flag,
                                          int error_code) {
   // Waits before it lets the next kernel launch: the compact or tree kernel after it reads the
@@ -380,29 +384,33 @@ __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, i
     if (p.q_start[0] != 0) Flag(bad, error_flag, error_code, 0);
     if (p.q_start[batch] != p.tokens) Flag(bad, error_flag, error_code, 8 * batch + 6);
   }
-  for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+  int teams = 1;
+  while (2 * teams <= kCheckThreads / 32 && 2 * teams <= batch) teams *= 2;
+  const int team_size = static_cast<int>(blockDim.x) / teams;
+  const int team = static_cast<int>(threadIdx.x) / team_size, member = static_cast<int>(threadIdx.x) % team_size;
+  for (int64_t b = team; b < batch; b += teams) {
     const int64_t begin = p.q_start[b], end = p.q_start[b + 1], len = p.kv_len[b];
     const int64_t n = end - begin;
     if (end < begin || end > p.tokens) {
-      if (threadIdx.x == 0) Flag(bad, error_flag, error_code, 8 * b + 1);
+      if (member == 0) Flag(bad, error_flag, error_code, 8 * b + 1);
       continue;
     }
     if (n == 0) continue;
     if (len < n || len > p.max_kv_len || len > p.pages_per_seq * p.page_size) {
-      if (threadIdx.x == 0) Flag(bad, error_flag, error_code, 8 * b + 2);
+      if (member == 0) Flag(bad, error_flag, error_code, 8 * b + 2);
       continue;
     }
     const bool has_mask = p.tree_mask != nullptr;
     if (has_mask && n > p.tree_width) {
-      if (threadIdx.x == 0) Flag(bad, error_flag, error_code, 8 * b + 3);
+      if (member == 0) Flag(bad, error_flag, error_code, 8 * b + 3);
       continue;
     }
     const int32_t* pages = p.page_tables + b * p.page_table_stride;
-    for (int64_t j = threadIdx.x; j < (len + p.page_size - 1) / p.page_size; j += blockDim.x) {
+    for (int64_t j = member; j < (len + p.page_size - 1) / p.page_size; j += team_size) {
       if (pages[j] < 0 || pages[j] >= p.num_pages) Flag(bad, error_flag, error_code, 8 * b + 4);
     }
     if (has_mask && len == n && begin >= 0) {
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      for (int64_t i = member; i < n; i += team_size) {
         const uint8_t* row = p.tree_mask + (begin + i) * p.tree_mask_stride;
         bool any = false;
         for (int64_t j = 0; j < n && !any; ++j) any = row[j] != 0;
@@ -412,7 +420,7 @@ __global__ void CheckBatchedLatentKernel(const LatentLaunchParams p, int* bad, i
     if (p.mask != nullptr && begin >= 0) {
       // The key-mask form: every row must allow one of its sequence's keys (a draft row allows its
       // committed prefix, so the scan stops at once).
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      for (int64_t i = member; i < n; i += team_size) {
         const uint8_t* row = p.mask + (begin + i) * p.mask_stride;
         bool any = false;
         for (int64_t s = 0; s < len && !any; ++s) any = row[s] != 0;

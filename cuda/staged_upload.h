@@ -2,7 +2,9 @@
 // of the backend (Copy's path for them, cuda_backend.cc). The driver moves a pageable source
 // through its own small staging in synchronous steps, well below the link's rate; here the host
 // copies chunk i + 1 into one pinned buffer while the DMA engine moves chunk i from the other, so
-// the transfer runs at the host's memcpy rate. Used for weights at load time. Host code only.
+// the transfer runs at the host's memcpy rate, and Copy returns before its last chunk has arrived:
+// the host goes on (reading the next weight) while the DMA engine finishes. Used for weights at load
+// time. Host code only.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +18,10 @@ namespace eagle3::cuda {
 
 class StagedUpload {
  public:
-  // Copies below this size keep the driver's path (one cudaMemcpyAsync).
-  static constexpr size_t kMinBytes = size_t{4} << 20;
+  // Every contiguous pageable upload takes this path, the smallest too: the driver's path waits for
+  // the whole stream before it starts a pageable copy, so one small copy (a weight's scales) between
+  // two large ones would stop the next weight's read from overlapping the last one's transfer.
+  static constexpr size_t kMinBytes = 1;
   static constexpr size_t kChunkBytes = size_t{8} << 20;
 
   // `pinned` allocates the two buffers on first use and must outlive this object.

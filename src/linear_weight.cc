@@ -61,8 +61,8 @@ absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host
   EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), backend.allocator()));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host.scales, scales));
   view.scales = scales.view();
-  // The copies read pageable host memory, which is freed when this returns.
-  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  // No synchronize: Copy has read the pageable host tensors when it returns (Backend::Copy), so the
+  // transfers overlap the next weight's read; the model synchronizes once its weights are loaded.
   return LinearWeight(std::move(codes), std::move(scales), view);
 }
 
@@ -196,8 +196,7 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
   if (backend.device().is_cpu()) return LinearWeight(std::move(host));
   start = Clock::now();
   EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend.allocator()));
-  EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));
-  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));  // read when it returns (Backend::Copy)
   stats.device_seconds += since(start);
   return LinearWeight(std::move(device));
 }

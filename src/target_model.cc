@@ -188,6 +188,9 @@ absl::Status TargetModel::Impl::LoadWeights() {
   if (!config.tie_word_embeddings) {
     EAGLE3_ASSIGN_OR_RETURN(lm_head, loader.Load(config.tensor_prefix + "lm_head.weight", weight_dtype));
   }
+  // The weights' transfers overlap the reads (no synchronize per tensor): the load ends when the
+  // last one has arrived, and a failed transfer is reported here.
+  EAGLE3_RETURN_IF_ERROR(backend->Synchronize());
   load_stats.total_seconds = since(start);
   return absl::OkStatus();
 }

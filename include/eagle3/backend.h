@@ -128,7 +128,9 @@ class EAGLE3_API Backend {
   virtual Allocator& staging_allocator() { return DefaultHostAllocator(); }
 
   // dst = src. Same shape and dtype; any non-negative strides on the host backend. A backend may
-  // also accept a host side on a device backend (host <-> device transfer); others are refused.
+  // also accept a host side on a device backend (host <-> device transfer); others are refused. A
+  // host src that did not come from staging_allocator() has been read when Copy returns: the caller
+  // may free or reuse it at once (staging memory is read when the stream gets there).
   virtual absl::Status Copy(const TensorView& src, const TensorView& dst) = 0;
 
   // Linear layer (PyTorch layout), see GemmOptions. c and bias are f32. A backend that stores

@@ -128,15 +128,16 @@ TEST_F(CudaBackendCoreTest, CopyContiguousRoundTripEveryElementSize) {
   }
 }
 
-// Large uploads from pageable memory go through the backend's pinned buffers in chunks
-// (StagedUpload): sizes around the threshold and the chunk, a source changed and freed right after
-// Copy returns (Copy has read it all by then), back-to-back uploads reusing both buffers, and a
-// pinned source (the driver's path) between them.
-TEST_F(CudaBackendCoreTest, CopyLargePageableUploadsThroughStaging) {
+// Uploads from pageable memory go through the backend's pinned buffers in chunks (StagedUpload):
+// sizes from one byte to several chunks, a source changed and freed right after Copy returns (Copy
+// has read it all by then), back-to-back uploads reusing both buffers, small ones between large
+// ones, and a pinned source (the driver's path) after them.
+TEST_F(CudaBackendCoreTest, CopyPageableUploadsThroughStaging) {
   constexpr int64_t kMiB = int64_t{1} << 20;
   uint32_t seed = 40;
   std::vector<std::pair<Tensor, Tensor>> done;  // (expected host bytes, device copy)
-  for (const int64_t bytes : {4 * kMiB - 1, 4 * kMiB, 8 * kMiB, 8 * kMiB + 1, 19 * kMiB + 12345, 33 * kMiB}) {
+  for (const int64_t bytes : {int64_t{1}, int64_t{4099}, kMiB + 7, 4 * kMiB, 8 * kMiB, 8 * kMiB + 1,
+                              19 * kMiB + 12345, 33 * kMiB, int64_t{100}}) {
     SCOPED_TRACE(bytes);
     auto source = std::make_unique<Tensor>(RandomInts(DType::kU8, Shape{bytes}, seed++, 0, 256));
     Tensor expected = Clone(*source);
