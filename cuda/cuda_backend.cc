@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "core_ops.h"
+#include "prefetch_ops.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cuda {
@@ -179,6 +181,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
                             s.allocator.Allocate(options.activation_scratch_bytes, 256));
     s.activation_scratch.emplace_back(scratch, options.activation_scratch_bytes);
   }
+  int l2_bytes = 0;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, options.device),
+                                    "CudaBackend: cudaDeviceGetAttribute(L2 cache size)" + on));
+  s.l2_bytes = l2_bytes;
+  EAGLE3_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetAttribute(&s.multiprocessors, cudaDevAttrMultiProcessorCount, options.device),
+                 "CudaBackend: cudaDeviceGetAttribute(multiprocessors)" + on));
   EAGLE3_ASSIGN_OR_RETURN(void* flag, s.allocator.Allocate(sizeof(int), 256));
   s.error_flag = static_cast<int*>(flag);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(s.error_flag, 0, sizeof(int), s.stream),
@@ -310,6 +319,45 @@ absl::Status CudaBackend::Copy(const TensorView& src, const TensorView& dst) {
   }
   if (error == cudaSuccess) return absl::OkStatus();
   return CudaStatus(error, absl::StrCat("Copy from ", src.ToString(), " to ", dst.ToString()));
+}
+
+// The views' spans in order while they fit 3/5 of the L2: the rest of the cache keeps what the step
+// reads meanwhile (activations, cache rows, the streaming weights' lines in flight), and an earlier
+// prefetched line evicted before its reader runs would be read twice. Each launch takes up to
+// kMaxPrefetchRanges spans.
+absl::Status CudaBackend::PrefetchWeights(std::span<const TensorView> weights) {
+  EAGLE3_RETURN_IF_ERROR(Backend::PrefetchWeights(weights));
+  State& s = *state_;
+  const int64_t budget = s.l2_bytes * 3 / 5;
+  int64_t taken = 0;
+  PrefetchRanges ranges;
+  const auto launch = [&]() -> absl::Status {
+    if (ranges.count == 0) return absl::OkStatus();
+    const PrefetchRanges full = ranges;
+    ranges = PrefetchRanges();
+    return Launched("PrefetchWeights",
+                    LaunchL2Prefetch(full, 2 * std::max(s.multiprocessors, 1), s.options.programmatic_launch,
+                                           s.stream));
+  };
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "PrefetchWeights: cudaSetDevice"));
+  for (const TensorView& w : weights) {
+    if (w.empty() || w.numel() == 0) continue;
+    const int64_t size = static_cast<int64_t>(DTypeSize(w.dtype()));
+    // A view whose dim-0 slices lie apart (W_UV's heads within kv_b) is read slice by slice, without
+    // the gaps between them.
+    int64_t inner_last = 0;  // element offset of a slice's last element
+    for (int i = 1; i < w.rank(); ++i) inner_last += (w.dim(i) - 1) * w.stride(i);
+    const bool apart = w.rank() >= 2 && w.dim(0) > 1 && w.stride(0) > inner_last + 1;
+    const int64_t pieces = apart ? w.dim(0) : 1;
+    const int64_t piece_bytes = (apart || w.rank() == 0 ? inner_last + 1 : (w.dim(0) - 1) * w.stride(0) + inner_last + 1) * size;
+    if (taken + pieces * piece_bytes > budget) break;
+    taken += pieces * piece_bytes;
+    for (int64_t p = 0; p < pieces; ++p) {
+      if (ranges.count == kMaxPrefetchRanges) EAGLE3_RETURN_IF_ERROR(launch());
+      AddPrefetchRange(static_cast<const char*>(w.data()) + p * (apart ? w.stride(0) : 0) * size, piece_bytes, ranges);
+    }
+  }
+  return launch();
 }
 
 absl::Status CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps,

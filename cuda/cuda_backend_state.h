@@ -87,6 +87,7 @@ struct CudaBackend::State {
   void* paged_partials = nullptr;
   size_t paged_partials_bytes = 0;
   int multiprocessors = 0;  // of options.device, read on first use
+  int64_t l2_bytes = 0;     // of options.device, read at creation (PrefetchWeights' bound)
   // Gemm's bf16 copies of f32 activations (gemm.cc): every buffer allocated, the current (largest)
   // last. None is freed before the backend is destroyed: a captured graph may still read it.
   std::vector<std::pair<void*, size_t>> activation_scratch;

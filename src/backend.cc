@@ -218,6 +218,15 @@ absl::Status CheckScale(const char* op, float scale) {
 
 }  // namespace
 
+absl::Status Backend::PrefetchWeights(std::span<const TensorView> weights) {
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i].empty()) continue;
+    const std::string name = absl::StrCat("weights[", i, "]");
+    EAGLE3_RETURN_IF_ERROR(CheckCommon("PrefetchWeights", name.c_str(), weights[i], device()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::CheckCopy(const TensorView& src, const TensorView& dst) const {
   EAGLE3_RETURN_IF_ERROR(CheckLayout("Copy", "src", src));
   EAGLE3_RETURN_IF_ERROR(CheckLayout("Copy", "dst", dst));

@@ -211,7 +211,18 @@ absl::Status FeedForwardBlock::SiluMlp(const TensorView& x, const SiluMlpWeights
   return mlp.down.Apply(*backend_, a, out, accumulate);
 }
 
-absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out) const {
+void FeedForwardBlock::AppendTokenWeights(std::vector<TensorView>& out) const {
+  for (const Tensor* t : {&router_, &correction_bias_}) {
+    if (!t->empty()) out.push_back(t->view());
+  }
+  for (const SiluMlpWeights* mlp : {&shared_, &dense_}) {
+    for (const LinearWeight& part : mlp->gate_up) part.AppendTensors(out);
+    mlp->down.AppendTensors(out);
+  }
+}
+
+absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out,
+                                       std::span<const TensorView> prefetch) const {
   const int64_t t = x.dim(0);
   if (x.rank() != 2 || t > ws.max_tokens) {
     return absl::InvalidArgumentError("FeedForwardBlock: x must be [T <= " + std::to_string(ws.max_tokens) +
@@ -234,6 +245,7 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   const TensorView bias = correction_bias_.view();
   EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
                                             Block(ws.ids, 0, t, 0, k), Block(ws.weights, 0, t, 0, k)));
+  if (!prefetch.empty()) EAGLE3_RETURN_IF_ERROR(backend_->PrefetchWeights(prefetch));
   // The shared expert joins the routed ones up to kSharedJoinMaxTokens rows: every row's last slot
   // (weight 1: the workspace's extra column), added after the routed slots in the op's one sum.
   const bool join = shared_joins_experts_ && t <= kSharedJoinMaxTokens;

@@ -91,7 +91,16 @@ class FeedForwardBlock {
   // reduction.
   //   x: [T, H] f32, row-strided, device, T <= ws.max_tokens      out: [T, H] f32, device, no
   //   overlap with x
-  absl::Status Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out) const;
+  // prefetch: weights read after this block (the next layer's attention inputs), prefetched
+  // (Backend::PrefetchWeights) once a MoE block has routed, while its experts run; a dense block
+  // does not issue it.
+  absl::Status Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out,
+                       std::span<const TensorView> prefetch = {}) const;
+
+  // The weights every token of a step reads, in the order Forward reads them (the router and its
+  // bias, the shared MLP; a dense block's MLP), appended to `out`: what a step prefetches for this
+  // block while its attention runs. The routed experts are known only once routed.
+  void AppendTokenWeights(std::vector<TensorView>& out) const;
 
  private:
   FeedForwardBlock() = default;

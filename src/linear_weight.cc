@@ -157,6 +157,12 @@ int64_t LinearWeight::rows() const { return quantized() ? view_.rows() : (dense_
 
 int64_t LinearWeight::cols() const { return quantized() ? view_.k : (dense_.rank() == 2 ? dense_.dim(1) : 0); }
 
+void LinearWeight::AppendTensors(std::vector<TensorView>& out) const {
+  for (const Tensor* t : {&dense_, &codes_, &scales_}) {
+    if (!t->empty()) out.push_back(t->view());
+  }
+}
+
 absl::Status LinearWeight::Apply(Backend& backend, const TensorView& a, const TensorView& c,
                                  const GemmOptions& options) const {
   if (quantized()) return backend.QuantizedGemm(a, view_, c, options);

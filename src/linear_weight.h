@@ -49,6 +49,9 @@ class LinearWeight {
   const QuantizedWeightView& quantized_view() const { return view_; }
   // Device memory held (codes with their row padding, scales; or the dense tensor).
   size_t bytes() const { return dense_.nbytes() + codes_.nbytes() + scales_.nbytes(); }
+  // Appends the device tensors a product with it reads (the dense weights; or the codes and the
+  // scales) to `out`, for Backend::PrefetchWeights. Nothing when empty.
+  void AppendTensors(std::vector<TensorView>& out) const;
 
   // c = alpha * a * W^T + beta * c + bias (GemmOptions): backend.Gemm with the dense weights or
   // backend.QuantizedGemm with the quantized ones, whose contracts (dtypes, strides, overlap) hold.

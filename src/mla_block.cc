@@ -243,6 +243,11 @@ absl::Status MlaBlock::WriteCacheRows(const TensorView& x, const MlaBatchedStep&
   return be.PagedWrite(rows_t, step.slots, step.slot_iota, flat_cache);
 }
 
+void MlaBlock::AppendInputWeights(std::vector<TensorView>& out) const {
+  for (const LinearWeight* w : {&q_kv_a_, &kv_a_, &q_a_, &q_b_}) w->AppendTensors(out);
+  out.push_back(w_uk_t_.view());
+}
+
 absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
                                       MlaWorkspace& ws, const TensorView& out) const {
   EAGLE3_RETURN_IF_ERROR(CheckShapes(x, ws));
@@ -261,6 +266,12 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(q_t, heads, d.qk, 0, nope), w_uk_t_,
                                         HeadMajor(q_lat_t, heads, width, 0, latent), kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(be.Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
+  if (step.prefetch) {
+    std::vector<TensorView> late = {WUv()};
+    o_proj_.AppendTensors(late);
+    late.insert(late.end(), step.prefetch_after.begin(), step.prefetch_after.end());
+    EAGLE3_RETURN_IF_ERROR(be.PrefetchWeights(late));
+  }
   // The cache row's k_pe and q_pe of every head: heads + 1 rows, rotated alike (one launch and one
   // position check instead of two of each on a device).
   EAGLE3_RETURN_IF_ERROR(be.ApplyRope(Heads(Rows(ws.RopeRows(), 0, t), heads + 1, width), latent, rope, step.positions,

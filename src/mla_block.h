@@ -112,6 +112,11 @@ struct MlaBatchedStep {
   // for a draft's tree passes, whose rows skip cached rows of other branches. At most one of
   // tree_mask and key_mask is set.
   TensorView key_mask;
+  // Whether the block's W_UV and o_proj, then `prefetch_after` (weights the step reads after this
+  // attention), are prefetched (Backend::PrefetchWeights) while its latency-bound kernels run: RoPE,
+  // the cache write, the attention.
+  bool prefetch = false;
+  std::span<const TensorView> prefetch_after;
 };
 
 // The per-sequence path's step.
@@ -167,6 +172,11 @@ class MlaBlock {
   // step.positions, slots and slot_iota; x and cache as ForwardBatched.
   absl::Status WriteCacheRows(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
                               MlaWorkspace& ws) const;
+
+  // The weights ForwardBatched reads before its attention (q_a and kv_a or their stack, q_b, W_UK),
+  // in the order it reads them, appended to `out`: what a step prefetches for this block while the
+  // layer before it runs.
+  void AppendInputWeights(std::vector<TensorView>& out) const;
 
  private:
   MlaBlock() = default;

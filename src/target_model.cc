@@ -63,6 +63,10 @@ struct TargetModel::Impl {
     MlaBlock attention;
     FeedForwardBlock mlp;
     Tensor cache;  // [num_pages, page_size, W]
+    // What the batched step prefetches (TargetModelOptions::prefetch_weights) during the attention
+    // besides the block's own (MlaBatchedStep::prefetch_after) and once the MoE has routed
+    // (FeedForwardBlock::Forward); empty when off.
+    std::vector<TensorView> attention_prefetch, mlp_prefetch;
   };
 
   DeepseekV2Config config;
@@ -182,7 +186,13 @@ absl::Status TargetModel::Impl::LoadWeights() {
         FeedForwardBlock::Load(FeedForwardConfig::ForTargetLayer(config, l), prefix + "mlp.", weight_dtype, loader));
     EAGLE3_ASSIGN_OR_RETURN(Tensor cache, Alloc(cache_dtype, Shape{options.num_kv_pages, options.page_size, mla.width}));
     EAGLE3_RETURN_IF_ERROR(ZeroFill(*backend, cache));
-    layers.push_back(Layer{std::move(input_ln), std::move(post_ln), std::move(block), std::move(mlp), std::move(cache)});
+    layers.push_back(Layer{std::move(input_ln), std::move(post_ln), std::move(block), std::move(mlp), std::move(cache), {}, {}});
+  }
+  if (options.prefetch_weights) {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      layers[l].mlp.AppendTokenWeights(layers[l].attention_prefetch);
+      if (l + 1 < layers.size()) layers[l + 1].attention.AppendInputWeights(layers[l].mlp_prefetch);
+    }
   }
   EAGLE3_ASSIGN_OR_RETURN(final_ln, loader.Load(config.tensor_prefix + "model.norm.weight", DType::kF32));
   if (!config.tie_word_embeddings) {
@@ -416,6 +426,8 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     batched.tree_mask = !step.io.tree_mask.empty() ? step.io.tree_mask
                         : step.has_tree            ? Rows(d_tree_mask, 0, t)
                                                    : TensorView();
+    batched.prefetch = options.prefetch_weights;
+    batched.prefetch_after = L.attention_prefetch;
     return L.attention.ForwardBatched(x, batched, L.cache, mla_ws, out);
   }
   MlaSequenceStep per_sequence;
@@ -598,7 +610,9 @@ absl::Status TargetModel::Impl::Launch() {
     EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
     EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, layers[static_cast<size_t>(l)].post_ln, eps, h_t));
     EAGLE3_ASSIGN_OR_RETURN(x, full_input());
-    EAGLE3_RETURN_IF_ERROR(layers[static_cast<size_t>(l)].mlp.Forward(x, ffn_ws, Rows(partial, 0, t)));
+    const Layer& L = layers[static_cast<size_t>(l)];
+    EAGLE3_RETURN_IF_ERROR(
+        L.mlp.Forward(x, ffn_ws, Rows(partial, 0, t), step.batched ? std::span(L.mlp_prefetch) : std::span<const TensorView>()));
     EAGLE3_RETURN_IF_ERROR(reduce(&reduced));
     const Tensor& next_norm = l + 1 < num_layers ? layers[static_cast<size_t>(l + 1)].input_ln : final_ln;
     EAGLE3_RETURN_IF_ERROR(backend->AddRmsNorm(reduced, r_t, next_norm, eps, h_t));

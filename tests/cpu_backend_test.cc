@@ -609,3 +609,30 @@ TEST(CpuBackendTest, DeviceAllocatorAndSynchronize) {
 
 }  // namespace
 }  // namespace eagle3::cpu
+
+namespace eagle3 {
+namespace {
+
+// The CPU reference's PrefetchWeights only checks its views: host views (empty ones and strided
+// ones too) are taken and left as they were; a view of another device or with a negative stride is
+// refused by its index.
+TEST(CpuBackendPrefetchTest, ChecksViewsAndChangesNothing) {
+  CpuBackend backend;
+  Tensor w = *Tensor::Empty(DType::kF32, Shape{4, 6});
+  for (int64_t i = 0; i < 24; ++i) w.data_as<float>()[i] = static_cast<float>(i);
+  const TensorView strided(w.data(), DType::kF32, Shape{2, 6}, Shape{12, 1}, Device::Cpu());
+  const std::vector<TensorView> ok = {w.view(), TensorView(), strided};
+  EXPECT_TRUE(backend.PrefetchWeights(ok).ok());
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(w.data_as<float>()[i], static_cast<float>(i));
+
+  const std::vector<TensorView> other_device = {w.view(), TensorView(w.data(), DType::kF32, Shape{24}, Device::Cuda(0))};
+  const absl::Status refused = backend.PrefetchWeights(other_device);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("weights[1]"));
+
+  const std::vector<TensorView> negative = {TensorView(w.data(), DType::kF32, Shape{2}, Shape{-1}, Device::Cpu())};
+  EXPECT_EQ(backend.PrefetchWeights(negative).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace eagle3

@@ -156,6 +156,12 @@ bool StackAttentionInputs() {
   return s == nullptr || std::string(s) != "0";
 }
 
+// EAGLE3_BENCH_PREFETCH=0: no weight prefetch (TargetModelOptions::prefetch_weights), for A/B runs.
+bool PrefetchWeights() {
+  const char* s = std::getenv("EAGLE3_BENCH_PREFETCH");
+  return s == nullptr || std::string(s) != "0";
+}
+
 // EAGLE3_BENCH_MODELS lists the models to run ("0", "23", ...); unset: models 0 and 1 (the quantized
 // ranks take ~85 / ~75 GB and a minute or more to load: asked for by name).
 bool ModelWanted(int model) {
@@ -271,6 +277,7 @@ absl::StatusOr<Model*> Get(int id) {
     if (KvCacheBf16() || Quantized(id)) o.kv_cache_dtype = DType::kBF16;
     if (Quantized(id)) o.keep_quantized = true;
     o.stack_attention_inputs = StackAttentionInputs();
+    o.prefetch_weights = PrefetchWeights();
     size_t free_before = 0, free_after = 0, total = 0;
     (void)cudaMemGetInfo(&free_before, &total);
     EAGLE3_ASSIGN_OR_RETURN(m->target, TargetModel::Create(dir, o, nullptr, Backend()));

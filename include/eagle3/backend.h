@@ -497,6 +497,17 @@ class EAGLE3_API Backend {
   virtual void BeginSharedChecks() {}
   virtual void EndSharedChecks() {}
 
+  // A hint with no effect on any result: a device backend starts reading `weights` into its
+  // last-level cache, in order, up to a bound it sets from that cache's size (the views past it are
+  // left out), so that the ops that read them a little later find them there instead of waiting on
+  // device memory. A step issues it ahead of latency-bound work (a small batch's attention, the MoE
+  // routing), while the memory would otherwise idle. What is read is each view's span, from its
+  // first element to its last (strides included); empty views are skipped. The views must be on
+  // this backend's device with non-negative strides (InvalidArgument naming the view otherwise), and
+  // no work enqueued after this call may write them before the ops that read them (weights). The
+  // CPU reference checks the views and does nothing else.
+  virtual absl::Status PrefetchWeights(std::span<const TensorView> weights);
+
  protected:
   // Shape, stride, device, index-dtype and aliasing checks shared by every backend, so that the
   // contract above is enforced once. They do not check floating dtypes (backend policy).

@@ -59,6 +59,11 @@ struct TargetModelOptions : ModelRankOptions {
   // instead of two. Off: two products, as the checkpoint lays them out. The outputs are the same up
   // to the backend's summation order.
   bool stack_attention_inputs = true;
+  // The batched step asks the backend to prefetch weights into its cache (Backend::PrefetchWeights)
+  // ahead of latency-bound work: during a layer's attention, its W_UV and o_proj and the weights
+  // every token of its MLP reads (router, shared expert); once its MoE has routed, the next layer's
+  // attention inputs. A hint: results are the same either way.
+  bool prefetch_weights = true;
 };
 
 // The weight dtype a model loads: `requested`, or else backend.preferred_weight_dtype(). Only kF32

@@ -160,6 +160,42 @@ TEST_F(CudaBackendCoreTest, CopyPageableUploadsThroughStaging) {
   EXPECT_EQ(std::memcmp(back.data(), pinned.data(), back.nbytes()), 0);
 }
 
+// PrefetchWeights is a hint: spans of every shape (odd sizes and offsets, dim-0 slices apart, more
+// views than one launch takes, more bytes than the cache bound) leave the tensors and a product
+// over them as they were, inside a graph capture too; a host view is refused by its index.
+TEST_F(CudaBackendCoreTest, PrefetchWeightsChangesNothingAndRefusesHostViews) {
+  Tensor w = Random(Shape{64, 96}, 70);
+  Tensor dw = Upload(w);
+  Tensor big = *Tensor::Empty(DType::kU8, Shape{int64_t{96} << 20}, gpu_->allocator());
+  const TensorView v = dw.view();
+  // Every other 8-row slice (a W_UV-like view), a 3-element view at an odd offset, one scalar.
+  const TensorView slices(dw.data(), DType::kF32, Shape{4, 8, 96}, Shape{16 * 96, 96, 1}, dw.device());
+  const TensorView odd(static_cast<float*>(dw.data()) + 5, DType::kF32, Shape{3}, dw.device());
+  std::vector<TensorView> views = {v, slices, odd, TensorView(), v.Narrow(0, 3, 1), big.view()};
+  for (int i = 0; i < 40; ++i) views.push_back(v.Narrow(0, i, 1));
+  ASSERT_TRUE(gpu_->PrefetchWeights(views).ok());
+  ASSERT_TRUE(gpu_->PrefetchWeights({}).ok());
+  cudaStream_t stream = gpu_->stream();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = gpu_->PrefetchWeights(views);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  Tensor back = Download(dw);
+  EXPECT_EQ(std::memcmp(back.data(), w.data(), w.nbytes()), 0);
+
+  const std::vector<TensorView> with_host = {v, w.view()};
+  const absl::Status refused = gpu_->PrefetchWeights(with_host);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.message()).find("weights[1]"), std::string::npos) << refused;
+}
+
 // Rows of a wider matrix both ways (the lm_head logits columns, a narrowed block), and a strided
 // column vector.
 TEST_F(CudaBackendCoreTest, CopyRowStridedHostDevice) {

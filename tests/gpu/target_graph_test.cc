@@ -40,6 +40,8 @@ class TargetGraphTest : public ::testing::Test {
       o.max_context_len = 256;
       o.num_kv_pages = 64;
       o.page_size = 8;
+      // The graphed side prefetches weights, the eager one does not: a hint, so the bits agree.
+      o.prefetch_weights = side == &graphed_;
       auto model = TargetModel::Create(kModel, o, nullptr, side->backend.get());
       ASSERT_TRUE(model.ok()) << model.status();
       side->model = std::move(*model);

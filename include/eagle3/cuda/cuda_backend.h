@@ -195,6 +195,7 @@ class EAGLE3_API CudaBackend final : public Backend {
   // check kernels of ApplyRope, PagedWrite and BatchedLatentAttention[KeyMask] (and the batched
   // op's tile table) run once per distinct set of index tensors, each set with its own device flag.
   void BeginSharedChecks() override;
+  absl::Status PrefetchWeights(std::span<const TensorView> weights) override;
   void EndSharedChecks() override;
 
   struct State;  // device handles and scratch, shared by the op implementation files
