@@ -6,23 +6,27 @@
 //    down_proj and its scales are column slices of [7168, 2048]);
 //  - tp1: the per-rank widths (moe_intermediate 256, ...) at TP 1, the form decode_step_benchmark
 //    loads on the GPU host (down_proj [7168, 256], whole rows of a column-split weight).
-// Benchmarks:
-//   BM_ExpertReads/<model>/<form>/<split>/<cold>: ReadQuantizedShard of every routed expert weight of
+// Benchmarks (<threads>: CheckpointReadOptions::threads, 1 or 0 = the default; the label names the
+// count):
+//   BM_ExpertReads/<model>/<form>/<split>/<cold>/<threads>: ReadQuantizedShard of every routed expert weight of
 //     the MoE layer whose split is rows (gate_proj, up_proj) or columns (down_proj). Counters:
 //     per_tensor (seconds of wall time per tensor) and floor_us (the bytes a tensor's read returns,
 //     copied at the rate large preads of the warm file reach, measured in the same run). cold 1
 //     evicts the file from the page cache before each pass (posix_fadvise DONTNEED), so the pass
 //     reads, and for a sparse file zero-fills, every page anew.
-//   BM_ExpertLoads/<model>/<form>/<split>: the same weights through LoadLinearWeight on the CPU
+//   BM_ExpertLoads/<model>/<form>/<split>/<threads>: the same weights through LoadLinearWeight on the CPU
 //     backend, kept quantized (what TargetModel::Create runs per weight: the read, the INT4 scales'
 //     bf16 check and conversion); warm; the same counters.
-//   BM_TargetCreate/<model>/<form>: TargetModel::Create on the CPU backend, weights kept quantized;
+//   BM_TargetCreate/<model>/<form>/<threads>: TargetModel::Create on the CPU backend, weights kept quantized;
 //     counters from TargetModel::load_stats() (seconds) and ms_per_tensor = read_s / tensors.
+// Every benchmark also counts cores: the process's CPU time over the wall time of its loop, which
+// says whether the read threads had cores to run on (on a shared machine they may not).
 // model: 0 = k2-int4, 1 = v3-fp8. form: 0 = tp8, 1 = tp1. split: 0 = rows, 1 = columns.
 // Checkpoints go to $EAGLE3_BENCH_CKPT_DIR (default /tmp/eagle3-bench-ckpt): sparse files of a few
 // gigabytes, next to nothing on disk.
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -95,12 +99,11 @@ std::string Config(int model, int form) {
 struct Model {
   DeepseekV2Config config;
   std::string dir;
-  std::unique_ptr<Checkpoint> checkpoint;
   std::vector<WeightSpec> specs;
   std::vector<StoredForm> forms;
 };
 
-// The checkpoint of `model` in `form`, written on first use and kept open.
+// The checkpoint of `model` in `form`, written on first use.
 absl::StatusOr<Model*> Get(int model, int form) {
   static std::map<int, std::unique_ptr<Model>> models;
   std::unique_ptr<Model>& m = models[model * 2 + form];
@@ -113,7 +116,6 @@ absl::StatusOr<Model*> Get(int model, int form) {
   loaded->forms = StoredForms(loaded->config, loaded->specs);
   EAGLE3_RETURN_IF_ERROR(WriteSparseCheckpoint(
       loaded->dir, json, SparseTensorsOf(loaded->config, loaded->specs, [](const std::string&) { return false; })));
-  EAGLE3_ASSIGN_OR_RETURN(loaded->checkpoint, Checkpoint::Open(loaded->dir));
   m = std::move(loaded);
   return m.get();
 }
@@ -141,6 +143,27 @@ double PageCacheBytesPerSecond(const Model& m) {
   return seconds > 0 ? static_cast<double>(bytes) / seconds : 0;
 }
 
+// The process's CPU time (every thread's) over the wall time since construction.
+class CoreUse {
+ public:
+  CoreUse() : wall_(std::chrono::steady_clock::now()), cpu_(CpuSeconds()) {}
+  double Cores() const {
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count();
+    return wall > 0 ? (CpuSeconds() - cpu_) / wall : 0;
+  }
+
+ private:
+  static double CpuSeconds() {
+    struct rusage usage = {};
+    ::getrusage(RUSAGE_SELF, &usage);
+    auto seconds = [](const struct timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
+    return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+  }
+
+  std::chrono::steady_clock::time_point wall_;
+  double cpu_;
+};
+
 // Drops the checkpoint's pages from the page cache (clean pages only, which these are).
 void Evict(const Model& m) {
   const int fd = ::open((m.dir + "/model.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
@@ -163,21 +186,25 @@ std::vector<size_t> ExpertWeights(const Model& m, bool columns) {
   return picked;
 }
 
-// Runs `load(spec, form, shard)` (returning the bytes it read, or an error) on each picked weight
-// per iteration; counters as described at the top.
+// Runs `load(m, checkpoint, spec, form, shard)` (returning the bytes it read, or an error) on each
+// picked weight per iteration, through a Checkpoint of m opened with `threads` read threads;
+// counters as described at the top.
 template <typename Load>
-void TimeExpertWeights(benchmark::State& state, bool cold, Load load) {
+void TimeExpertWeights(benchmark::State& state, bool cold, int threads, Load load) {
   const int model = static_cast<int>(state.range(0)), form = static_cast<int>(state.range(1));
   const bool columns = state.range(2) != 0;
   absl::StatusOr<Model*> got = Get(model, form);
-  if (!got.ok()) {
-    state.SkipWithError(std::string(got.status().message()).c_str());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint =
+      got.ok() ? Checkpoint::Open((*got)->dir, {.threads = threads}) : got.status();
+  if (!checkpoint.ok()) {
+    state.SkipWithError(std::string(checkpoint.status().message()).c_str());
     return;
   }
   const Model& m = **got;
   const std::vector<size_t> picked = ExpertWeights(m, columns);
   const double copy_rate = PageCacheBytesPerSecond(m);
   int64_t tensors = 0, bytes = 0;
+  const CoreUse cores;
   for (auto _ : state) {
     if (cold) {
       state.PauseTiming();
@@ -186,7 +213,7 @@ void TimeExpertWeights(benchmark::State& state, bool cold, Load load) {
     }
     for (size_t i : picked) {
       const WeightSpec& s = m.specs[i];
-      absl::StatusOr<size_t> read = load(m, s, m.forms[i], s.ForRank(kTpOfForm[form], 0));
+      absl::StatusOr<size_t> read = load(m, **checkpoint, s, m.forms[i], s.ForRank(kTpOfForm[form], 0));
       if (!read.ok()) {
         state.SkipWithError(std::string(read.status().message()).c_str());
         return;
@@ -197,19 +224,20 @@ void TimeExpertWeights(benchmark::State& state, bool cold, Load load) {
   }
   state.SetBytesProcessed(bytes);
   state.SetLabel(std::string(kModelNames[model]) + " " + kFormNames[form] + (columns ? " columns" : " rows") +
-                 (cold ? " cold" : " warm"));
+                 (cold ? " cold" : " warm") + " threads " + std::to_string((*checkpoint)->read_threads()));
   state.counters["per_tensor"] =
       benchmark::Counter(static_cast<double>(tensors), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   if (tensors > 0 && copy_rate > 0) {
     state.counters["floor_us"] = 1e6 * static_cast<double>(bytes) / static_cast<double>(tensors) / copy_rate;
   }
+  state.counters["cores"] = cores.Cores();
 }
 
 void BM_ExpertReads(benchmark::State& state) {
-  TimeExpertWeights(state, state.range(3) != 0,
-                    [](const Model& m, const WeightSpec& s, StoredForm form,
+  TimeExpertWeights(state, state.range(3) != 0, static_cast<int>(state.range(4)),
+                    [](const Model& m, const Checkpoint& checkpoint, const WeightSpec& s, StoredForm form,
                        const ShardSpec& shard) -> absl::StatusOr<size_t> {
-                      EAGLE3_ASSIGN_OR_RETURN(QuantizedShard read, ReadQuantizedShard(*m.checkpoint, s, form,
+                      EAGLE3_ASSIGN_OR_RETURN(QuantizedShard read, ReadQuantizedShard(checkpoint, s, form,
                                                                                       m.config.quantization, shard));
                       benchmark::DoNotOptimize(read.codes.data());
                       return read.codes.nbytes() + read.scales.nbytes();
@@ -220,10 +248,10 @@ void BM_ExpertLoads(benchmark::State& state) {
   cpu::CpuBackend backend;
   LinearWeightLoad options;
   options.keep_quantized = true;
-  TimeExpertWeights(state, /*cold=*/false,
-                    [&](const Model& m, const WeightSpec& s, StoredForm form,
+  TimeExpertWeights(state, /*cold=*/false, static_cast<int>(state.range(3)),
+                    [&](const Model& m, const Checkpoint& checkpoint, const WeightSpec& s, StoredForm form,
                         const ShardSpec& shard) -> absl::StatusOr<size_t> {
-                      EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, LoadLinearWeight(backend, *m.checkpoint, s, form,
+                      EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, LoadLinearWeight(backend, checkpoint, s, form,
                                                                                m.config.quantization, shard, options));
                       return w.bytes();
                     });
@@ -252,7 +280,9 @@ void BM_TargetCreate(benchmark::State& state) {
   o.max_context_len = 256;
   o.num_kv_pages = 8;
   o.keep_quantized = true;
+  o.read_threads = static_cast<int>(state.range(2));
   WeightLoadStats sum;
+  const CoreUse cores;
   for (auto _ : state) {
     absl::StatusOr<std::unique_ptr<TargetModel>> target =
         TargetModel::Create(m.dir, o, tp > 1 ? comm->get() : nullptr, &backend);
@@ -267,27 +297,29 @@ void BM_TargetCreate(benchmark::State& state) {
     sum.total_seconds += s.total_seconds;
   }
   const double n = static_cast<double>(state.iterations());
-  state.SetLabel(std::string(kModelNames[model]) + " " + kFormNames[form]);
+  state.SetLabel(std::string(kModelNames[model]) + " " + kFormNames[form] + " threads " +
+                 std::to_string(o.read_threads == 0 ? DefaultCheckpointReadThreads() : o.read_threads));
   state.counters["tensors"] = static_cast<double>(sum.tensors) / n;
   state.counters["check_s"] = sum.check_seconds / n;
   state.counters["read_s"] = sum.read_seconds / n;
   state.counters["total_s"] = sum.total_seconds / n;
   state.counters["ms_per_tensor"] = sum.tensors > 0 ? 1e3 * sum.read_seconds / static_cast<double>(sum.tensors) : 0;
+  state.counters["cores"] = cores.Cores();
 }
 
 BENCHMARK(BM_ExpertReads)
-    ->ArgNames({"model", "form", "split", "cold"})
-    ->ArgsProduct({{0, 1}, {0, 1}, {0, 1}, {0, 1}})
+    ->ArgNames({"model", "form", "split", "cold", "threads"})
+    ->ArgsProduct({{0, 1}, {0, 1}, {0, 1}, {0, 1}, {1, 0}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ExpertLoads)
-    ->ArgNames({"model", "form", "split"})
-    ->ArgsProduct({{0, 1}, {0, 1}, {0, 1}})
+    ->ArgNames({"model", "form", "split", "threads"})
+    ->ArgsProduct({{0, 1}, {0, 1}, {0, 1}, {1, 0}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TargetCreate)
-    ->ArgNames({"model", "form"})
-    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"model", "form", "threads"})
+    ->ArgsProduct({{0, 1}, {0, 1}, {1, 0}})
     ->UseRealTime()
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond);

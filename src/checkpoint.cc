@@ -5,13 +5,15 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "eagle3/status.h"
-#include "eagle3/tensor_convert.h"
 #include "file_io.h"
 #include "nlohmann/json.hpp"
+#include "tensor_reads.h"
+#include "thread_pool.h"
 
 namespace eagle3 {
 namespace {
@@ -19,15 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// Converted and coalesced reads stage through a scratch buffer of at most this many bytes: enough
-// rows for one pread to move many, few enough that they are still in the L2 cache when they are
-// scattered or converted.
-constexpr size_t kBounceBytes = size_t{256} << 10;
-// Runs of a strided read (a column slice's rows) with gaps shorter than a page are read together,
-// gaps included, and scattered from the scratch buffer: such a gap holds no whole page, so the
-// coalesced read touches no page that the run-by-run reads would not, and copying less than a page
-// costs about as much as the pread it saves.
-constexpr size_t kPageBytes = 4096;
 // Messages quote at most this much of a name.
 constexpr size_t kMaxQuoted = 256;
 
@@ -265,124 +258,6 @@ bool IsAligned(const void* p, DType dtype) {
   return reinterpret_cast<uintptr_t>(p) % DTypeSize(dtype) == 0;
 }
 
-// Aligned scratch for converted and coalesced reads: allocated on first use at the size asked for
-// (never zeroed: every byte used is read first) and reused for the later reads of one tensor.
-class Bounce {
- public:
-  // At least `bytes` bytes, 8-byte aligned.
-  uint8_t* Get(size_t bytes) {
-    if (bytes > bytes_) {
-      data_ = std::make_unique_for_overwrite<uint64_t[]>((bytes + 7) / 8);
-      bytes_ = bytes;
-    }
-    return reinterpret_cast<uint8_t*>(data_.get());
-  }
-
- private:
-  std::unique_ptr<uint64_t[]> data_;
-  size_t bytes_ = 0;
-};
-
-// `n` elements from `src` (dtype `src_dtype`) into `dst`; conversion errors are prefixed with
-// `where` and the tensor element `first` that `src` starts at.
-absl::Status Convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n, int64_t first,
-                     const std::string& where) {
-  const absl::Status converted =
-      ConvertTensor(TensorView(const_cast<void*>(src), src_dtype, Shape{n}), TensorView(dst, dst_dtype, Shape{n}));
-  if (converted.ok()) return converted;
-  return absl::Status(converted.code(),
-                      absl::StrCat(where, " (elements from ", first, "): ", converted.message()));
-}
-
-// Reads elements [first, first + n) of tensor `info` through `reader` into `dst` (element-aligned)
-// as `dst_dtype`. Same-dtype reads go straight into `dst`; conversions stage through `bounce`, one
-// block per pread. Read errors (DataLoss when the file changed) name the file and tensor; conversion
-// errors are prefixed with `where`.
-absl::Status ReadConvert(const SafetensorsFile::Reader& reader, const TensorInfo& info, int64_t first, int64_t n,
-                         void* dst, DType dst_dtype, Bounce& bounce, const std::string& where) {
-  if (n == 0) return absl::OkStatus();
-  const size_t src_size = DTypeSize(info.dtype);
-  const size_t dst_size = DTypeSize(dst_dtype);
-  if (info.dtype == dst_dtype) {
-    return reader.Read(info, static_cast<uint64_t>(first) * src_size, dst, static_cast<size_t>(n) * src_size);
-  }
-  const int64_t block = std::min(n, static_cast<int64_t>(kBounceBytes / src_size));
-  uint8_t* scratch = bounce.Get(static_cast<size_t>(block) * src_size);
-  for (int64_t i = 0; i < n; i += block) {
-    const int64_t count = std::min(block, n - i);
-    EAGLE3_RETURN_IF_ERROR(reader.Read(info, static_cast<uint64_t>(first + i) * src_size, scratch,
-                                       static_cast<size_t>(count) * src_size));
-    EAGLE3_RETURN_IF_ERROR(Convert(scratch, info.dtype, static_cast<uint8_t*>(dst) + i * dst_size, dst_dtype, count,
-                                   first + i, where));
-  }
-  return absl::OkStatus();
-}
-
-// `count` runs of `run` elements of a tensor, run i starting at element first + i * stride, for
-// element i * dst_stride of the destination: the rows of a column slice.
-struct Runs {
-  int64_t first = 0;
-  int64_t run = 0;
-  int64_t stride = 0;  // >= run
-  int64_t count = 0;
-  int64_t dst_stride = 0;  // >= run
-};
-
-// Reads `runs` of tensor `info` into `dst` (element-aligned) as `dst_dtype`: the results and errors
-// of a ReadConvert per run, in as few preads as it can. Runs back to back in the file and in `dst`,
-// of one dtype, are one read; runs with gaps under a page (kPageBytes) are read a bounce buffer at a
-// time, gaps included, and scattered; others are a pread each.
-absl::Status ReadRuns(const SafetensorsFile::Reader& reader, const TensorInfo& info, const Runs& runs, void* dst,
-                      DType dst_dtype, Bounce& bounce, const std::string& where) {
-  if (runs.count == 0 || runs.run == 0) return absl::OkStatus();
-  const size_t src_size = DTypeSize(info.dtype);
-  const size_t dst_size = DTypeSize(dst_dtype);
-  uint8_t* out = static_cast<uint8_t*>(dst);
-  const bool back_to_back = runs.stride == runs.run && runs.dst_stride == runs.run;
-  if (runs.count == 1 || (back_to_back && info.dtype == dst_dtype)) {
-    return ReadConvert(reader, info, runs.first, runs.run * runs.count, dst, dst_dtype, bounce, where);
-  }
-  const uint64_t stride_bytes = static_cast<uint64_t>(runs.stride) * src_size;
-  const uint64_t run_bytes = static_cast<uint64_t>(runs.run) * src_size;
-  if (stride_bytes - run_bytes >= kPageBytes || stride_bytes + run_bytes > kBounceBytes) {
-    for (int64_t i = 0; i < runs.count; ++i) {
-      EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, info, runs.first + i * runs.stride, runs.run,
-                                         out + i * runs.dst_stride * dst_size, dst_dtype, bounce, where));
-    }
-    return absl::OkStatus();
-  }
-  // Runs per chunk: k runs span (k - 1) strides and a run.
-  const int64_t per_chunk =
-      std::min<int64_t>(runs.count, static_cast<int64_t>((kBounceBytes - run_bytes) / stride_bytes) + 1);
-  uint8_t* scratch = bounce.Get(static_cast<size_t>((per_chunk - 1) * stride_bytes + run_bytes));
-  for (int64_t i = 0; i < runs.count; i += per_chunk) {
-    const int64_t k = std::min(per_chunk, runs.count - i);
-    EAGLE3_RETURN_IF_ERROR(reader.Read(info, static_cast<uint64_t>(runs.first + i * runs.stride) * src_size, scratch,
-                                       static_cast<size_t>((k - 1) * stride_bytes + run_bytes)));
-    uint8_t* to = out + i * runs.dst_stride * dst_size;
-    if (info.dtype == dst_dtype) {
-      for (int64_t j = 0; j < k; ++j) {
-        std::memcpy(to + j * runs.dst_stride * dst_size, scratch + j * stride_bytes, run_bytes);
-      }
-      continue;
-    }
-    // Runs bound for back-to-back destinations are packed in the scratch buffer and converted in
-    // one call (a ConvertTensor call per run costs more than a short run's conversion). A failed
-    // call is redone run by run, so that its error names the run as a run-by-run read's does.
-    uint64_t pitch = stride_bytes;
-    if (runs.dst_stride == runs.run) {
-      for (int64_t j = 1; j < k; ++j) std::memmove(scratch + j * run_bytes, scratch + j * stride_bytes, run_bytes);
-      pitch = run_bytes;
-      if (Convert(scratch, info.dtype, to, dst_dtype, k * runs.run, runs.first + i * runs.stride, where).ok()) continue;
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      EAGLE3_RETURN_IF_ERROR(Convert(scratch + j * pitch, info.dtype, to + j * runs.dst_stride * dst_size, dst_dtype,
-                                     runs.run, runs.first + (i + j) * runs.stride, where));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // A shard viewed as [outer, split, inner] over the tensor [outer, n, inner].
 struct ShardPlan {
   Shape shape;         // the slice's shape
@@ -513,7 +388,20 @@ absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(std::st
 
 int64_t PaddedSize(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+int DefaultCheckpointReadThreads() {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+}
+
+Checkpoint::Checkpoint() = default;
+Checkpoint::~Checkpoint() = default;
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir,
+                                                             const CheckpointReadOptions& options) {
+  if (options.threads < 0 || options.threads > kMaxCheckpointReadThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", Quote(dir), ": read threads ", options.threads,
+                                                   " is out of range [0, ", kMaxCheckpointReadThreads,
+                                                   "] (0 = the default, ", DefaultCheckpointReadThreads(), ")"));
+  }
   std::error_code ec;
   const fs::file_status dir_status = fs::status(dir, ec);
   if (dir_status.type() == fs::file_type::not_found) {
@@ -530,6 +418,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   }
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
   checkpoint->dir_ = dir;
+  checkpoint->read_threads_ = options.threads == 0 ? DefaultCheckpointReadThreads() : options.threads;
+  if (checkpoint->read_threads_ > 1) checkpoint->pool_ = std::make_unique<ThreadPool>(checkpoint->read_threads_);
   const fs::path single = fs::path(dir) / kSingleFileName;
   const fs::path index = fs::path(dir) / kIndexFileName;
 
@@ -658,9 +548,10 @@ absl::StatusOr<Tensor> Checkpoint::Read(std::string_view name, DType dtype,
   EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
   EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, entry.info->shape, allocator));
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, entry.file->OpenReader());
-  Bounce bounce;
-  EAGLE3_RETURN_IF_ERROR(ReadConvert(reader, *entry.info, 0, entry.info->shape.numel(),
-                                     out.data(), dtype, bounce, Where(name, *entry.file)));
+  const int64_t numel = entry.info->shape.numel();
+  const ElementRuns all{.first = 0, .run = numel, .stride = numel, .count = 1, .dst_stride = numel};
+  EAGLE3_RETURN_IF_ERROR(
+      ReadElementRuns(reader, *entry.info, all, out.data(), dtype, pool_.get(), Where(name, *entry.file)));
   EAGLE3_RETURN_IF_ERROR(reader.CheckUnchanged());
   return out;
 }
@@ -696,9 +587,8 @@ absl::StatusOr<Tensor> Checkpoint::ReadColumns(std::string_view name, int64_t be
   const int64_t width = end - begin;
   if (width == 0) return out;
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());
-  Bounce bounce;
-  const Runs runs{.first = begin, .run = width, .stride = columns, .count = rows, .dst_stride = width};
-  EAGLE3_RETURN_IF_ERROR(ReadRuns(reader, info, runs, out.data(), dtype, bounce, where));
+  const ElementRuns runs{.first = begin, .run = width, .stride = columns, .count = rows, .dst_stride = width};
+  EAGLE3_RETURN_IF_ERROR(ReadElementRuns(reader, info, runs, out.data(), dtype, pool_.get(), where));
   EAGLE3_RETURN_IF_ERROR(reader.CheckUnchanged());
   return out;
 }
@@ -724,14 +614,13 @@ absl::Status Checkpoint::ReadShardInto(std::string_view name, const ShardSpec& s
   const int64_t copy = plan.real * plan.inner;
   const int64_t pad = (plan.length - plan.real) * plan.inner;
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());
-  Bounce bounce;
   // One run per outer index: the whole block for dim 0, a column block per row for 1.
-  const Runs runs{.first = plan.start * plan.inner,
-                  .run = copy,
-                  .stride = plan.n * plan.inner,
-                  .count = plan.outer,
-                  .dst_stride = plan.length * plan.inner};
-  EAGLE3_RETURN_IF_ERROR(ReadRuns(reader, info, runs, dst, out.dtype(), bounce, where));
+  const ElementRuns runs{.first = plan.start * plan.inner,
+                         .run = copy,
+                         .stride = plan.n * plan.inner,
+                         .count = plan.outer,
+                         .dst_stride = plan.length * plan.inner};
+  EAGLE3_RETURN_IF_ERROR(ReadElementRuns(reader, info, runs, dst, out.dtype(), pool_.get(), where));
   if (pad > 0) {
     for (int64_t o = 0; o < plan.outer; ++o) {
       std::memset(dst + (o * plan.length * plan.inner + copy) * dst_size, 0, pad * dst_size);

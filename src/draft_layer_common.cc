@@ -11,8 +11,9 @@
 namespace eagle3 {
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenSharedEmbedding(const std::string& target_dir,
-                                                                const DeepseekV2Config& target) {
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(target_dir));
+                                                                const DeepseekV2Config& target, int read_threads) {
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint,
+                          Checkpoint::Open(target_dir, {.threads = read_threads}));
   const std::string embed_name = DeepseekEmbeddingName(target);
   if (!checkpoint->Has(embed_name)) {
     return absl::NotFoundError("target checkpoint '" + target_dir + "' has no tensor '" + embed_name +

@@ -26,9 +26,9 @@ namespace eagle3 {
 
 // The target's checkpoint at `target_dir`, checked to hold the embedding an EAGLE-3 head without its
 // own shares ([vocab_size, hidden_size] under DeepseekEmbeddingName(target)); NotFound naming the
-// tensor otherwise.
+// tensor otherwise. `read_threads`: CheckpointReadOptions::threads of the opened checkpoint.
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenSharedEmbedding(const std::string& target_dir,
-                                                                const DeepseekV2Config& target);
+                                                                const DeepseekV2Config& target, int read_threads);
 
 // An EAGLE-3 head's input (eagle3/draft_model.h, docs/mla_drafts.md):
 //

@@ -340,7 +340,7 @@ absl::StatusOr<OpenedDraft> OpenLlamaDraft(const std::string& draft_dir, const s
                                                             c.fc_input_width()));
   d.tap.emplace(std::move(tap));
 
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(draft_dir));
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(draft_dir, {.threads = options.read_threads}));
   EAGLE3_ASSIGN_OR_RETURN(std::string prefix, DraftLayerPrefix(*checkpoint));
   const bool own_embedding = checkpoint->Has("embed_tokens.weight");
   if (!own_embedding && c.hidden_size != target.hidden_size) {
@@ -353,7 +353,7 @@ absl::StatusOr<OpenedDraft> OpenLlamaDraft(const std::string& draft_dir, const s
   EAGLE3_RETURN_IF_ERROR(CheckLlamaTensors(*checkpoint, c, specs, own_embedding));
   std::unique_ptr<Checkpoint> target_checkpoint;
   if (!own_embedding) {
-    EAGLE3_ASSIGN_OR_RETURN(target_checkpoint, OpenSharedEmbedding(target_dir, target));
+    EAGLE3_ASSIGN_OR_RETURN(target_checkpoint, OpenSharedEmbedding(target_dir, target, options.read_threads));
   }
   EAGLE3_ASSIGN_OR_RETURN(d.d2t, ReadDraftVocabMapping(*checkpoint, c.vocab_size, c.draft_vocab_size));
 

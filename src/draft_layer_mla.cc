@@ -156,13 +156,13 @@ absl::StatusOr<OpenedDraft> OpenMlaDraft(const std::string& draft_dir, const std
                                                             config.fc_input_width()));
   d.tap.emplace(std::move(tap));
 
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(draft_dir));
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(draft_dir, {.threads = options.read_threads}));
   // Every tensor: the layer prefix, shapes (fc's input against the taps x the target's width, the
   // 2H-wide q_a / kv_a), dtypes, the embedding it shares, d2t / t2d present as the vocabulary needs.
   EAGLE3_ASSIGN_OR_RETURN(MlaDraftCheckpointLayout layout, CheckMlaDraftWeights(*checkpoint, config, target));
   std::unique_ptr<Checkpoint> target_checkpoint;
   if (!layout.own_embedding) {
-    EAGLE3_ASSIGN_OR_RETURN(target_checkpoint, OpenSharedEmbedding(target_dir, target));
+    EAGLE3_ASSIGN_OR_RETURN(target_checkpoint, OpenSharedEmbedding(target_dir, target, options.read_threads));
   }
   EAGLE3_ASSIGN_OR_RETURN(d.d2t, ReadDraftVocabMapping(*checkpoint, config.vocab_size, config.draft_vocab_size));
 

@@ -159,7 +159,7 @@ absl::StatusOr<OpenedDraft> OpenMtpDraft(const std::string& target_dir, const De
                                       " is not divisible by tp_size " + Str(options.tp_size) + " (" +
                                       mtp.LayerPrefix(kModule) + "eh_proj.weight is split by columns)");
   }
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(target_dir));
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(target_dir, {.threads = options.read_threads}));
   EAGLE3_RETURN_IF_ERROR(CheckMtpWeights(*checkpoint, target, mtp));
   EAGLE3_ASSIGN_OR_RETURN(HiddenStateTap tap,
                           HiddenStateTap::FinalNormed(static_cast<int>(target.num_hidden_layers), target.hidden_size));

@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include "eagle3/checkpoint.h"
+
 namespace eagle3 {
 
 absl::Status ModelRankOptions::Check(const std::string& who, const Communicator* communicator) const {
@@ -30,6 +32,10 @@ absl::Status ModelRankOptions::Check(const std::string& who, const Communicator*
       return absl::InvalidArgumentError(who + ": " + name + " " + str(value) + " is out of range [1, " +
                                         str(kMaxCapacity) + "]");
     }
+  }
+  if (read_threads < 0 || read_threads > kMaxCheckpointReadThreads) {
+    return absl::InvalidArgumentError(who + ": read_threads " + str(read_threads) + " is out of range [0, " +
+                                      str(kMaxCheckpointReadThreads) + "] (0 = the default)");
   }
   return absl::OkStatus();
 }

@@ -726,7 +726,7 @@ absl::StatusOr<std::unique_ptr<TargetModel>> TargetModel::Create(const std::stri
         "/config.json: positions beyond it are outside what the model was trained for; lower max_context_len, "
         "or set TargetModelOptions::allow_long_context to run them anyway");
   }
-  EAGLE3_ASSIGN_OR_RETURN(impl->checkpoint, Checkpoint::Open(checkpoint_dir));
+  EAGLE3_ASSIGN_OR_RETURN(impl->checkpoint, Checkpoint::Open(checkpoint_dir, {.threads = options.read_threads}));
   impl->attention = MlaAttentionConfig::ForTarget(c);
   impl->mla = MlaRankDims::Of(impl->attention, options.tp_size);
   // Layer 0's form is as good as any: both forms' shapes are set in every layer's config.

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "eagle3/half.h"
@@ -500,6 +502,75 @@ TEST(CheckpointColumnReadsTest, EqualRowByRowReads) {
   const absl::Status changed = (*checkpoint)->ReadColumns("odd", 37, 101, DType::kF32).status();
   EXPECT_EQ(changed.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(changed.message(), HasSubstr("file changed while loading"));
+}
+
+// Reads split across threads (tensors of several pieces, see CheckpointReadOptions) return the
+// tensors one thread returns: whole tensors converted or not, row and column shards with padding
+// (the FP8 down_proj form: a column slice of a wide matrix, as stored and dequantized to bf16), and
+// column ranges.
+TEST(CheckpointReadThreadsTest, SplitReadsEqualOneThread) {
+  ScopedTempDir dir;
+  const std::vector<uint16_t> embed = ToBf16(RandomFloats(3000 * 700, 21));  // 4.2 MB
+  std::vector<uint8_t> up(2048 * 1024), down(1024 * 2048);                   // 2 MB each
+  std::mt19937 rng(22);
+  for (uint8_t& b : up) b = static_cast<uint8_t>(rng() % 0x7f) | static_cast<uint8_t>((rng() & 1) << 7);
+  for (uint8_t& b : down) b = static_cast<uint8_t>(rng() % 0x7f);
+  const std::vector<float> dense = RandomFloats(700 * 1500, 23);  // 4.2 MB
+  const std::vector<NamedTensor> tensors = {
+      {"embed", TensorView(const_cast<uint16_t*>(embed.data()), DType::kBF16, Shape{3000, 700})},
+      {"up", TensorView(up.data(), DType::kF8E4M3, Shape{2048, 1024})},
+      {"down", TensorView(down.data(), DType::kF8E4M3, Shape{1024, 2048})},
+      {"dense", TensorView(const_cast<float*>(dense.data()), DType::kF32, Shape{700, 1500})},
+  };
+  ASSERT_TRUE(WriteSafetensors(dir.File("model.safetensors"), tensors).ok());
+  auto one = Checkpoint::Open(dir.path(), {.threads = 1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->read_threads(), 1);
+  using Read = std::function<absl::StatusOr<Tensor>(const Checkpoint&)>;
+  const std::vector<std::pair<std::string, Read>> reads = {
+      {"embed as f32", [](const Checkpoint& c) { return c.Read("embed", DType::kF32); }},
+      {"embed as bf16", [](const Checkpoint& c) { return c.Read("embed", DType::kBF16); }},
+      {"embed rows, padded", [](const Checkpoint& c) { return c.ReadShard("embed", {0, 2, 1, 3072}, DType::kF32); }},
+      {"up rows", [](const Checkpoint& c) { return c.ReadShard("up", {0, 2, 0, 1}, DType::kF8E4M3); }},
+      {"up columns as bf16", [](const Checkpoint& c) { return c.ReadShard("up", {1, 4, 2, 1}, DType::kBF16); }},
+      {"down columns", [](const Checkpoint& c) { return c.ReadShard("down", {1, 8, 3, 1}, DType::kF8E4M3); }},
+      {"down columns as f32", [](const Checkpoint& c) { return c.ReadShard("down", {1, 8, 7, 1}, DType::kF32); }},
+      {"dense columns, padded", [](const Checkpoint& c) { return c.ReadShard("dense", {1, 4, 3, 1504}, DType::kBF16); }},
+      {"dense column range", [](const Checkpoint& c) { return c.ReadColumns("dense", 3, 1203, DType::kF32); }},
+  };
+  for (int threads : {2, 4, 0}) {
+    auto split = Checkpoint::Open(dir.path(), {.threads = threads});
+    ASSERT_TRUE(split.ok()) << split.status();
+    EXPECT_EQ((*split)->read_threads(), threads == 0 ? DefaultCheckpointReadThreads() : threads);
+    for (const auto& [what, read] : reads) {
+      SCOPED_TRACE(what + " on " + std::to_string(threads) + " threads");
+      auto expected = read(**one);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      auto got = read(**split);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->shape(), expected->shape());
+      ASSERT_EQ(got->dtype(), expected->dtype());
+      EXPECT_EQ(std::memcmp(got->data(), expected->data(), got->nbytes()), 0);
+    }
+  }
+}
+
+TEST(CheckpointReadThreadsTest, RefusesThreadCountsOutOfRange) {
+  ScopedTempDir dir;
+  const std::vector<float> v = RandomFloats(4, 24);
+  const std::vector<NamedTensor> tensors = {{"v", TensorView(const_cast<float*>(v.data()), DType::kF32, Shape{4})}};
+  ASSERT_TRUE(WriteSafetensors(dir.File("model.safetensors"), tensors).ok());
+  for (int threads : {-1, kMaxCheckpointReadThreads + 1}) {
+    auto checkpoint = Checkpoint::Open(dir.path(), {.threads = threads});
+    EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument) << checkpoint.status();
+    EXPECT_THAT(checkpoint.status().message(),
+                HasSubstr("read threads " + std::to_string(threads) + " is out of range [0, 64]"));
+  }
+  EXPECT_GE(DefaultCheckpointReadThreads(), 1);
+  EXPECT_LE(DefaultCheckpointReadThreads(), 8);
+  auto checkpoint = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_EQ((*checkpoint)->read_threads(), DefaultCheckpointReadThreads());
 }
 
 TEST(PaddedSizeTest, RoundsUp) {

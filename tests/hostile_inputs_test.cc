@@ -104,6 +104,24 @@ TEST_F(HostileModelOptionsTest, CapacitiesBeyondTheirBoundAreInvalid) {
   EXPECT_THAT(model.status().message(), HasSubstr("max_context_len 1099511627777 is out of range [1, 1099511627776]"));
 }
 
+TEST_F(HostileModelOptionsTest, ReadThreadsOutOfRangeAreInvalid) {
+  TargetModelOptions o;
+  o.max_context_len = 64;
+  o.read_threads = 65;
+  auto model = TargetModel::Create(target_.path(), o, nullptr, &backend_);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
+  EXPECT_THAT(model.status().message(), HasSubstr("TargetModel: read_threads 65 is out of range [0, 64]"));
+  DraftModelOptions d;
+  d.max_context_len = 64;
+  d.read_threads = -1;
+  auto draft = DraftModel::Create(draft_.path(), target_.path(), d, nullptr, &backend_);
+  EXPECT_EQ(draft.status().code(), absl::StatusCode::kInvalidArgument) << draft.status();
+  EXPECT_THAT(draft.status().message(), HasSubstr("read_threads -1 is out of range [0, 64]"));
+  o.read_threads = 3;
+  model = TargetModel::Create(target_.path(), o, nullptr, &backend_);
+  EXPECT_TRUE(model.ok()) << model.status();
+}
+
 TEST_F(HostileModelOptionsTest, DraftBuffersBeyondMemoryAreResourceExhausted) {
   DraftModelOptions o;
   o.max_tokens_per_forward = int64_t{1} << 30;

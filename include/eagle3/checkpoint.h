@@ -58,7 +58,34 @@ EAGLE3_API absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIn
 // overflow (ReadShard checks these for you).
 EAGLE3_API int64_t PaddedSize(int64_t n, int64_t multiple);
 
-// Thread-safe for concurrent const calls (e.g. one loader thread per TP rank).
+class ThreadPool;  // src/thread_pool.h
+
+// The most threads one checkpoint read may be split across.
+inline constexpr int kMaxCheckpointReadThreads = 64;
+
+// min(8, std::thread::hardware_concurrency()), at least 1: what CheckpointReadOptions::threads = 0
+// means. Capped because the ranks of a host load at once, each with its own threads, and copies out
+// of the page cache are bounded by memory bandwidth rather than by cores.
+EAGLE3_API int DefaultCheckpointReadThreads();
+
+// How a Checkpoint reads tensor bytes.
+struct CheckpointReadOptions {
+  // Threads one read is split across. A read whose preads move at least 1 MiB of the file (a
+  // whole tensor, a shard's block of rows, the rows of a column slice) is cut into pieces of about
+  // 512 KiB that the calling thread and up to threads - 1 helper threads read at once; the
+  // Checkpoint starts the helpers on its first such read and joins them when it is destroyed.
+  // Smaller reads stay on the calling thread. The bytes read are the same for every count, and so
+  // are the statuses but for the offset and size a read error quotes (its piece's; when several
+  // pieces fail, the one first in the file). A read waits for every piece a helper has taken, so on
+  // a host whose cores are busy with other work (a helper preempted mid-piece) splitting can be
+  // slower than one thread: set 1 there. 0 = DefaultCheckpointReadThreads(); 1 = every read on the
+  // calling thread alone, as one pread where it can; at most kMaxCheckpointReadThreads.
+  int threads = 0;
+};
+
+// Thread-safe for concurrent const calls (e.g. one loader thread per TP rank); concurrent reads share
+// the Checkpoint's helper threads (each caller also reads pieces of its own read, so none waits for
+// a helper to come free).
 class EAGLE3_API Checkpoint {
  public:
   static constexpr std::string_view kSingleFileName = "model.safetensors";
@@ -71,10 +98,17 @@ class EAGLE3_API Checkpoint {
   // index or safetensors; a tensor in two shards; a shard holding a tensor the index does not
   // list), FailedPrecondition (a checkpoint file that is a directory, FIFO or device: refused
   // without blocking), PermissionDenied and other OS errors with their strerror text, each naming
-  // the file, tensor or key.
-  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  // the file, tensor or key; InvalidArgument for `options.threads` outside [0,
+  // kMaxCheckpointReadThreads].
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir,
+                                                          const CheckpointReadOptions& options = {});
+  ~Checkpoint();
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
 
   const std::string& dir() const { return dir_; }
+  // Threads a large read is split across (CheckpointReadOptions::threads, 0 resolved), >= 1.
+  int read_threads() const { return read_threads_; }
   std::vector<std::string> TensorNames() const;  // sorted
   bool Has(std::string_view name) const;
 
@@ -124,10 +158,12 @@ class EAGLE3_API Checkpoint {
     const TensorInfo* info;
   };
 
-  Checkpoint() = default;
+  Checkpoint();
   absl::StatusOr<Entry> Lookup(std::string_view name) const;
 
   std::string dir_;
+  int read_threads_ = 1;
+  std::unique_ptr<ThreadPool> pool_;  // null when read_threads_ is 1
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Entry, std::less<>> tensors_;
 };

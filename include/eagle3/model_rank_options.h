@@ -31,6 +31,10 @@ struct EAGLE3_API ModelRankOptions {
   // (Backend::keeps_quantized: CudaBackend does, the CPU reference does not). kv_b, the embedding,
   // the lm_head, norms and the router are never quantized in memory.
   std::optional<bool> keep_quantized;
+  // Threads each large checkpoint read of the load is split across (CheckpointReadOptions::threads):
+  // 0 = DefaultCheckpointReadThreads() (min(8, hardware threads)), 1 = one thread, at most
+  // kMaxCheckpointReadThreads. Per rank: ranks loading at once in one process each use this many.
+  int read_threads = 0;
 
   // Upper bound of every capacity above: far beyond any real workload, low enough that sums and
   // round-ups of capacities never overflow int64 (buffer sizes are checked separately, at Create,
@@ -38,7 +42,8 @@ struct EAGLE3_API ModelRankOptions {
   static constexpr int64_t kMaxCapacity = int64_t{1} << 40;
 
   // InvalidArgument naming `who` unless 0 <= rank < tp_size, `communicator` has that size and rank
-  // when tp_size > 1 (it may be null at tp 1), and every capacity is in [1, kMaxCapacity].
+  // when tp_size > 1 (it may be null at tp 1), every capacity is in [1, kMaxCapacity] and
+  // read_threads in [0, kMaxCheckpointReadThreads].
   absl::Status Check(const std::string& who, const Communicator* communicator) const;
 };
 

@@ -114,7 +114,8 @@ class EAGLE3_API SafetensorsFile {
   absl::StatusOr<TensorView> View(std::string_view name) const;
 
   // The file opened for a batch of reads (e.g. the runs of one tensor-parallel slice), closed on
-  // destruction. Movable; usable from one thread at a time.
+  // destruction. Movable. Read and CheckUnchanged may run on several threads at once (each read is
+  // its own pread: no shared file position); moving or destroying it may not overlap them.
   class Reader {
    public:
     Reader(Reader&&) noexcept;
