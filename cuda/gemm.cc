@@ -15,6 +15,14 @@
 // buffers stay allocated until the backend is destroyed, since a captured graph may read them.
 // The bias is added by a small kernel after the matmul (one pass over c, whatever the pointers'
 // alignment), and an empty product (K = 0) is that same kernel alone.
+//
+// GemmOptions::keep_f32_activations with `a` f32 and `b` bf16 (a MoE router kept in bf16): `a` is
+// never rounded. Up to kGemvMaxRows rows the GEMV kernel multiplies it as stored
+// (GemvActivations::kKeepF32: the f32 weights' GEMV of the same values at half the bytes). Other
+// calls (more rows, weights off the GEMV's alignment, small_m_gemv off) widen `b` exactly into f32
+// in the same scratch (its row stride kept: one conversion over the view's whole span) and run
+// the f32 x f32 product: what the f32 weights gave, bit for bit, plus the conversion's pass. A
+// BatchedGemm of such items that the GEMV does not take runs item by item (Backend::BatchedGemm).
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -66,9 +74,9 @@ uint32_t AlignmentOf(const void* p) {
   return lowest_bit == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(lowest_bit, 256));
 }
 
-// Scratch for `bytes` of bf16 activation: the current buffer, or a new one at least twice its size
-// (the old one is kept: see the file comment).
-absl::StatusOr<void*> ActivationScratch(CudaBackend::State& s, size_t bytes) {
+// Scratch for `bytes` of `what` (a converted operand): the current buffer, or a new one at least
+// twice its size (the old one is kept: see the file comment).
+absl::StatusOr<void*> OperandScratch(CudaBackend::State& s, size_t bytes, const char* what) {
   if (!s.activation_scratch.empty() && s.activation_scratch.back().second >= bytes) {
     return s.activation_scratch.back().first;
   }
@@ -78,7 +86,7 @@ absl::StatusOr<void*> ActivationScratch(CudaBackend::State& s, size_t bytes) {
   const size_t have = s.activation_scratch.empty() ? 0 : s.activation_scratch.back().second;
   if (capture != cudaStreamCaptureStatusNone) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Gemm: the bf16 copy of an f32 activation needs ", bytes, " bytes of scratch but ", have,
+        "Gemm: ", what, " needs ", bytes, " bytes of scratch but ", have,
         " are allocated, and the stream is being captured into a CUDA graph (no allocation "
         "there); run the step once before capturing, or raise "
         "CudaBackendOptions::activation_scratch_bytes"));
@@ -119,6 +127,11 @@ GemvType GemvTypeOf(const TensorView& t) {
   return t.dtype() == DType::kBF16 ? GemvType::kBF16 : GemvType::kF32;
 }
 
+// Whether the product keeps a f32 `a` unrounded against bf16 weights (see the file comment).
+bool KeepsF32Activations(const TensorView& a, const TensorView& b, const GemmOptions& options) {
+  return options.keep_f32_activations && a.dtype() == DType::kF32 && b.dtype() == DType::kBF16;
+}
+
 // The GEMV path for checked operands (item 0 of `batch`, k > 0): whether it took the product (it
 // leaves what it does not take, untouched, to cuBLASLt).
 absl::StatusOr<bool> TryGemv(CudaBackend::State& s, const TensorView& a, const TensorView& b,
@@ -130,10 +143,12 @@ absl::StatusOr<bool> TryGemv(CudaBackend::State& s, const TensorView& a, const T
     return false;
   }
   const float* bias = options.bias != nullptr ? options.bias->data_as<const float>() : nullptr;
+  const GemvActivations activations =
+      KeepsF32Activations(a, b, options) ? GemvActivations::kKeepF32 : GemvActivations::kRoundToBf16;
   const cudaError_t error =
       LaunchGemv(a.data(), GemvTypeOf(a), LeadingDim(a), batch.stride_a, b.data(), GemvTypeOf(b),
-                 LeadingDim(b), batch.stride_b, c.data_as<float>(), LeadingDim(c), batch.stride_c,
-                 bias, batch.count, m, n, k, options.alpha, options.beta,
+                 LeadingDim(b), batch.stride_b, activations, c.data_as<float>(), LeadingDim(c),
+                 batch.stride_c, bias, batch.count, m, n, k, options.alpha, options.beta,
                  s.options.programmatic_launch && options.b_is_weights, s.stream);
   if (error != cudaSuccess) return CudaStatus(error, absl::StrCat(op, ": GEMV kernel launch"));
   return true;
@@ -287,9 +302,24 @@ absl::Status CudaBackend::Gemm(const TensorView& a, const TensorView& b, const T
   }
   EAGLE3_ASSIGN_OR_RETURN(const bool gemv, TryGemv(s, a, b, c, options, Batch{}, "Gemm"));
   if (gemv) return absl::OkStatus();
+  if (KeepsF32Activations(a, b, options)) {
+    // b widened into f32 scratch with its own row stride (the gaps between rows, inside the view's
+    // span, are converted too and never read), then the f32 x f32 product.
+    const int64_t ldb = LeadingDim(b);
+    const int64_t span = (n - 1) * ldb + k;
+    EAGLE3_ASSIGN_OR_RETURN(void* scratch, OperandScratch(s, static_cast<size_t>(span) * sizeof(float),
+                                                          "the f32 copy of bf16 weights"));
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        LaunchBf16ToF32(b.data_as<const uint16_t>(), static_cast<float*>(scratch), span,
+                        s.options.programmatic_launch, s.stream),
+        "Gemm: widening b to f32"));
+    const TensorView b_f32(scratch, DType::kF32, Shape{n, k}, Shape{ldb, 1}, b.device());
+    return Matmul(s, a, b_f32, c, options);
+  }
   if (mixed) {  // a rounded to bf16 into contiguous scratch, then the bf16 x bf16 product
     EAGLE3_ASSIGN_OR_RETURN(void* scratch,
-                            ActivationScratch(s, static_cast<size_t>(m * k) * sizeof(uint16_t)));
+                            OperandScratch(s, static_cast<size_t>(m * k) * sizeof(uint16_t),
+                                           "the bf16 copy of an f32 activation"));
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
         LaunchF32ToBf16Rows(a.data_as<const float>(), LeadingDim(a),
                             static_cast<uint16_t*>(scratch), k, m, k, s.options.programmatic_launch,
@@ -325,12 +355,16 @@ absl::Status CudaBackend::BatchedGemm(const TensorView& a, const TensorView& b, 
   Batch batch{items, a.stride(0), b.stride(0), c.stride(0)};
   EAGLE3_ASSIGN_OR_RETURN(const bool gemv, TryGemv(s, a0, b0, c0, options, batch, "BatchedGemm"));
   if (gemv) return absl::OkStatus();
-  // cuBLASLt's batched product has no bias here: the per-item calls add it.
-  if (options.bias != nullptr) return Backend::BatchedGemm(a, b, c, options);
+  // cuBLASLt's batched product has no bias here, nor an unrounded f32 x bf16 product: the per-item
+  // calls take those.
+  if (options.bias != nullptr || KeepsF32Activations(a0, b0, options)) {
+    return Backend::BatchedGemm(a, b, c, options);
+  }
   if (a.dtype() == DType::kF32 && b.dtype() == DType::kBF16) {
     // Every item's activation rounded to bf16 in one pass, into contiguous [B, M, K] scratch.
     EAGLE3_ASSIGN_OR_RETURN(void* scratch,
-                            ActivationScratch(s, static_cast<size_t>(items * m * k) * sizeof(uint16_t)));
+                            OperandScratch(s, static_cast<size_t>(items * m * k) * sizeof(uint16_t),
+                                           "the bf16 copy of an f32 activation"));
     EAGLE3_RETURN_IF_ERROR(CudaStatus(
         LaunchF32ToBf16Batched(a.data_as<const float>(), a.stride(0), a.stride(1),
                                static_cast<uint16_t*>(scratch), items, m, k,

@@ -16,7 +16,11 @@
 // every row of its block, and rank 0 adds the ranks' sums in rank order from their shared memory
 // (distributed shared memory: no scratch, no second launch, the same bits every run).
 //
-// Two to kGemvMaxRows activation rows with bf16 weights run GemvMmaKernel instead (below): the
+// f32 activations against bf16 weights under GemvActivations::kKeepF32 take GemvKernel<uint16_t,
+// kM> at every row count, staging the activations unrounded: kernels LaunchRows<uint16_t> already
+// instantiated (its 2- to 8-row buckets had no caller before), so the mode compiles nothing new.
+//
+// Otherwise two to kGemvMaxRows activation rows with bf16 weights run GemvMmaKernel (below): the
 // weights are the A operand of m16n8k16 tensor-core products and the (bf16-rounded) activation rows
 // the B operand, so a weight element costs no CUDA-core FMAs whatever M is. On the H200 the FMA
 // kernel above reached 2.0-2.3 TB/s at M = 4 against 3.9 TB/s at M = 1 (ncu, the DeepSeek-V3 draft
@@ -380,12 +384,19 @@ struct GemvTiling {
   int64_t part_chunks = 0;
 };
 
-// k_vec: weight elements per 16-byte chunk.
-GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch, int sm_count) {
+// k_vec: weight elements per 16-byte chunk. work_vec: elements per unit of a lane's work, as the
+// rules below count it (each wants a lane to keep so many units): k_vec, except for bf16 weights
+// under kKeepF32, whose units are the f32 weights' (4 elements): their lanes stage and multiply
+// f32 activations element for element as the f32 path's lanes do, so they take the f32 weights'
+// warps and K split for the shape (the split rule was placed on the f32 router: NOTES.md).
+GemvTiling ChooseTiling(int k_m, int k_vec, int work_vec, int64_t n, int64_t k, int64_t batch,
+                        int sm_count) {
   GemvTiling t;
   const int64_t chunks = (k + k_vec - 1) / k_vec;
+  const int64_t work_units = (k + work_vec - 1) / work_vec;
   const int64_t budget = kTileBytes / (k_m * k_vec * static_cast<int64_t>(sizeof(float)));
   t.tile_chunks = static_cast<int>(chunks < budget ? chunks : budget);
+  const int64_t tile_units = static_cast<int64_t>(t.tile_chunks) * k_vec / work_vec;
   // Warps per row: the most that keep the grid within one wave of resident blocks (fewer, longer
   // blocks keep more of each lane's chunks in flight and pay the tile staging and the reduction
   // less often) and leave each lane two chunks of a tile; past 4 activation rows at most 4, so
@@ -398,7 +409,7 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch,
     const int64_t rows_per_block = kRowsPerWarp * (kWarps / wk);
     return (n + rows_per_block - 1) / rows_per_block;
   };
-  while (t.wk < max_wk && 2 * t.wk * kLanesPerRow * 2 <= t.tile_chunks && blocks_for(2 * t.wk) * batch <= wave) {
+  while (t.wk < max_wk && 2 * t.wk * kLanesPerRow * 2 <= tile_units && blocks_for(2 * t.wk) * batch <= wave) {
     t.wk *= 2;
   }
   // K split over a cluster while the grid keeps fewer than kInFlightBytesTarget bytes in flight
@@ -409,7 +420,7 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch,
   const int64_t in_flight_per_block = int64_t{kThreads} * 2 * BatchChunks(k_m) * 16;
   while (2 * t.ksplit <= kMaxGemvSplit && t.ksplit * blocks * batch * in_flight_per_block < kInFlightBytesTarget &&
          2 * t.ksplit * blocks * batch <= wave &&
-         chunks / (2 * t.ksplit) >= static_cast<int64_t>(kMinSplitLaneChunks) * t.wk * kLanesPerRow) {
+         work_units / (2 * t.ksplit) >= static_cast<int64_t>(kMinSplitLaneChunks) * t.wk * kLanesPerRow) {
     t.ksplit *= 2;
   }
   t.part_chunks = (chunks + t.ksplit - 1) / t.ksplit;
@@ -417,10 +428,16 @@ GemvTiling ChooseTiling(int k_m, int k_vec, int64_t n, int64_t k, int64_t batch,
   return t;
 }
 
+// Elements per unit of a lane's work (ChooseTiling's work_vec): the f32 weights' chunk for bf16
+// weights under kKeepF32.
+int WorkVec(GemvType b_type, GemvActivations activations) {
+  return b_type == GemvType::kF32 || activations == GemvActivations::kKeepF32 ? 4 : 8;
+}
+
 template <typename W, int kM>
-cudaError_t Launch(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stream) {
+cudaError_t Launch(GemvArgs p, int work_vec, int64_t batch, int sm_count, cudaStream_t stream) {
   constexpr int kVec = Chunk<W>::kVec;
-  const GemvTiling t = ChooseTiling(kM, kVec, p.n, p.k, batch, sm_count);
+  const GemvTiling t = ChooseTiling(kM, kVec, work_vec, p.n, p.k, batch, sm_count);
   p.wk = t.wk;
   p.ksplit = t.ksplit;
   p.tile_chunks = t.tile_chunks;
@@ -603,29 +620,31 @@ cudaError_t LaunchMma(GemvArgs p, int64_t batch, int sm_count, cudaStream_t stre
 }
 
 template <typename W>
-cudaError_t LaunchRows(const GemvArgs& p, int64_t batch, int sm_count, cudaStream_t stream) {
-  if (p.m <= 1) return Launch<W, 1>(p, batch, sm_count, stream);
-  if (p.m <= 2) return Launch<W, 2>(p, batch, sm_count, stream);
-  if (p.m <= 4) return Launch<W, 4>(p, batch, sm_count, stream);
-  return Launch<W, 8>(p, batch, sm_count, stream);
+cudaError_t LaunchRows(const GemvArgs& p, int work_vec, int64_t batch, int sm_count, cudaStream_t stream) {
+  if (p.m <= 1) return Launch<W, 1>(p, work_vec, batch, sm_count, stream);
+  if (p.m <= 2) return Launch<W, 2>(p, work_vec, batch, sm_count, stream);
+  if (p.m <= 4) return Launch<W, 4>(p, work_vec, batch, sm_count, stream);
+  return Launch<W, 8>(p, work_vec, batch, sm_count, stream);
 }
 
 int RowsBucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
 
 }  // namespace
 
-int GemvKSplit(GemvType b_type, int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
+int GemvKSplit(GemvType b_type, GemvActivations activations, int64_t m, int64_t n, int64_t k,
+               int64_t batch, int sm_count) {
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || sm_count < 1) return 1;
-  if (b_type == GemvType::kBF16 && m >= 2) return 1;  // GemvMmaKernel
-  const int vec = b_type == GemvType::kBF16 ? 8 : 4;
-  return ChooseTiling(RowsBucket(m), vec, n, k, batch, sm_count).ksplit;
+  const bool b_bf16 = b_type == GemvType::kBF16;
+  if (b_bf16 && m >= 2 && activations == GemvActivations::kRoundToBf16) return 1;  // GemvMmaKernel
+  const int vec = b_bf16 ? 8 : 4;
+  return ChooseTiling(RowsBucket(m), vec, WorkVec(b_type, activations), n, k, batch, sm_count).ksplit;
 }
 
 cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
-                       const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b, float* c,
-                       int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch,
-                       int64_t m, int64_t n, int64_t k, float alpha, float beta,
-                       bool programmatic, cudaStream_t stream) {
+                       const void* b, GemvType b_type, int64_t ldb, int64_t batch_stride_b,
+                       GemvActivations activations, float* c, int64_t ldc, int64_t batch_stride_c,
+                       const float* bias, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                       float beta, bool programmatic, cudaStream_t stream) {
   static_assert(kGemvMaxRows <= kLanesPerRow, "LaunchRows' largest bucket");
   if (a == nullptr || b == nullptr || c == nullptr) return cudaErrorInvalidValue;
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || batch < 1 || batch > 65535) {
@@ -635,15 +654,19 @@ cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batc
   if (batch > 1 && (batch_stride_a < 0 || batch_stride_b < 0 || batch_stride_c < 0)) {
     return cudaErrorInvalidValue;
   }
-  if (a_type == GemvType::kBF16 && b_type != GemvType::kBF16) return cudaErrorInvalidValue;
+  if (a_type == GemvType::kBF16 &&
+      (b_type != GemvType::kBF16 || activations != GemvActivations::kRoundToBf16)) {
+    return cudaErrorInvalidValue;
+  }
   if (!GemvWeightsAligned(b, b_type, ldb, batch_stride_b, n, batch)) return cudaErrorInvalidValue;
   const bool b_bf16 = b_type == GemvType::kBF16;
+  const bool keep_f32 = activations == GemvActivations::kKeepF32;
   GemvArgs p{};
   p.a = a;
   p.lda = m > 1 ? lda : 0;
   p.stride_a = batch > 1 ? batch_stride_a : 0;
   p.a_bf16 = a_type == GemvType::kBF16;
-  p.round_a = b_bf16 && !p.a_bf16;
+  p.round_a = b_bf16 && !p.a_bf16 && !keep_f32;
   p.a_quads = !p.a_bf16 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && p.lda % 4 == 0 &&
               p.stride_a % 4 == 0;
   p.b = b;
@@ -666,9 +689,10 @@ cudaError_t LaunchGemv(const void* a, GemvType a_type, int64_t lda, int64_t batc
       error != cudaSuccess) {
     return error;
   }
-  if (b_bf16 && m >= 2) return LaunchMma(p, batch, sm_count, stream);
-  return b_bf16 ? LaunchRows<uint16_t>(p, batch, sm_count, stream)
-                : LaunchRows<float>(p, batch, sm_count, stream);
+  if (b_bf16 && m >= 2 && !keep_f32) return LaunchMma(p, batch, sm_count, stream);
+  const int work_vec = WorkVec(b_type, activations);
+  return b_bf16 ? LaunchRows<uint16_t>(p, work_vec, batch, sm_count, stream)
+                : LaunchRows<float>(p, work_vec, batch, sm_count, stream);
 }
 
 }  // namespace eagle3::cuda

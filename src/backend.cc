@@ -272,6 +272,10 @@ absl::Status Backend::CheckQuantizedGemm(const TensorView& a, const QuantizedWei
                                          const GemmOptions& options) const {
   constexpr const char* kOp = "QuantizedGemm";
   const Device dev = device();
+  if (options.keep_f32_activations) {
+    return Invalid(kOp, "options.keep_f32_activations is for Gemm's bf16 weights; expected false, got true (w.codes ",
+                   w.codes.ToString(), ")");
+  }
   EAGLE3_RETURN_IF_ERROR(w.Check(kOp));
   if (w.codes.device() != dev) {
     return Invalid(kOp, "w.codes is ", w.codes.ToString(), " but this backend runs on ", dev.ToString());

@@ -89,6 +89,10 @@ absl::StatusOr<FeedForwardBlock::SiluMlpWeights> FeedForwardBlock::LoadSiluMlp(s
   return mlp;
 }
 
+DType FeedForwardBlock::RouterDtype(DType stored, DType weight_dtype) {
+  return stored == DType::kBF16 && weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig& config, std::string_view prefix,
                                                         DType weight_dtype, WeightLoader& loader) {
   FeedForwardBlock b;
@@ -101,7 +105,8 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
     EAGLE3_ASSIGN_OR_RETURN(b.dense_, LoadSiluMlp(specs, &next, weight_dtype, loader));
     return b;
   }
-  EAGLE3_ASSIGN_OR_RETURN(b.router_, loader.Load(specs[next++], DType::kF32));
+  EAGLE3_ASSIGN_OR_RETURN(const DType router_stored, loader.StoredDtype(specs[next]));
+  EAGLE3_ASSIGN_OR_RETURN(b.router_, loader.Load(specs[next++], RouterDtype(router_stored, weight_dtype)));
   if (config.routing.topk_method == TopkMethod::kNoauxTc) {
     EAGLE3_ASSIGN_OR_RETURN(b.correction_bias_, loader.Load(specs[next++], DType::kF32));
   }
@@ -241,7 +246,8 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
                                       " expert slots per row, the block needs " + std::to_string(needed));
   }
   const TensorView logits_t = Rows(ws.router_logits, 0, t);
-  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kWeightsGemm));
+  // Router logits in fp32 from x as it is, whichever dtype the router is kept in.
+  EAGLE3_RETURN_IF_ERROR(backend_->Gemm(x, router_, logits_t, kF32ActivationsWeightsGemm));
   const TensorView bias = correction_bias_.view();
   EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
                                             Block(ws.ids, 0, t, 0, k), Block(ws.weights, 0, t, 0, k)));

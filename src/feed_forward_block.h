@@ -47,7 +47,7 @@ struct FeedForwardConfig {
 
   // The tensors under `prefix` ("model.layers.3.mlp.", "layers.0.mlp."), in the order
   // DeepseekDecoderLayerWeights lists a layer's MLP: gate_proj / up_proj / down_proj; or the router
-  // gate.weight (f32, replicated) [+ gate.e_score_correction_bias], each expert's, the shared one's.
+  // gate.weight (replicated) [+ gate.e_score_correction_bias], each expert's, the shared one's.
   std::vector<WeightSpec> Weights(std::string_view prefix) const;
   // The widest SiLU MLP intermediate slice on one of `tp_size` ranks over both forms (dense, shared
   // experts), at least 1.
@@ -78,9 +78,17 @@ class FeedForwardBlock {
   // projections as LinearWeights (kept quantized as the loader says, else in `weight_dtype`; gate|up
   // stacked into one [2 I, H] weight where StackLinearWeights can); the routed experts the same way:
   // kept quantized for Backend::QuantizedMoeExperts, or dense in `weight_dtype` (gate|up stacked)
-  // for MoeExperts; the router and its bias in f32 (router logits in fp32).
+  // for MoeExperts; the router in RouterDtype and its bias in f32. Router logits are fp32 products
+  // of the unrounded activations either way (GemmOptions::keep_f32_activations).
   static absl::StatusOr<FeedForwardBlock> Load(const FeedForwardConfig& config, std::string_view prefix,
                                                DType weight_dtype, WeightLoader& loader);
+
+  // The dtype the router (`gate.weight`) is kept in, from the dtype the checkpoint stores it in:
+  // bf16 where both that and `weight_dtype` (the backend's preferred_weight_dtype() unless the
+  // model was told otherwise) are bf16, so the values are the stored ones at half the bytes a
+  // step streams; else f32 (the CPU reference; an f32 or f16 checkpoint, whose values bf16 could
+  // round).
+  static DType RouterDtype(DType stored, DType weight_dtype);
 
   bool moe() const { return moe_; }
   // Whether the shared expert runs as one more expert of the routed experts' op (Forward, up to 32

@@ -168,8 +168,8 @@ absl::Status TargetModel::Impl::LoadWeights() {
                       WeightLoader::Checks::kSchemaChecked);
   loader.set_keep_quantized(options.keep_quantized);
   loader.set_stats(&load_stats);
-  // Gemm weights and the embedding in weight_dtype; norms (and, in FeedForwardBlock, the router and
-  // its bias) in f32.
+  // Gemm weights and the embedding in weight_dtype; norms (and, in FeedForwardBlock, the router's
+  // bias) in f32, the router as FeedForwardBlock::RouterDtype says.
   EAGLE3_ASSIGN_OR_RETURN(embed, loader.Load(DeepseekEmbeddingName(config), weight_dtype));
   layers.reserve(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {

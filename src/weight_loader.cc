@@ -56,6 +56,18 @@ absl::StatusOr<Tensor> WeightLoader::ReadHost(const WeightSpec& spec, DType dtyp
   return ReadWeightShard(*checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), dtype);
 }
 
+absl::StatusOr<DType> WeightLoader::StoredDtype(const WeightSpec& spec) const {
+  EAGLE3_ASSIGN_OR_RETURN(const size_t i, Find(spec));
+  if (forms_[i] != StoredForm::kPlain) {
+    return absl::InternalError("WeightLoader::StoredDtype: weight '" + spec.name + "' is stored quantized");
+  }
+  if (checks_ == Checks::kEachRead) {
+    EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(const TensorInfo info, checkpoint_->Info(spec.name));
+  return info.dtype;
+}
+
 absl::StatusOr<Tensor> WeightLoader::ToDevice(Tensor host) {
   if (backend_->device().is_cpu()) return host;
   const auto start = std::chrono::steady_clock::now();

@@ -55,6 +55,9 @@ class WeightLoader {
   // the tensor, expected and actual. `spec` must be the schema's entry of its name (Internal
   // otherwise).
   absl::StatusOr<Tensor> ReadHost(const WeightSpec& spec, DType dtype) const;
+  // The dtype the checkpoint stores `spec` in, for a tensor stored unquantized (a quantized one is
+  // Internal), from the header alone. Checks as ReadHost.
+  absl::StatusOr<DType> StoredDtype(const WeightSpec& spec) const;
   // ReadHost on the backend's device.
   absl::StatusOr<Tensor> Load(const WeightSpec& spec, DType dtype);
   // Load of the schema's tensor named `name`.

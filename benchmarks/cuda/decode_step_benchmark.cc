@@ -41,13 +41,14 @@
 // stores the latent caches in bf16 (make_results.py keys the rows by cache_bits).
 //
 // Floor: the bytes a step must read at the measured copy rate — attention weights of every layer, the
-// dense MLP, per MoE layer the router (f32), the shared experts and the routed experts touched
-// (estimated as E (1 - (1 - k/E)^tokens), the expected count under uniform routing: the benchmark
-// does not read the routing), lm_head, the latent KV rows — or its flops (2 per weight per token,
-// plus the attention's q·k and p·v) at the measured GEMM rate, whichever is larger. Element sizes are
-// the model's: weights in the backend's storage dtype (bf16 on CUDA) or their quantized size (FP8: 1
-// byte plus its block's f32 scale share; INT4: half a byte plus a bf16 scale per 32), the cache in its
-// dtype.
+// dense MLP, per MoE layer the router (bf16 with bf16 weights, as FeedForwardBlock keeps a bf16
+// checkpoint's router since 2026-12-04; f32 with f32 weights), the shared experts and the routed
+// experts touched (estimated as E (1 - (1 - k/E)^tokens), the expected count under uniform
+// routing: the benchmark does not read the routing), lm_head, the latent KV rows — or its flops (2
+// per weight per token, plus the attention's q·k and p·v) at the measured GEMM rate, whichever is
+// larger. Element sizes are the model's: weights in the backend's storage dtype (bf16 on CUDA) or
+// their quantized size (FP8: 1 byte plus its block's f32 scale share; INT4: half a byte plus a bf16
+// scale per 32), the cache in its dtype.
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -237,10 +238,12 @@ StepCost Cost(const Model& m, int64_t batch, int64_t tokens_per_seq, int64_t con
   const double streamed = layers * (m.attention_bytes * (attention - kv_b) + m.weight_bytes * kv_b) +
                           m.mlp_bytes * (dense_layers * dense + moe_layers * c.n_shared_experts * expert) +
                           m.expert_bytes * moe_layers * touched * expert + m.weight_bytes * lm_head;
-  const double router = moe_layers * h * experts;  // f32
+  const double router = moe_layers * h * experts;
+  // The checkpoint's routers are bf16: kept so with bf16 weights (FeedForwardBlock::RouterDtype).
+  const double router_bytes = m.weight_bytes == 2 ? 2.0 : 4.0;
   const double kv_rows = static_cast<double>(batch) * (context + tokens_per_seq) * layers;
   StepCost cost;
-  cost.bytes = streamed + 4.0 * router + m.cache_bytes * kv_rows * c.latent_cache_width();
+  cost.bytes = streamed + router_bytes * router + m.cache_bytes * kv_rows * c.latent_cache_width();
   // Per token: 2 flops per weight it uses (its own experts: k + shared), and the absorbed attention
   // over its keys (q·k over the latent width, p·v over kv_lora_rank, every head).
   const double per_token = 2.0 * (layers * attention + dense_layers * dense + lm_head +

@@ -472,7 +472,8 @@ void BM_MtpDraftStep(benchmark::State& state) {
 
   // Floor: rank 0's share read once: eh_proj's 2H / tp columns (always bf16), the attention (q_a and
   // kv_a replicated, q_b / kv_b by heads, o_proj by columns) and the shared expert's slice in the
-  // stored form (bf16, or 1-byte FP8 codes + f32 block scales), the router (f32), the slices of the
+  // stored form (bf16, or 1-byte FP8 codes + f32 block scales), the router (bf16: the checkpoint's,
+  // kept so with bf16 weights, FeedForwardBlock::RouterDtype; f32 before 2026-12-04), the slices of the
   // experts the step touches, the lm_head shard (bf16 in both forms), the f32 latent cache rows and
   // the inputs/outputs. The routing ids are not visible from a DraftModel, so the touched experts
   // are estimated as E (1 - (1 - k/E)^tokens), the expected count under uniform routing (the random
@@ -489,7 +490,7 @@ void BM_MtpDraftStep(benchmark::State& state) {
   const double eh_proj = static_cast<double>(kHidden) * (2 * kHidden / kTp);
   const double router = static_cast<double>(kV3Experts) * kHidden;
   const double lm = static_cast<double>((kVocab + kTp - 1) / kTp) * kHidden;
-  const double weight_bytes = (attn + (1.0 + touched) * expert) * elem + router * 4.0 + (eh_proj + lm) * 2.0;
+  const double weight_bytes = (attn + (1.0 + touched) * expert) * elem + router * 2.0 + (eh_proj + lm) * 2.0;
   const double cache_bytes = static_cast<double>(kContext + tokens) * latent * 4.0;
   const double bytes = weight_bytes + cache_bytes + StepIoBytes(model, tokens, true);
   const double flops = 2.0 * tokens * (attn + (1.0 + kV3TopK) * expert + eh_proj + router) + 2.0 * lm +

@@ -1,4 +1,4 @@
-// Small-M products with bf16 (one shape: f32) weights and f32 activations, as decode steps run them (timed with CUDA
+// Small-M products with bf16 (shape 10: f32) weights and f32 activations, as decode steps run them (timed with CUDA
 // events, bench_util.h), each against its weight-streaming floor.
 //
 //   BM_GemmSmallM/shape/m/path : CudaBackend::Gemm, or BatchedGemm for the per-head shapes, of m
@@ -7,12 +7,16 @@
 //         3 o_proj 5120 x 2048          4 shared-expert gate_up 768 x 5120
 //         5 shared-expert down 5120 x 384                                6 router 160 x 5120
 //         7 V3 draft fc 7168 x 21504    8 W_UK: 16 heads of 512 x 128    9 W_UV: 16 heads of 128 x 512
-//         10 V3 router 256 x 7168 with f32 weights (as the library keeps routers)
+//         10 V3 router 256 x 7168 with f32 weights (as the library kept routers before 2026-12-04)
+//         11 V3 router 256 x 7168 with bf16 weights and the activations kept f32
+//            (GemmOptions::keep_f32_activations: as FeedForwardBlock runs a bf16 checkpoint's
+//            router on CUDA; the same products as shape 10, half the weight bytes)
 //       counter ksplit: the K split of the GEMV kernel (cuda/gemv_ops.h GemvKSplit; absent past
 //       kGemvMaxRows rows)
 //       path 0 is what the backend picks (by default CudaBackendOptions::small_m_gemv: the GEMV
-//       kernel up to kGemvMaxRows rows, cuBLASLt above; with EAGLE3_BENCH_SMALL_M_GEMV=0, cuBLASLt
-//       throughout);
+//       kernel up to kGemvMaxRows rows, cuBLASLt above (shape 11: on the f32 copy of the weights);
+//       with EAGLE3_BENCH_SMALL_M_GEMV=0, cuBLASLt throughout); m 32 and 64 only for shapes 10 and
+//       11 (the routers of batched verify steps);
 //       path 1 hands the same weights to the backend 16 bytes into a padded buffer with rows of K + 4,
 //       so that the GEMV path declines them (rows 8-byte aligned) and cuBLASLt runs with its bf16
 //       conversion of `a`: the contrast, at a slight alignment handicap for cuBLASLt.
@@ -37,6 +41,7 @@ struct GemmShape {
   const char* name;
   int64_t items, n, k;  // items > 1: BatchedGemm over head-major views
   DType weights = DType::kBF16;
+  bool keep_f32_activations = false;  // GemmOptions::keep_f32_activations
 };
 
 GemmShape ShapeOf(int64_t id) {
@@ -51,7 +56,8 @@ GemmShape ShapeOf(int64_t id) {
     case 7: return {"v3_draft_fc", 1, 7168, 21504};
     case 8: return {"w_uk", 16, 512, 128};
     case 9: return {"w_uv", 16, 128, 512};
-    default: return {"v3_router_f32", 1, 256, 7168, DType::kF32};  // a TP rank's full router
+    case 10: return {"v3_router_f32", 1, 256, 7168, DType::kF32};  // a TP rank's full router
+    default: return {"v3_router_bf16", 1, 256, 7168, DType::kBF16, true};
   }
 }
 
@@ -82,9 +88,10 @@ void BM_GemmSmallM(benchmark::State& state) {
   const TensorView c_items(c.data(), DType::kF32, Shape{s.items, m, s.n},
                            Shape{s.n, s.items * s.n, 1}, c.device());
   absl::Status status;
+  const GemmOptions options = s.keep_f32_activations ? kF32ActivationsWeightsGemm : kWeightsGemm;
   auto run = [&] {
     const TensorView w = weights(sets.Next());
-    status = s.items == 1 ? b->Gemm(a, w, c, kWeightsGemm) : b->BatchedGemm(a_items, w, c_items, kWeightsGemm);
+    status = s.items == 1 ? b->Gemm(a, w, c, options) : b->BatchedGemm(a_items, w, c_items, options);
   };
   run();
   if (!Check(state, status, "Gemm") || !Check(state, b->Synchronize(), "Synchronize")) return;
@@ -98,7 +105,9 @@ void BM_GemmSmallM(benchmark::State& state) {
   if (cudaGetDevice(&device) == cudaSuccess &&
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && m <= cuda::kGemvMaxRows) {
     const cuda::GemvType type = s.weights == DType::kF32 ? cuda::GemvType::kF32 : cuda::GemvType::kBF16;
-    state.counters["ksplit"] = cuda::GemvKSplit(type, m, s.n, s.k, s.items, sms);
+    const cuda::GemvActivations activations =
+        s.keep_f32_activations ? cuda::GemvActivations::kKeepF32 : cuda::GemvActivations::kRoundToBf16;
+    state.counters["ksplit"] = cuda::GemvKSplit(type, activations, m, s.n, s.k, s.items, sms);
   }
   ReportRoofline(state, seconds, bytes, flops);
 }
@@ -107,9 +116,10 @@ void GemmArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
     bm->ArgsProduct({{1, 2, 3, 7, 8}, {1, 16}, {0}});
     bm->ArgsProduct({{1, 7}, {1}, {1}});
-    bm->ArgsProduct({{10}, {1, 8}, {0}});
+    bm->ArgsProduct({{10, 11}, {1, 8}, {0}});
   } else {
-    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 4, 8, 9, 16}, {0}});
+    bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {1, 4, 8, 9, 16}, {0}});
+    bm->ArgsProduct({{10, 11}, {32, 64}, {0}});  // routers of batched verify steps
     bm->ArgsProduct({{0, 1, 2, 3, 7, 8}, {1, 4, 8}, {1}});
   }
 }

@@ -29,10 +29,20 @@ struct GemmOptions {
   // device backend may then start reading them before that earlier work has finished (CUDA:
   // programmatic dependent launch). Results are the same either way.
   bool b_is_weights = false;
+  // With `a` f32 and `b` bf16: `a` enters the products as stored, never rounded to bf16; each
+  // product is `a` times b widened to f32 (exact), accumulated in fp32. The result is the f32 x f32
+  // Gemm of the same values up to fp32 summation order, at half the weight bytes: for weights whose
+  // values are bf16 numbers but whose products must keep f32 activations (a MoE router stored in
+  // bf16: router logits in fp32, as DeepSeek's and transformers' gates compute them). Every backend
+  // takes this pair under it, the CPU reference included. Other dtype pairs are unaffected.
+  // QuantizedGemm does not take it (InvalidArgument).
+  bool keep_f32_activations = false;
 };
 
 // A plain product whose b is weights (alpha 1, beta 0, no bias).
 inline constexpr GemmOptions kWeightsGemm{.b_is_weights = true};
+// kWeightsGemm with keep_f32_activations: f32 activations against weights that may be bf16.
+inline constexpr GemmOptions kF32ActivationsWeightsGemm{.b_is_weights = true, .keep_f32_activations = true};
 
 // Which dims of a head RoPE pairs up.
 enum class RopeStyle {
@@ -136,7 +146,9 @@ class EAGLE3_API Backend {
   // Linear layer (PyTorch layout), see GemmOptions. c and bias are f32. A backend that stores
   // weights in bf16 (preferred_weight_dtype() == kBF16) also takes `a` f32 with `b` bf16: `a` is
   // rounded to bf16 (round to nearest, ties to even) and the bf16 x bf16 products accumulate in
-  // fp32, as a bf16 PyTorch linear layer computes. The CPU reference takes f32 only.
+  // fp32, as a bf16 PyTorch linear layer computes; unless options.keep_f32_activations, which every
+  // backend takes with that pair: `a` unrounded times b widened to f32. Otherwise the CPU reference
+  // takes f32 only.
   //   a: [M, K], row-strided      b: [N, K] (weights), row-strided      c: [M, N], row-strided
   virtual absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                             const GemmOptions& options) = 0;
@@ -152,6 +164,7 @@ class EAGLE3_API Backend {
   // weights w describes (eagle3/quantized_weight_view.h; DequantizeWeight). c and bias are f32. A
   // backend may round W and `a` to bf16 as its Gemm does for bf16 weights (CudaBackend: see
   // cuda/cuda_backend_quantized.cc); the CPU reference computes W exactly and takes `a` f32 only.
+  // options.keep_f32_activations is refused (InvalidArgument).
   //   a: [M, K], row-strided, K = w.k      w: Check()ed, codes and scales on device(), N = w.rows()
   //   c: [M, N], row-strided, no overlap with a, w's tensors or bias
   virtual absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,

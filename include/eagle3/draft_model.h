@@ -79,7 +79,9 @@ namespace eagle3 {
 // The ModelRankOptions fields: max_context_len is also the RoPE table's length; weight_dtype covers
 // every Gemm weight of the layer (fc, q/k/v (merged), o_proj, gate_up, down; the MLA kinds' q_a /
 // q_b / q_proj, kv_a, kv_b, o_proj, eh_proj and expert weights), lm_head and the embedding (the
-// draft's own or the target's it borrows), while fc.bias, the norms and the MTP router stay f32.
+// draft's own or the target's it borrows), while fc.bias and the norms stay f32; the MTP router
+// follows the target's rule (bf16 where weight_dtype and its stored dtype are bf16, else f32, its
+// logits fp32 products of unrounded activations: TargetModelOptions).
 struct DraftModelOptions : ModelRankOptions {
   // How the draft config's eagle_aux_hidden_state_layer_ids are read (SpecForge/SGLang: output of
   // layer k).

@@ -40,8 +40,11 @@ enum class AttentionPath {
 
 // The ModelRankOptions fields: rows are tokens; the KV cache is the latent cache; weight_dtype covers
 // every Gemm weight (q_a/q_b or q_proj, kv_a, kv_b and the W_UK / W_UV taken from it, o_proj, dense,
-// routed and shared expert gate_up/down, lm_head) and the embedding table, while the MoE router
-// (`gate.weight`: router logits in fp32) and e_score_correction_bias stay f32 with the norms.
+// routed and shared expert gate_up/down, lm_head) and the embedding table; the MoE router
+// (`gate.weight`) is kept in bf16 where weight_dtype is bf16 and the checkpoint stores it in bf16
+// (the same values at half the bytes), else f32, and its logits are fp32 products of unrounded
+// activations either way (FeedForwardBlock::RouterDtype, GemmOptions::keep_f32_activations);
+// e_score_correction_bias stays f32 with the norms.
 struct TargetModelOptions : ModelRankOptions {
   ResidualMode residual_mode = ResidualMode::kReplicated;
   AttentionPath attention_path = AttentionPath::kAuto;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu/cpu_backend_internal.h"
+#include "eagle3/half.h"
 #include "eagle3/quantized_weight_view.h"
 #include "eagle3/status.h"
 
@@ -263,11 +264,24 @@ absl::Status CpuBackend::Gemm(const TensorView& a, const TensorView& b, const Te
                               const GemmOptions& options) {
   EAGLE3_RETURN_IF_ERROR(CheckGemm(a, b, c, options));
   EAGLE3_RETURN_IF_ERROR(CheckF32("Gemm", "a", a));
-  EAGLE3_RETURN_IF_ERROR(CheckF32("Gemm", "b", b));
+  // keep_f32_activations admits bf16 weights: widened exactly into the scratch, so the product is
+  // the f32 one of the same values.
+  const bool widen = options.keep_f32_activations && b.dtype() == DType::kBF16;
+  if (!widen) EAGLE3_RETURN_IF_ERROR(CheckF32("Gemm", "b", b));
   EAGLE3_RETURN_IF_ERROR(CheckF32("Gemm", "c", c));
   if (options.bias != nullptr) EAGLE3_RETURN_IF_ERROR(CheckF32("Gemm", "bias", *options.bias));
+  TensorView weights = b;
+  if (widen) {
+    const int64_t rows = b.dim(0), k = b.dim(1);
+    float* widened = Scratch(rows * k);
+    const auto* bits = b.data_as<const uint16_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < k; ++j) widened[r * k + j] = Bf16ToFloat(bits[r * b.stride(0) + j]);
+    }
+    weights = TensorView(widened, DType::kF32, Shape{rows, k});
+  }
   const GemmArgs args{a,
-                      b,
+                      weights,
                       c,
                       options.bias ? options.bias->data_as<const float>() : nullptr,
                       options.alpha,

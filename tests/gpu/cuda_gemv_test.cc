@@ -10,17 +10,14 @@
 // on both sides, only the summation order differs).
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "eagle3/half.h"
 #include "gemv_ops.h"
+#include "gemv_parity.h"
 #include "parity_util.h"
 
 namespace eagle3::parity {
@@ -31,131 +28,7 @@ using cuda::kGemvMaxRows;
 constexpr double kTolF32 = 1e-5;
 constexpr double kTolBf16 = 2e-5;
 
-// The view of `t`'s storage that starts `offset` elements in, with the given shape and strides.
-TensorView At(const Tensor& t, int64_t offset, const Shape& shape, const Shape& strides) {
-  auto* data = static_cast<char*>(t.data()) + offset * static_cast<int64_t>(DTypeSize(t.dtype()));
-  return TensorView(data, t.dtype(), shape, strides, t.device());
-}
-
-// f32 values as the CPU multiplies them: rounded to bf16 when `round`, else as they are.
-Tensor Values(const Tensor& f32, bool round) {
-  Tensor out = *Tensor::Empty(DType::kF32, f32.shape());
-  for (int64_t i = 0; i < f32.numel(); ++i) {
-    const float x = f32.data_as<float>()[i];
-    out.data_as<float>()[i] = round ? Bf16ToFloat(FloatToBf16(x)) : x;
-  }
-  return out;
-}
-
-// f32 values stored as `dtype` (bf16 bits, or a copy), for upload.
-Tensor Stored(const Tensor& f32, DType dtype) {
-  if (dtype == DType::kF32) return Values(f32, false);
-  Tensor out = *Tensor::Empty(DType::kBF16, f32.shape());
-  for (int64_t i = 0; i < f32.numel(); ++i) out.data_as<uint16_t>()[i] = FloatToBf16(f32.data_as<float>()[i]);
-  return out;
-}
-
-// [rows, cols] of a row-major host view, made contiguous.
-Tensor Rows(const TensorView& v) {
-  Tensor out = *Tensor::Empty(DType::kF32, Shape{v.dim(0), v.dim(1)});
-  for (int64_t i = 0; i < v.dim(0); ++i) {
-    std::memcpy(out.data_as<float>() + i * v.dim(1), v.data_as<float>() + i * v.stride(0),
-                static_cast<size_t>(v.dim(1)) * sizeof(float));
-  }
-  return out;
-}
-
-// RelError, with any NaN in `got` (which RelError's max skips) counted as a failure.
-double CheckedRelError(const Tensor& got, const Tensor& want) {
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    if (std::isnan(got.data_as<float>()[i])) return std::numeric_limits<double>::infinity();
-  }
-  return RelError(got, want);
-}
-
-// Weights [n, k] (rows ld >= k apart) as the GPU stores them and as the CPU multiplies them.
-struct Weights {
-  Tensor gpu_storage, cpu_storage;
-  TensorView gpu, cpu;
-};
-
-// One Gemm case: a [m, k] in rows of k + a_pad elements starting a_offset in; c likewise.
-struct GemmCase {
-  int64_t m = 1;
-  DType a_type = DType::kF32;
-  int64_t a_pad = 0, a_offset = 0;
-  int64_t c_pad = 0, c_offset = 0;
-  bool bias = false;
-  float alpha = 1.0f, beta = 0.0f;
-};
-
-class CudaGemvTest : public ParityTest {
- protected:
-  // The GEMV path (CudaBackendOptions::small_m_gemv, on by default) is on for this whole suite.
-  cuda::CudaBackendOptions Options() const override {
-    cuda::CudaBackendOptions options;
-    options.small_m_gemv = true;
-    return options;
-  }
-
-  // ld 0: rows of k. The padding past k is NaN: a product that read it would show.
-  Weights MakeWeights(int64_t n, int64_t k, DType dtype, uint32_t seed, int64_t ld = 0) {
-    ld = ld == 0 ? k : ld;
-    const Tensor b = Random(Shape{n, ld}, seed, 1.0f / std::sqrt(static_cast<float>(k)));
-    for (int64_t i = 0; i < n; ++i) {
-      std::fill(b.data_as<float>() + i * ld + k, b.data_as<float>() + (i + 1) * ld,
-                std::numeric_limits<float>::quiet_NaN());
-    }
-    Weights w{Upload(Stored(b, dtype)), Values(b, dtype == DType::kBF16), {}, {}};
-    w.gpu = At(w.gpu_storage, 0, Shape{n, k}, Shape{ld, 1});
-    w.cpu = At(w.cpu_storage, 0, Shape{n, k}, Shape{ld, 1});
-    return w;
-  }
-
-  // Runs the case on both backends; returns the relative error over c's view, and checks that c
-  // outside the view is untouched.
-  double RunGemm(const GemmCase& g, const Weights& w, uint32_t seed) {
-    const int64_t m = g.m, n = w.gpu.dim(0), k = w.gpu.dim(1);
-    const bool bf16_weights = w.gpu.dtype() == DType::kBF16;
-    const int64_t lda = k + g.a_pad, ldc = n + g.c_pad;
-    const Tensor a = Random(Shape{g.a_offset + m * lda}, seed);
-    const Tensor a_gpu = Upload(Stored(a, g.a_type));
-    const Tensor a_cpu = Values(a, bf16_weights);
-    const Tensor c_start = Random(Shape{g.c_offset + m * ldc}, seed + 1);
-    Tensor c_gpu_start = Values(c_start, false);
-    if (g.beta == 0.0f) {  // c must not be read: NaN would show
-      for (int64_t i = 0; i < c_gpu_start.numel(); ++i) {
-        c_gpu_start.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
-      }
-    }
-    const Tensor c_gpu = Upload(c_gpu_start);
-    Tensor c_cpu = Values(c_start, false);
-    const Tensor bias = Random(Shape{n}, seed + 2);
-    const Tensor bias_gpu = Upload(bias);
-    const TensorView bias_gpu_view = bias_gpu.view(), bias_cpu_view = bias.view();
-    const Shape a_shape{m, k}, a_strides{lda, 1}, c_shape{m, n}, c_strides{ldc, 1};
-    const absl::Status gpu =
-        gpu_->Gemm(At(a_gpu, g.a_offset, a_shape, a_strides), w.gpu, At(c_gpu, g.c_offset, c_shape, c_strides),
-                   {g.alpha, g.beta, g.bias ? &bias_gpu_view : nullptr});
-    EXPECT_TRUE(gpu.ok()) << gpu;
-    const absl::Status cpu =
-        cpu_.Gemm(At(a_cpu, g.a_offset, a_shape, a_strides), w.cpu, At(c_cpu, g.c_offset, c_shape, c_strides),
-                  {g.alpha, g.beta, g.bias ? &bias_cpu_view : nullptr});
-    EXPECT_TRUE(cpu.ok()) << cpu;
-    const Tensor got = Download(c_gpu);
-    // Outside the view: the bits uploaded.
-    for (int64_t i = 0; i < got.numel(); ++i) {
-      const int64_t row = (i - g.c_offset) / ldc, col = (i - g.c_offset) % ldc;
-      if (i >= g.c_offset && row < m && col < n) continue;
-      if (std::memcmp(got.data_as<float>() + i, c_gpu_start.data_as<float>() + i, sizeof(float)) != 0) {
-        ADD_FAILURE() << "element " << i << " outside c's view was written";
-        break;
-      }
-    }
-    return CheckedRelError(Rows(At(got, g.c_offset, c_shape, c_strides)),
-                           Rows(At(c_cpu, g.c_offset, c_shape, c_strides)));
-  }
-};
+class CudaGemvTest : public GemvParityTest {};
 
 // Decode shapes: V2 TP8 rank (kv_a 576 x 5120, q_b 3072 x 1536, W_UK-sized 512 x 128, 576 x 512),
 // V3 (7168 x 7168, the draft's fc 7168 x 21504) and a single output column.
@@ -267,9 +140,6 @@ TEST_F(CudaGemvTest, Deterministic) {
 // matches the CPU plainly and with a strided, offset a and c, bias, alpha and beta (Deterministic
 // covers the router's split product).
 TEST_F(CudaGemvTest, KSplitShapesMatchCpu) {
-  int device = 0, sms = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
   struct Case {
     int64_t n, k, ld, m;
     DType b_type;
@@ -281,15 +151,9 @@ TEST_F(CudaGemvTest, KSplitShapesMatchCpu) {
                         Case{5, 20001, 20008, 1, DType::kBF16}, Case{1, 21504, 0, 2, DType::kF32}}) {
     SCOPED_TRACE(::testing::Message() << DTypeName(c.b_type) << " weights, M " << c.m << " N " << c.n << " K "
                                       << c.k);
-    const cuda::GemvType type = c.b_type == DType::kBF16 ? cuda::GemvType::kBF16 : cuda::GemvType::kF32;
-    EXPECT_GT(cuda::GemvKSplit(type, c.m, c.n, c.k, 1, sms), 1);
-    const double tol = c.b_type == DType::kBF16 ? kTolBf16 : kTolF32;
     const Weights w = MakeWeights(c.n, c.k, c.b_type, seed++, c.ld);
-    EXPECT_LE(RunGemm({.m = c.m}, w, seed++), tol);
-    EXPECT_LE(RunGemm({.m = c.m, .a_pad = 5, .a_offset = 3, .c_pad = 2, .c_offset = 1, .bias = true, .alpha = 0.5f,
-                       .beta = 2.0f},
-                      w, seed++),
-              tol);
+    ExpectKSplitMatchesCpu(c.m, w, false, c.b_type == DType::kBF16 ? kTolBf16 : kTolF32, seed);
+    seed += 2;
   }
 }
 
@@ -297,15 +161,18 @@ TEST_F(CudaGemvTest, KSplitShapesMatchCpu) {
 // than half the GPU: the router at 8 rows, not at 1 (its 64 blocks hold enough; the split measured
 // slower there), not V3's wide products, nor the tensor-core path (bf16 weights, 2+ rows).
 TEST(GemvKSplitTest, OnlyNarrowGridsSplit) {
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 256, 7168, 1, 132), 1);
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 4, 256, 7168, 1, 132), 2);
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 8, 256, 7168, 1, 132), 8);
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 37, 7171, 1, 132), 4);
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kBF16, 1, 7168, 7168, 1, 132), 1);
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kBF16, 4, 256, 7168, 1, 132), 1);
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 256, 7168, 16, 132), 1);  // 16 items fill it
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 1, 256, 64, 1, 132), 1);     // K too short to share
-  EXPECT_EQ(cuda::GemvKSplit(cuda::GemvType::kF32, 9, 256, 7168, 1, 132), 1);    // not a GEMV size
+  const auto split = [](cuda::GemvType type, int64_t m, int64_t n, int64_t k, int64_t batch, int sms) {
+    return cuda::GemvKSplit(type, cuda::GemvActivations::kRoundToBf16, m, n, k, batch, sms);
+  };
+  EXPECT_EQ(split(cuda::GemvType::kF32, 1, 256, 7168, 1, 132), 1);
+  EXPECT_EQ(split(cuda::GemvType::kF32, 4, 256, 7168, 1, 132), 2);
+  EXPECT_EQ(split(cuda::GemvType::kF32, 8, 256, 7168, 1, 132), 8);
+  EXPECT_EQ(split(cuda::GemvType::kF32, 1, 37, 7171, 1, 132), 4);
+  EXPECT_EQ(split(cuda::GemvType::kBF16, 1, 7168, 7168, 1, 132), 1);
+  EXPECT_EQ(split(cuda::GemvType::kBF16, 4, 256, 7168, 1, 132), 1);
+  EXPECT_EQ(split(cuda::GemvType::kF32, 1, 256, 7168, 16, 132), 1);  // 16 items fill it
+  EXPECT_EQ(split(cuda::GemvType::kF32, 1, 256, 64, 1, 132), 1);     // K too short to share
+  EXPECT_EQ(split(cuda::GemvType::kF32, 9, 256, 7168, 1, 132), 1);    // not a GEMV size
 }
 
 // GemmOptions::b_is_weights launches the GEMV as a programmatic dependent that reads its first
@@ -372,22 +239,14 @@ TEST_F(CudaGemvTest, CapturedWithoutActivationScratch) {
   ASSERT_TRUE(gpu.Copy(Stored(b, DType::kBF16), b_gpu).ok());
   ASSERT_TRUE(gpu.Copy(a, a_gpu).ok());
   ASSERT_TRUE(gpu.Synchronize().ok());
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(gpu.stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status captured = gpu.Gemm(a_gpu, b_gpu, c_gpu, {});
-  ASSERT_EQ(cudaStreamEndCapture(gpu.stream(), &graph), cudaSuccess);
+  const absl::Status captured = CaptureAndReplayGemm(gpu, a_gpu, b_gpu, c_gpu, {});
   ASSERT_TRUE(captured.ok()) << captured;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, gpu.stream()), cudaSuccess);
   Tensor got = *Tensor::Empty(DType::kF32, Shape{m, n});
   ASSERT_TRUE(gpu.Copy(c_gpu, got).ok());
   ASSERT_TRUE(gpu.Synchronize().ok());
   Tensor want = *Tensor::Empty(DType::kF32, Shape{m, n});
   ASSERT_TRUE(cpu_.Gemm(Values(a, true), Values(b, true), want, {}).ok());
   EXPECT_LE(RelError(got, want), kTolBf16);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // BatchedGemm on the absorbed MLA layouts (16 heads): W_UK, q [T, heads * 192] (first 128 columns of
@@ -480,8 +339,8 @@ TEST(GemvLauncherTest, RefusesOutOfContractArguments) {
   alignas(16) static float a[64], b[64], c[64];
   const auto launch = [&](const void* a_ptr, cuda::GemvType a_type, const void* b_ptr, cuda::GemvType b_type,
                           int64_t lda, int64_t ldb, int64_t batch, int64_t m, int64_t n, int64_t k) {
-    return cuda::LaunchGemv(a_ptr, a_type, lda, 0, b_ptr, b_type, ldb, 0, c, 8, 0, nullptr, batch, m, n, k, 1.0f,
-                            0.0f, false, nullptr);
+    return cuda::LaunchGemv(a_ptr, a_type, lda, 0, b_ptr, b_type, ldb, 0, cuda::GemvActivations::kRoundToBf16, c, 8,
+                            0, nullptr, batch, m, n, k, 1.0f, 0.0f, false, nullptr);
   };
   const auto f32 = cuda::GemvType::kF32, bf16 = cuda::GemvType::kBF16;
   EXPECT_EQ(launch(a, f32, b, f32, 4, 4, 1, 0, 2, 4), cudaErrorInvalidValue);                 // m 0

@@ -23,13 +23,15 @@ struct CpuBackendOptions {
 };
 
 // Every op of Backend on host memory (Device::Cpu()), computing in fp32. Floating-point tensors
-// must be f32 (convert other dtypes with ConvertTensor first); Copy moves any dtype. Synchronous:
-// Synchronize() has nothing to wait for. Attention, LatentAttention, BatchedLatentAttention,
-// BatchedLatentAttentionKeyMask, BatchedPagedAttention, MoeRoute, MoeExperts, QuantizedMoeExperts and QuantizedGemm use
-// a scratch buffer owned by the backend that grows to the largest size asked for (context length,
-// expert count, 3 * expert intermediate size, a quantized weight's N x K, one quantized expert's
-// 3 I H weights plus T k H per-slot outputs) and is then reused: reserve
-// it with a first call at the largest shapes if no call may allocate.
+// must be f32 (convert other dtypes with ConvertTensor first), except Gemm's bf16 weights under
+// GemmOptions::keep_f32_activations (widened exactly: the f32 product of the same values); Copy
+// moves any dtype. Synchronous: Synchronize() has nothing to wait for. Attention, LatentAttention,
+// BatchedLatentAttention, BatchedLatentAttentionKeyMask, BatchedPagedAttention, MoeRoute,
+// MoeExperts, QuantizedMoeExperts, QuantizedGemm and Gemm with bf16 weights use a scratch buffer
+// owned by the backend that grows to the largest size asked for (context length, expert count, 3 *
+// expert intermediate size, a quantized or bf16 weight's N x K, one quantized expert's 3 I H
+// weights plus T k H per-slot outputs) and is then reused: reserve it with a first call at the
+// largest shapes if no call may allocate.
 class EAGLE3_API CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions());

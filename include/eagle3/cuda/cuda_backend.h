@@ -25,9 +25,11 @@ struct CudaBackendOptions {
   cudaStream_t stream = nullptr;  // null: the backend creates (and owns) a non-blocking stream
   // cuBLASLt workspace, allocated once at creation.
   size_t gemm_workspace_bytes = 32u << 20;
-  // Scratch for Gemm's bf16 copy of an f32 activation `a` (f32 a x bf16 b), allocated at creation
-  // (0: at first need). A larger `a` grows it (never while the stream is being captured), and the
-  // outgrown buffer is kept until the backend is destroyed (a captured graph may read it).
+  // Scratch for Gemm's bf16 copy of an f32 activation `a` (f32 a x bf16 b) and its f32 copy of bf16
+  // weights (GemmOptions::keep_f32_activations past the GEMV path: N x K floats, 7.3 MB for a
+  // DeepSeek-V3 router), allocated at creation (0: at first need). A larger operand grows it (never
+  // while the stream is being captured), and the outgrown buffer is kept until the backend is
+  // destroyed (a captured graph may read it).
   size_t activation_scratch_bytes = 16u << 20;
   // Upper bounds sized at creation for ops that need scratch (no allocation per call).
   int64_t max_rows = 4096;          // rows (tokens) of any op
@@ -102,6 +104,8 @@ class EAGLE3_API CudaBackend final : public Backend {
   // Device <-> device: any strides up to rank 6 (a zero-stride source broadcasts). Host <-> device:
   // contiguous or pitched 2-D (row-strided) views; other host-side layouts are refused.
   absl::Status Copy(const TensorView& src, const TensorView& dst) override;
+  // Paths and scratch: cuda/gemm.cc (keep_f32_activations up to kGemvMaxRows rows on the GEMV
+  // kernel, beyond them through an f32 copy of b in the activation scratch).
   absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
                     const GemmOptions& options) override;
   // FP8 block-scaled and INT4 group weights stay quantized in device memory (QuantizedGemm streams
@@ -115,7 +119,8 @@ class EAGLE3_API CudaBackend final : public Backend {
   absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
                              const GemmOptions& options) override;
   // One strided-batched cuBLASLt call (f32 activations of a mixed product converted in one pass);
-  // with a bias or K = 0, Backend's per-item loop.
+  // with a bias, K = 0 or keep_f32_activations on a mixed product, Backend's per-item loop (all
+  // after the GEMV path, which takes up to kGemvMaxRows rows of every item in one launch).
   absl::Status BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,
                            const GemmOptions& options) override;
   absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
