@@ -617,7 +617,7 @@ namespace {
 // ones too) are taken and left as they were; a view of another device or with a negative stride is
 // refused by its index.
 TEST(CpuBackendPrefetchTest, ChecksViewsAndChangesNothing) {
-  CpuBackend backend;
+  cpu::CpuBackend backend;
   Tensor w = *Tensor::Empty(DType::kF32, Shape{4, 6});
   for (int64_t i = 0; i < 24; ++i) w.data_as<float>()[i] = static_cast<float>(i);
   const TensorView strided(w.data(), DType::kF32, Shape{2, 6}, Shape{12, 1}, Device::Cpu());
