@@ -157,10 +157,10 @@ bool StackAttentionInputs() {
   return s == nullptr || std::string(s) != "0";
 }
 
-// EAGLE3_BENCH_PREFETCH=0: no weight prefetch (TargetModelOptions::prefetch_weights), for A/B runs.
+// EAGLE3_BENCH_PREFETCH=1: the weight prefetch on (TargetModelOptions::prefetch_weights), for A/B runs.
 bool PrefetchWeights() {
   const char* s = std::getenv("EAGLE3_BENCH_PREFETCH");
-  return s == nullptr || std::string(s) != "0";
+  return s != nullptr && std::string(s) == "1";
 }
 
 // EAGLE3_BENCH_MODELS lists the models to run ("0", "23", ...); unset: models 0 and 1 (the quantized

@@ -65,8 +65,9 @@ struct TargetModelOptions : ModelRankOptions {
   // The batched step asks the backend to prefetch weights into its cache (Backend::PrefetchWeights)
   // ahead of latency-bound work: during a layer's attention, its W_UV and o_proj and the weights
   // every token of its MLP reads (router, shared expert); once its MoE has routed, the next layer's
-  // attention inputs. A hint: results are the same either way.
-  bool prefetch_weights = true;
+  // attention inputs. A hint: results are the same either way. Off by default: the V3 FP8 rank's
+  // graphed steps measured slower with it (benchmarks/NOTES.md, issue 18, 2026-12-04).
+  bool prefetch_weights = false;
 };
 
 // The weight dtype a model loads: `requested`, or else backend.preferred_weight_dtype(). Only kF32
