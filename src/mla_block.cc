@@ -248,6 +248,11 @@ void MlaBlock::AppendInputWeights(std::vector<TensorView>& out) const {
   out.push_back(w_uk_t_.view());
 }
 
+void MlaBlock::AppendOutputWeights(std::vector<TensorView>& out) const {
+  out.push_back(WUv());
+  o_proj_.AppendTensors(out);
+}
+
 absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
                                       MlaWorkspace& ws, const TensorView& out) const {
   EAGLE3_RETURN_IF_ERROR(CheckShapes(x, ws));
@@ -266,12 +271,7 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(q_t, heads, d.qk, 0, nope), w_uk_t_,
                                         HeadMajor(q_lat_t, heads, width, 0, latent), kWeightsGemm));
   EAGLE3_RETURN_IF_ERROR(be.Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
-  if (step.prefetch) {
-    std::vector<TensorView> late = {WUv()};
-    o_proj_.AppendTensors(late);
-    late.insert(late.end(), step.prefetch_after.begin(), step.prefetch_after.end());
-    EAGLE3_RETURN_IF_ERROR(be.PrefetchWeights(late));
-  }
+  if (!step.prefetch.empty()) EAGLE3_RETURN_IF_ERROR(be.PrefetchWeights(step.prefetch));
   // The cache row's k_pe and q_pe of every head: heads + 1 rows, rotated alike (one launch and one
   // position check instead of two of each on a device).
   EAGLE3_RETURN_IF_ERROR(be.ApplyRope(Heads(Rows(ws.RopeRows(), 0, t), heads + 1, width), latent, rope, step.positions,

@@ -112,11 +112,10 @@ struct MlaBatchedStep {
   // for a draft's tree passes, whose rows skip cached rows of other branches. At most one of
   // tree_mask and key_mask is set.
   TensorView key_mask;
-  // Whether the block's W_UV and o_proj, then `prefetch_after` (weights the step reads after this
-  // attention), are prefetched (Backend::PrefetchWeights) while its latency-bound kernels run: RoPE,
-  // the cache write, the attention.
-  bool prefetch = false;
-  std::span<const TensorView> prefetch_after;
+  // Weights the step reads after this attention (AppendOutputWeights first), prefetched
+  // (Backend::PrefetchWeights) while its latency-bound kernels run: RoPE, the cache write, the
+  // attention. Empty: none.
+  std::span<const TensorView> prefetch;
 };
 
 // The per-sequence path's step.
@@ -177,6 +176,8 @@ class MlaBlock {
   // in the order it reads them, appended to `out`: what a step prefetches for this block while the
   // layer before it runs.
   void AppendInputWeights(std::vector<TensorView>& out) const;
+  // The weights ForwardBatched reads after its attention (W_UV, o_proj), appended to `out`.
+  void AppendOutputWeights(std::vector<TensorView>& out) const;
 
  private:
   MlaBlock() = default;

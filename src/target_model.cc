@@ -64,8 +64,8 @@ struct TargetModel::Impl {
     FeedForwardBlock mlp;
     Tensor cache;  // [num_pages, page_size, W]
     // What the batched step prefetches (TargetModelOptions::prefetch_weights) during the attention
-    // besides the block's own (MlaBatchedStep::prefetch_after) and once the MoE has routed
-    // (FeedForwardBlock::Forward); empty when off.
+    // (MlaBatchedStep::prefetch) and once the MoE has routed (FeedForwardBlock::Forward); empty
+    // when off.
     std::vector<TensorView> attention_prefetch, mlp_prefetch;
   };
 
@@ -190,6 +190,7 @@ absl::Status TargetModel::Impl::LoadWeights() {
   }
   if (options.prefetch_weights) {
     for (size_t l = 0; l < layers.size(); ++l) {
+      layers[l].attention.AppendOutputWeights(layers[l].attention_prefetch);
       layers[l].mlp.AppendTokenWeights(layers[l].attention_prefetch);
       if (l + 1 < layers.size()) layers[l + 1].attention.AppendInputWeights(layers[l].mlp_prefetch);
     }
@@ -426,8 +427,7 @@ absl::Status TargetModel::Impl::Attention(int layer, const TensorView& x) {
     batched.tree_mask = !step.io.tree_mask.empty() ? step.io.tree_mask
                         : step.has_tree            ? Rows(d_tree_mask, 0, t)
                                                    : TensorView();
-    batched.prefetch = options.prefetch_weights;
-    batched.prefetch_after = L.attention_prefetch;
+    batched.prefetch = L.attention_prefetch;
     return L.attention.ForwardBatched(x, batched, L.cache, mla_ws, out);
   }
   MlaSequenceStep per_sequence;
