@@ -260,6 +260,7 @@ struct RoundIds {
   int tokens, top_k, num_experts;
   int* error_flag;
   int error_code;
+  int job_pairs;  // pairs a job holds at most: 1 .. kJobPairs (QuantMoeJobPairsFor)
 };
 
 __device__ __forceinline__ int64_t PairToken(const RoundIds& r, int i) { return r.token0 + i / r.top_k; }
@@ -278,7 +279,7 @@ struct GroupingShared {
 
 // Step 1a, by every thread of a block of kBlockThreads: the round's pairs grouped by expert into
 // sorted[0, s.placed) (expert-major, experts in ascending order) and the job list
-// jobs[0, 3 s.num_jobs) (expert, first, count: each expert's pairs in runs of up to kJobPairs);
+// jobs[0, 3 s.num_jobs) (expert, first, count: each expert's pairs in runs of up to r.job_pairs);
 // sorted and jobs may be shared or global memory, and are complete when it returns. A pair with a
 // bad id is left out and, with `record`, its token recorded.
 // Within an expert, a round of up to kQuantMoeFoldPairs pairs keeps its pairs in index order: the
@@ -315,7 +316,7 @@ __device__ void GroupPairs(const RoundIds& r, bool record, GroupingShared<kBlock
   int2 mine = make_int2(0, 0);
   for (int e = e0; e < e1; ++e) {
     mine.x += s.cursor[e];
-    mine.y += (s.cursor[e] + kJobPairs - 1) / kJobPairs;
+    mine.y += (s.cursor[e] + r.job_pairs - 1) / r.job_pairs;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int2 inclusive = mine;
@@ -341,11 +342,11 @@ __device__ void GroupPairs(const RoundIds& r, bool record, GroupingShared<kBlock
   __syncthreads();  // every count read
   for (int e = e0; e < e1; ++e) {
     const int count = s.cursor[e];
-    for (int start = 0; start < count; start += kJobPairs) {
+    for (int start = 0; start < count; start += r.job_pairs) {
       int32_t* entry = jobs + 3 * before.y++;
       entry[0] = e;
       entry[1] = before.x + start;
-      entry[2] = min(kJobPairs, count - start);
+      entry[2] = min(r.job_pairs, count - start);
     }
     s.cursor[e] = before.x;
     before.x += count;
@@ -388,7 +389,8 @@ __global__ void __launch_bounds__(kSortThreads)
   if (threadIdx.x == 0) *num_jobs = s.num_jobs;
 }
 
-// Grouped step 2, block (j, q) per job and slot row (blocks of jobs past the job count exit):
+// Grouped step 2, block (j, q) per job and row q < r.job_pairs of its slot (blocks of jobs past the
+// job count exit):
 // block (j, 0) writes job j's item pointers (gate-up items 2j, 2j + 1; down item j) and its
 // pairs' slot rows and its pair count as the GEMVs' item rows; block (j, q < count) writes row q of
 // job j's slot of x: bf16(x of pair q's token). The GEMVs take each item's rows (QuantGemvItems::
@@ -546,32 +548,33 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
   const unsigned job_blocks = static_cast<unsigned>(max_jobs);
   const auto slots = fold ? QuantMoeSlotsKernel<true> : QuantMoeSlotsKernel<false>;
   if (const cudaError_t error =
-          LaunchKernel(programmatic, slots, dim3(job_blocks, static_cast<unsigned>(kJobPairs)), dim3(kThreads), 0,
-                       stream, x, x_stride, hidden, round, experts, int4, ws, x_ld);
+          LaunchKernel(programmatic, slots, dim3(job_blocks, static_cast<unsigned>(round.job_pairs)), dim3(kThreads),
+                       0, stream, x, x_stride, hidden, round, experts, int4, ws, x_ld);
       error != cudaSuccess) {
     return error;
   }
 
-  // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`).
+  // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`); an
+  // item's rows are its job's, at most the round's job_pairs, in a slot of kJobPairs rows.
   const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
                            const void* a, int64_t lda, int64_t stride_a, float* c, int64_t n, int64_t k) {
-    const int64_t m = kQuantMoeJobPairs;
+    const int64_t m = round.job_pairs, stride_c = kQuantMoeJobPairs * n;
     if (int4) {
       Int4GroupWeights b;
       b.ld = layout.codes_ld;
       b.scale_ld = layout.scales_ld;
       b.col0 = layout.col_off;
       b.group_size = shape.block_cols;
-      return LaunchInt4GroupGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items,
-                                        m, n, k, 1.0f, 0.0f, programmatic, stream);
+      return LaunchInt4GroupGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, stride_c, nullptr, items,
+                                        max_items, m, n, k, 1.0f, 0.0f, programmatic, stream);
     }
     Fp8BlockWeights b;
     b.ld = layout.codes_ld;
     b.scale_ld = layout.scales_ld;
     b.row0 = layout.row_off;
     b.col0 = layout.col_off;
-    return LaunchFp8BlockGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, m * n, nullptr, items, max_items, m,
-                                     n, k, 1.0f, 0.0f, programmatic, stream);
+    return LaunchFp8BlockGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, stride_c, nullptr, items, max_items,
+                                     m, n, k, 1.0f, 0.0f, programmatic, stream);
   };
   QuantGemvItems gate_up;
   gate_up.a = ws.gate_up_a;
@@ -602,8 +605,9 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
 QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
                                  int64_t inter, size_t* bytes) {
   const int64_t pairs = max_tokens * top_k;
-  const int64_t jobs = QuantMoeMaxJobs(pairs, max_experts);
-  const int64_t slots = QuantMoeSlotRows(pairs, max_experts);
+  const int64_t job_pairs = QuantMoeJobPairsFor(max_tokens);
+  const int64_t jobs = QuantMoeMaxJobs(pairs, max_experts, job_pairs);
+  const int64_t slots = QuantMoeSlotRows(pairs, max_experts, job_pairs);
   size_t at = 0;
   const auto take = [&](size_t size) {
     char* p = buffer != nullptr ? buffer + at : nullptr;
@@ -633,6 +637,7 @@ QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k
   w.max_experts = max_experts;
   w.hidden = hidden;
   w.inter = inter;
+  w.max_jobs = jobs;
   if (bytes != nullptr) *bytes = at;
   return w;
 }
@@ -685,7 +690,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
   int64_t round_tokens = top_k > 0 ? std::min(ws.max_tokens, ws.max_tokens * ws.top_k / top_k) : ws.max_tokens;
   if (grouped) round_tokens = std::min(round_tokens, std::max<int64_t>(1, kMaxGridY / 2 / top_k));
   const int64_t max_jobs = QuantMoeMaxJobs(round_tokens * top_k, shape.num_experts);
-  if (max_jobs > (grouped ? kMaxGridY / 2 : kMaxGridY)) return cudaErrorInvalidValue;
+  const int64_t grid_jobs = grouped ? kMaxGridY / 2 : kMaxGridY;
+  if (max_jobs > grid_jobs || max_jobs > ws.max_jobs) return cudaErrorInvalidValue;
   const int64_t xb_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
   RowsParams base{};
   base.experts = experts;
@@ -701,8 +707,19 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   for (int64_t t0 = 0; t0 < tokens; t0 += round_tokens) {
     const int64_t n = std::min(round_tokens, tokens - t0);
-    const RoundIds round{ids, ids_stride, t0, static_cast<int>(n), static_cast<int>(top_k),
-                         static_cast<int>(shape.num_experts), error_flag, error_code};
+    // Grids (and the grouped GEMV's plan) are sized for this round's bound on jobs, not the
+    // workspace's: at decode a round of one token has at most top_k jobs, and a plan made for the
+    // workspace's hundreds would give each real item a few blocks and launch thousands that exit.
+    // A grouped round's jobs hold one pair per token (QuantMoeJobPairsFor) unless the jobs that
+    // makes would not fit (then kJobPairs, which max_jobs bounds).
+    int64_t job_pairs = grouped ? QuantMoeJobPairsFor(n) : kQuantMoeJobPairs;
+    int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts, job_pairs);
+    if (round_jobs > grid_jobs || round_jobs > ws.max_jobs) {
+      job_pairs = kQuantMoeJobPairs;
+      round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
+    }
+    const RoundIds round{ids,       ids_stride, t0, static_cast<int>(n), static_cast<int>(top_k),
+                         static_cast<int>(shape.num_experts), error_flag, error_code, static_cast<int>(job_pairs)};
     // A small grouped round is grouped by the slots kernel itself (kQuantMoeFoldPairs): the
     // grouping kernel's launch would sit on the critical path of every MoE layer of a decode step.
     const bool fold = grouped && shape.fold_grouping && n * top_k <= kQuantMoeFoldPairs;
@@ -714,10 +731,6 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       }
     }
     if (hidden == 0) continue;
-    // Grids (and the grouped GEMV's plan) are sized for this round's bound on jobs, not the
-    // workspace's: at decode a round of one token has at most top_k jobs, and a plan made for the
-    // workspace's hundreds would give each real item a few blocks and launch thousands that exit.
-    const int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
     if (grouped) {
       if (const cudaError_t error =
               GroupedProducts(x + t0 * x_stride, x_stride, round, experts, shape, round_jobs, ws, fold, programmatic,

@@ -10,14 +10,15 @@
 // of tokens, below), however many of the call's tokens chose it. One round of kernels:
 //  1. group the round's (token, slot) pairs by expert on the device (counting sort; a pair with a
 //     bad id is left out and its token recorded in the error flag) into jobs of up to
-//     kQuantMoeJobPairs pairs of one expert (on the grouped path, a round of at most
-//     kQuantMoeFoldPairs pairs is grouped by step 2's kernel rather than a kernel of its own);
+//     kQuantMoeJobPairs pairs of one expert (on the grouped path up to the round's job_pairs,
+//     QuantMoeJobPairsFor, and a round of at most kQuantMoeFoldPairs pairs is grouped by step 2's
+//     kernel rather than a kernel of its own);
 //  then, on the grouped quantized GEMV (QuantMoeShape::grouped: every expert's views on the GEMV's
 //  layout with one shared layout, QuantMoeGemvLayout; quant_gemv_ops.h's grouped launchers):
 //  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot, and the
 //     job's weight pointers and pair count into the item arrays;
-//  3. one grouped GEMV, items 2j and 2j + 1 = job j's gate and up (m = kQuantMoeJobPairs rows, the
-//     slot's, of which each item takes its job's pair count: QuantGemvItems::rows), then act =
+//  3. one grouped GEMV, items 2j and 2j + 1 = job j's gate and up (m = the round's job_pairs
+//     rows, of which each item takes its job's pair count: QuantGemvItems::rows), then act =
 //     bf16(silu(gate) * up) per pair row, then one grouped GEMV of down over the jobs' act slots: y
 //     per pair row (slot rows past a job's pairs are never written or read); the grids are sized
 //     for the most jobs a round can have and the blocks of jobs past the device job count exit at
@@ -148,26 +149,42 @@ inline constexpr int64_t kQuantMoeJobPairs = 8;
 // the shared expert) are folded.
 inline constexpr int64_t kQuantMoeFoldPairs = 128;
 
-// Most jobs max_pairs pairs over num_experts experts make (a job holds at least one pair).
-inline constexpr int64_t QuantMoeMaxJobs(int64_t max_pairs, int64_t num_experts) {
-  const int64_t bound = max_pairs / kQuantMoeJobPairs + (num_experts < max_pairs ? num_experts : max_pairs) + 1;
+// Most jobs max_pairs pairs over num_experts experts make when a job holds up to job_pairs
+// (1 .. kQuantMoeJobPairs) pairs: an expert's c pairs make ceil(c / job_pairs) jobs, and a job
+// holds at least one pair.
+inline constexpr int64_t QuantMoeMaxJobs(int64_t max_pairs, int64_t num_experts,
+                                         int64_t job_pairs = kQuantMoeJobPairs) {
+  const int64_t bound = max_pairs / job_pairs + (num_experts < max_pairs ? num_experts : max_pairs) + 1;
   return bound < max_pairs ? bound : max_pairs;
 }
 
-// Rows of the per-job slots (kQuantMoeJobPairs per job): at most max_pairs + 8 num_experts + 8.
-inline constexpr int64_t QuantMoeSlotRows(int64_t max_pairs, int64_t num_experts) {
-  return QuantMoeMaxJobs(max_pairs, num_experts) * kQuantMoeJobPairs;
+// The pairs a job of the grouped path holds in a round of `tokens` tokens: one per token, up to
+// kQuantMoeJobPairs. A token's top-k experts are distinct (a router's are), so each expert then
+// has one job, and the products are planned for as many activation rows as the round has tokens
+// rather than for kQuantMoeJobPairs: at decode (one token) a product stages one activation row and
+// its K range fits one tile. A token naming an expert twice only makes more jobs. The launcher
+// takes kQuantMoeJobPairs instead where the jobs this makes would not fit the workspace or the grid.
+inline constexpr int64_t QuantMoeJobPairsFor(int64_t tokens) {
+  return tokens < 1 ? 1 : tokens < kQuantMoeJobPairs ? tokens : kQuantMoeJobPairs;
+}
+
+// Rows of the per-job slots (kQuantMoeJobPairs per job, whatever a round's job_pairs).
+inline constexpr int64_t QuantMoeSlotRows(int64_t max_pairs, int64_t num_experts,
+                                          int64_t job_pairs = kQuantMoeJobPairs) {
+  return QuantMoeMaxJobs(max_pairs, num_experts, job_pairs) * kQuantMoeJobPairs;
 }
 
 inline constexpr int64_t QuantMoeRoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // Device scratch of one round of up to max_tokens tokens (contents overwritten by every call). With
-// S = QuantMoeSlotRows(max_tokens * top_k, max_experts) (>= the round's pairs and tokens), the
+// J = QuantMoeMaxJobs(max_tokens * top_k, max_experts, QuantMoeJobPairsFor(max_tokens)) jobs (the
+// most a round of up to max_tokens tokens makes at its own job_pairs: the bound grows with the
+// tokens) and S = 8 J slot rows (>= the round's pairs and tokens), the
 // grouped path holds the rows of job j's slot at rows [8 j, 8 j + 8) of x, act and y; the CUDA-core
 // path indexes them by token (x) or round-local pair (act, y).
 struct QuantMoeWorkspace {
   int32_t* sorted = nullptr;    // [max_tokens * top_k]: round-local pair t * top_k + j, expert-major
-  int32_t* jobs = nullptr;      // [QuantMoeMaxJobs(max_tokens * top_k, max_experts), 3]: expert,
+  int32_t* jobs = nullptr;      // [J, 3]: expert,
                                 // first sorted pair, pair count
   int32_t* num_jobs = nullptr;  // [1]
   int32_t* gate_up_items = nullptr;  // [1]: 2 * *num_jobs (the gate-up GEMV's item count)
@@ -187,6 +204,7 @@ struct QuantMoeWorkspace {
   uint16_t* act = nullptr;      // [S, RoundUp16(inter)] bf16
   float* y = nullptr;           // [S, hidden] f32
   int64_t max_tokens = 0, top_k = 0, max_experts = 0, hidden = 0, inter = 0;
+  int64_t max_jobs = 0;  // J
 };
 
 // Bytes of one 256-byte aligned buffer holding a workspace (QuantMoeWorkspaceAt carves it).

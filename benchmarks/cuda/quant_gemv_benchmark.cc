@@ -26,6 +26,9 @@
 //    16 V3 FP8 128 experts' down (batch 128)                  17 K2.5 INT4 128 experts' down
 //   and its gate-up product (items 2j, 2j + 1: job j's gate and up, 256 rows each):
 //    18 V3 FP8 256 items' gate / up (batch 256)               19 K2.5 INT4 256 items' gate / up
+//   q_a and kv_a stacked by rows (MlaBlock's one product for both): 20 V3 q_a + kv_a 2112 x 7168.
+//   The gate-up product of a one-token decode step (items 2j, 2j + 1: job j's gate and up):
+//    21 V3 FP8 18 items (8 routed experts and the shared one)  22 K2.5 INT4 16 items (8 routed)
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
 //   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
@@ -87,6 +90,8 @@ QuantShape ShapeOf(int64_t id) {
     case 17: return {"k25_experts128_down", true, 128, 7168, 256, 0, 256};
     case 18: return {"v3_items256_gate_up", false, 256, 256, 7168};
     case 19: return {"k25_items256_gate_up", true, 256, 256, 7168};
+    case 21: return {"v3_items18_gate_up", false, 18, 256, 7168};
+    case 22: return {"k25_items16_gate_up", true, 16, 256, 7168};
     // q_a and kv_a stacked by rows (MlaBlock's one product for both).
     default: return {"v3_q_a_kv_a", false, 1, 2112, 7168};
   }
@@ -183,7 +188,7 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
     bm->ArgsProduct({{11, 15, 16, 17}, {8}});
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
-    bm->ArgsProduct({{16, 17, 18, 19, 20}, {1, 8}});
+    bm->ArgsProduct({{16, 17, 18, 19, 20, 21, 22}, {1, 8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
@@ -243,6 +248,9 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   bm->ArgsProduct({{10, 11, 14, 15}, {8}, {1, 2, 4, 8}, {1, 2, 4, 8}});
   // A 16-token step's gate-up product: 8 rows (a job's slot), 1 (the staging of one pair).
   bm->ArgsProduct({{18, 19}, {1, 8}, {1, 2, 4, 8}, {1, 2, 4}});
+  // A one-token decode step's gate-up product, planned for 1 row (one pair per job) or for a job's
+  // 8-row slot; cluster splits of 3 too (wk x split ways between the powers of two).
+  bm->ArgsProduct({{21, 22}, {1, 8}, {1, 2, 4, 8}, {1, 2, 3, 4}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 

@@ -211,6 +211,33 @@ TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesGroupedGemv) {
   CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), {AlignedLayouts()[1]}, 6, /*grouped=*/true);
 }
 
+// The grouped path plans a round of fewer than 8 tokens for one pair per token and job
+// (QuantMoeJobPairsFor): tokens that name an expert twice (top-5 over 3 experts: two repeats per
+// token) must still be computed whole, by more jobs, at every round size around 8 tokens; on a
+// backend whose rounds are single tokens too (max_rows 1: a workspace sized for one token).
+TEST_F(CudaQuantizedMoeTest, GroupedGemvTokensNamingAnExpertTwice) {
+  for (const QuantizationConfig& quantization : {DeepseekV3Fp8Quantization(), KimiK2ThinkingInt4Quantization()}) {
+    SCOPED_TRACE(quantization.format == WeightFormat::kInt4Group ? "int4" : "fp8");
+    const bool int4 = quantization.format == WeightFormat::kInt4Group;
+    const QuantizedExperts experts =
+        MakeQuantizedExperts(quantization, 3, {AlignedLayouts()[1]}, 7, /*mixed_scales=*/false);
+    const DeviceExperts d = ToDevice(quantization, experts);
+    for (const int64_t tokens : {1, 2, 3, 7, 8, 9, 17}) {
+      CheckCall(quantization, experts, d, tokens, 5, /*accumulate=*/false, 50, /*bf16_weights=*/int4);
+    }
+    cuda::CudaBackendOptions options = Options();
+    options.max_rows = 1;
+    auto one_row = cuda::CudaBackend::Create(options);
+    ASSERT_TRUE(one_row.ok()) << one_row.status();
+    std::swap(gpu_, *one_row);
+    const DeviceExperts d1 = ToDevice(quantization, experts);
+    for (const int64_t tokens : {1, 3}) {
+      CheckCall(quantization, experts, d1, tokens, 5, /*accumulate=*/true, 60, /*bf16_weights=*/int4);
+    }
+    std::swap(gpu_, *one_row);
+  }
+}
+
 // Every expert of a real TP8 rank (rank 3: gate / up rows and down columns [768, 1024) of the
 // global I = 2048), random codes and scales written directly (no dense copy: the reference
 // dequantizes the touched experts itself). One tensor per kind holds every expert's slice.
