@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iterator>
 #include <optional>
 
 namespace eagle3::cuda {
@@ -130,28 +131,36 @@ std::optional<QuantGemvPlan> RowLoopPlan(const QuantGemvProblem& problem, int sm
 }
 
 // Products of up to 8 rows whose blocks can all be resident at once take the plan that splits each
-// 16-row group's K range the most ways (wk warps x split cluster ranks, both powers of two, wk up
-// to 4, or up to every warp of the block for a single product) while still fitting one wave: the
-// kernel is then bound by the weight loads in flight and by its fixed costs (launch, staging,
-// reduction), and a second wave pays the fixed costs again. Timed with explicit plans
-// (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode shapes, this rule's
-// plans were the fastest or near them where the time model below picked slower ones (odd cluster
-// sizes, wide splits of 128-row blocks). Of two plans with as many ways, a single product takes the
+// 16-row group's K range the most ways (wk warps x split cluster ranks: wk a power of two up to 4,
+// or up to every warp of the block for a single product; split 1, 2, 3, 4 or 8) while still
+// fitting one wave: the kernel is then bound by the weight loads in flight and by its fixed costs
+// (launch, staging, reduction), and a second wave pays the fixed costs again. Timed with explicit
+// plans (quant_gemv_benchmark's BM_QuantGemvPlan; benchmarks/NOTES.md) on the decode shapes, this
+// rule's plans were the fastest or near them where the time model below picked slower ones (wide
+// splits of 128-row blocks); clusters of 5 to 7 ranks were never the fastest, while a split of 3
+// was where it let twice the multiprocessors hold two blocks (6 ways where 8 took a second wave:
+// a decode step's 18 gate / up items). Of two plans with as many ways, a single product takes the
 // one with more warps and fewer cluster ranks: a grid of larger clusters fits a wave less often (a
-// cluster's blocks must share a GPC). nullopt: no such plan fits one wave (large batches: the model decides).
+// cluster's blocks must share a GPC). nullopt: no such plan fits one wave (large batches: the model
+// decides).
 std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count) {
   // Up to 8 activation rows (one B operand) only: with more, each of the rule's narrower blocks
   // stages more activation rows for fewer weight rows, and the model's plans measured faster.
   if (QuantGemvRowOperands(problem.m) > 1) return std::nullopt;
   const int max_wk = problem.batch == 1 ? kQuantGemvWarps : 4;
+  constexpr int kSplits[] = {8, 4, 3, 2, 1};
   constexpr int kMaxWays = 4 * kQuantGemvMaxSplit;
-  for (int ways = kMaxWays; ways >= 1; ways /= 2) {
-    const int wk = std::min(ways, max_wk), split = ways / wk;
-    if (split > kQuantGemvMaxSplit) continue;
-    const std::optional<QuantGemvPlan> plan = QuantGemvPlanFor(problem, wk, split);
-    if (!plan.has_value()) continue;
-    const int64_t blocks = RowBlocks(problem, wk) * split * problem.batch;
-    if (blocks <= BlocksPerSm(QuantGemvSharedBytes(problem, *plan)) * sm_count) return plan;
+  for (int ways = kMaxWays; ways >= 1; --ways) {
+    for (int wk = max_wk; wk >= 1; wk /= 2) {
+      if (ways % wk != 0 || std::find(std::begin(kSplits), std::end(kSplits), ways / wk) == std::end(kSplits)) {
+        continue;
+      }
+      const int split = ways / wk;
+      const std::optional<QuantGemvPlan> plan = QuantGemvPlanFor(problem, wk, split);
+      if (!plan.has_value()) continue;
+      const int64_t blocks = RowBlocks(problem, wk) * split * problem.batch;
+      if (blocks <= BlocksPerSm(QuantGemvSharedBytes(problem, *plan)) * sm_count) return plan;
+    }
   }
   return std::nullopt;
 }

@@ -710,15 +710,15 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     // Grids (and the grouped GEMV's plan) are sized for this round's bound on jobs, not the
     // workspace's: at decode a round of one token has at most top_k jobs, and a plan made for the
     // workspace's hundreds would give each real item a few blocks and launch thousands that exit.
-    // A grouped round's jobs hold one pair per token (QuantMoeJobPairsFor) unless the jobs that
-    // makes would not fit (then kJobPairs, which max_jobs bounds).
+    // A grouped round's jobs hold QuantMoeJobPairsFor(n) pairs (one at decode) unless the jobs
+    // that makes would not fit (then kJobPairs, which max_jobs bounds).
     int64_t job_pairs = grouped ? QuantMoeJobPairsFor(n) : kQuantMoeJobPairs;
     int64_t round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts, job_pairs);
     if (round_jobs > grid_jobs || round_jobs > ws.max_jobs) {
       job_pairs = kQuantMoeJobPairs;
       round_jobs = QuantMoeMaxJobs(n * top_k, shape.num_experts);
     }
-    const RoundIds round{ids,       ids_stride, t0, static_cast<int>(n), static_cast<int>(top_k),
+    const RoundIds round{ids, ids_stride, t0, static_cast<int>(n), static_cast<int>(top_k),
                          static_cast<int>(shape.num_experts), error_flag, error_code, static_cast<int>(job_pairs)};
     // A small grouped round is grouped by the slots kernel itself (kQuantMoeFoldPairs): the
     // grouping kernel's launch would sit on the critical path of every MoE layer of a decode step.

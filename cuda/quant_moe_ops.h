@@ -11,8 +11,8 @@
 //  1. group the round's (token, slot) pairs by expert on the device (counting sort; a pair with a
 //     bad id is left out and its token recorded in the error flag) into jobs of up to
 //     kQuantMoeJobPairs pairs of one expert (on the grouped path up to the round's job_pairs,
-//     QuantMoeJobPairsFor, and a round of at most kQuantMoeFoldPairs pairs is grouped by step 2's
-//     kernel rather than a kernel of its own);
+//     QuantMoeJobPairsFor: one at decode; and a round of at most kQuantMoeFoldPairs pairs is
+//     grouped by step 2's kernel rather than a kernel of its own);
 //  then, on the grouped quantized GEMV (QuantMoeShape::grouped: every expert's views on the GEMV's
 //  layout with one shared layout, QuantMoeGemvLayout; quant_gemv_ops.h's grouped launchers):
 //  2. per job: its pairs' x rows rounded to bf16 into the job's kQuantMoeJobPairs-row slot, and the
@@ -158,15 +158,14 @@ inline constexpr int64_t QuantMoeMaxJobs(int64_t max_pairs, int64_t num_experts,
   return bound < max_pairs ? bound : max_pairs;
 }
 
-// The pairs a job of the grouped path holds in a round of `tokens` tokens: one per token, up to
-// kQuantMoeJobPairs. A token's top-k experts are distinct (a router's are), so each expert then
-// has one job, and the products are planned for as many activation rows as the round has tokens
-// rather than for kQuantMoeJobPairs: at decode (one token) a product stages one activation row and
-// its K range fits one tile. A token naming an expert twice only makes more jobs. The launcher
-// takes kQuantMoeJobPairs instead where the jobs this makes would not fit the workspace or the grid.
-inline constexpr int64_t QuantMoeJobPairsFor(int64_t tokens) {
-  return tokens < 1 ? 1 : tokens < kQuantMoeJobPairs ? tokens : kQuantMoeJobPairs;
-}
+// The pairs a job of the grouped path holds in a round of `tokens` tokens: one in a round of one
+// token (a decode step), else kQuantMoeJobPairs. A token's top-k experts are distinct (a router's
+// are), so each expert then has one job, and the products are planned for one activation row
+// rather than for a job's 8: the gate-up product stages one row, its whole K range in one tile. A
+// token naming an expert twice only makes more jobs. The launcher takes kQuantMoeJobPairs instead
+// where the jobs this makes would not fit the workspace or the grid. Rounds of 2 to 7 tokens keep
+// 8-pair jobs: planned for their own rows, 4 tokens measured slower (a larger first tile).
+inline constexpr int64_t QuantMoeJobPairsFor(int64_t tokens) { return tokens <= 1 ? 1 : kQuantMoeJobPairs; }
 
 // Rows of the per-job slots (kQuantMoeJobPairs per job, whatever a round's job_pairs).
 inline constexpr int64_t QuantMoeSlotRows(int64_t max_pairs, int64_t num_experts,
@@ -177,9 +176,9 @@ inline constexpr int64_t QuantMoeSlotRows(int64_t max_pairs, int64_t num_experts
 inline constexpr int64_t QuantMoeRoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // Device scratch of one round of up to max_tokens tokens (contents overwritten by every call). With
-// J = QuantMoeMaxJobs(max_tokens * top_k, max_experts, QuantMoeJobPairsFor(max_tokens)) jobs (the
-// most a round of up to max_tokens tokens makes at its own job_pairs: the bound grows with the
-// tokens) and S = 8 J slot rows (>= the round's pairs and tokens), the
+// J = QuantMoeMaxJobs(max_tokens * top_k, max_experts, QuantMoeJobPairsFor(max_tokens)) jobs (a
+// round whose own job_pairs would make more takes kQuantMoeJobPairs, which J bounds) and S = 8 J
+// slot rows (>= the round's pairs and tokens), the
 // grouped path holds the rows of job j's slot at rows [8 j, 8 j + 8) of x, act and y; the CUDA-core
 // path indexes them by token (x) or round-local pair (act, y).
 struct QuantMoeWorkspace {

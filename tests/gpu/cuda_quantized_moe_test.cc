@@ -211,10 +211,10 @@ TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesGroupedGemv) {
   CheckEdgeShapes(KimiK2ThinkingInt4Quantization(), {AlignedLayouts()[1]}, 6, /*grouped=*/true);
 }
 
-// The grouped path plans a round of fewer than 8 tokens for one pair per token and job
-// (QuantMoeJobPairsFor): tokens that name an expert twice (top-5 over 3 experts: two repeats per
-// token) must still be computed whole, by more jobs, at every round size around 8 tokens; on a
-// backend whose rounds are single tokens too (max_rows 1: a workspace sized for one token).
+// The grouped path plans a round of one token for jobs of one pair (QuantMoeJobPairsFor): tokens
+// that name an expert twice (top-5 over 3 experts: two repeats per token) must still be computed
+// whole, by more jobs; and rounds of other sizes (8-pair jobs) alike; on a backend whose rounds are
+// single tokens too (max_rows 1: a workspace sized for one token).
 TEST_F(CudaQuantizedMoeTest, GroupedGemvTokensNamingAnExpertTwice) {
   for (const QuantizationConfig& quantization : {DeepseekV3Fp8Quantization(), KimiK2ThinkingInt4Quantization()}) {
     SCOPED_TRACE(quantization.format == WeightFormat::kInt4Group ? "int4" : "fp8");

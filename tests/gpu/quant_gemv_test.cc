@@ -1131,6 +1131,19 @@ TEST(QuantGemvPlanTest, OneWavePlansPreferWarpsOverClusterRanks) {
   EXPECT_LE(experts.wk, 4);
 }
 
+// Ways that are not powers of two: a V3 decode step's 18 gate / up items of 256 x 7168 at one row
+// would need 288 blocks for 8 ways (a second wave of 2 x 132), so the rule takes 6 (2 warps x 3
+// ranks, 216 blocks) rather than 4; a K2.5 step's 16 items fit 8 ways (4 x 2, 256 blocks) and keep
+// them.
+TEST(QuantGemvPlanTest, OneWavePlansTakeSplitsOfThree) {
+  const QuantGemvPlan v3 = ChooseQuantGemvPlan(ProblemOf(false, 18, 1, 256, 7168, 0), 132);
+  EXPECT_EQ(v3.wk, 2);
+  EXPECT_EQ(v3.split, 3);
+  const QuantGemvPlan k25 = ChooseQuantGemvPlan(ProblemOf(true, 16, 1, 256, 7168, 0), 132);
+  EXPECT_EQ(k25.wk, 4);
+  EXPECT_EQ(k25.split, 2);
+}
+
 // Row-looped plans: what QuantGemvPlanValid takes, and where the chooser takes them and with how
 // many groups (short K over more blocks than one wave of an H200-sized device holds: the experts'
 // down products of a decode and a verify step) and where not (long K, one wave, more than 16 rows).
