@@ -29,6 +29,9 @@
 //   q_a and kv_a stacked by rows (MlaBlock's one product for both): 20 V3 q_a + kv_a 2112 x 7168.
 //   The gate-up product of a one-token decode step (items 2j, 2j + 1: job j's gate and up):
 //    21 V3 FP8 18 items (8 routed experts and the shared one)  22 K2.5 INT4 16 items (8 routed)
+//   The products of an 8-token verify step as planned (the most jobs its 72 / 64 pairs can make):
+//    23 V3 FP8 144 gate / up items    24 K2.5 INT4 128 items
+//    25 V3 FP8 72 experts' down       26 K2.5 INT4 64 experts' down
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
 //   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
@@ -92,6 +95,10 @@ QuantShape ShapeOf(int64_t id) {
     case 19: return {"k25_items256_gate_up", true, 256, 256, 7168};
     case 21: return {"v3_items18_gate_up", false, 18, 256, 7168};
     case 22: return {"k25_items16_gate_up", true, 16, 256, 7168};
+    case 23: return {"v3_items144_gate_up", false, 144, 256, 7168};
+    case 24: return {"k25_items128_gate_up", true, 128, 256, 7168};
+    case 25: return {"v3_experts72_down", false, 72, 7168, 256, 0, 256};
+    case 26: return {"k25_experts64_down", true, 64, 7168, 256, 0, 256};
     // q_a and kv_a stacked by rows (MlaBlock's one product for both).
     default: return {"v3_q_a_kv_a", false, 1, 2112, 7168};
   }
@@ -189,6 +196,7 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
     bm->ArgsProduct({{16, 17, 18, 19, 20, 21, 22}, {1, 8}});
+    bm->ArgsProduct({{23, 24, 25, 26}, {8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
@@ -251,6 +259,8 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   // A one-token decode step's gate-up product, planned for 1 row (one pair per job) or for a job's
   // 8-row slot; cluster splits of 3 too (wk x split ways between the powers of two).
   bm->ArgsProduct({{21, 22}, {1, 8}, {1, 2, 4, 8}, {1, 2, 3, 4}});
+  // An 8-token verify step's gate-up product.
+  bm->ArgsProduct({{23, 24}, {8}, {1, 2, 4}, {1, 2, 3, 4, 5, 6, 8}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 
@@ -270,6 +280,8 @@ void RowLoopArgs(benchmark::internal::Benchmark* bm) {
   // The experts' down product: one expert, 8 (a token's top-8), 128 (a 16-token verify step's jobs).
   bm->ArgsProduct({{9, 11, 13, 15, 16, 17}, {8}, {0, 1, 2, 4, 8, 16, 32}});
   bm->ArgsProduct({{11, 15, 16, 17}, {1, 16}, {0, 1, 2, 4, 8, 16}});
+  // An 8-token verify step's down product.
+  bm->ArgsProduct({{25, 26}, {8}, {0, 1, 2, 4, 8, 16}});
 }
 BENCHMARK(BM_QuantGemvRowLoop)->ArgNames({"shape", "m", "loops"})->Apply(RowLoopArgs)->Apply(Timed);
 

@@ -186,7 +186,7 @@ void RunMoe(benchmark::State& state, bool quantized) {
 void BM_QuantMoe(benchmark::State& state) { RunMoe(state, true); }
 void BM_DenseMoe(benchmark::State& state) { RunMoe(state, false); }
 
-void MoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 16, 64}}); }
+void MoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 8, 16, 64}}); }
 BENCHMARK(BM_QuantMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
 BENCHMARK(BM_DenseMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
 
