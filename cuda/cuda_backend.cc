@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "cuda_backend_state.h"
 #include "cuda_status.h"
 #include "core_ops.h"
+#include "pinned_upload_backing.h"
 #include "prefetch_ops.h"
 #include "eagle3/status.h"
 
@@ -225,6 +227,15 @@ Allocator& CudaBackend::allocator() { return state_->allocator; }
 
 Allocator& CudaBackend::staging_allocator() { return state_->pinned; }
 
+absl::StatusOr<std::unique_ptr<UploadRing>> CudaBackend::CreateUploadRing() {
+  State& s = *state_;
+  if (s.options.upload_ring_bytes == 0) return std::unique_ptr<UploadRing>();
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "CreateUploadRing: cudaSetDevice"));
+  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<PinnedUploadBacking> backing,
+                          PinnedUploadBacking::Create(s.pinned, s.options.upload_ring_bytes, s.options.device, s.stream));
+  return std::make_unique<UploadRing>(std::move(backing));
+}
+
 absl::Status CudaBackend::Synchronize() {
   State& s = *state_;
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "Synchronize: cudaSetDevice"));
@@ -247,7 +258,8 @@ absl::Status CudaBackend::Synchronize() {
 // broadcasts; a destination mapping several elements to one address gets one of them). Other
 // host-side layouts are refused. Host memory that is not pinned makes a transfer synchronous, as
 // CUDA does; a large contiguous one to the device (weights at load) goes through the backend's
-// pinned buffers (StagedUpload) unless the stream is being captured.
+// pinned buffers (StagedUpload) unless the stream is being captured. A pinned source (staging
+// memory, an UploadRing's) is a DMA that Copy only enqueues.
 namespace {
 
 // A contiguous host-to-device copy through StagedUpload when src is pageable and the stream is not

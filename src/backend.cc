@@ -218,6 +218,8 @@ absl::Status CheckScale(const char* op, float scale) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<UploadRing>> Backend::CreateUploadRing() { return std::unique_ptr<UploadRing>(); }
+
 absl::Status Backend::PrefetchWeights(std::span<const TensorView> weights) {
   for (size_t i = 0; i < weights.size(); ++i) {
     if (weights[i].empty()) continue;

@@ -288,6 +288,15 @@ absl::Status CheckHostAllocator(std::string_view name, const Allocator& allocato
                                                  allocator.device().ToString()));
 }
 
+// Tensor::Empty for a read of tensor `name`; an allocation failure (a host allocator out of memory,
+// an UploadRing's fence failing) names the tensor.
+absl::StatusOr<Tensor> EmptyFor(std::string_view name, DType dtype, const Shape& shape, Allocator& allocator) {
+  absl::StatusOr<Tensor> out = Tensor::Empty(dtype, shape, allocator);
+  if (out.ok()) return out;
+  return absl::Status(out.status().code(),
+                      absl::StrCat("reading tensor ", Quote(name), ": ", out.status().message()));
+}
+
 absl::StatusOr<ShardPlan> PlanShard(std::string_view name, const SafetensorsFile& file,
                                     const TensorInfo& info, const ShardSpec& spec) {
   const std::string where = Where(name, file);
@@ -546,7 +555,7 @@ absl::StatusOr<Tensor> Checkpoint::Read(std::string_view name, DType dtype,
   EAGLE3_ASSIGN_OR_RETURN(Entry entry, Lookup(name));
   EAGLE3_RETURN_IF_ERROR(CheckConvertible(name, *entry.file, entry.info->dtype, dtype));
   EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, entry.info->shape, allocator));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, EmptyFor(name, dtype, entry.info->shape, allocator));
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, entry.file->OpenReader());
   const int64_t numel = entry.info->shape.numel();
   const ElementRuns all{.first = 0, .run = numel, .stride = numel, .count = 1, .dst_stride = numel};
@@ -560,7 +569,7 @@ absl::StatusOr<Tensor> Checkpoint::ReadShard(std::string_view name, const ShardS
                                              DType dtype, Allocator& allocator) const {
   EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
   EAGLE3_ASSIGN_OR_RETURN(Shape shape, ShardShape(name, spec));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, shape, allocator));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, EmptyFor(name, dtype, shape, allocator));
   EAGLE3_RETURN_IF_ERROR(ReadShardInto(name, spec, out));
   return out;
 }
@@ -583,7 +592,7 @@ absl::StatusOr<Tensor> Checkpoint::ReadColumns(std::string_view name, int64_t be
   }
   EAGLE3_RETURN_IF_ERROR(CheckConvertible(name, file, info.dtype, dtype));
   EAGLE3_RETURN_IF_ERROR(CheckHostAllocator(name, allocator));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, Shape{rows, end - begin}, allocator));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor out, EmptyFor(name, dtype, Shape{rows, end - begin}, allocator));
   const int64_t width = end - begin;
   if (width == 0) return out;
   EAGLE3_ASSIGN_OR_RETURN(const SafetensorsFile::Reader reader, file.OpenReader());

@@ -3,12 +3,14 @@
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "view_slices.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor_convert.h"
+#include "host_read_timer.h"
+#include "view_slices.h"
 
 namespace eagle3 {
 namespace {
@@ -45,9 +47,11 @@ absl::StatusOr<Tensor> UploadPadded(Backend& backend, const Tensor& host, int64_
   return device;
 }
 
-absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host) {
+// `host`'s tensors on `backend`'s device (the tensors themselves on a host backend), INT4 scales
+// converted to bf16 in memory of `host_allocator` first.
+absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host, Allocator& host_allocator) {
   if (host.view.format == WeightFormat::kInt4Group) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor bf16, Tensor::Empty(DType::kBF16, host.scales.shape()));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor bf16, Tensor::Empty(DType::kBF16, host.scales.shape(), host_allocator));
     EAGLE3_RETURN_IF_ERROR(ConvertTensor(host.scales, bf16));
     host.scales = std::move(bf16);
   }
@@ -61,9 +65,23 @@ absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host
   EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), backend.allocator()));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host.scales, scales));
   view.scales = scales.view();
-  // No synchronize: Copy has read the pageable host tensors when it returns (Backend::Copy), so the
-  // transfers overlap the next weight's read; the model synchronizes once its weights are loaded.
+  // No synchronize: Copy has read pageable host tensors when it returns, and an UploadRing holds its
+  // memory back until the copies from it are done (Backend::Copy), so the transfers overlap the next
+  // weight's read; the model synchronizes once its weights are loaded.
   return LinearWeight(std::move(codes), std::move(scales), view);
+}
+
+// `error` of placing weight `name` on the device, naming the weight.
+absl::Status PlacingError(const std::string& name, const absl::Status& error) {
+  return absl::Status(error.code(), absl::StrCat("loading weight '", name, "' onto the device: ", error.message()));
+}
+
+// A device copy of `host` (freed by the caller at once: Backend::Copy allows it, and an UploadRing
+// holds its memory back until the copy is done).
+absl::StatusOr<Tensor> Upload(Backend& backend, const Tensor& host) {
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend.allocator()));
+  EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));
+  return device;
 }
 
 // Whether quantized `w` can be a row range of a weight stacked with `first` (StackLinearWeights'
@@ -182,29 +200,35 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
   const auto since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
+  // On a host backend the host tensors are the weights: never ring memory.
+  UploadRing* const ring = backend.device().is_cpu() ? nullptr : load.upload_ring;
+  Allocator& host_allocator = ring != nullptr ? *ring : DefaultHostAllocator();
   ++stats.tensors;
   if (form != StoredForm::kPlain && load.keep_quantized.value_or(backend.keeps_quantized(FormatOf(form)))) {
-    Clock::time_point start = Clock::now();
-    EAGLE3_ASSIGN_OR_RETURN(QuantizedShard host, ReadQuantizedShard(checkpoint, spec, form, quantization, shard));
-    stats.read_seconds += since(start);
+    const HostReadTimer read(ring);
+    EAGLE3_ASSIGN_OR_RETURN(QuantizedShard host,
+                            ReadQuantizedShard(checkpoint, spec, form, quantization, shard, host_allocator));
+    read.AddTo(stats);
     if (form == StoredForm::kFp8Block || AllBf16(host.scales)) {
       stats.host_bytes += static_cast<int64_t>(host.codes.nbytes() + host.scales.nbytes());
-      start = Clock::now();
-      absl::StatusOr<LinearWeight> loaded = LoadQuantized(backend, std::move(host));
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<LinearWeight> loaded = LoadQuantized(backend, std::move(host), host_allocator);
       stats.device_seconds += since(start);
+      if (!loaded.ok()) return PlacingError(spec.name, loaded.status());
       return loaded;
     }
   }
-  Clock::time_point start = Clock::now();
-  EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadWeightShard(checkpoint, spec, form, quantization, shard, load.dense_dtype));
-  stats.read_seconds += since(start);
+  const HostReadTimer read(ring);
+  EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadWeightShard(checkpoint, spec, form, quantization, shard, load.dense_dtype,
+                                                       host_allocator));
+  read.AddTo(stats);
   stats.host_bytes += static_cast<int64_t>(host.nbytes());
   if (backend.device().is_cpu()) return LinearWeight(std::move(host));
-  start = Clock::now();
-  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend.allocator()));
-  EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));  // read when it returns (Backend::Copy)
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<Tensor> device = Upload(backend, host);
   stats.device_seconds += since(start);
-  return LinearWeight(std::move(device));
+  if (!device.ok()) return PlacingError(spec.name, device.status());
+  return LinearWeight(std::move(*device));
 }
 
 }  // namespace eagle3

@@ -21,6 +21,7 @@
 #include "eagle3/quantization_config.h"
 #include "eagle3/quantized_weight_view.h"
 #include "eagle3/tensor.h"
+#include "eagle3/upload_ring.h"
 #include "eagle3/weight_load_stats.h"
 
 namespace eagle3 {
@@ -88,6 +89,10 @@ struct LinearWeightLoad {
   std::optional<bool> keep_quantized;
   // Where the load's time goes (host reads, device copies) is added here; nullptr: not counted.
   WeightLoadStats* stats = nullptr;
+  // On a device backend, the host tensors read for the upload come from it (the load's ring,
+  // Backend::CreateUploadRing); nullptr: plain host memory. Unused on a host backend, whose host
+  // tensors are the weights.
+  UploadRing* upload_ring = nullptr;
 };
 
 // The `shard` slice of `spec`, stored as `form` under `quantization` (run CheckStoredWeight first),
@@ -99,7 +104,8 @@ struct LinearWeightLoad {
 //    nothing is rounded. On a device, each codes row starts on a 16-byte boundary (the row stride is
 //    padded) so that the GEMV kernels' 16-byte loads can take every slice;
 //  - otherwise dense in load.dense_dtype (ReadWeightShard: dequantized at load for a quantized form).
-// Waits for the backend (Synchronize) before the host copies are freed.
+// Does not synchronize: the copies may still run when it returns (its host tensors are freed at once,
+// as Backend::Copy allows), and work enqueued on the backend after it sees them done.
 absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint& checkpoint, const WeightSpec& spec,
                                               StoredForm form, const QuantizationConfig& quantization,
                                               const ShardSpec& shard, const LinearWeightLoad& load = {});

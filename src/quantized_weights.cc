@@ -149,9 +149,10 @@ int64_t ShardStart(const ShardSpec& shard, int64_t n) {
   return PaddedSize(n, shard.pad_to_multiple) / shard.tp_size * shard.rank;
 }
 
-absl::StatusOr<Tensor> ToDtype(Tensor f32, DType dtype) {
+// `f32` in `dtype`: itself for f32, else converted into memory of `allocator`.
+absl::StatusOr<Tensor> ToDtype(Tensor f32, DType dtype, Allocator& allocator) {
   if (dtype == DType::kF32) return f32;
-  EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(dtype, f32.shape()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor converted, Tensor::Empty(dtype, f32.shape(), allocator));
   EAGLE3_RETURN_IF_ERROR(ConvertTensor(f32, converted));
   return converted;
 }
@@ -171,16 +172,21 @@ SliceOrigin Origin(const WeightSpec& spec, const ShardSpec& shard) {
 // Stored fp8 codes of the slice and the scale blocks it touches (padding blocks beyond the stored
 // grid zero).
 absl::StatusOr<QuantizedShard> ReadFp8(const Checkpoint& checkpoint, const WeightSpec& spec,
-                                       const QuantizationConfig& q, const ShardSpec& shard) {
+                                       const QuantizationConfig& q, const ShardSpec& shard, Allocator& allocator) {
   QuantizedShard out;
-  EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadShard(spec.name, shard, DType::kF8E4M3));
+  EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadShard(spec.name, shard, DType::kF8E4M3, allocator));
   EAGLE3_ASSIGN_OR_RETURN(Tensor all, checkpoint.Read(Fp8ScaleName(spec.name), DType::kF32));
   const SliceOrigin origin = Origin(spec, shard);
   const int64_t rows = out.codes.dim(0), cols = out.codes.dim(1);
   const int64_t row_begin = origin.row / q.block_out, col_begin = origin.col / q.block_in;
   const int64_t row_end = rows > 0 ? (origin.row + rows - 1) / q.block_out + 1 : row_begin;
   const int64_t col_end = cols > 0 ? (origin.col + cols - 1) / q.block_in + 1 : col_begin;
-  EAGLE3_ASSIGN_OR_RETURN(out.scales, Tensor::Zeros(DType::kF32, Shape{row_end - row_begin, col_end - col_begin}));
+  absl::StatusOr<Tensor> scales = Tensor::Zeros(DType::kF32, Shape{row_end - row_begin, col_end - col_begin}, allocator);
+  if (!scales.ok()) {
+    return absl::Status(scales.status().code(),
+                        absl::StrCat("reading tensor '", Fp8ScaleName(spec.name), "': ", scales.status().message()));
+  }
+  out.scales = std::move(*scales);
   const float* from = all.data_as<float>();
   float* to = out.scales.data_as<float>();
   for (int64_t i = row_begin; i < std::min(row_end, all.dim(0)); ++i) {
@@ -210,7 +216,7 @@ constexpr int32_t Int4ZeroWord() {
 }
 
 absl::StatusOr<QuantizedShard> ReadInt4(const Checkpoint& checkpoint, const WeightSpec& spec,
-                                        const QuantizationConfig& q, const ShardSpec& shard) {
+                                        const QuantizationConfig& q, const ShardSpec& shard, Allocator& allocator) {
   const std::string packed_name = Int4PackedName(spec.name);
   const std::string scale_name = Int4ScaleName(spec.name);
   const int64_t out_dim = spec.shape[0], in_dim = spec.shape[1];
@@ -221,8 +227,8 @@ absl::StatusOr<QuantizedShard> ReadInt4(const Checkpoint& checkpoint, const Weig
   out.view.block_cols = q.group_size;
   if (shard.tp_size == 1 || shard.dim == 0) {
     // Rows split (or none): the packed rows and scale rows of the slice, read as the plain tensor's.
-    EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadShard(packed_name, shard, DType::kI32));
-    EAGLE3_ASSIGN_OR_RETURN(out.scales, checkpoint.ReadShard(scale_name, shard, DType::kF32));
+    EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadShard(packed_name, shard, DType::kI32, allocator));
+    EAGLE3_ASSIGN_OR_RETURN(out.scales, checkpoint.ReadShard(scale_name, shard, DType::kF32, allocator));
     const SliceOrigin origin = Origin(spec, shard);  // ReadShard validated the split
     out.view.row0 = out.view.scale_row0 = origin.row;
     const int64_t real_rows = std::clamp<int64_t>(out_dim - origin.row, 0, out.codes.dim(0));
@@ -248,8 +254,10 @@ absl::StatusOr<QuantizedShard> ReadInt4(const Checkpoint& checkpoint, const Weig
     const int64_t word_begin = origin.col / kInt4PerWord, group_begin = origin.col / q.group_size;
     const int64_t word_end = cols > 0 ? (origin.col + cols + kInt4PerWord - 1) / kInt4PerWord : word_begin;
     const int64_t group_end = cols > 0 ? (origin.col + cols + q.group_size - 1) / q.group_size : group_begin;
-    EAGLE3_ASSIGN_OR_RETURN(out.codes, checkpoint.ReadColumns(packed_name, word_begin, word_end, DType::kI32));
-    EAGLE3_ASSIGN_OR_RETURN(out.scales, checkpoint.ReadColumns(scale_name, group_begin, group_end, DType::kF32));
+    EAGLE3_ASSIGN_OR_RETURN(out.codes,
+                            checkpoint.ReadColumns(packed_name, word_begin, word_end, DType::kI32, allocator));
+    EAGLE3_ASSIGN_OR_RETURN(out.scales,
+                            checkpoint.ReadColumns(scale_name, group_begin, group_end, DType::kF32, allocator));
     out.view.k = cols;
     out.view.col0 = origin.col;
     out.view.scale_col0 = group_begin;
@@ -315,26 +323,29 @@ absl::Status CheckStoredWeight(const Checkpoint& checkpoint, const WeightSpec& s
 }
 
 absl::StatusOr<Tensor> ReadWeightShard(const Checkpoint& checkpoint, const WeightSpec& spec, StoredForm form,
-                                       const QuantizationConfig& quantization, const ShardSpec& shard, DType dtype) {
-  if (form == StoredForm::kPlain) return checkpoint.ReadShard(spec.name, shard, dtype);
+                                       const QuantizationConfig& quantization, const ShardSpec& shard, DType dtype,
+                                       Allocator& allocator) {
+  if (form == StoredForm::kPlain) return checkpoint.ReadShard(spec.name, shard, dtype, allocator);
   if (!IsFloat(dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", spec.name, "' dequantizes to f32, f16 or bf16, not ", Sv(DTypeName(dtype))));
   }
   EAGLE3_ASSIGN_OR_RETURN(QuantizedShard stored, ReadQuantizedShard(checkpoint, spec, form, quantization, shard));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor f32, Tensor::Empty(DType::kF32, Shape{stored.view.rows(), stored.view.k}));
+  // Dequantized into `allocator`'s memory when that is the result.
+  EAGLE3_ASSIGN_OR_RETURN(Tensor f32, Tensor::Empty(DType::kF32, Shape{stored.view.rows(), stored.view.k},
+                                                    dtype == DType::kF32 ? allocator : DefaultHostAllocator()));
   EAGLE3_RETURN_IF_ERROR(DequantizeWeight(stored.view, f32));
-  return ToDtype(std::move(f32), dtype);
+  return ToDtype(std::move(f32), dtype, allocator);
 }
 
 absl::StatusOr<QuantizedShard> ReadQuantizedShard(const Checkpoint& checkpoint, const WeightSpec& spec,
                                                   StoredForm form, const QuantizationConfig& quantization,
-                                                  const ShardSpec& shard) {
+                                                  const ShardSpec& shard, Allocator& allocator) {
   switch (form) {
     case StoredForm::kFp8Block:
-      return ReadFp8(checkpoint, spec, quantization, shard);
+      return ReadFp8(checkpoint, spec, quantization, shard, allocator);
     case StoredForm::kInt4Packed:
-      return ReadInt4(checkpoint, spec, quantization, shard);
+      return ReadInt4(checkpoint, spec, quantization, shard, allocator);
     case StoredForm::kPlain:
       break;
   }

@@ -1,10 +1,10 @@
 #include "weight_loader.h"
 
 #include <chrono>
-
 #include <utility>
 
 #include "eagle3/status.h"
+#include "host_read_timer.h"
 
 namespace eagle3 {
 
@@ -20,6 +20,22 @@ WeightLoader::WeightLoader(const Checkpoint& checkpoint, const QuantizationConfi
       backend_(&backend),
       checks_(checks) {
   for (size_t i = 0; i < schema_.size(); ++i) index_.emplace(schema_[i].name, i);
+}
+
+WeightLoader::~WeightLoader() = default;
+
+absl::StatusOr<UploadRing*> WeightLoader::Ring() {
+  if (!ring_made_) {
+    ring_made_ = true;
+    if (!backend_->device().is_cpu()) {
+      const auto start = std::chrono::steady_clock::now();
+      EAGLE3_ASSIGN_OR_RETURN(ring_, backend_->CreateUploadRing());
+      if (stats_ != nullptr) {
+        stats_->device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+    }
+  }
+  return ring_.get();
 }
 
 absl::StatusOr<WeightSpec> WeightLoader::Spec(std::string_view name) const {
@@ -49,11 +65,16 @@ absl::StatusOr<size_t> WeightLoader::Find(const WeightSpec& spec) const {
 }
 
 absl::StatusOr<Tensor> WeightLoader::ReadHost(const WeightSpec& spec, DType dtype) const {
+  return ReadHostInto(spec, dtype, DefaultHostAllocator());
+}
+
+absl::StatusOr<Tensor> WeightLoader::ReadHostInto(const WeightSpec& spec, DType dtype, Allocator& allocator) const {
   EAGLE3_ASSIGN_OR_RETURN(const size_t i, Find(spec));
   if (checks_ == Checks::kEachRead) {
     EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
   }
-  return ReadWeightShard(*checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), dtype);
+  return ReadWeightShard(*checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), dtype,
+                         allocator);
 }
 
 absl::StatusOr<DType> WeightLoader::StoredDtype(const WeightSpec& spec) const {
@@ -80,13 +101,16 @@ absl::StatusOr<Tensor> WeightLoader::ToDevice(Tensor host) {
 }
 
 absl::StatusOr<Tensor> WeightLoader::Load(const WeightSpec& spec, DType dtype) {
-  const auto start = std::chrono::steady_clock::now();
-  EAGLE3_ASSIGN_OR_RETURN(Tensor host, ReadHost(spec, dtype));
+  EAGLE3_ASSIGN_OR_RETURN(UploadRing* const ring, Ring());
+  const HostReadTimer timer(ring);
+  EAGLE3_ASSIGN_OR_RETURN(Tensor host,
+                          ReadHostInto(spec, dtype, ring != nullptr ? *ring : DefaultHostAllocator()));
   if (stats_ != nullptr) {
     ++stats_->tensors;
     stats_->host_bytes += static_cast<int64_t>(host.nbytes());
-    stats_->read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timer.AddTo(*stats_);
   }
+  // The host tensor is freed when ToDevice returns; a ring holds its memory until the copy is done.
   return ToDevice(std::move(host));
 }
 
@@ -100,10 +124,12 @@ absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DT
   if (checks_ == Checks::kEachRead) {
     EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
   }
+  EAGLE3_ASSIGN_OR_RETURN(UploadRing* const ring, Ring());
   LinearWeightLoad load;
   load.dense_dtype = dense_dtype;
   load.keep_quantized = keep_quantized_;
   load.stats = stats_;
+  load.upload_ring = ring;
   return LoadLinearWeight(*backend_, *checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), load);
 }
 

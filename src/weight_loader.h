@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +24,7 @@
 #include "eagle3/dtype.h"
 #include "eagle3/quantization_config.h"
 #include "eagle3/tensor.h"
+#include "eagle3/upload_ring.h"
 #include "eagle3/weight_load_stats.h"
 #include "linear_weight.h"
 
@@ -44,6 +46,10 @@ class WeightLoader {
   WeightLoader(const Checkpoint& checkpoint, const QuantizationConfig& quantization,
                const std::vector<WeightSpec>& schema, const std::vector<StoredForm>& forms, int tp_size, int rank,
                Backend& backend, Checks checks = Checks::kEachRead);
+  // Waits for the uploads from the loader's UploadRing, if it made one, and frees it.
+  ~WeightLoader();
+  WeightLoader(WeightLoader&&) = default;
+  WeightLoader& operator=(WeightLoader&&) = default;
 
   // The schema's tensor named `name`; Internal when the schema has none (a model asking for a
   // tensor it never checked).
@@ -58,7 +64,9 @@ class WeightLoader {
   // The dtype the checkpoint stores `spec` in, for a tensor stored unquantized (a quantized one is
   // Internal), from the header alone. Checks as ReadHost.
   absl::StatusOr<DType> StoredDtype(const WeightSpec& spec) const;
-  // ReadHost on the backend's device.
+  // ReadHost on the backend's device. On a backend with an UploadRing (Backend::CreateUploadRing,
+  // made at the first load that uploads and kept until the loader is destroyed) the read goes into
+  // the ring, and the upload overlaps the next reads; so do LoadLinear's.
   absl::StatusOr<Tensor> Load(const WeightSpec& spec, DType dtype);
   // Load of the schema's tensor named `name`.
   absl::StatusOr<Tensor> Load(std::string_view name, DType dtype);
@@ -87,6 +95,10 @@ class WeightLoader {
  private:
   // The schema entry of `spec`'s name, checked equal to it.
   absl::StatusOr<size_t> Find(const WeightSpec& spec) const;
+  // ReadHost into memory of `allocator`.
+  absl::StatusOr<Tensor> ReadHostInto(const WeightSpec& spec, DType dtype, Allocator& allocator) const;
+  // The loader's UploadRing, made on first use; nullptr on a host backend or one without a ring.
+  absl::StatusOr<UploadRing*> Ring();
 
   const Checkpoint* checkpoint_;
   QuantizationConfig quantization_;
@@ -99,6 +111,8 @@ class WeightLoader {
   Checks checks_;
   std::optional<bool> keep_quantized_;
   WeightLoadStats* stats_ = nullptr;
+  bool ring_made_ = false;
+  std::unique_ptr<UploadRing> ring_;
 };
 
 }  // namespace eagle3

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "counting_allocator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,21 +17,6 @@ using ::testing::HasSubstr;
 
 // gmock prints Debian abseil's string_view char by char; match on std::string instead.
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
-
-class CountingAllocator final : public Allocator {
- public:
-  Device device() const override { return Device::Cpu(); }
-  absl::StatusOr<void*> Allocate(size_t bytes, size_t alignment) override {
-    ++allocations;
-    return DefaultHostAllocator().Allocate(bytes, alignment);
-  }
-  void Deallocate(void* ptr, size_t bytes) override {
-    ++deallocations;
-    DefaultHostAllocator().Deallocate(ptr, bytes);
-  }
-  int allocations = 0;
-  int deallocations = 0;
-};
 
 struct DTypeCase {
   DType dtype;

@@ -87,6 +87,12 @@ inline cuda::CudaBackend* Backend() {
     if (latent_fold != nullptr && latent_fold[0] != '\0') {
       options.latent_fold_combine_bytes = std::strtoll(latent_fold, nullptr, 10);
     }
+    // EAGLE3_BENCH_UPLOAD_RING_MIB=N: the weight loads' pinned upload ring of N MiB
+    // (CudaBackendOptions::upload_ring_bytes; 0: none, every upload through Copy's pageable path).
+    const char* ring = std::getenv("EAGLE3_BENCH_UPLOAD_RING_MIB");
+    if (ring != nullptr && ring[0] != '\0') {
+      options.upload_ring_bytes = static_cast<size_t>(std::strtoull(ring, nullptr, 10)) << 20;
+    }
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

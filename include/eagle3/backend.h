@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "absl/status/status.h"
@@ -16,6 +17,7 @@
 #include "eagle3/quantized_weight_view.h"
 #include "eagle3/tensor_view.h"
 #include "eagle3/tree_verifier.h"
+#include "eagle3/upload_ring.h"
 
 namespace eagle3 {
 
@@ -137,10 +139,19 @@ class EAGLE3_API Backend {
   // replay time (pinned memory on CUDA). Plain host memory by default.
   virtual Allocator& staging_allocator() { return DefaultHostAllocator(); }
 
+  // Host memory for a weight load to read checkpoint bytes into before it uploads them (one ring
+  // per load, eagle3/upload_ring.h): Copy from it only enqueues the transfer, and the ring reuses
+  // memory a tensor freed only after the work enqueued before the free has finished. nullptr: the
+  // backend has none, and loads read into plain host memory (the default; the CPU reference, whose
+  // host tensors are its weights). Destroy the ring before the backend, and never Copy from it on a
+  // stream being captured (the transfer would read the memory at replay time).
+  virtual absl::StatusOr<std::unique_ptr<UploadRing>> CreateUploadRing();
+
   // dst = src. Same shape and dtype; any non-negative strides on the host backend. A backend may
   // also accept a host side on a device backend (host <-> device transfer); others are refused. A
-  // host src that did not come from staging_allocator() has been read when Copy returns: the caller
-  // may free or reuse it at once (staging memory is read when the stream gets there).
+  // host src that came from neither staging_allocator() nor an UploadRing has been read when Copy
+  // returns: the caller may free or reuse it at once (staging memory is read when the stream gets
+  // there; so is ring memory, but the ring itself holds freed memory back until then).
   virtual absl::Status Copy(const TensorView& src, const TensorView& dst) = 0;
 
   // Linear layer (PyTorch layout), see GemmOptions. c and bias are f32. A backend that stores

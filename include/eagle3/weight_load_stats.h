@@ -11,7 +11,10 @@ struct WeightLoadStats {
   int64_t host_bytes = 0;     // bytes of the host tensors read (codes, scales, dense weights)
   double check_seconds = 0;   // checking every checkpoint tensor before any is read
   double read_seconds = 0;    // reading the checkpoint into host tensors: conversion, dequantization
-  double device_seconds = 0;  // device allocations, host -> device copies and the waits for them
+  // Device allocations, host -> device copies and the waits for them. With an upload ring
+  // (Backend::CreateUploadRing) the copies are only enqueued here, and its waits for their transfers
+  // to free memory count here although they happen inside reads.
+  double device_seconds = 0;
   double total_seconds = 0;   // the whole load (the above, and the rest: stacking, cache zeroing)
 };
 

@@ -82,6 +82,13 @@ struct CudaBackendOptions {
   // kernel. The default folds only few splits of a 16-row tile (large batches, whose tiles already
   // fill the GPU): one block reading many splits' partials is slower than a combine kernel.
   int64_t latent_fold_combine_bytes = int64_t{128} << 10;
+  // Pinned host memory of each weight load's UploadRing (CreateUploadRing), allocated once per load:
+  // the load reads quantized codes and scales and weights stored as uploaded straight into it, and
+  // Copy enqueues their transfers from there while the next tensors are read. A tensor larger than
+  // the ring takes Copy's pageable path (StagedUpload). Large enough for every tensor of a
+  // DeepSeek-V3 / Kimi-K2 TP 8 rank but its embedding and lm_head shards, and for several in flight.
+  // 0: no ring (every load reads into pageable memory, as before the ring).
+  size_t upload_ring_bytes = size_t{64} << 20;
 };
 
 class EAGLE3_API CudaBackend final : public Backend {
@@ -100,6 +107,9 @@ class EAGLE3_API CudaBackend final : public Backend {
   Allocator& allocator() override;
   // Pinned host memory (PinnedHostAllocator).
   Allocator& staging_allocator() override;
+  // options().upload_ring_bytes of pinned memory with CUDA events on stream() as fences; nullptr
+  // when that is 0.
+  absl::StatusOr<std::unique_ptr<UploadRing>> CreateUploadRing() override;
 
   // Device <-> device: any strides up to rank 6 (a zero-stride source broadcasts). Host <-> device:
   // contiguous or pitched 2-D (row-strided) views; other host-side layouts are refused.

@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "eagle3/allocator.h"
 #include "eagle3/checkpoint.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/deepseek_v2_weights.h"
@@ -76,10 +77,12 @@ EAGLE3_API absl::Status CheckStoredWeight(const Checkpoint& checkpoint, const We
 
 // The `shard` slice of `spec` (the slice Checkpoint::ReadShard gives for a plain tensor, padding
 // zero), dequantized (DequantizeWeight of ReadQuantizedShard) and converted to `dtype` (f32, f16 or
-// bf16), on the host. Run CheckStoredWeight first: this reads what it checked.
+// bf16), on the host, in memory of `allocator` (a host allocator; a dequantized weight's
+// intermediates come from plain host memory). Run CheckStoredWeight first: this reads what it
+// checked.
 EAGLE3_API absl::StatusOr<Tensor> ReadWeightShard(const Checkpoint& checkpoint, const WeightSpec& spec, StoredForm form,
                                                   const QuantizationConfig& quantization, const ShardSpec& shard,
-                                                  DType dtype);
+                                                  DType dtype, Allocator& allocator = DefaultHostAllocator());
 
 // One rank's slice of a quantized weight in its stored form, on the host: `view` describes `codes`
 // and `scales` (eagle3/quantized_weight_view.h) and points into them.
@@ -95,9 +98,11 @@ struct QuantizedShard {
 // touches, read as f32 (exact for every stored scale dtype). Scales keep their global indexing
 // through view.scale_row0 / scale_col0. Vocab padding rows hold code 0 with scale 0, so they
 // dequantize to +0 as ReadShard's zero padding. An int4 column slice reaching into padding
-// columns (no model tensor has them) is InvalidArgument. Run CheckStoredWeight first.
+// columns (no model tensor has them) is InvalidArgument. Codes and scales are in memory of
+// `allocator` (a host allocator). Run CheckStoredWeight first.
 EAGLE3_API absl::StatusOr<QuantizedShard> ReadQuantizedShard(const Checkpoint& checkpoint, const WeightSpec& spec,
                                                              StoredForm form, const QuantizationConfig& quantization,
-                                                             const ShardSpec& shard);
+                                                             const ShardSpec& shard,
+                                                             Allocator& allocator = DefaultHostAllocator());
 
 }  // namespace eagle3
