@@ -89,18 +89,33 @@ __global__ void ScaleAddBiasKernel(float* c, int64_t ldc, int64_t rows, int64_t 
 
 // ---- Row ops ------------------------------------------------------------------------------------
 
-// One block per row. x and out may be the same memory (in-place), so neither is __restrict__.
-__global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
-                              const float* __restrict__ weight, float eps, float* out, int64_t ldo,
-                              int64_t hidden) {
-  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
-  PdlWait();
-  const int64_t t = blockIdx.x;
-  const float* xr = x + t * ldx;
-  float* rr = residual != nullptr ? residual + t * ldr : nullptr;
-  float* o = out + t * ldo;
+// One RmsNorm's operands (LaunchRmsNorm's arguments) and the way its rows are computed: one block
+// per row, by the block's first `threads` threads (whole warps). A block may have more threads
+// (RmsNormPair's narrower half): they add zeros to the block sum, which leaves the sum's bits as
+// `threads` threads alone give them, so a row's result does not depend on the block it runs in.
+// x and out may be the same memory (in-place), so neither is __restrict__.
+struct NormOperands {
+  const float* x;
+  int64_t ldx;
+  float* residual;  // nullptr for plain RmsNorm
+  int64_t ldr;
+  const float* weight;
+  float* out;
+  int64_t ldo;
+  int64_t hidden;
+  int threads;
+  bool registers;  // RmsNormRegistersRow, else RmsNormLoopRow
+};
+
+// Rows of any width: each thread strides over the row.
+__device__ inline void RmsNormLoopRow(const NormOperands& p, float eps, int64_t t) {
+  const float* __restrict__ weight = p.weight;
+  const float* xr = p.x + t * p.ldx;
+  float* rr = p.residual != nullptr ? p.residual + t * p.ldr : nullptr;
+  float* o = p.out + t * p.ldo;
+  const int64_t first = static_cast<int>(threadIdx.x) < p.threads ? threadIdx.x : p.hidden;
   float sum = 0.0f;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+  for (int64_t h = first; h < p.hidden; h += p.threads) {
     float v = xr[h];
     if (rr != nullptr) {
       v = rr[h] + v;
@@ -108,62 +123,83 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, float* residual, int6
     }
     sum += v * v;
   }
-  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(p.hidden) + eps);
+  for (int64_t h = first; h < p.hidden; h += p.threads) {
     const float v = rr != nullptr ? rr[h] : xr[h];
     o[h] = v * inv_rms * weight[h];
   }
 }
 
-// Rows of at most blockDim.x * kNormPerThread elements (every model's hidden size): each thread
-// keeps its kNormPerThread elements (h = threadIdx.x + i * blockDim.x) in registers, so all loads of
-// the row are issued before the first store. RmsNormKernel's loops, whose loads may alias their
+// Rows of at most threads * kNormPerThread elements (every model's hidden size): each thread
+// keeps its kNormPerThread elements (h = threadIdx.x + i * threads) in registers, so all loads of
+// the row are issued before the first store. RmsNormLoopRow's loops, whose loads may alias their
 // stores (x, residual and out are not __restrict__), wait one memory latency per element per
 // thread, one after another; here a thread's loads of the row are in flight together.
 constexpr int kNormPerThread = 8;
 constexpr int kNormMaxThreads = 1024;
 
-// Thread threadIdx.x's elements h = threadIdx.x + i * blockDim.x of a row (0 past its end).
-__device__ inline void LoadRowSlice(const float* row, int64_t hidden, float (&out)[kNormPerThread]) {
+// Thread threadIdx.x's elements h = threadIdx.x + i * threads of a row (0 past its end, and for
+// the threads past `threads`).
+__device__ inline void LoadRowSlice(const float* row, int64_t hidden, int threads,
+                                    float (&out)[kNormPerThread]) {
+  const int64_t end = static_cast<int>(threadIdx.x) < threads ? hidden : 0;
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-    out[i] = h < hidden ? row[h] : 0.0f;
+    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * threads;
+    out[i] = h < end ? row[h] : 0.0f;
   }
 }
 
-__global__ void __launch_bounds__(kNormMaxThreads)
-    RmsNormRegistersKernel(const float* x, int64_t ldx, float* residual, int64_t ldr,
-                           const float* __restrict__ weight, float eps, float* out, int64_t ldo,
-                           int64_t hidden) {
-  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
-  PdlWait();
-  const int64_t t = blockIdx.x;
-  float* rr = residual != nullptr ? residual + t * ldr : nullptr;
-  float* o = out + t * ldo;
+__device__ inline void RmsNormRegistersRow(const NormOperands& p, float eps, int64_t t) {
+  const int64_t end = static_cast<int>(threadIdx.x) < p.threads ? p.hidden : 0;  // 0: stores nothing
+  float* rr = p.residual != nullptr ? p.residual + t * p.ldr : nullptr;
+  float* o = p.out + t * p.ldo;
   float v[kNormPerThread];
-  LoadRowSlice(x + t * ldx, hidden, v);
+  LoadRowSlice(p.x + t * p.ldx, p.hidden, p.threads, v);
   if (rr != nullptr) {
     float r[kNormPerThread];
-    LoadRowSlice(rr, hidden, r);
+    LoadRowSlice(rr, p.hidden, p.threads, r);
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) {
-      const int64_t h = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      const int64_t h = threadIdx.x + static_cast<int64_t>(i) * p.threads;
       v[i] = r[i] + v[i];
-      if (h < hidden) rr[h] = v[i];
+      if (h < end) rr[h] = v[i];
     }
   }
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) sum += v[i] * v[i];
-  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
+  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(p.hidden) + eps);
   float w[kNormPerThread];
-  LoadRowSlice(weight, hidden, w);
+  LoadRowSlice(p.weight, p.hidden, p.threads, w);
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
-    if (h < hidden) o[h] = v[i] * inv_rms * w[i];
+    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * p.threads;
+    if (h < end) o[h] = v[i] * inv_rms * w[i];
   }
+}
+
+__device__ inline void RmsNormRow(const NormOperands& p, float eps, int64_t t) {
+  if (p.registers) {
+    RmsNormRegistersRow(p, eps, t);
+  } else {
+    RmsNormLoopRow(p, eps, t);
+  }
+}
+
+// Row blockIdx.x of one RmsNorm.
+__global__ void __launch_bounds__(kNormMaxThreads) RmsNormKernel(NormOperands p, float eps) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
+  PdlWait();
+  RmsNormRow(p, eps, blockIdx.x);
+}
+
+// Row blockIdx.x of half blockIdx.y: two RmsNorms in one launch.
+__global__ void __launch_bounds__(kNormMaxThreads)
+    RmsNormPairKernel(NormOperands p0, NormOperands p1, float eps) {
+  PdlLaunchDependents();  // lets the weight-streaming GEMV after this one start early
+  PdlWait();
+  RmsNormRow(blockIdx.y == 0 ? p0 : p1, eps, blockIdx.x);
 }
 
 __global__ void SiluMulKernel(const float* __restrict__ gate_up, int64_t ldg,
@@ -505,26 +541,54 @@ cudaError_t LaunchScaleAddBias(float* c, int64_t ldc, int64_t rows, int64_t cols
                       dim3(kThreads), 0, stream, c, ldc, rows, cols, beta, bias);
 }
 
+namespace {
+
+// The operands of one RmsNorm and the threads its rows take (LaunchRmsNorm's launch shape), or
+// false for arguments the launcher cannot take.
+bool MakeNormOperands(const float* x, int64_t ldx, float* residual, int64_t ldr, const float* weight,
+                      float* out, int64_t ldo, int64_t rows, int64_t hidden, NormOperands* p) {
+  if (!ValidMatrix(x, ldx, rows, hidden) || !ValidMatrix(out, ldo, rows, hidden) ||
+      (residual != nullptr && !ValidMatrix(residual, ldr, rows, hidden)) ||
+      (rows > 0 && hidden > 0 && weight == nullptr)) {
+    return false;
+  }
+  const bool registers = hidden <= int64_t{kNormMaxThreads} * kNormPerThread;
+  // Registers: whole warps, enough that kNormPerThread elements each cover the row.
+  const int64_t threads =
+      registers ? std::max<int64_t>(32, (hidden + kNormPerThread * 32 - 1) / (kNormPerThread * 32) * 32)
+                : kThreads;
+  *p = {x, ldx, residual, ldr, weight, out, ldo, hidden, static_cast<int>(threads), registers};
+  return true;
+}
+
+}  // namespace
+
 cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t ldr,
                           const float* weight, float eps, float* out, int64_t ldo, int64_t rows,
                           int64_t hidden, bool programmatic, cudaStream_t stream) {
-  if (!ValidMatrix(x, ldx, rows, hidden) || !ValidMatrix(out, ldo, rows, hidden) ||
-      (residual != nullptr && !ValidMatrix(residual, ldr, rows, hidden)) ||
-      (rows > 0 && hidden > 0 && weight == nullptr) || !(eps >= 0.0f)) {
+  NormOperands p;
+  if (!MakeNormOperands(x, ldx, residual, ldr, weight, out, ldo, rows, hidden, &p) || !(eps >= 0.0f)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0 || hidden == 0) return cudaSuccess;
-  if (hidden <= int64_t{kNormMaxThreads} * kNormPerThread) {
-    // Whole warps, enough that kNormPerThread elements each cover the row.
-    const int64_t threads = std::max<int64_t>(
-        32, (hidden + kNormPerThread * 32 - 1) / (kNormPerThread * 32) * 32);
-    return LaunchKernel(programmatic, RmsNormRegistersKernel, dim3(static_cast<unsigned>(rows)),
-                        dim3(static_cast<unsigned>(threads)), 0, stream, x, ldx, residual, ldr,
-                        weight, eps, out, ldo, hidden);
-  }
   return LaunchKernel(programmatic, RmsNormKernel, dim3(static_cast<unsigned>(rows)),
-                      dim3(kThreads), 0, stream, x, ldx, residual, ldr, weight, eps, out, ldo,
-                      hidden);
+                      dim3(static_cast<unsigned>(p.threads)), 0, stream, p, eps);
+}
+
+cudaError_t LaunchRmsNormPair(const float* x0, int64_t ldx0, const float* weight0, float* out0, int64_t ldo0,
+                              int64_t hidden0, const float* x1, int64_t ldx1, const float* weight1, float* out1,
+                              int64_t ldo1, int64_t hidden1, int64_t rows, float eps, bool programmatic,
+                              cudaStream_t stream) {
+  NormOperands p0;
+  NormOperands p1;
+  if (!MakeNormOperands(x0, ldx0, nullptr, 0, weight0, out0, ldo0, rows, hidden0, &p0) ||
+      !MakeNormOperands(x1, ldx1, nullptr, 0, weight1, out1, ldo1, rows, hidden1, &p1) || !(eps >= 0.0f)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || (hidden0 == 0 && hidden1 == 0)) return cudaSuccess;
+  // An empty half's blocks store nothing; the wider half sets the block size.
+  return LaunchKernel(programmatic, RmsNormPairKernel, dim3(static_cast<unsigned>(rows), 2),
+                      dim3(static_cast<unsigned>(std::max(p0.threads, p1.threads))), 0, stream, p0, p1, eps);
 }
 
 cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t ldo, int64_t rows,

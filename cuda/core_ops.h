@@ -61,6 +61,18 @@ cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t 
                           const float* weight, float eps, float* out, int64_t ldo, int64_t rows,
                           int64_t hidden, bool programmatic, cudaStream_t stream);
 
+// Two RMSNorms over the same rows in one launch (RmsNormPair): out0 = RmsNorm(x0) * weight0 and
+// out1 = RmsNorm(x1) * weight1, each half bit for bit as LaunchRmsNorm computes it alone.
+// x0:      [rows, hidden0], f32, leading dimension ldx0, device
+// weight0: [hidden0], f32, device
+// out0:    [rows, hidden0], f32, leading dimension ldo0, device; may be x0 itself (same ld)
+// x1, weight1, out1: the same with hidden1, ldx1, ldo1. No out shares an element with the other
+// half's x, weight or out (column slices of the same rows may interleave).
+cudaError_t LaunchRmsNormPair(const float* x0, int64_t ldx0, const float* weight0, float* out0, int64_t ldo0,
+                              int64_t hidden0, const float* x1, int64_t ldx1, const float* weight1, float* out1,
+                              int64_t ldo1, int64_t hidden1, int64_t rows, float eps, bool programmatic,
+                              cudaStream_t stream);
+
 // out[t][i] = silu(gate_up[t][i]) * gate_up[t][inter + i], silu(g) = g / (1 + exp(-g)).
 // gate_up: [rows, 2 * inter], f32, leading dimension ldg, device
 // out:     [rows, inter], f32, leading dimension ldo, device, no overlap with gate_up

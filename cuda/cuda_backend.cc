@@ -1,6 +1,6 @@
 // CudaBackend core: creation and teardown, Synchronize (deferred device errors), Copy, and the row
-// ops RmsNorm, AddRmsNorm, SiluMul, EmbeddingLookup, Softmax, Argmax, TopK. Gemm is in gemm.cc; the
-// attention and MoE ops are in their own files.
+// ops RmsNorm, RmsNormPair, AddRmsNorm, SiluMul, EmbeddingLookup, Softmax, Argmax, TopK. Gemm is in
+// gemm.cc; the attention and MoE ops are in their own files.
 #include "eagle3/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -383,6 +383,19 @@ absl::Status CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight,
                                            weight.data_as<const float>(), eps, out.data_as<float>(),
                                            out.stride(0), x.dim(0), x.dim(1),
                                            state_->options.programmatic_launch, state_->stream));
+}
+
+absl::Status CudaBackend::RmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                                      const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                                      float eps) {
+  EAGLE3_RETURN_IF_ERROR(CheckRmsNormPair(x0, weight0, out0, x1, weight1, out1, eps, CheckF32));
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(*state_), "RmsNormPair: cudaSetDevice"));
+  return Launched("RmsNormPair",
+                  LaunchRmsNormPair(x0.data_as<const float>(), x0.stride(0), weight0.data_as<const float>(),
+                                    out0.data_as<float>(), out0.stride(0), x0.dim(1), x1.data_as<const float>(),
+                                    x1.stride(0), weight1.data_as<const float>(), out1.data_as<float>(),
+                                    out1.stride(0), x1.dim(1), x0.dim(0), eps, state_->options.programmatic_launch,
+                                    state_->stream));
 }
 
 absl::Status CudaBackend::AddRmsNorm(const TensorView& x, const TensorView& residual,

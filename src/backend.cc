@@ -109,6 +109,29 @@ absl::Status CheckNoOverlap(const char* op, const char* in_name, const TensorVie
   return absl::OkStatus();
 }
 
+// CheckNoOverlap for two row-strided matrices (CheckMatrix'ed), exact where both have several rows
+// at one row stride: then each row's bytes repeat with that period, and column slices of the same
+// rows (one product's [a | b] output) share none. Other cases are CheckNoOverlap's span test.
+absl::Status CheckNoMatrixOverlap(const char* op, const char* in_name, const TensorView& in,
+                                  const char* out_name, const TensorView& out) {
+  const int64_t in_size = static_cast<int64_t>(DTypeSize(in.dtype()));
+  const int64_t out_size = static_cast<int64_t>(DTypeSize(out.dtype()));
+  const int64_t period = in.stride(0) * in_size;
+  if (in.dim(0) > 1 && out.dim(0) > 1 && out.stride(0) * out_size == period && in.numel() > 0 &&
+      out.numel() > 0) {
+    const auto in_begin = reinterpret_cast<uintptr_t>(in.data());
+    const auto out_begin = reinterpret_cast<uintptr_t>(out.data());
+    // Offsets within one period: the later view's row starts `shift` bytes after the earlier one's.
+    const bool out_later = out_begin >= in_begin;
+    const auto shift = static_cast<int64_t>((out_later ? out_begin - in_begin : in_begin - out_begin) %
+                                            static_cast<uintptr_t>(period));
+    const int64_t first_bytes = (out_later ? in.dim(1) * in_size : out.dim(1) * out_size);
+    const int64_t later_bytes = (out_later ? out.dim(1) * out_size : in.dim(1) * in_size);
+    if (shift >= first_bytes && shift + later_bytes <= period) return absl::OkStatus();
+  }
+  return CheckNoOverlap(op, in_name, in, out_name, out, false);
+}
+
 absl::Status CheckRowsLike(const char* op, const char* name, const TensorView& t,
                            const char* ref_name, const TensorView& ref) {
   if (!(t.shape() == ref.shape())) {
@@ -358,31 +381,77 @@ absl::Status Backend::BatchedGemm(const TensorView& a, const TensorView& b, cons
   return absl::OkStatus();
 }
 
-absl::Status Backend::CheckRmsNorm(const char* op, const TensorView& x, const TensorView* residual,
-                                   const TensorView& weight, float eps,
-                                   const TensorView& out) const {
-  const Device dev = device();
-  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "x", "[T, H]", x, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckVector(op, "weight", "[H]", weight, dev));
-  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "out", "[T, H]", out, dev));
+namespace {
+
+// The operand names a norm's messages use (RmsNorm's "x", "weight", "out"; one half's of RmsNormPair).
+struct NormNames {
+  const char* x;
+  const char* weight;
+  const char* out;
+};
+
+absl::Status CheckNorm(const char* op, const NormNames& n, const TensorView& x, const TensorView* residual,
+                       const TensorView& weight, float eps, const TensorView& out, Device dev) {
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, n.x, "[T, H]", x, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckVector(op, n.weight, "[H]", weight, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, n.out, "[T, H]", out, dev));
   if (weight.dim(0) != x.dim(1)) {
-    return Invalid(op, "weight ", weight.ToString(), " must be [H] = [", x.dim(1), "] for x ",
+    return Invalid(op, n.weight, " ", weight.ToString(), " must be [H] = [", x.dim(1), "] for ", n.x, " ",
                    x.ToString());
   }
-  EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "out", out, "x", x));
+  EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, n.out, out, n.x, x));
   if (!(eps >= 0.0f) || !std::isfinite(eps)) {
     return Invalid(op, "eps must be finite and >= 0, got ", eps);
   }
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "x", x, "out", out, true));
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "weight", weight, "out", out, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, n.x, x, n.out, out, true));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, n.weight, weight, n.out, out, false));
   if (residual != nullptr) {
     EAGLE3_RETURN_IF_ERROR(CheckMatrix(op, "residual", "[T, H]", *residual, dev));
-    EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "residual", *residual, "x", x));
-    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "x", x, "residual", *residual, false));
-    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "weight", weight, "residual", *residual, false));
-    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "residual", *residual, "out", out, false));
+    EAGLE3_RETURN_IF_ERROR(CheckRowsLike(op, "residual", *residual, n.x, x));
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, n.x, x, "residual", *residual, false));
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, n.weight, weight, "residual", *residual, false));
+    EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(op, "residual", *residual, n.out, out, false));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Backend::CheckRmsNorm(const char* op, const TensorView& x, const TensorView* residual,
+                                   const TensorView& weight, float eps,
+                                   const TensorView& out) const {
+  return CheckNorm(op, {"x", "weight", "out"}, x, residual, weight, eps, out, device());
+}
+
+absl::Status Backend::CheckRmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                                       const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                                       float eps, DTypeCheck check_dtype) const {
+  constexpr const char* kOp = "RmsNormPair";
+  EAGLE3_RETURN_IF_ERROR(CheckNorm(kOp, {"x0", "weight0", "out0"}, x0, nullptr, weight0, eps, out0, device()));
+  EAGLE3_RETURN_IF_ERROR(CheckNorm(kOp, {"x1", "weight1", "out1"}, x1, nullptr, weight1, eps, out1, device()));
+  if (x1.dim(0) != x0.dim(0)) {
+    return Invalid(kOp, "x1 ", x1.ToString(), " must have x0's row count T = ", x0.dim(0), ", got ", x1.dim(0));
+  }
+  // Matrices: the two halves may be column slices of the same rows.
+  EAGLE3_RETURN_IF_ERROR(CheckNoMatrixOverlap(kOp, "x1", x1, "out0", out0));
+  EAGLE3_RETURN_IF_ERROR(CheckNoMatrixOverlap(kOp, "x0", x0, "out1", out1));
+  EAGLE3_RETURN_IF_ERROR(CheckNoMatrixOverlap(kOp, "out0", out0, "out1", out1));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "weight1", weight1, "out0", out0, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "weight0", weight0, "out1", out1, false));
+  const std::pair<const char*, const TensorView*> operands[] = {{"x0", &x0}, {"weight0", &weight0}, {"out0", &out0},
+                                                                {"x1", &x1}, {"weight1", &weight1}, {"out1", &out1}};
+  for (const auto& [name, t] : operands) EAGLE3_RETURN_IF_ERROR(check_dtype(kOp, name, *t));
+  return absl::OkStatus();
+}
+
+absl::Status Backend::RmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                                  const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                                  float eps) {
+  // No dtype policy here: each RmsNorm applies its backend's (see the contract in backend.h).
+  const auto any_dtype = [](const char*, const char*, const TensorView&) { return absl::OkStatus(); };
+  EAGLE3_RETURN_IF_ERROR(CheckRmsNormPair(x0, weight0, out0, x1, weight1, out1, eps, any_dtype));
+  EAGLE3_RETURN_IF_ERROR(RmsNorm(x0, weight0, eps, out0));
+  return RmsNorm(x1, weight1, eps, out1);
 }
 
 absl::Status Backend::CheckSiluMul(const TensorView& gate_up, const TensorView& out) const {

@@ -202,29 +202,42 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
     EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
     return ProjectLatent(x, ws);
   }
-  EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
   const TensorView qa_t = Rows(ws.Qa(), 0, t);
-  if (!input_projections_stacked()) EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
-  EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
+  if (input_projections_stacked()) {
+    // One product wrote qa and c: q_a_layernorm and kv_a_layernorm in one call (one launch on a
+    // device), each with the bits of its own RmsNorm.
+    EAGLE3_RETURN_IF_ERROR(InputProduct(x, ws));
+    const TensorView c_t = Latent(ws, t);
+    EAGLE3_RETURN_IF_ERROR(be.RmsNormPair(qa_t, q_a_ln_, qa_t, c_t, kv_a_ln_, c_t, eps_));
+  } else {
+    EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
+    EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
+    EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
+  }
   return q_b_.Apply(be, qa_t, q_t);
 }
 
-absl::Status MlaBlock::ProjectLatent(const TensorView& x, MlaWorkspace& ws) const {
+absl::Status MlaBlock::InputProduct(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   // The latent cache row [c | k_pe] = kv_a x, written straight into the row before the heads'
   // queries, by the stacked product where there is one: [qa | c | k_pe] = [q_a; kv_a] x, one pass
   // over x and both weights. WriteCacheRows runs it too, so that its rows are Forward*'s bit for bit
   // (a backend may sum a product of other rows in another order).
-  if (input_projections_stacked()) {
-    EAGLE3_RETURN_IF_ERROR(q_kv_a_.Apply(be, x, Rows(ws.QaCacheRow(), 0, t)));
-  } else {
-    EAGLE3_RETURN_IF_ERROR(kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t)));
-  }
+  if (input_projections_stacked()) return q_kv_a_.Apply(be, x, Rows(ws.QaCacheRow(), 0, t));
+  return kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t));
+}
+
+absl::Status MlaBlock::ProjectLatent(const TensorView& x, MlaWorkspace& ws) const {
+  EAGLE3_RETURN_IF_ERROR(InputProduct(x, ws));
   // kv_a_layernorm(c) in place; then (by the caller's path) the rotation of k_pe: what every later
   // query reads.
-  const TensorView c_t = Block(ws.CacheRow(), 0, t, 0, dims_.latent);
-  return be.RmsNorm(c_t, kv_a_ln_, eps_, c_t);
+  const TensorView c_t = Latent(ws, x.dim(0));
+  return backend_->RmsNorm(c_t, kv_a_ln_, eps_, c_t);
+}
+
+TensorView MlaBlock::Latent(const MlaWorkspace& ws, int64_t t) const {
+  return Block(ws.CacheRow(), 0, t, 0, dims_.latent);
 }
 
 absl::Status MlaBlock::WriteCacheRows(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,

@@ -187,9 +187,13 @@ class MlaBlock {
   // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.CacheRow() (k_pe not yet
   // rotated); the rows [0, T).
   absl::Status Project(const TensorView& x, MlaWorkspace& ws) const;
-  // The latent rows into ws.CacheRow() (Project's first half); with stacked weights also q_a's
-  // output into ws.Qa(), not yet normed.
+  // The input product into ws's rows [0, T): [c | k_pe] into ws.CacheRow(), and with stacked
+  // weights q_a's output into ws.Qa(); nothing normed.
+  absl::Status InputProduct(const TensorView& x, MlaWorkspace& ws) const;
+  // InputProduct, then kv_a_layernorm of c: the latent rows (WriteCacheRows' part of Project).
   absl::Status ProjectLatent(const TensorView& x, MlaWorkspace& ws) const;
+  // c of rows [0, T) of ws.CacheRow(): what kv_a_layernorm norms in place.
+  TensorView Latent(const MlaWorkspace& ws, int64_t t) const;
   // W_UV of every head: rows [h (nope + vdim) + nope, + vdim) of kv_b, as [heads, vdim, latent].
   TensorView WUv() const;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -290,6 +291,104 @@ TEST(CpuBackendNormTest, RejectsBadOperands) {
   ExpectInvalid(backend.RmsNorm(x.view(), Vec(w), 1e-6f,
                                 TensorView(x.data.data() + 1, DType::kF32, Shape{2, 8})),
                 {"RmsNorm", "overlaps x", "only exact in-place"});
+}
+
+// ---- RmsNormPair
+// -----------------------------------------------------------------------------------
+
+// RmsNormPair's operands as MlaBlock passes them: two column slices of one row-strided matrix
+// [x0 | x1 | tail] (q_a's output, c, k_pe), normed in place; or (apart) four padded matrices.
+struct PairCase {
+  int64_t rows, h0, h1;
+};
+
+TensorView Columns(Mat& m, int64_t first, int64_t count) {
+  return TensorView(m.data.data() + first, DType::kF32, Shape{m.rows, count}, Shape{m.ld, 1}, Device::Cpu());
+}
+
+TEST(CpuBackendNormTest, RmsNormPairEqualsTwoRmsNormsBitForBit) {
+  CpuBackend backend;
+  std::mt19937 rng(4);
+  for (const PairCase c : {PairCase{1, 1536, 512}, {64, 1536, 512}, {1, 7, 33}, {64, 7, 33}, {5, 33, 7}}) {
+    SCOPED_TRACE(testing::Message() << c.rows << " rows, widths " << c.h0 << " and " << c.h1);
+    std::vector<float> w0 = RandomVec(c.h0, rng), w1 = RandomVec(c.h1, rng);
+    // In place, in one row: the tail (k_pe's columns) must be left as it is.
+    Mat row(c.rows, c.h0 + c.h1 + 3);
+    row.Fill(rng, 2.0f);
+    Mat expected = row;
+    ASSERT_TRUE(backend.RmsNorm(Columns(expected, 0, c.h0), Vec(w0), 1e-6f, Columns(expected, 0, c.h0)).ok());
+    ASSERT_TRUE(
+        backend.RmsNorm(Columns(expected, c.h0, c.h1), Vec(w1), 1e-6f, Columns(expected, c.h0, c.h1)).ok());
+    const TensorView x0 = Columns(row, 0, c.h0), x1 = Columns(row, c.h0, c.h1);
+    ASSERT_TRUE(backend.RmsNormPair(x0, Vec(w0), x0, x1, Vec(w1), x1, 1e-6f).ok());
+    EXPECT_EQ(std::memcmp(row.data.data(), expected.data.data(), row.data.size() * sizeof(float)), 0);
+
+    // Out of place, every operand its own padded matrix.
+    Mat a0(c.rows, c.h0, 2), a1(c.rows, c.h1, 1), out0(c.rows, c.h0, 3), out1(c.rows, c.h1, 5);
+    a0.Fill(rng);
+    a1.Fill(rng, 4.0f);
+    const Mat a0_before = a0, a1_before = a1;
+    Mat ref0 = out0, ref1 = out1;
+    ASSERT_TRUE(backend.RmsNorm(a0.view(), Vec(w0), 1e-5f, ref0.view()).ok());
+    ASSERT_TRUE(backend.RmsNorm(a1.view(), Vec(w1), 1e-5f, ref1.view()).ok());
+    ASSERT_TRUE(backend.RmsNormPair(a0.view(), Vec(w0), out0.view(), a1.view(), Vec(w1), out1.view(), 1e-5f).ok());
+    EXPECT_EQ(std::memcmp(out0.data.data(), ref0.data.data(), out0.data.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(out1.data.data(), ref1.data.data(), out1.data.size() * sizeof(float)), 0);
+    EXPECT_TRUE(out0.PaddingIntact() && out1.PaddingIntact());
+    EXPECT_EQ(std::memcmp(a0.data.data(), a0_before.data.data(), a0.data.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(a1.data.data(), a1_before.data.data(), a1.data.size() * sizeof(float)), 0);
+  }
+}
+
+// Every refusal names the operand and comes before anything is written.
+TEST(CpuBackendNormTest, RmsNormPairRefusesBadOperandsBeforeWriting) {
+  CpuBackend backend;
+  std::mt19937 rng(5);
+  Mat row(4, 8 + 5 + 2);
+  row.Fill(rng);
+  const Mat row_before = row;
+  std::vector<float> w8 = RandomVec(8, rng), w5 = RandomVec(5, rng), w7(7);
+  const TensorView x0 = Columns(row, 0, 8), x1 = Columns(row, 8, 5);
+  const auto expect_refused = [&](const absl::Status& s, const std::vector<std::string>& needles) {
+    ExpectInvalid(s, needles);
+    EXPECT_EQ(std::memcmp(row.data.data(), row_before.data.data(), row.data.size() * sizeof(float)), 0);
+  };
+  // Row counts differ.
+  Mat three(3, 5), three_out(3, 5);
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), x0, three.view(), Vec(w5), three_out.view(), 1e-6f),
+                 {"RmsNormPair", "x1 f32[3, 5] cpu", "x0's row count T = 4"});
+  // out0 reaching into x1's columns (one element more than x0).
+  std::vector<float> w9 = RandomVec(9, rng);
+  expect_refused(backend.RmsNormPair(Columns(row, 0, 9), Vec(w9), Columns(row, 0, 9), x1, Vec(w5), x1, 1e-6f),
+                 {"RmsNormPair", "out0 f32[4, 9] cpu overlaps x1 f32[4, 5] cpu"});
+  // out1 over x0's columns, out1 over out0, out1 over weight0.
+  Mat other(4, 8), lone(4, 5);
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), other.view(), lone.view(), Vec(w5), Columns(row, 3, 5), 1e-6f),
+                 {"RmsNormPair", "out1 f32[4, 5] cpu overlaps x0 f32[4, 8] cpu"});
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), other.view(), lone.view(), Vec(w5), Columns(other, 2, 5), 1e-6f),
+                 {"RmsNormPair", "out1 f32[4, 5] cpu overlaps out0 f32[4, 8] cpu"});
+  Mat one0(1, 8), one1(1, 5);
+  one0.Fill(rng);
+  one1.Fill(rng);
+  const TensorView on_weight0(w8.data() + 2, DType::kF32, Shape{1, 5});
+  ExpectInvalid(backend.RmsNormPair(one0.view(), Vec(w8), one0.view(), one1.view(), Vec(w5), on_weight0, 1e-6f),
+                {"RmsNormPair", "out1 f32[1, 5] cpu overlaps weight0 f32[8] cpu"});
+  // Weight widths.
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), x0, x1, Vec(w7), x1, 1e-6f),
+                 {"RmsNormPair", "weight1 f32[7] cpu must be [H] = [5] for x1 f32[4, 5] cpu"});
+  expect_refused(backend.RmsNormPair(x0, Vec(w5), x0, x1, Vec(w5), x1, 1e-6f),
+                 {"RmsNormPair", "weight0 f32[5] cpu must be [H] = [8] for x0"});
+  // Dtypes: the second half's, found before the first half is written.
+  std::vector<uint16_t> half(4 * 5);
+  const TensorView f16(half.data(), DType::kF16, Shape{4, 5});
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), x0, f16, Vec(w5), f16, 1e-6f),
+                 {"RmsNormPair", "x1 is f16[4, 5] cpu", "f32 only"});
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), x0, x1, TensorView(half.data(), DType::kF16, Shape{5}), x1, 1e-6f),
+                 {"RmsNormPair", "weight1 is f16[5] cpu"});
+  // Out shape and eps, as RmsNorm's.
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), x0, x1, Vec(w5), three_out.view(), 1e-6f),
+                 {"RmsNormPair", "out1 f32[3, 5] cpu must have the shape of x1 f32[4, 5] cpu"});
+  expect_refused(backend.RmsNormPair(x0, Vec(w8), x0, x1, Vec(w5), x1, -1.0f), {"RmsNormPair", "eps"});
 }
 
 // ---- SiluMul

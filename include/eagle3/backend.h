@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "eagle3/allocator.h"
 #include "eagle3/device.h"
@@ -198,6 +199,21 @@ class EAGLE3_API Backend {
   //   x: [T, H]      weight: [H]      out: [T, H] (may be x itself)
   virtual absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps,
                                const TensorView& out) = 0;
+
+  // Two RmsNorms over the same rows in one call: out0 = RmsNorm(x0) * weight0 and out1 =
+  // RmsNorm(x1) * weight1, each with RmsNorm's arithmetic (a device backend computes each half as
+  // its RmsNorm does, so the bits equal two RmsNorm calls). For two slices of one product's row
+  // (MLA's q_a and kv_a layernorms over [qa | c | k_pe]), where a device backend saves a launch.
+  // Each half satisfies RmsNorm's contract (an out may be its own x exactly); neither out may
+  // overlap the other half's x, weight or out (slices of the same rows that share no element do
+  // not overlap). Every check is made before anything is written.
+  //   x0: [T, H0]      weight0: [H0]      out0: [T, H0] (may be x0 itself)
+  //   x1: [T, H1]      weight1: [H1]      out1: [T, H1] (may be x1 itself)
+  // The default checks the shapes, then runs RmsNorm on each half; a backend whose RmsNorm refuses
+  // some dtypes overrides it to refuse them for both halves before writing either.
+  virtual absl::Status RmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                                   const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                                   float eps);
 
   // residual += x; out = RmsNorm(residual) — the pre-norm block's fused residual add. The norm
   // reads the residual as stored (as HF does with `hidden + residual`).
@@ -548,6 +564,13 @@ class EAGLE3_API Backend {
   // residual: nullptr for plain RmsNorm.
   absl::Status CheckRmsNorm(const char* op, const TensorView& x, const TensorView* residual,
                             const TensorView& weight, float eps, const TensorView& out) const;
+  // CheckRmsNorm's checks of each half (naming x0, weight0, out0 and x1, weight1, out1), equal row
+  // counts, and no out overlapping the other half's x, weight or out; then `check_dtype` (the
+  // backend's policy: the op name, the operand's name, the operand) of each of the six operands.
+  using DTypeCheck = absl::FunctionRef<absl::Status(const char* op, const char* name, const TensorView& t)>;
+  absl::Status CheckRmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                                const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                                float eps, DTypeCheck check_dtype) const;
   absl::Status CheckSiluMul(const TensorView& gate_up, const TensorView& out) const;
   absl::Status CheckEmbeddingLookup(const TensorView& ids, const TensorView& table,
                                     int64_t vocab_start, const TensorView& out) const;

@@ -327,6 +327,13 @@ absl::Status CpuBackend::RmsNorm(const TensorView& x, const TensorView& weight, 
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::RmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                                     const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                                     float eps) {
+  EAGLE3_RETURN_IF_ERROR(CheckRmsNormPair(x0, weight0, out0, x1, weight1, out1, eps, CheckF32));
+  return Backend::RmsNormPair(x0, weight0, out0, x1, weight1, out1, eps);
+}
+
 absl::Status CpuBackend::AddRmsNorm(const TensorView& x, const TensorView& residual,
                                     const TensorView& weight, float eps, const TensorView& out) {
   EAGLE3_RETURN_IF_ERROR(CheckRmsNorm("AddRmsNorm", x, &residual, weight, eps, out));

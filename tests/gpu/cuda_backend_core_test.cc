@@ -1,17 +1,18 @@
 // CPU ≡ CUDA parity for the CudaBackend core: Copy (host <-> device, strided device views), Gemm
-// (cuBLASLt), RmsNorm, AddRmsNorm, SiluMul, EmbeddingLookup, Softmax, Argmax, TopK, and the device
-// error flag that Synchronize reports. Skipped where no CUDA device is visible.
+// (cuBLASLt), RmsNorm, RmsNormPair, AddRmsNorm, SiluMul, EmbeddingLookup, Softmax, Argmax, TopK,
+// and the device error flag that Synchronize reports. Skipped where no CUDA device is visible.
 //
 // Tolerances, relative to the largest magnitude of the reference (RelError):
 //  - f32 Gemm 1e-5 (only the summation order differs; no TF32);
-//  - RmsNorm / AddRmsNorm / SiluMul 1e-6 (IEEE sqrt and division on both sides; expf is within 2
-//  ulp);
+//  - RmsNorm / RmsNormPair / AddRmsNorm / SiluMul 1e-6 (IEEE sqrt and division on both sides;
+//    expf is within 2 ulp); RmsNormPair also bit for bit against two CUDA RmsNorm calls;
 //  - Softmax: within 1e-6 of a double-precision softmax, and within 1e-6 plus the CPU's own error
 //    of the CPU (whose sequential sum over 163840 logits is off by ~1e-5 itself);
 //  - Copy, EmbeddingLookup, Argmax, TopK, the residual of AddRmsNorm: exact.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -79,6 +80,23 @@ class CudaBackendCoreTest : public ParityTest {
     EXPECT_LE(RelError(back, m.host), tolerance);
   }
   void ExpectExact(const Mirror& m) { ExpectSameBytes(Download(m.dev), m.host); }
+
+  // Captures what `issue` enqueues on the backend's stream into a CUDA graph (issue's status must
+  // be OK), replays the graph once and waits: a captured step's use of the ops.
+  void CaptureAndReplay(const std::function<absl::Status()>& issue) {
+    cudaStream_t stream = gpu_->stream();
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status captured = issue();
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(captured.ok()) << captured;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
 
   void CheckGemmMatchesCpu();  // defined with the Gemm tests
 };
@@ -175,18 +193,7 @@ TEST_F(CudaBackendCoreTest, PrefetchWeightsChangesNothingAndRefusesHostViews) {
   for (int i = 0; i < 40; ++i) views.push_back(v.Narrow(0, i, 1));
   ASSERT_TRUE(gpu_->PrefetchWeights(views).ok());
   ASSERT_TRUE(gpu_->PrefetchWeights({}).ok());
-  cudaStream_t stream = gpu_->stream();
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status captured = gpu_->PrefetchWeights(views);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured.ok()) << captured;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_TRUE(gpu_->Synchronize().ok());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  CaptureAndReplay([&] { return gpu_->PrefetchWeights(views); });
   Tensor back = Download(dw);
   EXPECT_EQ(std::memcmp(back.data(), w.data(), w.nbytes()), 0);
 
@@ -498,6 +505,117 @@ TEST_F(CudaBackendCoreTest, AddRmsNormMatchesCpu) {
       ExpectClose(x, 1e-6);
     }
   }
+}
+
+// RmsNormPair: each half must carry the bits of the CUDA RmsNorm of that half alone (the pair's
+// block is as wide as the wider half needs; the narrower half's extra threads add zeros to the
+// block sum), and lie within RmsNorm's tolerance of the CPU. 1536 / 512 are DeepSeek's q_a and
+// kv_a layernorms; 8200 takes the strided-loop row path beside a register one.
+struct PairWidths {
+  int64_t h0, h1;
+};
+constexpr PairWidths kPairWidths[] = {{1536, 512}, {512, 1536}, {7, 33}, {33, 7}, {1536, 8200}};
+
+// As MlaBlock runs it: two column slices of one row [x0 | x1 | tail], in place; the tail (k_pe's
+// columns) must stay as it was. Eagerly, and captured in a CUDA graph with programmatic launch on
+// (as a decode step's graph runs it).
+TEST_F(CudaBackendCoreTest, RmsNormPairInPlaceEqualsTwoRmsNormsBitForBit) {
+  ASSERT_TRUE(gpu_->options().programmatic_launch);
+  uint32_t seed = 350;
+  for (const bool captured : {false, true}) {
+    for (const PairWidths w : kPairWidths) {
+      for (int64_t t : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+        SCOPED_TRACE(testing::Message() << "T " << t << " H0 " << w.h0 << " H1 " << w.h1 << " captured "
+                                        << captured);
+        const int64_t ld = w.h0 + w.h1 + 64;
+        const Tensor rows = Random(Shape{t, ld}, ++seed, 2.0f);
+        Mirror pair = Mirrored(rows);
+        Tensor apart = Upload(rows);
+        Mirror w0 = Mirrored(Random(Shape{w.h0}, ++seed));
+        Mirror w1 = Mirrored(Random(Shape{w.h1}, ++seed));
+        const auto x0 = [&](const Tensor& b) { return View(b, {t, w.h0}, {ld, 1}); };
+        const auto x1 = [&](const Tensor& b) { return View(b, {t, w.h1}, {ld, 1}, w.h0); };
+        const auto pair_op = [&] {
+          return gpu_->RmsNormPair(x0(pair.dev), w0.dev, x0(pair.dev), x1(pair.dev), w1.dev, x1(pair.dev), 1e-6f);
+        };
+        if (captured) {
+          ASSERT_TRUE(gpu_->Synchronize().ok());
+          CaptureAndReplay(pair_op);
+        } else {
+          ASSERT_TRUE(pair_op().ok());
+        }
+        ASSERT_TRUE(gpu_->RmsNorm(x0(apart), w0.dev, 1e-6f, x0(apart)).ok());
+        ASSERT_TRUE(gpu_->RmsNorm(x1(apart), w1.dev, 1e-6f, x1(apart)).ok());
+        ASSERT_TRUE(
+            cpu_.RmsNormPair(x0(pair.host), w0.host, x0(pair.host), x1(pair.host), w1.host, x1(pair.host), 1e-6f)
+                .ok());
+        ExpectSameBytes(Download(pair.dev), Download(apart));
+        ExpectClose(pair, 1e-6);
+      }
+    }
+  }
+}
+
+// Every operand its own padded matrix.
+TEST_F(CudaBackendCoreTest, RmsNormPairOutOfPlaceEqualsTwoRmsNormsBitForBit) {
+  uint32_t seed = 370;
+  for (const PairWidths w : kPairWidths) {
+    for (int64_t t : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+      SCOPED_TRACE(testing::Message() << "T " << t << " H0 " << w.h0 << " H1 " << w.h1);
+      Mirror x0 = Mirrored(Random(Shape{t, w.h0 + 3}, ++seed));
+      Mirror x1 = Mirrored(Random(Shape{t, w.h1 + 1}, ++seed, 4.0f));
+      Mirror w0 = Mirrored(Random(Shape{w.h0}, ++seed));
+      Mirror w1 = Mirrored(Random(Shape{w.h1}, ++seed));
+      const Tensor out0_start = Random(Shape{t, w.h0 + 2}, ++seed);
+      const Tensor out1_start = Random(Shape{t, w.h1 + 5}, ++seed);
+      Mirror out0 = Mirrored(out0_start), out1 = Mirrored(out1_start);
+      Tensor apart0 = Upload(out0_start), apart1 = Upload(out1_start);
+      const auto v0 = [&](const Tensor& b, int64_t ld, int64_t offset) {
+        return View(b, {t, w.h0}, {ld, 1}, offset);
+      };
+      const auto v1 = [&](const Tensor& b, int64_t ld, int64_t offset) {
+        return View(b, {t, w.h1}, {ld, 1}, offset);
+      };
+      ASSERT_TRUE(gpu_->RmsNormPair(v0(x0.dev, w.h0 + 3, 1), w0.dev, v0(out0.dev, w.h0 + 2, 2),
+                                    v1(x1.dev, w.h1 + 1, 0), w1.dev, v1(out1.dev, w.h1 + 5, 4), 1e-5f)
+                      .ok());
+      ASSERT_TRUE(gpu_->RmsNorm(v0(x0.dev, w.h0 + 3, 1), w0.dev, 1e-5f, v0(apart0, w.h0 + 2, 2)).ok());
+      ASSERT_TRUE(gpu_->RmsNorm(v1(x1.dev, w.h1 + 1, 0), w1.dev, 1e-5f, v1(apart1, w.h1 + 5, 4)).ok());
+      ASSERT_TRUE(cpu_.RmsNormPair(v0(x0.host, w.h0 + 3, 1), w0.host, v0(out0.host, w.h0 + 2, 2),
+                                   v1(x1.host, w.h1 + 1, 0), w1.host, v1(out1.host, w.h1 + 5, 4), 1e-5f)
+                      .ok());
+      ExpectSameBytes(Download(out0.dev), Download(apart0));
+      ExpectSameBytes(Download(out1.dev), Download(apart1));
+      ExpectClose(out0, 1e-6);
+      ExpectClose(out1, 1e-6);
+      ExpectExact(x0);
+      ExpectExact(x1);
+    }
+  }
+}
+
+// The shared checks name the half's operand; nothing is launched.
+TEST_F(CudaBackendCoreTest, RmsNormPairRefusesByOperand) {
+  Tensor rows = Upload(Random(Shape{4, 13}, 940));
+  Tensor w8 = Upload(Random(Shape{8}, 941));
+  Tensor w5 = Upload(Random(Shape{5}, 942));
+  const TensorView x0 = View(rows, {4, 8}, {13, 1});
+  const TensorView x1 = View(rows, {4, 5}, {13, 1}, 8);
+  Tensor host_out = *Tensor::Empty(DType::kF32, Shape{4, 5});
+  absl::Status status = gpu_->RmsNormPair(x0, w8, x0, x1, w5, host_out, 1e-6f);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "out1")) << status;
+  EXPECT_TRUE(Contains(status, "cuda:0")) << status;
+  Tensor bf16_out = *Tensor::Empty(DType::kBF16, Shape{4, 5}, gpu_->allocator());
+  status = gpu_->RmsNormPair(x0, w8, x0, x1, w5, bf16_out, 1e-6f);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "out1 is bf16")) << status;
+  EXPECT_TRUE(Contains(status, "f32 only")) << status;
+  status = gpu_->RmsNormPair(x0, w8, x0, View(rows, {4, 6}, {13, 1}, 7), Upload(Random(Shape{6}, 943)),
+                             View(rows, {4, 6}, {13, 1}, 7), 1e-6f);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "overlaps")) << status;
+  EXPECT_TRUE(gpu_->Synchronize().ok());
 }
 
 TEST_F(CudaBackendCoreTest, SiluMulMatchesCpu) {

@@ -54,6 +54,11 @@ class EAGLE3_API CpuBackend final : public Backend {
                              const GemmOptions& options) override;
   absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps,
                        const TensorView& out) override;
+  // Checks both halves' dtypes (f32) before writing either, then runs Backend's default (two
+  // RmsNorm calls).
+  absl::Status RmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                           const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                           float eps) override;
   absl::Status AddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight,
                           float eps, const TensorView& out) override;
   absl::Status SiluMul(const TensorView& gate_up, const TensorView& out) override;

@@ -134,6 +134,10 @@ class EAGLE3_API CudaBackend final : public Backend {
   absl::Status BatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c,
                            const GemmOptions& options) override;
   absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  // One launch for both halves, each bit for bit as RmsNorm computes it (LaunchRmsNormPair).
+  absl::Status RmsNormPair(const TensorView& x0, const TensorView& weight0, const TensorView& out0,
+                           const TensorView& x1, const TensorView& weight1, const TensorView& out1,
+                           float eps) override;
   absl::Status AddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight, float eps,
                           const TensorView& out) override;
   absl::Status SiluMul(const TensorView& gate_up, const TensorView& out) override;
