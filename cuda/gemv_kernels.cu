@@ -232,21 +232,24 @@ __device__ __forceinline__ void LoadBatch(const LaneWork<W>& lw, int64_t t0, int
   }
 }
 
-// Blocks per SM the register budget is set for: 2 (128 registers), where every bucket fits without
-// spilling.
+// Blocks per SM the register budget is set for: 2 (128 registers).
 constexpr int kBlocksPerSm = 2;
 // Chunks of a lane's batch (two batches overlap: the next is loaded while the current one is
 // multiplied): with 8, a lane of a 5120-wide bf16 row has its whole share in flight at once; fewer
-// where the accumulators of more rows take the registers.
+// where the accumulators of more rows take the registers. The 1- and 2-row kernels' batches of 8
+// spill a few registers within that budget (the 4- and 8-row kernels' do not).
 constexpr int BatchChunks(int m) { return m >= 8 ? 2 : m >= 4 ? 4 : 8; }
 template <int kM>
 constexpr int kBatchChunks = BatchChunks(kM);
+// The batch of the 1- and 2-row kernels for lanes whose share of K is shorter than two deep
+// batches (short K, or K split over many lanes: W_UK / W_UV, kv_a, q_b at decode): such a lane
+// cannot use the deeper batch's loads in flight, and the shallow kernel does not spill.
+constexpr int kShallowBatchChunks = 4;
 
-template <typename W, int kM>
+template <typename W, int kM, int kBatch = kBatchChunks<kM>>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) GemvKernel(const GemvArgs args) {
   static_assert(kM <= kLanesPerRow, "one output row per lane of a row's lanes");
   constexpr int kVec = Chunk<W>::kVec;
-  constexpr int kBatch = kBatchChunks<kM>;
   extern __shared__ float4 tile[];
   __shared__ float partial[kWarps][kRowsPerWarp][kM];
 
@@ -447,8 +450,13 @@ cudaError_t Launch(GemvArgs p, int work_vec, int64_t batch, int sm_count, cudaSt
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(kM) * kVec * sizeof(float) * p.tile_chunks;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
-  return LaunchKernelInClusters(p.programmatic, static_cast<unsigned>(p.ksplit), GemvKernel<W, kM>, grid,
-                                dim3(kThreads), smem, stream, p);
+  auto kernel = GemvKernel<W, kM>;
+  if constexpr (kBatchChunks<kM> > kShallowBatchChunks) {
+    const int64_t lanes = static_cast<int64_t>(kLanesPerRow) * p.wk;  // a row's lanes in one split part
+    if ((p.part_chunks + lanes - 1) / lanes < 2 * kBatchChunks<kM>) kernel = GemvKernel<W, kM, kShallowBatchChunks>;
+  }
+  return LaunchKernelInClusters(p.programmatic, static_cast<unsigned>(p.ksplit), kernel, grid, dim3(kThreads), smem,
+                                stream, p);
 }
 
 // GemvMmaKernel: block (x, item) computes 8 / wk groups of 16 weight rows of item `item` for all M
