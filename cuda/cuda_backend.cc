@@ -231,9 +231,16 @@ absl::StatusOr<std::unique_ptr<UploadRing>> CudaBackend::CreateUploadRing() {
   State& s = *state_;
   if (s.options.upload_ring_bytes == 0) return std::unique_ptr<UploadRing>();
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "CreateUploadRing: cudaSetDevice"));
-  EAGLE3_ASSIGN_OR_RETURN(std::unique_ptr<PinnedUploadBacking> backing,
-                          PinnedUploadBacking::Create(s.pinned, s.options.upload_ring_bytes, s.options.device, s.stream));
-  return std::make_unique<UploadRing>(std::move(backing));
+  absl::StatusOr<std::unique_ptr<PinnedUploadBacking>> backing =
+      PinnedUploadBacking::Create(s.pinned, s.options.upload_ring_bytes, s.options.device, s.stream);
+  if (!backing.ok()) {
+    return absl::Status(backing.status().code(),
+                        absl::StrCat("CreateUploadRing: the ring's ", s.options.upload_ring_bytes,
+                                     " pinned bytes (CudaBackendOptions::upload_ring_bytes; 0 loads without "
+                                     "the ring): ",
+                                     backing.status().message()));
+  }
+  return std::make_unique<UploadRing>(std::move(*backing));
 }
 
 absl::Status CudaBackend::Synchronize() {

@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -76,6 +77,16 @@ TEST_F(PinnedLoadTest, RingSizeComesFromTheOptions) {
   Tensor t = *Tensor::Empty(DType::kU8, Shape{100}, **ring);
   ASSERT_EQ(cudaPointerGetAttributes(&attributes, t.data()), cudaSuccess);
   EXPECT_EQ(attributes.type, cudaMemoryTypeHost);  // pinned: Copy enqueues a DMA
+}
+
+// A ring the host cannot pin is refused naming the option that sizes it and the way around it.
+TEST_F(PinnedLoadTest, RingTooLargeToPinNamesItsOption) {
+  auto backend = cuda::CudaBackend::Create({.upload_ring_bytes = size_t{1} << 50});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto ring = (*backend)->CreateUploadRing();
+  ASSERT_FALSE(ring.ok());
+  EXPECT_NE(ring.status().message().find("upload_ring_bytes"), std::string_view::npos) << ring.status();
+  EXPECT_NE(ring.status().message().find("0 loads without the ring"), std::string_view::npos) << ring.status();
 }
 
 // Host tensors from a 1 MiB ring, each filled, uploaded and freed at once, some larger than the
