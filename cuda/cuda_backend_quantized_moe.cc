@@ -152,6 +152,9 @@ absl::StatusOr<QuantMoeWorkspace> Workspace(CudaBackend::State& s, QuantMoeState
   const size_t bytes = QuantMoeWorkspaceBytes(max_tokens, max_top_k, max_experts, max_hidden, max_inter);
   EAGLE3_ASSIGN_OR_RETURN(void* buffer, s.allocator.Allocate(bytes, 256));
   state.workspaces.emplace_back(buffer, bytes);
+  // The folded combine's counters start at zero; the kernels leave them so.
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(buffer, 0, QuantMoeWorkspaceCountersBytes(max_hidden), s.stream),
+                                    "QuantizedMoeExperts: zeroing the workspace's counters"));
   state.workspace = QuantMoeWorkspaceAt(buffer, max_tokens, max_top_k, max_experts, max_hidden, max_inter);
   return state.workspace;
 }
@@ -247,6 +250,8 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
   }
   shape.grouped = num_experts > 0 && !LegacyKernelsRequested() && OnSharedGemvLayout(state.wanted, shape);
   shape.fold_grouping = s.options.quant_moe_fold_grouping;
+  shape.fold_silu = s.options.quant_moe_fold_silu;
+  shape.fold_combine = s.options.quant_moe_fold_combine;
   const QuantMoeExpert* table = nullptr;
   if (num_experts > 0) {
     EAGLE3_ASSIGN_OR_RETURN(table, DeviceTable(s, state));

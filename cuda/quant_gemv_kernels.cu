@@ -89,6 +89,8 @@ struct Params {
   float* const* c_items;
   const int32_t* item_count;
   const int32_t* rows_items;  // per item: its activation rows (<= m), or nullptr: m each
+  int64_t silu_up;            // > 0: gated f32 activations (QuantGemvItems::silu_up_offset)
+  QuantGemvCombine combine;   // counters non-null: the combine epilogue (QuantGemvCombine)
 };
 
 // Item `item`'s operands: its pointer from the grouped launch's array, or the batched stride's. A
@@ -386,6 +388,15 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
   } else {
     const float* row = reinterpret_cast<const float*>(a) + r * p.lda;
     LoadF32Columns(p, row, lk, whole, v);
+    if (p.silu_up > 0) {
+      // The expression QuantMoeSiluMulKernel rounds, in the same fp32 operations: the same bits.
+      float u[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) u[e] = 0.0f;
+      LoadF32Columns(p, row + p.silu_up, lk, whole, u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = v[e] / (1.0f + expf(-v[e])) * u[e];
+    }
   }
 }
 
@@ -441,6 +452,43 @@ __device__ void StageScales(const Params& p, int64_t item, int64_t block_row, in
 }
 
 // ---- Pieces both kernels share ------------------------------------------------------------------
+
+// The combine epilogue (QuantGemvCombine) of the block tile `tile`, output rows [row_begin, row_end):
+// called by every thread of a block once every row of the tile it writes is written (by this block,
+// or by the other ranks of its cluster, which fenced their writes before the cluster barrier that
+// precedes this call). The block counts itself in; the last of the launch's items to arrive writes
+// the tile's rows of out. Each writer's fence before the count and the last block's fence after it
+// order the items' rows before their reads (the classic last-block reduction), which bypass L1. Out
+// of line, its operands by value: the kernels' register allocation stays as without it.
+__device__ __noinline__ void CombineTile(const QuantGemvCombine cb, const float* c, const int32_t* item_count,
+                                        int64_t n, int64_t tile, int64_t row_begin, int64_t row_end) {
+  __threadfence();
+  __syncthreads();
+  int last = 0;  // no shared memory: a plan may take all the default limit allows
+  if (threadIdx.x == 0) {
+    const int expected = item_count != nullptr ? *item_count : static_cast<int>(gridDim.y);
+    last = atomicAdd(cb.counters + tile, 1) == expected - 1;
+    if (last) cb.counters[tile] = 0;  // for the next launch, which starts after this one ends
+  }
+  if (!__syncthreads_or(last)) return;  // block-uniform
+  __threadfence();
+  row_end = min(row_end, n);
+  const int64_t rows = row_end - row_begin;
+  for (int64_t i = threadIdx.x; i < cb.tokens * rows; i += blockDim.x) {
+    const int64_t tl = i / rows, h = row_begin + (i - tl * rows), t = cb.token0 + tl;
+    const int32_t* id = cb.ids + t * cb.ids_stride;
+    bool good = true;
+    for (int j = 0; j < cb.top_k; ++j) good = good && id[j] >= 0 && id[j] < cb.num_experts;
+    if (!good) continue;  // the token keeps its row
+    float* o = cb.out + t * cb.out_stride + h;
+    float acc = cb.accumulate ? *o : 0.0f;
+    for (int j = 0; j < cb.top_k; ++j) {
+      const int64_t row = cb.slot_of[tl * cb.top_k + j];
+      acc += cb.weights[t * cb.weights_stride + j] * __ldcg(c + row * cb.row_ld + h);
+    }
+    *o = acc;
+  }
+}
 
 // Whether the launch is grouped (QuantGemvItems): its count, rows and pointers are written by the
 // kernels just before it, so they are read only after those have completed.
@@ -524,7 +572,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // The item's rows (a grouped launch's per-item count): rows past them are neither staged nor
   // written, and the lanes of their B columns read the last row instead (StepActivations).
   const int m = ItemRows(p, item);
-  if (m <= 0) return;  // the whole cluster: its blocks share the item
+  if (m <= 0) {  // the whole cluster: its blocks share the item
+    if (p.combine.counters != nullptr && static_cast<int>(blockIdx.x) % p.split == 0) {
+      CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + kBlockRows / p.wk);
+    }
+    return;
+  }
 
   // The warp's units: in tile t, [part_first + t * tile_units, + part_units) within the rank's
   // [unit0, unit_end). Only a warp's last non-empty tile can be partial, so with several tiles
@@ -680,7 +733,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
       for (int r = 0; r < p.split; ++r) total += cluster.map_shared_rank(block_part, r)[e];
       write(e, total);
     }
+    if (p.combine.counters != nullptr) __threadfence();  // this rank's rows, before rank 0 counts the tile
     cluster.sync();  // no rank leaves while another still reads its shared memory
+  }
+  if (p.combine.counters != nullptr && rank == 0) {
+    CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + block_rows);
   }
 }
 
@@ -707,7 +764,10 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   if (Grouped(p)) PdlWait();
   if (p.item_count != nullptr && item >= *p.item_count) return;
   const int m = ItemRows(p, item);  // as in the kernel above
-  if (m <= 0) return;
+  if (m <= 0) {
+    if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + kBlockRows * p.row_loops);
+    return;
+  }
 
   // The warp's groups: group i holds rows first_row + i * kBlockRows .. + 15; groups wholly past n
   // are not taken.
@@ -836,6 +896,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
       }
     }
   }
+  if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + block_rows);
 }
 
 // ---- Launch ---------------------------------------------------------------------------------------
@@ -865,6 +926,17 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.c_items = items.c;
   p.item_count = items.count;
   p.rows_items = items.rows;
+  if (items.silu_up_offset < 0 || (items.silu_up_offset > 0 && p.a_bf16)) return cudaErrorInvalidValue;
+  p.silu_up = items.silu_up_offset;
+  p.a_vec = p.a_vec && p.silu_up % 4 == 0;
+  const QuantGemvCombine& cb = items.combine;
+  if (cb.counters != nullptr &&
+      (items.c != nullptr || c == nullptr || cb.ids == nullptr || cb.weights == nullptr || cb.slot_of == nullptr ||
+       cb.out == nullptr || cb.row_ld < n || cb.tokens < 0 || cb.top_k < 0 || cb.token0 < 0 || cb.ids_stride < 0 ||
+       cb.weights_stride < 0 || cb.out_stride < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  p.combine = cb;
   p.c = c;
   p.ldc = m > 1 ? ldc : 0;
   p.stride_c = batch > 1 ? batch_stride_c : 0;
@@ -957,7 +1029,9 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   problem.n = n;
   problem.k = k;
   problem.shift = p.shift;
-  problem.a_bytes = p.a_bf16 ? 2 : 4;
+  // A gated product is planned as the product of its bf16 activations computed beforehand would be:
+  // the same plan, so the same bits (its staging reads two f32 rows instead, small beside the weights).
+  problem.a_bytes = p.a_bf16 || p.silu_up > 0 ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * k;
   return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
@@ -1006,7 +1080,9 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   problem.n = n;
   problem.k = k;
   problem.shift = p.shift;
-  problem.a_bytes = p.a_bf16 ? 2 : 4;
+  // A gated product is planned as the product of its bf16 activations computed beforehand would be:
+  // the same plan, so the same bits (its staging reads two f32 rows instead, small beside the weights).
+  problem.a_bytes = p.a_bf16 || p.silu_up > 0 ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * (words * 4 + 2.0 * k / b.group_size);
   return Launch<Int4Format>(p, problem, plan, programmatic, stream);
 }

@@ -122,6 +122,33 @@ cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int
 
 // ---- Grouped launches (the routed experts of an MoE layer) --------------------------------------
 
+// The routed experts' combine as a grouped launch's epilogue (an MoE layer's down product): the
+// launch's outputs, seen as rows of f32 starting at its c (row s at c + s * row_ld: c_items must
+// be nullptr; an MoE launch's items are slots of row_ld-spaced rows), are gathered per token:
+//   out[t] = (accumulate ? out[t] : 0) + sum_j weights[t, j] * row(slot_of[t * top_k + j]),
+// j = 0, 1, ... in order in fp32, for the tokens t = token0 .. token0 + tokens - 1 whose ids are all
+// in [0, num_experts) (a token with a bad id keeps its row). The rows of out a block tile of the
+// product covers are written by the last block to finish that tile among all of the launch's items
+// (a device counter per tile), after every item's rows of the tile are written: no launch of its
+// own, and the same bits as a separate kernel adding the same terms in the same order.
+struct QuantGemvCombine {
+  // [ceil(n / 16)] i32, device: zero before the launch, zero again after it (the last block of a
+  // tile resets its counter). nullptr: no combine.
+  int32_t* counters = nullptr;
+  int64_t row_ld = 0;                // >= n
+  const int32_t* ids = nullptr;      // [token0 + tokens, top_k] i32, row stride ids_stride, device
+  int64_t ids_stride = 0;
+  const float* weights = nullptr;    // [token0 + tokens, top_k] f32, row stride weights_stride, device
+  int64_t weights_stride = 0;
+  const int32_t* slot_of = nullptr;  // [tokens * top_k] i32, device: pair t * top_k + j's output row
+  float* out = nullptr;              // [token0 + tokens, n] f32, row stride out_stride, device; no
+                                     // overlap with the launch's other operands
+  int64_t out_stride = 0;
+  int64_t token0 = 0;
+  int tokens = 0, top_k = 0, num_experts = 0;
+  bool accumulate = false;
+};
+
 // Per-item DEVICE pointers of a grouped launch: up to max_items products of one shape (n, k, m, the
 // weights' ld, scale_ld, row0, col0 and group size shared: the experts of one MoE layer are the
 // same slice of same-shaped tensors) whose operands need not be evenly spaced, and whose number is
@@ -144,6 +171,15 @@ struct QuantGemvItems {
   // tokens): only those are read and only their rows of c written (an item with none is skipped);
   // nullptr: m rows each.
   const int32_t* rows = nullptr;
+  // A gated activation (the routed experts' down product after their gate and up products): > 0,
+  // `a` is f32 and the product's activation (r, col) is silu(g) * u in fp32 with g = a's element
+  // (r, col) and u the element silu_up_offset elements after it, rounded to bf16 as f32
+  // activations are (so the same bits as the product of bf16(silu(g) * u) computed beforehand);
+  // a multiple of 4 for 16-byte loads. 0: a as it is.
+  int64_t silu_up_offset = 0;
+  // An epilogue gathering the items' output rows into tokens' rows (QuantGemvCombine); none while
+  // its counters are nullptr.
+  QuantGemvCombine combine;
 };
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv over batch = max_items items (same sizes, alignment and

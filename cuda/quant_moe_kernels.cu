@@ -537,11 +537,12 @@ int TeamShift(int64_t k) {
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Grouped steps 2 and 3 of one round (fold: step 1a too; otherwise sorted and jobs written): slots
-// and item pointers, the gate-up GEMV, SiLU-mul, the down GEMV; y holds every job's slot rows after
-// it.
+// and item pointers, the gate-up GEMV, SiLU-mul (or, shape.fold_silu, in the down GEMV's staging),
+// the down GEMV; y holds every job's slot rows after it. combine: step 4 as the down GEMV's epilogue
+// (its counters nullptr: not folded).
 cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& round, const QuantMoeExpert* experts,
                             const QuantMoeShape& shape, int64_t max_jobs, const QuantMoeWorkspace& ws, bool fold,
-                            bool programmatic, cudaStream_t stream) {
+                            const QuantGemvCombine& combine, bool programmatic, cudaStream_t stream) {
   const int64_t hidden = shape.hidden, inter = shape.inter;
   const int64_t x_ld = QuantMoeRoundUp16(hidden), act_ld = QuantMoeRoundUp16(inter);
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
@@ -557,7 +558,8 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
   // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`); an
   // item's rows are its job's, at most the round's job_pairs, in a slot of kJobPairs rows.
   const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
-                           const void* a, int64_t lda, int64_t stride_a, float* c, int64_t n, int64_t k) {
+                           const void* a, GemvType a_type, int64_t lda, int64_t stride_a, float* c, int64_t n,
+                           int64_t k) {
     const int64_t m = round.job_pairs, stride_c = kQuantMoeJobPairs * n;
     if (int4) {
       Int4GroupWeights b;
@@ -565,7 +567,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
       b.scale_ld = layout.scales_ld;
       b.col0 = layout.col_off;
       b.group_size = shape.block_cols;
-      return LaunchInt4GroupGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, stride_c, nullptr, items,
+      return LaunchInt4GroupGemvGrouped(a, a_type, lda, stride_a, b, c, n, stride_c, nullptr, items,
                                         max_items, m, n, k, 1.0f, 0.0f, programmatic, stream);
     }
     Fp8BlockWeights b;
@@ -573,7 +575,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
     b.scale_ld = layout.scales_ld;
     b.row0 = layout.row_off;
     b.col0 = layout.col_off;
-    return LaunchFp8BlockGemvGrouped(a, GemvType::kBF16, lda, stride_a, b, c, n, stride_c, nullptr, items, max_items,
+    return LaunchFp8BlockGemvGrouped(a, a_type, lda, stride_a, b, c, n, stride_c, nullptr, items, max_items,
                                      m, n, k, 1.0f, 0.0f, programmatic, stream);
   };
   QuantGemvItems gate_up;
@@ -584,12 +586,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
   gate_up.count = ws.gate_up_items;
   gate_up.rows = ws.gate_up_rows;
   if (const cudaError_t error =
-          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, x_ld, 0, ws.gate_up, inter, hidden);
-      error != cudaSuccess) {
-    return error;
-  }
-  if (const cudaError_t error = LaunchKernel(programmatic, QuantMoeSiluMulKernel, dim3(job_blocks), dim3(kThreads), 0,
-                                            stream, ws.gate_up, inter, ws.jobs, ws.num_jobs, ws.act, act_ld);
+          product(gate_up, 2 * max_jobs, shape.gate_up, nullptr, GemvType::kBF16, x_ld, 0, ws.gate_up, inter, hidden);
       error != cudaSuccess) {
     return error;
   }
@@ -598,7 +595,21 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
   down.scales = ws.down_scales;
   down.count = ws.num_jobs;
   down.rows = ws.down_rows;
-  return product(down, max_jobs, shape.down, ws.act, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden, inter);
+  down.combine = combine;
+  if (shape.fold_silu) {
+    // Job j's gate rows (item 2j of the gate-up product) start 2 kJobPairs rows of inter after job
+    // j - 1's, its up rows (item 2j + 1) kJobPairs rows after them.
+    down.silu_up_offset = kQuantMoeJobPairs * inter;
+    return product(down, max_jobs, shape.down, ws.gate_up, GemvType::kF32, inter, 2 * kQuantMoeJobPairs * inter, ws.y,
+                   hidden, inter);
+  }
+  if (const cudaError_t error = LaunchKernel(programmatic, QuantMoeSiluMulKernel, dim3(job_blocks), dim3(kThreads), 0,
+                                            stream, ws.gate_up, inter, ws.jobs, ws.num_jobs, ws.act, act_ld);
+      error != cudaSuccess) {
+    return error;
+  }
+  return product(down, max_jobs, shape.down, ws.act, GemvType::kBF16, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden,
+                 inter);
 }
 
 // Carves a workspace out of `buffer` (nullptr: only counts the bytes, returned in *bytes).
@@ -615,6 +626,7 @@ QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k
     return p;
   };
   QuantMoeWorkspace w;
+  w.counters = reinterpret_cast<int32_t*>(take(QuantMoeWorkspaceCountersBytes(hidden)));
   w.sorted = reinterpret_cast<int32_t*>(take(static_cast<size_t>(pairs) * 4));
   w.jobs = reinterpret_cast<int32_t*>(take(static_cast<size_t>(jobs) * 12 + 8));
   w.num_jobs = buffer != nullptr ? w.jobs + 3 * jobs : nullptr;
@@ -643,6 +655,8 @@ QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k
 }
 
 }  // namespace
+
+size_t QuantMoeWorkspaceCountersBytes(int64_t hidden) { return static_cast<size_t>((hidden + 15) / 16) * 4; }
 
 size_t QuantMoeWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
                               int64_t inter) {
@@ -682,7 +696,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
   const bool grouped = shape.grouped && top_k > 0 && inter > 0 && hidden > 0;
   if (grouped && (ws.slot_of == nullptr || ws.gate_up_items == nullptr || ws.gate_up_a == nullptr ||
                   ws.gate_up_codes == nullptr || ws.gate_up_scales == nullptr || ws.down_codes == nullptr ||
-                  ws.down_scales == nullptr || ws.gate_up == nullptr)) {
+                  ws.down_scales == nullptr || ws.gate_up == nullptr ||
+                  (shape.fold_combine && ws.counters == nullptr))) {
     return cudaErrorInvalidValue;
   }
   // Rounds of at most max_tokens tokens, each with the workspace's top_k-based pair capacity (and,
@@ -731,13 +746,32 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       }
     }
     if (hidden == 0) continue;
+    // Step 4 folded into the down GEMV (grouped path only): its last block of each tile of hidden
+    // rows writes the tile's rows of out.
+    QuantGemvCombine combine;
+    if (grouped && shape.fold_combine) {
+      combine.counters = ws.counters;
+      combine.row_ld = hidden;
+      combine.ids = ids;
+      combine.ids_stride = ids_stride;
+      combine.weights = weights;
+      combine.weights_stride = weights_stride;
+      combine.slot_of = ws.slot_of;
+      combine.out = out;
+      combine.out_stride = out_stride;
+      combine.token0 = t0;
+      combine.tokens = static_cast<int>(n);
+      combine.top_k = static_cast<int>(top_k);
+      combine.num_experts = static_cast<int>(shape.num_experts);
+      combine.accumulate = accumulate;
+    }
     if (grouped) {
-      if (const cudaError_t error =
-              GroupedProducts(x + t0 * x_stride, x_stride, round, experts, shape, round_jobs, ws, fold, programmatic,
-                              stream);
+      if (const cudaError_t error = GroupedProducts(x + t0 * x_stride, x_stride, round, experts, shape, round_jobs, ws,
+                                                    fold, combine, programmatic, stream);
           error != cudaSuccess) {
         return error;
       }
+      if (combine.counters != nullptr) continue;
     } else if (top_k > 0) {
       const unsigned round_blocks = static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64));
       if (const cudaError_t error = LaunchKernel(programmatic, QuantMoeRoundKernel,

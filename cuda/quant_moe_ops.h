@@ -22,7 +22,8 @@
 //     bf16(silu(gate) * up) per pair row, then one grouped GEMV of down over the jobs' act slots: y
 //     per pair row (slot rows past a job's pairs are never written or read); the grids are sized
 //     for the most jobs a round can have and the blocks of jobs past the device job count exit at
-//     once;
+//     once; by default (QuantMoeShape::fold_silu, fold_combine) act is computed where the down GEMV
+//     stages its activations, and step 4 below is the down GEMV's epilogue (QuantGemvCombine);
 //  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
@@ -132,6 +133,13 @@ struct QuantMoeShape {
   // itself, one launch fewer; false: by the grouping kernel, as larger rounds are (the same
   // grouping and the same bits: the reference the tests hold the fold to).
   bool fold_grouping = true;
+  // On the grouped path: SiLU-mul computed where the down GEMV stages its activations
+  // (QuantGemvItems::silu_up_offset) rather than by a kernel of its own, and step 4 done by the down
+  // GEMV's last block of each tile of hidden rows (QuantGemvCombine) rather than by the combine
+  // kernel: two launches fewer per round, the same bits (false: the kernels, the reference the
+  // tests hold the folds to).
+  bool fold_silu = true;
+  bool fold_combine = true;
 };
 
 // Largest expert count (the grouping kernel's counters live in shared memory).
@@ -202,6 +210,10 @@ struct QuantMoeWorkspace {
   float* gate_up = nullptr;     // [2 S, inter] f32: grouped path, item i's rows at [8 i, 8 i + 8)
   uint16_t* act = nullptr;      // [S, RoundUp16(inter)] bf16
   float* y = nullptr;           // [S, hidden] f32
+  // [ceil(hidden / 16)] i32: the folded combine's tile counters (QuantGemvCombine::counters), zero
+  // between calls; they are the buffer's first QuantMoeWorkspaceCountersBytes(hidden) bytes, which
+  // the owner zeroes once before the first call.
+  int32_t* counters = nullptr;
   int64_t max_tokens = 0, top_k = 0, max_experts = 0, hidden = 0, inter = 0;
   int64_t max_jobs = 0;  // J
 };
@@ -209,6 +221,8 @@ struct QuantMoeWorkspace {
 // Bytes of one 256-byte aligned buffer holding a workspace (QuantMoeWorkspaceAt carves it).
 size_t QuantMoeWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
                               int64_t inter);
+// The bytes at the start of such a buffer to zero once (QuantMoeWorkspace::counters).
+size_t QuantMoeWorkspaceCountersBytes(int64_t hidden);
 QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts,
                                       int64_t hidden, int64_t inter);
 

@@ -80,6 +80,12 @@ inline cuda::CudaBackend* Backend() {
     // small calls into the next kernel saves.
     const char* fold = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD");
     if (fold != nullptr && fold[0] != '\0') options.quant_moe_fold_grouping = fold[0] != '0';
+    // EAGLE3_BENCH_QUANT_MOE_FOLD_SILU=0 / EAGLE3_BENCH_QUANT_MOE_FOLD_COMBINE=0: SiLU-mul and the
+    // experts' combine in kernels of their own (CudaBackendOptions::quant_moe_fold_silu / _combine).
+    const char* fold_silu = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD_SILU");
+    if (fold_silu != nullptr && fold_silu[0] != '\0') options.quant_moe_fold_silu = fold_silu[0] != '0';
+    const char* fold_combine = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD_COMBINE");
+    if (fold_combine != nullptr && fold_combine[0] != '\0') options.quant_moe_fold_combine = fold_combine[0] != '0';
     // EAGLE3_BENCH_LATENT_FOLD_BYTES=N: CudaBackendOptions::latent_fold_combine_bytes (0: every split
     // latent attention call launches its combine kernel; a large N: every call whose kernel can merges
     // its splits itself).

@@ -9,11 +9,12 @@
 //    256, top-8) and DeepSeek-V3 FP8 (H 7168, 256 experts, I 256, top-8) at 1, 4, 16 and 64 tokens;
 //  - a captured CUDA graph's replay bit for bit equal to an eager call, and two eager calls bit for
 //    bit equal (no float atomics);
-//  - the grouping folded into the slots kernel (calls of up to kQuantMoeFoldPairs pairs, the
-//    default) bit for bit equal to the grouping kernel's (CudaBackendOptions::
-//    quant_moe_fold_grouping off) at the V3 (with the shared expert) and K2 rank shapes: 1, 2, 4, 8
-//    tokens and the largest folded call, experts of several jobs, bad ids, a call of no jobs, and
-//    the first call again after the others;
+//  - the folds (the default) bit for bit equal to the kernels they replace (CudaBackendOptions::
+//    quant_moe_fold_grouping, _fold_silu and _fold_combine off): the grouping in the slots kernel
+//    (calls of up to kQuantMoeFoldPairs pairs), SiLU-mul in the down product's staging and the
+//    combine in its last blocks (every grouped call), at the V3 (with the shared expert) and K2 rank
+//    shapes: 1, 2, 4, 8 tokens and the largest folded call, experts of several jobs, accumulate on
+//    and off, bad ids, a call of no jobs, and the first call again after the others;
 //  - a bad id reported by Synchronize naming the token, whose out row is kept; INT4 f32 scales
 //    refused. Skipped where no CUDA device is visible.
 //
@@ -403,6 +404,8 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     if (gpu_ == nullptr) return;  // skipped
     cuda::CudaBackendOptions options = Options();
     options.quant_moe_fold_grouping = false;
+    options.quant_moe_fold_silu = false;
+    options.quant_moe_fold_combine = false;
     auto backend = cuda::CudaBackend::Create(options);
     ASSERT_TRUE(backend.ok()) << backend.status();
     separate_ = std::move(*backend);
@@ -431,10 +434,11 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
   // Synchronize then returns in `sync`. The inputs are uploaded on gpu_'s stream, which the other
   // backend does not share: gpu_ is synchronized first.
   Tensor Call(cuda::CudaBackend& backend, const Tensor& d_x, const Tensor& d_ids, const Tensor& d_weights,
-              const std::vector<QuantizedExpertWeights>& d_views, float fill, absl::Status& sync) {
+              const std::vector<QuantizedExpertWeights>& d_views, float fill, absl::Status& sync,
+              bool accumulate = false) {
     Tensor d_out = Upload(Filled(Shape{d_x.dim(0), d_x.dim(1)}, fill));
     EXPECT_TRUE(gpu_->Synchronize().ok());
-    EXPECT_TRUE(backend.QuantizedMoeExperts(d_x, d_ids, d_weights, d_views, d_out, false).ok());
+    EXPECT_TRUE(backend.QuantizedMoeExperts(d_x, d_ids, d_weights, d_views, d_out, accumulate).ok());
     sync = backend.Synchronize();
     return Download(d_out);
   }
@@ -462,6 +466,13 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
       const Tensor separate = Call(*separate_, d_x, d_ids, d_weights, d_views, NAN, sync);
       EXPECT_TRUE(sync.ok()) << sync;
       ExpectBitwiseEqual(got, separate, "folded vs the grouping kernel");
+      // Accumulating into out (the residual stream's way): the folded combine reads it as the
+      // combine kernel does.
+      const Tensor got_acc = Call(*gpu_, d_x, d_ids, d_weights, d_views, 0.75f, sync, true);
+      EXPECT_TRUE(sync.ok()) << sync;
+      const Tensor separate_acc = Call(*separate_, d_x, d_ids, d_weights, d_views, 0.75f, sync, true);
+      EXPECT_TRUE(sync.ok()) << sync;
+      ExpectBitwiseEqual(got_acc, separate_acc, "accumulate: folded vs the kernels");
       Tensor want = Filled(Shape{tokens, kRankHidden}, 0.0f);
       EXPECT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, want, false).ok());
       EXPECT_LE(parity::RelError(got, want), kExactTol);

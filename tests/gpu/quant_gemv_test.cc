@@ -804,6 +804,178 @@ TEST_F(QuantGemvTest, GroupedRowLooped) {
   }
 }
 
+// The routed experts' down product with both MoE folds (QuantGemvItems::silu_up_offset and
+// QuantGemvCombine), as quant_moe_kernels.cu launches it: item i's activations are silu(gate) * up
+// of f32 gate rows at i * 2 m rows and up rows m rows after them; then the tokens' rows of out
+// gathered from the items' output rows by the last block of each tile. Checked: c against the
+// double reference of bf16(silu(g) * u) (1e-3: the host's expf may put an activation on the other
+// side of a bf16 rounding boundary), out against the same gather of the downloaded c in the same
+// order (a bad token keeps its row), and the counters back at zero. Shapes: a short K over many
+// rows (the row-looped kernel) and a long K over few rows (the K-split kernel, clusters where the
+// chooser takes them), each with accumulate on and off.
+void CheckGatedCombined(bool int4, int64_t items, int64_t count, int64_t n, int64_t k, bool accumulate) {
+  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << " items " << items << " n " << n << " k " << k
+                                  << (accumulate ? " accumulate" : ""));
+  const int64_t m = 8, tokens = 3, top_k = 3, num_experts = 5;
+  std::mt19937 rng(static_cast<uint32_t>(n + k + (int4 ? 1 : 0)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> gate_up(static_cast<size_t>(items * 2 * m * k));
+  for (float& v : gate_up) v = normal(rng);
+  std::vector<Fp8Matrix> f;
+  std::vector<Int4Matrix> q;
+  std::vector<std::unique_ptr<DeviceBuffer>> codes, scales;
+  std::vector<const void*> code_ptrs(items), scale_ptrs(items);
+  for (int64_t i = 0; i < items; ++i) {
+    if (int4) {
+      q.push_back(RandomInt4(n, k, 32, 610 + static_cast<uint32_t>(i)));
+      codes.push_back(std::make_unique<DeviceBuffer>(q.back().packed.size() * 4));
+      scales.push_back(std::make_unique<DeviceBuffer>(q.back().scales.size() * 2));
+      Upload(*codes.back(), q.back().packed);
+      Upload(*scales.back(), q.back().scales);
+    } else {
+      f.push_back(RandomFp8(n, k, 620 + static_cast<uint32_t>(i)));
+      codes.push_back(std::make_unique<DeviceBuffer>(f.back().codes.size()));
+      scales.push_back(std::make_unique<DeviceBuffer>(f.back().scales.size() * 4));
+      Upload(*codes.back(), f.back().codes);
+      Upload(*scales.back(), f.back().scales);
+    }
+    code_ptrs[i] = codes.back()->ptr;
+    scale_ptrs[i] = scales.back()->ptr;
+  }
+  std::vector<int32_t> rows(items);
+  for (int64_t i = 0; i < items; ++i) rows[i] = static_cast<int32_t>(1 + i % m);
+  // Pair (t, j) reads output row slot_of[t * top_k + j]: row j % rows of item (t + 2 j) % count.
+  std::vector<int32_t> slot_of(tokens * top_k), ids(tokens * top_k);
+  std::vector<float> weights(tokens * top_k);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t item = (t + 2 * j) % count;
+      slot_of[t * top_k + j] = static_cast<int32_t>(item * m + j % rows[item]);
+      ids[t * top_k + j] = static_cast<int32_t>((t + j) % num_experts);
+      weights[t * top_k + j] = normal(rng);
+    }
+  }
+  ids[1 * top_k + 1] = static_cast<int32_t>(num_experts);  // token 1: a bad id, its row kept
+  std::vector<float> out0(static_cast<size_t>(tokens * n));
+  for (float& v : out0) v = normal(rng);
+  const int64_t tiles = (n + 15) / 16;
+  DeviceBuffer a_dev(gate_up.size() * 4), c_dev(static_cast<size_t>(items * m * n) * 4), code_table(items * 8),
+      scale_table(items * 8), count_dev(4), rows_dev(items * 4), counters(tiles * 4), slot_dev(slot_of.size() * 4),
+      ids_dev(ids.size() * 4), weights_dev(weights.size() * 4), out_dev(out0.size() * 4);
+  Upload(a_dev, gate_up);
+  Upload(c_dev, std::vector<float>(static_cast<size_t>(items * m * n), -7.0f));
+  Upload(code_table, code_ptrs);
+  Upload(scale_table, scale_ptrs);
+  Upload(count_dev, std::vector<int32_t>{static_cast<int32_t>(count)});
+  Upload(rows_dev, rows);
+  Upload(counters, std::vector<int32_t>(tiles, 0));
+  Upload(slot_dev, slot_of);
+  Upload(ids_dev, ids);
+  Upload(weights_dev, weights);
+  Upload(out_dev, out0);
+  QuantGemvItems list;
+  list.codes = code_table.as<const void* const>();
+  list.scales = scale_table.as<const void* const>();
+  list.count = count_dev.as<int32_t>();
+  list.rows = rows_dev.as<int32_t>();
+  list.silu_up_offset = m * k;
+  list.combine.counters = counters.as<int32_t>();
+  list.combine.row_ld = n;
+  list.combine.ids = ids_dev.as<int32_t>();
+  list.combine.ids_stride = top_k;
+  list.combine.weights = weights_dev.as<float>();
+  list.combine.weights_stride = top_k;
+  list.combine.slot_of = slot_dev.as<int32_t>();
+  list.combine.out = out_dev.as<float>();
+  list.combine.out_stride = n;
+  list.combine.tokens = static_cast<int>(tokens);
+  list.combine.top_k = static_cast<int>(top_k);
+  list.combine.num_experts = static_cast<int>(num_experts);
+  list.combine.accumulate = accumulate;
+  // Twice: the counters the first launch leaves must serve the second.
+  for (int launch = 0; launch < 2; ++launch) {
+    if (int4) {
+      Int4GroupWeights b;
+      b.ld = q[0].words();
+      b.scale_ld = q[0].groups();
+      b.group_size = 32;
+      ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * m * k, b, c_dev.as<float>(), n, m * n,
+                                           nullptr, list, items, m, n, k, 1.0f, 0.0f, true, nullptr),
+                cudaSuccess);
+    } else {
+      Fp8BlockWeights b;
+      b.ld = k;
+      b.scale_ld = f[0].scale_cols();
+      ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * m * k, b, c_dev.as<float>(), n, m * n,
+                                          nullptr, list, items, m, n, k, 1.0f, 0.0f, true, nullptr),
+                cudaSuccess);
+    }
+    if (launch == 0 && accumulate) Upload(out_dev, out0);  // the second launch accumulates into out0 again
+  }
+  const std::vector<float> c = Download<float>(c_dev, static_cast<size_t>(items * m * n));
+  for (int64_t item = 0; item < count; ++item) {
+    double diff = 0, scale = 1e-30;
+    for (int64_t r = 0; r < rows[item]; ++r) {
+      const float* g = gate_up.data() + (item * 2 * m + r) * k;
+      std::vector<float> act(k);
+      for (int64_t col = 0; col < k; ++col) {
+        act[col] = Bf16ToFloat(FloatToBf16(g[col] / (1.0f + std::exp(-g[col])) * g[col + m * k]));
+      }
+      for (int64_t o = 0; o < n; ++o) {
+        double want = 0;
+        for (int64_t col = 0; col < k; ++col) {
+          want += static_cast<double>(int4 ? q[item].Weight(o, col) : f[item].Weight(o, col)) * act[col];
+        }
+        const float got = c[(item * m + r) * n + o];
+        diff = std::max(diff, std::isnan(got) ? std::numeric_limits<double>::infinity() : std::fabs(got - want));
+        scale = std::max(scale, std::fabs(want));
+      }
+    }
+    EXPECT_LE(diff / scale, 1e-3) << "item " << item;
+  }
+  const std::vector<float> out = Download<float>(out_dev, out0.size());
+  double diff = 0, scale = 1e-30;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t o = 0; o < n; ++o) {
+      const float got = out[t * n + o];
+      if (t == 1) {
+        ASSERT_EQ(got, out0[t * n + o]) << "token 1 (a bad id) row written, column " << o;
+        continue;
+      }
+      float want = accumulate ? out0[t * n + o] : 0.0f;
+      for (int64_t j = 0; j < top_k; ++j) want += weights[t * top_k + j] * c[slot_of[t * top_k + j] * n + o];
+      diff = std::max(diff, std::isnan(got) ? std::numeric_limits<double>::infinity()
+                                            : static_cast<double>(std::fabs(got - want)));
+      scale = std::max(scale, static_cast<double>(std::fabs(want)));
+    }
+  }
+  EXPECT_LE(diff / scale, 1e-6) << "combined rows";
+  EXPECT_EQ(Download<int32_t>(counters, tiles), std::vector<int32_t>(tiles, 0)) << "counters left non-zero";
+}
+
+TEST_F(QuantGemvTest, GroupedGatedAndCombined) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  for (const bool int4 : {false, true}) {
+    for (const bool accumulate : {false, true}) {
+      CheckGatedCombined(int4, 16, 12, 9000, 256, accumulate);  // row-looped (GroupedRowLooped's shape)
+      CheckGatedCombined(int4, 3, 2, 200, 4096, accumulate);    // the K-split kernel
+    }
+    QuantGemvProblem problem;
+    problem.int4 = int4;
+    problem.batch = 3;
+    problem.m = 8;
+    problem.n = 200;
+    problem.k = 4096;
+    problem.a_bytes = 2;
+    problem.weight_bytes = 3.0 * 200 * (int4 ? 4096 / 2 + 4096 / 16 : 4096);
+    const QuantGemvPlan plan = ChooseQuantGemvPlan(problem, sms);
+    EXPECT_EQ(plan.row_loops, 0) << (int4 ? "int4" : "fp8");
+    if (sms <= 200) EXPECT_GT(plan.split, 1) << (int4 ? "int4: no cluster" : "fp8: no cluster");
+  }
+}
+
 // ---- Every path of the kernel (explicit plans, quant_gemv_plan.h) ----------------------------------
 //
 // The planner picks one plan per shape and device; these run each path of the kernel whatever it
