@@ -596,7 +596,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
   down.count = ws.num_jobs;
   down.rows = ws.down_rows;
   down.combine = combine;
-  if (shape.fold_silu) {
+  if (shape.fold_silu && round.job_pairs == 1) {
     // Job j's gate rows (item 2j of the gate-up product) start 2 kJobPairs rows of inter after job
     // j - 1's, its up rows (item 2j + 1) kJobPairs rows after them.
     down.silu_up_offset = kQuantMoeJobPairs * inter;
@@ -746,10 +746,10 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       }
     }
     if (hidden == 0) continue;
-    // Step 4 folded into the down GEMV (grouped path only): its last block of each tile of hidden
-    // rows writes the tile's rows of out.
+    // Step 4 folded into the down GEMV (grouped path, rounds of one token: QuantMoeShape::
+    // fold_combine): its last block of each tile of hidden rows writes the tile's rows of out.
     QuantGemvCombine combine;
-    if (grouped && shape.fold_combine) {
+    if (grouped && shape.fold_combine && job_pairs == 1) {
       combine.counters = ws.counters;
       combine.row_ld = hidden;
       combine.ids = ids;

@@ -22,8 +22,9 @@
 //     bf16(silu(gate) * up) per pair row, then one grouped GEMV of down over the jobs' act slots: y
 //     per pair row (slot rows past a job's pairs are never written or read); the grids are sized
 //     for the most jobs a round can have and the blocks of jobs past the device job count exit at
-//     once; by default (QuantMoeShape::fold_silu, fold_combine) act is computed where the down GEMV
-//     stages its activations, and step 4 below is the down GEMV's epilogue (QuantGemvCombine);
+//     once; at decode by default (QuantMoeShape::fold_silu, fold_combine) act is computed where the
+//     down GEMV stages its activations, and step 4 below is the down GEMV's epilogue
+//     (QuantGemvCombine);
 //  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
@@ -133,11 +134,14 @@ struct QuantMoeShape {
   // itself, one launch fewer; false: by the grouping kernel, as larger rounds are (the same
   // grouping and the same bits: the reference the tests hold the fold to).
   bool fold_grouping = true;
-  // On the grouped path: SiLU-mul computed where the down GEMV stages its activations
-  // (QuantGemvItems::silu_up_offset) rather than by a kernel of its own, and step 4 done by the down
-  // GEMV's last block of each tile of hidden rows (QuantGemvCombine) rather than by the combine
-  // kernel: two launches fewer per round, the same bits (false: the kernels, the reference the
-  // tests hold the folds to).
+  // On the grouped path, in rounds of one token (decode: jobs of one pair, QuantMoeJobPairsFor):
+  // SiLU-mul computed where the down GEMV stages its activations (QuantGemvItems::silu_up_offset)
+  // rather than by a kernel of its own, and step 4 done by the down GEMV's last block of each tile
+  // of hidden rows (QuantGemvCombine) rather than by the combine kernel: two launches fewer, the
+  // same bits (false: the kernels, the reference the tests hold the folds to). Larger rounds keep
+  // the kernels: the down GEMV's blocks would each repeat the SiLU of their job's rows, and one
+  // block per tile would combine every token's rows of it, both slower than the kernels they
+  // replace from two tokens on (benchmarks/NOTES.md).
   bool fold_silu = true;
   bool fold_combine = true;
 };

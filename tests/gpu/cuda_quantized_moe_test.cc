@@ -12,7 +12,7 @@
 //  - the folds (the default) bit for bit equal to the kernels they replace (CudaBackendOptions::
 //    quant_moe_fold_grouping, _fold_silu and _fold_combine off): the grouping in the slots kernel
 //    (calls of up to kQuantMoeFoldPairs pairs), SiLU-mul in the down product's staging and the
-//    combine in its last blocks (every grouped call), at the V3 (with the shared expert) and K2 rank
+//    combine in its last blocks (calls of one token), at the V3 (with the shared expert) and K2 rank
 //    shapes: 1, 2, 4, 8 tokens and the largest folded call, experts of several jobs, accumulate on
 //    and off, bad ids, a call of no jobs, and the first call again after the others;
 //  - a bad id reported by Synchronize naming the token, whose out row is kept; INT4 f32 scales
@@ -527,6 +527,22 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
       const Tensor got = Call(*gpu_, d_x, d_ids, d_weights, d_views, 5.0f, sync);
       EXPECT_THAT(std::string(sync.message()), HasSubstr("token 0"));
       for (int64_t h = 0; h < kRankHidden; ++h) ASSERT_EQ(got.data_as<float>()[h], 5.0f) << "column " << h;
+    }
+    // One token with one bad id among good ones (a decode step): its good pairs make jobs, whose
+    // down product runs; the folded combine must still keep the token's row, as the kernel does.
+    {
+      Tensor ids, weights;
+      Routing(1, routed, shared, false, 10, ids, weights);
+      ids.data_as<int32_t>()[2] = static_cast<int32_t>(num_experts);
+      const Tensor d_x = Upload(Random(Shape{1, kRankHidden}, 10)), d_ids = Upload(ids);
+      const Tensor d_weights = Upload(weights);
+      for (const bool fold : {true, false}) {
+        SCOPED_TRACE(fold ? "folded" : "kernels");
+        absl::Status sync;
+        const Tensor got = Call(fold ? *gpu_ : *separate_, d_x, d_ids, d_weights, d_views, 5.0f, sync, fold);
+        EXPECT_THAT(std::string(sync.message()), HasSubstr("token 0"));
+        for (int64_t h = 0; h < kRankHidden; ++h) ASSERT_EQ(got.data_as<float>()[h], 5.0f) << "column " << h;
+      }
     }
     // The first call again: the same bits (nothing left over from the calls between).
     ExpectBitwiseEqual(check(1, false), first, "the first call again");

@@ -74,10 +74,11 @@ struct CudaBackendOptions {
   // the kernel that stages the experts' inputs rather than in a kernel of its own: one launch fewer
   // per MoE layer. Results are the same bits; off: the grouping kernel for every call.
   bool quant_moe_fold_grouping = true;
-  // On that path, SiLU-mul is computed where the down product stages its activations, and the
-  // experts' outputs are combined into each token's row by the down product's last block of each
-  // tile of rows, instead of by two kernels of their own: two launches fewer per MoE layer. Results
-  // are the same bits; off: the kernels (the reference the tests hold the folds to).
+  // On that path, in calls of one token (decode), SiLU-mul is computed where the down product stages
+  // its activations, and the experts' outputs are combined into the token's row by the down
+  // product's last block of each tile of rows, instead of by two kernels of their own: two launches
+  // fewer per MoE layer (larger calls keep the kernels, faster there). Results are the same bits;
+  // off: the kernels (the reference the tests hold the folds to).
   bool quant_moe_fold_silu = true;
   bool quant_moe_fold_combine = true;
   // Latent attention calls (LatentAttention, BatchedLatentAttention) that split their keys merge the
