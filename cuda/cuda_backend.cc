@@ -155,6 +155,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   auto state = std::make_unique<State>();
   state->options = options;
   state->allocator = DeviceAllocator(options.device);
+  if (options.weight_arena_chunk_bytes > 0) {
+    absl::StatusOr<std::unique_ptr<ChunkArena>> arena =
+        ChunkArena::Create(state->allocator, {.chunk_bytes = options.weight_arena_chunk_bytes});
+    if (!arena.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaBackend: weight_arena_chunk_bytes (",
+                                                     options.weight_arena_chunk_bytes, "; 0 turns the arena off): ",
+                                                     arena.status().message()));
+    }
+    state->weight_arena = std::move(*arena);
+  }
   // The backend owns each resource as soon as it exists: on a failure below, its destructor
   // releases what was created.
   std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(state)));
@@ -224,6 +234,11 @@ const CudaBackendOptions& CudaBackend::options() const { return state_->options;
 Device CudaBackend::device() const { return Device::Cuda(state_->options.device); }
 
 Allocator& CudaBackend::allocator() { return state_->allocator; }
+
+Allocator& CudaBackend::weight_allocator() {
+  if (state_->weight_arena == nullptr) return state_->allocator;
+  return *state_->weight_arena;
+}
 
 Allocator& CudaBackend::staging_allocator() { return state_->pinned; }
 

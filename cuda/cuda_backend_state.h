@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core_ops.h"
+#include "eagle3/chunk_arena.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/cuda/pinned_host_allocator.h"
@@ -67,6 +68,10 @@ struct CudaBackend::State {
   // by Synchronize(), which turns it into a Status naming the op.
   int* error_flag = nullptr;
   DeviceAllocator allocator{0};
+  // Backend::weight_allocator(): chunks from `allocator`, declared after it so that it is destroyed
+  // first. Every weight tensor has been freed by then (models must not outlive the backend), and
+  // with it every chunk. Null when options.weight_arena_chunk_bytes is 0.
+  std::unique_ptr<ChunkArena> weight_arena;
   PinnedHostAllocator pinned;  // Backend::staging_allocator()
   // Copy's path for large transfers from pageable host memory (weights at load); its buffers come
   // from `pinned`, declared before it so that they are freed first.

@@ -62,8 +62,12 @@ class LlamaDraftLayer final : public DraftLayer {
 
  private:
   // This rank's shard of `spec`, read straight into `dtype` (weight_dtype for Gemm weights and the
-  // embedding, f32 for norms and fc.bias).
-  absl::StatusOr<Tensor> LoadShard(const Checkpoint& from, const WeightSpec& spec, DType dtype) const;
+  // embedding, f32 for norms and fc.bias), on the device in weight memory (Backend::weight_allocator:
+  // one device allocation per chunk of it instead of one per tensor); a `stack_part`, which
+  // LoadStacked copies into its stacked weight and frees, in Backend::allocator() instead (freed
+  // weight memory returns only with its whole chunk).
+  absl::StatusOr<Tensor> LoadShard(const Checkpoint& from, const WeightSpec& spec, DType dtype,
+                                   bool stack_part = false) const;
   // Rows of several shards stacked into one weight (merged q/k/v, gate/up: one Gemm each).
   absl::StatusOr<Tensor> LoadStacked(std::span<const WeightSpec* const> specs) const;
   absl::Status Attention(const DraftLayerStep& step) const;
@@ -103,11 +107,13 @@ void LlamaDraftLayer::AddBuffers(const std::string& tokens, const std::string& c
              {t, config_.fc_input_width() + 6 * hidden_ + 2 * q_width_ + 2 * kv_width_ + 3 * inter_}, 4);
 }
 
-absl::StatusOr<Tensor> LlamaDraftLayer::LoadShard(const Checkpoint& from, const WeightSpec& spec, DType dtype) const {
+absl::StatusOr<Tensor> LlamaDraftLayer::LoadShard(const Checkpoint& from, const WeightSpec& spec, DType dtype,
+                                                  bool stack_part) const {
   const DraftModelOptions& o = rank_.options;
   EAGLE3_ASSIGN_OR_RETURN(Tensor host, from.ReadShard(spec.name, spec.ForRank(o.tp_size, o.rank), dtype));
   if (rank_.backend->device().is_cpu()) return host;
-  EAGLE3_ASSIGN_OR_RETURN(Tensor device, rank_.Alloc(host.dtype(), host.shape()));
+  Allocator& memory = stack_part ? rank_.backend->allocator() : rank_.backend->weight_allocator();
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), memory));
   EAGLE3_RETURN_IF_ERROR(rank_.backend->Copy(host, device));
   return device;
 }
@@ -116,11 +122,12 @@ absl::StatusOr<Tensor> LlamaDraftLayer::LoadStacked(std::span<const WeightSpec* 
   std::vector<Tensor> parts;
   int64_t rows = 0;
   for (const WeightSpec* spec : specs) {
-    EAGLE3_ASSIGN_OR_RETURN(Tensor part, LoadShard(*checkpoint_, *spec, rank_.weight_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(Tensor part, LoadShard(*checkpoint_, *spec, rank_.weight_dtype, /*stack_part=*/true));
     rows += part.dim(0);
     parts.push_back(std::move(part));
   }
-  EAGLE3_ASSIGN_OR_RETURN(Tensor merged, rank_.Alloc(rank_.weight_dtype, Shape{rows, parts.front().dim(1)}));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(rank_.weight_dtype, Shape{rows, parts.front().dim(1)},
+                                                       rank_.backend->weight_allocator()));
   int64_t row = 0;
   for (const Tensor& part : parts) {
     EAGLE3_RETURN_IF_ERROR(rank_.backend->Copy(part, Rows(merged, row, part.dim(0))));

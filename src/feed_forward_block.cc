@@ -2,13 +2,32 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "view_slices.h"
 #include "absl/strings/str_cat.h"
 #include "eagle3/status.h"
 
 namespace eagle3 {
+namespace {
+
+// One expert's gate, up and down weights (specs[next], [next + 1], [next + 2]). The caller stacks
+// gate and up where they are dense and frees them, so those come from the backend's allocator()
+// (WeightLoader::StackPart::kIfDense); quantized, they are kept.
+absl::StatusOr<std::vector<LinearWeight>> LoadExpertParts(std::span<const WeightSpec> specs, size_t next,
+                                                          DType weight_dtype, WeightLoader& loader) {
+  std::vector<LinearWeight> parts;
+  for (size_t i = next; i < next + 3; ++i) {
+    const auto stack_part = i < next + 2 ? WeightLoader::StackPart::kIfDense : WeightLoader::StackPart::kNo;
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, stack_part));
+    parts.push_back(std::move(w));
+  }
+  return parts;
+}
+
+}  // namespace
 
 FeedForwardConfig FeedForwardConfig::ForTargetLayer(const DeepseekV2Config& config, int64_t layer) {
   FeedForwardConfig f;
@@ -111,11 +130,7 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
     EAGLE3_ASSIGN_OR_RETURN(b.correction_bias_, loader.Load(specs[next++], DType::kF32));
   }
   for (int64_t e = 0; e < config.n_routed_experts; ++e, next += 3) {
-    std::vector<LinearWeight> parts;
-    for (size_t i = next; i < next + 3; ++i) {
-      EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype));
-      parts.push_back(std::move(w));
-    }
+    EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> parts, LoadExpertParts(specs, next, weight_dtype, loader));
     const bool quantized = parts[0].quantized();
     if (parts[1].quantized() != quantized || parts[2].quantized() != quantized ||
         (e > 0 && quantized == b.quantized_experts_.empty())) {
@@ -169,11 +184,10 @@ absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::
   // One shared expert beside quantized routed ones: gate, up and down read apart, so that where
   // they are quantized like the routed experts (DeepSeek-V3 / R1, Kimi-K2-Instruct FP8) they can
   // also serve as one more routed expert (Forward).
-  std::vector<LinearWeight> parts;
-  for (size_t i = next; i < next + 3; ++i) {
-    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype));
-    parts.push_back(std::move(w));
-  }
+  // Quantized gate and up are kept where the shared expert joins the routed ones; where it does not
+  // (quantized unlike them) they are freed after the stack below, and their bytes stay unused in the
+  // weight memory until the model is freed.
+  EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> parts, LoadExpertParts(specs, next, weight_dtype, loader));
   if (parts[0].quantized() && parts[1].quantized() && parts[2].quantized()) {
     const QuantizedExpertWeights shared{parts[0].quantized_view(), parts[1].quantized_view(),
                                         parts[2].quantized_view()};

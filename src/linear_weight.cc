@@ -37,19 +37,22 @@ bool AllBf16(const Tensor& scales) {
 // Elements per 16 bytes of a codes row: the GEMV kernels load 16-byte chunks of every row.
 int64_t RowAlignment(DType codes_dtype) { return 16 / static_cast<int64_t>(DTypeSize(codes_dtype)); }
 
-// `host` [rows, cols] in new memory of `backend`, each row starting `align` elements after the last.
-absl::StatusOr<Tensor> UploadPadded(Backend& backend, const Tensor& host, int64_t align, TensorView* view) {
+// `host` [rows, cols] in new memory of `device_allocator` (on `backend`'s device), each row starting
+// `align` elements after the last.
+absl::StatusOr<Tensor> UploadPadded(Backend& backend, Allocator& device_allocator, const Tensor& host, int64_t align,
+                                    TensorView* view) {
   const int64_t rows = host.dim(0), cols = host.dim(1);
   const int64_t ld = (cols + align - 1) / align * align;
-  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), Shape{rows, ld}, backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), Shape{rows, ld}, device_allocator));
   *view = TensorView(device.data(), host.dtype(), Shape{rows, cols}, Shape{ld, 1}, device.device());
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host, *view));
   return device;
 }
 
-// `host`'s tensors on `backend`'s device (the tensors themselves on a host backend), INT4 scales
-// converted to bf16 in memory of `host_allocator` first.
-absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host, Allocator& host_allocator) {
+// `host`'s tensors on `backend`'s device in memory of `device_allocator` (the tensors themselves on a
+// host backend), INT4 scales converted to bf16 in memory of `host_allocator` first.
+absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host, Allocator& host_allocator,
+                                           Allocator& device_allocator) {
   if (host.view.format == WeightFormat::kInt4Group) {
     EAGLE3_ASSIGN_OR_RETURN(Tensor bf16, Tensor::Empty(DType::kBF16, host.scales.shape(), host_allocator));
     EAGLE3_RETURN_IF_ERROR(ConvertTensor(host.scales, bf16));
@@ -60,9 +63,9 @@ absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host
     view.scales = host.scales.view();
     return LinearWeight(std::move(host.codes), std::move(host.scales), view);
   }
-  EAGLE3_ASSIGN_OR_RETURN(Tensor codes,
-                          UploadPadded(backend, host.codes, RowAlignment(host.codes.dtype()), &view.codes));
-  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, UploadPadded(backend, device_allocator, host.codes,
+                                                     RowAlignment(host.codes.dtype()), &view.codes));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), device_allocator));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host.scales, scales));
   view.scales = scales.view();
   // No synchronize: Copy has read pageable host tensors when it returns, and an UploadRing holds its
@@ -76,10 +79,10 @@ absl::Status PlacingError(const std::string& name, const absl::Status& error) {
   return absl::Status(error.code(), absl::StrCat("loading weight '", name, "' onto the device: ", error.message()));
 }
 
-// A device copy of `host` (freed by the caller at once: Backend::Copy allows it, and an UploadRing
-// holds its memory back until the copy is done).
-absl::StatusOr<Tensor> Upload(Backend& backend, const Tensor& host) {
-  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend.allocator()));
+// A device copy of `host` in memory of `device_allocator` (`host` freed by the caller at once:
+// Backend::Copy allows it, and an UploadRing holds its memory back until the copy is done).
+absl::StatusOr<Tensor> Upload(Backend& backend, Allocator& device_allocator, const Tensor& host) {
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), device_allocator));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host, device));
   return device;
 }
@@ -104,7 +107,8 @@ absl::StatusOr<LinearWeight> StackDense(Backend& backend, std::span<const Linear
   const Tensor& first = parts.front().dense_tensor();
   int64_t rows = 0;
   for (const LinearWeight& p : parts) rows += p.rows();
-  EAGLE3_ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(first.dtype(), Shape{rows, first.dim(1)}, backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor merged,
+                          Tensor::Empty(first.dtype(), Shape{rows, first.dim(1)}, backend.weight_allocator()));
   int64_t row = 0;
   for (const LinearWeight& p : parts) {
     EAGLE3_RETURN_IF_ERROR(backend.Copy(p.dense_tensor(), Rows(merged, row, p.rows())));
@@ -122,9 +126,10 @@ absl::StatusOr<LinearWeight> StackQuantized(Backend& backend, std::span<const Li
   }
   // Codes rows keep the parts' row stride (its 16-byte padding on a device).
   const int64_t ld = first.codes.stride(0);
-  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, Tensor::Empty(first.codes.dtype(), Shape{rows, ld}, backend.allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes,
+                          Tensor::Empty(first.codes.dtype(), Shape{rows, ld}, backend.weight_allocator()));
   EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(first.scales.dtype(), Shape{scale_rows, first.scales.dim(1)},
-                                                       backend.allocator()));
+                                                       backend.weight_allocator()));
   int64_t row = 0, scale_row = 0;
   for (const LinearWeight& p : parts) {
     const QuantizedWeightView& v = p.quantized_view();
@@ -203,6 +208,11 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
   // On a host backend the host tensors are the weights: never ring memory.
   UploadRing* const ring = backend.device().is_cpu() ? nullptr : load.upload_ring;
   Allocator& host_allocator = ring != nullptr ? *ring : DefaultHostAllocator();
+  // Weights kept as long as their model come from the backend's weight memory: one device
+  // allocation per chunk of it instead of one per tensor (Backend::weight_allocator).
+  Allocator& dense_allocator = load.dense_allocator != nullptr ? *load.dense_allocator : backend.weight_allocator();
+  Allocator& quantized_allocator =
+      load.quantized_allocator != nullptr ? *load.quantized_allocator : backend.weight_allocator();
   ++stats.tensors;
   if (form != StoredForm::kPlain && load.keep_quantized.value_or(backend.keeps_quantized(FormatOf(form)))) {
     const HostReadTimer read(ring);
@@ -212,7 +222,7 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
     if (form == StoredForm::kFp8Block || AllBf16(host.scales)) {
       stats.host_bytes += static_cast<int64_t>(host.codes.nbytes() + host.scales.nbytes());
       const Clock::time_point start = Clock::now();
-      absl::StatusOr<LinearWeight> loaded = LoadQuantized(backend, std::move(host), host_allocator);
+      absl::StatusOr<LinearWeight> loaded = LoadQuantized(backend, std::move(host), host_allocator, quantized_allocator);
       stats.device_seconds += since(start);
       if (!loaded.ok()) return PlacingError(spec.name, loaded.status());
       return loaded;
@@ -225,7 +235,7 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
   stats.host_bytes += static_cast<int64_t>(host.nbytes());
   if (backend.device().is_cpu()) return LinearWeight(std::move(host));
   const Clock::time_point start = Clock::now();
-  absl::StatusOr<Tensor> device = Upload(backend, host);
+  absl::StatusOr<Tensor> device = Upload(backend, dense_allocator, host);
   stats.device_seconds += since(start);
   if (!device.ok()) return PlacingError(spec.name, device.status());
   return LinearWeight(std::move(*device));

@@ -78,7 +78,9 @@ class LinearWeight {
 //    at TP <= 8).
 // Otherwise std::nullopt: the caller applies the parts one by one (same results: each output column
 // is one part's row, computed alike). `parts` is not modified; the copies are done when this returns,
-// so the caller may free the parts at once.
+// so the caller may free the parts at once. The stacked weight is kept as long as its model:
+// backend.weight_allocator() memory; parts loaded only to be stacked belong in backend.allocator()
+// (LinearWeightLoad::dense_allocator).
 absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts);
 
 // How LoadLinearWeight stores a weight.
@@ -93,6 +95,12 @@ struct LinearWeightLoad {
   // Backend::CreateUploadRing); nullptr: plain host memory. Unused on a host backend, whose host
   // tensors are the weights.
   UploadRing* upload_ring = nullptr;
+  // Device memory for the weight loaded dense / kept quantized; nullptr: backend.weight_allocator(),
+  // for a weight kept as long as its model. A caller that copies the weight into a stacked one and
+  // frees it (StackLinearWeights) passes backend.allocator() for the forms it stacks: freed weight
+  // memory returns only with its whole chunk (Backend::weight_allocator).
+  Allocator* dense_allocator = nullptr;
+  Allocator* quantized_allocator = nullptr;
 };
 
 // The `shard` slice of `spec`, stored as `form` under `quantization` (run CheckStoredWeight first),

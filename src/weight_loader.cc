@@ -92,7 +92,7 @@ absl::StatusOr<DType> WeightLoader::StoredDtype(const WeightSpec& spec) const {
 absl::StatusOr<Tensor> WeightLoader::ToDevice(Tensor host) {
   if (backend_->device().is_cpu()) return host;
   const auto start = std::chrono::steady_clock::now();
-  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend_->allocator()));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor device, Tensor::Empty(host.dtype(), host.shape(), backend_->weight_allocator()));
   EAGLE3_RETURN_IF_ERROR(backend_->Copy(host, device));
   if (stats_ != nullptr) {
     stats_->device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -119,7 +119,8 @@ absl::StatusOr<Tensor> WeightLoader::Load(std::string_view name, DType dtype) {
   return Load(spec, dtype);
 }
 
-absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DType dense_dtype) {
+absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DType dense_dtype,
+                                                      StackPart stack_part) {
   EAGLE3_ASSIGN_OR_RETURN(const size_t i, Find(spec));
   if (checks_ == Checks::kEachRead) {
     EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
@@ -130,6 +131,8 @@ absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DT
   load.keep_quantized = keep_quantized_;
   load.stats = stats_;
   load.upload_ring = ring;
+  if (stack_part != StackPart::kNo) load.dense_allocator = &backend_->allocator();
+  if (stack_part == StackPart::kYes) load.quantized_allocator = &backend_->allocator();
   return LoadLinearWeight(*backend_, *checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), load);
 }
 
@@ -138,7 +141,7 @@ absl::StatusOr<std::vector<LinearWeight>> WeightLoader::LoadStackedLinear(std::s
   if (specs.empty()) return absl::InternalError("WeightLoader::LoadStackedLinear: no tensors to stack");
   std::vector<LinearWeight> parts;
   for (const WeightSpec& spec : specs) {
-    EAGLE3_ASSIGN_OR_RETURN(LinearWeight part, LoadLinear(spec, dense_dtype));
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight part, LoadLinear(spec, dense_dtype, StackPart::kYes));
     if (!parts.empty() && part.cols() != parts.front().cols()) {
       return absl::InternalError("WeightLoader::LoadStackedLinear: '" + spec.name + "' has " +
                                  std::to_string(part.cols()) + " columns, '" + specs.front().name + "' " +

@@ -70,15 +70,26 @@ class WeightLoader {
   absl::StatusOr<Tensor> Load(const WeightSpec& spec, DType dtype);
   // Load of the schema's tensor named `name`.
   absl::StatusOr<Tensor> Load(std::string_view name, DType dtype);
-  // A host tensor on the backend's device (the tensor itself on a host backend).
+  // A host tensor on the backend's device (the tensor itself on a host backend), in weight memory
+  // (Backend::weight_allocator): for a tensor kept as long as the model.
   absl::StatusOr<Tensor> ToDevice(Tensor host);
 
+  // Whether a linear weight is a part the caller copies into a stacked weight (StackLinearWeights)
+  // and then frees. Such parts come from Backend::allocator() rather than the weight memory, whose
+  // freed pieces return only with their whole chunk (Backend::weight_allocator).
+  enum class StackPart {
+    kNo,       // kept as long as the model in either form
+    kIfDense,  // stacked when loaded dense, kept when kept quantized (a routed expert's gate / up)
+    kYes,      // stacked in either form
+  };
   // A Linear layer's weight (Gemm's b): this rank's shard of `spec`, kept quantized when the
   // checkpoint stores it so and keep_quantized() says to (LoadLinearWeight), else dense in
   // `dense_dtype`. Checks as ReadHost.
-  absl::StatusOr<LinearWeight> LoadLinear(const WeightSpec& spec, DType dense_dtype);
+  absl::StatusOr<LinearWeight> LoadLinear(const WeightSpec& spec, DType dense_dtype,
+                                          StackPart stack_part = StackPart::kNo);
   // The shards of `specs` as one weight stacked by rows when StackLinearWeights can stack them (one
-  // element), else each alone (in order). Every spec has the same column count.
+  // element), else each alone (in order). Every spec has the same column count. The parts are
+  // loaded as StackPart::kYes, so where they cannot be stacked they stay in Backend::allocator().
   absl::StatusOr<std::vector<LinearWeight>> LoadStackedLinear(std::span<const WeightSpec> specs, DType dense_dtype);
 
   // Whether LoadLinear keeps quantized weights so; unset: when the backend streams the format

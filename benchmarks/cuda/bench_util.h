@@ -99,6 +99,12 @@ inline cuda::CudaBackend* Backend() {
     if (ring != nullptr && ring[0] != '\0') {
       options.upload_ring_bytes = static_cast<size_t>(std::strtoull(ring, nullptr, 10)) << 20;
     }
+    // EAGLE3_BENCH_WEIGHT_ARENA_MIB=N: weight tensors from device chunks of N MiB
+    // (CudaBackendOptions::weight_arena_chunk_bytes; 0: no arena, a cudaMalloc per tensor).
+    const char* arena = std::getenv("EAGLE3_BENCH_WEIGHT_ARENA_MIB");
+    if (arena != nullptr && arena[0] != '\0') {
+      options.weight_arena_chunk_bytes = static_cast<size_t>(std::strtoull(arena, nullptr, 10)) << 20;
+    }
     auto b = cuda::CudaBackend::Create(options);
     if (b.ok()) {
       out = std::move(*b);

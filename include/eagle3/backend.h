@@ -135,6 +135,13 @@ class EAGLE3_API Backend {
   virtual DType preferred_weight_dtype() const { return DType::kF32; }
   // Allocates memory on device() for callers that size their buffers at init.
   virtual Allocator& allocator() = 0;
+  // Memory on device() for tensors kept as long as the backend's models' weights: allocated at load,
+  // freed with their model (which must not outlive the backend). A backend may suballocate them from
+  // large chunks, one device allocation per chunk instead of one per tensor (CudaBackend: a
+  // ChunkArena, eagle3/chunk_arena.h); memory of such a tensor freed early then stays unused until
+  // the rest of its chunk is freed too, so buffers freed sooner (workspaces, staging, a part copied
+  // into a stacked weight and dropped) come from allocator(). Default: allocator().
+  virtual Allocator& weight_allocator() { return allocator(); }
   // Host memory for staging inputs and outputs of a step: Copy between it and device() memory is
   // the fastest host transfer the backend has, and a copy recorded into a CUDA graph reads it at
   // replay time (pinned memory on CUDA). Plain host memory by default.

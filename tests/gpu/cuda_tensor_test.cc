@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "convert.h"
@@ -49,6 +50,33 @@ TEST_F(CudaTensorTest, BadOrdinalAndOutOfMemoryAreStatuses) {
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
   // The failure is reported once, as that Status: a later launch must not see it as its own error.
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Allocating and freeing make the allocator's device current only for the call: every (current,
+// allocator) pair of visible devices leaves the caller's device current, and the memory is on the
+// allocator's device. With one device it is current already (nothing is switched).
+TEST_F(CudaTensorTest, AllocationKeepsTheCallersCurrentDevice) {
+  const int count = CudaDeviceCount();
+  for (int current = 0; current < count; ++current) {
+    for (int target = 0; target < count; ++target) {
+      SCOPED_TRACE("current cuda:" + std::to_string(current) + ", allocating on cuda:" + std::to_string(target));
+      ASSERT_EQ(cudaSetDevice(current), cudaSuccess);
+      DeviceAllocator allocator(target);
+      int now = -1;
+      {
+        auto t = Tensor::Empty(DType::kF32, Shape{16}, allocator);
+        ASSERT_TRUE(t.ok()) << t.status();
+        ASSERT_EQ(cudaGetDevice(&now), cudaSuccess);
+        EXPECT_EQ(now, current) << "after allocating";
+        cudaPointerAttributes attributes{};
+        ASSERT_EQ(cudaPointerGetAttributes(&attributes, t->data()), cudaSuccess);
+        EXPECT_EQ(attributes.device, target);
+      }
+      ASSERT_EQ(cudaGetDevice(&now), cudaSuccess);
+      EXPECT_EQ(now, current) << "after freeing";
+    }
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 // CPU ≡ CUDA: every bf16 bit pattern widens identically, and f32 -> bf16 rounds like the host.

@@ -2,7 +2,10 @@
 // enqueued from it): bitwise the same device tensors and logits as loads without a ring
 // (CudaBackendOptions::upload_ring_bytes = 0); a ring small enough that most tensors wrap it many
 // times and the larger ones fall back; uploads behind a stalled stream (the ring must wait for its
-// transfers before reusing memory); a load failing midway with transfers in flight.
+// transfers before reusing memory); a load failing midway with transfers in flight. And the same
+// for the weight arena the tensors are allocated from (CudaBackendOptions::weight_arena_chunk_bytes:
+// off, the default, and chunks so small that the fixtures span many and their largest tensors
+// bypass them), and the arena's options.
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "eagle3/checkpoint.h"
+#include "eagle3/chunk_arena.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/deepseek_v2_config.h"
@@ -44,6 +48,22 @@ struct RingCase {
 };
 constexpr RingCase kRings[] = {{0, "no ring"}, {16 << 10, "16 KiB ring"}, {cuda::CudaBackendOptions{}.upload_ring_bytes, "default ring"}};
 
+// The weight arenas compared: none (a cudaMalloc per tensor), the default, and 16 KiB chunks: the
+// fixtures' weights (under 1 MB a rank, so the default arena takes them in one chunk) then fill
+// many chunks, and their embedding and lm_head shards (25-44 KB, over half a chunk) bypass them.
+struct ArenaCase {
+  size_t chunk_bytes;
+  const char* name;
+};
+constexpr ArenaCase kArenas[] = {{0, "no arena"},
+                                 {cuda::CudaBackendOptions{}.weight_arena_chunk_bytes, "default arena"},
+                                 {16 << 10, "16 KiB arena"}};
+
+// The backend's weight arena; nullptr when it has none (weight_allocator() is allocator()).
+const ChunkArena* WeightArena(cuda::CudaBackend& backend) {
+  return dynamic_cast<const ChunkArena*>(&backend.weight_allocator());
+}
+
 class PinnedLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -59,6 +79,26 @@ std::vector<uint8_t> Bytes(cuda::CudaBackend& backend, const TensorView& device)
   EXPECT_TRUE(backend.Synchronize().ok());
   std::memcpy(out.data(), host.data(), out.size());
   return out;
+}
+
+// The first load's tensors become `want`; every later load's must be the same bytes.
+void ExpectSameAsFirst(std::vector<std::vector<uint8_t>>* want, std::vector<std::vector<uint8_t>> got) {
+  if (want->empty()) {
+    *want = std::move(got);
+    return;
+  }
+  ASSERT_EQ(got.size(), want->size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], (*want)[i]) << "tensor " << i;
+}
+
+// The first run's logits become `want`; every later run's must be the same bits.
+void ExpectSameLogitsAsFirst(std::vector<float>* want, std::vector<float> got) {
+  if (want->empty()) {
+    *want = std::move(got);
+    return;
+  }
+  ASSERT_EQ(got.size(), want->size());
+  EXPECT_EQ(std::memcmp(got.data(), want->data(), got.size() * sizeof(float)), 0);
 }
 
 TEST_F(PinnedLoadTest, RingSizeComesFromTheOptions) {
@@ -133,10 +173,14 @@ TEST_F(PinnedLoadTest, UploadsWrapTheRingBehindAStalledStream) {
 
 // Every device tensor of one rank's load, in schema order (a LinearWeight's dense tensor, or codes
 // and scales), as bytes; `extra` is appended to the schema (a tensor the checkpoint lacks makes the
-// load fail there, after every other has been enqueued). Returns the load's status.
-absl::Status LoadRank(const std::string& dir, size_t ring_bytes, int tp, int rank, std::optional<bool> keep_quantized,
-                      const std::optional<WeightSpec>& extra, std::vector<std::vector<uint8_t>>* out) {
-  EAGLE3_ASSIGN_OR_RETURN(auto backend, cuda::CudaBackend::Create({.upload_ring_bytes = ring_bytes}));
+// load fail there, after every other has been enqueued). Returns the load's status. `arena`, when
+// not null, receives the backend's weight arena's stats with every tensor loaded (before they are
+// freed) and `arena_after` after they are freed (both zero without an arena).
+absl::Status LoadRank(const std::string& dir, const cuda::CudaBackendOptions& options, int tp, int rank,
+                      std::optional<bool> keep_quantized, const std::optional<WeightSpec>& extra,
+                      std::vector<std::vector<uint8_t>>* out, ChunkArenaStats* arena = nullptr,
+                      ChunkArenaStats* arena_after = nullptr) {
+  EAGLE3_ASSIGN_OR_RETURN(auto backend, cuda::CudaBackend::Create(options));
   EAGLE3_ASSIGN_OR_RETURN(const DeepseekV2Config config, DeepseekV2Config::FromFile(dir));
   EAGLE3_ASSIGN_OR_RETURN(auto checkpoint, Checkpoint::Open(dir));
   std::vector<WeightSpec> specs = DeepseekV2Weights(config);
@@ -172,6 +216,11 @@ absl::Status LoadRank(const std::string& dir, size_t ring_bytes, int tp, int ran
     }
   }
   for (const Tensor& t : plain) out->push_back(Bytes(*backend, t.view()));
+  const ChunkArena* weight_arena = WeightArena(*backend);
+  if (arena != nullptr && weight_arena != nullptr) *arena = weight_arena->stats();
+  linear.clear();
+  plain.clear();
+  if (arena_after != nullptr && weight_arena != nullptr) *arena_after = weight_arena->stats();
   return status;
 }
 
@@ -184,15 +233,11 @@ TEST_F(PinnedLoadTest, LoadedTensorsAreBitwiseTheSameWithEveryRing) {
       for (const RingCase& ring : kRings) {
         SCOPED_TRACE(std::string(fixture) + ", " + ring.name + (keep.has_value() ? ", dequantized" : ", kept"));
         std::vector<std::vector<uint8_t>> got;
-        const absl::Status st = LoadRank(kGolden + fixture, ring.bytes, 2, 1, keep, std::nullopt, &got);
+        const absl::Status st =
+            LoadRank(kGolden + fixture, {.upload_ring_bytes = ring.bytes}, 2, 1, keep, std::nullopt, &got);
         ASSERT_TRUE(st.ok()) << st;
         ASSERT_FALSE(got.empty());
-        if (want.empty()) {
-          want = std::move(got);
-          continue;
-        }
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "tensor " << i;
+        ExpectSameAsFirst(&want, std::move(got));
       }
     }
   }
@@ -204,12 +249,12 @@ TEST_F(PinnedLoadTest, LoadedTensorsAreBitwiseTheSameWithEveryRing) {
 TEST_F(PinnedLoadTest, LoadFailingMidwayLeavesEarlierTransfersIntact) {
   const std::string dir = kGolden + "v3_fp8";
   std::vector<std::vector<uint8_t>> want;
-  ASSERT_TRUE(LoadRank(dir, 0, 1, 0, std::nullopt, std::nullopt, &want).ok());
+  ASSERT_TRUE(LoadRank(dir, {.upload_ring_bytes = 0}, 1, 0, std::nullopt, std::nullopt, &want).ok());
   const WeightSpec missing{.name = "model.layers.0.mlp.not_in_the_checkpoint.weight", .shape = Shape{8}};
   for (const RingCase& ring : kRings) {
     SCOPED_TRACE(ring.name);
     std::vector<std::vector<uint8_t>> got;
-    const absl::Status st = LoadRank(dir, ring.bytes, 1, 0, std::nullopt, missing, &got);
+    const absl::Status st = LoadRank(dir, {.upload_ring_bytes = ring.bytes}, 1, 0, std::nullopt, missing, &got);
     EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
     EXPECT_NE(st.message().find(missing.name), std::string::npos) << st;
     ASSERT_EQ(got.size(), want.size());
@@ -217,46 +262,161 @@ TEST_F(PinnedLoadTest, LoadFailingMidwayLeavesEarlierTransfersIntact) {
   }
 }
 
-// The whole target through TargetModel::Create (MlaBlock's host-converted W_UK, stacked inputs,
-// the MoE experts and shared expert, kept quantized): the same logits, bit for bit, with every ring.
+// Logits of `t` tokens through the whole target loaded by TargetModel::Create (MlaBlock's
+// host-converted W_UK, stacked inputs, the MoE experts and shared expert, kept quantized) on a
+// backend made with `options`.
+void TargetLogits(const std::string& dir, const cuda::CudaBackendOptions& options, std::vector<float>* logits) {
+  auto config = DeepseekV2Config::FromFile(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int64_t t = 9;
+  std::vector<int64_t> tokens(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) tokens[static_cast<size_t>(i)] = (7 * i + 3) % config->vocab_size;
+  auto backend = cuda::CudaBackend::Create(options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  TargetModelOptions o;
+  o.max_tokens_per_forward = t;
+  o.max_context_len = t;
+  o.page_size = 4;
+  o.num_kv_pages = (t + 3) / 4;
+  auto model = TargetModel::Create(dir, o, nullptr, backend->get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_GT((*model)->load_stats().tensors, 0);
+  std::vector<int32_t> pages(static_cast<size_t>(o.num_kv_pages));
+  for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
+  SequenceInput in;
+  in.tokens = tokens;
+  in.page_table = pages;
+  in.all_logits = true;
+  logits->assign(static_cast<size_t>(t * config->vocab_size), 0.0f);
+  ASSERT_TRUE((*model)
+                  ->Forward(std::span<const SequenceInput>(&in, 1),
+                            TensorView(logits->data(), DType::kF32, Shape{t, config->vocab_size}))
+                  .ok());
+  if (const ChunkArena* arena = WeightArena(**backend); arena != nullptr) {
+    EXPECT_GT(arena->stats().pieces, 0);  // the model's weights are in it
+  }
+}
+
+// The same logits, bit for bit, with every ring.
 TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithEveryRing) {
   for (const char* fixture : {"v3_fp8", "k25_int4"}) {
-    const std::string dir = kGolden + fixture;
-    auto config = DeepseekV2Config::FromFile(dir);
-    ASSERT_TRUE(config.ok()) << config.status();
-    const int64_t t = 9;
-    std::vector<int64_t> tokens(static_cast<size_t>(t));
-    for (int64_t i = 0; i < t; ++i) tokens[static_cast<size_t>(i)] = (7 * i + 3) % config->vocab_size;
     std::vector<float> want;
     for (const RingCase& ring : kRings) {
       SCOPED_TRACE(std::string(fixture) + ", " + ring.name);
-      auto backend = cuda::CudaBackend::Create({.upload_ring_bytes = ring.bytes});
-      ASSERT_TRUE(backend.ok()) << backend.status();
-      TargetModelOptions o;
-      o.max_tokens_per_forward = t;
-      o.max_context_len = t;
-      o.page_size = 4;
-      o.num_kv_pages = (t + 3) / 4;
-      auto model = TargetModel::Create(dir, o, nullptr, backend->get());
-      ASSERT_TRUE(model.ok()) << model.status();
-      EXPECT_GT((*model)->load_stats().tensors, 0);
-      std::vector<int32_t> pages(static_cast<size_t>(o.num_kv_pages));
-      for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
-      SequenceInput in;
-      in.tokens = tokens;
-      in.page_table = pages;
-      in.all_logits = true;
-      std::vector<float> logits(static_cast<size_t>(t * config->vocab_size));
-      ASSERT_TRUE((*model)
-                      ->Forward(std::span<const SequenceInput>(&in, 1),
-                                TensorView(logits.data(), DType::kF32, Shape{t, config->vocab_size}))
-                      .ok());
-      if (want.empty()) {
-        want = std::move(logits);
-        continue;
+      std::vector<float> logits;
+      ASSERT_NO_FATAL_FAILURE(TargetLogits(kGolden + fixture, {.upload_ring_bytes = ring.bytes}, &logits));
+      ExpectSameLogitsAsFirst(&want, std::move(logits));
+    }
+  }
+}
+
+TEST_F(PinnedLoadTest, WeightArenaComesFromTheOptions) {
+  auto off = cuda::CudaBackend::Create({.weight_arena_chunk_bytes = 0});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(&(*off)->weight_allocator(), &(*off)->allocator());
+  auto on = cuda::CudaBackend::Create();
+  ASSERT_TRUE(on.ok()) << on.status();
+  const ChunkArena* arena = WeightArena(**on);
+  ASSERT_NE(arena, nullptr);
+  EXPECT_EQ(arena->options().chunk_bytes, cuda::CudaBackendOptions{}.weight_arena_chunk_bytes);
+  EXPECT_EQ((*on)->weight_allocator().device(), (*on)->device());
+  {
+    Tensor t = *Tensor::Empty(DType::kU8, Shape{100}, (*on)->weight_allocator());
+    cudaPointerAttributes attributes{};
+    ASSERT_EQ(cudaPointerGetAttributes(&attributes, t.data()), cudaSuccess);
+    EXPECT_EQ(attributes.type, cudaMemoryTypeDevice);
+    EXPECT_EQ(attributes.device, 0);
+    EXPECT_EQ(arena->stats().chunks, 1);
+  }
+  EXPECT_EQ(arena->stats().chunks, 0);  // the chunk went back with its last tensor
+  auto bad = cuda::CudaBackend::Create({.weight_arena_chunk_bytes = 100});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("weight_arena_chunk_bytes (100"), std::string_view::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("at least max_alignment (256)"), std::string_view::npos) << bad.status();
+}
+
+// Per fixture, rank 1 of 2, kept quantized and dequantized at load: the same bytes with every
+// arena; the small one spans many chunks and sends the largest tensors around them, and every chunk
+// goes back once the tensors are freed.
+TEST_F(PinnedLoadTest, LoadedTensorsAreBitwiseTheSameWithEveryArena) {
+  for (const char* fixture : {"v3_fp8", "k25_int4", "v2lite_greedy"}) {
+    for (const std::optional<bool> keep : {std::optional<bool>(), std::optional<bool>(false)}) {
+      std::vector<std::vector<uint8_t>> want;
+      for (const ArenaCase& arena : kArenas) {
+        SCOPED_TRACE(std::string(fixture) + ", " + arena.name + (keep.has_value() ? ", dequantized" : ", kept"));
+        std::vector<std::vector<uint8_t>> got;
+        ChunkArenaStats loaded, freed;
+        const absl::Status st = LoadRank(kGolden + fixture, {.weight_arena_chunk_bytes = arena.chunk_bytes}, 2, 1,
+                                         keep, std::nullopt, &got, &loaded, &freed);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_FALSE(got.empty());
+        if (arena.chunk_bytes == (16 << 10)) {
+          EXPECT_GT(loaded.chunk_allocations, 3);
+          EXPECT_GT(loaded.direct, 0);
+        } else if (arena.chunk_bytes > 0) {
+          EXPECT_EQ(loaded.chunk_allocations, 1);
+          EXPECT_EQ(loaded.direct, 0);
+        }
+        EXPECT_EQ(freed.chunks, 0);
+        EXPECT_EQ(freed.direct, 0);
+        ExpectSameAsFirst(&want, std::move(got));
       }
-      ASSERT_EQ(logits.size(), want.size());
-      EXPECT_EQ(std::memcmp(logits.data(), want.data(), logits.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+// Parts loaded only to be stacked (WeightLoader::LoadStackedLinear) come from allocator() and are
+// freed after the stack: the arena holds the stacked weight alone. The fixture's FP8 q_a (48 rows,
+// not whole 128-row blocks) does not stack kept quantized: its parts then stay outside the arena,
+// where a weight loaded alone goes in.
+TEST_F(PinnedLoadTest, StackedPartsStayOutsideTheArena) {
+  const std::string dir = kGolden + "v3_fp8";
+  auto backend = cuda::CudaBackend::Create();
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const ChunkArena* arena = WeightArena(**backend);
+  ASSERT_NE(arena, nullptr);
+  auto config = DeepseekV2Config::FromFile(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const std::vector<WeightSpec> specs = DeepseekV2Weights(*config);
+  WeightLoader loader(**checkpoint, config->quantization, specs, StoredForms(*config, specs), 1, 0, **backend);
+  auto q_a = loader.Spec("model.layers.0.self_attn.q_a_proj.weight");
+  auto kv_a = loader.Spec("model.layers.0.self_attn.kv_a_proj_with_mqa.weight");
+  ASSERT_TRUE(q_a.ok() && kv_a.ok()) << q_a.status() << kv_a.status();
+  const WeightSpec pair[] = {*q_a, *kv_a};
+  {
+    loader.set_keep_quantized(false);
+    auto stacked = loader.LoadStackedLinear(pair, DType::kBF16);
+    ASSERT_TRUE(stacked.ok()) << stacked.status();
+    ASSERT_EQ(stacked->size(), 1u);
+    EXPECT_EQ(arena->stats().pieces, 1);
+  }
+  EXPECT_EQ(arena->stats().chunks, 0);
+  {
+    loader.set_keep_quantized(std::nullopt);
+    auto parts = loader.LoadStackedLinear(pair, DType::kBF16);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    ASSERT_EQ(parts->size(), 2u);
+    EXPECT_TRUE((*parts)[0].quantized());
+    EXPECT_EQ(arena->stats().pieces, 0);
+    auto alone = loader.LoadLinear(*q_a, DType::kBF16);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(arena->stats().pieces, 2);  // its codes and scales
+  }
+  ASSERT_TRUE((*backend)->Synchronize().ok());
+}
+
+// The whole target: the same logits, bit for bit, with every arena.
+TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithEveryArena) {
+  for (const char* fixture : {"v3_fp8", "k25_int4", "v2lite_greedy"}) {
+    std::vector<float> want;
+    for (const ArenaCase& arena : kArenas) {
+      SCOPED_TRACE(std::string(fixture) + ", " + arena.name);
+      std::vector<float> logits;
+      ASSERT_NO_FATAL_FAILURE(TargetLogits(kGolden + fixture, {.weight_arena_chunk_bytes = arena.chunk_bytes}, &logits));
+      ExpectSameLogitsAsFirst(&want, std::move(logits));
     }
   }
 }

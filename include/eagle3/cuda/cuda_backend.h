@@ -96,6 +96,14 @@ struct CudaBackendOptions {
   // DeepSeek-V3 / Kimi-K2 TP 8 rank but its embedding and lm_head shards, and for several in flight.
   // 0: no ring (every load reads into pageable memory, as before the ring).
   size_t upload_ring_bytes = size_t{64} << 20;
+  // Weight tensors (Backend::weight_allocator: every weight a model loads) are pieces of device
+  // chunks of this many bytes (a ChunkArena over the backend's device allocator,
+  // eagle3/chunk_arena.h): one cudaMalloc per chunk instead of one per tensor, two per quantized
+  // weight (codes and scales). A tensor larger than half a chunk gets a cudaMalloc of its own, and so
+  // does one the device has no room for a whole chunk for. Up to half a chunk may stay unused at the
+  // end of each chunk, and a chunk is freed only with the last of its tensors. At least 256; 0: no
+  // arena (weight_allocator() is allocator(), a cudaMalloc per tensor).
+  size_t weight_arena_chunk_bytes = size_t{256} << 20;
 };
 
 class EAGLE3_API CudaBackend final : public Backend {
@@ -112,6 +120,9 @@ class EAGLE3_API CudaBackend final : public Backend {
   // kBF16: weights stored in bf16 halve the bytes a decode step streams (fp32 accumulation).
   DType preferred_weight_dtype() const override { return DType::kBF16; }
   Allocator& allocator() override;
+  // The weight arena over allocator() (options().weight_arena_chunk_bytes), or allocator() when that
+  // is 0.
+  Allocator& weight_allocator() override;
   // Pinned host memory (PinnedHostAllocator).
   Allocator& staging_allocator() override;
   // options().upload_ring_bytes of pinned memory with CUDA events on stream() as fences; nullptr
