@@ -40,17 +40,6 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// ---- Bulk L2 prefetch ----------------------------------------------------------------------------
-
-// Asks the copy engine to bring global bytes [gmem, gmem + bytes) into L2 (sm_90: no registers, no
-// L1 miss tracking held by the thread); gmem 16-byte aligned, bytes a positive multiple of 16, the
-// range inside one allocation.
-__device__ __forceinline__ void PrefetchL2Bulk(const void* gmem, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-#endif
-}
-
 // ---- ldmatrix: 8x8 b16 matrices from shared memory into mma fragments --------------------------
 //
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j .. 8j+7 give the row addresses (16

@@ -28,10 +28,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "programmatic_launch.cuh"
@@ -92,7 +90,6 @@ struct Params {
   const int32_t* item_count;
   const int32_t* rows_items;  // per item: its activation rows (<= m), or nullptr: m each
   int64_t silu_up;            // > 0: gated f32 activations (QuantGemvItems::silu_up_offset)
-  int prefetch_steps;         // > 0: each warp's rows prefetched into L2 this many steps ahead (L2Ahead)
   QuantGemvCombine combine;   // counters non-null: the combine epilogue (QuantGemvCombine)
 };
 
@@ -138,20 +135,6 @@ struct LaneRows {
   const char* row[2];
   const uint16_t* scale_row[2];  // int4: the rows' group scales
 };
-
-// Steps [step0, step0 + steps) of the lane's two rows (c == 0 lanes only: lanes (g, 0) cover all 16
-// rows of a warp) brought into L2 by the copy engine, so that the ring's loads of them, issued later,
-// hit L2 rather than wait for HBM; the range clamped to the row's whole 16-byte pieces. A step's
-// bytes: 64 per row in both formats (64 fp8 codes, 128 int4 nibbles), from `first_byte` at step 0.
-__device__ __forceinline__ void L2Ahead(const LaneRows& rows, int c, int64_t first_byte, int step0, int steps,
-                                        int64_t row_bytes) {
-  if (c != 0 || steps <= 0) return;
-  const int64_t begin = max(int64_t{0}, first_byte + int64_t{64} * step0) & ~int64_t{15};
-  const int64_t end = min(row_bytes & ~int64_t{15}, first_byte + int64_t{64} * (step0 + steps));
-  if (end <= begin) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) PrefetchL2Bulk(rows.row[h] + begin, static_cast<unsigned>(end - begin));
-}
 
 // Bytes [col, col + 16) of a row as a chunk, zeros outside [0, k): the slow path of a chunk that a
 // slice's edge cuts (fp8's virtual columns before column 0, which take whole chunks, and the row's
@@ -207,9 +190,6 @@ struct StepActivations {
 // biases: e4m3 subnormals included, NaN codes reading as +-480.
 struct Fp8Format {
   static constexpr bool kBlockScaled = true;
-  // Where step 0 starts in a row (bytes; negative: the virtual columns) and the row's bytes.
-  __device__ static int64_t FirstByte(const Params& p) { return -p.shift; }
-  __device__ static int64_t RowBytes(const Params& p) { return p.k; }
   static constexpr int kStepColumns = 64;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 2;  // 8-column activation pieces of a lane's chunk
@@ -278,8 +258,6 @@ struct Fp8Format {
 // and w = bf16(q * scale), rounded once.
 struct Int4Format {
   static constexpr bool kBlockScaled = false;
-  __device__ static int64_t FirstByte(const Params& p) { return -(p.shift / 2); }
-  __device__ static int64_t RowBytes(const Params& p) { return int64_t{4} * ((p.k + 7) >> 3); }
   static constexpr int kStepColumns = 128;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 4;
@@ -649,18 +627,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     }
   };
 
-  // Every prefetch_steps steps of a run, the run's next prefetch_steps steps past the ring's reach.
-  const int64_t first_byte = F::FirstByte(p), row_bytes = F::RowBytes(p);
-  const auto ahead = [&] {
-    if (p.prefetch_steps > 0 && load_in_run % p.prefetch_steps == 0 && warp_row < p.n) {
-      L2Ahead(rows, c, first_byte, load_step + kDepth, min(p.prefetch_steps, part_steps - load_in_run - kDepth),
-              row_bytes);
-    }
-  };
-
   typename F::Item ring[kDepth];
   FillRingThenWait<kDepth>(total_steps, [&](int d) {
-    ahead();
     F::Load(p, rows, load_step, c, ring[d]);
     advance();
   });
@@ -701,7 +669,6 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
           }
         }
         if (done + j + d + kDepth < total_steps) {
-          ahead();
           F::Load(p, rows, load_step, c, ring[d]);
           advance();
         }
@@ -828,18 +795,10 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   };
   LaneRows load_rows = rows_of(0);
   int load_group = 0, load_step = 0;
-  // The next group's rows, whole, when a group's first load issues (and the first two at the start).
-  const int64_t first_byte = F::FirstByte(p), row_bytes = F::RowBytes(p);
-  if (p.prefetch_steps > 0 && groups > 0) L2Ahead(load_rows, c, first_byte, 0, steps, row_bytes);
   const auto advance = [&] {
     if (++load_step == steps) {
       load_step = 0;
-      if (++load_group < groups) {
-        load_rows = rows_of(load_group);
-        if (p.prefetch_steps > 0 && load_group + 1 < groups) {
-          L2Ahead(rows_of(load_group + 1), c, first_byte, 0, steps, row_bytes);
-        }
-      }
+      if (++load_group < groups) load_rows = rows_of(load_group);
     }
   };
 
@@ -990,16 +949,6 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   return cudaSuccess;
 }
 
-// EAGLE3_QUANT_GEMV_L2_AHEAD=N: the kernels' in-kernel L2 prefetch N steps at a time (L2Ahead; 0 or
-// unset: none). An experiment's switch, read once.
-int PrefetchSteps() {
-  static const int steps = [] {
-    const char* value = std::getenv("EAGLE3_QUANT_GEMV_L2_AHEAD");
-    return value != nullptr ? std::max(0, std::atoi(value)) : 0;
-  }();
-  return steps;
-}
-
 // Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
 template <typename F>
 cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPlan* plan, bool programmatic,
@@ -1025,7 +974,6 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
   p.part_units = chosen.part_units;
   p.tiles = chosen.tiles;
   p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
-  p.prefetch_steps = PrefetchSteps();
   const int operands = QuantGemvRowOperands(p.m);
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
