@@ -693,6 +693,41 @@ TEST_F(QuantGemvTest, TinyShapes) {
 }
 
 // ---- Grouped launches (QuantGemvItems) -------------------------------------------------------------
+
+// `items` random [n, k] matrices (int4: group 32, seeds seed, seed + 1, ...; fp8: seed + 10, ...) on
+// the host and the device, and their device pointers in item order, or reversed (matrix i at slot
+// items - 1 - i).
+struct ItemWeights {
+  std::vector<Fp8Matrix> f;
+  std::vector<Int4Matrix> q;
+  std::vector<std::unique_ptr<DeviceBuffer>> codes, scales;
+  std::vector<const void*> code_ptrs, scale_ptrs;
+};
+
+ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, uint32_t seed, bool reversed) {
+  ItemWeights w;
+  w.code_ptrs.resize(items);
+  w.scale_ptrs.resize(items);
+  for (int64_t i = 0; i < items; ++i) {
+    if (int4) {
+      w.q.push_back(RandomInt4(n, k, 32, seed + static_cast<uint32_t>(i)));
+      w.codes.push_back(std::make_unique<DeviceBuffer>(w.q.back().packed.size() * 4));
+      w.scales.push_back(std::make_unique<DeviceBuffer>(w.q.back().scales.size() * 2));
+      Upload(*w.codes.back(), w.q.back().packed);
+      Upload(*w.scales.back(), w.q.back().scales);
+    } else {
+      w.f.push_back(RandomFp8(n, k, seed + 10 + static_cast<uint32_t>(i)));
+      w.codes.push_back(std::make_unique<DeviceBuffer>(w.f.back().codes.size()));
+      w.scales.push_back(std::make_unique<DeviceBuffer>(w.f.back().scales.size() * 4));
+      Upload(*w.codes.back(), w.f.back().codes);
+      Upload(*w.scales.back(), w.f.back().scales);
+    }
+    const int64_t slot = reversed ? items - 1 - i : i;
+    w.code_ptrs[slot] = w.codes.back()->ptr;
+    w.scale_ptrs[slot] = w.scales.back()->ptr;
+  }
+  return w;
+}
 //
 // An MoE's product as quant_moe_kernels.cu launches it: items' weights through device pointer arrays
 // (listed in reverse, so an item read through the batched stride would show), a device count below
@@ -703,28 +738,12 @@ TEST_F(QuantGemvTest, TinyShapes) {
 void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 96) {
   const int64_t m = 8, k = 256;
   const Activations a = RandomActivations(items * m * k, int4 ? 501 : 502);
-  std::vector<Fp8Matrix> f;
-  std::vector<Int4Matrix> q;
-  std::vector<std::unique_ptr<DeviceBuffer>> codes, scales;
-  std::vector<const void*> code_ptrs(items), scale_ptrs(items);
-  for (int64_t i = 0; i < items; ++i) {
-    const int64_t slot = items - 1 - i;  // matrix i's pointers sit at item slot items - 1 - i
-    if (int4) {
-      q.push_back(RandomInt4(n, k, 32, 510 + static_cast<uint32_t>(i)));
-      codes.push_back(std::make_unique<DeviceBuffer>(q.back().packed.size() * 4));
-      scales.push_back(std::make_unique<DeviceBuffer>(q.back().scales.size() * 2));
-      Upload(*codes.back(), q.back().packed);
-      Upload(*scales.back(), q.back().scales);
-    } else {
-      f.push_back(RandomFp8(n, k, 520 + static_cast<uint32_t>(i)));
-      codes.push_back(std::make_unique<DeviceBuffer>(f.back().codes.size()));
-      scales.push_back(std::make_unique<DeviceBuffer>(f.back().scales.size() * 4));
-      Upload(*codes.back(), f.back().codes);
-      Upload(*scales.back(), f.back().scales);
-    }
-    code_ptrs[slot] = codes.back()->ptr;
-    scale_ptrs[slot] = scales.back()->ptr;
-  }
+  // Matrix i's pointers sit at item slot items - 1 - i.
+  const ItemWeights w = UploadItemWeights(int4, items, n, k, 510, /*reversed=*/true);
+  const std::vector<Fp8Matrix>& f = w.f;
+  const std::vector<Int4Matrix>& q = w.q;
+  const std::vector<const void*>& code_ptrs = w.code_ptrs;
+  const std::vector<const void*>& scale_ptrs = w.scale_ptrs;
   std::vector<int32_t> rows(items);
   for (int64_t i = 0; i < items; ++i) rows[i] = static_cast<int32_t>((i + 5) % 9);
   DeviceBuffer a_dev(a.bf16.size() * 2), c_dev(static_cast<size_t>(items * m * n) * 4), code_table(items * 8),
@@ -821,27 +840,11 @@ void CheckGatedCombined(bool int4, int64_t items, int64_t count, int64_t n, int6
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> gate_up(static_cast<size_t>(items * 2 * m * k));
   for (float& v : gate_up) v = normal(rng);
-  std::vector<Fp8Matrix> f;
-  std::vector<Int4Matrix> q;
-  std::vector<std::unique_ptr<DeviceBuffer>> codes, scales;
-  std::vector<const void*> code_ptrs(items), scale_ptrs(items);
-  for (int64_t i = 0; i < items; ++i) {
-    if (int4) {
-      q.push_back(RandomInt4(n, k, 32, 610 + static_cast<uint32_t>(i)));
-      codes.push_back(std::make_unique<DeviceBuffer>(q.back().packed.size() * 4));
-      scales.push_back(std::make_unique<DeviceBuffer>(q.back().scales.size() * 2));
-      Upload(*codes.back(), q.back().packed);
-      Upload(*scales.back(), q.back().scales);
-    } else {
-      f.push_back(RandomFp8(n, k, 620 + static_cast<uint32_t>(i)));
-      codes.push_back(std::make_unique<DeviceBuffer>(f.back().codes.size()));
-      scales.push_back(std::make_unique<DeviceBuffer>(f.back().scales.size() * 4));
-      Upload(*codes.back(), f.back().codes);
-      Upload(*scales.back(), f.back().scales);
-    }
-    code_ptrs[i] = codes.back()->ptr;
-    scale_ptrs[i] = scales.back()->ptr;
-  }
+  const ItemWeights w = UploadItemWeights(int4, items, n, k, 610, /*reversed=*/false);
+  const std::vector<Fp8Matrix>& f = w.f;
+  const std::vector<Int4Matrix>& q = w.q;
+  const std::vector<const void*>& code_ptrs = w.code_ptrs;
+  const std::vector<const void*>& scale_ptrs = w.scale_ptrs;
   std::vector<int32_t> rows(items);
   for (int64_t i = 0; i < items; ++i) rows[i] = static_cast<int32_t>(1 + i % m);
   // Pair (t, j) reads output row slot_of[t * top_k + j]: row j % rows of item (t + 2 j) % count.
