@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "eagle3/detail/quant_tiles.h"
 #include "programmatic_launch.cuh"
 #include "ptx.cuh"
 #include "quant_gemv_ops.h"
@@ -91,6 +92,7 @@ struct Params {
   const int32_t* rows_items;  // per item: its activation rows (<= m), or nullptr: m each
   int64_t silu_up;            // > 0: gated f32 activations (QuantGemvItems::silu_up_offset)
   QuantGemvCombine combine;   // counters non-null: the combine epilogue (QuantGemvCombine)
+  bool tiled;                 // codes in warp-step tiles (eagle3/detail/quant_tiles.h)
 };
 
 // Item `item`'s operands: its pointer from the grouped launch's array, or the batched stride's. A
@@ -130,11 +132,33 @@ __device__ __forceinline__ uint32_t Bits(T value) {
 }
 
 // A lane's weight rows: g and g + 8 of its warp's 16 (rows past n read row n - 1, whose results are
-// not written).
+// not written). Tiled codes: row[h] is the lane's 16 bytes of half h in the warp's first tile, a
+// step's tile kQuantTileBytes further per step (the padding rows read zeros).
 struct LaneRows {
   const char* row[2];
   const uint16_t* scale_row[2];  // int4: the rows' group scales
 };
+
+// Lane rows on tiled codes: the lane's place in the tiles of the 16-row group holding `row` (a
+// multiple of 16; past n: the last group, whose loads are never consumed).
+__device__ __forceinline__ LaneRows TiledLaneRows(const Params& p, const char* item_b, const uint16_t* item_scale,
+                                                 int64_t row, int steps, int lane, int g) {
+  LaneRows rows;
+  const int64_t group = min(row, p.n - 1) / kQuantTileRows;
+  rows.row[0] = item_b + (group * steps) * kQuantTileBytes + 32 * lane;
+  rows.row[1] = rows.row[0] + 16;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) rows.scale_row[h] = item_scale + min(row + g + 8 * h, p.n - 1) * p.scale_ld;
+  return rows;
+}
+
+// A step's two chunks of tiled codes (every byte of a tile is in range: no edge path).
+__device__ __forceinline__ void LoadTiled(const LaneRows& rows, int step, uint4 (&w)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h] + static_cast<int64_t>(step) * kQuantTileBytes));
+  }
+}
 
 // Bytes [col, col + 16) of a row as a chunk, zeros outside [0, k): the slow path of a chunk that a
 // slice's edge cuts (fp8's virtual columns before column 0, which take whole chunks, and the row's
@@ -201,6 +225,10 @@ struct Fp8Format {
   };
 
   __device__ static void Load(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
+    if (p.tiled) {
+      LoadTiled(rows, step, item.w);
+      return;
+    }
     const int col = step * kStepColumns + 16 * c - p.shift;
     if (col >= 0 && col + 16 <= p.k) {
 #pragma unroll
@@ -272,7 +300,9 @@ struct Int4Format {
   __device__ static void Load(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
     const int col = step * kStepColumns + 32 * c - p.shift;  // a multiple of 8
     const int word0 = col >> 3, words = (p.k + 7) >> 3;
-    if (p.shift == 0 && word0 + 4 <= words) {  // a whole, 16-byte aligned chunk
+    if (p.tiled) {
+      LoadTiled(rows, step, item.w);
+    } else if (p.shift == 0 && word0 + 4 <= words) {  // a whole, 16-byte aligned chunk
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         item.w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h]) + (word0 >> 2));
@@ -597,11 +627,14 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   LaneRows rows;
   const char* item_b = ItemB(p, item);
   const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
+  if (p.tiled) rows = TiledLaneRows(p, item_b, item_scale, warp_row, p.units * kUnitSteps, lane, g);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = min(warp_row + g + 8 * h, p.n - 1);
-    rows.row[h] = item_b + r * p.ldb;
-    rows.scale_row[h] = item_scale + r * p.scale_ld;
+    if (!p.tiled) {
+      const int64_t r = min(warp_row + g + 8 * h, p.n - 1);
+      rows.row[h] = item_b + r * p.ldb;
+      rows.scale_row[h] = item_scale + r * p.scale_ld;
+    }
     asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
   }
   // fp8: which staged scale row (the block's first or second) rows g and g + 8 take, as the byte
@@ -784,11 +817,15 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   // compiler for the reason the kernel above gives.
   const auto rows_of = [&](int i) {
     LaneRows rows;
+    const int64_t row0 = first_row + static_cast<int64_t>(i) * kBlockRows;
+    if (p.tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t r = min(first_row + static_cast<int64_t>(i) * kBlockRows + g + 8 * h, p.n - 1);
-      rows.row[h] = item_b + r * p.ldb;
-      rows.scale_row[h] = item_scale + r * p.scale_ld;
+      if (!p.tiled) {
+        const int64_t r = min(row0 + g + 8 * h, p.n - 1);
+        rows.row[h] = item_b + r * p.ldb;
+        rows.scale_row[h] = item_scale + r * p.scale_ld;
+      }
       asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
     }
     return rows;
@@ -1005,8 +1042,12 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
     return cudaErrorInvalidValue;
   }
   if (b.row0 < 0 || b.col0 < 0 || b.col0 > kMaxColumn || b.col0 % 16 != 0) return cudaErrorInvalidValue;
-  if (n > 1 && (b.ld < k || b.ld % 16 != 0)) return cudaErrorInvalidValue;
+  if (!b.tiled && n > 1 && (b.ld < k || b.ld % 16 != 0)) return cudaErrorInvalidValue;
   if (batch > 1 && (b.batch_stride < 0 || b.batch_stride % 16 != 0 || b.scale_batch_stride < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (b.tiled && batch > 1 && items.codes == nullptr && b.batch_stride != 0 &&
+      b.batch_stride < QuantTiledBytes(false, n, k, b.col0)) {
     return cudaErrorInvalidValue;
   }
   const int64_t scale_rows = (b.row0 + n - 1) / kFp8ScaleBlock + 1;
@@ -1014,7 +1055,8 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   if (scale_rows > 1 && b.scale_ld < scale_cols) return cudaErrorInvalidValue;
   if (items.codes == nullptr && reinterpret_cast<uintptr_t>(b.codes) % 16 != 0) return cudaErrorInvalidValue;
   p.b = reinterpret_cast<const char*>(b.codes);
-  p.ldb = n > 1 ? b.ld : 0;
+  p.tiled = b.tiled;
+  p.ldb = n > 1 && !b.tiled ? b.ld : 0;
   p.stride_b = batch > 1 ? b.batch_stride : 0;
   p.scale = b.scale_inv;
   p.scale_ld = scale_rows > 1 ? b.scale_ld : 0;
@@ -1054,15 +1096,20 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   }
   if (b.col0 < 0 || b.col0 > kMaxColumn || b.col0 % 8 != 0) return cudaErrorInvalidValue;
   const int64_t words = (k + 7) / 8;
-  if (n > 1 && (b.ld < words || b.ld % 4 != 0)) return cudaErrorInvalidValue;
+  if (!b.tiled && n > 1 && (b.ld < words || b.ld % 4 != 0)) return cudaErrorInvalidValue;
   if (batch > 1 && (b.batch_stride < 0 || b.batch_stride % 4 != 0 || b.scale_batch_stride < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (b.tiled && batch > 1 && items.codes == nullptr && b.batch_stride != 0 &&
+      4 * b.batch_stride < QuantTiledBytes(true, n, k, b.col0)) {
     return cudaErrorInvalidValue;
   }
   const int64_t groups = (b.col0 + k - 1) / b.group_size + 1;
   if (n > 1 && b.scale_ld < groups) return cudaErrorInvalidValue;
   if (items.codes == nullptr && reinterpret_cast<uintptr_t>(b.packed) % 16 != 0) return cudaErrorInvalidValue;
   p.b = reinterpret_cast<const char*>(b.packed);
-  p.ldb = n > 1 ? b.ld * 4 : 0;
+  p.tiled = b.tiled;
+  p.ldb = n > 1 && !b.tiled ? b.ld * 4 : 0;
   p.stride_b = batch > 1 ? b.batch_stride * 4 : 0;
   p.scale = b.scale;
   p.scale_ld = n > 1 ? b.scale_ld : 0;

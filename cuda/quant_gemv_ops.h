@@ -55,6 +55,11 @@ struct Fp8BlockWeights {
   // (whole 16-byte chunks of a row share a scale block).
   int64_t row0 = 0;
   int64_t col0 = 0;
+  // The codes in warp-step tiles (eagle3/detail/quant_tiles.h: QuantTiledBytes(false, n, k, col0)
+  // bytes an item, TileQuantizedCodes), which the kernels stream as whole 1 KiB blocks; ld is then
+  // unused and batch_stride 0 or >= those bytes. The same results as the row-major codes, bit for
+  // bit.
+  bool tiled = false;
 };
 
 // For each item i < batch: c_i = alpha * a_i w_i^T + beta * c_i + bias, x_i starting
@@ -105,6 +110,9 @@ struct Int4GroupWeights {
   int64_t col0 = 0;
   // Columns sharing one scale: a power of two >= 32 (Kimi's checkpoints: 32).
   int64_t group_size = 32;
+  // The packed words in warp-step tiles, as Fp8BlockWeights::tiled (QuantTiledBytes(true, n, k,
+  // col0) bytes an item; batch_stride in words 0 or >= a quarter of that).
+  bool tiled = false;
 };
 
 // As LaunchFp8BlockGemv (same a, c, bias, sizes, batch, programmatic and error contract), with the

@@ -48,12 +48,14 @@
 // step reads them. Activations (f32 [m, k]) and outputs are not counted: at m = 8 they are under 7 %
 // of the weight bytes of every shape but the batched ones.
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
 #include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/detail/quant_tiles.h"
 #include "eagle3/tensor.h"
 #include "quant_gemv_ops.h"
 #include "quant_gemv_plan.h"
@@ -111,12 +113,26 @@ struct WeightSet {
   Tensor data, scales;
 };
 
+// EAGLE3_BENCH_QUANT_TILED=1: the weights read as warp-step tiles (Fp8BlockWeights::tiled,
+// eagle3/detail/quant_tiles.h) where a shape's tiles take the bytes of its rows (items of whole
+// 16-row groups and 128-column units, no slice offsets); other shapes are skipped. The benchmark's
+// codes are random, so the same buffer serves either layout.
+bool TiledRequested() {
+  const char* value = std::getenv("EAGLE3_BENCH_QUANT_TILED");
+  return value != nullptr && value[0] == '1';
+}
+
 // The product of shape s with m rows, the chosen plan or `plan`.
 void RunQuantGemv(benchmark::State& state, const QuantShape& s, int64_t m, const cuda::QuantGemvPlan* plan) {
   cuda::CudaBackend* b = Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
   state.SetLabel(s.name);
   const int64_t item_rows = s.item_rows > 0 ? s.item_rows : s.n;
+  const bool tiled = TiledRequested();
+  if (tiled && (item_rows != s.n || s.row_offset != 0 || s.col0 != 0 ||
+                QuantTiledBytes(s.int4, s.n, s.k, 0) != s.n * (s.int4 ? s.k / 2 : s.k))) {
+    return state.SkipWithError("not tileable in place (EAGLE3_BENCH_QUANT_TILED)");
+  }
   // Row strides: fp8 rows of k bytes, int4 rows of k / 8 words (both multiples of 16 bytes here).
   const int64_t ld = s.int4 ? s.k / 8 : s.k;
   const int64_t row_bytes = s.int4 ? s.k / 2 : s.k;
@@ -156,6 +172,7 @@ void RunQuantGemv(benchmark::State& state, const QuantShape& s, int64_t m, const
       q.scale_batch_stride = scale_item;
       q.col0 = s.col0;
       q.group_size = kInt4Group;
+      q.tiled = tiled;
       error = cuda::LaunchInt4GroupGemvPlanned(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()),
                                                s.n, m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, plan, true,
                                                b->stream());
@@ -170,6 +187,7 @@ void RunQuantGemv(benchmark::State& state, const QuantShape& s, int64_t m, const
       q.scale_batch_stride = item_rows / 128 * scale_ld;
       q.row0 = s.row0;
       q.col0 = s.col0;
+      q.tiled = tiled;
       error = cuda::LaunchFp8BlockGemvPlanned(a.data(), cuda::GemvType::kF32, s.k, 0, q, static_cast<float*>(c.data()),
                                               s.n, m * s.n, nullptr, s.batch, m, s.n, s.k, 1.0f, 0.0f, plan, true,
                                               b->stream());

@@ -33,6 +33,7 @@
 #include "device_buffer.h"
 #include "eagle3/cuda/device_allocator.h"
 #include "eagle3/detail/int4_packing.h"
+#include "eagle3/detail/quant_tiles.h"
 #include "eagle3/half.h"
 #include "gtest/gtest.h"
 #include "quant_gemv_ops.h"
@@ -257,20 +258,40 @@ struct Fp8Slice {
 
 int64_t Ld16(int64_t k) { return (k + 15) / 16 * 16 + 16; }
 
+// The warp-step tiled copy (eagle3/detail/quant_tiles.h) of a slice's row-major device codes (fp8
+// bytes or int4 words, rows `ld` elements apart).
+std::unique_ptr<DeviceBuffer> TiledCodes(bool int4, const DeviceBuffer& codes, int64_t ld, int64_t n, int64_t k,
+                                         int64_t col0) {
+  const std::vector<uint8_t> host = Download<uint8_t>(codes, static_cast<size_t>(n * ld * (int4 ? 4 : 1)));
+  std::vector<uint8_t> tiled(static_cast<size_t>(QuantTiledBytes(int4, n, k, col0)));
+  TileQuantizedCodes(int4, host.data(), ld, n, k, col0, tiled.data());
+  auto out = std::make_unique<DeviceBuffer>(tiled.size());
+  Upload(*out, tiled);
+  return out;
+}
+
 // The slice's product checked against the reference, through LaunchFp8BlockGemv, or with `plan`
-// (quant_gemv_plan.h) when given; returns c.
+// (quant_gemv_plan.h) when given, on the row-major codes or (`tiled`) their warp-step tiles; returns c.
 std::vector<float> CheckFp8(const Case& cs, const Fp8Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k,
-                            uint32_t seed, const QuantGemvPlan* plan = nullptr) {
+                            uint32_t seed, const QuantGemvPlan* plan = nullptr, bool tiled = false) {
   const Fp8Slice slice(w, row0, col0, n, k, Ld16(k));
+  std::unique_ptr<DeviceBuffer> tiles;
+  Fp8BlockWeights weights = slice.weights;
+  if (tiled) {
+    tiles = TiledCodes(false, slice.codes, Ld16(k), n, k, col0);
+    weights.codes = tiles->as<uint8_t>();
+    weights.ld = 0;
+    weights.tiled = true;
+  }
   return RunAndCheck(
       cs, n, k, seed,
       [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
         if (plan != nullptr) {
-          return LaunchFp8BlockGemvPlanned(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n,
-                                           k, cs.alpha, cs.beta, plan, cs.programmatic, nullptr);
+          return LaunchFp8BlockGemvPlanned(a, cs.a_type, lda, sa, weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
+                                           cs.alpha, cs.beta, plan, cs.programmatic, nullptr);
         }
-        return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
-                                  cs.alpha, cs.beta, cs.programmatic, nullptr);
+        return LaunchFp8BlockGemv(a, cs.a_type, lda, sa, weights, c, ldc, sc, bias, cs.batch, cs.m, n, k, cs.alpha,
+                                  cs.beta, cs.programmatic, nullptr);
       },
       [&](int64_t) { return [&](int64_t r, int64_t c) { return w.Weight(row0 + r, col0 + c); }; });
 }
@@ -486,17 +507,25 @@ struct Int4Slice {
 int64_t LdWords(int64_t k) { return (Int4PackedWords(k) + 3) / 4 * 4 + 4; }
 
 std::vector<float> CheckInt4(const Case& cs, const Int4Matrix& w, int64_t row0, int64_t col0, int64_t n, int64_t k,
-                             uint32_t seed, const QuantGemvPlan* plan = nullptr) {
+                             uint32_t seed, const QuantGemvPlan* plan = nullptr, bool tiled = false) {
   const Int4Slice slice(w, row0, col0, n, k, LdWords(k));
+  std::unique_ptr<DeviceBuffer> tiles;
+  Int4GroupWeights weights = slice.weights;
+  if (tiled) {
+    tiles = TiledCodes(true, slice.packed, LdWords(k), n, k, col0);
+    weights.packed = tiles->as<int32_t>();
+    weights.ld = 0;
+    weights.tiled = true;
+  }
   return RunAndCheck(
       cs, n, k, seed,
       [&](const void* a, int64_t lda, int64_t sa, float* c, int64_t ldc, int64_t sc, const float* bias) {
         if (plan != nullptr) {
-          return LaunchInt4GroupGemvPlanned(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n,
-                                            k, cs.alpha, cs.beta, plan, cs.programmatic, nullptr);
+          return LaunchInt4GroupGemvPlanned(a, cs.a_type, lda, sa, weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
+                                            cs.alpha, cs.beta, plan, cs.programmatic, nullptr);
         }
-        return LaunchInt4GroupGemv(a, cs.a_type, lda, sa, slice.weights, c, ldc, sc, bias, cs.batch, cs.m, n, k,
-                                   cs.alpha, cs.beta, cs.programmatic, nullptr);
+        return LaunchInt4GroupGemv(a, cs.a_type, lda, sa, weights, c, ldc, sc, bias, cs.batch, cs.m, n, k, cs.alpha,
+                                   cs.beta, cs.programmatic, nullptr);
       },
       [&](int64_t) { return [&](int64_t r, int64_t c) { return w.Weight(row0 + r, col0 + c); }; });
 }
@@ -704,7 +733,8 @@ struct ItemWeights {
   std::vector<const void*> code_ptrs, scale_ptrs;
 };
 
-ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, uint32_t seed, bool reversed) {
+ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, uint32_t seed, bool reversed,
+                              bool tiled = false) {
   ItemWeights w;
   w.code_ptrs.resize(items);
   w.scale_ptrs.resize(items);
@@ -715,12 +745,14 @@ ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, ui
       w.scales.push_back(std::make_unique<DeviceBuffer>(w.q.back().scales.size() * 2));
       Upload(*w.codes.back(), w.q.back().packed);
       Upload(*w.scales.back(), w.q.back().scales);
+      if (tiled) w.codes.back() = TiledCodes(true, *w.codes.back(), w.q.back().words(), n, k, 0);
     } else {
       w.f.push_back(RandomFp8(n, k, seed + 10 + static_cast<uint32_t>(i)));
       w.codes.push_back(std::make_unique<DeviceBuffer>(w.f.back().codes.size()));
       w.scales.push_back(std::make_unique<DeviceBuffer>(w.f.back().scales.size() * 4));
       Upload(*w.codes.back(), w.f.back().codes);
       Upload(*w.scales.back(), w.f.back().scales);
+      if (tiled) w.codes.back() = TiledCodes(false, *w.codes.back(), k, n, k, 0);
     }
     const int64_t slot = reversed ? items - 1 - i : i;
     w.code_ptrs[slot] = w.codes.back()->ptr;
@@ -728,18 +760,19 @@ ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, ui
   }
   return w;
 }
-//
+
 // An MoE's product as quant_moe_kernels.cu launches it: items' weights through device pointer arrays
 // (listed in reverse, so an item read through the batched stride would show), a device count below
 // max_items (the last item's c must keep its bits), per-item row counts below m (item i takes
 // (i + 5) % 9 rows: none, some or all 8; the rows past them keep their bits), and a programmatic
 // launch, whose blocks must read the count, rows and pointers only after the kernels before them
 // (here: the uploads) are done.
-void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 96) {
+void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 96, bool tiled = false) {
+  SCOPED_TRACE(tiled ? "tiled codes" : "row-major codes");
   const int64_t m = 8, k = 256;
   const Activations a = RandomActivations(items * m * k, int4 ? 501 : 502);
   // Matrix i's pointers sit at item slot items - 1 - i.
-  const ItemWeights w = UploadItemWeights(int4, items, n, k, 510, /*reversed=*/true);
+  const ItemWeights w = UploadItemWeights(int4, items, n, k, 510, /*reversed=*/true, tiled);
   const std::vector<Fp8Matrix>& f = w.f;
   const std::vector<Int4Matrix>& q = w.q;
   const std::vector<const void*>& code_ptrs = w.code_ptrs;
@@ -762,6 +795,7 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
   if (int4) {
     Int4GroupWeights b;
     b.ld = q[0].words();
+    b.tiled = tiled;
     b.scale_ld = q[0].groups();
     b.group_size = 32;
     ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kBF16, k, m * k, b, c_dev.as<float>(), n, m * n, nullptr,
@@ -770,6 +804,7 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
   } else {
     Fp8BlockWeights b;
     b.ld = k;
+    b.tiled = tiled;
     b.scale_ld = f[0].scale_cols();
     ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kBF16, k, m * k, b, c_dev.as<float>(), n, m * n, nullptr,
                                         list, items, m, n, k, 1.0f, 0.0f, true, nullptr),
@@ -798,8 +833,14 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
   }
 }
 
-TEST_F(QuantGemvTest, Fp8GroupedProgrammatic) { CheckGrouped(false); }
-TEST_F(QuantGemvTest, Int4GroupedProgrammatic) { CheckGrouped(true); }
+TEST_F(QuantGemvTest, Fp8GroupedProgrammatic) {
+  CheckGrouped(false);
+  CheckGrouped(false, 3, 2, 96, /*tiled=*/true);
+}
+TEST_F(QuantGemvTest, Int4GroupedProgrammatic) {
+  CheckGrouped(true);
+  CheckGrouped(true, 3, 2, 96, /*tiled=*/true);
+}
 
 // The experts' down product of a verify step (short K, more blocks than a wave): the chooser takes
 // a row-looped plan (each warp several 16-row groups, 9000 rows a partial last group) on a device of
@@ -820,6 +861,7 @@ TEST_F(QuantGemvTest, GroupedRowLooped) {
     problem.weight_bytes = static_cast<double>(items) * n * (int4 ? 128 + 16 : 256);
     if (sms <= 200) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 1) << (int4 ? "int4" : "fp8");
     CheckGrouped(int4, items, count, n);
+    CheckGrouped(int4, items, count, n, /*tiled=*/true);
   }
 }
 
@@ -1061,7 +1103,9 @@ TEST_F(QuantGemvTest, Fp8EveryPath) {
         SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
                                         << plan.part_units << " tiles " << plan.tiles << " m " << cs.m);
         ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(false, 1, cs.m, n, k, col0), plan));
-        CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
+        const std::vector<float> row_major = CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
+        const std::vector<float> tiled = CheckFp8(cs, w, row0, col0, n, k, seed, &plan, /*tiled=*/true);
+        EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0) << "tiled codes";
       }
     }
   }
@@ -1116,7 +1160,9 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
                                           << " split " << plan.split << " part_units " << plan.part_units
                                           << " tiles " << plan.tiles << " m " << cs.m);
           ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(true, 1, cs.m, n, k, slice.col0), plan));
-          CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
+          const std::vector<float> row_major = CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
+          const std::vector<float> tiled = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &plan, /*tiled=*/true);
+          EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0) << "tiled codes";
         }
       }
     }
@@ -1145,6 +1191,8 @@ TEST_F(QuantGemvTest, RowLoopedPlans) {
         const QuantGemvPlan split{1, 1, plan->part_units, 1};
         const std::vector<float> reference = CheckFp8(cs, w, row0, col0, n, k, seed, &split);
         EXPECT_EQ(std::memcmp(looped.data(), reference.data(), looped.size() * sizeof(float)), 0);
+        const std::vector<float> tiled = CheckFp8(cs, w, row0, col0, n, k, seed, &*plan, /*tiled=*/true);
+        EXPECT_EQ(std::memcmp(looped.data(), tiled.data(), looped.size() * sizeof(float)), 0) << "tiled codes";
       }
     }
   }
@@ -1166,6 +1214,8 @@ TEST_F(QuantGemvTest, RowLoopedPlans) {
         const QuantGemvPlan split{1, 1, plan->part_units, 1};
         const std::vector<float> reference = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &split);
         EXPECT_EQ(std::memcmp(looped.data(), reference.data(), looped.size() * sizeof(float)), 0);
+        const std::vector<float> tiled = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &*plan, /*tiled=*/true);
+        EXPECT_EQ(std::memcmp(looped.data(), tiled.data(), looped.size() * sizeof(float)), 0) << "tiled codes";
       }
     }
   }

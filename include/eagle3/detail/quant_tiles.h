@@ -1,0 +1,53 @@
+// The warp-step tiled layout of quantized weight codes: the order in which the CUDA backend's
+// quantized GEMV (cuda/quant_gemv_kernels.cu) consumes them, so that each warp step of the kernel
+// reads one contiguous 1 KiB block instead of 64-byte pieces of 16 rows a row stride apart (HBM
+// serves the contiguous block faster: benchmarks/NOTES.md, "fourteenth session").
+//
+// Geometry (the kernel's): a slice [n, k] of a global matrix, starting at global column col0, is
+// read in steps of 64 bytes per row (fp8: 64 codes; int4: 128 values, 16 packed words), the first
+// step starting `shift` columns before the slice's column 0 (fp8: col0 % 128; int4: col0 % 32) and
+// the steps covering whole 128-column units (QuantTileSteps). Lane c (0..3) of a step takes its 16
+// bytes at byte 16 c of the step: fp8 columns [64 s + 16 c - shift, + 16) of the slice, zero
+// outside [0, k); int4 words [(128 s + 32 c - shift) / 8, + 4) of the slice's packed row, zero
+// outside [0, ceil(k / 8)) (the bytes the kernel's row-major edge paths read, so that a tiled
+// product has the row-major one's bits).
+//
+// Layout: rows in groups of 16 (the last one padded with zero rows), each group's steps in order,
+// one 1 KiB tile per (group, step) at byte ((group * steps) + step) * 1024; within a tile, lane l =
+// 4 g + c (g = 0..7) holds 32 bytes at 32 l: row 16 group + g's chunk c, then row 16 group + g + 8's.
+// Scales are not tiled.
+//
+// eagle3/detail/: internal, no compatibility promise. Plain C++ (the kernels include it).
+#pragma once
+
+#include <cstdint>
+
+#include "eagle3/detail/host_device.h"
+
+namespace eagle3 {
+
+inline constexpr int64_t kQuantTileRows = 16;
+inline constexpr int64_t kQuantTileBytes = 1024;
+inline constexpr int64_t kQuantTileStepBytes = 64;  // bytes of one row in one step, both formats
+
+// Columns of the first step before the slice's column 0.
+EAGLE3_HOST_DEVICE constexpr int64_t QuantTileShift(bool int4, int64_t col0) { return int4 ? col0 % 32 : col0 % 128; }
+
+// Steps per row: whole 128-column units covering shift + k columns (fp8: 2 steps a unit; int4: 1).
+EAGLE3_HOST_DEVICE constexpr int64_t QuantTileSteps(bool int4, int64_t k, int64_t col0) {
+  return (QuantTileShift(int4, col0) + k + 127) / 128 * (int4 ? 1 : 2);
+}
+
+// Bytes of the tiled codes of a [n, k] slice starting at global column col0.
+EAGLE3_HOST_DEVICE constexpr int64_t QuantTiledBytes(bool int4, int64_t n, int64_t k, int64_t col0) {
+  return (n + kQuantTileRows - 1) / kQuantTileRows * QuantTileSteps(int4, k, col0) * kQuantTileBytes;
+}
+
+// Writes the tiled layout of row-major codes: fp8 `codes` are [n, ld] bytes (ld >= k); int4 `codes`
+// are [n, ld] int32 words (ld >= ceil(k / 8)), given as bytes. `out` holds QuantTiledBytes(int4, n,
+// k, col0) bytes; every byte is written (padding as zeros). n, k >= 1, col0 >= 0 (int4: a multiple
+// of 8).
+void TileQuantizedCodes(bool int4, const uint8_t* codes, int64_t ld, int64_t n, int64_t k, int64_t col0,
+                        uint8_t* out);
+
+}  // namespace eagle3
