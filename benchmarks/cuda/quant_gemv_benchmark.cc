@@ -115,8 +115,8 @@ struct WeightSet {
 
 // EAGLE3_BENCH_QUANT_TILED=1: the weights read as warp-step tiles (Fp8BlockWeights::tiled,
 // eagle3/detail/quant_tiles.h) where a shape's tiles take the bytes of its rows (items of whole
-// 16-row groups and 128-column units, no slice offsets); other shapes are skipped. The benchmark's
-// codes are random, so the same buffer serves either layout.
+// 16-row groups and 128-column units starting on the unit grid, no rows between items); other shapes
+// are skipped. The benchmark's codes are random, so the same buffer serves either layout.
 bool TiledRequested() {
   const char* value = std::getenv("EAGLE3_BENCH_QUANT_TILED");
   return value != nullptr && value[0] == '1';
@@ -129,8 +129,8 @@ void RunQuantGemv(benchmark::State& state, const QuantShape& s, int64_t m, const
   state.SetLabel(s.name);
   const int64_t item_rows = s.item_rows > 0 ? s.item_rows : s.n;
   const bool tiled = TiledRequested();
-  if (tiled && (item_rows != s.n || s.row_offset != 0 || s.col0 != 0 ||
-                QuantTiledBytes(s.int4, s.n, s.k, 0) != s.n * (s.int4 ? s.k / 2 : s.k))) {
+  if (tiled && (item_rows != s.n || s.row_offset != 0 || QuantTileShift(s.int4, s.col0) != 0 ||
+                QuantTiledBytes(s.int4, s.n, s.k, s.col0) != s.n * (s.int4 ? s.k / 2 : s.k))) {
     return state.SkipWithError("not tileable in place (EAGLE3_BENCH_QUANT_TILED)");
   }
   // Row strides: fp8 rows of k bytes, int4 rows of k / 8 words (both multiples of 16 bytes here).
