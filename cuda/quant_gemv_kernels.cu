@@ -603,8 +603,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // written, and the lanes of their B columns read the last row instead (StepActivations).
   const int m = ItemRows(p, item);
   if (m <= 0) {  // the whole cluster: its blocks share the item
-    if (p.combine.counters != nullptr && static_cast<int>(blockIdx.x) % p.split == 0) {
-      CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + kBlockRows / p.wk);
+    if (p.combine.counters != nullptr && rank == 0) {
+      CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + block_rows);
     }
     return;
   }

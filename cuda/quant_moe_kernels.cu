@@ -472,10 +472,11 @@ __global__ void __launch_bounds__(kThreads)
 
 // Grouped step 3b, block j per job: act rows q < count of job j's slot = bf16(silu(gate) * up), from
 // the gate-up GEMV's items 2j (gate) and 2j + 1 (up), [8, inter] each (rows past the job's count
-// are not written by it, and not read by the down GEMV). Its own kernel rather than the
-// down GEMV's activation staging: that stages each job's rows once per block of down rows (several
-// per job at every plan the down product takes), which repeats the reads and the exponentials as
-// often.
+// are not written by it, and not read by the down GEMV). Rounds of more than one token keep it
+// rather than the down GEMV's gated staging (QuantMoeShape::fold_silu): that stages each job's rows
+// once per block of down rows (several per job at every plan the down product takes), which repeats
+// the reads and the exponentials as often; at one token (one row a job) the repeats cost less than
+// this kernel's launch.
 __global__ void __launch_bounds__(kThreads)
     QuantMoeSiluMulKernel(const float* __restrict__ gate_up, int64_t inter, const int32_t* __restrict__ jobs,
                           const int32_t* __restrict__ num_jobs, uint16_t* __restrict__ act, int64_t act_ld) {
