@@ -1505,6 +1505,56 @@ TEST_F(QuantGemvTest, BadArgumentsRefused) {
   bad4.scale_ld = k / 32 - 1;
   EXPECT_EQ(int4(bad4, 4, n, k), cudaErrorInvalidValue);
 
+  // Tiled codes: an item stride that is neither 0 (shared) nor a whole item's tiles.
+  bad = f;
+  bad.tiled = true;
+  bad.batch_stride = 16;
+  EXPECT_EQ(fp8(bad, 4, n, k, k, n, nullptr, /*batch=*/2), cudaErrorInvalidValue);
+  bad4 = q;
+  bad4.tiled = true;
+  bad4.batch_stride = 4;  // words
+  EXPECT_EQ(LaunchInt4GroupGemv(a.ptr, GemvType::kF32, k, 0, bad4, c.as<float>(), n, 0, nullptr, 2, 4, n, k, 1.0f, 0.0f,
+                                false, nullptr),
+            cudaErrorInvalidValue);
+
+  // Grouped launches' gated activations and combine epilogue (QuantGemvItems).
+  DeviceBuffer counters(n * 4), ids(16 * 4), weights(16 * 4), slots(16 * 4), out(16 * n * 4);
+  QuantGemvItems good;
+  good.combine.counters = counters.as<int32_t>();
+  good.combine.row_ld = n;
+  good.combine.ids = ids.as<int32_t>();
+  good.combine.weights = weights.as<float>();
+  good.combine.slot_of = slots.as<int32_t>();
+  good.combine.out = out.as<float>();
+  good.combine.out_stride = n;
+  good.combine.tokens = 1;
+  good.combine.top_k = 1;
+  good.combine.num_experts = 1;
+  const auto grouped = [&](const QuantGemvItems& items, GemvType a_type) {
+    return LaunchFp8BlockGemvGrouped(a.ptr, a_type, k, 0, f, c.as<float>(), n, 0, nullptr, items, 1, 1, n, k, 1.0f,
+                                     0.0f, false, nullptr);
+  };
+  QuantGemvItems items = good;
+  items.silu_up_offset = 4;  // gated activations are f32
+  EXPECT_EQ(grouped(items, GemvType::kBF16), cudaErrorInvalidValue);
+  items.silu_up_offset = -4;
+  EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+  items = good;
+  items.combine.ids = nullptr;
+  EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+  items = good;
+  items.combine.row_ld = n - 1;  // output rows would overlap
+  EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+  items = good;
+  items.combine.tokens = -1;
+  EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+  float* const c_items = c.as<float>();
+  DeviceBuffer c_table(8);
+  Upload(c_table, std::vector<float*>{c_items});
+  items = good;
+  items.c = c_table.as<float* const>();  // the gathered rows must be c's, not per-item pointers
+  EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+
   // Nothing was launched by a refused call.
   const std::vector<float> after = Download<float>(c, c_host.size());
   EXPECT_EQ(after, c_host);
