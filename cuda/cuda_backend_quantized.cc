@@ -67,6 +67,7 @@
 #include "fp8_w8a8_layout.h"
 #include "quant_dequant_ops.h"
 #include "quant_gemv_ops.h"
+#include "quant_tile_ops.h"
 
 namespace eagle3::cuda {
 namespace {
@@ -289,9 +290,26 @@ absl::StatusOr<bool> W8A8Product(CudaBackend::State& s, const TensorView& a, con
 
 }  // namespace
 
+absl::Status CudaBackend::TileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) {
+  EAGLE3_RETURN_IF_ERROR(CheckTileQuantizedCodes(w, tiles));
+  if (w.rows() == 0 || w.k == 0) return absl::OkStatus();
+  State& s = *state_;
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "TileQuantizedCodes: cudaSetDevice"));
+  const int64_t elem = static_cast<int64_t>(DTypeSize(w.codes.dtype()));
+  return CudaStatus(LaunchTileQuantizedCodes(w.format == WeightFormat::kInt4Group,
+                                             static_cast<const uint8_t*>(w.codes.data()), w.codes.stride(0) * elem,
+                                             w.rows(), w.k, w.col0, static_cast<uint8_t*>(tiles.data()), s.stream),
+                    absl::StrCat("TileQuantizedCodes of w.codes ", w.codes.ToString()));
+}
+
 absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
                                         const GemmOptions& options) {
   EAGLE3_RETURN_IF_ERROR(CheckQuantizedGemm(a, w, c, options));
+  if (w.warp_tiled()) {
+    return Invalid(kOp, "w.codes ", w.codes.ToString(),
+                   " are warp-tiled; CudaBackend's QuantizedGemm reads row-major codes (only QuantizedMoeExperts "
+                   "reads warp tiles)");
+  }
   if (a.dtype() != DType::kF32 && a.dtype() != DType::kBF16) {
     return Invalid(kOp, "a ", a.ToString(), " must be f32 or bf16 on CudaBackend");
   }

@@ -96,6 +96,10 @@ QuantMoeMatrix MatrixOf(const QuantizedWeightView& w) {
   m.row_off = w.row0 - w.scale_row0 * w.block_rows;
   m.col_off = w.col0 - w.scale_col0 * w.block_cols;
   m.nib0 = w.format == WeightFormat::kInt4Group ? w.col0 % kInt4PerWord : 0;
+  if (w.warp_tiled()) {
+    m.tiled = 1;
+    m.codes_ld = 0;
+  }
   return m;
 }
 
@@ -169,10 +173,13 @@ bool LegacyKernelsRequested() {
   return legacy;
 }
 
-QuantMoeGemvLayout LayoutOf(const QuantMoeMatrix& m) { return {m.codes_ld, m.scales_ld, m.row_off, m.col_off}; }
+QuantMoeGemvLayout LayoutOf(const QuantMoeMatrix& m) {
+  return {m.codes_ld, m.scales_ld, m.row_off, m.col_off, m.tiled != 0};
+}
 
 bool SameLayout(const QuantMoeGemvLayout& a, const QuantMoeGemvLayout& b) {
-  return a.codes_ld == b.codes_ld && a.scales_ld == b.scales_ld && a.row_off == b.row_off && a.col_off == b.col_off;
+  return a.codes_ld == b.codes_ld && a.scales_ld == b.scales_ld && a.row_off == b.row_off &&
+         a.col_off == b.col_off && a.tiled == b.tiled;
 }
 
 // Whether the grouped-GEMV path takes the experts (quant_moe_ops.h): every matrix on the GEMV's
@@ -196,6 +203,22 @@ bool OnSharedGemvLayout(const std::vector<QuantMoeExpert>& experts, QuantMoeShap
 }
 
 }  // namespace
+
+bool CudaBackend::tiles_expert_codes(const QuantizedWeightView& w) const {
+  if (!state_->options.quant_moe_tiled_experts || LegacyKernelsRequested() || w.warp_tiled() ||
+      !w.Check("tiles_expert_codes").ok()) {
+    return false;
+  }
+  // The grouped path's layout with the codes placed as a loader places them (16-byte aligned
+  // tiles); the scales as they are.
+  QuantMoeMatrix m = MatrixOf(w);
+  m.codes = nullptr;
+  m.codes_ld = 0;
+  m.tiled = 1;
+  const QuantMoeFormat format =
+      w.format == WeightFormat::kInt4Group ? QuantMoeFormat::kInt4Group : QuantMoeFormat::kFp8Block;
+  return QuantMoeOnGemvLayout(m, w.rows(), w.k, format, w.block_rows, w.block_cols);
+}
 
 absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorView& ids, const TensorView& weights,
                                               std::span<const QuantizedExpertWeights> experts, const TensorView& out,
@@ -249,6 +272,21 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
     shape.down_chunked = shape.down_chunked && QuantMoeChunked(entry.down, hidden, shape.format, shape.block_cols);
   }
   shape.grouped = num_experts > 0 && !LegacyKernelsRequested() && OnSharedGemvLayout(state.wanted, shape);
+  if (!shape.grouped) {
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const QuantizedExpertWeights& w = experts[e];
+      for (const auto& [name, view] : {std::pair<const char*, const QuantizedWeightView*>{"gate", &w.gate},
+                                       {"up", &w.up},
+                                       {"down", &w.down}}) {
+        if (!view->warp_tiled()) continue;
+        return Invalid(kOp, "experts[", e, "].", name, ".codes ", view->codes.ToString(),
+                       " are warp-tiled, which only the grouped GEMV path reads; these experts are off it (",
+                       LegacyKernelsRequested() ? "EAGLE3_QUANT_MOE_KERNEL=legacy"
+                                                : "their views do not share one layout on the GEMV's",
+                       "): load them row-major (CudaBackendOptions::quant_moe_tiled_experts = false)");
+      }
+    }
+  }
   shape.fold_grouping = s.options.quant_moe_fold_grouping;
   shape.fold_silu = s.options.quant_moe_fold_silu;
   shape.fold_combine = s.options.quant_moe_fold_combine;

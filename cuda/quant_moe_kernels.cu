@@ -565,6 +565,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
     if (int4) {
       Int4GroupWeights b;
       b.ld = layout.codes_ld;
+      b.tiled = layout.tiled;
       b.scale_ld = layout.scales_ld;
       b.col0 = layout.col_off;
       b.group_size = shape.block_cols;
@@ -573,6 +574,7 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
     }
     Fp8BlockWeights b;
     b.ld = layout.codes_ld;
+    b.tiled = layout.tiled;
     b.scale_ld = layout.scales_ld;
     b.row0 = layout.row_off;
     b.col0 = layout.col_off;
@@ -695,6 +697,7 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     return cudaErrorInvalidValue;
   }
   const bool grouped = shape.grouped && top_k > 0 && inter > 0 && hidden > 0;
+  if (!shape.grouped && (shape.gate_up.tiled || shape.down.tiled)) return cudaErrorInvalidValue;
   if (grouped && (ws.slot_of == nullptr || ws.gate_up_items == nullptr || ws.gate_up_a == nullptr ||
                   ws.gate_up_codes == nullptr || ws.gate_up_scales == nullptr || ws.down_codes == nullptr ||
                   ws.down_scales == nullptr || ws.gate_up == nullptr ||

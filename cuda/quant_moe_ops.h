@@ -25,7 +25,7 @@
 //     once; at decode by default (QuantMoeShape::fold_silu, fold_combine) act is computed where the
 //     down GEMV stages its activations, and step 4 below is the down GEMV's epilogue
 //     (QuantGemvCombine);
-//  or, off that layout (QuantMoeShape::grouped false), CUDA-core kernels:
+//  or, off that layout (QuantMoeShape::grouped false; row-major codes only), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
 //  3'. per job and block of hidden rows: y[pair][h] = down_h . act[pair];
@@ -70,6 +70,10 @@ struct QuantMoeMatrix {
   int64_t row_off = 0;  // row0 - scale_row0 * block_rows, >= 0
   int64_t col_off = 0;  // col0 - scale_col0 * block_cols, >= 0
   int64_t nib0 = 0;     // int4: col0 % 8; fp8: 0
+  // 1: the codes are in warp-step tiles (eagle3/detail/quant_tiles.h; codes_ld 0), which only the
+  // grouped path reads; 0: row-major. An int64 so that the entry has no padding bytes (the backend
+  // compares tables byte by byte).
+  int64_t tiled = 0;
 };
 
 // The device table's entry per expert: gate and up [inter, hidden], down [hidden, inter].
@@ -94,6 +98,7 @@ inline bool QuantMoeChunked(const QuantMoeMatrix& m, int64_t rows, QuantMoeForma
 // pointers (ld, scale_ld, row0 = QuantMoeMatrix::row_off, col0 = col_off).
 struct QuantMoeGemvLayout {
   int64_t codes_ld = 0, scales_ld = 0, row_off = 0, col_off = 0;
+  bool tiled = false;  // QuantMoeMatrix::tiled (Fp8BlockWeights::tiled / Int4GroupWeights::tiled)
 };
 
 // Whether a [rows, k] expert matrix is on the quantized GEMV launchers' layout (quant_gemv_ops.h):
@@ -243,7 +248,8 @@ QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t 
 //            >= the call's
 // programmatic: the kernels are launched as programmatic dependents (programmatic_launch.cuh), each
 // waiting for the kernels before it before it touches memory: launches overlap, work does not.
-// Returns cudaErrorInvalidValue for sizes or a workspace outside this, or a missing pointer.
+// Returns cudaErrorInvalidValue for sizes or a workspace outside this, a missing pointer, or tiled
+// layouts off the grouped path.
 cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_t* ids, int64_t ids_stride,
                                   const float* weights, int64_t weights_stride, const QuantMoeExpert* experts,
                                   const QuantMoeShape& shape, int64_t tokens, const QuantMoeWorkspace& workspace,

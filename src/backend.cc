@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "eagle3/detail/int4_packing.h"
 #include "eagle3/draft_tree.h"
 #include "eagle3/status.h"
 
@@ -330,6 +331,28 @@ absl::Status Backend::CheckQuantizedGemm(const TensorView& a, const QuantizedWei
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "a", a, "c", c, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "w.codes", w.codes, "c", c, false));
   return CheckNoOverlap(kOp, "w.scales", w.scales, "c", c, false);
+}
+
+absl::Status Backend::CheckTileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) const {
+  constexpr const char* kOp = "TileQuantizedCodes";
+  const Device dev = device();
+  EAGLE3_RETURN_IF_ERROR(w.Check(kOp));
+  if (w.warp_tiled()) return Invalid(kOp, "w.codes ", w.codes.ToString(), " are warp-tiled already; expected row-major");
+  if (w.codes.device() != dev) {
+    return Invalid(kOp, "w.codes is ", w.codes.ToString(), " but this backend runs on ", dev.ToString());
+  }
+  if (w.format == WeightFormat::kInt4Group && w.col0 % kInt4PerWord != 0) {
+    return Invalid(kOp, "w.col0 ", w.col0, " must be a multiple of ", kInt4PerWord,
+                   " (a whole packed word) to tile int4 codes");
+  }
+  const Shape want = WarpTiledCodesShape(w);
+  if (tiles.dtype() != w.codes.dtype() || tiles.shape() != want || tiles.device() != dev ||
+      (tiles.numel() > 0 && (tiles.data() == nullptr || tiles.stride(1) != 1 || tiles.stride(0) != want[1]))) {
+    return Invalid(kOp, "tiles ", tiles.ToString(), " (strides ", tiles.strides().ToString(), ") must be ",
+                   std::string(DTypeName(w.codes.dtype())), want.ToString(), ", contiguous, on ", dev.ToString(), " for w.codes ",
+                   w.codes.ToString(), " (k ", w.k, ", col0 ", w.col0, ")");
+  }
+  return CheckNoOverlap(kOp, "w.codes", w.codes, "tiles", tiles, false);
 }
 
 absl::Status Backend::CheckBatchedGemm(const TensorView& a, const TensorView& b,

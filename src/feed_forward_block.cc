@@ -15,13 +15,17 @@ namespace {
 
 // One expert's gate, up and down weights (specs[next], [next + 1], [next + 2]). The caller stacks
 // gate and up where they are dense and frees them, so those come from the backend's allocator()
-// (WeightLoader::StackPart::kIfDense); quantized, they are kept.
-absl::StatusOr<std::vector<LinearWeight>> LoadExpertParts(std::span<const WeightSpec> specs, size_t next,
-                                                          DType weight_dtype, WeightLoader& loader) {
+// (WeightLoader::StackPart::kIfDense, or `gate_up_part` for a shared expert); quantized, a routed
+// expert's are kept, in warp tiles where the backend asks for them (only QuantizedMoeExperts
+// reads them).
+absl::StatusOr<std::vector<LinearWeight>> LoadExpertParts(
+    std::span<const WeightSpec> specs, size_t next, DType weight_dtype, WeightLoader& loader,
+    WeightLoader::StackPart gate_up_part = WeightLoader::StackPart::kIfDense,
+    WeightLoader::Codes codes = WeightLoader::Codes::kExpertTiles) {
   std::vector<LinearWeight> parts;
   for (size_t i = next; i < next + 3; ++i) {
-    const auto stack_part = i < next + 2 ? WeightLoader::StackPart::kIfDense : WeightLoader::StackPart::kNo;
-    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, stack_part));
+    const auto stack_part = i < next + 2 ? gate_up_part : WeightLoader::StackPart::kNo;
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, stack_part, codes));
     parts.push_back(std::move(w));
   }
   return parts;
@@ -184,14 +188,32 @@ absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::
   // One shared expert beside quantized routed ones: gate, up and down read apart, so that where
   // they are quantized like the routed experts (DeepSeek-V3 / R1, Kimi-K2-Instruct FP8) they can
   // also serve as one more routed expert (Forward).
-  // Quantized gate and up are kept where the shared expert joins the routed ones; where it does not
-  // (quantized unlike them) they are freed after the stack below, and their bytes stay unused in the
-  // weight memory until the model is freed.
-  EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> parts, LoadExpertParts(specs, next, weight_dtype, loader));
+  // Its own MLP reads row-major codes. Where the routed experts' codes are warp-tiled, the joined
+  // expert is a tiled copy of the parts, so gate and up are parts to stack and free (from the
+  // backend's allocator()); otherwise quantized gate and up are kept where the shared expert joins
+  // the routed ones, and where it does not (quantized unlike them) they are freed after the stack
+  // below, their bytes unused in the weight memory until the model is freed.
+  const QuantizedExpertWeights& routed = quantized_experts_[0];
+  const bool tiled = routed.gate.warp_tiled() || routed.up.warp_tiled() || routed.down.warp_tiled();
+  EAGLE3_ASSIGN_OR_RETURN(
+      std::vector<LinearWeight> parts,
+      LoadExpertParts(specs, next, weight_dtype, loader,
+                      tiled ? WeightLoader::StackPart::kYes : WeightLoader::StackPart::kIfDense,
+                      WeightLoader::Codes::kRowMajor));
   if (parts[0].quantized() && parts[1].quantized() && parts[2].quantized()) {
-    const QuantizedExpertWeights shared{parts[0].quantized_view(), parts[1].quantized_view(),
-                                        parts[2].quantized_view()};
-    shared_joins_experts_ = AlikeExpert(shared, quantized_experts_[0]);
+    QuantizedExpertWeights shared{parts[0].quantized_view(), parts[1].quantized_view(), parts[2].quantized_view()};
+    shared_joins_experts_ = AlikeExpert(shared, routed);
+    const QuantizedWeightView* const want[3] = {&routed.gate, &routed.up, &routed.down};
+    QuantizedWeightView* const views[3] = {&shared.gate, &shared.up, &shared.down};
+    for (int i = 0; i < 3 && shared_joins_experts_; ++i) {
+      if (want[i]->warp_tiled() && !CanWarpTile(*views[i])) shared_joins_experts_ = false;
+    }
+    for (int i = 0; i < 3 && shared_joins_experts_; ++i) {
+      if (!want[i]->warp_tiled()) continue;
+      EAGLE3_ASSIGN_OR_RETURN(LinearWeight copy, WarpTiledCopy(loader.backend(), parts[i]));
+      *views[i] = copy.quantized_view();
+      expert_weights_.push_back(std::move(copy));
+    }
     if (shared_joins_experts_) quantized_experts_.push_back(shared);
   }
   // The shared MLP for the calls it does not join: gate and up stacked where they can be (a copy;
@@ -201,7 +223,7 @@ absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::
                           StackLinearWeights(loader.backend(), std::span(parts).first(2)));
   if (gate_up.has_value()) {
     shared_.gate_up.push_back(std::move(*gate_up));
-    if (shared_joins_experts_) {
+    if (shared_joins_experts_ && !tiled) {
       expert_weights_.push_back(std::move(parts[0]));
       expert_weights_.push_back(std::move(parts[1]));
     }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "eagle3/detail/int4_packing.h"
 #include "eagle3/status.h"
 #include "eagle3/tensor_convert.h"
 #include "host_read_timer.h"
@@ -49,25 +50,40 @@ absl::StatusOr<Tensor> UploadPadded(Backend& backend, Allocator& device_allocato
   return device;
 }
 
+// The codes of row-major `view` (on the backend's device) in warp tiles in new memory of
+// `allocator`; `view` is set to describe them.
+absl::StatusOr<Tensor> TileCodes(Backend& backend, Allocator& allocator, QuantizedWeightView& view) {
+  EAGLE3_ASSIGN_OR_RETURN(Tensor tiles, Tensor::Empty(view.codes.dtype(), WarpTiledCodesShape(view), allocator));
+  EAGLE3_RETURN_IF_ERROR(backend.TileQuantizedCodes(view, tiles.view()));
+  view = WithWarpTiledCodes(view, tiles.view());
+  return tiles;
+}
+
 // `host`'s tensors on `backend`'s device in memory of `device_allocator` (the tensors themselves on a
-// host backend), INT4 scales converted to bf16 in memory of `host_allocator` first.
+// host backend), INT4 scales converted to bf16 in memory of `host_allocator` first. tile_scratch:
+// the codes in warp tiles, uploaded row-major into memory of *tile_scratch first.
 absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host, Allocator& host_allocator,
-                                           Allocator& device_allocator) {
+                                           Allocator& device_allocator, Allocator* tile_scratch) {
   if (host.view.format == WeightFormat::kInt4Group) {
     EAGLE3_ASSIGN_OR_RETURN(Tensor bf16, Tensor::Empty(DType::kBF16, host.scales.shape(), host_allocator));
     EAGLE3_RETURN_IF_ERROR(ConvertTensor(host.scales, bf16));
     host.scales = std::move(bf16);
   }
   QuantizedWeightView view = host.view;
-  if (backend.device().is_cpu()) {
-    view.scales = host.scales.view();
-    return LinearWeight(std::move(host.codes), std::move(host.scales), view);
-  }
-  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, UploadPadded(backend, device_allocator, host.codes,
-                                                     RowAlignment(host.codes.dtype()), &view.codes));
+  view.scales = host.scales.view();
+  if (backend.device().is_cpu()) return LinearWeight(std::move(host.codes), std::move(host.scales), view);
+  // Decided on the host view: the device copy keeps the scales' layout, and the codes go to tiles.
+  const bool tile = tile_scratch != nullptr && CanWarpTile(view) && backend.tiles_expert_codes(view);
   EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), device_allocator));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host.scales, scales));
   view.scales = scales.view();
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, UploadPadded(backend, tile ? *tile_scratch : device_allocator, host.codes,
+                                                     RowAlignment(host.codes.dtype()), &view.codes));
+  if (tile) {
+    // The row-major upload is freed when this returns; the backend runs the tiling before any
+    // later upload into that memory.
+    EAGLE3_ASSIGN_OR_RETURN(codes, TileCodes(backend, device_allocator, view));
+  }
   // No synchronize: Copy has read pageable host tensors when it returns, and an UploadRing holds its
   // memory back until the copies from it are done (Backend::Copy), so the transfers overlap the next
   // weight's read; the model synchronizes once its weights are loaded.
@@ -90,7 +106,7 @@ absl::StatusOr<Tensor> Upload(Backend& backend, Allocator& device_allocator, con
 // Whether quantized `w` can be a row range of a weight stacked with `first` (StackLinearWeights'
 // rule), followed by other parts when `not_last`.
 bool StacksAlike(const QuantizedWeightView& w, const QuantizedWeightView& first, bool not_last) {
-  const bool alike = w.format == first.format && w.k == first.k && w.col0 == first.col0 &&
+  const bool alike = !w.warp_tiled() && !first.warp_tiled() && w.format == first.format && w.k == first.k && w.col0 == first.col0 &&
                      w.scale_col0 == first.scale_col0 && w.block_rows == first.block_rows &&
                      w.block_cols == first.block_cols && w.codes.dtype() == first.codes.dtype() &&
                      w.scales.dtype() == first.scales.dtype() && w.codes.dim(1) == first.codes.dim(1) &&
@@ -171,6 +187,27 @@ absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend,
   return std::optional<LinearWeight>(std::move(stacked));
 }
 
+bool CanWarpTile(const QuantizedWeightView& w) {
+  if (w.warp_tiled()) return false;
+  if (w.format == WeightFormat::kFp8Block) return true;
+  return w.format == WeightFormat::kInt4Group && w.col0 % kInt4PerWord == 0;
+}
+
+absl::StatusOr<LinearWeight> WarpTiledCopy(Backend& backend, const LinearWeight& w) {
+  QuantizedWeightView view = w.quantized_view();
+  if (!w.quantized() || !CanWarpTile(view)) {
+    return absl::InvalidArgumentError(absl::StrCat("WarpTiledCopy: the weight (codes ", view.codes.ToString(),
+                                                   ", col0 ", view.col0,
+                                                   ") is not a row-major quantized slice that warp tiles can hold"));
+  }
+  EAGLE3_ASSIGN_OR_RETURN(Tensor tiles, TileCodes(backend, backend.weight_allocator(), view));
+  EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(view.scales.dtype(), view.scales.shape(),
+                                                       backend.weight_allocator()));
+  EAGLE3_RETURN_IF_ERROR(backend.Copy(view.scales, scales));
+  view.scales = scales.view();
+  return LinearWeight(std::move(tiles), std::move(scales), view);
+}
+
 LinearWeight::LinearWeight(Tensor dense) : dense_(std::move(dense)) {}
 
 LinearWeight::LinearWeight(Tensor codes, Tensor scales, const QuantizedWeightView& view)
@@ -222,7 +259,10 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
     if (form == StoredForm::kFp8Block || AllBf16(host.scales)) {
       stats.host_bytes += static_cast<int64_t>(host.codes.nbytes() + host.scales.nbytes());
       const Clock::time_point start = Clock::now();
-      absl::StatusOr<LinearWeight> loaded = LoadQuantized(backend, std::move(host), host_allocator, quantized_allocator);
+      Allocator* const tile_scratch =
+          load.warp_tiles ? (load.tile_scratch != nullptr ? load.tile_scratch : &backend.allocator()) : nullptr;
+      absl::StatusOr<LinearWeight> loaded =
+          LoadQuantized(backend, std::move(host), host_allocator, quantized_allocator, tile_scratch);
       stats.device_seconds += since(start);
       if (!loaded.ok()) return PlacingError(spec.name, loaded.status());
       return loaded;

@@ -70,7 +70,7 @@ class LinearWeight {
 // The weights of `parts` stacked by rows into one weight on `backend`'s device ([sum of rows, K]: the
 // gate and up projections of a SiLU MLP become one product), when they can be one:
 //  - every part dense, of one dtype and column count;
-//  - every part quantized alike (format, k, col0, block sizes and the scale columns they hold), each
+//  - every part quantized alike (row-major codes, format, k, col0, block sizes and the scale columns they hold), each
 //    slice starting on a scale-block row (row0 % block_rows == 0, its scales from that block on) and
 //    every part but the last holding whole blocks of rows: the stacked scales are then the parts'
 //    scale rows in order, indexed from global row 0. INT4 rows (block_rows 1) always stack; FP8
@@ -101,7 +101,25 @@ struct LinearWeightLoad {
   // memory returns only with its whole chunk (Backend::weight_allocator).
   Allocator* dense_allocator = nullptr;
   Allocator* quantized_allocator = nullptr;
+  // For a weight that only Backend::QuantizedMoeExperts reads (a routed expert's), kept quantized on
+  // a device backend whose tiles_expert_codes() takes it: the codes in warp-step tiles
+  // (QuantCodesLayout::kWarpTiles, Backend::TileQuantizedCodes) in memory of quantized_allocator.
+  // The row-major codes are uploaded into memory of `tile_scratch` first (nullptr:
+  // backend.allocator()), which may be a ReusedBufferAllocator: the tiling kernel reads them before
+  // the backend runs the next upload.
+  bool warp_tiles = false;
+  Allocator* tile_scratch = nullptr;
 };
+
+// Whether `w`'s codes can be laid out in warp tiles (Backend::TileQuantizedCodes): a quantized,
+// row-major view, INT4 slices starting on a whole packed word.
+bool CanWarpTile(const QuantizedWeightView& w);
+
+// A copy of quantized `w` (CanWarpTile) with its codes in warp tiles and its own scales, in
+// backend.weight_allocator() memory: for a weight also read row-major elsewhere (a shared expert
+// that joins the routed experts' op). Does not synchronize (the backend orders the copies before
+// later work; `w` must stay alive until then).
+absl::StatusOr<LinearWeight> WarpTiledCopy(Backend& backend, const LinearWeight& w);
 
 // The `shard` slice of `spec`, stored as `form` under `quantization` (run CheckStoredWeight first),
 // on `backend`'s device:

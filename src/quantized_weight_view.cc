@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "eagle3/detail/int4_packing.h"
+#include "eagle3/detail/quant_tiles.h"
 #include "eagle3/half.h"
 #include "eagle3/status.h"
 
@@ -87,12 +89,34 @@ absl::Status QuantizedWeightView::Check(std::string_view op) const {
     return Invalid(op, "w.block_rows is ", block_rows,
                    "; int4-group weights have one scale row per weight row (block_rows 1)");
   }
-  const int64_t width = fp8 ? k : Int4Words(col0, k);
+  if (layout != QuantCodesLayout::kRowMajor && layout != QuantCodesLayout::kWarpTiles) {
+    return Invalid(op, "w.layout is ", static_cast<int>(layout), "; expected kRowMajor (0) or kWarpTiles (1)");
+  }
+  if (warp_tiled()) {
+    if (tiled_rows < 0 || tiled_rows > kMaxIndex) {
+      return Invalid(op, "w.tiled_rows ", tiled_rows, " must be in [0, 2^48] for warp-tiled codes");
+    }
+    const int64_t tile_bytes = QuantTileSteps(!fp8, k, col0) * kQuantTileBytes;
+    if ((tiled_rows + kQuantTileRows - 1) / kQuantTileRows > std::numeric_limits<int64_t>::max() / tile_bytes) {
+      return Invalid(op, "w.tiled_rows ", tiled_rows, " and w.k ", k, " make more warp-tile bytes than int64 holds");
+    }
+    if (!fp8 && col0 % kInt4PerWord != 0) {
+      return Invalid(op, "w.col0 ", col0, " must be a multiple of ", kInt4PerWord,
+                     " (a whole packed word) for warp-tiled int4 codes");
+    }
+    const Shape want = WarpTiledCodesShape(*this);
+    if (codes.shape() != want || (codes.dim(0) > 1 && codes.stride(0) != codes.dim(1))) {
+      return Invalid(op, "w.codes ", codes.ToString(), " (strides ", codes.strides().ToString(),
+                     ") must be the contiguous warp tiles of a [", tiled_rows, ", ", k, "] slice from column ", col0,
+                     ": ", want.ToString());
+    }
+  }
+  const int64_t width = warp_tiled() ? 0 : fp8 ? k : Int4Words(col0, k);
   if (codes.dim(1) < width) {
     return Invalid(op, "w.codes ", codes.ToString(), " has ", codes.dim(1), " columns; w.k ", k,
                    fp8 ? "" : absl::StrCat(" from w.col0 % 8 = ", col0 % kInt4PerWord), " needs ", width);
   }
-  const int64_t n = codes.dim(0);
+  const int64_t n = rows();
   if (n == 0 || k == 0) return absl::OkStatus();
   const int64_t first_row = row0 / block_rows, end_row = (row0 + n - 1) / block_rows + 1;
   const int64_t first_col = col0 / block_cols, end_col = (col0 + k - 1) / block_cols + 1;
@@ -107,6 +131,21 @@ absl::Status QuantizedWeightView::Check(std::string_view op) const {
   return absl::OkStatus();
 }
 
+Shape WarpTiledCodesShape(const QuantizedWeightView& w) {
+  const bool int4 = w.format == WeightFormat::kInt4Group;
+  const int64_t n = std::max<int64_t>(0, w.rows()), k = std::max<int64_t>(0, w.k);
+  const int64_t tiles = n == 0 || k == 0 ? 0 : QuantTiledBytes(int4, n, k, std::max<int64_t>(0, w.col0)) / kQuantTileBytes;
+  return Shape{tiles, int4 ? kQuantTileBytes / 4 : kQuantTileBytes};
+}
+
+QuantizedWeightView WithWarpTiledCodes(const QuantizedWeightView& w, const TensorView& tiles) {
+  QuantizedWeightView tiled = w;
+  tiled.tiled_rows = w.rows();
+  tiled.layout = QuantCodesLayout::kWarpTiles;
+  tiled.codes = tiles;
+  return tiled;
+}
+
 absl::Status DequantizeWeight(const QuantizedWeightView& w, const TensorView& out) {
   constexpr std::string_view kOp = "DequantizeWeight";
   EAGLE3_RETURN_IF_ERROR(w.Check(kOp));
@@ -117,10 +156,21 @@ absl::Status DequantizeWeight(const QuantizedWeightView& w, const TensorView& ou
   }
   const bool fp8 = w.format == WeightFormat::kFp8Block;
   const int64_t shift = fp8 ? 0 : w.col0 % kInt4PerWord;  // int4: value index of column 0 in word 0
+  // Warp-tiled codes: each row is gathered into row-major order first.
+  const int64_t row_bytes = fp8 ? w.k : 4 * Int4Words(w.col0, w.k);
+  const int64_t tile_steps = QuantTileSteps(!fp8, w.k, w.col0), tile_shift = QuantTileShift(!fp8, w.col0);
+  std::vector<char> gathered(w.warp_tiled() ? static_cast<size_t>(row_bytes) : 0);
   for (int64_t r = 0; r < w.rows(); ++r) {
     const int64_t scale_row = (w.row0 + r) / w.block_rows - w.scale_row0;
-    const auto* codes = static_cast<const char*>(w.codes.data()) +
-                        r * w.codes.stride(0) * static_cast<int64_t>(DTypeSize(w.codes.dtype()));
+    const char* codes = nullptr;
+    if (w.warp_tiled()) {
+      const auto* tiles = static_cast<const char*>(w.codes.data());
+      for (int64_t b = 0; b < row_bytes; ++b) gathered[b] = tiles[QuantTileOffset(!fp8, tile_steps, tile_shift, r, b)];
+      codes = gathered.data();
+    } else {
+      codes = static_cast<const char*>(w.codes.data()) +
+              r * w.codes.stride(0) * static_cast<int64_t>(DTypeSize(w.codes.dtype()));
+    }
     float* o = out.data_as<float>() + r * out.stride(0);
     // One scale per run of columns within a block: the division happens once per block.
     for (int64_t c = 0; c < w.k;) {

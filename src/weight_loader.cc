@@ -5,6 +5,7 @@
 
 #include "eagle3/status.h"
 #include "host_read_timer.h"
+#include "reused_buffer_allocator.h"
 
 namespace eagle3 {
 
@@ -120,7 +121,7 @@ absl::StatusOr<Tensor> WeightLoader::Load(std::string_view name, DType dtype) {
 }
 
 absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DType dense_dtype,
-                                                      StackPart stack_part) {
+                                                      StackPart stack_part, Codes codes) {
   EAGLE3_ASSIGN_OR_RETURN(const size_t i, Find(spec));
   if (checks_ == Checks::kEachRead) {
     EAGLE3_RETURN_IF_ERROR(CheckStoredWeight(*checkpoint_, spec, forms_[i], quantization_));
@@ -133,6 +134,11 @@ absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DT
   load.upload_ring = ring;
   if (stack_part != StackPart::kNo) load.dense_allocator = &backend_->allocator();
   if (stack_part == StackPart::kYes) load.quantized_allocator = &backend_->allocator();
+  if (codes == Codes::kExpertTiles && !backend_->device().is_cpu()) {
+    if (tile_scratch_ == nullptr) tile_scratch_ = std::make_unique<ReusedBufferAllocator>(backend_->allocator());
+    load.warp_tiles = true;
+    load.tile_scratch = tile_scratch_.get();
+  }
   return LoadLinearWeight(*backend_, *checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), load);
 }
 

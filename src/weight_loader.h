@@ -85,8 +85,15 @@ class WeightLoader {
   // A Linear layer's weight (Gemm's b): this rank's shard of `spec`, kept quantized when the
   // checkpoint stores it so and keep_quantized() says to (LoadLinearWeight), else dense in
   // `dense_dtype`. Checks as ReadHost.
+  // How a weight kept quantized lays out its codes.
+  enum class Codes {
+    kRowMajor,
+    // Warp tiles where the backend takes them (Backend::tiles_expert_codes), for a weight that only
+    // Backend::QuantizedMoeExperts reads (a routed expert's); row-major elsewhere.
+    kExpertTiles,
+  };
   absl::StatusOr<LinearWeight> LoadLinear(const WeightSpec& spec, DType dense_dtype,
-                                          StackPart stack_part = StackPart::kNo);
+                                          StackPart stack_part = StackPart::kNo, Codes codes = Codes::kRowMajor);
   // The shards of `specs` as one weight stacked by rows when StackLinearWeights can stack them (one
   // element), else each alone (in order). Every spec has the same column count. The parts are
   // loaded as StackPart::kYes, so where they cannot be stacked they stay in Backend::allocator().
@@ -124,6 +131,10 @@ class WeightLoader {
   WeightLoadStats* stats_ = nullptr;
   bool ring_made_ = false;
   std::unique_ptr<UploadRing> ring_;
+  // Where Codes::kExpertTiles loads upload the row-major codes before tiling them: one buffer for
+  // the whole load (LinearWeightLoad::tile_scratch), made on first use. Declared after ring_ so
+  // that it is freed first (its upstream free waits for the device, hence for the uploads).
+  std::unique_ptr<Allocator> tile_scratch_;
 };
 
 }  // namespace eagle3

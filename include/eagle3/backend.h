@@ -189,6 +189,19 @@ class EAGLE3_API Backend {
   virtual absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
                                      const GemmOptions& options) = 0;
 
+  // Writes the warp-step tiles of w's row-major codes into `tiles` (QuantCodesLayout::kWarpTiles,
+  // eagle3/quantized_weight_view.h): WithWarpTiledCodes(w, tiles) then describes the same weights.
+  // Every byte of `tiles` is written (its padding as zeros).
+  //   w: Check()ed, kRowMajor, on device(); int4: col0 % 8 == 0
+  //   tiles: WarpTiledCodesShape(w), w.codes' dtype, contiguous, on device(), no overlap with w.codes
+  virtual absl::Status TileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) = 0;
+
+  // Whether a loader should keep a routed expert's weight `w` (a row-major view of a quantized
+  // checkpoint's slice, wherever its codes are now: the loader places them) in warp tiles
+  // (TileQuantizedCodes) for QuantizedMoeExperts, which then streams it faster and can read it so.
+  // False by default.
+  virtual bool tiles_expert_codes(const QuantizedWeightView& /*w*/) const { return false; }
+
   // B independent linear layers in one call: c[i] = a[i] b[i]^T for i < B, with Gemm's options
   // (alpha, beta; a bias [N] is added to every item) and Gemm's dtype rules. Items are strided views
   // along dim 0, so per-head projections of one activation row need no copy (a head-major view of
@@ -564,6 +577,8 @@ class EAGLE3_API Backend {
   // w.Check(), then Gemm's checks with w's tensors in place of b (shapes against w.rows() and w.k).
   absl::Status CheckQuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
                                   const GemmOptions& options) const;
+  // TileQuantizedCodes' contract above (InvalidArgument naming "TileQuantizedCodes" and the tensor).
+  absl::Status CheckTileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) const;
   // The batched shapes and the items' mutual overlap; each item is then checked by CheckGemm.
   absl::Status CheckBatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c) const;
   // Item i of a [B, rows, cols] batch, as a [rows, cols] matrix view.

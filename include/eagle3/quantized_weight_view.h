@@ -15,6 +15,12 @@
 //    of row r is global word col0 / 8 of global row row0 + r. One scale row per weight row
 //    (block_rows = 1, block_cols = group_size).
 // The product is taken in fp32 (DequantizeWeight below is the reference).
+//
+// Codes are laid out row-major (kRowMajor, the checkpoint's order), or in the warp-step tiles of
+// CudaBackend's quantized GEMV (kWarpTiles, eagle3/detail/quant_tiles.h: each kernel step's 16 rows
+// x 64 bytes contiguous), which HBM streams faster; Backend::TileQuantizedCodes writes them, and
+// only the ops that say so read them (Backend::QuantizedMoeExperts; CpuBackend's ops through
+// DequantizeWeight). q(r, c) is the same value in either layout.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +33,23 @@
 
 namespace eagle3 {
 
+enum class QuantCodesLayout : uint8_t {
+  kRowMajor = 0,
+  kWarpTiles = 1,
+};
+
 struct EAGLE3_API QuantizedWeightView {
   WeightFormat format = WeightFormat::kUnquantized;
-  // kFp8Block: [n, >= k] f8e4m3 (only the first k columns are read).
-  // kInt4Group: [n, >= Int4PackedWords(col0 % 8 + k)] i32 packed words.
-  // Row-strided (stride(1) == 1, stride(0) >= dim(1)); on the device of the op that reads it.
+  // kRowMajor:
+  //   kFp8Block: [n, >= k] f8e4m3 (only the first k columns are read).
+  //   kInt4Group: [n, >= Int4PackedWords(col0 % 8 + k)] i32 packed words.
+  //   Row-strided (stride(1) == 1, stride(0) >= dim(1)).
+  // kWarpTiles: WarpTiledCodesShape(*this), contiguous: QuantTiledBytes(int4, n, k, col0) bytes
+  //   (f8e4m3, or i32 words for kInt4Group, whose col0 is then a multiple of 8).
+  // On the device of the op that reads it.
   TensorView codes;
+  QuantCodesLayout layout = QuantCodesLayout::kRowMajor;
+  int64_t tiled_rows = 0;  // kWarpTiles: n (the tiles pad it to whole 16-row groups); else unused
   // [>= rows of blocks touched, >= columns of blocks touched] (see the file comment), row-strided,
   // codes' device. kFp8Block: f32 (the checkpoint's weight_scale_inv). kInt4Group: bf16 (the hub
   // form) or f32 (a backend may take only bf16: CudaBackend does).
@@ -46,15 +63,28 @@ struct EAGLE3_API QuantizedWeightView {
   int64_t block_cols = 0;  // kFp8Block: weight_block_size[1]; kInt4Group: group_size
 
   // Rows of the slice (the N of the product).
-  int64_t rows() const { return codes.rank() == 2 ? codes.dim(0) : 0; }
+  int64_t rows() const {
+    if (layout == QuantCodesLayout::kWarpTiles) return tiled_rows;
+    return codes.rank() == 2 ? codes.dim(0) : 0;
+  }
+  bool warp_tiled() const { return layout == QuantCodesLayout::kWarpTiles; }
 
   // OK when the fields are consistent: a quantized format, codes and scales 2-D, row-strided, of
   // the format's dtypes and on one device, k / row0 / col0 >= 0, block sizes >= 1 (block_rows 1 for
-  // kInt4Group), codes wide enough for k, and scales holding every block the slice touches.
+  // kInt4Group), codes wide enough for k (kWarpTiles: exactly the tiles' shape, contiguous,
+  // tiled_rows >= 0, int4 col0 % 8 == 0), and scales holding every block the slice touches.
   // Otherwise InvalidArgument "<op>: w.codes ..." / "<op>: w.scales ..." naming the field, what was
   // expected and what it holds. Device placement against a backend is the op's check.
   absl::Status Check(std::string_view op) const;
 };
+
+// The codes shape of the warp-tiled form of a [w.rows(), w.k] slice starting at column w.col0:
+// [QuantTiledBytes / 1024, 1024] for kFp8Block, [QuantTiledBytes / 1024, 256] (i32) for kInt4Group.
+EAGLE3_API Shape WarpTiledCodesShape(const QuantizedWeightView& w);
+
+// `w` (row-major) described over `tiles`, its codes in warp tiles (Backend::TileQuantizedCodes
+// writes them): layout kWarpTiles, tiled_rows = w.rows(), the scales and indices unchanged.
+EAGLE3_API QuantizedWeightView WithWarpTiledCodes(const QuantizedWeightView& w, const TensorView& tiles);
 
 // The f32 weights `w` describes (the file comment's rule), on the host: the reference every backend's
 // QuantizedGemm and the checkpoint loader's dequantization follow.

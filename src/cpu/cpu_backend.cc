@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu/cpu_backend_internal.h"
+#include "eagle3/detail/quant_tiles.h"
 #include "eagle3/half.h"
 #include "eagle3/quantized_weight_view.h"
 #include "eagle3/status.h"
@@ -312,6 +313,14 @@ absl::Status CpuBackend::QuantizedGemm(const TensorView& a, const QuantizedWeigh
   const TensorView weights(Scratch(w.rows() * w.k), DType::kF32, Shape{w.rows(), w.k});
   EAGLE3_RETURN_IF_ERROR(DequantizeWeight(w, weights));
   return Gemm(a, weights, c, options);
+}
+
+absl::Status CpuBackend::TileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) {
+  EAGLE3_RETURN_IF_ERROR(CheckTileQuantizedCodes(w, tiles));
+  if (w.rows() == 0 || w.k == 0) return absl::OkStatus();
+  ::eagle3::TileQuantizedCodes(w.format == WeightFormat::kInt4Group, static_cast<const uint8_t*>(w.codes.data()),
+                               w.codes.stride(0), w.rows(), w.k, w.col0, static_cast<uint8_t*>(tiles.data()));
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps,

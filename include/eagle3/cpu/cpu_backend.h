@@ -52,6 +52,8 @@ class EAGLE3_API CpuBackend final : public Backend {
   // checkpoints dequantized on this backend.
   absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
                              const GemmOptions& options) override;
+  // The host tiler (eagle3/detail/quant_tiles.h), the reference of every backend's.
+  absl::Status TileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) override;
   absl::Status RmsNorm(const TensorView& x, const TensorView& weight, float eps,
                        const TensorView& out) override;
   // Checks both halves' dtypes (f32) before writing either, then runs Backend's default (two

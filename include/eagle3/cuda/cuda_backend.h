@@ -81,6 +81,12 @@ struct CudaBackendOptions {
   // off: the kernels (the reference the tests hold the folds to).
   bool quant_moe_fold_silu = true;
   bool quant_moe_fold_combine = true;
+  // Models loaded on this backend keep their routed experts' quantized codes in warp-step tiles
+  // (Backend::tiles_expert_codes, QuantCodesLayout::kWarpTiles): the grouped GEMV then reads each
+  // kernel step's 16 rows as one contiguous 1 KiB block instead of 16 pieces a row stride apart.
+  // The same bits either way; off: row-major (also when EAGLE3_QUANT_MOE_KERNEL=legacy, whose
+  // CUDA-core kernels read row-major codes only).
+  bool quant_moe_tiled_experts = true;
   // Latent attention calls (LatentAttention, BatchedLatentAttention) that split their keys merge the
   // splits' partial results in the attention kernel itself, in the last block to finish of each
   // tile of query rows, when the tile's partial results (splits x rows of a block x value_dim
@@ -141,7 +147,13 @@ class EAGLE3_API CudaBackend final : public Backend {
   bool keeps_quantized(WeightFormat format) const override {
     return format == WeightFormat::kFp8Block || format == WeightFormat::kInt4Group;
   }
-  // a f32 or bf16; w's scales f32 (FP8) or bf16 (INT4); see cuda/cuda_backend_quantized.cc for the
+  // One kernel writing the tiles 16 bytes a thread.
+  absl::Status TileQuantizedCodes(const QuantizedWeightView& w, const TensorView& tiles) override;
+  // CudaBackendOptions::quant_moe_tiled_experts, unless EAGLE3_QUANT_MOE_KERNEL=legacy, for views
+  // the grouped GEMV path takes (cuda/cuda_backend_quantized_moe.cc).
+  bool tiles_expert_codes(const QuantizedWeightView& w) const override;
+  // a f32 or bf16; w's scales f32 (FP8) or bf16 (INT4); warp-tiled codes refused (only
+  // QuantizedMoeExperts reads them); see cuda/cuda_backend_quantized.cc for the
   // paths and their numerics. A call that dequantizes may grow the dequantization scratch (never
   // while the stream is being captured).
   absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,

@@ -43,6 +43,21 @@ EAGLE3_HOST_DEVICE constexpr int64_t QuantTiledBytes(bool int4, int64_t n, int64
   return (n + kQuantTileRows - 1) / kQuantTileRows * QuantTileSteps(int4, k, col0) * kQuantTileBytes;
 }
 
+// Where byte `byte` of row `row`'s row-major codes lands in the tiles (the one authority on the
+// layout: the host tiler, the device tiler and the host dequantization call it): fp8 byte = column
+// of the slice; int4 byte = 4 x packed word of the slice's row + byte of the word. steps =
+// QuantTileSteps(int4, k, col0), shift = QuantTileShift(int4, col0). 0 <= byte < the row's bytes.
+EAGLE3_HOST_DEVICE constexpr int64_t QuantTileOffset(bool int4, int64_t steps, int64_t shift, int64_t row,
+                                                     int64_t byte) {
+  // The byte's place in the row's stream of 64-byte steps (int4: 2 values a byte, shift a multiple
+  // of 8 values).
+  const int64_t at = byte + (int4 ? shift / 2 : shift);
+  const int64_t step = at / kQuantTileStepBytes, in_step = at % kQuantTileStepBytes;
+  const int64_t lane = 4 * (row % 8) + in_step / 16;
+  return ((row / kQuantTileRows) * steps + step) * kQuantTileBytes + 32 * lane + 16 * ((row % kQuantTileRows) / 8) +
+         in_step % 16;
+}
+
 // Writes the tiled layout of row-major codes: fp8 `codes` are [n, ld] bytes (ld >= k); int4 `codes`
 // are [n, ld] int32 words (ld >= ceil(k / 8)), given as bytes. `out` holds QuantTiledBytes(int4, n,
 // k, col0) bytes; every byte is written (padding as zeros). n, k >= 1, col0 >= 0 (int4: a multiple
