@@ -265,6 +265,7 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
           LoadQuantized(backend, std::move(host), host_allocator, quantized_allocator, tile_scratch);
       stats.device_seconds += since(start);
       if (!loaded.ok()) return PlacingError(spec.name, loaded.status());
+      if (loaded->quantized_view().warp_tiled()) ++stats.tiled_tensors;
       return loaded;
     }
   }

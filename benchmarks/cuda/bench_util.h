@@ -86,6 +86,12 @@ inline cuda::CudaBackend* Backend() {
     if (fold_silu != nullptr && fold_silu[0] != '\0') options.quant_moe_fold_silu = fold_silu[0] != '0';
     const char* fold_combine = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD_COMBINE");
     if (fold_combine != nullptr && fold_combine[0] != '\0') options.quant_moe_fold_combine = fold_combine[0] != '0';
+    // EAGLE3_BENCH_QUANT_MOE_TILED_EXPERTS=0: models keep their routed experts' codes row-major
+    // (CudaBackendOptions::quant_moe_tiled_experts).
+    const char* tiled_experts = std::getenv("EAGLE3_BENCH_QUANT_MOE_TILED_EXPERTS");
+    if (tiled_experts != nullptr && tiled_experts[0] != '\0') {
+      options.quant_moe_tiled_experts = tiled_experts[0] != '0';
+    }
     // EAGLE3_BENCH_LATENT_FOLD_BYTES=N: CudaBackendOptions::latent_fold_combine_bytes (0: every split
     // latent attention call launches its combine kernel; a large N: every call whose kernel can merges
     // its splits itself).

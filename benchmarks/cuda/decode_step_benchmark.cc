@@ -303,10 +303,11 @@ absl::StatusOr<Model*> Get(int id) {
                  static_cast<long long>(kMaxBatch), static_cast<long long>(MaxContext()),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     const WeightLoadStats& ls = m->target->load_stats();
-    std::fprintf(stderr, "decode_step_benchmark: %s: weights: %lld tensors, %.1f GB read on the host; checks %.1f s, "
-                 "host reads %.1f s, device allocations and copies %.1f s (upload ring %zu MiB, weight arena %zu MiB), "
-                 "all weights %.1f s\n",
-                 kModelNames[id], static_cast<long long>(ls.tensors), static_cast<double>(ls.host_bytes) * 1e-9,
+    std::fprintf(stderr, "decode_step_benchmark: %s: weights: %lld tensors (%lld in warp tiles), %.1f GB read on "
+                 "the host; checks %.1f s, host reads %.1f s, device allocations and copies %.1f s (upload ring %zu "
+                 "MiB, weight arena %zu MiB), all weights %.1f s\n",
+                 kModelNames[id], static_cast<long long>(ls.tensors), static_cast<long long>(ls.tiled_tensors),
+                 static_cast<double>(ls.host_bytes) * 1e-9,
                  ls.check_seconds, ls.read_seconds, ls.device_seconds, Backend()->options().upload_ring_bytes >> 20,
                  Backend()->options().weight_arena_chunk_bytes >> 20, ls.total_seconds);
     return m;

@@ -10,6 +10,10 @@
 //   both hidden 7168, moe_intermediate 2048 -> 256 per rank (rank 3's slices: gate / up rows and
 //   down columns [768, 1024)).
 //
+// The experts' codes are read as warp tiles (QuantCodesLayout::kWarpTiles) where the backend's
+// weight loads would keep them so (CudaBackendOptions::quant_moe_tiled_experts;
+// EAGLE3_BENCH_QUANT_MOE_TILED_EXPERTS=0: row-major).
+//
 // Model: bytes = the weight bytes of the DISTINCT experts the 16 routings touch, averaged per call
 // (codes or packed words and the scales they use for the quantized op, bf16 weights for the dense
 // one); the floor is bytes / the measured copy rate. Activations are not counted (under 1 % at 64
@@ -25,6 +29,7 @@
 #include "eagle3/backend.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/detail/int4_packing.h"
+#include "eagle3/quantized_weight_view.h"
 #include "eagle3/tensor.h"
 
 namespace eagle3::bench {
@@ -84,6 +89,12 @@ std::unique_ptr<QuantRank> MakeQuantRank(int64_t model) {
       w[m].scale_col0 = scale_col0[m];
       w[m].block_rows = br;
       w[m].block_cols = bc;
+      // The codes read as warp tiles where the backend's loads would keep them so (the bits are
+      // random either way; these whole shapes tile into exactly their row-major bytes).
+      const Shape tiled = WarpTiledCodesShape(w[m]);
+      if (Backend()->tiles_expert_codes(w[m]) && tiled.numel() * (int4 ? 4 : 1) == rows[m] * row_bytes) {
+        w[m] = WithWarpTiledCodes(w[m], TensorView(base, w[m].codes.dtype(), tiled, r->codes[m].device()));
+      }
     }
     r->views.push_back({w[0], w[1], w[2]});
   }

@@ -170,6 +170,53 @@ TEST_F(CudaQuantizedGemmTest, RefusesWhatTheCudaBackendDoesNotTake) {
   EXPECT_THAT(status.message(), HasSubstr("a ")) << status;
 }
 
+// The device tiler against the host one (CpuBackend::TileQuantizedCodes, the reference), byte for
+// byte over the whole tiles (filled with a marker first, so that a byte the kernel leaves unwritten
+// shows): slices on the fast path (whole aligned 16-byte chunks) and off it (fp8 from column 48, a
+// partial last step and 16-row group; int4 from columns 8 and 24, rows of an odd word count, one
+// row). Then the tiled view's refusal by QuantizedGemm, which reads row-major codes only.
+TEST_F(CudaQuantizedGemmTest, TileQuantizedCodesMatchesTheHostTiler) {
+  struct Case {
+    QuantizationConfig quantization;
+    int64_t n, k;
+    Slice slice;
+  };
+  const Case cases[] = {
+      {DeepseekV3Fp8Quantization(), 256, 1024, {0, 256, 0, 1024, false}},
+      {DeepseekV3Fp8Quantization(), 256, 1024, {5, 37, 48, 300, true}},
+      {DeepseekV3Fp8Quantization(), 256, 1024, {7, 1, 16, 200, false}},
+      {KimiK2ThinkingInt4Quantization(), 64, 512, {0, 64, 0, 512, false}},
+      {KimiK2ThinkingInt4Quantization(), 64, 512, {3, 23, 8, 100, true}},
+      {KimiK2ThinkingInt4Quantization(), 64, 512, {40, 9, 24, 35, false}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << WeightFormatName(c.quantization.format) << " " << c.slice);
+    const QuantizedMatrix m = RandomQuantizedMatrix(c.quantization, c.n, c.k, 40);
+    const QuantizedWeightView host = SliceView(m.quantization, m.codes, m.scales, c.slice);
+    const DeviceView d = ToDevice(host);
+    const Shape shape = WarpTiledCodesShape(host);
+    Tensor want = *Tensor::Empty(host.codes.dtype(), shape);
+    ASSERT_TRUE(cpu_.TileQuantizedCodes(host, want).ok());
+    Tensor d_tiles = *Tensor::Empty(host.codes.dtype(), shape, gpu_->allocator());
+    ASSERT_EQ(cudaMemset(d_tiles.data(), 0xab, d_tiles.nbytes()), cudaSuccess);
+    const absl::Status status = gpu_->TileQuantizedCodes(d.view, d_tiles);
+    ASSERT_TRUE(status.ok()) << status;
+    const Tensor got = Download(d_tiles);
+    ASSERT_EQ(got.nbytes(), want.nbytes());
+    const auto* g = static_cast<const uint8_t*>(got.data());
+    const auto* w = static_cast<const uint8_t*>(want.data());
+    for (size_t i = 0; i < want.nbytes(); ++i) ASSERT_EQ(g[i], w[i]) << "byte " << i;
+
+    const QuantizedWeightView tiled = WithWarpTiledCodes(d.view, d_tiles);
+    ASSERT_TRUE(tiled.Check("test").ok());
+    const Tensor d_a = Upload(Random(Shape{2, c.slice.cols}, 10));
+    Tensor d_c = Upload(Random(Shape{2, c.slice.rows}, 11));
+    const absl::Status refused = gpu_->QuantizedGemm(d_a, tiled, d_c, {});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(refused.message(), testing::AllOf(HasSubstr("QuantizedGemm"), HasSubstr("warp-tiled"))) << refused;
+  }
+}
+
 // The dequantized path at every M (quantized_gemv_max_rows 0): at M <= 8 the bf16 GEMV of Gemm
 // multiplies the scratch.
 class CudaQuantizedGemmDequantizedTest : public CudaQuantizedGemmTest {

@@ -14,7 +14,9 @@
 //    (calls of up to kQuantMoeFoldPairs pairs), SiLU-mul in the down product's staging and the
 //    combine in its last blocks (calls of one token), at the V3 (with the shared expert) and K2 rank
 //    shapes: 1, 2, 4, 8 tokens and the largest folded call, experts of several jobs, accumulate on
-//    and off, bad ids, a call of no jobs, and the first call again after the others;
+//    and off, bad ids, a call of no jobs, and the first call again after the others; every call
+//    also on the experts' codes in warp tiles (TileQuantizedCodes, as loads keep them), bit for bit
+//    equal to the row-major ones, and tiled and row-major experts mixed in one call refused;
 //  - a bad id reported by Synchronize naming the token, whose out row is kept; INT4 f32 scales
 //    refused. Skipped where no CUDA device is visible.
 //
@@ -447,6 +449,19 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     const int64_t top_k = shared ? 9 : 8, num_experts = routed + (shared ? 1 : 0);
     const RankExperts r = MakeRankExperts(quantization, num_experts, kRankHidden, kRankInter, 3);
     const std::vector<QuantizedExpertWeights> d_views = ToDevice(r);
+    // The same experts with their codes in warp tiles (as CudaBackend's loads keep routed experts):
+    // every call below must give the row-major views' bits.
+    std::vector<Tensor> tiles;
+    std::vector<QuantizedExpertWeights> d_tiled = d_views;
+    for (QuantizedExpertWeights& w : d_tiled) {
+      for (QuantizedWeightView* v : {&w.gate, &w.up, &w.down}) {
+        ASSERT_TRUE(gpu_->tiles_expert_codes(*v));
+        Tensor t = *Tensor::Empty(v->codes.dtype(), WarpTiledCodesShape(*v), gpu_->allocator());
+        ASSERT_TRUE(gpu_->TileQuantizedCodes(*v, t).ok());
+        *v = WithWarpTiledCodes(*v, t);
+        tiles.push_back(std::move(t));
+      }
+    }
     // Tokens of the largest call the fold takes.
     const int64_t folded = cuda::kQuantMoeFoldPairs / top_k;
     ASSERT_GE(folded, 8);
@@ -473,6 +488,11 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
       const Tensor separate_acc = Call(*separate_, d_x, d_ids, d_weights, d_views, 0.75f, sync, true);
       EXPECT_TRUE(sync.ok()) << sync;
       ExpectBitwiseEqual(got_acc, separate_acc, "accumulate: folded vs the kernels");
+      ExpectBitwiseEqual(Call(*gpu_, d_x, d_ids, d_weights, d_tiled, NAN, sync), got, "warp tiles vs row-major");
+      EXPECT_TRUE(sync.ok()) << sync;
+      ExpectBitwiseEqual(Call(*separate_, d_x, d_ids, d_weights, d_tiled, 0.75f, sync, true), got_acc,
+                         "accumulate, kernels: warp tiles vs row-major");
+      EXPECT_TRUE(sync.ok()) << sync;
       Tensor want = Filled(Shape{tokens, kRankHidden}, 0.0f);
       EXPECT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, want, false).ok());
       EXPECT_LE(parity::RelError(got, want), kExactTol);
@@ -546,6 +566,21 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     }
     // The first call again: the same bits (nothing left over from the calls between).
     ExpectBitwiseEqual(check(1, false), first, "the first call again");
+
+    // Tiled and row-major experts mixed in one call: off the grouped path's shared layout, which
+    // alone reads tiles, so refused naming the first tiled view.
+    {
+      std::vector<QuantizedExpertWeights> mixed = d_views;
+      mixed[1].gate = d_tiled[1].gate;
+      Tensor ids, weights;
+      Routing(1, routed, shared, false, 11, ids, weights);
+      Tensor d_out = Upload(Filled(Shape{1, kRankHidden}, 0.0f));
+      const absl::Status status = gpu_->QuantizedMoeExperts(Upload(Random(Shape{1, kRankHidden}, 11)), Upload(ids),
+                                                            Upload(weights), mixed, d_out, false);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+      EXPECT_THAT(std::string(status.message()),
+                  testing::AllOf(HasSubstr("experts[1].gate.codes"), HasSubstr("warp-tiled"))) << status;
+    }
   }
 
   std::unique_ptr<cuda::CudaBackend> separate_;

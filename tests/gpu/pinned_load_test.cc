@@ -5,7 +5,8 @@
 // transfers before reusing memory); a load failing midway with transfers in flight. And the same
 // for the weight arena the tensors are allocated from (CudaBackendOptions::weight_arena_chunk_bytes:
 // off, the default, and chunks so small that the fixtures span many and their largest tensors
-// bypass them), and the arena's options.
+// bypass them), and the arena's options. And the target's logits with the routed experts' codes in
+// warp tiles (the default) against row-major ones (CudaBackendOptions::quant_moe_tiled_experts).
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -265,7 +266,8 @@ TEST_F(PinnedLoadTest, LoadFailingMidwayLeavesEarlierTransfersIntact) {
 // Logits of `t` tokens through the whole target loaded by TargetModel::Create (MlaBlock's
 // host-converted W_UK, stacked inputs, the MoE experts and shared expert, kept quantized) on a
 // backend made with `options`.
-void TargetLogits(const std::string& dir, const cuda::CudaBackendOptions& options, std::vector<float>* logits) {
+void TargetLogits(const std::string& dir, const cuda::CudaBackendOptions& options, std::vector<float>* logits,
+                  int64_t* tiled_tensors = nullptr) {
   auto config = DeepseekV2Config::FromFile(dir);
   ASSERT_TRUE(config.ok()) << config.status();
   const int64_t t = 9;
@@ -281,6 +283,7 @@ void TargetLogits(const std::string& dir, const cuda::CudaBackendOptions& option
   auto model = TargetModel::Create(dir, o, nullptr, backend->get());
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_GT((*model)->load_stats().tensors, 0);
+  if (tiled_tensors != nullptr) *tiled_tensors = (*model)->load_stats().tiled_tensors;
   std::vector<int32_t> pages(static_cast<size_t>(o.num_kv_pages));
   for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
   SequenceInput in;
@@ -416,6 +419,29 @@ TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithEveryArena) {
       SCOPED_TRACE(std::string(fixture) + ", " + arena.name);
       std::vector<float> logits;
       ASSERT_NO_FATAL_FAILURE(TargetLogits(kGolden + fixture, {.weight_arena_chunk_bytes = arena.chunk_bytes}, &logits));
+      ExpectSameLogitsAsFirst(&want, std::move(logits));
+    }
+  }
+}
+
+// Routed experts kept in warp tiles (the default) against row-major (quant_moe_tiled_experts off):
+// the same logits, bit for bit, and the loads say which they did (the fixtures' experts are on the
+// grouped GEMV's layout, so the default tiles every routed expert's gate, up and down).
+TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithTiledExperts) {
+  for (const char* fixture : {"v3_fp8", "k25_int4"}) {
+    std::vector<float> want;
+    for (const bool tiled : {false, true}) {
+      SCOPED_TRACE(std::string(fixture) + (tiled ? ", tiled experts" : ", row-major experts"));
+      std::vector<float> logits;
+      int64_t tiled_tensors = -1;
+      ASSERT_NO_FATAL_FAILURE(
+          TargetLogits(kGolden + fixture, {.quant_moe_tiled_experts = tiled}, &logits, &tiled_tensors));
+      if (tiled) {
+        EXPECT_GT(tiled_tensors, 0);
+        EXPECT_EQ(tiled_tensors % 3, 0);  // gate, up and down of each routed expert
+      } else {
+        EXPECT_EQ(tiled_tensors, 0);
+      }
       ExpectSameLogitsAsFirst(&want, std::move(logits));
     }
   }
