@@ -16,18 +16,31 @@ namespace {
 // One expert's gate, up and down weights (specs[next], [next + 1], [next + 2]). The caller stacks
 // gate and up where they are dense and frees them, so those come from the backend's allocator()
 // (WeightLoader::StackPart::kIfDense, or `gate_up_part` for a shared expert); quantized, a routed
-// expert's are kept, in warp tiles where the backend asks for them (only QuantizedMoeExperts
-// reads them).
+// expert's are kept, in warp tiles where the backend takes them (only QuantizedMoeExperts reads
+// them). Its op reads tiles only where it reads all three weights on its fast path, so the three are
+// tiled together or not at all: down (whose slice starts at the rank's column, the one a backend
+// may not take) is loaded first, and gate and up are tiled only after it.
 absl::StatusOr<std::vector<LinearWeight>> LoadExpertParts(
     std::span<const WeightSpec> specs, size_t next, DType weight_dtype, WeightLoader& loader,
     WeightLoader::StackPart gate_up_part = WeightLoader::StackPart::kIfDense,
     WeightLoader::Codes codes = WeightLoader::Codes::kExpertTiles) {
+  using Codes = WeightLoader::Codes;
+  const auto tiled = [](const LinearWeight& w) { return w.quantized() && w.quantized_view().warp_tiled(); };
+  EAGLE3_ASSIGN_OR_RETURN(LinearWeight down, loader.LoadLinear(specs[next + 2], weight_dtype,
+                                                               WeightLoader::StackPart::kNo, codes));
+  const Codes gate_up_codes = tiled(down) ? Codes::kExpertTiles : Codes::kRowMajor;
   std::vector<LinearWeight> parts;
-  for (size_t i = next; i < next + 3; ++i) {
-    const auto stack_part = i < next + 2 ? gate_up_part : WeightLoader::StackPart::kNo;
-    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, stack_part, codes));
+  for (size_t i = next; i < next + 2; ++i) {
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, gate_up_part, gate_up_codes));
     parts.push_back(std::move(w));
   }
+  if (tiled(down) && !(tiled(parts[0]) && tiled(parts[1]))) {
+    // The backend took down's slice in tiles but not gate's or up's: down again, row-major (its
+    // tiles stay unused in the weight memory; no published checkpoint's slices come here).
+    EAGLE3_ASSIGN_OR_RETURN(down, loader.LoadLinear(specs[next + 2], weight_dtype, WeightLoader::StackPart::kNo,
+                                                    Codes::kRowMajor));
+  }
+  parts.push_back(std::move(down));
   return parts;
 }
 
