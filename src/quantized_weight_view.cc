@@ -96,8 +96,10 @@ absl::Status QuantizedWeightView::Check(std::string_view op) const {
     if (tiled_rows < 0 || tiled_rows > kMaxIndex) {
       return Invalid(op, "w.tiled_rows ", tiled_rows, " must be in [0, 2^48] for warp-tiled codes");
     }
+    // Zero for k == 0 on the step grid (an empty slice has no tiles): nothing can overflow then.
     const int64_t tile_bytes = QuantTileSteps(!fp8, k, col0) * kQuantTileBytes;
-    if ((tiled_rows + kQuantTileRows - 1) / kQuantTileRows > std::numeric_limits<int64_t>::max() / tile_bytes) {
+    if (tile_bytes > 0 &&
+        (tiled_rows + kQuantTileRows - 1) / kQuantTileRows > std::numeric_limits<int64_t>::max() / tile_bytes) {
       return Invalid(op, "w.tiled_rows ", tiled_rows, " and w.k ", k, " make more warp-tile bytes than int64 holds");
     }
     if (!fp8 && col0 % kInt4PerWord != 0) {

@@ -11,7 +11,9 @@ ReusedBufferAllocator::~ReusedBufferAllocator() {
 }
 
 absl::StatusOr<void*> ReusedBufferAllocator::Allocate(size_t bytes, size_t alignment) {
-  if (out_ || alignment > kAlignment) return upstream_->Allocate(bytes, alignment);
+  // A request past kMaxBufferBytes is never the buffer: rounding it up to whole MiB (or doubling a
+  // buffer that large) would wrap around to a size smaller than asked for.
+  if (out_ || alignment > kAlignment || bytes > kMaxBufferBytes) return upstream_->Allocate(bytes, alignment);
   if (buffer_ == nullptr || bytes > capacity_) {
     // Grown in whole MiB, at least doubling, so that slowly growing requests replace it rarely.
     const size_t mib = size_t{1} << 20;

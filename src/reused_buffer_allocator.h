@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "eagle3/allocator.h"
@@ -27,11 +28,15 @@ class ReusedBufferAllocator final : public Allocator {
   ReusedBufferAllocator& operator=(const ReusedBufferAllocator&) = delete;
 
   Device device() const override { return upstream_->device(); }
-  // Alignment up to kAlignment from the buffer (the upstream's beyond).
+  // Alignment up to kAlignment and sizes up to kMaxBufferBytes from the buffer (the upstream's
+  // beyond).
   absl::StatusOr<void*> Allocate(size_t bytes, size_t alignment) override;
   void Deallocate(void* ptr, size_t bytes) override;
 
   static constexpr size_t kAlignment = 256;
+  // Far past any real buffer, and low enough that its capacity, rounded up and doubled, stays
+  // below SIZE_MAX.
+  static constexpr size_t kMaxBufferBytes = SIZE_MAX / 4;
 
  private:
   Allocator* upstream_;
