@@ -26,6 +26,10 @@
 //    f32 scale per row per 128 columns), the weight's scale blocks are copied into cuBLASLt's
 //    layout where the checkpoint's rows are not already in it (column slices), and cuBLASLt's
 //    block-scaled FP8 product (fp8_w8a8_gemm.h) writes c; the bias follows in a small kernel.
+// Codes may be row-major or in warp-step tiles (QuantCodesLayout::kWarpTiles, which loads give the
+// weights the GEMV path takes: CudaBackend::tiles_gemm_codes): the GEMV kernels stream tiles as
+// whole 1 KiB blocks, the dequantizing kernels read them through QuantTileOffset, the W8A8 path
+// takes row-major codes only; the results are the same bits either way.
 // With b_is_weights, the GEMV launches start streaming the weights early (programmatic dependent
 // launch), as Gemm's GEMV does; the dequantization kernel does not, since it writes the scratch,
 // which the previous dequantized product may still be reading.
@@ -158,6 +162,7 @@ absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const Quant
     fp8_weights.scale_ld = LeadingDim(w.scales);
     fp8_weights.row0 = LocalRow0(w);
     fp8_weights.col0 = LocalCol0(w);
+    fp8_weights.tiled = w.warp_tiled();
   } else {
     int4_weights.packed = w.codes.data_as<const int32_t>();
     int4_weights.ld = LeadingDim(w.codes);
@@ -165,6 +170,7 @@ absl::Status GemvProduct(CudaBackend::State& s, const TensorView& a, const Quant
     int4_weights.scale_ld = LeadingDim(w.scales);
     int4_weights.col0 = LocalCol0(w);
     int4_weights.group_size = w.block_cols;
+    int4_weights.tiled = w.warp_tiled();
   }
   // Rows [first, first + batch * rows) as `batch` items of `rows` rows sharing the weights.
   auto launch = [&](int64_t first, int64_t batch, int64_t rows) {
@@ -191,16 +197,18 @@ absl::Status DequantizedProduct(CudaBackend& backend, CudaBackend::State& s, con
   EAGLE3_ASSIGN_OR_RETURN(void* buffer, ScratchBuffer(s, static_cast<size_t>(n * k) * sizeof(uint16_t),
                                                       "the bf16 copy of a dequantized weight"));
   auto* scratch = static_cast<uint16_t*>(buffer);
+  const DequantTiles tiles{.tiled = w.warp_tiled(), .global_col0 = w.col0};
   const cudaError_t error =
       w.format == WeightFormat::kFp8Block
           ? LaunchFp8BlockDequant(w.codes.data_as<const uint8_t>(), LeadingDim(w.codes),
                                   w.scales.data_as<const float>(), LeadingDim(w.scales), LocalRow0(w), LocalCol0(w),
-                                  w.block_rows, w.block_cols, scratch, k, n, k, s.options.programmatic_launch, s.stream)
+                                  w.block_rows, w.block_cols, scratch, k, n, k, s.options.programmatic_launch, s.stream,
+                                  tiles)
           : LaunchInt4GroupDequant(w.codes.data_as<const int32_t>(), LeadingDim(w.codes),
                                    static_cast<int>(w.col0 % kInt4PerWord),
                                    reinterpret_cast<const uint16_t*>(ScaleRow(w, LocalRow0(w))),
                                    LeadingDim(w.scales), LocalCol0(w), w.block_cols, scratch, k, n, k,
-                                   s.options.programmatic_launch, s.stream);
+                                   s.options.programmatic_launch, s.stream, tiles);
   EAGLE3_RETURN_IF_ERROR(CudaStatus(error, "QuantizedGemm: dequantization kernel launch"));
   GemmOptions product = options;
   product.b_is_weights = false;  // the scratch was written just before: no early start
@@ -302,14 +310,23 @@ absl::Status CudaBackend::TileQuantizedCodes(const QuantizedWeightView& w, const
                     absl::StrCat("TileQuantizedCodes of w.codes ", w.codes.ToString()));
 }
 
+bool CudaBackend::tiles_gemm_codes(const QuantizedWeightView& w) const {
+  const CudaBackendOptions& o = state_->options;
+  // With W8A8 on, large products could take cuBLASLt, which reads row-major codes only.
+  if (!o.quant_gemm_tiled_weights || o.fp8_w8a8_min_rows > 0 || w.warp_tiled() || !w.Check(kOp).ok()) return false;
+  // The GEMV launchers' layout with the codes placed as a loader places tiles (16-byte aligned,
+  // contiguous); the other paths read any tiled view.
+  if (w.k > kMaxGemvColumn || LocalCol0(w) > kMaxGemvColumn) return false;
+  if (w.format == WeightFormat::kFp8Block) {
+    return w.block_rows == kFp8ScaleBlock && w.block_cols == kFp8ScaleBlock && LocalCol0(w) % 16 == 0;
+  }
+  const int64_t group = w.block_cols;
+  return group >= 32 && group <= (int64_t{1} << 30) && (group & (group - 1)) == 0 && w.col0 % kInt4PerWord == 0;
+}
+
 absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
                                         const GemmOptions& options) {
   EAGLE3_RETURN_IF_ERROR(CheckQuantizedGemm(a, w, c, options));
-  if (w.warp_tiled()) {
-    return Invalid(kOp, "w.codes ", w.codes.ToString(),
-                   " are warp-tiled; CudaBackend's QuantizedGemm reads row-major codes (only QuantizedMoeExperts "
-                   "reads warp tiles)");
-  }
   if (a.dtype() != DType::kF32 && a.dtype() != DType::kBF16) {
     return Invalid(kOp, "a ", a.ToString(), " must be f32 or bf16 on CudaBackend");
   }
@@ -335,7 +352,9 @@ absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeig
                                          s.options.programmatic_launch, s.stream),
                       "QuantizedGemm: bias kernel launch");
   }
-  if (fp8 && s.options.fp8_w8a8_min_rows > 0 && m >= s.options.fp8_w8a8_min_rows && Fp8W8A8RowsTaken(m)) {
+  // cuBLASLt reads row-major codes only: warp-tiled weights take the other paths.
+  if (fp8 && !w.warp_tiled() && s.options.fp8_w8a8_min_rows > 0 && m >= s.options.fp8_w8a8_min_rows &&
+      Fp8W8A8RowsTaken(m)) {
     EAGLE3_ASSIGN_OR_RETURN(const bool done, W8A8Product(s, a, w, c, options));
     if (done) return absl::OkStatus();
   }

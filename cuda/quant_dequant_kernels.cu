@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "eagle3/detail/int4_packing.h"
+#include "eagle3/detail/quant_tiles.h"
 #include "programmatic_launch.cuh"
 #include "quant_dequant_ops.h"
 
@@ -24,6 +25,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRun = 8;              // columns per thread
 constexpr int64_t kMaxGrid = 65535;  // blocks per grid dimension launched; the kernels loop past it
+
+// Where tiled codes lie (eagle3/detail/quant_tiles.h); steps 0: row-major codes.
+struct TileGeometry {
+  int64_t steps = 0, shift = 0;
+};
 
 __device__ __forceinline__ uint16_t Bf16Bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
@@ -75,7 +81,8 @@ __device__ __forceinline__ void StoreRun(uint16_t* out_row, int64_t c0, const fl
 __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t ld,
                                       const float* __restrict__ scale_inv, int64_t scale_ld, int64_t row0,
                                       int64_t col0, int64_t block_rows, int64_t block_cols,
-                                      uint16_t* __restrict__ out, int64_t ld_out, int64_t n, int64_t k, bool vector) {
+                                      uint16_t* __restrict__ out, int64_t ld_out, int64_t n, int64_t k, bool vector,
+                                      TileGeometry tiles) {
   PdlEnter();  // out may be scratch that the product before this one still reads
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     ScaleCursor scale;
@@ -86,7 +93,12 @@ __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t
          c0 += static_cast<int64_t>(gridDim.x) * kThreads * kRun) {
       const int count = static_cast<int>(min(static_cast<int64_t>(kRun), k - c0));
       uint8_t q[kRun];
-      if (vector && count == kRun) {
+      if (tiles.steps > 0) {
+#pragma unroll
+        for (int j = 0; j < kRun; ++j) {
+          q[j] = j < count ? codes[QuantTileOffset(false, tiles.steps, tiles.shift, r, c0 + j)] : 0;
+        }
+      } else if (vector && count == kRun) {
         const uint2 raw = *reinterpret_cast<const uint2*>(code_row + c0);
 #pragma unroll
         for (int j = 0; j < kRun; ++j) q[j] = static_cast<uint8_t>((j < 4 ? raw.x : raw.y) >> (8 * (j % 4)));
@@ -109,7 +121,7 @@ __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t
 __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64_t ld, int shift,
                                        const uint16_t* __restrict__ scale, int64_t scale_ld, int64_t col0,
                                        int64_t group_size, uint16_t* __restrict__ out, int64_t ld_out, int64_t n,
-                                       int64_t k, bool vector) {
+                                       int64_t k, bool vector, TileGeometry tiles) {
   PdlEnter();  // out may be scratch that the product before this one still reads
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     ScaleCursor cursor;
@@ -123,11 +135,27 @@ __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64
       float w[kRun];
 #pragma unroll
       for (int j = 0; j < kRun; ++j) {
-        w[j] = j < count ? static_cast<float>(Int4At(row, shift + c0 + j)) * cursor.At(c0 + j) : 0.0f;
+        int32_t q = 0;
+        if (j < count && tiles.steps > 0) {
+          // Tiled codes start on a whole word (shift 0): value c is nibble c % 8 of word c / 8.
+          const int64_t at = QuantTileOffset(true, tiles.steps, tiles.shift, r, 4 * ((c0 + j) / kInt4PerWord));
+          const int32_t word = *reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(packed) + at);
+          q = Int4At(&word, (c0 + j) % kInt4PerWord);
+        } else if (j < count) {
+          q = Int4At(row, shift + c0 + j);
+        }
+        w[j] = j < count ? static_cast<float>(q) * cursor.At(c0 + j) : 0.0f;
       }
       StoreRun(out + r * ld_out, c0, w, count, vector);
     }
   }
+}
+
+// The warp tiles of tiled codes (QuantTileSteps / QuantTileShift of the slice's k and GLOBAL first
+// column); steps 0: row-major.
+TileGeometry TilesOf(bool int4, bool tiled, int64_t k, int64_t global_col0) {
+  if (!tiled) return {};
+  return {QuantTileSteps(int4, k, global_col0), QuantTileShift(int4, global_col0)};
 }
 
 dim3 Grid(int64_t n, int64_t k) {
@@ -148,31 +176,38 @@ bool RunsAligned(const void* p, int64_t ld, int64_t n, int64_t size) {
 cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float* scale_inv, int64_t scale_ld,
                                   int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols,
                                   uint16_t* out, int64_t ld_out, int64_t n, int64_t k, bool programmatic,
-                                  cudaStream_t stream) {
-  if (n < 0 || k < 0 || row0 < 0 || col0 < 0 || block_rows < 1 || block_cols < 1) return cudaErrorInvalidValue;
+                                  cudaStream_t stream, const DequantTiles& tiles) {
+  if (n < 0 || k < 0 || row0 < 0 || col0 < 0 || block_rows < 1 || block_cols < 1 || tiles.global_col0 < 0) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0 || k == 0) return cudaSuccess;
   if (codes == nullptr || scale_inv == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  if (n > 1 && (ld < k || ld_out < k)) return cudaErrorInvalidValue;
+  if (n > 1 && ((!tiles.tiled && ld < k) || ld_out < k)) return cudaErrorInvalidValue;
   if ((row0 + n - 1) / block_rows > 0 && scale_ld < (col0 + k - 1) / block_cols + 1) return cudaErrorInvalidValue;
-  const bool vector = RunsAligned(codes, ld, n, 1) && RunsAligned(out, ld_out, n, 2);
+  const bool vector = (tiles.tiled || RunsAligned(codes, ld, n, 1)) && RunsAligned(out, ld_out, n, 2);
   return LaunchKernel(programmatic, Fp8BlockDequantKernel, Grid(n, k), dim3(kThreads), 0, stream, codes, ld,
-                      scale_inv, scale_ld, row0, col0, block_rows, block_cols, out, ld_out, n, k, vector);
+                      scale_inv, scale_ld, row0, col0, block_rows, block_cols, out, ld_out, n, k, vector,
+                      TilesOf(false, tiles.tiled, k, tiles.global_col0));
 }
 
 cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift, const uint16_t* scale,
                                    int64_t scale_ld, int64_t col0, int64_t group_size, uint16_t* out,
-                                   int64_t ld_out, int64_t n, int64_t k, bool programmatic, cudaStream_t stream) {
-  if (n < 0 || k < 0 || shift < 0 || shift >= kInt4PerWord || col0 < 0 || group_size < 1) {
+                                   int64_t ld_out, int64_t n, int64_t k, bool programmatic, cudaStream_t stream,
+                                   const DequantTiles& tiles) {
+  if (n < 0 || k < 0 || shift < 0 || shift >= kInt4PerWord || col0 < 0 || group_size < 1 ||
+      (tiles.tiled && (shift != 0 || tiles.global_col0 < 0 || tiles.global_col0 % kInt4PerWord != 0))) {
     return cudaErrorInvalidValue;
   }
   if (n == 0 || k == 0) return cudaSuccess;
   if (packed == nullptr || scale == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  if (n > 1 && (ld < Int4PackedWords(shift + k) || ld_out < k || scale_ld < (col0 + k - 1) / group_size + 1)) {
+  if (n > 1 && ((!tiles.tiled && ld < Int4PackedWords(shift + k)) || ld_out < k ||
+                scale_ld < (col0 + k - 1) / group_size + 1)) {
     return cudaErrorInvalidValue;
   }
   const bool vector = RunsAligned(out, ld_out, n, 2);
   return LaunchKernel(programmatic, Int4GroupDequantKernel, Grid(n, k), dim3(kThreads), 0, stream, packed, ld, shift,
-                      scale, scale_ld, col0, group_size, out, ld_out, n, k, vector);
+                      scale, scale_ld, col0, group_size, out, ld_out, n, k, vector,
+                      TilesOf(true, tiles.tiled, k, tiles.global_col0));
 }
 
 }  // namespace eagle3::cuda

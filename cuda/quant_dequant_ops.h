@@ -21,6 +21,14 @@
 
 namespace eagle3::cuda {
 
+// Codes in warp-step tiles (eagle3/detail/quant_tiles.h) instead of row-major: `ld` is then unused,
+// and the tiles are those of the slice's k columns from GLOBAL column global_col0 (int4: a multiple
+// of 8, with shift 0). Default: row-major codes.
+struct DequantTiles {
+  bool tiled = false;
+  int64_t global_col0 = 0;
+};
+
 // out[r][c] = bf16(e4m3(codes[r][c]) * scale_inv[(row0 + r) / block_rows][(col0 + c) / block_cols])
 // for r < n, c < k. e4m3's NaN codes (0x7f, 0xff) give NaN, as on the host.
 // codes:     [n, k] e4m3 bytes, row stride ld >= k (any when n == 1), device, any alignment
@@ -33,7 +41,7 @@ namespace eagle3::cuda {
 cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float* scale_inv, int64_t scale_ld,
                                   int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols,
                                   uint16_t* out, int64_t ld_out, int64_t n, int64_t k, bool programmatic,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, const DequantTiles& tiles = {});
 
 // out[r][c] = bf16(q * scale[r][(col0 + c) / group_size]) for r < n, c < k, where q is value
 // shift + c of packed row r (eagle3/detail/int4_packing.h: Int4At).
@@ -46,6 +54,6 @@ cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float*
 cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift, const uint16_t* scale,
                                    int64_t scale_ld, int64_t col0, int64_t group_size, uint16_t* out,
                                    int64_t ld_out, int64_t n, int64_t k, bool programmatic,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const DequantTiles& tiles = {});
 
 }  // namespace eagle3::cuda

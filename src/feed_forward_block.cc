@@ -13,25 +13,24 @@
 namespace eagle3 {
 namespace {
 
-// One expert's gate, up and down weights (specs[next], [next + 1], [next + 2]). The caller stacks
-// gate and up where they are dense and frees them, so those come from the backend's allocator()
-// (WeightLoader::StackPart::kIfDense, or `gate_up_part` for a shared expert); quantized, a routed
-// expert's are kept, in warp tiles where the backend takes them (only QuantizedMoeExperts reads
-// them). Its op reads tiles only where it reads all three weights on its fast path, so the three are
-// tiled together or not at all: down (whose slice starts at the rank's column, the one a backend
-// may not take) is loaded first, and gate and up are tiled only after it.
-absl::StatusOr<std::vector<LinearWeight>> LoadExpertParts(
-    std::span<const WeightSpec> specs, size_t next, DType weight_dtype, WeightLoader& loader,
-    WeightLoader::StackPart gate_up_part = WeightLoader::StackPart::kIfDense,
-    WeightLoader::Codes codes = WeightLoader::Codes::kExpertTiles) {
+// One routed expert's gate, up and down weights (specs[next], [next + 1], [next + 2]). The caller
+// stacks gate and up where they are dense and frees them, so those come from the backend's
+// allocator() (WeightLoader::StackPart::kIfDense); quantized, they are kept, in warp tiles where the
+// backend takes them (only QuantizedMoeExperts reads them). That op reads tiles only where it reads
+// all three weights on its fast path, so the three are tiled together or not at all: down (whose
+// slice starts at the rank's column, the one a backend may not take) is loaded first, and gate and
+// up are tiled only after it.
+absl::StatusOr<std::vector<LinearWeight>> LoadRoutedExpert(std::span<const WeightSpec> specs, size_t next,
+                                                           DType weight_dtype, WeightLoader& loader) {
   using Codes = WeightLoader::Codes;
   const auto tiled = [](const LinearWeight& w) { return w.quantized() && w.quantized_view().warp_tiled(); };
   EAGLE3_ASSIGN_OR_RETURN(LinearWeight down, loader.LoadLinear(specs[next + 2], weight_dtype,
-                                                               WeightLoader::StackPart::kNo, codes));
+                                                               WeightLoader::StackPart::kNo, Codes::kExpertTiles));
   const Codes gate_up_codes = tiled(down) ? Codes::kExpertTiles : Codes::kRowMajor;
   std::vector<LinearWeight> parts;
   for (size_t i = next; i < next + 2; ++i) {
-    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, gate_up_part, gate_up_codes));
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype,
+                                                              WeightLoader::StackPart::kIfDense, gate_up_codes));
     parts.push_back(std::move(w));
   }
   if (tiled(down) && !(tiled(parts[0]) && tiled(parts[1]))) {
@@ -147,7 +146,7 @@ absl::StatusOr<FeedForwardBlock> FeedForwardBlock::Load(const FeedForwardConfig&
     EAGLE3_ASSIGN_OR_RETURN(b.correction_bias_, loader.Load(specs[next++], DType::kF32));
   }
   for (int64_t e = 0; e < config.n_routed_experts; ++e, next += 3) {
-    EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> parts, LoadExpertParts(specs, next, weight_dtype, loader));
+    EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> parts, LoadRoutedExpert(specs, next, weight_dtype, loader));
     const bool quantized = parts[0].quantized();
     if (parts[1].quantized() != quantized || parts[2].quantized() != quantized ||
         (e > 0 && quantized == b.quantized_experts_.empty())) {
@@ -201,28 +200,36 @@ absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::
   // One shared expert beside quantized routed ones: gate, up and down read apart, so that where
   // they are quantized like the routed experts (DeepSeek-V3 / R1, Kimi-K2-Instruct FP8) they can
   // also serve as one more routed expert (Forward).
-  // Its own MLP reads row-major codes. Where the routed experts' codes are warp-tiled, the joined
-  // expert is a tiled copy of the parts, so gate and up are parts to stack and free (from the
-  // backend's allocator()); otherwise quantized gate and up are kept where the shared expert joins
-  // the routed ones, and where it does not (quantized unlike them) they are freed after the stack
-  // below, their bytes unused in the weight memory until the model is freed.
+  // Where the routed experts' codes are warp-tiled, the joined expert's must be too: down is loaded
+  // in tiles where QuantizedGemm also takes them (its own MLP and the join then share them), gate
+  // and up are parts to stack and free (from the backend's allocator()), and the join gets tiled
+  // copies of what is not tiled yet. Otherwise everything stays row-major: quantized gate and up are
+  // kept where the shared expert joins the routed ones, and where it does not (quantized unlike
+  // them) they are freed after the stack below, their bytes unused in the weight memory until the
+  // model is freed.
   const QuantizedExpertWeights& routed = quantized_experts_[0];
   const bool tiled = routed.gate.warp_tiled() || routed.up.warp_tiled() || routed.down.warp_tiled();
-  EAGLE3_ASSIGN_OR_RETURN(
-      std::vector<LinearWeight> parts,
-      LoadExpertParts(specs, next, weight_dtype, loader,
-                      tiled ? WeightLoader::StackPart::kYes : WeightLoader::StackPart::kIfDense,
-                      WeightLoader::Codes::kRowMajor));
+  std::vector<LinearWeight> parts;
+  for (size_t i = next; i < next + 3; ++i) {
+    const bool down = i == next + 2;
+    const auto stack_part = down    ? WeightLoader::StackPart::kNo
+                            : tiled ? WeightLoader::StackPart::kYes
+                                    : WeightLoader::StackPart::kIfDense;
+    const auto codes = down && tiled ? WeightLoader::Codes::kGemmTiles : WeightLoader::Codes::kRowMajor;
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, stack_part, codes));
+    parts.push_back(std::move(w));
+  }
   if (parts[0].quantized() && parts[1].quantized() && parts[2].quantized()) {
     QuantizedExpertWeights shared{parts[0].quantized_view(), parts[1].quantized_view(), parts[2].quantized_view()};
     shared_joins_experts_ = AlikeExpert(shared, routed);
     const QuantizedWeightView* const want[3] = {&routed.gate, &routed.up, &routed.down};
     QuantizedWeightView* const views[3] = {&shared.gate, &shared.up, &shared.down};
     for (int i = 0; i < 3 && shared_joins_experts_; ++i) {
-      if (want[i]->warp_tiled() && !CanWarpTile(*views[i])) shared_joins_experts_ = false;
+      const bool tiles_ok = views[i]->warp_tiled() || CanWarpTile(*views[i]);
+      if (want[i]->warp_tiled() ? !tiles_ok : views[i]->warp_tiled()) shared_joins_experts_ = false;
     }
     for (int i = 0; i < 3 && shared_joins_experts_; ++i) {
-      if (!want[i]->warp_tiled()) continue;
+      if (!want[i]->warp_tiled() || views[i]->warp_tiled()) continue;
       EAGLE3_ASSIGN_OR_RETURN(LinearWeight copy, WarpTiledCopy(loader.backend(), parts[i]));
       *views[i] = copy.quantized_view();
       expert_weights_.push_back(std::move(copy));
@@ -233,7 +240,7 @@ absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::
   // the parts then stay only where the joined expert's views point into them). Moving a
   // LinearWeight keeps its device memory where it is, so the views stay valid.
   EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> gate_up,
-                          StackLinearWeights(loader.backend(), std::span(parts).first(2)));
+                          StackLinearWeights(loader.backend(), std::span(parts).first(2), /*gemm_tiles=*/true));
   if (gate_up.has_value()) {
     shared_.gate_up.push_back(std::move(*gate_up));
     if (shared_joins_experts_ && !tiled) {

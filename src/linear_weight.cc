@@ -59,11 +59,27 @@ absl::StatusOr<Tensor> TileCodes(Backend& backend, Allocator& allocator, Quantiz
   return tiles;
 }
 
+// Whether `backend` takes row-major `w` in warp tiles for the op `tiles` names.
+bool TakesTiles(const Backend& backend, const QuantizedWeightView& w, LinearWeightLoad::WarpTiles tiles) {
+  if (!CanWarpTile(w)) return false;
+  switch (tiles) {
+    case LinearWeightLoad::WarpTiles::kGemm:
+      return backend.tiles_gemm_codes(w);
+    case LinearWeightLoad::WarpTiles::kExperts:
+      return backend.tiles_expert_codes(w);
+    case LinearWeightLoad::WarpTiles::kNone:
+      break;
+  }
+  return false;
+}
+
 // `host`'s tensors on `backend`'s device in memory of `device_allocator` (the tensors themselves on a
-// host backend), INT4 scales converted to bf16 in memory of `host_allocator` first. tile_scratch:
-// the codes in warp tiles, uploaded row-major into memory of *tile_scratch first.
+// host backend), INT4 scales converted to bf16 in memory of `host_allocator` first. tile_scratch
+// (with `tiles`): the codes in warp tiles where the backend takes them, uploaded row-major into
+// memory of *tile_scratch first.
 absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host, Allocator& host_allocator,
-                                           Allocator& device_allocator, Allocator* tile_scratch) {
+                                           Allocator& device_allocator, Allocator* tile_scratch,
+                                           LinearWeightLoad::WarpTiles tiles) {
   if (host.view.format == WeightFormat::kInt4Group) {
     EAGLE3_ASSIGN_OR_RETURN(Tensor bf16, Tensor::Empty(DType::kBF16, host.scales.shape(), host_allocator));
     EAGLE3_RETURN_IF_ERROR(ConvertTensor(host.scales, bf16));
@@ -73,7 +89,7 @@ absl::StatusOr<LinearWeight> LoadQuantized(Backend& backend, QuantizedShard host
   view.scales = host.scales.view();
   if (backend.device().is_cpu()) return LinearWeight(std::move(host.codes), std::move(host.scales), view);
   // Decided on the host view: the device copy keeps the scales' layout, and the codes go to tiles.
-  const bool tile = tile_scratch != nullptr && CanWarpTile(view) && backend.tiles_expert_codes(view);
+  const bool tile = tile_scratch != nullptr && TakesTiles(backend, view, tiles);
   EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(host.scales.dtype(), host.scales.shape(), device_allocator));
   EAGLE3_RETURN_IF_ERROR(backend.Copy(host.scales, scales));
   view.scales = scales.view();
@@ -133,17 +149,26 @@ absl::StatusOr<LinearWeight> StackDense(Backend& backend, std::span<const Linear
   return LinearWeight(std::move(merged));
 }
 
-absl::StatusOr<LinearWeight> StackQuantized(Backend& backend, std::span<const LinearWeight> parts) {
+absl::StatusOr<LinearWeight> StackQuantized(Backend& backend, std::span<const LinearWeight> parts, bool gemm_tiles) {
   const QuantizedWeightView& first = parts.front().quantized_view();
   int64_t rows = 0, scale_rows = 0;
   for (const LinearWeight& p : parts) {
     rows += p.rows();
     scale_rows += ScaleRows(p.quantized_view());
   }
-  // Codes rows keep the parts' row stride (its 16-byte padding on a device).
+  // Codes rows keep the parts' row stride (its 16-byte padding on a device). Stacked into temporary
+  // memory where they are tiled afterwards (the view's rows and columns decide, not the codes).
   const int64_t ld = first.codes.stride(0);
-  EAGLE3_ASSIGN_OR_RETURN(Tensor codes,
-                          Tensor::Empty(first.codes.dtype(), Shape{rows, ld}, backend.weight_allocator()));
+  QuantizedWeightView probe = first;
+  probe.codes = TensorView(first.codes.data(), first.codes.dtype(), Shape{rows, first.codes.dim(1)}, Shape{ld, 1},
+                           first.codes.device());
+  probe.row0 = 0;
+  probe.scale_row0 = 0;
+  probe.scales = TensorView(first.scales.data(), first.scales.dtype(), Shape{scale_rows, first.scales.dim(1)},
+                            first.scales.strides(), first.scales.device());
+  const bool tile = gemm_tiles && TakesTiles(backend, probe, LinearWeightLoad::WarpTiles::kGemm);
+  EAGLE3_ASSIGN_OR_RETURN(Tensor codes, Tensor::Empty(first.codes.dtype(), Shape{rows, ld},
+                                                      tile ? backend.allocator() : backend.weight_allocator()));
   EAGLE3_ASSIGN_OR_RETURN(Tensor scales, Tensor::Empty(first.scales.dtype(), Shape{scale_rows, first.scales.dim(1)},
                                                        backend.weight_allocator()));
   int64_t row = 0, scale_row = 0;
@@ -160,12 +185,17 @@ absl::StatusOr<LinearWeight> StackQuantized(Backend& backend, std::span<const Li
   view.scales = scales.view();
   view.row0 = 0;
   view.scale_row0 = 0;
+  if (tile) {
+    // The stacked row-major codes are freed when this returns (CUDA's free waits for the tiling).
+    EAGLE3_ASSIGN_OR_RETURN(codes, TileCodes(backend, backend.weight_allocator(), view));
+  }
   return LinearWeight(std::move(codes), std::move(scales), view);
 }
 
 }  // namespace
 
-absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts) {
+absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts,
+                                                               bool gemm_tiles) {
   if (parts.empty()) return absl::InternalError("StackLinearWeights: no weights to stack");
   const LinearWeight& first = parts.front();
   bool dense = true, quantized = true;
@@ -181,7 +211,8 @@ absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend,
     }
   }
   if (!dense && !quantized) return std::optional<LinearWeight>();
-  EAGLE3_ASSIGN_OR_RETURN(LinearWeight stacked, dense ? StackDense(backend, parts) : StackQuantized(backend, parts));
+  EAGLE3_ASSIGN_OR_RETURN(LinearWeight stacked,
+                          dense ? StackDense(backend, parts) : StackQuantized(backend, parts, gemm_tiles));
   // The caller may free the parts once this returns: the copies must have read them.
   EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
   return std::optional<LinearWeight>(std::move(stacked));
@@ -259,10 +290,11 @@ absl::StatusOr<LinearWeight> LoadLinearWeight(Backend& backend, const Checkpoint
     if (form == StoredForm::kFp8Block || AllBf16(host.scales)) {
       stats.host_bytes += static_cast<int64_t>(host.codes.nbytes() + host.scales.nbytes());
       const Clock::time_point start = Clock::now();
-      Allocator* const tile_scratch =
-          load.warp_tiles ? (load.tile_scratch != nullptr ? load.tile_scratch : &backend.allocator()) : nullptr;
+      Allocator* const tile_scratch = load.warp_tiles == LinearWeightLoad::WarpTiles::kNone ? nullptr
+                                      : load.tile_scratch != nullptr                       ? load.tile_scratch
+                                                                                           : &backend.allocator();
       absl::StatusOr<LinearWeight> loaded =
-          LoadQuantized(backend, std::move(host), host_allocator, quantized_allocator, tile_scratch);
+          LoadQuantized(backend, std::move(host), host_allocator, quantized_allocator, tile_scratch, load.warp_tiles);
       stats.device_seconds += since(start);
       if (!loaded.ok()) return PlacingError(spec.name, loaded.status());
       if (loaded->quantized_view().warp_tiled()) ++stats.tiled_tensors;

@@ -81,7 +81,11 @@ class LinearWeight {
 // so the caller may free the parts at once. The stacked weight is kept as long as its model:
 // backend.weight_allocator() memory; parts loaded only to be stacked belong in backend.allocator()
 // (LinearWeightLoad::dense_allocator).
-absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts);
+// gemm_tiles: a quantized stacked weight gets its codes in warp tiles where the backend takes them
+// for QuantizedGemm (Backend::tiles_gemm_codes; the rows are stacked in backend.allocator() memory
+// first, freed once tiled).
+absl::StatusOr<std::optional<LinearWeight>> StackLinearWeights(Backend& backend, std::span<const LinearWeight> parts,
+                                                               bool gemm_tiles = false);
 
 // How LoadLinearWeight stores a weight.
 struct LinearWeightLoad {
@@ -101,13 +105,15 @@ struct LinearWeightLoad {
   // memory returns only with its whole chunk (Backend::weight_allocator).
   Allocator* dense_allocator = nullptr;
   Allocator* quantized_allocator = nullptr;
-  // For a weight that only Backend::QuantizedMoeExperts reads (a routed expert's), kept quantized on
-  // a device backend whose tiles_expert_codes() takes it: the codes in warp-step tiles
-  // (QuantCodesLayout::kWarpTiles, Backend::TileQuantizedCodes) in memory of quantized_allocator.
-  // The row-major codes are uploaded into memory of `tile_scratch` first (nullptr:
-  // backend.allocator()), which may be a ReusedBufferAllocator: the tiling kernel reads them before
-  // the backend runs the next upload.
-  bool warp_tiles = false;
+  // Kept quantized on a device backend that takes the weight so for the op that reads it: the codes
+  // in warp-step tiles (QuantCodesLayout::kWarpTiles, Backend::TileQuantizedCodes) in memory of
+  // quantized_allocator. kGemm: a weight that Backend::QuantizedGemm alone reads
+  // (Backend::tiles_gemm_codes); kExperts: a routed expert's, which QuantizedMoeExperts alone reads
+  // (Backend::tiles_expert_codes). The row-major codes are uploaded into memory of `tile_scratch`
+  // first (nullptr: backend.allocator()), which may be a ReusedBufferAllocator: the tiling kernel
+  // reads them before the backend runs the next upload.
+  enum class WarpTiles { kNone, kGemm, kExperts };
+  WarpTiles warp_tiles = WarpTiles::kNone;
   Allocator* tile_scratch = nullptr;
 };
 

@@ -134,9 +134,10 @@ absl::StatusOr<LinearWeight> WeightLoader::LoadLinear(const WeightSpec& spec, DT
   load.upload_ring = ring;
   if (stack_part != StackPart::kNo) load.dense_allocator = &backend_->allocator();
   if (stack_part == StackPart::kYes) load.quantized_allocator = &backend_->allocator();
-  if (codes == Codes::kExpertTiles && !backend_->device().is_cpu()) {
+  if (codes != Codes::kRowMajor && stack_part != StackPart::kYes && !backend_->device().is_cpu()) {
     if (tile_scratch_ == nullptr) tile_scratch_ = std::make_unique<ReusedBufferAllocator>(backend_->allocator());
-    load.warp_tiles = true;
+    load.warp_tiles =
+        codes == Codes::kExpertTiles ? LinearWeightLoad::WarpTiles::kExperts : LinearWeightLoad::WarpTiles::kGemm;
     load.tile_scratch = tile_scratch_.get();
   }
   return LoadLinearWeight(*backend_, *checkpoint_, spec, forms_[i], quantization_, spec.ForRank(tp_size_, rank_), load);
@@ -156,7 +157,7 @@ absl::StatusOr<std::vector<LinearWeight>> WeightLoader::LoadStackedLinear(std::s
     parts.push_back(std::move(part));
   }
   if (parts.size() == 1) return parts;
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*backend_, parts));
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*backend_, parts, /*gemm_tiles=*/true));
   if (!stacked.has_value()) return parts;
   std::vector<LinearWeight> one;
   one.push_back(std::move(*stacked));

@@ -85,18 +85,23 @@ class WeightLoader {
   // A Linear layer's weight (Gemm's b): this rank's shard of `spec`, kept quantized when the
   // checkpoint stores it so and keep_quantized() says to (LoadLinearWeight), else dense in
   // `dense_dtype`. Checks as ReadHost.
-  // How a weight kept quantized lays out its codes.
+  // How a weight kept quantized lays out its codes (a part loaded to be stacked, StackPart::kYes,
+  // is always row-major: LoadStackedLinear tiles the stacked weight).
   enum class Codes {
     kRowMajor,
-    // Warp tiles where the backend takes them (Backend::tiles_expert_codes), for a weight that only
-    // Backend::QuantizedMoeExperts reads (a routed expert's); row-major elsewhere.
+    // Warp tiles where the backend takes them for QuantizedGemm (Backend::tiles_gemm_codes), for a
+    // weight that only Backend::QuantizedGemm reads (LinearWeight::Apply).
+    kGemmTiles,
+    // Warp tiles where the backend takes them for QuantizedMoeExperts (Backend::tiles_expert_codes),
+    // for a weight that only it reads (a routed expert's).
     kExpertTiles,
   };
   absl::StatusOr<LinearWeight> LoadLinear(const WeightSpec& spec, DType dense_dtype,
-                                          StackPart stack_part = StackPart::kNo, Codes codes = Codes::kRowMajor);
+                                          StackPart stack_part = StackPart::kNo, Codes codes = Codes::kGemmTiles);
   // The shards of `specs` as one weight stacked by rows when StackLinearWeights can stack them (one
-  // element), else each alone (in order). Every spec has the same column count. The parts are
-  // loaded as StackPart::kYes, so where they cannot be stacked they stay in Backend::allocator().
+  // element; quantized, in warp tiles where the backend takes them for QuantizedGemm), else each
+  // alone (in order). Every spec has the same column count. The parts are loaded as
+  // StackPart::kYes, so where they cannot be stacked they stay in Backend::allocator().
   absl::StatusOr<std::vector<LinearWeight>> LoadStackedLinear(std::span<const WeightSpec> specs, DType dense_dtype);
 
   // Whether LoadLinear keeps quantized weights so; unset: when the backend streams the format

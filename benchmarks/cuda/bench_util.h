@@ -92,6 +92,10 @@ inline cuda::CudaBackend* Backend() {
     if (tiled_experts != nullptr && tiled_experts[0] != '\0') {
       options.quant_moe_tiled_experts = tiled_experts[0] != '0';
     }
+    // EAGLE3_BENCH_QUANT_GEMM_TILED_WEIGHTS=0: the other quantized weights row-major too
+    // (CudaBackendOptions::quant_gemm_tiled_weights).
+    const char* tiled_gemm = std::getenv("EAGLE3_BENCH_QUANT_GEMM_TILED_WEIGHTS");
+    if (tiled_gemm != nullptr && tiled_gemm[0] != '\0') options.quant_gemm_tiled_weights = tiled_gemm[0] != '0';
     // EAGLE3_BENCH_LATENT_FOLD_BYTES=N: CudaBackendOptions::latent_fold_combine_bytes (0: every split
     // latent attention call launches its combine kernel; a large N: every call whose kernel can merges
     // its splits itself).

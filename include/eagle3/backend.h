@@ -201,6 +201,9 @@ class EAGLE3_API Backend {
   // (TileQuantizedCodes) for QuantizedMoeExperts, which then streams it faster and can read it so.
   // False by default.
   virtual bool tiles_expert_codes(const QuantizedWeightView& /*w*/) const { return false; }
+  // The same for a weight that QuantizedGemm alone reads (every other Linear weight of a quantized
+  // checkpoint). False by default.
+  virtual bool tiles_gemm_codes(const QuantizedWeightView& /*w*/) const { return false; }
 
   // B independent linear layers in one call: c[i] = a[i] b[i]^T for i < B, with Gemm's options
   // (alpha, beta; a bias [N] is added to every item) and Gemm's dtype rules. Items are strided views

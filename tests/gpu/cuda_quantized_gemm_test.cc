@@ -173,18 +173,24 @@ TEST_F(CudaQuantizedGemmTest, RefusesWhatTheCudaBackendDoesNotTake) {
 // The device tiler against the host one (CpuBackend::TileQuantizedCodes, the reference), byte for
 // byte over the whole tiles (filled with a marker first, so that a byte the kernel leaves unwritten
 // shows): slices on the fast path (whole aligned 16-byte chunks) and off it (fp8 from column 48, a
-// partial last step and 16-row group; int4 from columns 8 and 24, rows of an odd word count, one
-// row). Then the tiled view's refusal by QuantizedGemm, which reads row-major codes only.
+// partial last step and 16-row group; fp8 in 24 x 40 blocks; int4 from columns 8 and 24, rows of an
+// odd word count, one row). Then QuantizedGemm on the tiled view, bit for bit the row-major view's
+// result on every path: the GEMV (one launch, a batched launch of 32-row items plus the rest), the
+// dequantizing path (past quantized_gemv_max_rows, and at every M for the odd blocks).
 TEST_F(CudaQuantizedGemmTest, TileQuantizedCodesMatchesTheHostTiler) {
   struct Case {
     QuantizationConfig quantization;
     int64_t n, k;
     Slice slice;
   };
+  QuantizationConfig odd = DeepseekV3Fp8Quantization();
+  odd.block_out = 24;
+  odd.block_in = 40;
   const Case cases[] = {
       {DeepseekV3Fp8Quantization(), 256, 1024, {0, 256, 0, 1024, false}},
       {DeepseekV3Fp8Quantization(), 256, 1024, {5, 37, 48, 300, true}},
       {DeepseekV3Fp8Quantization(), 256, 1024, {7, 1, 16, 200, false}},
+      {odd, 100, 320, {10, 50, 64, 200, true}},
       {KimiK2ThinkingInt4Quantization(), 64, 512, {0, 64, 0, 512, false}},
       {KimiK2ThinkingInt4Quantization(), 64, 512, {3, 23, 8, 100, true}},
       {KimiK2ThinkingInt4Quantization(), 64, 512, {40, 9, 24, 35, false}},
@@ -209,11 +215,23 @@ TEST_F(CudaQuantizedGemmTest, TileQuantizedCodesMatchesTheHostTiler) {
 
     const QuantizedWeightView tiled = WithWarpTiledCodes(d.view, d_tiles);
     ASSERT_TRUE(tiled.Check("test").ok());
-    const Tensor d_a = Upload(Random(Shape{2, c.slice.cols}, 10));
-    Tensor d_c = Upload(Random(Shape{2, c.slice.rows}, 11));
-    const absl::Status refused = gpu_->QuantizedGemm(d_a, tiled, d_c, {});
-    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-    EXPECT_THAT(refused.message(), testing::AllOf(HasSubstr("QuantizedGemm"), HasSubstr("warp-tiled"))) << refused;
+    for (const int64_t rows : {int64_t{2}, int64_t{40}, int64_t{300}}) {
+      SCOPED_TRACE(testing::Message() << "M " << rows);
+      const Tensor d_a = Upload(Random(Shape{rows, c.slice.cols}, 10));
+      const Tensor c0 = Random(Shape{rows, c.slice.rows}, 11);
+      const Tensor d_bias = Upload(Random(Shape{c.slice.rows}, 12));
+      GemmOptions options = kWeightsGemm;
+      options.beta = 0.5f;
+      options.bias = &d_bias.view();
+      Tensor d_row_major = Upload(c0), d_tiled = Upload(c0);
+      ASSERT_TRUE(gpu_->QuantizedGemm(d_a, d.view, d_row_major, options).ok());
+      const absl::Status tiled_status = gpu_->QuantizedGemm(d_a, tiled, d_tiled, options);
+      ASSERT_TRUE(tiled_status.ok()) << tiled_status;
+      const Tensor want_c = Download(d_row_major), got_c = Download(d_tiled);
+      for (int64_t i = 0; i < want_c.numel(); ++i) {
+        ASSERT_EQ(got_c.data_as<float>()[i], want_c.data_as<float>()[i]) << "element " << i;
+      }
+    }
   }
 }
 

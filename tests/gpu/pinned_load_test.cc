@@ -5,8 +5,9 @@
 // transfers before reusing memory); a load failing midway with transfers in flight. And the same
 // for the weight arena the tensors are allocated from (CudaBackendOptions::weight_arena_chunk_bytes:
 // off, the default, and chunks so small that the fixtures span many and their largest tensors
-// bypass them), and the arena's options. And the target's logits with the routed experts' codes in
-// warp tiles (the default) against row-major ones (CudaBackendOptions::quant_moe_tiled_experts).
+// bypass them), and the arena's options. And the target's logits with the quantized weights' codes
+// in warp tiles (the default) against row-major ones (CudaBackendOptions::quant_moe_tiled_experts,
+// quant_gemm_tiled_weights).
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -424,23 +425,34 @@ TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithEveryArena) {
   }
 }
 
-// Routed experts kept in warp tiles (the default) against row-major (quant_moe_tiled_experts off):
-// the same logits, bit for bit, and the loads say which they did (the fixtures' experts are on the
-// grouped GEMV's layout, so the default tiles every routed expert's gate, up and down).
-TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithTiledExperts) {
+// Quantized weights kept in warp tiles (the default: routed experts and QuantizedGemm's weights)
+// against row-major (quant_moe_tiled_experts and quant_gemm_tiled_weights off) and against tiled
+// experts only: the same logits, bit for bit, and the loads say how many tensors they tiled (the
+// fixtures' weights are on the GEMV's layout at TP 1, so both kinds are tiled).
+TEST_F(PinnedLoadTest, TargetLogitsAreBitwiseTheSameWithTiledWeights) {
+  struct TileCase {
+    bool experts, gemm;
+    const char* name;
+  };
   for (const char* fixture : {"v3_fp8", "k25_int4"}) {
     std::vector<float> want;
-    for (const bool tiled : {false, true}) {
-      SCOPED_TRACE(std::string(fixture) + (tiled ? ", tiled experts" : ", row-major experts"));
+    int64_t experts_only = 0;
+    for (const TileCase& tiles : {TileCase{false, false, "row-major"}, TileCase{true, false, "tiled experts"},
+                                  TileCase{true, true, "tiled experts and gemm weights"}}) {
+      SCOPED_TRACE(std::string(fixture) + ", " + tiles.name);
       std::vector<float> logits;
       int64_t tiled_tensors = -1;
-      ASSERT_NO_FATAL_FAILURE(
-          TargetLogits(kGolden + fixture, {.quant_moe_tiled_experts = tiled}, &logits, &tiled_tensors));
-      if (tiled) {
+      ASSERT_NO_FATAL_FAILURE(TargetLogits(
+          kGolden + fixture, {.quant_moe_tiled_experts = tiles.experts, .quant_gemm_tiled_weights = tiles.gemm},
+          &logits, &tiled_tensors));
+      if (!tiles.experts) {
+        EXPECT_EQ(tiled_tensors, 0);
+      } else if (!tiles.gemm) {
         EXPECT_GT(tiled_tensors, 0);
         EXPECT_EQ(tiled_tensors % 3, 0);  // gate, up and down of each routed expert
+        experts_only = tiled_tensors;
       } else {
-        EXPECT_EQ(tiled_tensors, 0);
+        EXPECT_GT(tiled_tensors, experts_only);
       }
       ExpectSameLogitsAsFirst(&want, std::move(logits));
     }

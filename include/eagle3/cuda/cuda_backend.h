@@ -87,6 +87,11 @@ struct CudaBackendOptions {
   // The same bits either way; off: row-major (also when EAGLE3_QUANT_MOE_KERNEL=legacy, whose
   // CUDA-core kernels read row-major codes only).
   bool quant_moe_tiled_experts = true;
+  // The same for the other quantized weights (QuantizedGemm's: attention projections, dense and
+  // shared-expert MLPs) that its GEMV path takes (Backend::tiles_gemm_codes); its dequantizing path
+  // reads the tiles too. Never while fp8_w8a8_min_rows is set (cuBLASLt reads row-major codes).
+  // The same bits either way; off: row-major.
+  bool quant_gemm_tiled_weights = true;
   // Latent attention calls (LatentAttention, BatchedLatentAttention) that split their keys merge the
   // splits' partial results in the attention kernel itself, in the last block to finish of each
   // tile of query rows, when the tile's partial results (splits x rows of a block x value_dim
@@ -152,8 +157,10 @@ class EAGLE3_API CudaBackend final : public Backend {
   // CudaBackendOptions::quant_moe_tiled_experts, unless EAGLE3_QUANT_MOE_KERNEL=legacy, for views
   // the grouped GEMV path takes (cuda/cuda_backend_quantized_moe.cc).
   bool tiles_expert_codes(const QuantizedWeightView& w) const override;
-  // a f32 or bf16; w's scales f32 (FP8) or bf16 (INT4); warp-tiled codes refused (only
-  // QuantizedMoeExperts reads them); see cuda/cuda_backend_quantized.cc for the
+  // CudaBackendOptions::quant_gemm_tiled_weights, for views the GEMV path takes.
+  bool tiles_gemm_codes(const QuantizedWeightView& w) const override;
+  // a f32 or bf16; w's scales f32 (FP8) or bf16 (INT4); row-major or warp-tiled codes (the W8A8
+  // path takes row-major ones only); see cuda/cuda_backend_quantized.cc for the
   // paths and their numerics. A call that dequantizes may grow the dequantization scratch (never
   // while the stream is being captured).
   absl::Status QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
