@@ -21,6 +21,10 @@
 //   INT4 (pack-quantized, group 32, bf16 scales), Kimi-K2.5's routed-expert shapes:
 //     8 gate_up 512 x 7168     9 down 7168 x 256
 //
+// The codes are read as warp tiles (QuantCodesLayout::kWarpTiles) where the backend's weight loads
+// would keep them so (CudaBackendOptions::quant_gemm_tiled_weights: paths 0 and 1;
+// EAGLE3_BENCH_QUANT_GEMM_TILED_WEIGHTS=0: row-major).
+//
 // Model: bytes = the weights as stored for the path (codes or packed words with the scales they
 // use; bf16 for path 2) + a (f32) + c (f32); flops = 2 m N K; floor = max(bytes / copy rate,
 // flops / GEMM rate), the GEMM rate the bf16 one measured at 8192^3, and for path 3 the W8A8 path's
@@ -77,6 +81,10 @@ std::unique_ptr<cuda::CudaBackend> PathBackend(int64_t quantized_gemv_max_rows, 
   options.max_rows = 4096;
   options.quantized_gemv_max_rows = quantized_gemv_max_rows;
   options.fp8_w8a8_min_rows = fp8_w8a8_min_rows;
+  // The tiled-weights switch as the default backend reads it (bench_util.h).
+  if (const cuda::CudaBackend* base = Backend(); base != nullptr) {
+    options.quant_gemm_tiled_weights = base->options().quant_gemm_tiled_weights;
+  }
   auto b = cuda::CudaBackend::Create(options);
   return b.ok() ? std::move(*b) : nullptr;
 }
@@ -163,6 +171,12 @@ void BM_QuantizedGemm(benchmark::State& state) {
     w.view.block_cols = s.int4 ? kGroup : kBlock;
     w.view.scale_row0 = s.row0 / w.view.block_rows;
     w.view.scale_col0 = s.col0 / w.view.block_cols;
+    // The codes read as warp tiles where the backend's loads would keep them so (the bits are
+    // random either way; these whole shapes tile into exactly their row-major bytes).
+    const Shape tiled = WarpTiledCodesShape(w.view);
+    if (b->tiles_gemm_codes(w.view) && tiled.numel() == w.view.codes.numel()) {
+      w.view = WithWarpTiledCodes(w.view, TensorView(w.codes.data(), w.view.codes.dtype(), tiled, w.codes.device()));
+    }
     return w;
   });
   Tensor a = RandomDevice(DType::kF32, Shape{m, s.k}, 3);
