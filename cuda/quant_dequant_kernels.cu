@@ -81,8 +81,7 @@ __device__ __forceinline__ void StoreRun(uint16_t* out_row, int64_t c0, const fl
 __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t ld,
                                       const float* __restrict__ scale_inv, int64_t scale_ld, int64_t row0,
                                       int64_t col0, int64_t block_rows, int64_t block_cols,
-                                      uint16_t* __restrict__ out, int64_t ld_out, int64_t n, int64_t k, bool vector,
-                                      TileGeometry tiles) {
+                                      uint16_t* __restrict__ out, int64_t ld_out, int64_t n, int64_t k, bool vector) {
   PdlEnter();  // out may be scratch that the product before this one still reads
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     ScaleCursor scale;
@@ -93,12 +92,7 @@ __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t
          c0 += static_cast<int64_t>(gridDim.x) * kThreads * kRun) {
       const int count = static_cast<int>(min(static_cast<int64_t>(kRun), k - c0));
       uint8_t q[kRun];
-      if (tiles.steps > 0) {
-#pragma unroll
-        for (int j = 0; j < kRun; ++j) {
-          q[j] = j < count ? codes[QuantTileOffset(false, tiles.steps, tiles.shift, r, c0 + j)] : 0;
-        }
-      } else if (vector && count == kRun) {
+      if (vector && count == kRun) {
         const uint2 raw = *reinterpret_cast<const uint2*>(code_row + c0);
 #pragma unroll
         for (int j = 0; j < kRun; ++j) q[j] = static_cast<uint8_t>((j < 4 ? raw.x : raw.y) >> (8 * (j % 4)));
@@ -121,7 +115,7 @@ __global__ void Fp8BlockDequantKernel(const uint8_t* __restrict__ codes, int64_t
 __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64_t ld, int shift,
                                        const uint16_t* __restrict__ scale, int64_t scale_ld, int64_t col0,
                                        int64_t group_size, uint16_t* __restrict__ out, int64_t ld_out, int64_t n,
-                                       int64_t k, bool vector, TileGeometry tiles) {
+                                       int64_t k, bool vector) {
   PdlEnter();  // out may be scratch that the product before this one still reads
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     ScaleCursor cursor;
@@ -135,18 +129,80 @@ __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64
       float w[kRun];
 #pragma unroll
       for (int j = 0; j < kRun; ++j) {
-        int32_t q = 0;
-        if (j < count && tiles.steps > 0) {
-          // Tiled codes start on a whole word (shift 0): value c is nibble c % 8 of word c / 8.
-          const int64_t at = QuantTileOffset(true, tiles.steps, tiles.shift, r, 4 * ((c0 + j) / kInt4PerWord));
-          const int32_t word = *reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(packed) + at);
-          q = Int4At(&word, (c0 + j) % kInt4PerWord);
-        } else if (j < count) {
-          q = Int4At(row, shift + c0 + j);
-        }
-        w[j] = j < count ? static_cast<float>(q) * cursor.At(c0 + j) : 0.0f;
+        w[j] = j < count ? static_cast<float>(Int4At(row, shift + c0 + j)) * cursor.At(c0 + j) : 0.0f;
       }
       StoreRun(out + r * ld_out, c0, w, count, vector);
+    }
+  }
+}
+
+// Tiled codes of either format: a thread per 16-byte chunk of the tiles (consecutive threads read
+// consecutive chunks, whole 16-byte loads), each chunk a run of one row's codes (fp8: 16 columns;
+// int4: 4 words, 32 columns), written as that row's run of bf16 weights (a warp's 32 chunks cover 8
+// rows x 64 bytes of codes: whole 32-byte sectors of out). Scales as the row kernels take them:
+// fp8 by (row0 + r, col0 + c) blocks, int4 from the slice's row of scales.
+template <bool kInt4>
+__global__ void TiledDequantKernel(const uint8_t* __restrict__ tiles, TileGeometry geometry, int64_t chunks,
+                                   const float* __restrict__ scale_inv, const uint16_t* __restrict__ scale,
+                                   int64_t scale_ld, int64_t row0, int64_t col0, int64_t block_rows,
+                                   int64_t block_cols, uint16_t* __restrict__ out, int64_t ld_out, int64_t n,
+                                   int64_t k) {
+  PdlEnter();  // out may be scratch that the product before this one still reads
+  constexpr int kValues = kInt4 ? 32 : 16;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < chunks;
+       q += static_cast<int64_t>(gridDim.x) * kThreads) {
+    // Chunk q is 16-byte piece `within` of tile `tile` (eagle3/detail/quant_tiles.h): lane within / 2,
+    // half within % 2; lane 4 g + c holds row g's chunk c of the step, then row g + 8's.
+    const int64_t tile = q / (kQuantTileBytes / 16), within = q % (kQuantTileBytes / 16);
+    const int64_t lane = within / 2, half = within % 2;
+    const int64_t r = kQuantTileRows * (tile / geometry.steps) + lane / 4 + 8 * half;
+    if (r >= n) continue;
+    // The chunk's first column of the slice (fp8: a byte a column; int4: 2 columns a byte).
+    const int64_t first_byte = kQuantTileStepBytes * (tile % geometry.steps) + 16 * (lane % 4) -
+                               (kInt4 ? geometry.shift / 2 : geometry.shift);
+    const int64_t c0 = kInt4 ? 2 * first_byte : first_byte;
+    if (c0 + kValues <= 0 || c0 >= k) continue;  // padding
+    const uint4 raw = *reinterpret_cast<const uint4*>(tiles + 16 * q);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    ScaleCursor cursor;
+    if (kInt4) {
+      cursor.bf16 = scale + r * scale_ld;
+    } else {
+      cursor.f32 = scale_inv + (row0 + r) / block_rows * scale_ld;
+    }
+    cursor.width = block_cols;
+    const int64_t start = c0 < 0 ? 0 : c0;
+    cursor.Seek(start, col0);
+    uint16_t* out_row = out + r * ld_out;
+    uint16_t bits[kValues];
+#pragma unroll
+    for (int v = 0; v < kValues; ++v) {
+      const int64_t c = c0 + v;
+      float w = 0.0f;
+      if (c >= 0 && c < k) {
+        if (kInt4) {
+          w = static_cast<float>(Int4At(reinterpret_cast<const int32_t*>(words), v)) * cursor.At(c);
+        } else {
+          const uint8_t code = static_cast<uint8_t>(words[v / 4] >> (8 * (v % 4)));
+          // e4m3 -> f16 is exact (every e4m3 value, subnormals and NaN included, is an f16 value).
+          w = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * cursor.At(c);
+        }
+      }
+      bits[v] = Bf16Bits(w);
+    }
+    if (c0 >= 0 && c0 + kValues <= k && reinterpret_cast<uintptr_t>(out_row + c0) % 16 == 0) {
+#pragma unroll
+      for (int v = 0; v < kValues; v += 8) {
+        uint32_t packed[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) packed[j] = bits[v + 2 * j] | static_cast<uint32_t>(bits[v + 2 * j + 1]) << 16;
+        *reinterpret_cast<uint4*>(out_row + c0 + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < kValues; ++v) {
+        if (c0 + v >= 0 && c0 + v < k) out_row[c0 + v] = bits[v];
+      }
     }
   }
 }
@@ -156,6 +212,10 @@ __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64
 TileGeometry TilesOf(bool int4, bool tiled, int64_t k, int64_t global_col0) {
   if (!tiled) return {};
   return {QuantTileSteps(int4, k, global_col0), QuantTileShift(int4, global_col0)};
+}
+
+dim3 TiledGrid(int64_t chunks) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 16 * kMaxGrid)));
 }
 
 dim3 Grid(int64_t n, int64_t k) {
@@ -184,10 +244,16 @@ cudaError_t LaunchFp8BlockDequant(const uint8_t* codes, int64_t ld, const float*
   if (codes == nullptr || scale_inv == nullptr || out == nullptr) return cudaErrorInvalidValue;
   if (n > 1 && ((!tiles.tiled && ld < k) || ld_out < k)) return cudaErrorInvalidValue;
   if ((row0 + n - 1) / block_rows > 0 && scale_ld < (col0 + k - 1) / block_cols + 1) return cudaErrorInvalidValue;
-  const bool vector = (tiles.tiled || RunsAligned(codes, ld, n, 1)) && RunsAligned(out, ld_out, n, 2);
+  if (tiles.tiled) {
+    const TileGeometry geometry = TilesOf(false, true, k, tiles.global_col0);
+    const int64_t chunks = QuantTiledBytes(false, n, k, tiles.global_col0) / 16;
+    return LaunchKernel(programmatic, TiledDequantKernel<false>, TiledGrid(chunks), dim3(kThreads), 0, stream, codes,
+                        geometry, chunks, scale_inv, static_cast<const uint16_t*>(nullptr), scale_ld, row0, col0,
+                        block_rows, block_cols, out, ld_out, n, k);
+  }
+  const bool vector = RunsAligned(codes, ld, n, 1) && RunsAligned(out, ld_out, n, 2);
   return LaunchKernel(programmatic, Fp8BlockDequantKernel, Grid(n, k), dim3(kThreads), 0, stream, codes, ld,
-                      scale_inv, scale_ld, row0, col0, block_rows, block_cols, out, ld_out, n, k, vector,
-                      TilesOf(false, tiles.tiled, k, tiles.global_col0));
+                      scale_inv, scale_ld, row0, col0, block_rows, block_cols, out, ld_out, n, k, vector);
 }
 
 cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift, const uint16_t* scale,
@@ -204,10 +270,16 @@ cudaError_t LaunchInt4GroupDequant(const int32_t* packed, int64_t ld, int shift,
                 scale_ld < (col0 + k - 1) / group_size + 1)) {
     return cudaErrorInvalidValue;
   }
+  if (tiles.tiled) {
+    const TileGeometry geometry = TilesOf(true, true, k, tiles.global_col0);
+    const int64_t chunks = QuantTiledBytes(true, n, k, tiles.global_col0) / 16;
+    return LaunchKernel(programmatic, TiledDequantKernel<true>, TiledGrid(chunks), dim3(kThreads), 0, stream,
+                        reinterpret_cast<const uint8_t*>(packed), geometry, chunks, static_cast<const float*>(nullptr),
+                        scale, scale_ld, int64_t{0}, col0, int64_t{1}, group_size, out, ld_out, n, k);
+  }
   const bool vector = RunsAligned(out, ld_out, n, 2);
   return LaunchKernel(programmatic, Int4GroupDequantKernel, Grid(n, k), dim3(kThreads), 0, stream, packed, ld, shift,
-                      scale, scale_ld, col0, group_size, out, ld_out, n, k, vector,
-                      TilesOf(true, tiles.tiled, k, tiles.global_col0));
+                      scale, scale_ld, col0, group_size, out, ld_out, n, k, vector);
 }
 
 }  // namespace eagle3::cuda
