@@ -5,7 +5,10 @@
 //
 // Path: the grouped quantized GEMV where every expert's views are on its layout with one shared
 // layout (OnSharedGemvLayout: the experts of a hub checkpoint's TP slice), else the CUDA-core
-// kernels; EAGLE3_QUANT_MOE_KERNEL=legacy forces the latter (the benchmark's A/B switch).
+// kernels; EAGLE3_QUANT_MOE_KERNEL=legacy forces the latter (the benchmark's A/B switch). Codes in
+// warp tiles (QuantCodesLayout::kWarpTiles, as loads keep them where tiles_expert_codes says so)
+// are read on the grouped path only; experts with tiled views off it are refused (InvalidArgument
+// naming the first tiled view).
 //
 // Data-dependent errors follow MoeExperts: a token with an id outside [0, experts) keeps its out row
 // and is reported by the next Synchronize() as InvalidArgument naming the token.

@@ -337,7 +337,9 @@ absl::Status Backend::CheckTileQuantizedCodes(const QuantizedWeightView& w, cons
   constexpr const char* kOp = "TileQuantizedCodes";
   const Device dev = device();
   EAGLE3_RETURN_IF_ERROR(w.Check(kOp));
-  if (w.warp_tiled()) return Invalid(kOp, "w.codes ", w.codes.ToString(), " are warp-tiled already; expected row-major");
+  if (w.warp_tiled()) {
+    return Invalid(kOp, "w.codes ", w.codes.ToString(), " are warp-tiled already; expected row-major");
+  }
   if (w.codes.device() != dev) {
     return Invalid(kOp, "w.codes is ", w.codes.ToString(), " but this backend runs on ", dev.ToString());
   }
@@ -349,7 +351,8 @@ absl::Status Backend::CheckTileQuantizedCodes(const QuantizedWeightView& w, cons
   if (tiles.dtype() != w.codes.dtype() || tiles.shape() != want || tiles.device() != dev ||
       (tiles.numel() > 0 && (tiles.data() == nullptr || tiles.stride(1) != 1 || tiles.stride(0) != want[1]))) {
     return Invalid(kOp, "tiles ", tiles.ToString(), " (strides ", tiles.strides().ToString(), ") must be ",
-                   std::string(DTypeName(w.codes.dtype())), want.ToString(), ", contiguous, on ", dev.ToString(), " for w.codes ",
+                   std::string(DTypeName(w.codes.dtype())), want.ToString(), ", contiguous, on ", dev.ToString(),
+                   " for w.codes ",
                    w.codes.ToString(), " (k ", w.k, ", col0 ", w.col0, ")");
   }
   return CheckNoOverlap(kOp, "w.codes", w.codes, "tiles", tiles, false);

@@ -122,7 +122,8 @@ absl::StatusOr<Tensor> Upload(Backend& backend, Allocator& device_allocator, con
 // Whether quantized `w` can be a row range of a weight stacked with `first` (StackLinearWeights'
 // rule), followed by other parts when `not_last`.
 bool StacksAlike(const QuantizedWeightView& w, const QuantizedWeightView& first, bool not_last) {
-  const bool alike = !w.warp_tiled() && !first.warp_tiled() && w.format == first.format && w.k == first.k && w.col0 == first.col0 &&
+  const bool alike = !w.warp_tiled() && !first.warp_tiled() && w.format == first.format && w.k == first.k &&
+                     w.col0 == first.col0 &&
                      w.scale_col0 == first.scale_col0 && w.block_rows == first.block_rows &&
                      w.block_cols == first.block_cols && w.codes.dtype() == first.codes.dtype() &&
                      w.scales.dtype() == first.scales.dtype() && w.codes.dim(1) == first.codes.dim(1) &&

@@ -136,7 +136,8 @@ absl::Status QuantizedWeightView::Check(std::string_view op) const {
 Shape WarpTiledCodesShape(const QuantizedWeightView& w) {
   const bool int4 = w.format == WeightFormat::kInt4Group;
   const int64_t n = std::max<int64_t>(0, w.rows()), k = std::max<int64_t>(0, w.k);
-  const int64_t tiles = n == 0 || k == 0 ? 0 : QuantTiledBytes(int4, n, k, std::max<int64_t>(0, w.col0)) / kQuantTileBytes;
+  const int64_t tiles =
+      n == 0 || k == 0 ? 0 : QuantTiledBytes(int4, n, k, std::max<int64_t>(0, w.col0)) / kQuantTileBytes;
   return Shape{tiles, int4 ? kQuantTileBytes / 4 : kQuantTileBytes};
 }
 

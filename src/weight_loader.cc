@@ -157,7 +157,8 @@ absl::StatusOr<std::vector<LinearWeight>> WeightLoader::LoadStackedLinear(std::s
     parts.push_back(std::move(part));
   }
   if (parts.size() == 1) return parts;
-  EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked, StackLinearWeights(*backend_, parts, /*gemm_tiles=*/true));
+  EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> stacked,
+                          StackLinearWeights(*backend_, parts, /*gemm_tiles=*/true));
   if (!stacked.has_value()) return parts;
   std::vector<LinearWeight> one;
   one.push_back(std::move(*stacked));
