@@ -136,11 +136,12 @@ __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64
   }
 }
 
-// Tiled codes of either format: a thread per 16-byte chunk of the tiles (consecutive threads read
-// consecutive chunks, whole 16-byte loads), each chunk a run of one row's codes (fp8: 16 columns;
-// int4: 4 words, 32 columns), written as that row's run of bf16 weights (a warp's 32 chunks cover 8
-// rows x 64 bytes of codes: whole 32-byte sectors of out). Scales as the row kernels take them:
-// fp8 by (row0 + r, col0 + c) blocks, int4 from the slice's row of scales.
+// Tiled codes of either format: a thread per lane of a tile (two 16-byte chunks, whole loads), each
+// chunk a run of one row's codes (fp8: 16 columns; int4: 4 words, 32 columns), written as that
+// row's run of bf16 weights, the threads ordered so that a warp writes long runs of few rows (a
+// lane a thread, as the tiles are ordered, would spread each warp's writes over 8 rows). Scales as
+// the row kernels take them: fp8 by (row0 + r, col0 + c) blocks, int4 from the slice's row of
+// scales.
 template <bool kInt4>
 __global__ void TiledDequantKernel(const uint8_t* __restrict__ tiles, TileGeometry geometry, int64_t chunks,
                                    const float* __restrict__ scale_inv, const uint16_t* __restrict__ scale,
@@ -149,59 +150,66 @@ __global__ void TiledDequantKernel(const uint8_t* __restrict__ tiles, TileGeomet
                                    int64_t k) {
   PdlEnter();  // out may be scratch that the product before this one still reads
   constexpr int kValues = kInt4 ? 32 : 16;
-  for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < chunks;
-       q += static_cast<int64_t>(gridDim.x) * kThreads) {
-    // Chunk q is 16-byte piece `within` of tile `tile` (eagle3/detail/quant_tiles.h): lane within / 2,
-    // half within % 2; lane 4 g + c holds row g's chunk c of the step, then row g + 8's.
-    const int64_t tile = q / (kQuantTileBytes / 16), within = q % (kQuantTileBytes / 16);
-    const int64_t lane = within / 2, half = within % 2;
-    const int64_t r = kQuantTileRows * (tile / geometry.steps) + lane / 4 + 8 * half;
-    if (r >= n) continue;
-    // The chunk's first column of the slice (fp8: a byte a column; int4: 2 columns a byte).
-    const int64_t first_byte = kQuantTileStepBytes * (tile % geometry.steps) + 16 * (lane % 4) -
-                               (kInt4 ? geometry.shift / 2 : geometry.shift);
+  // Thread u takes lane 4 g + c of tile (group, step): 32 contiguous bytes, row g's chunk c of the
+  // step and row g + 8's (eagle3/detail/quant_tiles.h). u runs over c, then the steps, then g, then
+  // the groups, so a warp reads 4 lanes (128 contiguous bytes) of 8 consecutive tiles and writes 8
+  // steps' columns of two rows: 512 contiguous columns of each (the writes of the row-major kernel).
+  const int64_t units = chunks / 2;
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; u < units;
+       u += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t chunk = u % 4, step = (u / 4) % geometry.steps, g = (u / (4 * geometry.steps)) % 8;
+    const int64_t group = u / (32 * geometry.steps);
+    const uint8_t* lane_bytes = tiles + (group * geometry.steps + step) * kQuantTileBytes + 32 * (4 * g + chunk);
+    // The chunks' first column of the slice (fp8: a byte a column; int4: 2 columns a byte).
+    const int64_t first_byte =
+        kQuantTileStepBytes * step + 16 * chunk - (kInt4 ? geometry.shift / 2 : geometry.shift);
     const int64_t c0 = kInt4 ? 2 * first_byte : first_byte;
     if (c0 + kValues <= 0 || c0 >= k) continue;  // padding
-    const uint4 raw = *reinterpret_cast<const uint4*>(tiles + 16 * q);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-    ScaleCursor cursor;
-    if (kInt4) {
-      cursor.bf16 = scale + r * scale_ld;
-    } else {
-      cursor.f32 = scale_inv + (row0 + r) / block_rows * scale_ld;
-    }
-    cursor.width = block_cols;
-    const int64_t start = c0 < 0 ? 0 : c0;
-    cursor.Seek(start, col0);
-    uint16_t* out_row = out + r * ld_out;
-    uint16_t bits[kValues];
 #pragma unroll
-    for (int v = 0; v < kValues; ++v) {
-      const int64_t c = c0 + v;
-      float w = 0.0f;
-      if (c >= 0 && c < k) {
-        if (kInt4) {
-          w = static_cast<float>(Int4At(reinterpret_cast<const int32_t*>(words), v)) * cursor.At(c);
-        } else {
-          const uint8_t code = static_cast<uint8_t>(words[v / 4] >> (8 * (v % 4)));
-          // e4m3 -> f16 is exact (every e4m3 value, subnormals and NaN included, is an f16 value).
-          w = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * cursor.At(c);
-        }
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = kQuantTileRows * group + g + 8 * half;
+      if (r >= n) continue;
+      const uint4 raw = *reinterpret_cast<const uint4*>(lane_bytes + 16 * half);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      ScaleCursor cursor;
+      if (kInt4) {
+        cursor.bf16 = scale + r * scale_ld;
+      } else {
+        cursor.f32 = scale_inv + (row0 + r) / block_rows * scale_ld;
       }
-      bits[v] = Bf16Bits(w);
-    }
-    if (c0 >= 0 && c0 + kValues <= k && reinterpret_cast<uintptr_t>(out_row + c0) % 16 == 0) {
-#pragma unroll
-      for (int v = 0; v < kValues; v += 8) {
-        uint32_t packed[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) packed[j] = bits[v + 2 * j] | static_cast<uint32_t>(bits[v + 2 * j + 1]) << 16;
-        *reinterpret_cast<uint4*>(out_row + c0 + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      }
-    } else {
+      cursor.width = block_cols;
+      const int64_t start = c0 < 0 ? 0 : c0;
+      cursor.Seek(start, col0);
+      uint16_t* out_row = out + r * ld_out;
+      uint16_t bits[kValues];
 #pragma unroll
       for (int v = 0; v < kValues; ++v) {
-        if (c0 + v >= 0 && c0 + v < k) out_row[c0 + v] = bits[v];
+        const int64_t c = c0 + v;
+        float w = 0.0f;
+        if (c >= 0 && c < k) {
+          if (kInt4) {
+            w = static_cast<float>(Int4At(reinterpret_cast<const int32_t*>(words), v)) * cursor.At(c);
+          } else {
+            const uint8_t code = static_cast<uint8_t>(words[v / 4] >> (8 * (v % 4)));
+            // e4m3 -> f16 is exact (every e4m3 value, subnormals and NaN included, is an f16 value).
+            w = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * cursor.At(c);
+          }
+        }
+        bits[v] = Bf16Bits(w);
+      }
+      if (c0 >= 0 && c0 + kValues <= k && reinterpret_cast<uintptr_t>(out_row + c0) % 16 == 0) {
+#pragma unroll
+        for (int v = 0; v < kValues; v += 8) {
+          uint32_t packed[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) packed[j] = bits[v + 2 * j] | static_cast<uint32_t>(bits[v + 2 * j + 1]) << 16;
+          *reinterpret_cast<uint4*>(out_row + c0 + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < kValues; ++v) {
+          if (c0 + v >= 0 && c0 + v < k) out_row[c0 + v] = bits[v];
+        }
       }
     }
   }
