@@ -129,17 +129,23 @@ const char* ScaleRow(const QuantizedWeightView& w, int64_t i) {
          i * w.scales.stride(0) * static_cast<int64_t>(DTypeSize(w.scales.dtype()));
 }
 
-// Whether the quantized GEMV launchers take w as it lies (see the file comment).
-bool GemvLayout(const QuantizedWeightView& w) {
-  const int64_t n = w.rows();
-  if (!Aligned16(w.codes.data()) || w.k > kMaxGemvColumn || LocalCol0(w) > kMaxGemvColumn) return false;
+// Whether the quantized GEMV launchers take the slice w describes, wherever its codes lie: the
+// scale blocks or groups, the column offset and the sizes (see the file comment).
+bool SliceOnGemvLayout(const QuantizedWeightView& w) {
+  if (w.k > kMaxGemvColumn || LocalCol0(w) > kMaxGemvColumn) return false;
   if (w.format == WeightFormat::kFp8Block) {
-    return w.block_rows == kFp8ScaleBlock && w.block_cols == kFp8ScaleBlock && LocalCol0(w) % 16 == 0 &&
-           (n <= 1 || w.codes.stride(0) % 16 == 0);
+    return w.block_rows == kFp8ScaleBlock && w.block_cols == kFp8ScaleBlock && LocalCol0(w) % 16 == 0;
   }
   const int64_t group = w.block_cols;
-  return group >= 32 && group <= (int64_t{1} << 30) && (group & (group - 1)) == 0 && w.col0 % kInt4PerWord == 0 &&
-         (n <= 1 || w.codes.stride(0) % 4 == 0);
+  return group >= 32 && group <= (int64_t{1} << 30) && (group & (group - 1)) == 0 && w.col0 % kInt4PerWord == 0;
+}
+
+// Whether the quantized GEMV launchers take w as it lies: its slice, and its codes on 16-byte
+// boundaries (rows of fp8 codes a multiple of 16 bytes apart, of int4 words a multiple of 4 words).
+bool GemvLayout(const QuantizedWeightView& w) {
+  if (!Aligned16(w.codes.data()) || !SliceOnGemvLayout(w)) return false;
+  const int64_t row_multiple = w.format == WeightFormat::kFp8Block ? 16 : 4;
+  return w.rows() <= 1 || w.codes.stride(0) % row_multiple == 0;
 }
 
 // The GEMV path for checked operands with m, n, k > 0 on the launchers' layout: the rows in chunks of
@@ -314,14 +320,9 @@ bool CudaBackend::tiles_gemm_codes(const QuantizedWeightView& w) const {
   const CudaBackendOptions& o = state_->options;
   // With W8A8 on, large products could take cuBLASLt, which reads row-major codes only.
   if (!o.quant_gemm_tiled_weights || o.fp8_w8a8_min_rows > 0 || w.warp_tiled() || !w.Check(kOp).ok()) return false;
-  // The GEMV launchers' layout with the codes placed as a loader places tiles (16-byte aligned,
-  // contiguous); the other paths read any tiled view.
-  if (w.k > kMaxGemvColumn || LocalCol0(w) > kMaxGemvColumn) return false;
-  if (w.format == WeightFormat::kFp8Block) {
-    return w.block_rows == kFp8ScaleBlock && w.block_cols == kFp8ScaleBlock && LocalCol0(w) % 16 == 0;
-  }
-  const int64_t group = w.block_cols;
-  return group >= 32 && group <= (int64_t{1} << 30) && (group & (group - 1)) == 0 && w.col0 % kInt4PerWord == 0;
+  // The codes are placed as a loader places tiles (16-byte aligned, contiguous); the other paths
+  // read any tiled view.
+  return SliceOnGemvLayout(w);
 }
 
 absl::Status CudaBackend::QuantizedGemm(const TensorView& a, const QuantizedWeightView& w, const TensorView& c,
