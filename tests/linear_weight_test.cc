@@ -25,19 +25,12 @@
 #include "eagle3/tensor.h"
 #include "eagle3/testing/random_quantized_weights.h"
 #include "gtest/gtest.h"
+#include "host_tensor_util.h"
 #include "quantized_test_util.h"
 #include "scoped_temp_dir.h"
 
 namespace eagle3 {
 namespace {
-
-Tensor RandomF32(const Shape& shape, uint32_t seed) {
-  Tensor t = *Tensor::Empty(DType::kF32, shape);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
-  return t;
-}
 
 bool BitwiseEqual(const TensorView& a, const TensorView& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && a.is_contiguous() && b.is_contiguous() &&

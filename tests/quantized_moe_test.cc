@@ -18,6 +18,7 @@
 #include "eagle3/testing/random_quantized_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "host_tensor_util.h"
 #include "quantized_moe_util.h"
 
 namespace eagle3 {
@@ -37,20 +38,6 @@ std::vector<ExpertSlices> Layouts() {
       {kInter, kHidden + 56, kHidden, 128, Slice{0, kInter, 0, kHidden}, Slice{0, kHidden, 2 * kInter, kInter}},
       {200, 512, 300, 192, Slice{129, kInter, 257, kHidden}, Slice{97, kHidden, 131, kInter}},
   };
-}
-
-Tensor RandomF32(const Shape& shape, uint32_t seed) {
-  Tensor t = *Tensor::Empty(DType::kF32, shape);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
-  return t;
-}
-
-Tensor Filled(const Shape& shape, float value) {
-  Tensor t = *Tensor::Empty(DType::kF32, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
-  return t;
 }
 
 double RelError(const Tensor& got, const Tensor& want) {

@@ -25,6 +25,7 @@
 #include "eagle3/testing/random_quantized_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "host_tensor_util.h"
 #include "linear_weight.h"
 #include "quantized_moe_util.h"
 #include "quantized_view_util.h"
@@ -38,34 +39,6 @@ using ::testing::HasSubstr;
 // A byte no tiler writes on purpose: tiles start filled with it so that a byte the tiler skips
 // (padding it should zero) shows.
 constexpr uint8_t kPoison = 0xa5;
-
-Tensor RandomF32(const Shape& shape, uint32_t seed) {
-  Tensor t = *Tensor::Empty(DType::kF32, shape);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
-  return t;
-}
-
-Tensor Filled(const Shape& shape, float value) {
-  Tensor t = *Tensor::Empty(DType::kF32, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value;
-  return t;
-}
-
-Tensor Clone(const Tensor& t) {
-  Tensor out = *Tensor::Empty(t.dtype(), t.shape());
-  std::memcpy(out.data(), t.data(), t.nbytes());
-  return out;
-}
-
-void ExpectBitwiseEqual(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(got.data_as<float>()[i]), std::bit_cast<uint32_t>(want.data_as<float>()[i]))
-        << what << ": element " << i << " " << got.data_as<float>()[i] << " vs " << want.data_as<float>()[i];
-  }
-}
 
 bool IsInt4(const QuantizedWeightView& w) { return w.format == WeightFormat::kInt4Group; }
 
