@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "eagle3/detail/quant_tiles.h"
@@ -132,8 +133,8 @@ __device__ __forceinline__ uint32_t Bits(T value) {
 }
 
 // A lane's weight rows: g and g + 8 of its warp's 16 (rows past n read row n - 1, whose results are
-// not written). Tiled codes: row[h] is the lane's 16 bytes of half h in the warp's first tile, a
-// step's tile kQuantTileBytes further per step (the padding rows read zeros).
+// not written). Tiled codes: row[0] is the lane's 32 bytes in the warp's first tile (rows g, then
+// g + 8), a step's tile kQuantTileBytes further per step (the padding rows read zeros).
 struct LaneRows {
   const char* row[2];
   const uint16_t* scale_row[2];  // int4: the rows' group scales
@@ -152,12 +153,11 @@ __device__ __forceinline__ LaneRows TiledLaneRows(const Params& p, const char* i
   return rows;
 }
 
-// A step's two chunks of tiled codes (every byte of a tile is in range: no edge path).
-__device__ __forceinline__ void LoadTiled(const LaneRows& rows, int step, uint4 (&w)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h] + static_cast<int64_t>(step) * kQuantTileBytes));
-  }
+// A step's two chunks of tiled codes, `at` the lane's 32 bytes in the step's tile (every byte of a
+// tile is in range: no edge path).
+__device__ __forceinline__ void LoadTiled(const char* at, uint4 (&w)[2]) {
+  w[0] = __ldcs(reinterpret_cast<const uint4*>(at));
+  w[1] = __ldcs(reinterpret_cast<const uint4*>(at + 16));
 }
 
 // Bytes [col, col + 16) of a row as a chunk, zeros outside [0, k): the slow path of a chunk that a
@@ -224,9 +224,13 @@ struct Fp8Format {
     uint4 w[2];  // rows g and g + 8
   };
 
-  __device__ static void Load(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
-    if (p.tiled) {
-      LoadTiled(rows, step, item.w);
+  // The step's chunks: kTiled, from `tile` (the lane's bytes in the step's tile); otherwise from the
+  // rows at the step's columns, or (p.tiled: the generic kernel on tiled codes, kept as the
+  // specialized kernel's baseline) from the step's tile.
+  template <bool kTiled>
+  __device__ static void Load(const Params& p, const LaneRows& rows, const char* tile, int step, int c, Item& item) {
+    if (kTiled || p.tiled) {
+      LoadTiled(kTiled ? tile : rows.row[0] + static_cast<int64_t>(step) * kQuantTileBytes, item.w);
       return;
     }
     const int col = step * kStepColumns + 16 * c - p.shift;
@@ -297,11 +301,13 @@ struct Int4Format {
     uint32_t scales[2];  // per row: the chunk's bf16 scale in both halves
   };
 
-  __device__ static void Load(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
+  // As Fp8Format::Load, and the chunk's scales.
+  template <bool kTiled>
+  __device__ static void Load(const Params& p, const LaneRows& rows, const char* tile, int step, int c, Item& item) {
     const int col = step * kStepColumns + 32 * c - p.shift;  // a multiple of 8
     const int word0 = col >> 3, words = (p.k + 7) >> 3;
-    if (p.tiled) {
-      LoadTiled(rows, step, item.w);
+    if (kTiled || p.tiled) {
+      LoadTiled(kTiled ? tile : rows.row[0] + static_cast<int64_t>(step) * kQuantTileBytes, item.w);
     } else if (p.shift == 0 && word0 + 4 <= words) {  // a whole, 16-byte aligned chunk
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -577,8 +583,12 @@ __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& lo
   PdlWait();
 }
 
-// kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m).
-template <typename F, int kOperands>
+// kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m). kTiled: the codes are in
+// warp-step tiles (p.tiled), compiled apart so that the tiled loop holds neither the row-major edge
+// paths nor their branch, and steps its loads with one pointer. The generic kernel (kTiled false)
+// reads tiles too, a branch per load, where EAGLE3_QUANT_GEMV_TILED_KERNEL=generic asks for it (the
+// baseline the specialized kernel is measured against).
+template <typename F, int kOperands, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kUnitSteps = F::kUnitSteps;
@@ -627,10 +637,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   LaneRows rows;
   const char* item_b = ItemB(p, item);
   const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
-  if (p.tiled) rows = TiledLaneRows(p, item_b, item_scale, warp_row, p.units * kUnitSteps, lane, g);
+  const bool tiled = kTiled || p.tiled;
+  if (tiled) rows = TiledLaneRows(p, item_b, item_scale, warp_row, p.units * kUnitSteps, lane, g);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (!p.tiled) {
+    if (!tiled) {
       const int64_t r = min(warp_row + g + 8 * h, p.n - 1);
       rows.row[h] = item_b + r * p.ldb;
       rows.scale_row[h] = item_scale + r * p.scale_ld;
@@ -651,20 +662,37 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 
   // The load cursor: the next step to load, in the global step grid, and its place in the part's
   // run of the current tile (a whole run done, the cursor jumps over the other parts' runs).
+  // Row-major codes advance it a step at a time. Tiled codes advance it a ring cycle at a time,
+  // slot d of a cycle loading the cursor's step + d from the lane's bytes of that step's tile
+  // (load_tile + d tiles): a run is whole cycles where a warp has several (QuantGemvPlanValid), and
+  // with one it is the warp's last, so no cycle straddles a jump.
   int load_step = part_first * kUnitSteps, load_in_run = 0;
-  const auto advance = [&] {
-    ++load_step;
-    if (++load_in_run == part_steps) {
+  const char* load_tile = nullptr;
+  if constexpr (kTiled) load_tile = rows.row[0] + static_cast<int64_t>(load_step) * kQuantTileBytes;
+  const int run_skip = (tile_units - p.part_units) * kUnitSteps;  // steps of the other parts' runs
+  const auto advance = [&](int steps) {
+    load_step += steps;
+    if constexpr (kTiled) load_tile += static_cast<int64_t>(steps) * kQuantTileBytes;
+    load_in_run += steps;
+    if (load_in_run == part_steps) {
       load_in_run = 0;
-      load_step += (tile_units - p.part_units) * kUnitSteps;
+      load_step += run_skip;
+      if constexpr (kTiled) load_tile += static_cast<int64_t>(run_skip) * kQuantTileBytes;
+    }
+  };
+  // Loads ring slot d (tiled: of the current cycle; row-major: the next step, then advances).
+  const auto load = [&](int d, typename F::Item& slot) {
+    if constexpr (kTiled) {
+      F::template Load<true>(p, rows, load_tile + d * kQuantTileBytes, load_step + d, c, slot);
+    } else {
+      F::template Load<false>(p, rows, nullptr, load_step, c, slot);
+      advance(1);
     }
   };
 
   typename F::Item ring[kDepth];
-  FillRingThenWait<kDepth>(total_steps, [&](int d) {
-    F::Load(p, rows, load_step, c, ring[d]);
-    advance();
-  });
+  FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); });
+  if constexpr (kTiled) advance(kDepth);
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
   Zero(acc);
@@ -701,11 +729,9 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
             FoldBlockSums(acc, sum, s_lo, s_hi);
           }
         }
-        if (done + j + d + kDepth < total_steps) {
-          F::Load(p, rows, load_step, c, ring[d]);
-          advance();
-        }
+        if (done + j + d + kDepth < total_steps) load(d, ring[d]);
       }
+      if constexpr (kTiled) advance(kDepth);
     }
     done += n_t;
   }
@@ -784,7 +810,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // while the previous group's last products run. The whole K of a row being one warp's (wk 1, no
 // cluster), a group's sums are final in the warp's fragments and are written from there; each sum
 // is the same chain as in a wk = 1, split = 1 plan of the kernel above.
-template <typename F, int kOperands>
+template <typename F, int kOperands, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kUnitSteps = F::kUnitSteps;
@@ -818,10 +844,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   const auto rows_of = [&](int i) {
     LaneRows rows;
     const int64_t row0 = first_row + static_cast<int64_t>(i) * kBlockRows;
-    if (p.tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
+    const bool tiled = kTiled || p.tiled;
+    if (tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (!p.tiled) {
+      if (!tiled) {
         const int64_t r = min(row0 + g + 8 * h, p.n - 1);
         rows.row[h] = item_b + r * p.ldb;
         rows.scale_row[h] = item_scale + r * p.scale_ld;
@@ -832,16 +859,21 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   };
   LaneRows load_rows = rows_of(0);
   int load_group = 0, load_step = 0;
+  const char* load_tile = kTiled ? load_rows.row[0] : nullptr;  // tiled: the lane's bytes in the step's tile
   const auto advance = [&] {
+    if constexpr (kTiled) load_tile += kQuantTileBytes;
     if (++load_step == steps) {
       load_step = 0;
-      if (++load_group < groups) load_rows = rows_of(load_group);
+      if (++load_group < groups) {
+        load_rows = rows_of(load_group);
+        if constexpr (kTiled) load_tile = load_rows.row[0];
+      }
     }
   };
 
   typename F::Item ring[kDepth];
   FillRingThenWait<kDepth>(total_steps, [&](int d) {
-    F::Load(p, load_rows, load_step, c, ring[d]);
+    F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
     advance();
   });
 
@@ -928,7 +960,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
         }
       }
       if (j + d + kDepth < total_steps) {
-        F::Load(p, load_rows, load_step, c, ring[d]);
+        F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
         advance();
       }
     }
@@ -986,6 +1018,16 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   return cudaSuccess;
 }
 
+// Whether tiled codes run the generic kernels (EAGLE3_QUANT_GEMV_TILED_KERNEL=generic, read once):
+// the specialized kernels' same-binary baseline.
+bool TiledCodesRunGeneric() {
+  static const bool generic = [] {
+    const char* value = std::getenv("EAGLE3_QUANT_GEMV_TILED_KERNEL");
+    return value != nullptr && std::strcmp(value, "generic") == 0;
+  }();
+  return generic;
+}
+
 // Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
 template <typename F>
 cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPlan* plan, bool programmatic,
@@ -1012,19 +1054,26 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
   p.tiles = chosen.tiles;
   p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
   const int operands = QuantGemvRowOperands(p.m);
+  const size_t shared = QuantGemvSharedBytes(problem, chosen);
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
-    return LaunchKernel(programmatic, operands == 1 ? QuantGemvRowLoopKernel<F, 1> : QuantGemvRowLoopKernel<F, 2>, grid,
-                        dim3(kThreads), QuantGemvSharedBytes(problem, chosen), stream, p);
+    const bool specialized = p.tiled && !TiledCodesRunGeneric();
+    const auto kernel = specialized ? (operands == 1 ? QuantGemvRowLoopKernel<F, 1, true> : QuantGemvRowLoopKernel<F, 2, true>)
+                                : (operands == 1 ? QuantGemvRowLoopKernel<F, 1, false> : QuantGemvRowLoopKernel<F, 2, false>);
+    return LaunchKernel(programmatic, kernel, grid, dim3(kThreads), shared, stream, p);
   }
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
   const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
-  return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split),
-                                operands == 1   ? QuantGemvKernel<F, 1>
-                                : operands == 2 ? QuantGemvKernel<F, 2>
-                                                : QuantGemvKernel<F, 4>,
-                                grid, dim3(kThreads), QuantGemvSharedBytes(problem, chosen), stream, p);
+  const bool specialized = p.tiled && !TiledCodesRunGeneric();
+  const auto kernel = specialized ? (operands == 1   ? QuantGemvKernel<F, 1, true>
+                                 : operands == 2 ? QuantGemvKernel<F, 2, true>
+                                                 : QuantGemvKernel<F, 4, true>)
+                              : (operands == 1   ? QuantGemvKernel<F, 1, false>
+                                 : operands == 2 ? QuantGemvKernel<F, 2, false>
+                                                 : QuantGemvKernel<F, 4, false>);
+  return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split), kernel, grid, dim3(kThreads), shared,
+                                stream, p);
 }
 
 // The launchers' shared body, with a grouped launch's items (none: all nullptr).
