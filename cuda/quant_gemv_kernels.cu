@@ -28,10 +28,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "eagle3/detail/quant_tiles.h"
 #include "programmatic_launch.cuh"
@@ -1029,9 +1033,33 @@ bool TiledCodesRunGeneric() {
 }
 
 // Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
+// Lets `kernel` take up to kQuantGemvSharedMax of dynamic shared memory where a launch needs more
+// than the default limit: once per device and kernel (the attribute is per device; setting it can
+// wait for the device's copies in flight, so not at every launch).
+template <typename Kernel>
+cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
+  if (bytes <= kQuantGemvSharedLimit) return cudaSuccess;
+  int device = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
+  static std::mutex mutex;
+  static std::vector<std::pair<int, const void*>> allowed;
+  const std::pair<int, const void*> key{device, reinterpret_cast<const void*>(kernel)};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) return cudaSuccess;
+  if (const cudaError_t error =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kQuantGemvSharedMax));
+      error != cudaSuccess) {
+    return error;
+  }
+  allowed.push_back(key);
+  return cudaSuccess;
+}
+
 template <typename F>
-cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPlan* plan, bool programmatic,
+cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan, bool programmatic,
                    cudaStream_t stream) {
+  // The chooser keeps to its rule's limit; an explicit plan may take all the kernel can.
+  problem.shared_limit = plan != nullptr ? kQuantGemvSharedMax : QuantGemvSharedLimitFor(problem.m);
   QuantGemvPlan chosen;
   if (plan != nullptr) {
     if (!QuantGemvPlanValid(problem, *plan)) return cudaErrorInvalidValue;
@@ -1061,6 +1089,7 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
     const bool specialized = p.tiled && !TiledCodesRunGeneric();
     const auto kernel = specialized ? (operands == 1 ? QuantGemvRowLoopKernel<F, 1, true> : QuantGemvRowLoopKernel<F, 2, true>)
                                 : (operands == 1 ? QuantGemvRowLoopKernel<F, 1, false> : QuantGemvRowLoopKernel<F, 2, false>);
+    if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
     return LaunchKernel(programmatic, kernel, grid, dim3(kThreads), shared, stream, p);
   }
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
@@ -1072,6 +1101,7 @@ cudaError_t Launch(Params p, const QuantGemvProblem& problem, const QuantGemvPla
                               : (operands == 1   ? QuantGemvKernel<F, 1, false>
                                  : operands == 2 ? QuantGemvKernel<F, 2, false>
                                                  : QuantGemvKernel<F, 4, false>);
+  if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
   return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split), kernel, grid, dim3(kThreads), shared,
                                 stream, p);
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <optional>
 
@@ -46,6 +47,11 @@ constexpr double kSmRateInt4 = 28e9;
 constexpr double kClusterCost = 0.3e-6;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The problem's shared-memory limit, within what the kernels can take.
+size_t SharedLimit(const QuantGemvProblem& problem) {
+  return std::min(std::max(problem.shared_limit, kQuantGemvSharedLimit), kQuantGemvSharedMax);
+}
 
 int64_t RowBlocks(const QuantGemvProblem& problem, int wk, int row_loops = 0) {
   return CeilDiv(problem.n, kQuantGemvBlockRows / wk * std::max(row_loops, 1));
@@ -198,12 +204,22 @@ QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
 
 bool SameProblem(const QuantGemvProblem& a, const QuantGemvProblem& b) {
   return a.int4 == b.int4 && a.batch == b.batch && a.m == b.m && a.n == b.n && a.k == b.k && a.shift == b.shift &&
-         a.a_bytes == b.a_bytes && a.weight_bytes == b.weight_bytes;
+         a.a_bytes == b.a_bytes && a.weight_bytes == b.weight_bytes && a.shared_limit == b.shared_limit;
 }
 
 }  // namespace
 
 int QuantGemvUnitSteps(bool int4) { return int4 ? 1 : 2; }
+
+size_t QuantGemvSharedLimitFor(int64_t m) {
+  static const size_t wide = [] {
+    const char* value = std::getenv("EAGLE3_QUANT_GEMV_SHARED_KIB");
+    if (value == nullptr) return kQuantGemvSharedMax;
+    const long kib = std::strtol(value, nullptr, 10);
+    return std::min(std::max(static_cast<size_t>(std::max(kib, 0L)) * 1024, kQuantGemvSharedLimit), kQuantGemvSharedMax);
+  }();
+  return QuantGemvRowOperands(m) > 1 ? wide : kQuantGemvSharedLimit;
+}
 
 int64_t QuantGemvUnits(const QuantGemvProblem& problem) {
   return CeilDiv(problem.shift + problem.k, kQuantGemvUnitColumns);
@@ -230,14 +246,14 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
     if (plan.row_loops < 1 || plan.row_loops > kQuantGemvMaxRowLoops) return false;
     if (plan.wk != 1 || plan.split != 1 || plan.tiles != 1 || plan.part_units != units) return false;
     if (QuantGemvRowOperands(problem.m) > 2) return false;
-    if (QuantGemvSharedBytes(problem, plan) > kQuantGemvSharedLimit) return false;
+    if (QuantGemvSharedBytes(problem, plan) > SharedLimit(problem)) return false;
     return RowBlocks(problem, 1, plan.row_loops) <= 0x7fffffff;
   }
   const int64_t rank_units = CeilDiv(units, plan.split);
   if (static_cast<int64_t>(plan.wk) * plan.part_units * plan.tiles < rank_units) return false;
   const int depth = QuantGemvDepth(QuantGemvRowOperands(problem.m));
   if (plan.tiles > 1 && plan.part_units * QuantGemvUnitSteps(problem.int4) % depth != 0) return false;
-  if (QuantGemvSharedBytes(problem, plan) > kQuantGemvSharedLimit) return false;
+  if (QuantGemvSharedBytes(problem, plan) > SharedLimit(problem)) return false;
   return RowBlocks(problem, plan.wk) * plan.split <= 0x7fffffff;
 }
 
@@ -261,7 +277,17 @@ QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count)
     if (choice.sm_count == sm_count && SameProblem(choice.problem, problem)) return choice.plan;
   }
   const std::optional<QuantGemvPlan> row_looped = RowLoopPlan(problem, sm_count);
-  const QuantGemvPlan plan = row_looped.has_value() ? *row_looped : SweepPlans(problem, sm_count);
+  QuantGemvPlan plan;
+  if (row_looped.has_value()) {
+    plan = *row_looped;
+  } else {
+    // Past the default limit only where it would split the activations into several tiles: a plan
+    // that stages them once within it is kept as it was measured.
+    QuantGemvProblem narrow = problem;
+    narrow.shared_limit = kQuantGemvSharedLimit;
+    plan = SweepPlans(narrow, sm_count);
+    if (plan.tiles > 1 && SharedLimit(problem) > kQuantGemvSharedLimit) plan = SweepPlans(problem, sm_count);
+  }
   kept[next] = {problem, sm_count, plan};
   next = (next + 1) % kKept;
   return plan;

@@ -54,8 +54,20 @@ inline constexpr int kQuantGemvBlocksPerSm = 2;
 // same bytes in flight with half the warps to hide the widening's latency.
 constexpr int QuantGemvDepth(int operands) { return operands == 4 ? 2 : kQuantGemvDepth; }
 
-// Dynamic shared memory a block may use: the default limit, so that no launch needs an attribute.
+// Dynamic shared memory a block may use without raising its kernel's attribute.
 inline constexpr size_t kQuantGemvSharedLimit = 48 * 1024;
+// The most a block may use while kQuantGemvBlocksPerSm blocks still fit a multiprocessor (228 KiB,
+// 1 KiB of it reserved per block): the launchers raise the kernel's attribute for plans past
+// kQuantGemvSharedLimit.
+inline constexpr size_t kQuantGemvSharedMax = 112 * 1024;
+
+// The shared memory the chooser lets a plan of m activation rows take. Up to 8 rows (the one-wave
+// rule's decode shapes, whose measured plans fit the default limit) kQuantGemvSharedLimit; from 9,
+// where 16 to 32 staged rows would otherwise split K into several activation tiles, each restaged
+// behind a block barrier, kQuantGemvSharedMax, unless EAGLE3_QUANT_GEMV_SHARED_KIB (read once) sets
+// another (in KiB, within [48, 112]; the previous rule's baseline is 48). ChooseQuantGemvPlan takes
+// the larger limit only where the default one leaves several tiles.
+size_t QuantGemvSharedLimitFor(int64_t m);
 
 // The product as the planner sees it.
 struct QuantGemvProblem {
@@ -65,6 +77,9 @@ struct QuantGemvProblem {
   int64_t shift = 0;
   int64_t a_bytes = 4;       // bytes per activation element: 4 (f32) or 2 (bf16)
   double weight_bytes = 0;   // quantized bytes the product streams: codes or packed words, and scales
+  // Dynamic shared memory a plan may take (kQuantGemvSharedLimit .. kQuantGemvSharedMax): the
+  // chooser's launches take QuantGemvSharedLimitFor(m); a launch with an explicit plan, the most.
+  size_t shared_limit = kQuantGemvSharedLimit;
 };
 
 struct QuantGemvPlan {
@@ -96,7 +111,7 @@ size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
 
 // Whether the kernel can run `plan`: wk and split in range, the tiles covering each cluster rank's
 // units, several tiles only with whole ring cycles per warp (part_units * unit steps a multiple of
-// QuantGemvDepth of the problem's rows), the shared memory within kQuantGemvSharedLimit, and the
+// QuantGemvDepth of the problem's rows), the shared memory within the problem's shared_limit, and the
 // grid within limits; a row-looped plan: 1 <= row_loops <= kQuantGemvMaxRowLoops, wk 1, split 1,
 // one tile of the whole K, up to 16 activation rows (one or two B operands).
 bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
@@ -117,7 +132,9 @@ QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_c
 // The plan the launchers take on a device with `sm_count` multiprocessors: for short K (at most
 // kQuantGemvRowLoopMaxSteps steps) over more blocks than one wave holds, a row-looped plan
 // (quant_gemv_plan.cc says how many groups); else, up to 8 rows, the one-wave rule of
-// quant_gemv_plan.cc where a plan fits it; otherwise the valid plan of least modelled time.
+// quant_gemv_plan.cc where a plan fits it; otherwise the valid plan of least modelled time within
+// kQuantGemvSharedLimit, or, where that plan takes several activation tiles, within the problem's
+// shared_limit.
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)

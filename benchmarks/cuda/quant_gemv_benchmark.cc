@@ -232,6 +232,7 @@ cuda::QuantGemvProblem ProblemOf(const QuantShape& s, int64_t m) {
   // As the launchers count them (the planner's input).
   problem.weight_bytes =
       static_cast<double>(s.batch) * s.n * (s.int4 ? (s.k + 7) / 8 * 4 + 2.0 * s.k / kInt4Group : s.k);
+  problem.shared_limit = cuda::QuantGemvSharedLimitFor(m);  // as the launchers' chooser
   return problem;
 }
 

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -1042,6 +1043,14 @@ QuantGemvProblem ProblemOf(bool int4, int64_t batch, int64_t m, int64_t n, int64
   return problem;
 }
 
+// The problem an explicit plan is checked against by the launchers: any shared memory the kernel can
+// take.
+QuantGemvProblem ExplicitProblemOf(bool int4, int64_t m, int64_t n, int64_t k, int64_t col0) {
+  QuantGemvProblem problem = ProblemOf(int4, 1, m, n, k, col0);
+  problem.shared_limit = kQuantGemvSharedMax;
+  return problem;
+}
+
 // Cases of one plan: m = 1, 8 (one B operand), 9, 16 (two), or (four_operands) 17, 24, 31, 32;
 // f32 and bf16 activations, 16-byte staging loads (m = 1, or rows padded by `pad` to 16 bytes) and
 // element loads, and an epilogue.
@@ -1094,6 +1103,8 @@ TEST_F(QuantGemvTest, Fp8EveryPath) {
            {2, 1, 1, 7},  // tiles of one-unit parts (one 2-step ring cycle each), the last partial
            {1, 8, 2, 1},  // 8 ranks of 2 units for 13: the last rank empty
            {1, 1, 4, 4},  // four tiles
+           {1, 1, 13, 1},  // all 13 units staged at once: past the default shared-memory limit
+           {1, 2, 7, 1},   // a cluster of 2, one tile each, past the default limit from 26 rows
        }},
   };
   uint32_t seed = 500;
@@ -1102,7 +1113,7 @@ TEST_F(QuantGemvTest, Fp8EveryPath) {
       for (Case cs : PlanCases(set.four_operands, 5)) {  // pad 5: rows of 1576 elements, 16-byte aligned
         SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
                                         << plan.part_units << " tiles " << plan.tiles << " m " << cs.m);
-        ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(false, 1, cs.m, n, k, col0), plan));
+        ASSERT_TRUE(QuantGemvPlanValid(ExplicitProblemOf(false, cs.m, n, k, col0), plan));
         const std::vector<float> row_major = CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
         const std::vector<float> tiled = CheckFp8(cs, w, row0, col0, n, k, seed, &plan, /*tiled=*/true);
         EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0) << "tiled codes";
@@ -1147,6 +1158,7 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
            {2, 2, 2, 2},  // K split and two tiles, the second partial
            {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
            {1, 1, 4, 3},  // three tiles
+           {1, 1, 12, 1},  // all 12 units staged at once: past the default shared-memory limit
        }},
   };
   const int64_t row0 = 3, n = 230, k = 1503;
@@ -1159,7 +1171,7 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
           SCOPED_TRACE(testing::Message() << "group " << slice.group << " col0 " << slice.col0 << " wk " << plan.wk
                                           << " split " << plan.split << " part_units " << plan.part_units
                                           << " tiles " << plan.tiles << " m " << cs.m);
-          ASSERT_TRUE(QuantGemvPlanValid(ProblemOf(true, 1, cs.m, n, k, slice.col0), plan));
+          ASSERT_TRUE(QuantGemvPlanValid(ExplicitProblemOf(true, cs.m, n, k, slice.col0), plan));
           const std::vector<float> row_major = CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
           const std::vector<float> tiled = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &plan, /*tiled=*/true);
           EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0) << "tiled codes";
@@ -1328,18 +1340,56 @@ TEST(QuantGemvPlanTest, ChosenPlansAreValid) {
     for (const Shape& shape : shapes) {
       for (const int64_t m : {1, 5, 8, 9, 16, 17, 24, 32}) {
         for (const int sm_count : {1, 16, 132, 1000}) {
-          const int64_t col0 = int4 ? shape.col0 / 8 * 8 : shape.col0 / 16 * 16;
-          const QuantGemvProblem problem = ProblemOf(int4, shape.batch, m, shape.n, shape.k, col0);
-          const QuantGemvPlan plan = ChooseQuantGemvPlan(problem, sm_count);
-          EXPECT_TRUE(QuantGemvPlanValid(problem, plan))
-              << (int4 ? "int4" : "fp8") << " batch " << shape.batch << " n " << shape.n << " k " << shape.k
-              << " m " << m << " sms " << sm_count << ": wk " << plan.wk << " split " << plan.split
-              << " part_units " << plan.part_units << " tiles " << plan.tiles;
-          EXPECT_LE(QuantGemvSharedBytes(problem, plan), kQuantGemvSharedLimit);
+          for (const size_t limit : {kQuantGemvSharedLimit, kQuantGemvSharedMax}) {
+            const int64_t col0 = int4 ? shape.col0 / 8 * 8 : shape.col0 / 16 * 16;
+            QuantGemvProblem problem = ProblemOf(int4, shape.batch, m, shape.n, shape.k, col0);
+            problem.shared_limit = limit;
+            const QuantGemvPlan plan = ChooseQuantGemvPlan(problem, sm_count);
+            EXPECT_TRUE(QuantGemvPlanValid(problem, plan))
+                << (int4 ? "int4" : "fp8") << " batch " << shape.batch << " n " << shape.n << " k " << shape.k
+                << " m " << m << " sms " << sm_count << " limit " << limit << ": wk " << plan.wk << " split "
+                << plan.split << " part_units " << plan.part_units << " tiles " << plan.tiles;
+            EXPECT_LE(QuantGemvSharedBytes(problem, plan), limit);
+          }
         }
       }
     }
   }
+}
+
+// Past the default shared-memory limit only where it splits the activations into tiles: at 24 and 32
+// rows the V3 rank's q_a and the experts' gate-up products stage their whole rank range once with the
+// wider limit (several tiles without it), and every plan that fits one tile within the default limit
+// (up to 20 rows there) is chosen unchanged.
+TEST(QuantGemvPlanTest, WiderSharedLimitOnlyWhereTilesSplit) {
+  struct Shape {
+    bool int4;
+    int64_t batch, n, k;
+  };
+  const Shape shapes[] = {{false, 1, 1536, 7168}, {false, 1, 2112, 7168}, {false, 9, 512, 7168}, {true, 9, 512, 7168}};
+  for (const Shape& shape : shapes) {
+    for (const int64_t m : {9, 16, 17, 20, 24, 28, 32}) {
+      SCOPED_TRACE(testing::Message() << (shape.int4 ? "int4" : "fp8") << " batch " << shape.batch << " n "
+                                      << shape.n << " k " << shape.k << " m " << m);
+      const QuantGemvProblem narrow = ProblemOf(shape.int4, shape.batch, m, shape.n, shape.k, 0);
+      QuantGemvProblem wide = narrow;
+      wide.shared_limit = kQuantGemvSharedMax;
+      const QuantGemvPlan before = ChooseQuantGemvPlan(narrow, 132);
+      const QuantGemvPlan after = ChooseQuantGemvPlan(wide, 132);
+      EXPECT_EQ(after.tiles, 1);
+      if (before.tiles == 1) {
+        EXPECT_EQ(after.wk, before.wk);
+        EXPECT_EQ(after.split, before.split);
+        EXPECT_EQ(after.part_units, before.part_units);
+      } else {
+        EXPECT_GE(m, 24);
+        EXPECT_GT(QuantGemvSharedBytes(wide, after), kQuantGemvSharedLimit);
+      }
+    }
+  }
+  // Up to 8 rows the launchers keep the default limit; from 9, the wider one.
+  EXPECT_EQ(QuantGemvSharedLimitFor(8), kQuantGemvSharedLimit);
+  if (std::getenv("EAGLE3_QUANT_GEMV_SHARED_KIB") == nullptr) EXPECT_EQ(QuantGemvSharedLimitFor(9), kQuantGemvSharedMax);
 }
 
 // The one-wave rule for a single product: of the plans with the most K ways that fit one wave, the
