@@ -7,6 +7,9 @@
 // `quantization_config` may sit in text_config and/or at the top level (equal when both), and
 // `vision_config` is accepted unread: it configures the vision tower and projector, which eagle3
 // does not run. Its checkpoint stores the language model under `language_model.` (tensor_prefix).
+// Kimi-K2.6 ships in the same wrapper and format (LMDeploy's kimi_k25 config builder serves K2.5
+// and K2.6 alike, copying a top-level-only quantization_config into text_config, which this reader
+// accepts too); K2.6's own config.json has not been checked against this reader.
 //
 // Parsing is strict: every key is either understood, known to be harmless (architectures, dtype,
 // initializer_range, ...), or refused. A key outside the allowlist fails with InvalidArgument
