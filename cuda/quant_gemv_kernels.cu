@@ -591,9 +591,12 @@ __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& lo
 // warp-step tiles (p.tiled), compiled apart so that the tiled loop holds neither the row-major edge
 // paths nor their branch, and steps its loads with one pointer. The generic kernel (kTiled false)
 // reads tiles too, a branch per load, where EAGLE3_QUANT_GEMV_TILED_KERNEL=generic asks for it (the
-// baseline the specialized kernel is measured against).
-template <typename F, int kOperands, bool kTiled>
-__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
+// baseline the specialized kernel is measured against). kMinBlocks: the blocks a multiprocessor
+// must hold at once, which sets the register budget (3: the experiment of
+// EAGLE3_QUANT_GEMV_TILED_KERNEL=3blocks, tiled codes of up to 8 rows: half as many warps again
+// and their rings in flight, for a few spilled loop invariants).
+template <typename F, int kOperands, bool kTiled, int kMinBlocks = kQuantGemvBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kUnitSteps = F::kUnitSteps;
   constexpr int kDepth = QuantGemvDepth(kOperands);
@@ -1022,15 +1025,21 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   return cudaSuccess;
 }
 
-// Whether tiled codes run the generic kernels (EAGLE3_QUANT_GEMV_TILED_KERNEL=generic, read once):
-// the specialized kernels' same-binary baseline.
-bool TiledCodesRunGeneric() {
-  static const bool generic = [] {
+// The kernels tiled codes run (EAGLE3_QUANT_GEMV_TILED_KERNEL, read once): the specialized ones
+// (unset), the generic ones ("generic": the specialized kernels' same-binary baseline), or for up to
+// 8 rows the specialized K-split kernel compiled for three blocks a multiprocessor ("3blocks").
+enum class TiledKernel { kSpecialized, kGeneric, kThreeBlocks };
+TiledKernel TiledKernelChoice() {
+  static const TiledKernel choice = [] {
     const char* value = std::getenv("EAGLE3_QUANT_GEMV_TILED_KERNEL");
-    return value != nullptr && std::strcmp(value, "generic") == 0;
+    if (value == nullptr) return TiledKernel::kSpecialized;
+    if (std::strcmp(value, "generic") == 0) return TiledKernel::kGeneric;
+    if (std::strcmp(value, "3blocks") == 0) return TiledKernel::kThreeBlocks;
+    return TiledKernel::kSpecialized;
   }();
-  return generic;
+  return choice;
 }
+bool TiledCodesRunGeneric() { return TiledKernelChoice() == TiledKernel::kGeneric; }
 
 // Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
 // Lets `kernel` take up to kQuantGemvSharedMax of dynamic shared memory where a launch needs more
@@ -1095,12 +1104,15 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
   const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
   const bool specialized = p.tiled && !TiledCodesRunGeneric();
-  const auto kernel = specialized ? (operands == 1   ? QuantGemvKernel<F, 1, true>
-                                 : operands == 2 ? QuantGemvKernel<F, 2, true>
-                                                 : QuantGemvKernel<F, 4, true>)
-                              : (operands == 1   ? QuantGemvKernel<F, 1, false>
-                                 : operands == 2 ? QuantGemvKernel<F, 2, false>
-                                                 : QuantGemvKernel<F, 4, false>);
+  const bool three_blocks = specialized && operands == 1 && TiledKernelChoice() == TiledKernel::kThreeBlocks;
+  const auto kernel = three_blocks ? QuantGemvKernel<F, 1, true, 3>
+                      : specialized
+                          ? (operands == 1 ? QuantGemvKernel<F, 1, true>
+                             : operands == 2 ? QuantGemvKernel<F, 2, true>
+                                             : QuantGemvKernel<F, 4, true>)
+                          : (operands == 1 ? QuantGemvKernel<F, 1, false>
+                             : operands == 2 ? QuantGemvKernel<F, 2, false>
+                                             : QuantGemvKernel<F, 4, false>);
   if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
   return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split), kernel, grid, dim3(kThreads), shared,
                                 stream, p);
