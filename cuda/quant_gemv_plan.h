@@ -48,6 +48,25 @@ constexpr int QuantGemvRowOperands(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 
 // Blocks a multiprocessor holds at once (the kernel's register budget is set for it).
 inline constexpr int kQuantGemvBlocksPerSm = 2;
 
+// Which kernels run tiled codes (Fp8BlockWeights::tiled / Int4GroupWeights::tiled). Every choice
+// gives the same bits; those other than the default are the same-binary baselines and experiments
+// of benchmarks/NOTES.md. The process-wide choice starts from EAGLE3_QUANT_GEMV_TILED_KERNEL
+// ("generic", "3blocks" or "bulk"; unset or anything else: kSpecialized); SetQuantGemvTiledKernel
+// (tests, benchmarks) changes it from the next launch on.
+enum class QuantGemvTiledKernel {
+  kSpecialized,  // the kernels compiled for tiled codes
+  kGeneric,      // the row-major kernels, reading tiles behind a branch per load
+  kThreeBlocks,  // up to 8 rows, the specialized K-split kernel built for three blocks a multiprocessor
+  kBulkRing,     // up to 8 rows, the specialized K-split kernel fed by bulk copies into a shared-memory
+                 // ring of kQuantGemvBulkSteps one-tile slots a warp, where the plan allows (whole ring
+                 // cycles per run, the ring within kQuantGemvSharedMax); elsewhere kSpecialized
+};
+QuantGemvTiledKernel GetQuantGemvTiledKernel();
+void SetQuantGemvTiledKernel(QuantGemvTiledKernel kernel);
+
+// Slots of a warp's shared-memory ring under QuantGemvTiledKernel::kBulkRing.
+inline constexpr int kQuantGemvBulkSteps = 8;
+
 // The ring depth of the kernel for `operands` B operands. With 4, the two extra accumulator sets
 // (and fp8's block sums) do not fit beside a 4-step ring in the registers of kQuantGemvBlocksPerSm
 // blocks: the ring gives up 2 steps rather than the multiprocessor a block, which would hold the

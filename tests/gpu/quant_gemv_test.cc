@@ -762,6 +762,37 @@ ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, ui
   return w;
 }
 
+// Every kernel choice for tiled codes (QuantGemvTiledKernel): each must give the bits of the
+// row-major codes' run. The bulk ring and the three-block build take plans of up to 8 rows (the
+// bulk ring those whose runs are whole 8-step cycles); the others fall back to the specialized
+// kernels.
+constexpr QuantGemvTiledKernel kTiledKernels[] = {QuantGemvTiledKernel::kSpecialized, QuantGemvTiledKernel::kGeneric,
+                                                  QuantGemvTiledKernel::kThreeBlocks, QuantGemvTiledKernel::kBulkRing};
+
+const char* TiledKernelName(QuantGemvTiledKernel kernel) {
+  switch (kernel) {
+    case QuantGemvTiledKernel::kSpecialized: return "specialized";
+    case QuantGemvTiledKernel::kGeneric: return "generic";
+    case QuantGemvTiledKernel::kThreeBlocks: return "3blocks";
+    case QuantGemvTiledKernel::kBulkRing: return "bulk";
+  }
+  return "?";
+}
+
+// Sets the process-wide choice for a scope, then restores the previous one.
+class TiledKernelScope {
+ public:
+  explicit TiledKernelScope(QuantGemvTiledKernel kernel) : previous_(GetQuantGemvTiledKernel()) {
+    SetQuantGemvTiledKernel(kernel);
+  }
+  ~TiledKernelScope() { SetQuantGemvTiledKernel(previous_); }
+  TiledKernelScope(const TiledKernelScope&) = delete;
+  TiledKernelScope& operator=(const TiledKernelScope&) = delete;
+
+ private:
+  QuantGemvTiledKernel previous_;
+};
+
 // An MoE's product as quant_moe_kernels.cu launches it: items' weights through device pointer arrays
 // (listed in reverse, so an item read through the batched stride would show), a device count below
 // max_items (the last item's c must keep its bits), per-item row counts below m (item i takes
@@ -836,11 +867,19 @@ void CheckGrouped(bool int4, int64_t items = 3, int64_t count = 2, int64_t n = 9
 
 TEST_F(QuantGemvTest, Fp8GroupedProgrammatic) {
   CheckGrouped(false);
-  CheckGrouped(false, 3, 2, 96, /*tiled=*/true);
+  for (const QuantGemvTiledKernel kernel : kTiledKernels) {
+    SCOPED_TRACE(TiledKernelName(kernel));
+    const TiledKernelScope scope(kernel);
+    CheckGrouped(false, 3, 2, 96, /*tiled=*/true);
+  }
 }
 TEST_F(QuantGemvTest, Int4GroupedProgrammatic) {
   CheckGrouped(true);
-  CheckGrouped(true, 3, 2, 96, /*tiled=*/true);
+  for (const QuantGemvTiledKernel kernel : kTiledKernels) {
+    SCOPED_TRACE(TiledKernelName(kernel));
+    const TiledKernelScope scope(kernel);
+    CheckGrouped(true, 3, 2, 96, /*tiled=*/true);
+  }
 }
 
 // The experts' down product of a verify step (short K, more blocks than a wave): the chooser takes
@@ -1115,8 +1154,12 @@ TEST_F(QuantGemvTest, Fp8EveryPath) {
                                         << plan.part_units << " tiles " << plan.tiles << " m " << cs.m);
         ASSERT_TRUE(QuantGemvPlanValid(ExplicitProblemOf(false, cs.m, n, k, col0), plan));
         const std::vector<float> row_major = CheckFp8(cs, w, row0, col0, n, k, ++seed, &plan);
-        const std::vector<float> tiled = CheckFp8(cs, w, row0, col0, n, k, seed, &plan, /*tiled=*/true);
-        EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0) << "tiled codes";
+        for (const QuantGemvTiledKernel kernel : kTiledKernels) {
+          const TiledKernelScope scope(kernel);
+          const std::vector<float> tiled = CheckFp8(cs, w, row0, col0, n, k, seed, &plan, /*tiled=*/true);
+          EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0)
+              << "tiled codes, " << TiledKernelName(kernel) << " kernel";
+        }
       }
     }
   }
@@ -1148,6 +1191,7 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
            {2, 1, 4, 2},  // two activation tiles, the second partial
            {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
            {1, 1, 4, 3},  // three tiles
+           {1, 1, 8, 2},  // two tiles of 8-step runs: whole cycles of the bulk ring
        }},
       // 32 staged rows take 8 KB per unit: at most 5 units per tile.
       {true,
@@ -1173,8 +1217,12 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
                                           << " tiles " << plan.tiles << " m " << cs.m);
           ASSERT_TRUE(QuantGemvPlanValid(ExplicitProblemOf(true, cs.m, n, k, slice.col0), plan));
           const std::vector<float> row_major = CheckInt4(cs, w, row0, slice.col0, n, k, ++seed, &plan);
-          const std::vector<float> tiled = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &plan, /*tiled=*/true);
-          EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0) << "tiled codes";
+          for (const QuantGemvTiledKernel kernel : kTiledKernels) {
+            const TiledKernelScope scope(kernel);
+            const std::vector<float> tiled = CheckInt4(cs, w, row0, slice.col0, n, k, seed, &plan, /*tiled=*/true);
+            EXPECT_EQ(std::memcmp(row_major.data(), tiled.data(), tiled.size() * sizeof(float)), 0)
+                << "tiled codes, " << TiledKernelName(kernel) << " kernel";
+          }
         }
       }
     }
