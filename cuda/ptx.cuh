@@ -8,6 +8,11 @@
 
 namespace eagle3::cuda {
 
+// The 32-bit shared-window address of a pointer into shared memory, as the instructions below take it.
+__device__ __forceinline__ uint32_t SharedAddress(const void* smem) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+}
+
 // ---- cp.async: global -> shared without registers ----------------------------------------------
 //
 // A thread's copies complete in commit groups: CpAsyncCommit closes the group of the copies issued
@@ -16,20 +21,20 @@ namespace eagle3::cuda {
 
 // 16 bytes, cached in L2 only (.cg); both addresses 16-byte aligned.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s = SharedAddress(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 
 // 16 bytes as CpAsync16, or 16 zero bytes when !valid (src-size 0: nothing is read from gmem).
 __device__ __forceinline__ void CpAsync16OrZero(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s = SharedAddress(smem);
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
 
 // 4 bytes (.ca: the 4-byte form cannot bypass L1); both addresses 4-byte aligned.
 __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s = SharedAddress(smem);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
 }
 
@@ -46,13 +51,8 @@ __device__ __forceinline__ void CpAsyncWait() {
 // One thread arms a barrier with the bytes a copy will bring (MbarArriveExpectTx: its one arrival
 // and the expected transaction count) and issues the copy (BulkCopyToShared), whose completion
 // counts the bytes off; the phase completes when both are done, and MbarWait returns once the
-// phase of the given parity has completed (phases alternate 0, 1, 0, ...). Shared addresses are the
-// 32-bit shared-window addresses of SharedAddress. Before sm_90 these trap: no kernel built for an
-// older device calls them.
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* smem) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-}
+// phase of the given parity has completed (phases alternate 0, 1, 0, ...). Shared addresses are
+// SharedAddress's. Before sm_90 these trap: no kernel built for an older device calls them.
 
 // A barrier expecting `count` arrivals a phase; then the init made visible to the copy engine.
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
@@ -133,7 +133,7 @@ __device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, 
 // (2 (l % 4) + 1, l / 4)).
 
 __device__ __forceinline__ void LdMatrixX4(unsigned (&r)[4], const uint16_t* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s = SharedAddress(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s)
@@ -141,7 +141,7 @@ __device__ __forceinline__ void LdMatrixX4(unsigned (&r)[4], const uint16_t* sme
 }
 
 __device__ __forceinline__ void LdMatrixX4Trans(unsigned (&r)[4], const uint16_t* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s = SharedAddress(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s)

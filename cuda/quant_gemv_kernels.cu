@@ -1105,7 +1105,6 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
 // QuantGemvTiledKernel's process-wide choice: -1 until first read.
 std::atomic<int> tiled_kernel_choice{-1};
 
-// Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
 // Lets `kernel` take up to kQuantGemvSharedMax of dynamic shared memory where a launch needs more
 // than the default limit: once per device and kernel (the attribute is per device; setting it can
 // wait for the device's copies in flight, so not at every launch).
@@ -1128,6 +1127,7 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
   return cudaSuccess;
 }
 
+// Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
 template <typename F>
 cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan, bool programmatic,
                    cudaStream_t stream) {
@@ -1169,14 +1169,12 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
   const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
   const bool three_blocks = specialized && operands == 1 && choice == QuantGemvTiledKernel::kThreeBlocks;
-  // The bulk ring where every run is whole ring cycles and the rings fit beside the staged
+  // The bulk ring where every run is whole ring cycles and the rings fit after the staged
   // activations (and fp8's staged scales), 128-byte aligned.
   bool bulk = specialized && operands == 1 && choice == QuantGemvTiledKernel::kBulkRing &&
               (p.tiles == 1 || p.part_units * F::kUnitSteps % kQuantGemvBulkSteps == 0);
   if (bulk) {
-    const int64_t tile_units = static_cast<int64_t>(p.wk) * p.part_units;
-    const int64_t loop_bytes = static_cast<int64_t>(p.m) * p.act_stride + (F::kBlockScaled ? 2 * tile_units * 4 : 0);
-    const int64_t ring_at = (loop_bytes + 127) / 128 * 128;
+    const int64_t ring_at = (static_cast<int64_t>(QuantGemvStagedBytes(problem, chosen)) + 127) / 128 * 128;
     const int64_t bulk_shared = ring_at + static_cast<int64_t>(kWarps) * (kQuantGemvBulkSteps * kQuantTileBytes + 16);
     bulk = bulk_shared <= static_cast<int64_t>(kQuantGemvSharedMax);
     if (bulk) {

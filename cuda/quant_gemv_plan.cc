@@ -225,16 +225,21 @@ int64_t QuantGemvUnits(const QuantGemvProblem& problem) {
   return CeilDiv(problem.shift + problem.k, kQuantGemvUnitColumns);
 }
 
-size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
+size_t QuantGemvStagedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
   const int64_t tile_units = static_cast<int64_t>(plan.wk) * plan.part_units;
   // Each activation row: the tile's columns as bf16 and 64 bytes that skew the rows' banks.
   const int64_t act = problem.m * (tile_units * kQuantGemvUnitColumns * 2 + 64);
   // fp8: the scale rows the block's rows touch (two for 128 rows; one more per further 128).
   const int64_t scale_rows = plan.row_loops > 0 ? plan.row_loops + 1 : 2;
   const int64_t scales = problem.int4 ? 0 : scale_rows * tile_units * 4;
+  return static_cast<size_t>(act + scales);
+}
+
+size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
+  const size_t staged = QuantGemvStagedBytes(problem, plan);
   // A row-looped block writes its sums from the fragments: no reduction area.
-  if (plan.row_loops > 0) return static_cast<size_t>(act + scales);
-  return std::max(static_cast<size_t>(act + scales), ReduceBytes(problem.m));
+  if (plan.row_loops > 0) return staged;
+  return std::max(staged, ReduceBytes(problem.m));
 }
 
 bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {

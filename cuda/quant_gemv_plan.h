@@ -124,6 +124,10 @@ int64_t QuantGemvUnits(const QuantGemvProblem& problem);
 // K steps per unit: 2 for fp8 (64-column steps), 1 for int4 (128-column steps).
 int QuantGemvUnitSteps(bool int4);
 
+// Shared memory a block's loop stages: one activation tile (its rows as bf16, each padded by 64
+// bytes) and fp8's scale rows for the tile's units.
+size_t QuantGemvStagedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
+
 // Dynamic shared memory of a block: the staged activation tile (and fp8's staged scales), or the
 // partial sums of the final reduction where those are larger.
 size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
