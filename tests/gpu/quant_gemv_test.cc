@@ -1121,7 +1121,7 @@ TEST_F(QuantGemvTest, Fp8EveryPath) {
            {1, 8, 2, 1},  // 8 ranks of 2 units for 13: the last rank empty
            {1, 1, 4, 4},  // four tiles
        }},
-      // 32 staged rows take 8 KB per unit: at most 5 units per tile.
+      // 32 staged rows take 8 KB per unit: at most 5 units per tile within the default limit.
       {true,
        {
            {1, 3, 5, 1},  // 128-row blocks, a cluster of 3 (5, 5, 3 units), one tile
@@ -1181,7 +1181,7 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
            {1, 1, 4, 3},  // three tiles
            {1, 1, 8, 2},  // two tiles of 8-step runs: whole cycles of the bulk ring
        }},
-      // 32 staged rows take 8 KB per unit: at most 5 units per tile.
+      // 32 staged rows take 8 KB per unit: at most 5 units per tile within the default limit.
       {true,
        {
            {1, 3, 4, 1},  // 128-row blocks, a cluster of 3, one tile
@@ -1321,8 +1321,10 @@ TEST_F(QuantGemvTest, RowBitsIndependentOfTheirOperand) {
 // past the limit. Nothing is launched.
 TEST_F(QuantGemvTest, BadPlansRefused) {
   const int64_t m = 16, n = 64, k = 2048;  // 16 units
-  DeviceBuffer a(m * k * 4), c(m * n * 4), codes(n * k), scales(64 * 4), packed(n * k / 2), iscales(n * k / 32 * 2);
-  const std::vector<float> c_host(m * n, 3.0f);
+  const int64_t max_m = 32;                  // the shared-memory case below
+  DeviceBuffer a(max_m * k * 4), c(max_m * n * 4), codes(n * k), scales(64 * 4), packed(n * k / 2),
+      iscales(n * k / 32 * 2);
+  const std::vector<float> c_host(max_m * n, 3.0f);
   Upload(c, c_host);
   Fp8BlockWeights f;
   f.codes = codes.as<uint8_t>();
@@ -1340,7 +1342,6 @@ TEST_F(QuantGemvTest, BadPlansRefused) {
       {1, 1, 0, 1},  {1, 1, 8, 0},   // empty
       {2, 2, 1, 1},                  // 2 units of a rank's 8
       {1, 1, 1, 16},                 // several tiles of 2-step (fp8) or 1-step (int4) runs
-      {1, 1, 16, 1},                 // 16 rows of 16 units: 66 KB of staged activations
   };
   for (const QuantGemvPlan& plan : bad) {
     SCOPED_TRACE(testing::Message() << "wk " << plan.wk << " split " << plan.split << " part_units "
@@ -1354,6 +1355,21 @@ TEST_F(QuantGemvTest, BadPlansRefused) {
                                          1.0f, 0.0f, &plan, false, nullptr),
               cudaErrorInvalidValue);
   }
+  // Shared memory: 16 rows of 16 units stage 66 KB, past the default limit the chooser keeps to
+  // (and the problem's default shared_limit) but within what an explicit plan may take; 32 rows of
+  // 16 units stage 133 KB, past kQuantGemvSharedMax: refused.
+  const QuantGemvPlan whole_k{1, 1, 16, 1};
+  for (const bool int4 : {false, true}) {
+    EXPECT_FALSE(QuantGemvPlanValid(ProblemOf(int4, 1, m, n, k, 0), whole_k));
+    EXPECT_TRUE(QuantGemvPlanValid(ExplicitProblemOf(int4, m, n, k, 0), whole_k));
+    EXPECT_FALSE(QuantGemvPlanValid(ExplicitProblemOf(int4, max_m, n, k, 0), whole_k));
+  }
+  EXPECT_EQ(LaunchFp8BlockGemvPlanned(a.ptr, GemvType::kF32, k, 0, f, c.as<float>(), n, 0, nullptr, 1, max_m, n, k,
+                                      1.0f, 0.0f, &whole_k, false, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchInt4GroupGemvPlanned(a.ptr, GemvType::kF32, k, 0, q, c.as<float>(), n, 0, nullptr, 1, max_m, n, k,
+                                       1.0f, 0.0f, &whole_k, false, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(Download<float>(c, c_host.size()), c_host) << "a refused call wrote c";
   // The same shapes with a valid plan run (so the refusals above are the plans' doing).
   const QuantGemvPlan good{2, 2, 4, 1};
