@@ -262,6 +262,26 @@ size_t LatentSharedBytes(int64_t key_dim);
 // 64-row blocks (197 KiB at 576) run only where they fit sm_90's 227 KiB.
 size_t LatentBf16SharedBytes(int64_t key_dim);
 
+// Which kernel takes a bf16 call at DeepSeek's 576 / 512 shape whose sequences hold several query
+// rows each. kMma: the rule above (64-row blocks on mma.sync, latent_tree_kernels.cu, for long
+// trees; else 16-row blocks). kWgmma: 64-row blocks on the warpgroup products (wgmma,
+// latent_wgmma_kernels.cu) wherever a sequence averages >= 64 query rows (4+ tokens at 16 heads,
+// or 64+ heads), on devices that run its sm_90a code (LatentWgmmaAvailable); elsewhere the kMma
+// rule. Both give results within the bf16 tolerance above, not the same bits (other summation
+// orders). The process-wide choice starts from EAGLE3_LATENT_TREE_KERNEL ("wgmma"; unset or
+// anything else: kMma); SetLatentTreeKernelChoice (tests, benchmarks) changes it from the next
+// launch on.
+enum class LatentTreeKernelChoice {
+  kMma,
+  kWgmma,
+};
+LatentTreeKernelChoice GetLatentTreeKernelChoice();
+void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel);
+
+// Whether the current device runs the wgmma kernel (compute capability 9.0: its code is built for
+// sm_90a only).
+bool LatentWgmmaAvailable();
+
 // Explicit-mask form (q_start, kv_len, tree_mask unused): the caller has checked the page entries
 // and mask rows (LaunchCheckIndexRange, LaunchCheckMaskRows) with the same `bad`. partials as in
 // LaunchAttention; fold: see LatentFold. Nothing is written when *bad != 0.

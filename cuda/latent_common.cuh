@@ -173,6 +173,27 @@ __device__ inline LatentPartialRow LatentPartials(const LatentArgs& a, int64_t t
   return {a.partials + entry * p.value_dim, a.partials + p.tokens * p.heads * a.splits * p.value_dim + 2 * entry};
 }
 
+// Where a block writes query row (token t, head n) of its results, and the factor its values take:
+// with one split, the output, times 1 / sum (every key of the sequence is in the block and the row
+// allows one, checked: sum > 0); else the block's split of the row's partials, unscaled, and the
+// row's (max, sum) there, which the one thread of the row with `writes_stats` stores.
+struct LatentRowOut {
+  float* values;  // [value_dim]
+  float factor;
+};
+
+__device__ inline LatentRowOut LatentRowDestination(const LatentArgs& a, int64_t t, int64_t n, float max, float sum,
+                                                    bool writes_stats) {
+  const LatentLaunchParams& p = a.p;
+  if (a.splits == 1) return {p.out + t * p.out_token_stride + n * p.out_head_stride, 1.0f / sum};
+  const LatentPartialRow part = LatentPartials(a, t, n, blockIdx.y);
+  if (writes_stats) {
+    part.max_sum[0] = max;
+    part.max_sum[1] = sum;
+  }
+  return {part.values, 1.0f};
+}
+
 // Splits that hold keys of a sequence of kv keys (LatentBlockKeys): the first
 // ceil(kv / split_keys), at most a.splits.
 __device__ inline int LatentUsedSplits(const LatentArgs& a, int64_t kv) {
@@ -516,5 +537,21 @@ size_t LatentTreeSharedBytes();
 // page entries, every index bounded as if the check had failed, and no cache row, mask byte or
 // `bad`. Returns the attribute call's error, else the launch's.
 cudaError_t LaunchLatentTree(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
+
+// ---- The 64-row warpgroup kernel at the compact kernel's shape (latent_wgmma_kernels.cu, sm_90a) ----
+
+// Keys per chunk of the wgmma kernel (its split lengths are multiples of it).
+int LatentWgmmaChunk();
+
+// Its dynamic shared memory per block.
+size_t LatentWgmmaSharedBytes();
+
+// cudaSuccess when the current device has an image of the kernel (its code is sm_90a only), else the
+// error cudaFuncGetAttributes returned (left as the thread's last error: the caller clears it).
+cudaError_t LatentWgmmaImage();
+
+// Launches it on `grid` with the compact kernel's programmatic protocol (LaunchLatentCompact), 64-row
+// blocks at the compact kernel's shape. Returns the attribute call's error, else the launch's.
+cudaError_t LaunchLatentWgmma(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

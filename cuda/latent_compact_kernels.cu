@@ -339,25 +339,12 @@ __global__ void __launch_bounds__(kCompactThreads, 1) LatentCompactKernel(const 
     if (!row_held(row)) continue;
     const int64_t t = tile.q0 + tile.i0 + row / heads_per_tile;
     const int n = n0 + row % heads_per_tile;
-    float* dst;
-    float factor = 1.0f;
-    if (a.splits == 1) {
-      // Every key of the sequence is in this block and the row allows one (checked): l > 0.
-      dst = p.out + t * p.out_token_stride + n * p.out_head_stride;
-      factor = 1.0f / row_l[row];
-    } else {
-      const LatentPartialRow part = LatentPartials(a, t, n, blockIdx.y);
-      dst = part.values;
-      if (warp == 0 && t4 == 0) {
-        part.max_sum[0] = row_m[row];
-        part.max_sum[1] = row_l[row];
-      }
-    }
+    const LatentRowOut dst = LatentRowDestination(a, t, n, row_m[row], row_l[row], warp == 0 && t4 == 0);
 #pragma unroll
     for (int j = 0; j < kWarpColumns / 8; ++j) {
       const int col = vcol + 8 * j + 2 * t4;
-      dst[col] = o[j][2 * half] * factor;
-      dst[col + 1] = o[j][2 * half + 1] * factor;
+      dst.values[col] = o[j][2 * half] * dst.factor;
+      dst.values[col + 1] = o[j][2 * half + 1] * dst.factor;
     }
   }
   if (a.fold_combine) {

@@ -3,7 +3,11 @@
 // kernel or the bf16 tensor-core kernel (latent_mma_kernels.cu). No abseil here: nvcc must never
 // see it.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include <math_constants.h>
 
@@ -11,6 +15,7 @@
 #include "attention_ops.h"
 #include "core_kernels.cuh"
 #include "latent_common.cuh"
+#include "latent_wgmma_layout.h"
 #include "ptx.cuh"
 #include "programmatic_launch.cuh"
 
@@ -286,24 +291,12 @@ __global__ void __launch_bounds__(kLatentThreads, 1) LatentKernel(const LatentAr
     const int64_t n = n0 + row % heads_per_tile;
     const float values[8] = {o[r][0].x, o[r][0].y, o[r][0].z, o[r][0].w,
                              o[r][1].x, o[r][1].y, o[r][1].z, o[r][1].w};
-    float* dst;
-    float factor = 1.0f;
-    if (a.splits == 1) {
-      // Every key of the sequence is in this block and the row allows one (checked): l > 0.
-      dst = p.out + t * p.out_token_stride + n * p.out_head_stride + col0;
-      factor = 1.0f / row_l[row];
-    } else {
-      const LatentPartialRow part = LatentPartials(a, t, n, blockIdx.y);
-      dst = part.values + col0;
-      if (blockIdx.z % a.value_tiles == 0 && warp % 2 == 0 && lane == 0) {
-        part.max_sum[0] = row_a[row];
-        part.max_sum[1] = row_l[row];
-      }
-    }
+    const LatentRowOut dst = LatentRowDestination(a, t, n, row_a[row], row_l[row],
+                                                  blockIdx.z % a.value_tiles == 0 && warp % 2 == 0 && lane == 0);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int64_t col = pv_col + (e / 4) * 256 + e % 4;
-      if (col0 + col < p.value_dim) dst[col] = values[e] * factor;
+      if (col0 + col < p.value_dim) dst.values[col0 + col] = values[e] * dst.factor;
     }
   }
   if (a.fold_combine) {
@@ -477,9 +470,23 @@ constexpr size_t kMmaWideSharedLimit = 227 * 1024;
 constexpr int64_t kMmaWideMinRows = 2048;
 
 
-// Query rows per block. The bf16 (tensor-core) kernels at DeepSeek's 576 / 512 shape: 64 (the tree
-// kernel) when a sequence holds at least 1024 query rows on average (heads x its tokens), or 256 with
-// 8+ sequences, else 16 (the compact kernel). At other shapes: 64 when a sequence averages >= 64
+std::atomic<int> tree_kernel_choice{-1};
+
+// Per device: 0 not yet asked, 1 the wgmma kernel runs there, 2 it does not.
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int>, kMaxDevices> wgmma_on_device{};
+
+// Whether the wgmma kernel takes a call at DeepSeek's shape with 64-row blocks: chosen
+// (GetLatentTreeKernelChoice), at the compact kernels' shape, on a device that runs it.
+bool LatentWgmmaTakes(const LatentLaunchParams& p) {
+  return GetLatentTreeKernelChoice() == LatentTreeKernelChoice::kWgmma && LatentAtCompactShape(p) &&
+         LatentWgmmaAvailable();
+}
+
+// Query rows per block. The bf16 (tensor-core) kernels at DeepSeek's 576 / 512 shape: 64 (the wgmma
+// kernel) when it takes the call (LatentWgmmaTakes) and a sequence averages >= 64 query rows; else
+// 64 (the tree kernel) when a sequence holds at least 1024 query rows on average (heads x its
+// tokens), or 256 with 8+ sequences, else 16 (the compact kernel). At other shapes: 64 when a sequence averages >= 64
 // query rows, the call holds at least kMmaWideMinRows, and 64-row blocks fit in shared memory; else
 // 16. The f32 kernel: 8 when there are few heads and at most one query token per sequence (decode at
 // 8 heads per rank), else 16. Host values only; the tile table and the kernels agree.
@@ -487,6 +494,7 @@ int LatentBlockRows(const LatentLaunchParams& p) {
   const int64_t sequences = std::max<int64_t>(p.batch, 1);
   if (p.cache_bf16 != nullptr) {
     const int64_t rows_per_sequence = p.heads * ((p.tokens + sequences - 1) / sequences);
+    if (rows_per_sequence >= kWgmmaRows && LatentWgmmaTakes(p)) return kWgmmaRows;
     // The tree kernel's 64-row blocks read each key once per 64 rows of a sequence, the compact
     // kernel's once per 16, but each of its chunks costs several of the compact kernel's (four row
     // tiles of products and softmax per staged key): it pays where a sequence's keys would be read
@@ -525,9 +533,11 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   if (error != cudaSuccess) return error;
   const bool bf16 = p.cache_bf16 != nullptr;
   const int rows = LatentBlockRows(p);
-  const bool tree = LatentTreeApplies(p, rows);
+  const bool wgmma = rows == kWgmmaRows && LatentWgmmaTakes(p);
+  const bool tree = !wgmma && LatentTreeApplies(p, rows);
   const bool compact = LatentCompactApplies(p, rows);
-  const size_t shared_bytes = tree      ? LatentTreeSharedBytes()
+  const size_t shared_bytes = wgmma     ? LatentWgmmaSharedBytes()
+                              : tree    ? LatentTreeSharedBytes()
                               : compact ? LatentCompactSharedBytes()
                               : bf16    ? MmaSharedBytes(p.key_dim, rows / 16)
                                         : LatentSharedFloats(p.key_dim) * sizeof(float);
@@ -539,8 +549,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.partials = partials;
   a.bad = bad;
   a.wait_first = !after_check;
-  a.split_chunk = tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
-  a.splits_marked = tree || compact;
+  a.split_chunk = wgmma ? LatentWgmmaChunk() : tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
+  a.splits_marked = wgmma || tree || compact;
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
@@ -579,7 +589,7 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   // The fold's counters are per token tile x head tile; its last block reads the tile's partials
   // alone, and keeps each row's split weights in the block's shared memory.
   const int64_t tile_partial_bytes = a.splits * rows * p.value_dim * static_cast<int64_t>(sizeof(float));
-  const bool kernel_folds = tree || compact || !bf16 || LatentMmaFolds(rows / 16);
+  const bool kernel_folds = wgmma || tree || compact || !bf16 || LatentMmaFolds(rows / 16);
   a.fold_combine = kernel_folds && a.splits > 1 && fold.counters != nullptr && a.value_tiles == 1 &&
                    token_tiles * head_tiles <= fold.capacity && tile_partial_bytes <= fold.max_fold_bytes &&
                    LatentFoldSharedBytes(rows, a.splits) <= shared_bytes;
@@ -588,7 +598,9 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
-  if (tree) {
+  if (wgmma) {
+    error = LaunchLatentWgmma(a, grid, programmatic, stream);
+  } else if (tree) {
     error = LaunchLatentTree(a, grid, programmatic, stream);
   } else if (compact) {
     error = LaunchLatentCompact(a, grid, programmatic, stream);
@@ -608,6 +620,43 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
 }
 
 }  // namespace
+
+LatentTreeKernelChoice GetLatentTreeKernelChoice() {
+  int choice = tree_kernel_choice.load(std::memory_order_relaxed);
+  if (choice < 0) {
+    const char* value = std::getenv("EAGLE3_LATENT_TREE_KERNEL");
+    const bool wgmma = value != nullptr && std::strcmp(value, "wgmma") == 0;
+    const LatentTreeKernelChoice from_env = wgmma ? LatentTreeKernelChoice::kWgmma : LatentTreeKernelChoice::kMma;
+    int expected = -1;
+    tree_kernel_choice.compare_exchange_strong(expected, static_cast<int>(from_env));
+    choice = tree_kernel_choice.load(std::memory_order_relaxed);
+  }
+  return static_cast<LatentTreeKernelChoice>(choice);
+}
+
+void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel) {
+  tree_kernel_choice.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
+
+bool LatentWgmmaAvailable() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int known = wgmma_on_device[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0, minor = 0;
+    bool runs = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                major == 9 && minor == 0;
+    // sm_90a code runs on compute capability 9.0 alone; the image lookup confirms the build has it.
+    if (runs && LatentWgmmaImage() != cudaSuccess) {
+      runs = false;
+      (void)cudaGetLastError();  // the failed lookup's error must not reach the next launch's check
+    }
+    known = runs ? 1 : 2;
+    wgmma_on_device[device].store(known, std::memory_order_relaxed);
+  }
+  return known == 1;
+}
 
 size_t LatentSharedBytes(int64_t key_dim) { return LatentSharedFloats(key_dim) * sizeof(float); }
 

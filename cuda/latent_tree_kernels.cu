@@ -398,25 +398,12 @@ __global__ void __launch_bounds__(kTreeThreads, 1) LatentTreeKernel(const Latent
       if (!row_held(row)) continue;
       const int64_t t = tile.q0 + tile.i0 + row / heads_per_tile;
       const int n = n0 + row % heads_per_tile;
-      float* dst;
-      float factor = 1.0f;
-      if (a.splits == 1) {
-        // Every key of the sequence is in this block and the row allows one (checked): l > 0.
-        dst = p.out + t * p.out_token_stride + n * p.out_head_stride;
-        factor = 1.0f / row_l[row];
-      } else {
-        const LatentPartialRow part = LatentPartials(a, t, n, blockIdx.y);
-        dst = part.values;
-        if (warp == 0 && t4 == 0) {
-          part.max_sum[0] = row_m[row];
-          part.max_sum[1] = row_l[row];
-        }
-      }
+      const LatentRowOut dst = LatentRowDestination(a, t, n, row_m[row], row_l[row], warp == 0 && t4 == 0);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int col = vcol + 8 * nt + 2 * t4;
-        dst[col] = o[j][nt][2 * half] * factor;
-        dst[col + 1] = o[j][nt][2 * half + 1] * factor;
+        dst.values[col] = o[j][nt][2 * half] * dst.factor;
+        dst.values[col + 1] = o[j][nt][2 * half + 1] * dst.factor;
       }
     }
   }

@@ -164,6 +164,123 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], const unsigned (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ---- wgmma: warpgroup tensor-core products (sm_90a) ---------------------------------------------
+//
+// A warpgroup (4 consecutive warps, the first a multiple of 4) issues each product together; the
+// operands come from shared memory through matrix descriptors (latent_wgmma_layout.h states the
+// layouts), the accumulators stay in registers. Products run asynchronously: WgmmaFence before the
+// first product that reads accumulators ordinary code wrote, WgmmaCommit closes a group of the
+// products issued since the last, WgmmaWait<n> waits until at most n of the warpgroup's groups are
+// pending (only then may ordinary code read or write their accumulators). Shared memory that
+// ordinary stores or cp.async wrote needs FenceProxyAsyncShared in each writing thread, then a
+// barrier, before a product reads it. These need the arch-specific sm_90a target (only
+// latent_wgmma_kernels.cu is built for it); elsewhere they trap.
+//
+// Accumulator layout of an m64nNk16 product (PTX ISA, "Register fragment D of wgmma .m64nNk16"):
+// warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8 (g = lane / 4, c = lane % 4):
+// d[4 j + 0], d[4 j + 1] = row 16 w + g, columns 8 j + 2 c, + 1; d[4 j + 2], d[4 j + 3] = row 16 w +
+// g + 8, the same columns.
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define EAGLE3_WGMMA_ENABLED 1
+#else
+#define EAGLE3_WGMMA_ENABLED 0
+#endif
+
+__device__ __forceinline__ void WgmmaFence() {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void WgmmaCommit() {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Makes this thread's ordinary (generic-proxy) writes to shared memory visible to the tensor cores'
+// and the copy engine's reads (the async proxy), once a barrier follows.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// d (+)= a b, m64n32k16, bf16 operands from shared memory, both K-major; f32 d [64 x 32].
+// accumulate false: d = a b.
+__device__ __forceinline__ void WgmmaBf16M64N32(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate))
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+#define EAGLE3_WGMMA_D8(i)                                                                               \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+
+// d += a b, m64n256k16, bf16 operands from shared memory: a K-major, b MN-major (trans-b); f32 d
+// [64 x 256].
+__device__ __forceinline__ void WgmmaBf16M64N256TransB(float (&d)[128], uint64_t a, uint64_t b) {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+      " %128, %129, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24), EAGLE3_WGMMA_D8(32),
+        EAGLE3_WGMMA_D8(40), EAGLE3_WGMMA_D8(48), EAGLE3_WGMMA_D8(56), EAGLE3_WGMMA_D8(64), EAGLE3_WGMMA_D8(72),
+        EAGLE3_WGMMA_D8(80), EAGLE3_WGMMA_D8(88), EAGLE3_WGMMA_D8(96), EAGLE3_WGMMA_D8(104),
+        EAGLE3_WGMMA_D8(112), EAGLE3_WGMMA_D8(120)
+      : "l"(a), "l"(b), "r"(1)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+#undef EAGLE3_WGMMA_D8
+#undef EAGLE3_WGMMA_ENABLED
+
 // ---- lop3: any bitwise function of three words --------------------------------------------------
 
 // The bitwise function of a, b and c whose truth table is kLut (bit (a << 2 | b << 1 | c) of kLut is

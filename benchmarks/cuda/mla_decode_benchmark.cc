@@ -1,7 +1,8 @@
 // Absorbed MLA decode / tree verify through CudaBackend::BatchedLatentAttention at the DeepSeek
 // shapes of issue 6: 16 and 8 heads per rank, latent rows of 576 (512 + 64 rope) in a bf16 or f32
 // cache (cache_bits 16 / 32), values the first 512 columns, page size 64, batch 1/8/32/64, context
-// 1K-64K, 1 query token per sequence (decode) or 4/8/16/32/64 (tree verify with a random tree mask).
+// 1K-64K, 1 query token per sequence (decode) or 4/8/16/32/64 (tree verify with a random tree mask);
+// and 128 heads at one token (bf16), FlashMLA's headline shape.
 // CUDA events (bench_util.h's TimeOnce per iteration, in its NVTX range), Google Benchmark manual
 // time, medians of repetitions; the backend, inputs, ceilings and counters of bench_util.h.
 //
@@ -123,10 +124,14 @@ void Shapes(benchmark::internal::Benchmark* b) {
   if (quick) {
     b->ArgsProduct({{16, 8}, {4096, 65536}, {1, 32}, {1}, {16, 32}});
     b->ArgsProduct({{16}, {4096}, {1, 8, 32}, {8, 64}, {16, 32}});
+    b->ArgsProduct({{128}, {4096}, {1, 32}, {1}, {16}});
     return;
   }
   b->ArgsProduct({{16, 8}, {1024, 4096, 16384, 65536}, {1, 8, 32, 64}, {1}, {16, 32}});
   b->ArgsProduct({{16, 8}, {4096}, {1, 8, 32}, {4, 8, 16, 32, 64}, {16, 32}});
+  // All 128 heads of one token in a block set (DeepSeek-V3 at TP 1, or an engine running
+  // attention data-parallel): FlashMLA's own headline shape; bf16 cache only.
+  b->ArgsProduct({{128}, {1024, 4096, 16384, 65536}, {1, 8, 32, 64}, {1}, {16}});
 }
 BENCHMARK(BM_BatchedLatentAttention)
     ->Apply(Shapes)

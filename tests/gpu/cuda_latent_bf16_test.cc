@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_ops.h"
 #include "eagle3/backend.h"
 #include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/half.h"
@@ -60,6 +61,20 @@ std::unique_ptr<cuda::CudaBackend> CombineBackend(bool fold) {
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? std::move(*backend) : nullptr;
 }
+
+// The latent tree-kernel choice (cuda/attention_ops.h) for a scope; the previous one after it.
+class ScopedTreeKernel {
+ public:
+  explicit ScopedTreeKernel(cuda::LatentTreeKernelChoice kernel) : saved_(cuda::GetLatentTreeKernelChoice()) {
+    cuda::SetLatentTreeKernelChoice(kernel);
+  }
+  ~ScopedTreeKernel() { cuda::SetLatentTreeKernelChoice(saved_); }
+  ScopedTreeKernel(const ScopedTreeKernel&) = delete;
+  ScopedTreeKernel& operator=(const ScopedTreeKernel&) = delete;
+
+ private:
+  cuda::LatentTreeKernelChoice saved_;
+};
 
 bool SameBits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
@@ -312,6 +327,93 @@ class CudaLatentBf16Test : public ParityTest {
     return first;
   }
 
+  // LatentAttention over cache rows that hold NaN where no query row allows the key (576 / 512, 16
+  // heads, one sequence of 128 tokens: 64-row blocks): such a key must not reach the value product
+  // (0 x NaN), whether it sits in a chunk with allowed keys (70, 201) or fills one (128..159). Pages
+  // of 16 and 3.
+  void ExpectKeysNoRowAllowsAreSkipped() {
+    constexpr int64_t kT = 128, kHeads = 16, kS = 300, kW = 576, kR = 512;
+    auto blocked = [](int64_t key) { return (key >= 128 && key < 160) || key == 70 || key == 201; };
+    uint32_t seed = 900;
+    for (int64_t page_size : {16, 3}) {
+      SCOPED_TRACE(::testing::Message() << "page_size=" << page_size);
+      Cache c = MakeCache(kS, page_size, kW, seed);
+      for (int64_t key = 0; key < kS; ++key) {
+        if (!blocked(key)) continue;
+        float* row = c.host_f32.data_as<float>() + (c.pages[key / page_size] * page_size + key % page_size) * kW;
+        std::fill(row, row + kW, kNaN);
+      }
+      c.dev_bf16 = Upload(ToBf16(c.host_f32));
+      const Tensor q = Rounded(Random(Shape{kT, kHeads, kW}, seed + 2));
+      Tensor mask = *Tensor::Zeros(DType::kU8, Shape{kT, kS});
+      std::mt19937 rng(seed + 3);
+      for (int64_t i = 0; i < kT; ++i) {
+        uint8_t* row = mask.data_as<uint8_t>() + i * kS;
+        for (int64_t j = 0; j < kS; ++j) row[j] = !blocked(j) && rng() % 3 == 0 ? 1 : 0;
+        row[rng() % 64] = 1;  // every row allows a key
+      }
+      const Tensor table = I32(c.pages);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(kW));
+      const Tensor d_q = Upload(q), d_table = Upload(table), d_mask = Upload(mask);
+      Tensor d_out = Upload(Filled(Shape{kT, kHeads, kR}, kNaN));
+      ASSERT_TRUE(gpu_->LatentAttention(d_q, c.dev_bf16, d_table, kS, d_mask, scale, kR, d_out).ok());
+      Tensor ref = Filled(Shape{kT, kHeads, kR}, kNaN);
+      ASSERT_TRUE(cpu_.LatentAttention(q, c.host_f32, table, kS, mask, scale, kR, ref).ok());
+      const Tensor got = Download(d_out);
+      int64_t nans = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) nans += std::isnan(got.data_as<const float>()[i]) ? 1 : 0;
+      EXPECT_EQ(nans, 0);
+      EXPECT_LE(NanAwareError(got, ref), kBf16Tol);
+      seed += 10;
+    }
+  }
+
+  // A batched call at DeepSeek's shape (576 / 512): the sequences' new tokens and keys, heads, page
+  // size, random trees or causal.
+  struct BatchedCase {
+    std::vector<int64_t> n, kv;
+    int64_t heads, page_size;
+    bool tree;
+  };
+  // Calls that LatentBlockRows gives the tree kernel (>= 1024 rows per sequence, or >= 256 with 8+
+  // sequences): see TreeKernelMatchesCpuOnRoundedInputs.
+  static std::vector<BatchedCase> TreeKernelCases() {
+    // Each case meets LatentBlockRows' rule for the tree kernel: >= 1024 rows per sequence, or >= 256
+    // with 8+ sequences.
+    const std::vector<int64_t> eight_16(8, 16);
+    return {
+        {eight_16, {100, 16, 1000, 4097, 33, 700, 2049, 17}, 16, 64, true},
+        {eight_16, {33, 4095, 700, 16, 64, 65, 1023, 300}, 16, 1, true},
+        {{64, 64}, {64, 1500}, 16, 3, true},
+        {{64, 100}, {1500, 100}, 16, 16, true},
+        {{16, 32, 16, 20, 24, 16, 17, 19}, {300, 32, 4000, 100, 24, 16, 17, 2000}, 16, 64, true},
+        {{64, 64}, {64, 2000}, 16, 64, false},
+        {{128, 128}, {128, 333}, 8, 64, true},
+        {std::vector<int64_t>(8, 13), std::vector<int64_t>(8, 1025), 20, 16, true},
+        {{512, 520}, {600, 520}, 2, 64, true},
+        {std::vector<int64_t>(8, 2), {2, 1000, 4096, 3, 77, 2, 500, 64}, 128, 64, false},
+        {std::vector<int64_t>(16, 64), std::vector<int64_t>(16, 300), 16, 64, true},
+        // One sequence: 17 tiles, the last holding 2 of its 4 tokens, each tile's keys split.
+        {{66}, {1100}, 16, 64, true},
+        {{64}, {4096}, 16, 1, true},
+    };
+  }
+  // Each case against the CPU on rounded and unrounded queries (seeds from `seed` on).
+  void ExpectBatchedCasesMatchCpu(const std::vector<BatchedCase>& cases, uint32_t seed) {
+    for (const BatchedCase& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "B=" << c.n.size() << " heads=" << c.heads << " page_size="
+                                        << c.page_size << " n0=" << c.n[0] << " kv0=" << c.kv[0]
+                                        << (c.tree ? " tree" : " causal"));
+      const auto [rounded, unrounded] = RunBatched(c.n, c.kv, c.heads, c.page_size, 576, 512, c.tree, seed);
+      seed += 10;
+      EXPECT_LE(rounded, kBf16Tol);
+      EXPECT_LE(unrounded, kUnroundedTol);
+      std::printf("B=%zu heads=%ld n0=%ld kv0=%ld: error %.2e vs rounded q, %.2e vs unrounded q\n", c.n.size(),
+                  static_cast<long>(c.heads), static_cast<long>(c.n[0]), static_cast<long>(c.kv[0]), rounded,
+                  unrounded);
+    }
+  }
+
   // BatchedLatentAttention on the bf16 cache. Returns {error vs the CPU on rounded q, error vs the
   // CPU on unrounded q}.
   std::pair<double, double> RunBatched(const std::vector<int64_t>& n, const std::vector<int64_t>& kv,
@@ -487,45 +589,10 @@ TEST_P(CudaLatentBf16CombineTest, BatchedLatentAttentionMatchesCpuOnRoundedInput
   }
 }
 
-// Cache rows that hold NaN where no query row allows the key (576 / 512, 16 heads, one sequence of
-// 128 tokens: the tree kernel's 64-row blocks): such a key must not reach the value product
-// (0 x NaN), whether it sits in a chunk with allowed keys (70, 201) or fills one (128..159). Pages of
-// 16 and 3.
+// Keys no row allows, their cache rows NaN (ExpectKeysNoRowAllowsAreSkipped), on the tree kernel.
 TEST_P(CudaLatentBf16CombineTest, KeysNoRowAllowsMayHoldNaN) {
-  constexpr int64_t kT = 128, kHeads = 16, kS = 300, kW = 576, kR = 512;
-  auto blocked = [](int64_t key) { return (key >= 128 && key < 160) || key == 70 || key == 201; };
-  uint32_t seed = 900;
-  for (int64_t page_size : {16, 3}) {
-    SCOPED_TRACE(::testing::Message() << "page_size=" << page_size);
-    Cache c = MakeCache(kS, page_size, kW, seed);
-    for (int64_t key = 0; key < kS; ++key) {
-      if (!blocked(key)) continue;
-      float* row = c.host_f32.data_as<float>() + (c.pages[key / page_size] * page_size + key % page_size) * kW;
-      std::fill(row, row + kW, kNaN);
-    }
-    c.dev_bf16 = Upload(ToBf16(c.host_f32));
-    const Tensor q = Rounded(Random(Shape{kT, kHeads, kW}, seed + 2));
-    Tensor mask = *Tensor::Zeros(DType::kU8, Shape{kT, kS});
-    std::mt19937 rng(seed + 3);
-    for (int64_t i = 0; i < kT; ++i) {
-      uint8_t* row = mask.data_as<uint8_t>() + i * kS;
-      for (int64_t j = 0; j < kS; ++j) row[j] = !blocked(j) && rng() % 3 == 0 ? 1 : 0;
-      row[rng() % 64] = 1;  // every row allows a key
-    }
-    const Tensor table = I32(c.pages);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(kW));
-    const Tensor d_q = Upload(q), d_table = Upload(table), d_mask = Upload(mask);
-    Tensor d_out = Upload(Filled(Shape{kT, kHeads, kR}, kNaN));
-    ASSERT_TRUE(gpu_->LatentAttention(d_q, c.dev_bf16, d_table, kS, d_mask, scale, kR, d_out).ok());
-    Tensor ref = Filled(Shape{kT, kHeads, kR}, kNaN);
-    ASSERT_TRUE(cpu_.LatentAttention(q, c.host_f32, table, kS, mask, scale, kR, ref).ok());
-    const Tensor got = Download(d_out);
-    int64_t nans = 0;
-    for (int64_t i = 0; i < got.numel(); ++i) nans += std::isnan(got.data_as<const float>()[i]) ? 1 : 0;
-    EXPECT_EQ(nans, 0);
-    EXPECT_LE(NanAwareError(got, ref), kBf16Tol);
-    seed += 10;
-  }
+  const ScopedTreeKernel mma(cuda::LatentTreeKernelChoice::kMma);
+  ExpectKeysNoRowAllowsAreSkipped();
 }
 
 // The tree kernel (64-row blocks at W = 576, R = 512, where LatentBlockRows routes to it):
@@ -537,43 +604,39 @@ TEST_P(CudaLatentBf16CombineTest, KeysNoRowAllowsMayHoldNaN) {
 // tile than warps), 128 heads x 1 token (two 64-head tiles, launched as a programmatic dependent of
 // the check), and a batch large enough for one split (results written directly, no combine).
 TEST_P(CudaLatentBf16CombineTest, TreeKernelMatchesCpuOnRoundedInputs) {
-  struct Case {
-    std::vector<int64_t> n, kv;
-    int64_t heads, page_size;
-    bool tree;
-  };
-  // Each case meets LatentBlockRows' rule for the tree kernel: >= 1024 rows per sequence, or >= 256
-  // with 8+ sequences.
-  const std::vector<int64_t> eight_16(8, 16);
-  const std::vector<Case> cases = {
-      {eight_16, {100, 16, 1000, 4097, 33, 700, 2049, 17}, 16, 64, true},
-      {eight_16, {33, 4095, 700, 16, 64, 65, 1023, 300}, 16, 1, true},
-      {{64, 64}, {64, 1500}, 16, 3, true},
-      {{64, 100}, {1500, 100}, 16, 16, true},
-      {{16, 32, 16, 20, 24, 16, 17, 19}, {300, 32, 4000, 100, 24, 16, 17, 2000}, 16, 64, true},
-      {{64, 64}, {64, 2000}, 16, 64, false},
-      {{128, 128}, {128, 333}, 8, 64, true},
-      {std::vector<int64_t>(8, 13), std::vector<int64_t>(8, 1025), 20, 16, true},
-      {{512, 520}, {600, 520}, 2, 64, true},
-      {std::vector<int64_t>(8, 2), {2, 1000, 4096, 3, 77, 2, 500, 64}, 128, 64, false},
-      {std::vector<int64_t>(16, 64), std::vector<int64_t>(16, 300), 16, 64, true},
-      // One sequence: 17 tiles, the last holding 2 of its 4 tokens, each tile's keys split.
-      {{66}, {1100}, 16, 64, true},
-      {{64}, {4096}, 16, 1, true},
-  };
-  uint32_t seed = 900;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.n.size() << " heads=" << c.heads << " page_size="
-                                      << c.page_size << " n0=" << c.n[0] << " kv0=" << c.kv[0]
-                                      << (c.tree ? " tree" : " causal"));
-    const auto [rounded, unrounded] = RunBatched(c.n, c.kv, c.heads, c.page_size, 576, 512, c.tree, seed);
+  const ScopedTreeKernel mma(cuda::LatentTreeKernelChoice::kMma);
+  ExpectBatchedCasesMatchCpu(TreeKernelCases(), 900);
+}
+
+// The wgmma kernel (latent_wgmma_kernels.cu, where SetLatentTreeKernelChoice chooses it): the tree
+// kernel's cases, the calls it alone takes with 64-row blocks (sequences averaging 64 to 1023 query
+// rows: trees of 4-16 tokens at 16 heads in small batches, causal runs of several tokens, 64 and 128
+// heads at one token: one and two head tiles, the latter after the check as a programmatic
+// dependent), sequences whose keys are all new, the explicit-mask form (random and causal), and
+// keys no row allows whose cache rows hold NaN. Skipped where the device does not run sm_90a code.
+TEST_P(CudaLatentBf16CombineTest, WgmmaKernelMatchesCpuOnRoundedInputs) {
+  if (!cuda::LatentWgmmaAvailable()) GTEST_SKIP() << "the device does not run sm_90a code";
+  const ScopedTreeKernel wgmma(cuda::LatentTreeKernelChoice::kWgmma);
+  ExpectBatchedCasesMatchCpu(TreeKernelCases(), 1900);
+  ExpectBatchedCasesMatchCpu({{{4}, {4096}, 16, 64, true},
+                              {{8}, {1000}, 16, 1, true},
+                              {{8, 8, 8, 8}, {4096, 33, 700, 65}, 16, 3, true},
+                              {{16, 4}, {4097, 4}, 16, 64, true},
+                              {{5, 3, 8}, {70, 3, 64}, 16, 64, false},
+                              {{1, 1, 1}, {4096, 5, 1000}, 128, 64, false},
+                              {{1}, {100}, 64, 16, false},
+                              {{4}, {4}, 16, 1, true}},
+                             2900);
+  uint32_t seed = 3900;
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "explicit mask, 16 x 4097 causal" : "explicit mask, 4 x 1000 random");
+    const auto [rounded, unrounded] = causal ? RunLatent(16, 16, 4097, 64, 576, 512, true, seed)
+                                             : RunLatent(4, 16, 1000, 3, 576, 512, false, seed);
     seed += 10;
     EXPECT_LE(rounded, kBf16Tol);
     EXPECT_LE(unrounded, kUnroundedTol);
-    std::printf("B=%zu heads=%ld n0=%ld kv0=%ld: error %.2e vs rounded q, %.2e vs unrounded q\n", c.n.size(),
-                static_cast<long>(c.heads), static_cast<long>(c.n[0]), static_cast<long>(c.kv[0]), rounded,
-                unrounded);
   }
+  ExpectKeysNoRowAllowsAreSkipped();
 }
 
 // The folded merge against the combine kernel, bitwise, on every latent kernel at DeepSeek's shape
@@ -630,6 +693,40 @@ TEST_F(CudaLatentBf16Test, FoldedMergeIsTheCombineKernels) {
         [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, out); }, true);
     EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), kBf16Tol);
   }
+}
+
+// The folded merge on the wgmma kernel: the combine kernel's bits, eagerly and in graph replays
+// (8-token trees, 128 heads at one token, the explicit-mask form), each within the CPU tolerance.
+TEST_F(CudaLatentBf16Test, WgmmaFoldedMergeIsTheCombineKernels) {
+  if (!cuda::LatentWgmmaAvailable()) GTEST_SKIP() << "the device does not run sm_90a code";
+  const ScopedTreeKernel wgmma(cuda::LatentTreeKernelChoice::kWgmma);
+  const std::unique_ptr<cuda::CudaBackend> folded = CombineBackend(true), separate = CombineBackend(false);
+  ASSERT_TRUE(folded != nullptr && separate != nullptr);
+  struct Case {
+    const char* what;
+    std::vector<int64_t> n, kv;
+    int64_t heads, page_size;
+    bool tree;
+  };
+  const std::vector<Case> cases = {
+      {"trees of 8 tokens", {8, 8}, {77, 4000}, 16, 64, true},
+      {"128 heads, one token", {1, 1}, {1000, 4097}, 128, 1, false},
+  };
+  uint32_t seed = 4000;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Batched x = MakeBatched(c.n, c.kv, c.heads, c.page_size, 576, 512, c.tree, seed);
+    seed += 10;
+    const Tensor got = ExpectFoldedMergeIsTheCombineKernels(
+        *folded, *separate, Shape{x.t, c.heads, 512},
+        [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, false, out); }, true);
+    EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), kBf16Tol);
+  }
+  const Explicit x = MakeExplicit(4, 16, 300, 1, 576, 512, true, seed);
+  const Tensor got = ExpectFoldedMergeIsTheCombineKernels(
+      *folded, *separate, Shape{x.t, x.heads, x.r},
+      [&](cuda::CudaBackend& b, const TensorView& out) { return x.Run(b, out); }, true);
+  EXPECT_LE(NanAwareError(got, x.Cpu(cpu_, x.q_rounded)), kBf16Tol);
 }
 
 // A call whose check fails (a page entry out of range) writes nothing and leaves the fold counters
