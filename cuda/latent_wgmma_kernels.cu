@@ -29,7 +29,6 @@
 //   split are zero-filled by the copies.
 // Results go where the other latent kernels' go (the output, or the split partials that
 // LatentCombineKernel or the last of the tile's blocks merges; empty splits are marked).
-#include <cassert>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -78,10 +77,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   const int s_begin = static_cast<int>(start.keys.begin), s_end = static_cast<int>(start.keys.end);
   const int page_size = static_cast<int>(p.page_size);
 
-  // The tensor cores apply the 128-byte swizzle to the addresses they compute: panels start on
-  // 1024-byte boundaries of the shared window (the dynamic base is, with this alignment).
-  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
-  assert(SharedAddress(wgmma_shared) % kWgmmaAtomBytes == 0);
+  // The tensor cores apply the 128-byte swizzle to the addresses they compute: the panels start on
+  // 1024-byte boundaries of the shared window, so the layout starts at the first one at or after
+  // the dynamic base (kWgmmaSharedSlack more bytes are allocated for it).
+  extern __shared__ __align__(1024) uint8_t wgmma_shared_base[];
+  uint8_t* const wgmma_shared =
+      wgmma_shared_base + (kWgmmaAtomBytes - SharedAddress(wgmma_shared_base) % kWgmmaAtomBytes) % kWgmmaAtomBytes;
   uint8_t* const qs = wgmma_shared + kWgmmaQueryOffset;
   float* const half_max = reinterpret_cast<float*>(wgmma_shared + kWgmmaHalfMaxOffset);  // [2][64]
   uint64_t* const allow_words = reinterpret_cast<uint64_t*>(wgmma_shared + kWgmmaAllowOffset);  // [2][64]
@@ -330,7 +331,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     }
   }
   if (a.fold_combine) {
-    LatentFoldCombine<kWgmmaThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(wgmma_shared));
+    LatentFoldCombine<kWgmmaThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(wgmma_shared_base));
   }
 }
 
@@ -338,7 +339,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
 
 int LatentWgmmaChunk() { return kChunk; }
 
-size_t LatentWgmmaSharedBytes() { return kWgmmaSharedBytes; }
+size_t LatentWgmmaSharedBytes() { return kWgmmaLaunchSharedBytes; }
 
 cudaError_t LatentWgmmaImage() {
   cudaFuncAttributes attributes{};
@@ -347,9 +348,10 @@ cudaError_t LatentWgmmaImage() {
 
 cudaError_t LaunchLatentWgmma(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream) {
   const cudaError_t error = cudaFuncSetAttribute(LatentWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(kWgmmaSharedBytes));
+                                                 static_cast<int>(kWgmmaLaunchSharedBytes));
   if (error != cudaSuccess) return error;
-  return LaunchKernel(programmatic, LatentWgmmaKernel, grid, dim3(kWgmmaThreads), kWgmmaSharedBytes, stream, a);
+  return LaunchKernel(programmatic, LatentWgmmaKernel, grid, dim3(kWgmmaThreads), kWgmmaLaunchSharedBytes, stream,
+                      a);
 }
 
 }  // namespace eagle3::cuda

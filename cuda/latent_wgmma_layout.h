@@ -99,8 +99,9 @@ EAGLE3_WGMMA_HD constexpr uint32_t WgmmaValueBStart(int half, int j) {
          static_cast<uint32_t>(j * kWgmmaKStep) * kWgmmaRowBytes;
 }
 
-// The block's dynamic shared memory, byte offsets from its 1024-byte-aligned base: the queries, two
-// key-chunk stages, the probabilities, then small per-row and per-token arrays.
+// The block's shared memory, byte offsets from the first 1024-byte boundary of its dynamic shared
+// memory: the queries, two key-chunk stages, the probabilities, then small per-row and per-token
+// arrays.
 inline constexpr uint32_t kWgmmaQueryOffset = 0;
 inline constexpr uint32_t kWgmmaStageOffset = kWgmmaOperandBytes;
 inline constexpr int kWgmmaStages = 2;
@@ -110,7 +111,12 @@ inline constexpr uint32_t kWgmmaAllowOffset = kWgmmaHalfMaxOffset + 2 * kWgmmaRo
 inline constexpr uint32_t kWgmmaUsedOffset = kWgmmaAllowOffset + 2 * kWgmmaRows * 8;        // u64 [2][8]
 inline constexpr uint32_t kWgmmaSharedBytes = kWgmmaUsedOffset + 2 * 8 * 8;
 
-static_assert(kWgmmaSharedBytes <= 227 * 1024, "sm_90's opt-in shared memory per block");
+// The dynamic shared memory a block is launched with: the layout and room to start it on a 1024-byte
+// boundary whatever the base's alignment (16 bytes at least).
+inline constexpr uint32_t kWgmmaSharedSlack = kWgmmaAtomBytes - 16;
+inline constexpr uint32_t kWgmmaLaunchSharedBytes = kWgmmaSharedBytes + kWgmmaSharedSlack;
+
+static_assert(kWgmmaLaunchSharedBytes <= 227 * 1024, "sm_90's opt-in shared memory per block");
 static_assert(kWgmmaStageOffset % kWgmmaAtomBytes == 0 && kWgmmaProbOffset % kWgmmaAtomBytes == 0,
               "every panel starts on the swizzle's period");
 
