@@ -262,18 +262,21 @@ size_t LatentSharedBytes(int64_t key_dim);
 // 64-row blocks (197 KiB at 576) run only where they fit sm_90's 227 KiB.
 size_t LatentBf16SharedBytes(int64_t key_dim);
 
-// Which kernel takes a bf16 call at DeepSeek's 576 / 512 shape whose sequences hold several query
-// rows each. kMma: the rule above (64-row blocks on mma.sync, latent_tree_kernels.cu, for long
-// trees; else 16-row blocks). kWgmma: 64-row blocks on the warpgroup products (wgmma,
-// latent_wgmma_kernels.cu) wherever a sequence averages >= 64 query rows (4+ tokens at 16 heads,
-// or 64+ heads), on devices that run its sm_90a code (LatentWgmmaAvailable); elsewhere the kMma
-// rule. Both give results within the bf16 tolerance above, not the same bits (other summation
-// orders). The process-wide choice starts from EAGLE3_LATENT_TREE_KERNEL ("wgmma"; unset or
+// Which kernel takes a bf16 call at DeepSeek's 576 / 512 shape. kMma: the rule above (64-row
+// blocks on mma.sync, latent_tree_kernels.cu, for long trees; else 16-row blocks). kWgmma: 64-row
+// blocks on the warpgroup products (wgmma, latent_wgmma_kernels.cu) wherever a sequence averages
+// >= 64 query rows (4+ tokens at 16 heads, or 64+ heads), on devices that run its sm_90a code
+// (LatentWgmmaAvailable); elsewhere the kMma rule. kWgmmaAll: the wgmma kernel for every call at
+// that shape on such devices, decode at 8 or 16 heads included (a block's 64 rows then hold one
+// token's heads: the products are padded, the keys still read once per sequence). The choices give
+// results within the bf16 tolerance above, not the same bits (other summation orders). The
+// process-wide choice starts from EAGLE3_LATENT_TREE_KERNEL ("wgmma", "wgmma-all"; unset or
 // anything else: kMma); SetLatentTreeKernelChoice (tests, benchmarks) changes it from the next
 // launch on.
 enum class LatentTreeKernelChoice {
   kMma,
   kWgmma,
+  kWgmmaAll,
 };
 LatentTreeKernelChoice GetLatentTreeKernelChoice();
 void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel);

@@ -476,25 +476,34 @@ std::atomic<int> tree_kernel_choice{-1};
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> wgmma_on_device{};
 
-// Whether the wgmma kernel takes a call at DeepSeek's shape with 64-row blocks: chosen
-// (GetLatentTreeKernelChoice), at the compact kernels' shape, on a device that runs it.
-bool LatentWgmmaTakes(const LatentLaunchParams& p) {
-  return GetLatentTreeKernelChoice() == LatentTreeKernelChoice::kWgmma && LatentAtCompactShape(p) &&
-         LatentWgmmaAvailable();
+// Whether the wgmma kernel takes a call at DeepSeek's shape with 64-row blocks: chosen for it
+// (GetLatentTreeKernelChoice, which for kWgmma asks for sequences of 64+ query rows), at the
+// compact kernels' shape, on a device that runs it.
+bool LatentWgmmaTakes(const LatentLaunchParams& p, int64_t rows_per_sequence) {
+  const LatentTreeKernelChoice choice = GetLatentTreeKernelChoice();
+  const bool chosen = choice == LatentTreeKernelChoice::kWgmmaAll ||
+                      (choice == LatentTreeKernelChoice::kWgmma && rows_per_sequence >= kWgmmaRows);
+  return chosen && LatentAtCompactShape(p) && LatentWgmmaAvailable();
+}
+
+// A call's query rows per sequence, on average (heads x its tokens, rounded up).
+int64_t LatentRowsPerSequence(const LatentLaunchParams& p) {
+  const int64_t sequences = std::max<int64_t>(p.batch, 1);
+  return p.heads * ((p.tokens + sequences - 1) / sequences);
 }
 
 // Query rows per block. The bf16 (tensor-core) kernels at DeepSeek's 576 / 512 shape: 64 (the wgmma
-// kernel) when it takes the call (LatentWgmmaTakes) and a sequence averages >= 64 query rows; else
-// 64 (the tree kernel) when a sequence holds at least 1024 query rows on average (heads x its
-// tokens), or 256 with 8+ sequences, else 16 (the compact kernel). At other shapes: 64 when a sequence averages >= 64
+// kernel) when it takes the call (LatentWgmmaTakes); else 64 (the tree kernel) when a sequence
+// holds at least 1024 query rows on average (heads x its tokens), or 256 with 8+ sequences, else 16
+// (the compact kernel). At other shapes: 64 when a sequence averages >= 64
 // query rows, the call holds at least kMmaWideMinRows, and 64-row blocks fit in shared memory; else
 // 16. The f32 kernel: 8 when there are few heads and at most one query token per sequence (decode at
 // 8 heads per rank), else 16. Host values only; the tile table and the kernels agree.
 int LatentBlockRows(const LatentLaunchParams& p) {
   const int64_t sequences = std::max<int64_t>(p.batch, 1);
   if (p.cache_bf16 != nullptr) {
-    const int64_t rows_per_sequence = p.heads * ((p.tokens + sequences - 1) / sequences);
-    if (rows_per_sequence >= kWgmmaRows && LatentWgmmaTakes(p)) return kWgmmaRows;
+    const int64_t rows_per_sequence = LatentRowsPerSequence(p);
+    if (LatentWgmmaTakes(p, rows_per_sequence)) return kWgmmaRows;
     // The tree kernel's 64-row blocks read each key once per 64 rows of a sequence, the compact
     // kernel's once per 16, but each of its chunks costs several of the compact kernel's (four row
     // tiles of products and softmax per staged key): it pays where a sequence's keys would be read
@@ -533,7 +542,7 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   if (error != cudaSuccess) return error;
   const bool bf16 = p.cache_bf16 != nullptr;
   const int rows = LatentBlockRows(p);
-  const bool wgmma = rows == kWgmmaRows && LatentWgmmaTakes(p);
+  const bool wgmma = rows == kWgmmaRows && LatentWgmmaTakes(p, LatentRowsPerSequence(p));
   const bool tree = !wgmma && LatentTreeApplies(p, rows);
   const bool compact = LatentCompactApplies(p, rows);
   const size_t shared_bytes = wgmma     ? LatentWgmmaSharedBytes()
@@ -625,8 +634,9 @@ LatentTreeKernelChoice GetLatentTreeKernelChoice() {
   int choice = tree_kernel_choice.load(std::memory_order_relaxed);
   if (choice < 0) {
     const char* value = std::getenv("EAGLE3_LATENT_TREE_KERNEL");
-    const bool wgmma = value != nullptr && std::strcmp(value, "wgmma") == 0;
-    const LatentTreeKernelChoice from_env = wgmma ? LatentTreeKernelChoice::kWgmma : LatentTreeKernelChoice::kMma;
+    LatentTreeKernelChoice from_env = LatentTreeKernelChoice::kMma;
+    if (value != nullptr && std::strcmp(value, "wgmma") == 0) from_env = LatentTreeKernelChoice::kWgmma;
+    if (value != nullptr && std::strcmp(value, "wgmma-all") == 0) from_env = LatentTreeKernelChoice::kWgmmaAll;
     int expected = -1;
     tree_kernel_choice.compare_exchange_strong(expected, static_cast<int>(from_env));
     choice = tree_kernel_choice.load(std::memory_order_relaxed);

@@ -612,8 +612,9 @@ TEST_P(CudaLatentBf16CombineTest, TreeKernelMatchesCpuOnRoundedInputs) {
 // kernel's cases, the calls it alone takes with 64-row blocks (sequences averaging 64 to 1023 query
 // rows: trees of 4-16 tokens at 16 heads in small batches, causal runs of several tokens, 64 and 128
 // heads at one token: one and two head tiles, the latter after the check as a programmatic
-// dependent), sequences whose keys are all new, the explicit-mask form (random and causal), and
-// keys no row allows whose cache rows hold NaN. Skipped where the device does not run sm_90a code.
+// dependent), sequences whose keys are all new, the explicit-mask form (random and causal), keys no
+// row allows whose cache rows hold NaN, and under kWgmmaAll decode at 16 and 8 heads. Skipped where
+// the device does not run sm_90a code.
 TEST_P(CudaLatentBf16CombineTest, WgmmaKernelMatchesCpuOnRoundedInputs) {
   if (!cuda::LatentWgmmaAvailable()) GTEST_SKIP() << "the device does not run sm_90a code";
   const ScopedTreeKernel wgmma(cuda::LatentTreeKernelChoice::kWgmma);
@@ -637,6 +638,16 @@ TEST_P(CudaLatentBf16CombineTest, WgmmaKernelMatchesCpuOnRoundedInputs) {
     EXPECT_LE(unrounded, kUnroundedTol);
   }
   ExpectKeysNoRowAllowsAreSkipped();
+  // kWgmmaAll: decode too (a block's 64 rows hold one token's 16 or 8 heads), one sequence of 1 / 4K
+  // keys, 8 of mixed lengths on pages of 1 and 64, and a causal batch of several tokens.
+  const ScopedTreeKernel all(cuda::LatentTreeKernelChoice::kWgmmaAll);
+  const std::vector<int64_t> mixed = {4096, 65, 1, 2049, 300, 31, 32, 4000};
+  ExpectBatchedCasesMatchCpu({{{1}, {1}, 16, 64, false},
+                              {{1}, {4096}, 16, 64, false},
+                              {std::vector<int64_t>(8, 1), mixed, 16, 1, false},
+                              {std::vector<int64_t>(8, 1), mixed, 8, 64, false},
+                              {{5, 3}, {5, 40}, 16, 64, false}},
+                             4900);
 }
 
 // The folded merge against the combine kernel, bitwise, on every latent kernel at DeepSeek's shape
