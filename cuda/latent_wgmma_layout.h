@@ -27,11 +27,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define EAGLE3_WGMMA_HD __host__ __device__
-#else
-#define EAGLE3_WGMMA_HD
-#endif
+#include "eagle3/detail/host_device.h"
 
 namespace eagle3::cuda {
 
@@ -54,23 +50,23 @@ static_assert(kWgmmaDim % kWgmmaPanelWidth == 0 && kWgmmaValueDim % kWgmmaPanelW
 static_assert(kWgmmaHalfColumns == 256 && kWgmmaHalfKeys == 32, "the instruction shapes the kernel uses");
 
 // Byte offset of element (row, col) of a [64][64] bf16 panel (row < 64, col < 64), swizzled.
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaPanelOffset(uint32_t row, uint32_t col) {
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaPanelOffset(uint32_t row, uint32_t col) {
   return row * kWgmmaRowBytes + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
 }
 
 // Byte offset of element (row, dim) of a 64 x 576 operand (queries or a staged key chunk).
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaOperandOffset(uint32_t row, uint32_t dim) {
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaOperandOffset(uint32_t row, uint32_t dim) {
   return (dim / kWgmmaPanelWidth) * kWgmmaPanelBytes + WgmmaPanelOffset(row, dim % kWgmmaPanelWidth);
 }
 
 // Byte offset of the 16-byte piece `piece` (dims 8 piece .. + 7) of row `row` of an operand.
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaPieceOffset(uint32_t row, uint32_t piece) {
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaPieceOffset(uint32_t row, uint32_t piece) {
   return WgmmaOperandOffset(row, 8 * piece);
 }
 
 // A shared-memory matrix descriptor, 128-byte swizzle. `address`: the operand's start in the
 // shared window; lbo / sbo in bytes (multiples of 16).
-EAGLE3_WGMMA_HD constexpr uint64_t WgmmaDescriptor(uint32_t address, uint32_t lbo, uint32_t sbo) {
+EAGLE3_HOST_DEVICE constexpr uint64_t WgmmaDescriptor(uint32_t address, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((address & 0x3ffffu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3fffu) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32) | (uint64_t{1} << 62);
 }
@@ -84,17 +80,17 @@ inline constexpr uint32_t kWgmmaMnMajorSbo = kWgmmaAtomBytes;
 
 // Start offsets, relative to each operand's base, of the kernel's instructions:
 // the scores' A (queries, K-major) for k-step i (dims 16 i .. + 15);
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaScoreAStart(int i) {
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaScoreAStart(int i) {
   return static_cast<uint32_t>(i / 4) * kWgmmaPanelBytes + static_cast<uint32_t>(i % 4) * 32;
 }
 // the scores' B (the chunk's keys 32 half .. + 31 as N, K-major) for k-step i;
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaScoreBStart(int half, int i) {
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaScoreBStart(int half, int i) {
   return WgmmaScoreAStart(i) + static_cast<uint32_t>(half * kWgmmaHalfKeys) * kWgmmaRowBytes;
 }
 // the values' A (probabilities, K-major over the chunk's keys) for k-step j (keys 16 j .. + 15);
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaValueAStart(int j) { return static_cast<uint32_t>(j) * 32; }
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaValueAStart(int j) { return static_cast<uint32_t>(j) * 32; }
 // the values' B (the chunk's rows, dims 256 half .. + 255 as N, MN-major) for k-step j.
-EAGLE3_WGMMA_HD constexpr uint32_t WgmmaValueBStart(int half, int j) {
+EAGLE3_HOST_DEVICE constexpr uint32_t WgmmaValueBStart(int half, int j) {
   return static_cast<uint32_t>(half * (kWgmmaHalfColumns / kWgmmaPanelWidth)) * kWgmmaPanelBytes +
          static_cast<uint32_t>(j * kWgmmaKStep) * kWgmmaRowBytes;
 }
