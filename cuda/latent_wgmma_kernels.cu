@@ -54,10 +54,20 @@ constexpr int kPieces = kDim / 8;                   // 16-byte pieces per key ro
 constexpr int kCopyLanes = 8;                       // copy threads per key row: 128 contiguous bytes
 constexpr int kCopyKeys = kWgmmaThreads / kCopyLanes;    // keys per copy pass (two passes a chunk)
 constexpr int kPiecesPerLane = kPieces / kCopyLanes;  // 9: one per panel
+constexpr int kQueryPiecesPerThread = kRows * kPieces / kWgmmaThreads;  // 18
+constexpr int kQueryBatch = 6;  // pieces loaded before the first is stored
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kCopyKeys * 2 == kChunk && kPiecesPerLane * kCopyLanes == kPieces, "two copy passes a chunk");
 static_assert(kPiecesPerLane == kDim / kWgmmaPanelWidth, "a lane's pieces: one per panel, the same column");
+static_assert(kRows * kPieces % kWgmmaThreads == 0 && kQueryPiecesPerThread % kQueryBatch == 0,
+              "every thread stages as many query pieces, in whole batches");
+
+// The bf16 bits of (lo, hi), rounded to nearest even, lo in the low half.
+__device__ inline uint32_t Bf16x2Bits(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
 static_assert(static_cast<int>(kLatentCompactKeyDim) == kDim && static_cast<int>(kLatentCompactValueDim) ==
                   kWgmmaValueDim, "the compact kernels' shape");
 
@@ -88,12 +98,14 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   uint64_t* const allow_words = reinterpret_cast<uint64_t*>(wgmma_shared + kWgmmaAllowOffset);  // [2][64]
   uint64_t* const used_by_warp = reinterpret_cast<uint64_t*>(wgmma_shared + kWgmmaUsedOffset);  // [2][8]
   const uint32_t base = SharedAddress(wgmma_shared);
-  auto stage_bytes = [&](int c) { return wgmma_shared + kWgmmaStageOffset + (c % kWgmmaStages) * kWgmmaOperandBytes; };
+  auto stage_bytes = [&](int c) {
+    return wgmma_shared + kWgmmaStageOffset + (c % kWgmmaStages) * kWgmmaOperandBytes;
+  };
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int half = tid / 128;         // warpgroup: keys 32 half .. of the scores, dims 256 half .. of the values
+  const int half = tid / 128;  // warpgroup: keys 32 half .. of the scores, dims 256 half .. of the values
   const int g = lane / 4;
   const int t4 = lane % 4;
   const int r0 = 16 * (warp % 4) + g;  // the thread's accumulator rows r0 and r0 + 8
@@ -115,7 +127,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
       const int s = s_begin + kChunk * c + key;
       const bool valid = s < s_end;
       const int32_t page = pass == 0 ? page_lo : page_hi;
-      const int in_page = s - static_cast<int>(static_cast<uint32_t>(s) / static_cast<uint32_t>(page_size)) * page_size;
+      const int in_page =
+          s - static_cast<int>(static_cast<uint32_t>(s) / static_cast<uint32_t>(page_size)) * page_size;
       const int64_t row = static_cast<int64_t>(page) * page_size + in_page;
       const uint16_t* src = p.cache_bf16 + (valid ? row * kDim : 0) + 8 * copy_lane;
       uint8_t* dst = stage + WgmmaPieceOffset(key, copy_lane);
@@ -128,11 +141,46 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   const int chunks = (s_end - s_begin + kChunk - 1) / kChunk;
   int32_t next_lo = page_of(0, copy_key), next_hi = page_of(0, copy_key + kCopyKeys);
 
-  // Queries, rounded to bf16, into the swizzled panels (0 for rows the tile does not hold).
-  StageLatentQueries<kRows, kWgmmaThreads>(a, tile, n0, tile_tokens, kDim, [&](int index, float value) {
-    const int r = index / kDim, d = index % kDim;
-    *reinterpret_cast<__nv_bfloat16*>(qs + WgmmaOperandOffset(r, d)) = __float2bfloat16_rn(value);
-  });
+  // Queries, rounded to bf16, into the swizzled panels, one 16-byte piece (8 dims) a store: thread i
+  // takes pieces i, i + 256, ... of the 64 rows x 72 pieces (0 for rows the tile does not hold), a
+  // batch of them loaded before any is stored, as float4 pairs where q's rows are 16-byte aligned.
+  {
+    const int heads = a.heads_per_tile;
+    const bool q_vec =
+        (reinterpret_cast<uintptr_t>(p.q) | static_cast<uintptr_t>(p.q_token_stride | p.q_head_stride) * 4) % 16 == 0;
+#pragma unroll
+    for (int u0 = 0; u0 < kQueryPiecesPerThread; u0 += kQueryBatch) {
+      float v[kQueryBatch][8];
+#pragma unroll
+      for (int b = 0; b < kQueryBatch; ++b) {
+        const int piece = tid + kWgmmaThreads * (u0 + b);
+        const int r = piece / kPieces, j = piece % kPieces;
+        const float* src = nullptr;
+        if (LatentRowHeld(a, n0, tile_tokens, r)) {
+          const int64_t t = tile.q0 + tile.i0 + r / heads;
+          src = p.q + t * p.q_token_stride + (n0 + r % heads) * p.q_head_stride + 8 * j;
+        }
+        if (src != nullptr && q_vec) {
+          const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+          v[b][0] = lo.x, v[b][1] = lo.y, v[b][2] = lo.z, v[b][3] = lo.w;
+          v[b][4] = hi.x, v[b][5] = hi.y, v[b][6] = hi.z, v[b][7] = hi.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[b][e] = src != nullptr ? src[e] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kQueryBatch; ++b) {
+        const int piece = tid + kWgmmaThreads * (u0 + b);
+        uint4 packed;
+        packed.x = Bf16x2Bits(v[b][0], v[b][1]);
+        packed.y = Bf16x2Bits(v[b][2], v[b][3]);
+        packed.z = Bf16x2Bits(v[b][4], v[b][5]);
+        packed.w = Bf16x2Bits(v[b][6], v[b][7]);
+        *reinterpret_cast<uint4*>(qs + WgmmaPieceOffset(piece / kPieces, piece % kPieces)) = packed;
+      }
+    }
+  }
 
   PdlWait();  // the check has completed
   if (*a.bad != 0) return;
