@@ -1,7 +1,7 @@
 // Paged latent attention, fast path (cuda/attention_ops.h): the f32 kernel, the combine of split
 // results, the batched form's metadata check and tile table, and the launchers, which pick the f32
-// kernel or the bf16 tensor-core kernel (latent_mma_kernels.cu). No abseil here: nvcc must never
-// see it.
+// kernel or one of the bf16 tensor-core kernels (latent_mma_kernels.cu, latent_compact_kernels.cu,
+// latent_tree_kernels.cu, latent_wgmma_kernels.cu). No abseil here: nvcc must never see it.
 #include <algorithm>
 #include <array>
 #include <atomic>
