@@ -56,6 +56,7 @@ constexpr int kCopyKeys = kWgmmaThreads / kCopyLanes;    // keys per copy pass (
 constexpr int kPiecesPerLane = kPieces / kCopyLanes;  // 9: one per panel
 constexpr int kQueryPiecesPerThread = kRows * kPieces / kWgmmaThreads;  // 18
 constexpr int kQueryBatch = 6;  // pieces loaded before the first is stored
+constexpr float kLazyRescale = 8.0f;  // log2 units: see the softmax
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kCopyKeys * 2 == kChunk && kPiecesPerLane * kCopyLanes == kPieces, "two copy passes a chunk");
@@ -105,7 +106,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int half = tid / 128;  // warpgroup: keys 32 half .. of the scores, dims 256 half .. of the values
+  // Warpgroup: keys 32 half .. of the scores, dims 256 half .. of the values. Read through a
+  // shuffle from lane 0 so that the compiler knows it is the same in every lane of the warp: the
+  // descriptors built from it then stay in uniform registers.
+  const int half = __shfl_sync(kFullMask, tid / 128, 0);
   const int g = lane / 4;
   const int t4 = lane % 4;
   const int r0 = 16 * (warp % 4) + g;  // the thread's accumulator rows r0 and r0 + 8
@@ -224,11 +228,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F;  // running maxima (log2 domain), the same in both warpgroups
+  // Maxima the rows' probabilities are taken against (log2 domain), the same in both warpgroups.
+  float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F;
   float l0 = 0.0f, l1 = 0.0f;                    // this thread's share of the rows' sums
 
-  const uint32_t q_base = base + kWgmmaQueryOffset;
-  const uint32_t p_base = base + kWgmmaProbOffset;
+  // Descriptors of the chunk-invariant operands; each instruction's start is an immediate offset.
+  const uint64_t q_desc = WgmmaDescriptor(base + kWgmmaQueryOffset, kWgmmaKMajorLbo, kWgmmaKMajorSbo);
+  const uint64_t probs_desc = WgmmaDescriptor(base + kWgmmaProbOffset, kWgmmaKMajorLbo, kWgmmaKMajorSbo);
   uint8_t* const ps = wgmma_shared + kWgmmaProbOffset;
 
 #pragma unroll 1
@@ -248,12 +254,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+    const uint64_t keys_desc =
+        WgmmaDescriptor(stage_base + WgmmaScoreBStart(half, 0), kWgmmaKMajorLbo, kWgmmaKMajorSbo);
     WgmmaFence();
 #pragma unroll
     for (int i = 0; i < kWgmmaScoreSteps; ++i) {
-      WgmmaBf16M64N32(s, WgmmaDescriptor(q_base + WgmmaScoreAStart(i), kWgmmaKMajorLbo, kWgmmaKMajorSbo),
-                      WgmmaDescriptor(stage_base + WgmmaScoreBStart(half, i), kWgmmaKMajorLbo, kWgmmaKMajorSbo),
-                      i > 0);
+      WgmmaBf16M64N32(s, WgmmaDescriptorAdvance(q_desc, WgmmaScoreAStart(i)),
+                      WgmmaDescriptorAdvance(keys_desc, WgmmaScoreBStart(0, i)), i > 0);
     }
     WgmmaCommit();
     if (c + 1 < chunks) write_allow_words(c + 1);  // while the scores run
@@ -285,8 +292,14 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     }
     __syncthreads();  // both halves' maxima; both warpgroups' score products are done with the stage
 
-    const float new0 = fmaxf(m0, fmaxf(half_max[r0], half_max[kRows + r0]));
-    const float new1 = fmaxf(m1, fmaxf(half_max[r1], half_max[kRows + r1]));
+    // The maximum the probabilities are taken against: the running one until the chunk's exceeds it
+    // by more than kLazyRescale (then the chunk's), so the accumulators are rescaled only then; the
+    // result is exact either way (probabilities, sums and values share the maximum used), and a
+    // probability stays below 2^kLazyRescale.
+    const float seen0 = fmaxf(half_max[r0], half_max[kRows + r0]);
+    const float seen1 = fmaxf(half_max[r1], half_max[kRows + r1]);
+    const float new0 = seen0 > m0 + kLazyRescale ? seen0 : m0;
+    const float new1 = seen1 > m1 + kLazyRescale ? seen1 : m1;
     // No allowed key yet: m = -inf and l = 0 stay, the probabilities are 0.
     const float alpha0 = new0 == -CUDART_INF_F ? 1.0f : exp2f(m0 - new0);
     const float alpha1 = new1 == -CUDART_INF_F ? 1.0f : exp2f(m1 - new1);
@@ -338,12 +351,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     FenceProxyAsyncShared();  // the probabilities and zeroed values, for the tensor cores
     __syncthreads();          // both halves' probabilities
 
+    const uint64_t values_desc =
+        WgmmaDescriptor(stage_base + WgmmaValueBStart(half, 0), kWgmmaMnMajorLbo, kWgmmaMnMajorSbo);
     WgmmaFence();  // o was rescaled by ordinary code
 #pragma unroll
     for (int j = 0; j < kWgmmaValueSteps; ++j) {
-      WgmmaBf16M64N256TransB(o, WgmmaDescriptor(p_base + WgmmaValueAStart(j), kWgmmaKMajorLbo, kWgmmaKMajorSbo),
-                             WgmmaDescriptor(stage_base + WgmmaValueBStart(half, j), kWgmmaMnMajorLbo,
-                                             kWgmmaMnMajorSbo));
+      WgmmaBf16M64N256TransB(o, WgmmaDescriptorAdvance(probs_desc, WgmmaValueAStart(j)),
+                             WgmmaDescriptorAdvance(values_desc, WgmmaValueBStart(0, j)));
     }
     WgmmaCommit();
     WgmmaWait<0>();  // before the next chunk's barrier frees the probabilities and this stage

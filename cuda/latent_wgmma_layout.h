@@ -71,6 +71,13 @@ EAGLE3_HOST_DEVICE constexpr uint64_t WgmmaDescriptor(uint32_t address, uint32_t
          (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor of an operand starting `bytes` further (a multiple of 16): the start field plus
+// bytes / 16. Exact while the new start stays within the 18-bit shared window (no carry out of the
+// field); tests/latent_wgmma_layout_test.cc checks it against WgmmaDescriptor.
+EAGLE3_HOST_DEVICE constexpr uint64_t WgmmaDescriptorAdvance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 // K-major operands: eight rows an atom, atoms 1024 bytes apart; LBO unused (16 bytes by convention).
 inline constexpr uint32_t kWgmmaKMajorLbo = 16;
 inline constexpr uint32_t kWgmmaKMajorSbo = kWgmmaAtomBytes;

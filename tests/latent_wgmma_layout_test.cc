@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -54,6 +55,20 @@ TEST(LatentWgmmaLayoutTest, DescriptorFieldsRoundTrip) {
   EXPECT_EQ(f.mode, 1u);  // 128-byte swizzle
   EXPECT_EQ((desc >> 46) & 0x7u, 0u);  // base offset 0: panels start on the swizzle's period
   EXPECT_EQ(Decode(WgmmaDescriptor(0x40000 + 0x100, 16, 1024)).start, 0x100u);  // 18 address bits
+}
+
+// The kernel builds each operand's descriptor once and advances it by each instruction's offset.
+TEST(LatentWgmmaLayoutTest, AdvancedDescriptorsEqualBuiltOnes) {
+  for (uint32_t start = 0; start + kWgmmaLaunchSharedBytes <= (1u << 18); start += 4096) {
+    for (uint32_t offset = 0; offset < kWgmmaLaunchSharedBytes; offset += 16) {
+      for (const auto& [lbo, sbo] :
+           {std::pair{kWgmmaKMajorLbo, kWgmmaKMajorSbo}, std::pair{kWgmmaMnMajorLbo, kWgmmaMnMajorSbo}}) {
+        ASSERT_EQ(WgmmaDescriptorAdvance(WgmmaDescriptor(start, lbo, sbo), offset),
+                  WgmmaDescriptor(start + offset, lbo, sbo))
+            << "start " << start << " offset " << offset;
+      }
+    }
+  }
 }
 
 TEST(LatentWgmmaLayoutTest, OperandLayoutIsABijection) {
