@@ -50,6 +50,9 @@ from golden.mla_draft import MlaDraftReference, mla_draft_weight_shapes  # noqa:
 from golden.oracle import max_rel, run_transformers  # noqa: F401
 from golden.weights import hub_to_transformers, weight_shapes  # noqa: F401
 
+__all__ = ["DraftReference", "MlaDraftReference", "hub_to_transformers", "main", "max_rel",
+           "mla_draft_weight_shapes", "run_transformers", "weight_shapes"]
+
 # One thread and deterministic kernels: reruns on one host reproduce the files byte for byte (float
 # outputs may differ by ~1e-6 relative across hosts).
 torch.set_num_threads(1)
