@@ -13,7 +13,8 @@
 //
 // Kernels: the checks in attention_check_kernels.cu, RoPE in rope_kernels.cu, paged rows in
 // paged_kv_kernels.cu, LaunchAttention in split_attention_kernels.cu, the paged latent fast path in
-// latent_decode_kernels.cu (f32 kernel, launchers) and latent_mma_kernels.cu (bf16 tensor cores).
+// latent_decode_kernels.cu (f32 kernel, launchers), latent_plan.cc (which kernel, tiles, splits)
+// and the bf16 tensor-core kernels (latent_mma, _compact, _tree and _wgmma_kernels.cu).
 //
 // "Checked before anything is written" on the device. The data-dependent checks (positions, page
 // entries, mask rows) run as check kernels ahead of the writing kernels of the same op, on the same

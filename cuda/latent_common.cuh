@@ -1,9 +1,11 @@
-// What the two paged latent attention kernel families share (cuda/attention_ops.h, "Paged latent
-// attention, fast path"): the f32 kernel and the launchers in latent_decode_kernels.cu, the bf16
-// tensor-core kernel in latent_mma_kernels.cu. Their arguments, how a block finds its sequence and
-// keys, the staging of its queries and mask bytes, the merge of split results (the combine kernel's
-// and the one folded into the attention kernels), and the tensor-core kernel's entry points for the
-// launcher. Internal to those two files. No abseil here: nvcc must never see it.
+// What the paged latent attention kernels share (cuda/attention_ops.h, "Paged latent attention,
+// fast path"; the launch plan in latent_plan.h): the f32 kernel and the launchers in
+// latent_decode_kernels.cu, the bf16 tensor-core kernels in latent_mma_kernels.cu,
+// latent_compact_kernels.cu, latent_tree_kernels.cu and latent_wgmma_kernels.cu. Their arguments,
+// how a block finds its sequence and keys, the staging of its queries and mask bytes, the merge of
+// split results (the combine kernel's and the one folded into the attention kernels), and the
+// kernels' entry points for the launcher. Internal to those files. No abseil here: nvcc must never
+// see it.
 #pragma once
 
 #include <algorithm>
@@ -14,12 +16,10 @@
 
 #include "attention_ops.h"
 #include "core_kernels.cuh"
+#include "latent_plan.h"
 #include "programmatic_launch.cuh"
 
 namespace eagle3::cuda {
-
-constexpr int kLatentChunk = 32;         // keys per staged chunk
-constexpr int kLatentTileColumns = 512;  // value columns per block: 64 column groups x 2 float4
 
 // Mask bytes for keys that have no byte of their own: past the tile or the split (0), in the cached
 // prefix (1), causal (0 or 1). Static: the build has no relocatable device code, so each .cu file
@@ -380,12 +380,6 @@ __device__ inline void LatentStoreCombined(Group&& group, float inv, float* out,
   }
 }
 
-// Dynamic shared memory the folded combine of a block of `rows` query rows takes: a flag, 1 / the
-// denominator of each row, the weights of each row's splits.
-__host__ __device__ constexpr size_t LatentFoldSharedBytes(int64_t rows, int64_t splits) {
-  return sizeof(float) * static_cast<size_t>(1 + rows + rows * splits);
-}
-
 // The combine folded into an attention kernel (a.fold_combine), called by every thread of each
 // block that wrote split partials, after it wrote them (and by no block whose split holds no key:
 // those do not count). The block arrives on its output tile's counter; the last of the tile's
@@ -468,90 +462,36 @@ inline cudaError_t LaunchWithSharedMemory(void (*kernel)(LatentArgs), dim3 grid,
   return LaunchKernel(programmatic, kernel, grid, dim3(threads), shared_bytes, stream, a);
 }
 
-// ---- The bf16 tensor-core kernel (latent_mma_kernels.cu), for the launcher ---------------------
-
-// Elements per staged key row: key_dim rounded up to 64, + 8 (16 bytes of padding).
-int MmaRowStride(int64_t key_dim);
-
-// Dynamic shared memory of a block of 16 x groups query rows (groups 1 or 4).
-size_t MmaSharedBytes(int64_t key_dim, int groups);
-
-// Whether LatentMmaKernel<groups> can merge its splits itself (a.fold_combine).
-bool LatentMmaFolds(int groups);
+// ---- The kernels' launchers (their facts for the plan: latent_plan.h) --------------------------
 
 // Sets LatentMmaKernel<groups>'s dynamic shared memory limit to shared_bytes and launches it on
 // `grid` (a.wp = MmaRowStride(key_dim)), as LaunchWithSharedMemory does.
 cudaError_t LaunchLatentMma(const LatentArgs& a, int groups, dim3 grid, size_t shared_bytes,
                             bool programmatic, cudaStream_t stream);
 
-// ---- The compact bf16 kernel at DeepSeek's latent shape (latent_compact_kernels.cu) ------------
-
-// The latent shape LatentCompactKernel is built for: key rows of 576 (the 512-wide compressed KV and
-// 64 RoPE dims), values the first 512.
-inline constexpr int64_t kLatentCompactKeyDim = 576;
-inline constexpr int64_t kLatentCompactValueDim = 512;
-
-// Whether a call has the shape the compact and tree kernels are compiled for: a bf16 cache, 16-byte
-// aligned, at DeepSeek's 576 / 512 latent shape, with key positions that fit 32 bits.
-inline bool LatentAtCompactShape(const LatentLaunchParams& p) {
-  return p.cache_bf16 != nullptr && p.key_dim == kLatentCompactKeyDim && p.value_dim == kLatentCompactValueDim &&
-         reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0 && p.max_kv_len <= 0x3fffffff;
-}
-
-// Whether the compact kernel takes a call of `rows`-row blocks: a bf16 cache at that shape,
-// 16-byte aligned, 16-row blocks, key positions within 31 bits.
-bool LatentCompactApplies(const LatentLaunchParams& p, int rows);
-
-// Keys per chunk of the compact kernel (its split lengths are multiples of it).
-int LatentCompactChunk();
-
-// Its dynamic shared memory per block.
-size_t LatentCompactSharedBytes();
-
-// Launches it on `grid` (one value tile: value_dim 512). programmatic: as a programmatic dependent
-// of the kernel before it on the stream (programmatic_launch.cuh), which must be the batched form's
-// metadata check, with nothing between them: the check waits for the kernels before it before it
-// lets this one launch (PdlEnter), and before PdlWait this kernel reads only what those kernels
-// wrote (queries, page tables, q_start, kv_len), with every index bounded as if the check had
-// failed, and reads no cache row and no `bad`. Returns the attribute call's error, else the
+// The compact kernel on `grid` (one value tile: value_dim 512). programmatic: as a programmatic
+// dependent of the kernel before it on the stream (programmatic_launch.cuh), which must be the
+// batched form's metadata check, with nothing between them: the check waits for the kernels before
+// it before it lets this one launch (PdlEnter), and before PdlWait this kernel reads only what those
+// kernels wrote (queries, page tables, q_start, kv_len), with every index bounded as if the check
+// had failed, and reads no cache row and no `bad`. Returns the attribute call's error, else the
 // launch's.
 cudaError_t LaunchLatentCompact(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
-// ---- The 64-row bf16 kernel at the compact kernel's shape (latent_tree_kernels.cu) -------------
-
-// Whether the tree kernel takes a call of `rows`-row blocks: the compact kernel's shape and bounds
-// (LatentCompactApplies), 64-row blocks.
-bool LatentTreeApplies(const LatentLaunchParams& p, int rows);
-
-// Query rows per block of the tree kernel (64).
-int LatentTreeRows();
-
-// Keys per chunk of the tree kernel (its split lengths are multiples of it).
-int LatentTreeChunk();
-
-// Its dynamic shared memory per block.
-size_t LatentTreeSharedBytes();
-
-// Launches it on `grid` (one value tile: value_dim 512), with the compact kernel's programmatic
+// The tree kernel on `grid` (one value tile: value_dim 512), with the compact kernel's programmatic
 // protocol (LaunchLatentCompact): before PdlWait it reads only the tile, the queries and the first
 // page entries, every index bounded as if the check had failed, and no cache row, mask byte or
 // `bad`. Returns the attribute call's error, else the launch's.
 cudaError_t LaunchLatentTree(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
-// ---- The 64-row warpgroup kernel at the compact kernel's shape (latent_wgmma_kernels.cu, sm_90a) ----
-
-// Keys per chunk of the wgmma kernel (its split lengths are multiples of it).
-int LatentWgmmaChunk();
-
-// Its dynamic shared memory per block.
-size_t LatentWgmmaSharedBytes();
-
-// cudaSuccess when the current device has an image of the kernel (its code is sm_90a only), else the
-// error cudaFuncGetAttributes returned (left as the thread's last error: the caller clears it).
+// cudaSuccess when the current device has an image of the wgmma kernel (latent_wgmma_kernels.cu,
+// its code sm_90a only), else the error cudaFuncGetAttributes returned (left as the thread's last
+// error: the caller clears it).
 cudaError_t LatentWgmmaImage();
 
-// Launches it on `grid` with the compact kernel's programmatic protocol (LaunchLatentCompact), 64-row
-// blocks at the compact kernel's shape. Returns the attribute call's error, else the launch's.
+// The wgmma kernel on `grid` with the compact kernel's programmatic protocol (LaunchLatentCompact),
+// 64-row blocks at the compact kernel's shape (its shared memory and chunk: latent_wgmma_layout.h).
+// Returns the attribute call's error, else the launch's.
 cudaError_t LaunchLatentWgmma(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -15,7 +15,7 @@
 #include "attention_ops.h"
 #include "core_kernels.cuh"
 #include "latent_common.cuh"
-#include "latent_wgmma_layout.h"
+#include "latent_plan.h"
 #include "ptx.cuh"
 #include "programmatic_launch.cuh"
 
@@ -38,8 +38,6 @@ namespace {
 // tensor cores (3xTF32 for fp32 accuracy, or a bf16 cache: latent_mma_kernels.cu).
 
 constexpr int kLatentThreads = 256;
-// Splits of one call at most (the bound LaunchAttention uses too; the combine's shared weights).
-constexpr int kLatentMaxSplits = 4096;
 constexpr int kLatentWarps = kLatentThreads / 32;
 constexpr int kLatentMaxRows = 16;
 constexpr int kScoreStride = kLatentChunk + 1;
@@ -460,67 +458,25 @@ bool ValidLatentParams(const LatentLaunchParams& p) {
          p.page_tables != nullptr;
 }
 
-// The largest dynamic shared memory a block may opt into on sm_90 (227 KiB): 64-row blocks run only
-// where they fit it (key_dim <= 640; DeepSeek's 576 takes 197 KiB).
-constexpr size_t kMmaWideSharedLimit = 227 * 1024;
-
-// Query rows (tokens x heads) from which the bf16 kernel runs 64-row blocks. Below it 16-row blocks
-// win (they fill more SMs, with shorter chunk chains), from it 64-row blocks do (each key is read
-// and waited for by four times fewer blocks).
-constexpr int64_t kMmaWideMinRows = 2048;
-
-
 std::atomic<int> tree_kernel_choice{-1};
 
 // Per device: 0 not yet asked, 1 the wgmma kernel runs there, 2 it does not.
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> wgmma_on_device{};
 
-// Whether the wgmma kernel takes a call at DeepSeek's shape with 64-row blocks: chosen for it
-// (GetLatentTreeKernelChoice, which for kWgmma asks for sequences of 64+ query rows), at the
-// compact kernels' shape, on a device that runs it.
-bool LatentWgmmaTakes(const LatentLaunchParams& p, int64_t rows_per_sequence) {
-  const LatentTreeKernelChoice choice = GetLatentTreeKernelChoice();
-  const bool chosen = choice == LatentTreeKernelChoice::kWgmmaAll ||
-                      (choice == LatentTreeKernelChoice::kWgmma && rows_per_sequence >= kWgmmaRows);
-  return chosen && LatentAtCompactShape(p) && LatentWgmmaAvailable();
-}
-
-// A call's query rows per sequence, on average (heads x its tokens, rounded up).
-int64_t LatentRowsPerSequence(const LatentLaunchParams& p) {
-  const int64_t sequences = std::max<int64_t>(p.batch, 1);
-  return p.heads * ((p.tokens + sequences - 1) / sequences);
-}
-
-// Query rows per block. The bf16 (tensor-core) kernels at DeepSeek's 576 / 512 shape: 64 (the wgmma
-// kernel) when it takes the call (LatentWgmmaTakes); else 64 (the tree kernel) when a sequence
-// holds at least 1024 query rows on average (heads x its tokens), or 256 with 8+ sequences, else 16
-// (the compact kernel). At other shapes: 64 when a sequence averages >= 64
-// query rows, the call holds at least kMmaWideMinRows, and 64-row blocks fit in shared memory; else
-// 16. The f32 kernel: 8 when there are few heads and at most one query token per sequence (decode at
-// 8 heads per rank), else 16. Host values only; the tile table and the kernels agree.
-int LatentBlockRows(const LatentLaunchParams& p) {
-  const int64_t sequences = std::max<int64_t>(p.batch, 1);
-  if (p.cache_bf16 != nullptr) {
-    const int64_t rows_per_sequence = LatentRowsPerSequence(p);
-    if (LatentWgmmaTakes(p, rows_per_sequence)) return kWgmmaRows;
-    // The tree kernel's 64-row blocks read each key once per 64 rows of a sequence, the compact
-    // kernel's once per 16, but each of its chunks costs several of the compact kernel's (four row
-    // tiles of products and softmax per staged key): it pays where a sequence's keys would be read
-    // 16+ times by 16-row blocks (>= 256 rows) and the batch gives each of its blocks a share of
-    // the GPU, or where the re-reads alone dominate (>= 1024 rows).
-    const int tree_rows = LatentTreeRows();
-    const bool tree_pays = rows_per_sequence >= 1024 || (rows_per_sequence >= 256 && sequences >= 8);
-    if (tree_pays && LatentTreeApplies(p, tree_rows)) {
-      return tree_rows;
-    }
-    if (LatentCompactApplies(p, 16)) return 16;
-    const bool wide = rows_per_sequence >= 64 && p.tokens * p.heads >= kMmaWideMinRows &&
-                      MmaSharedBytes(p.key_dim, 4) <= kMmaWideSharedLimit;
-    return wide ? 64 : 16;
-  }
-  const bool one_token_per_sequence = p.tokens <= sequences;
-  return p.heads <= 8 && one_token_per_sequence ? 8 : 16;
+// The current device's facts for the launch plan: its multiprocessors and opt-in shared memory, the
+// kernel choice, and (when the choice asks for it) whether it runs the wgmma kernel.
+cudaError_t CurrentPlanDevice(LatentPlanDevice* device) {
+  int id = 0, sms = 0, max_shared = 0;
+  cudaError_t error = cudaGetDevice(&id);
+  if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, id);
+  if (error == cudaSuccess) error = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, id);
+  if (error != cudaSuccess) return error;
+  device->sms = sms;
+  device->max_shared = static_cast<size_t>(max_shared);
+  device->choice = GetLatentTreeKernelChoice();
+  device->wgmma_available = device->choice != LatentTreeKernelChoice::kMma && LatentWgmmaAvailable();
+  return cudaSuccess;
 }
 
 // Launch geometry (host values only, so a captured graph replays any lengths within the bounds).
@@ -533,24 +489,16 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
                                 float* partials, int64_t partial_capacity, const LatentFold& fold,
                                 const int* bad, bool programmatic, bool after_check, cudaStream_t stream) {
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
-  int device = 0, sms = 0, max_shared = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (error == cudaSuccess) {
-    error = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
+  LatentPlanDevice device;
+  cudaError_t error = CurrentPlanDevice(&device);
   if (error != cudaSuccess) return error;
+  LatentPlan plan;
+  if (!PlanLatentLaunch(p, tile_table != nullptr, partials != nullptr, partial_capacity, fold, device, &plan)) {
+    return cudaErrorInvalidValue;
+  }
   const bool bf16 = p.cache_bf16 != nullptr;
-  const int rows = LatentBlockRows(p);
-  const bool wgmma = rows == kWgmmaRows && LatentWgmmaTakes(p, LatentRowsPerSequence(p));
-  const bool tree = !wgmma && LatentTreeApplies(p, rows);
-  const bool compact = LatentCompactApplies(p, rows);
-  const size_t shared_bytes = wgmma     ? LatentWgmmaSharedBytes()
-                              : tree    ? LatentTreeSharedBytes()
-                              : compact ? LatentCompactSharedBytes()
-                              : bf16    ? MmaSharedBytes(p.key_dim, rows / 16)
-                                        : LatentSharedFloats(p.key_dim) * sizeof(float);
-  if (shared_bytes > static_cast<size_t>(max_shared)) return cudaErrorInvalidValue;
+  const int rows = plan.rows;
+  const size_t shared_bytes = plan.shared_bytes;
 
   LatentArgs a{};
   a.p = p;
@@ -558,66 +506,40 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.partials = partials;
   a.bad = bad;
   a.wait_first = !after_check;
-  a.split_chunk = wgmma ? LatentWgmmaChunk() : tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
-  a.splits_marked = wgmma || tree || compact;
+  a.split_chunk = plan.split_chunk;
+  a.splits_marked = plan.kernel == LatentKernelKind::kWgmma || plan.kernel == LatentKernelKind::kTree ||
+                    plan.kernel == LatentKernelKind::kCompact;
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
-  a.heads_per_tile = static_cast<int>(std::min<int64_t>(p.heads, rows));
-  a.tokens_per_tile = rows / a.heads_per_tile;
-  const int64_t head_tiles = (p.heads + a.heads_per_tile - 1) / a.heads_per_tile;
-  a.value_tiles = (p.value_dim + kLatentTileColumns - 1) / kLatentTileColumns;
-  if (head_tiles * a.value_tiles > 65535) return cudaErrorInvalidValue;
-  // Token tiles: sum over sequences of ceil(n_b / G) <= min(T, (T + B (G - 1)) / G).
-  const int64_t g = a.tokens_per_tile;
-  const int64_t token_tiles =
-      tile_table == nullptr ? (p.tokens + g - 1) / g
-                            : std::min(p.tokens, (p.tokens + p.batch * (g - 1)) / g);
-  if (token_tiles > 0x7fffffff) return cudaErrorInvalidValue;
-
-  // Splits: one resident block per SM; pick the split count with the fewest modeled chunk-times
-  // (waves x (chunks per split + 2 for the prologue)), within the scratch and kLatentMaxSplits.
-  const int64_t blocks = token_tiles * head_tiles * a.value_tiles;
-  const int64_t per_split_floats = p.tokens * p.heads * (p.value_dim + 2);
-  const int64_t chunk = a.split_chunk;
-  int64_t max_splits = partials == nullptr ? 1 : partial_capacity / per_split_floats;
-  max_splits = std::clamp<int64_t>(max_splits, 1, kLatentMaxSplits);
-  max_splits = std::min(max_splits, (p.max_kv_len + chunk - 1) / chunk);
-  int64_t best_cost = -1;
-  for (int64_t s = 1; s <= max_splits; ++s) {
-    const int64_t kps = ((p.max_kv_len + s - 1) / s + chunk - 1) / chunk * chunk;
-    const int64_t eff = (p.max_kv_len + kps - 1) / kps;
-    const int64_t waves = (blocks * eff + sms - 1) / sms;
-    const int64_t cost = waves * (kps / chunk + 2) + (eff > 1 ? 1 : 0);
-    if (best_cost < 0 || cost < best_cost) {
-      best_cost = cost;
-      a.splits = eff;
-    }
-  }
-  if (a.splits > 65535) return cudaErrorInvalidValue;
-  // The fold's counters are per token tile x head tile; its last block reads the tile's partials
-  // alone, and keeps each row's split weights in the block's shared memory.
-  const int64_t tile_partial_bytes = a.splits * rows * p.value_dim * static_cast<int64_t>(sizeof(float));
-  const bool kernel_folds = wgmma || tree || compact || !bf16 || LatentMmaFolds(rows / 16);
-  a.fold_combine = kernel_folds && a.splits > 1 && fold.counters != nullptr && a.value_tiles == 1 &&
-                   token_tiles * head_tiles <= fold.capacity && tile_partial_bytes <= fold.max_fold_bytes &&
-                   LatentFoldSharedBytes(rows, a.splits) <= shared_bytes;
+  a.heads_per_tile = plan.heads_per_tile;
+  a.tokens_per_tile = plan.tokens_per_tile;
+  a.value_tiles = plan.value_tiles;
+  a.splits = plan.splits;
+  a.fold_combine = plan.fold_combine;
   a.counters = fold.counters;
+  const int64_t token_tiles = plan.token_tiles, head_tiles = plan.head_tiles;
 
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
-  if (wgmma) {
-    error = LaunchLatentWgmma(a, grid, programmatic, stream);
-  } else if (tree) {
-    error = LaunchLatentTree(a, grid, programmatic, stream);
-  } else if (compact) {
-    error = LaunchLatentCompact(a, grid, programmatic, stream);
-  } else if (bf16) {
-    error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, programmatic, stream);
-  } else {
-    error = LaunchWithSharedMemory(row_tile == 2 ? LatentKernel<2> : LatentKernel<4>, grid,
-                                   kLatentThreads, shared_bytes, programmatic, stream, a);
+  switch (plan.kernel) {
+    case LatentKernelKind::kWgmma:
+      error = LaunchLatentWgmma(a, grid, programmatic, stream);
+      break;
+    case LatentKernelKind::kTree:
+      error = LaunchLatentTree(a, grid, programmatic, stream);
+      break;
+    case LatentKernelKind::kCompact:
+      error = LaunchLatentCompact(a, grid, programmatic, stream);
+      break;
+    case LatentKernelKind::kMma:
+      error = LaunchLatentMma(a, rows / 16, grid, shared_bytes, programmatic, stream);
+      break;
+    case LatentKernelKind::kF32:
+      error = LaunchWithSharedMemory(row_tile == 2 ? LatentKernel<2> : LatentKernel<4>, grid, kLatentThreads,
+                                     shared_bytes, programmatic, stream, a);
+      break;
   }
   if (error != cudaSuccess) return error;
   error = cudaGetLastError();
@@ -703,7 +625,10 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
                          error_flag, error_code);
   }
   if (error != cudaSuccess || p.tokens * p.heads == 0 || p.value_dim == 0) return error;
-  const int rows = LatentBlockRows(p);
+  LatentPlanDevice device;
+  error = CurrentPlanDevice(&device);
+  if (error != cudaSuccess) return error;
+  const int rows = LatentBlockRows(p, device);
   const int64_t tokens_per_tile = rows / std::min<int64_t>(p.heads, rows);
   // One token per tile (as many heads as block rows, or more): the tile table is q_start itself.
   if (tokens_per_tile == 1) {

@@ -50,7 +50,7 @@ namespace {
 // sequence of R query rows reads its keys R / rows times (from L2 at best). Tree verify at 16 heads
 // x 64 tokens is 1024 rows: with 16-row blocks the key stream is re-read 64 times and the chunk's
 // barrier chain runs 64 times per key. 64-row blocks divide both by four; on calls of fewer rows
-// (below kMmaWideMinRows, latent_decode_kernels.cu) 16-row blocks win, filling more SMs.
+// (below kMmaWideMinRows, latent_plan.cc) 16-row blocks win, filling more SMs.
 
 constexpr int kMmaThreads = 256;
 constexpr int kMmaWarps = kMmaThreads / 32;

@@ -2,7 +2,7 @@
 // 512-wide compressed KV + 64 RoPE dims, values the first 512), 64 query rows of one sequence per
 // block, on the tensor cores: LatentTreeKernel, launched by LaunchLatentKernels
 // (latent_decode_kernels.cu) through LaunchLatentTree (latent_common.cuh) for long trees (where
-// LatentBlockRows finds it pays: see there). No abseil here: nvcc must never
+// LatentBlockRows, latent_plan.cc, finds it pays: see there). No abseil here: nvcc must never
 // see it.
 //
 // Why a kernel of its own next to LatentCompactKernel (latent_compact_kernels.cu): a compact block

@@ -399,10 +399,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
 
 }  // namespace
 
-int LatentWgmmaChunk() { return kChunk; }
-
-size_t LatentWgmmaSharedBytes() { return kWgmmaLaunchSharedBytes; }
-
 cudaError_t LatentWgmmaImage() {
   cudaFuncAttributes attributes{};
   return cudaFuncGetAttributes(&attributes, LatentWgmmaKernel);

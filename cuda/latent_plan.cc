@@ -1,0 +1,119 @@
+// The launch plan of a paged latent attention call (latent_plan.h).
+#include "latent_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "latent_wgmma_layout.h"
+
+namespace eagle3::cuda {
+namespace {
+
+// The largest dynamic shared memory a block may opt into on sm_90 (227 KiB): the general bf16
+// kernel's 64-row blocks run only where they fit it (key_dim <= 640; DeepSeek's 576 takes 197 KiB).
+constexpr size_t kMmaWideSharedLimit = 227 * 1024;
+
+// Query rows (tokens x heads) from which the general bf16 kernel runs 64-row blocks. Below it
+// 16-row blocks win (they fill more SMs, with shorter chunk chains), from it 64-row blocks do (each
+// key is read and waited for by four times fewer blocks).
+constexpr int64_t kMmaWideMinRows = 2048;
+
+}  // namespace
+
+int64_t LatentRowsPerSequence(const LatentLaunchParams& p) {
+  const int64_t sequences = std::max<int64_t>(p.batch, 1);
+  return p.heads * ((p.tokens + sequences - 1) / sequences);
+}
+
+bool LatentWgmmaTakes(const LatentLaunchParams& p, const LatentPlanDevice& device) {
+  const bool chosen = device.choice == LatentTreeKernelChoice::kWgmmaAll ||
+                      (device.choice == LatentTreeKernelChoice::kWgmma && LatentRowsPerSequence(p) >= kWgmmaRows);
+  return chosen && device.wgmma_available && LatentAtCompactShape(p);
+}
+
+int LatentBlockRows(const LatentLaunchParams& p, const LatentPlanDevice& device) {
+  const int64_t sequences = std::max<int64_t>(p.batch, 1);
+  if (p.cache_bf16 != nullptr) {
+    if (LatentWgmmaTakes(p, device)) return kWgmmaRows;
+    const int64_t rows_per_sequence = LatentRowsPerSequence(p);
+    // The tree kernel's 64-row blocks read each key once per 64 rows of a sequence, the compact
+    // kernel's once per 16, but each of its chunks costs several of the compact kernel's (four row
+    // tiles of products and softmax per staged key): it pays where a sequence's keys would be read
+    // 16+ times by 16-row blocks (>= 256 rows) and the batch gives each of its blocks a share of
+    // the GPU, or where the re-reads alone dominate (>= 1024 rows).
+    const int tree_rows = LatentTreeRows();
+    const bool tree_pays = rows_per_sequence >= 1024 || (rows_per_sequence >= 256 && sequences >= 8);
+    if (tree_pays && LatentTreeApplies(p, tree_rows)) {
+      return tree_rows;
+    }
+    if (LatentCompactApplies(p, 16)) return 16;
+    const bool wide = rows_per_sequence >= 64 && p.tokens * p.heads >= kMmaWideMinRows &&
+                      MmaSharedBytes(p.key_dim, 4) <= kMmaWideSharedLimit;
+    return wide ? 64 : 16;
+  }
+  const bool one_token_per_sequence = p.tokens <= sequences;
+  return p.heads <= 8 && one_token_per_sequence ? 8 : 16;
+}
+
+bool PlanLatentLaunch(const LatentLaunchParams& p, bool tile_table, bool partials, int64_t partial_capacity,
+                      const LatentFold& fold, const LatentPlanDevice& device, LatentPlan* plan) {
+  LatentPlan& a = *plan;
+  a = LatentPlan{};
+  const bool bf16 = p.cache_bf16 != nullptr;
+  a.rows = LatentBlockRows(p, device);
+  const bool wgmma = a.rows == kWgmmaRows && LatentWgmmaTakes(p, device);
+  const bool tree = !wgmma && LatentTreeApplies(p, a.rows);
+  const bool compact = LatentCompactApplies(p, a.rows);
+  a.kernel = wgmma     ? LatentKernelKind::kWgmma
+             : tree    ? LatentKernelKind::kTree
+             : compact ? LatentKernelKind::kCompact
+             : bf16    ? LatentKernelKind::kMma
+                       : LatentKernelKind::kF32;
+  a.shared_bytes = wgmma     ? kWgmmaLaunchSharedBytes
+                   : tree    ? LatentTreeSharedBytes()
+                   : compact ? LatentCompactSharedBytes()
+                   : bf16    ? MmaSharedBytes(p.key_dim, a.rows / 16)
+                             : LatentSharedBytes(p.key_dim);
+  if (a.shared_bytes > device.max_shared) return false;
+  a.split_chunk = wgmma ? kWgmmaChunk : tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
+  a.heads_per_tile = static_cast<int>(std::min<int64_t>(p.heads, a.rows));
+  a.tokens_per_tile = a.rows / a.heads_per_tile;
+  a.head_tiles = (p.heads + a.heads_per_tile - 1) / a.heads_per_tile;
+  a.value_tiles = (p.value_dim + kLatentTileColumns - 1) / kLatentTileColumns;
+  if (a.head_tiles * a.value_tiles > 65535) return false;
+  // Token tiles: sum over sequences of ceil(n_b / G) <= min(T, (T + B (G - 1)) / G).
+  const int64_t g = a.tokens_per_tile;
+  a.token_tiles = !tile_table ? (p.tokens + g - 1) / g : std::min(p.tokens, (p.tokens + p.batch * (g - 1)) / g);
+  if (a.token_tiles > 0x7fffffff) return false;
+
+  // Splits: one resident block per SM; pick the split count with the fewest modeled chunk-times
+  // (waves x (chunks per split + 2 for the prologue)), within the scratch and kLatentMaxSplits.
+  const int64_t blocks = a.token_tiles * a.head_tiles * a.value_tiles;
+  const int64_t per_split_floats = p.tokens * p.heads * (p.value_dim + 2);
+  const int64_t chunk = a.split_chunk;
+  int64_t max_splits = !partials ? 1 : partial_capacity / per_split_floats;
+  max_splits = std::clamp<int64_t>(max_splits, 1, kLatentMaxSplits);
+  max_splits = std::min(max_splits, (p.max_kv_len + chunk - 1) / chunk);
+  int64_t best_cost = -1;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t kps = ((p.max_kv_len + s - 1) / s + chunk - 1) / chunk * chunk;
+    const int64_t eff = (p.max_kv_len + kps - 1) / kps;
+    const int64_t waves = (blocks * eff + device.sms - 1) / device.sms;
+    const int64_t cost = waves * (kps / chunk + 2) + (eff > 1 ? 1 : 0);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      a.splits = eff;
+    }
+  }
+  if (a.splits > 65535) return false;
+  // The fold's counters are per token tile x head tile; its last block reads the tile's partials
+  // alone, and keeps each row's split weights in the block's shared memory.
+  const int64_t tile_partial_bytes = a.splits * a.rows * p.value_dim * static_cast<int64_t>(sizeof(float));
+  const bool kernel_folds = wgmma || tree || compact || !bf16 || LatentMmaFolds(a.rows / 16);
+  a.fold_combine = kernel_folds && a.splits > 1 && fold.counters != nullptr && a.value_tiles == 1 &&
+                   a.token_tiles * a.head_tiles <= fold.capacity && tile_partial_bytes <= fold.max_fold_bytes &&
+                   LatentFoldSharedBytes(a.rows, a.splits) <= a.shared_bytes;
+  return true;
+}
+
+}  // namespace eagle3::cuda

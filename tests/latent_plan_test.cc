@@ -1,0 +1,207 @@
+// The launch plan of paged latent attention (cuda/latent_plan.h), host code that needs no GPU: which
+// kernel each call shape runs under each kernel choice, how a block's rows split into tokens x
+// heads, how many splits the keys take within the scratch, when the splits merge in the attention
+// kernel, and what cannot run. The kernels that run the plans: tests/gpu/cuda_latent_bf16_test.cc.
+#include <cstdint>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "latent_plan.h"
+#include "latent_wgmma_layout.h"
+
+namespace eagle3::cuda {
+namespace {
+
+// A bf16 cache address that is 16-byte aligned (never dereferenced: the plan reads no memory).
+const uint16_t* const kAlignedCache = reinterpret_cast<const uint16_t*>(uintptr_t{1} << 20);
+
+// A batched call at DeepSeek's latent shape (576 / 512): `batch` sequences of `tokens_each` new
+// tokens, `heads` heads, keys up to max_kv.
+LatentLaunchParams Call(int64_t batch, int64_t tokens_each, int64_t heads, int64_t max_kv) {
+  LatentLaunchParams p;
+  p.cache_bf16 = kAlignedCache;
+  p.key_dim = 576;
+  p.value_dim = 512;
+  p.batch = batch;
+  p.tokens = batch * tokens_each;
+  p.heads = heads;
+  p.max_kv_len = max_kv;
+  p.page_size = 64;
+  return p;
+}
+
+LatentPlanDevice H200(LatentTreeKernelChoice choice = LatentTreeKernelChoice::kMma, bool wgmma = true) {
+  LatentPlanDevice d;
+  d.sms = 132;
+  d.max_shared = 227 * 1024;
+  d.choice = choice;
+  d.wgmma_available = wgmma;
+  return d;
+}
+
+constexpr int64_t kPlentyOfScratch = int64_t{1} << 40;
+
+LatentPlan Plan(const LatentLaunchParams& p, const LatentPlanDevice& device, const LatentFold& fold = {}) {
+  LatentPlan plan;
+  EXPECT_TRUE(PlanLatentLaunch(p, /*tile_table=*/true, /*partials=*/true, kPlentyOfScratch, fold, device, &plan));
+  return plan;
+}
+
+TEST(LatentPlanTest, DecodeAt16HeadsRunsTheCompactKernel) {
+  const LatentPlan plan = Plan(Call(32, 1, 16, 4096), H200());
+  EXPECT_EQ(plan.kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(plan.rows, 16);
+  EXPECT_EQ(plan.heads_per_tile, 16);
+  EXPECT_EQ(plan.tokens_per_tile, 1);
+  EXPECT_EQ(plan.head_tiles, 1);
+  EXPECT_EQ(plan.value_tiles, 1);
+  EXPECT_EQ(plan.token_tiles, 32);
+  EXPECT_EQ(plan.split_chunk, LatentCompactChunk());
+  // 32 blocks a split: 4 splits fill one wave of 132 multiprocessors (128 blocks), 5 take two.
+  EXPECT_EQ(plan.splits, 4);
+  // One sequence: the keys spread over every multiprocessor it can use (one chunk a split).
+  EXPECT_EQ(Plan(Call(1, 1, 16, 4096), H200()).splits, 4096 / LatentCompactChunk());
+}
+
+// Trees of 8 tokens x 16 heads (128 rows a sequence): the compact kernel's 16-row blocks under the
+// default choice; the wgmma kernel's 64-row blocks (4 tokens x 16 heads) where chosen and the device
+// runs it, else the default rule.
+TEST(LatentPlanTest, ShortTreesTakeTheWgmmaKernelWhereChosen) {
+  const LatentLaunchParams p = Call(32, 8, 16, 4096);
+  EXPECT_EQ(Plan(p, H200()).kernel, LatentKernelKind::kCompact);
+  const LatentPlan wgmma = Plan(p, H200(LatentTreeKernelChoice::kWgmma));
+  EXPECT_EQ(wgmma.kernel, LatentKernelKind::kWgmma);
+  EXPECT_EQ(wgmma.rows, 64);
+  EXPECT_EQ(wgmma.heads_per_tile, 16);
+  EXPECT_EQ(wgmma.tokens_per_tile, 4);
+  EXPECT_EQ(wgmma.token_tiles, (256 + 32 * 3) / 4);  // the tile table's bound: sum of ceil(n_b / 4) <= 88
+  EXPECT_EQ(wgmma.split_chunk, kWgmmaChunk);
+  EXPECT_EQ(wgmma.shared_bytes, kWgmmaLaunchSharedBytes);
+  EXPECT_EQ(Plan(p, H200(LatentTreeKernelChoice::kWgmma, /*wgmma=*/false)).kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(Plan(p, H200(LatentTreeKernelChoice::kWgmmaAll, /*wgmma=*/false)).kernel, LatentKernelKind::kCompact);
+  // Below 64 rows a sequence (3 tokens x 16 heads) kWgmma keeps the default rule; kWgmmaAll does not.
+  EXPECT_EQ(Plan(Call(8, 3, 16, 4096), H200(LatentTreeKernelChoice::kWgmma)).kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(Plan(Call(8, 3, 16, 4096), H200(LatentTreeKernelChoice::kWgmmaAll)).kernel, LatentKernelKind::kWgmma);
+}
+
+// Long trees (>= 1024 rows a sequence, or >= 256 with 8+ sequences) run the 64-row mma.sync tree
+// kernel by default, the wgmma kernel where chosen.
+TEST(LatentPlanTest, LongTreesRunTheTreeKernel) {
+  for (const LatentLaunchParams& p : {Call(1, 64, 16, 4096), Call(8, 16, 16, 4096), Call(32, 64, 16, 4096)}) {
+    const LatentPlan plan = Plan(p, H200());
+    EXPECT_EQ(plan.kernel, LatentKernelKind::kTree);
+    EXPECT_EQ(plan.rows, LatentTreeRows());
+    EXPECT_EQ(plan.tokens_per_tile, 4);
+    EXPECT_EQ(plan.split_chunk, LatentTreeChunk());
+    EXPECT_EQ(Plan(p, H200(LatentTreeKernelChoice::kWgmma)).kernel, LatentKernelKind::kWgmma);
+  }
+  EXPECT_EQ(Plan(Call(4, 16, 16, 4096), H200()).kernel, LatentKernelKind::kCompact);  // 256 rows, 4 sequences
+}
+
+// Decode at 16 heads under kWgmmaAll: one token's heads in a block's 64 rows (the tile table gives
+// each sequence its own tiles), 64-key splits.
+TEST(LatentPlanTest, WgmmaAllTakesDecode) {
+  const LatentPlan plan = Plan(Call(32, 1, 16, 4096), H200(LatentTreeKernelChoice::kWgmmaAll));
+  EXPECT_EQ(plan.kernel, LatentKernelKind::kWgmma);
+  EXPECT_EQ(plan.heads_per_tile, 16);
+  EXPECT_EQ(plan.tokens_per_tile, 4);
+  EXPECT_EQ(plan.token_tiles, 32);
+  EXPECT_EQ(plan.split_chunk, kWgmmaChunk);
+}
+
+// 128 heads of one token: 8 head tiles of 16 on the compact kernel, 2 of 64 on the wgmma kernel.
+TEST(LatentPlanTest, ManyHeadsTileByHeads) {
+  const LatentLaunchParams p = Call(32, 1, 128, 4096);
+  const LatentPlan compact = Plan(p, H200());
+  EXPECT_EQ(compact.kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(compact.head_tiles, 8);
+  const LatentPlan wgmma = Plan(p, H200(LatentTreeKernelChoice::kWgmma));
+  EXPECT_EQ(wgmma.kernel, LatentKernelKind::kWgmma);
+  EXPECT_EQ(wgmma.heads_per_tile, 64);
+  EXPECT_EQ(wgmma.tokens_per_tile, 1);
+  EXPECT_EQ(wgmma.head_tiles, 2);
+}
+
+// Other shapes: the general bf16 kernel (16 rows; 64 from 2048 rows in the call and 64 a sequence),
+// also for an unaligned cache or keys past 2^30; the f32 kernel (8 rows at decode with <= 8 heads).
+TEST(LatentPlanTest, OtherShapesRunTheGeneralKernels) {
+  LatentLaunchParams p = Call(8, 1, 16, 1000);
+  p.key_dim = 72;
+  p.value_dim = 64;
+  EXPECT_EQ(Plan(p, H200(LatentTreeKernelChoice::kWgmmaAll)).kernel, LatentKernelKind::kMma);
+  EXPECT_EQ(Plan(p, H200()).rows, 16);
+  p.tokens = 8 * 256;  // 4096 rows, 512 a sequence
+  EXPECT_EQ(Plan(p, H200()).rows, 64);
+  LatentLaunchParams unaligned = Call(8, 16, 16, 4096);
+  unaligned.cache_bf16 = kAlignedCache + 1;
+  EXPECT_EQ(Plan(unaligned, H200(LatentTreeKernelChoice::kWgmma)).kernel, LatentKernelKind::kMma);
+  LatentLaunchParams f32 = Call(8, 1, 8, 1000);
+  f32.cache_bf16 = nullptr;
+  f32.cache = reinterpret_cast<const float*>(kAlignedCache);
+  const LatentPlan decode = Plan(f32, H200(LatentTreeKernelChoice::kWgmmaAll));
+  EXPECT_EQ(decode.kernel, LatentKernelKind::kF32);
+  EXPECT_EQ(decode.rows, 8);
+  f32.heads = 16;
+  EXPECT_EQ(Plan(f32, H200()).rows, 16);
+}
+
+// Splits: none without scratch, at most what the scratch holds, at most one per chunk of keys, and
+// every split holds keys (the keys spread over whole chunks).
+TEST(LatentPlanTest, SplitsRespectTheScratchAndTheKeys) {
+  const LatentLaunchParams p = Call(1, 1, 16, 4096);
+  LatentPlan plan;
+  ASSERT_TRUE(PlanLatentLaunch(p, true, /*partials=*/false, 0, {}, H200(), &plan));
+  EXPECT_EQ(plan.splits, 1);
+  const int64_t per_split = p.tokens * p.heads * (p.value_dim + 2);
+  ASSERT_TRUE(PlanLatentLaunch(p, true, true, 3 * per_split + 1, {}, H200(), &plan));
+  EXPECT_EQ(plan.splits, 3);
+  EXPECT_EQ(Plan(Call(1, 1, 16, 1), H200()).splits, 1);
+  for (const int64_t kv : {int64_t{1}, int64_t{63}, int64_t{65}, int64_t{4097}, int64_t{65536}}) {
+    for (const LatentTreeKernelChoice choice : {LatentTreeKernelChoice::kMma, LatentTreeKernelChoice::kWgmmaAll}) {
+      const LatentPlan q = Plan(Call(2, 1, 16, kv), H200(choice));
+      const int64_t chunks = (kv + q.split_chunk - 1) / q.split_chunk;
+      EXPECT_GE(q.splits, 1);
+      EXPECT_LE(q.splits, chunks) << "kv " << kv;
+      const int64_t split_keys = (chunks + q.splits - 1) / q.splits * q.split_chunk;
+      EXPECT_GT(kv, (q.splits - 1) * split_keys) << "kv " << kv << ": the last split holds keys";
+    }
+  }
+}
+
+// The splits merge in the attention kernel when the fold's counters cover the tiles and a tile's
+// partials stay within its bytes; not with one split, and not past either bound.
+TEST(LatentPlanTest, FoldWithinItsBounds) {
+  int counter_storage = 0;
+  LatentFold fold;
+  fold.counters = &counter_storage;
+  fold.capacity = 1 << 20;
+  fold.max_fold_bytes = std::numeric_limits<int64_t>::max();
+  for (const LatentTreeKernelChoice choice : {LatentTreeKernelChoice::kMma, LatentTreeKernelChoice::kWgmma}) {
+    const LatentPlan split = Plan(Call(1, 8, 16, 4096), H200(choice), fold);
+    ASSERT_GT(split.splits, 1);
+    EXPECT_TRUE(split.fold_combine);
+    LatentFold few = fold;
+    few.capacity = split.token_tiles * split.head_tiles - 1;
+    EXPECT_FALSE(Plan(Call(1, 8, 16, 4096), H200(choice), few).fold_combine);
+    LatentFold small = fold;
+    small.max_fold_bytes = split.splits * split.rows * 512 * 4 - 1;
+    EXPECT_FALSE(Plan(Call(1, 8, 16, 4096), H200(choice), small).fold_combine);
+    EXPECT_FALSE(Plan(Call(1, 8, 16, 64), H200(choice), fold).fold_combine);  // one chunk: one split
+  }
+}
+
+// What cannot run: a kernel's shared memory past the device's, more than 65535 head tiles.
+TEST(LatentPlanTest, RefusesWhatCannotRun) {
+  LatentPlanDevice small = H200(LatentTreeKernelChoice::kWgmma);
+  small.max_shared = 100 * 1024;
+  LatentPlan plan;
+  EXPECT_FALSE(PlanLatentLaunch(Call(32, 8, 16, 4096), true, true, kPlentyOfScratch, {}, small, &plan));
+  // One token of 64 x n heads: the tree kernel's 64-head tiles (>= 1024 rows a sequence).
+  EXPECT_FALSE(PlanLatentLaunch(Call(1, 1, int64_t{64} * 65536, 64), true, true, kPlentyOfScratch, {}, H200(),
+                                &plan));
+  ASSERT_TRUE(PlanLatentLaunch(Call(1, 1, int64_t{64} * 65535, 64), true, true, kPlentyOfScratch, {}, H200(), &plan));
+  EXPECT_EQ(plan.head_tiles, 65535);
+}
+
+}  // namespace
+}  // namespace eagle3::cuda
