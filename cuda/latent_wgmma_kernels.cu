@@ -301,15 +301,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     const float new0 = seen0 > m0 + kLazyRescale ? seen0 : m0;
     const float new1 = seen1 > m1 + kLazyRescale ? seen1 : m1;
     // No allowed key yet: m = -inf and l = 0 stay, the probabilities are 0.
-    const float alpha0 = new0 == -CUDART_INF_F ? 1.0f : exp2f(m0 - new0);
-    const float alpha1 = new1 == -CUDART_INF_F ? 1.0f : exp2f(m1 - new1);
+    const float alpha0 = new0 == -CUDART_INF_F ? 1.0f : Exp2Approx(m0 - new0);
+    const float alpha1 = new1 == -CUDART_INF_F ? 1.0f : Exp2Approx(m1 - new1);
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float p00 = new0 == -CUDART_INF_F ? 0.0f : exp2f(s[4 * j] - new0);
-      const float p01 = new0 == -CUDART_INF_F ? 0.0f : exp2f(s[4 * j + 1] - new0);
-      const float p10 = new1 == -CUDART_INF_F ? 0.0f : exp2f(s[4 * j + 2] - new1);
-      const float p11 = new1 == -CUDART_INF_F ? 0.0f : exp2f(s[4 * j + 3] - new1);
+      const float p00 = new0 == -CUDART_INF_F ? 0.0f : Exp2Approx(s[4 * j] - new0);
+      const float p01 = new0 == -CUDART_INF_F ? 0.0f : Exp2Approx(s[4 * j + 1] - new0);
+      const float p10 = new1 == -CUDART_INF_F ? 0.0f : Exp2Approx(s[4 * j + 2] - new1);
+      const float p11 = new1 == -CUDART_INF_F ? 0.0f : Exp2Approx(s[4 * j + 3] - new1);
       sum0 += p00 + p01;
       sum1 += p10 + p11;
       const int key = kWgmmaHalfKeys * half + 8 * j + 2 * t4;

@@ -281,6 +281,16 @@ __device__ __forceinline__ void WgmmaBf16M64N256TransB(float (&d)[128], uint64_t
 #undef EAGLE3_WGMMA_D8
 #undef EAGLE3_WGMMA_ENABLED
 
+// ---- ex2.approx: 2^x in one MUFU instruction ---------------------------------------------------
+
+// 2^x to ~2 ulp, subnormal results flushed to zero; 2^-inf = +0. exp2f adds range handling around
+// the same instruction for results a softmax does not need (a probability rounded to bf16 next).
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- lop3: any bitwise function of three words --------------------------------------------------
 
 // The bitwise function of a, b and c whose truth table is kLut (bit (a << 2 | b << 1 | c) of kLut is
