@@ -314,21 +314,8 @@ def draft_readme(draft_infos):
             "|logit| over step 0, rows whose argmax changes): "
             + "; ".join(f"{DRAFT_SENSITIVITY[k]}: {v[0]:.2e}, {v[1]}" for k, v in info["sensitivity"].items()) + ".",
         ]
-        tree = info["tree"]
-        if tree:
-            lines += [
-                f"- trees after the prompt: root {tree['root']} (target top-2 logit gap {tree['root_gap']:.2e}); "
-                f"smallest selection gap {tree['margin'][0]:.2e} ({tree['margin'][1]}); fp32 vs fp64 scores "
-                f"{fmt_err(tree['fp64_err'])}; tree mask vs path decode {fmt_err(tree['path_err'])}.",
-            ]
-            for t in tree["trees"]:
-                k, steps, n = t["params"]
-                lines.append(f"  - `{t['name']}` (topk {k}, num_steps {steps}, num_draft_tokens {n}): tokens "
-                             f"{t['tokens']}, parents {t['parents']}.")
-            lines.append(f"- what a mistake in the tree rows would change (fp64, trees whose tokens or parents change "
-                         f"out of {len(tree['trees'])}, largest score difference): "
-                         + "; ".join(f"{TREE_SENSITIVITY[k]}: {v[0]}, {v[1]:.2e}"
-                                     for k, v in tree["sensitivity"].items()) + ".")
+        if info["tree"]:
+            lines += tree_readme_lines(info["tree"])
         lines.append("")
     lines += DRAFT_README_SEMANTICS
     return lines
