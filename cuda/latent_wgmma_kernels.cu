@@ -6,10 +6,11 @@
 // eagle3_cuda_sm90a); no abseil here: nvcc must never see it.
 //
 // Why next to LatentTreeKernel (latent_tree_kernels.cu, the same 64-row blocks on mma.sync): there
-// every operand of every product passes through registers by ldmatrix, so a 32-key chunk costs ~3x
-// its products in shared-memory traffic and dependent phases; the whole query tile re-read per
-// chunk. Here the tensor cores read the queries, the staged keys and the probabilities from shared
-// memory themselves, asynchronously, so a chunk costs its products, the softmax and two barriers.
+// every operand of every product passes through registers by ldmatrix (the whole query tile re-read
+// from shared memory per chunk), and a chunk's products, softmax and value products are dependent
+// phases behind block barriers (benchmarks/NOTES.md has what that costs). Here the tensor cores read
+// the queries, the staged keys and the probabilities from shared memory themselves,
+// asynchronously, so a chunk costs its products, the softmax and two barriers.
 //
 // Layout (latent_wgmma_layout.h states the shared-memory layout and the descriptors, and its CPU
 // test checks them): a block is two warpgroups (256 threads) and one split of one 64-row tile's
