@@ -267,14 +267,17 @@ size_t LatentBf16SharedBytes(int64_t key_dim);
 // blocks on mma.sync, latent_tree_kernels.cu, for long trees; else 16-row blocks). kWgmma: 64-row
 // blocks on the warpgroup products (wgmma, latent_wgmma_kernels.cu) wherever a sequence averages
 // >= 64 query rows (4+ tokens at 16 heads, or 64+ heads), on devices that run its sm_90a code
-// (LatentWgmmaAvailable); elsewhere the kMma rule. kWgmmaAll: the wgmma kernel for every call at
-// that shape on such devices, decode at 8 or 16 heads included (a block's 64 rows then hold one
-// token's heads: the products are padded, the keys still read once per sequence). The choices give
-// results within the bf16 tolerance above, not the same bits (other summation orders). The
-// process-wide choice starts from EAGLE3_LATENT_TREE_KERNEL ("wgmma", "wgmma-all"; unset or
-// anything else: kMma); SetLatentTreeKernelChoice (tests, benchmarks) changes it from the next
-// launch on.
+// (LatentWgmmaAvailable); elsewhere the kMma rule. kAuto (the default): the wgmma kernel where it
+// was measured faster, sequences of >= 64 query rows in batches of 8 or more and sequences of >=
+// 1024 rows at any batch (benchmarks/NOTES.md, seventeenth session), else the kMma rule.
+// kWgmmaAll: the wgmma kernel for every call at that shape on such devices, decode at 8 or 16 heads
+// included (a block's 64 rows then hold one token's heads: the products are padded, the keys still
+// read once per sequence). The choices give results within the bf16 tolerance above, not the same
+// bits (other summation orders). The process-wide choice starts from EAGLE3_LATENT_TREE_KERNEL
+// ("mma", "wgmma", "wgmma-all"; unset or anything else: kAuto); SetLatentTreeKernelChoice (tests,
+// benchmarks) changes it from the next launch on.
 enum class LatentTreeKernelChoice {
+  kAuto,
   kMma,
   kWgmma,
   kWgmmaAll,

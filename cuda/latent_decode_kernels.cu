@@ -556,7 +556,8 @@ LatentTreeKernelChoice GetLatentTreeKernelChoice() {
   int choice = tree_kernel_choice.load(std::memory_order_relaxed);
   if (choice < 0) {
     const char* value = std::getenv("EAGLE3_LATENT_TREE_KERNEL");
-    LatentTreeKernelChoice from_env = LatentTreeKernelChoice::kMma;
+    LatentTreeKernelChoice from_env = LatentTreeKernelChoice::kAuto;
+    if (value != nullptr && std::strcmp(value, "mma") == 0) from_env = LatentTreeKernelChoice::kMma;
     if (value != nullptr && std::strcmp(value, "wgmma") == 0) from_env = LatentTreeKernelChoice::kWgmma;
     if (value != nullptr && std::strcmp(value, "wgmma-all") == 0) from_env = LatentTreeKernelChoice::kWgmmaAll;
     int expected = -1;

@@ -18,6 +18,11 @@ constexpr size_t kMmaWideSharedLimit = 227 * 1024;
 // key is read and waited for by four times fewer blocks).
 constexpr int64_t kMmaWideMinRows = 2048;
 
+// kAuto's rule for the wgmma kernel: sequences of 64+ query rows in batches of at least
+// kLatentWgmmaMinBatch, or of at least kLatentWgmmaAnyBatchRows rows in any batch.
+constexpr int64_t kLatentWgmmaMinBatch = 8;
+constexpr int64_t kLatentWgmmaAnyBatchRows = 1024;
+
 }  // namespace
 
 int64_t LatentRowsPerSequence(const LatentLaunchParams& p) {
@@ -26,8 +31,24 @@ int64_t LatentRowsPerSequence(const LatentLaunchParams& p) {
 }
 
 bool LatentWgmmaTakes(const LatentLaunchParams& p, const LatentPlanDevice& device) {
-  const bool chosen = device.choice == LatentTreeKernelChoice::kWgmmaAll ||
-                      (device.choice == LatentTreeKernelChoice::kWgmma && LatentRowsPerSequence(p) >= kWgmmaRows);
+  const int64_t rows = LatentRowsPerSequence(p);
+  bool chosen = false;
+  switch (device.choice) {
+    case LatentTreeKernelChoice::kMma:
+      break;
+    case LatentTreeKernelChoice::kWgmma:
+      chosen = rows >= kWgmmaRows;
+      break;
+    case LatentTreeKernelChoice::kAuto:
+      // Where it runs faster than the mma.sync kernels (benchmarks/NOTES.md, seventeenth session):
+      // 8+ sequences from 4 tokens at 16 heads, and long sequences at any batch; a single short tree,
+      // or one token of 128 heads, runs slower on it.
+      chosen = rows >= kWgmmaRows && (p.batch >= kLatentWgmmaMinBatch || rows >= kLatentWgmmaAnyBatchRows);
+      break;
+    case LatentTreeKernelChoice::kWgmmaAll:
+      chosen = true;
+      break;
+  }
   return chosen && device.wgmma_available && LatentAtCompactShape(p);
 }
 

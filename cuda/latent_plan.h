@@ -74,7 +74,7 @@ enum class LatentKernelKind {
 struct LatentPlanDevice {
   int sms = 0;
   size_t max_shared = 0;                                    // opt-in dynamic shared memory per block
-  LatentTreeKernelChoice choice = LatentTreeKernelChoice::kMma;
+  LatentTreeKernelChoice choice = LatentTreeKernelChoice::kAuto;
   bool wgmma_available = false;                             // LatentWgmmaAvailable() on this device
 };
 
@@ -82,7 +82,8 @@ struct LatentPlanDevice {
 int64_t LatentRowsPerSequence(const LatentLaunchParams& p);
 
 // Whether the wgmma kernel takes the call: chosen for it (kWgmmaAll; kWgmma for sequences of 64+
-// query rows), at the compact shape, where the device runs it.
+// query rows; kAuto for those in batches of 8+ and for sequences of 1024+ rows), at the compact
+// shape, where the device runs it.
 bool LatentWgmmaTakes(const LatentLaunchParams& p, const LatentPlanDevice& device);
 
 // Query rows per block. The bf16 (tensor-core) kernels at DeepSeek's 576 / 512 shape: 64 (the wgmma

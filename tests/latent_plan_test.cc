@@ -31,6 +31,7 @@ LatentLaunchParams Call(int64_t batch, int64_t tokens_each, int64_t heads, int64
 }
 
 LatentPlanDevice H200(LatentTreeKernelChoice choice = LatentTreeKernelChoice::kMma, bool wgmma = true) {
+  // kMma by default here: the rules of the mma.sync kernels; kAuto has a test of its own.
   LatentPlanDevice d;
   d.sms = 132;
   d.max_shared = 227 * 1024;
@@ -96,6 +97,24 @@ TEST(LatentPlanTest, LongTreesRunTheTreeKernel) {
     EXPECT_EQ(Plan(p, H200(LatentTreeKernelChoice::kWgmma)).kernel, LatentKernelKind::kWgmma);
   }
   EXPECT_EQ(Plan(Call(4, 16, 16, 4096), H200()).kernel, LatentKernelKind::kCompact);  // 256 rows, 4 sequences
+}
+
+// kAuto (the default): the wgmma kernel for sequences of 64+ rows in batches of 8+ and for sequences
+// of 1024+ rows; the mma.sync rule for a short tree alone, decode, and one token of 128 heads alone.
+TEST(LatentPlanTest, AutoTakesTheWgmmaKernelWhereItWasFaster) {
+  const LatentPlanDevice device = H200(LatentTreeKernelChoice::kAuto);
+  EXPECT_EQ(LatentPlanDevice{}.choice, LatentTreeKernelChoice::kAuto);
+  for (const LatentLaunchParams& p : {Call(8, 4, 16, 4096), Call(32, 8, 16, 4096), Call(8, 64, 16, 4096),
+                                      Call(32, 1, 128, 4096), Call(1, 64, 16, 4096)}) {
+    EXPECT_EQ(Plan(p, device).kernel, LatentKernelKind::kWgmma) << p.batch << " x " << p.tokens / p.batch;
+  }
+  EXPECT_EQ(Plan(Call(1, 8, 16, 4096), device).kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(Plan(Call(4, 16, 16, 4096), device).kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(Plan(Call(32, 1, 16, 4096), device).kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(Plan(Call(1, 1, 128, 4096), device).kernel, LatentKernelKind::kCompact);
+  EXPECT_EQ(Plan(Call(8, 3, 16, 4096), device).kernel, LatentKernelKind::kCompact);  // 48 rows a sequence
+  EXPECT_EQ(Plan(Call(32, 8, 16, 4096), H200(LatentTreeKernelChoice::kAuto, false)).kernel,
+            LatentKernelKind::kCompact);
 }
 
 // Decode at 16 heads under kWgmmaAll: one token's heads in a block's 64 rows (the tile table gives

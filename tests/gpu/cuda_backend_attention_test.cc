@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attention_ops.h"
 #include "eagle3/backend.h"
 #include "eagle3/half.h"
 #include "gmock/gmock.h"
@@ -999,47 +1000,57 @@ TEST_F(CudaBatchedLatentTest, BadMetadataAtTheDecodeShapeWritesNothing) {
   }
 }
 
-// The tree kernel's shapes (W = 576, >= 1024 query rows per sequence: LatentBlockRows): 16 heads x
-// 64-72 tokens (tiles of 4 tokens) and 128 heads x 8-9 tokens (64-head tiles). Garbage lengths, starts, page entries and tree rows neither fault nor write.
+// The 64-row kernels' shapes (W = 576, >= 1024 query rows per sequence: the tree kernel under the
+// kMma choice, the wgmma kernel under the default kAuto where the device runs it; cuda/latent_plan.h):
+// 16 heads x 64-72 tokens (tiles of 4 tokens) and 128 heads x 8-9 tokens (64-head tiles). Garbage
+// lengths, starts, page entries and tree rows neither fault nor write.
 TEST_F(CudaBatchedLatentTest, BadMetadataAtTheTreeShapeWritesNothing) {
-  for (const int64_t heads : {16, 128}) {
-    for (const bool tree : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "N=" << heads << (tree ? " tree mask" : " causal"));
-      BatchCase c;
-      c.tree = tree;
-      c.heads = heads;
-      c.page_size = 4;
-      // >= 1024 query rows per sequence: the tree kernel's route (LatentBlockRows).
-      c.n = heads == 16 ? std::vector<int64_t>{64, 72, 70} : std::vector<int64_t>{8, 9, 8};
-      c.kv = heads == 16 ? std::vector<int64_t>{70, 80, 70} : std::vector<int64_t>{10, 12, 8};
-      const int32_t t = static_cast<int32_t>(std::accumulate(c.n.begin(), c.n.end(), int64_t{0}));
-      const int32_t last_n = static_cast<int32_t>(c.n[2]);
-      const int32_t past_max = static_cast<int32_t>(*std::max_element(c.kv.begin(), c.kv.end()) + 1);
-      std::vector<BadMetadataCase> cases = {
-          {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
-          {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
-          {"q_start far out", [](Batch& x) { x.q_start.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
-          {"q_start[B] past T", [t](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = t + 1; }, "sequence 2"},
-          // Sequence 2 one token shorter (still within its keys): only q_start[B] != T fails.
-          {"q_start[B] short", [t](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = t - 1; }, "q_start[B]"},
-          {"kv_len < n", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 0; }, "sequence 1"},
-          {"kv_len > max", [past_max](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = past_max; }, "sequence 2"},
-          {"kv_len huge", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[0] = 1 << 30; }, "sequence 0"},
-          {"kv_len negative", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = -7; }, "sequence 2"},
-          {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
-           "sequence 1"},
-          {"page entry huge", [](Batch& x) { x.tables.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
-      };
-      if (tree) {
-        // Sequence 2's keys are all new (kv == n): a tree row with no key is an error there.
-        cases.push_back({"empty tree row", [t, last_n](Batch& x) {
-                           uint8_t* row = x.tree_mask.host.data_as<uint8_t>() + (t - last_n) * x.tree_mask.host.dim(1);
-                           std::fill(row, row + x.tree_mask.host.dim(1), uint8_t{0});
-                         }, "sequence 2"});
+  const cuda::LatentTreeKernelChoice saved = cuda::GetLatentTreeKernelChoice();
+  for (const cuda::LatentTreeKernelChoice choice :
+       {cuda::LatentTreeKernelChoice::kMma, cuda::LatentTreeKernelChoice::kAuto}) {
+    cuda::SetLatentTreeKernelChoice(choice);
+    for (const int64_t heads : {16, 128}) {
+      for (const bool tree : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "N=" << heads << (tree ? " tree mask" : " causal")
+                                          << (choice == cuda::LatentTreeKernelChoice::kMma ? ", mma" : ", auto"));
+        BatchCase c;
+        c.tree = tree;
+        c.heads = heads;
+        c.page_size = 4;
+        // >= 1024 query rows per sequence: the 64-row kernels' route.
+        c.n = heads == 16 ? std::vector<int64_t>{64, 72, 70} : std::vector<int64_t>{8, 9, 8};
+        c.kv = heads == 16 ? std::vector<int64_t>{70, 80, 70} : std::vector<int64_t>{10, 12, 8};
+        const int32_t t = static_cast<int32_t>(std::accumulate(c.n.begin(), c.n.end(), int64_t{0}));
+        const int32_t last_n = static_cast<int32_t>(c.n[2]);
+        const int32_t past_max = static_cast<int32_t>(*std::max_element(c.kv.begin(), c.kv.end()) + 1);
+        std::vector<BadMetadataCase> cases = {
+            {"q_start[0]", [](Batch& x) { x.q_start.host.data_as<int32_t>()[0] = 1; }, "q_start[0]"},
+            {"q_start decreasing", [](Batch& x) { x.q_start.host.data_as<int32_t>()[2] = 0; }, "sequence 1"},
+            {"q_start far out", [](Batch& x) { x.q_start.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
+            {"q_start[B] past T", [t](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = t + 1; }, "sequence 2"},
+            // Sequence 2 one token shorter (still within its keys): only q_start[B] != T fails.
+            {"q_start[B] short", [t](Batch& x) { x.q_start.host.data_as<int32_t>()[3] = t - 1; }, "q_start[B]"},
+            {"kv_len < n", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[1] = 0; }, "sequence 1"},
+            {"kv_len > max", [past_max](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = past_max; }, "sequence 2"},
+            {"kv_len huge", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[0] = 1 << 30; }, "sequence 0"},
+            {"kv_len negative", [](Batch& x) { x.kv_len.host.data_as<int32_t>()[2] = -7; }, "sequence 2"},
+            {"page entry", [](Batch& x) { x.tables.host.data_as<int32_t>()[x.tables.host.dim(1) + 2] = -3; },
+             "sequence 1"},
+            {"page entry huge", [](Batch& x) { x.tables.host.data_as<int32_t>()[1] = 1 << 30; }, "sequence 0"},
+        };
+        if (tree) {
+          // Sequence 2's keys are all new (kv == n): a tree row with no key is an error there.
+          cases.push_back({"empty tree row", [t, last_n](Batch& x) {
+                             uint8_t* row =
+                                 x.tree_mask.host.data_as<uint8_t>() + (t - last_n) * x.tree_mask.host.dim(1);
+                             std::fill(row, row + x.tree_mask.host.dim(1), uint8_t{0});
+                           }, "sequence 2"});
+        }
+        ExpectBadMetadataWritesNothing(c, cases);
       }
-      ExpectBadMetadataWritesNothing(c, cases);
     }
   }
+  cuda::SetLatentTreeKernelChoice(saved);
 }
 
 // Shared checks on the batched op, at the decode shape (the tile table is q_start) and the tree
