@@ -485,13 +485,13 @@ cudaError_t CurrentPlanDevice(LatentPlanDevice* device) {
 // launched just before: see LaunchLatentCompact), and otherwise waits first (LatentArgs::wait_first).
 // Split calls merge their splits in the attention kernel where `fold` allows it (LatentFold), else
 // in LatentCombineKernel.
+// `device`: CurrentPlanDevice's answer, asked once per call by the caller.
 cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile_table,
                                 float* partials, int64_t partial_capacity, const LatentFold& fold,
-                                const int* bad, bool programmatic, bool after_check, cudaStream_t stream) {
+                                const int* bad, bool programmatic, bool after_check,
+                                const LatentPlanDevice& device, cudaStream_t stream) {
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
-  LatentPlanDevice device;
-  cudaError_t error = CurrentPlanDevice(&device);
-  if (error != cudaSuccess) return error;
+  cudaError_t error = cudaSuccess;
   LatentPlan plan;
   if (!PlanLatentLaunch(p, tile_table != nullptr, partials != nullptr, partial_capacity, fold, device, &plan)) {
     return cudaErrorInvalidValue;
@@ -604,9 +604,13 @@ cudaError_t LaunchLatentAttention(const LatentLaunchParams& params, float* parti
   p.q_start = nullptr;
   p.kv_len = nullptr;
   p.tree_mask = nullptr;
-  if (p.tokens * p.heads > 0 && p.value_dim > 0 && p.mask == nullptr) return cudaErrorInvalidValue;
+  if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
+  if (p.mask == nullptr) return cudaErrorInvalidValue;
+  LatentPlanDevice device;
+  const cudaError_t error = CurrentPlanDevice(&device);
+  if (error != cudaSuccess) return error;
   return LaunchLatentKernels(p, nullptr, partials, partial_capacity, fold, bad, programmatic,
-                             /*after_check=*/false, stream);
+                             /*after_check=*/false, device, stream);
 }
 
 cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32_t* tile_table,
@@ -634,19 +638,19 @@ cudaError_t LaunchBatchedLatentAttention(const LatentLaunchParams& params, int32
   // One token per tile (as many heads as block rows, or more): the tile table is q_start itself.
   if (tokens_per_tile == 1) {
     return LaunchLatentKernels(p, p.q_start, partials, partial_capacity, fold, bad, programmatic,
-                               /*after_check=*/check, stream);
+                               /*after_check=*/check, device, stream);
   }
   // Without the check, the earlier call's tile table (for the same metadata) stands.
   if (!check) {
     return LaunchLatentKernels(p, tile_table, partials, partial_capacity, fold, bad, programmatic,
-                               /*after_check=*/false, stream);
+                               /*after_check=*/false, device, stream);
   }
   error = LaunchKernel(programmatic, LatentTileTableKernel, dim3(1), dim3(kThreads), 0, stream,
                        p.q_start, p.batch, tokens_per_tile, tile_table, bad);
   if (error != cudaSuccess) return error;
   // The attention kernel reads the tile table, which the kernel just before writes.
   return LaunchLatentKernels(p, tile_table, partials, partial_capacity, fold, bad, programmatic,
-                             /*after_check=*/false, stream);
+                             /*after_check=*/false, device, stream);
 }
 
 }  // namespace eagle3::cuda

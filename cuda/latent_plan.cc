@@ -105,6 +105,12 @@ bool PlanLatentLaunch(const LatentLaunchParams& p, bool tile_table, bool partial
   // Token tiles: sum over sequences of ceil(n_b / G) <= min(T, (T + B (G - 1)) / G).
   const int64_t g = a.tokens_per_tile;
   a.token_tiles = !tile_table ? (p.tokens + g - 1) / g : std::min(p.tokens, (p.tokens + p.batch * (g - 1)) / g);
+  // With a tree mask a sequence holds at most tree_width tokens (the check refuses more), so at most
+  // ceil(tree_width / G) tiles: at uniform trees the exact count, which the splits below are chosen
+  // for (a bound above it can buy a second wave of blocks that never runs).
+  if (tile_table && p.tree_mask != nullptr && p.tree_width > 0) {
+    a.token_tiles = std::min(a.token_tiles, p.batch * ((p.tree_width + g - 1) / g));
+  }
   if (a.token_tiles > 0x7fffffff) return false;
 
   // Splits: one resident block per SM; pick the split count with the fewest modeled chunk-times

@@ -245,12 +245,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     CpAsyncWait<0>();         // this thread's copies of chunk c
     FenceProxyAsyncShared();  // ... visible to the tensor cores
     __syncthreads();          // every copy of chunk c; both warpgroups past chunk c - 1's value product
-    if (c + 1 < chunks) issue(c + 1, next_lo, next_hi);
-    CpAsyncCommit();
-    if (c + 2 < chunks) {
-      next_lo = page_of(c + 2, copy_key);
-      next_hi = page_of(c + 2, copy_key + kCopyKeys);
-    }
 
     float s[16];
 #pragma unroll
@@ -264,7 +258,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
                       WgmmaDescriptorAdvance(keys_desc, WgmmaScoreBStart(0, i)), i > 0);
     }
     WgmmaCommit();
-    if (c + 1 < chunks) write_allow_words(c + 1);  // while the scores run
+    // While the score products run: chunk c + 1's copies into the stage chunk c - 1 left (issuing
+    // them takes each thread ~100 instructions of address arithmetic, off the products' path here)
+    // and its mask words.
+    if (c + 1 < chunks) issue(c + 1, next_lo, next_hi);
+    CpAsyncCommit();
+    if (c + 2 < chunks) {
+      next_lo = page_of(c + 2, copy_key);
+      next_hi = page_of(c + 2, copy_key + kCopyKeys);
+    }
+    if (c + 1 < chunks) write_allow_words(c + 1);
     WgmmaWait<0>();
 
     // Masked scores of the thread's rows over its 8 keys (32 half + 8 j + 2 t4 + e), log2 domain.
@@ -386,11 +389,22 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     const int64_t t = tile.q0 + tile.i0 + row / heads;
     const int n = n0 + row % heads;
     const LatentRowOut dst = LatentRowDestination(a, t, n, maxima[h], sums[h], half == 0 && t4 == 0);
+    // A thread holds column pairs: one 8-byte store a pair where the row allows it (always for the
+    // split partials), so a quad's stores fill whole 32-byte sectors.
+    if (reinterpret_cast<uintptr_t>(dst.values) % sizeof(float2) == 0) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
-      dst.values[col] = o[4 * j + 2 * h] * dst.factor;
-      dst.values[col + 1] = o[4 * j + 2 * h + 1] * dst.factor;
+      for (int j = 0; j < 32; ++j) {
+        const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
+        *reinterpret_cast<float2*>(dst.values + col) =
+            make_float2(o[4 * j + 2 * h] * dst.factor, o[4 * j + 2 * h + 1] * dst.factor);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
+        dst.values[col] = o[4 * j + 2 * h] * dst.factor;
+        dst.values[col + 1] = o[4 * j + 2 * h + 1] * dst.factor;
+      }
     }
   }
   if (a.fold_combine) {

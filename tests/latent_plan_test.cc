@@ -85,6 +85,35 @@ TEST(LatentPlanTest, ShortTreesTakeTheWgmmaKernelWhereChosen) {
   EXPECT_EQ(Plan(Call(8, 3, 16, 4096), H200(LatentTreeKernelChoice::kWgmmaAll)).kernel, LatentKernelKind::kWgmma);
 }
 
+// A tree mask bounds each sequence's tokens (tree_width, checked by the kernels' check), so the
+// tile count the splits are chosen for is exact at uniform trees: 32 trees of 8 tokens take 64
+// tiles of 4 tokens x 16 heads, 2 splits fill one wave (128 blocks); the causal bound (88 tiles)
+// would choose 3 splits, two waves of which the second holds 60 blocks.
+TEST(LatentPlanTest, TreeWidthBoundsTheTiles) {
+  LatentLaunchParams p = Call(32, 8, 16, 4096);
+  const LatentPlanDevice device = H200(LatentTreeKernelChoice::kWgmma);
+  const LatentPlan causal = Plan(p, device);
+  EXPECT_EQ(causal.token_tiles, 88);
+  EXPECT_EQ(causal.splits, 3);
+  const uint8_t mask_byte = 1;
+  p.tree_mask = &mask_byte;  // never read by the plan
+  p.tree_width = 8;
+  const LatentPlan tree = Plan(p, device);
+  EXPECT_EQ(tree.kernel, LatentKernelKind::kWgmma);
+  EXPECT_EQ(tree.token_tiles, 64);
+  EXPECT_EQ(tree.splits, 2);
+  // Wider trees than the tokens allow: the causal bound stands.
+  p.tree_width = 64;
+  EXPECT_EQ(Plan(p, device).token_tiles, 88);
+  // Without a tile table (one sequence, explicit rows) the count is exact already.
+  LatentPlan single;
+  LatentLaunchParams one = Call(1, 8, 16, 4096);
+  one.tree_mask = &mask_byte;
+  one.tree_width = 8;
+  ASSERT_TRUE(PlanLatentLaunch(one, /*tile_table=*/false, /*partials=*/true, kPlentyOfScratch, {}, device, &single));
+  EXPECT_EQ(single.token_tiles, 2);
+}
+
 // Long trees (>= 1024 rows a sequence, or >= 256 with 8+ sequences) run the 64-row mma.sync tree
 // kernel by default, the wgmma kernel where chosen.
 TEST(LatentPlanTest, LongTreesRunTheTreeKernel) {
