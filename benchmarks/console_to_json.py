@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Converts Google Benchmark console output (tabular counters, e.g. --benchmark_counters_tabular=true
-or the default table of a UseManualTime run) into the JSON form make_results.py reads, for runs whose
-JSON did not come back (only the console log did):
+"""Converts Google Benchmark console output into the JSON form make_results.py reads, for runs whose
+JSON did not come back (only the console log did). Both console forms: tabular counters (a column a
+counter, --benchmark_counters_tabular=true) and the default "UserCounters..." column, where each
+row's counters are `key=value` cells followed by the row's label:
 
     console_to_json.py LOG > NAME.json
 
@@ -44,6 +45,19 @@ def convert(lines):
                "run_type": "aggregate" if aggregate else "iteration"}
         if aggregate:
             row["aggregate_name"] = aggregate
+        if counters == ["UserCounters..."]:  # key=value cells, then the label
+            label = []
+            for cell in cells:
+                key, eq, value = cell.partition("=")
+                v = number(value) if eq else None
+                if v is not None:
+                    row[key] = v
+                elif not eq:
+                    label.append(cell)
+            if label:
+                row["label"] = " ".join(label)
+            out.append(row)
+            continue
         if len(cells) > len(counters):  # an error message or label after the counters
             cells = cells[: len(counters)]
         for key, cell in zip(counters, cells):

@@ -201,6 +201,27 @@ class MakeResultsTest(unittest.TestCase):
         self.assertIn("2026-01-02-h200 ", line)
         self.assertIn("--no-matplotlib", line)
 
+    def test_console_logs_convert_in_both_counter_forms(self):
+        sys.path.insert(0, HERE)
+        import console_to_json
+        keyed = console_to_json.convert([
+            "Benchmark   Time   CPU   Iterations UserCounters...",
+            "BM_Q/shape:0/m:1/manual_time_mean  6.93 us  119 us  5 GB/s=1.59k floor_us=2.6 us=6.9152 v3_q_a",
+            "BM_Q/shape:0/m:1/manual_time_median  6.92 us  118 us  5 GB/s=1.59328k floor_us=2.59971 us=6.912 v3_q_a",
+        ])["benchmarks"]
+        self.assertEqual(len(keyed), 1)  # the median only
+        self.assertEqual(keyed[0]["run_name"], "BM_Q/shape:0/m:1/manual_time")
+        self.assertAlmostEqual(keyed[0]["GB/s"], 1593.28)
+        self.assertAlmostEqual(keyed[0]["us"], 6.912)
+        self.assertAlmostEqual(keyed[0]["floor_us"], 2.59971)
+        self.assertEqual(keyed[0]["label"], "v3_q_a")
+        tabular = console_to_json.convert([
+            "Benchmark   Time   CPU   Iterations floor_us us",
+            "BM_Q/shape:1/manual_time_median  5.0 us  9 us  5 2.5 5.0",
+        ])["benchmarks"]
+        self.assertEqual(tabular[0]["floor_us"], 2.5)
+        self.assertEqual(tabular[0]["us"], 5.0)
+
     def test_models_are_named(self):
         step = os.path.join(self.dir, "2026-01-03-h200")
         write_run(step, {"decode_step_benchmark": [
