@@ -99,7 +99,6 @@ struct Params {
   int64_t silu_up;            // > 0: gated f32 activations (QuantGemvItems::silu_up_offset)
   QuantGemvCombine combine;   // counters non-null: the combine epilogue (QuantGemvCombine)
   bool tiled;                 // codes in warp-step tiles (eagle3/detail/quant_tiles.h)
-  int ring_at;                // bulk-ring kernels: byte offset of the warps' rings in shared memory
 };
 
 // Item `item`'s operands: its pointer from the grouped launch's array, or the batched stride's. A
@@ -249,10 +248,6 @@ struct Fp8Format {
     }
   }
 
-  // A step's per-lane scales where the codes come another way (the bulk ring): none, fp8's block
-  // scales are staged.
-  __device__ static void LoadScales(const Params&, const LaneRows&, int, int, Item&) {}
-
   // Codes 0 and 2 (even) or 1 and 3 of a word as a bf16 pair, exactly.
   __device__ static uint32_t Widen(uint32_t w, bool even) {
     const __nv_bfloat162 bias2 = BitCast<__nv_bfloat162>(0x7B807B80u);  // 2^120 in both halves
@@ -329,13 +324,8 @@ struct Int4Format {
         item.w[h] = LoadEdgeWords(reinterpret_cast<const uint32_t*>(rows.row[h]), word0, words);
       }
     }
-    // The scales after the weights, so that the weight loads issue first.
-    LoadScales(p, rows, step, c, item);
-  }
-
-  // The chunk's scales, of rows g and g + 8. A chunk wholly past k (the last unit's tail) takes the
-  // last group's scale: its words are zeros.
-  __device__ static void LoadScales(const Params& p, const LaneRows& rows, int step, int c, Item& item) {
+    // The scales after the weights, so that the weight loads issue first. A chunk wholly past k
+    // (the last unit's tail) takes the last group's scale: its words are zeros.
     const int group = min((p.col0 - p.shift + step * kStepColumns + 32 * c) >> p.group_shift, p.last_group);
 #pragma unroll
     for (int h = 0; h < 2; ++h) item.scales[h] = __byte_perm(__ldg(rows.scale_row[h] + group), 0u, 0x1010u);
@@ -602,19 +592,12 @@ __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& lo
 // warp-step tiles (p.tiled), compiled apart so that the tiled loop holds neither the row-major edge
 // paths nor their branch, and steps its loads with one pointer. The generic kernel (kTiled false)
 // reads tiles too, a branch per load, where EAGLE3_QUANT_GEMV_TILED_KERNEL=generic asks for it (the
-// baseline the specialized kernel is measured against). kMinBlocks: the blocks a multiprocessor
-// must hold at once, which sets the register budget (3: QuantGemvTiledKernel::kThreeBlocks, tiled
-// codes of up to 8 rows: half as many warps again and their rings in flight, for a few spilled loop
-// invariants). kBulk (tiled, up to 8 rows: QuantGemvTiledKernel::kBulkRing): the ring is a warp's
-// kQuantGemvBulkSteps one-tile slots in shared memory at p.ring_at (then two mbarriers a warp), lane
-// 0 filling each half of it with one bulk copy and the lanes reading their 32 bytes back once it
-// has landed: up to twice the register ring's bytes in flight, and no registers held by them.
-template <typename F, int kOperands, bool kTiled, int kMinBlocks = kQuantGemvBlocksPerSm, bool kBulk = false>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Params p) {
+// baseline the specialized kernel is measured against).
+template <typename F, int kOperands, bool kTiled>
+__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  static_assert(!kBulk || (kTiled && kOperands == 1), "the bulk ring serves tiled codes of up to 8 rows");
   constexpr int kUnitSteps = F::kUnitSteps;
-  constexpr int kDepth = kBulk ? kQuantGemvBulkSteps : QuantGemvDepth(kOperands);
+  constexpr int kDepth = QuantGemvDepth(kOperands);
   // Accumulator sets: with one operand, two chains that take alternate products.
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
@@ -702,23 +685,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Pa
       if constexpr (kTiled) load_tile += static_cast<int64_t>(run_skip) * kQuantTileBytes;
     }
   };
-  // kBulk: the shared addresses of this warp's slots and of the barriers of the ring's two halves
-  // (one arrival a phase: lane 0's, with the half's bytes). A half is refilled with one copy once
-  // its last slot is consumed: a wait, a copy and a warp barrier every kHalf steps.
-  constexpr int kHalf = kDepth / 2;
-  uint32_t bulk_slots = 0, bulk_bars = 0;
-  uint64_t bulk_policy = 0;
-  if constexpr (kBulk) {
-    const uint32_t rings = SharedAddress(smem + p.ring_at);
-    bulk_slots = rings + warp * kDepth * kQuantTileBytes;
-    bulk_bars = rings + kWarps * kDepth * kQuantTileBytes + warp * 16;
-    if (lane == 0) {
-      MbarInit(bulk_bars, 1);
-      MbarInit(bulk_bars + 8, 1);
-    }
-    bulk_policy = EvictFirstPolicy();
-    __syncwarp();
-  }
   // Loads ring slot d (tiled: of the current cycle; row-major: the next step, then advances).
   const auto load = [&](int d, typename F::Item& slot) {
     if constexpr (kTiled) {
@@ -728,31 +694,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Pa
       advance(1);
     }
   };
-  typename F::Item ring[kDepth];
-  // kBulk: fills half h of the ring with the cursor's cycle's steps kHalf h .. (those of the warp's
-  // left from `first`, its index of the half's first step; one copy: a run's tiles are contiguous
-  // and a half never straddles runs), and loads their per-lane scales.
-  const auto fill_half = [&](int h, int first) {
-    const int count = min(kHalf, total_steps - first);
-    if (lane == 0) {  // lane 0's load_tile is the tile's first byte
-      MbarArriveExpectTx(bulk_bars + 8 * h, count * kQuantTileBytes);
-      BulkCopyToShared(bulk_slots + h * kHalf * kQuantTileBytes, load_tile + h * kHalf * kQuantTileBytes,
-                       count * kQuantTileBytes, bulk_bars + 8 * h, bulk_policy);
-    }
-#pragma unroll
-    for (int e = 0; e < kHalf; ++e) {
-      if (e < count) F::LoadScales(p, rows, load_step + h * kHalf + e, c, ring[h * kHalf + e]);
-    }
-  };
 
-  if constexpr (kBulk) {
-    PdlLaunchDependents();
-    if (total_steps > 0) fill_half(0, 0);
-    if (total_steps > kHalf) fill_half(1, kHalf);
-    PdlWait();
-  } else {
-    FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); });
-  }
+  typename F::Item ring[kDepth];
+  FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); });
   if constexpr (kTiled) advance(kDepth);
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
@@ -773,8 +717,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Pa
     const int n_t = tile_steps(t);
     const int run0 = part * part_steps;  // the run's first step in the tile
     for (int j = 0; j < n_t; j += kDepth) {
-      // kBulk: the slots' phase this cycle (a run is whole cycles where a warp has several).
-      const uint32_t parity = static_cast<uint32_t>((done + j) / kDepth) & 1u;
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
         if (j + d >= n_t) break;
@@ -782,12 +724,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Pa
         StepActivations<kOperands> act{smem, {}};
 #pragma unroll
         for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + offset;
-        if constexpr (kBulk) {
-          if (d % kHalf == 0) MbarWait(bulk_bars + 8 * (d / kHalf), parity);
-          const unsigned char* at = smem + p.ring_at + (warp * kDepth + d) * kQuantTileBytes + 32 * lane;
-          ring[d].w[0] = *reinterpret_cast<const uint4*>(at);
-          ring[d].w[1] = *reinterpret_cast<const uint4*>(at + 16);
-        }
         F::Products(ring[d], act, acc);
         if constexpr (F::kBlockScaled) {
           // The unit's last step (runs and ring cycles start at unit boundaries): fold its block sum.
@@ -798,26 +734,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) QuantGemvKernel(const Pa
             FoldBlockSums(acc, sum, s_lo, s_hi);
           }
         }
-        if constexpr (kBulk) {
-          // A half's last slot consumed: refill it from the next cycle, once every lane has read it.
-          const int next = done + j + kDepth + (d - kHalf + 1);  // the next cycle's first step of the half
-          if (d % kHalf == kHalf - 1 && next < total_steps) {
-            __syncwarp();
-            fill_half(d / kHalf, next);
-          }
-        } else if (done + j + d + kDepth < total_steps) {
-          load(d, ring[d]);
-        }
+        if (done + j + d + kDepth < total_steps) load(d, ring[d]);
       }
       if constexpr (kTiled) advance(kDepth);
     }
     done += n_t;
-  }
-  if constexpr (kBulk) {  // every phase has completed: the barriers' memory is reused below
-    if (lane == 0) {
-      MbarInval(bulk_bars);
-      MbarInval(bulk_bars + 8);
-    }
   }
 
   // Partial sums: warp fragments -> block rows (the wk warps of a group in warp order) -> cluster
@@ -1155,9 +1076,8 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   p.tiles = chosen.tiles;
   p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
   const int operands = QuantGemvRowOperands(p.m);
-  size_t shared = QuantGemvSharedBytes(problem, chosen);
-  const QuantGemvTiledKernel choice = GetQuantGemvTiledKernel();
-  const bool specialized = p.tiled && choice != QuantGemvTiledKernel::kGeneric;
+  const size_t shared = QuantGemvSharedBytes(problem, chosen);
+  const bool specialized = p.tiled && GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
@@ -1168,29 +1088,12 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   }
   const int64_t row_blocks = (p.n + kBlockRows / p.wk - 1) / (kBlockRows / p.wk);
   const dim3 grid(static_cast<unsigned>(row_blocks * p.split), static_cast<unsigned>(problem.batch));
-  const bool three_blocks = specialized && operands == 1 && choice == QuantGemvTiledKernel::kThreeBlocks;
-  // The bulk ring where every run is whole ring cycles and the rings fit after the staged
-  // activations (and fp8's staged scales), 128-byte aligned.
-  bool bulk = specialized && operands == 1 && choice == QuantGemvTiledKernel::kBulkRing &&
-              (p.tiles == 1 || p.part_units * F::kUnitSteps % kQuantGemvBulkSteps == 0);
-  if (bulk) {
-    const int64_t ring_at = (static_cast<int64_t>(QuantGemvStagedBytes(problem, chosen)) + 127) / 128 * 128;
-    const int64_t bulk_shared = ring_at + static_cast<int64_t>(kWarps) * (kQuantGemvBulkSteps * kQuantTileBytes + 16);
-    bulk = bulk_shared <= static_cast<int64_t>(kQuantGemvSharedMax);
-    if (bulk) {
-      p.ring_at = static_cast<int>(ring_at);
-      shared = std::max(shared, static_cast<size_t>(bulk_shared));
-    }
-  }
-  const auto kernel = bulk           ? QuantGemvKernel<F, 1, true, kQuantGemvBlocksPerSm, true>
-                      : three_blocks ? QuantGemvKernel<F, 1, true, 3>
-                      : specialized
-                          ? (operands == 1 ? QuantGemvKernel<F, 1, true>
-                             : operands == 2 ? QuantGemvKernel<F, 2, true>
-                                             : QuantGemvKernel<F, 4, true>)
-                          : (operands == 1 ? QuantGemvKernel<F, 1, false>
-                             : operands == 2 ? QuantGemvKernel<F, 2, false>
-                                             : QuantGemvKernel<F, 4, false>);
+  const auto kernel = specialized ? (operands == 1   ? QuantGemvKernel<F, 1, true>
+                                 : operands == 2 ? QuantGemvKernel<F, 2, true>
+                                                 : QuantGemvKernel<F, 4, true>)
+                              : (operands == 1   ? QuantGemvKernel<F, 1, false>
+                                 : operands == 2 ? QuantGemvKernel<F, 2, false>
+                                                 : QuantGemvKernel<F, 4, false>);
   if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
   return LaunchKernelInClusters(programmatic, static_cast<unsigned>(p.split), kernel, grid, dim3(kThreads), shared,
                                 stream, p);
@@ -1311,8 +1214,6 @@ QuantGemvTiledKernel GetQuantGemvTiledKernel() {
     const char* value = std::getenv("EAGLE3_QUANT_GEMV_TILED_KERNEL");
     QuantGemvTiledKernel from_env = QuantGemvTiledKernel::kSpecialized;
     if (value != nullptr && std::strcmp(value, "generic") == 0) from_env = QuantGemvTiledKernel::kGeneric;
-    if (value != nullptr && std::strcmp(value, "3blocks") == 0) from_env = QuantGemvTiledKernel::kThreeBlocks;
-    if (value != nullptr && std::strcmp(value, "bulk") == 0) from_env = QuantGemvTiledKernel::kBulkRing;
     int expected = -1;
     tiled_kernel_choice.compare_exchange_strong(expected, static_cast<int>(from_env));
     choice = tiled_kernel_choice.load(std::memory_order_relaxed);

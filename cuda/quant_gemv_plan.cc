@@ -57,10 +57,15 @@ int64_t RowBlocks(const QuantGemvProblem& problem, int wk, int row_loops = 0) {
   return CeilDiv(problem.n, kQuantGemvBlockRows / wk * std::max(row_loops, 1));
 }
 
+// Blocks of a K-split plan's grid.
+int64_t SplitBlocks(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
+  return RowBlocks(problem, plan.wk) * plan.split * problem.batch;
+}
+
 double ModelledSeconds(const QuantGemvProblem& problem, const QuantGemvPlan& plan, int sm_count) {
   const int64_t units = QuantGemvUnits(problem);
   const int64_t row_blocks = RowBlocks(problem, plan.wk);
-  const int64_t blocks = row_blocks * plan.split * problem.batch;
+  const int64_t blocks = SplitBlocks(problem, plan);
   const size_t smem = QuantGemvSharedBytes(problem, plan);
   const int operands = QuantGemvRowOperands(problem.m);
   const int64_t per_sm = BlocksPerSm(smem);
@@ -147,9 +152,10 @@ std::optional<QuantGemvPlan> RowLoopPlan(const QuantGemvProblem& problem, int sm
 // was where it let twice the multiprocessors hold two blocks (6 ways where 8 took a second wave:
 // a decode step's 18 gate / up items). Of two plans with as many ways, a single product takes the
 // one with more warps and fewer cluster ranks: a grid of larger clusters fits a wave less often (a
-// cluster's blocks must share a GPC). nullopt: no such plan fits one wave (large batches: the model
-// decides).
-std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count) {
+// cluster's blocks must share a GPC). Only plans that `keep` accepts are taken; nullopt: no such
+// plan fits one wave (large batches: the model decides).
+template <typename Keep>
+std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm_count, const Keep& keep) {
   // Up to 8 activation rows (one B operand) only: with more, each of the rule's narrower blocks
   // stages more activation rows for fewer weight rows, and the model's plans measured faster.
   if (QuantGemvRowOperands(problem.m) > 1) return std::nullopt;
@@ -163,43 +169,79 @@ std::optional<QuantGemvPlan> OneWavePlan(const QuantGemvProblem& problem, int sm
       }
       const int split = ways / wk;
       const std::optional<QuantGemvPlan> plan = QuantGemvPlanFor(problem, wk, split);
-      if (!plan.has_value()) continue;
-      const int64_t blocks = RowBlocks(problem, wk) * split * problem.batch;
-      if (blocks <= BlocksPerSm(QuantGemvSharedBytes(problem, *plan)) * sm_count) return plan;
+      if (!plan.has_value() || !keep(*plan)) continue;
+      if (SplitBlocks(problem, *plan) <= BlocksPerSm(QuantGemvSharedBytes(problem, *plan)) * sm_count) return plan;
     }
   }
   return std::nullopt;
 }
 
-// The sweep behind ChooseQuantGemvSplitPlan.
-QuantGemvPlan SweepPlans(const QuantGemvProblem& problem, int sm_count) {
-  if (const std::optional<QuantGemvPlan> one_wave = OneWavePlan(problem, sm_count); one_wave.has_value()) {
-    return *one_wave;
-  }
-  const int64_t units = QuantGemvUnits(problem);
-  const int part_step = QuantGemvDepth(QuantGemvRowOperands(problem.m)) / QuantGemvUnitSteps(problem.int4);
-  QuantGemvPlan best;
+// The valid plan of least modelled time among those `keep` accepts; nullopt where it accepts none.
+// Fewer warps per row group (more rows per block: fewer activation re-reads) and fewer cluster
+// ranks first: a later plan must be clearly faster to replace an earlier one.
+template <typename Keep>
+std::optional<QuantGemvPlan> ModelledBest(const QuantGemvProblem& problem, int sm_count, const Keep& keep) {
+  std::optional<QuantGemvPlan> best;
   double best_cost = 0.0;
-  bool found = false;
-  // Fewer warps per row group (more rows per block: fewer activation re-reads) and fewer cluster
-  // ranks first: a later plan must be clearly faster to replace an earlier one.
   for (int wk = 1; wk <= kQuantGemvWarps; wk *= 2) {
     for (int split = 1; split <= kQuantGemvMaxSplit; ++split) {
       const std::optional<QuantGemvPlan> candidate = QuantGemvPlanFor(problem, wk, split);
-      if (!candidate.has_value()) continue;
-      const QuantGemvPlan& plan = *candidate;
-      const double cost = ModelledSeconds(problem, plan, sm_count);
-      if (!found || cost < 0.97 * best_cost) {
-        best = plan;
+      if (!candidate.has_value() || !keep(*candidate)) continue;
+      const double cost = ModelledSeconds(problem, *candidate, sm_count);
+      if (!best.has_value() || cost < 0.97 * best_cost) {
+        best = candidate;
         best_cost = cost;
-        found = true;
       }
     }
   }
-  if (!found) {  // unreachable for valid sizes: the smallest tile of one row fits
-    best = {1, 1, part_step, static_cast<int>(CeilDiv(units, part_step))};
-  }
   return best;
+}
+
+// The plan of the one-wave rule, else of least modelled time, among the valid plans within the
+// problem's shared-memory limit that `keep` accepts; nullopt where it accepts none.
+template <typename Keep>
+std::optional<QuantGemvPlan> SweepPlans(const QuantGemvProblem& problem, int sm_count, const Keep& keep) {
+  if (std::optional<QuantGemvPlan> one_wave = OneWavePlan(problem, sm_count, keep); one_wave.has_value()) {
+    return one_wave;
+  }
+  return ModelledBest(problem, sm_count, keep);
+}
+
+// Where `narrow`, the plan within the default shared-memory limit, splits the activations into
+// several tiles: the plan the sweep takes within the problem's wider limit among those with fewer
+// tiles and no more blocks than `narrow`, where it is modelled faster than `narrow`; else nullopt.
+// The wider limit buys fewer restagings (or a narrower grid), never a larger grid. The model prices
+// a larger grid too low (it counts a wave in blocks, while a grid of clusters fills a wave only as
+// far as whole clusters fit each GPC's multiprocessors, and it charges a second wave only its
+// latency), and the wider limit's larger grids (the dense gate-up at 32 rows in 7 cluster ranks
+// where the default limit's plan takes 6; two 32-row items in 504 blocks where it takes 216) ran
+// slower than the default limit's plans of several tiles (benchmarks/NOTES.md).
+std::optional<QuantGemvPlan> WiderPlan(const QuantGemvProblem& problem, const QuantGemvPlan& narrow, int sm_count) {
+  const int64_t blocks = SplitBlocks(problem, narrow);
+  const std::optional<QuantGemvPlan> wide = SweepPlans(problem, sm_count, [&](const QuantGemvPlan& plan) {
+    return plan.tiles < narrow.tiles && SplitBlocks(problem, plan) <= blocks;
+  });
+  if (!wide.has_value() || ModelledSeconds(problem, *wide, sm_count) >= ModelledSeconds(problem, narrow, sm_count)) {
+    return std::nullopt;
+  }
+  return wide;
+}
+
+// The K-split kernel's plan: the sweep's within the default shared-memory limit, or past it only
+// where that plan splits the activations into several tiles (a plan that stages them once within
+// it is kept as it was measured), and then as WiderPlan says.
+QuantGemvPlan SplitPlan(const QuantGemvProblem& problem, int sm_count) {
+  QuantGemvProblem narrow = problem;
+  narrow.shared_limit = kQuantGemvSharedLimit;
+  const std::optional<QuantGemvPlan> plan = SweepPlans(narrow, sm_count, [](const QuantGemvPlan&) { return true; });
+  if (!plan.has_value()) {  // unreachable for valid sizes: the smallest tile of one row fits
+    const int part_step = QuantGemvDepth(QuantGemvRowOperands(problem.m)) / QuantGemvUnitSteps(problem.int4);
+    return {1, 1, part_step, static_cast<int>(CeilDiv(QuantGemvUnits(problem), part_step))};
+  }
+  if (plan->tiles > 1 && SharedLimit(problem) > kQuantGemvSharedLimit) {
+    if (const std::optional<QuantGemvPlan> wide = WiderPlan(problem, *plan, sm_count); wide.has_value()) return *wide;
+  }
+  return *plan;
 }
 
 bool SameProblem(const QuantGemvProblem& a, const QuantGemvProblem& b) {
@@ -263,7 +305,7 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
 }
 
 QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_count) {
-  return SweepPlans(problem, std::max(sm_count, 1));
+  return SplitPlan(problem, std::max(sm_count, 1));
 }
 
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count) {
@@ -282,17 +324,7 @@ QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count)
     if (choice.sm_count == sm_count && SameProblem(choice.problem, problem)) return choice.plan;
   }
   const std::optional<QuantGemvPlan> row_looped = RowLoopPlan(problem, sm_count);
-  QuantGemvPlan plan;
-  if (row_looped.has_value()) {
-    plan = *row_looped;
-  } else {
-    // Past the default limit only where it would split the activations into several tiles: a plan
-    // that stages them once within it is kept as it was measured.
-    QuantGemvProblem narrow = problem;
-    narrow.shared_limit = kQuantGemvSharedLimit;
-    plan = SweepPlans(narrow, sm_count);
-    if (plan.tiles > 1 && SharedLimit(problem) > kQuantGemvSharedLimit) plan = SweepPlans(problem, sm_count);
-  }
+  const QuantGemvPlan plan = row_looped.has_value() ? *row_looped : SplitPlan(problem, sm_count);
   kept[next] = {problem, sm_count, plan};
   next = (next + 1) % kKept;
   return plan;

@@ -48,24 +48,16 @@ constexpr int QuantGemvRowOperands(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 
 // Blocks a multiprocessor holds at once (the kernel's register budget is set for it).
 inline constexpr int kQuantGemvBlocksPerSm = 2;
 
-// Which kernels run tiled codes (Fp8BlockWeights::tiled / Int4GroupWeights::tiled). Every choice
-// gives the same bits; those other than the default are the same-binary baselines and experiments
-// of benchmarks/NOTES.md. The process-wide choice starts from EAGLE3_QUANT_GEMV_TILED_KERNEL
-// ("generic", "3blocks" or "bulk"; unset or anything else: kSpecialized); SetQuantGemvTiledKernel
-// (tests, benchmarks) changes it from the next launch on.
+// Which kernels run tiled codes (Fp8BlockWeights::tiled / Int4GroupWeights::tiled). Both give the
+// same bits; kGeneric is the specialized kernels' same-binary baseline (benchmarks/NOTES.md). The
+// process-wide choice starts from EAGLE3_QUANT_GEMV_TILED_KERNEL ("generic"; unset or anything else:
+// kSpecialized); SetQuantGemvTiledKernel (tests, benchmarks) changes it from the next launch on.
 enum class QuantGemvTiledKernel {
   kSpecialized,  // the kernels compiled for tiled codes
   kGeneric,      // the row-major kernels, reading tiles behind a branch per load
-  kThreeBlocks,  // up to 8 rows, the specialized K-split kernel built for three blocks a multiprocessor
-  kBulkRing,     // up to 8 rows, the specialized K-split kernel fed by bulk copies into a shared-memory
-                 // ring of kQuantGemvBulkSteps one-tile slots a warp, where the plan allows (whole ring
-                 // cycles per run, the ring within kQuantGemvSharedMax); elsewhere kSpecialized
 };
 QuantGemvTiledKernel GetQuantGemvTiledKernel();
 void SetQuantGemvTiledKernel(QuantGemvTiledKernel kernel);
-
-// Slots of a warp's shared-memory ring under QuantGemvTiledKernel::kBulkRing.
-inline constexpr int kQuantGemvBulkSteps = 8;
 
 // The ring depth of the kernel for `operands` B operands. With 4, the two extra accumulator sets
 // (and fp8's block sums) do not fit beside a 4-step ring in the registers of kQuantGemvBlocksPerSm
@@ -85,7 +77,8 @@ inline constexpr size_t kQuantGemvSharedMax = 112 * 1024;
 // where 16 to 32 staged rows would otherwise split K into several activation tiles, each restaged
 // behind a block barrier, kQuantGemvSharedMax, unless EAGLE3_QUANT_GEMV_SHARED_KIB (read once) sets
 // another (in KiB, within [48, 112]; the previous rule's baseline is 48). ChooseQuantGemvPlan takes
-// the larger limit only where the default one leaves several tiles.
+// the larger limit only where the default one leaves several tiles, and then only for a plan of
+// fewer tiles and no more blocks.
 size_t QuantGemvSharedLimitFor(int64_t m);
 
 // The product as the planner sees it.
@@ -156,8 +149,10 @@ QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_c
 // kQuantGemvRowLoopMaxSteps steps) over more blocks than one wave holds, a row-looped plan
 // (quant_gemv_plan.cc says how many groups); else, up to 8 rows, the one-wave rule of
 // quant_gemv_plan.cc where a plan fits it; otherwise the valid plan of least modelled time within
-// kQuantGemvSharedLimit, or, where that plan takes several activation tiles, within the problem's
-// shared_limit.
+// kQuantGemvSharedLimit. Where that plan (either rule's) takes several activation tiles, the same
+// rules within the problem's shared_limit may replace it, choosing among plans of fewer tiles and
+// no more blocks, where the model finds the replacement faster (quant_gemv_plan.cc says why no
+// more blocks).
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)

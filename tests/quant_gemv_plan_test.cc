@@ -1,7 +1,8 @@
 // The quantized GEMV's planner (cuda/quant_gemv_plan.h), host code that needs no GPU: the chosen
 // plans valid for decode shapes and extremes on any device size and either shared-memory limit, the
-// wider limit taken only where the default one splits the activations into tiles, the one-wave rule
-// and the row-looped plans. The kernels that run the plans: tests/gpu/quant_gemv_test.cc.
+// wider limit taken only where the default one splits the activations into tiles and then never for
+// a larger grid, the one-wave rule and the row-looped plans. The kernels that run the plans:
+// tests/gpu/quant_gemv_test.cc.
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -76,6 +77,92 @@ TEST(QuantGemvPlanTest, WiderSharedLimitOnlyWhereTilesSplit) {
   // Up to 8 rows the launchers keep the default limit; from 9, the wider one.
   EXPECT_EQ(QuantGemvSharedLimitFor(8), kQuantGemvSharedLimit);
   if (std::getenv("EAGLE3_QUANT_GEMV_SHARED_KIB") == nullptr) EXPECT_EQ(QuantGemvSharedLimitFor(9), kQuantGemvSharedMax);
+}
+
+// Blocks of a K-split plan's grid.
+int64_t GridBlocks(const QuantGemvProblem& problem, const QuantGemvPlan& plan) {
+  const int64_t block_rows = kQuantGemvBlockRows / plan.wk;
+  return (problem.n + block_rows - 1) / block_rows * plan.split * problem.batch;
+}
+
+// The wider limit buys fewer activation tiles, never a larger grid. The V3 rank's dense gate-up
+// (4608 x 7168) at 32 rows: within 48 KiB 6 cluster ranks of 10 units in two tiles (216 blocks);
+// past it one tile of the same 6 ranks, not 7 ranks of 8 units (252 blocks: the larger grid that ran
+// slower than the two tiles). Two 32-row items (64 rows): 3 ranks in four tiles within 48 KiB and no plan of fewer
+// tiles and no more blocks that the model finds faster, so the same plan, not 504 blocks of 7
+// ranks. q_a keeps its plans past 48 KiB (fewer blocks: 240 -> 168 at 24 rows, 240 -> 192 for two
+// 32-row items). Over decode and verify shapes, a plan past 48 KiB has fewer tiles and no more
+// blocks than the plan within it.
+TEST(QuantGemvPlanTest, WiderSharedLimitNeverGrowsTheGrid) {
+  const auto choose = [](int64_t batch, int64_t m, int64_t n, int64_t k, size_t limit) {
+    QuantGemvProblem problem = ProblemOf(false, batch, m, n, k, 0);
+    problem.shared_limit = limit;
+    return ChooseQuantGemvPlan(problem, 132);
+  };
+  const auto expect_plan = [](const QuantGemvPlan& plan, int wk, int split, int part_units, int tiles) {
+    EXPECT_EQ(plan.wk, wk);
+    EXPECT_EQ(plan.split, split);
+    EXPECT_EQ(plan.part_units, part_units);
+    EXPECT_EQ(plan.tiles, tiles);
+    EXPECT_EQ(plan.row_loops, 0);
+  };
+  {
+    SCOPED_TRACE("dense gate-up, 32 rows");
+    expect_plan(choose(1, 32, 4608, 7168, kQuantGemvSharedLimit), 1, 6, 5, 2);
+    expect_plan(choose(1, 32, 4608, 7168, kQuantGemvSharedMax), 1, 6, 10, 1);
+  }
+  {
+    SCOPED_TRACE("dense gate-up, two items of 32 rows");
+    expect_plan(choose(2, 32, 4608, 7168, kQuantGemvSharedLimit), 1, 3, 5, 4);
+    expect_plan(choose(2, 32, 4608, 7168, kQuantGemvSharedMax), 1, 3, 5, 4);
+  }
+  {
+    SCOPED_TRACE("q_a, 24 rows");
+    expect_plan(choose(1, 24, 1536, 7168, kQuantGemvSharedLimit), 4, 5, 1, 3);
+    expect_plan(choose(1, 24, 1536, 7168, kQuantGemvSharedMax), 2, 7, 4, 1);
+  }
+  {
+    SCOPED_TRACE("q_a, two items of 32 rows");
+    expect_plan(choose(2, 32, 1536, 7168, kQuantGemvSharedLimit), 2, 5, 2, 3);
+    expect_plan(choose(2, 32, 1536, 7168, kQuantGemvSharedMax), 1, 8, 7, 1);
+  }
+
+  struct Shape {
+    bool int4;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{false, 1536, 7168}, {false, 3072, 1536}, {false, 576, 7168}, {false, 2112, 7168},
+                          {false, 7168, 2048}, {false, 4608, 7168}, {false, 7168, 2304}, {false, 512, 7168},
+                          {true, 512, 7168},   {true, 7168, 256},   {false, 256, 7168},  {true, 256, 7168}};
+  for (const Shape& shape : shapes) {
+    for (const int64_t batch : {1, 2, 3, 4, 8, 9}) {
+      for (const int64_t m : {9, 16, 17, 20, 24, 28, 32}) {
+        SCOPED_TRACE(testing::Message() << (shape.int4 ? "int4" : "fp8") << " batch " << batch << " n " << shape.n
+                                        << " k " << shape.k << " m " << m);
+        const QuantGemvProblem narrow = ProblemOf(shape.int4, batch, m, shape.n, shape.k, 0);
+        QuantGemvProblem wide = narrow;
+        wide.shared_limit = kQuantGemvSharedMax;
+        const QuantGemvPlan before = ChooseQuantGemvPlan(narrow, 132);
+        const QuantGemvPlan after = ChooseQuantGemvPlan(wide, 132);
+        if (before.row_loops > 0 || before.tiles == 1) {
+          EXPECT_EQ(after.row_loops, before.row_loops);
+          EXPECT_EQ(after.wk, before.wk);
+          EXPECT_EQ(after.split, before.split);
+          EXPECT_EQ(after.part_units, before.part_units);
+          EXPECT_EQ(after.tiles, before.tiles);
+          continue;
+        }
+        if (after.tiles == before.tiles) {  // kept: the plan within 48 KiB
+          EXPECT_EQ(after.wk, before.wk);
+          EXPECT_EQ(after.split, before.split);
+          EXPECT_EQ(after.part_units, before.part_units);
+        } else {
+          EXPECT_LT(after.tiles, before.tiles);
+          EXPECT_LE(GridBlocks(wide, after), GridBlocks(narrow, before));
+        }
+      }
+    }
+  }
 }
 
 // The one-wave rule for a single product: of the plans with the most K ways that fit one wave, the

@@ -280,6 +280,10 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   bm->ArgsProduct({{21, 22}, {1, 8}, {1, 2, 4, 8}, {1, 2, 3, 4}});
   // An 8-token verify step's gate-up product.
   bm->ArgsProduct({{23, 24}, {8}, {1, 2, 4}, {1, 2, 3, 4, 5, 6, 8}});
+  // q_a, the dense gate-up and a K2.5 expert's gate-up at 24 and 32 rows, past the default
+  // shared-memory limit: the grids of 3 to 8 cluster ranks between which the chooser's wider limit
+  // picks (never more blocks than the default limit's plan).
+  bm->ArgsProduct({{0, 6, 12}, {24, 32}, {1, 2, 4}, {3, 4, 5, 6, 7, 8}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 

@@ -762,19 +762,14 @@ ItemWeights UploadItemWeights(bool int4, int64_t items, int64_t n, int64_t k, ui
   return w;
 }
 
-// Every kernel choice for tiled codes (QuantGemvTiledKernel): each must give the bits of the
-// row-major codes' run. The bulk ring and the three-block build take plans of up to 8 rows (the
-// bulk ring those whose runs are whole 8-step cycles); the others fall back to the specialized
-// kernels.
-constexpr QuantGemvTiledKernel kTiledKernels[] = {QuantGemvTiledKernel::kSpecialized, QuantGemvTiledKernel::kGeneric,
-                                                  QuantGemvTiledKernel::kThreeBlocks, QuantGemvTiledKernel::kBulkRing};
+// Both kernel choices for tiled codes (QuantGemvTiledKernel): each must give the bits of the
+// row-major codes' run.
+constexpr QuantGemvTiledKernel kTiledKernels[] = {QuantGemvTiledKernel::kSpecialized, QuantGemvTiledKernel::kGeneric};
 
 const char* TiledKernelName(QuantGemvTiledKernel kernel) {
   switch (kernel) {
     case QuantGemvTiledKernel::kSpecialized: return "specialized";
     case QuantGemvTiledKernel::kGeneric: return "generic";
-    case QuantGemvTiledKernel::kThreeBlocks: return "3blocks";
-    case QuantGemvTiledKernel::kBulkRing: return "bulk";
   }
   return "?";
 }
@@ -1179,7 +1174,6 @@ TEST_F(QuantGemvTest, Int4EveryPath) {
            {2, 1, 4, 2},  // two activation tiles, the second partial
            {1, 8, 2, 1},  // 8 ranks of 2 units for 12: the last two ranks empty
            {1, 1, 4, 3},  // three tiles
-           {1, 1, 8, 2},  // two tiles of 8-step runs: whole cycles of the bulk ring
        }},
       // 32 staged rows take 8 KB per unit: at most 5 units per tile within the default limit.
       {true,
