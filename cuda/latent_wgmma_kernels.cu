@@ -258,9 +258,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
                       WgmmaDescriptorAdvance(keys_desc, WgmmaScoreBStart(0, i)), i > 0);
     }
     WgmmaCommit();
-    // While the score products run: chunk c + 1's copies into the stage chunk c - 1 left (issuing
-    // them takes each thread ~100 instructions of address arithmetic, off the products' path here)
-    // and its mask words.
+    // While the score products run: chunk c + 1's copies into the stage chunk c - 1 left (each
+    // copy's page lookup and address arithmetic would otherwise delay the products) and its mask
+    // words.
     if (c + 1 < chunks) issue(c + 1, next_lo, next_hi);
     CpAsyncCommit();
     if (c + 2 < chunks) {
