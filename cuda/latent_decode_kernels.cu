@@ -491,7 +491,6 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
                                 const int* bad, bool programmatic, bool after_check,
                                 const LatentPlanDevice& device, cudaStream_t stream) {
   if (p.tokens * p.heads == 0 || p.value_dim == 0) return cudaSuccess;
-  cudaError_t error = cudaSuccess;
   LatentPlan plan;
   if (!PlanLatentLaunch(p, tile_table != nullptr, partials != nullptr, partial_capacity, fold, device, &plan)) {
     return cudaErrorInvalidValue;
@@ -523,6 +522,7 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   const int row_tile = rows / 4;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(head_tiles * a.value_tiles));
+  cudaError_t error = cudaSuccess;
   switch (plan.kernel) {
     case LatentKernelKind::kWgmma:
       error = LaunchLatentWgmma(a, grid, programmatic, stream);

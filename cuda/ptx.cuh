@@ -1,7 +1,7 @@
-// Inline-PTX wrappers of the CUDA backend's kernels: cp.async, mbarriers and bulk copies, ldmatrix,
-// mma.sync, lop3 and max.NaN. A kernel that needs another instruction adds its wrapper here rather
-// than a copy in its own file. sm_80+ instructions, the bulk copies and their mbarrier forms sm_90+
-// (the backend builds for sm_90). No abseil here: nvcc must never see it.
+// Inline-PTX wrappers of the CUDA backend's kernels: cp.async, ldmatrix, mma.sync, the warpgroup
+// products (wgmma, sm_90a), ex2, lop3 and max.NaN. A kernel that needs another instruction adds its
+// wrapper here rather than a copy in its own file. sm_80+ instructions unless marked (the backend
+// builds for sm_90). No abseil here: nvcc must never see it.
 #pragma once
 
 #include <cstdint>
@@ -44,85 +44,6 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// ---- mbarriers and bulk copies (sm_90): global -> shared by the copy engine ----------------------
-//
-// One thread arms a barrier with the bytes a copy will bring (MbarArriveExpectTx: its one arrival
-// and the expected transaction count) and issues the copy (BulkCopyToShared), whose completion
-// counts the bytes off; the phase completes when both are done, and MbarWait returns once the
-// phase of the given parity has completed (phases alternate 0, 1, 0, ...). Shared addresses are
-// SharedAddress's. Before sm_90 these trap: no kernel built for an older device calls them.
-
-// A barrier expecting `count` arrivals a phase; then the init made visible to the copy engine.
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ void MbarInval(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#else
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#else
-  __trap();
-#endif
-}
-
-// Spins until the barrier's phase of parity `parity` has completed. The "memory" clobber keeps the
-// compiler from moving the copied data's reads above it.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-#else
-  __trap();
-#endif
-}
-
-// An L2 policy that evicts the lines a copy brings first (weights read once per launch).
-__device__ __forceinline__ uint64_t EvictFirstPolicy() {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-  return policy;
-}
-
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to this block's shared
-// memory, completing on barrier `bar`.
-__device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                 uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-#else
-  __trap();
-#endif
 }
 
 // ---- ldmatrix: 8x8 b16 matrices from shared memory into mma fragments --------------------------
