@@ -285,6 +285,17 @@ enum class LatentTreeKernelChoice {
 LatentTreeKernelChoice GetLatentTreeKernelChoice();
 void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel);
 
+// Which kernel implements the wgmma choice: kSingle, LatentWgmmaKernel (both warpgroups on each
+// chunk, latent_wgmma_kernels.cu); kPair, LatentWgmmaPairKernel (the warpgroups own alternate
+// chunks, latent_wgmma_pair_kernels.cu). Results within the bf16 tolerance of each other. The
+// process-wide variant starts from EAGLE3_LATENT_WGMMA ("pair"; unset or anything else: kSingle).
+enum class LatentWgmmaVariant {
+  kSingle,
+  kPair,
+};
+LatentWgmmaVariant GetLatentWgmmaVariant();
+void SetLatentWgmmaVariant(LatentWgmmaVariant variant);
+
 // Whether the current device runs the wgmma kernel (compute capability 9.0: its code is built for
 // sm_90a only).
 bool LatentWgmmaAvailable();

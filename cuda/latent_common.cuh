@@ -494,4 +494,8 @@ cudaError_t LatentWgmmaImage();
 // Returns the attribute call's error, else the launch's.
 cudaError_t LaunchLatentWgmma(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
 
+// The paired-chunk wgmma kernel (latent_wgmma_pair_kernels.cu), the same contract, launched with
+// the same shared memory (kWgmmaLaunchSharedBytes, which holds its layout).
+cudaError_t LaunchLatentWgmmaPair(const LatentArgs& a, dim3 grid, bool programmatic, cudaStream_t stream);
+
 }  // namespace eagle3::cuda

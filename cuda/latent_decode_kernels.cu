@@ -459,6 +459,7 @@ bool ValidLatentParams(const LatentLaunchParams& p) {
 }
 
 std::atomic<int> tree_kernel_choice{-1};
+std::atomic<int> wgmma_variant{-1};
 
 // Per device: 0 not yet asked, 1 the wgmma kernel runs there, 2 it does not.
 constexpr int kMaxDevices = 64;
@@ -525,7 +526,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   cudaError_t error = cudaSuccess;
   switch (plan.kernel) {
     case LatentKernelKind::kWgmma:
-      error = LaunchLatentWgmma(a, grid, programmatic, stream);
+      error = GetLatentWgmmaVariant() == LatentWgmmaVariant::kPair ? LaunchLatentWgmmaPair(a, grid, programmatic, stream)
+                                                                    : LaunchLatentWgmma(a, grid, programmatic, stream);
       break;
     case LatentKernelKind::kTree:
       error = LaunchLatentTree(a, grid, programmatic, stream);
@@ -569,6 +571,24 @@ LatentTreeKernelChoice GetLatentTreeKernelChoice() {
 
 void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel) {
   tree_kernel_choice.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
+
+LatentWgmmaVariant GetLatentWgmmaVariant() {
+  int variant = wgmma_variant.load(std::memory_order_relaxed);
+  if (variant < 0) {
+    const char* value = std::getenv("EAGLE3_LATENT_WGMMA");
+    const LatentWgmmaVariant from_env = value != nullptr && std::strcmp(value, "pair") == 0
+                                            ? LatentWgmmaVariant::kPair
+                                            : LatentWgmmaVariant::kSingle;
+    int expected = -1;
+    wgmma_variant.compare_exchange_strong(expected, static_cast<int>(from_env));
+    variant = wgmma_variant.load(std::memory_order_relaxed);
+  }
+  return static_cast<LatentWgmmaVariant>(variant);
+}
+
+void SetLatentWgmmaVariant(LatentWgmmaVariant variant) {
+  wgmma_variant.store(static_cast<int>(variant), std::memory_order_relaxed);
 }
 
 bool LatentWgmmaAvailable() {

@@ -46,6 +46,73 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// ---- mbarriers and named barriers (sm_90) ---------------------------------------------------------
+//
+// A phase of an mbarrier completes once its expected arrivals have come; MbarWait returns once the
+// phase of the given parity has completed (phases alternate 0, 1, 0, ...). Shared addresses are
+// SharedAddress's. Before sm_90 these trap: no kernel built for an older device calls them.
+
+// A barrier expecting `count` arrivals a phase; then the init made visible to the copy engine.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Spins until the barrier's phase of parity `parity` has completed. The "memory" clobber keeps the
+// compiler from moving the copied data's reads above it.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#else
+  __trap();
+#endif
+}
+
+// Ends the barrier's life: its memory may then serve other data (the PTX ISA asks for this before
+// an mbarrier's bytes are reused). No arrival or wait on it may be pending or follow.
+__device__ __forceinline__ void MbarInval(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// The barrier receives one arrival once every cp.async this thread issued before has completed.
+// .noinc: the arrival is one of the barrier's expected arrivals (its init count includes one per
+// thread that calls this for a phase).
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Named barrier `id` (1-15; 0 is __syncthreads'): `threads` arrivals complete it. Arrive does not
+// wait (a producer's signal); Sync waits (a consumer), both counting toward `threads`.
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- ldmatrix: 8x8 b16 matrices from shared memory into mma fragments --------------------------
 //
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j .. 8j+7 give the row addresses (16
@@ -193,6 +260,71 @@ __device__ __forceinline__ void WgmmaBf16M64N256TransB(float (&d)[128], uint64_t
         EAGLE3_WGMMA_D8(80), EAGLE3_WGMMA_D8(88), EAGLE3_WGMMA_D8(96), EAGLE3_WGMMA_D8(104),
         EAGLE3_WGMMA_D8(112), EAGLE3_WGMMA_D8(120)
       : "l"(a), "l"(b), "r"(1)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// d (+)= a b, m64n64k16, bf16 operands from shared memory, both K-major; f32 d [64 x 64].
+// accumulate false: d = a b.
+__device__ __forceinline__ void WgmmaBf16M64N64(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate))
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// d += a b, m64n64k16, a (bf16, 64 x 16) from registers in the warpgroup's A-fragment layout
+// (warp w holds rows 16 w .. + 15 as mma.m16n8k16's A), b from shared memory, K-major.
+__device__ __forceinline__ void WgmmaBf16M64N64RegA(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// d += a b, m64n256k16, a (bf16, 64 x 16) from registers as in WgmmaBf16M64N64RegA, b from shared
+// memory, MN-major (trans-b); f32 d [64 x 256].
+__device__ __forceinline__ void WgmmaBf16M64N256TransBRegA(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+#if EAGLE3_WGMMA_ENABLED
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+      " {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24), EAGLE3_WGMMA_D8(32),
+        EAGLE3_WGMMA_D8(40), EAGLE3_WGMMA_D8(48), EAGLE3_WGMMA_D8(56), EAGLE3_WGMMA_D8(64), EAGLE3_WGMMA_D8(72),
+        EAGLE3_WGMMA_D8(80), EAGLE3_WGMMA_D8(88), EAGLE3_WGMMA_D8(96), EAGLE3_WGMMA_D8(104),
+        EAGLE3_WGMMA_D8(112), EAGLE3_WGMMA_D8(120)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
       : "memory");
 #else
   __trap();

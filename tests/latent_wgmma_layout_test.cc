@@ -6,6 +6,7 @@
 // device. What this cannot check (the register fragments, the instructions' semantics) the gpu
 // suite does against the CPU reference.
 #include "latent_wgmma_layout.h"
+#include "latent_wgmma_pair_layout.h"
 
 #include <cstdint>
 #include <set>
@@ -132,6 +133,20 @@ TEST(LatentWgmmaLayoutTest, ScoreProductsReadTheirElements) {
   }
 }
 
+// The value products' B of k-step j, both warpgroups' halves, from a stage at `keys`: key 16 j + k,
+// value dim 256 half + n, MN-major.
+void ExpectValueBReads(uint32_t keys, int j) {
+  for (int half = 0; half < 2; ++half) {
+    const uint64_t b = WgmmaDescriptor(keys + WgmmaValueBStart(half, j), kWgmmaMnMajorLbo, kWgmmaMnMajorSbo);
+    for (uint32_t n = 0; n < kWgmmaHalfColumns; ++n) {
+      for (uint32_t k = 0; k < 16; ++k) {
+        ASSERT_EQ(TensorCoreAddress(b, true, n, k), keys + WgmmaOperandOffset(16 * j + k, kWgmmaHalfColumns * half + n))
+            << "keys at " << keys << " half " << half << " j " << j << " n " << n << " k " << k;
+      }
+    }
+  }
+}
+
 // Values, warpgroup `half`, k-step j: A = the probabilities (row m, key 16 j + k), K-major; B = the
 // chunk's key 16 j + k, value dim 256 half + n, MN-major.
 TEST(LatentWgmmaLayoutTest, ValueProductsReadTheirElements) {
@@ -145,17 +160,7 @@ TEST(LatentWgmmaLayoutTest, ValueProductsReadTheirElements) {
         }
       }
       for (int stage = 0; stage < kWgmmaStages; ++stage) {
-        const uint32_t keys = base + kWgmmaStageOffset + stage * kWgmmaOperandBytes;
-        for (int half = 0; half < 2; ++half) {
-          const uint64_t b = WgmmaDescriptor(keys + WgmmaValueBStart(half, j), kWgmmaMnMajorLbo, kWgmmaMnMajorSbo);
-          for (uint32_t n = 0; n < kWgmmaHalfColumns; ++n) {
-            for (uint32_t k = 0; k < 16; ++k) {
-              ASSERT_EQ(TensorCoreAddress(b, true, n, k),
-                        keys + WgmmaOperandOffset(16 * j + k, kWgmmaHalfColumns * half + n))
-                  << "half " << half << " j " << j << " n " << n << " k " << k;
-            }
-          }
-        }
+        ExpectValueBReads(base + kWgmmaStageOffset + stage * kWgmmaOperandBytes, j);
       }
     }
   }
@@ -190,6 +195,76 @@ TEST(LatentWgmmaLayoutTest, SharedMemoryRegionsDoNotOverlap) {
   EXPECT_EQ(kWgmmaUsedOffset % 8, 0u);
   EXPECT_LE(kWgmmaLaunchSharedBytes, 227u * 1024);
   EXPECT_GE(kWgmmaLaunchSharedBytes - kWgmmaSharedBytes, 1024u - 16);  // any 16-byte-aligned base
+}
+
+// The paired-chunk kernel: each stage's nine panels are refilled by exactly one warpgroup, and a
+// warpgroup refills a panel only where it reads that panel last (its value half of either stage;
+// the RoPE panel of its own stage, which only its scores read).
+TEST(LatentWgmmaLayoutTest, PairRefillsEveryPanelOnce) {
+  for (int stage = 0; stage < 2; ++stage) {
+    for (int panel = 0; panel < kWgmmaDim / kWgmmaPanelWidth; ++panel) {
+      const int by = static_cast<int>(WgmmaPairRefills(0, stage, panel)) + static_cast<int>(WgmmaPairRefills(1, stage, panel));
+      EXPECT_EQ(by, 1) << "stage " << stage << " panel " << panel;
+      for (int half = 0; half < 2; ++half) {
+        if (!WgmmaPairRefills(half, stage, panel)) continue;
+        const bool reads_values = panel < kWgmmaValueDim / kWgmmaPanelWidth && panel / 4 == half;
+        EXPECT_TRUE(reads_values || stage == half) << "stage " << stage << " panel " << panel;
+      }
+    }
+  }
+}
+
+// The paired-chunk kernel's products at its own offsets. Scores of a whole chunk (N = 64 keys):
+// A = the staged queries (dims 0-511; the RoPE dims come from registers), B = key n of either
+// stage over all 576 dims. Values: A = either warpgroup's stored probabilities, B = dims 256 half +
+// n of either stage.
+TEST(LatentWgmmaLayoutTest, PairProductsReadTheirElements) {
+  for (const uint32_t base : kBases) {
+    const uint32_t q = base + kWgmmaPairQueryOffset;
+    for (int i = 0; i < kWgmmaPairStagedScoreSteps; ++i) {
+      const uint64_t a = WgmmaDescriptor(q + WgmmaScoreAStart(i), kWgmmaKMajorLbo, kWgmmaKMajorSbo);
+      for (uint32_t m = 0; m < 64; ++m) {
+        for (uint32_t k = 0; k < 16; ++k) {
+          ASSERT_EQ(TensorCoreAddress(a, false, m, k), q + WgmmaOperandOffset(m, 16 * i + k)) << "A, i " << i;
+          ASSERT_LT(WgmmaOperandOffset(m, 16 * i + k), kWgmmaPairStageOffset - kWgmmaPairQueryOffset);
+        }
+      }
+    }
+    for (int stage = 0; stage < 2; ++stage) {
+      const uint32_t keys = base + kWgmmaPairStageOffset + stage * kWgmmaOperandBytes;
+      for (int i = 0; i < kWgmmaScoreSteps; ++i) {
+        const uint64_t b = WgmmaDescriptor(keys + WgmmaScoreBStart(0, i), kWgmmaKMajorLbo, kWgmmaKMajorSbo);
+        for (uint32_t n = 0; n < kWgmmaChunk; ++n) {
+          for (uint32_t k = 0; k < 16; ++k) {
+            ASSERT_EQ(TensorCoreAddress(b, false, n, k), keys + WgmmaOperandOffset(n, 16 * i + k))
+                << "B, stage " << stage << " i " << i << " n " << n << " k " << k;
+          }
+        }
+      }
+      for (int j = 0; j < kWgmmaValueSteps; ++j) ExpectValueBReads(keys, j);
+    }
+    for (int owner = 0; owner < 2; ++owner) {
+      const uint32_t probs = base + kWgmmaPairProbOffset + owner * kWgmmaPanelBytes;
+      for (int j = 0; j < kWgmmaValueSteps; ++j) {
+        const uint64_t a = WgmmaDescriptor(probs + WgmmaValueAStart(j), kWgmmaKMajorLbo, kWgmmaKMajorSbo);
+        for (uint32_t m = 0; m < 64; ++m) {
+          for (uint32_t k = 0; k < 16; ++k) {
+            ASSERT_EQ(TensorCoreAddress(a, false, m, k), probs + WgmmaPanelOffset(m, 16 * j + k));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LatentWgmmaLayoutTest, PairSharedMemoryRegionsDoNotOverlap) {
+  EXPECT_EQ(kWgmmaPairQueryOffset + kWgmmaPairStagedQueryPanels * kWgmmaPanelBytes, kWgmmaPairStageOffset);
+  EXPECT_EQ(kWgmmaPairStageOffset + 2 * kWgmmaOperandBytes, kWgmmaPairProbOffset);
+  EXPECT_EQ(kWgmmaPairProbOffset + 2 * kWgmmaPanelBytes, kWgmmaPairMaxOffset);
+  EXPECT_EQ(kWgmmaPairAllowOffset % 8, 0u);
+  EXPECT_EQ(kWgmmaPairBarrierOffset % 8, 0u);  // mbarriers are 8-byte aligned
+  EXPECT_LE(kWgmmaPairLaunchSharedBytes, kWgmmaLaunchSharedBytes);  // launched with the plan's bytes
+  EXPECT_EQ(kWgmmaPairStagedScoreSteps + kWgmmaPairRegisterScoreSteps, kWgmmaScoreSteps);
 }
 
 }  // namespace

@@ -76,6 +76,20 @@ class ScopedTreeKernel {
   cuda::LatentTreeKernelChoice saved_;
 };
 
+// The wgmma kernel variant (cuda/attention_ops.h) for a scope; the previous one after it.
+class ScopedWgmmaVariant {
+ public:
+  explicit ScopedWgmmaVariant(cuda::LatentWgmmaVariant variant) : saved_(cuda::GetLatentWgmmaVariant()) {
+    cuda::SetLatentWgmmaVariant(variant);
+  }
+  ~ScopedWgmmaVariant() { cuda::SetLatentWgmmaVariant(saved_); }
+  ScopedWgmmaVariant(const ScopedWgmmaVariant&) = delete;
+  ScopedWgmmaVariant& operator=(const ScopedWgmmaVariant&) = delete;
+
+ private:
+  cuda::LatentWgmmaVariant saved_;
+};
+
 bool SameBits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
@@ -126,6 +140,9 @@ Tensor I32(const std::vector<int32_t>& values) {
 
 class CudaLatentBf16Test : public ParityTest {
  protected:
+  // The folded merge on the wgmma kernel under the current variant (WgmmaFoldedMergeIsTheCombineKernels).
+  void ExpectWgmmaFoldedMergeIsTheCombineKernels();
+
   // One latent problem: the rows (already bf16-rounded, NaN where no position lives) as an f32
   // host cache and as a bf16 device cache, shuffled pages.
   struct Cache {
@@ -431,6 +448,8 @@ class CudaLatentBf16Test : public ParityTest {
 class CudaLatentBf16CombineTest : public CudaLatentBf16Test, public ::testing::WithParamInterface<bool> {
  protected:
   cuda::CudaBackendOptions Options() const override { return CombineOptions(GetParam()); }
+  // The wgmma kernel's cases under the current variant (WgmmaKernelMatchesCpuOnRoundedInputs).
+  void ExpectWgmmaCasesMatchCpu();
 };
 
 INSTANTIATE_TEST_SUITE_P(Merge, CudaLatentBf16CombineTest, ::testing::Values(false, true),
@@ -615,8 +634,18 @@ TEST_P(CudaLatentBf16CombineTest, TreeKernelMatchesCpuOnRoundedInputs) {
 // dependent), sequences whose keys are all new, the explicit-mask form (random and causal), keys no
 // row allows whose cache rows hold NaN, and under kWgmmaAll decode at 16 and 8 heads. Skipped where
 // the device does not run sm_90a code.
+// Both variants (LatentWgmmaVariant): both warpgroups on each chunk, and warpgroups owning
+// alternate chunks (odd chunk counts, one chunk, splits of one pair among the cases).
 TEST_P(CudaLatentBf16CombineTest, WgmmaKernelMatchesCpuOnRoundedInputs) {
   if (!cuda::LatentWgmmaAvailable()) GTEST_SKIP() << "the device does not run sm_90a code";
+  for (const cuda::LatentWgmmaVariant variant : {cuda::LatentWgmmaVariant::kSingle, cuda::LatentWgmmaVariant::kPair}) {
+    SCOPED_TRACE(variant == cuda::LatentWgmmaVariant::kPair ? "paired chunks" : "single");
+    const ScopedWgmmaVariant scoped(variant);
+    ExpectWgmmaCasesMatchCpu();
+  }
+}
+
+void CudaLatentBf16CombineTest::ExpectWgmmaCasesMatchCpu() {
   const ScopedTreeKernel wgmma(cuda::LatentTreeKernelChoice::kWgmma);
   ExpectBatchedCasesMatchCpu(TreeKernelCases(), 1900);
   ExpectBatchedCasesMatchCpu({{{4}, {4096}, 16, 64, true},
@@ -710,6 +739,14 @@ TEST_F(CudaLatentBf16Test, FoldedMergeIsTheCombineKernels) {
 // (8-token trees, 128 heads at one token, the explicit-mask form), each within the CPU tolerance.
 TEST_F(CudaLatentBf16Test, WgmmaFoldedMergeIsTheCombineKernels) {
   if (!cuda::LatentWgmmaAvailable()) GTEST_SKIP() << "the device does not run sm_90a code";
+  for (const cuda::LatentWgmmaVariant variant : {cuda::LatentWgmmaVariant::kSingle, cuda::LatentWgmmaVariant::kPair}) {
+    SCOPED_TRACE(variant == cuda::LatentWgmmaVariant::kPair ? "paired chunks" : "single");
+    const ScopedWgmmaVariant scoped(variant);
+    ExpectWgmmaFoldedMergeIsTheCombineKernels();
+  }
+}
+
+void CudaLatentBf16Test::ExpectWgmmaFoldedMergeIsTheCombineKernels() {
   const ScopedTreeKernel wgmma(cuda::LatentTreeKernelChoice::kWgmma);
   const std::unique_ptr<cuda::CudaBackend> folded = CombineBackend(true), separate = CombineBackend(false);
   ASSERT_TRUE(folded != nullptr && separate != nullptr);
