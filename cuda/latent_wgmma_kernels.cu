@@ -39,6 +39,7 @@
 #include "attention_ops.h"
 #include "core_kernels.cuh"
 #include "latent_common.cuh"
+#include "latent_wgmma_common.cuh"
 #include "latent_wgmma_layout.h"
 #include "programmatic_launch.cuh"
 #include "ptx.cuh"
@@ -46,7 +47,7 @@
 namespace eagle3::cuda {
 namespace {
 
-constexpr int kWgmmaThreads = 256;
+constexpr int kWgmmaThreads = kWgmmaBlockThreads;
 constexpr int kWarps = kWgmmaThreads / 32;
 constexpr int kRows = kWgmmaRows;
 constexpr int kChunk = kWgmmaChunk;
@@ -55,21 +56,11 @@ constexpr int kPieces = kDim / 8;                   // 16-byte pieces per key ro
 constexpr int kCopyLanes = 8;                       // copy threads per key row: 128 contiguous bytes
 constexpr int kCopyKeys = kWgmmaThreads / kCopyLanes;    // keys per copy pass (two passes a chunk)
 constexpr int kPiecesPerLane = kPieces / kCopyLanes;  // 9: one per panel
-constexpr int kQueryPiecesPerThread = kRows * kPieces / kWgmmaThreads;  // 18
-constexpr int kQueryBatch = 6;  // pieces loaded before the first is stored
+constexpr int kQueryBatch = 6;  // query pieces a thread loads before it stores the first
 constexpr float kLazyRescale = 8.0f;  // log2 units: see the softmax
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kCopyKeys * 2 == kChunk && kPiecesPerLane * kCopyLanes == kPieces, "two copy passes a chunk");
 static_assert(kPiecesPerLane == kDim / kWgmmaPanelWidth, "a lane's pieces: one per panel, the same column");
-static_assert(kRows * kPieces % kWgmmaThreads == 0 && kQueryPiecesPerThread % kQueryBatch == 0,
-              "every thread stages as many query pieces, in whole batches");
-
-// The bf16 bits of (lo, hi), rounded to nearest even, lo in the low half.
-__device__ inline uint32_t Bf16x2Bits(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
 static_assert(static_cast<int>(kLatentCompactKeyDim) == kDim && static_cast<int>(kLatentCompactValueDim) ==
                   kWgmmaValueDim, "the compact kernels' shape");
 
@@ -146,46 +137,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   const int chunks = (s_end - s_begin + kChunk - 1) / kChunk;
   int32_t next_lo = page_of(0, copy_key), next_hi = page_of(0, copy_key + kCopyKeys);
 
-  // Queries, rounded to bf16, into the swizzled panels, one 16-byte piece (8 dims) a store: thread i
-  // takes pieces i, i + 256, ... of the 64 rows x 72 pieces (0 for rows the tile does not hold), a
-  // batch of them loaded before any is stored, as float4 pairs where q's rows are 16-byte aligned.
-  {
-    const int heads = a.heads_per_tile;
-    const bool q_vec =
-        (reinterpret_cast<uintptr_t>(p.q) | static_cast<uintptr_t>(p.q_token_stride | p.q_head_stride) * 4) % 16 == 0;
-#pragma unroll
-    for (int u0 = 0; u0 < kQueryPiecesPerThread; u0 += kQueryBatch) {
-      float v[kQueryBatch][8];
-#pragma unroll
-      for (int b = 0; b < kQueryBatch; ++b) {
-        const int piece = tid + kWgmmaThreads * (u0 + b);
-        const int r = piece / kPieces, j = piece % kPieces;
-        const float* src = nullptr;
-        if (LatentRowHeld(a, n0, tile_tokens, r)) {
-          const int64_t t = tile.q0 + tile.i0 + r / heads;
-          src = p.q + t * p.q_token_stride + (n0 + r % heads) * p.q_head_stride + 8 * j;
-        }
-        if (src != nullptr && q_vec) {
-          const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
-          v[b][0] = lo.x, v[b][1] = lo.y, v[b][2] = lo.z, v[b][3] = lo.w;
-          v[b][4] = hi.x, v[b][5] = hi.y, v[b][6] = hi.z, v[b][7] = hi.w;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[b][e] = src != nullptr ? src[e] : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < kQueryBatch; ++b) {
-        const int piece = tid + kWgmmaThreads * (u0 + b);
-        uint4 packed;
-        packed.x = Bf16x2Bits(v[b][0], v[b][1]);
-        packed.y = Bf16x2Bits(v[b][2], v[b][3]);
-        packed.z = Bf16x2Bits(v[b][4], v[b][5]);
-        packed.w = Bf16x2Bits(v[b][6], v[b][7]);
-        *reinterpret_cast<uint4*>(qs + WgmmaPieceOffset(piece / kPieces, piece % kPieces)) = packed;
-      }
-    }
-  }
+  // Queries: all 576 dims (72 pieces a row).
+  StageWgmmaQueries<kPieces, kQueryBatch>(a, tile, n0, tile_tokens, qs);
 
   PdlWait();  // the check has completed
   if (*a.bad != 0) return;
@@ -199,23 +152,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   // Mask words: bit k of allow_words[(c % 2) * 64 + lt] says whether token lt of the tile sees key k
   // of chunk c; used_by_warp[(c % 2) * 8 + w] is the OR of warp w's tokens' words. Chunk c's are
   // written during chunk c - 1's scores (chunk 0's here). Warp w takes tokens w, w + 8, ...
-  const int prefix = static_cast<int>(tile.kv - tile.n);  // checked: 0 <= n <= kv
-  auto allow_byte = [&](int lt, int s) -> uint8_t {
-    const int64_t allow_tokens = tile_tokens, allow_end = s_end, allow_prefix = prefix;
-    return *LatentAllowByte{allow_tokens, allow_end, tile, p, allow_prefix}(lt, s);
-  };
   auto write_allow_words = [&](int c) {
-    uint64_t warp_or = 0;
-    const int s = s_begin + kChunk * c + lane;
-#pragma unroll 1
-    for (int lt = warp; lt < tile_tokens; lt += kWarps) {
-      const uint32_t lo = __ballot_sync(kFullMask, allow_byte(lt, s) != 0);
-      const uint32_t hi = __ballot_sync(kFullMask, allow_byte(lt, s + 32) != 0);
-      const uint64_t word = lo | (static_cast<uint64_t>(hi) << 32);
-      if (lane == 0) allow_words[(c % 2) * kRows + lt] = word;
-      warp_or |= word;
-    }
-    if (lane == 0) used_by_warp[(c % 2) * kWarps + warp] = warp_or;
+    WriteWgmmaAllowWords<kWarps>(a, tile, tile_tokens, s_begin, s_end, c, warp, allow_words, used_by_warp);
   };
   write_allow_words(0);
 
@@ -324,15 +262,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
     l1 = l1 * alpha1 + sum1;
     m0 = new0;
     m1 = new1;
-    if (__any_sync(kFullMask, alpha0 != 1.0f || alpha1 != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= alpha0;
-        o[4 * j + 1] *= alpha0;
-        o[4 * j + 2] *= alpha1;
-        o[4 * j + 3] *= alpha1;
-      }
-    }
+    if (__any_sync(kFullMask, alpha0 != 1.0f || alpha1 != 1.0f)) ScaleWgmmaRows(o, alpha0, alpha1);
 
     // Keys within the split that no row of the block allows: their staged values zeroed (64 threads
     // a key, one 16-byte piece of its 512 value dims each).
@@ -368,45 +298,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) LatentWgmmaKernel(const Late
   }
   CpAsyncWait<0>();
 
-  // Each row's sum: the thread's share, its four lanes', then the two warpgroups'.
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset *= 2) {
-    l0 += __shfl_xor_sync(kFullMask, l0, offset);
-    l1 += __shfl_xor_sync(kFullMask, l1, offset);
-  }
-  __syncthreads();  // every read of half_max done
-  if (t4 == 0) {
-    half_max[half * kRows + r0] = l0;
-    half_max[half * kRows + r1] = l1;
-  }
-  __syncthreads();
-  const float sums[2] = {half_max[r0] + half_max[kRows + r0], half_max[r1] + half_max[kRows + r1]};
-  const float maxima[2] = {m0 * kLn2, m1 * kLn2};
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = h == 0 ? r0 : r1;
-    if (!(h == 0 ? held0 : held1)) continue;
-    const int64_t t = tile.q0 + tile.i0 + row / heads;
-    const int n = n0 + row % heads;
-    const LatentRowOut dst = LatentRowDestination(a, t, n, maxima[h], sums[h], half == 0 && t4 == 0);
-    // A thread holds column pairs: one 8-byte store a pair where the row allows it (always for the
-    // split partials), so a quad's stores fill whole 32-byte sectors.
-    if (reinterpret_cast<uintptr_t>(dst.values) % sizeof(float2) == 0) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
-        *reinterpret_cast<float2*>(dst.values + col) =
-            make_float2(o[4 * j + 2 * h] * dst.factor, o[4 * j + 2 * h + 1] * dst.factor);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
-        dst.values[col] = o[4 * j + 2 * h] * dst.factor;
-        dst.values[col + 1] = o[4 * j + 2 * h + 1] * dst.factor;
-      }
-    }
-  }
+  StoreWgmmaRows(a, tile, n0, half, r0, held0, held1, m0, m1, l0, l1, o, half_max);
   if (a.fold_combine) {
     LatentFoldCombine<kWgmmaThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(wgmma_shared_base));
   }

@@ -28,6 +28,7 @@
 #include "attention_ops.h"
 #include "core_kernels.cuh"
 #include "latent_common.cuh"
+#include "latent_wgmma_common.cuh"
 #include "latent_wgmma_pair_layout.h"
 #include "programmatic_launch.cuh"
 #include "ptx.cuh"
@@ -35,7 +36,7 @@
 namespace eagle3::cuda {
 namespace {
 
-constexpr int kPairThreads = 256;
+constexpr int kPairThreads = kWgmmaBlockThreads;
 constexpr int kGroupThreads = 128;
 constexpr int kRows = kWgmmaRows;
 constexpr int kChunk = kWgmmaChunk;
@@ -45,7 +46,6 @@ constexpr int kCopyKeysPerPass = kGroupThreads / 8;  // a warpgroup copies 16 ke
 constexpr int kCopyPasses = kChunk / kCopyKeysPerPass;  // 4
 constexpr float kLazyRescale = 8.0f;  // log2 units, as LatentWgmmaKernel
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 // Named barriers between the warpgroups (0 is __syncthreads'), and one per warpgroup.
 constexpr int kMaxA = 1;     // warpgroup 0 has published chunk 2i's maxima
 constexpr int kMaxB = 2;     // warpgroup 1 has published chunk 2i + 1's maxima
@@ -53,11 +53,6 @@ constexpr int kProbsA = 3;   // warpgroup 0 has stored chunk 2i's probabilities
 constexpr int kProbsB = 4;   // warpgroup 1 has stored chunk 2i + 1's probabilities
 constexpr int kGroupBarrier = 5;  // + half: the warpgroup's own
 static_assert(kCopyPasses * kCopyKeysPerPass == kChunk, "whole copy passes");
-
-__device__ inline uint32_t Bf16x2Bits(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
 
 __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const LatentArgs a) {
   // Before PdlWait: as LatentWgmmaKernel (no cache row, no mask byte, no `bad`).
@@ -145,43 +140,8 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
     const int64_t t = tile.q0 + tile.i0 + r / heads;
     return p.q + t * p.q_token_stride + (n0 + r % heads) * p.q_head_stride;
   };
-  // Thread i stages pieces i, i + 256, ... (16 of them), a batch loaded before any is stored, as
-  // float4 pairs where q's rows are 16-byte aligned.
-  constexpr int kRowPieces = kWgmmaValueDim / 8;                               // 64
-  constexpr int kPiecesPerThread = kRows * kRowPieces / kPairThreads;          // 16
-  constexpr int kBatch = 4;
-  static_assert(kPiecesPerThread % kBatch == 0, "whole batches");
-  const bool q_vec =
-      (reinterpret_cast<uintptr_t>(p.q) | static_cast<uintptr_t>(p.q_token_stride | p.q_head_stride) * 4) % 16 == 0;
-#pragma unroll
-  for (int u0 = 0; u0 < kPiecesPerThread; u0 += kBatch) {
-    float v[kBatch][8];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int piece = tid + kPairThreads * (u0 + b);
-      const float* row = query_row(piece / kRowPieces);
-      const float* src = row != nullptr ? row + 8 * (piece % kRowPieces) : nullptr;
-      if (src != nullptr && q_vec) {
-        const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
-        v[b][0] = lo.x, v[b][1] = lo.y, v[b][2] = lo.z, v[b][3] = lo.w;
-        v[b][4] = hi.x, v[b][5] = hi.y, v[b][6] = hi.z, v[b][7] = hi.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[b][e] = src != nullptr ? src[e] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int piece = tid + kPairThreads * (u0 + b);
-      uint4 packed;
-      packed.x = Bf16x2Bits(v[b][0], v[b][1]);
-      packed.y = Bf16x2Bits(v[b][2], v[b][3]);
-      packed.z = Bf16x2Bits(v[b][4], v[b][5]);
-      packed.w = Bf16x2Bits(v[b][6], v[b][7]);
-      *reinterpret_cast<uint4*>(smem + kWgmmaPairQueryOffset + WgmmaPieceOffset(piece / kRowPieces, piece % kRowPieces)) =
-          packed;
-    }
-  }
+  constexpr int kQueryBatch = 4;  // query pieces a thread loads before it stores the first
+  StageWgmmaQueries<kWgmmaValueDim / 8, kQueryBatch>(a, tile, n0, tile_tokens, smem + kWgmmaPairQueryOffset);
   uint32_t q_rope[kWgmmaPairRegisterScoreSteps][4];
   {
     const float* q0 = query_row(r0);
@@ -206,23 +166,8 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
   // Mask words of chunk c (its owner writes them, during its score products): bit k of
   // allow_words[(c % 2) * 64 + lt] says whether token lt sees key k; used_by_warp[(c % 2) * 4 + w]
   // ORs the words of the owner's warp w (tokens w, w + 4, ...).
-  const int prefix = static_cast<int>(tile.kv - tile.n);
-  auto allow_byte = [&](int lt, int s) -> uint8_t {
-    const int64_t allow_tokens = tile_tokens, allow_end = s_end, allow_prefix = prefix;
-    return *LatentAllowByte{allow_tokens, allow_end, tile, p, allow_prefix}(lt, s);
-  };
   auto write_allow_words = [&](int c) {
-    uint64_t warp_or = 0;
-    const int s = s_begin + kChunk * c + lane;
-#pragma unroll 1
-    for (int lt = group_warp; lt < tile_tokens; lt += 4) {
-      const uint32_t lo = __ballot_sync(kFullMask, allow_byte(lt, s) != 0);
-      const uint32_t hi = __ballot_sync(kFullMask, allow_byte(lt, s + 32) != 0);
-      const uint64_t word = lo | (static_cast<uint64_t>(hi) << 32);
-      if (lane == 0) allow_words[(c % 2) * kRows + lt] = word;
-      warp_or |= word;
-    }
-    if (lane == 0) used_by_warp[(c % 2) * 4 + group_warp] = warp_or;
+    WriteWgmmaAllowWords<4>(a, tile, tile_tokens, s_begin, s_end, c, group_warp, allow_words, used_by_warp);
   };
   auto used_keys = [&](int c) {
     uint64_t used = 0;
@@ -263,14 +208,18 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
   const uint64_t q_desc = WgmmaDescriptor(base + kWgmmaPairQueryOffset, kWgmmaKMajorLbo, kWgmmaKMajorSbo);
   float s[32];
 
+  // Chunk c's copies landed (its stage's mbarrier, phase c / 2). They are generic-proxy writes the
+  // tensor cores read through the async proxy: each waiter fences after seeing them land (the PTX
+  // ISA asks for the fence between the two).
+  auto wait_copies = [&](int c) {
+    MbarWait(barriers + 8 * (c % 2), static_cast<uint32_t>(c / 2) & 1u);
+    FenceProxyAsyncShared();
+  };
   // Scores of chunk c (this warpgroup's), masked, in the log2 domain; returns the rows' maxima.
   auto score = [&](int c, float* max0, float* max1) {
     const uint32_t stage_base = SharedAddress(stage_bytes(c % 2));
     const uint64_t keys_desc = WgmmaDescriptor(stage_base, kWgmmaKMajorLbo, kWgmmaKMajorSbo);
-    MbarWait(barriers + 8 * (c % 2), static_cast<uint32_t>(c / 2) & 1u);
-    // The copies are generic-proxy writes the tensor cores read through the async proxy: each
-    // waiter fences after seeing them land (the PTX ISA asks for the fence between the two).
-    FenceProxyAsyncShared();
+    wait_copies(c);
     WgmmaFence();
 #pragma unroll
     for (int i = 0; i < kWgmmaPairStagedScoreSteps; ++i) {
@@ -325,14 +274,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
     *sum1 = a1;
   };
   auto rescale_o = [&](float f0, float f1) {
-    if (f0 == 1.0f && f1 == 1.0f) return;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j] *= f0;
-      o[4 * j + 1] *= f0;
-      o[4 * j + 2] *= f1;
-      o[4 * j + 3] *= f1;
-    }
+    if (f0 != 1.0f || f1 != 1.0f) ScaleWgmmaRows(o, f0, f1);
   };
   // The lazy rule of LatentWgmmaKernel: keep the maximum until a chunk's exceeds it by kLazyRescale.
   auto lazy = [](float kept, float seen) { return seen > kept + kLazyRescale ? seen : kept; };
@@ -371,6 +313,18 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
                              WgmmaDescriptorAdvance(vd, WgmmaValueBStart(0, j)));
     }
     WgmmaCommit();
+  };
+  // This warpgroup's half of the value product of the other's chunk c: the copies seen here too
+  // (the owner waited them before its scores), this half's unused keys zeroed (`used` read before
+  // the owner may rewrite it), the owner's stored probabilities awaited at `probs_barrier` (with
+  // every thread's zeroing); then the panels this warpgroup read last refilled with chunk c + 2.
+  auto values_of_other = [&](int c, uint64_t used, int probs_barrier) {
+    wait_copies(c);
+    zero_unused(c, used);
+    NamedBarrierSync(probs_barrier, kPairThreads);
+    values_from_shared(c);
+    WgmmaWait<0>();
+    if (c + 2 < chunks) issue(c + 2);
   };
   auto store_probabilities = [&](int c) {
     uint8_t* const ps = probs_bytes(c % 2);
@@ -414,28 +368,16 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
         const float nb0 = row_max[kRows + r0], nb1 = row_max[kRows + r1];
         const float beta0 = factor(na0, nb0), beta1 = factor(na1, nb1);
         if (beta0 != 1.0f || beta1 != 1.0f) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            s[4 * j] *= beta0;
-            s[4 * j + 1] *= beta0;
-            s[4 * j + 2] *= beta1;
-            s[4 * j + 3] *= beta1;
-          }
+          ScaleWgmmaRows(s, beta0, beta1);
+          ScaleWgmmaRows(o, beta0, beta1);
         }
-        rescale_o(beta0, beta1);
         l0 *= beta0;
         l1 *= beta1;
         m0 = nb0;
         m1 = nb1;
         store_probabilities(ca);
         NamedBarrierArrive(kProbsA, kPairThreads);
-        MbarWait(barriers + 8, static_cast<uint32_t>(i) & 1u);  // chunk 2i + 1's copies, seen here
-        FenceProxyAsyncShared();
-        zero_unused(cb, used_b);
-        NamedBarrierSync(kProbsB, kPairThreads);  // its probabilities; every thread's zeroing above
-        values_from_shared(cb);
-        WgmmaWait<0>();
-        if (cb + 2 < chunks) issue(cb + 2);
+        values_of_other(cb, used_b, kProbsB);
       } else {
         store_probabilities(ca);
         NamedBarrierArrive(kProbsA, kPairThreads);
@@ -472,56 +414,17 @@ __global__ void __launch_bounds__(kPairThreads, 1) LatentWgmmaPairKernel(const L
         WgmmaWait<0>();
         if (cb + 2 < chunks) issue(cb + 2);
       }
-      MbarWait(barriers, static_cast<uint32_t>(i) & 1u);  // chunk 2i's copies, seen here
-      FenceProxyAsyncShared();
-      zero_unused(ca, used_a);
-      NamedBarrierSync(kProbsA, kPairThreads);  // its probabilities; every thread's zeroing above
-      values_from_shared(ca);
-      WgmmaWait<0>();
-      if (ca + 2 < chunks) issue(ca + 2);
+      values_of_other(ca, used_a, kProbsA);
     }
   }
 
-  // Row sums: the thread's share, its quad's, then both warpgroups' (same maxima by now).
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset *= 2) {
-    l0 += __shfl_xor_sync(kFullMask, l0, offset);
-    l1 += __shfl_xor_sync(kFullMask, l1, offset);
-  }
-  __syncthreads();  // every read of row_max done; every phase of both mbarriers complete
-  if (tid == 0) {  // their memory may serve the folded merge's scratch below
+  StoreWgmmaRows(a, tile, n0, half, r0, held0, held1, m0, m1, l0, l1, o, row_max);
+  // Past StoreWgmmaRows' block barriers no thread waits on the mbarriers any more, and every phase
+  // of theirs has completed (both warpgroups waited each chunk's copies): they end here, before
+  // the folded merge (whose first barrier follows) may reuse their bytes as scratch.
+  if (tid == 0) {
     MbarInval(barriers);
     MbarInval(barriers + 8);
-  }
-  if (t4 == 0) {
-    row_max[half * kRows + r0] = l0;
-    row_max[half * kRows + r1] = l1;
-  }
-  __syncthreads();
-  const float sums[2] = {row_max[r0] + row_max[kRows + r0], row_max[r1] + row_max[kRows + r1]};
-  const float maxima[2] = {m0 * kLn2, m1 * kLn2};
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = h == 0 ? r0 : r1;
-    if (!(h == 0 ? held0 : held1)) continue;
-    const int64_t t = tile.q0 + tile.i0 + row / heads;
-    const int n = n0 + row % heads;
-    const LatentRowOut dst = LatentRowDestination(a, t, n, maxima[h], sums[h], half == 0 && t4 == 0);
-    if (reinterpret_cast<uintptr_t>(dst.values) % sizeof(float2) == 0) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
-        *reinterpret_cast<float2*>(dst.values + col) =
-            make_float2(o[4 * j + 2 * h] * dst.factor, o[4 * j + 2 * h + 1] * dst.factor);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = kWgmmaHalfColumns * half + 8 * j + 2 * t4;
-        dst.values[col] = o[4 * j + 2 * h] * dst.factor;
-        dst.values[col + 1] = o[4 * j + 2 * h + 1] * dst.factor;
-      }
-    }
   }
   if (a.fold_combine) {
     LatentFoldCombine<kPairThreads, kRows>(a, tile, n0, tile_tokens, reinterpret_cast<float*>(pair_shared_base));

@@ -234,6 +234,24 @@ __device__ __forceinline__ void WgmmaBf16M64N32(float (&d)[16], uint64_t a, uint
 #define EAGLE3_WGMMA_D8(i)                                                                               \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
+// The accumulators of an m64n64 (32 a thread) and an m64n256 (128) f32 product: their operands and
+// their places in the instruction's text (%0 ..).
+#define EAGLE3_WGMMA_D32 EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24)
+#define EAGLE3_WGMMA_D128                                                                                  \
+  EAGLE3_WGMMA_D32, EAGLE3_WGMMA_D8(32), EAGLE3_WGMMA_D8(40), EAGLE3_WGMMA_D8(48), EAGLE3_WGMMA_D8(56),   \
+      EAGLE3_WGMMA_D8(64), EAGLE3_WGMMA_D8(72), EAGLE3_WGMMA_D8(80), EAGLE3_WGMMA_D8(88), EAGLE3_WGMMA_D8(96), \
+      EAGLE3_WGMMA_D8(104), EAGLE3_WGMMA_D8(112), EAGLE3_WGMMA_D8(120)
+#define EAGLE3_WGMMA_D32_TEXT                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define EAGLE3_WGMMA_D128_TEXT                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "   \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "   \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, "       \
+  "%101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, " \
+  "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 // d += a b, m64n256k16, bf16 operands from shared memory: a K-major, b MN-major (trans-b); f32 d
 // [64 x 256].
@@ -244,21 +262,10 @@ __device__ __forceinline__ void WgmmaBf16M64N256TransB(float (&d)[128], uint64_t
       ".reg .pred p;\n"
       "setp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+      EAGLE3_WGMMA_D128_TEXT ","
       " %128, %129, p, 1, 1, 0, 1;\n"
       "}\n"
-      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24), EAGLE3_WGMMA_D8(32),
-        EAGLE3_WGMMA_D8(40), EAGLE3_WGMMA_D8(48), EAGLE3_WGMMA_D8(56), EAGLE3_WGMMA_D8(64), EAGLE3_WGMMA_D8(72),
-        EAGLE3_WGMMA_D8(80), EAGLE3_WGMMA_D8(88), EAGLE3_WGMMA_D8(96), EAGLE3_WGMMA_D8(104),
-        EAGLE3_WGMMA_D8(112), EAGLE3_WGMMA_D8(120)
+      : EAGLE3_WGMMA_D128
       : "l"(a), "l"(b), "r"(1)
       : "memory");
 #else
@@ -275,11 +282,10 @@ __device__ __forceinline__ void WgmmaBf16M64N64(float (&d)[32], uint64_t a, uint
       ".reg .pred p;\n"
       "setp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      EAGLE3_WGMMA_D32_TEXT ", "
       "%32, %33, p, 1, 1, 0, 0;\n"
       "}\n"
-      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24)
+      : EAGLE3_WGMMA_D32
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate))
       : "memory");
 #else
@@ -293,10 +299,9 @@ __device__ __forceinline__ void WgmmaBf16M64N64RegA(float (&d)[32], const uint32
 #if EAGLE3_WGMMA_ENABLED
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      EAGLE3_WGMMA_D32_TEXT ", "
       "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24)
+      : EAGLE3_WGMMA_D32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
       : "memory");
 #else
@@ -310,20 +315,9 @@ __device__ __forceinline__ void WgmmaBf16M64N256TransBRegA(float (&d)[128], cons
 #if EAGLE3_WGMMA_ENABLED
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+      EAGLE3_WGMMA_D128_TEXT ","
       " {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-      : EAGLE3_WGMMA_D8(0), EAGLE3_WGMMA_D8(8), EAGLE3_WGMMA_D8(16), EAGLE3_WGMMA_D8(24), EAGLE3_WGMMA_D8(32),
-        EAGLE3_WGMMA_D8(40), EAGLE3_WGMMA_D8(48), EAGLE3_WGMMA_D8(56), EAGLE3_WGMMA_D8(64), EAGLE3_WGMMA_D8(72),
-        EAGLE3_WGMMA_D8(80), EAGLE3_WGMMA_D8(88), EAGLE3_WGMMA_D8(96), EAGLE3_WGMMA_D8(104),
-        EAGLE3_WGMMA_D8(112), EAGLE3_WGMMA_D8(120)
+      : EAGLE3_WGMMA_D128
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
       : "memory");
 #else
@@ -331,6 +325,10 @@ __device__ __forceinline__ void WgmmaBf16M64N256TransBRegA(float (&d)[128], cons
 #endif
 }
 
+#undef EAGLE3_WGMMA_D128_TEXT
+#undef EAGLE3_WGMMA_D32_TEXT
+#undef EAGLE3_WGMMA_D128
+#undef EAGLE3_WGMMA_D32
 #undef EAGLE3_WGMMA_D8
 #undef EAGLE3_WGMMA_ENABLED
 
