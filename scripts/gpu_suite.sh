@@ -3,12 +3,14 @@
 # device, then compute-sanitizer over them, from a build directory or a folder of carried binaries
 # (scripts/pack_gpu_binaries.sh). From the repository root (the tests read fixtures below it):
 #
-#   scripts/gpu_suite.sh BIN_DIR OUT_DIR [--jobs N] [--only NAME,NAME] [--sanitize TOOLS]
-#                        [--sanitize-seconds S] [--sanitize-jobs N]
+#   scripts/gpu_suite.sh BIN_DIR OUT_DIR [--jobs N] [--only NAME,NAME] [--test-seconds S]
+#                        [--sanitize TOOLS] [--sanitize-seconds S] [--sanitize-jobs N]
 #
 #   BIN_DIR            holds the test binaries (a build's tests/ folder, or an unpacked tarball)
 #   --jobs             test binaries run at once (default 4)
 #   --only             these binaries only (names, comma-separated)
+#   --test-seconds     per test binary (default 600): a binary still running then is stopped and
+#                      recorded as timed out (rc=124), a failure, so one hang costs no other result
 #   --sanitize         compute-sanitizer tools after the tests, comma-separated (default
 #                      memcheck,racecheck; "none" skips); racecheck instruments cuBLAS's own
 #                      kernels too (excluding them with --kernel-name-exclude kns=nvjet made the
@@ -22,19 +24,21 @@
 # (rc, ERROR / RACECHECK SUMMARY); OUT_DIR/logs/: every log. Exit status 0 when every test binary
 # passed and no sanitizer run reported an error (timeouts excepted).
 set -u
-[ $# -ge 2 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,24p' "$0"; exit 2; }
 BIN=$1
 OUT=$2
 shift 2
 JOBS=4
 ONLY=
 TOOLS=memcheck,racecheck
+TEST_SECONDS=600
 SAN_SECONDS=150
 SAN_JOBS=8
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) JOBS=$2; shift ;;
     --only) ONLY=",$2," ; shift ;;
+    --test-seconds) TEST_SECONDS=$2; shift ;;
     --sanitize) TOOLS=$2; shift ;;
     --sanitize-seconds) SAN_SECONDS=$2; shift ;;
     --sanitize-jobs) SAN_JOBS=$2; shift ;;
@@ -65,9 +69,10 @@ parallel() {
 
 run_test() {
   local name=$1 log="$OUT/logs/test_$1.log"
-  "$BIN/$name" > "$log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED \] [0-9]' "$log" | tr '\n' ' ')" >> "$OUT/summary.txt"
+  timeout "$TEST_SECONDS" "$BIN/$name" > "$log" 2>&1
+  local rc=$? note=
+  [ $rc -eq 124 ] && note="(timed out after $TEST_SECONDS s) "
+  echo "$name rc=$rc $note$(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED \] [0-9]' "$log" | tr '\n' ' ')" >> "$OUT/summary.txt"
 }
 start=$(date +%s)
 parallel "$JOBS" run_test
