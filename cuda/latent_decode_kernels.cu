@@ -477,6 +477,7 @@ cudaError_t CurrentPlanDevice(LatentPlanDevice* device) {
   device->max_shared = static_cast<size_t>(max_shared);
   device->choice = GetLatentTreeKernelChoice();
   device->wgmma_available = device->choice != LatentTreeKernelChoice::kMma && LatentWgmmaAvailable();
+  device->wgmma_variant = GetLatentWgmmaVariant();
   return cudaSuccess;
 }
 
@@ -507,8 +508,8 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   a.bad = bad;
   a.wait_first = !after_check;
   a.split_chunk = plan.split_chunk;
-  a.splits_marked = plan.kernel == LatentKernelKind::kWgmma || plan.kernel == LatentKernelKind::kTree ||
-                    plan.kernel == LatentKernelKind::kCompact;
+  a.splits_marked = plan.kernel == LatentKernelKind::kWgmma || plan.kernel == LatentKernelKind::kWgmmaPair ||
+                    plan.kernel == LatentKernelKind::kTree || plan.kernel == LatentKernelKind::kCompact;
   a.wp = bf16 ? MmaRowStride(p.key_dim) : LatentRowStride(p.key_dim);
   a.vec = bf16 ? p.key_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.cache_bf16) % 16 == 0
                : p.key_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0;
@@ -526,8 +527,10 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
   cudaError_t error = cudaSuccess;
   switch (plan.kernel) {
     case LatentKernelKind::kWgmma:
-      error = GetLatentWgmmaVariant() == LatentWgmmaVariant::kPair ? LaunchLatentWgmmaPair(a, grid, programmatic, stream)
-                                                                    : LaunchLatentWgmma(a, grid, programmatic, stream);
+      error = LaunchLatentWgmma(a, grid, programmatic, stream);
+      break;
+    case LatentKernelKind::kWgmmaPair:
+      error = LaunchLatentWgmmaPair(a, grid, programmatic, stream);
       break;
     case LatentKernelKind::kTree:
       error = LaunchLatentTree(a, grid, programmatic, stream);

@@ -83,9 +83,11 @@ bool PlanLatentLaunch(const LatentLaunchParams& p, bool tile_table, bool partial
   const bool bf16 = p.cache_bf16 != nullptr;
   a.rows = LatentBlockRows(p, device);
   const bool wgmma = a.rows == kWgmmaRows && LatentWgmmaTakes(p, device);
+  const bool pair = wgmma && device.wgmma_variant == LatentWgmmaVariant::kPair;
   const bool tree = !wgmma && LatentTreeApplies(p, a.rows);
   const bool compact = LatentCompactApplies(p, a.rows);
-  a.kernel = wgmma     ? LatentKernelKind::kWgmma
+  a.kernel = pair      ? LatentKernelKind::kWgmmaPair
+             : wgmma   ? LatentKernelKind::kWgmma
              : tree    ? LatentKernelKind::kTree
              : compact ? LatentKernelKind::kCompact
              : bf16    ? LatentKernelKind::kMma
@@ -96,7 +98,14 @@ bool PlanLatentLaunch(const LatentLaunchParams& p, bool tile_table, bool partial
                    : bf16    ? MmaSharedBytes(p.key_dim, a.rows / 16)
                              : LatentSharedBytes(p.key_dim);
   if (a.shared_bytes > device.max_shared) return false;
-  a.split_chunk = wgmma ? kWgmmaChunk : tree ? LatentTreeChunk() : compact ? LatentCompactChunk() : kLatentChunk;
+  // The paired kernel's warpgroups take a split's chunks two at a time (one each, scores and
+  // softmax overlapping the other's products): its splits hold whole pairs, so none ends on a
+  // chunk whose partner warpgroup has no chunk of its own, and the split cost below counts pairs.
+  a.split_chunk = pair    ? 2 * kWgmmaChunk
+                  : wgmma ? kWgmmaChunk
+                  : tree  ? LatentTreeChunk()
+                  : compact ? LatentCompactChunk()
+                            : kLatentChunk;
   a.heads_per_tile = static_cast<int>(std::min<int64_t>(p.heads, a.rows));
   a.tokens_per_tile = a.rows / a.heads_per_tile;
   a.head_tiles = (p.heads + a.heads_per_tile - 1) / a.heads_per_tile;

@@ -68,6 +68,7 @@ enum class LatentKernelKind {
   kCompact,  // bf16 at the compact shape, 16 rows (latent_compact_kernels.cu)
   kTree,     // bf16 at the compact shape, 64 rows on mma.sync (latent_tree_kernels.cu)
   kWgmma,    // bf16 at the compact shape, 64 rows on wgmma (latent_wgmma_kernels.cu)
+  kWgmmaPair,  // the same, the warpgroups owning alternate chunks (latent_wgmma_pair_kernels.cu)
 };
 
 // What the plan needs to know of the device and of the kernel choice.
@@ -76,6 +77,7 @@ struct LatentPlanDevice {
   size_t max_shared = 0;                                    // opt-in dynamic shared memory per block
   LatentTreeKernelChoice choice = LatentTreeKernelChoice::kAuto;
   bool wgmma_available = false;                             // LatentWgmmaAvailable() on this device
+  LatentWgmmaVariant wgmma_variant = LatentWgmmaVariant::kSingle;  // which kernel a wgmma plan runs
 };
 
 // A call's query rows per sequence, on average (heads x its tokens, rounded up).
@@ -104,7 +106,7 @@ struct LatentPlan {
   int64_t value_tiles = 0;  // value_dim / kLatentTileColumns, rounded up
   int64_t token_tiles = 0;  // grid.x: exact without a tile table, else a bound (see LaunchLatentKernels)
   int64_t splits = 1;       // grid.y
-  int split_chunk = 0;      // split lengths are multiples of it
+  int split_chunk = 0;      // split lengths are multiples of it (kWgmmaPair: a pair of chunks)
   size_t shared_bytes = 0;
   bool fold_combine = false;  // the attention kernel merges the splits (else the combine kernel)
 };

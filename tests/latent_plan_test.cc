@@ -114,6 +114,43 @@ TEST(LatentPlanTest, TreeWidthBoundsTheTiles) {
   EXPECT_EQ(single.token_tiles, 2);
 }
 
+// The paired wgmma variant: the same calls as the wgmma kernel, whose splits hold whole pairs of
+// chunks (128 keys), the split count chosen in pairs. One tree of 8 tokens at 4K: 2 tiles, 32 splits
+// of one pair each where the single-chunk kernel takes 64 of one chunk (one wave either way, half
+// the partials to merge). 32 trees of 8: 2 splits of 16 pairs, as with 32 chunks. Elsewhere the
+// variant changes nothing.
+TEST(LatentPlanTest, PairedWgmmaSplitsOnWholePairs) {
+  const uint8_t mask_byte = 1;
+  LatentPlanDevice device = H200(LatentTreeKernelChoice::kWgmma);
+  LatentLaunchParams one = Call(1, 8, 16, 4096);
+  one.tree_mask = &mask_byte;  // never read by the plan
+  one.tree_width = 8;
+  const LatentPlan single = Plan(one, device);
+  EXPECT_EQ(single.kernel, LatentKernelKind::kWgmma);
+  EXPECT_EQ(single.split_chunk, kWgmmaChunk);
+  EXPECT_EQ(single.splits, 64);
+  device.wgmma_variant = LatentWgmmaVariant::kPair;
+  const LatentPlan pair = Plan(one, device);
+  EXPECT_EQ(pair.kernel, LatentKernelKind::kWgmmaPair);
+  EXPECT_EQ(pair.split_chunk, 2 * kWgmmaChunk);
+  EXPECT_EQ(pair.splits, 32);
+  EXPECT_EQ(pair.rows, single.rows);
+  EXPECT_EQ(pair.shared_bytes, single.shared_bytes);
+
+  LatentLaunchParams batch = Call(32, 8, 16, 4096);
+  batch.tree_mask = &mask_byte;
+  batch.tree_width = 8;
+  const LatentPlan batched = Plan(batch, device);
+  EXPECT_EQ(batched.kernel, LatentKernelKind::kWgmmaPair);
+  EXPECT_EQ(batched.token_tiles, 64);
+  EXPECT_EQ(batched.splits, 2);
+
+  // Where the wgmma kernel does not take the call, the variant is not asked.
+  LatentPlanDevice mma = H200(LatentTreeKernelChoice::kMma);
+  mma.wgmma_variant = LatentWgmmaVariant::kPair;
+  EXPECT_EQ(Plan(batch, mma).kernel, LatentKernelKind::kCompact);
+}
+
 // Long trees (>= 1024 rows a sequence, or >= 256 with 8+ sequences) run the 64-row mma.sync tree
 // kernel by default, the wgmma kernel where chosen.
 TEST(LatentPlanTest, LongTreesRunTheTreeKernel) {
