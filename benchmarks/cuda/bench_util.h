@@ -42,6 +42,11 @@ namespace eagle3::bench {
 
 inline constexpr int kWarmup = 3;
 
+// The NVLink floor of the collectives' figures (collectives_benchmark, tp_step_benchmark): 450 GB/s,
+// the H100's and H200's NVLink 4 bandwidth per direction (18 links x 25 GB/s), which NVSwitch
+// systems can reach from every GPU at once.
+inline constexpr double kNvlinkBytesPerS = 450e9;
+
 // Number of CUDA devices; 0 when the driver or the device is missing (never an error).
 inline int DeviceCount() {
   int n = 0;

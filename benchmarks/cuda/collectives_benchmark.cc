@@ -8,7 +8,7 @@
 // back-to-back collectives between two CUDA events on rank 0's stream (which amortizes the skew of
 // the ranks' host threads), reported per collective. Bandwidths as nccl-tests defines them:
 // algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce, * (n-1)/n for all-gather. The floor
-// is the bus bytes over kAssumedLinkBytesPerS: 450 GB/s, the H200's NVLink 4 bandwidth per direction
+// is the bus bytes over kNvlinkBytesPerS (bench_util.h): 450 GB/s, the H200's NVLink 4 bandwidth per direction
 // (18 links x 25 GB/s), which NVSwitch systems can reach from every GPU at once. Small messages are
 // latency-bound: their fraction of that floor is expected to be tiny; `us` is the figure to read.
 // With fewer than two GPUs every benchmark is skipped with a message saying so.
@@ -26,7 +26,6 @@
 namespace eagle3::bench {
 namespace {
 
-constexpr double kAssumedLinkBytesPerS = 450e9;
 constexpr int kInner = 20;
 
 struct Group {
@@ -133,7 +132,7 @@ void RunCollective(benchmark::State& state, Kind kind) {
   const double message = static_cast<double>(elems) * DTypeSize(dtype);
   const double factor = kind == Kind::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
   const double bus_bytes = message * factor;
-  const double floor = bus_bytes / kAssumedLinkBytesPerS;
+  const double floor = bus_bytes / kNvlinkBytesPerS;
   state.counters["us"] = seconds * 1e6;
   state.counters["bytes"] = message;
   state.counters["ranks"] = n;
@@ -141,7 +140,7 @@ void RunCollective(benchmark::State& state, Kind kind) {
   state.counters["busbw_GB/s"] = seconds > 0 ? bus_bytes / seconds * 1e-9 : 0;
   state.counters["floor_us"] = floor * 1e6;
   state.counters["frac_of_floor"] = seconds > 0 ? floor / seconds : 0;
-  state.counters["assumed_link_GB/s"] = kAssumedLinkBytesPerS * 1e-9;
+  state.counters["assumed_link_GB/s"] = kNvlinkBytesPerS * 1e-9;
 }
 
 void BM_AllReduce(benchmark::State& state) { RunCollective(state, Kind::kAllReduce); }

@@ -69,6 +69,7 @@
 
 #include "bench_util.h"
 #include "sparse_checkpoint.h"
+#include "step_models.h"
 #include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/deepseek_v2_weights.h"
@@ -80,67 +81,16 @@
 namespace eagle3::bench {
 namespace {
 
-// DeepSeek-V2's hub config.json with the per-rank widths of TP = 8 (see the top of the file):
-// num_attention_heads 128 -> 16, intermediate_size 12288 -> 1536, moe_intermediate_size 1536 -> 192,
-// vocab_size 102400 -> 12800 (bos/eos ids, beyond the shard, left out). Everything else as published.
-constexpr const char* kV2RankConfig = R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
- "first_k_dense_replace": 1, "hidden_act": "silu",
- "hidden_size": 5120, "intermediate_size": 1536, "kv_lora_rank": 512, "max_position_embeddings": 163840,
- "moe_intermediate_size": 192, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 160,
- "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6,
- "num_hidden_layers": 60, "num_key_value_heads": 16, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
- "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1,
- "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
- "type": "yarn"}, "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax",
- "tie_word_embeddings": false, "topk_group": 3, "topk_method": "group_limited_greedy", "v_head_dim": 128,
- "vocab_size": 12800})";
-
-// DeepSeek-V3's hub config.json (FP8 quantization_config as published) with the per-rank widths of
-// TP = 8: num_attention_heads 128 -> 16, intermediate_size 18432 -> 2304, moe_intermediate_size
-// 2048 -> 256, vocab_size 129280 -> 16160.
-constexpr const char* kV3Fp8RankConfig = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
- "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 2304,
- "kv_lora_rank": 512, "max_position_embeddings": 163840, "moe_intermediate_size": 256, "moe_layer_freq": 1,
- "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
- "num_attention_heads": 16, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 16,
- "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
- "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
- "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
- "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 4,
- "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 16160,
- "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
- "weight_block_size": [128, 128]}})";
-
-// Kimi-K2-Thinking's hub config.json (the language model K2.5 shares; its compressed-tensors INT4
-// quantization_config as published) with the per-rank widths of TP = 8: num_attention_heads 64 -> 8,
-// intermediate_size 18432 -> 2304, moe_intermediate_size 2048 -> 256, vocab_size 163840 -> 20480.
-constexpr const char* kK2Int4RankConfig = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
- "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 2304,
- "kv_lora_rank": 512, "max_position_embeddings": 262144, "moe_intermediate_size": 256, "moe_layer_freq": 1,
- "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": true,
- "num_attention_heads": 8, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 8,
- "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
- "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0, "mscale_all_dim": 1.0,
- "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 50000.0,
- "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "tie_word_embeddings": false, "topk_group": 1,
- "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 20480,
- "quantization_config": {"config_groups": {"group_0": {"input_activations": null, "output_activations": null,
- "targets": ["Linear"], "weights": {"actorder": null, "block_structure": null, "dynamic": false,
- "group_size": 32, "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
- "symmetric": true, "type": "int"}}}, "format": "pack-quantized", "ignore": ["lm_head",
- "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
- "kv_cache_scheme": null, "quant_method": "compressed-tensors", "quantization_status": "compressed"}})";
-
 constexpr const char* kModelNames[] = {"v2lite-tp1", "v2-tp8-rank", "v3-fp8-tp8-rank", "k2-int4-tp8-rank"};
-constexpr const char* kModelConfigs[] = {kV2LiteConfig, kV2RankConfig, kV3Fp8RankConfig, kK2Int4RankConfig};
-constexpr int kNumModels = 4;
-// Models that must keep their weights quantized and their caches in bf16 to fit (see the top).
-bool Quantized(int model) { return model >= 2; }
+// Models 1-3: the hub configs with the widths of one TP = 8 rank (step_models.h).
+constexpr int kRankSplit = 8;
+constexpr int kNumModels = kStepModels;
+bool Quantized(int model) { return StepModelQuantized(model); }
 
-constexpr int64_t kPageSize = 64;
-constexpr int64_t kMaxBatch = 32;
+constexpr int64_t kPageSize = kStepPageSize;
+constexpr int64_t kMaxBatch = kStepMaxBatch;
 constexpr int64_t kMaxTreeTokens = 64;
-constexpr int kTreeArity = 4;
+constexpr int kTreeArity = kStepTreeArity;
 int64_t MaxContext() { return Quick() ? 1024 : 4096; }
 
 // EAGLE3_BENCH_KV_CACHE=bf16: the models' latent caches in bf16 (TargetModelOptions::kv_cache_dtype;
@@ -185,73 +135,13 @@ struct Model {
   DeepseekV2Config config;
   std::unique_ptr<TargetModel> target;
   std::vector<std::vector<int32_t>> pages;
-  double weight_bytes = 2;  // per element, in the model's storage dtype
-  double cache_bytes = 4;
-  // Per element of the attention projections, the dense and shared MLPs, and the routed experts:
-  // weight_bytes, or the quantized size where the checkpoint stores them quantized (QuantBytes).
-  double attention_bytes = 2, mlp_bytes = 2, expert_bytes = 2;
+  StepElementBytes bytes;   // per element streamed (step_models.h)
   double device_bytes = 0;  // GPU memory the loaded model takes (weights, caches, workspaces)
 };
 
-// Bytes per weight element streamed from memory for a Linear stored in `format`: FP8 one byte plus
-// its 128 x 128 block's f32 scale share; INT4 half a byte plus a bf16 scale per group of 32.
-double QuantBytes(const QuantizationConfig& q, double dense) {
-  switch (q.format) {
-    case WeightFormat::kFp8Block:
-      return 1.0 + 4.0 / static_cast<double>(q.block_out * q.block_in);
-    case WeightFormat::kInt4Group:
-      return 0.5 + 2.0 / static_cast<double>(q.group_size);
-    default:
-      return dense;
-  }
-}
-
-double ElementBytes(DType t) { return t == DType::kBF16 || t == DType::kF16 ? 2.0 : 4.0; }
-
-// What one target step over `tokens` new tokens (split over `batch` sequences, each after `context`
-// cached tokens) must read and compute; see the top of the file.
-struct StepCost {
-  double bytes = 0;
-  double flops = 0;
-};
+// What one step of model `m` must read and compute (step_models.h).
 StepCost Cost(const Model& m, int64_t batch, int64_t tokens_per_seq, int64_t context) {
-  const DeepseekV2Config& c = m.config;
-  const double h = static_cast<double>(c.hidden_size);
-  const double heads = static_cast<double>(c.num_attention_heads);
-  const double q = c.q_lora_rank.has_value()
-                       ? h * static_cast<double>(*c.q_lora_rank) + static_cast<double>(*c.q_lora_rank) * heads * c.qk_head_dim()
-                       : h * heads * c.qk_head_dim();
-  const double attention = q + h * c.latent_cache_width() +
-                           static_cast<double>(c.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim) +
-                           heads * c.v_head_dim * h;
-  const double expert = 3.0 * h * static_cast<double>(c.moe_intermediate_size);
-  const double experts = static_cast<double>(*c.n_routed_experts);
-  const double tokens = static_cast<double>(batch * tokens_per_seq);
-  const double touched = experts * (1.0 - std::pow(1.0 - c.num_experts_per_tok / experts, tokens));
-  const double dense = 3.0 * h * static_cast<double>(c.intermediate_size);
-  const int64_t layers = c.num_hidden_layers;
-  const int64_t dense_layers = std::min<int64_t>(c.first_k_dense_replace, layers);
-  const int64_t moe_layers = layers - dense_layers;
-  const double lm_head = static_cast<double>(c.vocab_size) * h;
-  // kv_b stays dense (W_UK / W_UV are its per-head slices) in every form.
-  const double kv_b = static_cast<double>(c.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim);
-  const double streamed = layers * (m.attention_bytes * (attention - kv_b) + m.weight_bytes * kv_b) +
-                          m.mlp_bytes * (dense_layers * dense + moe_layers * c.n_shared_experts * expert) +
-                          m.expert_bytes * moe_layers * touched * expert + m.weight_bytes * lm_head;
-  const double router = moe_layers * h * experts;
-  // The checkpoint's routers are bf16: kept so with bf16 weights (FeedForwardBlock::RouterDtype).
-  const double router_bytes = m.weight_bytes == 2 ? 2.0 : 4.0;
-  const double kv_rows = static_cast<double>(batch) * (context + tokens_per_seq) * layers;
-  StepCost cost;
-  cost.bytes = streamed + router_bytes * router + m.cache_bytes * kv_rows * c.latent_cache_width();
-  // Per token: 2 flops per weight it uses (its own experts: k + shared), and the absorbed attention
-  // over its keys (q·k over the latent width, p·v over kv_lora_rank, every head).
-  const double per_token = 2.0 * (layers * attention + dense_layers * dense + lm_head +
-                                  moe_layers * (c.num_experts_per_tok + c.n_shared_experts) * expert + router);
-  const double attention_flops = 2.0 * heads * (c.latent_cache_width() + c.kv_lora_rank) * layers *
-                                 static_cast<double>(batch) * tokens_per_seq * (context + tokens_per_seq);
-  cost.flops = tokens * per_token + attention_flops;
-  return cost;
+  return StepCostOf(m.config, m.bytes, batch, tokens_per_seq, context);
 }
 
 // One model in memory at a time (the V2 rank alone is ~60 GB in bf16): asking for another frees the
@@ -259,17 +149,14 @@ StepCost Cost(const Model& m, int64_t batch, int64_t tokens_per_seq, int64_t con
 // prefill: TargetModel::Create zeroes the cache, which is what a prefill through these checkpoints
 // writes (their kv_a projection is a hole), and a step reads the first `context` rows of its pages.
 absl::StatusOr<Model*> Get(int id) {
-  static std::unique_ptr<Model> current;
-  static absl::Status failed[kNumModels];
-  if (current != nullptr && current->id == id) return current.get();
-  if (!failed[id].ok()) return failed[id];
-  current.reset();
-  auto load = [&]() -> absl::StatusOr<std::unique_ptr<Model>> {
+  static OneLoaded<Model> loaded;
+  return loaded.Get(id, [&]() -> absl::StatusOr<std::unique_ptr<Model>> {
     auto m = std::make_unique<Model>();
     m->id = id;
-    EAGLE3_ASSIGN_OR_RETURN(m->config, DeepseekV2Config::FromJson(kModelConfigs[id], kModelNames[id]));
+    const std::string json = StepModelConfig(id, kRankSplit);
+    EAGLE3_ASSIGN_OR_RETURN(m->config, DeepseekV2Config::FromJson(json, kModelNames[id]));
     const std::string dir = CheckpointDir(id);
-    EAGLE3_RETURN_IF_ERROR(EnsureSparseCheckpoint(dir, kModelConfigs[id], m->config));
+    EAGLE3_RETURN_IF_ERROR(EnsureSparseCheckpoint(dir, json, m->config));
     const auto start = std::chrono::steady_clock::now();
     TargetModelOptions o;
     o.max_tokens_per_forward = kMaxBatch * kMaxTreeTokens;  // the largest verify step
@@ -286,20 +173,12 @@ absl::StatusOr<Model*> Get(int id) {
     EAGLE3_ASSIGN_OR_RETURN(m->target, TargetModel::Create(dir, o, nullptr, Backend()));
     (void)cudaMemGetInfo(&free_after, &total);
     m->device_bytes = static_cast<double>(free_before) - static_cast<double>(free_after);
-    m->weight_bytes = ElementBytes(m->target->options().weight_dtype.value_or(Backend()->preferred_weight_dtype()));
-    m->cache_bytes = ElementBytes(m->target->options().kv_cache_dtype.value_or(DType::kF32));
-    const QuantizationConfig& q = m->config.quantization;
-    // FP8 quantizes every Linear but lm_head; the INT4 form only the routed experts (its ignore list).
-    m->expert_bytes = QuantBytes(q, m->weight_bytes);
-    m->attention_bytes = m->mlp_bytes = q.format == WeightFormat::kFp8Block ? m->expert_bytes : m->weight_bytes;
-    for (int64_t b = 0; b < kMaxBatch; ++b) {
-      std::vector<int32_t> p(static_cast<size_t>(pages_per_seq));
-      for (int64_t i = 0; i < pages_per_seq; ++i) p[i] = static_cast<int32_t>(b * pages_per_seq + i);
-      m->pages.push_back(std::move(p));
-    }
+    m->bytes = ElementBytesOf(m->config, m->target->options().weight_dtype.value_or(Backend()->preferred_weight_dtype()),
+                              m->target->options().kv_cache_dtype.value_or(DType::kF32));
+    m->pages = SequencePages(kMaxBatch, pages_per_seq);
     std::fprintf(stderr, "decode_step_benchmark: %s: loaded (%.1f GB of GPU memory; weights %.0f B, experts %.3f B, "
                  "cache %.0f B per element, %lld x %lld cached tokens) in %.1f s\n", kModelNames[id],
-                 m->device_bytes * 1e-9, m->weight_bytes, m->expert_bytes, m->cache_bytes,
+                 m->device_bytes * 1e-9, m->bytes.weight, m->bytes.expert, m->bytes.cache,
                  static_cast<long long>(kMaxBatch), static_cast<long long>(MaxContext()),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     const WeightLoadStats& ls = m->target->load_stats();
@@ -311,14 +190,7 @@ absl::StatusOr<Model*> Get(int id) {
                  ls.check_seconds, ls.read_seconds, ls.device_seconds, Backend()->options().upload_ring_bytes >> 20,
                  Backend()->options().weight_arena_chunk_bytes >> 20, ls.total_seconds);
     return m;
-  };
-  absl::StatusOr<std::unique_ptr<Model>> loaded = load();
-  if (!loaded.ok()) {
-    failed[id] = loaded.status();
-    return failed[id];
-  }
-  current = std::move(*loaded);
-  return current.get();
+  });
 }
 
 // Times the staged step `inputs` eager or from a graph and sets the counters.
@@ -354,9 +226,9 @@ void TimeStep(benchmark::State& state, Model& m, std::span<const SequenceInput> 
   ReportRoofline(state, Median(device), cost.bytes, cost.flops);
   state.counters["step_wall_us"] = Median(wall) * 1e6;
   state.counters["layers"] = static_cast<double>(m.config.num_hidden_layers);
-  state.counters["weight_elem_bytes"] = m.weight_bytes;
-  state.counters["cache_elem_bytes"] = m.cache_bytes;
-  state.counters["expert_elem_bytes"] = m.expert_bytes;
+  state.counters["weight_elem_bytes"] = m.bytes.weight;
+  state.counters["cache_elem_bytes"] = m.bytes.cache;
+  state.counters["expert_elem_bytes"] = m.bytes.expert;
   state.counters["model_device_gb"] = m.device_bytes * 1e-9;
 }
 
@@ -369,15 +241,9 @@ void BM_DecodeStep(benchmark::State& state) {
   if (!Check(state, got.status(), "setup")) return;
   Model& m = **got;
   if (batch > kMaxBatch || context > MaxContext()) return state.SkipWithError("shape beyond the shared model");
-  // Every sequence decodes one token at position `context` (the same slot each time).
-  std::vector<int64_t> tokens(static_cast<size_t>(batch));
-  std::vector<SequenceInput> inputs;
-  for (int64_t b = 0; b < batch; ++b) {
-    tokens[b] = (31 * b + 5) % m.config.vocab_size;
-    inputs.push_back(SequenceInput{std::span<const int64_t>(&tokens[b], 1), {}, m.pages[b], context, {}, false});
-  }
+  const StepInputs step = DecodeStepInputs(batch, context, m.config.vocab_size, m.pages);
   std::vector<float> logits(static_cast<size_t>(batch * m.config.vocab_size));
-  TimeStep(state, m, inputs, graph, TensorView(logits.data(), DType::kF32, Shape{batch, m.config.vocab_size}),
+  TimeStep(state, m, step.inputs, graph, TensorView(logits.data(), DType::kF32, Shape{batch, m.config.vocab_size}),
            Cost(m, batch, 1, context));
 }
 
@@ -392,23 +258,10 @@ void BM_VerifyStep(benchmark::State& state) {
   if (batch > kMaxBatch || n > kMaxTreeTokens || context > MaxContext()) {
     return state.SkipWithError("shape beyond the shared model");
   }
-  // A complete 4-ary tree of n nodes (node i's parent is (i - 1) / 4): the shape of an EAGLE-2 tree.
-  std::vector<int64_t> tree_tokens(static_cast<size_t>(n));
-  std::vector<int32_t> parents(static_cast<size_t>(n), -1);
-  for (int64_t i = 0; i < n; ++i) {
-    tree_tokens[i] = (131 * i + 7) % m.config.vocab_size;
-    if (i > 0) parents[i] = static_cast<int32_t>((i - 1) / kTreeArity);
-  }
-  auto tree = DraftTree::FromParents(tree_tokens, parents);
-  if (!Check(state, tree.status(), "tree")) return;
-  const std::vector<int64_t> positions = tree->Positions(context);
-  const std::vector<uint8_t> mask = tree->DenseMask();
-  std::vector<SequenceInput> inputs;
-  for (int64_t b = 0; b < batch; ++b) {
-    inputs.push_back(SequenceInput{tree_tokens, positions, m.pages[b], context, mask, true});
-  }
+  auto step = VerifyStepInputs(batch, n, context, m.config.vocab_size, kTreeArity, m.pages);
+  if (!Check(state, step.status(), "tree")) return;
   std::vector<float> logits(static_cast<size_t>(batch * n * m.config.vocab_size));
-  TimeStep(state, m, inputs, graph, TensorView(logits.data(), DType::kF32, Shape{batch * n, m.config.vocab_size}),
+  TimeStep(state, m, step->inputs, graph, TensorView(logits.data(), DType::kF32, Shape{batch * n, m.config.vocab_size}),
            Cost(m, batch, n, context));
 }
 

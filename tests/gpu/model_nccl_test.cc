@@ -1,7 +1,7 @@
-// Tensor parallelism over NCCL on real GPUs (needs 2 visible GPUs; skips otherwise): the target at
-// TP = 2, one rank per GPU with NcclCommunicator, equals TP = 1 on one GPU over a prefill and decode
-// steps; and the same steps replayed from CUDA graphs (collectives captured) equal the eager TP = 2
-// run bit for bit.
+// Tensor parallelism over NCCL on real GPUs: the target at TP = 2, 4 and 8 (each where that many
+// GPUs are visible; skipped otherwise), one rank per GPU with NcclCommunicator, equals TP = 1 on one
+// GPU over a prefill and decode steps, its ranks' logits equal bit for bit; and the same steps
+// replayed from CUDA graphs (collectives captured) equal the eager run bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -65,8 +65,17 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() ? diff / scale : 1e30;
 }
 
-TEST(ModelNcclTest, Tp2OverNcclEqualsTp1AndGraphReplaysEqualEager) {
-  if (cuda::CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda::CudaDeviceCount() << " visible";
+class ModelNcclTest : public ::testing::TestWithParam<int> {};
+
+INSTANTIATE_TEST_SUITE_P(Tp, ModelNcclTest, ::testing::Values(2, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& info) { return "Tp" + std::to_string(info.param); });
+
+// The test model (8 heads, 16 experts of 16, vocabulary 1000) divides over 2, 4 and 8 ranks.
+TEST_P(ModelNcclTest, OverNcclEqualsTp1AndGraphReplaysEqualEager) {
+  const int tp = GetParam();
+  if (cuda::CudaDeviceCount() < tp) {
+    GTEST_SKIP() << "needs " << tp << " GPUs, " << cuda::CudaDeviceCount() << " visible";
+  }
   // TP = 1 reference on GPU 0.
   std::vector<std::vector<float>> reference;
   int64_t vocab = 0;
@@ -78,11 +87,11 @@ TEST(ModelNcclTest, Tp2OverNcclEqualsTp1AndGraphReplaysEqualEager) {
     vocab = (*model)->config().vocab_size;
     reference = Steps(**model, nullptr, vocab);
   }
-  std::vector<std::vector<float>> eager;  // rank 0's logits of the eager TP = 2 run
+  std::vector<std::vector<float>> eager;  // rank 0's logits of the eager run
   for (bool graphs : {false, true}) {
     std::vector<std::unique_ptr<cuda::CudaBackend>> backends;
     std::vector<cudaStream_t> streams;
-    for (int d = 0; d < 2; ++d) {
+    for (int d = 0; d < tp; ++d) {
       cuda::CudaBackendOptions options;
       options.device = d;
       auto b = cuda::CudaBackend::Create(options);
@@ -90,15 +99,16 @@ TEST(ModelNcclTest, Tp2OverNcclEqualsTp1AndGraphReplaysEqualEager) {
       streams.push_back((*b)->stream());
       backends.push_back(std::move(*b));
     }
-    const int devices[] = {0, 1};
+    std::vector<int> devices(static_cast<size_t>(tp));
+    for (int d = 0; d < tp; ++d) devices[d] = d;
     auto comms = cuda::NcclCommunicator::CreateAllLocal(devices, streams);
     ASSERT_TRUE(comms.ok()) << comms.status();
-    std::vector<std::vector<std::vector<float>>> got(2);
-    std::vector<cuda::GraphStepLauncher::Counts> counts(2);
+    std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(tp));
+    std::vector<cuda::GraphStepLauncher::Counts> counts(static_cast<size_t>(tp));
     std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < tp; ++r) {
       threads.emplace_back([&, r] {
-        auto model = TargetModel::Create(kModel, Options(2, r), (*comms)[r].get(), backends[r].get());
+        auto model = TargetModel::Create(kModel, Options(tp, r), (*comms)[r].get(), backends[r].get());
         ASSERT_TRUE(model.ok()) << model.status();
         cuda::GraphStepLauncher launcher(streams[r]);
         got[r] = Steps(**model, graphs ? &launcher : nullptr, vocab);
@@ -108,13 +118,15 @@ TEST(ModelNcclTest, Tp2OverNcclEqualsTp1AndGraphReplaysEqualEager) {
     for (auto& t : threads) t.join();
     ASSERT_EQ(got[0].size(), reference.size());
     for (size_t s = 0; s < reference.size(); ++s) {
-      EXPECT_EQ(got[1][s], got[0][s]) << "ranks differ at step " << s << " graphs " << graphs;
+      for (int r = 1; r < tp; ++r) {
+        EXPECT_EQ(got[r][s], got[0][s]) << "rank " << r << " differs from rank 0 at step " << s << " graphs " << graphs;
+      }
       EXPECT_LT(RelDiff(got[0][s], reference[s]), 1e-5) << "step " << s << " graphs " << graphs;
       if (graphs) EXPECT_EQ(got[0][s], eager[s]) << "graph replay differs from eager at step " << s;
     }
     if (!graphs) eager = got[0];
     if (graphs) {
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < tp; ++r) {
         EXPECT_EQ(counts[r].failed_captures, 0) << "rank " << r;
         EXPECT_GE(counts[r].replays, 3) << "rank " << r;
       }
