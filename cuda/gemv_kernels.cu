@@ -22,9 +22,9 @@
 //
 // Otherwise two to kGemvMaxRows activation rows with bf16 weights run GemvMmaKernel (below): the
 // weights are the A operand of m16n8k16 tensor-core products and the (bf16-rounded) activation rows
-// the B operand, so a weight element costs no CUDA-core FMAs whatever M is. On the H200 the FMA
-// kernel above reached 2.0-2.3 TB/s at M = 4 against 3.9 TB/s at M = 1 (ncu, the DeepSeek-V3 draft
-// step at TP 1): each 16-byte chunk fed 32 FMAs, 8 shared loads and the bf16 unpacking.
+// the B operand, so a weight element costs no CUDA-core FMAs whatever M is. The FMA kernel above
+// turns issue-bound from a few rows on (each 16-byte chunk feeds 32 FMAs, 8 shared loads and the
+// bf16 unpacking at M = 4; benchmarks/NOTES.md has its profile).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 

@@ -85,9 +85,9 @@ struct PagedAttentionParams {
   // partials can hold); a warp reads 4 keys and their values at once with its lanes across
   // head_dim, the block keeps an online softmax over 32-key chunks and the value sums in registers;
   // with more than one split a combine kernel merges the blocks' partial results from `partials`.
-  // The shared-memory kernel is one block per (row, kv head) over all its keys, a lane per key: in
-  // the DeepSeek-V3 draft step at TP 8 (one token, 1K keys) about 0.68 ms, against 15 µs for the
-  // split kernel with its combine (benchmarks/NOTES.md). The backend sets it from
+  // The shared-memory kernel is one block per (row, kv head) over all its keys, a lane per key: at
+  // a decode step's few rows it fills a few multiprocessors and walks every key serially, which is
+  // why the split kernel replaced it there (benchmarks/NOTES.md has both timed). The backend sets it from
   // CudaBackendOptions::paged_attention_registers (on by default).
   bool register_kernel = false;
   // Device scratch of partial_floats floats for the split kernel's partial results (null or too

@@ -203,7 +203,8 @@ TEST(LatentWgmmaLayoutTest, SharedMemoryRegionsDoNotOverlap) {
 TEST(LatentWgmmaLayoutTest, PairRefillsEveryPanelOnce) {
   for (int stage = 0; stage < 2; ++stage) {
     for (int panel = 0; panel < kWgmmaDim / kWgmmaPanelWidth; ++panel) {
-      const int by = static_cast<int>(WgmmaPairRefills(0, stage, panel)) + static_cast<int>(WgmmaPairRefills(1, stage, panel));
+      const int by =
+          static_cast<int>(WgmmaPairRefills(0, stage, panel)) + static_cast<int>(WgmmaPairRefills(1, stage, panel));
       EXPECT_EQ(by, 1) << "stage " << stage << " panel " << panel;
       for (int half = 0; half < 2; ++half) {
         if (!WgmmaPairRefills(half, stage, panel)) continue;

@@ -172,9 +172,9 @@ inline StepCost StepCostOf(const DeepseekV2Config& c, const StepElementBytes& e,
                            int64_t tokens_per_seq, int64_t context) {
   const double h = static_cast<double>(c.hidden_size);
   const double heads = static_cast<double>(c.num_attention_heads);
-  const double q = c.q_lora_rank.has_value()
-                       ? h * static_cast<double>(*c.q_lora_rank) + static_cast<double>(*c.q_lora_rank) * heads * c.qk_head_dim()
-                       : h * heads * c.qk_head_dim();
+  const double q_rank = static_cast<double>(c.q_lora_rank.value_or(0));
+  const double q_heads = heads * c.qk_head_dim();
+  const double q = c.q_lora_rank.has_value() ? h * q_rank + q_rank * q_heads : h * q_heads;
   const double attention = q + h * c.latent_cache_width() +
                            static_cast<double>(c.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim) +
                            heads * c.v_head_dim * h;
@@ -279,7 +279,9 @@ inline absl::StatusOr<StepInputs> VerifyStepInputs(int64_t batch, int64_t n, int
   EAGLE3_ASSIGN_OR_RETURN(DraftTree tree, DraftTree::FromParents(s.tokens, parents));
   s.positions = tree.Positions(context);
   s.mask = tree.DenseMask();
-  for (int64_t b = 0; b < batch; ++b) s.inputs.push_back(SequenceInput{s.tokens, s.positions, pages[b], context, s.mask, true});
+  for (int64_t b = 0; b < batch; ++b) {
+    s.inputs.push_back(SequenceInput{s.tokens, s.positions, pages[b], context, s.mask, true});
+  }
   return s;
 }
 

@@ -192,7 +192,8 @@ void TimeTpStep(benchmark::State& state, Group& g, std::span<const SequenceInput
                 const StepCost& cost) {
   const int tp = g.tp;
   const int64_t vocab = g.config.vocab_size;
-  std::vector<std::vector<float>> logits(static_cast<size_t>(tp), std::vector<float>(static_cast<size_t>(rows * vocab)));
+  std::vector<std::vector<float>> logits(static_cast<size_t>(tp),
+                                         std::vector<float>(static_cast<size_t>(rows * vocab)));
   auto out = [&](int r) { return TensorView(logits[r].data(), DType::kF32, Shape{rows, vocab}); };
   std::vector<std::unique_ptr<cuda::CudaGraph>> graphs(static_cast<size_t>(tp));
   absl::Status st = ForEachRank(tp, [&](int r) -> absl::Status {

@@ -66,8 +66,8 @@ struct CudaBackendOptions {
   int64_t fp8_w8a8_min_rows = 0;
   // BatchedPagedAttention (the draft's attention) on its register kernel (PagedAttentionParams::
   // register_kernel in paged_attention_ops.h; cuda_paged_attention_test runs every case on both
-  // kernels). Off: the shared-memory kernel (the TP 8 draft step at one token: 986 vs 321 us,
-  // benchmarks/NOTES.md).
+  // kernels). Off: the shared-memory kernel, several times slower in the draft step at one token
+  // (benchmarks/NOTES.md).
   bool paged_attention_registers = true;
   // QuantizedMoeExperts on the grouped-GEMV path groups the (token, expert) pairs of a small call
   // (decode, small verify steps: up to kQuantMoeFoldPairs = 128 pairs, cuda/quant_moe_ops.h) inside
