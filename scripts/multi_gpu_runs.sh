@@ -2,7 +2,7 @@
 # The runs that need several GPUs of one host (tensor parallelism over NCCL), in one go, from the
 # repository root of a build on that host:
 #
-#   scripts/multi_gpu_runs.sh BUILD_DIR OUT_DIR [--parts tests,decode,collectives,steps] [--seconds S]
+#   scripts/multi_gpu_runs.sh BUILD_DIR OUT_DIR [--parts tests,decode,collectives,steps,e2e] [--seconds S]
 #
 # TP = 8 with 8+ visible GPUs, else 4, else 2 (fewer: exits 2). The parts asked for (default all;
 # steps alone takes minutes: whole models load on every GPU), in order, each under a time limit
@@ -15,15 +15,17 @@
 #     random pair, batch 1 and 8, greedy: each run's --json report, and whether TP N's plain and
 #     speculative tokens equal TP 1's (decode_tp_agree.txt);
 #  3. collectives_benchmark (all-reduce / all-gather at a step's message sizes, every GPU);
-#  4. tp_step_benchmark (decode and verify steps of whole models at TP N, collectives in the graphs).
+#  4. tp_step_benchmark (decode and verify steps of whole models at TP N, collectives in the graphs);
+#  5. tp_e2e_benchmark (speculative against plain decoding through SpeculativeStep at TP N, the
+#     V2-Lite-shaped pair with synthetic acceptance, batch 1 and 8).
 # Leaves NVLink multicast (NCCL_NVLS_ENABLE) and every other NCCL setting as the host has them.
 set -u
-[ $# -ge 2 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,21p' "$0"; exit 2; }
 BUILD=$1
 OUT=$2
 shift 2
 SECONDS_EACH=240
-PARTS=tests,decode,collectives,steps
+PARTS=tests,decode,collectives,steps,e2e
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) SECONDS_EACH=$2; shift ;;
@@ -90,10 +92,14 @@ for pair in ("shipped", "random"):
 EOF
 wanted decode && say "decode agreement: $(tr '\n' ';' < "$OUT/decode_tp_agree.txt")"
 
-# 3, 4. The benchmarks (Google Benchmark JSON beside each log, for make_results.py).
-for part in collectives steps; do
+# 3-5. The benchmarks (Google Benchmark JSON beside each log, for make_results.py).
+for part in collectives steps e2e; do
   wanted $part || continue
-  b=$([ $part = collectives ] && echo collectives_benchmark || echo tp_step_benchmark)
+  case $part in
+    collectives) b=collectives_benchmark ;;
+    steps) b=tp_step_benchmark ;;
+    e2e) b=tp_e2e_benchmark ;;
+  esac
   EAGLE3_BENCH_TP=$TP timeout --kill-after=10 "$SECONDS_EACH" "$BUILD/benchmarks/$b" \
     --benchmark_out="$OUT/$b.json" --benchmark_out_format=json > "$OUT/$b.txt" 2>&1
   say "$b rc=$?"

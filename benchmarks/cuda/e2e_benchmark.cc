@@ -45,7 +45,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bench_util.h"
-#include "e2e_kernels.h"
+#include "e2e_common.h"
 #include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/cuda/graph_step_launcher.h"
 #include "eagle3/deepseek_v2_config.h"
@@ -54,31 +54,18 @@
 #include "eagle3/speculative_step.h"
 #include "eagle3/status.h"
 #include "eagle3/target_model.h"
-#include "eagle3/testing/random_draft_checkpoint.h"
 #include "sparse_checkpoint.h"
-#include "speculative_step_testing.h"
-#include "synthetic_acceptance.h"
 
 namespace eagle3::bench {
 namespace {
 
-constexpr int64_t kPrompt = 512;
-constexpr int64_t kPageSize = 64;
-constexpr int64_t kMaxBatch = 32;
-constexpr int64_t kMaxContext = 1024;
-constexpr int64_t kPagesPerSeq = kMaxContext / kPageSize;
-constexpr int kWarmupSteps = 3;
-constexpr int kPlainSteps = 32;  // timed per repetition
-constexpr int kSpecSteps = 16;
-// Greedy tokens of the reference continuation: enough for the speculative warm-up and timed steps
-// at the longest path (5 tokens per step) and the deepest look-ahead.
-constexpr int64_t kReferenceSteps = (kWarmupSteps + kSpecSteps) * 5 + 8;
-constexpr uint64_t kSyntheticSeed = 1234;
-
-const std::vector<DraftTreeParams>& Trees() {
-  static const std::vector<DraftTreeParams> trees = {{4, 3, 8}, {1, 4, 5}};
-  return trees;
-}
+constexpr int64_t kPrompt = kE2ePrompt;
+constexpr int64_t kMaxBatch = kE2eMaxBatch;
+constexpr int kWarmupSteps = kE2eWarmupSteps;
+constexpr int kPlainSteps = kE2ePlainSteps;
+constexpr int kSpecSteps = kE2eSpecSteps;
+constexpr int64_t kReferenceSteps = kE2eReferenceSteps;
+const std::vector<DraftTreeParams>& Trees() { return E2eTrees(); }
 
 bool KvCacheBf16() {
   const char* s = std::getenv("EAGLE3_BENCH_KV_CACHE");
@@ -94,25 +81,6 @@ struct Models {
   absl::Status status;
 };
 
-absl::Status EnsureDraft(const std::string& dir, const DeepseekV2Config& target) {
-  if (std::filesystem::exists(dir + "/complete")) return absl::OkStatus();
-  RandomDraftCheckpointOptions o;
-  o.seed = 3;
-  o.dtype = DType::kBF16;
-  o.hidden_size = 2048;
-  o.num_attention_heads = 16;
-  o.num_key_value_heads = 4;
-  o.head_dim = 128;
-  o.intermediate_size = 6144;
-  o.draft_vocab_size = 32000;
-  o.max_position_embeddings = 4096;
-  // Every value drawn: a tiled lm_head repeats its rows, and the ties flatten the distributions.
-  o.final_norm_scale = 64.0;
-  EAGLE3_RETURN_IF_ERROR(WriteRandomEagle3DraftCheckpoint(target, dir, o));
-  std::ofstream(dir + "/complete") << "ok\n";
-  return absl::OkStatus();
-}
-
 Models& Get() {
   static Models m = [] {
     Models m;
@@ -122,30 +90,14 @@ Models& Get() {
       const std::string target_dir = BenchCheckpointRoot() + "/v2lite-tp1-sparse-lm";
       const std::string draft_dir = BenchCheckpointRoot() + "/v2lite-eagle3";
       EAGLE3_RETURN_IF_ERROR(EnsureSparseCheckpoint(target_dir, kV2LiteConfig, m.config, /*random_lm_head=*/true));
-      EAGLE3_RETURN_IF_ERROR(EnsureDraft(draft_dir, m.config));
-      TargetModelOptions t;
-      t.max_tokens_per_forward = kPrompt;  // >= kMaxBatch x the largest tree (8 nodes)
-      t.max_context_len = kMaxContext;
-      t.page_size = kPageSize;
-      t.num_kv_pages = kMaxBatch * kPagesPerSeq;
+      EAGLE3_RETURN_IF_ERROR(EnsureE2eDraft(draft_dir, m.config, /*kv_heads=*/4));
+      TargetModelOptions t = E2eModelOptions(TargetModelOptions{});
       if (KvCacheBf16()) t.kv_cache_dtype = DType::kBF16;
       EAGLE3_ASSIGN_OR_RETURN(m.target, TargetModel::Create(target_dir, t, nullptr, Backend()));
-      DraftModelOptions d;
-      d.max_tokens_per_forward = kPrompt;
-      d.max_context_len = kMaxContext;
-      d.page_size = kPageSize;
-      d.num_kv_pages = kMaxBatch * kPagesPerSeq;
+      const DraftModelOptions d = E2eModelOptions(DraftModelOptions{});
       EAGLE3_ASSIGN_OR_RETURN(m.draft, DraftModel::Create(draft_dir, target_dir, d, nullptr, Backend()));
-      std::mt19937_64 rng(17);
-      std::uniform_int_distribution<int64_t> token(0, m.config.vocab_size - 1);
-      for (int64_t b = 0; b < kMaxBatch; ++b) {
-        std::vector<int32_t> p(static_cast<size_t>(kPagesPerSeq));
-        for (int64_t i = 0; i < kPagesPerSeq; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(b * kPagesPerSeq + i);
-        m.pages.push_back(std::move(p));
-        std::vector<int64_t> prompt(static_cast<size_t>(kPrompt));
-        for (int64_t& t : prompt) t = token(rng);
-        m.prompts.push_back(std::move(prompt));
-      }
+      m.pages = SequencePages(kMaxBatch, kE2ePagesPerSeq);
+      m.prompts = E2ePrompts(m.config.vocab_size);
       return absl::OkStatus();
     };
     m.status = load();
@@ -156,38 +108,14 @@ Models& Get() {
   return m;
 }
 
-// The sequences of a batch after their prefill; Advance appends a step's tokens.
+// The sequences of a batch after their prefill, over the pair's pages and prompts.
 struct Batch {
-  std::vector<std::vector<int64_t>> tokens;  // prompt, then every emitted token
-  std::vector<StepSequence> seqs;
-  std::vector<StepOutput> out;
-
+  E2eBatch b;
+  std::vector<std::vector<int64_t>>& tokens = b.tokens;
   absl::Status Prefill(SpeculativeStep& step, Models& m, int64_t batch) {
-    tokens.assign(static_cast<size_t>(batch), {});
-    for (int64_t b = 0; b < batch; ++b) {
-      const auto& pages = m.pages[static_cast<size_t>(b)];
-      EAGLE3_ASSIGN_OR_RETURN(int64_t first, step.Prefill(static_cast<int>(b), m.prompts[static_cast<size_t>(b)],
-                                                          pages, pages));
-      tokens[static_cast<size_t>(b)] = m.prompts[static_cast<size_t>(b)];
-      tokens[static_cast<size_t>(b)].push_back(first);
-    }
-    return absl::OkStatus();
+    return b.Prefill(step, m.pages, m.prompts, batch);
   }
-  // One step; returns the tokens the batch emitted.
-  absl::StatusOr<int64_t> Step(SpeculativeStep& step, Models& m, int tree) {
-    seqs.resize(tokens.size());
-    for (size_t b = 0; b < tokens.size(); ++b) {
-      seqs[b] = StepSequence{static_cast<int>(b), tokens[b].back(), static_cast<int64_t>(tokens[b].size()) - 1,
-                             m.pages[b], m.pages[b]};
-    }
-    EAGLE3_RETURN_IF_ERROR(step.Run(seqs, &out, tree));
-    int64_t emitted = 0;
-    for (size_t b = 0; b < tokens.size(); ++b) {
-      tokens[b].insert(tokens[b].end(), out[b].tokens.begin(), out[b].tokens.end());
-      emitted += static_cast<int64_t>(out[b].tokens.size());
-    }
-    return emitted;
-  }
+  absl::StatusOr<int64_t> Step(SpeculativeStep& step, Models& m, int tree) { return b.Step(step, m.pages, tree); }
 };
 
 // What the timed steps of one repetition took and emitted.
@@ -219,11 +147,7 @@ bool RunTimedSteps(benchmark::State& state, SpeculativeStep& step, Models& m, in
 
 absl::StatusOr<std::unique_ptr<SpeculativeStep>> MakeStep(Models& m, bool with_draft, int64_t batch,
                                                           cuda::GraphStepLauncher* launcher) {
-  SpeculativeStepOptions o;
-  o.max_batch = static_cast<int>(batch);
-  o.trees = Trees();
-  o.launcher = launcher;
-  return SpeculativeStep::Create(m.target.get(), with_draft ? m.draft.get() : nullptr, Backend(), o);
+  return MakeE2eStep(m.target.get(), with_draft ? m.draft.get() : nullptr, Backend(), batch, launcher);
 }
 
 // Plain greedy decoding of the batch's prompts, kReferenceSteps tokens each, once per batch size: the
@@ -336,41 +260,19 @@ void BM_Speculative(benchmark::State& state) {
   if (!Check(state, decode.status(), "decode forward alone")) return;
 
   // The reference and the draw counter on the device, where the captured rewrite reads them.
-  auto ref_device = Tensor::Empty(DType::kI64, Shape{batch, reference_len}, Backend()->allocator());
-  auto counter = Tensor::Empty(DType::kI64, Shape{1}, Backend()->allocator());
-  if (!Check(state, ref_device.status(), "alloc") || !Check(state, counter.status(), "alloc")) return;
-  if (cudaMemset(counter->data(), 0, 8) != cudaSuccess) return state.SkipWithError("zeroing the draw counter");
-  {
-    std::vector<int64_t> host;
-    for (const auto& r : **reference) host.insert(host.end(), r.begin(), r.begin() + reference_len);
-    if (cudaMemcpy(ref_device->data(), host.data(), host.size() * 8, cudaMemcpyHostToDevice) != cudaSuccess) {
-      return state.SkipWithError("copying the reference");
-    }
-  }
-  const double alpha = SyntheticAlphaFor(mean_accepted, shape.num_steps);
+  auto synthetic = SyntheticAcceptance::Create(Backend(), **reference, batch, reference_len);
+  if (!Check(state, synthetic.status(), "synthetic acceptance")) return;
 
   cuda::GraphStepLauncher launcher(Backend()->stream());
   auto step = MakeStep(m, true, batch, &launcher);
   if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
-  SpeculativeStepTesting::SetDraftRewriter(**step, [&](const DraftedTrees& t) -> absl::Status {
-    const cudaError_t e = LaunchSyntheticRewrite(
-        t.tokens.data_as<int64_t>(), t.parents.data_as<int32_t>(), t.positions.data_as<int64_t>(),
-        static_cast<int>(t.batch), static_cast<int>(t.nodes), ref_device->data_as<int64_t>(), reference_len,
-        kSyntheticSeed, reinterpret_cast<unsigned long long*>(counter->data()), alpha, shape.num_steps,
-        m.config.vocab_size, Backend()->stream());
-    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
-  });
+  (*synthetic)->Install(**step, Backend()->stream(), mean_accepted, shape, m.config.vocab_size);
   Batch b;
   TimedRun run;
   if (!RunTimedSteps(state, **step, m, batch, tree, b, &run)) return;
   const double seconds = run.seconds;
   const int64_t tokens = run.tokens, steps = run.steps;
-  int64_t mismatches = 0;
-  for (int64_t s = 0; s < batch; ++s) {
-    const auto& got = b.tokens[static_cast<size_t>(s)];
-    const auto& want = (**reference)[static_cast<size_t>(s)];
-    for (size_t i = 0; i < got.size(); ++i) mismatches += i >= want.size() || got[i] != want[i];
-  }
+  const int64_t mismatches = E2eMismatches(b.tokens, **reference);
   const double us_per_token = seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(tokens);
   const double accept_len = static_cast<double>(tokens) / static_cast<double>(steps * batch);
   const double step_us = seconds * 1e6 / static_cast<double>(steps);

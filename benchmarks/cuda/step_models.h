@@ -231,18 +231,6 @@ class OneLoaded {
   std::map<int, absl::Status> failed_;
 };
 
-// Page tables of `batch` sequences of `pages_per_seq` pages each, sequence b on pages b *
-// pages_per_seq onward.
-inline std::vector<std::vector<int32_t>> SequencePages(int64_t batch, int64_t pages_per_seq) {
-  std::vector<std::vector<int32_t>> pages;
-  for (int64_t b = 0; b < batch; ++b) {
-    std::vector<int32_t> p(static_cast<size_t>(pages_per_seq));
-    for (int64_t i = 0; i < pages_per_seq; ++i) p[i] = static_cast<int32_t>(b * pages_per_seq + i);
-    pages.push_back(std::move(p));
-  }
-  return pages;
-}
-
 // The inputs of one benchmarked step and the storage their spans point into (moving the struct
 // keeps them valid: vectors move their buffers).
 struct StepInputs {

@@ -51,6 +51,7 @@
 #include "eagle3/target_model.h"
 #include "sparse_checkpoint.h"
 #include "step_models.h"
+#include "tp_ranks.h"
 
 namespace eagle3::bench {
 namespace {
@@ -61,19 +62,10 @@ constexpr int64_t kMaxTreeTokens = 16;
 constexpr int64_t kMaxContext = 4096;
 constexpr int kInner = 5;  // graph replays between the two events of one timed iteration
 
-// The ranks: EAGLE3_BENCH_TP, else the visible GPUs rounded down to 8, 4 or 2; 0 with fewer than 2.
-int TpSize() {
-  const int gpus = DeviceCount();
-  const char* s = std::getenv("EAGLE3_BENCH_TP");
-  int tp = s != nullptr && s[0] != '\0' ? std::atoi(s) : gpus >= 8 ? 8 : gpus >= 4 ? 4 : gpus >= 2 ? 2 : 0;
-  if (tp != 2 && tp != 4 && tp != 8) tp = 0;
-  return tp <= gpus ? tp : 0;
-}
-
 // EAGLE3_BENCH_MODELS lists the models to run; unset: V2-Lite, and V2 at TP 8.
 bool ModelWanted(int model) {
   const char* s = std::getenv("EAGLE3_BENCH_MODELS");
-  if (s == nullptr || s[0] == '\0') return model == 0 || (model == 1 && TpSize() == 8);
+  if (s == nullptr || s[0] == '\0') return model == 0 || (model == 1 && BenchTpSize() == 8);
   return std::string(s).find(std::to_string(model)) != std::string::npos;
 }
 
@@ -89,8 +81,7 @@ DeepseekV2Config RankShare(DeepseekV2Config c, int tp) {
 }
 
 struct Rank {
-  cuda::CudaBackend* backend = nullptr;  // rank 0: the binary's shared backend (Backend())
-  std::unique_ptr<cuda::CudaBackend> owned;
+  cuda::CudaBackend* backend = nullptr;
   std::unique_ptr<TargetModel> target;
   double device_bytes = 0;  // GPU memory the rank's model takes
 };
@@ -100,30 +91,10 @@ struct Group {
   int tp = 0;
   DeepseekV2Config config;  // the whole model's
   StepElementBytes bytes;
-  std::vector<std::unique_ptr<cuda::NcclCommunicator>> comms;
+  std::unique_ptr<TpRanks> devices;  // before `ranks`: their models go first
   std::vector<Rank> ranks;
   std::vector<std::vector<int32_t>> pages;
 };
-
-// Runs fn(r) for every rank at once, one host thread each with the rank's device current (a rank
-// waits in its collectives for the others); the first error.
-absl::Status ForEachRank(int tp, const std::function<absl::Status(int)>& fn) {
-  std::vector<absl::Status> status(static_cast<size_t>(tp));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < tp; ++r) {
-    threads.emplace_back([&, r] {
-      const cudaError_t e = cudaSetDevice(r);
-      status[r] = e != cudaSuccess ? absl::InternalError(std::string("cudaSetDevice: ") + cudaGetErrorString(e))
-                                   : fn(r);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < tp; ++r) {
-    if (!status[r].ok()) return absl::Status(status[r].code(), "rank " + std::to_string(r) + ": " +
-                                                                   std::string(status[r].message()));
-  }
-  return absl::OkStatus();
-}
 
 // One model's ranks in memory at a time (asking for another frees the current ones first).
 absl::StatusOr<Group*> Get(int id, int tp) {
@@ -137,24 +108,9 @@ absl::StatusOr<Group*> Get(int id, int tp) {
     const std::string dir = BenchCheckpointRoot() + "/" + kModelNames[id] + "-sparse";
     EAGLE3_RETURN_IF_ERROR(EnsureSparseCheckpoint(dir, json, g->config));
     const auto start = std::chrono::steady_clock::now();
-    std::vector<int> devices;
-    std::vector<cudaStream_t> streams;
+    EAGLE3_ASSIGN_OR_RETURN(g->devices, TpRanks::Create(tp));
     g->ranks.resize(static_cast<size_t>(tp));
-    for (int r = 0; r < tp; ++r) {
-      Rank& rank = g->ranks[r];
-      if (r == 0) {
-        rank.backend = Backend();  // on device 0 already: one backend's workspaces there, not two
-      } else {
-        cuda::CudaBackendOptions options = Backend()->options();  // the sizes every benchmark uses
-        options.device = r;
-        options.stream = nullptr;
-        EAGLE3_ASSIGN_OR_RETURN(rank.owned, cuda::CudaBackend::Create(options));
-        rank.backend = rank.owned.get();
-      }
-      devices.push_back(r);
-      streams.push_back(g->ranks[r].backend->stream());
-    }
-    EAGLE3_ASSIGN_OR_RETURN(g->comms, cuda::NcclCommunicator::CreateAllLocal(devices, streams));
+    for (int r = 0; r < tp; ++r) g->ranks[r].backend = g->devices->backends[r];
     TargetModelOptions o;
     o.tp_size = tp;
     o.max_tokens_per_forward = kStepMaxBatch * kMaxTreeTokens;
@@ -170,7 +126,7 @@ absl::StatusOr<Group*> Get(int id, int tp) {
       TargetModelOptions ro = o;
       ro.rank = r;
       EAGLE3_ASSIGN_OR_RETURN(g->ranks[r].target,
-                              TargetModel::Create(dir, ro, g->comms[r].get(), g->ranks[r].backend));
+                              TargetModel::Create(dir, ro, g->devices->comms[r].get(), g->ranks[r].backend));
       (void)cudaMemGetInfo(&free_after, &total);
       g->ranks[r].device_bytes = static_cast<double>(free_before) - static_cast<double>(free_after);
       return absl::OkStatus();
@@ -281,7 +237,7 @@ void BM_TpVerifyStep(benchmark::State& state) {
 // Registration per model (decode, then verify), so each model is loaded once; graphs only (the
 // collectives captured, as an engine replays its steps).
 [[maybe_unused]] const bool registered = [] {
-  const int tp = TpSize();
+  const int tp = BenchTpSize();
   for (int model = 0; model < kStepModels; ++model) {
     if (!ModelWanted(model)) continue;
     auto* decode = benchmark::RegisterBenchmark("BM_TpDecodeStep", BM_TpDecodeStep)
