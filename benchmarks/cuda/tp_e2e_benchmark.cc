@@ -95,24 +95,35 @@ Pair& Get(int tp) {
 // One rank's side of a run: its step, the launcher that captures it, synthetic acceptance, and the
 // batch it advances.
 struct RankRun {
+  std::unique_ptr<SyntheticAcceptance> synthetic;  // first: outlives the step whose graphs read it
   std::unique_ptr<cuda::GraphStepLauncher> launcher;
   std::unique_ptr<SpeculativeStep> step;
-  std::unique_ptr<SyntheticAcceptance> synthetic;
   E2eBatch batch;
 };
 
-// Every rank's step over the pair (without a draft: plain), prefilled.
-absl::StatusOr<std::vector<RankRun>> MakeRuns(Pair& p, bool with_draft, int64_t batch) {
+// Every rank's run, freed in the rank's own thread (its device current, as when it was made).
+struct Runs {
+  std::vector<RankRun> ranks;
+  ~Runs() {
+    (void)ForEachRank(static_cast<int>(ranks.size()), [&](int r) {
+      ranks[r] = RankRun{};
+      return absl::OkStatus();
+    });
+  }
+};
+
+// Every rank's step over the pair (without a draft: plain).
+absl::Status MakeRuns(Pair& p, bool with_draft, int64_t batch, Runs* out) {
   const int tp = p.devices->tp;
-  std::vector<RankRun> runs(static_cast<size_t>(tp));
-  EAGLE3_RETURN_IF_ERROR(ForEachRank(tp, [&](int r) -> absl::Status {
+  std::vector<RankRun>& runs = out->ranks;
+  runs.resize(static_cast<size_t>(tp));
+  return ForEachRank(tp, [&](int r) -> absl::Status {
     cuda::CudaBackend* backend = p.devices->backends[r];
     runs[r].launcher = std::make_unique<cuda::GraphStepLauncher>(backend->stream());
     EAGLE3_ASSIGN_OR_RETURN(runs[r].step, MakeE2eStep(p.targets[r].get(), with_draft ? p.drafts[r].get() : nullptr,
                                                       backend, batch, runs[r].launcher.get()));
     return absl::OkStatus();
-  }));
-  return runs;
+  });
 }
 
 absl::Status PrefillAll(Pair& p, std::vector<RankRun>& runs, int64_t batch) {
@@ -137,7 +148,9 @@ absl::StatusOr<const std::vector<std::vector<int64_t>>*> Reference(Pair& p, int6
   static std::map<int64_t, std::vector<std::vector<int64_t>>> cache;
   auto it = cache.find(batch);
   if (it != cache.end()) return &it->second;
-  EAGLE3_ASSIGN_OR_RETURN(std::vector<RankRun> runs, MakeRuns(p, false, batch));
+  Runs made;
+  EAGLE3_RETURN_IF_ERROR(MakeRuns(p, false, batch, &made));
+  std::vector<RankRun>& runs = made.ranks;
   EAGLE3_RETURN_IF_ERROR(PrefillAll(p, runs, batch));
   EAGLE3_RETURN_IF_ERROR(StepAll(p, runs, kNoDraftTokens, kE2eReferenceSteps));
   for (size_t r = 1; r < runs.size(); ++r) {
@@ -208,8 +221,9 @@ void BM_TpPlain(benchmark::State& state) {
   const int64_t batch = state.range(1);
   Pair& p = Get(tp);
   if (!Check(state, p.status, "setup")) return;
-  auto runs = MakeRuns(p, false, batch);
-  if (!Check(state, runs.status(), "SpeculativeStep::Create")) return;
+  Runs made;
+  if (!Check(state, MakeRuns(p, false, batch, &made), "SpeculativeStep::Create")) return;
+  std::vector<RankRun>* runs = &made.ranks;
   TimedRun run;
   if (!RunTimedSteps(state, p, *runs, batch, kNoDraftTokens, &run)) return;
   const double us_per_token = run.seconds * 1e6 * static_cast<double>(batch) / static_cast<double>(run.tokens);
@@ -233,8 +247,9 @@ void BM_TpSpeculative(benchmark::State& state) {
   auto reference = Reference(p, batch);
   if (!Check(state, reference.status(), "reference run")) return;
   const int64_t reference_len = kE2ePrompt + 1 + kE2eReferenceSteps;
-  auto runs = MakeRuns(p, true, batch);
-  if (!Check(state, runs.status(), "SpeculativeStep::Create")) return;
+  Runs made;
+  if (!Check(state, MakeRuns(p, true, batch, &made), "SpeculativeStep::Create")) return;
+  std::vector<RankRun>* runs = &made.ranks;
   // Each rank's rewrite reads its own copy of the reference; the ranks draft the same trees (their
   // draft logits are equal bit for bit), so they rewrite them alike.
   const absl::Status installed = ForEachRank(tp, [&](int r) -> absl::Status {
