@@ -253,13 +253,16 @@ bool SameProblem(const QuantGemvProblem& a, const QuantGemvProblem& b) {
 
 int QuantGemvUnitSteps(bool int4) { return int4 ? 1 : 2; }
 
+size_t QuantGemvSharedLimitFromEnv(const char* value) {
+  if (value == nullptr || value[0] == '\0') return kQuantGemvSharedMax;
+  char* end = nullptr;
+  const long kib = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0') return kQuantGemvSharedMax;
+  return std::min(std::max(static_cast<size_t>(std::max(kib, 0L)) * 1024, kQuantGemvSharedLimit), kQuantGemvSharedMax);
+}
+
 size_t QuantGemvSharedLimitFor(int64_t m) {
-  static const size_t wide = [] {
-    const char* value = std::getenv("EAGLE3_QUANT_GEMV_SHARED_KIB");
-    if (value == nullptr) return kQuantGemvSharedMax;
-    const long kib = std::strtol(value, nullptr, 10);
-    return std::min(std::max(static_cast<size_t>(std::max(kib, 0L)) * 1024, kQuantGemvSharedLimit), kQuantGemvSharedMax);
-  }();
+  static const size_t wide = QuantGemvSharedLimitFromEnv(std::getenv("EAGLE3_QUANT_GEMV_SHARED_KIB"));
   return QuantGemvRowOperands(m) > 1 ? wide : kQuantGemvSharedLimit;
 }
 

@@ -81,6 +81,10 @@ inline constexpr size_t kQuantGemvSharedMax = 112 * 1024;
 // fewer tiles and no more blocks.
 size_t QuantGemvSharedLimitFor(int64_t m);
 
+// The wider limit EAGLE3_QUANT_GEMV_SHARED_KIB's value asks for: its whole KiB clamped to [48, 112]
+// KiB; unset, empty or not a whole number (a shell's `VAR= cmd` sets it empty): kQuantGemvSharedMax.
+size_t QuantGemvSharedLimitFromEnv(const char* value);
+
 // The product as the planner sees it.
 struct QuantGemvProblem {
   bool int4 = false;

@@ -230,5 +230,18 @@ TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
   }
 }
 
+// EAGLE3_QUANT_GEMV_SHARED_KIB: whole KiB clamped to [48, 112]; unset, empty (`VAR= cmd`, which an
+// A/B script's "default" arm writes) or not a number means the default, 112 KiB, not 48.
+TEST(QuantGemvPlanTest, SharedLimitFromEnvTreatsEmptyAsUnset) {
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv(nullptr), kQuantGemvSharedMax);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv(""), kQuantGemvSharedMax);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv("abc"), kQuantGemvSharedMax);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv("64k"), kQuantGemvSharedMax);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv("48"), kQuantGemvSharedLimit);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv("64"), size_t{64} * 1024);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv("0"), kQuantGemvSharedLimit);
+  EXPECT_EQ(QuantGemvSharedLimitFromEnv("4096"), kQuantGemvSharedMax);
+}
+
 }  // namespace
 }  // namespace eagle3::cuda
