@@ -287,8 +287,9 @@ void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel);
 
 // Which kernel implements the wgmma choice: kSingle, LatentWgmmaKernel (both warpgroups on each
 // chunk, latent_wgmma_kernels.cu); kPair, LatentWgmmaPairKernel (the warpgroups own alternate
-// chunks, latent_wgmma_pair_kernels.cu). Results within the bf16 tolerance of each other. The
-// process-wide variant starts from EAGLE3_LATENT_WGMMA ("pair"; unset or anything else: kSingle).
+// chunks, latent_wgmma_pair_kernels.cu; not the default: no faster where measured,
+// benchmarks/NOTES.md). Results within the bf16 tolerance of each other. The process-wide variant
+// starts from EAGLE3_LATENT_WGMMA ("pair"; unset or anything else: kSingle).
 enum class LatentWgmmaVariant {
   kSingle,
   kPair,
