@@ -555,21 +555,30 @@ cudaError_t LaunchLatentKernels(const LatentLaunchParams& p, const int32_t* tile
                       stream, a);
 }
 
+// A process-wide switch: `slot` once set (by its setter or an earlier call), else the value
+// from_env(getenv(variable)) gives, stored by the first caller to get there.
+template <typename Choice, typename FromEnv>
+Choice ProcessChoice(std::atomic<int>& slot, const char* variable, const FromEnv& from_env) {
+  int choice = slot.load(std::memory_order_relaxed);
+  if (choice < 0) {
+    int expected = -1;
+    slot.compare_exchange_strong(expected, static_cast<int>(from_env(std::getenv(variable))));
+    choice = slot.load(std::memory_order_relaxed);
+  }
+  return static_cast<Choice>(choice);
+}
+
+bool Is(const char* value, const char* name) { return value != nullptr && std::strcmp(value, name) == 0; }
+
 }  // namespace
 
 LatentTreeKernelChoice GetLatentTreeKernelChoice() {
-  int choice = tree_kernel_choice.load(std::memory_order_relaxed);
-  if (choice < 0) {
-    const char* value = std::getenv("EAGLE3_LATENT_TREE_KERNEL");
-    LatentTreeKernelChoice from_env = LatentTreeKernelChoice::kAuto;
-    if (value != nullptr && std::strcmp(value, "mma") == 0) from_env = LatentTreeKernelChoice::kMma;
-    if (value != nullptr && std::strcmp(value, "wgmma") == 0) from_env = LatentTreeKernelChoice::kWgmma;
-    if (value != nullptr && std::strcmp(value, "wgmma-all") == 0) from_env = LatentTreeKernelChoice::kWgmmaAll;
-    int expected = -1;
-    tree_kernel_choice.compare_exchange_strong(expected, static_cast<int>(from_env));
-    choice = tree_kernel_choice.load(std::memory_order_relaxed);
-  }
-  return static_cast<LatentTreeKernelChoice>(choice);
+  return ProcessChoice<LatentTreeKernelChoice>(tree_kernel_choice, "EAGLE3_LATENT_TREE_KERNEL", [](const char* v) {
+    return Is(v, "mma")         ? LatentTreeKernelChoice::kMma
+           : Is(v, "wgmma")     ? LatentTreeKernelChoice::kWgmma
+           : Is(v, "wgmma-all") ? LatentTreeKernelChoice::kWgmmaAll
+                                : LatentTreeKernelChoice::kAuto;
+  });
 }
 
 void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel) {
@@ -577,17 +586,9 @@ void SetLatentTreeKernelChoice(LatentTreeKernelChoice kernel) {
 }
 
 LatentWgmmaVariant GetLatentWgmmaVariant() {
-  int variant = wgmma_variant.load(std::memory_order_relaxed);
-  if (variant < 0) {
-    const char* value = std::getenv("EAGLE3_LATENT_WGMMA");
-    const LatentWgmmaVariant from_env = value != nullptr && std::strcmp(value, "pair") == 0
-                                            ? LatentWgmmaVariant::kPair
-                                            : LatentWgmmaVariant::kSingle;
-    int expected = -1;
-    wgmma_variant.compare_exchange_strong(expected, static_cast<int>(from_env));
-    variant = wgmma_variant.load(std::memory_order_relaxed);
-  }
-  return static_cast<LatentWgmmaVariant>(variant);
+  return ProcessChoice<LatentWgmmaVariant>(wgmma_variant, "EAGLE3_LATENT_WGMMA", [](const char* v) {
+    return Is(v, "pair") ? LatentWgmmaVariant::kPair : LatentWgmmaVariant::kSingle;
+  });
 }
 
 void SetLatentWgmmaVariant(LatentWgmmaVariant variant) {

@@ -108,16 +108,6 @@ Models& Get() {
   return m;
 }
 
-// The sequences of a batch after their prefill, over the pair's pages and prompts.
-struct Batch {
-  E2eBatch b;
-  std::vector<std::vector<int64_t>>& tokens = b.tokens;
-  absl::Status Prefill(SpeculativeStep& step, Models& m, int64_t batch) {
-    return b.Prefill(step, m.pages, m.prompts, batch);
-  }
-  absl::StatusOr<int64_t> Step(SpeculativeStep& step, Models& m, int tree) { return b.Step(step, m.pages, tree); }
-};
-
 // What the timed steps of one repetition took and emitted.
 struct TimedRun {
   double seconds = 0;
@@ -127,15 +117,15 @@ struct TimedRun {
 // Prefills `b`, runs the warm-up steps, then one timed step per Google Benchmark iteration (CUDA
 // events from before its host staging to its results on the host). False (the benchmark skipped
 // with the error) on a failed step.
-bool RunTimedSteps(benchmark::State& state, SpeculativeStep& step, Models& m, int64_t batch, int tree, Batch& b,
+bool RunTimedSteps(benchmark::State& state, SpeculativeStep& step, Models& m, int64_t batch, int tree, E2eBatch& b,
                    TimedRun* run) {
-  if (!Check(state, b.Prefill(step, m, batch), "prefill")) return false;
+  if (!Check(state, b.Prefill(step, m.pages, m.prompts, batch), "prefill")) return false;
   for (int i = 0; i < kWarmupSteps; ++i) {
-    if (!Check(state, b.Step(step, m, tree).status(), "warm-up step")) return false;
+    if (!Check(state, b.Step(step, m.pages, tree).status(), "warm-up step")) return false;
   }
   for (auto _ : state) {
     absl::StatusOr<int64_t> emitted = 0;
-    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(step, m, tree); });
+    const double t = TimeOnce(Backend()->stream(), [&] { emitted = b.Step(step, m.pages, tree); });
     if (!Check(state, emitted.status(), "step")) return false;
     state.SetIterationTime(t);
     run->seconds += t;
@@ -158,9 +148,9 @@ absl::StatusOr<const std::vector<std::vector<int64_t>>*> Reference(Models& m, in
   if (it != cache.end()) return &it->second;
   cuda::GraphStepLauncher launcher(Backend()->stream());
   EAGLE3_ASSIGN_OR_RETURN(auto step, MakeStep(m, false, batch, &launcher));
-  Batch b;
-  EAGLE3_RETURN_IF_ERROR(b.Prefill(*step, m, batch));
-  for (int64_t s = 0; s < kReferenceSteps; ++s) EAGLE3_RETURN_IF_ERROR(b.Step(*step, m, kNoDraftTokens).status());
+  E2eBatch b;
+  EAGLE3_RETURN_IF_ERROR(b.Prefill(*step, m.pages, m.prompts, batch));
+  for (int64_t s = 0; s < kReferenceSteps; ++s) EAGLE3_RETURN_IF_ERROR(b.Step(*step, m.pages, kNoDraftTokens).status());
   return &(cache[batch] = std::move(b.tokens));
 }
 
@@ -222,7 +212,7 @@ void BM_Plain(benchmark::State& state) {
   cuda::GraphStepLauncher launcher(Backend()->stream());
   auto step = MakeStep(m, with_draft, batch, &launcher);
   if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
-  Batch b;
+  E2eBatch b;
   TimedRun run;
   if (!RunTimedSteps(state, **step, m, batch, kNoDraftTokens, b, &run)) return;
   const double seconds = run.seconds;
@@ -267,7 +257,7 @@ void BM_Speculative(benchmark::State& state) {
   auto step = MakeStep(m, true, batch, &launcher);
   if (!Check(state, step.status(), "SpeculativeStep::Create")) return;
   (*synthetic)->Install(**step, Backend()->stream(), mean_accepted, shape, m.config.vocab_size);
-  Batch b;
+  E2eBatch b;
   TimedRun run;
   if (!RunTimedSteps(state, **step, m, batch, tree, b, &run)) return;
   const double seconds = run.seconds;
