@@ -460,6 +460,7 @@ bool ValidLatentParams(const LatentLaunchParams& p) {
 
 std::atomic<int> tree_kernel_choice{-1};
 std::atomic<int> wgmma_variant{-1};
+std::atomic<int> max_splits{-1};
 
 // Per device: 0 not yet asked, 1 the wgmma kernel runs there, 2 it does not.
 constexpr int kMaxDevices = 64;
@@ -478,6 +479,7 @@ cudaError_t CurrentPlanDevice(LatentPlanDevice* device) {
   device->choice = GetLatentTreeKernelChoice();
   device->wgmma_available = device->choice != LatentTreeKernelChoice::kMma && LatentWgmmaAvailable();
   device->wgmma_variant = GetLatentWgmmaVariant();
+  device->max_splits = GetLatentMaxSplits();
   return cudaSuccess;
 }
 
@@ -593,6 +595,19 @@ LatentWgmmaVariant GetLatentWgmmaVariant() {
 
 void SetLatentWgmmaVariant(LatentWgmmaVariant variant) {
   wgmma_variant.store(static_cast<int>(variant), std::memory_order_relaxed);
+}
+
+int64_t GetLatentMaxSplits() {
+  return ProcessChoice<int64_t>(max_splits, "EAGLE3_LATENT_MAX_SPLITS", [](const char* v) -> int64_t {
+    if (v == nullptr || *v == '\0') return 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    return *end == '\0' && n > 0 && n <= kLatentMaxSplits ? n : 0;
+  });
+}
+
+void SetLatentMaxSplits(int64_t splits) {
+  max_splits.store(static_cast<int>(std::clamp<int64_t>(splits, 0, kLatentMaxSplits)), std::memory_order_relaxed);
 }
 
 bool LatentWgmmaAvailable() {

@@ -130,6 +130,7 @@ bool PlanLatentLaunch(const LatentLaunchParams& p, bool tile_table, bool partial
   int64_t max_splits = !partials ? 1 : partial_capacity / per_split_floats;
   max_splits = std::clamp<int64_t>(max_splits, 1, kLatentMaxSplits);
   max_splits = std::min(max_splits, (p.max_kv_len + chunk - 1) / chunk);
+  if (device.max_splits > 0) max_splits = std::min(max_splits, device.max_splits);
   int64_t best_cost = -1;
   for (int64_t s = 1; s <= max_splits; ++s) {
     const int64_t kps = ((p.max_kv_len + s - 1) / s + chunk - 1) / chunk * chunk;

@@ -78,6 +78,7 @@ struct LatentPlanDevice {
   LatentTreeKernelChoice choice = LatentTreeKernelChoice::kAuto;
   bool wgmma_available = false;                             // LatentWgmmaAvailable() on this device
   LatentWgmmaVariant wgmma_variant = LatentWgmmaVariant::kSingle;  // which kernel a wgmma plan runs
+  int64_t max_splits = 0;                                   // GetLatentMaxSplits(): 0 = no cap
 };
 
 // A call's query rows per sequence, on average (heads x its tokens, rounded up).

@@ -253,6 +253,26 @@ TEST(LatentPlanTest, SplitsRespectTheScratchAndTheKeys) {
   }
 }
 
+// GetLatentMaxSplits' cap (LatentPlanDevice::max_splits) bounds the count and never raises it.
+TEST(LatentPlanTest, SplitCapBoundsTheSplits) {
+  const LatentLaunchParams p = Call(1, 1, 16, 4096);
+  const int64_t uncapped = Plan(p, H200()).splits;
+  ASSERT_GT(uncapped, 8);
+  for (const int64_t cap : {int64_t{1}, int64_t{2}, int64_t{8}}) {
+    LatentPlanDevice device = H200();
+    device.max_splits = cap;
+    const LatentPlan plan = Plan(p, device);
+    EXPECT_LE(plan.splits, cap);
+    EXPECT_GE(plan.splits, 1);
+    // Every key still lies in a split.
+    const int64_t chunks = (p.max_kv_len + plan.split_chunk - 1) / plan.split_chunk;
+    EXPECT_GE(plan.splits * ((chunks + plan.splits - 1) / plan.splits), chunks) << "cap " << cap;
+  }
+  LatentPlanDevice loose = H200();
+  loose.max_splits = uncapped + 100;
+  EXPECT_EQ(Plan(p, loose).splits, uncapped);
+}
+
 // The splits merge in the attention kernel when the fold's counters cover the tiles and a tile's
 // partials stay within its bytes; not with one split, and not past either bound.
 TEST(LatentPlanTest, FoldWithinItsBounds) {
