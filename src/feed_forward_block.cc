@@ -93,18 +93,21 @@ absl::StatusOr<FeedForwardWorkspace> FeedForwardWorkspace::Create(const FeedForw
   EAGLE3_ASSIGN_OR_RETURN(ws.gate_up, alloc(DType::kF32, Shape{t_max, 2 * ws.intermediate}));
   EAGLE3_ASSIGN_OR_RETURN(ws.act, alloc(DType::kF32, Shape{t_max, ws.intermediate}));
   EAGLE3_ASSIGN_OR_RETURN(ws.router_logits, alloc(DType::kF32, Shape{t_max, experts}));
-  // One column more where a shared expert may join the routed ones (FeedForwardBlock::Forward):
-  // every row's last slot names it (expert n_routed_experts) with weight 1, written here once; the
+  // A column more per shared expert, for where they join the routed ones (FeedForwardBlock::Forward):
+  // slot top_k + i names joined expert n_routed_experts + i with weight 1, written here once; the
   // routing writes only the first top_k columns.
-  const int64_t slots = top_k + (config.n_shared_experts > 0 ? 1 : 0);
+  const int64_t shared = std::max<int64_t>(config.n_shared_experts, 0);
+  const int64_t slots = top_k + shared;
   EAGLE3_ASSIGN_OR_RETURN(ws.ids, alloc(DType::kI32, Shape{t_max, slots}));
   EAGLE3_ASSIGN_OR_RETURN(ws.weights, alloc(DType::kF32, Shape{t_max, slots}));
   if (slots > top_k) {
     EAGLE3_ASSIGN_OR_RETURN(Tensor ids, Tensor::Zeros(DType::kI32, Shape{t_max, slots}));
     EAGLE3_ASSIGN_OR_RETURN(Tensor weights, Tensor::Zeros(DType::kF32, Shape{t_max, slots}));
     for (int64_t t = 0; t < t_max; ++t) {
-      ids.view().data_as<int32_t>()[t * slots + top_k] = static_cast<int32_t>(config.n_routed_experts);
-      weights.view().data_as<float>()[t * slots + top_k] = 1.0f;
+      for (int64_t i = 0; i < shared; ++i) {
+        ids.view().data_as<int32_t>()[t * slots + top_k + i] = static_cast<int32_t>(config.n_routed_experts + i);
+        weights.view().data_as<float>()[t * slots + top_k + i] = 1.0f;
+      }
     }
     EAGLE3_RETURN_IF_ERROR(backend.Copy(ids.view(), ws.ids.view()));
     EAGLE3_RETURN_IF_ERROR(backend.Copy(weights.view(), ws.weights.view()));
@@ -191,8 +194,54 @@ bool AlikeExpert(const QuantizedExpertWeights& shared, const QuantizedExpertWeig
 
 }  // namespace
 
+absl::Status FeedForwardBlock::LoadDenseShared(const FeedForwardConfig& config, std::span<const WeightSpec> specs,
+                                               size_t next, DType weight_dtype, WeightLoader& loader) {
+  using StackPart = WeightLoader::StackPart;
+  std::vector<LinearWeight> parts;
+  for (size_t i = next; i < next + 3; ++i) {
+    EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype,
+                                                              i == next + 2 ? StackPart::kNo : StackPart::kYes));
+    parts.push_back(std::move(w));
+  }
+  const ExpertWeights& routed = experts_.front();
+  const int64_t slots = config.n_shared_experts;
+  const int64_t slice = routed.down.dim(1);  // the routed experts' intermediate width on this rank
+  const auto dense_like = [&](const LinearWeight& w, int64_t rows, int64_t cols) {
+    return !w.quantized() && w.dense().dtype() == routed.gate_up.dtype() && w.rows() == rows && w.cols() == cols;
+  };
+  const int64_t hidden = routed.gate_up.dim(1);
+  const bool joins = slice > 0 && dense_like(parts[0], slots * slice, hidden) &&
+                     dense_like(parts[1], slots * slice, hidden) && dense_like(parts[2], hidden, slots * slice);
+  if (!joins) return SetSharedMlp(loader.backend(), parts, /*keep_stacked_parts=*/false);
+  // [gate_0; up_0; gate_1; up_1; ...]: slice i's gate and up rows side by side, so that each slice
+  // is one expert's [2 I, H] gate_up (ExpertWeights) and its down the matching columns of down.
+  Backend& backend = loader.backend();
+  const TensorView gate = parts[0].dense(), up = parts[1].dense();
+  EAGLE3_ASSIGN_OR_RETURN(Tensor stacked, Tensor::Empty(gate.dtype(), Shape{2 * slots * slice, hidden},
+                                                         backend.weight_allocator()));
+  for (int64_t i = 0; i < slots; ++i) {
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(Rows(gate, i * slice, slice), Rows(stacked, 2 * i * slice, slice)));
+    EAGLE3_RETURN_IF_ERROR(backend.Copy(Rows(up, i * slice, slice), Rows(stacked, (2 * i + 1) * slice, slice)));
+  }
+  // The parts are freed on return: the copies must have read them.
+  EAGLE3_RETURN_IF_ERROR(backend.Synchronize());
+  shared_.gate_up.push_back(LinearWeight(std::move(stacked)));
+  shared_.down = std::move(parts[2]);
+  shared_.inter = slots * slice;
+  shared_.act_block = slice;
+  const TensorView gate_up = shared_.gate_up.front().dense(), down = shared_.down.dense();
+  for (int64_t i = 0; i < slots; ++i) {
+    experts_.push_back(ExpertWeights{Rows(gate_up, 2 * i * slice, 2 * slice), down.Narrow(1, i * slice, slice)});
+  }
+  shared_slots_ = slots;
+  return absl::OkStatus();
+}
+
 absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::span<const WeightSpec> specs,
                                           size_t next, DType weight_dtype, WeightLoader& loader) {
+  if (quantized_experts_.empty() && !experts_.empty()) {
+    return LoadDenseShared(config, specs, next, weight_dtype, loader);
+  }
   if (config.n_shared_experts != 1 || quantized_experts_.empty()) {
     EAGLE3_ASSIGN_OR_RETURN(shared_, LoadSiluMlp(specs, &next, weight_dtype, loader));
     return absl::OkStatus();
@@ -219,31 +268,40 @@ absl::Status FeedForwardBlock::LoadShared(const FeedForwardConfig& config, std::
     EAGLE3_ASSIGN_OR_RETURN(LinearWeight w, loader.LoadLinear(specs[i], weight_dtype, stack_part, codes));
     parts.push_back(std::move(w));
   }
+  bool joins = false;
   if (parts[0].quantized() && parts[1].quantized() && parts[2].quantized()) {
     QuantizedExpertWeights shared{parts[0].quantized_view(), parts[1].quantized_view(), parts[2].quantized_view()};
-    shared_joins_experts_ = AlikeExpert(shared, routed);
+    joins = AlikeExpert(shared, routed);
     const QuantizedWeightView* const want[3] = {&routed.gate, &routed.up, &routed.down};
     QuantizedWeightView* const views[3] = {&shared.gate, &shared.up, &shared.down};
-    for (int i = 0; i < 3 && shared_joins_experts_; ++i) {
+    for (int i = 0; i < 3 && joins; ++i) {
       const bool tiles_ok = views[i]->warp_tiled() || CanWarpTile(*views[i]);
-      if (want[i]->warp_tiled() ? !tiles_ok : views[i]->warp_tiled()) shared_joins_experts_ = false;
+      if (want[i]->warp_tiled() ? !tiles_ok : views[i]->warp_tiled()) joins = false;
     }
-    for (int i = 0; i < 3 && shared_joins_experts_; ++i) {
+    for (int i = 0; i < 3 && joins; ++i) {
       if (!want[i]->warp_tiled() || views[i]->warp_tiled()) continue;
       EAGLE3_ASSIGN_OR_RETURN(LinearWeight copy, WarpTiledCopy(loader.backend(), parts[i]));
       *views[i] = copy.quantized_view();
       expert_weights_.push_back(std::move(copy));
     }
-    if (shared_joins_experts_) quantized_experts_.push_back(shared);
+    if (joins) {
+      quantized_experts_.push_back(shared);
+      shared_slots_ = 1;
+    }
   }
-  // The shared MLP for the calls it does not join: gate and up stacked where they can be (a copy;
-  // the parts then stay only where the joined expert's views point into them). Moving a
-  // LinearWeight keeps its device memory where it is, so the views stay valid.
+  // The parts stay only where the joined expert's views point into them.
+  return SetSharedMlp(loader.backend(), parts, /*keep_stacked_parts=*/joins && !tiled);
+}
+
+absl::Status FeedForwardBlock::SetSharedMlp(Backend& backend, std::vector<LinearWeight>& parts,
+                                            bool keep_stacked_parts) {
+  // Gate and up stacked where they can be (a copy). Moving a LinearWeight keeps its device memory
+  // where it is, so views into the parts stay valid.
   EAGLE3_ASSIGN_OR_RETURN(std::optional<LinearWeight> gate_up,
-                          StackLinearWeights(loader.backend(), std::span(parts).first(2), /*gemm_tiles=*/true));
+                          StackLinearWeights(backend, std::span(parts).first(2), /*gemm_tiles=*/true));
   if (gate_up.has_value()) {
     shared_.gate_up.push_back(std::move(*gate_up));
-    if (shared_joins_experts_ && !tiled) {
+    if (keep_stacked_parts) {
       expert_weights_.push_back(std::move(parts[0]));
       expert_weights_.push_back(std::move(parts[1]));
     }
@@ -266,7 +324,15 @@ absl::Status FeedForwardBlock::SiluMlp(const TensorView& x, const SiluMlpWeights
     EAGLE3_RETURN_IF_ERROR(part.Apply(*backend_, x, Block(gu, 0, t, col, part.rows())));
     col += part.rows();
   }
-  EAGLE3_RETURN_IF_ERROR(backend_->SiluMul(gu, a));
+  if (mlp.act_block == 0) {
+    EAGLE3_RETURN_IF_ERROR(backend_->SiluMul(gu, a));
+  } else {
+    // gu is [gate_0 | up_0 | gate_1 | up_1 | ...]: each slice's activations into its columns of a.
+    const int64_t b = mlp.act_block;
+    for (int64_t c = 0; c < mlp.inter; c += b) {
+      EAGLE3_RETURN_IF_ERROR(backend_->SiluMul(Block(gu, 0, t, 2 * c, 2 * b), Block(a, 0, t, c, b)));
+    }
+  }
   GemmOptions accumulate = kWeightsGemm;
   accumulate.beta = beta;
   return mlp.down.Apply(*backend_, a, out, accumulate);
@@ -296,7 +362,7 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   }
   if (!moe_) return SiluMlp(x, dense_, 0.0f, ws, out);
   const int64_t k = routing_.top_k;
-  const int64_t needed = k + (shared_joins_experts_ ? 1 : 0);
+  const int64_t needed = k + shared_slots_;
   if (ws.ids.view().dim(1) < needed) {
     return absl::InvalidArgumentError("FeedForwardBlock: the workspace holds " + std::to_string(ws.ids.view().dim(1)) +
                                       " expert slots per row, the block needs " + std::to_string(needed));
@@ -308,10 +374,11 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
                                             Block(ws.ids, 0, t, 0, k), Block(ws.weights, 0, t, 0, k)));
   if (!prefetch.empty()) EAGLE3_RETURN_IF_ERROR(backend_->PrefetchWeights(prefetch));
-  // The shared expert joins the routed ones up to kSharedJoinMaxTokens rows: every row's last slot
-  // (weight 1: the workspace's extra column), added after the routed slots in the op's one sum.
-  const bool join = shared_joins_experts_ && t <= kSharedJoinMaxTokens;
-  const int64_t slots = k + (join ? 1 : 0);
+  // The shared experts join the routed ones up to kSharedJoinMaxTokens rows: every row's slots after
+  // its top_k (weight 1: the workspace's extra columns), added after the routed slots in the op's
+  // one sum.
+  const bool join = shared_slots_ > 0 && t <= kSharedJoinMaxTokens;
+  const int64_t slots = k + (join ? shared_slots_ : 0);
   const TensorView ids_t = Block(ws.ids, 0, t, 0, slots), w_t = Block(ws.weights, 0, t, 0, slots);
   if (quantized_experts_.empty()) {
     EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));

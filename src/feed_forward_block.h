@@ -62,8 +62,9 @@ struct FeedForwardWorkspace {
   Tensor gate_up;            // [T, 2 * intermediate] f32
   Tensor act;                // [T, intermediate] f32: silu(gate) * up
   Tensor router_logits;      // [T, max(n_routed_experts, 1)] f32
-  // [T, max(top_k, 1) (+ 1 with shared experts)] i32 / f32: each row's routed experts and their
-  // weights; the extra last column holds the shared expert's slot (id n_routed_experts, weight 1).
+  // [T, max(top_k, 1) + n_shared_experts] i32 / f32: each row's routed experts and their weights;
+  // the extra columns hold the shared experts' slots (ids n_routed_experts + i, weight 1), for the
+  // shared experts that join the routed ones (FeedForwardBlock::Forward).
   Tensor ids;
   Tensor weights;
 
@@ -91,9 +92,13 @@ class FeedForwardBlock {
   static DType RouterDtype(DType stored, DType weight_dtype);
 
   bool moe() const { return moe_; }
-  // Whether the shared expert runs as one more expert of the routed experts' op (Forward, up to 32
-  // rows): one shared expert kept quantized like the routed ones.
-  bool shared_joins_experts() const { return shared_joins_experts_; }
+  // Whether the shared experts run as more experts of the routed experts' op (Forward, up to 32
+  // rows): one shared expert kept quantized like the routed ones, or dense routed experts and a
+  // dense shared MLP of n_shared_experts times their width, which joins as n_shared_experts experts
+  // (one slice of its intermediate dim each: SiLU MLPs add up over such slices).
+  bool shared_joins_experts() const { return shared_slots_ > 0; }
+  // The slots the shared experts take when they join (0 when they do not).
+  int64_t shared_slots() const { return shared_slots_; }
 
   // out = this rank's partial sum of the block over x, shared experts added before the caller's one
   // reduction.
@@ -119,15 +124,29 @@ class FeedForwardBlock {
     std::vector<LinearWeight> gate_up;
     LinearWeight down;
     int64_t inter = 0;  // I; 0: no such MLP
+    // 0: gate_up's rows are [gate; up]. Else they are [gate_0; up_0; gate_1; up_1; ...], blocks of
+    // act_block rows of gate and of up in turn (act_block divides I; one stacked weight): the dense
+    // shared experts that join the routed ones, slice i being joined expert i.
+    int64_t act_block = 0;
   };
 
   // The next MLP of Weights' order (gate, up, down) from specs[*next], as LinearWeights.
   static absl::StatusOr<SiluMlpWeights> LoadSiluMlp(std::span<const WeightSpec> specs, size_t* next, DType dtype,
                                                     WeightLoader& loader);
   // The shared experts' MLP from specs[next]: one expert of the routed experts' form and shape joins
-  // them (shared_joins_experts_), else shared_.
+  // them (shared_slots_), and so do dense shared experts beside dense routed ones
+  // (LoadDenseShared); the MLP is shared_ either way.
   absl::Status LoadShared(const FeedForwardConfig& config, std::span<const WeightSpec> specs, size_t next,
                           DType weight_dtype, WeightLoader& loader);
+  // Dense gate, up and down of the shared experts (specs[next], + 1, + 2) as shared_: when they are
+  // n_shared_experts slices of the routed experts' width, gate_up interleaved by slice (act_block)
+  // and each slice appended to experts_ as one more expert (shared_slots_); else [gate; up] stacked.
+  absl::Status LoadDenseShared(const FeedForwardConfig& config, std::span<const WeightSpec> specs, size_t next,
+                               DType weight_dtype, WeightLoader& loader);
+  // shared_ from the shared experts' gate, up and down (`parts`, moved from): gate and up stacked
+  // where they can be, the parts then kept in expert_weights_ where keep_stacked_parts (views of a
+  // joined expert point into them), else freed.
+  absl::Status SetSharedMlp(Backend& backend, std::vector<LinearWeight>& parts, bool keep_stacked_parts);
   // `mlp` over x; beta 1 accumulates into `out`.
   absl::Status SiluMlp(const TensorView& x, const SiluMlpWeights& mlp, float beta, FeedForwardWorkspace& ws,
                        const TensorView& out) const;
@@ -141,9 +160,10 @@ class FeedForwardBlock {
   std::vector<LinearWeight> expert_weights_;  // dense: gate_up, down; quantized: gate, up, down
   std::vector<ExpertWeights> experts_;                 // dense views of expert_weights_
   std::vector<QuantizedExpertWeights> quantized_experts_;  // quantized views of expert_weights_
-  SiluMlpWeights shared_;  // the shared experts' MLP, unless it joined the routed experts
-  // The shared expert is the last entry of experts_ / quantized_experts_, in every row's last slot.
-  bool shared_joins_experts_ = false;
+  SiluMlpWeights shared_;  // the shared experts' MLP (the joined experts' weights are views into it where dense)
+  // Joined shared experts: the last shared_slots_ entries of experts_ / quantized_experts_, in every
+  // row's slots top_k, top_k + 1, ... (the workspace's extra columns).
+  int64_t shared_slots_ = 0;
 };
 
 }  // namespace eagle3

@@ -142,8 +142,13 @@ constexpr DType kExpertDtype = DType::kBF16;
 
 struct MoeWeights {
   std::vector<Tensor> gate_up, down;  // per expert: [2I, H], [H, I]
-  Tensor shared_gate_up, shared_down;  // [2 * shared_inter, H], [H, shared_inter]
-  std::vector<ExpertWeights> table;
+  // [2 * shared_inter, H], [H, shared_inter]. Where shared_inter is a multiple of I (every model
+  // here), gate_up's rows are interleaved by I-wide slice as FeedForwardBlock keeps dense shared
+  // experts ([gate_0; up_0; gate_1; ...]: shared_slices slices), and `joined` is `table` plus one
+  // expert per slice (the form in which they join the routed experts' op).
+  Tensor shared_gate_up, shared_down;
+  int64_t shared_slices = 0;
+  std::vector<ExpertWeights> table, joined;
 };
 
 const MoeWeights& Weights(int64_t id) {
@@ -162,6 +167,12 @@ const MoeWeights& Weights(int64_t id) {
     if (m.shared_inter > 0) {
       w->shared_gate_up = RandomDevice(kExpertDtype, Shape{2 * m.shared_inter, m.hidden}, 7, std_gu);
       w->shared_down = RandomDevice(kExpertDtype, Shape{m.hidden, m.shared_inter}, 8, std_down);
+      if (m.shared_inter % m.inter == 0) w->shared_slices = m.shared_inter / m.inter;
+    }
+    w->joined = w->table;
+    for (int64_t i = 0; i < w->shared_slices; ++i) {
+      w->joined.push_back({w->shared_gate_up.view().Narrow(0, 2 * i * m.inter, 2 * m.inter),
+                           w->shared_down.view().Narrow(1, i * m.inter, m.inter)});
     }
   }
   return *w;
@@ -174,11 +185,31 @@ void BM_MoeDecode(benchmark::State& state) {
   const int64_t tokens = state.range(1);
   state.SetLabel(m.name);
   const MoeWeights& weights = Weights(state.range(0));
+  const bool join = state.range(2) != 0;
+  if (join && weights.shared_slices == 0) return state.SkipWithError("no shared experts to join");
   Tensor x = RandomDevice(DType::kF32, Shape{tokens, m.hidden}, 3);
   Tensor logits = RandomDevice(DType::kF32, Shape{tokens, m.experts}, 4);
   Tensor bias = RandomDevice(DType::kF32, Shape{m.experts}, 5, 0.1f);
-  Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, m.top_k}, b->allocator());
-  Tensor w = *Tensor::Empty(DType::kF32, Shape{tokens, m.top_k}, b->allocator());
+  // Joined: every row's slots after its top_k name the shared slices (weight 1), written once, as
+  // FeedForwardWorkspace does.
+  const int64_t slots = m.top_k + (join ? weights.shared_slices : 0);
+  Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, slots}, b->allocator());
+  Tensor w = *Tensor::Empty(DType::kF32, Shape{tokens, slots}, b->allocator());
+  if (join) {
+    Tensor host_ids = *Tensor::Zeros(DType::kI32, Shape{tokens, slots});
+    Tensor host_w = *Tensor::Zeros(DType::kF32, Shape{tokens, slots});
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < weights.shared_slices; ++i) {
+        host_ids.data_as<int32_t>()[t * slots + m.top_k + i] = static_cast<int32_t>(m.experts + i);
+        host_w.data_as<float>()[t * slots + m.top_k + i] = 1.0f;
+      }
+    }
+    if (!Check(state, b->Copy(host_ids, ids), "ids") || !Check(state, b->Copy(host_w, w), "weights") ||
+        !Check(state, b->Synchronize(), "Synchronize")) {
+      return;
+    }
+  }
+  const TensorView routed_ids = ids.view().Narrow(1, 0, m.top_k), routed_w = w.view().Narrow(1, 0, m.top_k);
   Tensor out = *Tensor::Empty(DType::kF32, Shape{tokens, m.hidden}, b->allocator());
   const int64_t si = std::max<int64_t>(m.shared_inter, 1);
   Tensor shared_gu = *Tensor::Empty(DType::kF32, Shape{tokens, 2 * si}, b->allocator());
@@ -186,13 +217,18 @@ void BM_MoeDecode(benchmark::State& state) {
   const TensorView bias_view = bias.view();
   const TensorView* correction = m.routing.topk_method == TopkMethod::kNoauxTc ? &bias_view : nullptr;
   absl::Status status;
-  // As TargetModel runs a MoE layer: route, routed experts, then the shared experts added to `out`.
+  // As FeedForwardBlock runs a MoE layer: route, routed experts, and the shared experts joined to
+  // them (join) or their own MLP added to `out` (its activations slice by slice where gate_up is
+  // interleaved).
   auto step = [&] {
-    status = b->MoeRoute(logits, correction, m.routing, ids, w);
-    if (status.ok()) status = b->MoeExperts(x, ids, w, weights.table, out, /*accumulate=*/false);
-    if (status.ok() && m.shared_inter > 0) {
+    status = b->MoeRoute(logits, correction, m.routing, routed_ids, routed_w);
+    if (status.ok()) status = b->MoeExperts(x, ids, w, join ? weights.joined : weights.table, out, /*accumulate=*/false);
+    if (status.ok() && m.shared_inter > 0 && !join) {
       status = b->Gemm(x, weights.shared_gate_up, shared_gu, {});
-      if (status.ok()) status = b->SiluMul(shared_gu, shared_act);
+      const int64_t block = weights.shared_slices > 0 ? m.inter : m.shared_inter;
+      for (int64_t c = 0; status.ok() && c < m.shared_inter; c += block) {
+        status = b->SiluMul(shared_gu.view().Narrow(1, 2 * c, 2 * block), shared_act.view().Narrow(1, c, block));
+      }
       GemmOptions accumulate;
       accumulate.beta = 1.0f;
       if (status.ok()) status = b->Gemm(shared_act, weights.shared_down, out, accumulate);
@@ -202,7 +238,7 @@ void BM_MoeDecode(benchmark::State& state) {
   if (!Check(state, status, "MoE step") || !Check(state, b->Synchronize(), "Synchronize")) return;
   // The floor reads each expert the routing selected once (plus the shared experts).
   Tensor host_ids = *Tensor::Empty(DType::kI32, Shape{tokens, m.top_k});
-  (void)b->Copy(ids, host_ids);
+  (void)b->Copy(routed_ids, host_ids);
   (void)b->Synchronize();
   const std::set<int32_t> touched(host_ids.data_as<int32_t>(), host_ids.data_as<int32_t>() + host_ids.numel());
   // Timed inside a graph of 4 steps, as a decode step runs it.
@@ -218,15 +254,19 @@ void BM_MoeDecode(benchmark::State& state) {
   ReportRoofline(state, seconds, bytes, flops);
 }
 
+// join 1: the shared experts joined to the routed ones, as FeedForwardBlock runs up to 32 rows;
+// join 0: their own MLP, as past that (both forms at every row count up to 32, for the A/B).
 void MoeArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
-    bm->ArgsProduct({{0, 1, 2, 3}, {1, 16, 64}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {1, 16}, {0, 1}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {64}, {0}});
   } else {
-    bm->ArgsProduct({{0, 1, 2, 3}, {1, 4, 16, 64, 256, 512, 2048}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {1, 4, 16}, {0, 1}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {64, 256, 512, 2048}, {0}});
   }
 }
 BENCHMARK(BM_MoeDecode)
-    ->ArgNames({"model", "tokens"})
+    ->ArgNames({"model", "tokens", "join"})
     ->Apply(MoeArgs)
     ->Apply(Timed);
 
