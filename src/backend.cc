@@ -110,27 +110,53 @@ absl::Status CheckNoOverlap(const char* op, const char* in_name, const TensorVie
   return absl::OkStatus();
 }
 
-// CheckNoOverlap for two row-strided matrices (CheckMatrix'ed), exact where both have several rows
-// at one row stride: then each row's bytes repeat with that period, and column slices of the same
-// rows (one product's [a | b] output) share none. Other cases are CheckNoOverlap's span test.
-absl::Status CheckNoMatrixOverlap(const char* op, const char* in_name, const TensorView& in,
-                                  const char* out_name, const TensorView& out) {
-  const int64_t in_size = static_cast<int64_t>(DTypeSize(in.dtype()));
-  const int64_t out_size = static_cast<int64_t>(DTypeSize(out.dtype()));
-  const int64_t period = in.stride(0) * in_size;
-  if (in.dim(0) > 1 && out.dim(0) > 1 && out.stride(0) * out_size == period && in.numel() > 0 &&
-      out.numel() > 0) {
-    const auto in_begin = reinterpret_cast<uintptr_t>(in.data());
-    const auto out_begin = reinterpret_cast<uintptr_t>(out.data());
-    // Offsets within one period: the later view's row starts `shift` bytes after the earlier one's.
-    const bool out_later = out_begin >= in_begin;
-    const auto shift = static_cast<int64_t>((out_later ? out_begin - in_begin : in_begin - out_begin) %
-                                            static_cast<uintptr_t>(period));
-    const int64_t first_bytes = (out_later ? in.dim(1) * in_size : out.dim(1) * out_size);
-    const int64_t later_bytes = (out_later ? out.dim(1) * out_size : in.dim(1) * in_size);
-    if (shift >= first_bytes && shift + later_bytes <= period) return absl::OkStatus();
+// A view as rows at one period: its dimension of the largest stride (extent > 1) is the row
+// dimension, and every row's elements lie in one band of `band` bytes from the row's start, which
+// fits in the period (a row-strided matrix; a head-major [n, rows, cols] view into a row-strided
+// buffer). ok is false where the view is not of that form (one row, or bands longer than rows).
+struct Bands {
+  bool ok = false;
+  int64_t period = 0, band = 0;
+  uintptr_t begin = 0;
+};
+
+Bands BandsOf(const TensorView& t) {
+  Bands b;
+  if (t.numel() == 0) return b;
+  int row_dim = -1;
+  for (int i = 0; i < t.rank(); ++i) {
+    if (t.dim(i) > 1 && (row_dim < 0 || t.stride(i) > t.stride(row_dim))) row_dim = i;
   }
-  return CheckNoOverlap(op, in_name, in, out_name, out, false);
+  if (row_dim < 0) return b;
+  const auto size = static_cast<int64_t>(DTypeSize(t.dtype()));
+  int64_t last = 0;
+  for (int i = 0; i < t.rank(); ++i) {
+    if (i != row_dim) last += (t.dim(i) - 1) * t.stride(i);
+  }
+  b.period = t.stride(row_dim) * size;
+  b.band = (last + 1) * size;
+  b.begin = reinterpret_cast<uintptr_t>(t.data());
+  b.ok = b.band <= b.period;
+  return b;
+}
+
+// CheckNoOverlap, exact where both views are rows at one period (BandsOf): each row's bytes then
+// repeat with that period, and disjoint bands of the same rows (one product's [a | b] output, a
+// head-major view of either part) share none. Other cases are CheckNoOverlap's span test.
+absl::Status CheckNoBandOverlap(const char* op, const char* in_name, const TensorView& in, const char* out_name,
+                                const TensorView& out, bool allow_identical = false) {
+  if (allow_identical && SameView(in, out)) return absl::OkStatus();
+  const Bands a = BandsOf(in), b = BandsOf(out);
+  if (a.ok && b.ok && a.period == b.period) {
+    // Offsets within one period: the later view's rows start `shift` bytes after the earlier one's.
+    const bool out_later = b.begin >= a.begin;
+    const auto shift =
+        static_cast<int64_t>((out_later ? b.begin - a.begin : a.begin - b.begin) % static_cast<uintptr_t>(a.period));
+    const int64_t first_bytes = out_later ? a.band : b.band;
+    const int64_t later_bytes = out_later ? b.band : a.band;
+    if (shift >= first_bytes && shift + later_bytes <= a.period) return absl::OkStatus();
+  }
+  return CheckNoOverlap(op, in_name, in, out_name, out, allow_identical);
 }
 
 absl::Status CheckRowsLike(const char* op, const char* name, const TensorView& t,
@@ -261,7 +287,7 @@ absl::Status Backend::CheckCopy(const TensorView& src, const TensorView& dst) co
                    " must have the same shape and dtype");
   }
   if (src.device() != dst.device()) return absl::OkStatus();  // distinct address spaces
-  return CheckNoOverlap("Copy", "src", src, "dst", dst, true);
+  return CheckNoBandOverlap("Copy", "src", src, "dst", dst, /*allow_identical=*/true);
 }
 
 absl::Status Backend::CheckGemm(const TensorView& a, const TensorView& b, const TensorView& c,
@@ -290,7 +316,7 @@ absl::Status Backend::CheckGemm(const TensorView& a, const TensorView& b, const 
   if (!std::isfinite(options.alpha) || !std::isfinite(options.beta)) {
     return Invalid("Gemm", "alpha ", options.alpha, " and beta ", options.beta, " must be finite");
   }
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("Gemm", "a", a, "c", c, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap("Gemm", "a", a, "c", c));
   return CheckNoOverlap("Gemm", "b", b, "c", c, false);
 }
 
@@ -328,7 +354,7 @@ absl::Status Backend::CheckQuantizedGemm(const TensorView& a, const QuantizedWei
   if (!std::isfinite(options.alpha) || !std::isfinite(options.beta)) {
     return Invalid(kOp, "alpha ", options.alpha, " and beta ", options.beta, " must be finite");
   }
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "a", a, "c", c, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "a", a, "c", c));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "w.codes", w.codes, "c", c, false));
   return CheckNoOverlap(kOp, "w.scales", w.scales, "c", c, false);
 }
@@ -387,7 +413,7 @@ absl::Status Backend::CheckBatchedGemm(const TensorView& a, const TensorView& b,
                      ", or stride(0) >= N and stride(1) >= B * stride(0))");
     }
   }
-  EAGLE3_RETURN_IF_ERROR(CheckNoOverlap("BatchedGemm", "a", a, "c", c, false));
+  EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap("BatchedGemm", "a", a, "c", c));
   return CheckNoOverlap("BatchedGemm", "b", b, "c", c, false);
 }
 
@@ -459,9 +485,9 @@ absl::Status Backend::CheckRmsNormPair(const TensorView& x0, const TensorView& w
     return Invalid(kOp, "x1 ", x1.ToString(), " must have x0's row count T = ", x0.dim(0), ", got ", x1.dim(0));
   }
   // Matrices: the two halves may be column slices of the same rows.
-  EAGLE3_RETURN_IF_ERROR(CheckNoMatrixOverlap(kOp, "x1", x1, "out0", out0));
-  EAGLE3_RETURN_IF_ERROR(CheckNoMatrixOverlap(kOp, "x0", x0, "out1", out1));
-  EAGLE3_RETURN_IF_ERROR(CheckNoMatrixOverlap(kOp, "out0", out0, "out1", out1));
+  EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "x1", x1, "out0", out0));
+  EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "x0", x0, "out1", out1));
+  EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "out0", out0, "out1", out1));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "weight1", weight1, "out0", out0, false));
   EAGLE3_RETURN_IF_ERROR(CheckNoOverlap(kOp, "weight0", weight0, "out1", out1, false));
   const std::pair<const char*, const TensorView*> operands[] = {{"x0", &x0}, {"weight0", &weight0}, {"out0", &out0},

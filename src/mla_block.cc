@@ -52,9 +52,11 @@ absl::StatusOr<MlaWorkspace> MlaWorkspace::Create(const MlaAttentionConfig& conf
   const MlaRankDims& d = ws.dims;
   const int64_t t_max = max_tokens, s_max = max_context_len;
   auto alloc = [&](DType dtype, const Shape& shape) { return Tensor::Empty(dtype, shape, backend.allocator()); };
-  EAGLE3_ASSIGN_OR_RETURN(ws.q, alloc(DType::kF32, Shape{t_max, d.heads * d.qk}));
+  if (d.q_lora > 0) {
+    EAGLE3_ASSIGN_OR_RETURN(ws.q, alloc(DType::kF32, Shape{t_max, d.heads * d.qk}));
+  }
   EAGLE3_ASSIGN_OR_RETURN(ws.attn_v, alloc(DType::kF32, Shape{t_max, d.heads * d.vdim}));
-  EAGLE3_ASSIGN_OR_RETURN(ws.lat, alloc(DType::kF32, Shape{t_max, d.q_lora + (d.heads + 1) * d.width}));
+  EAGLE3_ASSIGN_OR_RETURN(ws.lat, alloc(DType::kF32, Shape{t_max, ws.Lead() + (d.heads + 1) * d.width}));
   EAGLE3_ASSIGN_OR_RETURN(ws.o_lat, alloc(DType::kF32, Shape{t_max, d.heads * d.latent}));
   EAGLE3_ASSIGN_OR_RETURN(ws.ctx_lat, alloc(DType::kF32, Shape{s_max, d.width}));
   EAGLE3_ASSIGN_OR_RETURN(ws.ctx_kv, alloc(DType::kF32, Shape{s_max, d.heads * (d.nope + d.vdim)}));
@@ -77,15 +79,13 @@ absl::StatusOr<MlaWorkspace> MlaWorkspace::Create(const MlaAttentionConfig& conf
   return ws;
 }
 
-TensorView MlaWorkspace::Qa() const { return Block(lat, 0, max_tokens, 0, dims.q_lora); }
-TensorView MlaWorkspace::QaCacheRow() const { return Block(lat, 0, max_tokens, 0, dims.q_lora + dims.width); }
-TensorView MlaWorkspace::CacheRow() const { return Block(lat, 0, max_tokens, dims.q_lora, dims.width); }
-TensorView MlaWorkspace::RopeRows() const {
-  return Block(lat, 0, max_tokens, dims.q_lora, (dims.heads + 1) * dims.width);
-}
-TensorView MlaWorkspace::QLat() const {
-  return Block(lat, 0, max_tokens, dims.q_lora + dims.width, dims.heads * dims.width);
-}
+int64_t MlaWorkspace::Lead() const { return dims.q_lora > 0 ? dims.q_lora : dims.heads * dims.qk; }
+TensorView MlaWorkspace::Qa() const { return Block(lat, 0, max_tokens, 0, Lead()); }
+TensorView MlaWorkspace::QaCacheRow() const { return Block(lat, 0, max_tokens, 0, Lead() + dims.width); }
+TensorView MlaWorkspace::CacheRow() const { return Block(lat, 0, max_tokens, Lead(), dims.width); }
+TensorView MlaWorkspace::RopeRows() const { return Block(lat, 0, max_tokens, Lead(), (dims.heads + 1) * dims.width); }
+TensorView MlaWorkspace::QLat() const { return Block(lat, 0, max_tokens, Lead() + dims.width, dims.heads * dims.width); }
+TensorView MlaWorkspace::Q() const { return dims.q_lora > 0 ? q.view() : Qa(); }
 
 absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
                                         DType weight_dtype, WeightLoader& loader,
@@ -117,31 +117,29 @@ absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp
     EAGLE3_ASSIGN_OR_RETURN(const WeightSpec spec, next_spec(suffix));
     return loader.LoadLinear(spec, weight_dtype);
   };
-  std::optional<WeightSpec> q_a_spec;
-  if (config.q_lora_rank.has_value()) {
-    EAGLE3_ASSIGN_OR_RETURN(q_a_spec, next_spec("q_a_proj.weight"));
+  // The product of x before the cache row: q_a (q-LoRA), else the plain q_proj (this rank's heads).
+  const bool lora = config.q_lora_rank.has_value();
+  EAGLE3_ASSIGN_OR_RETURN(const WeightSpec lead_spec, next_spec(lora ? "q_a_proj.weight" : "q_proj.weight"));
+  if (lora) {
     EAGLE3_ASSIGN_OR_RETURN(b.q_a_ln_, take("q_a_layernorm.weight", DType::kF32));
     EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_b_proj.weight"));
-  } else {
-    EAGLE3_ASSIGN_OR_RETURN(b.q_b_, take_linear("q_proj.weight"));
   }
+  LinearWeight& lead = lora ? b.q_a_ : b.q_b_;
   EAGLE3_ASSIGN_OR_RETURN(const WeightSpec kv_a_spec, next_spec("kv_a_proj_with_mqa.weight"));
-  // q_a and kv_a both read x: stacked [q_a; kv_a] (an FP8 q_a of whole 128-row blocks, as every
-  // published checkpoint's 1536 rows are), one product streams both weights, and the parts are
-  // freed. Both are replicated, so every rank stacks the same whole tensors.
-  if (q_a_spec.has_value() && input_projections == InputProjections::kStackWherePossible) {
-    const WeightSpec pair[] = {*q_a_spec, kv_a_spec};
+  // It and kv_a both read x: stacked [q_a; kv_a] or [q_proj; kv_a] (an FP8 part of whole 128-row
+  // blocks, as every published checkpoint's q_a of 1536 rows is), one product streams both weights,
+  // and the parts are freed.
+  if (input_projections == InputProjections::kStackWherePossible) {
+    const WeightSpec pair[] = {lead_spec, kv_a_spec};
     EAGLE3_ASSIGN_OR_RETURN(std::vector<LinearWeight> loaded, loader.LoadStackedLinear(pair, weight_dtype));
     if (loaded.size() == 1) {
       b.q_kv_a_ = std::move(loaded[0]);
     } else {
-      b.q_a_ = std::move(loaded[0]);
+      lead = std::move(loaded[0]);
       b.kv_a_ = std::move(loaded[1]);
     }
   } else {
-    if (q_a_spec.has_value()) {
-      EAGLE3_ASSIGN_OR_RETURN(b.q_a_, loader.LoadLinear(*q_a_spec, weight_dtype));
-    }
+    EAGLE3_ASSIGN_OR_RETURN(lead, loader.LoadLinear(lead_spec, weight_dtype));
     EAGLE3_ASSIGN_OR_RETURN(b.kv_a_, loader.LoadLinear(kv_a_spec, weight_dtype));
   }
   EAGLE3_ASSIGN_OR_RETURN(b.kv_a_ln_, take("kv_a_layernorm.weight", DType::kF32));
@@ -197,9 +195,10 @@ absl::Status MlaBlock::CheckShapes(const TensorView& x, const MlaWorkspace& ws) 
 absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
-  const TensorView q_t = Rows(ws.q, 0, t);
+  const TensorView q_t = Rows(ws.Q(), 0, t);
   if (q_a_ln_.empty()) {
-    EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
+    // A plain q_proj: q is the lead of the cache row, written by the stacked product where there is one.
+    if (!input_projections_stacked()) EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
     return ProjectLatent(x, ws);
   }
   const TensorView qa_t = Rows(ws.Qa(), 0, t);
@@ -221,8 +220,8 @@ absl::Status MlaBlock::InputProduct(const TensorView& x, MlaWorkspace& ws) const
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   // The latent cache row [c | k_pe] = kv_a x, written straight into the row before the heads'
-  // queries, by the stacked product where there is one: [qa | c | k_pe] = [q_a; kv_a] x, one pass
-  // over x and both weights. WriteCacheRows runs it too, so that its rows are Forward*'s bit for bit
+  // queries, by the stacked product where there is one: [lead | c | k_pe] = [q_a; kv_a] x (or
+  // [q_proj; kv_a] x), one pass over x and both weights. WriteCacheRows runs it too, so that its rows are Forward*'s bit for bit
   // (a backend may sum a product of other rows in another order).
   if (input_projections_stacked()) return q_kv_a_.Apply(be, x, Rows(ws.QaCacheRow(), 0, t));
   return kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t));
@@ -274,7 +273,7 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   const MlaRankDims& d = dims_;
   const int64_t t = x.dim(0);
   const int64_t heads = d.heads, width = d.width, latent = d.latent, rope = d.rope, nope = d.nope;
-  const TensorView q_t = Rows(ws.q, 0, t);
+  const TensorView q_t = Rows(ws.Q(), 0, t);
   const TensorView q_lat_t = Rows(ws.QLat(), 0, t);
   const TensorView rows_t = Rows(ws.CacheRow(), 0, t);
   const TensorView q3 = Heads(q_t, heads, d.qk);
@@ -316,7 +315,7 @@ absl::Status MlaBlock::ForwardPerSequence(const TensorView& x, const MlaSequence
   const int64_t t = x.dim(0);
   const int64_t heads = d.heads, width = d.width, latent = d.latent, rope = d.rope, nope = d.nope;
   const int64_t qk = d.qk, vdim = d.vdim;
-  const TensorView q_t = Rows(ws.q, 0, t);
+  const TensorView q_t = Rows(ws.Q(), 0, t);
   const TensorView rows_t = Rows(ws.CacheRow(), 0, t);
   const TensorView q3 = Heads(q_t, heads, qk);
   // q3 (every head's q_pe) and the cache rows' k_pe rotated apart, since the unabsorbed path

@@ -72,19 +72,22 @@ struct MlaWorkspace {
   MlaRankDims dims;
   int64_t max_tokens = 0;
   int64_t max_context_len = 0;
-  Tensor q;       // [T, heads * qk]: every head's [q_nope | q_pe]
+  Tensor q;       // [T, heads * qk] with q-LoRA (q_b's output); empty for a plain q_proj (see Q())
   Tensor attn_v;  // [T, heads * vdim]: attention output, o_proj's input
-  // Row t: [qa | c | k_pe | the absorbed query of each head]: q_a's output (q_lora columns, none for
-  // a plain q_proj), token t's latent cache row (width), then each head's [q_nope W_UK | q_pe]
-  // (width each). q_a and kv_a both read x, so a block whose two weights stack writes [qa | c | k_pe]
-  // with one product; the cache row sits right before the heads, so that one ApplyRope rotates its
-  // k_pe and every head's q_pe together (batched path). The column ranges, every row:
-  Tensor lat;                     // [T, q_lora + (heads + 1) * width]
-  TensorView Qa() const;          // [T, q_lora]
-  TensorView QaCacheRow() const;  // [T, q_lora + width]: [qa | c | k_pe], a stacked product's output
+  // Row t: [lead | c | k_pe | the absorbed query of each head]: the product of x before the cache row
+  // (lead columns: q_a's output, q_lora wide; with a plain q_proj its q, heads * qk wide), token t's
+  // latent cache row (width), then each head's [q_nope W_UK | q_pe] (width each). That product and
+  // kv_a both read x, so a block whose two weights stack writes [lead | c | k_pe] with one product;
+  // the cache row sits right before the heads, so that one ApplyRope rotates its k_pe and every
+  // head's q_pe together (batched path). The column ranges, every row:
+  Tensor lat;                     // [T, Lead() + (heads + 1) * width]
+  int64_t Lead() const;           // q_lora, or heads * qk for a plain q_proj
+  TensorView Qa() const;          // [T, Lead()]: qa, or a plain q_proj's q
+  TensorView QaCacheRow() const;  // [T, Lead() + width]: [lead | c | k_pe], a stacked product's output
   TensorView CacheRow() const;    // [T, width]: [c | k_pe]
   TensorView RopeRows() const;    // [T, (heads + 1) * width]: the cache row and the heads
   TensorView QLat() const;        // [T, heads * width]: the heads
+  TensorView Q() const;           // [T, heads * qk]: every head's [q_nope | q_pe] (q, or Qa() when plain)
   Tensor o_lat;                   // [T, heads * latent]: absorbed attention output, before W_UV
   Tensor ctx_lat, ctx_kv, ctx_k;  // [S, width], [S, heads * (nope + vdim)], [S, heads * qk]: k/v rebuilt
   Tensor mask;                    // u8 [T * S]: per-sequence path mask
@@ -131,9 +134,10 @@ struct MlaSequenceStep {
 
 class MlaBlock {
  public:
-  // Whether Load stacks q_a_proj and kv_a_proj_with_mqa into one weight [q_a; kv_a].
+  // Whether Load stacks the products of x, q_a_proj (or a plain q_proj) and kv_a_proj_with_mqa, into
+  // one weight [q_a; kv_a] (or [q_proj; kv_a]).
   enum class InputProjections {
-    kStackWherePossible,  // where StackLinearWeights can: one product writes [qa | c | k_pe]
+    kStackWherePossible,  // where StackLinearWeights can: one product writes [lead | c | k_pe]
     kApart,               // two weights, two products (the reference the stacked block must match)
   };
 
@@ -141,8 +145,8 @@ class MlaBlock {
   // prefix), "model.layers.12.self_attn.", "layers.0.self_attn.") through `loader`: q_a / q_b (or
   // q_proj), kv_a and o_proj as LinearWeights (kept quantized as the loader says, else in
   // `weight_dtype`), kv_b dense in `weight_dtype`, norms in f32, and W_UK per head transposed to
-  // [R, nope] from kv_b's f32 values. q_a and kv_a (both replicated: every rank's are the whole
-  // tensors) are stacked as `input_projections` says, the parts then freed.
+  // [R, nope] from kv_b's f32 values. q_a (or q_proj: this rank's heads) and kv_a (replicated: every
+  // rank's is the whole tensor) are stacked as `input_projections` says, the parts then freed.
   // A checkpoint tensor of another shape (an H-wide q_a_proj for a 2H-wide block) is InvalidArgument
   // naming it when `loader` checks each read (WeightLoader::Checks::kEachRead).
   static absl::StatusOr<MlaBlock> Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
@@ -151,7 +155,7 @@ class MlaBlock {
 
   const MlaAttentionConfig& config() const { return config_; }
   const MlaRankDims& dims() const { return dims_; }
-  // Whether q_a and kv_a are one stacked weight (Project runs one product for both).
+  // Whether q_a (or q_proj) and kv_a are one stacked weight (Project runs one product for both).
   bool input_projections_stacked() const { return q_kv_a_.rows() > 0; }
 
   // The batched path. Writes every new row's latent cache row into `cache` at step.slots and
@@ -184,7 +188,7 @@ class MlaBlock {
 
   // x and ws against the block's dims (InvalidArgument naming what differs).
   absl::Status CheckShapes(const TensorView& x, const MlaWorkspace& ws) const;
-  // q into ws.q, the latent rows [kv_a_layernorm(c) | k_pe] into ws.CacheRow() (k_pe not yet
+  // q into ws.Q(), the latent rows [kv_a_layernorm(c) | k_pe] into ws.CacheRow() (k_pe not yet
   // rotated); the rows [0, T).
   absl::Status Project(const TensorView& x, MlaWorkspace& ws) const;
   // The input product into ws's rows [0, T): [c | k_pe] into ws.CacheRow(), and with stacked
@@ -204,10 +208,10 @@ class MlaBlock {
   float scale_ = 0.0f;  // SoftmaxScale()
   // The projections may stay quantized (LinearWeight); kv_b is always dense, as W_UK and W_UV are
   // per-head slices of it that BatchedGemm takes.
-  LinearWeight q_kv_a_;  // [q_a; kv_a] when they stack (q_a_ and kv_a_ then empty)
+  LinearWeight q_kv_a_;  // [q_a; kv_a] or [q_proj; kv_a] when they stack (q_a_ / q_b_ and kv_a_ then empty)
   LinearWeight q_a_;     // empty for a plain q_proj, or stacked
   Tensor q_a_ln_;        // empty for a plain q_proj
-  LinearWeight q_b_;     // q_b_proj, or q_proj when q_lora_rank is unset
+  LinearWeight q_b_;     // q_b_proj, or q_proj when q_lora_rank is unset (empty when that is stacked)
   LinearWeight kv_a_;    // empty when stacked
   Tensor kv_a_ln_, kv_b_;
   Tensor w_uk_t_;  // [heads, latent, nope]

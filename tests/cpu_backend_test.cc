@@ -691,6 +691,42 @@ TEST(CpuBackendCopyTest, RejectsMismatches) {
                 {"overlaps"});
 }
 
+// Views into one row-strided buffer whose columns per row are disjoint (a row [q | c | heads] that
+// one op reads a part of and writes another of) do not overlap, for Copy, Gemm and BatchedGemm's
+// head-major items alike; shifted so that the columns meet, they do, by one element or by a row.
+TEST(CpuBackendCopyTest, DisjointColumnBandsOfOneBufferDoNotOverlap) {
+  CpuBackend backend;
+  constexpr int64_t kRows = 3, kLd = 24;
+  std::vector<float> buf(kRows * kLd);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  const auto cols = [&](int64_t col, int64_t n) {
+    return TensorView(buf.data() + col, DType::kF32, Shape{kRows, n}, Shape{kLd, 1}, Device::Cpu());
+  };
+  EXPECT_TRUE(backend.Copy(cols(0, 4), cols(20, 4)).ok());
+  EXPECT_EQ(buf[kLd + 20], static_cast<float>(kLd));
+  EXPECT_TRUE(backend.Copy(cols(8, 4), cols(4, 4)).ok());  // the band just before
+  ExpectInvalid(backend.Copy(cols(0, 4), cols(3, 4)), {"Copy", "overlaps"});
+  ExpectInvalid(backend.Copy(cols(19, 3), cols(21, 3)), {"overlaps"});
+  // A band wrapping into the next row (columns 22 .. 25 of a 24-wide row) meets column 0 of it.
+  const TensorView wrap(buf.data() + 22, DType::kF32, Shape{kRows - 1, 4}, Shape{kLd, 1}, Device::Cpu());
+  const TensorView first(buf.data(), DType::kF32, Shape{kRows - 1, 4}, Shape{kLd, 1}, Device::Cpu());
+  ExpectInvalid(backend.Copy(wrap, first), {"overlaps"});
+  // Gemm: a = columns [0, 4), c = columns [8, 10) of the same rows.
+  std::vector<float> w(2 * 4, 0.5f);
+  const TensorView b(w.data(), DType::kF32, Shape{2, 4});
+  EXPECT_TRUE(backend.Gemm(cols(0, 4), b, cols(8, 2), {}).ok());
+  EXPECT_FLOAT_EQ(buf[kLd + 8], 0.5f * (24 + 25 + 26 + 27));
+  ExpectInvalid(backend.Gemm(cols(0, 4), b, cols(3, 2), {}), {"Gemm", "overlaps"});
+  // BatchedGemm over 2 head-major items [2, rows, 2] (head stride 2) of columns [0, 4) into [12, 16).
+  const auto heads = [&](int64_t col) {
+    return TensorView(buf.data() + col, DType::kF32, Shape{2, kRows, 2}, Shape{2, kLd, 1}, Device::Cpu());
+  };
+  std::vector<float> bw(2 * 2 * 2, 1.0f);
+  const TensorView bb(bw.data(), DType::kF32, Shape{2, 2, 2});
+  EXPECT_TRUE(backend.BatchedGemm(heads(0), bb, heads(12), {}).ok());
+  ExpectInvalid(backend.BatchedGemm(heads(0), bb, heads(2), {}), {"BatchedGemm", "overlaps"});
+}
+
 TEST(CpuBackendTest, DeviceAllocatorAndSynchronize) {
   CpuBackend backend;
   EXPECT_TRUE(backend.device().is_cpu());

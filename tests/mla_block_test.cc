@@ -1,9 +1,9 @@
 // The layer blocks on their own (CPU reference backend), in the shape only the MLA EAGLE-3 draft
 // gives them: an MlaBlock whose q_a / kv_a take a 2H input loads its checkpoint, refuses an H-wide
 // one by name, runs its batched and per-sequence paths to the same result, and its TP ranks' o_proj
-// partial sums add up to the TP1 output with the latent rows replicated bit for bit. q_a and kv_a
-// stacked into one weight give what the two weights give, f32 and FP8, and a pair that cannot stack
-// stays two weights. Also: the blocks' tensor lists equal the target layer's
+// partial sums add up to the TP1 output with the latent rows replicated bit for bit. q_a (or a plain
+// q_proj) and kv_a stacked into one weight give what the two weights give, f32 and FP8, and a pair
+// that cannot stack stays two weights. Also: the blocks' tensor lists equal the target layer's
 // (DeepseekDecoderLayerWeights), and bad shapes, workspaces and schema names are refused.
 #include "mla_block.h"
 
@@ -248,9 +248,10 @@ class MlaBlockRunTest : public ::testing::Test {
     return result;
   }
 
-  // Every path's outputs and cache with q_a and kv_a stacked where they can be equal those with two
-  // weights bit for bit, at TP 1 and on both ranks of TP 2 (q_a and kv_a are replicated: every rank
-  // stacks the whole pair); `stacks`: whether the block stacks them.
+  // Every path's outputs and cache with q_a (or q_proj) and kv_a stacked where they can be equal those
+  // with two weights bit for bit, at TP 1 and on both ranks of TP 2 (q_a and kv_a are replicated:
+  // every rank stacks the whole pair; q_proj is the rank's heads); `stacks`: whether the block stacks
+  // them.
   void ExpectStackedEqualsApart(bool stacks) {
     for (const Path path : {Path::kBatched, Path::kAbsorbed, Path::kNonAbsorbed}) {
       for (const auto [tp, rank] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{2, 1}}) {
@@ -312,10 +313,11 @@ TEST_F(MlaBlockRunTest, Fp8InputProjectionsStackOnlyOverWholeBlocks) {
   ExpectStackedEqualsApart(/*stacks=*/false);
 }
 
-// A plain q_proj (DeepSeek-V2-Lite): kv_a alone, nothing to stack; the paths still agree.
-TEST_F(MlaBlockRunTest, WithoutQLoraKvARunsAlone) {
+// A plain q_proj (DeepSeek-V2-Lite) stacks with kv_a the same way ([q_proj; kv_a]: q lands before
+// the cache row, in the row the absorbed queries follow), and the paths still agree.
+TEST_F(MlaBlockRunTest, WithoutQLoraQProjStacksWithKvA) {
   Write(Attention(2 * kHidden, /*q_lora=*/0), /*fp8=*/false);
-  ExpectStackedEqualsApart(/*stacks=*/false);
+  ExpectStackedEqualsApart(/*stacks=*/true);
   const Output batched = Run(Path::kBatched, 1, 0);
   EXPECT_LT(RelDiff(Run(Path::kAbsorbed, 1, 0).out, batched.out), 1e-5);
   EXPECT_LT(RelDiff(Run(Path::kNonAbsorbed, 1, 0).out, batched.out), 1e-4);

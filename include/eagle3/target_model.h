@@ -57,9 +57,9 @@ struct TargetModelOptions : ModelRankOptions {
   // scaling was fitted to (vLLM refuses them too). Set this to run such contexts anyway, knowingly
   // (eagle3-decode / eagle3-inspect --allow-long-context).
   bool allow_long_context = false;
-  // Whether each attention's q_a and kv_a, which read the same input, run as one product over their
-  // weights stacked by rows where the two stack (same stored form; MlaBlock): one weight stream
-  // instead of two. Off: two products, as the checkpoint lays them out. The outputs are the same up
+  // Whether each attention's q_a (or plain q_proj) and kv_a, which read the same input, run as one
+  // product over their weights stacked by rows where the two stack (same stored form; MlaBlock): one
+  // weight stream instead of two. Off: two products, as the checkpoint lays them out. The outputs are the same up
   // to the backend's summation order.
   bool stack_attention_inputs = true;
   // The batched step asks the backend to prefetch weights into its cache (Backend::PrefetchWeights)
