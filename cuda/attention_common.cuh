@@ -1,9 +1,11 @@
 // Helpers the kernel files behind cuda/attention_ops.h share: launch geometry, the check kernels'
-// flagging, and the cache row of a paged position. No abseil here: nvcc must never see it.
+// flagging, the cache row of a paged position, the rotary pair and the cache element conversions. No abseil here: nvcc must never see it.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+
+#include <cuda_bf16.h>
 
 #include "core_kernels.cuh"
 
@@ -35,5 +37,18 @@ __device__ inline int64_t SlotOf(int64_t pos, const int32_t* __restrict__ page_t
   const int64_t page = NonNegativeDiv(pos, page_size);
   return static_cast<int64_t>(page_table[page]) * page_size + (pos - page * page_size);
 }
+
+// One rotary pair (a, b) by (cos c, sin s): (a c - b s, b c + a s), ApplyRope's rule; every kernel
+// that rotates calls this one, so that they give the same bits.
+__device__ __forceinline__ void RotatePair(float a, float b, float c, float s, float* out_a, float* out_b) {
+  *out_a = a * c - b * s;
+  *out_b = b * c + a * s;
+}
+
+// Cache elements: f32, or bf16 bit patterns (stored rounded to nearest even, read exactly).
+__device__ inline float LoadCached(const float* p) { return *p; }
+__device__ inline float LoadCached(const uint16_t* p) { return __uint_as_float(static_cast<unsigned>(*p) << 16); }
+__device__ inline void StoreCached(float* p, float v) { *p = v; }
+__device__ inline void StoreCached(uint16_t* p, float v) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 }  // namespace eagle3::cuda

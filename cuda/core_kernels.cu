@@ -12,6 +12,7 @@
 #include "core_kernels.cuh"
 #include "core_ops.h"
 #include "programmatic_launch.cuh"
+#include "rms_norm_row.cuh"
 
 namespace eagle3::cuda {
 namespace {
@@ -23,13 +24,6 @@ constexpr int64_t kMaxBlocks = 65535 * 8;  // grid-stride beyond this
 unsigned GridFor(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-}
-
-// Rows of a row-strided matrix: ld >= cols is needed only when there is more than one row.
-bool ValidMatrix(const void* p, int64_t ld, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) return false;
-  if (rows == 0 || cols == 0) return true;
-  return p != nullptr && (rows == 1 || ld >= cols);
 }
 
 // ---- Strided copy -------------------------------------------------------------------------------
@@ -88,104 +82,6 @@ __global__ void ScaleAddBiasKernel(float* c, int64_t ldc, int64_t rows, int64_t 
 }
 
 // ---- Row ops ------------------------------------------------------------------------------------
-
-// One RmsNorm's operands (LaunchRmsNorm's arguments) and the way its rows are computed: one block
-// per row, by the block's first `threads` threads (whole warps). A block may have more threads
-// (RmsNormPair's narrower half): they add zeros to the block sum, which leaves the sum's bits as
-// `threads` threads alone give them, so a row's result does not depend on the block it runs in.
-// x and out may be the same memory (in-place), so neither is __restrict__.
-struct NormOperands {
-  const float* x;
-  int64_t ldx;
-  float* residual;  // nullptr for plain RmsNorm
-  int64_t ldr;
-  const float* weight;
-  float* out;
-  int64_t ldo;
-  int64_t hidden;
-  int threads;
-  bool registers;  // RmsNormRegistersRow, else RmsNormLoopRow
-};
-
-// Rows of any width: each thread strides over the row.
-__device__ inline void RmsNormLoopRow(const NormOperands& p, float eps, int64_t t) {
-  const float* __restrict__ weight = p.weight;
-  const float* xr = p.x + t * p.ldx;
-  float* rr = p.residual != nullptr ? p.residual + t * p.ldr : nullptr;
-  float* o = p.out + t * p.ldo;
-  const int64_t first = static_cast<int>(threadIdx.x) < p.threads ? threadIdx.x : p.hidden;
-  float sum = 0.0f;
-  for (int64_t h = first; h < p.hidden; h += p.threads) {
-    float v = xr[h];
-    if (rr != nullptr) {
-      v = rr[h] + v;
-      rr[h] = v;  // read back below by this same thread
-    }
-    sum += v * v;
-  }
-  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(p.hidden) + eps);
-  for (int64_t h = first; h < p.hidden; h += p.threads) {
-    const float v = rr != nullptr ? rr[h] : xr[h];
-    o[h] = v * inv_rms * weight[h];
-  }
-}
-
-// Rows of at most threads * kNormPerThread elements (every model's hidden size): each thread
-// keeps its kNormPerThread elements (h = threadIdx.x + i * threads) in registers, so all loads of
-// the row are issued before the first store. RmsNormLoopRow's loops, whose loads may alias their
-// stores (x, residual and out are not __restrict__), wait one memory latency per element per
-// thread, one after another; here a thread's loads of the row are in flight together.
-constexpr int kNormPerThread = 8;
-constexpr int kNormMaxThreads = 1024;
-
-// Thread threadIdx.x's elements h = threadIdx.x + i * threads of a row (0 past its end, and for
-// the threads past `threads`).
-__device__ inline void LoadRowSlice(const float* row, int64_t hidden, int threads,
-                                    float (&out)[kNormPerThread]) {
-  const int64_t end = static_cast<int>(threadIdx.x) < threads ? hidden : 0;
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * threads;
-    out[i] = h < end ? row[h] : 0.0f;
-  }
-}
-
-__device__ inline void RmsNormRegistersRow(const NormOperands& p, float eps, int64_t t) {
-  const int64_t end = static_cast<int>(threadIdx.x) < p.threads ? p.hidden : 0;  // 0: stores nothing
-  float* rr = p.residual != nullptr ? p.residual + t * p.ldr : nullptr;
-  float* o = p.out + t * p.ldo;
-  float v[kNormPerThread];
-  LoadRowSlice(p.x + t * p.ldx, p.hidden, p.threads, v);
-  if (rr != nullptr) {
-    float r[kNormPerThread];
-    LoadRowSlice(rr, p.hidden, p.threads, r);
-#pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i) {
-      const int64_t h = threadIdx.x + static_cast<int64_t>(i) * p.threads;
-      v[i] = r[i] + v[i];
-      if (h < end) rr[h] = v[i];
-    }
-  }
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) sum += v[i] * v[i];
-  const float inv_rms = 1.0f / sqrtf(BlockSum(sum) / static_cast<float>(p.hidden) + eps);
-  float w[kNormPerThread];
-  LoadRowSlice(p.weight, p.hidden, p.threads, w);
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) {
-    const int64_t h = threadIdx.x + static_cast<int64_t>(i) * p.threads;
-    if (h < end) o[h] = v[i] * inv_rms * w[i];
-  }
-}
-
-__device__ inline void RmsNormRow(const NormOperands& p, float eps, int64_t t) {
-  if (p.registers) {
-    RmsNormRegistersRow(p, eps, t);
-  } else {
-    RmsNormLoopRow(p, eps, t);
-  }
-}
 
 // Row blockIdx.x of one RmsNorm.
 __global__ void __launch_bounds__(kNormMaxThreads) RmsNormKernel(NormOperands p, float eps) {
@@ -460,8 +356,8 @@ cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const void* table,
                             int64_t ldt, int64_t shard_rows, int64_t vocab_start, float* out,
                             int64_t ldo, int64_t hidden, int* error_flag, int error_code,
                             bool programmatic, cudaStream_t stream) {
-  if (tokens < 0 || vocab_start < 0 || !ValidMatrix(table, ldt, shard_rows, hidden) ||
-      !ValidMatrix(out, ldo, tokens, hidden) ||
+  if (tokens < 0 || vocab_start < 0 || !ValidRowMatrix(table, ldt, shard_rows, hidden) ||
+      !ValidRowMatrix(out, ldo, tokens, hidden) ||
       (tokens > 0 && (ids == nullptr || error_flag == nullptr))) {
     return cudaErrorInvalidValue;
   }
@@ -474,7 +370,7 @@ cudaError_t EmbeddingLookup(const Index* ids, int64_t tokens, const void* table,
 template <typename Index>
 cudaError_t Argmax(const float* logits, int64_t ldl, int64_t rows, int64_t cols, Index* out,
                    int* error_flag, int error_code, bool programmatic, cudaStream_t stream) {
-  if (cols < 1 || !ValidMatrix(logits, ldl, rows, cols) ||
+  if (cols < 1 || !ValidRowMatrix(logits, ldl, rows, cols) ||
       (rows > 0 && (out == nullptr || error_flag == nullptr))) {
     return cudaErrorInvalidValue;
   }
@@ -488,8 +384,8 @@ cudaError_t TopK(const float* values, int64_t ldv, int64_t rows, int64_t cols, i
                  float* out_values, int64_t ldov, Index* out_indices, int64_t ldoi, int* error_flag,
                  int error_code, bool programmatic, cudaStream_t stream) {
   if (cols < 1 || cols > INT_MAX || k < 1 || k > cols || k > kTopKMaxK ||
-      !ValidMatrix(values, ldv, rows, cols) || !ValidMatrix(out_values, ldov, rows, k) ||
-      !ValidMatrix(out_indices, ldoi, rows, k) || (rows > 0 && error_flag == nullptr)) {
+      !ValidRowMatrix(values, ldv, rows, cols) || !ValidRowMatrix(out_values, ldov, rows, k) ||
+      !ValidRowMatrix(out_indices, ldoi, rows, k) || (rows > 0 && error_flag == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
@@ -535,33 +431,11 @@ cudaError_t LaunchStridedCopy(const void* src, const int64_t* src_strides, void*
 
 cudaError_t LaunchScaleAddBias(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta,
                                const float* bias, bool programmatic, cudaStream_t stream) {
-  if (!ValidMatrix(c, ldc, rows, cols)) return cudaErrorInvalidValue;
+  if (!ValidRowMatrix(c, ldc, rows, cols)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   return LaunchKernel(programmatic, ScaleAddBiasKernel, dim3(GridFor(rows * cols)),
                       dim3(kThreads), 0, stream, c, ldc, rows, cols, beta, bias);
 }
-
-namespace {
-
-// The operands of one RmsNorm and the threads its rows take (LaunchRmsNorm's launch shape), or
-// false for arguments the launcher cannot take.
-bool MakeNormOperands(const float* x, int64_t ldx, float* residual, int64_t ldr, const float* weight,
-                      float* out, int64_t ldo, int64_t rows, int64_t hidden, NormOperands* p) {
-  if (!ValidMatrix(x, ldx, rows, hidden) || !ValidMatrix(out, ldo, rows, hidden) ||
-      (residual != nullptr && !ValidMatrix(residual, ldr, rows, hidden)) ||
-      (rows > 0 && hidden > 0 && weight == nullptr)) {
-    return false;
-  }
-  const bool registers = hidden <= int64_t{kNormMaxThreads} * kNormPerThread;
-  // Registers: whole warps, enough that kNormPerThread elements each cover the row.
-  const int64_t threads =
-      registers ? std::max<int64_t>(32, (hidden + kNormPerThread * 32 - 1) / (kNormPerThread * 32) * 32)
-                : kThreads;
-  *p = {x, ldx, residual, ldr, weight, out, ldo, hidden, static_cast<int>(threads), registers};
-  return true;
-}
-
-}  // namespace
 
 cudaError_t LaunchRmsNorm(const float* x, int64_t ldx, float* residual, int64_t ldr,
                           const float* weight, float eps, float* out, int64_t ldo, int64_t rows,
@@ -593,8 +467,8 @@ cudaError_t LaunchRmsNormPair(const float* x0, int64_t ldx0, const float* weight
 
 cudaError_t LaunchSiluMul(const float* gate_up, int64_t ldg, float* out, int64_t ldo, int64_t rows,
                           int64_t inter, bool programmatic, cudaStream_t stream) {
-  if (inter < 0 || !ValidMatrix(gate_up, ldg, rows, 2 * inter) ||
-      !ValidMatrix(out, ldo, rows, inter)) {
+  if (inter < 0 || !ValidRowMatrix(gate_up, ldg, rows, 2 * inter) ||
+      !ValidRowMatrix(out, ldo, rows, inter)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0 || inter == 0) return cudaSuccess;
@@ -632,7 +506,7 @@ template cudaError_t LaunchEmbeddingLookup<uint16_t, int64_t>(const int64_t*, in
 cudaError_t LaunchSoftmax(const float* logits, int64_t ldl, float temperature, float* out,
                           int64_t ldo, int64_t rows, int64_t cols, int* error_flag, int error_code,
                           bool programmatic, cudaStream_t stream) {
-  if (cols < 1 || !ValidMatrix(logits, ldl, rows, cols) || !ValidMatrix(out, ldo, rows, cols) ||
+  if (cols < 1 || !ValidRowMatrix(logits, ldl, rows, cols) || !ValidRowMatrix(out, ldo, rows, cols) ||
       !(temperature > 0.0f) || !std::isfinite(temperature) || (rows > 0 && error_flag == nullptr)) {
     return cudaErrorInvalidValue;
   }

@@ -11,16 +11,6 @@
 namespace eagle3::cuda {
 namespace {
 
-// Cache elements: f32, or bf16 bit patterns (stored rounded to nearest even, read exactly).
-__device__ inline float LoadCached(const float* p) { return *p; }
-__device__ inline float LoadCached(const uint16_t* p) {
-  return __uint_as_float(static_cast<unsigned>(*p) << 16);
-}
-__device__ inline void StoreCached(float* p, float v) { *p = v; }
-__device__ inline void StoreCached(uint16_t* p, float v) {
-  *p = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
 // One block per token: rows[t] -> its slot (to_cache) or its slot -> rows[t].
 template <typename IdType, typename T>
 __global__ void PagedCopyKernel(float* rows, int64_t rows_stride, int64_t tokens, int64_t width,

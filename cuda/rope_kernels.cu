@@ -29,10 +29,7 @@ __global__ void RopeKernel(float* __restrict__ x, int64_t tokens, int64_t heads,
     const float c = cos[pair];
     const float s = cos[half + pair];
     float* h = x + t * token_stride + n * head_stride + offset + pair * a_step;
-    const float a = h[0];
-    const float b = h[b_offset];
-    h[0] = a * c - b * s;
-    h[b_offset] = b * c + a * s;
+    RotatePair(h[0], h[b_offset], c, s, &h[0], &h[b_offset]);
   }
 }
 
