@@ -102,6 +102,40 @@ template <typename T, typename IdType>
 cudaError_t LaunchPagedWrite(const float* rows, int64_t rows_stride, int64_t tokens, int64_t width,
                              const IdType* positions, const int32_t* page_table, int64_t page_size,
                              T* cache, const int* bad, bool programmatic, cudaStream_t stream);
+// CudaBackend::LatentRowsAndQueries (Backend's contract) in one kernel: for each token t, c =
+// rows[t, 0:latent] normed in place by norm_weight (RmsNorm's bits) when `norm`; k_pe = rows[t,
+// latent:width] rotated in place and each head's q_pe rotated into q_rot (ApplyRope's bits, pairs
+// adjacent or rotate-half); then rows[t] stored at the slot of slots[t] (PagedWrite's bits, as
+// LaunchPagedWrite's positions and page table). Nothing is written when *rope_bad or *paged_bad
+// (the flags of the position checks, LaunchCheckIndexRange and LaunchCheckPagedPositions).
+struct LatentRowsParams {
+  float* rows = nullptr;  // [tokens, width], row stride rows_stride
+  int64_t rows_stride = 0;
+  int64_t tokens = 0;
+  int64_t latent = 0;  // width = latent + rope
+  int64_t rope = 0;
+  int64_t width = 0;
+  bool norm = false;
+  const float* norm_weight = nullptr;  // [latent] when norm
+  float eps = 0.0f;
+  const float* q_pe = nullptr;  // [tokens, heads, rope], strides q_pe_stride[0], [1], 1
+  float* q_rot = nullptr;       // the same shape, strides q_rot_stride
+  int64_t q_pe_stride[2] = {0, 0};
+  int64_t q_rot_stride[2] = {0, 0};
+  int64_t heads = 0;
+  const float* cos_sin = nullptr;  // [P, rope], row stride table_stride
+  int64_t table_stride = 0;
+  bool adjacent_pairs = true;
+  const int32_t* slot_table = nullptr;  // the paged write's page table
+  int64_t page_size = 0;
+  const int* rope_bad = nullptr;
+  const int* paged_bad = nullptr;
+};
+// T = float or uint16_t (a bf16 cache), IdType = int32_t or int64_t (positions and slots alike).
+template <typename T, typename IdType>
+cudaError_t LaunchLatentRows(const LatentRowsParams& params, const IdType* positions, const IdType* slots, T* cache,
+                             bool programmatic, cudaStream_t stream);
+
 template <typename T, typename IdType>
 cudaError_t LaunchPagedRead(const T* cache, const int32_t* page_table, int64_t page_size,
                             const IdType* positions, int64_t tokens, int64_t width, float* out,

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -485,6 +486,105 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
                                                           s.options.programmatic_launch, s.stream);
                                 }),
                     "PagedWrite: kernel launch");
+}
+
+absl::Status CudaBackend::LatentRowsAndQueries(const TensorView& rows, const TensorView& norm_weight, float eps,
+                                               const TensorView& q_pe, const TensorView& q_rot,
+                                               const TensorView& positions, const TensorView& cos_sin, RopeStyle style,
+                                               const TensorView& slots, const TensorView& slot_table,
+                                               const TensorView& cache) {
+  const char* op = "LatentRowsAndQueries";
+  if (positions.dtype() != slots.dtype()) {
+    return Backend::LatentRowsAndQueries(rows, norm_weight, eps, q_pe, q_rot, positions, cos_sin, style, slots,
+                                         slot_table, cache);
+  }
+  EAGLE3_RETURN_IF_ERROR(
+      CheckLatentRowsAndQueries(rows, norm_weight, eps, q_pe, q_rot, positions, cos_sin, slots, slot_table, cache));
+  const bool norm = norm_weight.data() != nullptr && norm_weight.numel() > 0;
+  const bool queries = q_pe.data() != nullptr && q_pe.numel() > 0;
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "rows", rows));
+  EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
+  if (norm) EAGLE3_RETURN_IF_ERROR(CheckF32(op, "norm_weight", norm_weight));
+  if (queries) {
+    EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q_pe", q_pe));
+    EAGLE3_RETURN_IF_ERROR(CheckF32(op, "q_rot", q_rot));
+  }
+  State& s = *state_;
+  EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
+  // The checks ApplyRope and PagedWrite launch for the same positions (the same keys, so that a
+  // shared-checks scope runs each once whichever op asks first). Outside a scope both sites are the
+  // call's one flag: the second check then adds to what the first wrote instead of clearing it.
+  const CheckSite rope_site = SharedCheck(s, scratch, SharedOp::kApplyRope, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {rows.dim(0), cos_sin.dim(0)});
+    AppendTensor(key, positions);
+  });
+  const CheckSite paged_site = SharedCheck(s, scratch, SharedOp::kPagedWrite, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {rows.dim(0), cache.dim(0), cache.dim(1)});
+    AppendTensor(key, slots);
+    AppendTensor(key, slot_table);
+  });
+  if (rope_site.check) {
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        WithIndices(positions,
+                    [&](const auto* pos) {
+                      return LaunchCheckIndexRange(pos, rows.dim(0), cos_sin.dim(0), rope_site.bad, s.error_flag,
+                                                   DeviceErrorCode(DeviceCheck::kRopePosition), /*clear_flag=*/true,
+                                                   s.options.programmatic_launch, s.stream);
+                    }),
+        "LatentRowsAndQueries: position check launch"));
+  }
+  const int32_t* table = slot_table.data_as<const int32_t>();
+  if (paged_site.check) {
+    const bool clear = !(rope_site.check && rope_site.bad == paged_site.bad);
+    EAGLE3_RETURN_IF_ERROR(CudaStatus(
+        WithIndices(slots,
+                    [&](const auto* pos) {
+                      return LaunchCheckPagedPositions(pos, rows.dim(0), table, slot_table.dim(0), cache.dim(1),
+                                                       cache.dim(0), paged_site.bad, s.error_flag,
+                                                       DeviceErrorCode(DeviceCheck::kPagedWritePosition), clear,
+                                                       s.options.programmatic_launch, s.stream);
+                    }),
+        "LatentRowsAndQueries: slot check launch"));
+  }
+  LatentRowsParams a;
+  a.rows = rows.data_as<float>();
+  a.rows_stride = rows.stride(0);
+  a.tokens = rows.dim(0);
+  a.rope = cos_sin.dim(1);
+  a.width = rows.dim(1);
+  a.latent = a.width - a.rope;
+  a.norm = norm;
+  a.norm_weight = norm ? norm_weight.data_as<const float>() : nullptr;
+  a.eps = eps;
+  if (queries) {
+    a.q_pe = q_pe.data_as<const float>();
+    a.q_rot = q_rot.data_as<float>();
+    a.heads = q_pe.dim(1);
+    a.q_pe_stride[0] = q_pe.stride(0);
+    a.q_pe_stride[1] = q_pe.stride(1);
+    a.q_rot_stride[0] = q_rot.stride(0);
+    a.q_rot_stride[1] = q_rot.stride(1);
+  }
+  a.cos_sin = cos_sin.data_as<const float>();
+  a.table_stride = cos_sin.stride(0);
+  a.adjacent_pairs = style == RopeStyle::kAdjacentPairs;
+  a.slot_table = table;
+  a.page_size = cache.dim(1);
+  a.rope_bad = rope_site.bad;
+  a.paged_bad = paged_site.bad;
+  const bool bf16 = cache.dtype() == DType::kBF16;
+  return CudaStatus(WithIndices(positions,
+                                [&](const auto* pos) {
+                                  using Id = std::remove_cv_t<std::remove_pointer_t<decltype(pos)>>;
+                                  const Id* slot_ids = slots.data_as<const Id>();
+                                  if (bf16) {
+                                    return LaunchLatentRows(a, pos, slot_ids, cache.data_as<uint16_t>(),
+                                                            s.options.programmatic_launch, s.stream);
+                                  }
+                                  return LaunchLatentRows(a, pos, slot_ids, cache.data_as<float>(),
+                                                          s.options.programmatic_launch, s.stream);
+                                }),
+                    "LatentRowsAndQueries: kernel launch");
 }
 
 absl::Status CudaBackend::PagedRead(const TensorView& cache, const TensorView& page_table,

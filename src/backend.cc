@@ -861,6 +861,79 @@ absl::Status Backend::CheckPaged(const char* op, const TensorView& rows,
   return CheckNoOverlap(op, "page_table", page_table, dst_name, dst, false);
 }
 
+namespace {
+
+// The views LatentRowsAndQueries' sub-ops take: k_pe of every row as [T, 1, W] (ApplyRope at offset
+// latent) and c as [T, latent].
+TensorView RowsAsHeads(const TensorView& rows) {
+  return TensorView(rows.data(), rows.dtype(), Shape{rows.dim(0), 1, rows.dim(1)}, Shape{rows.stride(0), rows.dim(1), 1},
+                    rows.device());
+}
+
+TensorView LatentColumns(const TensorView& rows, int64_t latent) { return rows.Narrow(1, 0, latent); }
+
+// An operand left out: a default TensorView, or one without elements.
+bool Absent(const TensorView& t) { return t.data() == nullptr || t.numel() == 0; }
+
+absl::Status Prefixed(const char* op, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(op, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::Status Backend::CheckLatentRowsAndQueries(const TensorView& rows, const TensorView& norm_weight, float eps,
+                                                const TensorView& q_pe, const TensorView& q_rot,
+                                                const TensorView& positions, const TensorView& cos_sin,
+                                                const TensorView& slots, const TensorView& slot_table,
+                                                const TensorView& cache) const {
+  constexpr char kOp[] = "LatentRowsAndQueries";
+  const Device dev = device();
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(kOp, "rows", "[T, W]", rows, dev));
+  EAGLE3_RETURN_IF_ERROR(CheckMatrix(kOp, "cos_sin", "[P, rope_dim]", cos_sin, dev));
+  const int64_t rope = cos_sin.dim(1), latent = rows.dim(1) - rope;
+  if (latent < 1) {
+    return Invalid(kOp, "rows ", rows.ToString(), " must be wider than rope_dim = ", rope, " (cos_sin ",
+                   cos_sin.ToString(), ")");
+  }
+  EAGLE3_RETURN_IF_ERROR(Prefixed(kOp, CheckApplyRope(RowsAsHeads(rows), latent, rope, positions, cos_sin)));
+  if (!Absent(norm_weight)) {
+    const TensorView c = LatentColumns(rows, latent);
+    EAGLE3_RETURN_IF_ERROR(CheckNorm(kOp, {"c", "norm_weight", "c"}, c, nullptr, norm_weight, eps, c, dev));
+  }
+  if (!Absent(q_pe) || !Absent(q_rot)) {
+    EAGLE3_RETURN_IF_ERROR(CheckHeads(kOp, "q_pe", "[T, H, rope_dim]", q_pe, dev));
+    if (!(q_pe.shape() == q_rot.shape()) || q_pe.dim(0) != rows.dim(0) || q_pe.dim(2) != rope) {
+      return Invalid(kOp, "q_pe ", q_pe.ToString(), " and q_rot ", q_rot.ToString(), " must both be [T, H, rope_dim] = [",
+                     rows.dim(0), ", H, ", rope, "]");
+    }
+    EAGLE3_RETURN_IF_ERROR(Prefixed(kOp, CheckApplyRope(q_rot, 0, rope, positions, cos_sin)));
+    EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "q_pe", q_pe, "q_rot", q_rot));
+    EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "rows", rows, "q_rot", q_rot));
+    EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "q_pe", q_pe, "rows", rows));
+  }
+  return Prefixed(kOp, CheckPaged("PagedWrite", rows, slots, slot_table, cache));
+}
+
+absl::Status Backend::LatentRowsAndQueries(const TensorView& rows, const TensorView& norm_weight, float eps,
+                                           const TensorView& q_pe, const TensorView& q_rot,
+                                           const TensorView& positions, const TensorView& cos_sin, RopeStyle style,
+                                           const TensorView& slots, const TensorView& slot_table,
+                                           const TensorView& cache) {
+  EAGLE3_RETURN_IF_ERROR(
+      CheckLatentRowsAndQueries(rows, norm_weight, eps, q_pe, q_rot, positions, cos_sin, slots, slot_table, cache));
+  const int64_t rope = cos_sin.dim(1), latent = rows.dim(1) - rope;
+  // k_pe first: ApplyRope checks every position before it writes anything.
+  EAGLE3_RETURN_IF_ERROR(ApplyRope(RowsAsHeads(rows), latent, rope, positions, cos_sin, style));
+  const TensorView c = LatentColumns(rows, latent);
+  if (!Absent(norm_weight)) EAGLE3_RETURN_IF_ERROR(RmsNorm(c, norm_weight, eps, c));
+  if (!Absent(q_pe)) {
+    EAGLE3_RETURN_IF_ERROR(Copy(q_pe, q_rot));
+    EAGLE3_RETURN_IF_ERROR(ApplyRope(q_rot, 0, rope, positions, cos_sin, style));
+  }
+  return PagedWrite(rows, slots, slot_table, cache);
+}
+
 absl::Status Backend::CheckCompactAccepted(const TensorView& cache, const TensorView& page_tables,
                                            const TensorView& cache_len, const TensorView& accepted,
                                            const TensorView& num_accepted) const {

@@ -23,6 +23,12 @@ TensorView HeadMajor(const TensorView& t, int64_t n, int64_t d, int64_t col, int
   return TensorView(data, t.dtype(), Shape{n, t.dim(0), cols}, Shape{d, t.stride(0), 1}, t.device());
 }
 
+// A [num_pages, page_size, W] cache as [num_pages * page_size, 1, W]: with the identity as its page
+// table (MlaBatchedStep::slot_iota), one PagedWrite stores every sequence's rows at their slots.
+TensorView FlatCache(const TensorView& cache) {
+  return TensorView(cache.data(), cache.dtype(), Shape{cache.dim(0) * cache.dim(1), 1, cache.dim(2)}, cache.device());
+}
+
 bool HasSuffix(const std::string& name, std::string_view suffix) {
   return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -192,14 +198,14 @@ absl::Status MlaBlock::CheckShapes(const TensorView& x, const MlaWorkspace& ws) 
   return absl::OkStatus();
 }
 
-absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
+absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws, bool norm_latent) const {
   Backend& be = *backend_;
   const int64_t t = x.dim(0);
   const TensorView q_t = Rows(ws.Q(), 0, t);
   if (q_a_ln_.empty()) {
     // A plain q_proj: q is the lead of the cache row, written by the stacked product where there is one.
     if (!input_projections_stacked()) EAGLE3_RETURN_IF_ERROR(q_b_.Apply(be, x, q_t));
-    return ProjectLatent(x, ws);
+    return norm_latent ? ProjectLatent(x, ws) : InputProduct(x, ws);
   }
   const TensorView qa_t = Rows(ws.Qa(), 0, t);
   if (input_projections_stacked()) {
@@ -209,7 +215,7 @@ absl::Status MlaBlock::Project(const TensorView& x, MlaWorkspace& ws) const {
     const TensorView c_t = Latent(ws, t);
     EAGLE3_RETURN_IF_ERROR(be.RmsNormPair(qa_t, q_a_ln_, qa_t, c_t, kv_a_ln_, c_t, eps_));
   } else {
-    EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
+    EAGLE3_RETURN_IF_ERROR(norm_latent ? ProjectLatent(x, ws) : InputProduct(x, ws));
     EAGLE3_RETURN_IF_ERROR(q_a_.Apply(be, x, qa_t));
     EAGLE3_RETURN_IF_ERROR(be.RmsNorm(qa_t, q_a_ln_, eps_, qa_t));
   }
@@ -242,17 +248,13 @@ TensorView MlaBlock::Latent(const MlaWorkspace& ws, int64_t t) const {
 absl::Status MlaBlock::WriteCacheRows(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
                                       MlaWorkspace& ws) const {
   EAGLE3_RETURN_IF_ERROR(CheckShapes(x, ws));
-  EAGLE3_RETURN_IF_ERROR(ProjectLatent(x, ws));
-  Backend& be = *backend_;
-  const MlaRankDims& d = dims_;
-  const TensorView rows_t = Rows(ws.CacheRow(), 0, x.dim(0));
-  // RoPE rotates each row's k_pe alone, so rotating it apart from the heads' q_pe gives the bits
-  // ForwardBatched's joint rotation gives.
-  EAGLE3_RETURN_IF_ERROR(
-      be.ApplyRope(Heads(rows_t, 1, d.width), d.latent, d.rope, step.positions, ws.cos_sin, RopeStyle::kAdjacentPairs));
-  const TensorView flat_cache(cache.data(), cache.dtype(), Shape{cache.dim(0) * cache.dim(1), 1, d.width},
-                              cache.device());
-  return be.PagedWrite(rows_t, step.slots, step.slot_iota, flat_cache);
+  EAGLE3_RETURN_IF_ERROR(InputProduct(x, ws));
+  // The rows alone: the op gives each row the bits ForwardBatched's call gives it (its norm is
+  // RmsNorm's, which RmsNormPair's half matches; RoPE rotates each row alone).
+  const TensorView none;
+  return backend_->LatentRowsAndQueries(Rows(ws.CacheRow(), 0, x.dim(0)), kv_a_ln_, eps_, none, none, step.positions,
+                                        ws.cos_sin, RopeStyle::kAdjacentPairs, step.slots, step.slot_iota,
+                                        FlatCache(cache));
 }
 
 void MlaBlock::AppendInputWeights(std::vector<TensorView>& out) const {
@@ -268,7 +270,7 @@ void MlaBlock::AppendOutputWeights(std::vector<TensorView>& out) const {
 absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep& step, const TensorView& cache,
                                       MlaWorkspace& ws, const TensorView& out) const {
   EAGLE3_RETURN_IF_ERROR(CheckShapes(x, ws));
-  EAGLE3_RETURN_IF_ERROR(Project(x, ws));
+  EAGLE3_RETURN_IF_ERROR(Project(x, ws, /*norm_latent=*/false));
   Backend& be = *backend_;
   const MlaRankDims& d = dims_;
   const int64_t t = x.dim(0);
@@ -282,17 +284,13 @@ absl::Status MlaBlock::ForwardBatched(const TensorView& x, const MlaBatchedStep&
   const TensorView o_lat3 = Heads(Rows(ws.o_lat, 0, t), heads, latent);
   EAGLE3_RETURN_IF_ERROR(be.BatchedGemm(HeadMajor(q_t, heads, d.qk, 0, nope), w_uk_t_,
                                         HeadMajor(q_lat_t, heads, width, 0, latent), kWeightsGemm));
-  EAGLE3_RETURN_IF_ERROR(be.Copy(q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope)));
   if (!step.prefetch.empty()) EAGLE3_RETURN_IF_ERROR(be.PrefetchWeights(step.prefetch));
-  // The cache row's k_pe and q_pe of every head: heads + 1 rows, rotated alike (one launch and one
-  // position check instead of two of each on a device).
-  EAGLE3_RETURN_IF_ERROR(be.ApplyRope(Heads(Rows(ws.RopeRows(), 0, t), heads + 1, width), latent, rope, step.positions,
-                                      ws.cos_sin, RopeStyle::kAdjacentPairs));
-  // The rows go through a flat [num_pages * page_size, 1, W] view of the cache whose page table is
-  // the identity, so one PagedWrite stores every sequence's rows at their slots.
-  const TensorView flat_cache(cache.data(), cache.dtype(), Shape{cache.dim(0) * cache.dim(1), 1, width},
-                              cache.device());
-  EAGLE3_RETURN_IF_ERROR(be.PagedWrite(rows_t, step.slots, step.slot_iota, flat_cache));
+  // c normed (unless q_a_layernorm's pair did it), k_pe and every head's q_pe rotated (q_pe into the
+  // absorbed queries), the rows stored at their slots: one op (one launch on a device).
+  EAGLE3_RETURN_IF_ERROR(be.LatentRowsAndQueries(rows_t, LatentNormedWithQa() ? TensorView() : kv_a_ln_.view(), eps_,
+                                                 q3.Narrow(2, nope, rope), q_lat3.Narrow(2, latent, rope),
+                                                 step.positions, ws.cos_sin, RopeStyle::kAdjacentPairs, step.slots,
+                                                 step.slot_iota, FlatCache(cache)));
   if (!step.key_mask.empty()) {
     EAGLE3_RETURN_IF_ERROR(be.BatchedLatentAttentionKeyMask(q_lat3, cache, step.page_tables, step.q_start,
                                                             step.kv_len, step.max_kv_len, step.key_mask, scale_,

@@ -189,8 +189,11 @@ class MlaBlock {
   // x and ws against the block's dims (InvalidArgument naming what differs).
   absl::Status CheckShapes(const TensorView& x, const MlaWorkspace& ws) const;
   // q into ws.Q(), the latent rows [kv_a_layernorm(c) | k_pe] into ws.CacheRow() (k_pe not yet
-  // rotated); the rows [0, T).
-  absl::Status Project(const TensorView& x, MlaWorkspace& ws) const;
+  // rotated); the rows [0, T). With norm_latent false, c is left unnormed where its norm is a launch
+  // of its own (not q_a_layernorm's pair): LatentNormed() says whether Project normed it.
+  absl::Status Project(const TensorView& x, MlaWorkspace& ws, bool norm_latent = true) const;
+  // Whether Project(..., norm_latent = false) norms c: with q_a_layernorm, in one launch with it.
+  bool LatentNormedWithQa() const { return !q_a_ln_.empty() && input_projections_stacked(); }
   // The input product into ws's rows [0, T): [c | k_pe] into ws.CacheRow(), and with stacked
   // weights q_a's output into ws.Qa(); nothing normed.
   absl::Status InputProduct(const TensorView& x, MlaWorkspace& ws) const;

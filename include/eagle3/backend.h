@@ -401,6 +401,27 @@ class EAGLE3_API Backend {
   virtual absl::Status PagedRead(const TensorView& cache, const TensorView& page_table,
                                  const TensorView& positions, const TensorView& out) = 0;
 
+  // What an MLA layer's new tokens need between their input product and the attention, as one op:
+  // `rows` are their latent cache rows [c | k_pe] (W = latent + rope_dim wide, rope_dim =
+  // cos_sin.dim(1)) as the product wrote them. c is normed in place (RmsNorm by norm_weight, eps)
+  // unless norm_weight is empty; k_pe is rotated in place (ApplyRope at offset latent); each head's
+  // q_pe (q_pe [T, H, rope_dim], not written) is rotated into q_rot; and every row is stored at its
+  // slot of the cache (PagedWrite(rows, slots, slot_table, cache)). The results are bit for bit
+  // those of ApplyRope of k_pe, RmsNorm, Copy(q_pe, q_rot), ApplyRope of q_rot and PagedWrite,
+  // which the default runs in that order; a backend may run them as one kernel. Positions and slots
+  // are checked as ApplyRope and PagedWrite check them (InvalidArgument naming the token); a bad slot
+  // stores nothing in the cache (rows and q_rot may then hold their new values).
+  //   rows: [T, W], row-strided      norm_weight: [latent], or empty (no norm)
+  //   q_pe, q_rot: [T, H, rope_dim], dims 0 / 1 any stride, dim 2 contiguous; both empty (no heads)
+  //   or H >= 1; q_rot overlaps nothing else. Empty: a default TensorView, or no elements.
+  //   positions, cos_sin, style: as ApplyRope's      slots, slot_table, cache: as PagedWrite's
+  //   positions, page_table and cache
+  virtual absl::Status LatentRowsAndQueries(const TensorView& rows, const TensorView& norm_weight, float eps,
+                                            const TensorView& q_pe, const TensorView& q_rot,
+                                            const TensorView& positions, const TensorView& cos_sin, RopeStyle style,
+                                            const TensorView& slots, const TensorView& slot_table,
+                                            const TensorView& cache);
+
   // The commit after tree verification, every input on the device (graph-capturable): for each
   // sequence b and i < num_accepted[b], the row at position cache_len[b] + accepted[b][i] moves to
   // position cache_len[b] + i (positions through page_tables[b] as in PagedWrite), in place; rows
@@ -630,6 +651,12 @@ class EAGLE3_API Backend {
                                           const TensorView& kv_len, int64_t max_kv_len,
                                           const TensorView& mask, float scale,
                                           const TensorView& out) const;
+  // LatentRowsAndQueries' shapes, dtypes and overlaps (its sub-ops' checks, each error prefixed
+  // with the op's name).
+  absl::Status CheckLatentRowsAndQueries(const TensorView& rows, const TensorView& norm_weight, float eps,
+                                         const TensorView& q_pe, const TensorView& q_rot, const TensorView& positions,
+                                         const TensorView& cos_sin, const TensorView& slots,
+                                         const TensorView& slot_table, const TensorView& cache) const;
   // op is "PagedWrite" (rows is read, cache written) or "PagedRead" (cache read, rows written).
   absl::Status CheckPaged(const char* op, const TensorView& rows, const TensorView& positions,
                           const TensorView& page_table, const TensorView& cache) const;

@@ -1,4 +1,4 @@
-// CudaBackend ApplyRope, Attention, LatentAttention, PagedWrite and PagedRead against the CPU
+// CudaBackend ApplyRope, Attention, LatentAttention, PagedWrite, PagedRead and LatentRowsAndQueries against the CPU
 // reference (parity on random inputs, strided views, several shapes), plus the device-side checks:
 // a bad position, page entry or mask row writes nothing and is reported by Synchronize().
 #include <algorithm>
@@ -664,6 +664,107 @@ TEST_F(CudaAttentionParityTest, PagedBadPositionOrPageWritesNothing) {
   ASSERT_TRUE(gpu_->PagedWrite(rows.dev, good.dev, pt.dev, cache.dev).ok());
   ASSERT_TRUE(cpu_.PagedWrite(rows.host, good.host, pt.host, cache.host).ok());
   EXPECT_TRUE(SameBytes(Download(cache.dev), cache.host));
+}
+
+// ---- LatentRowsAndQueries ----------------------------------------------------------------------
+
+// The fused op (one kernel) against the ops it stands for, run on the GPU one by one: rows, q_rot
+// and the cache bit for bit (f32 and bf16 caches, with and without the norm, with no heads and
+// with 16, i32 and i64 positions, both RoPE styles), and against the CPU reference within fp32
+// reduction order; a bad position or slot writes nothing.
+TEST_F(CudaAttentionParityTest, LatentRowsAndQueriesEqualsTheOpsItFuses) {
+  constexpr int64_t kLatent = 512, kRope = 64, kWidth = kLatent + kRope, kPageSize = 64, kPages = 6;
+  uint32_t seed = 900;
+  for (const int64_t t : {1, 5}) {
+    for (const int64_t heads : {0, 16}) {
+      for (const bool norm : {false, true}) {
+        for (const bool bf16 : {false, true}) {
+          const DType id = seed % 2 == 0 ? DType::kI32 : DType::kI64;
+          const RopeStyle style = seed % 3 == 0 ? RopeStyle::kRotateHalf : RopeStyle::kAdjacentPairs;
+          SCOPED_TRACE(::testing::Message() << "T=" << t << " heads=" << heads << " norm=" << norm << " bf16=" << bf16
+                                            << " i64=" << (id == DType::kI64));
+          std::mt19937 rng(seed++);
+          std::vector<int64_t> slot_values(static_cast<size_t>(kPages * kPageSize));
+          std::iota(slot_values.begin(), slot_values.end(), 0);
+          std::shuffle(slot_values.begin(), slot_values.end(), rng);
+          slot_values.resize(static_cast<size_t>(t));
+          std::vector<int64_t> position_values(static_cast<size_t>(t));
+          for (int64_t& p : position_values) p = static_cast<int64_t>(rng() % 100);
+          std::vector<int64_t> identity(static_cast<size_t>(kPages));
+          std::iota(identity.begin(), identity.end(), 0);
+          const Twin slots = Make(Indices(id, slot_values));
+          const Twin positions = Make(Indices(id, position_values));
+          const Twin slot_table = Make(Indices(DType::kI32, identity));
+          const Twin cos_sin = Make(Random(Shape{100, kRope}, seed++));
+          const Twin weight = Make(Random(Shape{kLatent}, seed++, 0.5f));
+          // Rows in a wider row (row stride kWidth + 8); q as [T, heads, 192] with q_pe at 128.
+          const Tensor rows0 = Random(Shape{t, kWidth + 8}, seed++, 3.0f);
+          const Tensor q = Random(Shape{t, std::max<int64_t>(heads, 1) * 192}, seed++);
+          const Tensor rot0 = Filled(Shape{t, std::max<int64_t>(heads, 1) * kWidth}, kNaN);
+          const Tensor cache0 = Random(Shape{kPages * kPageSize, 1, kWidth}, seed++);
+          const auto rows_of = [&](const Tensor& b) { return b.view().Narrow(1, 0, kWidth); };
+          const auto q_pe_of = [&](const Tensor& b) {
+            return heads == 0 ? TensorView()
+                              : View3(b, 128, Shape{t, heads, kRope}, Shape{b.view().stride(0), 192, 1});
+          };
+          const auto rot_of = [&](const Tensor& b) {
+            return heads == 0 ? TensorView()
+                              : View3(b, kLatent, Shape{t, heads, kRope}, Shape{b.view().stride(0), kWidth, 1});
+          };
+          const auto device_cache = [&]() { return bf16 ? UploadBf16(cache0) : Upload(cache0); };
+          const TensorView no_weight;
+          // Fused.
+          const Tensor rows_a = Upload(rows0), q_a = Upload(q), rot_a = Upload(rot0), cache_a = device_cache();
+          ASSERT_TRUE(gpu_->LatentRowsAndQueries(rows_of(rows_a), norm ? weight.dev.view() : no_weight, 1e-6f,
+                                                 q_pe_of(q_a), rot_of(rot_a), positions.dev, cos_sin.dev, style,
+                                                 slots.dev, slot_table.dev, cache_a)
+                          .ok());
+          // The ops one by one (Backend's default, on the GPU).
+          const Tensor rows_b = Upload(rows0), q_b = Upload(q), rot_b = Upload(rot0), cache_b = device_cache();
+          ASSERT_TRUE(gpu_->Backend::LatentRowsAndQueries(rows_of(rows_b), norm ? weight.dev.view() : no_weight,
+                                                          1e-6f, q_pe_of(q_b), rot_of(rot_b), positions.dev,
+                                                          cos_sin.dev, style, slots.dev, slot_table.dev, cache_b)
+                          .ok());
+          ASSERT_TRUE(gpu_->Synchronize().ok());
+          EXPECT_TRUE(SameBytes(Download(rows_a), Download(rows_b)));
+          EXPECT_TRUE(SameBytes(Download(rot_a), Download(rot_b)));
+          EXPECT_TRUE(SameBytes(Download(cache_a), Download(cache_b)));
+          EXPECT_TRUE(SameBytes(Download(q_a), q));  // q_pe is read only
+          // The CPU reference (f32 cache only: the bf16 cache's rounding is PagedWrite's test).
+          if (!bf16) {
+            Tensor rows_c = HostCopy(rows0.view()), rot_c = HostCopy(rot0.view()), cache_c = HostCopy(cache0.view());
+            ASSERT_TRUE(cpu_.LatentRowsAndQueries(rows_of(rows_c), norm ? weight.host.view() : no_weight, 1e-6f,
+                                                  q_pe_of(q), rot_of(rot_c), positions.host, cos_sin.host, style,
+                                                  slots.host, slot_table.host, cache_c)
+                            .ok());
+            EXPECT_LT(Diff(Download(rows_a), rows_c), 1e-6);
+            EXPECT_LT(Diff(Download(cache_a), cache_c), 1e-6);
+            if (heads > 0) EXPECT_LT(Diff(Download(rot_a), rot_c), 1e-6);
+          }
+        }
+      }
+    }
+  }
+  // A bad position (past the table) or slot (past the cache) writes nothing, and Synchronize names
+  // the check.
+  const int64_t t = 3;
+  const Twin cos_sin = Make(Random(Shape{10, kRope}, 1));
+  const Twin slot_table = Make(Indices(DType::kI32, {0, 1}));
+  const Tensor rows0 = Random(Shape{t, kWidth}, 2);
+  const Tensor cache0 = Random(Shape{2 * kPageSize, 1, kWidth}, 3);
+  const Twin q = Make(Random(Shape{t, 2, kRope}, 4));
+  for (const bool bad_slot : {false, true}) {
+    const Twin positions = Make(Indices(DType::kI32, {0, bad_slot ? 1 : 10, 2}));
+    const Twin slots = Make(Indices(DType::kI32, {5, bad_slot ? 2 * kPageSize : 6, 7}));
+    const Tensor rows = Upload(rows0), cache = Upload(cache0), rot = Upload(Filled(Shape{t, 2, kRope}, 7.0f));
+    ExpectDeferredError(gpu_->LatentRowsAndQueries(rows.view(), TensorView(), 1e-6f, q.dev.view(), rot.view(),
+                                                   positions.dev, cos_sin.dev, RopeStyle::kAdjacentPairs, slots.dev,
+                                                   slot_table.dev, cache),
+                        bad_slot ? "PagedWrite" : "ApplyRope");
+    EXPECT_TRUE(SameBytes(Download(rows), rows0));
+    EXPECT_TRUE(SameBytes(Download(cache), cache0));
+    EXPECT_TRUE(SameBytes(Download(rot), Filled(Shape{t, 2, kRope}, 7.0f)));
+  }
 }
 
 // Shared checks (Backend::BeginSharedChecks): within a scope a call of ApplyRope / PagedWrite with

@@ -215,6 +215,12 @@ class EAGLE3_API CudaBackend final : public Backend {
                           const TensorView& cache) override;
   absl::Status PagedRead(const TensorView& cache, const TensorView& page_table, const TensorView& positions,
                          const TensorView& out) override;
+  // One kernel (after the position checks ApplyRope and PagedWrite launch, shared with theirs in a
+  // shared-checks scope); positions and slots of different index dtypes take the default's ops.
+  absl::Status LatentRowsAndQueries(const TensorView& rows, const TensorView& norm_weight, float eps,
+                                    const TensorView& q_pe, const TensorView& q_rot, const TensorView& positions,
+                                    const TensorView& cos_sin, RopeStyle style, const TensorView& slots,
+                                    const TensorView& slot_table, const TensorView& cache) override;
   // Any cache dtype of 2, 4 or 8 bytes (rows moved bit for bit); bad entries are reported by
   // Synchronize (cuda_backend_compact.cc).
   absl::Status CompactAccepted(const TensorView& cache, const TensorView& page_tables, const TensorView& cache_len,
