@@ -124,51 +124,6 @@ __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, i
   for (int r = 0; r < R; ++r) dots[r] = WarpSum(acc[r]);
 }
 
-// WarpDots for up to R rows each against its own vector: dots[r] = rows[r][0, n) . vs[r][0, n) for
-// r < count (count <= R). Every dot's lane sums run in WarpDots' order, so each equals WarpDots'
-// result for its row alone whenever all the rows take the same (16-byte or element) path; the
-// rows' loads are issued together, which keeps R rows' bytes in flight where one row's dot after
-// another would wait for each in turn.
-template <int R, typename W>
-__device__ __forceinline__ void WarpDotsEach(const W* const* rows, const float* const* vs, int count, int64_t n,
-                                             int lane, float (&dots)[R]) {
-  constexpr int kVec = 16 / sizeof(W);
-  float acc[R];
-  bool vec = n % kVec == 0;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    acc[r] = 0.0f;
-    if (r < count) vec = vec && Aligned16(rows[r]) && Aligned16(vs[r]);
-  }
-  if (vec) {
-    for (int64_t i = lane; i < n / kVec; i += kWarpSize) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= count) break;
-        float4 b[kVec / 4];
-        const float4* v4 = reinterpret_cast<const float4*>(vs[r]);
-#pragma unroll
-        for (int q = 0; q < kVec / 4; ++q) b[q] = __ldg(v4 + i * (kVec / 4) + q);
-        float a[kVec];
-        LoadChunk(rows[r], i, a);
-#pragma unroll
-        for (int q = 0; q < kVec / 4; ++q) {
-          acc[r] += a[4 * q] * b[q].x + a[4 * q + 1] * b[q].y + a[4 * q + 2] * b[q].z + a[4 * q + 3] * b[q].w;
-        }
-      }
-    }
-  } else {
-    for (int64_t i = lane; i < n; i += kWarpSize) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r < count) acc[r] += LoadWeight(rows[r], i) * __ldg(vs[r] + i);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) dots[r] = WarpSum(acc[r]);
-}
-
 // ---- Routing --------------------------------------------------------------------------------
 
 constexpr int kRouteMaxRowsPerBlock = 4;
@@ -461,9 +416,6 @@ __global__ void MoeRouteBlockKernel(const float* __restrict__ logits, int64_t lo
 
 constexpr int kGemvWarps = 8;  // output rows per block, one warp each
 constexpr int64_t kMaxGridY = 65535;
-// Slots whose down rows one warp of MoeDownKernel streams at once (a token's top_k, or the first
-// slots of a longer list): DeepSeek's 6 or 8 routed experts, and the shared ones joined to them.
-constexpr int kDownSlots = 8;
 
 // act[t, j, i] = silu(gate_e[i] . x[t]) * (up_e[i] . x[t]) for slot (t, j) = blockIdx.x and rows
 // i of blockIdx.y; e = ids[t, j].
@@ -522,22 +474,12 @@ __global__ void MoeDownKernel(const int32_t* __restrict__ ids, int64_t ids_strid
   const int lane = threadIdx.x % kWarpSize;
   float* o = out + t * out_stride + h;
   float acc = accumulate ? *o : 0.0f;  // without accumulate out is write-only (may hold NaN)
-  // kDownSlots slots' rows at a time, their loads in flight together; the weighted dots still join
-  // acc one slot after another, in slot order.
-  for (int64_t j0 = 0; j0 < top_k; j0 += kDownSlots) {
-    const int count = static_cast<int>(min(top_k - j0, static_cast<int64_t>(kDownSlots)));
-    const W* rows[kDownSlots];
-    const float* vs[kDownSlots];
-#pragma unroll
-    for (int r = 0; r < kDownSlots; ++r) {
-      const int64_t j = j0 + (r < count ? r : 0);
-      const MoeExpertPointers w = experts[id[j]];
-      rows[r] = static_cast<const W*>(w.down) + h * w.down_stride;
-      vs[r] = act + (t * top_k + j) * inter;
-    }
-    float dots[kDownSlots];
-    WarpDotsEach<kDownSlots, W>(rows, vs, count, inter, lane, dots);
-    for (int r = 0; r < count; ++r) acc += weights[t * weights_stride + j0 + r] * dots[r];
+  for (int64_t j = 0; j < top_k; ++j) {
+    const MoeExpertPointers w = experts[id[j]];
+    const W* const rows[1] = {static_cast<const W*>(w.down) + h * w.down_stride};
+    float dot[1];
+    WarpDots<1, W>(rows, act + (t * top_k + j) * inter, inter, lane, dot);
+    acc += weights[t * weights_stride + j] * dot[0];
   }
   if (lane == 0) *o = acc;
 }
