@@ -181,6 +181,10 @@ namespace {
 // reading the expert's weights), so a shared expert, which every row takes, would be read once per
 // batch, where its own products read it once per pass of up to 32 rows.
 constexpr int64_t kSharedJoinMaxTokens = 32;
+// The same for dense shared experts (LoadDenseShared). The dense op's decode path reads an expert's
+// weights once per (row, slot), so a joined shared expert is read once per row: it pays at a few
+// rows and loses by 16 (benchmarks/NOTES.md, BM_MoeDecode join).
+constexpr int64_t kDenseSharedJoinMaxTokens = 4;
 
 // Whether `shared` can be one more expert of the routed ones' op: the same format, block sizes,
 // scale dtype and shape.
@@ -377,7 +381,8 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   // The shared experts join the routed ones up to kSharedJoinMaxTokens rows: every row's slots after
   // its top_k (weight 1: the workspace's extra columns), added after the routed slots in the op's
   // one sum.
-  const bool join = shared_slots_ > 0 && t <= kSharedJoinMaxTokens;
+  const bool join =
+      shared_slots_ > 0 && t <= (quantized_experts_.empty() ? kDenseSharedJoinMaxTokens : kSharedJoinMaxTokens);
   const int64_t slots = k + (join ? shared_slots_ : 0);
   const TensorView ids_t = Block(ws.ids, 0, t, 0, slots), w_t = Block(ws.weights, 0, t, 0, slots);
   if (quantized_experts_.empty()) {

@@ -690,7 +690,8 @@ TEST_F(CudaAttentionParityTest, LatentRowsAndQueriesEqualsTheOpsItFuses) {
           slot_values.resize(static_cast<size_t>(t));
           std::vector<int64_t> position_values(static_cast<size_t>(t));
           for (int64_t& p : position_values) p = static_cast<int64_t>(rng() % 100);
-          std::vector<int64_t> identity(static_cast<size_t>(kPages));
+          // The cache as MlaBlock passes it: [pages * page_size, 1, W] with the identity as its table.
+          std::vector<int64_t> identity(static_cast<size_t>(kPages * kPageSize));
           std::iota(identity.begin(), identity.end(), 0);
           const Twin slots = Make(Indices(id, slot_values));
           const Twin positions = Make(Indices(id, position_values));
@@ -749,7 +750,9 @@ TEST_F(CudaAttentionParityTest, LatentRowsAndQueriesEqualsTheOpsItFuses) {
   // the check.
   const int64_t t = 3;
   const Twin cos_sin = Make(Random(Shape{10, kRope}, 1));
-  const Twin slot_table = Make(Indices(DType::kI32, {0, 1}));
+  std::vector<int64_t> identity(static_cast<size_t>(2 * kPageSize));
+  std::iota(identity.begin(), identity.end(), 0);
+  const Twin slot_table = Make(Indices(DType::kI32, identity));
   const Tensor rows0 = Random(Shape{t, kWidth}, 2);
   const Tensor cache0 = Random(Shape{2 * kPageSize, 1, kWidth}, 3);
   const Twin q = Make(Random(Shape{t, 2, kRope}, 4));
