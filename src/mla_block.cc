@@ -89,7 +89,6 @@ int64_t MlaWorkspace::Lead() const { return dims.q_lora > 0 ? dims.q_lora : dims
 TensorView MlaWorkspace::Qa() const { return Block(lat, 0, max_tokens, 0, Lead()); }
 TensorView MlaWorkspace::QaCacheRow() const { return Block(lat, 0, max_tokens, 0, Lead() + dims.width); }
 TensorView MlaWorkspace::CacheRow() const { return Block(lat, 0, max_tokens, Lead(), dims.width); }
-TensorView MlaWorkspace::RopeRows() const { return Block(lat, 0, max_tokens, Lead(), (dims.heads + 1) * dims.width); }
 TensorView MlaWorkspace::QLat() const { return Block(lat, 0, max_tokens, Lead() + dims.width, dims.heads * dims.width); }
 TensorView MlaWorkspace::Q() const { return dims.q_lora > 0 ? q.view() : Qa(); }
 

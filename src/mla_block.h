@@ -77,15 +77,13 @@ struct MlaWorkspace {
   // Row t: [lead | c | k_pe | the absorbed query of each head]: the product of x before the cache row
   // (lead columns: q_a's output, q_lora wide; with a plain q_proj its q, heads * qk wide), token t's
   // latent cache row (width), then each head's [q_nope W_UK | q_pe] (width each). That product and
-  // kv_a both read x, so a block whose two weights stack writes [lead | c | k_pe] with one product;
-  // the cache row sits right before the heads, so that one ApplyRope rotates its k_pe and every
-  // head's q_pe together (batched path). The column ranges, every row:
+  // kv_a both read x, so a block whose two weights stack writes [lead | c | k_pe] with one product.
+  // The column ranges, every row:
   Tensor lat;                     // [T, Lead() + (heads + 1) * width]
   int64_t Lead() const;           // q_lora, or heads * qk for a plain q_proj
   TensorView Qa() const;          // [T, Lead()]: qa, or a plain q_proj's q
   TensorView QaCacheRow() const;  // [T, Lead() + width]: [lead | c | k_pe], a stacked product's output
   TensorView CacheRow() const;    // [T, width]: [c | k_pe]
-  TensorView RopeRows() const;    // [T, (heads + 1) * width]: the cache row and the heads
   TensorView QLat() const;        // [T, heads * width]: the heads
   TensorView Q() const;           // [T, heads * qk]: every head's [q_nope | q_pe] (q, or Qa() when plain)
   Tensor o_lat;                   // [T, heads * latent]: absorbed attention output, before W_UV
