@@ -1,4 +1,4 @@
-// CpuBackend ApplyRope, Attention, LatentAttention, PagedWrite and PagedRead against naive
+// CpuBackend ApplyRope, Attention, LatentAttention, PagedWrite, PagedRead and LatentRowsAndQueries against naive
 // references written here.
 #include <algorithm>
 #include <cmath>
@@ -948,6 +948,106 @@ TEST(CpuBackendLatentAttentionErrorsTest, RejectsBadOperands) {
                     TensorView(cache.data.data(), DType::kF32, Shape{2, 2, 4})),
                 {"out f32[2, 2, 4] cpu overlaps cache"});
   EXPECT_TRUE(SameBits(out.data, before));
+}
+
+// ---- LatentRowsAndQueries ----------------------------------------------------------------------
+
+// The op against a naive reference written here: c normed (or not), k_pe rotated in place, q_pe
+// rotated into q_rot (q_pe untouched), each row stored at its slot of a [slots, 1, W] cache with the
+// identity as its table; then the bad operands, each named, nothing written.
+TEST(CpuBackendLatentRowsTest, NormsRotatesAndStoresAsWrittenHere) {
+  CpuBackend backend;
+  constexpr int64_t kT = 3, kLatent = 6, kRope = 4, kW = kLatent + kRope, kHeads = 2, kSlots = 8, kP = 5;
+  std::vector<float> rows(kT * (kW + 1)), q(kT * kHeads * 7), rot(kT * kHeads * kRope, kNaN), cache(kSlots * kW, -1.0f);
+  std::vector<float> weight(kLatent), table(kP * kRope);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = std::sin(0.7f * static_cast<float>(i)) * 2.0f;
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::cos(0.3f * static_cast<float>(i));
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = 0.5f + 0.1f * static_cast<float>(i);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.11f * static_cast<float>(i));
+  const std::vector<int32_t> positions = {4, 0, 2}, slots = {7, 1, 3};
+  std::vector<int32_t> identity(kSlots);
+  for (int32_t i = 0; i < kSlots; ++i) identity[i] = i;
+  const TensorView rows_v(rows.data(), DType::kF32, Shape{kT, kW}, Shape{kW + 1, 1}, Device::Cpu());
+  const TensorView q_pe(q.data() + 3, DType::kF32, Shape{kT, kHeads, kRope}, Shape{kHeads * 7, 7, 1}, Device::Cpu());
+  const TensorView q_rot(rot.data(), DType::kF32, Shape{kT, kHeads, kRope});
+  const TensorView pos_v(const_cast<int32_t*>(positions.data()), DType::kI32, Shape{kT});
+  const TensorView slots_v(const_cast<int32_t*>(slots.data()), DType::kI32, Shape{kT});
+  const TensorView table_v(identity.data(), DType::kI32, Shape{kSlots});
+  const TensorView cos_sin(table.data(), DType::kF32, Shape{kP, kRope});
+  const TensorView cache_v(cache.data(), DType::kF32, Shape{kSlots, 1, kW});
+  const TensorView weight_v(weight.data(), DType::kF32, Shape{kLatent});
+  const std::vector<float> rows0 = rows, q0 = q, cache0 = cache;
+  for (const bool norm : {true, false}) {
+    rows = rows0;
+    cache = cache0;
+    ASSERT_TRUE(backend
+                    .LatentRowsAndQueries(rows_v, norm ? weight_v : TensorView(), 1e-6f, q_pe, q_rot, pos_v, cos_sin,
+                                          RopeStyle::kAdjacentPairs, slots_v, table_v, cache_v)
+                    .ok());
+    EXPECT_TRUE(SameBits(q, q0));
+    for (int64_t t = 0; t < kT; ++t) {
+      const float* r0 = rows0.data() + t * (kW + 1);
+      double ss = 0;
+      for (int64_t i = 0; i < kLatent; ++i) ss += static_cast<double>(r0[i]) * r0[i];
+      const double inv = 1.0 / std::sqrt(ss / kLatent + 1e-6);
+      const float* cs = table.data() + positions[t] * kRope;
+      std::vector<float> want(r0, r0 + kW);
+      if (norm) {
+        for (int64_t i = 0; i < kLatent; ++i) want[i] = static_cast<float>(r0[i] * inv * weight[i]);
+      }
+      for (int64_t i = 0; i < kRope / 2; ++i) {
+        const float a = r0[kLatent + 2 * i], b = r0[kLatent + 2 * i + 1], c = cs[i], sn = cs[kRope / 2 + i];
+        want[kLatent + 2 * i] = a * c - b * sn;
+        want[kLatent + 2 * i + 1] = b * c + a * sn;
+      }
+      for (int64_t i = 0; i < kW; ++i) {
+        EXPECT_NEAR(rows[t * (kW + 1) + i], want[i], 1e-5f) << "t " << t << " col " << i;
+        EXPECT_EQ(cache[slots[t] * kW + i], rows[t * (kW + 1) + i]) << "t " << t << " col " << i;
+      }
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const float* x = q0.data() + 3 + t * kHeads * 7 + h * 7;
+        for (int64_t i = 0; i < kRope / 2; ++i) {
+          const float c = cs[i], sn = cs[kRope / 2 + i];
+          EXPECT_NEAR(rot[(t * kHeads + h) * kRope + 2 * i], x[2 * i] * c - x[2 * i + 1] * sn, 1e-6f);
+          EXPECT_NEAR(rot[(t * kHeads + h) * kRope + 2 * i + 1], x[2 * i + 1] * c + x[2 * i] * sn, 1e-6f);
+        }
+      }
+    }
+    // Slots 0, 2, 4, 5, 6 are no token's: untouched.
+    for (const int64_t s : {0, 2, 4, 5, 6}) EXPECT_EQ(cache[s * kW], -1.0f) << "slot " << s;
+  }
+
+  // Bad operands: refused, named, nothing written.
+  rows = rows0;
+  cache = cache0;
+  const auto call = [&](const TensorView& r, const TensorView& w, const TensorView& qp, const TensorView& qr,
+                        const TensorView& p, const TensorView& cs, const TensorView& sl) {
+    return backend.LatentRowsAndQueries(r, w, 1e-6f, qp, qr, p, cs, RopeStyle::kAdjacentPairs, sl, table_v, cache_v);
+  };
+  const TensorView narrow(rows.data(), DType::kF32, Shape{kT, kRope}, Shape{kW + 1, 1}, Device::Cpu());
+  ExpectInvalid(call(narrow, weight_v, q_pe, q_rot, pos_v, cos_sin, slots_v),
+                {"LatentRowsAndQueries", "must be wider than rope_dim = 4"});
+  ExpectInvalid(call(rows_v, TensorView(weight.data(), DType::kF32, Shape{kLatent - 1}), q_pe, q_rot, pos_v, cos_sin,
+                     slots_v),
+                {"LatentRowsAndQueries", "norm_weight"});
+  ExpectInvalid(call(rows_v, weight_v, q_pe, TensorView(rot.data(), DType::kF32, Shape{kT, kHeads - 1, kRope}), pos_v,
+                     cos_sin, slots_v),
+                {"LatentRowsAndQueries", "q_pe", "q_rot", "must both be [T, H, rope_dim]"});
+  ExpectInvalid(call(rows_v, weight_v, q_pe, TensorView(rows.data() + 1, DType::kF32, Shape{kT, kHeads, kRope},
+                                                        Shape{kW + 1, kRope, 1}, Device::Cpu()),
+                     pos_v, cos_sin, slots_v),
+                {"LatentRowsAndQueries", "overlaps"});
+  const std::vector<int32_t> bad_position = {4, 5, 2}, bad_slot = {7, 8, 3};
+  ExpectInvalid(call(rows_v, weight_v, q_pe, q_rot, TensorView(const_cast<int32_t*>(bad_position.data()), DType::kI32,
+                                                               Shape{kT}),
+                     cos_sin, slots_v),
+                {"ApplyRope", "positions[1]"});
+  EXPECT_TRUE(SameBits(rows, rows0));
+  ExpectInvalid(call(rows_v, weight_v, q_pe, q_rot, pos_v, cos_sin,
+                     TensorView(const_cast<int32_t*>(bad_slot.data()), DType::kI32, Shape{kT})),
+                {"PagedWrite"});
+  // A bad slot stores nothing in the cache (the rows and q_rot may hold their new values).
+  EXPECT_TRUE(SameBits(cache, cache0));
 }
 
 }  // namespace
