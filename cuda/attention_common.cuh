@@ -1,5 +1,6 @@
 // Helpers the kernel files behind cuda/attention_ops.h share: launch geometry, the check kernels'
-// flagging, the cache row of a paged position, the rotary pair and the cache element conversions. No abseil here: nvcc must never see it.
+// flagging, the cache row of a paged position, the rotary pair and the cache element conversions.
+// No abseil here: nvcc must never see it.
 #pragma once
 
 #include <algorithm>

@@ -333,10 +333,8 @@ void SetLatentWgmmaVariant(LatentWgmmaVariant variant);
 
 // The most splits a latent attention call's keys may take (0: the plan's own count, the default).
 // For measuring the split rule at a shape (its scratch and kLatentMaxSplits still bound it): the
-// process-wide cap starts from EAGLE3_LATENT_MAX_SPLITS (a positive integer; unset, empty or
-// anything else: 0).
+// process-wide cap EAGLE3_LATENT_MAX_SPLITS gives (LatentMaxSplitsFromEnv), read once.
 int64_t GetLatentMaxSplits();
-void SetLatentMaxSplits(int64_t splits);
 
 // Whether the current device runs the wgmma kernel (compute capability 9.0: its code is built for
 // sm_90a only).

@@ -251,6 +251,54 @@ AttentionLaunchParams QueryParams(const TensorView& q, const TensorView& mask, f
   return p;
 }
 
+// ApplyRope's position check (positions within cos_sin's rows) for `tokens` tokens, at its shared-check
+// key, launched when the site asks for it; `earlier`: a check just launched by the same call, whose
+// flag this one adds to instead of clearing where the two share it (outside a shared-checks scope).
+absl::StatusOr<CheckSite> RopePositionCheck(CudaBackend::State& s, const Scratch& scratch, const char* op,
+                                            int64_t tokens, const TensorView& positions, const TensorView& cos_sin,
+                                            const CheckSite* earlier = nullptr) {
+  const CheckSite site = SharedCheck(s, scratch, SharedOp::kApplyRope, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {tokens, cos_sin.dim(0)});
+    AppendTensor(key, positions);
+  });
+  if (!site.check) return site;
+  const bool clear = earlier == nullptr || !(earlier->check && earlier->bad == site.bad);
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
+                                                [&](const auto* pos) {
+                                                  return LaunchCheckIndexRange(
+                                                      pos, tokens, cos_sin.dim(0), site.bad, s.error_flag,
+                                                      DeviceErrorCode(DeviceCheck::kRopePosition), clear,
+                                                      s.options.programmatic_launch, s.stream);
+                                                }),
+                                    absl::StrCat(op, ": position check launch")));
+  return site;
+}
+
+// PagedWrite's position check (positions within page_table's pages, entries within the cache), as
+// RopePositionCheck.
+absl::StatusOr<CheckSite> PagedPositionCheck(CudaBackend::State& s, const Scratch& scratch, const char* op,
+                                             int64_t tokens, const TensorView& positions,
+                                             const TensorView& page_table, const TensorView& cache,
+                                             const CheckSite* earlier = nullptr) {
+  const CheckSite site = SharedCheck(s, scratch, SharedOp::kPagedWrite, [&](std::vector<int64_t>& key) {
+    key.insert(key.end(), {tokens, cache.dim(0), cache.dim(1)});
+    AppendTensor(key, positions);
+    AppendTensor(key, page_table);
+  });
+  if (!site.check) return site;
+  const bool clear = earlier == nullptr || !(earlier->check && earlier->bad == site.bad);
+  EAGLE3_RETURN_IF_ERROR(CudaStatus(
+      WithIndices(positions,
+                  [&](const auto* pos) {
+                    return LaunchCheckPagedPositions(pos, tokens, page_table.data_as<const int32_t>(),
+                                                     page_table.dim(0), cache.dim(1), cache.dim(0), site.bad,
+                                                     s.error_flag, DeviceErrorCode(DeviceCheck::kPagedWritePosition),
+                                                     clear, s.options.programmatic_launch, s.stream);
+                  }),
+      absl::StrCat(op, ": position check launch")));
+  return site;
+}
+
 }  // namespace
 
 absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t rope_dim,
@@ -262,21 +310,7 @@ absl::Status CudaBackend::ApplyRope(const TensorView& x, int64_t offset, int64_t
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
-  const CheckSite site = SharedCheck(s, scratch, SharedOp::kApplyRope, [&](std::vector<int64_t>& key) {
-    key.insert(key.end(), {x.dim(0), cos_sin.dim(0)});
-    AppendTensor(key, positions);
-  });
-  if (site.check) {
-    EAGLE3_RETURN_IF_ERROR(CudaStatus(WithIndices(positions,
-                                                  [&](const auto* pos) {
-                                                    return LaunchCheckIndexRange(
-                                                        pos, x.dim(0), cos_sin.dim(0), site.bad, s.error_flag,
-                                                        DeviceErrorCode(DeviceCheck::kRopePosition),
-                                                        /*clear_flag=*/true, s.options.programmatic_launch,
-                                                        s.stream);
-                                                  }),
-                                      "ApplyRope: position check launch"));
-  }
+  EAGLE3_ASSIGN_OR_RETURN(const CheckSite site, RopePositionCheck(s, scratch, op, x.dim(0), positions, cos_sin));
   return CudaStatus(WithIndices(positions,
                                 [&](const auto* pos) {
                                   return LaunchApplyRope(
@@ -454,22 +488,8 @@ absl::Status CudaBackend::PagedWrite(const TensorView& rows, const TensorView& p
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
   const int32_t* pages = page_table.data_as<const int32_t>();
-  const CheckSite site = SharedCheck(s, scratch, SharedOp::kPagedWrite, [&](std::vector<int64_t>& key) {
-    key.insert(key.end(), {rows.dim(0), cache.dim(0), cache.dim(1)});
-    AppendTensor(key, positions);
-    AppendTensor(key, page_table);
-  });
-  if (site.check) {
-    EAGLE3_RETURN_IF_ERROR(CudaStatus(
-        WithIndices(positions,
-                    [&](const auto* pos) {
-                      return LaunchCheckPagedPositions(pos, rows.dim(0), pages, page_table.dim(0), cache.dim(1),
-                                                       cache.dim(0), site.bad, s.error_flag,
-                                                       DeviceErrorCode(DeviceCheck::kPagedWritePosition),
-                                                       /*clear_flag=*/true, s.options.programmatic_launch, s.stream);
-                    }),
-        "PagedWrite: position check launch"));
-  }
+  EAGLE3_ASSIGN_OR_RETURN(const CheckSite site,
+                          PagedPositionCheck(s, scratch, op, rows.dim(0), positions, page_table, cache));
   const bool bf16 = cache.dtype() == DType::kBF16;
   return CudaStatus(WithIndices(positions,
                                 [&](const auto* pos) {
@@ -500,8 +520,7 @@ absl::Status CudaBackend::LatentRowsAndQueries(const TensorView& rows, const Ten
   }
   EAGLE3_RETURN_IF_ERROR(
       CheckLatentRowsAndQueries(rows, norm_weight, eps, q_pe, q_rot, positions, cos_sin, slots, slot_table, cache));
-  const bool norm = norm_weight.data() != nullptr && norm_weight.numel() > 0;
-  const bool queries = q_pe.data() != nullptr && q_pe.numel() > 0;
+  const bool norm = !Absent(norm_weight), queries = !Absent(q_pe);
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "rows", rows));
   EAGLE3_RETURN_IF_ERROR(CheckF32(op, "cos_sin", cos_sin));
   if (norm) EAGLE3_RETURN_IF_ERROR(CheckF32(op, "norm_weight", norm_weight));
@@ -511,41 +530,13 @@ absl::Status CudaBackend::LatentRowsAndQueries(const TensorView& rows, const Ten
   }
   State& s = *state_;
   EAGLE3_ASSIGN_OR_RETURN(const Scratch scratch, Prepare(s, op, FlagClear::kFirstCheck));
-  // The checks ApplyRope and PagedWrite launch for the same positions (the same keys, so that a
-  // shared-checks scope runs each once whichever op asks first). Outside a scope both sites are the
-  // call's one flag: the second check then adds to what the first wrote instead of clearing it.
-  const CheckSite rope_site = SharedCheck(s, scratch, SharedOp::kApplyRope, [&](std::vector<int64_t>& key) {
-    key.insert(key.end(), {rows.dim(0), cos_sin.dim(0)});
-    AppendTensor(key, positions);
-  });
-  const CheckSite paged_site = SharedCheck(s, scratch, SharedOp::kPagedWrite, [&](std::vector<int64_t>& key) {
-    key.insert(key.end(), {rows.dim(0), cache.dim(0), cache.dim(1)});
-    AppendTensor(key, slots);
-    AppendTensor(key, slot_table);
-  });
-  if (rope_site.check) {
-    EAGLE3_RETURN_IF_ERROR(CudaStatus(
-        WithIndices(positions,
-                    [&](const auto* pos) {
-                      return LaunchCheckIndexRange(pos, rows.dim(0), cos_sin.dim(0), rope_site.bad, s.error_flag,
-                                                   DeviceErrorCode(DeviceCheck::kRopePosition), /*clear_flag=*/true,
-                                                   s.options.programmatic_launch, s.stream);
-                    }),
-        "LatentRowsAndQueries: position check launch"));
-  }
+  // ApplyRope's and PagedWrite's checks at their keys, so that a shared-checks scope runs each once
+  // whichever op asks first; outside a scope the slot check adds to the position check's flag.
+  EAGLE3_ASSIGN_OR_RETURN(const CheckSite rope_site,
+                          RopePositionCheck(s, scratch, op, rows.dim(0), positions, cos_sin));
+  EAGLE3_ASSIGN_OR_RETURN(const CheckSite paged_site,
+                          PagedPositionCheck(s, scratch, op, rows.dim(0), slots, slot_table, cache, &rope_site));
   const int32_t* table = slot_table.data_as<const int32_t>();
-  if (paged_site.check) {
-    const bool clear = !(rope_site.check && rope_site.bad == paged_site.bad);
-    EAGLE3_RETURN_IF_ERROR(CudaStatus(
-        WithIndices(slots,
-                    [&](const auto* pos) {
-                      return LaunchCheckPagedPositions(pos, rows.dim(0), table, slot_table.dim(0), cache.dim(1),
-                                                       cache.dim(0), paged_site.bad, s.error_flag,
-                                                       DeviceErrorCode(DeviceCheck::kPagedWritePosition), clear,
-                                                       s.options.programmatic_launch, s.stream);
-                    }),
-        "LatentRowsAndQueries: slot check launch"));
-  }
   LatentRowsParams a;
   a.rows = rows.data_as<float>();
   a.rows_stride = rows.stride(0);

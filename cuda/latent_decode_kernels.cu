@@ -598,16 +598,7 @@ void SetLatentWgmmaVariant(LatentWgmmaVariant variant) {
 }
 
 int64_t GetLatentMaxSplits() {
-  return ProcessChoice<int64_t>(max_splits, "EAGLE3_LATENT_MAX_SPLITS", [](const char* v) -> int64_t {
-    if (v == nullptr || *v == '\0') return 0;
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    return *end == '\0' && n > 0 && n <= kLatentMaxSplits ? n : 0;
-  });
-}
-
-void SetLatentMaxSplits(int64_t splits) {
-  max_splits.store(static_cast<int>(std::clamp<int64_t>(splits, 0, kLatentMaxSplits)), std::memory_order_relaxed);
+  return ProcessChoice<int64_t>(max_splits, "EAGLE3_LATENT_MAX_SPLITS", LatentMaxSplitsFromEnv);
 }
 
 bool LatentWgmmaAvailable() {

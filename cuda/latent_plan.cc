@@ -2,6 +2,7 @@
 #include "latent_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 
 #include "latent_wgmma_layout.h"
@@ -74,6 +75,13 @@ int LatentBlockRows(const LatentLaunchParams& p, const LatentPlanDevice& device)
   }
   const bool one_token_per_sequence = p.tokens <= sequences;
   return p.heads <= 8 && one_token_per_sequence ? 8 : 16;
+}
+
+int64_t LatentMaxSplitsFromEnv(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(value, &end, 10);
+  return *end == '\0' && n > 0 && n <= kLatentMaxSplits ? n : 0;
 }
 
 bool PlanLatentLaunch(const LatentLaunchParams& p, bool tile_table, bool partials, int64_t partial_capacity,

@@ -81,6 +81,10 @@ struct LatentPlanDevice {
   int64_t max_splits = 0;                                   // GetLatentMaxSplits(): 0 = no cap
 };
 
+// The split cap an EAGLE3_LATENT_MAX_SPLITS value asks for: a whole number in [1, kLatentMaxSplits];
+// unset, empty, not a whole number or out of that range: 0 (no cap).
+int64_t LatentMaxSplitsFromEnv(const char* value);
+
 // A call's query rows per sequence, on average (heads x its tokens, rounded up).
 int64_t LatentRowsPerSequence(const LatentLaunchParams& p);
 

@@ -866,14 +866,11 @@ namespace {
 // The views LatentRowsAndQueries' sub-ops take: k_pe of every row as [T, 1, W] (ApplyRope at offset
 // latent) and c as [T, latent].
 TensorView RowsAsHeads(const TensorView& rows) {
-  return TensorView(rows.data(), rows.dtype(), Shape{rows.dim(0), 1, rows.dim(1)}, Shape{rows.stride(0), rows.dim(1), 1},
-                    rows.device());
+  return TensorView(rows.data(), rows.dtype(), Shape{rows.dim(0), 1, rows.dim(1)},
+                    Shape{rows.stride(0), rows.dim(1), 1}, rows.device());
 }
 
 TensorView LatentColumns(const TensorView& rows, int64_t latent) { return rows.Narrow(1, 0, latent); }
-
-// An operand left out: a default TensorView, or one without elements.
-bool Absent(const TensorView& t) { return t.data() == nullptr || t.numel() == 0; }
 
 absl::Status Prefixed(const char* op, const absl::Status& status) {
   if (status.ok()) return status;
@@ -904,8 +901,8 @@ absl::Status Backend::CheckLatentRowsAndQueries(const TensorView& rows, const Te
   if (!Absent(q_pe) || !Absent(q_rot)) {
     EAGLE3_RETURN_IF_ERROR(CheckHeads(kOp, "q_pe", "[T, H, rope_dim]", q_pe, dev));
     if (!(q_pe.shape() == q_rot.shape()) || q_pe.dim(0) != rows.dim(0) || q_pe.dim(2) != rope) {
-      return Invalid(kOp, "q_pe ", q_pe.ToString(), " and q_rot ", q_rot.ToString(), " must both be [T, H, rope_dim] = [",
-                     rows.dim(0), ", H, ", rope, "]");
+      return Invalid(kOp, "q_pe ", q_pe.ToString(), " and q_rot ", q_rot.ToString(),
+                     " must both be [T, H, rope_dim] = [", rows.dim(0), ", H, ", rope, "]");
     }
     EAGLE3_RETURN_IF_ERROR(Prefixed(kOp, CheckApplyRope(q_rot, 0, rope, positions, cos_sin)));
     EAGLE3_RETURN_IF_ERROR(CheckNoBandOverlap(kOp, "q_pe", q_pe, "q_rot", q_rot));

@@ -1,7 +1,6 @@
 #include "mla_block.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 
 #include "view_slices.h"
@@ -89,7 +88,9 @@ int64_t MlaWorkspace::Lead() const { return dims.q_lora > 0 ? dims.q_lora : dims
 TensorView MlaWorkspace::Qa() const { return Block(lat, 0, max_tokens, 0, Lead()); }
 TensorView MlaWorkspace::QaCacheRow() const { return Block(lat, 0, max_tokens, 0, Lead() + dims.width); }
 TensorView MlaWorkspace::CacheRow() const { return Block(lat, 0, max_tokens, Lead(), dims.width); }
-TensorView MlaWorkspace::QLat() const { return Block(lat, 0, max_tokens, Lead() + dims.width, dims.heads * dims.width); }
+TensorView MlaWorkspace::QLat() const {
+  return Block(lat, 0, max_tokens, Lead() + dims.width, dims.heads * dims.width);
+}
 TensorView MlaWorkspace::Q() const { return dims.q_lora > 0 ? q.view() : Qa(); }
 
 absl::StatusOr<MlaBlock> MlaBlock::Load(const MlaAttentionConfig& config, int tp_size, std::string_view prefix,
@@ -226,8 +227,8 @@ absl::Status MlaBlock::InputProduct(const TensorView& x, MlaWorkspace& ws) const
   const int64_t t = x.dim(0);
   // The latent cache row [c | k_pe] = kv_a x, written straight into the row before the heads'
   // queries, by the stacked product where there is one: [lead | c | k_pe] = [q_a; kv_a] x (or
-  // [q_proj; kv_a] x), one pass over x and both weights. WriteCacheRows runs it too, so that its rows are Forward*'s bit for bit
-  // (a backend may sum a product of other rows in another order).
+  // [q_proj; kv_a] x), one pass over x and both weights. WriteCacheRows runs it too, so that its
+  // rows are Forward*'s bit for bit (a backend may sum a product of other rows in another order).
   if (input_projections_stacked()) return q_kv_a_.Apply(be, x, Rows(ws.QaCacheRow(), 0, t));
   return kv_a_.Apply(be, x, Rows(ws.CacheRow(), 0, t));
 }

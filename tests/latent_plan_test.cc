@@ -253,6 +253,19 @@ TEST(LatentPlanTest, SplitsRespectTheScratchAndTheKeys) {
   }
 }
 
+// EAGLE3_LATENT_MAX_SPLITS: a whole number in range is the cap; anything else is no cap (0).
+TEST(LatentPlanTest, SplitCapFromEnvTakesWholeNumbersInRangeOnly) {
+  EXPECT_EQ(LatentMaxSplitsFromEnv("8"), 8);
+  EXPECT_EQ(LatentMaxSplitsFromEnv("1"), 1);
+  EXPECT_EQ(LatentMaxSplitsFromEnv(nullptr), 0);
+  EXPECT_EQ(LatentMaxSplitsFromEnv(""), 0);
+  EXPECT_EQ(LatentMaxSplitsFromEnv("0"), 0);
+  EXPECT_EQ(LatentMaxSplitsFromEnv("-4"), 0);
+  EXPECT_EQ(LatentMaxSplitsFromEnv("8x"), 0);
+  EXPECT_EQ(LatentMaxSplitsFromEnv("eight"), 0);
+  EXPECT_EQ(LatentMaxSplitsFromEnv("4097"), 0);
+}
+
 // GetLatentMaxSplits' cap (LatentPlanDevice::max_splits) bounds the count and never raises it.
 TEST(LatentPlanTest, SplitCapBoundsTheSplits) {
   const LatentLaunchParams p = Call(1, 1, 16, 4096);

@@ -222,7 +222,8 @@ void BM_MoeDecode(benchmark::State& state) {
   // interleaved).
   auto step = [&] {
     status = b->MoeRoute(logits, correction, m.routing, routed_ids, routed_w);
-    if (status.ok()) status = b->MoeExperts(x, ids, w, join ? weights.joined : weights.table, out, /*accumulate=*/false);
+    const std::vector<ExpertWeights>& experts = join ? weights.joined : weights.table;
+    if (status.ok()) status = b->MoeExperts(x, ids, w, experts, out, /*accumulate=*/false);
     if (status.ok() && m.shared_inter > 0 && !join) {
       status = b->Gemm(x, weights.shared_gate_up, shared_gu, {});
       const int64_t block = weights.shared_slices > 0 ? m.inter : m.shared_inter;

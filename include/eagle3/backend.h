@@ -607,6 +607,9 @@ class EAGLE3_API Backend {
   absl::Status CheckBatchedGemm(const TensorView& a, const TensorView& b, const TensorView& c) const;
   // Item i of a [B, rows, cols] batch, as a [rows, cols] matrix view.
   static TensorView BatchItem(const TensorView& t, int64_t i);
+  // An operand an op may leave out (LatentRowsAndQueries' norm_weight, q_pe, q_rot): a default
+  // TensorView, or one without elements.
+  static bool Absent(const TensorView& t) { return t.data() == nullptr || t.numel() == 0; }
   // residual: nullptr for plain RmsNorm.
   absl::Status CheckRmsNorm(const char* op, const TensorView& x, const TensorView* residual,
                             const TensorView& weight, float eps, const TensorView& out) const;
