@@ -4,6 +4,7 @@
 // and, with `noise`, proposes wrong tokens too (so rejection paths are exercised).
 #include "eagle3/speculative_decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "eagle3/draft_model.h"
 #include "eagle3/eagle3_drafter.h"
 #include "eagle3/testing/random_draft_checkpoint.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
 #include "speculative_greedy_check.h"
@@ -190,6 +192,45 @@ TEST_P(SpeculativeGreedyTest, RandomDraftBatchMatchesPlainGreedyWithABf16Cache) 
 }
 
 // Same seed, same tokens; another seed, (almost surely) other tokens. Sampling at temperature 1.
+// The near-tie allowance of the greedy check: a difference from plain greedy at a token whose logit
+// is far from the chosen one fails at any tolerance below the gap (and at 0, equality), and passes
+// once the tolerance covers it.
+TEST(SpeculativeDecoderTest, NearTieAllowanceRejectsADifferenceThatIsNotATie) {
+  const std::string dir = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/v2lite_greedy";
+  cpu::CpuBackend backend;
+  TargetModelOptions topt;
+  topt.max_tokens_per_forward = 8;  // the re-run prefix spans several chunks
+  topt.max_context_len = 64;
+  topt.num_kv_pages = 64;
+  topt.page_size = 3;
+  auto target = TargetModel::Create(dir, topt, nullptr, &backend);
+  ASSERT_TRUE(target.ok()) << target.status();
+  const std::vector<std::vector<int64_t>> prompts = SpeculativeGreedyPrompts((*target)->config().vocab_size);
+  SpeculativeDecoder plain(target->get(), nullptr, SpeculativeGreedyOptions());
+  auto reference = plain.Generate(prompts);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  constexpr size_t kAt = 5;
+  // The token with the lowest logit after the prefix: as far from a tie as the logits allow.
+  const std::vector<float> logits = LogitsAfter(target->get(), prompts[0], (*reference)[0], kAt);
+  ASSERT_EQ(logits.size(), static_cast<size_t>((*target)->config().vocab_size));
+  const size_t lowest = static_cast<size_t>(std::min_element(logits.begin(), logits.end()) - logits.begin());
+  ASSERT_EQ(static_cast<int64_t>(static_cast<size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())),
+            (*reference)[0][kAt])
+      << "the re-run prefix's argmax is plain greedy's token";
+  float largest = 0.0f;
+  for (const float v : logits) largest = std::max(largest, std::fabs(v));
+  const double gap = (logits[static_cast<size_t>((*reference)[0][kAt])] - logits[lowest]) / largest;
+  std::vector<std::vector<int64_t>> got = *reference;
+  got[0][kAt] = static_cast<int64_t>(lowest);
+  EXPECT_NONFATAL_FAILURE(ExpectGreedyEqualUpToNearTies(target->get(), prompts, got, *reference, 0.5 * gap, "t"),
+                          "not a near-tie");
+  EXPECT_NONFATAL_FAILURE(ExpectGreedyEqualUpToNearTies(target->get(), prompts, got, *reference, 0.0, "t"), "t");
+  ExpectGreedyEqualUpToNearTies(target->get(), prompts, got, *reference, 1.01 * gap, "t");
+  // Tokens after the first difference are not compared: the two runs have left each other.
+  got[0][kAt + 1] = static_cast<int64_t>(lowest);
+  ExpectGreedyEqualUpToNearTies(target->get(), prompts, got, *reference, 1.01 * gap, "t");
+}
+
 TEST(SpeculativeDecoderTest, SamplingIsReproducibleFromTheSeed) {
   const std::string dir = std::string(EAGLE3_TEST_DATA_DIR) + "/golden/v2lite_greedy";
   cpu::CpuBackend backend;

@@ -510,7 +510,12 @@ void CudaBf16WeightsTest::ExpectSpeculativeGreedyInBf16(DType kv_cache_dtype) {
   dopt.page_size = 5;
   auto draft = DraftModel::Create(draft_dir, target_dir, dopt, nullptr, gpu_.get());
   ASSERT_TRUE(draft.ok()) << draft.status();
-  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), gpu_.get());
+  // With a bf16 cache a rounding difference between a verify and a decode forward can move a cache
+  // element across a bf16 rounding boundary, a change of up to the cache's own effect on the logits
+  // (~3e-3 of the largest, Bf16KvCacheMatchesTheCpuReference): a near-tie is that close. With an f32
+  // cache the outputs must be equal.
+  ExpectSpeculativeGreedyEqualsPlain(target->get(), draft->get(), gpu_.get(), nullptr,
+                                     kv_cache_dtype == DType::kBF16 ? 3e-3 : 0.0);
 }
 
 // A random bf16 draft on the golden V2 target's config: the GPU in bf16 against the CPU in f32.
