@@ -281,6 +281,11 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
                      "CudaBackendOptions::max_experts = ", s.options.max_experts,
                      " (the pointer tables are sized from it)"));
   }
+  if (top_k > kMoeExpertsMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ids ", ids.ToString(), " has ", top_k,
+                                                   " slots per token; the CUDA kernels take at most ",
+                                                   kMoeExpertsMaxSlots));
+  }
   if (tokens == 0) return absl::OkStatus();
   EAGLE3_RETURN_IF_ERROR(CudaStatus(UseBackendDevice(s), "MoeExperts: cudaSetDevice"));
   const MoeExpertPointers* table = nullptr;

@@ -81,7 +81,8 @@ struct MoeExpertPointers {
 
 // out[t] = (accumulate ? out[t] : 0) + sum_j weights[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]),
 // e = ids[t, j], summed in order j = 0, 1, ... (no atomics: bitwise reproducible). Two kernels: a
-// batched GEMV per (token, slot) into act, then one per (token, output row block). Only the
+// batched GEMV per (token, slot) into act, then one per (token, block of 8 output rows), whose
+// warps stream the 8 rows of one slot's expert at a time. Only the
 // selected experts' weights are read (a decode-time design: each (token, slot) reads its expert's
 // weights again). A token t with an id outside [0, num_experts) records error_code | t and its out
 // row is left as it was. With bf16 weights, x and act stay f32 (only the weights are bf16), and
@@ -94,7 +95,9 @@ struct MoeExpertPointers {
 // act:      [tokens, top_k, inter], f32, contiguous, device scratch (overwritten)
 // out:      [tokens, hidden], f32, row stride out_stride, device; no overlap with the inputs
 // error_flag: [1], i32, device
-// hidden and inter <= 8 * 65535 (grid rows); inter may be 0.
+// hidden and inter <= 8 * 65535 (grid rows); inter may be 0; top_k <= kMoeExpertsMaxSlots (the
+// slots' dots of a row block wait in 48 KiB of shared memory).
+inline constexpr int64_t kMoeExpertsMaxSlots = 1536;
 cudaError_t LaunchMoeExperts(const float* x, int64_t x_stride, const int32_t* ids,
                              int64_t ids_stride, const float* weights, int64_t weights_stride,
                              const MoeExpertPointers* experts, MoeWeightType weight_type,

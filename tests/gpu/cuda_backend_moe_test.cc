@@ -621,6 +621,10 @@ const ExpertsCase kExpertsCases[] = {
     ExpertsCase{"small_H37_I11_k3_strided", 37, 11, 10, 3, 3},
     // Aligned, row-strided (float4 path through strides), I not a multiple of the row block.
     ExpertsCase{"small_H64_I20_k6_strided", 64, 20, 12, 6, 4},
+    // More slots than the down kernel's warps (each takes several), hidden not a multiple of its
+    // row block: the dense join's top_k + shared slots at V3 / K2 are 9.
+    ExpertsCase{"slots_H200_I24_k17", 200, 24, 20, 17, 0},
+    ExpertsCase{"slots_H132_I32_k9_strided", 132, 32, 12, 9, 8},
 };
 
 std::string ExpertsCaseName(const ::testing::TestParamInfo<ExpertsCase>& info) {
@@ -791,6 +795,12 @@ TEST_F(CudaBackendMoeExpertsTest, RejectsBadArgumentsUpFront) {
   };
   for (const absl::Status& s : bad) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(bad[1].message()), HasSubstr("f32"));
+  // More slots a token than the kernels hold: refused by name before anything runs.
+  Tensor many_ids = *Tensor::Empty(DType::kI32, Shape{2, 1537}, gpu_->allocator());
+  Tensor many_weights = *Tensor::Empty(DType::kF32, Shape{2, 1537}, gpu_->allocator());
+  const absl::Status slots = gpu_->MoeExperts(x, many_ids, many_weights, experts.device, out, false);
+  EXPECT_EQ(slots.code(), absl::StatusCode::kInvalidArgument) << slots;
+  EXPECT_THAT(std::string(slots.message()), HasSubstr("1537 slots per token"));
   EXPECT_TRUE(gpu_->Synchronize().ok());
 }
 
