@@ -73,7 +73,8 @@ bool SameTable(const std::vector<MoeExpertPointers>& a, const std::vector<MoeExp
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].gate_up != b[i].gate_up || a[i].down != b[i].down ||
-        a[i].gate_up_stride != b[i].gate_up_stride || a[i].down_stride != b[i].down_stride) {
+        a[i].gate_up_stride != b[i].gate_up_stride || a[i].down_stride != b[i].down_stride ||
+        a[i].bf16_activations != b[i].bf16_activations) {
       return false;
     }
   }
@@ -103,7 +104,8 @@ absl::StatusOr<const MoeExpertPointers*> ExpertTable(CudaBackend::State& state,
   for (size_t e = 0; e < experts.size(); ++e) {
     const TensorView& gate_up = experts[e].gate_up;
     const TensorView& down = experts[e].down;
-    cache.wanted[e] = {gate_up.data(), down.data(), gate_up.stride(0), down.stride(0)};
+    cache.wanted[e] = {gate_up.data(), down.data(), gate_up.stride(0), down.stride(0),
+                       experts[e].bf16_activations ? 1 : 0};
   }
   ++cache.clock;
   MoeTableCache::Table* lru = nullptr;
@@ -294,7 +296,11 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   }
   const MoeWeightType weight_type =
       weight_dtype == DType::kBF16 ? MoeWeightType::kBF16 : MoeWeightType::kF32;
-  if (s.options.moe_grouped_experts && MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter)) {
+  // The grouped kernels keep x unrounded: experts that round it take the per-pair path.
+  const bool any_bf16_activations = std::any_of(experts.begin(), experts.end(),
+                                                [](const ExpertWeights& e) { return e.bf16_activations; });
+  if (s.options.moe_grouped_experts && !any_bf16_activations &&
+      MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter)) {
     EAGLE3_ASSIGN_OR_RETURN(const MoeGroupedWorkspace workspace,
                             GroupedWorkspace(s, top_k, hidden));
     const int64_t chunk = std::min(tokens, workspace.max_pairs / top_k);

@@ -78,14 +78,19 @@ __device__ __forceinline__ float LoadWeight(const uint16_t* row, int64_t i) {
   return __uint_as_float(static_cast<uint32_t>(__ldg(row + i)) << 16);
 }
 
+__device__ __forceinline__ float RoundToBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float4 RoundQuadToBf16(float4 q) {
+  return make_float4(RoundToBf16(q.x), RoundToBf16(q.y), RoundToBf16(q.z), RoundToBf16(q.w));
+}
+
 // dots[r] = rows[r][0, n) . v[0, n) for R rows by one warp, in a fixed order (reproducible); every
 // lane gets the results. W is the weight storage: float, or uint16_t holding bf16 (widened to f32
-// exactly; v stays f32, in global or shared memory). 16-byte loads of the rows (4 floats or 8 bf16, and the matching floats of
+// exactly; v stays f32, in global or shared memory, rounded to bf16 as it is read with round_v). 16-byte loads of the rows (4 floats or 8 bf16, and the matching floats of
 // v) when every pointer is 16-byte aligned and n is a multiple of that; products are summed in
 // groups of 4 before they join the lane's accumulator.
 template <int R, typename W>
 __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, int lane,
-                         float (&dots)[R]) {
+                         float (&dots)[R], bool round_v = false) {
   constexpr int kVec = 16 / sizeof(W);
   float acc[R];
   bool vec = (n % kVec == 0) && Aligned16(v);
@@ -102,7 +107,10 @@ __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, i
     for (int64_t i = lane; i < n / kVec; i += kWarpSize) {
       float4 b[kVec / 4];
 #pragma unroll
-      for (int q = 0; q < kVec / 4; ++q) b[q] = v4[i * (kVec / 4) + q];
+      for (int q = 0; q < kVec / 4; ++q) {
+        b[q] = v4[i * (kVec / 4) + q];
+        if (round_v) b[q] = RoundQuadToBf16(b[q]);
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float a[kVec];
@@ -117,7 +125,7 @@ __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, i
   } else {
 #pragma unroll 4
     for (int64_t i = lane; i < n; i += kWarpSize) {
-      const float b = v[i];
+      const float b = round_v ? RoundToBf16(v[i]) : v[i];
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] += LoadWeight(rows[r], i) * b;
     }
@@ -455,10 +463,11 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
   const W* const rows[2] = {gate_up + row * w.gate_up_stride,
                             gate_up + (inter + row) * w.gate_up_stride};
   float dots[2];
-  WarpDots<2, W>(rows, v, hidden, lane, dots);
+  WarpDots<2, W>(rows, v, hidden, lane, dots, w.bf16_activations != 0);
   if (lane == 0) {
     const float g = dots[0];
-    act[slot * inter + row] = g / (1.0f + expf(-g)) * dots[1];
+    const float a = g / (1.0f + expf(-g)) * dots[1];
+    act[slot * inter + row] = w.bf16_activations != 0 ? RoundToBf16(a) : a;
   }
 }
 

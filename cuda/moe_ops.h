@@ -77,6 +77,9 @@ struct MoeExpertPointers {
   const void* down = nullptr;     // [hidden, inter], row stride down_stride, device
   int64_t gate_up_stride = 0;
   int64_t down_stride = 0;
+  // ExpertWeights::bf16_activations: x and the activation rounded to bf16 before their products
+  // (the per-pair kernels only: CudaBackend runs calls with such experts there).
+  int32_t bf16_activations = 0;
 };
 
 // out[t] = (accumulate ? out[t] : 0) + sum_j weights[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]),

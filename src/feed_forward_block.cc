@@ -234,8 +234,12 @@ absl::Status FeedForwardBlock::LoadDenseShared(const FeedForwardConfig& config, 
   shared_.inter = slots * slice;
   shared_.act_block = slice;
   const TensorView gate_up = shared_.gate_up.front().dense(), down = shared_.down.dense();
+  // Gemm rounds f32 activations against bf16 weights; so does the joined form then, so that a call
+  // joined (few rows) and one not (more rows: a verify) differ by summation order only.
+  const bool bf16_activations = gate_up.dtype() == DType::kBF16;
   for (int64_t i = 0; i < slots; ++i) {
-    experts_.push_back(ExpertWeights{Rows(gate_up, 2 * i * slice, 2 * slice), down.Narrow(1, i * slice, slice)});
+    experts_.push_back(ExpertWeights{Rows(gate_up, 2 * i * slice, 2 * slice), down.Narrow(1, i * slice, slice),
+                                     bf16_activations});
   }
   shared_slots_ = slots;
   return absl::OkStatus();

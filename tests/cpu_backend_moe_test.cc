@@ -13,6 +13,7 @@
 #include "config_test_util.h"
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/deepseek_v2_config.h"
+#include "eagle3/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -425,16 +426,19 @@ struct Expert {
             TensorView(down.data(), DType::kF32, Shape{hidden, inter}, Shape{inter + 2, 1},
                        Device::Cpu())};
   }
-  // down(silu(gate x) * up x), in double.
-  std::vector<double> Apply(const float* x) const {
+  // down(silu(gate x) * up x), in double; with `bf16`, x and the activation rounded to bf16 first.
+  std::vector<double> Apply(const float* x, bool bf16 = false) const {
+    const auto round = [&](double v) {
+      return bf16 ? static_cast<double>(Bf16ToFloat(FloatToBf16(static_cast<float>(v)))) : v;
+    };
     std::vector<double> act(inter), y(hidden, 0.0);
     for (int64_t i = 0; i < inter; ++i) {
       double g = 0, u = 0;
       for (int64_t c = 0; c < hidden; ++c) {
-        g += static_cast<double>(gate_up[i * (hidden + 2) + c]) * x[c];
-        u += static_cast<double>(gate_up[(inter + i) * (hidden + 2) + c]) * x[c];
+        g += static_cast<double>(gate_up[i * (hidden + 2) + c]) * round(x[c]);
+        u += static_cast<double>(gate_up[(inter + i) * (hidden + 2) + c]) * round(x[c]);
       }
-      act[i] = g / (1 + std::exp(-g)) * u;
+      act[i] = round(g / (1 + std::exp(-g)) * u);
     }
     for (int64_t r = 0; r < hidden; ++r) {
       for (int64_t i = 0; i < inter; ++i) y[r] += down[r * (inter + 2) + i] * act[i];
@@ -497,6 +501,50 @@ TEST(CpuBackendMoeExpertsTest, MatchesDenseLoop) {
       }
     }
   }
+}
+
+// ExpertWeights::bf16_activations: that expert's products see x and its activation rounded to bf16;
+// the others' do not. The rounding is visible (the unrounded sums differ by far more than the
+// tolerance).
+TEST(CpuBackendMoeExpertsTest, Bf16ActivationsRoundXAndTheActivationOfThatExpertOnly) {
+  CpuBackend backend;
+  std::mt19937 rng(53);
+  const int64_t hidden = 24, inter = 10, tokens = 3, k = 2;
+  std::vector<Expert> experts;
+  for (int e = 0; e < 3; ++e) experts.emplace_back(hidden, inter, rng);
+  std::vector<ExpertWeights> views;
+  for (Expert& e : experts) views.push_back(e.views());
+  views[1].bf16_activations = true;
+  std::vector<float> x(tokens * hidden);
+  for (float& v : x) v = std::normal_distribution<float>()(rng);
+  std::vector<int32_t> ids = {1, 0, 2, 1, 0, 2};
+  std::vector<float> weights = {0.7f, 0.3f, 0.5f, 0.5f, 1.0f, -0.25f};
+  std::vector<float> out(tokens * hidden, kNaN);
+  ASSERT_TRUE(backend
+                  .MoeExperts(TensorView(x.data(), DType::kF32, Shape{tokens, hidden}),
+                              TensorView(ids.data(), DType::kI32, Shape{tokens, k}),
+                              TensorView(weights.data(), DType::kF32, Shape{tokens, k}), views,
+                              TensorView(out.data(), DType::kF32, Shape{tokens, hidden}), false)
+                  .ok());
+  double rounding_seen = 0.0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> expected(hidden, 0.0), unrounded(hidden, 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[t * k + j];
+      const std::vector<double> y = experts[e].Apply(&x[t * hidden], e == 1);
+      const std::vector<double> plain = experts[e].Apply(&x[t * hidden]);
+      for (int64_t c = 0; c < hidden; ++c) {
+        expected[c] += weights[t * k + j] * y[c];
+        unrounded[c] += weights[t * k + j] * plain[c];
+      }
+    }
+    for (int64_t c = 0; c < hidden; ++c) {
+      ASSERT_NEAR(out[t * hidden + c], expected[c], 1e-5 * (1 + std::abs(expected[c])))
+          << "out[" << t << ", " << c << "]";
+      rounding_seen = std::max(rounding_seen, std::abs(unrounded[c] - expected[c]) / (1 + std::abs(expected[c])));
+    }
+  }
+  EXPECT_GT(rounding_seen, 1e-4) << "the rounding changed nothing measurable: the test could not tell";
 }
 
 TEST(CpuBackendMoeExpertsTest, RejectsBadOperandsWithoutWriting) {

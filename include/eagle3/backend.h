@@ -57,6 +57,11 @@ enum class RopeStyle {
 struct ExpertWeights {
   TensorView gate_up;  // [2 * I, H]: gate_proj rows, then up_proj rows
   TensorView down;     // [H, I]
+  // x and this expert's activation silu(gate x) * up x are rounded to bf16 (nearest, ties to even)
+  // before their products, as Gemm rounds f32 activations against bf16 weights. Set for a dense
+  // layer's shared experts joined to its routed ones (FeedForwardBlock), so that the joined form
+  // computes what their own MLP computes, up to summation order. Routed experts keep x unrounded.
+  bool bf16_activations = false;
 };
 
 // One routed expert's weights on this rank kept in a checkpoint's quantized form (FP8 block-scaled

@@ -7,6 +7,7 @@
 
 #include "cpu/cpu_backend_internal.h"
 #include "eagle3/cpu/cpu_backend.h"
+#include "eagle3/half.h"
 #include "eagle3/status.h"
 
 namespace eagle3::cpu {
@@ -158,20 +159,28 @@ absl::Status CpuBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   EAGLE3_RETURN_IF_ERROR(CheckExpertIds(op, ids, static_cast<int64_t>(experts.size())));
   const int64_t hidden = x.dim(1);
   const int64_t inter = experts.empty() ? 0 : experts[0].down.dim(1);
-  float* gate_up = Scratch(3 * inter);  // [gate | up], then the activation
+  float* gate_up = Scratch(3 * inter + hidden);  // [gate | up], the activation, x rounded
   float* act = gate_up + 2 * inter;
+  float* x_rounded = act + inter;
+  const auto round = [](float v) { return Bf16ToFloat(FloatToBf16(v)); };
   for (int64_t t = 0; t < tokens; ++t) {
     const ConstVectorMap xt(Row(x, t), hidden);
+    for (int64_t h = 0; h < hidden; ++h) x_rounded[h] = round(xt[h]);
     VectorMap o(Row(out, t), hidden);
     if (!accumulate) o.setZero();  // out is write-only then: stale NaNs must not leak in
     const int32_t* id = ids.data_as<const int32_t>() + t * ids.stride(0);
     const float* w = Row(weights, t);
     for (int64_t j = 0; j < k; ++j) {
       const ExpertWeights& e = experts[id[j]];
-      VectorMap(gate_up, 2 * inter).noalias() = MatrixOf(e.gate_up) * xt;
+      if (e.bf16_activations) {
+        VectorMap(gate_up, 2 * inter).noalias() = MatrixOf(e.gate_up) * ConstVectorMap(x_rounded, hidden);
+      } else {
+        VectorMap(gate_up, 2 * inter).noalias() = MatrixOf(e.gate_up) * xt;
+      }
       for (int64_t i = 0; i < inter; ++i) {
         const float g = gate_up[i];
         act[i] = g / (1.0f + std::exp(-g)) * gate_up[inter + i];
+        if (e.bf16_activations) act[i] = round(act[i]);
       }
       o.noalias() += w[j] * (MatrixOf(e.down) * ConstVectorMap(act, inter));
     }

@@ -8,6 +8,7 @@
 // expert outputs within 1e-5 relative (RelError: max |diff| / max |cpu|), fp32 dot products of up
 // to 7168 terms summed in different orders.
 #include <algorithm>
+#include <cstdio>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -635,6 +636,30 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackendMoeExpertsShapeTest, ::testing::Valu
                          ExpertsCaseName);
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaBackendMoePerPairShapeTest, ::testing::ValuesIn(kExpertsCases),
                          ExpertsCaseName);
+
+// Experts with bf16_activations (a dense layer's shared experts joined to its routed ones) round x
+// and their activation on both backends, the others do not; 64 tokens, which would take the grouped
+// path, take the per-pair one. Against the CPU with the flags cleared the difference is the
+// rounding's, far above the tolerance: the test sees whether the GPU rounds.
+TEST_F(CudaBackendMoeExpertsTest, Bf16ActivationsRoundOnBothBackends) {
+  Experts experts = MakeExperts(6, 96, 24, 4, 70);
+  for (const size_t e : {size_t{1}, size_t{4}}) {
+    experts.host[e].bf16_activations = true;
+    experts.device[e].bf16_activations = true;
+  }
+  for (const int64_t tokens : {1, 5, 64}) {
+    SCOPED_TRACE(::testing::Message() << "T = " << tokens);
+    Tensor ids, weights;
+    MakeRouting(tokens, 4, 6, 71 + tokens, &ids, &weights);
+    const double error = RunBoth(experts, tokens, 96, ids, weights, false, 72);
+    EXPECT_LE(error, 1e-4);
+    Experts unflagged = MakeExperts(6, 96, 24, 4, 70);  // the same weights, no flags on the CPU
+    unflagged.device = experts.device;
+    const double rounding = RunBoth(unflagged, tokens, 96, ids, weights, false, 72);
+    std::printf("  T = %lld: GPU vs CPU %.2e, flagged vs not %.2e\n", static_cast<long long>(tokens), error, rounding);
+    EXPECT_GT(rounding, 10 * error);
+  }
+}
 
 // No atomics: the same call gives bitwise the same output.
 TEST_F(CudaBackendMoeExpertsTest, Reproducible) {
