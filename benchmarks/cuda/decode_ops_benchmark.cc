@@ -262,7 +262,7 @@ void MoeArgs(benchmark::internal::Benchmark* bm) {
     bm->ArgsProduct({{0, 1, 2, 3}, {1, 16}, {0, 1}});
     bm->ArgsProduct({{0, 1, 2, 3}, {64}, {0}});
   } else {
-    bm->ArgsProduct({{0, 1, 2, 3}, {1, 4, 16}, {0, 1}});
+    bm->ArgsProduct({{0, 1, 2, 3}, {1, 4, 8, 16}, {0, 1}});
     bm->ArgsProduct({{0, 1, 2, 3}, {64, 256, 512, 2048}, {0}});
   }
 }
