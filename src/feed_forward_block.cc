@@ -181,10 +181,10 @@ namespace {
 // reading the expert's weights), so a shared expert, which every row takes, would be read once per
 // batch, where its own products read it once per pass of up to 32 rows.
 constexpr int64_t kSharedJoinMaxTokens = 32;
-// The same for dense shared experts (LoadDenseShared). The dense op's decode path reads an expert's
-// weights once per (row, slot), so a joined shared expert is read once per row: it pays at a few
-// rows and loses by 16 (benchmarks/NOTES.md, BM_MoeDecode join).
-constexpr int64_t kDenseSharedJoinMaxTokens = 4;
+// The same for dense shared experts (LoadDenseShared). The dense op's decode path names an expert's
+// weights once per (row, slot), so a joined shared expert is named once per row; the repeats come
+// from L2, and the join pays up to 8 rows and not by 16 (benchmarks/NOTES.md, BM_MoeDecode join).
+constexpr int64_t kDenseSharedJoinMaxTokens = 8;
 
 // Whether `shared` can be one more expert of the routed ones' op: the same format, block sizes,
 // scale dtype and shape.

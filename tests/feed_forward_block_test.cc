@@ -1,6 +1,6 @@
 // FeedForwardBlock's MoE on its own (CPU reference backend): dense shared experts of
 // n_shared_experts x the routed experts' width join the routed experts' op as that many experts (one
-// slice of their intermediate dim each) up to 4 rows, and run as one MLP whose gate_up rows are
+// slice of their intermediate dim each) up to 8 rows, and run as one MLP whose gate_up rows are
 // interleaved by slice past that; both give the block's math as written here from the checkpoint's
 // tensors (the routing through the backend's MoeRoute, the authority on it), at TP 1 and summed
 // over TP 2 ranks.
@@ -143,8 +143,8 @@ TEST_F(FeedForwardBlockTest, DenseSharedExpertsJoinAsSlicesAndRunAsOneMlpPastThe
     }
     auto ws = FeedForwardWorkspace::Create(ffn, tp, kMaxRows, backend);
     ASSERT_TRUE(ws.ok()) << ws.status();
-    // 1 and 4 rows: joined; 5, 33 and 40: the shared MLP on its own.
-    for (const int64_t t : {int64_t{1}, int64_t{4}, int64_t{5}, int64_t{33}, int64_t{40}}) {
+    // 1 and 8 rows: joined; 9, 33 and 40: the shared MLP on its own.
+    for (const int64_t t : {int64_t{1}, int64_t{8}, int64_t{9}, int64_t{33}, int64_t{40}}) {
       std::vector<double> got(static_cast<size_t>(t * h), 0.0);
       for (const FeedForwardBlock& block : ranks) {
         std::vector<float> part(static_cast<size_t>(t * h));
