@@ -85,9 +85,10 @@ __device__ __forceinline__ float4 RoundQuadToBf16(float4 q) {
 
 // dots[r] = rows[r][0, n) . v[0, n) for R rows by one warp, in a fixed order (reproducible); every
 // lane gets the results. W is the weight storage: float, or uint16_t holding bf16 (widened to f32
-// exactly; v stays f32, in global or shared memory, rounded to bf16 as it is read with round_v). 16-byte loads of the rows (4 floats or 8 bf16, and the matching floats of
-// v) when every pointer is 16-byte aligned and n is a multiple of that; products are summed in
-// groups of 4 before they join the lane's accumulator.
+// exactly); v stays f32, in global or shared memory, rounded to bf16 as it is read with round_v.
+// 16-byte loads of the rows (4 floats or 8 bf16, and the matching floats of v) when every pointer
+// is 16-byte aligned and n is a multiple of that; products are summed in groups of 4 before they
+// join the lane's accumulator.
 template <int R, typename W>
 __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, int lane,
                          float (&dots)[R], bool round_v = false) {
