@@ -429,9 +429,9 @@ constexpr int kGemvWarps = 8;  // output rows per block, one warp each
 constexpr int64_t kMaxGridY = 65535;
 
 // act[t, j, i] = silu(gate_e[i] . x[t]) * (up_e[i] . x[t]) for slot (t, j) = blockIdx.x and rows
-// i of blockIdx.y. With `stage_x` the block first copies x[t] into shared memory (hidden floats,
-// 16-byte aligned rows): its eight warps then read it there, not each from L2, which at decode
-// moves as many bytes as the weights do.
+// i of blockIdx.y; for an expert flagged bf16_activations, x and act rounded to bf16. With
+// `stage_x` the block first copies x[t] into shared memory (hidden floats, 16-byte aligned rows):
+// its eight warps then read it there instead of each loading all of it.
 template <typename W>
 __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
                              const int32_t* __restrict__ ids, int64_t ids_stride,
