@@ -8,7 +8,7 @@
 
 #include "core_ops.h"
 // The inline-PTX wrappers (MmaBf16, cp.async, ...): included here too because gemv_kernels.cu and
-// moe_kernels.cu reach MmaBf16 through this header.
+// moe_grouped_kernels.cu reach MmaBf16 through this header.
 #include "ptx.cuh"
 
 namespace eagle3::cuda {

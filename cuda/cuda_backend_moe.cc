@@ -1,5 +1,6 @@
-// CudaBackend: DeepSeek MoE routing and routed experts (kernels in moe_kernels.cu). Everything f32,
-// except that the routed experts' weights may all be bf16 instead (x, weights, out stay f32).
+// CudaBackend: DeepSeek MoE routing and routed experts (kernels in moe_route_kernels.cu,
+// moe_experts_kernels.cu and moe_grouped_kernels.cu). Everything f32, except that the routed
+// experts' weights may all be bf16 instead (x, weights, out stay f32).
 //
 // Data-dependent errors. The CPU reference checks logits, biases and expert ids before it writes
 // anything. Here they live on the device: the kernels check them as they go, leave the offending
