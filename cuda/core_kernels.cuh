@@ -1,7 +1,9 @@
 // Device helpers shared by the CUDA backend's kernels: the device error flag protocol and
-// block-wide reductions, an order-preserving float key. No abseil here: nvcc must never see it.
+// block-wide reductions, an order-preserving float key, bf16 rounding, alignment. No abseil here:
+// nvcc must never see it.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <math_constants.h>
 
 #include <cstdint>
@@ -42,6 +44,12 @@ __device__ inline uint32_t OrderedKey(float v) {
   const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
   return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
 }
+
+// v rounded to bf16 (nearest, ties to even) and widened back: the value a bf16 operand holds.
+__device__ __forceinline__ float RoundToBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Whether p may be read with 16-byte vector loads or copies.
+__device__ __forceinline__ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 __device__ inline float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

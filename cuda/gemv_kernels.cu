@@ -135,7 +135,7 @@ __device__ __forceinline__ void ChunkFma(const Chunk<W>& w, const float4* tile, 
 constexpr int kStageElements = 16;
 
 __device__ __forceinline__ float StagedValue(const GemvArgs& p, float v) {
-  return p.round_a ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+  return p.round_a ? RoundToBf16(v) : v;
 }
 
 // Elements k .. k + kUnit - 1 of activation row m (zeros past the end of the row, and for m >= M): one

@@ -15,10 +15,6 @@ namespace {
 
 constexpr int kWarpSize = 32;
 
-__device__ __forceinline__ bool Aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
 // kVec weights from 16 bytes at chunk i of a 16-byte aligned row, as floats.
 __device__ __forceinline__ void LoadChunk(const float* row, int64_t i, float (&w)[4]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(row) + i);
@@ -41,7 +37,6 @@ __device__ __forceinline__ float LoadWeight(const uint16_t* row, int64_t i) {
   return __uint_as_float(static_cast<uint32_t>(__ldg(row + i)) << 16);
 }
 
-__device__ __forceinline__ float RoundToBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float4 RoundQuadToBf16(float4 q) {
   return make_float4(RoundToBf16(q.x), RoundToBf16(q.y), RoundToBf16(q.z), RoundToBf16(q.w));
 }

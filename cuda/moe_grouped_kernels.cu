@@ -19,10 +19,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpSize = 32;
 constexpr int64_t kMaxGridY = 65535;
 
-__device__ __forceinline__ bool Aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
 // ---- Grouped routed experts ----------------------------------------------------------------
 //
 // One round per chunk of tokens: MoeGroupKernel sorts the chunk's (token, slot) pairs by expert and

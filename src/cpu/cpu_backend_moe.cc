@@ -163,9 +163,13 @@ absl::Status CpuBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   float* act = gate_up + 2 * inter;
   float* x_rounded = act + inter;
   const auto round = [](float v) { return Bf16ToFloat(FloatToBf16(v)); };
+  const bool any_rounded =
+      std::any_of(experts.begin(), experts.end(), [](const ExpertWeights& e) { return e.bf16_activations; });
   for (int64_t t = 0; t < tokens; ++t) {
     const ConstVectorMap xt(Row(x, t), hidden);
-    for (int64_t h = 0; h < hidden; ++h) x_rounded[h] = round(xt[h]);
+    if (any_rounded) {
+      for (int64_t h = 0; h < hidden; ++h) x_rounded[h] = round(xt[h]);
+    }
     VectorMap o(Row(out, t), hidden);
     if (!accumulate) o.setZero();  // out is write-only then: stale NaNs must not leak in
     const int32_t* id = ids.data_as<const int32_t>() + t * ids.stride(0);
