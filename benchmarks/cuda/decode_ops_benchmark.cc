@@ -255,8 +255,8 @@ void BM_MoeDecode(benchmark::State& state) {
   ReportRoofline(state, seconds, bytes, flops);
 }
 
-// join 1: the shared experts joined to the routed ones, as FeedForwardBlock runs dense ones up to 4 rows;
-// join 0: their own MLP, as past that (both forms at 1, 4 and 16 rows, for the A/B).
+// join 1: the shared experts joined to the routed ones, as FeedForwardBlock runs dense ones up to 8 rows;
+// join 0: their own MLP, as past that (both forms at 1, 4, 8 and 16 rows, for the A/B).
 void MoeArgs(benchmark::internal::Benchmark* bm) {
   if (Quick()) {
     bm->ArgsProduct({{0, 1, 2, 3}, {1, 16}, {0, 1}});

@@ -205,6 +205,9 @@ TEST_F(CudaQuantizedGemmTest, TileQuantizedCodesMatchesTheHostTiler) {
     ASSERT_TRUE(cpu_.TileQuantizedCodes(host, want).ok());
     Tensor d_tiles = *Tensor::Empty(host.codes.dtype(), shape, gpu_->allocator());
     ASSERT_EQ(cudaMemset(d_tiles.data(), 0xab, d_tiles.nbytes()), cudaSuccess);
+    // cudaMemset is asynchronous and the backend's stream is non-blocking: without this wait the
+    // marker could land after the tiler's stores.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const absl::Status status = gpu_->TileQuantizedCodes(d.view, d_tiles);
     ASSERT_TRUE(status.ok()) << status;
     const Tensor got = Download(d_tiles);
