@@ -171,8 +171,11 @@ const MoeWeights& Weights(int64_t id) {
     }
     w->joined = w->table;
     for (int64_t i = 0; i < w->shared_slices; ++i) {
+      // Flagged as FeedForwardBlock flags bf16 shared slices (ExpertWeights::bf16_activations):
+      // their x and activation rounded, and the grouped path not taken.
       w->joined.push_back({w->shared_gate_up.view().Narrow(0, 2 * i * m.inter, 2 * m.inter),
-                           w->shared_down.view().Narrow(1, i * m.inter, m.inter)});
+                           w->shared_down.view().Narrow(1, i * m.inter, m.inter),
+                           /*bf16_activations=*/kExpertDtype == DType::kBF16});
     }
   }
   return *w;
