@@ -16,7 +16,8 @@
 //  - expert pointer tables (State::moe_tables): the experts span is host memory, so its device
 //    pointers and row strides are copied to a device table of max_experts entries (16 KiB at 512).
 //    Tables are cached by content, one per distinct expert set (each MoE layer of a model keeps
-//    its own), up to kMaxExpertTables; a call whose set is cached uploads nothing. A new set costs
+//    its own), up to kMaxExpertTables; a call whose set is cached, or is the leading entries of a
+//    cached set, uploads nothing. A new set costs
 //    one small host -> device copy (into a new table, or over the least recently used one once the
 //    cache is full; the copy is stream-ordered after the kernels that read the old contents).
 //  - grouped-path workspace (State::moe_grouped_scratch; calls with many tokens, see
@@ -70,12 +71,16 @@ struct MoeTableCache {
 // Distinct expert sets kept on the device (a model's MoE layers, across models on this backend).
 constexpr size_t kMaxExpertTables = 256;
 
-bool SameTable(const std::vector<MoeExpertPointers>& a, const std::vector<MoeExpertPointers>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].gate_up != b[i].gate_up || a[i].down != b[i].down ||
-        a[i].gate_up_stride != b[i].gate_up_stride || a[i].down_stride != b[i].down_stride ||
-        a[i].bf16_activations != b[i].bf16_activations) {
+// Whether `cached` serves a call naming `wanted`: the same entries, or more after them (the kernels
+// never read past the call's expert count, so a layer's routed experts alone use the table of the
+// routed and joined shared experts it also runs, without an upload, e.g. under a graph capture).
+bool TableServes(const std::vector<MoeExpertPointers>& cached, const std::vector<MoeExpertPointers>& wanted) {
+  if (cached.size() < wanted.size()) return false;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const MoeExpertPointers& a = cached[i];
+    const MoeExpertPointers& b = wanted[i];
+    if (a.gate_up != b.gate_up || a.down != b.down || a.gate_up_stride != b.gate_up_stride ||
+        a.down_stride != b.down_stride || a.bf16_activations != b.bf16_activations) {
       return false;
     }
   }
@@ -111,7 +116,7 @@ absl::StatusOr<const MoeExpertPointers*> ExpertTable(CudaBackend::State& state,
   ++cache.clock;
   MoeTableCache::Table* lru = nullptr;
   for (MoeTableCache::Table& table : cache.tables) {
-    if (SameTable(table.host, cache.wanted)) {
+    if (TableServes(table.host, cache.wanted)) {
       table.last_use = cache.clock;
       return table.device;
     }

@@ -385,18 +385,29 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   // The shared experts join the routed ones up to kSharedJoinMaxTokens rows: every row's slots after
   // its top_k (weight 1: the workspace's extra columns), added after the routed slots in the op's
   // one sum.
-  const bool join =
-      shared_slots_ > 0 && t <= (quantized_experts_.empty() ? kDenseSharedJoinMaxTokens : kSharedJoinMaxTokens);
+  const bool join = SharedJoins(t);
   const int64_t slots = k + (join ? shared_slots_ : 0);
   const TensorView ids_t = Block(ws.ids, 0, t, 0, slots), w_t = Block(ws.weights, 0, t, 0, slots);
   if (quantized_experts_.empty()) {
-    EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, experts_, out, /*accumulate=*/false));
+    EAGLE3_RETURN_IF_ERROR(backend_->MoeExperts(x, ids_t, w_t, DenseExpertsFor(t), out, /*accumulate=*/false));
   } else {
     EAGLE3_RETURN_IF_ERROR(backend_->QuantizedMoeExperts(x, ids_t, w_t, quantized_experts_, out, /*accumulate=*/false));
   }
   // Otherwise the shared MLP joins the routed output before the one reduction that follows.
   if (shared_.inter > 0 && !join) return SiluMlp(x, shared_, 1.0f, ws, out);
   return absl::OkStatus();
+}
+
+bool FeedForwardBlock::SharedJoins(int64_t rows) const {
+  return shared_slots_ > 0 &&
+         rows <= (quantized_experts_.empty() ? kDenseSharedJoinMaxTokens : kSharedJoinMaxTokens);
+}
+
+std::span<const ExpertWeights> FeedForwardBlock::DenseExpertsFor(int64_t rows) const {
+  const std::span<const ExpertWeights> all(experts_);
+  // Quantized experts keep their joined shared expert in quantized_experts_: experts_ is empty then.
+  if (!quantized_experts_.empty() || SharedJoins(rows)) return all;
+  return all.first(all.size() - static_cast<size_t>(shared_slots_));
 }
 
 }  // namespace eagle3

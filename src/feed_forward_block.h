@@ -110,6 +110,14 @@ class FeedForwardBlock {
   absl::Status Forward(const TensorView& x, FeedForwardWorkspace& ws, const TensorView& out,
                        std::span<const TensorView> prefetch = {}) const;
 
+  // Whether the shared experts join the routed experts' op in a call of `rows` rows.
+  bool SharedJoins(int64_t rows) const;
+  // The dense expert table Forward passes to MoeExperts for `rows` rows: the routed experts, then
+  // the shared slices while they join. Past the join the slices are left out, so that their
+  // bf16_activations flags do not keep the routed call off a backend's faster path for many rows
+  // (CudaBackend runs a call naming a flagged expert per pair).
+  std::span<const ExpertWeights> DenseExpertsFor(int64_t rows) const;
+
   // The weights every token of a step reads, in the order Forward reads them (the router and its
   // bias, the shared MLP; a dense block's MLP), appended to `out`: what a step prefetches for this
   // block while its attention runs. The routed experts are known only once routed.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "eagle3/cpu/cpu_backend.h"
 #include "eagle3/deepseek_v2_config.h"
 #include "eagle3/deepseek_v2_weights.h"
+#include "eagle3/dtype.h"
 #include "eagle3/detail/quantized_weights.h"
 #include "eagle3/testing/random_checkpoint.h"
 #include "gtest/gtest.h"
@@ -160,6 +162,39 @@ TEST_F(FeedForwardBlockTest, DenseSharedExpertsJoinAsSlicesAndRunAsOneMlpPastThe
         scale = std::max(scale, std::fabs(want[i]));
       }
       EXPECT_LT(diff / scale, 1e-5) << "tp " << tp << ", rows " << t;
+    }
+  }
+}
+
+// The table Forward hands the routed experts' op: while the shared experts join (up to 8 rows) the
+// routed experts and then the shared slices, flagged bf16_activations where the weights are bf16;
+// past the join the routed experts alone, so that no flagged expert keeps a many-row call off a
+// backend's faster path (CudaBackend runs a call naming a flagged expert per pair).
+TEST_F(FeedForwardBlockTest, ExpertTableHoldsTheSharedSlicesOnlyWhileTheyJoin) {
+  const FeedForwardConfig ffn = FeedForwardConfig::ForTargetLayer(config_, 1);
+  const std::string prefix = "model.layers.1.mlp.";
+  const std::vector<WeightSpec> specs = ffn.Weights(prefix);
+  cpu::CpuBackend backend;
+  const size_t routed = static_cast<size_t>(ffn.n_routed_experts);
+  const size_t slots = static_cast<size_t>(ffn.n_shared_experts);
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    WeightLoader loader(*checkpoint_, config_.quantization, specs, StoredForms(config_, specs), 1, 0, backend);
+    auto block = FeedForwardBlock::Load(ffn, prefix, dtype, loader);
+    ASSERT_TRUE(block.ok()) << block.status();
+    for (const int64_t rows : {int64_t{1}, int64_t{8}}) {
+      EXPECT_TRUE(block->SharedJoins(rows)) << rows;
+      const std::span<const ExpertWeights> table = block->DenseExpertsFor(rows);
+      ASSERT_EQ(table.size(), routed + slots) << rows;
+      for (size_t e = 0; e < table.size(); ++e) {
+        EXPECT_EQ(table[e].bf16_activations, dtype == DType::kBF16 && e >= routed) << rows << " rows, expert " << e;
+      }
+    }
+    for (const int64_t rows : {int64_t{9}, int64_t{40}}) {
+      EXPECT_FALSE(block->SharedJoins(rows)) << rows;
+      const std::span<const ExpertWeights> table = block->DenseExpertsFor(rows);
+      ASSERT_EQ(table.size(), routed) << rows;
+      for (const ExpertWeights& e : table) EXPECT_FALSE(e.bf16_activations) << rows;
     }
   }
 }

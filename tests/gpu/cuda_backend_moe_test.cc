@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "eagle3/cuda/cuda_backend.h"
+#include "eagle3/cuda/cuda_graph.h"
 #include "eagle3/moe_routing.h"
 #include "gmock/gmock.h"
 #include "gpu/parity_util.h"
@@ -659,6 +660,46 @@ TEST_F(CudaBackendMoeExpertsTest, Bf16ActivationsRoundOnBothBackends) {
     std::printf("  T = %lld: GPU vs CPU %.2e, flagged vs not %.2e\n", static_cast<long long>(tokens), error, rounding);
     EXPECT_GT(rounding, 10 * error);
   }
+}
+
+// A call naming the leading entries of a cached expert set (a layer's routed experts without its
+// joined shared slices, as FeedForwardBlock passes past the join) uses that set's device table: it
+// uploads nothing, so it records under a graph capture once the whole set has run (a new set would
+// be refused there), and the replay computes the routed experts' sum.
+TEST_F(CudaBackendMoeExpertsTest, LeadingEntriesOfACachedSetRunUnderCapture) {
+  const int64_t hidden = 64, inter = 16, routed = 6, tokens = 5, k = 3;
+  Experts all = MakeExperts(routed + 2, hidden, inter, 0, 80);
+  for (const size_t e : {size_t{6}, size_t{7}}) {  // the shared slices
+    all.host[e].bf16_activations = true;
+    all.device[e].bf16_activations = true;
+  }
+  Tensor ids, weights;
+  MakeRouting(tokens, k, routed, 81, &ids, &weights);
+  EXPECT_LE(RunBoth(all, tokens, hidden, ids, weights, false, 82), kExpertTolerance);  // uploads the set
+
+  Experts prefix;
+  prefix.host.assign(all.host.begin(), all.host.begin() + routed);
+  prefix.device.assign(all.device.begin(), all.device.begin() + routed);
+  const Tensor x = Random(Shape{tokens, hidden}, 83);
+  const Tensor device_x = Upload(x), device_ids = Upload(ids), device_weights = Upload(weights);
+  Tensor device_out = *Tensor::Empty(DType::kF32, Shape{tokens, hidden}, gpu_->allocator());
+  auto graph = cuda::CudaGraph::Capture(gpu_->stream(), [&] {
+    return gpu_->MoeExperts(device_x, device_ids, device_weights, prefix.device, device_out, false);
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE((*graph)->Launch(gpu_->stream()).ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  Tensor want = *Tensor::Empty(DType::kF32, Shape{tokens, hidden});
+  ASSERT_TRUE(cpu_.MoeExperts(x, ids, weights, prefix.host, want, false).ok());
+  EXPECT_LE(RelError(Download(device_out), want), kExpertTolerance);
+
+  // A set that only shares a prefix with the cached one is new: refused under capture.
+  Experts other = MakeExperts(routed, hidden, inter, 0, 84);
+  other.device.front() = all.device.front();
+  auto refused = cuda::CudaGraph::Capture(gpu_->stream(), [&] {
+    return gpu_->MoeExperts(device_x, device_ids, device_weights, other.device, device_out, false);
+  });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
 }
 
 // No atomics: the same call gives bitwise the same output.
