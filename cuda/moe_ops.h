@@ -177,19 +177,19 @@ inline MoeGroupedWorkspace MoeGroupedWorkspaceAt(void* buffer, int64_t max_pairs
 }
 
 // Whether the grouped path should run a call (and can: 1 <= num_experts <= kMoeGroupedMaxExperts,
-// top_k, hidden and inter >= 1): from tokens * top_k >= 2 E pairs (and 8 tokens) on. Per-pair reads
-// tokens * top_k expert weight sets, grouped the distinct experts touched (about
-// E (1 - exp(-pairs / E)) of them), but pays a grouping round and tile padding. Measured on the
-// H200 (BM_MoeDecode, graph-timed, benchmarks/NOTES.md): at 0.5-0.6 E pairs (16 tokens of V3, V2,
-// V2-Lite) grouped took 1.5-2x the per-pair time; at 2-6 E pairs (64 tokens of V3, V2, V2-Lite)
-// 0.6-0.9x; K2 at 64 tokens (1.3 E pairs) was even. Between, per-pair is kept.
+// top_k, hidden and inter >= 1): from tokens * top_k >= 2 E pairs and 40 tokens on. Per-pair reads
+// tokens * top_k expert weight sets (repeats mostly from L2), grouped the distinct experts touched
+// (about E (1 - exp(-pairs / E)) of them), but pays a grouping round and tile padding. Both bounds
+// are where the measurements put the switch (benchmarks/NOTES.md, "grouped path"): below 2 E pairs
+// the narrow TP 8 ranks' experts favour per-pair, and wide experts (V2-Lite at TP 1, whose per-pair
+// rows fill the GPU) keep per-pair ahead at 32 tokens though they reach 3 E pairs there.
 inline bool MoeExpertsUseGrouped(int64_t tokens, int64_t top_k, int64_t num_experts,
                                  int64_t hidden, int64_t inter) {
   if (top_k < 1 || hidden < 1 || inter < 1 || num_experts < 1 ||
       num_experts > kMoeGroupedMaxExperts) {
     return false;
   }
-  return tokens >= 8 && tokens * top_k >= 2 * num_experts;
+  return tokens >= 40 && tokens * top_k >= 2 * num_experts;
 }
 
 // The op of LaunchMoeExperts on the grouped path (any token count; MoeExpertsUseGrouped says when

@@ -297,7 +297,11 @@ TEST(MoeExpertsUseGroupedTest, SwitchPoint) {
   EXPECT_TRUE(cuda::MoeExpertsUseGrouped(54, 6, 160, 5120, 192));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(53, 6, 160, 5120, 192));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 8, 384, 7168, 256));  // K2: 512 pairs < 2 E
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(32, 6, 64, 2048, 1408));  // V2-Lite: 192 pairs, < 40 tokens
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(39, 6, 64, 2048, 1408));
+  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(40, 6, 64, 2048, 1408));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(7, 3, 7, 72, 40));  // tiny token counts stay per pair
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(39, 3, 7, 72, 40));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 0, 7, 72, 40));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 3, 7, 72, 0));
   EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 3, cuda::kMoeGroupedMaxExperts + 1, 72, 40));
