@@ -79,9 +79,16 @@ def parse_name(run_name):
     return parts[0], params
 
 
+# Arguments that pick how a benchmark computes a shape, not the shape: a peer row (which has no such
+# argument) joins every form. BM_MoeDecode's join: the shared experts joined to the routed experts'
+# op or run as their own MLP, the same MoE layer either way (benchmarks/peers/moe_peer.py).
+FORM_ARGS = {"BM_MoeDecode": ("join",)}
+
+
 def join_key(bench, params):
     """The key a peer row and a C++ row share: the benchmark and its shape arguments."""
-    return (bench, tuple(sorted((k, v) for k, v in params.items() if k not in RUN_SETTINGS)))
+    skip = RUN_SETTINGS + FORM_ARGS.get(bench, ())
+    return (bench, tuple(sorted((k, v) for k, v in params.items() if k not in skip)))
 
 
 def load_benchmarks(indir):

@@ -11,7 +11,7 @@ with exit status 2 and a message naming the directory and the binary. The summar
 targets open the page, before the runs and tables, each case's figure, fraction of the floor and peer
 read from the runs and its goal evaluated; hand-measured cases and end-to-end tables as written; a case
 whose row is absent says so; a malformed targets file stops with exit status 2. Model ids of the step
-and MoE benchmarks are shown by name; the notes file is linked, never copied in; the header names the
+and MoE benchmarks are shown by name; a peer joins every form of its shape (BM_MoeDecode's join); the notes file is linked, never copied in; the header names the
 command that regenerates the page.
 """
 import json
@@ -234,6 +234,19 @@ class MakeResultsTest(unittest.TestCase):
         moe = self.table_rows(text, "BM_MoeDecode")
         self.assertEqual(moe[0][:3], ["v2lite-tp1", "4", "130"])  # the name replaces both the id and the label
         self.assertNotIn("| label |", text)
+
+    def test_a_peer_joins_every_form_of_its_shape(self):
+        run = os.path.join(self.dir, "2026-01-04-h200")
+        write_run(run, {"decode_ops_benchmark": [
+            row("BM_MoeDecode/model:2/tokens:1/join:0", 60.0, 30.0),
+            row("BM_MoeDecode/model:2/tokens:1/join:1", 50.0, 30.0)]},
+            peers=[{"benchmark": "BM_MoeDecode", "params": {"model": 2, "tokens": 1}, "peer": "torch", "us": 500.0}])
+        proc, text = self.run_tool(run)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        moe = self.table_rows(text, "BM_MoeDecode")
+        self.assertEqual(len(moe), 2)
+        for r in moe:
+            self.assertIn("500", r, r)
 
 
 if __name__ == "__main__":
