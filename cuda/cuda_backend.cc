@@ -152,6 +152,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         "CudaBackend: max_rows (", options.max_rows, "), max_context_len (",
         options.max_context_len, ") and max_experts (", options.max_experts, ") must be >= 1"));
   }
+  if (options.moe_grouped_min_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaBackend: moe_grouped_min_tokens (",
+                                                   options.moe_grouped_min_tokens, ") must be >= 1"));
+  }
   auto state = std::make_unique<State>();
   state->options = options;
   state->allocator = DeviceAllocator(options.device);

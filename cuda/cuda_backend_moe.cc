@@ -306,7 +306,8 @@ absl::Status CudaBackend::MoeExperts(const TensorView& x, const TensorView& ids,
   const bool any_bf16_activations = std::any_of(experts.begin(), experts.end(),
                                                 [](const ExpertWeights& e) { return e.bf16_activations; });
   if (s.options.moe_grouped_experts && !any_bf16_activations &&
-      MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter)) {
+      MoeExpertsUseGrouped(tokens, top_k, num_experts, hidden, inter,
+                           s.options.moe_grouped_min_tokens)) {
     EAGLE3_ASSIGN_OR_RETURN(const MoeGroupedWorkspace workspace,
                             GroupedWorkspace(s, top_k, hidden));
     const int64_t chunk = std::min(tokens, workspace.max_pairs / top_k);

@@ -266,7 +266,8 @@ void MoeArgs(benchmark::internal::Benchmark* bm) {
     bm->ArgsProduct({{0, 1, 2, 3}, {64}, {0}});
   } else {
     bm->ArgsProduct({{0, 1, 2, 3}, {1, 4, 8, 16}, {0, 1}});
-    bm->ArgsProduct({{0, 1, 2, 3}, {64, 256, 512, 2048}, {0}});
+    // Around the grouped path's switch (MoeExpertsUseGrouped: 40 tokens and 2 E pairs).
+    bm->ArgsProduct({{0, 1, 2, 3}, {24, 32, 40, 48, 64, 256, 512, 2048}, {0}});
   }
 }
 BENCHMARK(BM_MoeDecode)

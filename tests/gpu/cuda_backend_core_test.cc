@@ -114,6 +114,9 @@ TEST_F(CudaBackendCoreTest, CreateReportsDeviceAndStream) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument) << missing.status();
   auto bad_bounds = cuda::CudaBackend::Create({.max_rows = 0});
   EXPECT_EQ(bad_bounds.status().code(), absl::StatusCode::kInvalidArgument);
+  auto bad_switch = cuda::CudaBackend::Create({.moe_grouped_min_tokens = 0});
+  EXPECT_EQ(bad_switch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_switch.status().message().find("moe_grouped_min_tokens"), std::string::npos) << bad_switch.status();
 
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);

@@ -44,6 +44,8 @@ struct MoeShape {
 };
 
 // DeepSeek-V2 at TP8: 160 experts, I 1536 / 8, H 5120, top-6; V3 at TP8: 256, 2048 / 8, 7168, top-8.
+// The grouped path's token bound of a default backend (the one these tests create).
+const int64_t kGroupedMinTokens = cuda::CudaBackendOptions().moe_grouped_min_tokens;
 const MoeShape kV2Tp8{"V2_TP8", 160, 5120, 192, 6, 8};
 const MoeShape kV3Tp8{"V3_TP8", 256, 7168, 256, 8, 8};
 const MoeShape kSmall{"small_E7_H72_I40_k3", 7, 72, 40, 3, 8};
@@ -154,7 +156,7 @@ class CudaMoeGroupedTest : public ParityTest {
   double RunCase(const MoeShape& s, const ExpertSet& experts, const Routing& r, bool accumulate, uint32_t seed,
                  int64_t bad_token = -1) {
     const int64_t tokens = r.ids.dim(0), hidden = s.hidden, k = s.top_k;
-    EXPECT_TRUE(cuda::MoeExpertsUseGrouped(tokens, k, s.experts, hidden, s.inter))
+    EXPECT_TRUE(cuda::MoeExpertsUseGrouped(tokens, k, s.experts, hidden, s.inter, kGroupedMinTokens))
         << "the case does not exercise the grouped path";
     Tensor x = Random(Shape{tokens, hidden + 4}, seed);
     Tensor out = Random(Shape{tokens, hidden + 4}, seed + 1);
@@ -224,7 +226,8 @@ TEST_P(CudaMoeGroupedShapeTest, MatchesCpu) {
   const ExpertSet experts = MakeExperts(c.shape, c.dtype, 11);
   for (const int64_t tokens : {16, 64, 256, 2048}) {
     // Token counts the backend runs per pair (16 of the rank shapes) are cuda_backend_moe_test's.
-    if (!cuda::MoeExpertsUseGrouped(tokens, c.shape.top_k, c.shape.experts, c.shape.hidden, c.shape.inter)) continue;
+    const MoeShape& m = c.shape;
+    if (!cuda::MoeExpertsUseGrouped(tokens, m.top_k, m.experts, m.hidden, m.inter, kGroupedMinTokens)) continue;
     const Routing r = MakeRouting(c.shape, tokens, static_cast<uint32_t>(20 + tokens));
     for (const bool accumulate : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "T = " << tokens << ", accumulate = " << accumulate);
@@ -288,23 +291,30 @@ TEST_F(CudaMoeGroupedTest, Reproducible) {
   }
 }
 
-// Where the backend switches paths (a host-side rule, checked here with the ranks' shapes).
+// Where the backend switches paths (a host-side rule, checked here with the ranks' shapes), at the
+// default token bound and at a lowered one (CudaBackendOptions::moe_grouped_min_tokens).
 TEST(MoeExpertsUseGroupedTest, SwitchPoint) {
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(4, 8, 256, 7168, 256));   // decode: per pair
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(16, 8, 256, 7168, 256));  // 128 pairs < 2 E
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(63, 8, 256, 7168, 256));  // 504 pairs < 2 E
-  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(64, 8, 256, 7168, 256));
-  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(54, 6, 160, 5120, 192));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(53, 6, 160, 5120, 192));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 8, 384, 7168, 256));  // K2: 512 pairs < 2 E
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(32, 6, 64, 2048, 1408));  // V2-Lite: 192 pairs, < 40 tokens
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(39, 6, 64, 2048, 1408));
-  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(40, 6, 64, 2048, 1408));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(7, 3, 7, 72, 40));  // tiny token counts stay per pair
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(39, 3, 7, 72, 40));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 0, 7, 72, 40));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 3, 7, 72, 0));
-  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(64, 3, cuda::kMoeGroupedMaxExperts + 1, 72, 40));
+  const auto grouped = [](int64_t tokens, int64_t k, int64_t experts, int64_t hidden, int64_t inter) {
+    return cuda::MoeExpertsUseGrouped(tokens, k, experts, hidden, inter, kGroupedMinTokens);
+  };
+  EXPECT_EQ(kGroupedMinTokens, 40);
+  EXPECT_FALSE(grouped(4, 8, 256, 7168, 256));   // decode: per pair
+  EXPECT_FALSE(grouped(16, 8, 256, 7168, 256));  // 128 pairs < 2 E
+  EXPECT_FALSE(grouped(63, 8, 256, 7168, 256));  // 504 pairs < 2 E
+  EXPECT_TRUE(grouped(64, 8, 256, 7168, 256));
+  EXPECT_TRUE(grouped(54, 6, 160, 5120, 192));
+  EXPECT_FALSE(grouped(53, 6, 160, 5120, 192));
+  EXPECT_FALSE(grouped(64, 8, 384, 7168, 256));  // K2: 512 pairs < 2 E
+  EXPECT_FALSE(grouped(32, 6, 64, 2048, 1408));  // V2-Lite: 192 pairs, but fewer than 40 tokens
+  EXPECT_FALSE(grouped(39, 6, 64, 2048, 1408));
+  EXPECT_TRUE(grouped(40, 6, 64, 2048, 1408));
+  EXPECT_TRUE(cuda::MoeExpertsUseGrouped(32, 6, 64, 2048, 1408, 8));  // the bound lowered
+  EXPECT_FALSE(cuda::MoeExpertsUseGrouped(7, 6, 64, 2048, 1408, 8));
+  EXPECT_FALSE(grouped(7, 3, 7, 72, 40));  // tiny token counts stay per pair
+  EXPECT_FALSE(grouped(39, 3, 7, 72, 40));
+  EXPECT_FALSE(grouped(64, 0, 7, 72, 40));
+  EXPECT_FALSE(grouped(64, 3, 7, 72, 0));
+  EXPECT_FALSE(grouped(64, 3, cuda::kMoeGroupedMaxExperts + 1, 72, 40));
 }
 
 }  // namespace

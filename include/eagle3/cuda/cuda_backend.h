@@ -38,6 +38,9 @@ struct CudaBackendOptions {
   // MoeExperts' grouped path (expert-sorted tiles on tensor cores) for calls with many (token,
   // expert) pairs (MoeExpertsUseGrouped in moe_ops.h); off: the per-pair path for every call.
   bool moe_grouped_experts = true;
+  // The fewest tokens a call needs for the grouped path (besides 2 E pairs; MoeExpertsUseGrouped):
+  // the default is where the per-pair path stops winning for DeepSeek's shapes on Hopper.
+  int64_t moe_grouped_min_tokens = 40;
   // Gemm / BatchedGemm of up to kGemvMaxRows (gemv_ops.h) activation rows on the GEMV kernel (no
   // activation scratch, no conversion kernel) instead of cuBLASLt; off: cuBLASLt for every call.
   bool small_m_gemv = true;
