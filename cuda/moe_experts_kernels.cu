@@ -43,13 +43,14 @@ __device__ __forceinline__ float4 RoundQuadToBf16(float4 q) {
 
 // dots[r] = rows[r][0, n) . v[0, n) for R rows by one warp, in a fixed order (reproducible); every
 // lane gets the results. W is the weight storage: float, or uint16_t holding bf16 (widened to f32
-// exactly); v stays f32, in global or shared memory, rounded to bf16 as it is read with round_v.
+// exactly); v stays f32, in global or shared memory, rounded to bf16 as it is read with kRoundV (a
+// template argument: as a runtime flag the compiler kept its branches inside the unrolled loop).
 // 16-byte loads of the rows (4 floats or 8 bf16, and the matching floats of v) when every pointer
 // is 16-byte aligned and n is a multiple of that; products are summed in groups of 4 before they
 // join the lane's accumulator.
-template <int R, typename W>
+template <int R, typename W, bool kRoundV = false>
 __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, int lane,
-                         float (&dots)[R], bool round_v = false) {
+                         float (&dots)[R]) {
   constexpr int kVec = 16 / sizeof(W);
   float acc[R];
   bool vec = (n % kVec == 0) && Aligned16(v);
@@ -68,7 +69,7 @@ __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, i
 #pragma unroll
       for (int q = 0; q < kVec / 4; ++q) {
         b[q] = v4[i * (kVec / 4) + q];
-        if (round_v) b[q] = RoundQuadToBf16(b[q]);
+        if constexpr (kRoundV) b[q] = RoundQuadToBf16(b[q]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -84,7 +85,7 @@ __device__ void WarpDots(const W* const (&rows)[R], const float* v, int64_t n, i
   } else {
 #pragma unroll 4
     for (int64_t i = lane; i < n; i += kWarpSize) {
-      const float b = round_v ? RoundToBf16(v[i]) : v[i];
+      const float b = kRoundV ? RoundToBf16(v[i]) : v[i];
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] += LoadWeight(rows[r], i) * b;
     }
@@ -132,11 +133,16 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
   const W* const rows[2] = {gate_up + row * w.gate_up_stride,
                             gate_up + (inter + row) * w.gate_up_stride};
   float dots[2];
-  WarpDots<2, W>(rows, v, hidden, lane, dots, w.bf16_activations != 0);
+  const bool round = w.bf16_activations != 0;
+  if (round) {
+    WarpDots<2, W, true>(rows, v, hidden, lane, dots);
+  } else {
+    WarpDots<2, W, false>(rows, v, hidden, lane, dots);
+  }
   if (lane == 0) {
     const float g = dots[0];
     const float a = g / (1.0f + expf(-g)) * dots[1];
-    act[slot * inter + row] = w.bf16_activations != 0 ? RoundToBf16(a) : a;
+    act[slot * inter + row] = round ? RoundToBf16(a) : a;
   }
 }
 
