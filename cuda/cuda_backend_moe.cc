@@ -17,9 +17,9 @@
 //    pointers and row strides are copied to a device table of max_experts entries (16 KiB at 512).
 //    Tables are cached by content, one per distinct expert set (each MoE layer of a model keeps
 //    its own), up to kMaxExpertTables; a call whose set is cached, or is the leading entries of a
-//    cached set, uploads nothing. A new set costs
-//    one small host -> device copy (into a new table, or over the least recently used one once the
-//    cache is full; the copy is stream-ordered after the kernels that read the old contents).
+//    cached set, uploads nothing. A new set costs one small host -> device copy (into a new table,
+//    or over the least recently used one once the cache is full; the copy is stream-ordered after
+//    the kernels that read the old contents).
 //  - grouped-path workspace (State::moe_grouped_scratch; calls with many tokens, see
 //    MoeExpertsUseGrouped in moe_ops.h): the expert-sorted pair list, the tile list and the
 //    per-pair outputs y [pairs, H] f32 of one chunk of tokens. A chunk holds min(max_rows, what fits

@@ -382,9 +382,9 @@ absl::Status FeedForwardBlock::Forward(const TensorView& x, FeedForwardWorkspace
   EAGLE3_RETURN_IF_ERROR(backend_->MoeRoute(logits_t, correction_bias_.empty() ? nullptr : &bias, routing_,
                                             Block(ws.ids, 0, t, 0, k), Block(ws.weights, 0, t, 0, k)));
   if (!prefetch.empty()) EAGLE3_RETURN_IF_ERROR(backend_->PrefetchWeights(prefetch));
-  // The shared experts join the routed ones up to kSharedJoinMaxTokens rows: every row's slots after
-  // its top_k (weight 1: the workspace's extra columns), added after the routed slots in the op's
-  // one sum.
+  // While the shared experts join (SharedJoins) they take every row's slots after its top_k (weight
+  // 1: the workspace's extra columns), added after the routed slots in the op's one sum; past the
+  // join a dense call names the routed experts alone (DenseExpertsFor).
   const bool join = SharedJoins(t);
   const int64_t slots = k + (join ? shared_slots_ : 0);
   const TensorView ids_t = Block(ws.ids, 0, t, 0, slots), w_t = Block(ws.weights, 0, t, 0, slots);

@@ -94,7 +94,7 @@ class FeedForwardBlock {
   bool moe() const { return moe_; }
   // Whether the shared experts run as more experts of the routed experts' op (Forward): one shared
   // expert kept quantized like the routed ones (up to 32 rows), or dense routed experts and a dense
-  // shared MLP of n_shared_experts times their width (up to 4 rows), which joins as n_shared_experts
+  // shared MLP of n_shared_experts times their width (up to 8 rows), which joins as n_shared_experts
   // experts (one slice of its intermediate dim each: SiLU MLPs add up over such slices).
   bool shared_joins_experts() const { return shared_slots_ > 0; }
   // The slots the shared experts take when they join (0 when they do not).

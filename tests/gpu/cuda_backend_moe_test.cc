@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -700,6 +701,46 @@ TEST_F(CudaBackendMoeExpertsTest, LeadingEntriesOfACachedSetRunUnderCapture) {
     return gpu_->MoeExperts(device_x, device_ids, device_weights, other.device, device_out, false);
   });
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+}
+
+// CudaBackendOptions::moe_grouped_min_tokens reaches the dispatch: a 16-token call (pairs >= 2 E)
+// runs per pair at the default bound and grouped with the bound at 8. The two paths sum in different
+// orders, so their bits differ while both match the CPU; with the grouped path off, the lowered
+// bound gives the default's bits.
+TEST_F(CudaBackendMoeExpertsTest, GroupedTokenBoundIsTheBackendsOption) {
+  const int64_t hidden = 128, inter = 32, num = 8, tokens = 16, k = 4;
+  const Experts experts = MakeExperts(num, hidden, inter, 0, 90);
+  Tensor ids, weights;
+  MakeRouting(tokens, k, num, 91, &ids, &weights);
+  ASSERT_LT(tokens, cuda::CudaBackendOptions().moe_grouped_min_tokens);
+  const Tensor x = Random(Shape{tokens, hidden}, 92);
+  const Tensor device_x = Upload(x), device_ids = Upload(ids), device_weights = Upload(weights);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  Tensor want = *Tensor::Empty(DType::kF32, Shape{tokens, hidden});
+  ASSERT_TRUE(cpu_.MoeExperts(x, ids, weights, experts.host, want, false).ok());
+  const auto run = [&](int64_t min_tokens, bool grouped) {
+    cuda::CudaBackendOptions options;
+    options.moe_grouped_min_tokens = min_tokens;
+    options.moe_grouped_experts = grouped;
+    auto backend = cuda::CudaBackend::Create(options);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return Tensor();
+    Tensor out = *Tensor::Empty(DType::kF32, Shape{tokens, hidden}, (*backend)->allocator());
+    EXPECT_TRUE((*backend)->MoeExperts(device_x, device_ids, device_weights, experts.device, out, false).ok());
+    EXPECT_TRUE((*backend)->Synchronize().ok());
+    Tensor host = *Tensor::Empty(DType::kF32, Shape{tokens, hidden});
+    EXPECT_TRUE((*backend)->Copy(out, host).ok());
+    EXPECT_TRUE((*backend)->Synchronize().ok());
+    EXPECT_LE(RelError(host, want), kExpertTolerance) << "bound " << min_tokens << ", grouped " << grouped;
+    return host;
+  };
+  const Tensor per_pair = run(cuda::CudaBackendOptions().moe_grouped_min_tokens, true);
+  const Tensor grouped = run(8, true);
+  const Tensor off = run(8, false);
+  ASSERT_EQ(per_pair.nbytes(), grouped.nbytes());
+  ASSERT_EQ(per_pair.nbytes(), off.nbytes());
+  EXPECT_NE(std::memcmp(per_pair.data(), grouped.data(), per_pair.nbytes()), 0) << "the bound did not reach the path";
+  EXPECT_EQ(std::memcmp(per_pair.data(), off.data(), per_pair.nbytes()), 0);
 }
 
 // No atomics: the same call gives bitwise the same output.
