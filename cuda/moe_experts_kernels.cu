@@ -133,8 +133,8 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
   const W* const rows[2] = {gate_up + row * w.gate_up_stride,
                             gate_up + (inter + row) * w.gate_up_stride};
   float dots[2];
-  const bool round = w.bf16_activations != 0;
-  if (round) {
+  const bool flagged = w.bf16_activations != 0;
+  if (flagged) {
     WarpDots<2, W, true>(rows, v, hidden, lane, dots);
   } else {
     WarpDots<2, W, false>(rows, v, hidden, lane, dots);
@@ -142,7 +142,7 @@ __global__ void MoeActKernel(const float* __restrict__ x, int64_t x_stride,
   if (lane == 0) {
     const float g = dots[0];
     const float a = g / (1.0f + expf(-g)) * dots[1];
-    act[slot * inter + row] = round ? RoundToBf16(a) : a;
+    act[slot * inter + row] = flagged ? RoundToBf16(a) : a;
   }
 }
 

@@ -180,10 +180,10 @@ inline MoeGroupedWorkspace MoeGroupedWorkspaceAt(void* buffer, int64_t max_pairs
 // top_k, hidden and inter >= 1): from tokens * top_k >= 2 E pairs and min_tokens on
 // (CudaBackendOptions::moe_grouped_min_tokens). Per-pair reads tokens * top_k expert weight sets
 // (repeats mostly from L2), grouped the distinct experts touched (about E (1 - exp(-pairs / E)) of
-// them), but pays a grouping round and tile padding. Both bounds
-// are where the measurements put the switch (benchmarks/NOTES.md, "grouped path"): below 2 E pairs
-// the narrow TP 8 ranks' experts favour per-pair, and wide experts (V2-Lite at TP 1, whose per-pair
-// rows fill the GPU) keep per-pair ahead for some tokens past 2 E pairs.
+// them), but pays a grouping round and tile padding. Both bounds are where the measurements put
+// the switch (benchmarks/NOTES.md, "grouped path"): below 2 E pairs the narrow TP 8 ranks' experts
+// favour per-pair, and wide experts (V2-Lite at TP 1, whose per-pair rows fill the GPU) keep
+// per-pair ahead for some tokens past 2 E pairs.
 inline bool MoeExpertsUseGrouped(int64_t tokens, int64_t top_k, int64_t num_experts,
                                  int64_t hidden, int64_t inter, int64_t min_tokens) {
   if (top_k < 1 || hidden < 1 || inter < 1 || num_experts < 1 ||
