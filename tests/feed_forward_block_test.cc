@@ -20,6 +20,7 @@
 #include "eagle3/dtype.h"
 #include "eagle3/detail/quantized_weights.h"
 #include "eagle3/testing/random_checkpoint.h"
+#include "forwarding_backend.h"
 #include "gtest/gtest.h"
 #include "scoped_temp_dir.h"
 #include "weight_loader.h"
@@ -195,6 +196,72 @@ TEST_F(FeedForwardBlockTest, ExpertTableHoldsTheSharedSlicesOnlyWhileTheyJoin) {
       const std::span<const ExpertWeights> table = block->DenseExpertsFor(rows);
       ASSERT_EQ(table.size(), routed) << rows;
       for (const ExpertWeights& e : table) EXPECT_FALSE(e.bf16_activations) << rows;
+    }
+  }
+}
+
+// The table Forward itself hands MoeExperts (seen through a backend that records the calls) is
+// DenseExpertsFor's: the shared slices, flagged in bf16, while they join; the routed experts alone
+// past the join. The recorder reads the calls, not the values: it runs no expert (the CPU reference
+// takes no bf16 experts), and it runs bf16 weights' Gemm with f32 activations kept (the one bf16
+// form the reference takes).
+class MoeExpertsRecorder : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  struct Call {
+    int64_t rows;
+    size_t experts;
+    size_t flagged;
+  };
+  absl::Status MoeExperts(const TensorView& x, const TensorView& /*ids*/, const TensorView& /*weights*/,
+                          std::span<const ExpertWeights> experts, const TensorView& /*out*/,
+                          bool /*accumulate*/) override {
+    const auto flagged = std::count_if(experts.begin(), experts.end(),
+                                       [](const ExpertWeights& e) { return e.bf16_activations; });
+    calls.push_back({x.dim(0), experts.size(), static_cast<size_t>(flagged)});
+    return absl::OkStatus();
+  }
+  absl::Status Gemm(const TensorView& a, const TensorView& b, const TensorView& c,
+                    const GemmOptions& options) override {
+    GemmOptions widened = options;
+    widened.keep_f32_activations = widened.keep_f32_activations || b.dtype() == DType::kBF16;
+    return inner_.Gemm(a, b, c, widened);
+  }
+  std::vector<Call> calls;
+};
+
+TEST_F(FeedForwardBlockTest, ForwardPassesTheTableDenseExpertsForNames) {
+  const int64_t h = config_.hidden_size;
+  const FeedForwardConfig ffn = FeedForwardConfig::ForTargetLayer(config_, 1);
+  const std::string prefix = "model.layers.1.mlp.";
+  const std::vector<WeightSpec> specs = ffn.Weights(prefix);
+  cpu::CpuBackend cpu;
+  MoeExpertsRecorder backend(cpu);
+  const size_t routed = static_cast<size_t>(ffn.n_routed_experts);
+  const size_t slots = static_cast<size_t>(ffn.n_shared_experts);
+  std::vector<float> x(static_cast<size_t>(kMaxRows * h));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::cos(0.29 * static_cast<double>(i)));
+  std::vector<float> out(x.size());
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    WeightLoader loader(*checkpoint_, config_.quantization, specs, StoredForms(config_, specs), 1, 0, backend);
+    auto block = FeedForwardBlock::Load(ffn, prefix, dtype, loader);
+    ASSERT_TRUE(block.ok()) << block.status();
+    auto ws = FeedForwardWorkspace::Create(ffn, 1, kMaxRows, backend);
+    ASSERT_TRUE(ws.ok()) << ws.status();
+    for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{9}, int64_t{40}}) {
+      backend.calls.clear();
+      ASSERT_TRUE(block
+                      ->Forward(TensorView(x.data(), DType::kF32, Shape{rows, h}), *ws,
+                                TensorView(out.data(), DType::kF32, Shape{rows, h}))
+                      .ok())
+          << rows;
+      ASSERT_EQ(backend.calls.size(), 1u) << rows << " rows";
+      const MoeExpertsRecorder::Call& call = backend.calls[0];
+      EXPECT_EQ(call.rows, rows);
+      const bool join = rows <= 8;
+      EXPECT_EQ(call.experts, join ? routed + slots : routed) << rows << " rows";
+      EXPECT_EQ(call.flagged, join && dtype == DType::kBF16 ? slots : 0) << rows << " rows";
     }
   }
 }
