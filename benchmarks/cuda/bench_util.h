@@ -72,9 +72,8 @@ inline cuda::CudaBackend* Backend() {
     if (grouped != nullptr && grouped[0] != '\0') options.moe_grouped_experts = grouped[0] != '0';
     // EAGLE3_BENCH_MOE_GROUPED_MIN_TOKENS=N: the grouped path from N tokens (moe_grouped_min_tokens),
     // to time both paths on either side of the default switch.
-    const char* min_tokens = std::getenv("EAGLE3_BENCH_MOE_GROUPED_MIN_TOKENS");
-    if (min_tokens != nullptr && std::atoll(min_tokens) > 0) {
-      options.moe_grouped_min_tokens = std::atoll(min_tokens);
+    if (const char* min_tokens = std::getenv("EAGLE3_BENCH_MOE_GROUPED_MIN_TOKENS"); min_tokens != nullptr) {
+      if (const long long n = std::atoll(min_tokens); n > 0) options.moe_grouped_min_tokens = n;
     }
     const char* gemv = std::getenv("EAGLE3_BENCH_SMALL_M_GEMV");
     if (gemv != nullptr && gemv[0] != '\0') options.small_m_gemv = gemv[0] != '0';
