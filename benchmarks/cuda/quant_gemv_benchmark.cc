@@ -32,6 +32,11 @@
 //   The products of an 8-token verify step as planned (the most jobs its 72 / 64 pairs can make):
 //    23 V3 FP8 144 gate / up items    24 K2.5 INT4 128 items
 //    25 V3 FP8 72 experts' down       26 K2.5 INT4 64 experts' down
+//   The gate-up products of 16- and 64-token steps with only the items of the experts that random
+//   routing touches on average (the grouped launch's other items leave at once): how a grid's last
+//   partial wave weighs on each plan.
+//    27 K2.5 INT4 218 items (16 tokens, 109 of 384 experts)    28 V3 FP8 204 items (16, 102 of 256)
+//    29 K2.5 INT4 570 items (64 tokens, 285 experts)           30 V3 FP8 448 items (64, 224)
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
 //   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
@@ -101,6 +106,10 @@ QuantShape ShapeOf(int64_t id) {
     case 24: return {"k25_items128_gate_up", true, 128, 256, 7168};
     case 25: return {"v3_experts72_down", false, 72, 7168, 256, 0, 256};
     case 26: return {"k25_experts64_down", true, 64, 7168, 256, 0, 256};
+    case 27: return {"k25_items218_gate_up", true, 218, 256, 7168};
+    case 28: return {"v3_items204_gate_up", false, 204, 256, 7168};
+    case 29: return {"k25_items570_gate_up", true, 570, 256, 7168};
+    case 30: return {"v3_items448_gate_up", false, 448, 256, 7168};
     // q_a and kv_a stacked by rows (MlaBlock's one product for both).
     default: return {"v3_q_a_kv_a", false, 1, 2112, 7168};
   }
@@ -214,7 +223,7 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
     bm->ArgsProduct({{16, 17, 18, 19, 20, 21, 22}, {1, 8}});
-    bm->ArgsProduct({{23, 24, 25, 26}, {8}});
+    bm->ArgsProduct({{23, 24, 25, 26, 27, 28, 29, 30}, {8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
@@ -284,6 +293,8 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   // shared-memory limit: the grids of 3 to 8 cluster ranks between which the chooser's wider limit
   // picks (never more blocks than the default limit's plan).
   bm->ArgsProduct({{0, 6, 12}, {24, 32}, {1, 2, 4}, {3, 4, 5, 6, 7, 8}});
+  // The 16- and 64-token gate-up products with their touched experts' items only.
+  bm->ArgsProduct({{27, 28, 29, 30}, {8}, {1, 2, 4}, {1, 2, 3, 4}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 
