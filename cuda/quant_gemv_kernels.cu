@@ -16,10 +16,12 @@
 // bounds the kernel where the bytes do not. Within a chunk, the columns enter the products in a
 // fixed permutation that the staged activations share (PieceColumn): fp8 word j (4 codes) feeds
 // product j with codes (0, 2) and (1, 3); int4 word j (8 nibbles) feeds products 2j and 2j + 1
-// with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7).
+// with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7), word j of every lane lying in the step's
+// 32-column group j (eagle3/detail/quant_tiles.h), so that both products stay in one scale group.
 //
 // Sums: each warp accumulates its rows over its K run in step order (fp8: each 128-column block's
-// products in fp32, times the block's scale, added to the row's sum); the wk warps of a row group
+// products in fp32, times the block's scale, added to the row's sum; int4: each 32-column group's
+// products in fp32, times the group's scale, added to the row's sum); the wk warps of a row group
 // add their sums in warp order, and the blocks of a cluster in rank order: the same bits every run.
 // From 9 rows on, each 8-row operand has its own accumulators, so an activation row's sum is the
 // same chain whichever operand holds it: for a given plan, row r of a 9- to 32-row call has the bits
@@ -187,13 +189,13 @@ __device__ __noinline__ uint4 LoadEdgeBytes(const uint8_t* row, int col, int k) 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Words [word0, word0 + 4) of a packed row, zeros outside [0, words): a slice's edge chunk, or any
-// chunk of a slice whose words are off the global 32-column grid (then not 16-byte aligned).
+// Words word0, word0 + 4, word0 + 8 and word0 + 12 of a packed row (an int4 lane's chunk), zeros
+// outside [0, words): a slice's edge. Out of line, as LoadEdgeBytes.
 __device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int words) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (word0 + e >= 0 && word0 + e < words) w[e] = row[word0 + e];
+  for (int j = 0; j < 4; ++j) {
+    if (word0 + 4 * j >= 0 && word0 + 4 * j < words) w[j] = row[word0 + 4 * j];
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -201,12 +203,21 @@ __device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int 
 // A step's staged activation pieces as lane (g, c) reads them: activation row g + 8 o of B operand
 // o. A lane whose row is past m reads row m - 1 instead: a B column feeds only its own output
 // column, whose sums are never written, so any finite or non-finite value there is harmless.
+// int4 also reads, per activation row, the step's four group sums X split into bf16 parts (lane c:
+// part word c % 2 of each group, Int4Format::Products) and holds `corr`, its share of the constant A
+// operand that subtracts 12 X (c < 2: -12 in both halves, else 0).
 template <int kOperands>
 struct StepActivations {
   const unsigned char* smem;
   int row[kOperands];  // byte offsets of the step's piece 0 in rows min(g + 8 o, m - 1)
+  int x[kOperands];    // int4: byte offsets of the lane's group-sum words of the step in those rows
+  unsigned corr;
   __device__ __forceinline__ uint4 Piece(int o, int piece) const {
     return *reinterpret_cast<const uint4*>(smem + row[o] + 64 * piece);
+  }
+  __device__ __forceinline__ uint4 GroupSums(int o) const { return *reinterpret_cast<const uint4*>(smem + x[o]); }
+  __device__ __forceinline__ unsigned GroupSum(int o, int j) const {
+    return *reinterpret_cast<const unsigned*>(smem + x[o] + 4 * j);
   }
 };
 
@@ -219,6 +230,8 @@ struct StepActivations {
 // biases: e4m3 subnormals included, NaN codes reading as +-480.
 struct Fp8Format {
   static constexpr bool kBlockScaled = true;
+  static constexpr bool kGroupSums = false;
+  static constexpr float kSumScale = 1.0f;  // the sums are the products' (Int4Format halves them)
   static constexpr int kStepColumns = 64;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 2;  // 8-column activation pieces of a lane's chunk
@@ -289,12 +302,20 @@ struct Fp8Format {
 // ---- INT4 group-quantized ------------------------------------------------------------------------
 //
 // A step is 128 columns, aligned to the global 32-column grid (the first unit starts `shift` =
-// col0 % 32 columns before column 0, which read as zeros), so that lane c's chunk, the 4 packed
-// words of columns 32c .. 32c + 31 of the step, lies in one scale group (32 divides the group size).
-// A nibble u becomes the bf16 128 + u by setting bf16 128's low mantissa bits, then q = u - 8 exactly
-// and w = bf16(q * scale), rounded once.
+// col0 % 32 columns before column 0, which read as zeros), so that the step's four 32-column groups
+// j each lie in one scale group (32 divides the group size); lane c's chunk is the step's words c,
+// c + 4, c + 8 and c + 12, word j of it in group j. A nibble u widens exactly to the bf16 8 + u / 2
+// (u in mantissa bits 3..6 under 8's exponent: one shift and one lop3 a pair), that is 12 + q / 2
+// for q = u - 8. A group's two products t = sum (12 + q / 2) x are then corrected by a third whose A
+// operand is -12 at k 0..2 and whose B rows are the group's activation sum X = sum x (of the staged
+// bf16 activations) split into three bf16 parts, exact: t = sum q x / 2, exact products in fp32.
+// Each group's t times its scale is added to the row's sum, which is doubled at the end (kSumScale).
+// The group scale thus never rounds into the weights (against bf16(q * scale)), and the widening
+// takes 8 instructions a word instead of 15.
 struct Int4Format {
   static constexpr bool kBlockScaled = false;
+  static constexpr bool kGroupSums = true;
+  static constexpr float kSumScale = 2.0f;
   static constexpr int kStepColumns = 128;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 4;
@@ -303,74 +324,104 @@ struct Int4Format {
 
   struct Item {
     uint4 w[2];
-    uint32_t scales[2];  // per row: the chunk's bf16 scale in both halves
+    uint32_t scales[2][2];  // per row: the bf16 scales of groups (0, 1) and (2, 3) of the step
   };
 
-  // As Fp8Format::Load, and the chunk's scales.
+  // A row's scales of the step's groups, from the global column of the step's first word.
+  __device__ static void LoadScales(const Params& p, const uint16_t* row, int first_col, uint32_t (&out)[2]) {
+    const int g0 = first_col >> p.group_shift;
+    // row + g0 8-byte aligned: g0 is (col0 - shift) / 32 plus a multiple of 4, so the test does not
+    // depend on the step (the loops can keep it).
+    const bool aligned = ((reinterpret_cast<uintptr_t>(row) + ((p.col0 - p.shift) >> 4)) & 7) == 0;
+    if (p.group_shift == 5 && g0 + 3 <= p.last_group && aligned) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + g0));  // four consecutive groups
+      out[0] = v.x;
+      out[1] = v.y;
+      return;
+    }
+    // A group wholly past k (the last unit's tail) takes the last group's scale: its words are zeros.
+    uint32_t g[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) g[j] = __ldg(row + min((first_col + 32 * j) >> p.group_shift, p.last_group));
+    out[0] = g[0] | (g[1] << 16);
+    out[1] = g[2] | (g[3] << 16);
+  }
+
+  // As Fp8Format::Load, and the groups' scales.
   template <bool kTiled>
   __device__ static void Load(const Params& p, const LaneRows& rows, const char* tile, int step, int c, Item& item) {
-    const int col = step * kStepColumns + 32 * c - p.shift;  // a multiple of 8
-    const int word0 = col >> 3, words = (p.k + 7) >> 3;
+    const int word0 = step * (kStepColumns / 8) + c - (p.shift >> 3);  // the lane's word of group 0
+    const int words = (p.k + 7) >> 3;
     if (kTiled || p.tiled) {
       LoadTiled(kTiled ? tile : rows.row[0] + static_cast<int64_t>(step) * kQuantTileBytes, item.w);
-    } else if (p.shift == 0 && word0 + 4 <= words) {  // a whole, 16-byte aligned chunk
+    } else if (word0 >= 0 && word0 + 12 < words) {  // four whole words, 16 bytes apart
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        item.w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h]) + (word0 >> 2));
+        const unsigned* row = reinterpret_cast<const unsigned*>(rows.row[h]) + word0;
+        item.w[h] = make_uint4(__ldcs(row), __ldcs(row + 4), __ldcs(row + 8), __ldcs(row + 12));
       }
-    } else {  // a slice's edge, or any chunk of a slice whose words are off the 32-column grid
+    } else {  // a slice's edge
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         item.w[h] = LoadEdgeWords(reinterpret_cast<const uint32_t*>(rows.row[h]), word0, words);
       }
     }
-    // The scales after the weights, so that the weight loads issue first. A chunk wholly past k
-    // (the last unit's tail) takes the last group's scale: its words are zeros.
-    const int group = min((p.col0 - p.shift + step * kStepColumns + 32 * c) >> p.group_shift, p.last_group);
+    // The scales after the weights, so that the weight loads issue first.
+    const int first_col = p.col0 - p.shift + step * kStepColumns;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) item.scales[h] = __byte_perm(__ldg(rows.scale_row[h] + group), 0u, 0x1010u);
+    for (int h = 0; h < 2; ++h) LoadScales(p, rows.scale_row[h], first_col, item.scales[h]);
   }
 
-  // Pairs i = 0..3 of word w (nibbles i and i + 4) as bf16(q * scale), scale2 the scale in both halves.
-  __device__ static void Dequantize(uint32_t w, uint32_t scale2, uint32_t (&pair)[4]) {
-    const __nv_bfloat162 minus_136 = BitCast<__nv_bfloat162>(0xC308C308u);  // -136, -136
-    const __nv_bfloat162 one = BitCast<__nv_bfloat162>(0x3F803F80u);
-    const __nv_bfloat162 s2 = BitCast<__nv_bfloat162>(scale2);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t biased = Lop3<0xEA>(w >> (4 * i), 0x000f000fu, 0x43004300u);  // 128 + u, both halves
-      const __nv_bfloat162 q = __hfma2(BitCast<__nv_bfloat162>(biased), one, minus_136);
-      pair[i] = Bits(__hmul2(q, s2));
-    }
+  // Pairs i = 0..3 of word w (nibbles i and i + 4) as the bf16 pairs 8 + u / 2, exactly.
+  __device__ static void Widen(uint32_t w, uint32_t (&pair)[4]) {
+    constexpr uint32_t kMask = 0x00780078u, kEight = 0x41004100u;  // bits 3..6 of each half; 8.0, 8.0
+    pair[0] = Lop3<0xEA>(w << 3, kMask, kEight);
+    pair[1] = Lop3<0xEA>(w >> 1, kMask, kEight);
+    pair[2] = Lop3<0xEA>(w >> 5, kMask, kEight);
+    pair[3] = Lop3<0xEA>(w >> 9, kMask, kEight);
   }
 
-  // As Fp8Format::Products: with one B operand, the two products of a word go to acc[0] and acc[1];
-  // with more, acc[o] takes operand o's rows.
+  // Group j's scale of a row, as f32.
+  __device__ static float Scale(const uint32_t (&scales)[2], int j) {
+    const uint32_t bits = scales[j >> 1];
+    return __uint_as_float((j & 1) != 0 ? bits & 0xffff0000u : bits << 16);
+  }
+
+  // The step's products, rows g and g + 8 times the activation rows, group by group (the class
+  // comment). With one B operand (up to 8 rows), the groups alternate between the sums acc[0] and
+  // acc[1], two independent chains; with more, acc[o] takes operand o's rows 8 o .. 8 o + 7.
   template <int kOperands, int kChains>
   __device__ static void Products(const Item& item, const StepActivations<kOperands>& act,
                                   float (&acc)[kChains][4]) {
     const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
                               {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
+    const unsigned corr[4] = {act.corr, act.corr, 0u, 0u};
+    // One operand: the step's four group-sum words in one read. More: a word at a time, so that
+    // each operand's group holds only its own product in registers (the 2- and 4-operand kernels
+    // have none to spare).
+    uint4 x1 = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kOperands == 1) x1 = act.GroupSums(0);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t pairs[2][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) Dequantize(w[h][j], item.scales[h], pairs[h]);
+      for (int h = 0; h < 2; ++h) Widen(w[h][j], pairs[h]);
       const unsigned a0[4] = {pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]};
       const unsigned a1[4] = {pairs[0][2], pairs[1][2], pairs[0][3], pairs[1][3]};
-      if constexpr (kOperands == 1) {
-        const uint4 b = act.Piece(0, j);
-        MmaBf16(acc[0], a0, b.x, b.y);
-        MmaBf16(acc[1], a1, b.z, b.w);
-      } else {
-        uint4 b[kOperands];
+      const float s_lo = Scale(item.scales[0], j), s_hi = Scale(item.scales[1], j);
 #pragma unroll
-        for (int o = 0; o < kOperands; ++o) {
-          b[o] = act.Piece(o, j);
-          MmaBf16(acc[o], a0, b[o].x, b[o].y);
-        }
-#pragma unroll
-        for (int o = 0; o < kOperands; ++o) MmaBf16(acc[o], a1, b[o].z, b[o].w);
+      for (int o = 0; o < kOperands; ++o) {
+        const uint4 b = act.Piece(o, j);
+        const unsigned x = kOperands == 1 ? (j == 0 ? x1.x : j == 1 ? x1.y : j == 2 ? x1.z : x1.w) : act.GroupSum(o, j);
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        MmaBf16(t, a0, b.x, b.y);
+        MmaBf16(t, a1, b.z, b.w);
+        MmaBf16(t, corr, x, x);
+        float(&sum)[4] = acc[kOperands == 1 ? (j & 1) : o];
+        sum[0] = fmaf(t[0], s_lo, sum[0]);
+        sum[1] = fmaf(t[1], s_lo, sum[1]);
+        sum[2] = fmaf(t[2], s_hi, sum[2]);
+        sum[3] = fmaf(t[3], s_hi, sum[3]);
       }
     }
   }
@@ -383,13 +434,24 @@ struct Int4Format {
 // 16-byte shared-memory read phase (rows g, g + 1; c = 0..3) read 64 contiguous bytes of each of two
 // rows whose stride is 64 bytes past a multiple of 128: 8 distinct 16-byte bank groups.
 
-// Byte offset, within a staged row, of piece q (8 columns from column 8q of the tile).
+// Byte offset, within a staged row, of piece q (8 columns from column 8q of the tile): lane c's
+// piece j of a step at 64 j + 16 c. fp8: the lane's chunk is pieces 2c, 2c + 1 of the step; int4:
+// its word j is piece c + 4 j (eagle3/detail/quant_tiles.h), so the step's pieces stay in order.
 template <typename F>
 __device__ __forceinline__ int PieceOffset(int q) {
   constexpr int kStepPieces = F::kStepColumns / 8;
   const int step = q / kStepPieces, in_step = q % kStepPieces;
+  if constexpr (F::kGroupSums) return step * (F::kStepColumns * 2) + in_step * 16;
   return step * (F::kStepColumns * 2) + (in_step % F::kPieces) * 64 + (in_step / F::kPieces) * 16;
 }
+
+// int4's staged group sums (StepActivations::GroupSums; quant_gemv_plan.h sizes them): per
+// activation row, two part words per 32-column group of the tile, [part][group] (part 0: X's bf16
+// high and middle parts, part 1: its low part and zero). After the activation rows.
+__device__ __forceinline__ int GroupSumsRowBytes(int tile_units) {
+  return static_cast<int>(QuantGemvGroupSumsRowBytes(tile_units));
+}
+__device__ __forceinline__ int GroupSumsPartBytes(int tile_units) { return tile_units * 16; }
 
 // Pieces a thread stages at once (their loads in flight together).
 constexpr int kStageBatch = 2;
@@ -442,9 +504,13 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
 }
 
 // Stages the item's m (<= p.m) activation rows of the tile of units [unit0, unit0 + units) as bf16
-// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns.
+// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns; int4 also each
+// 32-column group's sum X of those bf16 values (in a fixed order: a piece's 8 pairwise, then the 4
+// pieces' by two exchanges within the 4 threads that stage them), split into bf16 parts hi + mid + lo
+// = X exactly, at group_sums (GroupSumsRowBytes).
 template <typename F>
-__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem) {
+__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem,
+                                 int group_sums) {
   const char* a = ItemA(p, item);
   const int row_pieces = units * (kUnitColumns / 8);
   const int total = m * row_pieces;
@@ -465,14 +531,36 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       if (dest[u] < 0) continue;
+      uint32_t bits[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][e]));
       uint32_t words[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w)]));
-        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w + 1)]));
-        words[w] = lo | (hi << 16);
-      }
+      for (int w = 0; w < 4; ++w) words[w] = bits[F::PieceColumn(2 * w)] | (bits[F::PieceColumn(2 * w + 1)] << 16);
       *reinterpret_cast<uint4*>(smem + dest[u]) = make_uint4(words[0], words[1], words[2], words[3]);
+      if constexpr (F::kGroupSums) {
+        // Pieces 4 i .. 4 i + 3 of a row (a group) are staged by threads 4 t .. 4 t + 3 of one warp
+        // together: rows hold whole groups and `base` steps by a multiple of 4.
+        float b[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) b[e] = __uint_as_float(bits[e] << 16);
+        float sum = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+        const unsigned quad = 0xfu << (threadIdx.x & 28);
+        sum += __shfl_xor_sync(quad, sum, 1);  // a + b and b + a: the same bits in both threads
+        sum += __shfl_xor_sync(quad, sum, 2);
+        const int i = base + u * kThreads;
+        const int r = i / (units * (kUnitColumns / 8)), q = i - r * (units * (kUnitColumns / 8));
+        const int part = q % 4;
+        if (part < 2) {
+          const float hi = __bfloat162float(__float2bfloat16_rn(sum));
+          const float mid = __bfloat162float(__float2bfloat16_rn(sum - hi));
+          const uint32_t word =
+              part == 0 ? Bits(__floats2bfloat162_rn(hi, mid))
+                        : static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(sum - hi - mid)));
+          *reinterpret_cast<uint32_t*>(smem + group_sums + r * GroupSumsRowBytes(units) +
+                                       part * GroupSumsPartBytes(units) + 4 * (q / 4)) = word;
+        }
+      }
     }
   }
 }
@@ -554,6 +642,19 @@ __device__ __forceinline__ void ActRows(const Params& p, int m, int g, int c, in
 #pragma unroll
   for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
 }
+
+// int4: lane (g, c)'s byte offsets of its group-sum words in a staged tile of tile_units units
+// (GroupSumsRowBytes, at group_sums): part c % 2 of rows min(g + 8 o, m - 1), at the tile's step 0.
+template <int kOperands>
+__device__ __forceinline__ void GroupSumRows(int group_sums, int tile_units, int m, int g, int c,
+                                             int (&x_row)[kOperands]) {
+#pragma unroll
+  for (int o = 0; o < kOperands; ++o) {
+    x_row[o] = group_sums + min(g + 8 * o, m - 1) * GroupSumsRowBytes(tile_units) + (c % 2) * GroupSumsPartBytes(tile_units);
+  }
+}
+// int4: the lane's share of the correction's A operand: -12 in both halves for k 0..3 (c < 2).
+__device__ __forceinline__ unsigned CorrectionOperand(int c) { return c < 2 ? 0xC140C140u : 0u; }
 
 // fp8, at a unit's last step: its block sums (the two chains' sum with one operand) times the scales
 // of rows g (s_lo) and g + 8 (s_hi) into the running sums; the block accumulators restart.
@@ -704,12 +805,14 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   Zero(sum);
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
-  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
+  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales (int4: group sums), after the activation rows
+  int x_row[kOperands] = {};
+  if constexpr (F::kGroupSums) GroupSumRows(scales_at, tile_units, m, g, c, x_row);
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
     const int tile_unit0 = unit0 + t * tile_units;
-    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem);
+    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, scales_at);
     if constexpr (F::kBlockScaled) {
       StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
@@ -721,9 +824,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
       for (int d = 0; d < kDepth; ++d) {
         if (j + d >= n_t) break;
         const int offset = (run0 + j + d) * (F::kStepColumns * 2);
-        StepActivations<kOperands> act{smem, {}};
+        StepActivations<kOperands> act{smem, {}, {}, CorrectionOperand(c)};
 #pragma unroll
-        for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + offset;
+        for (int o = 0; o < kOperands; ++o) {
+          act.row[o] = act_row[o] + offset;
+          act.x[o] = x_row[o] + (run0 + j + d) * 16;
+        }
         F::Products(ring[d], act, acc);
         if constexpr (F::kBlockScaled) {
           // The unit's last step (runs and ring cycles start at unit boundaries): fold its block sum.
@@ -767,7 +873,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     const int64_t row = block_row + (e - mr * block_rows);
     if (row >= p.n) return;
     float* out = item_c + mr * p.ldc + row;
-    float v = p.alpha * total;
+    float v = p.alpha * (F::kSumScale * total);
     if (p.beta != 0.0f) v += p.beta * *out;
     if (p.bias != nullptr) v += p.bias[row];
     *out = v;
@@ -885,7 +991,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it.
   const int block_rows = kBlockRows * p.row_loops;
   const int scales_at = p.m * p.act_stride;
-  StageActivations<F>(p, item, m, 0, p.units, smem);
+  StageActivations<F>(p, item, m, 0, p.units, smem, scales_at);
   if constexpr (F::kBlockScaled) {
     StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
   }
@@ -896,6 +1002,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   Zero(sum);
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
+  int x_row[kOperands] = {};
+  if constexpr (F::kGroupSums) GroupSumRows(scales_at, p.units, m, g, c, x_row);
   // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
   const int64_t first_scale_row = (p.row0 + block_row) >> 7;
   const auto scale_rows_of = [&](int i, int (&at)[2]) {
@@ -928,7 +1036,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
         const int mr = 8 * h + 2 * c + e % 2;
         if (row >= p.n || mr >= m) continue;
         float* out = item_c + mr * p.ldc + row;
-        float v = p.alpha * total;
+        float v = p.alpha * (F::kSumScale * total);
         if (p.beta != 0.0f) v += p.beta * *out;
         if (p.bias != nullptr) v += p.bias[row];
         *out = v;
@@ -941,9 +1049,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (j + d >= total_steps) break;
-      StepActivations<kOperands> act{smem, {}};
+      StepActivations<kOperands> act{smem, {}, {}, CorrectionOperand(c)};
 #pragma unroll
-      for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
+      for (int o = 0; o < kOperands; ++o) {
+        act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
+        act.x[o] = x_row[o] + cons_step * 16;
+      }
       F::Products(ring[d], act, acc);
       if constexpr (F::kBlockScaled) {
         // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are
