@@ -548,8 +548,10 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
         const unsigned quad = 0xfu << (threadIdx.x & 28);
         sum += __shfl_xor_sync(quad, sum, 1);  // a + b and b + a: the same bits in both threads
         sum += __shfl_xor_sync(quad, sum, 2);
+        // The piece's row and place again, rather than kept from the loads: held across them they
+        // cost the 2- and 4-operand kernels spills.
         const int i = base + u * kThreads;
-        const int r = i / (units * (kUnitColumns / 8)), q = i - r * (units * (kUnitColumns / 8));
+        const int r = i / row_pieces, q = i - r * row_pieces;
         const int part = q % 4;
         if (part < 2) {
           const float hi = __bfloat162float(__float2bfloat16_rn(sum));
