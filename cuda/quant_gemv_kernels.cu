@@ -504,13 +504,9 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
 }
 
 // Stages the item's m (<= p.m) activation rows of the tile of units [unit0, unit0 + units) as bf16
-// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns; int4 also each
-// 32-column group's sum X of those bf16 values (in a fixed order: a piece's 8 pairwise, then the 4
-// pieces' by two exchanges within the 4 threads that stage them), split into bf16 parts hi + mid + lo
-// = X exactly, at group_sums (GroupSumsRowBytes).
+// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns.
 template <typename F>
-__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem,
-                                 int group_sums) {
+__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem) {
   const char* a = ItemA(p, item);
   const int row_pieces = units * (kUnitColumns / 8);
   const int total = m * row_pieces;
@@ -538,32 +534,41 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 #pragma unroll
       for (int w = 0; w < 4; ++w) words[w] = bits[F::PieceColumn(2 * w)] | (bits[F::PieceColumn(2 * w + 1)] << 16);
       *reinterpret_cast<uint4*>(smem + dest[u]) = make_uint4(words[0], words[1], words[2], words[3]);
-      if constexpr (F::kGroupSums) {
-        // Pieces 4 i .. 4 i + 3 of a row (a group) are staged by threads 4 t .. 4 t + 3 of one warp
-        // together: rows hold whole groups and `base` steps by a multiple of 4.
-        float b[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) b[e] = __uint_as_float(bits[e] << 16);
-        float sum = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
-        const unsigned quad = 0xfu << (threadIdx.x & 28);
-        sum += __shfl_xor_sync(quad, sum, 1);  // a + b and b + a: the same bits in both threads
-        sum += __shfl_xor_sync(quad, sum, 2);
-        // The piece's row and place again, rather than kept from the loads: held across them they
-        // cost the 2- and 4-operand kernels spills.
-        const int i = base + u * kThreads;
-        const int r = i / row_pieces, q = i - r * row_pieces;
-        const int part = q % 4;
-        if (part < 2) {
-          const float hi = __bfloat162float(__float2bfloat16_rn(sum));
-          const float mid = __bfloat162float(__float2bfloat16_rn(sum - hi));
-          const uint32_t word =
-              part == 0 ? Bits(__floats2bfloat162_rn(hi, mid))
-                        : static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(sum - hi - mid)));
-          *reinterpret_cast<uint32_t*>(smem + group_sums + r * GroupSumsRowBytes(units) +
-                                       part * GroupSumsPartBytes(units) + 4 * (q / 4)) = word;
-        }
-      }
     }
+  }
+}
+
+// int4, after the activation rows of a tile of `units` units are staged and a barrier: each row's
+// 32-column group sums X of the staged bf16 values (a group: 64 contiguous bytes of the row, pieces
+// 4 G .. 4 G + 3), in a fixed order (each piece's 8 pairwise, then the 4 pieces' pairwise), split
+// into bf16 parts hi + mid + lo = X exactly, at group_sums (GroupSumsRowBytes). One (row, group) a
+// thread at a time: a pass of m x 4 units sums, where summing in the staging loop cost each of its
+// 8-column pieces two exchanges and the split.
+__device__ void StageGroupSums(const Params& p, int m, int units, unsigned char* smem, int group_sums) {
+  const int groups = units * (kUnitColumns / 32);
+  for (int i = threadIdx.x; i < m * groups; i += kThreads) {
+    const int r = i / groups, group = i - r * groups;
+    const uint4* src = reinterpret_cast<const uint4*>(smem + r * p.act_stride + group * 64);
+    float piece[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = src[q];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      float b[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        b[2 * e] = __uint_as_float(w[e] << 16);
+        b[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+      }
+      piece[q] = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+    }
+    const float sum = (piece[0] + piece[1]) + (piece[2] + piece[3]);
+    const float hi = __bfloat162float(__float2bfloat16_rn(sum));
+    const float mid = __bfloat162float(__float2bfloat16_rn(sum - hi));
+    const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(sum - hi - mid));
+    unsigned char* row = smem + group_sums + r * GroupSumsRowBytes(units) + 4 * group;
+    *reinterpret_cast<uint32_t*>(row) = Bits(__floats2bfloat162_rn(hi, mid));
+    *reinterpret_cast<uint32_t*>(row + GroupSumsPartBytes(units)) = lo;
   }
 }
 
@@ -814,7 +819,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
     const int tile_unit0 = unit0 + t * tile_units;
-    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, scales_at);
+    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem);
+    if constexpr (F::kGroupSums) {
+      __syncthreads();
+      StageGroupSums(p, m, tile_units, smem, scales_at);
+    }
     if constexpr (F::kBlockScaled) {
       StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
@@ -993,7 +1002,11 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it.
   const int block_rows = kBlockRows * p.row_loops;
   const int scales_at = p.m * p.act_stride;
-  StageActivations<F>(p, item, m, 0, p.units, smem, scales_at);
+  StageActivations<F>(p, item, m, 0, p.units, smem);
+  if constexpr (F::kGroupSums) {
+    __syncthreads();
+    StageGroupSums(p, m, p.units, smem, scales_at);
+  }
   if constexpr (F::kBlockScaled) {
     StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
   }
