@@ -203,21 +203,21 @@ __device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int 
 // A step's staged activation pieces as lane (g, c) reads them: activation row g + 8 o of B operand
 // o. A lane whose row is past m reads row m - 1 instead: a B column feeds only its own output
 // column, whose sums are never written, so any finite or non-finite value there is harmless.
-// int4 also reads, per activation row, the step's four group sums X split into bf16 parts (lane c:
-// part word c % 2 of each group, Int4Format::Products) and holds `corr`, its share of the constant A
-// operand that subtracts 12 X (c < 2: -12 in both halves, else 0).
+// int4 also reads the step's four group sums X (f32) of the activation rows of its output columns,
+// 8 o + 2 c and 8 o + 2 c + 1 (the last row past m), for Int4Format::Products.
 template <int kOperands>
 struct StepActivations {
   const unsigned char* smem;
   int row[kOperands];  // byte offsets of the step's piece 0 in rows min(g + 8 o, m - 1)
-  int x[kOperands];    // int4: byte offsets of the lane's group-sum words of the step in those rows
-  unsigned corr;
+  int x[kOperands][2];  // int4: byte offsets of the step's group sums in rows 8 o + 2 c (+ 1)
   __device__ __forceinline__ uint4 Piece(int o, int piece) const {
     return *reinterpret_cast<const uint4*>(smem + row[o] + 64 * piece);
   }
-  __device__ __forceinline__ uint4 GroupSums(int o) const { return *reinterpret_cast<const uint4*>(smem + x[o]); }
-  __device__ __forceinline__ unsigned GroupSum(int o, int j) const {
-    return *reinterpret_cast<const unsigned*>(smem + x[o] + 4 * j);
+  __device__ __forceinline__ float4 GroupSums(int o, int h) const {
+    return *reinterpret_cast<const float4*>(smem + x[o][h]);
+  }
+  __device__ __forceinline__ float GroupSum(int o, int h, int j) const {
+    return *reinterpret_cast<const float*>(smem + x[o][h] + 4 * j);
   }
 };
 
@@ -306,10 +306,11 @@ struct Fp8Format {
 // j each lie in one scale group (32 divides the group size); lane c's chunk is the step's words c,
 // c + 4, c + 8 and c + 12, word j of it in group j. A nibble u widens exactly to the bf16 8 + u / 2
 // (u in mantissa bits 3..6 under 8's exponent: one shift and one lop3 a pair), that is 12 + q / 2
-// for q = u - 8. A group's two products t = sum (12 + q / 2) x are then corrected by a third whose A
-// operand is -12 at k 0..2 and whose B rows are the group's activation sum X = sum x (of the staged
-// bf16 activations) split into three bf16 parts, exact: t = sum q x / 2, exact products in fp32.
-// Each group's t times its scale is added to the row's sum, which is doubled at the end (kSumScale).
+// for q = u - 8. A group's two products t = sum (12 + q / 2) x (exact products, fp32 sums) are then
+// corrected by -12 X, X = sum x the group's sum of the staged bf16 activations of the element's
+// column (f32), in one FMA an element: t = sum q x / 2 with one rounding more than the products'
+// sums, and no third product in the chain before the scale. Each group's t times its scale is added
+// to the row's sum, which is doubled at the end (kSumScale).
 // The group scale thus never rounds into the weights (against bf16(q * scale)), and the widening
 // takes 8 instructions a word instead of 15.
 struct Int4Format {
@@ -395,12 +396,14 @@ struct Int4Format {
                                   float (&acc)[kChains][4]) {
     const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
                               {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
-    const unsigned corr[4] = {act.corr, act.corr, 0u, 0u};
-    // One operand: the step's four group-sum words in one read. More: a word at a time, so that
-    // each operand's group holds only its own product in registers (the 2- and 4-operand kernels
-    // have none to spare).
-    uint4 x1 = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kOperands == 1) x1 = act.GroupSums(0);
+    // One operand: the step's group sums of the lane's two columns in two reads. More: a group at a
+    // time, so that each operand's group holds only its own product in registers (the 2- and
+    // 4-operand kernels have none to spare).
+    float4 x1[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
+    if constexpr (kOperands == 1) {
+      x1[0] = act.GroupSums(0, 0);
+      x1[1] = act.GroupSums(0, 1);
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t pairs[2][4];
@@ -412,16 +415,19 @@ struct Int4Format {
 #pragma unroll
       for (int o = 0; o < kOperands; ++o) {
         const uint4 b = act.Piece(o, j);
-        const unsigned x = kOperands == 1 ? (j == 0 ? x1.x : j == 1 ? x1.y : j == 2 ? x1.z : x1.w) : act.GroupSum(o, j);
+        const auto pick = [&](int h) {
+          const float4& v = x1[h];
+          return kOperands == 1 ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : act.GroupSum(o, h, j);
+        };
+        const float x_even = pick(0), x_odd = pick(1);  // columns 2 c and 2 c + 1
         float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         MmaBf16(t, a0, b.x, b.y);
         MmaBf16(t, a1, b.z, b.w);
-        MmaBf16(t, corr, x, x);
         float(&sum)[4] = acc[kOperands == 1 ? (j & 1) : o];
-        sum[0] = fmaf(t[0], s_lo, sum[0]);
-        sum[1] = fmaf(t[1], s_lo, sum[1]);
-        sum[2] = fmaf(t[2], s_hi, sum[2]);
-        sum[3] = fmaf(t[3], s_hi, sum[3]);
+        sum[0] = fmaf(fmaf(-12.0f, x_even, t[0]), s_lo, sum[0]);
+        sum[1] = fmaf(fmaf(-12.0f, x_odd, t[1]), s_lo, sum[1]);
+        sum[2] = fmaf(fmaf(-12.0f, x_even, t[2]), s_hi, sum[2]);
+        sum[3] = fmaf(fmaf(-12.0f, x_odd, t[3]), s_hi, sum[3]);
       }
     }
   }
@@ -446,12 +452,10 @@ __device__ __forceinline__ int PieceOffset(int q) {
 }
 
 // int4's staged group sums (StepActivations::GroupSums; quant_gemv_plan.h sizes them): per
-// activation row, two part words per 32-column group of the tile, [part][group] (part 0: X's bf16
-// high and middle parts, part 1: its low part and zero). After the activation rows.
+// activation row, an f32 per 32-column group of the tile. After the activation rows.
 __device__ __forceinline__ int GroupSumsRowBytes(int tile_units) {
   return static_cast<int>(QuantGemvGroupSumsRowBytes(tile_units));
 }
-__device__ __forceinline__ int GroupSumsPartBytes(int tile_units) { return tile_units * 16; }
 
 // Pieces a thread stages at once (their loads in flight together).
 constexpr int kStageBatch = 2;
@@ -540,10 +544,9 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 
 // int4, after the activation rows of a tile of `units` units are staged and a barrier: each row's
 // 32-column group sums X of the staged bf16 values (a group: 64 contiguous bytes of the row, pieces
-// 4 G .. 4 G + 3), in a fixed order (each piece's 8 pairwise, then the 4 pieces' pairwise), split
-// into bf16 parts hi + mid + lo = X exactly, at group_sums (GroupSumsRowBytes). One (row, group) a
-// thread at a time: a pass of m x 4 units sums, where summing in the staging loop cost each of its
-// 8-column pieces two exchanges and the split.
+// 4 G .. 4 G + 3), in a fixed order (each piece's 8 pairwise, then the 4 pieces' pairwise), at
+// group_sums (GroupSumsRowBytes). One (row, group) a thread at a time: a pass of m x 4 units sums,
+// where summing in the staging loop cost each of its 8-column pieces two exchanges.
 __device__ void StageGroupSums(const Params& p, int m, int units, unsigned char* smem, int group_sums) {
   const int groups = units * (kUnitColumns / 32);
   for (int i = threadIdx.x; i < m * groups; i += kThreads) {
@@ -562,13 +565,8 @@ __device__ void StageGroupSums(const Params& p, int m, int units, unsigned char*
       }
       piece[q] = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
     }
-    const float sum = (piece[0] + piece[1]) + (piece[2] + piece[3]);
-    const float hi = __bfloat162float(__float2bfloat16_rn(sum));
-    const float mid = __bfloat162float(__float2bfloat16_rn(sum - hi));
-    const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(sum - hi - mid));
-    unsigned char* row = smem + group_sums + r * GroupSumsRowBytes(units) + 4 * group;
-    *reinterpret_cast<uint32_t*>(row) = Bits(__floats2bfloat162_rn(hi, mid));
-    *reinterpret_cast<uint32_t*>(row + GroupSumsPartBytes(units)) = lo;
+    *reinterpret_cast<float*>(smem + group_sums + r * GroupSumsRowBytes(units) + 4 * group) =
+        (piece[0] + piece[1]) + (piece[2] + piece[3]);
   }
 }
 
@@ -650,18 +648,17 @@ __device__ __forceinline__ void ActRows(const Params& p, int m, int g, int c, in
   for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
 }
 
-// int4: lane (g, c)'s byte offsets of its group-sum words in a staged tile of tile_units units
-// (GroupSumsRowBytes, at group_sums): part c % 2 of rows min(g + 8 o, m - 1), at the tile's step 0.
+// int4: lane (g, c)'s byte offsets of its group sums in a staged tile of tile_units units
+// (GroupSumsRowBytes, at group_sums): rows min(8 o + 2 c + h, m - 1), at the tile's step 0.
 template <int kOperands>
-__device__ __forceinline__ void GroupSumRows(int group_sums, int tile_units, int m, int g, int c,
-                                             int (&x_row)[kOperands]) {
+__device__ __forceinline__ void GroupSumRows(int group_sums, int tile_units, int m, int c,
+                                             int (&x_row)[kOperands][2]) {
 #pragma unroll
   for (int o = 0; o < kOperands; ++o) {
-    x_row[o] = group_sums + min(g + 8 * o, m - 1) * GroupSumsRowBytes(tile_units) + (c % 2) * GroupSumsPartBytes(tile_units);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) x_row[o][h] = group_sums + min(8 * o + 2 * c + h, m - 1) * GroupSumsRowBytes(tile_units);
   }
 }
-// int4: the lane's share of the correction's A operand: -12 in both halves for k 0..3 (c < 2).
-__device__ __forceinline__ unsigned CorrectionOperand(int c) { return c < 2 ? 0xC140C140u : 0u; }
 
 // fp8, at a unit's last step: its block sums (the two chains' sum with one operand) times the scales
 // of rows g (s_lo) and g + 8 (s_hi) into the running sums; the block accumulators restart.
@@ -813,8 +810,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
   const int scales_at = p.m * p.act_stride;  // fp8: the staged scales (int4: group sums), after the activation rows
-  int x_row[kOperands] = {};
-  if constexpr (F::kGroupSums) GroupSumRows(scales_at, tile_units, m, g, c, x_row);
+  int x_row[kOperands][2] = {};
+  if constexpr (F::kGroupSums) GroupSumRows(scales_at, tile_units, m, c, x_row);
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
@@ -835,11 +832,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
       for (int d = 0; d < kDepth; ++d) {
         if (j + d >= n_t) break;
         const int offset = (run0 + j + d) * (F::kStepColumns * 2);
-        StepActivations<kOperands> act{smem, {}, {}, CorrectionOperand(c)};
+        StepActivations<kOperands> act{smem, {}, {}};
 #pragma unroll
         for (int o = 0; o < kOperands; ++o) {
           act.row[o] = act_row[o] + offset;
-          act.x[o] = x_row[o] + (run0 + j + d) * 16;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) act.x[o][h] = x_row[o][h] + (run0 + j + d) * 16;
         }
         F::Products(ring[d], act, acc);
         if constexpr (F::kBlockScaled) {
@@ -1017,8 +1015,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   Zero(sum);
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
-  int x_row[kOperands] = {};
-  if constexpr (F::kGroupSums) GroupSumRows(scales_at, p.units, m, g, c, x_row);
+  int x_row[kOperands][2] = {};
+  if constexpr (F::kGroupSums) GroupSumRows(scales_at, p.units, m, c, x_row);
   // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
   const int64_t first_scale_row = (p.row0 + block_row) >> 7;
   const auto scale_rows_of = [&](int i, int (&at)[2]) {
@@ -1064,11 +1062,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (j + d >= total_steps) break;
-      StepActivations<kOperands> act{smem, {}, {}, CorrectionOperand(c)};
+      StepActivations<kOperands> act{smem, {}, {}};
 #pragma unroll
       for (int o = 0; o < kOperands; ++o) {
         act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
-        act.x[o] = x_row[o] + cons_step * 16;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) act.x[o][h] = x_row[o][h] + cons_step * 16;
       }
       F::Products(ring[d], act, acc);
       if constexpr (F::kBlockScaled) {

@@ -85,10 +85,11 @@ size_t QuantGemvSharedLimitFor(int64_t m);
 // KiB; unset, empty or not a whole number (a shell's `VAR= cmd` sets it empty): kQuantGemvSharedMax.
 size_t QuantGemvSharedLimitFromEnv(const char* value);
 
-// Bytes of one activation row's staged int4 group sums for a tile of tile_units units: two 4-byte
-// part words per 32-column group, and 16 bytes that put consecutive rows 16 bytes past a multiple of
-// 128 apart (the 8 rows a shared-memory read phase touches fall in distinct banks).
-constexpr int64_t QuantGemvGroupSumsRowBytes(int64_t tile_units) { return tile_units * 32 + 16; }
+// Bytes of one activation row's staged int4 group sums for a tile of tile_units units: an f32 per
+// 32-column group, padded to 16 bytes past a multiple of 64, so that rows two apart are 32 bytes
+// past a multiple of 128 apart (the 16-byte reads of rows 0, 2, 4, 6, or 1, 3, 5, 7, that a
+// shared-memory read phase makes fall in distinct banks).
+constexpr int64_t QuantGemvGroupSumsRowBytes(int64_t tile_units) { return (tile_units * 16 + 63) / 64 * 64 + 16; }
 
 // The product as the planner sees it.
 struct QuantGemvProblem {
