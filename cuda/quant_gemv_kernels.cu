@@ -203,21 +203,12 @@ __device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int 
 // A step's staged activation pieces as lane (g, c) reads them: activation row g + 8 o of B operand
 // o. A lane whose row is past m reads row m - 1 instead: a B column feeds only its own output
 // column, whose sums are never written, so any finite or non-finite value there is harmless.
-// int4 also reads the step's four group sums X (f32) of the activation rows of its output columns,
-// 8 o + 2 c and 8 o + 2 c + 1 (the last row past m), for Int4Format::Products.
 template <int kOperands>
 struct StepActivations {
   const unsigned char* smem;
   int row[kOperands];  // byte offsets of the step's piece 0 in rows min(g + 8 o, m - 1)
-  int x[kOperands][2];  // int4: byte offsets of the step's group sums in rows 8 o + 2 c (+ 1)
   __device__ __forceinline__ uint4 Piece(int o, int piece) const {
     return *reinterpret_cast<const uint4*>(smem + row[o] + 64 * piece);
-  }
-  __device__ __forceinline__ float4 GroupSums(int o, int h) const {
-    return *reinterpret_cast<const float4*>(smem + x[o][h]);
-  }
-  __device__ __forceinline__ float GroupSum(int o, int h, int j) const {
-    return *reinterpret_cast<const float*>(smem + x[o][h] + 4 * j);
   }
 };
 
@@ -230,7 +221,7 @@ struct StepActivations {
 // biases: e4m3 subnormals included, NaN codes reading as +-480.
 struct Fp8Format {
   static constexpr bool kBlockScaled = true;
-  static constexpr bool kGroupSums = false;
+  static constexpr bool kWordPerGroup = false;  // a lane's chunk: consecutive columns
   static constexpr float kSumScale = 1.0f;  // the sums are the products' (Int4Format halves them)
   static constexpr int kStepColumns = 64;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
@@ -306,16 +297,15 @@ struct Fp8Format {
 // j each lie in one scale group (32 divides the group size); lane c's chunk is the step's words c,
 // c + 4, c + 8 and c + 12, word j of it in group j. A nibble u widens exactly to the bf16 8 + u / 2
 // (u in mantissa bits 3..6 under 8's exponent: one shift and one lop3 a pair), that is 12 + q / 2
-// for q = u - 8. A group's two products t = sum (12 + q / 2) x (exact products, fp32 sums) are then
-// corrected by -12 X, X = sum x the group's sum of the staged bf16 activations of the element's
-// column (f32), in one FMA an element: t = sum q x / 2 with one rounding more than the products'
-// sums, and no third product in the chain before the scale. Each group's t times its scale is added
-// to the row's sum, which is doubled at the end (kSumScale).
-// The group scale thus never rounds into the weights (against bf16(q * scale)), and the widening
-// takes 8 instructions a word instead of 15.
+// for q = u - 8; one bf16x2 subtraction of 12 (exact) leaves q / 2. A group's two products
+// t = sum q x / 2 (exact products, fp32 sums) times the group's scale are added to the row's sum,
+// which is doubled at the end (kSumScale). The group scale thus never rounds into the weights
+// (against bf16(q * scale)), and the widening takes 12 instructions a word instead of 15. (Keeping
+// 12 + q / 2 and subtracting 12 X per group instead, X the group's sum of the activations, needs
+// those sums staged per activation row: a pass over the staged tile after a barrier.)
 struct Int4Format {
   static constexpr bool kBlockScaled = false;
-  static constexpr bool kGroupSums = true;
+  static constexpr bool kWordPerGroup = true;  // a lane's word j: the step's group j
   static constexpr float kSumScale = 2.0f;
   static constexpr int kStepColumns = 128;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
@@ -373,13 +363,15 @@ struct Int4Format {
     for (int h = 0; h < 2; ++h) LoadScales(p, rows.scale_row[h], first_col, item.scales[h]);
   }
 
-  // Pairs i = 0..3 of word w (nibbles i and i + 4) as the bf16 pairs 8 + u / 2, exactly.
+  // Pairs i = 0..3 of word w (nibbles i and i + 4) as the bf16 pairs q / 2, exactly: 8 + u / 2 by
+  // placing u under 8's exponent, less 12.
   __device__ static void Widen(uint32_t w, uint32_t (&pair)[4]) {
     constexpr uint32_t kMask = 0x00780078u, kEight = 0x41004100u;  // bits 3..6 of each half; 8.0, 8.0
-    pair[0] = Lop3<0xEA>(w << 3, kMask, kEight);
-    pair[1] = Lop3<0xEA>(w >> 1, kMask, kEight);
-    pair[2] = Lop3<0xEA>(w >> 5, kMask, kEight);
-    pair[3] = Lop3<0xEA>(w >> 9, kMask, kEight);
+    const __nv_bfloat162 twelve = BitCast<__nv_bfloat162>(0x41404140u);
+    const uint32_t biased[4] = {Lop3<0xEA>(w << 3, kMask, kEight), Lop3<0xEA>(w >> 1, kMask, kEight),
+                                Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pair[i] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
   }
 
   // Group j's scale of a row, as f32.
@@ -396,14 +388,6 @@ struct Int4Format {
                                   float (&acc)[kChains][4]) {
     const uint32_t w[2][4] = {{item.w[0].x, item.w[0].y, item.w[0].z, item.w[0].w},
                               {item.w[1].x, item.w[1].y, item.w[1].z, item.w[1].w}};
-    // One operand: the step's group sums of the lane's two columns in two reads. More: a group at a
-    // time, so that each operand's group holds only its own product in registers (the 2- and
-    // 4-operand kernels have none to spare).
-    float4 x1[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
-    if constexpr (kOperands == 1) {
-      x1[0] = act.GroupSums(0, 0);
-      x1[1] = act.GroupSums(0, 1);
-    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t pairs[2][4];
@@ -415,19 +399,14 @@ struct Int4Format {
 #pragma unroll
       for (int o = 0; o < kOperands; ++o) {
         const uint4 b = act.Piece(o, j);
-        const auto pick = [&](int h) {
-          const float4& v = x1[h];
-          return kOperands == 1 ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : act.GroupSum(o, h, j);
-        };
-        const float x_even = pick(0), x_odd = pick(1);  // columns 2 c and 2 c + 1
         float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         MmaBf16(t, a0, b.x, b.y);
         MmaBf16(t, a1, b.z, b.w);
         float(&sum)[4] = acc[kOperands == 1 ? (j & 1) : o];
-        sum[0] = fmaf(fmaf(-12.0f, x_even, t[0]), s_lo, sum[0]);
-        sum[1] = fmaf(fmaf(-12.0f, x_odd, t[1]), s_lo, sum[1]);
-        sum[2] = fmaf(fmaf(-12.0f, x_even, t[2]), s_hi, sum[2]);
-        sum[3] = fmaf(fmaf(-12.0f, x_odd, t[3]), s_hi, sum[3]);
+        sum[0] = fmaf(t[0], s_lo, sum[0]);
+        sum[1] = fmaf(t[1], s_lo, sum[1]);
+        sum[2] = fmaf(t[2], s_hi, sum[2]);
+        sum[3] = fmaf(t[3], s_hi, sum[3]);
       }
     }
   }
@@ -447,14 +426,8 @@ template <typename F>
 __device__ __forceinline__ int PieceOffset(int q) {
   constexpr int kStepPieces = F::kStepColumns / 8;
   const int step = q / kStepPieces, in_step = q % kStepPieces;
-  if constexpr (F::kGroupSums) return step * (F::kStepColumns * 2) + in_step * 16;
+  if constexpr (F::kWordPerGroup) return step * (F::kStepColumns * 2) + in_step * 16;
   return step * (F::kStepColumns * 2) + (in_step % F::kPieces) * 64 + (in_step / F::kPieces) * 16;
-}
-
-// int4's staged group sums (StepActivations::GroupSums; quant_gemv_plan.h sizes them): per
-// activation row, an f32 per 32-column group of the tile. After the activation rows.
-__device__ __forceinline__ int GroupSumsRowBytes(int tile_units) {
-  return static_cast<int>(QuantGemvGroupSumsRowBytes(tile_units));
 }
 
 // Pieces a thread stages at once (their loads in flight together).
@@ -542,34 +515,6 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
   }
 }
 
-// int4, after the activation rows of a tile of `units` units are staged and a barrier: each row's
-// 32-column group sums X of the staged bf16 values (a group: 64 contiguous bytes of the row, pieces
-// 4 G .. 4 G + 3), in a fixed order (each piece's 8 pairwise, then the 4 pieces' pairwise), at
-// group_sums (GroupSumsRowBytes). One (row, group) a thread at a time: a pass of m x 4 units sums,
-// where summing in the staging loop cost each of its 8-column pieces two exchanges.
-__device__ void StageGroupSums(const Params& p, int m, int units, unsigned char* smem, int group_sums) {
-  const int groups = units * (kUnitColumns / 32);
-  for (int i = threadIdx.x; i < m * groups; i += kThreads) {
-    const int r = i / groups, group = i - r * groups;
-    const uint4* src = reinterpret_cast<const uint4*>(smem + r * p.act_stride + group * 64);
-    float piece[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 v = src[q];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      float b[8];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        b[2 * e] = __uint_as_float(w[e] << 16);
-        b[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-      }
-      piece[q] = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
-    }
-    *reinterpret_cast<float*>(smem + group_sums + r * GroupSumsRowBytes(units) + 4 * group) =
-        (piece[0] + piece[1]) + (piece[2] + piece[3]);
-  }
-}
-
 // fp8: stages the f32 scale_inv of the tile's units for the scale rows of the block's rows
 // [block_row, block_row + block_rows): [scale_rows][units] (scale_rows: at least the rows those rows
 // touch), after the activation rows.
@@ -646,18 +591,6 @@ template <int kOperands>
 __device__ __forceinline__ void ActRows(const Params& p, int m, int g, int c, int (&act_row)[kOperands]) {
 #pragma unroll
   for (int o = 0; o < kOperands; ++o) act_row[o] = min(g + 8 * o, m - 1) * p.act_stride + 16 * c;
-}
-
-// int4: lane (g, c)'s byte offsets of its group sums in a staged tile of tile_units units
-// (GroupSumsRowBytes, at group_sums): rows min(8 o + 2 c + h, m - 1), at the tile's step 0.
-template <int kOperands>
-__device__ __forceinline__ void GroupSumRows(int group_sums, int tile_units, int m, int c,
-                                             int (&x_row)[kOperands][2]) {
-#pragma unroll
-  for (int o = 0; o < kOperands; ++o) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) x_row[o][h] = group_sums + min(8 * o + 2 * c + h, m - 1) * GroupSumsRowBytes(tile_units);
-  }
 }
 
 // fp8, at a unit's last step: its block sums (the two chains' sum with one operand) times the scales
@@ -809,18 +742,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   Zero(sum);
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
-  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales (int4: group sums), after the activation rows
-  int x_row[kOperands][2] = {};
-  if constexpr (F::kGroupSums) GroupSumRows(scales_at, tile_units, m, c, x_row);
+  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, m, tile_unit0, tile_units, smem);
-    if constexpr (F::kGroupSums) {
-      __syncthreads();
-      StageGroupSums(p, m, tile_units, smem, scales_at);
-    }
     if constexpr (F::kBlockScaled) {
       StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
@@ -832,13 +759,9 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
       for (int d = 0; d < kDepth; ++d) {
         if (j + d >= n_t) break;
         const int offset = (run0 + j + d) * (F::kStepColumns * 2);
-        StepActivations<kOperands> act{smem, {}, {}};
+        StepActivations<kOperands> act{smem, {}};
 #pragma unroll
-        for (int o = 0; o < kOperands; ++o) {
-          act.row[o] = act_row[o] + offset;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) act.x[o][h] = x_row[o][h] + (run0 + j + d) * 16;
-        }
+        for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + offset;
         F::Products(ring[d], act, acc);
         if constexpr (F::kBlockScaled) {
           // The unit's last step (runs and ring cycles start at unit boundaries): fold its block sum.
@@ -1001,10 +924,6 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   const int block_rows = kBlockRows * p.row_loops;
   const int scales_at = p.m * p.act_stride;
   StageActivations<F>(p, item, m, 0, p.units, smem);
-  if constexpr (F::kGroupSums) {
-    __syncthreads();
-    StageGroupSums(p, m, p.units, smem, scales_at);
-  }
   if constexpr (F::kBlockScaled) {
     StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
   }
@@ -1015,8 +934,6 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
   Zero(sum);
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
-  int x_row[kOperands][2] = {};
-  if constexpr (F::kGroupSums) GroupSumRows(scales_at, p.units, m, c, x_row);
   // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
   const int64_t first_scale_row = (p.row0 + block_row) >> 7;
   const auto scale_rows_of = [&](int i, int (&at)[2]) {
@@ -1062,13 +979,9 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (j + d >= total_steps) break;
-      StepActivations<kOperands> act{smem, {}, {}};
+      StepActivations<kOperands> act{smem, {}};
 #pragma unroll
-      for (int o = 0; o < kOperands; ++o) {
-        act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) act.x[o][h] = x_row[o][h] + cons_step * 16;
-      }
+      for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
       F::Products(ring[d], act, acc);
       if constexpr (F::kBlockScaled) {
         // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are

@@ -274,11 +274,9 @@ size_t QuantGemvStagedBytes(const QuantGemvProblem& problem, const QuantGemvPlan
   const int64_t tile_units = static_cast<int64_t>(plan.wk) * plan.part_units;
   // Each activation row: the tile's columns as bf16 and 64 bytes that skew the rows' banks.
   const int64_t act = problem.m * (tile_units * kQuantGemvUnitColumns * 2 + 64);
-  // fp8: the scale rows the block's rows touch (two for 128 rows; one more per further 128); int4:
-  // each activation row's group sums.
+  // fp8: the scale rows the block's rows touch (two for 128 rows; one more per further 128).
   const int64_t scale_rows = plan.row_loops > 0 ? plan.row_loops + 1 : 2;
-  const int64_t scales =
-      problem.int4 ? problem.m * QuantGemvGroupSumsRowBytes(tile_units) : scale_rows * tile_units * 4;
+  const int64_t scales = problem.int4 ? 0 : scale_rows * tile_units * 4;
   return static_cast<size_t>(act + scales);
 }
 

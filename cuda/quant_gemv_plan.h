@@ -85,12 +85,6 @@ size_t QuantGemvSharedLimitFor(int64_t m);
 // KiB; unset, empty or not a whole number (a shell's `VAR= cmd` sets it empty): kQuantGemvSharedMax.
 size_t QuantGemvSharedLimitFromEnv(const char* value);
 
-// Bytes of one activation row's staged int4 group sums for a tile of tile_units units: an f32 per
-// 32-column group, padded to 16 bytes past a multiple of 64, so that rows two apart are 32 bytes
-// past a multiple of 128 apart (the 16-byte reads of rows 0, 2, 4, 6, or 1, 3, 5, 7, that a
-// shared-memory read phase makes fall in distinct banks).
-constexpr int64_t QuantGemvGroupSumsRowBytes(int64_t tile_units) { return (tile_units * 16 + 63) / 64 * 64 + 16; }
-
 // The product as the planner sees it.
 struct QuantGemvProblem {
   bool int4 = false;
@@ -128,11 +122,10 @@ int64_t QuantGemvUnits(const QuantGemvProblem& problem);
 int QuantGemvUnitSteps(bool int4);
 
 // Shared memory a block's loop stages: one activation tile (its rows as bf16, each padded by 64
-// bytes) and fp8's scale rows for the tile's units, or int4's group sums of the rows.
+// bytes) and fp8's scale rows for the tile's units.
 size_t QuantGemvStagedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
 
-// Dynamic shared memory of a block: the staged activation tile (and fp8's scales or int4's group
-// sums), or the
+// Dynamic shared memory of a block: the staged activation tile (and fp8's staged scales), or the
 // partial sums of the final reduction where those are larger.
 size_t QuantGemvSharedBytes(const QuantGemvProblem& problem, const QuantGemvPlan& plan);
 
