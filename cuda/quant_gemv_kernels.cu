@@ -853,11 +853,21 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // while the previous group's last products run. The whole K of a row being one warp's (wk 1, no
 // cluster), a group's sums are final in the warp's fragments and are written from there; each sum
 // is the same chain as in a wk = 1, split = 1 plan of the kernel above.
+// The one-operand row loops on tiled codes fit the register budget of 3 blocks a multiprocessor
+// without spills (ptxas; int4 with a 2-step ring, which its 16 rows' two steps of a 256-column K
+// fill), so they ask for them: more warps to hide their dependent latency, with as many bytes in
+// flight a multiprocessor as 2 blocks' 4-step rings give. The others keep 2 blocks and their rings.
 template <typename F, int kOperands, bool kTiled>
-__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowLoopKernel(const Params p) {
+inline constexpr int kRowLoopBlocksPerSm = kOperands == 1 && kTiled ? 3 : kQuantGemvBlocksPerSm;
+template <typename F, int kOperands, bool kTiled>
+inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
+
+template <typename F, int kOperands, bool kTiled>
+__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
+    QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kUnitSteps = F::kUnitSteps;
-  constexpr int kDepth = QuantGemvDepth(kOperands);
+  constexpr int kDepth = kRowLoopDepth<F, kOperands, kTiled>;
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
