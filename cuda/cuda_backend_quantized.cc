@@ -35,10 +35,10 @@
 // which the previous dequantized product may still be reading.
 //
 // Numerics against the CPU reference (exact f32 weights, f32 activations): `a` is rounded to bf16
-// on the GEMV and dequantized paths, as the bf16-weight Gemm rounds it. INT4 weights enter as bf16(q * scale) on both
-// paths (q * a bf16 scale has up to 11 significant bits). FP8 weights enter exactly on the GEMV
-// path (exact e4m3 x bf16 products, each 128-column block's fp32 sum times its scale) and as
-// bf16(e4m3 * scale) on the dequantized path. Accumulation is fp32 everywhere. The W8A8 path rounds
+// on the GEMV and dequantized paths, as the bf16-weight Gemm rounds it. Weights enter exactly on
+// the GEMV path (exact code x bf16 products, each FP8 128-column block's or INT4 32-column group's
+// fp32 sum times its scale) and as bf16(code * scale) on the dequantized path (INT4's q * a bf16
+// scale has up to 11 significant bits). Accumulation is fp32 everywhere. The W8A8 path rounds
 // `a` further, to e4m3 with a per-128-column scale (3 mantissa bits: relative rounding up to 2^-4 per
 // element, 2% to 4% RMS depending on where a value falls in its binade, which random signs carry
 // into each result as about that fraction of its magnitude), and multiplies the exact FP8 weights; its

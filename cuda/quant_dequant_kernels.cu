@@ -137,8 +137,8 @@ __global__ void Int4GroupDequantKernel(const int32_t* __restrict__ packed, int64
 }
 
 // Tiled codes of either format: a thread per lane of a tile (two 16-byte chunks, whole loads), each
-// chunk a run of one row's codes (fp8: 16 columns; int4: 4 words, 32 columns), written as that
-// row's run of bf16 weights, the threads ordered so that a warp writes long runs of few rows (a
+// chunk 16 columns of one row's codes (fp8) or 4 words of 8 columns, 32 columns apart (int4), written
+// as that row's bf16 weights, the threads ordered so that a warp writes long runs of few rows (a
 // lane a thread, as the tiles are ordered, would spread each warp's writes over 8 rows). Scales as
 // the row kernels take them: fp8 by (row0 + r, col0 + c) blocks, int4 from the slice's row of
 // scales.
@@ -160,11 +160,14 @@ __global__ void TiledDequantKernel(const uint8_t* __restrict__ tiles, TileGeomet
     const int64_t chunk = u % 4, step = (u / 4) % geometry.steps, g = (u / (4 * geometry.steps)) % 8;
     const int64_t group = u / (32 * geometry.steps);
     const uint8_t* lane_bytes = tiles + (group * geometry.steps + step) * kQuantTileBytes + 32 * (4 * g + chunk);
-    // The chunks' first column of the slice (fp8: a byte a column; int4: 2 columns a byte).
-    const int64_t first_byte =
-        kQuantTileStepBytes * step + 16 * chunk - (kInt4 ? geometry.shift / 2 : geometry.shift);
-    const int64_t c0 = kInt4 ? 2 * first_byte : first_byte;
-    if (c0 + kValues <= 0 || c0 >= k) continue;  // padding
+    // Value v's column of the slice: its byte among the step's (QuantTileChunkByte; fp8 a byte a
+    // column, int4 2 columns a byte). Increasing in v, in runs of 8 contiguous columns at least.
+    const int64_t step_byte = kQuantTileStepBytes * step - (kInt4 ? geometry.shift / 2 : geometry.shift);
+    const auto column = [&](int v) -> int64_t {
+      return kInt4 ? 2 * (step_byte + QuantTileChunkByte(true, chunk, v / 2)) + v % 2
+                   : step_byte + QuantTileChunkByte(false, chunk, v);
+    };
+    if (column(kValues - 1) < 0 || column(0) >= k) continue;  // padding
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t r = kQuantTileRows * group + g + 8 * half;
@@ -178,13 +181,13 @@ __global__ void TiledDequantKernel(const uint8_t* __restrict__ tiles, TileGeomet
         cursor.f32 = scale_inv + (row0 + r) / block_rows * scale_ld;
       }
       cursor.width = block_cols;
-      const int64_t start = c0 < 0 ? 0 : c0;
+      const int64_t start = column(0) < 0 ? 0 : column(0);
       cursor.Seek(start, col0);
       uint16_t* out_row = out + r * ld_out;
       uint16_t bits[kValues];
 #pragma unroll
       for (int v = 0; v < kValues; ++v) {
-        const int64_t c = c0 + v;
+        const int64_t c = column(v);
         float w = 0.0f;
         if (c >= 0 && c < k) {
           if (kInt4) {
@@ -197,18 +200,20 @@ __global__ void TiledDequantKernel(const uint8_t* __restrict__ tiles, TileGeomet
         }
         bits[v] = Bf16Bits(w);
       }
-      if (c0 >= 0 && c0 + kValues <= k && reinterpret_cast<uintptr_t>(out_row + c0) % 16 == 0) {
+      // Runs of 8 contiguous columns: one 16-byte store each where whole and aligned.
 #pragma unroll
-        for (int v = 0; v < kValues; v += 8) {
+      for (int v = 0; v < kValues; v += 8) {
+        const int64_t c = column(v);
+        if (c >= 0 && c + 8 <= k && reinterpret_cast<uintptr_t>(out_row + c) % 16 == 0) {
           uint32_t packed[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) packed[j] = bits[v + 2 * j] | static_cast<uint32_t>(bits[v + 2 * j + 1]) << 16;
-          *reinterpret_cast<uint4*>(out_row + c0 + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        }
-      } else {
+          *reinterpret_cast<uint4*>(out_row + c) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        } else {
 #pragma unroll
-        for (int v = 0; v < kValues; ++v) {
-          if (c0 + v >= 0 && c0 + v < k) out_row[c0 + v] = bits[v];
+          for (int e = 0; e < 8; ++e) {
+            if (c + e >= 0 && c + e < k) out_row[c + e] = bits[v + e];
+          }
         }
       }
     }

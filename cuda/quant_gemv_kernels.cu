@@ -16,10 +16,12 @@
 // bounds the kernel where the bytes do not. Within a chunk, the columns enter the products in a
 // fixed permutation that the staged activations share (PieceColumn): fp8 word j (4 codes) feeds
 // product j with codes (0, 2) and (1, 3); int4 word j (8 nibbles) feeds products 2j and 2j + 1
-// with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7).
+// with nibble pairs (0, 4), (1, 5) and (2, 6), (3, 7), word j of every lane lying in the step's
+// 32-column group j (eagle3/detail/quant_tiles.h), so that both products stay in one scale group.
 //
 // Sums: each warp accumulates its rows over its K run in step order (fp8: each 128-column block's
-// products in fp32, times the block's scale, added to the row's sum); the wk warps of a row group
+// products in fp32, times the block's scale, added to the row's sum; int4: each 32-column group's
+// products in fp32, times the group's scale, added to the row's sum); the wk warps of a row group
 // add their sums in warp order, and the blocks of a cluster in rank order: the same bits every run.
 // From 9 rows on, each 8-row operand has its own accumulators, so an activation row's sum is the
 // same chain whichever operand holds it: for a given plan, row r of a 9- to 32-row call has the bits
@@ -187,13 +189,13 @@ __device__ __noinline__ uint4 LoadEdgeBytes(const uint8_t* row, int col, int k) 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Words [word0, word0 + 4) of a packed row, zeros outside [0, words): a slice's edge chunk, or any
-// chunk of a slice whose words are off the global 32-column grid (then not 16-byte aligned).
+// Words word0, word0 + 4, word0 + 8 and word0 + 12 of a packed row (an int4 lane's chunk), zeros
+// outside [0, words): a slice's edge. Out of line, as LoadEdgeBytes.
 __device__ __noinline__ uint4 LoadEdgeWords(const uint32_t* row, int word0, int words) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (word0 + e >= 0 && word0 + e < words) w[e] = row[word0 + e];
+  for (int j = 0; j < 4; ++j) {
+    if (word0 + 4 * j >= 0 && word0 + 4 * j < words) w[j] = row[word0 + 4 * j];
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -219,6 +221,8 @@ struct StepActivations {
 // biases: e4m3 subnormals included, NaN codes reading as +-480.
 struct Fp8Format {
   static constexpr bool kBlockScaled = true;
+  static constexpr bool kWordPerGroup = false;  // a lane's chunk: consecutive columns
+  static constexpr float kSumScale = 1.0f;  // the sums are the products' (Int4Format halves them)
   static constexpr int kStepColumns = 64;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 2;  // 8-column activation pieces of a lane's chunk
@@ -289,12 +293,20 @@ struct Fp8Format {
 // ---- INT4 group-quantized ------------------------------------------------------------------------
 //
 // A step is 128 columns, aligned to the global 32-column grid (the first unit starts `shift` =
-// col0 % 32 columns before column 0, which read as zeros), so that lane c's chunk, the 4 packed
-// words of columns 32c .. 32c + 31 of the step, lies in one scale group (32 divides the group size).
-// A nibble u becomes the bf16 128 + u by setting bf16 128's low mantissa bits, then q = u - 8 exactly
-// and w = bf16(q * scale), rounded once.
+// col0 % 32 columns before column 0, which read as zeros), so that the step's four 32-column groups
+// j each lie in one scale group (32 divides the group size); lane c's chunk is the step's words c,
+// c + 4, c + 8 and c + 12, word j of it in group j. A nibble u widens exactly to the bf16 8 + u / 2
+// (u in mantissa bits 3..6 under 8's exponent: one shift and one lop3 a pair), that is 12 + q / 2
+// for q = u - 8; one bf16x2 subtraction of 12 (exact) leaves q / 2. A group's two products
+// t = sum q x / 2 (exact products, fp32 sums) times the group's scale are added to the row's sum,
+// which is doubled at the end (kSumScale). The group scale thus never rounds into the weights
+// (against bf16(q * scale)), and the widening takes 12 instructions a word instead of 15. (Keeping
+// 12 + q / 2 and subtracting 12 X per group instead, X the group's sum of the activations, needs
+// those sums staged per activation row: a pass over the staged tile after a barrier.)
 struct Int4Format {
   static constexpr bool kBlockScaled = false;
+  static constexpr bool kWordPerGroup = true;  // a lane's word j: the step's group j
+  static constexpr float kSumScale = 2.0f;
   static constexpr int kStepColumns = 128;
   static constexpr int kUnitSteps = kUnitColumns / kStepColumns;
   static constexpr int kPieces = 4;
@@ -303,49 +315,74 @@ struct Int4Format {
 
   struct Item {
     uint4 w[2];
-    uint32_t scales[2];  // per row: the chunk's bf16 scale in both halves
+    uint32_t scales[2][2];  // per row: the bf16 scales of groups (0, 1) and (2, 3) of the step
   };
 
-  // As Fp8Format::Load, and the chunk's scales.
+  // A row's scales of the step's groups, from the global column of the step's first word.
+  __device__ static void LoadScales(const Params& p, const uint16_t* row, int first_col, uint32_t (&out)[2]) {
+    const int g0 = first_col >> p.group_shift;
+    // row + g0 8-byte aligned: g0 is (col0 - shift) / 32 plus a multiple of 4, so the test does not
+    // depend on the step (the loops can keep it).
+    const bool aligned = ((reinterpret_cast<uintptr_t>(row) + ((p.col0 - p.shift) >> 4)) & 7) == 0;
+    if (p.group_shift == 5 && g0 + 3 <= p.last_group && aligned) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + g0));  // four consecutive groups
+      out[0] = v.x;
+      out[1] = v.y;
+      return;
+    }
+    // A group wholly past k (the last unit's tail) takes the last group's scale: its words are zeros.
+    uint32_t g[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) g[j] = __ldg(row + min((first_col + 32 * j) >> p.group_shift, p.last_group));
+    out[0] = g[0] | (g[1] << 16);
+    out[1] = g[2] | (g[3] << 16);
+  }
+
+  // As Fp8Format::Load, and the groups' scales.
   template <bool kTiled>
   __device__ static void Load(const Params& p, const LaneRows& rows, const char* tile, int step, int c, Item& item) {
-    const int col = step * kStepColumns + 32 * c - p.shift;  // a multiple of 8
-    const int word0 = col >> 3, words = (p.k + 7) >> 3;
+    const int word0 = step * (kStepColumns / 8) + c - (p.shift >> 3);  // the lane's word of group 0
+    const int words = (p.k + 7) >> 3;
     if (kTiled || p.tiled) {
       LoadTiled(kTiled ? tile : rows.row[0] + static_cast<int64_t>(step) * kQuantTileBytes, item.w);
-    } else if (p.shift == 0 && word0 + 4 <= words) {  // a whole, 16-byte aligned chunk
+    } else if (word0 >= 0 && word0 + 12 < words) {  // four whole words, 16 bytes apart
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        item.w[h] = __ldcs(reinterpret_cast<const uint4*>(rows.row[h]) + (word0 >> 2));
+        const unsigned* row = reinterpret_cast<const unsigned*>(rows.row[h]) + word0;
+        item.w[h] = make_uint4(__ldcs(row), __ldcs(row + 4), __ldcs(row + 8), __ldcs(row + 12));
       }
-    } else {  // a slice's edge, or any chunk of a slice whose words are off the 32-column grid
+    } else {  // a slice's edge
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         item.w[h] = LoadEdgeWords(reinterpret_cast<const uint32_t*>(rows.row[h]), word0, words);
       }
     }
-    // The scales after the weights, so that the weight loads issue first. A chunk wholly past k
-    // (the last unit's tail) takes the last group's scale: its words are zeros.
-    const int group = min((p.col0 - p.shift + step * kStepColumns + 32 * c) >> p.group_shift, p.last_group);
+    // The scales after the weights, so that the weight loads issue first.
+    const int first_col = p.col0 - p.shift + step * kStepColumns;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) item.scales[h] = __byte_perm(__ldg(rows.scale_row[h] + group), 0u, 0x1010u);
+    for (int h = 0; h < 2; ++h) LoadScales(p, rows.scale_row[h], first_col, item.scales[h]);
   }
 
-  // Pairs i = 0..3 of word w (nibbles i and i + 4) as bf16(q * scale), scale2 the scale in both halves.
-  __device__ static void Dequantize(uint32_t w, uint32_t scale2, uint32_t (&pair)[4]) {
-    const __nv_bfloat162 minus_136 = BitCast<__nv_bfloat162>(0xC308C308u);  // -136, -136
-    const __nv_bfloat162 one = BitCast<__nv_bfloat162>(0x3F803F80u);
-    const __nv_bfloat162 s2 = BitCast<__nv_bfloat162>(scale2);
+  // Pairs i = 0..3 of word w (nibbles i and i + 4) as the bf16 pairs q / 2, exactly: 8 + u / 2 by
+  // placing u under 8's exponent, less 12.
+  __device__ static void Widen(uint32_t w, uint32_t (&pair)[4]) {
+    constexpr uint32_t kMask = 0x00780078u, kEight = 0x41004100u;  // bits 3..6 of each half; 8.0, 8.0
+    const __nv_bfloat162 twelve = BitCast<__nv_bfloat162>(0x41404140u);
+    const uint32_t biased[4] = {Lop3<0xEA>(w << 3, kMask, kEight), Lop3<0xEA>(w >> 1, kMask, kEight),
+                                Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t biased = Lop3<0xEA>(w >> (4 * i), 0x000f000fu, 0x43004300u);  // 128 + u, both halves
-      const __nv_bfloat162 q = __hfma2(BitCast<__nv_bfloat162>(biased), one, minus_136);
-      pair[i] = Bits(__hmul2(q, s2));
-    }
+    for (int i = 0; i < 4; ++i) pair[i] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
   }
 
-  // As Fp8Format::Products: with one B operand, the two products of a word go to acc[0] and acc[1];
-  // with more, acc[o] takes operand o's rows.
+  // Group j's scale of a row, as f32.
+  __device__ static float Scale(const uint32_t (&scales)[2], int j) {
+    const uint32_t bits = scales[j >> 1];
+    return __uint_as_float((j & 1) != 0 ? bits & 0xffff0000u : bits << 16);
+  }
+
+  // The step's products, rows g and g + 8 times the activation rows, group by group (the class
+  // comment). With one B operand (up to 8 rows), the groups alternate between the sums acc[0] and
+  // acc[1], two independent chains; with more, acc[o] takes operand o's rows 8 o .. 8 o + 7.
   template <int kOperands, int kChains>
   __device__ static void Products(const Item& item, const StepActivations<kOperands>& act,
                                   float (&acc)[kChains][4]) {
@@ -355,22 +392,21 @@ struct Int4Format {
     for (int j = 0; j < 4; ++j) {
       uint32_t pairs[2][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) Dequantize(w[h][j], item.scales[h], pairs[h]);
+      for (int h = 0; h < 2; ++h) Widen(w[h][j], pairs[h]);
       const unsigned a0[4] = {pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]};
       const unsigned a1[4] = {pairs[0][2], pairs[1][2], pairs[0][3], pairs[1][3]};
-      if constexpr (kOperands == 1) {
-        const uint4 b = act.Piece(0, j);
-        MmaBf16(acc[0], a0, b.x, b.y);
-        MmaBf16(acc[1], a1, b.z, b.w);
-      } else {
-        uint4 b[kOperands];
+      const float s_lo = Scale(item.scales[0], j), s_hi = Scale(item.scales[1], j);
 #pragma unroll
-        for (int o = 0; o < kOperands; ++o) {
-          b[o] = act.Piece(o, j);
-          MmaBf16(acc[o], a0, b[o].x, b[o].y);
-        }
-#pragma unroll
-        for (int o = 0; o < kOperands; ++o) MmaBf16(acc[o], a1, b[o].z, b[o].w);
+      for (int o = 0; o < kOperands; ++o) {
+        const uint4 b = act.Piece(o, j);
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        MmaBf16(t, a0, b.x, b.y);
+        MmaBf16(t, a1, b.z, b.w);
+        float(&sum)[4] = acc[kOperands == 1 ? (j & 1) : o];
+        sum[0] = fmaf(t[0], s_lo, sum[0]);
+        sum[1] = fmaf(t[1], s_lo, sum[1]);
+        sum[2] = fmaf(t[2], s_hi, sum[2]);
+        sum[3] = fmaf(t[3], s_hi, sum[3]);
       }
     }
   }
@@ -383,11 +419,14 @@ struct Int4Format {
 // 16-byte shared-memory read phase (rows g, g + 1; c = 0..3) read 64 contiguous bytes of each of two
 // rows whose stride is 64 bytes past a multiple of 128: 8 distinct 16-byte bank groups.
 
-// Byte offset, within a staged row, of piece q (8 columns from column 8q of the tile).
+// Byte offset, within a staged row, of piece q (8 columns from column 8q of the tile): lane c's
+// piece j of a step at 64 j + 16 c. fp8: the lane's chunk is pieces 2c, 2c + 1 of the step; int4:
+// its word j is piece c + 4 j (eagle3/detail/quant_tiles.h), so the step's pieces stay in order.
 template <typename F>
 __device__ __forceinline__ int PieceOffset(int q) {
   constexpr int kStepPieces = F::kStepColumns / 8;
   const int step = q / kStepPieces, in_step = q % kStepPieces;
+  if constexpr (F::kWordPerGroup) return step * (F::kStepColumns * 2) + in_step * 16;
   return step * (F::kStepColumns * 2) + (in_step % F::kPieces) * 64 + (in_step / F::kPieces) * 16;
 }
 
@@ -465,13 +504,12 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       if (dest[u] < 0) continue;
+      uint32_t bits[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][e]));
       uint32_t words[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w)]));
-        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w + 1)]));
-        words[w] = lo | (hi << 16);
-      }
+      for (int w = 0; w < 4; ++w) words[w] = bits[F::PieceColumn(2 * w)] | (bits[F::PieceColumn(2 * w + 1)] << 16);
       *reinterpret_cast<uint4*>(smem + dest[u]) = make_uint4(words[0], words[1], words[2], words[3]);
     }
   }
@@ -767,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     const int64_t row = block_row + (e - mr * block_rows);
     if (row >= p.n) return;
     float* out = item_c + mr * p.ldc + row;
-    float v = p.alpha * total;
+    float v = p.alpha * (F::kSumScale * total);
     if (p.beta != 0.0f) v += p.beta * *out;
     if (p.bias != nullptr) v += p.bias[row];
     *out = v;
@@ -815,11 +853,21 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // while the previous group's last products run. The whole K of a row being one warp's (wk 1, no
 // cluster), a group's sums are final in the warp's fragments and are written from there; each sum
 // is the same chain as in a wk = 1, split = 1 plan of the kernel above.
+// The one-operand row loops on tiled codes fit the register budget of 3 blocks a multiprocessor
+// without spills (ptxas; int4 with a 2-step ring, which its 16 rows' two steps of a 256-column K
+// fill), so they ask for them: more warps to hide their dependent latency, with as many bytes in
+// flight a multiprocessor as 2 blocks' 4-step rings give. The others keep 2 blocks and their rings.
 template <typename F, int kOperands, bool kTiled>
-__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowLoopKernel(const Params p) {
+inline constexpr int kRowLoopBlocksPerSm = kOperands == 1 && kTiled ? 3 : kQuantGemvBlocksPerSm;
+template <typename F, int kOperands, bool kTiled>
+inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
+
+template <typename F, int kOperands, bool kTiled>
+__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
+    QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kUnitSteps = F::kUnitSteps;
-  constexpr int kDepth = QuantGemvDepth(kOperands);
+  constexpr int kDepth = kRowLoopDepth<F, kOperands, kTiled>;
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -928,7 +976,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvRowL
         const int mr = 8 * h + 2 * c + e % 2;
         if (row >= p.n || mr >= m) continue;
         float* out = item_c + mr * p.ldc + row;
-        float v = p.alpha * total;
+        float v = p.alpha * (F::kSumScale * total);
         if (p.beta != 0.0f) v += p.beta * *out;
         if (p.bias != nullptr) v += p.bias[row];
         *out = v;

@@ -116,10 +116,10 @@ struct Int4GroupWeights {
 };
 
 // As LaunchFp8BlockGemv (same a, c, bias, sizes, batch, programmatic and error contract), with the
-// int4 weights above. Each weight is dequantized in registers to bf16(q * scale), the product
-// rounded to bf16 once (round to nearest, ties to even): the very bf16 weights that
-// compressed-tensors' decompression gives and that ReadWeightShard(..., DType::kBF16) loads (the
-// exact f32 dequantization rounded to bf16). Products with the bf16 activations are exact in fp32.
+// int4 weights above. The weights enter exactly: each 32-column group's products of the codes with
+// the bf16 activations are exact in fp32 and summed there, and the group's sum is multiplied by its
+// scale in fp32 (never rounded into a bf16 weight, as compressed-tensors' decompression to bf16
+// would round q * scale).
 // Returns cudaErrorInvalidValue also for a group size that is not a power of two >= 32, or a col0
 // that is not a multiple of 8.
 cudaError_t LaunchInt4GroupGemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,

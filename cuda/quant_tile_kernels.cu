@@ -1,7 +1,8 @@
 // The device tiler (quant_tile_ops.h): one thread per 16-byte chunk of the tiles, so that the
-// writes are whole coalesced 16-byte stores and a chunk's source bytes, contiguous in its row, are
+// writes are whole coalesced 16-byte stores. An fp8 chunk's source bytes, contiguous in its row, are
 // one 16-byte load where they lie on a 16-byte boundary inside the row (every hub checkpoint's
-// slices: rows padded to 16 bytes, fp8 col0 a multiple of 16), else a byte loop (edges, shifts).
+// slices: rows padded to 16 bytes, col0 a multiple of 16), else a byte loop (edges, shifts); an int4
+// chunk is four words of its row, 16 bytes apart (eagle3/detail/quant_tiles.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,7 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void TileQuantizedCodesKernel(const uint8_t* __restrict__ codes, int64_t ld_bytes, int64_t n,
+__global__ void TileQuantizedCodesKernel(bool int4, const uint8_t* __restrict__ codes, int64_t ld_bytes, int64_t n,
                                          int64_t row_bytes, int64_t steps, int64_t shift_bytes, int64_t chunks,
                                          uint8_t* __restrict__ tiles) {
   for (int64_t q = blockIdx.x * int64_t{kThreads} + threadIdx.x; q < chunks;
@@ -25,11 +26,22 @@ __global__ void TileQuantizedCodesKernel(const uint8_t* __restrict__ codes, int6
     const int64_t lane = within / 2, half = within % 2;
     const int64_t group = tile / steps, step = tile % steps;
     const int64_t row = kQuantTileRows * group + lane / 4 + 8 * half;
-    const int64_t first = kQuantTileStepBytes * step + 16 * (lane % 4) - shift_bytes;
+    const int64_t step_byte = kQuantTileStepBytes * step - shift_bytes;
+    const int64_t first = step_byte + QuantTileChunkByte(int4, lane % 4, 0);
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row < n) {
       const uint8_t* src = codes + row * ld_bytes;
-      if (first >= 0 && first + 16 <= row_bytes && (reinterpret_cast<uintptr_t>(src + first) % 16) == 0) {
+      if (int4) {
+        // Words c, c + 4, c + 8, c + 12 of the step (QuantTileChunkByte), 16 bytes apart; the row's
+        // words are 4-byte aligned (ld_bytes and the shift whole words).
+        uint32_t words[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t at = step_byte + QuantTileChunkByte(true, lane % 4, 4 * j);
+          words[j] = at >= 0 && at + 4 <= row_bytes ? *reinterpret_cast<const uint32_t*>(src + at) : 0u;
+        }
+        value = make_uint4(words[0], words[1], words[2], words[3]);
+      } else if (first >= 0 && first + 16 <= row_bytes && (reinterpret_cast<uintptr_t>(src + first) % 16) == 0) {
         value = *reinterpret_cast<const uint4*>(src + first);
       } else {
         uint8_t bytes[16];
@@ -62,7 +74,7 @@ cudaError_t LaunchTileQuantizedCodes(bool int4, const uint8_t* codes, int64_t ld
   const int64_t chunks = QuantTiledBytes(int4, n, k, col0) / 16;
   const int64_t blocks = (chunks + kThreads - 1) / kThreads;
   const unsigned grid = static_cast<unsigned>(blocks < 65536 * 16 ? blocks : 65536 * 16);
-  TileQuantizedCodesKernel<<<grid, kThreads, 0, stream>>>(codes, ld_bytes, n, row_bytes, QuantTileSteps(int4, k, col0),
+  TileQuantizedCodesKernel<<<grid, kThreads, 0, stream>>>(int4, codes, ld_bytes, n, row_bytes, QuantTileSteps(int4, k, col0),
                                                           int4 ? shift / 2 : shift, chunks, tiles);
   return cudaGetLastError();
 }

@@ -16,11 +16,13 @@ void TileQuantizedCodes(bool int4, const uint8_t* codes, int64_t ld, int64_t n, 
   const int64_t row_stride = int4 ? 4 * ld : ld;
   for (int64_t row = 0; row < n; ++row) {
     const uint8_t* src = codes + row * row_stride;
-    // A step's 16-byte chunk is contiguous in both layouts: copy chunk by chunk.
+    // Runs contiguous in both layouts (QuantTileChunkByte): fp8 a lane's 16-byte chunk, int4 one
+    // 4-byte word (int4 rows and the shift are whole words): copy run by run.
+    const int64_t run = int4 ? 4 : 16;
     for (int64_t b = 0; b < row_bytes;) {
       const int64_t at = QuantTileOffset(int4, steps, shift, row, b);
-      const int64_t in_chunk = (b + (int4 ? shift / 2 : shift)) % 16;
-      const int64_t len = std::min<int64_t>(16 - in_chunk, row_bytes - b);
+      const int64_t in_run = (b + (int4 ? shift / 2 : shift)) % run;
+      const int64_t len = std::min<int64_t>(run - in_run, row_bytes - b);
       std::memcpy(out + at, src + b, static_cast<size_t>(len));
       b += len;
     }

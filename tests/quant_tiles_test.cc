@@ -24,7 +24,8 @@ std::vector<uint8_t> RandomCodes(int64_t n, int64_t ld_bytes, uint32_t seed) {
 }
 
 // The tiled byte at (row r, byte b of the row's stream of steps): the stream holds, per step s,
-// 64 bytes: fp8 columns 64 s - shift .. 64 s + 63 - shift; int4 words (128 s - shift) / 8 .. + 15.
+// 64 bytes: fp8 columns 64 s - shift .. 64 s + 63 - shift; int4 words (128 s - shift) / 8 .. + 15,
+// lane c taking words c, c + 4, c + 8 and c + 12.
 struct Case {
   bool int4;
   int64_t n, k, col0, ld;  // ld: bytes (fp8) or words (int4) between rows
@@ -47,10 +48,14 @@ void Check(const Case& cs) {
   const int64_t row_bytes = cs.int4 ? 4 * ((cs.k + 7) / 8) : cs.k;
   for (int64_t r = 0; r < (cs.n + 15) / 16 * 16; ++r) {
     for (int64_t s = 0; s < steps; ++s) {
-      for (int64_t i = 0; i < 64; ++i) {  // byte i of row r's step s: lane chunk i / 16, byte i % 16
-        const int64_t c = i / 16;
+      for (int64_t i = 0; i < 64; ++i) {  // byte i of row r's step s
+        // Its lane c and byte within the lane's chunk: fp8 chunk i / 16, byte i % 16; int4 word i / 4
+        // of the step goes to lane (i / 4) % 4 as that lane's word i / 16.
+        const int64_t c = cs.int4 ? (i / 4) % 4 : i / 16;
+        const int64_t in_chunk = cs.int4 ? 4 * (i / 16) + i % 4 : i % 16;
+        ASSERT_EQ(QuantTileChunkByte(cs.int4, c, in_chunk), i);
         // Where the definition puts it: the tile of (r / 16, s), lane 4 (r % 8) + c, half (r % 16) / 8.
-        const int64_t at = ((r / 16) * steps + s) * 1024 + 32 * (4 * (r % 8) + c) + 16 * ((r % 16) / 8) + i % 16;
+        const int64_t at = ((r / 16) * steps + s) * 1024 + 32 * (4 * (r % 8) + c) + 16 * ((r % 16) / 8) + in_chunk;
         const int64_t src = cs.int4 ? 4 * ((128 * s - shift) / 8) + i : 64 * s - shift + i;
         const uint8_t want = r < cs.n && src >= 0 && src < row_bytes ? codes[r * ld_bytes + src] : 0;
         ASSERT_EQ(tiled[at], want) << "row " << r << " step " << s << " byte " << i;

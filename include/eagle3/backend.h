@@ -483,8 +483,8 @@ class EAGLE3_API Backend {
   // x / weights / out shapes) with gate_e, up_e and down_e the f32 weights the views describe
   // (DequantizeWeight). A backend may round x and the activation silu(gate x) * up x to bf16 as its
   // QuantizedGemm rounds activations, and take the weights as its QuantizedGemm does (CudaBackend:
-  // INT4 as bf16(q * scale); cuda/cuda_backend_quantized_moe.cc); the CPU reference dequantizes
-  // exactly and takes x, weights and out in f32 only.
+  // exact, with the scales applied to fp32 block and group sums; cuda/cuda_backend_quantized_moe.cc);
+  // the CPU reference dequantizes exactly and takes x, weights and out in f32 only.
   //   x: [T, H]      ids: [T, k], i32, each in [0, experts.size())      weights: [T, k]
   //   experts: per expert, see QuantizedExpertWeights: Check()ed views on device(), one format and
   //   block size for all, gate / up rows() = I and k = H, down rows() = H and k = I

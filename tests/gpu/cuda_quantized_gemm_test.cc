@@ -9,10 +9,10 @@
 //
 // Tolerances, as max |gpu - ref| / max |ref| over a call's output:
 //  - 3e-5 against a bf16 model of the path: the CPU Gemm on `a` rounded to bf16 and on the weights
-//    the path multiplies (FP8 on the GEMV path: the exact f32 weights, whose block scales the kernel
-//    applies to fp32 block sums; INT4, and FP8 on the dequantized path: the f32 weights rounded to
-//    bf16). Only fp32 summation order and rounding differ from it; a wrong block, group, nibble or
-//    row chunk moves results by whole weights, orders of magnitude above it.
+//    the path multiplies (the GEMV path: the exact f32 weights, whose FP8 block scales and INT4 group
+//    scales the kernel applies to fp32 block and group sums; the dequantized path: the f32 weights
+//    rounded to bf16). Only fp32 summation order and rounding differ from it; a wrong block, group,
+//    nibble or row chunk moves results by whole weights, orders of magnitude above it.
 //  - 1e-2 against the exact CPU reference (f32 activations and weights): bf16 rounding of the
 //    activations, and of the weights where the path rounds them (relative 2^-9 each, random signs).
 #include <cuda_runtime_api.h>
@@ -68,7 +68,6 @@ class CudaQuantizedGemmTest : public QuantizedGemmParityTest {
     const QuantizedWeightView& device = d.view;
     const Tensor exact_w = DequantizedSlice(m, s);
     const Tensor bf16_w = RoundedToBf16(exact_w);
-    const bool fp8 = m.quantization.format == WeightFormat::kFp8Block;
     const Tensor bias = Random(Shape{s.rows}, 3);
     const Tensor d_bias = Upload(bias);
     for (const int64_t rows : ms) {
@@ -78,7 +77,7 @@ class CudaQuantizedGemmTest : public QuantizedGemmParityTest {
       for (const bool epilogue : {false, true}) {
         const Call call = RunCall(a, d_a, host, device, c0, epilogue, bias, d_bias, s);
         Tensor model = Clone(c0);
-        const bool exact_weights = fp8 && GemvPath(m.quantization, s, rows);
+        const bool exact_weights = GemvPath(m.quantization, s, rows);
         ASSERT_TRUE(cpu_.Gemm(RoundedToBf16(a), exact_weights ? exact_w : bf16_w, model, call.options).ok()) << call.what;
         EXPECT_LE(parity::RelError(call.got, model), kModelTol) << call.what;
         EXPECT_LE(parity::RelError(call.got, call.exact), kExactTol) << call.what;

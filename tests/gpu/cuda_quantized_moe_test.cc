@@ -22,8 +22,8 @@
 //
 // Tolerances, as max |gpu - ref| / max |ref| over a call's output:
 //  - 2e-3 against a bf16 model of the kernels (x and act rounded to bf16, exact weights, double
-//    sums; INT4 weights rounded to bf16 for the grouped-GEMV path, which takes them so): only fp32
-//    summation order differs from it, plus an act value that lands on the other
+//    sums: every path applies the FP8 block and INT4 group scales to fp32 sums of exact products):
+//    only fp32 summation order differs from it, plus an act value that lands on the other
 //    side of a bf16 rounding boundary (one ulp, 2^-8 relative, of one of I terms of a down product);
 //    a wrong block, group, nibble or row moves results by whole weights, orders of magnitude above.
 //  - 1e-2 against the exact CPU reference: the bf16 rounding of x and act (relative 2^-9 each,
@@ -76,14 +76,10 @@ std::vector<ExpertSlices> AlignedLayouts() {
 
 float Bf16Round(float v) { return Bf16ToFloat(FloatToBf16(v)); }
 
-// The bf16 model of the kernels (see the file comment); bf16_weights: every weight rounded to bf16
-// (INT4 on the grouped-GEMV path, which takes bf16(q * scale) as QuantizedGemm's GEMV does).
+// The bf16 model of the kernels (see the file comment): exact weights, x and act rounded to bf16.
 Tensor Bf16Model(const QuantizedExperts& experts, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                 const Tensor& out0, bool accumulate, bool bf16_weights) {
-  const auto weight = [&](const Tensor& t, int64_t i) {
-    const float w = t.data_as<float>()[i];
-    return static_cast<double>(bf16_weights ? Bf16Round(w) : w);
-  };
+                 const Tensor& out0, bool accumulate) {
+  const auto weight = [&](const Tensor& t, int64_t i) { return static_cast<double>(t.data_as<float>()[i]); };
   const int64_t tokens = x.dim(0), hidden = x.dim(1), k = ids.dim(1);
   Tensor out = *Tensor::Empty(DType::kF32, x.shape());
   std::vector<float> xb(hidden), act;
@@ -159,7 +155,7 @@ class CudaQuantizedMoeTest : public parity::ParityTest {
 
   // GPU vs the bf16 model and the CPU reference for `tokens` tokens of top-k routing.
   void CheckCall(const QuantizationConfig& quantization, const QuantizedExperts& experts, const DeviceExperts& d,
-                 int64_t tokens, int64_t top_k, bool accumulate, uint32_t seed, bool bf16_weights = false) {
+                 int64_t tokens, int64_t top_k, bool accumulate, uint32_t seed) {
     SCOPED_TRACE(testing::Message() << tokens << " tokens, top-" << top_k << (accumulate ? ", accumulate" : ""));
     const int64_t hidden = experts.views[0].gate.k;
     const Tensor x = Random(Shape{tokens, hidden}, seed);
@@ -177,21 +173,18 @@ class CudaQuantizedMoeTest : public parity::ParityTest {
     ASSERT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, experts.views, want, accumulate).ok());
     EXPECT_LE(parity::RelError(got, want), kExactTol);
     if (!experts.dense.empty()) {
-      EXPECT_LE(parity::RelError(got, Bf16Model(experts, x, ids, weights, out0, accumulate, bf16_weights)), kModelTol);
+      EXPECT_LE(parity::RelError(got, Bf16Model(experts, x, ids, weights, out0, accumulate)), kModelTol);
     }
   }
 
-  // grouped: every expert with one layout (whole scale grids), which the grouped-GEMV path needs;
-  // its weights are bf16(q * scale) for INT4, so the bf16 model rounds them too (for INT4 this
-  // also tells the paths apart: the CUDA-core kernels' exact weights miss that model by ~3e-3).
+  // grouped: every expert with one layout (whole scale grids), which the grouped-GEMV path needs.
   void CheckEdgeShapes(const QuantizationConfig& quantization, const std::vector<ExpertSlices>& layouts,
                        uint64_t seed, bool grouped = false) {
-    const bool bf16_weights = grouped && quantization.format == WeightFormat::kInt4Group;
     const QuantizedExperts experts = MakeQuantizedExperts(quantization, 9, layouts, seed, /*mixed_scales=*/!grouped);
     const DeviceExperts d = ToDevice(quantization, experts);
     for (const int64_t tokens : {1, 4, 16, 64}) {
       for (const bool accumulate : {false, true}) {
-        CheckCall(quantization, experts, d, tokens, 3, accumulate, 40, bf16_weights);
+        CheckCall(quantization, experts, d, tokens, 3, accumulate, 40);
       }
     }
   }
@@ -221,12 +214,11 @@ TEST_F(CudaQuantizedMoeTest, Int4EdgeShapesGroupedGemv) {
 TEST_F(CudaQuantizedMoeTest, GroupedGemvTokensNamingAnExpertTwice) {
   for (const QuantizationConfig& quantization : {DeepseekV3Fp8Quantization(), KimiK2ThinkingInt4Quantization()}) {
     SCOPED_TRACE(quantization.format == WeightFormat::kInt4Group ? "int4" : "fp8");
-    const bool int4 = quantization.format == WeightFormat::kInt4Group;
     const QuantizedExperts experts =
         MakeQuantizedExperts(quantization, 3, {AlignedLayouts()[1]}, 7, /*mixed_scales=*/false);
     const DeviceExperts d = ToDevice(quantization, experts);
     for (const int64_t tokens : {1, 2, 3, 7, 8, 9, 17}) {
-      CheckCall(quantization, experts, d, tokens, 5, /*accumulate=*/false, 50, /*bf16_weights=*/int4);
+      CheckCall(quantization, experts, d, tokens, 5, /*accumulate=*/false, 50);
     }
     cuda::CudaBackendOptions options = Options();
     options.max_rows = 1;
@@ -235,7 +227,7 @@ TEST_F(CudaQuantizedMoeTest, GroupedGemvTokensNamingAnExpertTwice) {
     std::swap(gpu_, *one_row);
     const DeviceExperts d1 = ToDevice(quantization, experts);
     for (const int64_t tokens : {1, 3}) {
-      CheckCall(quantization, experts, d1, tokens, 5, /*accumulate=*/true, 60, /*bf16_weights=*/int4);
+      CheckCall(quantization, experts, d1, tokens, 5, /*accumulate=*/true, 60);
     }
     std::swap(gpu_, *one_row);
   }

@@ -13,9 +13,9 @@
 // planner's rules, host code, are tested with the CPU suite (tests/quant_gemv_plan_test.cc).
 //
 // Tolerance (max |gpu - ref| / max |ref|): 3e-5. The GPU multiplies bf16-rounded activations by
-// weights that are exact in bf16 (fp8 codes; int4's bf16(q * scale), which the reference rounds the
-// same way) with fp32 accumulation, and applies fp8's block scales to fp32 block sums: only fp32
-// summation order and rounding differ from the reference. A scale taken from the wrong block or
+// codes that are exact in bf16 (fp8 codes; int4's 12 + q / 2, corrected by the group's activation
+// sum) with fp32 accumulation, and applies fp8's block scales and int4's group scales to fp32 block
+// and group sums: only fp32 summation order and rounding differ from the reference. A scale taken from the wrong block or
 // group, a misplaced nibble or a dropped chunk moves results by whole weights, orders of magnitude
 // above it.
 #include <cuda_runtime_api.h>
@@ -107,11 +107,10 @@ struct Int4Matrix {
   std::vector<uint16_t> scales;    // [rows, cols / group], bf16
   int64_t words() const { return Int4PackedWords(cols); }
   int64_t groups() const { return (cols + group - 1) / group; }
-  // The weight the GPU multiplies: the loader's exact f32 dequantization, rounded to bf16.
+  // The weight the GPU multiplies: the loader's exact f32 dequantization (the kernel applies the
+  // group scale to fp32 sums of exact products).
   float Weight(int64_t r, int64_t c) const {
-    const float exact = static_cast<float>(Int4At(packed.data() + r * words(), c)) *
-                        Bf16ToFloat(scales[r * groups() + c / group]);
-    return Bf16ToFloat(FloatToBf16(exact));
+    return static_cast<float>(Int4At(packed.data() + r * words(), c)) * Bf16ToFloat(scales[r * groups() + c / group]);
   }
 };
 
