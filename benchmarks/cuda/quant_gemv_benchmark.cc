@@ -37,6 +37,8 @@
 //   partial wave weighs on each plan.
 //    27 K2.5 INT4 218 items (16 tokens, 109 of 384 experts)    28 V3 FP8 204 items (16, 102 of 256)
 //    29 K2.5 INT4 570 items (64 tokens, 285 experts)           30 V3 FP8 448 items (64, 224)
+//   and of 10- to 14-token steps, between one wave of blocks and two (the chooser's clusters of 5
+//   to 7 ranks): 31 / 32 / 33 K2.5 INT4 160 / 192 / 224 items, 34 / 35 V3 FP8 160 / 192 items.
 //   Column slices are taken at rank 1 (o_proj col0 2048, down col0 2304 / 256), row slices at rank 1.
 //
 //   BM_QuantGemvPlan/shape/m/wk/split : the same products with the plan QuantGemvPlanFor gives for
@@ -110,6 +112,11 @@ QuantShape ShapeOf(int64_t id) {
     case 28: return {"v3_items204_gate_up", false, 204, 256, 7168};
     case 29: return {"k25_items570_gate_up", true, 570, 256, 7168};
     case 30: return {"v3_items448_gate_up", false, 448, 256, 7168};
+    case 31: return {"k25_items160_gate_up", true, 160, 256, 7168};
+    case 32: return {"k25_items192_gate_up", true, 192, 256, 7168};
+    case 33: return {"k25_items224_gate_up", true, 224, 256, 7168};
+    case 34: return {"v3_items160_gate_up", false, 160, 256, 7168};
+    case 35: return {"v3_items192_gate_up", false, 192, 256, 7168};
     // q_a and kv_a stacked by rows (MlaBlock's one product for both).
     default: return {"v3_q_a_kv_a", false, 1, 2112, 7168};
   }
@@ -223,7 +230,7 @@ void QuantArgs(benchmark::internal::Benchmark* bm) {
   } else {
     bm->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4, 8, 16, 17, 24, 32}});
     bm->ArgsProduct({{16, 17, 18, 19, 20, 21, 22}, {1, 8}});
-    bm->ArgsProduct({{23, 24, 25, 26, 27, 28, 29, 30}, {8}});
+    bm->ArgsProduct({{23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35}, {8}});
   }
 }
 BENCHMARK(BM_QuantGemv)->ArgNames({"shape", "m"})->Apply(QuantArgs)->Apply(Timed);
@@ -295,6 +302,8 @@ void PlanArgs(benchmark::internal::Benchmark* bm) {
   bm->ArgsProduct({{0, 6, 12}, {24, 32}, {1, 2, 4}, {3, 4, 5, 6, 7, 8}});
   // The 16- and 64-token gate-up products with their touched experts' items only.
   bm->ArgsProduct({{27, 28, 29, 30}, {8}, {1, 2, 4}, {1, 2, 3, 4, 5}});
+  // The 10- to 14-token gate-up products, every cluster split the chooser may take.
+  bm->ArgsProduct({{31, 32, 33, 34, 35}, {8}, {1, 2}, {1, 2, 3, 4, 5, 6, 7, 8}});
 }
 BENCHMARK(BM_QuantGemvPlan)->ArgNames({"shape", "m", "wk", "split"})->Apply(PlanArgs)->Apply(Timed);
 
