@@ -504,12 +504,13 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       if (dest[u] < 0) continue;
-      uint32_t bits[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][e]));
       uint32_t words[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) words[w] = bits[F::PieceColumn(2 * w)] | (bits[F::PieceColumn(2 * w + 1)] << 16);
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w)]));
+        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[u][F::PieceColumn(2 * w + 1)]));
+        words[w] = lo | (hi << 16);
+      }
       *reinterpret_cast<uint4*>(smem + dest[u]) = make_uint4(words[0], words[1], words[2], words[3]);
     }
   }

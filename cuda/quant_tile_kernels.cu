@@ -74,8 +74,9 @@ cudaError_t LaunchTileQuantizedCodes(bool int4, const uint8_t* codes, int64_t ld
   const int64_t chunks = QuantTiledBytes(int4, n, k, col0) / 16;
   const int64_t blocks = (chunks + kThreads - 1) / kThreads;
   const unsigned grid = static_cast<unsigned>(blocks < 65536 * 16 ? blocks : 65536 * 16);
-  TileQuantizedCodesKernel<<<grid, kThreads, 0, stream>>>(int4, codes, ld_bytes, n, row_bytes, QuantTileSteps(int4, k, col0),
-                                                          int4 ? shift / 2 : shift, chunks, tiles);
+  TileQuantizedCodesKernel<<<grid, kThreads, 0, stream>>>(int4, codes, ld_bytes, n, row_bytes,
+                                                          QuantTileSteps(int4, k, col0), int4 ? shift / 2 : shift,
+                                                          chunks, tiles);
   return cudaGetLastError();
 }
 

@@ -13,11 +13,10 @@
 // planner's rules, host code, are tested with the CPU suite (tests/quant_gemv_plan_test.cc).
 //
 // Tolerance (max |gpu - ref| / max |ref|): 3e-5. The GPU multiplies bf16-rounded activations by
-// codes that are exact in bf16 (fp8 codes; int4's 12 + q / 2, corrected by the group's activation
-// sum) with fp32 accumulation, and applies fp8's block scales and int4's group scales to fp32 block
-// and group sums: only fp32 summation order and rounding differ from the reference. A scale taken from the wrong block or
-// group, a misplaced nibble or a dropped chunk moves results by whole weights, orders of magnitude
-// above it.
+// codes that are exact in bf16 (fp8 codes; int4's q / 2) with fp32 accumulation, and applies fp8's
+// block scales and int4's group scales to fp32 block and group sums: only fp32 summation order and
+// rounding differ from the reference. A scale taken from the wrong block or group, a misplaced
+// nibble or a dropped chunk moves results by whole weights, orders of magnitude above it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
