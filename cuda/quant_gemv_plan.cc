@@ -197,13 +197,41 @@ std::optional<QuantGemvPlan> ModelledBest(const QuantGemvProblem& problem, int s
   return best;
 }
 
-// The plan of the one-wave rule, else of least modelled time, among the valid plans within the
-// problem's shared-memory limit that `keep` accepts; nullopt where it accepts none.
+// Products of up to 8 rows whose blocks take more than one wave: one warp per 16-row group and the
+// fewest cluster ranks (1 to 4) whose waves leave at most a quarter of their block slots idle (the
+// slots of the last, partial wave that no block takes). Timed with explicit plans on the gate-up
+// products of grouped MoE rounds at 8 rows (quant_gemv_benchmark's BM_QuantGemvPlan,
+// benchmarks/NOTES.md), split 1 was the fastest where its waves idled under a quarter of their
+// slots, ahead of the model's wider splits, and lost to splits of 2 to 4 where its second wave held
+// a few dozen blocks: a partial wave over most multiprocessors costs little more than a full one,
+// while wider splits pay their clusters' barriers and reductions. The grouped MoE plans for every
+// job a round may have, and blocks of jobs it does not have exit at once, so a plan that just
+// passes the bound on the planned blocks idles more in the run: the quarter, rather than a looser
+// half of the last wave, keeps a margin for it (whole MoE rounds timed both ways). nullopt where
+// no such plan is valid or `keep` accepts none (the model decides).
+template <typename Keep>
+std::optional<QuantGemvPlan> TailPlan(const QuantGemvProblem& problem, int sm_count, const Keep& keep) {
+  if (QuantGemvRowOperands(problem.m) > 1) return std::nullopt;
+  for (int split = 1; split <= 4; ++split) {
+    const std::optional<QuantGemvPlan> plan = QuantGemvPlanFor(problem, 1, split);
+    if (!plan.has_value() || !keep(*plan)) continue;
+    const int64_t slots = BlocksPerSm(QuantGemvSharedBytes(problem, *plan)) * sm_count;
+    const int64_t blocks = SplitBlocks(problem, *plan);
+    const int64_t wave_slots = CeilDiv(blocks, slots) * slots;
+    if (4 * (wave_slots - blocks) <= wave_slots) return plan;
+  }
+  return std::nullopt;
+}
+
+// The plan of the one-wave rule, else of the tail rule, else of least modelled time, among the
+// valid plans within the problem's shared-memory limit that `keep` accepts; nullopt where it accepts
+// none.
 template <typename Keep>
 std::optional<QuantGemvPlan> SweepPlans(const QuantGemvProblem& problem, int sm_count, const Keep& keep) {
   if (std::optional<QuantGemvPlan> one_wave = OneWavePlan(problem, sm_count, keep); one_wave.has_value()) {
     return one_wave;
   }
+  if (std::optional<QuantGemvPlan> tail = TailPlan(problem, sm_count, keep); tail.has_value()) return tail;
   return ModelledBest(problem, sm_count, keep);
 }
 

@@ -192,6 +192,35 @@ TEST(QuantGemvPlanTest, OneWavePlansTakeSplitsOfThree) {
   EXPECT_EQ(k25.split, 2);
 }
 
+// Past one wave at up to 8 rows, the tail rule: one warp per group and the fewest cluster ranks
+// whose waves leave at most a quarter of their slots idle (264 slots a wave on 132 multiprocessors).
+// The gate-up products of 204 to 570 items of 256 x 7168 at 8 rows take split 1 (204: 408 blocks,
+// 120 of 528 slots idle); 160, 176 and 192 items take split 2 (split 1 idles 208, 176 and 144 of
+// 528; split 2 152, 88 and 24 of 792); 144 items split 3 (split 2 idles 216 of 792; split 3 192 of
+// 1056).
+TEST(QuantGemvPlanTest, TailRuleLeavesFewSlotsIdle) {
+  const int sms = 132;
+  for (const bool int4 : {false, true}) {
+    SCOPED_TRACE(int4 ? "int4" : "fp8");
+    for (const int64_t items : {204, 218, 224, 448, 570}) {
+      const QuantGemvPlan plan = ChooseQuantGemvPlan(ProblemOf(int4, items, 8, 256, 7168, 0), sms);
+      EXPECT_EQ(plan.wk, 1) << items << " items";
+      EXPECT_EQ(plan.split, 1) << items << " items";
+    }
+    const QuantGemvPlan few = ChooseQuantGemvPlan(ProblemOf(int4, 144, 8, 256, 7168, 0), sms);
+    EXPECT_EQ(few.wk, 1);
+    EXPECT_EQ(few.split, 3);
+    for (const int64_t items : {160, 176, 192}) {
+      const QuantGemvPlan plan = ChooseQuantGemvPlan(ProblemOf(int4, items, 8, 256, 7168, 0), sms);
+      EXPECT_EQ(plan.wk, 1) << items << " items";
+      EXPECT_EQ(plan.split, 2) << items << " items";
+    }
+  }
+  // More rows than one operand: the model decides, as before.
+  const QuantGemvPlan wide = ChooseQuantGemvPlan(ProblemOf(true, 160, 16, 256, 7168, 0), sms);
+  EXPECT_TRUE(QuantGemvPlanValid(ProblemOf(true, 160, 16, 256, 7168, 0), wide));
+}
+
 // Row-looped plans: what QuantGemvPlanValid takes, and where the chooser takes them and with how
 // many groups (short K over more blocks than one wave of an H200-sized device holds: the experts'
 // down products of a decode and a verify step) and where not (long K, one wave, more than 16 rows).
