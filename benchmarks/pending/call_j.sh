@@ -1,0 +1,40 @@
+#!/bin/bash
+# Call J (twenty-seventh session, not run: no device time left). From a checkout of main with
+# .gpu-host carried and, written beforehand:
+#   git diff main rowloop-balance -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/rb.patch
+# Trees: build/m = main (everything: call K runs the whole suite from it), /tmp/rb/b = rowloop-balance
+# (the row loops' groups per warp by the busiest multiprocessor). The branch's tests; the chosen
+# plans of the down shapes on both trees; the branch's explicit row-loop sweep (the sweep does not
+# depend on the chooser); BM_QuantMoe on both trees, each twice. Logs under $OUT/j.
+set -u
+source .gpu-host/env.sh
+R=$OUT/j; mkdir -p $R; start=$(date +%s)
+pack() { tar czf $OUT/j.tgz -C $OUT j; }
+log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
+REPO=$(pwd)
+nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt
+rm -rf /tmp/rb; mkdir -p /tmp/rb; cp -r CMakeLists.txt cmake src cuda include benchmarks tools testing tests /tmp/rb/
+(cd /tmp/rb && git apply $REPO/.gpu-host/rb.patch) && log "patch ok"
+cfg() { cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF "${@:3}" > /dev/null; }
+cfg . build/m; cfg /tmp/rb /tmp/rb/b
+cmake --build /tmp/rb/b -j7 --target quant_gemv_benchmark quant_moe_benchmark quant_gemv_plan_test quant_gemv_test \
+  cuda_quantized_moe_test > $R/b_rb.log 2>&1 & P1=$!
+cmake --build build/m -j9 > $R/b_m.log 2>&1 & P2=$!
+wait $P1; log "rb build rc=$?"; wait $P2; log "main build rc=$?"
+t() { timeout 200 /tmp/rb/b/tests/$1 > $R/rb_$1.txt 2>&1; log "rb $1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rb_$1.txt | tr '\n' ' ')"; }
+t quant_gemv_plan_test; t quant_gemv_test
+gemv() {
+  EAGLE3_BENCH_QUANT_TILED=1 timeout 90 $2/benchmarks/quant_gemv_benchmark --benchmark_filter='BM_QuantGemv/shape:(15|16|17|25|26)/m:(1|8)/' \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/gemv_$1.txt 2>&1; log "gemv $1 rc=$?"
+}
+gemv main build/m; gemv rb /tmp/rb/b
+EAGLE3_BENCH_QUANT_TILED=1 timeout 150 /tmp/rb/b/benchmarks/quant_gemv_benchmark \
+  --benchmark_filter='BM_QuantGemvRowLoop/shape:(16|17|25|26)/m:8/loops:([0-9]|1[0-6])/' \
+  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/rowloops.txt 2>&1; log "rowloops rc=$?"
+moe() {
+  timeout 60 $2/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:[01]/tokens:(1|4|8|16|64)/' \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$1.txt 2>&1; log "moe $1 rc=$?"
+}
+moe main build/m; moe rb /tmp/rb/b; moe main2 build/m; moe rb2 /tmp/rb/b
+t cuda_quantized_moe_test
+log done

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Call K (same warm machine as call_j.sh, whose build/m it reuses; rebuild first if rowloop-balance
+# was merged and the checkout moved): the whole gpu suite on main, then Nsight Compute's launch,
+# occupancy, warp-state and memory sections of the three kernels of main's one-token MoE rounds with
+# the caches and clocks left as they run (what of each GEMV's time is ramp, staging and loads).
+# Logs under $OUT/k.
+set -u
+source .gpu-host/env.sh
+R=$OUT/k; mkdir -p $R; start=$(date +%s)
+pack() { tar czf $OUT/k.tgz -C $OUT k; }
+log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
+cmake --build build/m -j16 > $R/b_m.log 2>&1; log "build rc=$?"
+scripts/gpu_suite.sh build/m/tests $R/suite --sanitize none --jobs 4 --test-seconds 200 > $R/suite.log 2>&1; log "suite rc=$?"
+for m in 0 1; do
+  timeout 150 ncu --cache-control none --clock-control none --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section SpeedOfLight --launch-skip 300 --launch-count 3 \
+    build/m/benchmarks/quant_moe_benchmark --benchmark_filter="BM_QuantMoe/model:$m/tokens:1/" --benchmark_repetitions=1 \
+    > $R/ncu_moe1_m$m.txt 2> $R/ncu_moe1_m$m.err
+  log "ncu model $m rc=$?"
+done
+log done
