@@ -2,10 +2,13 @@
 # Call J (twenty-seventh session, not run: no device time left). From a checkout of main with
 # .gpu-host carried and, written beforehand:
 #   git diff main rowloop-balance -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/rb.patch
-# Trees: build/m = main (everything: call K runs the whole suite from it), /tmp/rb/b = rowloop-balance
-# (the row loops' groups per warp by the busiest multiprocessor). The branch's tests; the chosen
-# plans of the down shapes on both trees; the branch's explicit row-loop sweep (the sweep does not
-# depend on the chooser); BM_QuantMoe on both trees, each twice. Logs under $OUT/j.
+#   git diff main moe-fold-tokens -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/fold.patch
+# Trees: build/m = main (everything: call K runs the whole suite from it), /tmp/rb/b =
+# rowloop-balance (the row loops' groups per warp by the busiest multiprocessor), /tmp/rbf/b = both
+# branches (SiLU-mul folded into verify rounds when EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS asks).
+# rowloop-balance's host and GEMV tests; the chosen plans of the down shapes on main and rb; rb's
+# explicit row-loop sweep (it does not depend on the chooser); BM_QuantMoe on main, rb and rbf
+# with the wide fold, each twice. call_k.sh runs the MoE tests of rb and rbf. Logs under $OUT/j.
 set -u
 source .gpu-host/env.sh
 R=$OUT/j; mkdir -p $R; start=$(date +%s)
@@ -13,14 +16,16 @@ pack() { tar czf $OUT/j.tgz -C $OUT j; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
 REPO=$(pwd)
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt
-rm -rf /tmp/rb; mkdir -p /tmp/rb; cp -r CMakeLists.txt cmake src cuda include benchmarks tools testing tests /tmp/rb/
-(cd /tmp/rb && git apply $REPO/.gpu-host/rb.patch) && log "patch ok"
+for d in rb rbf; do rm -rf /tmp/$d; mkdir -p /tmp/$d; cp -r CMakeLists.txt cmake src cuda include benchmarks tools testing tests /tmp/$d/; done
+(cd /tmp/rb && git apply $REPO/.gpu-host/rb.patch) && log "rb patch ok"
+(cd /tmp/rbf && git apply $REPO/.gpu-host/rb.patch && git apply $REPO/.gpu-host/fold.patch) && log "rbf patches ok"
 cfg() { cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF "${@:3}" > /dev/null; }
-cfg . build/m; cfg /tmp/rb /tmp/rb/b
-cmake --build /tmp/rb/b -j7 --target quant_gemv_benchmark quant_moe_benchmark quant_gemv_plan_test quant_gemv_test \
+cfg . build/m; cfg /tmp/rb /tmp/rb/b; cfg /tmp/rbf /tmp/rbf/b
+cmake --build /tmp/rb/b -j5 --target quant_gemv_benchmark quant_moe_benchmark quant_gemv_plan_test quant_gemv_test \
   cuda_quantized_moe_test > $R/b_rb.log 2>&1 & P1=$!
-cmake --build build/m -j9 > $R/b_m.log 2>&1 & P2=$!
-wait $P1; log "rb build rc=$?"; wait $P2; log "main build rc=$?"
+cmake --build /tmp/rbf/b -j4 --target quant_moe_benchmark cuda_quantized_moe_test > $R/b_rbf.log 2>&1 & P2=$!
+cmake --build build/m -j7 > $R/b_m.log 2>&1 & P3=$!
+wait $P1; log "rb build rc=$?"; wait $P2; log "rbf build rc=$?"; wait $P3; log "main build rc=$?"
 t() { timeout 200 /tmp/rb/b/tests/$1 > $R/rb_$1.txt 2>&1; log "rb $1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rb_$1.txt | tr '\n' ' ')"; }
 t quant_gemv_plan_test; t quant_gemv_test
 gemv() {
@@ -32,9 +37,11 @@ EAGLE3_BENCH_QUANT_TILED=1 timeout 150 /tmp/rb/b/benchmarks/quant_gemv_benchmark
   --benchmark_filter='BM_QuantGemvRowLoop/shape:(16|17|25|26)/m:8/loops:([0-9]|1[0-6])/' \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/rowloops.txt 2>&1; log "rowloops rc=$?"
 moe() {
-  timeout 60 $2/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:[01]/tokens:(1|4|8|16|64)/' \
+  timeout 60 $2/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:[01]/tokens:(1|4|8|12|16|64)/' \
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$1.txt 2>&1; log "moe $1 rc=$?"
 }
-moe main build/m; moe rb /tmp/rb/b; moe main2 build/m; moe rb2 /tmp/rb/b
-t cuda_quantized_moe_test
+for rep in "" 2; do
+  moe main$rep build/m; moe rb$rep /tmp/rb/b
+  EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS=64 moe rbf$rep /tmp/rbf/b
+done
 log done
