@@ -2,13 +2,16 @@
 # Call J (twenty-seventh session, not run: no device time left). From a checkout of main with
 # .gpu-host carried and, written beforehand:
 #   git diff main rowloop-balance -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/rb.patch
-#   git diff main moe-fold-tokens -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/fold.patch
+#   git diff main moe-direct-decode -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/fd.patch
+# (moe-direct-decode is one commit on moe-fold-tokens, one commit on main.)
 # Trees: build/m = main (everything: call K runs the whole suite from it), /tmp/rb/b =
-# rowloop-balance (the row loops' groups per warp by the busiest multiprocessor), /tmp/rbf/b = both
-# branches (SiLU-mul folded into verify rounds when EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS asks).
+# rowloop-balance (the row loops' groups per warp by the busiest multiprocessor), /tmp/rbf/b = all
+# three branches (SiLU-mul folded into verify rounds when EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS
+# asks; one-token rounds without the slots kernel unless EAGLE3_BENCH_QUANT_MOE_DIRECT=0).
 # rowloop-balance's host and GEMV tests; the chosen plans of the down shapes on main and rb; rb's
-# explicit row-loop sweep (it does not depend on the chooser); BM_QuantMoe on main, rb and rbf
-# with the wide fold, each twice. call_k.sh runs the MoE tests of rb and rbf. Logs under $OUT/j.
+# explicit row-loop sweep (it does not depend on the chooser); BM_QuantMoe on main, rb, and rbf
+# three ways (defaults; the wide fold; direct off), each twice. call_k.sh runs rbf's GEMV and MoE
+# tests. Logs under $OUT/j.
 set -u
 source .gpu-host/env.sh
 R=$OUT/j; mkdir -p $R; start=$(date +%s)
@@ -18,12 +21,12 @@ REPO=$(pwd)
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt
 for d in rb rbf; do rm -rf /tmp/$d; mkdir -p /tmp/$d; cp -r CMakeLists.txt cmake src cuda include benchmarks tools testing tests /tmp/$d/; done
 (cd /tmp/rb && git apply $REPO/.gpu-host/rb.patch) && log "rb patch ok"
-(cd /tmp/rbf && git apply $REPO/.gpu-host/rb.patch && git apply $REPO/.gpu-host/fold.patch) && log "rbf patches ok"
+(cd /tmp/rbf && git apply $REPO/.gpu-host/rb.patch && git apply $REPO/.gpu-host/fd.patch) && log "rbf patches ok"
 cfg() { cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF "${@:3}" > /dev/null; }
 cfg . build/m; cfg /tmp/rb /tmp/rb/b; cfg /tmp/rbf /tmp/rbf/b
-cmake --build /tmp/rb/b -j5 --target quant_gemv_benchmark quant_moe_benchmark quant_gemv_plan_test quant_gemv_test \
-  cuda_quantized_moe_test > $R/b_rb.log 2>&1 & P1=$!
-cmake --build /tmp/rbf/b -j4 --target quant_moe_benchmark cuda_quantized_moe_test > $R/b_rbf.log 2>&1 & P2=$!
+cmake --build /tmp/rb/b -j4 --target quant_gemv_benchmark quant_moe_benchmark quant_gemv_plan_test quant_gemv_test \
+  > $R/b_rb.log 2>&1 & P1=$!
+cmake --build /tmp/rbf/b -j5 --target quant_moe_benchmark quant_gemv_test cuda_quantized_moe_test > $R/b_rbf.log 2>&1 & P2=$!
 cmake --build build/m -j7 > $R/b_m.log 2>&1 & P3=$!
 wait $P1; log "rb build rc=$?"; wait $P2; log "rbf build rc=$?"; wait $P3; log "main build rc=$?"
 t() { timeout 200 /tmp/rb/b/tests/$1 > $R/rb_$1.txt 2>&1; log "rb $1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rb_$1.txt | tr '\n' ' ')"; }
@@ -36,12 +39,13 @@ gemv main build/m; gemv rb /tmp/rb/b
 EAGLE3_BENCH_QUANT_TILED=1 timeout 150 /tmp/rb/b/benchmarks/quant_gemv_benchmark \
   --benchmark_filter='BM_QuantGemvRowLoop/shape:(16|17|25|26)/m:8/loops:([0-9]|1[0-6])/' \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/rowloops.txt 2>&1; log "rowloops rc=$?"
-moe() {
-  timeout 60 $2/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:[01]/tokens:(1|4|8|12|16|64)/' \
+moe() {  # name, tree, then VAR=value settings for the run
+  env "${@:3}" timeout 60 $2/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:[01]/tokens:(1|4|8|12|16|64)/' \
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$1.txt 2>&1; log "moe $1 rc=$?"
 }
 for rep in "" 2; do
-  moe main$rep build/m; moe rb$rep /tmp/rb/b
-  EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS=64 moe rbf$rep /tmp/rbf/b
+  moe main$rep build/m; moe rb$rep /tmp/rb/b; moe rbf$rep /tmp/rbf/b
+  moe rbf_wide$rep /tmp/rbf/b EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS=64
+  moe rbf_staged$rep /tmp/rbf/b EAGLE3_BENCH_QUANT_MOE_DIRECT=0
 done
 log done

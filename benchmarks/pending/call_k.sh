@@ -1,6 +1,7 @@
 #!/bin/bash
-# Call K (same warm machine as call_j.sh, whose trees it reuses): the MoE tests of rowloop-balance
-# (rb) and of both branches (rbf: the wide SiLU fold held bitwise to the kernels), the whole gpu
+# Call K (same warm machine as call_j.sh, whose trees it reuses): the GEMV and MoE tests of the
+# three branches together (rbf: indexed items, the wide SiLU fold and the direct one-token round
+# held bitwise to the kernels), the whole gpu
 # suite on main, then Nsight Compute's launch, occupancy, warp-state and memory sections of the
 # three kernels of main's one-token MoE rounds with the caches and clocks left as they run (what of
 # each GEMV's time is ramp, staging and loads). Logs under $OUT/k.
@@ -9,9 +10,9 @@ source .gpu-host/env.sh
 R=$OUT/k; mkdir -p $R; start=$(date +%s)
 pack() { tar czf $OUT/k.tgz -C $OUT k; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
-for d in rb rbf; do
-  timeout 200 /tmp/$d/b/tests/cuda_quantized_moe_test > $R/${d}_moe_test.txt 2>&1
-  log "$d cuda_quantized_moe_test rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/${d}_moe_test.txt | tr '\n' ' ')"
+for t in quant_gemv_test cuda_quantized_moe_test; do
+  timeout 240 /tmp/rbf/b/tests/$t > $R/rbf_$t.txt 2>&1
+  log "rbf $t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rbf_$t.txt | tr '\n' ' ')"
 done
 scripts/gpu_suite.sh build/m/tests $R/suite --sanitize none --jobs 4 --test-seconds 200 > $R/suite.log 2>&1; log "suite rc=$?"
 for m in 0 1; do
