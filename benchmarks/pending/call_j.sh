@@ -4,14 +4,14 @@
 #   git diff main rowloop-balance -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/rb.patch
 #   git diff main moe-direct-decode -- CMakeLists.txt src include cuda tests benchmarks > .gpu-host/fd.patch
 # (moe-direct-decode is one commit on moe-fold-tokens, one commit on main.)
-# Trees: build/m = main (everything: call K runs the whole suite from it), /tmp/rb/b =
+# Trees: build/m = main (its benchmarks), /tmp/rb/b =
 # rowloop-balance (the row loops' groups per warp by the busiest multiprocessor), /tmp/rbf/b = all
 # three branches (SiLU-mul folded into verify rounds when EAGLE3_BENCH_QUANT_MOE_FOLD_SILU_TOKENS
 # asks; one-token rounds without the slots kernel unless EAGLE3_BENCH_QUANT_MOE_DIRECT=0).
 # rowloop-balance's host and GEMV tests; the chosen plans of the down shapes on main and rb; rb's
 # explicit row-loop sweep (it does not depend on the chooser); BM_QuantMoe on main, rb, and rbf
-# three ways (defaults; the wide fold; direct off), each twice. call_k.sh runs rbf's GEMV and MoE
-# tests. Logs under $OUT/j.
+# three ways (defaults; the wide fold; direct off), each twice. rbf is built whole: call_k.sh runs
+# its GEMV and MoE tests and then the whole gpu suite from it. Logs under $OUT/j.
 set -u
 source .gpu-host/env.sh
 R=$OUT/j; mkdir -p $R; start=$(date +%s)
@@ -19,15 +19,17 @@ pack() { tar czf $OUT/j.tgz -C $OUT j; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
 REPO=$(pwd)
 nvidia-smi --query-gpu=name --format=csv,noheader > $R/gpu.txt
+# rbf gets everything the whole suite reads (the shipped models, the examples' sources).
 for d in rb rbf; do rm -rf /tmp/$d; mkdir -p /tmp/$d; cp -r CMakeLists.txt cmake src cuda include benchmarks tools testing tests /tmp/$d/; done
+cp -r models examples docs scripts README.md /tmp/rbf/
 (cd /tmp/rb && git apply $REPO/.gpu-host/rb.patch) && log "rb patch ok"
 (cd /tmp/rbf && git apply $REPO/.gpu-host/rb.patch && git apply $REPO/.gpu-host/fd.patch) && log "rbf patches ok"
 cfg() { cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF "${@:3}" > /dev/null; }
-cfg . build/m; cfg /tmp/rb /tmp/rb/b; cfg /tmp/rbf /tmp/rbf/b
+cfg . build/m -DEAGLE3_BUILD_TESTS=OFF; cfg /tmp/rb /tmp/rb/b; cfg /tmp/rbf /tmp/rbf/b
 cmake --build /tmp/rb/b -j4 --target quant_gemv_benchmark quant_moe_benchmark quant_gemv_plan_test quant_gemv_test \
   > $R/b_rb.log 2>&1 & P1=$!
-cmake --build /tmp/rbf/b -j5 --target quant_moe_benchmark quant_gemv_test cuda_quantized_moe_test > $R/b_rbf.log 2>&1 & P2=$!
-cmake --build build/m -j7 > $R/b_m.log 2>&1 & P3=$!
+cmake --build /tmp/rbf/b -j8 > $R/b_rbf.log 2>&1 & P2=$!
+cmake --build build/m -j4 --target quant_gemv_benchmark quant_moe_benchmark > $R/b_m.log 2>&1 & P3=$!
 wait $P1; log "rb build rc=$?"; wait $P2; log "rbf build rc=$?"; wait $P3; log "main build rc=$?"
 t() { timeout 200 /tmp/rb/b/tests/$1 > $R/rb_$1.txt 2>&1; log "rb $1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rb_$1.txt | tr '\n' ' ')"; }
 t quant_gemv_plan_test; t quant_gemv_test

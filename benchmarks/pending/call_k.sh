@@ -1,10 +1,11 @@
 #!/bin/bash
 # Call K (same warm machine as call_j.sh, whose trees it reuses): the GEMV and MoE tests of the
 # three branches together (rbf: indexed items, the wide SiLU fold and the direct one-token round
-# held bitwise to the kernels), the whole gpu
-# suite on main, then Nsight Compute's launch, occupancy, warp-state and memory sections of the
-# three kernels of main's one-token MoE rounds with the caches and clocks left as they run (what of
-# each GEMV's time is ramp, staging and loads). Logs under $OUT/k.
+# held bitwise to the kernels), the whole gpu suite on that tree (main and the three branches), then
+# Nsight Compute's launch, occupancy, warp-state and memory sections of the kernels of its one-token
+# MoE rounds (two, the direct path) with the caches and clocks left as they run (what of each GEMV's
+# time is ramp, staging and loads). If a branch is then left out of main, the suite runs once more
+# on the merged main. Logs under $OUT/k.
 set -u
 source .gpu-host/env.sh
 R=$OUT/k; mkdir -p $R; start=$(date +%s)
@@ -14,11 +15,11 @@ for t in quant_gemv_test cuda_quantized_moe_test; do
   timeout 240 /tmp/rbf/b/tests/$t > $R/rbf_$t.txt 2>&1
   log "rbf $t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rbf_$t.txt | tr '\n' ' ')"
 done
-scripts/gpu_suite.sh build/m/tests $R/suite --sanitize none --jobs 4 --test-seconds 200 > $R/suite.log 2>&1; log "suite rc=$?"
+(cd /tmp/rbf && scripts/gpu_suite.sh /tmp/rbf/b/tests $R/suite --sanitize none --jobs 4 --test-seconds 200) > $R/suite.log 2>&1; log "suite rc=$?"
 for m in 0 1; do
   timeout 150 ncu --cache-control none --clock-control none --section LaunchStats --section Occupancy \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section SpeedOfLight --launch-skip 300 --launch-count 3 \
-    build/m/benchmarks/quant_moe_benchmark --benchmark_filter="BM_QuantMoe/model:$m/tokens:1/" --benchmark_repetitions=1 \
+    /tmp/rbf/b/benchmarks/quant_moe_benchmark --benchmark_filter="BM_QuantMoe/model:$m/tokens:1/" --benchmark_repetitions=1 \
     > $R/ncu_moe1_m$m.txt 2> $R/ncu_moe1_m$m.err
   log "ncu model $m rc=$?"
 done
