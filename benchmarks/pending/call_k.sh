@@ -1,7 +1,7 @@
 #!/bin/bash
-# Call K (same warm machine as call_j.sh, whose trees it reuses): the GEMV and MoE tests of the
-# three branches together (rbf: indexed items, the wide SiLU fold and the direct one-token round
-# held bitwise to the kernels), the whole gpu suite on that tree (main and the three branches), then
+# Call K (same warm machine as call_j.sh, whose trees it reuses): the whole gpu suite on the tree of
+# main and the three branches (rbf; among its binaries quant_gemv_test and cuda_quantized_moe_test
+# hold the indexed items, the wide SiLU fold and the direct one-token round to the kernels), then
 # Nsight Compute's launch, occupancy, warp-state and memory sections of the kernels of its one-token
 # MoE rounds (two, the direct path) with the caches and clocks left as they run (what of each GEMV's
 # time is ramp, staging and loads). If a branch is then left out of main, the suite runs once more
@@ -11,10 +11,6 @@ source .gpu-host/env.sh
 R=$OUT/k; mkdir -p $R; start=$(date +%s)
 pack() { tar czf $OUT/k.tgz -C $OUT k; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
-for t in quant_gemv_test cuda_quantized_moe_test; do
-  timeout 240 /tmp/rbf/b/tests/$t > $R/rbf_$t.txt 2>&1
-  log "rbf $t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/rbf_$t.txt | tr '\n' ' ')"
-done
 (cd /tmp/rbf && scripts/gpu_suite.sh /tmp/rbf/b/tests $R/suite --sanitize none --jobs 4 --test-seconds 200) > $R/suite.log 2>&1; log "suite rc=$?"
 for m in 0 1; do
   timeout 150 ncu --cache-control none --clock-control none --section LaunchStats --section Occupancy \
