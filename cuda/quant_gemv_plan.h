@@ -153,10 +153,10 @@ QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_c
 // kQuantGemvRowLoopMaxSteps steps) over more blocks than one wave holds, a row-looped plan
 // (quant_gemv_plan.cc says how many groups); else, up to 8 rows, the one-wave rule of
 // quant_gemv_plan.cc where a plan fits it, else its tail rule where a plan's waves leave few slots
-// idle; otherwise the valid plan of least modelled time within kQuantGemvSharedLimit. Where that plan (either rule's) takes several activation tiles, the same
-// rules within the problem's shared_limit may replace it, choosing among plans of fewer tiles and
-// no more blocks, where the model finds the replacement faster (quant_gemv_plan.cc says why no
-// more blocks).
+// idle; otherwise the valid plan of least modelled time within kQuantGemvSharedLimit. Where that
+// plan (any rule's) takes several activation tiles, the same rules within the problem's
+// shared_limit may replace it, choosing among plans of fewer tiles and no more blocks, where the
+// model finds the replacement faster (quant_gemv_plan.cc says why no more blocks).
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)

@@ -38,11 +38,11 @@
 // products, each 32-column group's sum times its scale, as QuantizedGemm's GEMV path takes them).
 // The CUDA-core path takes the weights as the exact f32 values DequantizeWeight gives (fp8: e4m3 *
 // scale_inv rounded once in fp32; int4: q * bf16 scale, exact) in fp32 FMAs: each lane sums its
-// 16-column chunks in column order, the lanes of a row are added in a fixed butterfly. No float atomics: every run gives the same bits. Which
-// pairs share a job, and a pair's row within its job, may vary between runs of a round of more
-// than kQuantMoeFoldPairs pairs (smaller ones keep an expert's pairs in index order); a pair's
-// result does not depend on them (an activation row's products do not depend on the other rows of
-// the tile).
+// 16-column chunks in column order, the lanes of a row are added in a fixed butterfly. No float
+// atomics: every run gives the same bits. Which pairs share a job, and a pair's row within its job,
+// may vary between runs of a round of more than kQuantMoeFoldPairs pairs (smaller ones keep an
+// expert's pairs in index order); a pair's result does not depend on them (an activation row's
+// products do not depend on the other rows of the tile).
 #pragma once
 
 #include <cstddef>
