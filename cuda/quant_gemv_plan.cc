@@ -121,12 +121,12 @@ namespace {
 // and then pay its fixed costs (launch, staging, the reduction, an empty ring) again, block after
 // block. Where the products need more blocks than one wave holds, a row-looped plan takes the
 // fewest groups per warp (a power of two) whose blocks fit one wave, but no more than
-// kRowLoopSteps steps per warp: timed with explicit plans (quant_gemv_benchmark's
-// BM_QuantGemvRowLoop; benchmarks/NOTES.md) on the experts' down products, a second wave of blocks
-// cost more than the groups that avoid it, and past ~16 steps per warp more groups gained nothing
-// (int4) or lost (fp8) while fewer, larger blocks balance worse. Where one wave holds the K-split
-// blocks, their plans spread the work wider instead.
-constexpr int kRowLoopSteps = 16;
+// kRowLoopSteps steps per warp. The bound is timed with explicit plans (quant_gemv_benchmark's
+// BM_QuantGemvRowLoop; benchmarks/NOTES.md) on the experts' down products at 3 blocks a
+// multiprocessor: past 8 steps per warp, fewer and longer warps cost more than the extra waves of
+// blocks they save (each block's tail waits on its slowest warp, and a multiprocessor's last
+// blocks run alone). Where one wave holds the K-split blocks, their plans spread the work wider.
+constexpr int kRowLoopSteps = 8;
 
 std::optional<QuantGemvPlan> RowLoopPlan(const QuantGemvProblem& problem, int sm_count) {
   const int64_t steps = QuantGemvUnits(problem) * QuantGemvUnitSteps(problem.int4);  // per group

@@ -247,10 +247,10 @@ TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
     EXPECT_FALSE(QuantGemvRowLoopPlanFor(ProblemOf(int4, 1, 16, 7168, 7168, 0), 1).has_value()) << "tile past 48 KB";
 
     // 8 experts (a token's top-8): 2 groups per warp fit one wave of 264 blocks; 128 (a 16-token
-    // step's jobs): 16 steps per warp, 8 groups of 2 int4 steps or 4 of 4 fp8 steps.
+    // step's jobs): 8 steps per warp, 4 groups of 2 int4 steps or 2 of 4 fp8 steps.
     EXPECT_EQ(ChooseQuantGemvPlan(down, 132).row_loops, 2);
     const QuantGemvPlan verify = ChooseQuantGemvPlan(ProblemOf(int4, 128, 8, 7168, 256, 256), 132);
-    EXPECT_EQ(verify.row_loops, int4 ? 8 : 4);
+    EXPECT_EQ(verify.row_loops, int4 ? 4 : 2);
     EXPECT_TRUE(QuantGemvPlanValid(ProblemOf(int4, 128, 8, 7168, 256, 256), verify));
     EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 8, 8, 512, 7168, 0), 132).row_loops, 0) << "long K";
     EXPECT_EQ(ChooseQuantGemvPlan(ProblemOf(int4, 1, 8, 7168, 256, 256), 132).row_loops, 0) << "one wave";
