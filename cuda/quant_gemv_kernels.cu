@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "eagle3/detail/quant_tiles.h"
+#include "core_kernels.cuh"
 #include "programmatic_launch.cuh"
 #include "ptx.cuh"
 #include "quant_gemv_ops.h"
@@ -101,29 +102,60 @@ struct Params {
   int64_t silu_up;            // > 0: gated f32 activations (QuantGemvItems::silu_up_offset)
   QuantGemvCombine combine;   // counters non-null: the combine epilogue (QuantGemvCombine)
   bool tiled;                 // codes in warp-step tiles (eagle3/detail/quant_tiles.h)
+  // Indexed items (QuantGemvIndexedItems), where ids is non-null.
+  const int32_t* ids;
+  const char* table;
+  int64_t entry_bytes;
+  int num_entries, per_id;
+  int64_t codes_at[2], scales_at[2], scales_skip;
+  int* error_flag;
+  int error_code;
+  int64_t error_index;
 };
 
-// Item `item`'s operands: its pointer from the grouped launch's array, or the batched stride's. A
-// branch per block (or per staged tile), never per load.
+// An indexed item's table entry (Params::ids), or nullptr where its id names none.
+__device__ __forceinline__ const char* ItemEntry(const Params& p, int64_t item) {
+  const int32_t e = p.ids[static_cast<int>(item) / p.per_id];
+  return e >= 0 && e < p.num_entries ? p.table + static_cast<int64_t>(e) * p.entry_bytes : nullptr;
+}
+// Role r's pointer stored `at` bytes into an indexed item's entry (the item has rows: ItemRows).
+__device__ __forceinline__ const char* EntryPointer(const Params& p, int64_t item, const int64_t (&at)[2]) {
+  return *reinterpret_cast<const char* const*>(ItemEntry(p, item) + at[static_cast<int>(item) % p.per_id]);
+}
+
+// Item `item`'s operands: its pointer from the grouped launch's array, or its entry's (indexed
+// items), or the batched stride's. A branch per block (or per staged tile), never per load.
 __device__ __forceinline__ const char* ItemA(const Params& p, int64_t item) {
   return p.a_items != nullptr ? static_cast<const char*>(p.a_items[item])
                               : static_cast<const char*>(p.a) + item * p.stride_a * (p.a_bf16 ? 2 : 4);
 }
 __device__ __forceinline__ const char* ItemB(const Params& p, int64_t item) {
+  if (p.ids != nullptr) return EntryPointer(p, item, p.codes_at);
   return p.b_items != nullptr ? static_cast<const char*>(p.b_items[item]) : p.b + item * p.stride_b;
 }
 // The item's scales, in elements of `T` (f32 scale_inv or bf16 weight_scale).
 template <typename T>
 __device__ __forceinline__ const T* ItemScale(const Params& p, int64_t item) {
+  if (p.ids != nullptr) return reinterpret_cast<const T*>(EntryPointer(p, item, p.scales_at) + p.scales_skip);
   return p.scale_items != nullptr ? static_cast<const T*>(p.scale_items[item])
                                   : static_cast<const T*>(p.scale) + item * p.scale_stride;
 }
 __device__ __forceinline__ float* ItemC(const Params& p, int64_t item) {
   return p.c_items != nullptr ? p.c_items[item] : p.c + item * p.stride_c;
 }
-// The item's activation rows: its entry of the grouped launch's row counts (at most m), or m.
+// The item's activation rows: its entry of the grouped launch's row counts (at most m), or m (an
+// indexed item: m where its id names an entry, else none).
 __device__ __forceinline__ int ItemRows(const Params& p, int64_t item) {
+  if (p.ids != nullptr) return ItemEntry(p, item) != nullptr ? p.m : 0;
   return p.rows_items != nullptr ? min(p.m, p.rows_items[item]) : p.m;
+}
+
+// A block of an item without rows: an indexed item's bad id is recorded (every block of the item
+// records the same index, which RecordDeviceError keeps once).
+__device__ __forceinline__ void RecordBadId(const Params& p) {
+  if (p.ids != nullptr && p.error_flag != nullptr && threadIdx.x == 0) {
+    RecordDeviceError(p.error_flag, p.error_code, p.error_index);
+  }
 }
 
 template <typename T>
@@ -563,7 +595,8 @@ __device__ __noinline__ void CombineTile(const QuantGemvCombine cb, const float*
     float* o = cb.out + t * cb.out_stride + h;
     float acc = cb.accumulate ? *o : 0.0f;
     for (int j = 0; j < cb.top_k; ++j) {
-      const int64_t row = cb.slot_of[tl * cb.top_k + j];
+      const int64_t pair = tl * cb.top_k + j;
+      const int64_t row = cb.slot_of != nullptr ? cb.slot_of[pair] : pair * cb.pair_rows;
       acc += cb.weights[t * cb.weights_stride + j] * __ldcg(c + row * cb.row_ld + h);
     }
     *o = acc;
@@ -574,7 +607,7 @@ __device__ __noinline__ void CombineTile(const QuantGemvCombine cb, const float*
 // kernels just before it, so they are read only after those have completed.
 __device__ __forceinline__ bool Grouped(const Params& p) {
   return p.item_count != nullptr || p.a_items != nullptr || p.b_items != nullptr || p.scale_items != nullptr ||
-         p.c_items != nullptr || p.rows_items != nullptr;
+         p.c_items != nullptr || p.rows_items != nullptr || p.ids != nullptr;
 }
 
 template <int kSets>
@@ -657,6 +690,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // written, and the lanes of their B columns read the last row instead (StepActivations).
   const int m = ItemRows(p, item);
   if (m <= 0) {  // the whole cluster: its blocks share the item
+    RecordBadId(p);
     if (p.combine.counters != nullptr && rank == 0) {
       CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + block_rows);
     }
@@ -878,6 +912,7 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   if (p.item_count != nullptr && item >= *p.item_count) return;
   const int m = ItemRows(p, item);  // as in the kernel above
   if (m <= 0) {
+    RecordBadId(p);
     if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + kBlockRows * p.row_loops);
     return;
   }
@@ -1054,12 +1089,38 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
   p.a_vec = p.a_vec && p.silu_up % 4 == 0;
   const QuantGemvCombine& cb = items.combine;
   if (cb.counters != nullptr &&
-      (items.c != nullptr || c == nullptr || cb.ids == nullptr || cb.weights == nullptr || cb.slot_of == nullptr ||
-       cb.out == nullptr || cb.row_ld < n || cb.tokens < 0 || cb.top_k < 0 || cb.token0 < 0 || cb.ids_stride < 0 ||
-       cb.weights_stride < 0 || cb.out_stride < 0)) {
+      (items.c != nullptr || c == nullptr || cb.ids == nullptr || cb.weights == nullptr ||
+       (cb.slot_of == nullptr && cb.pair_rows < 1) || cb.out == nullptr || cb.row_ld < n || cb.tokens < 0 ||
+       cb.top_k < 0 || cb.token0 < 0 || cb.ids_stride < 0 || cb.weights_stride < 0 || cb.out_stride < 0)) {
     return cudaErrorInvalidValue;
   }
   p.combine = cb;
+  const QuantGemvIndexedItems& ix = items.indexed;
+  if (ix.ids != nullptr) {
+    const auto in_entry = [&](int64_t at) { return at >= 0 && at % 8 == 0 && at + 8 <= ix.entry_bytes; };
+    if (items.codes != nullptr || items.scales != nullptr || items.rows != nullptr || ix.table == nullptr ||
+        (ix.per_id != 1 && ix.per_id != 2) || batch % ix.per_id != 0 || ix.entry_bytes < 8 ||
+        ix.entry_bytes % 8 != 0 || ix.num_entries < 0 || ix.error_index < 0 ||
+        reinterpret_cast<uintptr_t>(ix.table) % 8 != 0) {
+      return cudaErrorInvalidValue;
+    }
+    for (int r = 0; r < ix.per_id; ++r) {
+      if (!in_entry(ix.codes_at[r]) || !in_entry(ix.scales_at[r])) return cudaErrorInvalidValue;
+    }
+    p.ids = ix.ids;
+    p.table = static_cast<const char*>(ix.table);
+    p.entry_bytes = ix.entry_bytes;
+    p.num_entries = ix.num_entries;
+    p.per_id = ix.per_id;
+    for (int r = 0; r < 2; ++r) {
+      p.codes_at[r] = ix.codes_at[r];
+      p.scales_at[r] = ix.scales_at[r];
+    }
+    p.scales_skip = ix.scales_skip;
+    p.error_flag = ix.error_flag;
+    p.error_code = ix.error_code;
+    p.error_index = ix.error_index;
+  }
   p.c = c;
   p.ldc = m > 1 ? ldc : 0;
   p.stride_c = batch > 1 ? batch_stride_c : 0;
@@ -1159,7 +1220,9 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
       error != cudaSuccess) {
     return error;
   }
-  if ((b.codes == nullptr && items.codes == nullptr) || (b.scale_inv == nullptr && items.scales == nullptr)) {
+  const bool indexed = items.indexed.ids != nullptr;
+  if ((b.codes == nullptr && items.codes == nullptr && !indexed) ||
+      (b.scale_inv == nullptr && items.scales == nullptr && !indexed)) {
     return cudaErrorInvalidValue;
   }
   if (b.row0 < 0 || b.col0 < 0 || b.col0 > kMaxColumn || b.col0 % 16 != 0) return cudaErrorInvalidValue;
@@ -1174,7 +1237,9 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   const int64_t scale_rows = (b.row0 + n - 1) / kFp8ScaleBlock + 1;
   const int64_t scale_cols = (b.col0 + k - 1) / kFp8ScaleBlock + 1;
   if (scale_rows > 1 && b.scale_ld < scale_cols) return cudaErrorInvalidValue;
-  if (items.codes == nullptr && reinterpret_cast<uintptr_t>(b.codes) % 16 != 0) return cudaErrorInvalidValue;
+  if (items.codes == nullptr && !indexed && reinterpret_cast<uintptr_t>(b.codes) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
   p.b = reinterpret_cast<const char*>(b.codes);
   p.tiled = b.tiled;
   p.ldb = n > 1 && !b.tiled ? b.ld : 0;
@@ -1194,7 +1259,8 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   problem.shift = p.shift;
   // A gated product is planned as the product of its bf16 activations computed beforehand would be:
   // the same plan, so the same bits (its staging reads two f32 rows instead, small beside the weights).
-  problem.a_bytes = p.a_bf16 || p.silu_up > 0 ? 2 : 4;
+  // So is an indexed one, which stands in for a grouped round's bf16 copies of its f32 rows.
+  problem.a_bytes = p.a_bf16 || p.silu_up > 0 || p.ids != nullptr ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * k;
   return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
@@ -1209,7 +1275,9 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
       error != cudaSuccess) {
     return error;
   }
-  if ((b.packed == nullptr && items.codes == nullptr) || (b.scale == nullptr && items.scales == nullptr)) {
+  const bool indexed = items.indexed.ids != nullptr;
+  if ((b.packed == nullptr && items.codes == nullptr && !indexed) ||
+      (b.scale == nullptr && items.scales == nullptr && !indexed)) {
     return cudaErrorInvalidValue;
   }
   if (b.group_size < 32 || (b.group_size & (b.group_size - 1)) != 0 || b.group_size > (int64_t{1} << 30)) {
@@ -1227,7 +1295,9 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   }
   const int64_t groups = (b.col0 + k - 1) / b.group_size + 1;
   if (n > 1 && b.scale_ld < groups) return cudaErrorInvalidValue;
-  if (items.codes == nullptr && reinterpret_cast<uintptr_t>(b.packed) % 16 != 0) return cudaErrorInvalidValue;
+  if (items.codes == nullptr && !indexed && reinterpret_cast<uintptr_t>(b.packed) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
   p.b = reinterpret_cast<const char*>(b.packed);
   p.tiled = b.tiled;
   p.ldb = n > 1 && !b.tiled ? b.ld * 4 : 0;
@@ -1250,7 +1320,8 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   problem.shift = p.shift;
   // A gated product is planned as the product of its bf16 activations computed beforehand would be:
   // the same plan, so the same bits (its staging reads two f32 rows instead, small beside the weights).
-  problem.a_bytes = p.a_bf16 || p.silu_up > 0 ? 2 : 4;
+  // So is an indexed one, which stands in for a grouped round's bf16 copies of its f32 rows.
+  problem.a_bytes = p.a_bf16 || p.silu_up > 0 || p.ids != nullptr ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * (words * 4 + 2.0 * k / b.group_size);
   return Launch<Int4Format>(p, problem, plan, programmatic, stream);
 }

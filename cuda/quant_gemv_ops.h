@@ -148,13 +148,38 @@ struct QuantGemvCombine {
   int64_t ids_stride = 0;
   const float* weights = nullptr;    // [token0 + tokens, top_k] f32, row stride weights_stride, device
   int64_t weights_stride = 0;
-  const int32_t* slot_of = nullptr;  // [tokens * top_k] i32, device: pair t * top_k + j's output row
+  // [tokens * top_k] i32, device: pair t * top_k + j's output row; nullptr: row (t * top_k + j) *
+  // pair_rows (a launch of indexed items, QuantGemvIndexedItems: pair q's product is item q's).
+  const int32_t* slot_of = nullptr;
+  int64_t pair_rows = 0;
   float* out = nullptr;              // [token0 + tokens, n] f32, row stride out_stride, device; no
                                      // overlap with the launch's other operands
   int64_t out_stride = 0;
   int64_t token0 = 0;
   int tokens = 0, top_k = 0, num_experts = 0;
   bool accumulate = false;
+};
+
+// A grouped launch's items named by ids rather than by pointer arrays (a decode round's routed
+// experts, without a kernel that writes their pointers first): item i is role i % per_id of table
+// entry e = ids[i / per_id], its codes the pointer stored codes_at[role] bytes into the entry, its
+// scales the pointer stored scales_at[role] bytes into it plus scales_skip bytes (int4: the slice's
+// first row of scales), and its rows all m of the launch while e is in [0, num_entries); an item
+// whose e is not has no rows (skipped, its c untouched) and, with error_flag, records error_index
+// there (RecordDeviceError: the lowest index an op records wins). The ids may be written by the
+// kernels just before the launch; the table may not.
+struct QuantGemvIndexedItems {
+  const int32_t* ids = nullptr;  // [max_items / per_id] i32, device; nullptr: not indexed
+  const void* table = nullptr;   // device: num_entries entries of entry_bytes, 8-byte aligned
+  int64_t entry_bytes = 0;
+  int num_entries = 0;
+  int per_id = 1;                    // 1 or 2 (max_items a multiple of it)
+  int64_t codes_at[2] = {0, 0};      // byte offsets of role r's codes pointer in an entry (8-aligned)
+  int64_t scales_at[2] = {0, 0};     // and of its scales pointer
+  int64_t scales_skip = 0;           // bytes added to each scales pointer read
+  int* error_flag = nullptr;         // device; nullptr: bad ids are not recorded
+  int error_code = 0;
+  int64_t error_index = 0;
 };
 
 // Per-item DEVICE pointers of a grouped launch: up to max_items products of one shape (n, k, m, the
@@ -188,6 +213,9 @@ struct QuantGemvItems {
   // An epilogue gathering the items' output rows into tokens' rows (QuantGemvCombine); none while
   // its counters are nullptr.
   QuantGemvCombine combine;
+  // Items named by ids (QuantGemvIndexedItems): with indexed.ids set, codes, scales and rows above
+  // must be nullptr (count may be set).
+  QuantGemvIndexedItems indexed;
 };
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv over batch = max_items items (same sizes, alignment and
@@ -197,7 +225,10 @@ struct QuantGemvItems {
 // entry (unchecked: device memory). programmatic: launched as a programmatic dependent
 // (programmatic_launch.cuh) whose blocks wait for the kernels before it before they read anything
 // (the count, item pointers and the weights they point at may be written by those kernels): the
-// launch and block scheduling overlap their drain, the loads do not.
+// launch and block scheduling overlap their drain, the loads do not. Also cudaErrorInvalidValue for
+// indexed items beside codes, scales or rows arrays, or with per_id not 1 or 2, max_items not a
+// multiple of it, no table, entry_bytes < 8, a pointer offset outside an entry or not 8-aligned, a
+// negative num_entries or error_index; and for a combine without slot_of whose pair_rows is < 1.
 cudaError_t LaunchFp8BlockGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                                       const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
                                       const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,

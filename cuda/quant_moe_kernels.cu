@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core_kernels.cuh"
 #include "programmatic_launch.cuh"
@@ -537,6 +539,34 @@ int TeamShift(int64_t k) {
 
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// One grouped product of a round: `items` (their codes and scales from arrays or by id), the rest
+// shared (`layout`); m activation rows an item (at most; QuantGemvItems::rows), item i's output rows
+// in a slot of kJobPairs rows of n at c + i * kJobPairs * n.
+cudaError_t RoundProduct(const QuantMoeShape& shape, const QuantGemvItems& items, int64_t max_items,
+                         const QuantMoeGemvLayout& layout, const void* a, GemvType a_type, int64_t lda,
+                         int64_t stride_a, float* c, int64_t m, int64_t n, int64_t k, bool programmatic,
+                         cudaStream_t stream) {
+  const int64_t stride_c = kQuantMoeJobPairs * n;
+  if (shape.format == QuantMoeFormat::kInt4Group) {
+    Int4GroupWeights b;
+    b.ld = layout.codes_ld;
+    b.tiled = layout.tiled;
+    b.scale_ld = layout.scales_ld;
+    b.col0 = layout.col_off;
+    b.group_size = shape.block_cols;
+    return LaunchInt4GroupGemvGrouped(a, a_type, lda, stride_a, b, c, n, stride_c, nullptr, items, max_items, m, n, k,
+                                      1.0f, 0.0f, programmatic, stream);
+  }
+  Fp8BlockWeights b;
+  b.ld = layout.codes_ld;
+  b.tiled = layout.tiled;
+  b.scale_ld = layout.scales_ld;
+  b.row0 = layout.row_off;
+  b.col0 = layout.col_off;
+  return LaunchFp8BlockGemvGrouped(a, a_type, lda, stride_a, b, c, n, stride_c, nullptr, items, max_items, m, n, k,
+                                   1.0f, 0.0f, programmatic, stream);
+}
+
 // Grouped steps 2 and 3 of one round (fold: step 1a too; otherwise sorted and jobs written): slots
 // and item pointers, the gate-up GEMV, SiLU-mul (or, shape.fold_silu, in the down GEMV's staging),
 // the down GEMV; y holds every job's slot rows after it. combine: step 4 as the down GEMV's epilogue
@@ -556,30 +586,12 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
     return error;
   }
 
-  // One grouped product: items' codes and scales from the arrays, the rest shared (`layout`); an
-  // item's rows are its job's, at most the round's job_pairs, in a slot of kJobPairs rows.
+  // An item's rows are its job's, at most the round's job_pairs.
   const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
                            const void* a, GemvType a_type, int64_t lda, int64_t stride_a, float* c, int64_t n,
                            int64_t k) {
-    const int64_t m = round.job_pairs, stride_c = kQuantMoeJobPairs * n;
-    if (int4) {
-      Int4GroupWeights b;
-      b.ld = layout.codes_ld;
-      b.tiled = layout.tiled;
-      b.scale_ld = layout.scales_ld;
-      b.col0 = layout.col_off;
-      b.group_size = shape.block_cols;
-      return LaunchInt4GroupGemvGrouped(a, a_type, lda, stride_a, b, c, n, stride_c, nullptr, items,
-                                        max_items, m, n, k, 1.0f, 0.0f, programmatic, stream);
-    }
-    Fp8BlockWeights b;
-    b.ld = layout.codes_ld;
-    b.tiled = layout.tiled;
-    b.scale_ld = layout.scales_ld;
-    b.row0 = layout.row_off;
-    b.col0 = layout.col_off;
-    return LaunchFp8BlockGemvGrouped(a, a_type, lda, stride_a, b, c, n, stride_c, nullptr, items, max_items,
-                                     m, n, k, 1.0f, 0.0f, programmatic, stream);
+    return RoundProduct(shape, items, max_items, layout, a, a_type, lda, stride_a, c, round.job_pairs, n, k,
+                        programmatic, stream);
   };
   QuantGemvItems gate_up;
   gate_up.a = ws.gate_up_a;
@@ -613,6 +625,58 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
   }
   return product(down, max_jobs, shape.down, ws.act, GemvType::kBF16, act_ld, kQuantMoeJobPairs * act_ld, ws.y, hidden,
                  inter);
+}
+
+// A grouped round of one token whose pairs are its jobs (QuantMoeShape::direct_one_token): the
+// gate-up GEMV over items 2j, 2j + 1 = pair j's gate and up, found from ids[j] in the expert table,
+// reading the token's f32 row x (rounded to bf16 as the slots kernel rounds it) into rows 8 i of
+// ws.gate_up; then the down GEMV over items j, gated from those rows, into rows 8 j of ws.y, with
+// the combine as its epilogue (pair j's row 8 j). The products are planned as GroupedProducts plans
+// them (the same item counts and sizes): the same bits.
+cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExpert* experts,
+                        const QuantMoeShape& shape, const QuantMoeWorkspace& ws, QuantGemvCombine combine,
+                        bool programmatic, cudaStream_t stream) {
+  const int64_t hidden = shape.hidden, inter = shape.inter, top_k = round.top_k;
+  const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
+  const auto indexed = [&](int per_id, const QuantMoeGemvLayout& layout, std::initializer_list<size_t> roles) {
+    QuantGemvIndexedItems ix;
+    ix.ids = round.ids + round.token0 * round.stride;
+    ix.table = experts;
+    ix.entry_bytes = static_cast<int64_t>(sizeof(QuantMoeExpert));
+    ix.num_entries = round.num_experts;
+    ix.per_id = per_id;
+    int r = 0;
+    for (const size_t role : roles) {
+      ix.codes_at[r] = static_cast<int64_t>(role + offsetof(QuantMoeMatrix, codes));
+      ix.scales_at[r] = static_cast<int64_t>(role + offsetof(QuantMoeMatrix, scales));
+      ++r;
+    }
+    // int4: the slice's first row of scales, as the slots kernel points the items at it.
+    ix.scales_skip = int4 ? layout.row_off * layout.scales_ld * static_cast<int64_t>(sizeof(uint16_t)) : 0;
+    ix.error_flag = round.error_flag;
+    ix.error_code = round.error_code;
+    ix.error_index = round.token0;
+    return ix;
+  };
+  // One activation row an item (f32: the token's row, or the gated rows of the gate-up product).
+  const auto product = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
+                           const void* a, int64_t stride_a, float* c, int64_t n, int64_t k) {
+    return RoundProduct(shape, items, max_items, layout, a, GemvType::kF32, k, stride_a, c, 1, n, k, programmatic,
+                        stream);
+  };
+  QuantGemvItems gate_up;
+  gate_up.indexed = indexed(2, shape.gate_up, {offsetof(QuantMoeExpert, gate), offsetof(QuantMoeExpert, up)});
+  if (const cudaError_t error = product(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden);
+      error != cudaSuccess) {
+    return error;
+  }
+  QuantGemvItems down;
+  down.indexed = indexed(1, shape.down, {offsetof(QuantMoeExpert, down)});
+  down.silu_up_offset = kQuantMoeJobPairs * inter;
+  combine.slot_of = nullptr;
+  combine.pair_rows = kQuantMoeJobPairs;
+  down.combine = combine;
+  return product(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter);
 }
 
 // Carves a workspace out of `buffer` (nullptr: only counts the bytes, returned in *bytes).
@@ -768,6 +832,15 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       combine.top_k = static_cast<int>(top_k);
       combine.num_experts = static_cast<int>(shape.num_experts);
       combine.accumulate = accumulate;
+    }
+    if (grouped && shape.direct_one_token && n == 1 && job_pairs == 1 && shape.fold_silu &&
+        combine.counters != nullptr) {
+      if (const cudaError_t error =
+              DirectRound(x + t0 * x_stride, round, experts, shape, ws, combine, programmatic, stream);
+          error != cudaSuccess) {
+        return error;
+      }
+      continue;
     }
     if (grouped) {
       if (const cudaError_t error = GroupedProducts(x + t0 * x_stride, x_stride, round, experts, shape, round_jobs, ws,

@@ -24,7 +24,8 @@
 //     for the most jobs a round can have and the blocks of jobs past the device job count exit at
 //     once; at decode by default (QuantMoeShape::fold_silu, fold_combine) act is computed where the
 //     down GEMV stages its activations, and step 4 below is the down GEMV's epilogue
-//     (QuantGemvCombine);
+//     (QuantGemvCombine), and steps 1 and 2 are left out (QuantMoeShape::direct_one_token: the
+//     GEMVs find each pair's expert from its id and stage the token's row themselves);
 //  or, off that layout (QuantMoeShape::grouped false; row-major codes only), CUDA-core kernels:
 //  2'. x rounded to bf16 per token; per job and block of intermediate rows:
 //      act[pair][i] = bf16(silu(gate_i . x) * (up_i . x));
@@ -149,6 +150,12 @@ struct QuantMoeShape {
   // replace from two tokens on (benchmarks/NOTES.md).
   bool fold_silu = true;
   bool fold_combine = true;
+  // On the grouped path, rounds of one token with fold_silu and fold_combine: no slots kernel either.
+  // Pair j is job j; the gate-up GEMV finds expert ids[j]'s weights in the device table itself
+  // (QuantGemvIndexedItems) and stages the token's f32 row as bf16, the down GEMV likewise; a bad
+  // id leaves its pair without rows and is recorded by the GEMVs. Two kernels a decode round instead
+  // of three, the same bits (the same plans, products and combine order; false: the slots kernel).
+  bool direct_one_token = true;
 };
 
 // Largest expert count (the grouping kernel's counters live in shared memory).

@@ -94,6 +94,10 @@ inline cuda::CudaBackend* Backend() {
     // experts' combine in kernels of their own (CudaBackendOptions::quant_moe_fold_silu / _combine).
     const char* fold_silu = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD_SILU");
     if (fold_silu != nullptr && fold_silu[0] != '\0') options.quant_moe_fold_silu = fold_silu[0] != '0';
+    // EAGLE3_BENCH_QUANT_MOE_DIRECT=0: one-token calls stage the experts' inputs in a kernel of
+    // their own (CudaBackendOptions::quant_moe_direct_decode).
+    const char* direct = std::getenv("EAGLE3_BENCH_QUANT_MOE_DIRECT");
+    if (direct != nullptr && direct[0] != '\0') options.quant_moe_direct_decode = direct[0] != '0';
     const char* fold_combine = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD_COMBINE");
     if (fold_combine != nullptr && fold_combine[0] != '\0') options.quant_moe_fold_combine = fold_combine[0] != '0';
     // EAGLE3_BENCH_QUANT_MOE_TILED_EXPERTS=0: models keep their routed experts' codes row-major

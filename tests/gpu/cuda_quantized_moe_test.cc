@@ -403,6 +403,12 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     auto backend = cuda::CudaBackend::Create(options);
     ASSERT_TRUE(backend.ok()) << backend.status();
     separate_ = std::move(*backend);
+    // The folds with the slots kernel at one token (gpu_'s one-token calls launch none).
+    cuda::CudaBackendOptions staged = Options();
+    staged.quant_moe_direct_decode = false;
+    auto staged_backend = cuda::CudaBackend::Create(staged);
+    ASSERT_TRUE(staged_backend.ok()) << staged_backend.status();
+    staged_ = std::move(*staged_backend);
   }
 
   // Top-8 routing over `routed` experts, random or skewed (every token a permutation of experts
@@ -480,6 +486,12 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
       const Tensor separate_acc = Call(*separate_, d_x, d_ids, d_weights, d_views, 0.75f, sync, true);
       EXPECT_TRUE(sync.ok()) << sync;
       ExpectBitwiseEqual(got_acc, separate_acc, "accumulate: folded vs the kernels");
+      ExpectBitwiseEqual(Call(*staged_, d_x, d_ids, d_weights, d_tiled, NAN, sync), separate,
+                         "folded with the slots kernel vs the kernels");
+      EXPECT_TRUE(sync.ok()) << sync;
+      ExpectBitwiseEqual(Call(*staged_, d_x, d_ids, d_weights, d_views, 0.75f, sync, true), separate_acc,
+                         "accumulate, folded with the slots kernel vs the kernels");
+      EXPECT_TRUE(sync.ok()) << sync;
       ExpectBitwiseEqual(Call(*gpu_, d_x, d_ids, d_weights, d_tiled, NAN, sync), got, "warp tiles vs row-major");
       EXPECT_TRUE(sync.ok()) << sync;
       ExpectBitwiseEqual(Call(*separate_, d_x, d_ids, d_weights, d_tiled, 0.75f, sync, true), got_acc,
@@ -548,10 +560,11 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
       ids.data_as<int32_t>()[2] = static_cast<int32_t>(num_experts);
       const Tensor d_x = Upload(Random(Shape{1, kRankHidden}, 10)), d_ids = Upload(ids);
       const Tensor d_weights = Upload(weights);
-      for (const bool fold : {true, false}) {
-        SCOPED_TRACE(fold ? "folded" : "kernels");
+      for (const int path : {0, 1, 2}) {
+        SCOPED_TRACE(path == 0 ? "folded, direct" : path == 1 ? "kernels" : "folded with the slots kernel");
         absl::Status sync;
-        const Tensor got = Call(fold ? *gpu_ : *separate_, d_x, d_ids, d_weights, d_views, 5.0f, sync, fold);
+        cuda::CudaBackend& backend = path == 0 ? *gpu_ : path == 1 ? *separate_ : *staged_;
+        const Tensor got = Call(backend, d_x, d_ids, d_weights, d_views, 5.0f, sync, path != 1);
         EXPECT_THAT(std::string(sync.message()), HasSubstr("token 0"));
         for (int64_t h = 0; h < kRankHidden; ++h) ASSERT_EQ(got.data_as<float>()[h], 5.0f) << "column " << h;
       }
@@ -576,6 +589,7 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
   }
 
   std::unique_ptr<cuda::CudaBackend> separate_;
+  std::unique_ptr<cuda::CudaBackend> staged_;
 };
 
 TEST_F(CudaQuantizedMoeFoldTest, DeepseekV3Fp8WithSharedExpert) {

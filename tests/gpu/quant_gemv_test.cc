@@ -21,12 +21,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "device_buffer.h"
@@ -34,6 +37,7 @@
 #include "eagle3/detail/int4_packing.h"
 #include "eagle3/detail/quant_tiles.h"
 #include "eagle3/half.h"
+#include "core_ops.h"
 #include "gtest/gtest.h"
 #include "quant_gemv_ops.h"
 #include "quant_gemv_plan.h"
@@ -878,6 +882,129 @@ TEST_F(QuantGemvTest, Int4GroupedProgrammatic) {
 // The experts' down product of a verify step (short K, more blocks than a wave): the chooser takes
 // a row-looped plan (each warp several 16-row groups, 9000 rows a partial last group) on a device of
 // up to 200 multiprocessors.
+// Indexed items (QuantGemvIndexedItems), as a decode round's routed experts are launched: a device
+// table of entries with two roles each (a gate and an up matrix), whose scales pointers sit kSkip
+// bytes before the scales (scales_skip adds them back), and ids naming entries out of order, one of
+// them past the table. Every item's rows must be the bits of the same product launched through
+// pointer arrays and row counts (the same sizes, so the same plan), from one f32 activation row
+// shared by all items (stride 0); the bad id's two items keep their rows, and its index is
+// recorded in the flag.
+void CheckIndexed(bool int4, bool tiled) {
+  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << (tiled ? ", tiled codes" : ", row-major codes"));
+  const int64_t entries = 3, n = 96, k = 256, m = 1;
+  const std::vector<int32_t> ids = {2, 0, static_cast<int32_t>(entries), 1};
+  const int64_t items = 2 * static_cast<int64_t>(ids.size());
+  constexpr int64_t kSkip = 64;
+  constexpr int kErrorCode = 5 << kDeviceErrorIndexBits;
+  constexpr int64_t kErrorIndex = 11;
+  const ItemWeights w = UploadItemWeights(int4, 2 * entries, n, k, 620, /*reversed=*/false, tiled);
+  struct Entry {
+    const void* codes[2];
+    const void* scales[2];
+  };
+  std::vector<Entry> table(entries);
+  for (int64_t e = 0; e < entries; ++e) {
+    for (int r = 0; r < 2; ++r) {
+      table[e].codes[r] = w.code_ptrs[2 * e + r];
+      table[e].scales[r] = static_cast<const char*>(w.scale_ptrs[2 * e + r]) - kSkip;
+    }
+  }
+  std::vector<const void*> codes(items), scales(items);
+  std::vector<int32_t> rows(items);
+  for (int64_t i = 0; i < items; ++i) {
+    const int32_t e = ids[i / 2];
+    const bool good = e >= 0 && e < entries;
+    codes[i] = w.code_ptrs[good ? 2 * e + i % 2 : 0];
+    scales[i] = w.scale_ptrs[good ? 2 * e + i % 2 : 0];
+    rows[i] = good ? 1 : 0;
+  }
+  const Activations a = RandomActivations(k, int4 ? 621 : 622);
+  DeviceBuffer a_dev(a.f32.size() * 4), table_dev(table.size() * sizeof(Entry)), ids_dev(ids.size() * 4),
+      code_table(items * 8), scale_table(items * 8), rows_dev(items * 4), flag(4),
+      c_ref(static_cast<size_t>(items * n) * 4), c_ix(static_cast<size_t>(items * n) * 4);
+  Upload(a_dev, a.f32);
+  Upload(table_dev, table);
+  Upload(ids_dev, ids);
+  Upload(code_table, codes);
+  Upload(scale_table, scales);
+  Upload(rows_dev, rows);
+  Upload(flag, std::vector<int>{0});
+  for (DeviceBuffer* c : {&c_ref, &c_ix}) Upload(*c, std::vector<float>(static_cast<size_t>(items * n), -7.0f));
+  QuantGemvItems by_pointer;
+  by_pointer.codes = code_table.as<const void* const>();
+  by_pointer.scales = scale_table.as<const void* const>();
+  by_pointer.rows = rows_dev.as<int32_t>();
+  QuantGemvItems by_id;
+  by_id.indexed.ids = ids_dev.as<int32_t>();
+  by_id.indexed.table = table_dev.ptr;
+  by_id.indexed.entry_bytes = static_cast<int64_t>(sizeof(Entry));
+  by_id.indexed.num_entries = static_cast<int>(entries);
+  by_id.indexed.per_id = 2;
+  for (int r = 0; r < 2; ++r) {
+    by_id.indexed.codes_at[r] = static_cast<int64_t>(offsetof(Entry, codes) + 8 * r);
+    by_id.indexed.scales_at[r] = static_cast<int64_t>(offsetof(Entry, scales) + 8 * r);
+  }
+  by_id.indexed.scales_skip = kSkip;
+  by_id.indexed.error_flag = flag.as<int>();
+  by_id.indexed.error_code = kErrorCode;
+  by_id.indexed.error_index = kErrorIndex;
+  for (const bool indexed : {false, true}) {
+    const QuantGemvItems& list = indexed ? by_id : by_pointer;
+    float* c = (indexed ? c_ix : c_ref).as<float>();
+    if (int4) {
+      Int4GroupWeights b;
+      b.ld = w.q[0].words();
+      b.tiled = tiled;
+      b.scale_ld = w.q[0].groups();
+      b.group_size = 32;
+      ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, 0, b, c, n, m * n, nullptr, list, items, m,
+                                           n, k, 1.0f, 0.0f, true, nullptr),
+                cudaSuccess);
+    } else {
+      Fp8BlockWeights b;
+      b.ld = k;
+      b.tiled = tiled;
+      b.scale_ld = w.f[0].scale_cols();
+      ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kF32, k, 0, b, c, n, m * n, nullptr, list, items, m, n,
+                                          k, 1.0f, 0.0f, true, nullptr),
+                cudaSuccess);
+    }
+  }
+  const std::vector<float> ref = Download<float>(c_ref, static_cast<size_t>(items * n));
+  const std::vector<float> got = Download<float>(c_ix, static_cast<size_t>(items * n));
+  for (int64_t i = 0; i < items; ++i) {
+    const int32_t e = ids[i / 2];
+    double diff = 0, scale = 1e-30;
+    for (int64_t o = 0; o < n; ++o) {
+      const float g = got[i * n + o];
+      ASSERT_EQ(std::memcmp(&g, &ref[i * n + o], 4), 0) << "item " << i << " row " << o << ": " << g << " vs "
+                                                         << ref[i * n + o];
+      if (rows[i] == 0) {
+        EXPECT_EQ(g, -7.0f) << "item " << i << " of a bad id was written";
+        continue;
+      }
+      const int64_t mat = 2 * e + i % 2;
+      double want = 0;
+      for (int64_t col = 0; col < k; ++col) {
+        want += static_cast<double>(int4 ? w.q[mat].Weight(o, col) : w.f[mat].Weight(o, col)) * a.values[col];
+      }
+      diff = std::max(diff, std::fabs(g - want));
+      scale = std::max(scale, std::fabs(want));
+    }
+    if (rows[i] > 0) {
+      EXPECT_LE(diff / scale, kTol) << "item " << i;
+    }
+  }
+  EXPECT_EQ(Download<int>(flag, 1)[0], kErrorCode | static_cast<int>(kErrorIndex));
+}
+
+TEST_F(QuantGemvTest, GroupedIndexedItems) {
+  for (const bool int4 : {false, true}) {
+    CheckIndexed(int4, /*tiled=*/false);
+    CheckIndexed(int4, /*tiled=*/true);
+  }
+}
+
 TEST_F(QuantGemvTest, GroupedRowLooped) {
   int device = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
@@ -1518,6 +1645,51 @@ TEST_F(QuantGemvTest, BadArgumentsRefused) {
   items = good;
   items.c = c_table.as<float* const>();  // the gathered rows must be c's, not per-item pointers
   EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+  items = good;
+  items.combine.slot_of = nullptr;  // without slot_of, a pair's row is pair * pair_rows: >= 1
+  EXPECT_EQ(grouped(items, GemvType::kF32), cudaErrorInvalidValue);
+
+  // Indexed items (QuantGemvIndexedItems): a table of one entry, both roles at bytes 0 and 8.
+  DeviceBuffer table(16), flag(4);
+  Upload(table, std::vector<const void*>{f.codes, f.scale_inv});
+  QuantGemvItems ix_good;
+  ix_good.indexed.ids = ids.as<int32_t>();
+  ix_good.indexed.table = table.ptr;
+  ix_good.indexed.entry_bytes = 16;
+  ix_good.indexed.num_entries = 1;
+  ix_good.indexed.codes_at[0] = 0;
+  ix_good.indexed.scales_at[0] = 8;
+  ix_good.indexed.error_flag = flag.as<int>();
+  const auto indexed = [&](const QuantGemvItems& items, int64_t max_items) {
+    return LaunchFp8BlockGemvGrouped(a.ptr, GemvType::kBF16, k, 0, f, c.as<float>(), n, 0, nullptr, items, max_items,
+                                     1, n, k, 1.0f, 0.0f, false, nullptr);
+  };
+  const std::vector<std::pair<const char*, std::function<void(QuantGemvItems&)>>> bad_indexed = {
+      {"a codes array beside the ids", [&](QuantGemvItems& x) { x.codes = c_table.as<const void* const>(); }},
+      {"a rows array beside the ids", [&](QuantGemvItems& x) { x.rows = ids.as<int32_t>(); }},
+      {"no table", [&](QuantGemvItems& x) { x.indexed.table = nullptr; }},
+      {"per_id 3", [&](QuantGemvItems& x) { x.indexed.per_id = 3; }},
+      {"entry_bytes 4", [&](QuantGemvItems& x) { x.indexed.entry_bytes = 4; }},
+      {"entry_bytes 12", [&](QuantGemvItems& x) { x.indexed.entry_bytes = 12; }},
+      {"codes pointer past the entry", [&](QuantGemvItems& x) { x.indexed.codes_at[0] = 16; }},
+      {"scales pointer not 8-aligned", [&](QuantGemvItems& x) { x.indexed.scales_at[0] = 4; }},
+      {"negative num_entries", [&](QuantGemvItems& x) { x.indexed.num_entries = -1; }},
+      {"negative error_index", [&](QuantGemvItems& x) { x.indexed.error_index = -1; }},
+  };
+  for (const auto& [what, mutate] : bad_indexed) {
+    QuantGemvItems x = ix_good;
+    mutate(x);
+    EXPECT_EQ(indexed(x, 2), cudaErrorInvalidValue) << what;
+  }
+  {
+    QuantGemvItems x = ix_good;
+    x.indexed.per_id = 2;
+    x.indexed.codes_at[1] = 0;
+    x.indexed.scales_at[1] = 8;
+    EXPECT_EQ(indexed(x, 3), cudaErrorInvalidValue) << "max_items not a multiple of per_id";
+    x.indexed.scales_at[1] = 16;
+    EXPECT_EQ(indexed(x, 2), cudaErrorInvalidValue) << "role 1's scales pointer past the entry";
+  }
 
   // Nothing was launched by a refused call.
   const std::vector<float> after = Download<float>(c, c_host.size());

@@ -84,6 +84,11 @@ struct CudaBackendOptions {
   // off: the kernels (the reference the tests hold the folds to).
   bool quant_moe_fold_silu = true;
   bool quant_moe_fold_combine = true;
+  // With both folds above, calls of one token launch no kernel to stage the experts' inputs either:
+  // the gate-up product finds each routed expert's weights from the token's ids itself and rounds
+  // the token's row to bf16 as it stages it, and a bad id is recorded by the products. Two kernels
+  // per MoE layer at decode instead of three; the same bits. Off: the staging kernel.
+  bool quant_moe_direct_decode = true;
   // Models loaded on this backend keep their routed experts' quantized codes in warp-step tiles
   // (Backend::tiles_expert_codes, QuantCodesLayout::kWarpTiles): the grouped GEMV then reads each
   // kernel step's 16 rows as one contiguous 1 KiB block instead of 16 pieces a row stride apart.
