@@ -111,6 +111,7 @@ struct Params {
   int* error_flag;
   int error_code;
   int64_t error_index;
+  bool early_items;  // QuantGemvIndexedItems::ids_final: the items are read before the wait
 };
 
 // An indexed item's table entry (Params::ids), or nullptr where its id names none.
@@ -681,8 +682,9 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   const int64_t warp_row = block_row + group * kWarpRows;
   const int64_t item = blockIdx.y;
   // A grouped launch's count and item pointers (and so the weights they point at) are written by the
-  // kernels just before it: read only after they have completed (programmatic_launch.cuh).
-  if (Grouped(p)) PdlWait();
+  // kernels just before it: read only after they have completed (programmatic_launch.cuh), unless
+  // they were final before the kernel just before it (early_items: FillRingThenWait waits).
+  if (Grouped(p) && !p.early_items) PdlWait();
   // A grouped launch's items past the device count: the whole block leaves before any barrier, and
   // so does its whole cluster (a cluster's blocks differ in blockIdx.x only).
   if (p.item_count != nullptr && item >= *p.item_count) return;
@@ -690,6 +692,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   // written, and the lanes of their B columns read the last row instead (StepActivations).
   const int m = ItemRows(p, item);
   if (m <= 0) {  // the whole cluster: its blocks share the item
+    if (p.early_items) PdlWait();  // before the combine reads out, and before the block exits
     RecordBadId(p);
     if (p.combine.counters != nullptr && rank == 0) {
       CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + block_rows);
@@ -908,10 +911,11 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kBlockRows * p.row_loops;
   const int64_t item = blockIdx.y;
-  if (Grouped(p)) PdlWait();
+  if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
   if (p.item_count != nullptr && item >= *p.item_count) return;
   const int m = ItemRows(p, item);  // as in the kernel above
   if (m <= 0) {
+    if (p.early_items) PdlWait();
     RecordBadId(p);
     if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + kBlockRows * p.row_loops);
     return;
@@ -1101,7 +1105,7 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
     if (items.codes != nullptr || items.scales != nullptr || items.rows != nullptr || ix.table == nullptr ||
         (ix.per_id != 1 && ix.per_id != 2) || batch % ix.per_id != 0 || ix.entry_bytes < 8 ||
         ix.entry_bytes % 8 != 0 || ix.num_entries < 0 || ix.error_index < 0 ||
-        reinterpret_cast<uintptr_t>(ix.table) % 8 != 0) {
+        reinterpret_cast<uintptr_t>(ix.table) % 8 != 0 || (ix.ids_final && items.count != nullptr)) {
       return cudaErrorInvalidValue;
     }
     for (int r = 0; r < ix.per_id; ++r) {
@@ -1120,6 +1124,7 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
     p.error_flag = ix.error_flag;
     p.error_code = ix.error_code;
     p.error_index = ix.error_index;
+    p.early_items = ix.ids_final;
   }
   p.c = c;
   p.ldc = m > 1 ? ldc : 0;

@@ -180,6 +180,11 @@ struct QuantGemvIndexedItems {
   int* error_flag = nullptr;         // device; nullptr: bad ids are not recorded
   int error_code = 0;
   int64_t error_index = 0;
+  // The ids were written before the kernel just before a programmatic launch, and that kernel waits
+  // for its own predecessors before it lets this launch start (the grouped launches here do): the
+  // launch then reads the ids, the table and the weights before its programmatic wait, which it
+  // keeps for its activations (a launch without a count only).
+  bool ids_final = false;
 };
 
 // Per-item DEVICE pointers of a grouped launch: up to max_items products of one shape (n, k, m, the
@@ -228,7 +233,8 @@ struct QuantGemvItems {
 // launch and block scheduling overlap their drain, the loads do not. Also cudaErrorInvalidValue for
 // indexed items beside codes, scales or rows arrays, or with per_id not 1 or 2, max_items not a
 // multiple of it, no table, entry_bytes < 8, a pointer offset outside an entry or not 8-aligned, a
-// negative num_entries or error_index; and for a combine without slot_of whose pair_rows is < 1.
+// negative num_entries or error_index, or ids_final with a count; and for a combine without slot_of
+// whose pair_rows is < 1.
 cudaError_t LaunchFp8BlockGemvGrouped(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a,
                                       const Fp8BlockWeights& b, float* c, int64_t ldc, int64_t batch_stride_c,
                                       const float* bias, const QuantGemvItems& items, int64_t max_items, int64_t m,

@@ -672,6 +672,9 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   }
   QuantGemvItems down;
   down.indexed = indexed(1, shape.down, {offsetof(QuantMoeExpert, down)});
+  // The ids were final before the gate-up GEMV, which waits before it lets this launch start: the
+  // down GEMV's first weight loads overlap the gate-up GEMV's end.
+  down.indexed.ids_final = true;
   down.silu_up_offset = kQuantMoeJobPairs * inter;
   combine.slot_of = nullptr;
   combine.pair_rows = kQuantMoeJobPairs;

@@ -888,9 +888,11 @@ TEST_F(QuantGemvTest, Int4GroupedProgrammatic) {
 // them past the table. Every item's rows must be the bits of the same product launched through
 // pointer arrays and row counts (the same sizes, so the same plan), from one f32 activation row
 // shared by all items (stride 0); the bad id's two items keep their rows, and its index is
-// recorded in the flag.
-void CheckIndexed(bool int4, bool tiled) {
-  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << (tiled ? ", tiled codes" : ", row-major codes"));
+// recorded in the flag. ids_final: the launch reads its items before its programmatic wait (the ids
+// are uploaded before it, so they are final).
+void CheckIndexed(bool int4, bool tiled, bool ids_final) {
+  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << (tiled ? ", tiled codes" : ", row-major codes")
+                                  << (ids_final ? ", ids final" : ""));
   const int64_t entries = 3, n = 96, k = 256, m = 1;
   const std::vector<int32_t> ids = {2, 0, static_cast<int32_t>(entries), 1};
   const int64_t items = 2 * static_cast<int64_t>(ids.size());
@@ -948,6 +950,7 @@ void CheckIndexed(bool int4, bool tiled) {
   by_id.indexed.error_flag = flag.as<int>();
   by_id.indexed.error_code = kErrorCode;
   by_id.indexed.error_index = kErrorIndex;
+  by_id.indexed.ids_final = ids_final;
   for (const bool indexed : {false, true}) {
     const QuantGemvItems& list = indexed ? by_id : by_pointer;
     float* c = (indexed ? c_ix : c_ref).as<float>();
@@ -1000,8 +1003,9 @@ void CheckIndexed(bool int4, bool tiled) {
 
 TEST_F(QuantGemvTest, GroupedIndexedItems) {
   for (const bool int4 : {false, true}) {
-    CheckIndexed(int4, /*tiled=*/false);
-    CheckIndexed(int4, /*tiled=*/true);
+    CheckIndexed(int4, /*tiled=*/false, /*ids_final=*/false);
+    CheckIndexed(int4, /*tiled=*/true, /*ids_final=*/false);
+    CheckIndexed(int4, /*tiled=*/true, /*ids_final=*/true);
   }
 }
 
@@ -1675,6 +1679,11 @@ TEST_F(QuantGemvTest, BadArgumentsRefused) {
       {"scales pointer not 8-aligned", [&](QuantGemvItems& x) { x.indexed.scales_at[0] = 4; }},
       {"negative num_entries", [&](QuantGemvItems& x) { x.indexed.num_entries = -1; }},
       {"negative error_index", [&](QuantGemvItems& x) { x.indexed.error_index = -1; }},
+      {"ids_final with a device count",
+       [&](QuantGemvItems& x) {
+         x.indexed.ids_final = true;
+         x.count = counters.as<int32_t>();
+       }},
   };
   for (const auto& [what, mutate] : bad_indexed) {
     QuantGemvItems x = ix_good;
