@@ -112,6 +112,7 @@ struct Params {
   int error_code;
   int64_t error_index;
   bool early_items;  // QuantGemvIndexedItems::ids_final: the items are read before the wait
+  int tile_items;    // the in-block combine's items (QuantGemvCombine::in_block), else 0
 };
 
 // An indexed item's table entry (Params::ids), or nullptr where its id names none.
@@ -514,19 +515,21 @@ __device__ __forceinline__ void LoadColumns(const Params& p, const char* a, int 
 }
 
 // Stages the item's m (<= p.m) activation rows of the tile of units [unit0, unit0 + units) as bf16
-// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns.
+// (f32 rounded to nearest even, bf16 exact), zeros outside the slice's columns: threads tid, tid +
+// threads, ... of the block's (all of it, or one warp's lanes).
 template <typename F>
-__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem) {
+__device__ void StageActivations(const Params& p, int64_t item, int m, int unit0, int units, unsigned char* smem,
+                                 int tid, int threads) {
   const char* a = ItemA(p, item);
   const int row_pieces = units * (kUnitColumns / 8);
   const int total = m * row_pieces;
   const int col0 = unit0 * kUnitColumns - p.shift;  // slice column of the tile's first column
-  for (int base = threadIdx.x; base < total; base += kThreads * kStageBatch) {
+  for (int base = tid; base < total; base += threads * kStageBatch) {
     float v[kStageBatch][8];
     int dest[kStageBatch];
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
-      const int i = base + u * kThreads;
+      const int i = base + u * threads;
       dest[u] = -1;
       if (i < total) {
         const int r = i / row_pieces, q = i - r * row_pieces;
@@ -785,7 +788,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
     const int tile_unit0 = unit0 + t * tile_units;
-    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem);
+    StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
       StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
     }
@@ -900,7 +903,30 @@ inline constexpr int kRowLoopBlocksPerSm = kOperands == 1 && kTiled ? 3 : kQuant
 template <typename F, int kOperands, bool kTiled>
 inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
 
-template <typename F, int kOperands, bool kTiled>
+// The in-block combine (QuantGemvCombine::in_block) of a block's tile of rows [row_begin, row_begin
+// + rows), from `tile` (item j's row r at tile[j * rows + r], written by warp j before the barrier
+// that precedes this call): CombineTile's sum, term for term, for the launch's one token.
+__device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const float* tile, int64_t n,
+                                               int64_t row_begin, int rows) {
+  const int64_t t = cb.token0;
+  const int32_t* id = cb.ids + t * cb.ids_stride;
+  bool good = true;
+  for (int j = 0; j < cb.top_k; ++j) good = good && id[j] >= 0 && id[j] < cb.num_experts;
+  if (!good) return;  // the token keeps its row
+  for (int r = threadIdx.x; r < rows && row_begin + r < n; r += kThreads) {
+    float* o = cb.out + t * cb.out_stride + row_begin + r;
+    float acc = cb.accumulate ? *o : 0.0f;
+    for (int j = 0; j < cb.top_k; ++j) acc += cb.weights[t * cb.weights_stride + j] * tile[j * rows + r];
+    *o = acc;
+  }
+}
+
+// kTileCombine (QuantGemvCombine::in_block, one activation row): the block's rows are one tile of
+// kWarpRows * row_loops rows of every item, warp j taking item j's groups of it in turn (group i
+// at rows block_row + 16 i), staging item j's row itself (no block barrier before the products),
+// and the block combining the tile after one barrier. Otherwise the block is one item's rows and
+// its warps' groups interleave, kBlockRows apart.
+template <typename F, int kOperands, bool kTiled, bool kTileCombine>
 __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
     QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -908,24 +934,41 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   constexpr int kDepth = kRowLoopDepth<F, kOperands, kTiled>;
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
+  static_assert(!kTileCombine || (kOperands == 1 && !F::kBlockScaled), "the in-block combine: int4, one row");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kBlockRows * p.row_loops;
-  const int64_t item = blockIdx.y;
+  constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
+  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kGroupStride * p.row_loops;
+  const int64_t item = kTileCombine ? warp : blockIdx.y;
+  // The in-block combine's tile: every item's rows of the block (f32, after the warps' staged rows).
+  float* const tile = reinterpret_cast<float*>(smem + kWarps * p.act_stride);
+  const int tile_rows = kWarpRows * p.row_loops;
   if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
-  if (p.item_count != nullptr && item >= *p.item_count) return;
-  const int m = ItemRows(p, item);  // as in the kernel above
+  if (!kTileCombine && p.item_count != nullptr && item >= *p.item_count) return;
+  const int m = !kTileCombine || warp < p.tile_items ? ItemRows(p, item) : 0;  // as in the kernel above
   if (m <= 0) {
-    if (p.early_items) PdlWait();
-    RecordBadId(p);
-    if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + kBlockRows * p.row_loops);
+    if constexpr (kTileCombine) {
+      // A warp without an item, or whose item's id names no entry: no products, but the barrier
+      // and the combine (which then leaves the token's row as it is) with the others.
+      PdlLaunchDependents();
+      if (p.early_items) PdlWait();
+      if (warp < p.tile_items && lane == 0 && p.error_flag != nullptr) {
+        RecordDeviceError(p.error_flag, p.error_code, p.error_index);
+      }
+      __syncthreads();
+      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
+    } else {
+      if (p.early_items) PdlWait();
+      RecordBadId(p);
+      if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + kBlockRows * p.row_loops);
+    }
     return;
   }
 
-  // The warp's groups: group i holds rows first_row + i * kBlockRows .. + 15; groups wholly past n
-  // are not taken.
-  const int64_t first_row = block_row + warp * kWarpRows;
+  // The warp's groups: group i holds rows first_row + i * kGroupStride .. + 15; groups wholly past
+  // n are not taken.
+  const int64_t first_row = block_row + (kTileCombine ? 0 : warp * kWarpRows);
   const int groups =
-      first_row < p.n ? static_cast<int>(min(static_cast<int64_t>(p.row_loops), (p.n - first_row + kBlockRows - 1) / kBlockRows))
+      first_row < p.n ? static_cast<int>(min(static_cast<int64_t>(p.row_loops), (p.n - first_row + kGroupStride - 1) / kGroupStride))
                       : 0;
   const int steps = p.units * kUnitSteps;  // per group: the whole K
   const int total_steps = groups * steps;
@@ -936,7 +979,7 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   // compiler for the reason the kernel above gives.
   const auto rows_of = [&](int i) {
     LaneRows rows;
-    const int64_t row0 = first_row + static_cast<int64_t>(i) * kBlockRows;
+    const int64_t row0 = first_row + static_cast<int64_t>(i) * kGroupStride;
     const bool tiled = kTiled || p.tiled;
     if (tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
 #pragma unroll
@@ -970,14 +1013,21 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
     advance();
   });
 
-  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it.
+  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
+  // in-block combine: each warp its own item's row, at warp * act_stride.
   const int block_rows = kBlockRows * p.row_loops;
   const int scales_at = p.m * p.act_stride;
-  StageActivations<F>(p, item, m, 0, p.units, smem);
-  if constexpr (F::kBlockScaled) {
-    StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
+  unsigned char* const act_smem = kTileCombine ? smem + warp * p.act_stride : smem;
+  if constexpr (kTileCombine) {
+    StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
+    __syncwarp();
+  } else {
+    StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
+    if constexpr (F::kBlockScaled) {
+      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
   Zero(acc);
@@ -989,7 +1039,7 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   const auto scale_rows_of = [&](int i, int (&at)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t r = min(first_row + static_cast<int64_t>(i) * kBlockRows + g + 8 * h, p.n - 1);
+      const int64_t r = min(first_row + static_cast<int64_t>(i) * kGroupStride + g + 8 * h, p.n - 1);
       at[h] = static_cast<int>(((p.row0 + r) >> 7) - first_scale_row) * p.units * 4;
     }
   };
@@ -999,7 +1049,7 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   // Group i's sums, final: out = alpha * sum (+ beta * out) (+ bias). Fragment element e of operand
   // h is weight row g (e < 2) or g + 8, activation row 8 h + 2 c + e % 2 (the m16n8 C layout).
   const auto write_group = [&](int i) {
-    const int64_t row_base = first_row + static_cast<int64_t>(i) * kBlockRows + g;
+    const int64_t row_base = first_row + static_cast<int64_t>(i) * kGroupStride + g;
 #pragma unroll
     for (int h = 0; h < kOperands; ++h) {
 #pragma unroll
@@ -1020,6 +1070,7 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
         if (p.beta != 0.0f) v += p.beta * *out;
         if (p.bias != nullptr) v += p.bias[row];
         *out = v;
+        if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
       }
     }
   };
@@ -1029,7 +1080,7 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (j + d >= total_steps) break;
-      StepActivations<kOperands> act{smem, {}};
+      StepActivations<kOperands> act{act_smem, {}};
 #pragma unroll
       for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
       F::Products(ring[d], act, acc);
@@ -1058,7 +1109,12 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
       }
     }
   }
-  if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + block_rows);
+  if constexpr (kTileCombine) {
+    __syncthreads();
+    CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
+  } else if (p.combine.counters != nullptr) {
+    CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + block_rows);
+  }
 }
 
 // ---- Launch ---------------------------------------------------------------------------------------
@@ -1194,10 +1250,28 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   const size_t shared = QuantGemvSharedBytes(problem, chosen);
   const bool specialized = p.tiled && GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
+    if constexpr (!F::kBlockScaled) {
+      // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one
+      // block per tile of 16 * row_loops rows of every item.
+      const QuantGemvCombine& cb = p.combine;
+      if (cb.in_block && cb.counters != nullptr && specialized && operands == 1 && p.ids != nullptr && p.per_id == 1 &&
+          p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr && cb.top_k == problem.batch &&
+          problem.batch <= kWarps) {
+        p.tile_items = static_cast<int>(problem.batch);
+        const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
+        const dim3 grid(static_cast<unsigned>((p.n + tile_rows - 1) / tile_rows));
+        const size_t tile_shared = static_cast<size_t>(kWarps) * (p.act_stride + tile_rows * sizeof(float));
+        const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
+        if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
+        return LaunchKernel(programmatic, kernel, grid, dim3(kThreads), tile_shared, stream, p);
+      }
+    }
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
-    const auto kernel = specialized ? (operands == 1 ? QuantGemvRowLoopKernel<F, 1, true> : QuantGemvRowLoopKernel<F, 2, true>)
-                                : (operands == 1 ? QuantGemvRowLoopKernel<F, 1, false> : QuantGemvRowLoopKernel<F, 2, false>);
+    const auto kernel = specialized ? (operands == 1 ? QuantGemvRowLoopKernel<F, 1, true, false>
+                                                     : QuantGemvRowLoopKernel<F, 2, true, false>)
+                                    : (operands == 1 ? QuantGemvRowLoopKernel<F, 1, false, false>
+                                                     : QuantGemvRowLoopKernel<F, 2, false, false>);
     if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
     return LaunchKernel(programmatic, kernel, grid, dim3(kThreads), shared, stream, p);
   }

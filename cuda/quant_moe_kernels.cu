@@ -678,6 +678,7 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   down.silu_up_offset = kQuantMoeJobPairs * inter;
   combine.slot_of = nullptr;
   combine.pair_rows = kQuantMoeJobPairs;
+  combine.in_block = shape.combine_in_block;
   down.combine = combine;
   return product(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter);
 }

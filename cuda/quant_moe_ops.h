@@ -156,6 +156,11 @@ struct QuantMoeShape {
   // id leaves its pair without rows and is recorded by the GEMVs. Two kernels a decode round instead
   // of three, the same bits (the same plans, products and combine order; false: the slots kernel).
   bool direct_one_token = true;
+  // With direct_one_token, an INT4 round's down GEMV combines in its blocks (QuantGemvCombine::
+  // in_block: each block one tile of hidden rows of every pair, the token's experts one warp each,
+  // no counters) where its launch allows (tiled codes, a row-looped plan, top_k <= 8); the same
+  // bits.
+  bool combine_in_block = true;
 };
 
 // Largest expert count (the grouping kernel's counters live in shared memory).

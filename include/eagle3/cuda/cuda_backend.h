@@ -89,6 +89,11 @@ struct CudaBackendOptions {
   // the token's row to bf16 as it stages it, and a bad id is recorded by the products. Two kernels
   // per MoE layer at decode instead of three; the same bits. Off: the staging kernel.
   bool quant_moe_direct_decode = true;
+  // With quant_moe_direct_decode, an INT4 call of one token combines the experts' rows inside the
+  // down product's blocks (each block a tile of hidden rows of every routed expert, one warp an
+  // expert) instead of through per-tile counters and a last-block pass: no fences or atomics, the
+  // same bits. Taken where the experts' codes are tiled and there are at most 8 of them a token.
+  bool quant_moe_combine_in_block = true;
   // Models loaded on this backend keep their routed experts' quantized codes in warp-step tiles
   // (Backend::tiles_expert_codes, QuantCodesLayout::kWarpTiles): the grouped GEMV then reads each
   // kernel step's 16 rows as one contiguous 1 KiB block instead of 16 pieces a row stride apart.
