@@ -1,12 +1,31 @@
-// Inline-PTX wrappers of the CUDA backend's kernels: cp.async, ldmatrix, mma.sync, the warpgroup
-// products (wgmma, sm_90a), ex2, lop3 and max.NaN. A kernel that needs another instruction adds its
-// wrapper here rather than a copy in its own file. sm_80+ instructions unless marked (the backend
-// builds for sm_90). No abseil here: nvcc must never see it.
+// Inline-PTX wrappers of the CUDA backend's kernels: release / acquire counters, cp.async, ldmatrix,
+// mma.sync, the warpgroup products (wgmma, sm_90a), ex2, lop3 and max.NaN. A kernel that needs
+// another instruction adds its wrapper here rather than a copy in its own file. sm_80+ instructions
+// unless marked (the backend builds for sm_90). No abseil here: nvcc must never see it.
 #pragma once
 
 #include <cstdint>
 
 namespace eagle3::cuda {
+
+// ---- Flags between the blocks of one grid --------------------------------------------------------
+//
+// A producer block's writes become visible to a consumer block that sees its count: every thread of
+// the producer writes, the block meets a barrier, one thread adds with release semantics; the
+// consumer's thread loads the count with acquire semantics, then meets its threads (a barrier or a
+// warp sync) before they read.
+
+// *counter += value, release at GPU scope (no result).
+__device__ __forceinline__ void RedReleaseAddGpu(int* counter, int value) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
+
+// *counter, acquire at GPU scope.
+__device__ __forceinline__ int LdAcquireGpu(const int* counter) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
+  return value;
+}
 
 // The 32-bit shared-window address of a pointer into shared memory, as the instructions below take it.
 __device__ __forceinline__ uint32_t SharedAddress(const void* smem) {

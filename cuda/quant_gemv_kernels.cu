@@ -113,6 +113,7 @@ struct Params {
   int64_t error_index;
   bool early_items;  // QuantGemvIndexedItems::ids_final: the items are read before the wait
   int tile_items;    // the in-block combine's items (QuantGemvCombine::in_block), else 0
+  int fold_ranks;    // QuantGemvBlock<..., kFoldRanks>: the plan's cluster ranks, folded into wk
 };
 
 // An indexed item's table entry (Params::ids), or nullptr where its id names none.
@@ -654,14 +655,19 @@ __device__ __forceinline__ void FoldBlockSums(float (&acc)[kChains][4], float (&
 // cursor), issued before the programmatic-launch wait: the weights are not written by the step, so
 // they are read while the kernels that write the activations (and c) finish
 // (programmatic_launch.cuh).
-template <int kDepth, typename Load>
-__device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& load) {
+// `wait` stands in for the programmatic wait where the inputs come from elsewhere (a chained
+// launch's second product: the first product's counts, QuantGemvChainKernel).
+struct WaitForPredecessors {
+  __device__ __forceinline__ void operator()(bool) const { PdlWait(); }
+};
+template <int kDepth, typename Load, typename Wait = WaitForPredecessors>
+__device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& load, const Wait& wait = Wait{}) {
   PdlLaunchDependents();
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) {
     if (d < total_steps) load(d);
   }
-  PdlWait();
+  wait(true);
 }
 
 // kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m). kTiled: the codes are in
@@ -669,21 +675,26 @@ __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& lo
 // paths nor their branch, and steps its loads with one pointer. The generic kernel (kTiled false)
 // reads tiles too, a branch per load, where EAGLE3_QUANT_GEMV_TILED_KERNEL=generic asks for it (the
 // baseline the specialized kernel is measured against).
-template <typename F, int kOperands, bool kTiled>
-__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
-  extern __shared__ __align__(16) unsigned char smem[];
+//
+// QuantGemvBlock is one block's work, block (bx, by) of the grid: the kernel's whole body, and the
+// first product of a chained launch (QuantGemvChainKernel), whose blocks take (bx, by) in turn.
+// kFoldRanks: the plan's cluster ranks are warps of the block instead (p.wk counts the warps of a
+// row group over all ranks, p.fold_ranks the ranks, split 1): rank r's parts are warps r * wk / ranks
+// on, which take the same units as the cluster's rank r, and their sums are added as the cluster adds
+// them (each rank's warps in warp order, then the ranks in rank order): the same bits.
+template <typename F, int kOperands, bool kTiled, bool kFoldRanks, int kDepth = QuantGemvDepth(kOperands)>
+__device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, unsigned by, unsigned char* smem) {
   constexpr int kUnitSteps = F::kUnitSteps;
-  constexpr int kDepth = QuantGemvDepth(kOperands);
   // Accumulator sets: with one operand, two chains that take alternate products.
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int group = warp / p.wk, part = warp % p.wk;
-  const int rank = static_cast<int>(blockIdx.x) % p.split;
+  const int rank = static_cast<int>(bx) % p.split;
   const int block_rows = kBlockRows / p.wk;
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.split) * block_rows;
+  const int64_t block_row = static_cast<int64_t>(bx / p.split) * block_rows;
   const int64_t warp_row = block_row + group * kWarpRows;
-  const int64_t item = blockIdx.y;
+  const int64_t item = by;
   // A grouped launch's count and item pointers (and so the weights they point at) are written by the
   // kernels just before it: read only after they have completed (programmatic_launch.cuh), unless
   // they were final before the kernel just before it (early_items: FillRingThenWait waits).
@@ -698,7 +709,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     if (p.early_items) PdlWait();  // before the combine reads out, and before the block exits
     RecordBadId(p);
     if (p.combine.counters != nullptr && rank == 0) {
-      CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + block_rows);
+      CombineTile(p.combine, p.c, p.item_count, p.n, bx / p.split, block_row, block_row + block_rows);
     }
     return;
   }
@@ -859,8 +870,19 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     const int grp = rr / kWarpRows, r16 = rr % kWarpRows;
     const int src_lane = (r16 % 8) * 4 + (mr % 8) / 2, src_e = (r16 >= 8 ? 2 : 0) + mr % 2, h = mr / 8;
     float total = 0.0f;
-    for (int w = 0; w < p.wk; ++w) {
-      total += warp_part[(((grp * p.wk + w) * kOperands + h) * 32 + src_lane) * 4 + src_e];
+    if constexpr (kFoldRanks) {
+      const int rank_warps = p.wk / p.fold_ranks;
+      for (int r = 0; r < p.fold_ranks; ++r) {
+        float rank_total = 0.0f;
+        for (int w = r * rank_warps; w < (r + 1) * rank_warps; ++w) {
+          rank_total += warp_part[(((grp * p.wk + w) * kOperands + h) * 32 + src_lane) * 4 + src_e];
+        }
+        total += rank_total;
+      }
+    } else {
+      for (int w = 0; w < p.wk; ++w) {
+        total += warp_part[(((grp * p.wk + w) * kOperands + h) * 32 + src_lane) * 4 + src_e];
+      }
     }
     if (p.split == 1) {
       write(e, total);
@@ -880,8 +902,14 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
     cluster.sync();  // no rank leaves while another still reads its shared memory
   }
   if (p.combine.counters != nullptr && rank == 0) {
-    CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x / p.split, block_row, block_row + block_rows);
+    CombineTile(p.combine, p.c, p.item_count, p.n, bx / p.split, block_row, block_row + block_rows);
   }
+}
+
+template <typename F, int kOperands, bool kTiled>
+__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  QuantGemvBlock<F, kOperands, kTiled, false>(p, blockIdx.x, blockIdx.y, smem);
 }
 
 // ---- Row-looped plans (short K) -------------------------------------------------------------------
@@ -926,10 +954,13 @@ __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const
 // at rows block_row + 16 i), staging item j's row itself (no block barrier before the products),
 // and the block combining the tile after one barrier. Otherwise the block is one item's rows and
 // its warps' groups interleave, kBlockRows apart.
-template <typename F, int kOperands, bool kTiled, bool kTileCombine>
-__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
-    QuantGemvRowLoopKernel(const Params p) {
-  extern __shared__ __align__(16) unsigned char smem[];
+//
+// QuantGemvRowLoopBlock is block bx (by: its item, where not kTileCombine) of the grid, as
+// QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
+// kTileCombine) before the activations are read.
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, typename Wait>
+__device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned bx, unsigned by, unsigned char* smem,
+                                                      const Wait& wait) {
   constexpr int kUnitSteps = F::kUnitSteps;
   constexpr int kDepth = kRowLoopDepth<F, kOperands, kTiled>;
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
@@ -937,8 +968,8 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   static_assert(!kTileCombine || (kOperands == 1 && !F::kBlockScaled), "the in-block combine: int4, one row");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x) * kGroupStride * p.row_loops;
-  const int64_t item = kTileCombine ? warp : blockIdx.y;
+  const int64_t block_row = static_cast<int64_t>(bx) * kGroupStride * p.row_loops;
+  const int64_t item = kTileCombine ? warp : by;
   // The in-block combine's tile: every item's rows of the block (f32, after the warps' staged rows).
   float* const tile = reinterpret_cast<float*>(smem + kWarps * p.act_stride);
   const int tile_rows = kWarpRows * p.row_loops;
@@ -950,16 +981,16 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
       // A warp without an item, or whose item's id names no entry: no products, but the barrier
       // and the combine (which then leaves the token's row as it is) with the others.
       PdlLaunchDependents();
-      if (p.early_items) PdlWait();
+      if (p.early_items) wait(false);
       if (warp < p.tile_items && lane == 0 && p.error_flag != nullptr) {
         RecordDeviceError(p.error_flag, p.error_code, p.error_index);
       }
       __syncthreads();
       CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
     } else {
-      if (p.early_items) PdlWait();
+      if (p.early_items) wait(false);
       RecordBadId(p);
-      if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + kBlockRows * p.row_loops);
+      if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + kBlockRows * p.row_loops);
     }
     return;
   }
@@ -1008,10 +1039,13 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
   };
 
   typename F::Item ring[kDepth];
-  FillRingThenWait<kDepth>(total_steps, [&](int d) {
-    F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
-    advance();
-  });
+  FillRingThenWait<kDepth>(
+      total_steps,
+      [&](int d) {
+        F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
+        advance();
+      },
+      wait);
 
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
   // in-block combine: each warp its own item's row, at warp * act_stride.
@@ -1113,7 +1147,87 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
     __syncthreads();
     CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
   } else if (p.combine.counters != nullptr) {
-    CombineTile(p.combine, p.c, p.item_count, p.n, blockIdx.x, block_row, block_row + block_rows);
+    CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
+  }
+}
+
+template <typename F, int kOperands, bool kTiled, bool kTileCombine>
+__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
+    QuantGemvRowLoopKernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine>(p, blockIdx.x, blockIdx.y, smem, WaitForPredecessors{});
+}
+
+// ---- Chained products (LaunchInt4GroupGemvChain) ------------------------------------------------
+//
+// One kernel for a decode round's gate-up product and the down product gated from it: the launches
+// of two kernels pay twice what a kernel costs beside its weight steps (the setup, the first loads
+// after the wait, the block barriers, the drain of the last blocks), which at one token is most of
+// each. Its blocks take units of work from a ticket counter: first the gate-up product's (block
+// bx, item by of its plan), then the down product's tiles. A gate-up block counts itself done for
+// its pair (items 2j, 2j + 1) with a release; a down warp for pair j loads its first weight steps,
+// then waits for all of pair j's gate-up blocks with an acquire before it stages the gated row. Every
+// gate-up unit is taken before any down unit, by a block that finishes it without waiting: the
+// waits always end, however few blocks run at once.
+
+// Counter lines (ints) of the sync area (kQuantGemvChainSyncInts).
+constexpr int kChainLine = 32;
+// The gate-up units' ring depth: the loop around both products and the folded reduction take the
+// registers that a deeper ring would need (ptxas spills from 3 steps on at 2 blocks a multiprocessor).
+constexpr int kChainDepth = 2;
+
+struct ChainGeometry {
+  int first_row_blocks;  // the gate-up plan's blocks of rows an item
+  int first_units;       // first_row_blocks * the gate-up items
+  int units;             // first_units + the down product's tiles
+};
+
+__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
+    QuantGemvChainKernel(const Params first, const Params second, int* sync, const ChainGeometry geo) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int unit_at;
+  int* const ticket = sync;
+  int* const done = sync + kChainLine;
+  int* const pair_done = sync + 2 * kChainLine;
+  // The ids, x, out and the counters (which the previous launch resets as it ends) are read only once
+  // the kernels before have completed.
+  PdlWait();
+  if (threadIdx.x == 0) unit_at = atomicAdd(ticket, 1);
+  __syncthreads();
+  int unit = unit_at;
+  const int pair_units = 2 * geo.first_row_blocks;
+  while (unit < geo.units) {
+    int next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(ticket, 1);  // in flight while this unit runs
+    if (unit < geo.first_units) {
+      const int item = unit / geo.first_row_blocks;
+      QuantGemvBlock<Int4Format, 1, true, true, kChainDepth>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
+                                                static_cast<unsigned>(item), smem);
+      __syncthreads();  // every thread's rows are written
+      if (threadIdx.x == 0) RedReleaseAddGpu(pair_done + (item / 2) * kChainLine, 1);
+    } else {
+      const auto wait = [&](bool has_item) {
+        if (!has_item) return;
+        const int* const count = pair_done + (threadIdx.x / 32) * kChainLine;
+        if (threadIdx.x % 32 == 0) {
+          while (LdAcquireGpu(count) < pair_units) __nanosleep(32);
+        }
+        __syncwarp();
+      };
+      QuantGemvRowLoopBlock<Int4Format, 1, true, true>(second, static_cast<unsigned>(unit - geo.first_units), 0, smem,
+                                                       wait);
+    }
+    __syncthreads();  // shared memory and unit_at are free again
+    if (threadIdx.x == 0) unit_at = next;
+    __syncthreads();
+    unit = unit_at;
+  }
+  // The last block out resets the counters for the next launch: every block has taken its last
+  // ticket and passed its last wait.
+  if (threadIdx.x == 0 && atomicAdd(done, 1) == static_cast<int>(gridDim.x) - 1) {
+    *ticket = 0;
+    for (int j = 0; j < kQuantGemvMaxChainItems; ++j) pair_done[j * kChainLine] = 0;
+    *done = 0;
   }
 }
 
@@ -1219,13 +1333,30 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
   return cudaSuccess;
 }
 
-// Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
-template <typename F>
-cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan, bool programmatic,
-                   cudaStream_t stream) {
+// Whether a planned int4 launch takes the in-block combine (QuantGemvCombine::in_block): one
+// activation row on tiled codes in the specialized kernels, a row-looped plan, one token's indexed
+// items, at most one per warp.
+bool TileCombined(const Params& p, const QuantGemvProblem& problem, bool specialized) {
+  const QuantGemvCombine& cb = p.combine;
+  return p.row_loops > 0 && cb.in_block && cb.counters != nullptr && specialized && QuantGemvRowOperands(p.m) == 1 &&
+         p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr &&
+         cb.top_k == problem.batch && problem.batch <= kWarps;
+}
+// Its blocks (one per tile of 16 * row_loops rows) and their shared memory: each warp's staged row,
+// then the tile's rows of every item.
+int64_t TileCombineBlocks(const Params& p) {
+  const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
+  return (p.n + tile_rows - 1) / tile_rows;
+}
+size_t TileCombineShared(const Params& p) {
+  return static_cast<size_t>(kWarps) * (p.act_stride + static_cast<size_t>(kWarpRows) * p.row_loops * sizeof(float));
+}
+
+// Plans (or checks `plan`) into `chosen` and fills the split fields of `p` (weights, sizes and shift
+// set).
+cudaError_t PlanParams(Params& p, QuantGemvProblem& problem, const QuantGemvPlan* plan, QuantGemvPlan& chosen) {
   // The chooser keeps to its rule's limit; an explicit plan may take all the kernel can.
   problem.shared_limit = plan != nullptr ? kQuantGemvSharedMax : QuantGemvSharedLimitFor(problem.m);
-  QuantGemvPlan chosen;
   if (plan != nullptr) {
     if (!QuantGemvPlanValid(problem, *plan)) return cudaErrorInvalidValue;
     chosen = *plan;
@@ -1246,6 +1377,15 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   p.part_units = chosen.part_units;
   p.tiles = chosen.tiles;
   p.act_stride = p.wk * p.part_units * kUnitColumns * 2 + 64;
+  return cudaSuccess;
+}
+
+// Plans (or checks `plan`), fills the split fields of `p` (weights, sizes and shift set) and launches.
+template <typename F>
+cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan, bool programmatic,
+                   cudaStream_t stream) {
+  QuantGemvPlan chosen;
+  if (const cudaError_t error = PlanParams(p, problem, plan, chosen); error != cudaSuccess) return error;
   const int operands = QuantGemvRowOperands(p.m);
   const size_t shared = QuantGemvSharedBytes(problem, chosen);
   const bool specialized = p.tiled && GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
@@ -1253,17 +1393,12 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
     if constexpr (!F::kBlockScaled) {
       // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one
       // block per tile of 16 * row_loops rows of every item.
-      const QuantGemvCombine& cb = p.combine;
-      if (cb.in_block && cb.counters != nullptr && specialized && operands == 1 && p.ids != nullptr && p.per_id == 1 &&
-          p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr && cb.top_k == problem.batch &&
-          problem.batch <= kWarps) {
+      if (TileCombined(p, problem, specialized)) {
         p.tile_items = static_cast<int>(problem.batch);
-        const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
-        const dim3 grid(static_cast<unsigned>((p.n + tile_rows - 1) / tile_rows));
-        const size_t tile_shared = static_cast<size_t>(kWarps) * (p.act_stride + tile_rows * sizeof(float));
+        const size_t tile_shared = TileCombineShared(p);
         const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
         if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
-        return LaunchKernel(programmatic, kernel, grid, dim3(kThreads), tile_shared, stream, p);
+        return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
       }
     }
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
@@ -1344,11 +1479,12 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
 
-cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Int4GroupWeights& b,
-                     float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
-                     int64_t n, int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
-                     const QuantGemvItems& items, cudaStream_t stream) {
-  Params p{};
+// Int4Gemv's checks and fields, before planning.
+cudaError_t Int4Setup(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Int4GroupWeights& b,
+                      float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
+                      int64_t n, int64_t k, float alpha, float beta, const QuantGemvItems& items, Params& p,
+                      QuantGemvProblem& problem) {
+  p = Params{};
   if (const cudaError_t error = CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n,
                                              k, alpha, beta, items, p);
       error != cudaSuccess) {
@@ -1390,7 +1526,7 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   p.group_shift = shift;
   p.last_group = static_cast<int>((b.col0 + k - 1) >> shift);
   p.shift = p.col0 % 32;
-  QuantGemvProblem problem;
+  problem = QuantGemvProblem{};
   problem.int4 = true;
   problem.batch = batch;
   problem.m = m;
@@ -1402,10 +1538,92 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   // So is an indexed one, which stands in for a grouped round's bf16 copies of its f32 rows.
   problem.a_bytes = p.a_bf16 || p.silu_up > 0 || p.ids != nullptr ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * (words * 4 + 2.0 * k / b.group_size);
+  return cudaSuccess;
+}
+
+cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Int4GroupWeights& b,
+                     float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m,
+                     int64_t n, int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
+                     const QuantGemvItems& items, cudaStream_t stream) {
+  Params p;
+  QuantGemvProblem problem;
+  if (const cudaError_t error = Int4Setup(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n,
+                                          k, alpha, beta, items, p, problem);
+      error != cudaSuccess) {
+    return error;
+  }
   return Launch<Int4Format>(p, problem, plan, programmatic, stream);
 }
 
+// Int4Setup and the plan of one product of a chain.
+cudaError_t ChainSetup(const Int4GroupedProduct& d, Params& p, QuantGemvProblem& problem, QuantGemvPlan& plan) {
+  if (const cudaError_t error = Int4Setup(d.a, d.a_type, d.lda, d.batch_stride_a, d.b, d.c, d.ldc, d.batch_stride_c,
+                                          nullptr, d.max_items, d.m, d.n, d.k, 1.0f, 0.0f, d.items, p, problem);
+      error != cudaSuccess) {
+    return error;
+  }
+  return PlanParams(p, problem, nullptr, plan);
+}
+
 }  // namespace
+
+cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
+                                     bool programmatic, cudaStream_t stream) {
+  Params p1, p2;
+  QuantGemvProblem problem1, problem2;
+  QuantGemvPlan plan1, plan2;
+  if (const cudaError_t error = ChainSetup(first, p1, problem1, plan1); error != cudaSuccess) return error;
+  if (const cudaError_t error = ChainSetup(second, p2, problem2, plan2); error != cudaSuccess) return error;
+  if (sync == nullptr) return cudaErrorInvalidValue;
+  const bool specialized = GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
+  // The round's shape: first's items are pair j's gate and up (two per id), second's item j is pair
+  // j's down product gated from them, over the same ids.
+  const QuantGemvIndexedItems& ix1 = first.items.indexed;
+  const QuantGemvIndexedItems& ix2 = second.items.indexed;
+  const bool round = p1.m == 1 && p2.m == 1 && p1.tiled && p2.tiled && ix1.ids != nullptr && ix1.per_id == 2 &&
+                     ix2.ids == ix1.ids && ix2.per_id == 1 && first.items.count == nullptr &&
+                     first.items.combine.counters == nullptr && first.items.silu_up_offset == 0 &&
+                     second.a == first.c && second.a_type == GemvType::kF32 &&
+                     second.batch_stride_a == 2 * first.batch_stride_c &&
+                     second.items.silu_up_offset == first.batch_stride_c && first.max_items == 2 * second.max_items &&
+                     second.k == first.n && second.max_items <= kQuantGemvMaxChainItems;
+  // first's plan with its cluster ranks as warps (QuantGemvBlock<..., kFoldRanks>): each rank's units
+  // a whole number of its warps' parts, its K range in one tile; second's with the in-block combine.
+  const int ways = plan1.wk * plan1.split;
+  const int64_t rank_units = (p1.units + plan1.split - 1) / plan1.split;
+  const bool plans = plan1.row_loops == 0 && plan1.tiles == 1 && ways <= kWarps && kWarps % ways == 0 &&
+                     (plan1.split == 1 || rank_units == static_cast<int64_t>(plan1.wk) * plan1.part_units) &&
+                     TileCombined(p2, problem2, specialized);
+  if (!round || !plans || !specialized) return cudaErrorNotSupported;
+  const QuantGemvPlan folded{ways, 1, plan1.part_units, 1, 0};
+  p1.fold_ranks = plan1.split;
+  p1.wk = ways;
+  p1.split = 1;
+  p1.rank_units = p1.units;
+  p1.act_stride = p1.wk * p1.part_units * kUnitColumns * 2 + 64;
+  p2.tile_items = static_cast<int>(second.max_items);
+  ChainGeometry geo;
+  geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
+  geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
+  geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
+  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2));
+  if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
+  int device = 0, sm_count = 0, per_sm = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
+  if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+      error != cudaSuccess) {
+    return error;
+  }
+  if (const cudaError_t error =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, QuantGemvChainKernel, kThreads, shared);
+      error != cudaSuccess) {
+    return error;
+  }
+  // As many blocks as run at once (more would only take their tickets after the work is gone).
+  const int blocks = std::max(1, std::min(geo.units, std::max(per_sm, 1) * sm_count));
+  return LaunchKernel(programmatic, QuantGemvChainKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
+                      stream, p1, p2, static_cast<int*>(sync), geo);
+}
 
 QuantGemvTiledKernel GetQuantGemvTiledKernel() {
   int choice = tiled_kernel_choice.load(std::memory_order_relaxed);

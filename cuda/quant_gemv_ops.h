@@ -254,4 +254,45 @@ cudaError_t LaunchInt4GroupGemvGrouped(const void* a, GemvType a_type, int64_t l
                                        int64_t n, int64_t k, float alpha, float beta, bool programmatic,
                                        cudaStream_t stream);
 
+// ---- Chained launches (a decode round's gate-up and down products in one kernel) ----------------
+
+// One grouped INT4 product's arguments, as LaunchInt4GroupGemvGrouped takes them.
+struct Int4GroupedProduct {
+  const void* a = nullptr;
+  GemvType a_type = GemvType::kF32;
+  int64_t lda = 0, batch_stride_a = 0;
+  Int4GroupWeights b;
+  float* c = nullptr;
+  int64_t ldc = 0, batch_stride_c = 0;
+  QuantGemvItems items;
+  int64_t max_items = 0, m = 0, n = 0, k = 0;
+};
+
+// Ints of a chained launch's device counters: one 128-byte line each for the next block's unit of
+// work, the blocks done, and each of the second product's items (kQuantGemvMaxChainItems).
+inline constexpr int64_t kQuantGemvMaxChainItems = 8;
+inline constexpr int64_t kQuantGemvChainSyncInts = (2 + kQuantGemvMaxChainItems) * 32;
+
+// The two products of one token's routed-expert round as one kernel: `first` (the gate-up product:
+// indexed items, two per id, one activation row, no count, no combine) and then `second` (the down
+// product, gated from first's outputs: second.a == first.c, its item j's gate rows first's item 2j
+// and its up rows item 2j + 1, i.e. batch_stride_a == 2 * first.batch_stride_c and silu_up_offset
+// == first.batch_stride_c; indexed items, one per id, over the same ids; its combine in the block,
+// QuantGemvCombine::in_block), with the results of the two launches
+// LaunchInt4GroupGemvGrouped(first) then LaunchInt4GroupGemvGrouped(second), bit for bit: the same
+// plans, the same sums in the same order. The kernel's blocks take units of work in turn from a
+// device counter, all of first's before any of second's, and second's item j waits until first's
+// blocks of items 2j and 2j + 1 have counted themselves done: no block waits on work that no running
+// block holds, so the launch completes however few of its blocks the device runs at once. Where the
+// first product's plan keeps each block's K range whole in one activation tile, its cluster ranks
+// (if any) become warps of one block.
+// sync: [kQuantGemvChainSyncInts] i32, device, zero before the launch and zero again after it (the
+// last block resets it); a launch's counters must not be shared with a launch that may run at the
+// same time. programmatic: as the grouped launchers (the blocks wait for the kernels before them
+// before they read anything but their code).
+// Returns cudaErrorNotSupported where the pair is not such a round or its plans do not allow one
+// kernel (the caller launches the two products instead), and the grouped launchers' errors.
+cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
+                                     bool programmatic, cudaStream_t stream);
+
 }  // namespace eagle3::cuda

@@ -666,10 +666,6 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   };
   QuantGemvItems gate_up;
   gate_up.indexed = indexed(2, shape.gate_up, {offsetof(QuantMoeExpert, gate), offsetof(QuantMoeExpert, up)});
-  if (const cudaError_t error = product(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden);
-      error != cudaSuccess) {
-    return error;
-  }
   QuantGemvItems down;
   down.indexed = indexed(1, shape.down, {offsetof(QuantMoeExpert, down)});
   // The ids were final before the gate-up GEMV, which waits before it lets this launch start: the
@@ -680,8 +676,45 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   combine.pair_rows = kQuantMoeJobPairs;
   combine.in_block = shape.combine_in_block;
   down.combine = combine;
+  if (int4 && shape.chain_round && shape.combine_in_block && ws.chain_sync != nullptr) {
+    // Both GEMVs as one kernel where their plans allow (else the two launches below).
+    const auto grouped = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
+                             const void* a, int64_t stride_a, float* c, int64_t n, int64_t k) {
+      Int4GroupedProduct d;
+      d.a = a;
+      d.a_type = GemvType::kF32;
+      d.lda = k;
+      d.batch_stride_a = stride_a;
+      d.b.ld = layout.codes_ld;
+      d.b.tiled = layout.tiled;
+      d.b.scale_ld = layout.scales_ld;
+      d.b.col0 = layout.col_off;
+      d.b.group_size = shape.block_cols;
+      d.c = c;
+      d.ldc = n;
+      d.batch_stride_c = kQuantMoeJobPairs * n;  // as RoundProduct places item i's rows
+      d.items = items;
+      d.max_items = max_items;
+      d.m = 1;
+      d.n = n;
+      d.k = k;
+      return d;
+    };
+    const cudaError_t chained = LaunchInt4GroupGemvChain(
+        grouped(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden),
+        grouped(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter),
+        ws.chain_sync, programmatic, stream);
+    if (chained != cudaErrorNotSupported) return chained;
+  }
+  if (const cudaError_t error = product(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden);
+      error != cudaSuccess) {
+    return error;
+  }
   return product(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter);
 }
+
+// Ints of the tile counters, rounded up to a 128-byte line: the chain's counters start on a line.
+int64_t TileCounterInts(int64_t hidden) { return ((hidden + 15) / 16 + 31) / 32 * 32; }
 
 // Carves a workspace out of `buffer` (nullptr: only counts the bytes, returned in *bytes).
 QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
@@ -698,6 +731,7 @@ QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k
   };
   QuantMoeWorkspace w;
   w.counters = reinterpret_cast<int32_t*>(take(QuantMoeWorkspaceCountersBytes(hidden)));
+  w.chain_sync = buffer != nullptr ? w.counters + TileCounterInts(hidden) : nullptr;
   w.sorted = reinterpret_cast<int32_t*>(take(static_cast<size_t>(pairs) * 4));
   w.jobs = reinterpret_cast<int32_t*>(take(static_cast<size_t>(jobs) * 12 + 8));
   w.num_jobs = buffer != nullptr ? w.jobs + 3 * jobs : nullptr;
@@ -727,7 +761,9 @@ QuantMoeWorkspace CarveWorkspace(char* buffer, int64_t max_tokens, int64_t top_k
 
 }  // namespace
 
-size_t QuantMoeWorkspaceCountersBytes(int64_t hidden) { return static_cast<size_t>((hidden + 15) / 16) * 4; }
+size_t QuantMoeWorkspaceCountersBytes(int64_t hidden) {
+  return static_cast<size_t>(TileCounterInts(hidden) + kQuantGemvChainSyncInts) * 4;
+}
 
 size_t QuantMoeWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t max_experts, int64_t hidden,
                               int64_t inter) {

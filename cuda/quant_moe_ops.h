@@ -161,6 +161,10 @@ struct QuantMoeShape {
   // no counters) where its launch allows (tiled codes, a row-looped plan, top_k <= 8); the same
   // bits.
   bool combine_in_block = true;
+  // With combine_in_block, an INT4 round's gate-up and down GEMVs as one kernel
+  // (LaunchInt4GroupGemvChain) where their plans allow: one kernel's fixed costs instead of two's,
+  // the down GEMV's first weight loads in flight while the gate-up's last blocks run; the same bits.
+  bool chain_round = true;
 };
 
 // Largest expert count (the grouping kernel's counters live in shared memory).
@@ -231,10 +235,12 @@ struct QuantMoeWorkspace {
   float* gate_up = nullptr;     // [2 S, inter] f32: grouped path, item i's rows at [8 i, 8 i + 8)
   uint16_t* act = nullptr;      // [S, RoundUp16(inter)] bf16
   float* y = nullptr;           // [S, hidden] f32
-  // [ceil(hidden / 16)] i32: the folded combine's tile counters (QuantGemvCombine::counters), zero
-  // between calls; they are the buffer's first QuantMoeWorkspaceCountersBytes(hidden) bytes, which
-  // the owner zeroes once before the first call.
+  // [ceil(hidden / 16)] i32: the folded combine's tile counters (QuantGemvCombine::counters), then,
+  // from the next 128-byte boundary, [kQuantGemvChainSyncInts] i32: a chained round's counters
+  // (LaunchInt4GroupGemvChain); zero between calls: they are the buffer's first
+  // QuantMoeWorkspaceCountersBytes(hidden) bytes, which the owner zeroes once before the first call.
   int32_t* counters = nullptr;
+  int32_t* chain_sync = nullptr;
   int64_t max_tokens = 0, top_k = 0, max_experts = 0, hidden = 0, inter = 0;
   int64_t max_jobs = 0;  // J
 };

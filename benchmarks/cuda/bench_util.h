@@ -102,6 +102,10 @@ inline cuda::CudaBackend* Backend() {
     // counters (CudaBackendOptions::quant_moe_combine_in_block).
     const char* in_block = std::getenv("EAGLE3_BENCH_QUANT_MOE_IN_BLOCK");
     if (in_block != nullptr && in_block[0] != '\0') options.quant_moe_combine_in_block = in_block[0] != '0';
+    // EAGLE3_BENCH_QUANT_MOE_CHAIN=0: one-token INT4 calls launch their gate-up and down products as
+    // two kernels (CudaBackendOptions::quant_moe_chain_round).
+    const char* chain = std::getenv("EAGLE3_BENCH_QUANT_MOE_CHAIN");
+    if (chain != nullptr && chain[0] != '\0') options.quant_moe_chain_round = chain[0] != '0';
     const char* fold_combine = std::getenv("EAGLE3_BENCH_QUANT_MOE_FOLD_COMBINE");
     if (fold_combine != nullptr && fold_combine[0] != '\0') options.quant_moe_fold_combine = fold_combine[0] != '0';
     // EAGLE3_BENCH_QUANT_MOE_TILED_EXPERTS=0: models keep their routed experts' codes row-major

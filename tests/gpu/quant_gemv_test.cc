@@ -1133,6 +1133,223 @@ TEST_F(QuantGemvTest, CombineInBlock) {
   }
 }
 
+// A decode round's gate-up and down products as one kernel (LaunchInt4GroupGemvChain) against the
+// two grouped launches it stands for: the gate-up rows of every good pair, the down rows and the
+// combined row bitwise equal, the same error recorded, the chain's counters back at zero; launched
+// `launches` times in a row (programmatic), each launch the same bits (a counter left non-zero
+// would make the next launch skip or repeat work, or hang). Tiled int4 experts of the Kimi-K2
+// rank shape (hidden 7168, expert slice 256), whose gate-up plan is split over a cluster that the
+// chain folds into one block's warps on devices of up to 132 multiprocessors.
+void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
+  SCOPED_TRACE(testing::Message() << "top_k " << top_k << (accumulate ? ", accumulate" : "")
+                                  << (bad_id ? ", a bad id" : ""));
+  const int64_t entries = 10, hidden = 7168, inter = 256;
+  constexpr int kErrorCode = 6 << kDeviceErrorIndexBits;
+  constexpr int64_t kErrorIndex = 2;
+  const ItemWeights gate = UploadItemWeights(true, entries, inter, hidden, 700, false, /*tiled=*/true);
+  const ItemWeights up = UploadItemWeights(true, entries, inter, hidden, 720, false, /*tiled=*/true);
+  const ItemWeights down = UploadItemWeights(true, entries, hidden, inter, 740, false, /*tiled=*/true);
+  struct Entry {
+    const void* codes[3];
+    const void* scales[3];
+  };
+  std::vector<Entry> table(entries);
+  for (int64_t e = 0; e < entries; ++e) {
+    table[e] = {{gate.code_ptrs[e], up.code_ptrs[e], down.code_ptrs[e]},
+                {gate.scale_ptrs[e], up.scale_ptrs[e], down.scale_ptrs[e]}};
+  }
+  std::vector<int32_t> ids(top_k);
+  for (int64_t j = 0; j < top_k; ++j) ids[j] = static_cast<int32_t>((7 * j + 2) % entries);
+  if (bad_id) ids[top_k - 2] = -1;
+  std::mt19937 rng(static_cast<uint32_t>(top_k * 4 + (accumulate ? 2 : 0) + (bad_id ? 1 : 0)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(hidden), weights(top_k), out0(hidden);
+  for (float& v : x) v = normal(rng);
+  for (float& v : weights) v = normal(rng);
+  for (float& v : out0) v = normal(rng);
+  const int64_t tiles = (hidden + 15) / 16;
+  DeviceBuffer x_dev(hidden * 4), table_dev(table.size() * sizeof(Entry)), ids_dev(top_k * 4),
+      weights_dev(top_k * 4), counters(tiles * 4), sync(kQuantGemvChainSyncInts * 4), flag(4);
+  Upload(x_dev, x);
+  Upload(table_dev, table);
+  Upload(ids_dev, ids);
+  Upload(weights_dev, weights);
+  Upload(counters, std::vector<int32_t>(tiles, 0));
+  Upload(sync, std::vector<int32_t>(kQuantGemvChainSyncInts, 0));
+  const auto products = [&](DeviceBuffer& gate_up_c, DeviceBuffer& down_c, DeviceBuffer& out,
+                            Int4GroupedProduct& first, Int4GroupedProduct& second) {
+    QuantGemvIndexedItems ix;
+    ix.ids = ids_dev.as<int32_t>();
+    ix.table = table_dev.ptr;
+    ix.entry_bytes = static_cast<int64_t>(sizeof(Entry));
+    ix.num_entries = static_cast<int>(entries);
+    ix.error_flag = flag.as<int>();
+    ix.error_code = kErrorCode;
+    ix.error_index = kErrorIndex;
+    Int4GroupWeights b;
+    b.tiled = true;
+    b.group_size = 32;
+    first.a = x_dev.ptr;
+    first.lda = hidden;
+    first.b = b;
+    first.b.scale_ld = gate.q[0].groups();
+    first.c = gate_up_c.as<float>();
+    first.ldc = inter;
+    first.batch_stride_c = 3 * inter;  // a gap between items, as an MoE round's slots leave
+    first.items.indexed = ix;
+    first.items.indexed.per_id = 2;
+    for (int r = 0; r < 2; ++r) {
+      first.items.indexed.codes_at[r] = static_cast<int64_t>(offsetof(Entry, codes) + r * sizeof(void*));
+      first.items.indexed.scales_at[r] = static_cast<int64_t>(offsetof(Entry, scales) + r * sizeof(void*));
+    }
+    first.max_items = 2 * top_k;
+    first.m = 1;
+    first.n = inter;
+    first.k = hidden;
+    second.a = gate_up_c.ptr;
+    second.lda = inter;
+    second.batch_stride_a = 2 * first.batch_stride_c;
+    second.b = b;
+    second.b.scale_ld = down.q[0].groups();
+    second.c = down_c.as<float>();
+    second.ldc = hidden;
+    second.batch_stride_c = hidden;
+    second.items.indexed = ix;
+    second.items.indexed.codes_at[0] = static_cast<int64_t>(offsetof(Entry, codes) + 2 * sizeof(void*));
+    second.items.indexed.scales_at[0] = static_cast<int64_t>(offsetof(Entry, scales) + 2 * sizeof(void*));
+    second.items.indexed.ids_final = true;
+    second.items.silu_up_offset = first.batch_stride_c;
+    QuantGemvCombine& cb = second.items.combine;
+    cb.counters = counters.as<int32_t>();
+    cb.row_ld = hidden;
+    cb.ids = ids_dev.as<int32_t>();
+    cb.ids_stride = top_k;
+    cb.weights = weights_dev.as<float>();
+    cb.weights_stride = top_k;
+    cb.pair_rows = 1;
+    cb.out = out.as<float>();
+    cb.out_stride = hidden;
+    cb.tokens = 1;
+    cb.top_k = static_cast<int>(top_k);
+    cb.num_experts = static_cast<int>(entries);
+    cb.accumulate = accumulate;
+    cb.in_block = true;
+    second.max_items = top_k;
+    second.m = 1;
+    second.n = hidden;
+    second.k = inter;
+  };
+  const size_t gate_up_floats = static_cast<size_t>(2 * top_k * 3 * inter);
+  const auto fresh = [&](DeviceBuffer& gate_up_c, DeviceBuffer& down_c, DeviceBuffer& out) {
+    Upload(gate_up_c, std::vector<float>(gate_up_floats, -7.0f));
+    Upload(down_c, std::vector<float>(static_cast<size_t>(top_k * hidden), -7.0f));
+    Upload(out, out0);
+    Upload(flag, std::vector<int>{0});
+  };
+  // The reference: the two launches.
+  DeviceBuffer ref_gate_up(gate_up_floats * 4), ref_down(top_k * hidden * 4), ref_out(hidden * 4);
+  Int4GroupedProduct first, second;
+  products(ref_gate_up, ref_down, ref_out, first, second);
+  fresh(ref_gate_up, ref_down, ref_out);
+  for (const Int4GroupedProduct* d : {&first, &second}) {
+    ASSERT_EQ(LaunchInt4GroupGemvGrouped(d->a, d->a_type, d->lda, d->batch_stride_a, d->b, d->c, d->ldc,
+                                         d->batch_stride_c, nullptr, d->items, d->max_items, d->m, d->n, d->k, 1.0f,
+                                         0.0f, true, nullptr),
+              cudaSuccess);
+  }
+  const int want_flag = bad_id ? kErrorCode | static_cast<int>(kErrorIndex) : 0;
+  EXPECT_EQ(Download<int>(flag, 1)[0], want_flag);
+  const std::vector<float> gate_up_ref = Download<float>(ref_gate_up, gate_up_floats);
+  const std::vector<float> down_ref = Download<float>(ref_down, static_cast<size_t>(top_k * hidden));
+  const std::vector<float> out_ref = Download<float>(ref_out, static_cast<size_t>(hidden));
+
+  DeviceBuffer gate_up_c(gate_up_floats * 4), down_c(top_k * hidden * 4), out(hidden * 4);
+  products(gate_up_c, down_c, out, first, second);
+  for (int l = 0; l < launches; ++l) {
+    SCOPED_TRACE(testing::Message() << "launch " << l);
+    fresh(gate_up_c, down_c, out);
+    ASSERT_EQ(LaunchInt4GroupGemvChain(first, second, sync.as<int32_t>(), true, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(Download<int>(flag, 1)[0], want_flag);
+    EXPECT_EQ(Download<int32_t>(sync, kQuantGemvChainSyncInts), std::vector<int32_t>(kQuantGemvChainSyncInts, 0))
+        << "the chain's counters left non-zero";
+    EXPECT_EQ(Download<int32_t>(counters, tiles), std::vector<int32_t>(tiles, 0)) << "tile counters left non-zero";
+    const std::vector<float> gate_up_got = Download<float>(gate_up_c, gate_up_floats);
+    const std::vector<float> down_got = Download<float>(down_c, static_cast<size_t>(top_k * hidden));
+    const std::vector<float> out_got = Download<float>(out, static_cast<size_t>(hidden));
+    ASSERT_EQ(std::memcmp(gate_up_got.data(), gate_up_ref.data(), gate_up_floats * 4), 0) << "gate-up rows";
+    ASSERT_EQ(std::memcmp(down_got.data(), down_ref.data(), down_got.size() * 4), 0) << "down rows";
+    ASSERT_EQ(std::memcmp(out_got.data(), out_ref.data(), out_got.size() * 4), 0) << "combined row";
+  }
+  // The reference products themselves (the gate-up and down launches are checked elsewhere): a bad
+  // id's rows untouched and the token's row kept, else the row combined from the down rows.
+  if (bad_id) {
+    for (int64_t o = 0; o < hidden; ++o) ASSERT_EQ(out_ref[o], out0[o]) << "the token's row written, row " << o;
+    for (int64_t o = 0; o < hidden; ++o) ASSERT_EQ(down_ref[(top_k - 2) * hidden + o], -7.0f) << "the bad id's rows";
+  } else {
+    double diff = 0, scale = 1e-30;
+    for (int64_t o = 0; o < hidden; o += 97) {
+      double want = accumulate ? out0[o] : 0.0;
+      for (int64_t j = 0; j < top_k; ++j) want += static_cast<double>(weights[j]) * down_ref[j * hidden + o];
+      diff = std::max(diff, std::fabs(out_ref[o] - want));
+      scale = std::max(scale, std::fabs(want));
+    }
+    EXPECT_LE(diff / scale, 1e-5);
+  }
+}
+
+TEST_F(QuantGemvTest, ChainedRound) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  // The chain takes these plans where the gate-up's cluster ranks fold into one block's 8 warps and
+  // the down product is row-looped: the H100's and H200's 132 multiprocessors.
+  if (sms != 132) GTEST_SKIP() << sms << " multiprocessors: the chain's plans are checked on 132";
+  QuantGemvProblem gate_up = ProblemOf(/*int4=*/true, 16, 1, 256, 7168, 0);
+  gate_up.a_bytes = 2;
+  const QuantGemvPlan plan = ChooseQuantGemvPlan(gate_up, sms);
+  EXPECT_GT(plan.split, 1) << "no cluster ranks to fold";
+  for (const int64_t top_k : {8, 6}) {
+    CheckChain(top_k, /*accumulate=*/false, /*bad_id=*/false, 3);
+    CheckChain(top_k, /*accumulate=*/true, /*bad_id=*/false, 1);
+    CheckChain(top_k, /*accumulate=*/true, /*bad_id=*/true, 2);
+  }
+}
+
+// Pairs that are not such a round are left to the two launches (cudaErrorNotSupported), before
+// anything runs.
+TEST_F(QuantGemvTest, ChainRefusesOtherProducts) {
+  Int4GroupedProduct first, second;
+  first.a = reinterpret_cast<const void*>(0x1000);
+  first.b.packed = reinterpret_cast<const int32_t*>(0x1000);
+  first.b.scale = reinterpret_cast<const uint16_t*>(0x1000);
+  first.b.ld = 256;
+  first.b.scale_ld = 64;
+  first.c = reinterpret_cast<float*>(0x2000);
+  first.ldc = 256;
+  first.batch_stride_c = 256;
+  first.max_items = 2;
+  first.m = 1;
+  first.n = 256;
+  first.k = 2048;
+  second = first;
+  second.a = first.c;
+  second.batch_stride_a = 512;
+  second.max_items = 1;
+  second.n = 2048;
+  second.k = 256;
+  second.b.ld = 32;
+  second.b.scale_ld = 8;
+  int32_t* const sync = reinterpret_cast<int32_t*>(0x3000);
+  // Not indexed: not a round.
+  EXPECT_EQ(LaunchInt4GroupGemvChain(first, second, sync, false, nullptr), cudaErrorNotSupported);
+  // A bad product is refused as the grouped launchers refuse it.
+  Int4GroupedProduct bad = first;
+  bad.m = 0;
+  EXPECT_EQ(LaunchInt4GroupGemvChain(bad, second, sync, false, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchInt4GroupGemvChain(first, second, nullptr, false, nullptr), cudaErrorInvalidValue);
+}
+
 TEST_F(QuantGemvTest, GroupedRowLooped) {
   int device = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);

@@ -94,6 +94,12 @@ struct CudaBackendOptions {
   // expert) instead of through per-tile counters and a last-block pass: no fences or atomics, the
   // same bits. Taken where the experts' codes are tiled and there are at most 8 of them a token.
   bool quant_moe_combine_in_block = true;
+  // With quant_moe_combine_in_block, such a call's gate-up and down products run as one kernel
+  // whose blocks take the gate-up's units of work first and then the down product's tiles, each
+  // down warp waiting (on a device counter) only for its own expert's gate-up rows: one kernel's
+  // fixed costs instead of two's, and the down weights' first loads in flight while the gate-up
+  // ends. The same bits; taken where the gate-up's plan keeps each block's K range in one tile.
+  bool quant_moe_chain_round = true;
   // Models loaded on this backend keep their routed experts' quantized codes in warp-step tiles
   // (Backend::tiles_expert_codes, QuantCodesLayout::kWarpTiles): the grouped GEMV then reads each
   // kernel step's 16 rows as one contiguous 1 KiB block instead of 16 pieces a row stride apart.
