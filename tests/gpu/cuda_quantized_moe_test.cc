@@ -432,7 +432,8 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
 
   // `views` with their codes in warp tiles (as CudaBackend's loads keep routed experts), the tiles
   // kept in `tiles`.
-  std::vector<QuantizedExpertWeights> Tiled(const std::vector<QuantizedExpertWeights>& views, std::vector<Tensor>& tiles) {
+  std::vector<QuantizedExpertWeights> Tiled(const std::vector<QuantizedExpertWeights>& views,
+                                            std::vector<Tensor>& tiles) {
     std::vector<QuantizedExpertWeights> tiled = views;
     for (QuantizedExpertWeights& w : tiled) {
       for (QuantizedWeightView* v : {&w.gate, &w.up, &w.down}) {
