@@ -29,4 +29,15 @@ timeout 200 build/t/tests/quant_gemv_test > $R/quant_gemv_test.txt 2>&1; log "qu
 timeout 300 build/t/tests/cuda_quantized_moe_test > $R/cuda_quantized_moe_test.txt 2>&1; log "moe test rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/cuda_quantized_moe_test.txt | tr '\n' ' ')"
 EAGLE3_BENCH_QUANT_TILED=1 timeout 60 build/t/benchmarks/quant_gemv_benchmark --benchmark_filter='BM_QuantGemvPlan/shape:(21|22)/m:1/' \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/plans_1row.txt 2>&1; log "plans rc=$?"
+# The chain's gate-up ring at 3 and 4 steps (ptxas spills 72 / 224 bytes): BM_QuantMoe K2.5 one token.
+for d in 3 4; do
+  sed -i "s/constexpr int kChainDepth = [0-9];/constexpr int kChainDepth = $d;/" cuda/quant_gemv_kernels.cu
+  cmake -S . -B build/t$d -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF -DEAGLE3_BUILD_TESTS=OFF > $R/build$d.log 2>&1
+  cmake --build build/t$d -j16 --target quant_moe_benchmark >> $R/build$d.log 2>&1; log "build depth $d rc=$?"
+  for rep in 1 2; do
+    timeout 60 build/t$d/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:[01]/tokens:1/' \
+      --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_depth$d.$rep.txt 2>&1
+    log "moe depth $d rep $rep rc=$? $(grep median $R/moe_depth$d.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
+  done
+done
 log done
