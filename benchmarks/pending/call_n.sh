@@ -1,10 +1,11 @@
 #!/bin/bash
-# Call N (written in the twenty-eighth session, not run: no H200 came). On an H200 (the K2.5 and V3
-# ranks take 87 / 97 GB: pass needs_h200), from a checkout of main with .gpu-host carried:
-# RESULTS' quantized rows at main (the direct one-token round, the row-loop cap): quant_moe_benchmark
+# Call N (written in the twenty-eighth session, not run since: no H200 came; the twenty-ninth added
+# the last step). On an H200 (the K2.5 and V3 ranks take 87 / 97 GB: pass needs_h200), from a
+# checkout of main with .gpu-host carried: RESULTS' quantized rows at main: quant_moe_benchmark
 # BM_QuantMoe and quant_gemv_benchmark BM_QuantGemv (tiled, as 2026-12-05c), 3 repetitions, JSON;
 # then the K2.5 INT4 and V3 FP8 TP 8 ranks' decode (batch 1, 1K) and 8-token verify (batch 1, 4K)
-# steps with bf16 caches. ~410 s with the machine's start. Logs under $OUT/n.
+# steps with bf16 caches, and K2.5's decode step again with the chained round off
+# (EAGLE3_BENCH_QUANT_MOE_CHAIN=0). ~450 s with the machine's start. Logs under $OUT/n.
 set -u
 source .gpu-host/env.sh
 R=$OUT/n; mkdir -p $R; start=$(date +%s)
@@ -27,4 +28,8 @@ for m in 3 2; do
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out=$R/decode_step_benchmark.m$m.json > $R/step_m$m.txt 2>&1
   log "step m$m rc=$? $(grep median $R/step_m$m.txt | awk '{print $1, $2}' | tr '\n' ' ')"
 done
+env EAGLE3_BENCH_MODELS=3 EAGLE3_BENCH_KV_CACHE=bf16 EAGLE3_BENCH_QUANT_MOE_CHAIN=0 timeout 60 $B/decode_step_benchmark \
+  --benchmark_filter="BM_DecodeStep/model:3/batch:1/context:1024/graph:1" \
+  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/step_m3_chain0.txt 2>&1
+log "step m3 chain=0 rc=$? $(grep median $R/step_m3_chain0.txt | awk '{print $1, $2}' | tr '\n' ' ')"
 log done
