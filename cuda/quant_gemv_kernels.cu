@@ -1608,19 +1608,16 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
   const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2));
   if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
-  int device = 0, sm_count = 0, per_sm = 0;
+  int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
   if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
       error != cudaSuccess) {
     return error;
   }
-  if (const cudaError_t error =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, QuantGemvChainKernel, kThreads, shared);
-      error != cudaSuccess) {
-    return error;
-  }
-  // As many blocks as run at once (more would only take their tickets after the work is gone).
-  const int blocks = std::max(1, std::min(geo.units, std::max(per_sm, 1) * sm_count));
+  // As many blocks as run at once: the kernel's register budget is kQuantGemvBlocksPerSm blocks a
+  // multiprocessor, whose shared memory (at most kQuantGemvSharedMax each) fits beside them; more
+  // blocks would only take their tickets after the work is gone.
+  const int blocks = std::max(1, std::min(geo.units, kQuantGemvBlocksPerSm * sm_count));
   return LaunchKernel(programmatic, QuantGemvChainKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
                       stream, p1, p2, static_cast<int*>(sync), geo);
 }

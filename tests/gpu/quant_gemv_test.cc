@@ -1015,6 +1015,20 @@ TEST_F(QuantGemvTest, GroupedIndexedItems) {
 // item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle), with
 // and without accumulate, and with one id past the table (the token keeps its row, the item's rows
 // are not written, the index is recorded).
+// The relative error of a combined row `out` (every 97th of its n columns) against the double sum
+// (accumulate ? out0 : 0) + sum_j weights[j] * rows[j * n + o] of the pairs' rows.
+double CombineError(const std::vector<float>& out, const std::vector<float>& rows, const std::vector<float>& weights,
+                    const std::vector<float>& out0, int64_t n, bool accumulate) {
+  double diff = 0, scale = 1e-30;
+  for (int64_t o = 0; o < n; o += 97) {
+    double want = accumulate ? out0[o] : 0.0;
+    for (size_t j = 0; j < weights.size(); ++j) want += static_cast<double>(weights[j]) * rows[j * n + o];
+    diff = std::max(diff, std::fabs(out[o] - want));
+    scale = std::max(scale, std::fabs(want));
+  }
+  return diff / scale;
+}
+
 void CheckCombineInBlock(int64_t top_k, bool accumulate, bool bad_id) {
   SCOPED_TRACE(testing::Message() << "top_k " << top_k << (accumulate ? ", accumulate" : "")
                                   << (bad_id ? ", a bad id" : ""));
@@ -1106,14 +1120,7 @@ void CheckCombineInBlock(int64_t top_k, bool accumulate, bool bad_id) {
   }
   // The reference is a combine the other tests check against the products; here, that it combined.
   if (!bad_id) {
-    double diff = 0, scale = 1e-30;
-    for (int64_t o = 0; o < n; o += 97) {
-      double want = accumulate ? out0[o] : 0.0;
-      for (int64_t j = 0; j < top_k; ++j) want += static_cast<double>(weights[j]) * c_ref[j * n + o];
-      diff = std::max(diff, std::fabs(out_got[o] - want));
-      scale = std::max(scale, std::fabs(want));
-    }
-    EXPECT_LE(diff / scale, 1e-5);
+    EXPECT_LE(CombineError(out_got, c_ref, weights, out0, n, accumulate), 1e-5);
   } else {
     for (int64_t o = 0; o < n; ++o) ASSERT_EQ(c_got[(top_k / 2) * n + o], -7.0f) << "the bad id's rows written";
   }
@@ -1287,14 +1294,7 @@ void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
     for (int64_t o = 0; o < hidden; ++o) ASSERT_EQ(out_ref[o], out0[o]) << "the token's row written, row " << o;
     for (int64_t o = 0; o < hidden; ++o) ASSERT_EQ(down_ref[(top_k - 2) * hidden + o], -7.0f) << "the bad id's rows";
   } else {
-    double diff = 0, scale = 1e-30;
-    for (int64_t o = 0; o < hidden; o += 97) {
-      double want = accumulate ? out0[o] : 0.0;
-      for (int64_t j = 0; j < top_k; ++j) want += static_cast<double>(weights[j]) * down_ref[j * hidden + o];
-      diff = std::max(diff, std::fabs(out_ref[o] - want));
-      scale = std::max(scale, std::fabs(want));
-    }
-    EXPECT_LE(diff / scale, 1e-5);
+    EXPECT_LE(CombineError(out_ref, down_ref, weights, out0, hidden, accumulate), 1e-5);
   }
 }
 
