@@ -5,7 +5,7 @@
 # chooser's) and 4 row loops (EAGLE3_QUANT_CHAIN_ROW_LOOPS): quant_gemv_test ChainedRound at 1 and
 # 4, BM_QuantMoe one token twice each; then call N (RESULTS' quantized rows: BM_QuantMoe,
 # BM_QuantGemv tiled, the K2.5 INT4 and V3 FP8 ranks' decode and 8-token verify steps, K2.5's
-# decode step with the chain off). Logs under $OUT/x and $OUT/n.
+# decode step with the chain off; CALL_N=0 leaves it out, on an H100). Logs under $OUT/x and $OUT/n.
 set -u
 source .gpu-host/env.sh
 R=$OUT/x; mkdir -p $R; start=$(date +%s)
@@ -13,7 +13,7 @@ pack() { tar czf $OUT/x.tgz -C $OUT x; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $R/gpu.txt
 cmake -S . -B build/n -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF > $R/build.log 2>&1
-cmake --build build/n -j16 --target quant_gemv_test quant_moe_benchmark quant_gemv_benchmark decode_step_benchmark >> $R/build.log 2>&1
+cmake --build build/n -j16 --target quant_gemv_test quant_moe_benchmark $([ "${CALL_N:-1}" = 1 ] && echo quant_gemv_benchmark decode_step_benchmark) >> $R/build.log 2>&1
 log "build rc=$?"
 for rl in 1 4; do
   EAGLE3_QUANT_CHAIN_ROW_LOOPS=$rl timeout 60 build/n/tests/quant_gemv_test --gtest_filter='*ChainedRound*' > $R/chain_rl$rl.txt 2>&1
@@ -26,6 +26,8 @@ for rep in 1 2; do
     log "moe rl=$rl rep $rep rc=$? $(grep median $R/moe_rl$rl.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
   done
 done
-sed -i 's/^cmake -S . -B build\/n .*$//; s/^cmake --build build\/n .*$/true/' benchmarks/pending/call_n.sh
-bash benchmarks/pending/call_n.sh
+if [ "${CALL_N:-1}" = 1 ]; then
+  sed -i 's/^cmake -S . -B build\/n .*$//; s/^cmake --build build\/n .*$/true/' benchmarks/pending/call_n.sh
+  bash benchmarks/pending/call_n.sh
+fi
 log done
