@@ -1595,6 +1595,13 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
                      (plan1.split == 1 || rank_units == static_cast<int64_t>(plan1.wk) * plan1.part_units) &&
                      TileCombined(p2, problem2, specialized);
   if (!round || !plans || !specialized) return cudaErrorNotSupported;
+  // Experiment: the down tiles' 16-row groups a warp (a row's sum and the combine do not depend on
+  // it, so neither do the bits).
+  static const int env_row_loops = [] {
+    const char* v = std::getenv("EAGLE3_QUANT_CHAIN_ROW_LOOPS");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  if (env_row_loops >= 1 && env_row_loops <= 16) p2.row_loops = env_row_loops;
   const QuantGemvPlan folded{ways, 1, plan1.part_units, 1, 0};
   p1.fold_ranks = plan1.split;
   p1.wk = ways;
