@@ -1,0 +1,31 @@
+#!/bin/bash
+# Call Y (thirtieth session). On any one GPU (H100 or H200), from a checkout of branch s30-gpu
+# (main + review-mends + chain-rowloops) with .gpu-host carried: quant_gemv_test and
+# cuda_quantized_moe_test whole (review-mends' grid sizing and shared combine check); the chain's
+# down row-loop sweep (call X without call N); then Nsight Compute of K2.5's one-token round (the
+# chain kernel, and the two launches with the chain off) with clocks as they run: the full set and
+# the per-instruction SASS counters of the chain kernel. Logs under $OUT/y.
+set -u
+source .gpu-host/env.sh
+R=$OUT/y; mkdir -p $R; start=$(date +%s)
+pack() { tar czf $OUT/y.tgz -C $OUT y; }
+log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $R/gpu.txt
+cmake -S . -B build/n -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF > $R/build.log 2>&1
+cmake --build build/n -j16 --target quant_gemv_test cuda_quantized_moe_test quant_moe_benchmark >> $R/build.log 2>&1
+log "build rc=$?"
+for t in quant_gemv_test cuda_quantized_moe_test; do
+  timeout 200 build/n/tests/$t > $R/$t.txt 2>&1
+  log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/$t.txt | tr '\n' ' ')"
+done
+CALL_N=0 OUT=$OUT bash benchmarks/pending/call_x.sh
+B=build/n/benchmarks/quant_moe_benchmark
+timeout 120 ncu --set full --import-source no --clock-control none -k regex:'QuantGemv' --launch-skip 20 --launch-count 1 \
+  $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_chain.txt 2>&1; log "ncu chain rc=$?"
+EAGLE3_BENCH_QUANT_MOE_CHAIN=0 timeout 120 ncu --set full --import-source no --clock-control none -k regex:'QuantGemv' --launch-skip 20 --launch-count 2 \
+  $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_two.txt 2>&1; log "ncu two rc=$?"
+timeout 120 ncu --section SourceCounters --section WarpStateStats --clock-control none -k regex:'QuantGemvChain' --launch-skip 20 --launch-count 1 \
+  -o $R/chain $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_src.log 2>&1; log "ncu src rc=$?"
+timeout 60 ncu -i $R/chain.ncu-rep --page source --print-source sass --csv > $R/chain_sass.csv 2>&1; log "sass rc=$?"
+gzip -f $R/chain_sass.csv; rm -f $R/chain.ncu-rep
+log done
