@@ -1182,7 +1182,8 @@ struct ChainGeometry {
   int units;             // first_units + the down product's tiles
 };
 
-__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
+template <int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     QuantGemvChainKernel(const Params first, const Params second, int* sync, const ChainGeometry geo) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int unit_at;
@@ -1614,7 +1615,13 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
   const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2));
-  if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
+  // Experiment: EAGLE3_QUANT_CHAIN_BLOCKS=3 asks for the register budget of 3 blocks a multiprocessor.
+  static const int env_blocks = [] {
+    const char* v = std::getenv("EAGLE3_QUANT_CHAIN_BLOCKS");
+    return v != nullptr && std::atoi(v) == 3 ? 3 : kQuantGemvBlocksPerSm;
+  }();
+  auto* const kernel = env_blocks == 3 ? QuantGemvChainKernel<3> : QuantGemvChainKernel<kQuantGemvBlocksPerSm>;
+  if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
   if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
@@ -1624,8 +1631,8 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   // As many blocks as run at once: the kernel's register budget is kQuantGemvBlocksPerSm blocks a
   // multiprocessor, whose shared memory (at most kQuantGemvSharedMax each) fits beside them; more
   // blocks would only take their tickets after the work is gone.
-  const int blocks = std::max(1, std::min(geo.units, kQuantGemvBlocksPerSm * sm_count));
-  return LaunchKernel(programmatic, QuantGemvChainKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
+  const int blocks = std::max(1, std::min(geo.units, env_blocks * sm_count));
+  return LaunchKernel(programmatic, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
                       stream, p1, p2, static_cast<int*>(sync), geo);
 }
 

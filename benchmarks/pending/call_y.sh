@@ -2,7 +2,8 @@
 # Call Y (thirtieth session). On any one GPU (H100 or H200), from a checkout of branch s30-gpu
 # (main + review-mends + chain-rowloops) with .gpu-host carried: quant_gemv_test and
 # cuda_quantized_moe_test whole (review-mends' grid sizing and shared combine check); the chain's
-# down row-loop sweep (call X without call N); then Nsight Compute of K2.5's one-token round (the
+# down row-loop sweep (call X without call N); the chain at 2 and 3 blocks a multiprocessor
+# (EAGLE3_QUANT_CHAIN_BLOCKS); then Nsight Compute of K2.5's one-token round (the
 # chain kernel, and the two launches with the chain off) with clocks as they run: the full set and
 # the per-instruction SASS counters of the chain kernel. Logs under $OUT/y.
 set -u
@@ -19,6 +20,13 @@ for t in quant_gemv_test cuda_quantized_moe_test; do
   log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/$t.txt | tr '\n' ' ')"
 done
 CALL_N=0 OUT=$OUT bash benchmarks/pending/call_x.sh
+EAGLE3_QUANT_CHAIN_BLOCKS=3 timeout 60 build/n/tests/quant_gemv_test --gtest_filter='*Chain*' > $R/chain_b3.txt 2>&1
+log "chain test blocks=3 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/chain_b3.txt | tr '\n' ' ')"
+for rep in 1 2; do for nb in 2 3; do
+  EAGLE3_QUANT_CHAIN_BLOCKS=$nb timeout 40 build/n/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_b$nb.$rep.txt 2>&1
+  log "moe blocks=$nb rep $rep rc=$? $(grep median $R/moe_b$nb.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
+done; done
 B=build/n/benchmarks/quant_moe_benchmark
 timeout 120 ncu --set full --import-source no --clock-control none -k regex:'QuantGemv' --launch-skip 20 --launch-count 1 \
   $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_chain.txt 2>&1; log "ncu chain rc=$?"
