@@ -398,15 +398,20 @@ struct Int4Format {
     for (int h = 0; h < 2; ++h) LoadScales(p, rows.scale_row[h], first_col, item.scales[h]);
   }
 
-  // Pairs i = 0..3 of word w (nibbles i and i + 4) as the bf16 pairs q / 2, exactly: 8 + u / 2 by
-  // placing u under 8's exponent, less 12.
+  // Pairs i = 0..3 of word w (nibbles i and i + 4) as the bf16 pairs q / 2, exactly. Pairs 1..3:
+  // 8 + u / 2 by placing u (shifted) under 8's exponent, less 12. Pair 0's nibbles already sit in
+  // the low bits of each half, where under 64's exponent (a mantissa step of 1 / 2) they make
+  // 64 + u / 2 without a shift, less 68.
   __device__ static void Widen(uint32_t w, uint32_t (&pair)[4]) {
     constexpr uint32_t kMask = 0x00780078u, kEight = 0x41004100u;  // bits 3..6 of each half; 8.0, 8.0
+    constexpr uint32_t kLowMask = 0x000F000Fu, kSixtyFour = 0x42804280u;  // bits 0..3; 64.0, 64.0
     const __nv_bfloat162 twelve = BitCast<__nv_bfloat162>(0x41404140u);
-    const uint32_t biased[4] = {Lop3<0xEA>(w << 3, kMask, kEight), Lop3<0xEA>(w >> 1, kMask, kEight),
+    const __nv_bfloat162 sixty_eight = BitCast<__nv_bfloat162>(0x42884288u);
+    const uint32_t biased[4] = {Lop3<0xEA>(w, kLowMask, kSixtyFour), Lop3<0xEA>(w >> 1, kMask, kEight),
                                 Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
+    pair[0] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[0]), sixty_eight));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pair[i] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
+    for (int i = 1; i < 4; ++i) pair[i] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
   }
 
   // Group j's scale of a row, as f32.
