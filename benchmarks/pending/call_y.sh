@@ -4,8 +4,7 @@
 # cuda_quantized_moe_test whole (review-mends' grid sizing and shared combine check); the chain's
 # down row-loop sweep (call X without call N); the chain at 2 and 3 blocks a multiprocessor
 # (EAGLE3_QUANT_CHAIN_BLOCKS); then Nsight Compute of K2.5's one-token round (the
-# chain kernel, and the two launches with the chain off) with clocks as they run: the full set and
-# the per-instruction SASS counters of the chain kernel. Logs under $OUT/y.
+# ... (call Y2 takes the rest). Logs under $OUT/y.
 set -u
 source .gpu-host/env.sh
 R=$OUT/y; mkdir -p $R; start=$(date +%s)
@@ -27,13 +26,4 @@ for rep in 1 2; do for nb in 2 3; do
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_b$nb.$rep.txt 2>&1
   log "moe blocks=$nb rep $rep rc=$? $(grep median $R/moe_b$nb.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
 done; done
-B=build/n/benchmarks/quant_moe_benchmark
-timeout 120 ncu --set full --import-source no --clock-control none -k regex:'QuantGemv' --launch-skip 20 --launch-count 1 \
-  $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_chain.txt 2>&1; log "ncu chain rc=$?"
-EAGLE3_BENCH_QUANT_MOE_CHAIN=0 timeout 120 ncu --set full --import-source no --clock-control none -k regex:'QuantGemv' --launch-skip 20 --launch-count 2 \
-  $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_two.txt 2>&1; log "ncu two rc=$?"
-timeout 120 ncu --section SourceCounters --section WarpStateStats --clock-control none -k regex:'QuantGemvChain' --launch-skip 20 --launch-count 1 \
-  -o $R/chain $B --benchmark_filter='BM_QuantMoe/model:0/tokens:1/' --benchmark_min_time=0.01s > $R/ncu_src.log 2>&1; log "ncu src rc=$?"
-timeout 60 ncu -i $R/chain.ncu-rep --page source --print-source sass --csv > $R/chain_sass.csv 2>&1; log "sass rc=$?"
-gzip -f $R/chain_sass.csv; rm -f $R/chain.ncu-rep
 log done
