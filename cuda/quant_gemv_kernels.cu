@@ -47,6 +47,11 @@
 #include "quant_gemv_ops.h"
 #include "quant_gemv_plan.h"
 
+// Experiment: the INT4 widen (Int4Format::Widen); 1 unless the build defines it.
+#ifndef EAGLE3_QUANT_INT4_WIDEN
+#define EAGLE3_QUANT_INT4_WIDEN 1
+#endif
+
 namespace eagle3::cuda {
 namespace {
 
@@ -402,16 +407,27 @@ struct Int4Format {
   // 8 + u / 2 by placing u (shifted) under 8's exponent, less 12. Pair 0's nibbles already sit in
   // the low bits of each half, where under 64's exponent (a mantissa step of 1 / 2) they make
   // 64 + u / 2 without a shift, less 68.
+  // Experiment (EAGLE3_QUANT_INT4_WIDEN, a compile definition): 0 shifts pair 0 as the others; 2
+  // leaves every pair at 8 + u / 2 and the products take the 12s off (Products).
   __device__ static void Widen(uint32_t w, uint32_t (&pair)[4]) {
     constexpr uint32_t kMask = 0x00780078u, kEight = 0x41004100u;  // bits 3..6 of each half; 8.0, 8.0
-    constexpr uint32_t kLowMask = 0x000F000Fu, kSixtyFour = 0x42804280u;  // bits 0..3; 64.0, 64.0
     const __nv_bfloat162 twelve = BitCast<__nv_bfloat162>(0x41404140u);
+#if EAGLE3_QUANT_INT4_WIDEN == 1
+    constexpr uint32_t kLowMask = 0x000F000Fu, kSixtyFour = 0x42804280u;  // bits 0..3; 64.0, 64.0
     const __nv_bfloat162 sixty_eight = BitCast<__nv_bfloat162>(0x42884288u);
     const uint32_t biased[4] = {Lop3<0xEA>(w, kLowMask, kSixtyFour), Lop3<0xEA>(w >> 1, kMask, kEight),
                                 Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
     pair[0] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[0]), sixty_eight));
 #pragma unroll
     for (int i = 1; i < 4; ++i) pair[i] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
+#else
+    const uint32_t biased[4] = {Lop3<0xEA>(w << 3, kMask, kEight), Lop3<0xEA>(w >> 1, kMask, kEight),
+                                Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      pair[i] = EAGLE3_QUANT_INT4_WIDEN == 2 ? biased[i] : Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
+    }
+#endif
   }
 
   // Group j's scale of a row, as f32.
@@ -440,6 +456,13 @@ struct Int4Format {
       for (int o = 0; o < kOperands; ++o) {
         const uint4 b = act.Piece(o, j);
         float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if EAGLE3_QUANT_INT4_WIDEN == 2
+        // The codes are q / 2 + 12: the 16 x 16 matrix of -12s times the same columns takes it off.
+        constexpr unsigned kMinusTwelve = 0xC140C140u;
+        const unsigned minus_twelve[4] = {kMinusTwelve, kMinusTwelve, kMinusTwelve, kMinusTwelve};
+        MmaBf16(t, minus_twelve, b.x, b.y);
+        MmaBf16(t, minus_twelve, b.z, b.w);
+#endif
         MmaBf16(t, a0, b.x, b.y);
         MmaBf16(t, a1, b.z, b.w);
         float(&sum)[4] = acc[kOperands == 1 ? (j & 1) : o];

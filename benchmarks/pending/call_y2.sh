@@ -1,7 +1,9 @@
 #!/bin/bash
 # Call Y2 (thirtieth session), on call Y's warm machine (build/n of branch s30-gpu there): the INT4
-# widen without its pair-0 shift (build/n) against the widen before it (build/w0: the tree with
-# pending/widen.patch reversed), BM_QuantMoe K2.5 at 1, 4, 16, 64 tokens twice each; then Nsight Compute of
+# widen variants (EAGLE3_QUANT_INT4_WIDEN, a compile definition): 1, pair 0 without its shift
+# (build/n); 0, main's (build/w0); 2, the 12s taken off by two more products (build/w2, whose
+# quant_gemv_test and cuda_quantized_moe_test run: its sums are not main's bits), BM_QuantMoe K2.5 at
+# 1, 4, 16, 64 tokens twice each; then Nsight Compute of
 # K2.5's one-token round with clocks as they run (the chain kernel, and the two launches with the
 # chain off): the full set, and the per-instruction SASS counters of the chain kernel. Logs under
 # $OUT/y2.
@@ -10,13 +12,17 @@ source .gpu-host/env.sh
 R=$OUT/y2; mkdir -p $R; start=$(date +%s)
 pack() { tar czf $OUT/y2.tgz -C $OUT y2; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
-W0=/tmp/w0; rm -rf $W0; mkdir -p $W0; tar cf - --exclude=./build . | tar xf - -C $W0
-(cd $W0 && patch -R -p1 < benchmarks/pending/widen.patch > $R/patch.log 2>&1 &&
-  cmake -S . -B build/w0 -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF -DEAGLE3_BUILD_TESTS=OFF > $R/b0.log 2>&1 &&
-  cmake --build build/w0 -j16 --target quant_moe_benchmark >> $R/b0.log 2>&1); log "build w0 rc=$?"
-for rep in 1 2; do for t in n w0; do
-  B=build/$t/benchmarks/quant_moe_benchmark; [ $t = w0 ] && B=$W0/$B
-  timeout 60 $B --benchmark_filter='BM_QuantMoe/model:0/tokens:(1|4|16|64)/' --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$t.$rep.txt 2>&1
+for v in 0 2; do
+  (cmake -S . -B build/w$v -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF -DCMAKE_CUDA_FLAGS=-DEAGLE3_QUANT_INT4_WIDEN=$v > $R/b$v.log 2>&1 &&
+    cmake --build build/w$v -j8 --target quant_moe_benchmark $([ $v = 2 ] && echo quant_gemv_test cuda_quantized_moe_test) >> $R/b$v.log 2>&1; echo "build w$v rc=$?" >> $R/builds.txt) &
+done
+wait; log "$(cat $R/builds.txt | tr '\n' ' ')"
+for t in quant_gemv_test cuda_quantized_moe_test; do
+  timeout 200 build/w2/tests/$t > $R/w2_$t.txt 2>&1
+  log "w2 $t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/w2_$t.txt | tr '\n' ' ')"
+done
+for rep in 1 2; do for t in n w0 w2; do
+  timeout 60 build/$t/benchmarks/quant_moe_benchmark --benchmark_filter='BM_QuantMoe/model:0/tokens:(1|4|16|64)/' --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$t.$rep.txt 2>&1
   log "moe $t rep $rep rc=$? $(grep median $R/moe_$t.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
 done; done
 B=build/n/benchmarks/quant_moe_benchmark
