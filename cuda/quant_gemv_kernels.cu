@@ -47,11 +47,6 @@
 #include "quant_gemv_ops.h"
 #include "quant_gemv_plan.h"
 
-// Experiment: the INT4 widen (Int4Format::Widen); 1 unless the build defines it.
-#ifndef EAGLE3_QUANT_INT4_WIDEN
-#define EAGLE3_QUANT_INT4_WIDEN 1
-#endif
-
 namespace eagle3::cuda {
 namespace {
 
@@ -407,27 +402,16 @@ struct Int4Format {
   // 8 + u / 2 by placing u (shifted) under 8's exponent, less 12. Pair 0's nibbles already sit in
   // the low bits of each half, where under 64's exponent (a mantissa step of 1 / 2) they make
   // 64 + u / 2 without a shift, less 68.
-  // Experiment (EAGLE3_QUANT_INT4_WIDEN, a compile definition): 0 shifts pair 0 as the others; 2
-  // leaves every pair at 8 + u / 2 and the products take the 12s off (Products).
   __device__ static void Widen(uint32_t w, uint32_t (&pair)[4]) {
     constexpr uint32_t kMask = 0x00780078u, kEight = 0x41004100u;  // bits 3..6 of each half; 8.0, 8.0
-    const __nv_bfloat162 twelve = BitCast<__nv_bfloat162>(0x41404140u);
-#if EAGLE3_QUANT_INT4_WIDEN == 1
     constexpr uint32_t kLowMask = 0x000F000Fu, kSixtyFour = 0x42804280u;  // bits 0..3; 64.0, 64.0
+    const __nv_bfloat162 twelve = BitCast<__nv_bfloat162>(0x41404140u);
     const __nv_bfloat162 sixty_eight = BitCast<__nv_bfloat162>(0x42884288u);
     const uint32_t biased[4] = {Lop3<0xEA>(w, kLowMask, kSixtyFour), Lop3<0xEA>(w >> 1, kMask, kEight),
                                 Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
     pair[0] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[0]), sixty_eight));
 #pragma unroll
     for (int i = 1; i < 4; ++i) pair[i] = Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
-#else
-    const uint32_t biased[4] = {Lop3<0xEA>(w << 3, kMask, kEight), Lop3<0xEA>(w >> 1, kMask, kEight),
-                                Lop3<0xEA>(w >> 5, kMask, kEight), Lop3<0xEA>(w >> 9, kMask, kEight)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      pair[i] = EAGLE3_QUANT_INT4_WIDEN == 2 ? biased[i] : Bits(__hsub2(BitCast<__nv_bfloat162>(biased[i]), twelve));
-    }
-#endif
   }
 
   // Group j's scale of a row, as f32.
@@ -456,13 +440,6 @@ struct Int4Format {
       for (int o = 0; o < kOperands; ++o) {
         const uint4 b = act.Piece(o, j);
         float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#if EAGLE3_QUANT_INT4_WIDEN == 2
-        // The codes are q / 2 + 12: the 16 x 16 matrix of -12s times the same columns takes it off.
-        constexpr unsigned kMinusTwelve = 0xC140C140u;
-        const unsigned minus_twelve[4] = {kMinusTwelve, kMinusTwelve, kMinusTwelve, kMinusTwelve};
-        MmaBf16(t, minus_twelve, b.x, b.y);
-        MmaBf16(t, minus_twelve, b.z, b.w);
-#endif
         MmaBf16(t, a0, b.x, b.y);
         MmaBf16(t, a1, b.z, b.w);
         float(&sum)[4] = acc[kOperands == 1 ? (j & 1) : o];
@@ -1210,8 +1187,7 @@ struct ChainGeometry {
   int units;             // first_units + the down product's tiles
 };
 
-template <int kBlocksPerSm>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     QuantGemvChainKernel(const Params first, const Params second, int* sync, const ChainGeometry geo) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int unit_at;
@@ -1624,13 +1600,6 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
                      (plan1.split == 1 || rank_units == static_cast<int64_t>(plan1.wk) * plan1.part_units) &&
                      TileCombined(p2, problem2, specialized);
   if (!round || !plans || !specialized) return cudaErrorNotSupported;
-  // Experiment: the down tiles' 16-row groups a warp (a row's sum and the combine do not depend on
-  // it, so neither do the bits).
-  static const int env_row_loops = [] {
-    const char* v = std::getenv("EAGLE3_QUANT_CHAIN_ROW_LOOPS");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
-  if (env_row_loops >= 1 && env_row_loops <= 16) p2.row_loops = env_row_loops;
   const QuantGemvPlan folded{ways, 1, plan1.part_units, 1, 0};
   p1.fold_ranks = plan1.split;
   p1.wk = ways;
@@ -1643,13 +1612,7 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
   const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2));
-  // Experiment: EAGLE3_QUANT_CHAIN_BLOCKS=3 asks for the register budget of 3 blocks a multiprocessor.
-  static const int env_blocks = [] {
-    const char* v = std::getenv("EAGLE3_QUANT_CHAIN_BLOCKS");
-    return v != nullptr && std::atoi(v) == 3 ? 3 : kQuantGemvBlocksPerSm;
-  }();
-  auto* const kernel = env_blocks == 3 ? QuantGemvChainKernel<3> : QuantGemvChainKernel<kQuantGemvBlocksPerSm>;
-  if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
+  if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
   if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
@@ -1659,8 +1622,8 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   // As many blocks as run at once: the kernel's register budget is kQuantGemvBlocksPerSm blocks a
   // multiprocessor, whose shared memory (at most kQuantGemvSharedMax each) fits beside them; more
   // blocks would only take their tickets after the work is gone.
-  const int blocks = std::max(1, std::min(geo.units, env_blocks * sm_count));
-  return LaunchKernel(programmatic, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
+  const int blocks = std::max(1, std::min(geo.units, kQuantGemvBlocksPerSm * sm_count));
+  return LaunchKernel(programmatic, QuantGemvChainKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
                       stream, p1, p2, static_cast<int*>(sync), geo);
 }
 
