@@ -1009,12 +1009,6 @@ TEST_F(QuantGemvTest, GroupedIndexedItems) {
   }
 }
 
-// QuantGemvCombine::in_block: one token's gated INT4 down product over indexed items (a decode
-// round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped plan),
-// combined in each block against the same launch combined through the counters: out and every
-// item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle), with
-// and without accumulate, and with one id past the table (the token keeps its row, the item's rows
-// are not written, the index is recorded).
 // The relative error of a combined row `out` (every 97th of its n columns) against the double sum
 // (accumulate ? out0 : 0) + sum_j weights[j] * rows[j * n + o] of the pairs' rows.
 double CombineError(const std::vector<float>& out, const std::vector<float>& rows, const std::vector<float>& weights,
@@ -1029,6 +1023,12 @@ double CombineError(const std::vector<float>& out, const std::vector<float>& row
   return diff / scale;
 }
 
+// QuantGemvCombine::in_block: one token's gated INT4 down product over indexed items (a decode
+// round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped plan),
+// combined in each block against the same launch combined through the counters: out and every
+// item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle), with
+// and without accumulate, and with one id past the table (the token keeps its row, the item's rows
+// are not written, the index is recorded).
 void CheckCombineInBlock(int64_t top_k, bool accumulate, bool bad_id) {
   SCOPED_TRACE(testing::Message() << "top_k " << top_k << (accumulate ? ", accumulate" : "")
                                   << (bad_id ? ", a bad id" : ""));
