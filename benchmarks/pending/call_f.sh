@@ -3,8 +3,8 @@
 # .gpu-host carried: build/f (the branch) and build/m (main's kernels: the tree with
 # pending/fixed-work.patch reversed, in /tmp/m), in parallel; the chain's tests on build/f
 # (quant_gemv_test *Chain*: ChainedRound with and without the gated rows; cuda_quantized_moe_test
-# *Chain*); BM_QuantMoe K2.5 at 1, 4, 16 tokens: m, f (gated once), f with EAGLE3_QUANT_CHAIN_GATED=0,
-# twice each. Logs under $OUT/f.
+# *Chain*); BM_QuantMoe K2.5 at 1 and 4 tokens: m, f (gated once), f with EAGLE3_QUANT_CHAIN_GATED=0,
+# twice each (the MoE chain test between the two rounds). Logs under $OUT/f.
 set -u
 source .gpu-host/env.sh
 R=$OUT/f; mkdir -p $R; start=$(date +%s)
@@ -20,12 +20,16 @@ rm -rf /tmp/m; mkdir -p /tmp/m; tar cf - --exclude=./build . | tar xf - -C /tmp/
 wait; log "$(cat $R/builds.txt | tr '\n' ' ')"
 timeout 60 build/f/tests/quant_gemv_test --gtest_filter='*Chain*' > $R/gemv_chain.txt 2>&1
 log "gemv chain rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/gemv_chain.txt | tr '\n' ' ')"
+bench() {
+  for t in m f f0; do
+    B=build/f/benchmarks/quant_moe_benchmark; [ $t = m ] && B=/tmp/m/build/m/benchmarks/quant_moe_benchmark
+    env $([ $t = f0 ] && echo EAGLE3_QUANT_CHAIN_GATED=0) timeout 40 $B --benchmark_filter='BM_QuantMoe/model:0/tokens:(1|4)/' \
+      --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$t.$1.txt 2>&1
+    log "moe $t rep $1 rc=$? $(grep median $R/moe_$t.$1.txt | awk '{print $2}' | tr '\n' ' ')"
+  done
+}
+bench 1
 timeout 60 build/f/tests/cuda_quantized_moe_test --gtest_filter='*Chain*' > $R/moe_chain.txt 2>&1
 log "moe chain rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/moe_chain.txt | tr '\n' ' ')"
-for rep in 1 2; do for t in m f f0; do
-  B=build/f/benchmarks/quant_moe_benchmark; [ $t = m ] && B=/tmp/m/build/m/benchmarks/quant_moe_benchmark
-  env $([ $t = f0 ] && echo EAGLE3_QUANT_CHAIN_GATED=0) timeout 40 $B --benchmark_filter='BM_QuantMoe/model:0/tokens:(1|4|16)/' \
-    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true > $R/moe_$t.$rep.txt 2>&1
-  log "moe $t rep $rep rc=$? $(grep median $R/moe_$t.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
-done; done
+bench 2
 log done
