@@ -44,6 +44,11 @@ __device__ __forceinline__ int LdRelaxedGpu(const int* counter) {
   return value;
 }
 
+// Asks L2 for the line holding `p` (no result, no wait).
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // The 32-bit shared-window address of a pointer into shared memory, as the instructions below take it.
 __device__ __forceinline__ uint32_t SharedAddress(const void* smem) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(smem));

@@ -1215,6 +1215,13 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
   int* const ticket = sync;
   int* const done = sync + kChainLine;
   int* const pair_done = sync + 2 * kChainLine;
+  // The expert table is final before the launch (the ids are not): its lines are asked into L2
+  // while the kernels before finish, so that each unit's entry read after its id hits there.
+  {
+    const int64_t lines = (static_cast<int64_t>(first.num_entries) * first.entry_bytes + 127) / 128;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    if (i < lines) PrefetchL2(first.table + i * 128);
+  }
   // The ids, x, out and the counters (which the previous launch resets as it ends) are read only once
   // the kernels before have completed.
   PdlWait();
