@@ -4,7 +4,7 @@
 # pending/fixed-work.patch reversed, in /tmp/m), in parallel; the chain's tests on build/f
 # (quant_gemv_test *Chain*: ChainedRound with and without the gated rows; cuda_quantized_moe_test
 # *Chain*); BM_QuantMoe K2.5 at 1 and 4 tokens: m, f (gated once), f with EAGLE3_QUANT_CHAIN_GATED=0,
-# twice each (the MoE chain test between the two rounds). Logs under $OUT/f.
+# twice each (the MoE chain test between the two rounds); then the whole gpu suite (SUITE=0: not). Logs under $OUT/f.
 set -u
 source .gpu-host/env.sh
 R=$OUT/f; mkdir -p $R; start=$(date +%s)
@@ -32,4 +32,11 @@ bench 1
 timeout 60 build/f/tests/cuda_quantized_moe_test --gtest_filter='*Chain*' > $R/moe_chain.txt 2>&1
 log "moe chain rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/moe_chain.txt | tr '\n' ' ')"
 bench 2
+# SUITE=0 leaves out the rest: the whole gpu suite on the branch (~60 s more build, ~130 s).
+if [ "${SUITE:-1}" = 1 ]; then
+  cmake --build build/f -j16 > $R/build_rest.log 2>&1; log "build rest rc=$?"
+  scripts/gpu_suite.sh build/f/tests $R/suite --sanitize none --jobs 4 --test-seconds 200 > $R/suite.log 2>&1
+  log "suite rc=$?"
+  cp $R/suite/summary.txt $R/suite_summary.txt 2>/dev/null; tar czf $OUT/suite.tgz -C $R suite; rm -rf $R/suite; pack
+fi
 log done
