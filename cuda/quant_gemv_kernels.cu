@@ -1198,11 +1198,11 @@ struct ChainGeometry {
   int64_t gated_ld;
 };
 
-// A pair's gated row (n columns) into `out`, by warp 0 of the block whose count completed the pair:
-// the expression LoadColumns rounds (the same fp32 operations), rounded to bf16 as the staging
-// rounds it. Out of line: the kernel's registers stay as without it.
+// A pair's gated row (n columns) into `out`, by the block whose count completed the pair: the
+// expression LoadColumns rounds (the same fp32 operations), rounded to bf16 as the staging rounds it.
+// Out of line: the kernel's registers stay as without it.
 __device__ __noinline__ void WriteGatedRow(const float* gate, const float* up, uint16_t* out, int64_t n) {
-  for (int64_t r = threadIdx.x % 32; r < n; r += 32) {
+  for (int64_t r = threadIdx.x; r < n; r += kThreads) {
     const float v = __ldcg(gate + r), u = __ldcg(up + r);
     out[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v / (1.0f + expf(-v)) * u));
   }
@@ -1230,27 +1230,10 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
   int unit = unit_at;
   const int pair_units = 2 * geo.first_row_blocks;
   // A pair is ready for the down warps at pair_units counts, or one more where its last gate-up
-  // block then writes the gated row: thread 0 counts the block in with an acq_rel add whose result
-  // (whether it completed the pair) warp 0 reads only after the block has moved on, at the start
-  // of its next unit or after its last, so that no barrier of the block waits for the add.
+  // block then writes the gated row.
   const int pair_ready = pair_units + (geo.gated != nullptr ? 1 : 0);
-  int counted_pair = -1, counted_before = 0;  // thread 0's last add (pair, value before it)
-  const auto finish_pair = [&] {
-    if (geo.gated == nullptr || threadIdx.x >= 32) return;
-    const int pair = __shfl_sync(0xffffffffu, counted_pair, 0);
-    if (pair < 0) return;
-    if (__shfl_sync(0xffffffffu, counted_before, 0) == pair_units - 1) {  // warp-uniform
-      __syncwarp();  // orders lane 0's acquire before the lanes' reads (a shuffle does not)
-      if (ItemRows(second, pair) > 0) {  // a bad id's row is never read
-        WriteGatedRow(ItemC(first, 2 * pair), ItemC(first, 2 * pair + 1), geo.gated + pair * geo.gated_ld, first.n);
-      }
-      __syncwarp();
-      if (threadIdx.x == 0) RedReleaseAddGpu(pair_done + pair * kChainLine, 1);
-    }
-    counted_pair = -1;
-  };
+  __shared__ int last_of_pair;
   while (unit < geo.units) {
-    finish_pair();
     int next = 0;
     if (threadIdx.x == 0) next = atomicAdd(ticket, 1);  // in flight while this unit runs
     if (unit < geo.first_units) {
@@ -1259,12 +1242,18 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
                                                 static_cast<unsigned>(item), smem);
       __syncthreads();  // every thread's rows are written
       int* const count = pair_done + (item / 2) * kChainLine;
-      if (threadIdx.x == 0) {
-        if (geo.gated == nullptr) {
-          RedReleaseAddGpu(count, 1);
-        } else {
-          counted_before = AtomAddAcqRelGpu(count, 1);  // read in finish_pair
-          counted_pair = item / 2;
+      if (geo.gated == nullptr) {
+        if (threadIdx.x == 0) RedReleaseAddGpu(count, 1);
+      } else {
+        if (threadIdx.x == 0) last_of_pair = AtomAddAcqRelGpu(count, 1) == pair_units - 1;
+        __syncthreads();
+        if (last_of_pair) {  // block-uniform
+          const int pair = item / 2;
+          if (ItemRows(second, pair) > 0) {  // a bad id's row is never read
+            WriteGatedRow(ItemC(first, 2 * pair), ItemC(first, 2 * pair + 1), geo.gated + pair * geo.gated_ld, first.n);
+          }
+          __syncthreads();
+          if (threadIdx.x == 0) RedReleaseAddGpu(count, 1);
         }
       }
     } else {
@@ -1285,7 +1274,6 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     __syncthreads();
     unit = unit_at;
   }
-  finish_pair();
   // The last block out resets the counters for the next launch: every block has taken its last
   // ticket and passed its last wait.
   if (threadIdx.x == 0 && atomicAdd(done, 1) == static_cast<int>(gridDim.x) - 1) {
