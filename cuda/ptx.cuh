@@ -27,14 +27,6 @@ __device__ __forceinline__ int LdAcquireGpu(const int* counter) {
   return value;
 }
 
-// *counter += value, acquire-release at GPU scope; returns the value before. The last of a set of
-// producers learns it is last (it saw every other producer's count) and may read their writes.
-__device__ __forceinline__ int AtomAddAcqRelGpu(int* counter, int value) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
-  return old;
-}
-
 // *counter, relaxed at GPU scope: a spin's polls. Unlike the acquire load (which invalidates the
 // whole L1 each time), it leaves the multiprocessor's cached lines alone; the spin ends with one
 // LdAcquireGpu of the count it saw.

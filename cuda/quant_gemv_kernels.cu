@@ -1192,21 +1192,7 @@ struct ChainGeometry {
   int first_row_blocks;  // the gate-up plan's blocks of rows an item
   int first_units;       // first_row_blocks * the gate-up items
   int units;             // first_units + the down product's tiles
-  // Non-null: each pair's gated row, written once as bf16 by the pair's last gate-up block (row j
-  // at gated + j * gated_ld), which the down product then stages as it is (second.a).
-  uint16_t* gated;
-  int64_t gated_ld;
 };
-
-// A pair's gated row (n columns) into `out`, by the block whose count completed the pair: the
-// expression LoadColumns rounds (the same fp32 operations), rounded to bf16 as the staging rounds it.
-// Out of line: the kernel's registers stay as without it.
-__device__ __noinline__ void WriteGatedRow(const float* gate, const float* up, uint16_t* out, int64_t n) {
-  for (int64_t r = threadIdx.x; r < n; r += kThreads) {
-    const float v = __ldcg(gate + r), u = __ldcg(up + r);
-    out[r] = __bfloat16_as_ushort(__float2bfloat16_rn(v / (1.0f + expf(-v)) * u));
-  }
-}
 
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     QuantGemvChainKernel(const Params first, const Params second, int* sync, const ChainGeometry geo) {
@@ -1229,10 +1215,6 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
   __syncthreads();
   int unit = unit_at;
   const int pair_units = 2 * geo.first_row_blocks;
-  // A pair is ready for the down warps at pair_units counts, or one more where its last gate-up
-  // block then writes the gated row.
-  const int pair_ready = pair_units + (geo.gated != nullptr ? 1 : 0);
-  __shared__ int last_of_pair;
   while (unit < geo.units) {
     int next = 0;
     if (threadIdx.x == 0) next = atomicAdd(ticket, 1);  // in flight while this unit runs
@@ -1241,27 +1223,13 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
       QuantGemvBlock<Int4Format, 1, true, true, kChainDepth>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
                                                 static_cast<unsigned>(item), smem);
       __syncthreads();  // every thread's rows are written
-      int* const count = pair_done + (item / 2) * kChainLine;
-      if (geo.gated == nullptr) {
-        if (threadIdx.x == 0) RedReleaseAddGpu(count, 1);
-      } else {
-        if (threadIdx.x == 0) last_of_pair = AtomAddAcqRelGpu(count, 1) == pair_units - 1;
-        __syncthreads();
-        if (last_of_pair) {  // block-uniform
-          const int pair = item / 2;
-          if (ItemRows(second, pair) > 0) {  // a bad id's row is never read
-            WriteGatedRow(ItemC(first, 2 * pair), ItemC(first, 2 * pair + 1), geo.gated + pair * geo.gated_ld, first.n);
-          }
-          __syncthreads();
-          if (threadIdx.x == 0) RedReleaseAddGpu(count, 1);
-        }
-      }
+      if (threadIdx.x == 0) RedReleaseAddGpu(pair_done + (item / 2) * kChainLine, 1);
     } else {
       const auto wait = [&](bool has_item) {
         if (!has_item) return;
         const int* const count = pair_done + (threadIdx.x / 32) * kChainLine;
         if (threadIdx.x % 32 == 0) {
-          while (LdRelaxedGpu(count) < pair_ready) __nanosleep(32);
+          while (LdRelaxedGpu(count) < pair_units) __nanosleep(32);
           LdAcquireGpu(count);  // the count only grows until every wait is past: all its releases
         }
         __syncwarp();
@@ -1620,16 +1588,13 @@ cudaError_t ChainSetup(const Int4GroupedProduct& d, Params& p, QuantGemvProblem&
 }  // namespace
 
 cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
-                                     bool programmatic, cudaStream_t stream, uint16_t* gated, int64_t gated_ld) {
+                                     bool programmatic, cudaStream_t stream) {
   Params p1, p2;
   QuantGemvProblem problem1, problem2;
   QuantGemvPlan plan1, plan2;
   if (const cudaError_t error = ChainSetup(first, p1, problem1, plan1); error != cudaSuccess) return error;
   if (const cudaError_t error = ChainSetup(second, p2, problem2, plan2); error != cudaSuccess) return error;
   if (sync == nullptr) return cudaErrorInvalidValue;
-  if (gated != nullptr && (gated_ld < second.k || gated_ld % 8 != 0 || reinterpret_cast<uintptr_t>(gated) % 16 != 0)) {
-    return cudaErrorInvalidValue;
-  }
   const bool specialized = GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
   // The round's shape: first's items are pair j's gate and up (two per id), second's item j is pair
   // j's down product gated from them, over the same ids.
@@ -1658,23 +1623,6 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   p1.act_stride = p1.wk * p1.part_units * kUnitColumns * 2 + 64;
   p2.tile_items = static_cast<int>(second.max_items);
   ChainGeometry geo;
-  geo.gated = nullptr;
-  geo.gated_ld = 0;
-  // Experiment: EAGLE3_QUANT_CHAIN_GATED=0 stages the gated rows from the f32 gate and up rows.
-  static const bool env_gated = [] {
-    const char* v = std::getenv("EAGLE3_QUANT_CHAIN_GATED");
-    return v == nullptr || std::atoi(v) != 0;
-  }();
-  if (gated != nullptr && env_gated) {
-    geo.gated = gated;
-    geo.gated_ld = gated_ld;
-    p2.a = gated;
-    p2.a_bf16 = true;
-    p2.a_vec = true;
-    p2.lda = 0;  // one row an item
-    p2.stride_a = gated_ld;
-    p2.silu_up = 0;
-  }
   geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));

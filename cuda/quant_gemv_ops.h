@@ -292,12 +292,7 @@ inline constexpr int64_t kQuantGemvChainSyncInts = (2 + kQuantGemvMaxChainItems)
 // before they read anything but their code).
 // Returns cudaErrorNotSupported where the pair is not such a round or its plans do not allow one
 // kernel (the caller launches the two products instead), and the grouped launchers' errors.
-// gated: nullptr, or [second.max_items][gated_ld] bf16, device scratch (gated_ld >= second.k, a
-// multiple of 8; 16-byte aligned): each pair's last gate-up block writes the pair's gated row there
-// once, and the down product stages it as it is instead of every down tile gating the f32 rows
-// again (the same bits).
 cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
-                                     bool programmatic, cudaStream_t stream, uint16_t* gated = nullptr,
-                                     int64_t gated_ld = 0);
+                                     bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -703,7 +703,7 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
     const cudaError_t chained = LaunchInt4GroupGemvChain(
         grouped(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden),
         grouped(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter),
-        ws.chain_sync, programmatic, stream, ws.act, QuantMoeRoundUp16(inter));
+        ws.chain_sync, programmatic, stream);
     if (chained != cudaErrorNotSupported) return chained;
   }
   if (const cudaError_t error = product(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden);
