@@ -27,6 +27,20 @@ __device__ __forceinline__ int LdAcquireGpu(const int* counter) {
   return value;
 }
 
+// *counter, relaxed at GPU scope: a spin's polls. Unlike the acquire load (which invalidates the
+// whole L1 each time), it leaves the multiprocessor's cached lines alone; the spin ends with one
+// LdAcquireGpu of the count it saw.
+__device__ __forceinline__ int LdRelaxedGpu(const int* counter) {
+  int value;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
+  return value;
+}
+
+// Asks L2 for the line holding `p` (no result, no wait).
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // The 32-bit shared-window address of a pointer into shared memory, as the instructions below take it.
 __device__ __forceinline__ uint32_t SharedAddress(const void* smem) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(smem));

@@ -57,6 +57,8 @@ constexpr int kWarps = kQuantGemvWarps;
 constexpr int kWarpRows = kQuantGemvWarpRows;
 constexpr int kBlockRows = kQuantGemvBlockRows;
 constexpr int kUnitColumns = kQuantGemvUnitColumns;
+constexpr int kBlockRowsShift = 7;  // log2(kBlockRows)
+static_assert(kBlockRows == 1 << kBlockRowsShift);
 // Partial sums of the final reduction per warp, B operand, lane and fragment element (then, cluster
 // ranks only, per block row and activation row: quant_gemv_plan.cc sizes both).
 constexpr int WarpPartFloats(int operands) { return kWarps * operands * 32 * 4; }
@@ -117,13 +119,14 @@ struct Params {
 };
 
 // An indexed item's table entry (Params::ids), or nullptr where its id names none.
+// per_id is 1 or 2 (QuantGemvIndexedItems): shifts and masks, not divisions.
 __device__ __forceinline__ const char* ItemEntry(const Params& p, int64_t item) {
-  const int32_t e = p.ids[static_cast<int>(item) / p.per_id];
+  const int32_t e = p.ids[static_cast<int>(item) >> (p.per_id - 1)];
   return e >= 0 && e < p.num_entries ? p.table + static_cast<int64_t>(e) * p.entry_bytes : nullptr;
 }
 // Role r's pointer stored `at` bytes into an indexed item's entry (the item has rows: ItemRows).
 __device__ __forceinline__ const char* EntryPointer(const Params& p, int64_t item, const int64_t (&at)[2]) {
-  return *reinterpret_cast<const char* const*>(ItemEntry(p, item) + at[static_cast<int>(item) % p.per_id]);
+  return *reinterpret_cast<const char* const*>(ItemEntry(p, item) + at[static_cast<int>(item) & (p.per_id - 1)]);
 }
 
 // Item `item`'s operands: its pointer from the grouped launch's array, or its entry's (indexed
@@ -538,7 +541,8 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
       const int i = base + u * threads;
       dest[u] = -1;
       if (i < total) {
-        const int r = i / row_pieces, q = i - r * row_pieces;
+        const int r = m == 1 ? 0 : i / row_pieces;  // one row (decode rounds): no division a piece
+        const int q = i - r * row_pieces;
         LoadColumns(p, a, r, col0 + 8 * q, v[u]);
         dest[u] = r * p.act_stride + PieceOffset<F>(q);
       }
@@ -694,10 +698,13 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int group = warp / p.wk, part = warp % p.wk;
-  const int rank = static_cast<int>(bx) % p.split;
-  const int block_rows = kBlockRows / p.wk;
-  const int64_t block_row = static_cast<int64_t>(bx / p.split) * block_rows;
+  // wk is 1, 2, 4 or 8 (QuantGemvPlanValid): shifts, not divisions. A folded plan has split 1.
+  const int wk_shift = __ffs(p.wk) - 1;
+  const int group = warp >> wk_shift, part = warp & (p.wk - 1);
+  const int rank = kFoldRanks ? 0 : static_cast<int>(bx) % p.split;
+  const int block_rows = kBlockRows >> wk_shift;
+  const unsigned row_block = kFoldRanks ? bx : bx / p.split;
+  const int64_t block_row = static_cast<int64_t>(row_block) * block_rows;
   const int64_t warp_row = block_row + group * kWarpRows;
   const int64_t item = by;
   // A grouped launch's count and item pointers (and so the weights they point at) are written by the
@@ -714,7 +721,7 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     if (p.early_items) PdlWait();  // before the combine reads out, and before the block exits
     RecordBadId(p);
     if (p.combine.counters != nullptr && rank == 0) {
-      CombineTile(p.combine, p.c, p.item_count, p.n, bx / p.split, block_row, block_row + block_rows);
+      CombineTile(p.combine, p.c, p.item_count, p.n, row_block, block_row, block_row + block_rows);
     }
     return;
   }
@@ -858,7 +865,7 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   const int outputs = block_rows * ItemRows(p, item);
   float* const item_c = ItemC(p, item);
   const auto write = [&](int e, float total) {
-    const int mr = e / block_rows;
+    const int mr = e >> (kBlockRowsShift - wk_shift);
     const int64_t row = block_row + (e - mr * block_rows);
     if (row >= p.n) return;
     float* out = item_c + mr * p.ldc + row;
@@ -871,12 +878,12 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     // Output (block row rr, activation row mr) sits in the fragments of group rr / 16's warps at
     // lane (rr % 8) * 4 + (mr % 8) / 2, B operand mr / 8, element (rr % 16 >= 8 ? 2 : 0) + mr % 2
     // (c0..c3 = (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1) of the 16 x 8 product).
-    const int mr = e / block_rows, rr = e - mr * block_rows;
+    const int mr = e >> (kBlockRowsShift - wk_shift), rr = e - mr * block_rows;
     const int grp = rr / kWarpRows, r16 = rr % kWarpRows;
     const int src_lane = (r16 % 8) * 4 + (mr % 8) / 2, src_e = (r16 >= 8 ? 2 : 0) + mr % 2, h = mr / 8;
     float total = 0.0f;
     if constexpr (kFoldRanks) {
-      const int rank_warps = p.wk / p.fold_ranks;
+      const int rank_warps = p.wk >> (__ffs(p.fold_ranks) - 1);  // both powers of two
       for (int r = 0; r < p.fold_ranks; ++r) {
         float rank_total = 0.0f;
         for (int w = r * rank_warps; w < (r + 1) * rank_warps; ++w) {
@@ -907,7 +914,7 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     cluster.sync();  // no rank leaves while another still reads its shared memory
   }
   if (p.combine.counters != nullptr && rank == 0) {
-    CombineTile(p.combine, p.c, p.item_count, p.n, bx / p.split, block_row, block_row + block_rows);
+    CombineTile(p.combine, p.c, p.item_count, p.n, row_block, block_row, block_row + block_rows);
   }
 }
 
@@ -1194,6 +1201,13 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
   int* const ticket = sync;
   int* const done = sync + kChainLine;
   int* const pair_done = sync + 2 * kChainLine;
+  // The expert table is final before the launch (the ids are not): its lines are asked into L2
+  // while the kernels before finish, so that each unit's entry read after its id hits there.
+  {
+    const int64_t lines = (static_cast<int64_t>(first.num_entries) * first.entry_bytes + 127) / 128;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    if (i < lines) PrefetchL2(first.table + i * 128);
+  }
   // The ids, x, out and the counters (which the previous launch resets as it ends) are read only once
   // the kernels before have completed.
   PdlWait();
@@ -1215,7 +1229,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
         if (!has_item) return;
         const int* const count = pair_done + (threadIdx.x / 32) * kChainLine;
         if (threadIdx.x % 32 == 0) {
-          while (LdAcquireGpu(count) < pair_units) __nanosleep(32);
+          while (LdRelaxedGpu(count) < pair_units) __nanosleep(32);
+          LdAcquireGpu(count);  // the count only grows until every wait is past: all its releases
         }
         __syncwarp();
       };
