@@ -10,6 +10,9 @@
 //   both hidden 7168, moe_intermediate 2048 -> 256 per rank (rank 3's slices: gate / up rows and
 //   down columns [768, 1024)).
 //
+//   BM_StreamCeiling/model/tokens: the same bytes for the same routings, read by a kernel that does
+//   nothing else: the ceiling beside BM_QuantMoe at each row (see its comment below).
+//
 // The experts' codes are read as warp tiles (QuantCodesLayout::kWarpTiles) where the backend's
 // weight loads would keep them so (CudaBackendOptions::quant_moe_tiled_experts;
 // EAGLE3_BENCH_QUANT_MOE_TILED_EXPERTS=0: row-major).
@@ -19,13 +22,16 @@
 // one); the floor is bytes / the measured copy rate. Activations are not counted (under 1 % at 64
 // tokens). A rank's experts (1.1 GB INT4, 1.4 GB FP8, 4.2 / 2.8 GB bf16) are far past the L2, so a
 // routing rarely finds its experts there.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "bench_util.h"
+#include "stream_kernels.h"
 #include "eagle3/backend.h"
 #include "eagle3/cuda/cuda_backend.h"
 #include "eagle3/detail/int4_packing.h"
@@ -131,6 +137,7 @@ Rank& Cached(int64_t model, Make&& make) {
 // weights, and the mean count of distinct experts per routing.
 struct Routings {
   std::vector<Tensor> ids, weights;
+  std::vector<std::vector<int32_t>> touched;  // per routing: its distinct experts, ascending
   double distinct = 0;
 };
 
@@ -152,6 +159,7 @@ Routings MakeRoutings(int64_t tokens, int64_t experts) {
       }
     }
     r.distinct += static_cast<double>(touched.size()) / kRoutings;
+    r.touched.emplace_back(touched.begin(), touched.end());
     r.ids.push_back(ToDevice(ids));
     r.weights.push_back(ToDevice(weights));
   }
@@ -194,6 +202,66 @@ void RunMoe(benchmark::State& state, bool quantized) {
                  2.0 * 3 * kInter * kHidden * static_cast<double>(tokens * kTopK));
 }
 
+// BM_StreamCeiling/model/tokens: the bytes BM_QuantMoe's model counts for the same routings (each
+// distinct expert's gate, up and down codes and scales, at their addresses), read by a kernel that
+// does nothing else (stream_kernels.h): the most any kernel reading them can reach, the same
+// graph of 16 calls, each call's ranges named in device memory read after its programmatic wait
+// (a round reads its ids so). Its frac_of_floor is the ceiling beside BM_QuantMoe's.
+void BM_StreamCeiling(benchmark::State& state) {
+  cuda::CudaBackend* b = Backend();
+  if (b == nullptr) return state.SkipWithError("no CUDA device");
+  const int64_t model = state.range(0), tokens = state.range(1);
+  state.SetLabel(model == 0 ? "k25_int4" : "v3_fp8");
+  const Routings routings = MakeRoutings(tokens, ExpertsOf(model));
+  QuantRank& q = Cached<QuantRank>(model, MakeQuantRank);
+  std::vector<Tensor> tables;
+  std::vector<int> counts;
+  for (const std::vector<int32_t>& touched : routings.touched) {
+    std::vector<StreamChunk> chunks;
+    const auto add = [&](const void* data, size_t bytes) {
+      const int64_t pieces = static_cast<int64_t>(bytes / 16);  // every range here is whole pieces
+      for (int64_t at = 0; at < pieces; at += kStreamChunkPieces) {
+        chunks.push_back({static_cast<const char*>(data) + 16 * at, std::min(kStreamChunkPieces, pieces - at)});
+      }
+    };
+    for (const int32_t e : touched) {
+      for (const QuantizedWeightView* w : {&q.views[e].gate, &q.views[e].up, &q.views[e].down}) {
+        add(w->codes.data(), w->codes.nbytes());
+        add(w->scales.data(), w->scales.nbytes());
+      }
+    }
+    const int64_t words = static_cast<int64_t>(chunks.size() * sizeof(StreamChunk) / 4);
+    Tensor host = *Tensor::Empty(DType::kI32, Shape{words});
+    std::memcpy(host.data(), chunks.data(), chunks.size() * sizeof(StreamChunk));
+    tables.push_back(ToDevice(host));
+    counts.push_back(static_cast<int>(chunks.size()));
+  }
+  const int blocks = StreamReadBlocks();
+  if (blocks < 1) return state.SkipWithError("StreamReadBlocks: occupancy query failed");
+  Tensor sink = *Tensor::Empty(DType::kI32, Shape{static_cast<int64_t>(blocks) * 256}, b->allocator());
+  int next = 0;
+  cudaError_t error = cudaSuccess;
+  auto run = [&] {
+    const int i = next;
+    next = (next + 1) % kRoutings;
+    const cudaError_t e = LaunchStreamRead(static_cast<const StreamChunk*>(tables[i].data()), counts[i], blocks,
+                                           static_cast<uint32_t*>(sink.data()), true, b->stream());
+    if (error == cudaSuccess) error = e;
+  };
+  run();
+  if (error == cudaSuccess) error = cudaStreamSynchronize(b->stream());
+  if (error != cudaSuccess) {
+    return state.SkipWithError((std::string("LaunchStreamRead: ") + cudaGetErrorString(error)).c_str());
+  }
+  const double seconds = RunTimedInGraph(state, b->stream(), kRoutings, run);
+  if (error != cudaSuccess) {
+    return state.SkipWithError((std::string("timed call: ") + cudaGetErrorString(error)).c_str());
+  }
+  state.counters["distinct_experts"] = routings.distinct;
+  state.counters["blocks"] = blocks;
+  ReportRoofline(state, seconds, routings.distinct * q.bytes_per_expert, 0.0);
+}
+
 void BM_QuantMoe(benchmark::State& state) { RunMoe(state, true); }
 void BM_DenseMoe(benchmark::State& state) { RunMoe(state, false); }
 
@@ -203,6 +271,7 @@ void MoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 
 void QuantMoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 8, 10, 12, 14, 16, 64}}); }
 BENCHMARK(BM_QuantMoe)->ArgNames({"model", "tokens"})->Apply(QuantMoeArgs)->Apply(Timed);
 BENCHMARK(BM_DenseMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
+BENCHMARK(BM_StreamCeiling)->ArgNames({"model", "tokens"})->Apply(QuantMoeArgs)->Apply(Timed);
 
 }  // namespace
 }  // namespace eagle3::bench
