@@ -24,6 +24,8 @@
 // routing rarely finds its experts there.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -236,15 +238,22 @@ void BM_StreamCeiling(benchmark::State& state) {
     tables.push_back(ToDevice(host));
     counts.push_back(static_cast<int>(chunks.size()));
   }
-  const int blocks = StreamReadBlocks();
-  if (blocks < 1) return state.SkipWithError("StreamReadBlocks: occupancy query failed");
+  // EAGLE3_BENCH_STREAM=loads,blocks: the loads a thread keeps in flight and the blocks of 256 a
+  // multiprocessor (8,4 unless set: 128 KiB in flight a multiprocessor).
+  int loads = 8, per_sm = 4;
+  const char* spec = std::getenv("EAGLE3_BENCH_STREAM");
+  if (spec != nullptr && std::sscanf(spec, "%d,%d", &loads, &per_sm) != 2) {
+    return state.SkipWithError("EAGLE3_BENCH_STREAM: expected loads,blocks (e.g. 8,4)");
+  }
+  const int blocks = StreamReadBlocks(loads, per_sm);
+  if (blocks < 1) return state.SkipWithError("StreamReadBlocks: loads not 2, 4, 8 or 16, or the query failed");
   Tensor sink = *Tensor::Empty(DType::kI32, Shape{static_cast<int64_t>(blocks) * 256}, b->allocator());
   int next = 0;
   cudaError_t error = cudaSuccess;
   auto run = [&] {
     const int i = next;
     next = (next + 1) % kRoutings;
-    const cudaError_t e = LaunchStreamRead(static_cast<const StreamChunk*>(tables[i].data()), counts[i], blocks,
+    const cudaError_t e = LaunchStreamRead(static_cast<const StreamChunk*>(tables[i].data()), counts[i], loads, blocks,
                                            static_cast<uint32_t*>(sink.data()), true, b->stream());
     if (error == cudaSuccess) error = e;
   };
@@ -259,6 +268,7 @@ void BM_StreamCeiling(benchmark::State& state) {
   }
   state.counters["distinct_experts"] = routings.distinct;
   state.counters["blocks"] = blocks;
+  state.counters["KiB_in_flight"] = static_cast<double>(blocks) * 256 * loads * 16 / 1024;
   ReportRoofline(state, seconds, routings.distinct * q.bytes_per_expert, 0.0);
 }
 

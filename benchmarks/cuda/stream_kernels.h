@@ -16,20 +16,22 @@ struct StreamChunk {
   int64_t pieces;
 };
 
-// Pieces a block reads in one pass over a chunk: 8 independent 16-byte loads a thread of 256.
-inline constexpr int64_t kStreamChunkPieces = 8 * 256;
+// Pieces of one chunk (64 KiB): a block takes a chunk at a time.
+inline constexpr int64_t kStreamChunkPieces = 4096;
 
-// Blocks of the stream kernel resident on the device at once (its grid): every multiprocessor full.
-// 0 where the query fails.
-int StreamReadBlocks();
+// The grid of the stream kernel with `loads` (2, 4, 8 or 16) 16-byte loads a thread in flight:
+// blocks_per_sm blocks of 256 on every multiprocessor, or as many as fit. 0 where `loads` is not
+// one of those or the query fails.
+int StreamReadBlocks(int loads, int blocks_per_sm);
 
 // Reads every piece of chunks[0, count) once (in device memory; read after the programmatic wait,
-// as a round reads its ids) with `blocks` blocks taking chunks blockIdx.x, + blocks, ...; writes
-// sink[0, blocks * 256) only where the bytes' XOR has a value no random fill gives in practice,
-// which keeps the loads without a store a piece. programmatic: launched with programmatic stream
-// serialization (it lets the next kernel launch at once, and waits for the one before).
+// as a round reads its ids) with `blocks` blocks taking chunks blockIdx.x, + blocks, ..., each
+// thread `loads` (2, 4, 8 or 16) independent 16-byte loads at a time; writes sink[0, blocks * 256)
+// only where the bytes' XOR has a value no random fill gives in practice, which keeps the loads
+// without a store a piece. programmatic: launched with programmatic stream serialization (it lets
+// the next kernel launch at once, and waits for the one before).
 //   chunks: [count] device       sink: [blocks * 256] u32 device
-cudaError_t LaunchStreamRead(const StreamChunk* chunks, int count, int blocks, uint32_t* sink, bool programmatic,
-                             cudaStream_t stream);
+cudaError_t LaunchStreamRead(const StreamChunk* chunks, int count, int loads, int blocks, uint32_t* sink,
+                             bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::bench
