@@ -1,5 +1,7 @@
 #include "stream_kernels.h"
 
+#include "programmatic_launch.cuh"
+
 namespace eagle3::bench {
 namespace {
 
@@ -19,8 +21,8 @@ template <int kLoads>
 __global__ void __launch_bounds__(kThreads, 4) StreamReadKernel(const StreamChunk* chunks, int count, uint32_t* sink) {
   static_assert(kStreamChunkPieces % (kLoads * kThreads) == 0);
   // The next kernel may launch now; the chunks (as a round's ids) only once the kernels before end.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  cuda::PdlLaunchDependents();
+  cuda::PdlWait();
   uint32_t acc = 0;
   const int stride = static_cast<int>(gridDim.x);
   int c = static_cast<int>(blockIdx.x);
@@ -76,16 +78,8 @@ cudaError_t LaunchStreamRead(const StreamChunk* chunks, int count, int loads, in
   if (kernel == nullptr || chunks == nullptr || sink == nullptr || count < 0 || blocks < 1) {
     return cudaErrorInvalidValue;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, chunks, count, sink);
+  return cuda::LaunchKernel(programmatic, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                            chunks, count, sink);
 }
 
 }  // namespace eagle3::bench
