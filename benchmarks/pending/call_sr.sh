@@ -1,0 +1,41 @@
+#!/bin/bash
+# Call SR (thirty-second session; branch smem-ring, its diff as smem-ring.patch beside this
+# script): main's tree with the patch, one build; the one-operand (1-8 rows) int4 ring in shared
+# memory (EAGLE3_QUANT_GEMV_SMEM_RING=1) through quant_gemv_test and cuda_quantized_moe_test, then
+# BM_QuantMoe K2.5 (model 0) at 4 / 8 / 16 / 64 tokens and V3 (model 1, FP8: untouched, the
+# control) at 4 / 16 tokens with the ring off / on, twice, and BM_QuantGemv's K2.5 gate-up rows
+# at 1 and 8 rows.
+# ~4 minutes with the build on a warm machine. On any one GPU, .gpu-host carried. Logs: $OUT/sr.
+set -u
+source .gpu-host/env.sh
+R=$OUT/sr; mkdir -p $R; start=$(date +%s)
+pack() { tar czf $OUT/sr.tgz -C $OUT sr; }
+log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $R/gpu.txt
+P=$(pwd)/benchmarks/pending
+rm -rf /tmp/sr && mkdir -p /tmp/sr && tar cf - --exclude=./build . | tar xf - -C /tmp/sr &&
+  (cd /tmp/sr && patch -p1 < $P/smem-ring.patch > $R/patch.log 2>&1 &&
+   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_BUILD_EXAMPLES=OFF > $R/build.log 2>&1 &&
+   cmake --build build -j16 --target quant_gemv_test cuda_quantized_moe_test quant_moe_benchmark quant_gemv_benchmark \
+     >> $R/build.log 2>&1)
+log "build rc=$?"; tail -20 $R/build.log > $R/build_tail.txt; rm -f $R/build.log
+B=/tmp/sr/build
+EAGLE3_QUANT_GEMV_SMEM_RING=1 timeout 90 $B/tests/quant_gemv_test > $R/t_gemv.txt 2>&1
+log "gemv test ring=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_gemv.txt | tr '\n' ' ')"
+EAGLE3_QUANT_GEMV_SMEM_RING=1 timeout 150 $B/tests/cuda_quantized_moe_test > $R/t_moe.txt 2>&1
+log "moe test ring=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_moe.txt | tr '\n' ' ')"
+for rep in 1 2; do
+  for ring in 0 1; do
+    EAGLE3_QUANT_GEMV_SMEM_RING=$ring timeout 60 $B/benchmarks/quant_moe_benchmark \
+      --benchmark_filter='BM_QuantMoe/model:(0/tokens:(4|8|16|64)|1/tokens:(4|16))/' --benchmark_repetitions=3 \
+      --benchmark_report_aggregates_only=true > $R/moe_ring$ring.$rep.txt 2>&1
+    log "moe ring=$ring rep $rep rc=$? $(grep median $R/moe_ring$ring.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
+  done
+done
+for ring in 0 1; do
+  EAGLE3_QUANT_GEMV_SMEM_RING=$ring EAGLE3_BENCH_QUANT_TILED=1 timeout 60 $B/benchmarks/quant_gemv_benchmark \
+    --benchmark_filter='BM_QuantGemv/shape:(12|14|22|24)/m:(1|8)/' --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true > $R/gemv_ring$ring.txt 2>&1
+  log "gemv ring=$ring rc=$? $(grep median $R/gemv_ring$ring.txt | awk '{print $1, $2}' | tr '\n' ' ')"
+done
+log done
