@@ -1,10 +1,10 @@
 #!/bin/bash
 # Call SR (thirty-second session; branch smem-ring, its diff as smem-ring.patch beside this
-# script): main's tree with the patch, one build; the one-operand (1-8 rows) int4 ring in shared
-# memory (EAGLE3_QUANT_GEMV_SMEM_RING=1) through quant_gemv_test and cuda_quantized_moe_test, then
-# BM_QuantMoe K2.5 (model 0) at 4 / 8 / 16 / 64 tokens and V3 (model 1, FP8: untouched, the
-# control) at 4 / 16 tokens with the ring off / on, twice, and BM_QuantGemv's K2.5 gate-up rows
-# at 1 and 8 rows.
+# script): main's tree with the patch, one build; the one-operand (1-8 rows) ring of the quantized
+# GEMV in shared memory (EAGLE3_QUANT_GEMV_SMEM_RING=1, both formats) through quant_gemv_test and
+# cuda_quantized_moe_test, then BM_QuantMoe K2.5 (model 0; one token is the chain, untouched: the
+# control) at 1 / 4 / 8 / 16 / 64 tokens and V3 (model 1) at 1 / 4 / 16 / 64 with the ring off /
+# on, twice, and BM_QuantGemv's K2.5 and V3 gate-up rows at 1 and 8 rows.
 # ~4 minutes with the build on a warm machine. On any one GPU, .gpu-host carried. Logs: $OUT/sr.
 set -u
 source .gpu-host/env.sh
@@ -27,14 +27,14 @@ log "moe test ring=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_moe.txt | tr '
 for rep in 1 2; do
   for ring in 0 1; do
     EAGLE3_QUANT_GEMV_SMEM_RING=$ring timeout 60 $B/benchmarks/quant_moe_benchmark \
-      --benchmark_filter='BM_QuantMoe/model:(0/tokens:(4|8|16|64)|1/tokens:(4|16))/' --benchmark_repetitions=3 \
+      --benchmark_filter='BM_QuantMoe/model:(0/tokens:(1|4|8|16|64)|1/tokens:(1|4|16|64))/' --benchmark_repetitions=3 \
       --benchmark_report_aggregates_only=true > $R/moe_ring$ring.$rep.txt 2>&1
     log "moe ring=$ring rep $rep rc=$? $(grep median $R/moe_ring$ring.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
   done
 done
 for ring in 0 1; do
   EAGLE3_QUANT_GEMV_SMEM_RING=$ring EAGLE3_BENCH_QUANT_TILED=1 timeout 60 $B/benchmarks/quant_gemv_benchmark \
-    --benchmark_filter='BM_QuantGemv/shape:(12|14|22|24)/m:(1|8)/' --benchmark_repetitions=3 \
+    --benchmark_filter='BM_QuantGemv/shape:(8|10|12|14|21|22|23|24)/m:(1|8)/' --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true > $R/gemv_ring$ring.txt 2>&1
   log "gemv ring=$ring rc=$? $(grep median $R/gemv_ring$ring.txt | awk '{print $1, $2}' | tr '\n' ' ')"
 done
