@@ -1,10 +1,11 @@
 #!/bin/bash
 # Call SR (thirty-second session; branch smem-ring, its diff as smem-ring.patch beside this
-# script): main's tree with the patch, one build; the one-operand (1-8 rows) ring of the quantized
-# GEMV in shared memory (EAGLE3_QUANT_GEMV_SMEM_RING=1, both formats) through quant_gemv_test and
-# cuda_quantized_moe_test, then BM_QuantMoe K2.5 (model 0; one token is the chain, untouched: the
-# control) at 1 / 4 / 8 / 16 / 64 tokens and V3 (model 1) at 1 / 4 / 16 / 64 with the ring off /
-# on, twice, and BM_QuantGemv's K2.5 and V3 gate-up rows at 1 and 8 rows.
+# script): main's tree with the patch, one build. The rings of the quantized GEMV in shared memory:
+# EAGLE3_QUANT_GEMV_SMEM_RING=1 (one-operand K-split and row-looped kernels, both formats, at 3 / 4
+# blocks a multiprocessor) and EAGLE3_QUANT_CHAIN_SMEM_RING=1 (the one-token INT4 chain, both rings
+# 4 steps deep). quant_gemv_test and cuda_quantized_moe_test with both on, then BM_QuantMoe K2.5
+# (model 0) at 1 / 4 / 8 / 16 / 64 tokens and V3 (model 1) at 1 / 4 / 16 / 64 with both off / on,
+# twice, and BM_QuantGemv's K2.5 and V3 expert rows at 1 and 8 rows off / on.
 # ~4 minutes with the build on a warm machine. On any one GPU, .gpu-host carried. Logs: $OUT/sr.
 set -u
 source .gpu-host/env.sh
@@ -20,13 +21,13 @@ rm -rf /tmp/sr && mkdir -p /tmp/sr && tar cf - --exclude=./build . | tar xf - -C
      >> $R/build.log 2>&1)
 log "build rc=$?"; tail -20 $R/build.log > $R/build_tail.txt; rm -f $R/build.log
 B=/tmp/sr/build
-EAGLE3_QUANT_GEMV_SMEM_RING=1 timeout 90 $B/tests/quant_gemv_test > $R/t_gemv.txt 2>&1
-log "gemv test ring=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_gemv.txt | tr '\n' ' ')"
-EAGLE3_QUANT_GEMV_SMEM_RING=1 timeout 150 $B/tests/cuda_quantized_moe_test > $R/t_moe.txt 2>&1
-log "moe test ring=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_moe.txt | tr '\n' ' ')"
+EAGLE3_QUANT_CHAIN_SMEM_RING=1 EAGLE3_QUANT_GEMV_SMEM_RING=1 timeout 90 $B/tests/quant_gemv_test > $R/t_gemv.txt 2>&1
+log "gemv test rings=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_gemv.txt | tr '\n' ' ')"
+EAGLE3_QUANT_CHAIN_SMEM_RING=1 EAGLE3_QUANT_GEMV_SMEM_RING=1 timeout 150 $B/tests/cuda_quantized_moe_test > $R/t_moe.txt 2>&1
+log "moe test rings=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_moe.txt | tr '\n' ' ')"
 for rep in 1 2; do
   for ring in 0 1; do
-    EAGLE3_QUANT_GEMV_SMEM_RING=$ring timeout 60 $B/benchmarks/quant_moe_benchmark \
+    EAGLE3_QUANT_CHAIN_SMEM_RING=$ring EAGLE3_QUANT_GEMV_SMEM_RING=$ring timeout 100 $B/benchmarks/quant_moe_benchmark \
       --benchmark_filter='BM_QuantMoe/model:(0/tokens:(1|4|8|16|64)|1/tokens:(1|4|16|64))/' --benchmark_repetitions=3 \
       --benchmark_report_aggregates_only=true > $R/moe_ring$ring.$rep.txt 2>&1
     log "moe ring=$ring rep $rep rc=$? $(grep median $R/moe_ring$ring.$rep.txt | awk '{print $2}' | tr '\n' ' ')"
