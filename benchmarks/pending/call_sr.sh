@@ -4,7 +4,7 @@
 # EAGLE3_QUANT_GEMV_SMEM_RING=1 (one-operand K-split and row-looped kernels, both formats, at 3 / 4
 # blocks a multiprocessor, planned for them; =2 the same kernels with the old plans) and
 # EAGLE3_QUANT_CHAIN_SMEM_RING=1 (the one-token INT4 chain, both rings 4 steps deep).
-# Where stage_sr.sh put the binaries in .gpu-host/sr (built off the device), one call runs both
+# Where stage_sr.sh put the binaries in .gpu-host/sr.txz (built off the device), one call runs both
 # parts without a build (~3-4 min): `bash call_sr.sh`. Otherwise two calls on one warm machine,
 # `bash call_sr.sh 1` then `bash call_sr.sh 2` (each under 10 minutes; part 2 reuses part 1's build
 # in /tmp/sr where the machine kept it, else builds again).
@@ -20,6 +20,7 @@ pack() { tar czf $OUT/sr.tgz -C $OUT sr; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > $R/gpu.txt
 P=$(pwd)/benchmarks/pending
+[ -f .gpu-host/sr.txz ] && [ ! -d .gpu-host/sr ] && tar xJf .gpu-host/sr.txz -C .gpu-host
 if [ -x .gpu-host/sr/benchmarks/quant_moe_benchmark ]; then
   B=$(pwd)/.gpu-host/sr; export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
   parts="1 2"; [ $# -gt 0 ] && parts=$1

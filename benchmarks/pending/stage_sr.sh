@@ -5,6 +5,9 @@
 # libbenchmark (the device host has Ubuntu's). Needs the build packages of scripts/common.sh and
 # ../shared/gpu-host/stage.sh done first (call_sr.sh sources .gpu-host/env.sh for abseil). About 3
 # minutes on 2 cores.
+# The device copies the tracked tree (58 MiB, of it benchmarks/runs 21 and models 25) with the carry
+# under one 64 MiB limit, so the binaries travel as .gpu-host/sr.txz (about 10 MB; call_sr.sh
+# unpacks it) and the call needs `bash benchmarks/pending/slim_index.sh on` first (and `off` after).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 root=$(pwd)
@@ -20,4 +23,5 @@ for f in benchmarks/quant_moe_benchmark benchmarks/quant_gemv_benchmark tests/qu
   strip -o ".gpu-host/sr/$f" "/tmp/srw/build/$f"
 done
 cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .gpu-host/sr/
+tar cJf .gpu-host/sr.txz -C .gpu-host sr && rm -rf .gpu-host/sr
 du -sh .gpu-host
