@@ -8,6 +8,7 @@
 # 16 tokens of both models once, and the chain's tests with both on as time allows (~4-5 min).
 # `call_slim.sh trace`: the trace alone (one build, ~2 min), what a session's last device minutes
 # can hold. On any one GPU, from a checkout of main with .gpu-host carried. Logs under $OUT/x (x.tgz).
+# Where stage_slim.sh left .gpu-host/slim.txz, no build: the whole call takes ~2-3 min.
 set -u
 source .gpu-host/env.sh
 R=$OUT/x; mkdir -p $R; start=$(date +%s)
@@ -25,11 +26,17 @@ build() {  # variant targets... (patches: $PATCHES)
      cmake --build build -j$jobs --target "$@" >> $R/build_$v.log 2>&1)
   echo "build $v rc=$?" >> $R/builds.txt
 }
-PATCHES=chain-trace.patch build trace quant_moe_benchmark &
-if [ "$what" != trace ]; then
-  PATCHES="down-cache.patch warp-staging.patch" build dcws quant_moe_benchmark quant_gemv_test cuda_quantized_moe_test &
+if [ -f .gpu-host/slim.txz ]; then  # built off the device by stage_slim.sh
+  rm -rf /tmp/trace /tmp/dcws /tmp/lib && tar xJf .gpu-host/slim.txz -C /tmp &&
+    export LD_LIBRARY_PATH=/tmp/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  log "staged rc=$?"
+else
+  PATCHES=chain-trace.patch build trace quant_moe_benchmark &
+  if [ "$what" != trace ]; then
+    PATCHES="down-cache.patch warp-staging.patch" build dcws quant_moe_benchmark quant_gemv_test cuda_quantized_moe_test &
+  fi
+  wait; log "$(tr '\n' ' ' < $R/builds.txt)"
 fi
-wait; log "$(tr '\n' ' ' < $R/builds.txt)"
 [ -f $R/build_dcws.log ] && tail -30 $R/build_dcws.log > $R/build_dcws_tail.txt; rm -f $R/build_*.log
 for i in 1 2; do
   EAGLE3_BENCH_CHAIN_TRACE=$R/trace$i timeout 40 /tmp/trace/build/benchmarks/quant_moe_benchmark \
