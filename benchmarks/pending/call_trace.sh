@@ -3,11 +3,12 @@
 # each stage of its units (BM_QuantMoe K2.5 one token, the graph's last launch), twice, each
 # summarized by trace.py and fine.py. From the binaries stage_trace.sh packed in
 # .gpu-host/trace.txz (no build; ~20 s), else built here from HEAD and the patch (~2 min). On any
-# one GPU, .gpu-host carried. Logs under $OUT/x (x.tgz).
+# one GPU, .gpu-host carried. Logs under $OUT/x (x.tgz), or $OUT/$TRACE_TAG where that is set (the
+# environment passes through, so EAGLE3_EXP_CHAIN_X=1 TRACE_TAG=x1 traces call CX's mode 1).
 set -u
 source .gpu-host/env.sh
-R=$OUT/x; mkdir -p $R; start=$(date +%s)
-pack() { tar czf $OUT/x.tgz -C $OUT x; }
+T=${TRACE_TAG:-x}; R=$OUT/$T; mkdir -p $R; start=$(date +%s)
+pack() { tar czf $OUT/$T.tgz -C $OUT $T; }
 log() { echo "$* $(( $(date +%s) - start )) s" >> $R/log.txt; pack; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $R/gpu.txt
 if [ -f .gpu-host/trace.txz ]; then
