@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 paths=(benchmarks/runs models)
 case "${1:-}" in
   on)
-    git rm -r -q --cached "${paths[@]}"
+    git rm -r -q --cached --ignore-unmatch "${paths[@]}"
     for p in "${paths[@]}"; do grep -qxF "$p/" .git/info/exclude || echo "$p/" >> .git/info/exclude; done ;;
   off)
     for p in "${paths[@]}"; do sed -i "\\#^$p/\$#d" .git/info/exclude; done
