@@ -4,7 +4,7 @@
 # 1 / n of x's pieces and store them into every block's shared memory, then a cluster barrier), so
 # that L2 delivers x's lines to each cluster once instead of to each block. Binaries built off the
 # device (stage_cl.sh: .gpu-host/cl.txz, main's quant_moe_benchmark beside the patched one).
-# BM_QuantMoe K2.5 1 / 4 tokens: main, 1, 2, 4, twice; then the chain's tests at 2 and 4. ~1.5 min.
+# BM_QuantMoe K2.5 1 / 4 tokens: main, 1, 2, 4, chain-cluster.patch (l1), twice; then the chain's tests at 2 and 4. ~1.5 min.
 # Logs: $OUT/cl (cl.tgz).
 set -u
 source .gpu-host/env.sh
@@ -22,6 +22,7 @@ moe() {  # binary cluster tag
 for rep in 1 2; do
   moe /tmp/cl/main/quant_moe_benchmark 1 main.$rep
   for n in 1 2 4; do moe /tmp/cl/cl/quant_moe_benchmark $n c$n.$rep; done
+  moe /tmp/cl/l1/quant_moe_benchmark 1 l1.$rep  # chain-cluster.patch: clusters of 4 and the L1 ask
 done
 for n in 2 4; do
   EAGLE3_EXP_CHAIN_CLUSTER=$n timeout 40 /tmp/cl/cl/quant_gemv_test --gtest_filter='*Chain*' > $R/t_gemv$n.txt 2>&1
