@@ -4,7 +4,8 @@
 # 1 / n of x's pieces and store them into every block's shared memory, then a cluster barrier), so
 # that L2 delivers x's lines to each cluster once instead of to each block. Binaries built off the
 # device (stage_cl.sh: .gpu-host/cl.txz, main's quant_moe_benchmark beside the patched one).
-# BM_QuantMoe K2.5 1 / 4 tokens: main, 1, 2, 4, chain-cluster.patch (l1), twice; then the chain's tests at 2 and 4. ~1.5 min.
+# BM_QuantMoe K2.5 1 / 4 tokens: main, 1, 2, 4, chain-cluster.patch (l1), with chain-fence.patch (fa),
+# twice; then the chain's tests at 2 and 4. ~1.5 min.
 # Logs: $OUT/cl (cl.tgz).
 set -u
 source .gpu-host/env.sh
@@ -23,6 +24,7 @@ for rep in 1 2; do
   moe /tmp/cl/main/quant_moe_benchmark 1 main.$rep
   for n in 1 2 4; do moe /tmp/cl/cl/quant_moe_benchmark $n c$n.$rep; done
   moe /tmp/cl/l1/quant_moe_benchmark 1 l1.$rep  # chain-cluster.patch: clusters of 4 and the L1 ask
+  moe /tmp/cl/fa/quant_moe_benchmark 1 fa.$rep  # and chain-fence.patch: the down warps' fence acquire
 done
 for n in 2 4; do
   EAGLE3_EXP_CHAIN_CLUSTER=$n timeout 40 /tmp/cl/cl/quant_gemv_test --gtest_filter='*Chain*' > $R/t_gemv$n.txt 2>&1
@@ -30,5 +32,9 @@ for n in 2 4; do
   EAGLE3_EXP_CHAIN_CLUSTER=$n timeout 60 /tmp/cl/cl/cuda_quantized_moe_test --gtest_filter='*KimiK25*:*Chain*' \
     > $R/t_moe$n.txt 2>&1
   log "moe tests c$n rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_moe$n.txt | tr '\n' ' ')"
+done
+for t in quant_gemv_test cuda_quantized_moe_test; do  # chain-fence.patch's binaries: the chain's tests
+  timeout 60 /tmp/cl/fa/$t --gtest_filter='*Chain*:*KimiK25*' > $R/t_fa_$t.txt 2>&1
+  log "fa $t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_fa_$t.txt | tr '\n' ' ')"
 done
 log done
