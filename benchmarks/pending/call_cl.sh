@@ -5,7 +5,7 @@
 # that L2 delivers x's lines to each cluster once instead of to each block. Binaries built off the
 # device (stage_cl.sh: .gpu-host/cl.txz, main's quant_moe_benchmark beside the patched one).
 # BM_QuantMoe K2.5 1 / 4 tokens: main, 1, 2, 4, chain-cluster.patch (l1), with chain-fence.patch (fa),
-# twice; then the chain's tests at 2 and 4. ~1.5 min.
+# twice; then the chain's tests at 2 and 4 and those of the fa binaries. ~2 min.
 # Logs: $OUT/cl (cl.tgz).
 set -u
 source .gpu-host/env.sh

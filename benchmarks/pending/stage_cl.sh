@@ -7,7 +7,6 @@
 # `off` after).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-root=$(pwd)
 stage=/tmp/cl-stage w=/tmp/clw w2=/tmp/ccw2
 rm -rf $stage $w $w2 && mkdir -p $stage/cl/main $stage/cl/cl $stage/cl/l1 $stage/cl/fa $stage/cl/lib $w $w2
 # build TREE TARGET...: the targets in TREE's build folder (configured on first use).
