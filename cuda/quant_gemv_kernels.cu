@@ -564,13 +564,14 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 
 // fp8: stages the f32 scale_inv of the tile's units for the scale rows of the block's rows
 // [block_row, block_row + block_rows): [scale_rows][units] (scale_rows: at least the rows those rows
-// touch), after the activation rows.
+// touch), after the activation rows. Threads t0, t0 + stride, ... take its entries (the block's, or
+// one warp's lanes).
 __device__ void StageScales(const Params& p, int64_t item, int64_t block_row, int block_rows, int scale_rows,
-                            int unit0, int units, float* staged) {
+                            int unit0, int units, float* staged, int t0, int stride) {
   const int64_t first_row = (p.row0 + block_row) >> 7;
   const int64_t last_row = (p.row0 + min(block_row + block_rows, p.n) - 1) >> 7;
   const float* scale = ItemScale<float>(p, item);
-  for (int i = threadIdx.x; i < scale_rows * units; i += kThreads) {
+  for (int i = t0; i < scale_rows * units; i += stride) {
     const int r = i / units, u = unit0 + i % units;
     staged[i] = first_row + r <= last_row && u < p.units ? scale[(first_row + r) * p.scale_ld + (p.col0 >> 7) + u]
                                                          : 0.0f;
@@ -666,8 +667,11 @@ __device__ __forceinline__ void FoldBlockSums(float (&acc)[kChains][4], float (&
 // (programmatic_launch.cuh).
 // `wait` stands in for the programmatic wait where the inputs come from elsewhere (a chained
 // launch's second product: the first product's counts, QuantGemvChainKernel).
+// Called as wait() by FillRingThenWait, and as wait(item, has_item) by the row loops, whose
+// in-block combine waits per item (a chained launch: for that item's pair).
 struct WaitForPredecessors {
-  __device__ __forceinline__ void operator()(bool) const { PdlWait(); }
+  __device__ __forceinline__ void operator()() const { PdlWait(); }
+  __device__ __forceinline__ void operator()(int64_t, bool) const { PdlWait(); }
 };
 template <int kDepth, typename Load, typename Wait = WaitForPredecessors>
 __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& load, const Wait& wait = Wait{}) {
@@ -676,7 +680,7 @@ __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& lo
   for (int d = 0; d < kDepth; ++d) {
     if (d < total_steps) load(d);
   }
-  wait(true);
+  wait();
 }
 
 // kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m). kTiled: the codes are in
@@ -813,7 +817,8 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
+      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at),
+                  threadIdx.x, kThreads);
     }
     __syncthreads();
     const int n_t = tile_steps(t);
@@ -938,8 +943,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // without spills (ptxas; int4 with a 2-step ring, which its 16 rows' two steps of a 256-column K
 // fill), so they ask for them: more warps to hide their dependent latency, with as many bytes in
 // flight a multiprocessor as 2 blocks' 4-step rings give. The others keep 2 blocks and their rings.
-template <typename F, int kOperands, bool kTiled>
-inline constexpr int kRowLoopBlocksPerSm = kOperands == 1 && kTiled ? 3 : kQuantGemvBlocksPerSm;
+// The in-block combine's fp8 form and its form for items past the warps need more registers (ptxas
+// spills at 3 blocks) and lose nothing at 2: one tile of 16 * row_loops rows a block, the decode
+// rounds' grids (hidden 7168: 224 blocks at 2 row loops) are within 2 blocks a multiprocessor.
+template <typename F, int kOperands, bool kTiled, bool kTileCombine = false, bool kPastWarps = false>
+inline constexpr int kRowLoopBlocksPerSm =
+    kOperands == 1 && kTiled && !(kTileCombine && (F::kBlockScaled || kPastWarps)) ? 3 : kQuantGemvBlocksPerSm;
 template <typename F, int kOperands, bool kTiled>
 inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
 
@@ -961,51 +970,43 @@ __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const
   }
 }
 
+// The in-block combine's shared memory a warp stages into: its item's activation row, then (fp8)
+// the scale rows of its block's tile, [row_loops + 1][units] f32 (StageScales), 16-byte aligned.
+__host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled) {
+  return p.act_stride + (block_scaled ? ((p.row_loops + 1) * p.units * 4 + 15) / 16 * 16 : 0);
+}
+
 // kTileCombine (QuantGemvCombine::in_block, one activation row): the block's rows are one tile of
-// kWarpRows * row_loops rows of every item, warp j taking item j's groups of it in turn (group i
-// at rows block_row + 16 i), staging item j's row itself (no block barrier before the products),
-// and the block combining the tile after one barrier. Otherwise the block is one item's rows and
-// its warps' groups interleave, kBlockRows apart.
+// kWarpRows * row_loops rows of every item. Warp j takes item j's groups of it in turn (group i at
+// rows block_row + 16 i), staging item j's row itself (no block barrier before the products); an
+// item past the warps (a token's top-8 and a joined shared expert: 9) has its groups dealt out to
+// the warps in turn after their own item's, so that no warp takes a whole second item. The block
+// combines the tile after one barrier. Otherwise the block is one item's rows and its warps' groups
+// interleave, kBlockRows apart.
 //
 // QuantGemvRowLoopBlock is block bx (by: its item, where not kTileCombine) of the grid, as
-// QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
-// kTileCombine) before the activations are read.
-template <typename F, int kOperands, bool kTiled, bool kTileCombine, typename Wait>
+// QuantGemvBlock is for the kernel above; `wait(item, has_item)` is the programmatic wait (a warp's,
+// before each of its items, for kTileCombine) before the activations are read.
+// kPastWarps: the launch may have more items than warps (compiled apart: the loop over a warp's
+// items costs registers that the one-item form does not have to spare).
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, bool kPastWarps = false, typename Wait>
 __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned bx, unsigned by, unsigned char* smem,
                                                       const Wait& wait) {
   constexpr int kUnitSteps = F::kUnitSteps;
   constexpr int kDepth = kRowLoopDepth<F, kOperands, kTiled>;
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
-  static_assert(!kTileCombine || (kOperands == 1 && !F::kBlockScaled), "the in-block combine: int4, one row");
+  static_assert(!kTileCombine || kOperands == 1, "the in-block combine: one activation row");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
   const int64_t block_row = static_cast<int64_t>(bx) * kGroupStride * p.row_loops;
-  const int64_t item = kTileCombine ? warp : by;
-  // The in-block combine's tile: every item's rows of the block (f32, after the warps' staged rows).
-  float* const tile = reinterpret_cast<float*>(smem + kWarps * p.act_stride);
+  // The in-block combine: each warp's staging area, then the tile (every item's rows of the block,
+  // f32).
+  const int warp_bytes = TileWarpBytes(p, F::kBlockScaled);
+  float* const tile = reinterpret_cast<float*>(smem + kWarps * warp_bytes);
   const int tile_rows = kWarpRows * p.row_loops;
   if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
-  if (!kTileCombine && p.item_count != nullptr && item >= *p.item_count) return;
-  const int m = !kTileCombine || warp < p.tile_items ? ItemRows(p, item) : 0;  // as in the kernel above
-  if (m <= 0) {
-    if constexpr (kTileCombine) {
-      // A warp without an item, or whose item's id names no entry: no products, but the barrier
-      // and the combine (which then leaves the token's row as it is) with the others.
-      PdlLaunchDependents();
-      if (p.early_items) wait(false);
-      if (warp < p.tile_items && lane == 0 && p.error_flag != nullptr) {
-        RecordDeviceError(p.error_flag, p.error_code, p.error_index);
-      }
-      __syncthreads();
-      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
-    } else {
-      if (p.early_items) wait(false);
-      RecordBadId(p);
-      if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + kBlockRows * p.row_loops);
-    }
-    return;
-  }
+  if (!kTileCombine && p.item_count != nullptr && by >= *p.item_count) return;
 
   // The warp's groups: group i holds rows first_row + i * kGroupStride .. + 15; groups wholly past
   // n are not taken.
@@ -1014,160 +1015,217 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
       first_row < p.n ? static_cast<int>(min(static_cast<int64_t>(p.row_loops), (p.n - first_row + kGroupStride - 1) / kGroupStride))
                       : 0;
   const int steps = p.units * kUnitSteps;  // per group: the whole K
-  const int total_steps = groups * steps;
-
-  const char* item_b = ItemB(p, item);
-  const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
-  // Lane rows of group i (rows past n read row n - 1, whose results are not written); opaque to the
-  // compiler for the reason the kernel above gives.
-  const auto rows_of = [&](int i) {
-    LaneRows rows;
-    const int64_t row0 = first_row + static_cast<int64_t>(i) * kGroupStride;
-    const bool tiled = kTiled || p.tiled;
-    if (tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!tiled) {
-        const int64_t r = min(row0 + g + 8 * h, p.n - 1);
-        rows.row[h] = item_b + r * p.ldb;
-        rows.scale_row[h] = item_scale + r * p.scale_ld;
-      }
-      asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
-    }
-    return rows;
-  };
-  LaneRows load_rows = rows_of(0);
-  int load_group = 0, load_step = 0;
-  const char* load_tile = kTiled ? load_rows.row[0] : nullptr;  // tiled: the lane's bytes in the step's tile
-  const auto advance = [&] {
-    if constexpr (kTiled) load_tile += kQuantTileBytes;
-    if (++load_step == steps) {
-      load_step = 0;
-      if (++load_group < groups) {
-        load_rows = rows_of(load_group);
-        if constexpr (kTiled) load_tile = load_rows.row[0];
-      }
-    }
-  };
-
-  typename F::Item ring[kDepth];
-  FillRingThenWait<kDepth>(
-      total_steps,
-      [&](int d) {
-        F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
-        advance();
-      },
-      wait);
-
-  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
-  // in-block combine: each warp its own item's row, at warp * act_stride.
   const int block_rows = kBlockRows * p.row_loops;
-  const int scales_at = p.m * p.act_stride;
-  unsigned char* const act_smem = kTileCombine ? smem + warp * p.act_stride : smem;
-  if constexpr (kTileCombine) {
-    StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
-    __syncwarp();
-  } else {
-    StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
-    if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
-    }
-    __syncthreads();
-  }
 
-  float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
-  Zero(acc);
-  Zero(sum);
-  int act_row[kOperands];
-  ActRows(p, m, g, c, act_row);
-  // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
-  const int64_t first_scale_row = (p.row0 + block_row) >> 7;
-  const auto scale_rows_of = [&](int i, int (&at)[2]) {
+  // Item `item`'s (m rows) groups group0, group0 + group_step, ... (count of them), its ring filled
+  // from empty. kTileCombine: staged into the warp's own area; otherwise the block stages together.
+  const auto run = [&](int64_t item, int m, int group0, int group_step, int count) {
+    const int total_steps = count * steps;
+    const auto group_row = [&](int i) {
+      return first_row + static_cast<int64_t>(group0 + i * group_step) * kGroupStride;
+    };
+    const char* item_b = ItemB(p, item);
+    const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
+    // Lane rows of group i (rows past n read row n - 1, whose results are not written); opaque to
+    // the compiler for the reason the kernel above gives.
+    const auto rows_of = [&](int i) {
+      LaneRows rows;
+      const int64_t row0 = group_row(i);
+      const bool tiled = kTiled || p.tiled;
+      if (tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = min(first_row + static_cast<int64_t>(i) * kGroupStride + g + 8 * h, p.n - 1);
-      at[h] = static_cast<int>(((p.row0 + r) >> 7) - first_scale_row) * p.units * 4;
-    }
-  };
-  int scale_row_at[2] = {0, 0};
-  if constexpr (F::kBlockScaled) scale_rows_of(0, scale_row_at);
-  float* const item_c = ItemC(p, item);
-  // Group i's sums, final: out = alpha * sum (+ beta * out) (+ bias). Fragment element e of operand
-  // h is weight row g (e < 2) or g + 8, activation row 8 h + 2 c + e % 2 (the m16n8 C layout).
-  const auto write_group = [&](int i) {
-    const int64_t row_base = first_row + static_cast<int64_t>(i) * kGroupStride + g;
-#pragma unroll
-    for (int h = 0; h < kOperands; ++h) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float total;
-        if constexpr (F::kBlockScaled) {
-          total = sum[h][e];
-        } else if constexpr (kOperands == 1) {
-          total = acc[0][e] + acc[1][e];  // the two chains hold parts of one sum
-        } else {
-          total = acc[h][e];
+      for (int h = 0; h < 2; ++h) {
+        if (!tiled) {
+          const int64_t r = min(row0 + g + 8 * h, p.n - 1);
+          rows.row[h] = item_b + r * p.ldb;
+          rows.scale_row[h] = item_scale + r * p.scale_ld;
         }
-        const int64_t row = row_base + (e >= 2 ? 8 : 0);
-        const int mr = 8 * h + 2 * c + e % 2;
-        if (row >= p.n || mr >= m) continue;
-        float* out = item_c + mr * p.ldc + row;
-        float v = p.alpha * (F::kSumScale * total);
-        if (p.beta != 0.0f) v += p.beta * *out;
-        if (p.bias != nullptr) v += p.bias[row];
-        *out = v;
-        if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
+        asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
       }
-    }
-  };
+      return rows;
+    };
+    LaneRows load_rows = rows_of(0);
+    int load_group = 0, load_step = 0;
+    const char* load_tile = kTiled ? load_rows.row[0] : nullptr;  // tiled: the lane's bytes in the step's tile
+    const auto advance = [&] {
+      if constexpr (kTiled) load_tile += kQuantTileBytes;
+      if (++load_step == steps) {
+        load_step = 0;
+        if (++load_group < count) {
+          load_rows = rows_of(load_group);
+          if constexpr (kTiled) load_tile = load_rows.row[0];
+        }
+      }
+    };
 
-  int cons_group = 0, cons_step = 0;
-  for (int j = 0; j < total_steps; j += kDepth) {
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      if (j + d >= total_steps) break;
-      StepActivations<kOperands> act{act_smem, {}};
-#pragma unroll
-      for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
-      F::Products(ring[d], act, acc);
+    typename F::Item ring[kDepth];
+    if constexpr (kTileCombine) __syncwarp();  // the warp's previous item is done with its area
+    FillRingThenWait<kDepth>(
+        total_steps,
+        [&](int d) {
+          F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
+          advance();
+        },
+        [&] { wait(item, true); });
+
+    // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
+    // in-block combine: the warp its item's row and scale rows, in its own area.
+    unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
+    unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
+    if constexpr (kTileCombine) {
+      StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
       if constexpr (F::kBlockScaled) {
-        // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are
-        // multiples of kUnitSteps), so cons_step % kUnitSteps == d % kUnitSteps.
-        if (d % kUnitSteps == kUnitSteps - 1) {
-          const int u = cons_step / kUnitSteps;
-          const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
-          const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
-          FoldBlockSums(acc, sum, s_lo, s_hi);
+        StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales), lane,
+                    32);
+      }
+      __syncwarp();
+    } else {
+      StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
+      if constexpr (F::kBlockScaled) {
+        StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                    threadIdx.x, kThreads);
+      }
+      __syncthreads();
+    }
+
+    float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
+    Zero(acc);
+    Zero(sum);
+    int act_row[kOperands];
+    ActRows(p, m, g, c, act_row);
+    // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
+    const int64_t first_scale_row = (p.row0 + block_row) >> 7;
+    const auto scale_rows_of = [&](int i, int (&at)[2]) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = min(group_row(i) + g + 8 * h, p.n - 1);
+        at[h] = static_cast<int>(((p.row0 + r) >> 7) - first_scale_row) * p.units * 4;
+      }
+    };
+    int scale_row_at[2] = {0, 0};
+    if constexpr (F::kBlockScaled) scale_rows_of(0, scale_row_at);
+    float* const item_c = ItemC(p, item);
+    // Group i's sums, final: out = alpha * sum (+ beta * out) (+ bias). Fragment element e of operand
+    // h is weight row g (e < 2) or g + 8, activation row 8 h + 2 c + e % 2 (the m16n8 C layout).
+    const auto write_group = [&](int i) {
+      const int64_t row_base = group_row(i) + g;
+#pragma unroll
+      for (int h = 0; h < kOperands; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float total;
+          if constexpr (F::kBlockScaled) {
+            total = sum[h][e];
+          } else if constexpr (kOperands == 1) {
+            total = acc[0][e] + acc[1][e];  // the two chains hold parts of one sum
+          } else {
+            total = acc[h][e];
+          }
+          const int64_t row = row_base + (e >= 2 ? 8 : 0);
+          const int mr = 8 * h + 2 * c + e % 2;
+          if (row >= p.n || mr >= m) continue;
+          float* out = item_c + mr * p.ldc + row;
+          float v = p.alpha * (F::kSumScale * total);
+          if (p.beta != 0.0f) v += p.beta * *out;
+          if (p.bias != nullptr) v += p.bias[row];
+          *out = v;
+          if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
         }
       }
-      if (++cons_step == steps) {  // the group's last step: its sums are final
-        write_group(cons_group);
-        Zero(acc);
-        Zero(sum);
-        cons_step = 0;
-        if (++cons_group < groups) {
-          if constexpr (F::kBlockScaled) scale_rows_of(cons_group, scale_row_at);
+    };
+
+    int cons_group = 0, cons_step = 0;
+    for (int j = 0; j < total_steps; j += kDepth) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        if (j + d >= total_steps) break;
+        StepActivations<kOperands> act{act_smem, {}};
+#pragma unroll
+        for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
+        F::Products(ring[d], act, acc);
+        if constexpr (F::kBlockScaled) {
+          // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are
+          // multiples of kUnitSteps), so cons_step % kUnitSteps == d % kUnitSteps.
+          if (d % kUnitSteps == kUnitSteps - 1) {
+            const int u = cons_step / kUnitSteps;
+            const float s_lo = *reinterpret_cast<const float*>(scales + scale_row_at[0] + 4 * u);
+            const float s_hi = *reinterpret_cast<const float*>(scales + scale_row_at[1] + 4 * u);
+            FoldBlockSums(acc, sum, s_lo, s_hi);
+          }
         }
-      }
-      if (j + d + kDepth < total_steps) {
-        F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
-        advance();
+        if (++cons_step == steps) {  // the group's last step: its sums are final
+          write_group(cons_group);
+          Zero(acc);
+          Zero(sum);
+          cons_step = 0;
+          if (++cons_group < count) {
+            if constexpr (F::kBlockScaled) scale_rows_of(cons_group, scale_row_at);
+          }
+        }
+        if (j + d + kDepth < total_steps) {
+          F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
+          advance();
+        }
       }
     }
-  }
+  };
+
   if constexpr (kTileCombine) {
+    // The warp's items: its own (warp j: item j, every group), then each item past the warps whose
+    // groups it shares (item x's group i is the block's extra group (x - kWarps) * groups + i, taken
+    // by warp (extra group) % kWarps). A bad id's item: no products (the combine then leaves the
+    // token's row as it is), its index recorded by the warp that would take its first group.
+    bool ran = false;
+    const auto take = [&](int x, int group0, int group_step, int count) {
+      const int m = ItemRows(p, x);
+      if (m > 0) {
+        run(x, m, group0, group_step, count);
+        ran = true;
+      } else if (group0 == 0 && lane == 0 && p.error_flag != nullptr) {
+        RecordDeviceError(p.error_flag, p.error_code, p.error_index);
+      }
+    };
+    if constexpr (kPastWarps) {
+      for (int x = warp; x < p.tile_items; x = x < kWarps ? kWarps : x + 1) {  // one call site: registers
+        int group0 = 0, group_step = 1, count = groups;
+        if (x >= kWarps) {
+          const int q0 = (x - kWarps) * groups;
+          group0 = ((warp - q0) % kWarps + kWarps) % kWarps;
+          group_step = kWarps;
+          count = (groups - group0 + kWarps - 1) / kWarps;
+        }
+        if (count > 0) take(x, group0, group_step, count);
+      }
+    } else if (warp < p.tile_items) {
+      take(warp, 0, 1, groups);
+    }
+    if (!ran) {
+      // A warp without a good item: no products, but the barrier and the combine with the others.
+      PdlLaunchDependents();
+      if (p.early_items) wait(warp, false);
+    }
     __syncthreads();
     CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
-  } else if (p.combine.counters != nullptr) {
-    CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
+  } else {
+    const int m = ItemRows(p, by);  // as in the kernel above
+    if (m <= 0) {
+      if (p.early_items) wait(by, false);
+      RecordBadId(p);
+    } else {
+      run(by, m, 0, 1, groups);
+    }
+    if (p.combine.counters != nullptr) {
+      CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
+    }
   }
 }
 
-template <typename F, int kOperands, bool kTiled, bool kTileCombine>
-__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, bool kPastWarps = false>
+__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled, kTileCombine, kPastWarps>))
     QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine>(p, blockIdx.x, blockIdx.y, smem, WaitForPredecessors{});
+  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine, kPastWarps>(p, blockIdx.x, blockIdx.y, smem,
+                                                                        WaitForPredecessors{});
 }
 
 // ---- Chained products (LaunchInt4GroupGemvChain) ------------------------------------------------
@@ -1194,6 +1252,7 @@ struct ChainGeometry {
   int units;             // first_units + the down product's tiles
 };
 
+template <typename F>
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     QuantGemvChainKernel(const Params first, const Params second, int* sync, const ChainGeometry geo) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1220,22 +1279,21 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     if (threadIdx.x == 0) next = atomicAdd(ticket, 1);  // in flight while this unit runs
     if (unit < geo.first_units) {
       const int item = unit / geo.first_row_blocks;
-      QuantGemvBlock<Int4Format, 1, true, true, kChainDepth>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
-                                                static_cast<unsigned>(item), smem);
+      QuantGemvBlock<F, 1, true, true, kChainDepth>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
+                                                    static_cast<unsigned>(item), smem);
       __syncthreads();  // every thread's rows are written
       if (threadIdx.x == 0) RedReleaseAddGpu(pair_done + (item / 2) * kChainLine, 1);
     } else {
-      const auto wait = [&](bool has_item) {
+      const auto wait = [&](int64_t item, bool has_item) {
         if (!has_item) return;
-        const int* const count = pair_done + (threadIdx.x / 32) * kChainLine;
+        const int* const count = pair_done + item * kChainLine;
         if (threadIdx.x % 32 == 0) {
           while (LdRelaxedGpu(count) < pair_units) __nanosleep(32);
           LdAcquireGpu(count);  // the count only grows until every wait is past: all its releases
         }
         __syncwarp();
       };
-      QuantGemvRowLoopBlock<Int4Format, 1, true, true>(second, static_cast<unsigned>(unit - geo.first_units), 0, smem,
-                                                       wait);
+      QuantGemvRowLoopBlock<F, 1, true, true>(second, static_cast<unsigned>(unit - geo.first_units), 0, smem, wait);
     }
     __syncthreads();  // shared memory and unit_at are free again
     if (threadIdx.x == 0) unit_at = next;
@@ -1353,23 +1411,25 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
   return cudaSuccess;
 }
 
-// Whether a planned int4 launch takes the in-block combine (QuantGemvCombine::in_block): one
-// activation row on tiled codes in the specialized kernels, a row-looped plan, one token's indexed
-// items, at most one per warp.
+// Whether a planned launch takes the in-block combine (QuantGemvCombine::in_block): one activation
+// row on tiled codes in the specialized kernels, a row-looped plan, one token's indexed items, at
+// most kQuantGemvMaxTileItems.
 bool TileCombined(const Params& p, const QuantGemvProblem& problem, bool specialized) {
   const QuantGemvCombine& cb = p.combine;
   return p.row_loops > 0 && cb.in_block && cb.counters != nullptr && specialized && QuantGemvRowOperands(p.m) == 1 &&
          p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr &&
-         cb.top_k == problem.batch && problem.batch <= kWarps;
+         cb.top_k == problem.batch && problem.batch <= kQuantGemvMaxTileItems;
 }
-// Its blocks (one per tile of 16 * row_loops rows) and their shared memory: each warp's staged row,
-// then the tile's rows of every item.
+static_assert(kQuantGemvMaxTileItems <= 2 * kWarps, "an item past the warps' own takes at most one group a warp");
+// Its blocks (one per tile of 16 * row_loops rows) and their shared memory (p.tile_items set): each
+// warp's staging area, then the tile's rows of every item (of at least kWarps).
 int64_t TileCombineBlocks(const Params& p) {
   const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
   return (p.n + tile_rows - 1) / tile_rows;
 }
-size_t TileCombineShared(const Params& p) {
-  return static_cast<size_t>(kWarps) * (p.act_stride + static_cast<size_t>(kWarpRows) * p.row_loops * sizeof(float));
+size_t TileCombineShared(const Params& p, bool block_scaled) {
+  return static_cast<size_t>(kWarps) * TileWarpBytes(p, block_scaled) +
+         static_cast<size_t>(std::max(p.tile_items, kWarps)) * kWarpRows * p.row_loops * sizeof(float);
 }
 
 // Plans (or checks `plan`) into `chosen` and fills the split fields of `p` (weights, sizes and shift
@@ -1410,16 +1470,15 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   const size_t shared = QuantGemvSharedBytes(problem, chosen);
   const bool specialized = p.tiled && GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
-    if constexpr (!F::kBlockScaled) {
-      // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one
-      // block per tile of 16 * row_loops rows of every item.
-      if (TileCombined(p, problem, specialized)) {
-        p.tile_items = static_cast<int>(problem.batch);
-        const size_t tile_shared = TileCombineShared(p);
-        const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
-        if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
-        return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
-      }
+    // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one block
+    // per tile of 16 * row_loops rows of every item.
+    if (TileCombined(p, problem, specialized)) {
+      p.tile_items = static_cast<int>(problem.batch);
+      const size_t tile_shared = TileCombineShared(p, F::kBlockScaled);
+      const auto kernel = p.tile_items > kWarps ? QuantGemvRowLoopKernel<F, 1, true, true, true>
+                                                : QuantGemvRowLoopKernel<F, 1, true, true, false>;
+      if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
+      return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
     }
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
@@ -1443,12 +1502,12 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
                                 stream, p);
 }
 
-// The launchers' shared body, with a grouped launch's items (none: all nullptr).
-cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
-                    float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
-                    int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
-                    const QuantGemvItems& items, cudaStream_t stream) {
-  Params p{};
+// Fp8Gemv's checks and fields, before planning.
+cudaError_t Fp8Setup(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
+                     float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
+                     int64_t k, float alpha, float beta, const QuantGemvItems& items, Params& p,
+                     QuantGemvProblem& problem) {
+  p = Params{};
   if (const cudaError_t error = CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n,
                                              k, alpha, beta, items, p);
       error != cudaSuccess) {
@@ -1484,7 +1543,7 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   p.row0 = b.row0;
   p.col0 = static_cast<int>(b.col0);
   p.shift = p.col0 % kUnitColumns;
-  QuantGemvProblem problem;
+  problem = QuantGemvProblem{};
   problem.int4 = false;
   problem.batch = batch;
   problem.m = m;
@@ -1496,6 +1555,21 @@ cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_s
   // So is an indexed one, which stands in for a grouped round's bf16 copies of its f32 rows.
   problem.a_bytes = p.a_bf16 || p.silu_up > 0 || p.ids != nullptr ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * k;
+  return cudaSuccess;
+}
+
+// The launchers' shared body, with a grouped launch's items (none: all nullptr).
+cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
+                    float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
+                    int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
+                    const QuantGemvItems& items, cudaStream_t stream) {
+  Params p;
+  QuantGemvProblem problem;
+  if (const cudaError_t error = Fp8Setup(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n,
+                                         k, alpha, beta, items, p, problem);
+      error != cudaSuccess) {
+    return error;
+  }
   return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
 
@@ -1575,7 +1649,7 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   return Launch<Int4Format>(p, problem, plan, programmatic, stream);
 }
 
-// Int4Setup and the plan of one product of a chain.
+// The format's setup and the plan of one product of a chain.
 cudaError_t ChainSetup(const Int4GroupedProduct& d, Params& p, QuantGemvProblem& problem, QuantGemvPlan& plan) {
   if (const cudaError_t error = Int4Setup(d.a, d.a_type, d.lda, d.batch_stride_a, d.b, d.c, d.ldc, d.batch_stride_c,
                                           nullptr, d.max_items, d.m, d.n, d.k, 1.0f, 0.0f, d.items, p, problem);
@@ -1584,11 +1658,19 @@ cudaError_t ChainSetup(const Int4GroupedProduct& d, Params& p, QuantGemvProblem&
   }
   return PlanParams(p, problem, nullptr, plan);
 }
+cudaError_t ChainSetup(const Fp8GroupedProduct& d, Params& p, QuantGemvProblem& problem, QuantGemvPlan& plan) {
+  if (const cudaError_t error = Fp8Setup(d.a, d.a_type, d.lda, d.batch_stride_a, d.b, d.c, d.ldc, d.batch_stride_c,
+                                         nullptr, d.max_items, d.m, d.n, d.k, 1.0f, 0.0f, d.items, p, problem);
+      error != cudaSuccess) {
+    return error;
+  }
+  return PlanParams(p, problem, nullptr, plan);
+}
 
-}  // namespace
-
-cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
-                                     bool programmatic, cudaStream_t stream) {
+// LaunchInt4GroupGemvChain and LaunchFp8BlockGemvChain: F the format, Product its GroupedProduct.
+template <typename F, typename Product>
+cudaError_t LaunchChain(const Product& first, const Product& second, int32_t* sync, bool programmatic,
+                        cudaStream_t stream) {
   Params p1, p2;
   QuantGemvProblem problem1, problem2;
   QuantGemvPlan plan1, plan2;
@@ -1626,8 +1708,9 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
-  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2));
-  if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
+  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, F::kBlockScaled));
+  const auto kernel = QuantGemvChainKernel<F>;
+  if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
   if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
@@ -1638,8 +1721,20 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   // multiprocessor, whose shared memory (at most kQuantGemvSharedMax each) fits beside them; more
   // blocks would only take their tickets after the work is gone.
   const int blocks = std::max(1, std::min(geo.units, kQuantGemvBlocksPerSm * sm_count));
-  return LaunchKernel(programmatic, QuantGemvChainKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
-                      stream, p1, p2, static_cast<int*>(sync), geo);
+  return LaunchKernel(programmatic, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, stream, p1, p2,
+                      static_cast<int*>(sync), geo);
+}
+
+}  // namespace
+
+cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
+                                     bool programmatic, cudaStream_t stream) {
+  return LaunchChain<Int4Format>(first, second, sync, programmatic, stream);
+}
+
+cudaError_t LaunchFp8BlockGemvChain(const Fp8GroupedProduct& first, const Fp8GroupedProduct& second, int32_t* sync,
+                                    bool programmatic, cudaStream_t stream) {
+  return LaunchChain<Fp8Format>(first, second, sync, programmatic, stream);
 }
 
 QuantGemvTiledKernel GetQuantGemvTiledKernel() {
