@@ -1243,8 +1243,11 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
 // Counter lines (ints) of the sync area (kQuantGemvChainSyncInts).
 constexpr int kChainLine = 32;
 // The gate-up units' ring depth: the loop around both products and the folded reduction take the
-// registers that a deeper ring would need (ptxas spills from 3 steps on at 2 blocks a multiprocessor).
+// registers that a deeper ring would need (int4: ptxas spills from 3 steps on at 2 blocks a multiprocessor).
 constexpr int kChainDepth = 2;
+// fp8's steps are half an int4 step's columns (a unit is 2 of them): its ring keeps 2 units.
+template <typename F>
+inline constexpr int kChainDepthOf = F::kBlockScaled ? 2 * kChainDepth : kChainDepth;
 
 struct ChainGeometry {
   int first_row_blocks;  // the gate-up plan's blocks of rows an item
@@ -1279,7 +1282,7 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     if (threadIdx.x == 0) next = atomicAdd(ticket, 1);  // in flight while this unit runs
     if (unit < geo.first_units) {
       const int item = unit / geo.first_row_blocks;
-      QuantGemvBlock<F, 1, true, true, kChainDepth>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
+      QuantGemvBlock<F, 1, true, true, kChainDepthOf<F>>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
                                                     static_cast<unsigned>(item), smem);
       __syncthreads();  // every thread's rows are written
       if (threadIdx.x == 0) RedReleaseAddGpu(pair_done + (item / 2) * kChainLine, 1);

@@ -263,8 +263,9 @@ QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t 
 // experts:  [shape.num_experts], device table (views on the device)
 // out:      [tokens, hidden], f32, row stride out_stride, device; no overlap with the inputs
 // error_flag: [1], i32, device
-// workspace: as above with max_tokens >= 1, top_k, max_experts >= num_experts, hidden and inter
-//            >= the call's
+// workspace: as above with max_tokens >= 1, max_tokens * top_k >= the call's top_k (its pairs, not
+//            its top_k, bound a round: a call of more pairs a token takes fewer tokens a round),
+//            max_experts >= num_experts, hidden and inter >= the call's
 // programmatic: the kernels are launched as programmatic dependents (programmatic_launch.cuh), each
 // waiting for the kernels before it before it touches memory: launches overlap, work does not.
 // Returns cudaErrorInvalidValue for sizes or a workspace outside this, a missing pointer, or tiled
