@@ -667,11 +667,8 @@ __device__ __forceinline__ void FoldBlockSums(float (&acc)[kChains][4], float (&
 // (programmatic_launch.cuh).
 // `wait` stands in for the programmatic wait where the inputs come from elsewhere (a chained
 // launch's second product: the first product's counts, QuantGemvChainKernel).
-// Called as wait() by FillRingThenWait, and as wait(item, has_item) by the row loops, whose
-// in-block combine waits per item (a chained launch: for that item's pair).
 struct WaitForPredecessors {
-  __device__ __forceinline__ void operator()() const { PdlWait(); }
-  __device__ __forceinline__ void operator()(int64_t, bool) const { PdlWait(); }
+  __device__ __forceinline__ void operator()(bool) const { PdlWait(); }
 };
 template <int kDepth, typename Load, typename Wait = WaitForPredecessors>
 __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& load, const Wait& wait = Wait{}) {
@@ -680,7 +677,7 @@ __device__ __forceinline__ void FillRingThenWait(int total_steps, const Load& lo
   for (int d = 0; d < kDepth; ++d) {
     if (d < total_steps) load(d);
   }
-  wait();
+  wait(true);
 }
 
 // kOperands: the 8-row B operands of each product, QuantGemvRowOperands(m). kTiled: the codes are in
@@ -943,12 +940,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // without spills (ptxas; int4 with a 2-step ring, which its 16 rows' two steps of a 256-column K
 // fill), so they ask for them: more warps to hide their dependent latency, with as many bytes in
 // flight a multiprocessor as 2 blocks' 4-step rings give. The others keep 2 blocks and their rings.
-// The in-block combine's fp8 form and its form for items past the warps need more registers (ptxas
-// spills at 3 blocks) and lose nothing at 2: one tile of 16 * row_loops rows a block, the decode
-// rounds' grids (hidden 7168: 224 blocks at 2 row loops) are within 2 blocks a multiprocessor.
-template <typename F, int kOperands, bool kTiled, bool kTileCombine = false, bool kPastWarps = false>
+// The in-block combine's fp8 form needs more registers (ptxas spills at 3 blocks' 80) and loses
+// nothing at 2: its decode grids (one tile of 16 * row_loops rows a block: 224 blocks at hidden 7168
+// and 2 row loops) are within 2 blocks a multiprocessor.
+template <typename F, int kOperands, bool kTiled, bool kTileCombine = false>
 inline constexpr int kRowLoopBlocksPerSm =
-    kOperands == 1 && kTiled && !(kTileCombine && (F::kBlockScaled || kPastWarps)) ? 3 : kQuantGemvBlocksPerSm;
+    kOperands == 1 && kTiled && !(kTileCombine && F::kBlockScaled) ? 3 : kQuantGemvBlocksPerSm;
 template <typename F, int kOperands, bool kTiled>
 inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
 
@@ -977,19 +974,16 @@ __host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled)
 }
 
 // kTileCombine (QuantGemvCombine::in_block, one activation row): the block's rows are one tile of
-// kWarpRows * row_loops rows of every item. Warp j takes item j's groups of it in turn (group i at
-// rows block_row + 16 i), staging item j's row itself (no block barrier before the products); an
-// item past the warps (a token's top-8 and a joined shared expert: 9) has its groups dealt out to
-// the warps in turn after their own item's, so that no warp takes a whole second item. The block
-// combines the tile after one barrier. Otherwise the block is one item's rows and its warps' groups
-// interleave, kBlockRows apart.
+// kWarpRows * row_loops rows of every item, warp j taking item j's groups of it in turn (group i
+// at rows block_row + 16 i), staging item j's row (and fp8 scale rows) itself in its own area (no
+// block barrier before the products),
+// and the block combining the tile after one barrier. Otherwise the block is one item's rows and
+// its warps' groups interleave, kBlockRows apart.
 //
 // QuantGemvRowLoopBlock is block bx (by: its item, where not kTileCombine) of the grid, as
-// QuantGemvBlock is for the kernel above; `wait(item, has_item)` is the programmatic wait (a warp's,
-// before each of its items, for kTileCombine) before the activations are read.
-// kPastWarps: the launch may have more items than warps (compiled apart: the loop over a warp's
-// items costs registers that the one-item form does not have to spare).
-template <typename F, int kOperands, bool kTiled, bool kTileCombine, bool kPastWarps = false, typename Wait>
+// QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
+// kTileCombine) before the activations are read.
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, typename Wait>
 __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned bx, unsigned by, unsigned char* smem,
                                                       const Wait& wait) {
   constexpr int kUnitSteps = F::kUnitSteps;
@@ -1000,13 +994,32 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
   const int64_t block_row = static_cast<int64_t>(bx) * kGroupStride * p.row_loops;
-  // The in-block combine: each warp's staging area, then the tile (every item's rows of the block,
-  // f32).
+  const int64_t item = kTileCombine ? warp : by;
+  // The in-block combine's tile: every item's rows of the block (f32, after the warps' areas).
   const int warp_bytes = TileWarpBytes(p, F::kBlockScaled);
   float* const tile = reinterpret_cast<float*>(smem + kWarps * warp_bytes);
   const int tile_rows = kWarpRows * p.row_loops;
   if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
-  if (!kTileCombine && p.item_count != nullptr && by >= *p.item_count) return;
+  if (!kTileCombine && p.item_count != nullptr && item >= *p.item_count) return;
+  const int m = !kTileCombine || warp < p.tile_items ? ItemRows(p, item) : 0;  // as in the kernel above
+  if (m <= 0) {
+    if constexpr (kTileCombine) {
+      // A warp without an item, or whose item's id names no entry: no products, but the barrier
+      // and the combine (which then leaves the token's row as it is) with the others.
+      PdlLaunchDependents();
+      if (p.early_items) wait(false);
+      if (warp < p.tile_items && lane == 0 && p.error_flag != nullptr) {
+        RecordDeviceError(p.error_flag, p.error_code, p.error_index);
+      }
+      __syncthreads();
+      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
+    } else {
+      if (p.early_items) wait(false);
+      RecordBadId(p);
+      if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + kBlockRows * p.row_loops);
+    }
+    return;
+  }
 
   // The warp's groups: group i holds rows first_row + i * kGroupStride .. + 15; groups wholly past
   // n are not taken.
@@ -1015,217 +1028,165 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
       first_row < p.n ? static_cast<int>(min(static_cast<int64_t>(p.row_loops), (p.n - first_row + kGroupStride - 1) / kGroupStride))
                       : 0;
   const int steps = p.units * kUnitSteps;  // per group: the whole K
-  const int block_rows = kBlockRows * p.row_loops;
+  const int total_steps = groups * steps;
 
-  // Item `item`'s (m rows) groups group0, group0 + group_step, ... (count of them), its ring filled
-  // from empty. kTileCombine: staged into the warp's own area; otherwise the block stages together.
-  const auto run = [&](int64_t item, int m, int group0, int group_step, int count) {
-    const int total_steps = count * steps;
-    const auto group_row = [&](int i) {
-      return first_row + static_cast<int64_t>(group0 + i * group_step) * kGroupStride;
-    };
-    const char* item_b = ItemB(p, item);
-    const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
-    // Lane rows of group i (rows past n read row n - 1, whose results are not written); opaque to
-    // the compiler for the reason the kernel above gives.
-    const auto rows_of = [&](int i) {
-      LaneRows rows;
-      const int64_t row0 = group_row(i);
-      const bool tiled = kTiled || p.tiled;
-      if (tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
+  const char* item_b = ItemB(p, item);
+  const uint16_t* item_scale = ItemScale<uint16_t>(p, item);
+  // Lane rows of group i (rows past n read row n - 1, whose results are not written); opaque to the
+  // compiler for the reason the kernel above gives.
+  const auto rows_of = [&](int i) {
+    LaneRows rows;
+    const int64_t row0 = first_row + static_cast<int64_t>(i) * kGroupStride;
+    const bool tiled = kTiled || p.tiled;
+    if (tiled) rows = TiledLaneRows(p, item_b, item_scale, row0, steps, lane, g);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (!tiled) {
-          const int64_t r = min(row0 + g + 8 * h, p.n - 1);
-          rows.row[h] = item_b + r * p.ldb;
-          rows.scale_row[h] = item_scale + r * p.scale_ld;
-        }
-        asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
+    for (int h = 0; h < 2; ++h) {
+      if (!tiled) {
+        const int64_t r = min(row0 + g + 8 * h, p.n - 1);
+        rows.row[h] = item_b + r * p.ldb;
+        rows.scale_row[h] = item_scale + r * p.scale_ld;
       }
-      return rows;
-    };
-    LaneRows load_rows = rows_of(0);
-    int load_group = 0, load_step = 0;
-    const char* load_tile = kTiled ? load_rows.row[0] : nullptr;  // tiled: the lane's bytes in the step's tile
-    const auto advance = [&] {
-      if constexpr (kTiled) load_tile += kQuantTileBytes;
-      if (++load_step == steps) {
-        load_step = 0;
-        if (++load_group < count) {
-          load_rows = rows_of(load_group);
-          if constexpr (kTiled) load_tile = load_rows.row[0];
-        }
-      }
-    };
-
-    typename F::Item ring[kDepth];
-    if constexpr (kTileCombine) __syncwarp();  // the warp's previous item is done with its area
-    FillRingThenWait<kDepth>(
-        total_steps,
-        [&](int d) {
-          F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
-          advance();
-        },
-        [&] { wait(item, true); });
-
-    // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
-    // in-block combine: the warp its item's row and scale rows, in its own area.
-    unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
-    unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
-    if constexpr (kTileCombine) {
-      StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
-      if constexpr (F::kBlockScaled) {
-        StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales), lane,
-                    32);
-      }
-      __syncwarp();
-    } else {
-      StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
-      if constexpr (F::kBlockScaled) {
-        StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
-                    threadIdx.x, kThreads);
-      }
-      __syncthreads();
+      asm volatile("" : "+l"(rows.row[h]), "+l"(rows.scale_row[h]));
     }
-
-    float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
-    Zero(acc);
-    Zero(sum);
-    int act_row[kOperands];
-    ActRows(p, m, g, c, act_row);
-    // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
-    const int64_t first_scale_row = (p.row0 + block_row) >> 7;
-    const auto scale_rows_of = [&](int i, int (&at)[2]) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = min(group_row(i) + g + 8 * h, p.n - 1);
-        at[h] = static_cast<int>(((p.row0 + r) >> 7) - first_scale_row) * p.units * 4;
-      }
-    };
-    int scale_row_at[2] = {0, 0};
-    if constexpr (F::kBlockScaled) scale_rows_of(0, scale_row_at);
-    float* const item_c = ItemC(p, item);
-    // Group i's sums, final: out = alpha * sum (+ beta * out) (+ bias). Fragment element e of operand
-    // h is weight row g (e < 2) or g + 8, activation row 8 h + 2 c + e % 2 (the m16n8 C layout).
-    const auto write_group = [&](int i) {
-      const int64_t row_base = group_row(i) + g;
-#pragma unroll
-      for (int h = 0; h < kOperands; ++h) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float total;
-          if constexpr (F::kBlockScaled) {
-            total = sum[h][e];
-          } else if constexpr (kOperands == 1) {
-            total = acc[0][e] + acc[1][e];  // the two chains hold parts of one sum
-          } else {
-            total = acc[h][e];
-          }
-          const int64_t row = row_base + (e >= 2 ? 8 : 0);
-          const int mr = 8 * h + 2 * c + e % 2;
-          if (row >= p.n || mr >= m) continue;
-          float* out = item_c + mr * p.ldc + row;
-          float v = p.alpha * (F::kSumScale * total);
-          if (p.beta != 0.0f) v += p.beta * *out;
-          if (p.bias != nullptr) v += p.bias[row];
-          *out = v;
-          if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
-        }
-      }
-    };
-
-    int cons_group = 0, cons_step = 0;
-    for (int j = 0; j < total_steps; j += kDepth) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        if (j + d >= total_steps) break;
-        StepActivations<kOperands> act{act_smem, {}};
-#pragma unroll
-        for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
-        F::Products(ring[d], act, acc);
-        if constexpr (F::kBlockScaled) {
-          // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are
-          // multiples of kUnitSteps), so cons_step % kUnitSteps == d % kUnitSteps.
-          if (d % kUnitSteps == kUnitSteps - 1) {
-            const int u = cons_step / kUnitSteps;
-            const float s_lo = *reinterpret_cast<const float*>(scales + scale_row_at[0] + 4 * u);
-            const float s_hi = *reinterpret_cast<const float*>(scales + scale_row_at[1] + 4 * u);
-            FoldBlockSums(acc, sum, s_lo, s_hi);
-          }
-        }
-        if (++cons_step == steps) {  // the group's last step: its sums are final
-          write_group(cons_group);
-          Zero(acc);
-          Zero(sum);
-          cons_step = 0;
-          if (++cons_group < count) {
-            if constexpr (F::kBlockScaled) scale_rows_of(cons_group, scale_row_at);
-          }
-        }
-        if (j + d + kDepth < total_steps) {
-          F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
-          advance();
-        }
+    return rows;
+  };
+  LaneRows load_rows = rows_of(0);
+  int load_group = 0, load_step = 0;
+  const char* load_tile = kTiled ? load_rows.row[0] : nullptr;  // tiled: the lane's bytes in the step's tile
+  const auto advance = [&] {
+    if constexpr (kTiled) load_tile += kQuantTileBytes;
+    if (++load_step == steps) {
+      load_step = 0;
+      if (++load_group < groups) {
+        load_rows = rows_of(load_group);
+        if constexpr (kTiled) load_tile = load_rows.row[0];
       }
     }
   };
 
+  typename F::Item ring[kDepth];
+  FillRingThenWait<kDepth>(
+      total_steps,
+      [&](int d) {
+        F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
+        advance();
+      },
+      wait);
+
+  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
+  // in-block combine: each warp its own item's row and scale rows, in its own area.
+  const int block_rows = kBlockRows * p.row_loops;
+  unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
+  unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
   if constexpr (kTileCombine) {
-    // The warp's items: its own (warp j: item j, every group), then each item past the warps whose
-    // groups it shares (item x's group i is the block's extra group (x - kWarps) * groups + i, taken
-    // by warp (extra group) % kWarps). A bad id's item: no products (the combine then leaves the
-    // token's row as it is), its index recorded by the warp that would take its first group.
-    bool ran = false;
-    const auto take = [&](int x, int group0, int group_step, int count) {
-      const int m = ItemRows(p, x);
-      if (m > 0) {
-        run(x, m, group0, group_step, count);
-        ran = true;
-      } else if (group0 == 0 && lane == 0 && p.error_flag != nullptr) {
-        RecordDeviceError(p.error_flag, p.error_code, p.error_index);
-      }
-    };
-    if constexpr (kPastWarps) {
-      for (int x = warp; x < p.tile_items; x = x < kWarps ? kWarps : x + 1) {  // one call site: registers
-        int group0 = 0, group_step = 1, count = groups;
-        if (x >= kWarps) {
-          const int q0 = (x - kWarps) * groups;
-          group0 = ((warp - q0) % kWarps + kWarps) % kWarps;
-          group_step = kWarps;
-          count = (groups - group0 + kWarps - 1) / kWarps;
-        }
-        if (count > 0) take(x, group0, group_step, count);
-      }
-    } else if (warp < p.tile_items) {
-      take(warp, 0, 1, groups);
+    StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
+    if constexpr (F::kBlockScaled) {
+      StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales), lane,
+                  32);
     }
-    if (!ran) {
-      // A warp without a good item: no products, but the barrier and the combine with the others.
-      PdlLaunchDependents();
-      if (p.early_items) wait(warp, false);
+    __syncwarp();
+  } else {
+    StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
+    if constexpr (F::kBlockScaled) {
+      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                  threadIdx.x, kThreads);
     }
     __syncthreads();
+  }
+
+  float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
+  Zero(acc);
+  Zero(sum);
+  int act_row[kOperands];
+  ActRows(p, m, g, c, act_row);
+  // fp8: the byte offsets, in the staged scales, of the scale rows of rows g and g + 8 of group i.
+  const int64_t first_scale_row = (p.row0 + block_row) >> 7;
+  const auto scale_rows_of = [&](int i, int (&at)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = min(first_row + static_cast<int64_t>(i) * kGroupStride + g + 8 * h, p.n - 1);
+      at[h] = static_cast<int>(((p.row0 + r) >> 7) - first_scale_row) * p.units * 4;
+    }
+  };
+  int scale_row_at[2] = {0, 0};
+  if constexpr (F::kBlockScaled) scale_rows_of(0, scale_row_at);
+  float* const item_c = ItemC(p, item);
+  // Group i's sums, final: out = alpha * sum (+ beta * out) (+ bias). Fragment element e of operand
+  // h is weight row g (e < 2) or g + 8, activation row 8 h + 2 c + e % 2 (the m16n8 C layout).
+  const auto write_group = [&](int i) {
+    const int64_t row_base = first_row + static_cast<int64_t>(i) * kGroupStride + g;
+#pragma unroll
+    for (int h = 0; h < kOperands; ++h) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float total;
+        if constexpr (F::kBlockScaled) {
+          total = sum[h][e];
+        } else if constexpr (kOperands == 1) {
+          total = acc[0][e] + acc[1][e];  // the two chains hold parts of one sum
+        } else {
+          total = acc[h][e];
+        }
+        const int64_t row = row_base + (e >= 2 ? 8 : 0);
+        const int mr = 8 * h + 2 * c + e % 2;
+        if (row >= p.n || mr >= m) continue;
+        float* out = item_c + mr * p.ldc + row;
+        float v = p.alpha * (F::kSumScale * total);
+        if (p.beta != 0.0f) v += p.beta * *out;
+        if (p.bias != nullptr) v += p.bias[row];
+        *out = v;
+        if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
+      }
+    }
+  };
+
+  int cons_group = 0, cons_step = 0;
+  for (int j = 0; j < total_steps; j += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (j + d >= total_steps) break;
+      StepActivations<kOperands> act{act_smem, {}};
+#pragma unroll
+      for (int o = 0; o < kOperands; ++o) act.row[o] = act_row[o] + cons_step * (F::kStepColumns * 2);
+      F::Products(ring[d], act, acc);
+      if constexpr (F::kBlockScaled) {
+        // A unit's last step: groups and ring cycles start at unit boundaries (steps and kDepth are
+        // multiples of kUnitSteps), so cons_step % kUnitSteps == d % kUnitSteps.
+        if (d % kUnitSteps == kUnitSteps - 1) {
+          const int u = cons_step / kUnitSteps;
+          const float s_lo = *reinterpret_cast<const float*>(scales + scale_row_at[0] + 4 * u);
+          const float s_hi = *reinterpret_cast<const float*>(scales + scale_row_at[1] + 4 * u);
+          FoldBlockSums(acc, sum, s_lo, s_hi);
+        }
+      }
+      if (++cons_step == steps) {  // the group's last step: its sums are final
+        write_group(cons_group);
+        Zero(acc);
+        Zero(sum);
+        cons_step = 0;
+        if (++cons_group < groups) {
+          if constexpr (F::kBlockScaled) scale_rows_of(cons_group, scale_row_at);
+        }
+      }
+      if (j + d + kDepth < total_steps) {
+        F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
+        advance();
+      }
+    }
+  }
+  if constexpr (kTileCombine) {
+    __syncthreads();
     CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
-  } else {
-    const int m = ItemRows(p, by);  // as in the kernel above
-    if (m <= 0) {
-      if (p.early_items) wait(by, false);
-      RecordBadId(p);
-    } else {
-      run(by, m, 0, 1, groups);
-    }
-    if (p.combine.counters != nullptr) {
-      CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
-    }
+  } else if (p.combine.counters != nullptr) {
+    CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
   }
 }
 
-template <typename F, int kOperands, bool kTiled, bool kTileCombine, bool kPastWarps = false>
-__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled, kTileCombine, kPastWarps>))
+template <typename F, int kOperands, bool kTiled, bool kTileCombine>
+__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled, kTileCombine>))
     QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine, kPastWarps>(p, blockIdx.x, blockIdx.y, smem,
-                                                                        WaitForPredecessors{});
+  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine>(p, blockIdx.x, blockIdx.y, smem, WaitForPredecessors{});
 }
 
 // ---- Chained products (LaunchInt4GroupGemvChain) ------------------------------------------------
@@ -1243,11 +1204,8 @@ __global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, k
 // Counter lines (ints) of the sync area (kQuantGemvChainSyncInts).
 constexpr int kChainLine = 32;
 // The gate-up units' ring depth: the loop around both products and the folded reduction take the
-// registers that a deeper ring would need (int4: ptxas spills from 3 steps on at 2 blocks a multiprocessor).
+// registers that a deeper ring would need (ptxas spills from 3 steps on at 2 blocks a multiprocessor).
 constexpr int kChainDepth = 2;
-// fp8's steps are half an int4 step's columns (a unit is 2 of them): its ring keeps 2 units.
-template <typename F>
-inline constexpr int kChainDepthOf = F::kBlockScaled ? 2 * kChainDepth : kChainDepth;
 
 struct ChainGeometry {
   int first_row_blocks;  // the gate-up plan's blocks of rows an item
@@ -1255,7 +1213,6 @@ struct ChainGeometry {
   int units;             // first_units + the down product's tiles
 };
 
-template <typename F>
 __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     QuantGemvChainKernel(const Params first, const Params second, int* sync, const ChainGeometry geo) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1282,21 +1239,22 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
     if (threadIdx.x == 0) next = atomicAdd(ticket, 1);  // in flight while this unit runs
     if (unit < geo.first_units) {
       const int item = unit / geo.first_row_blocks;
-      QuantGemvBlock<F, 1, true, true, kChainDepthOf<F>>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
-                                                    static_cast<unsigned>(item), smem);
+      QuantGemvBlock<Int4Format, 1, true, true, kChainDepth>(first, static_cast<unsigned>(unit % geo.first_row_blocks),
+                                                static_cast<unsigned>(item), smem);
       __syncthreads();  // every thread's rows are written
       if (threadIdx.x == 0) RedReleaseAddGpu(pair_done + (item / 2) * kChainLine, 1);
     } else {
-      const auto wait = [&](int64_t item, bool has_item) {
+      const auto wait = [&](bool has_item) {
         if (!has_item) return;
-        const int* const count = pair_done + item * kChainLine;
+        const int* const count = pair_done + (threadIdx.x / 32) * kChainLine;
         if (threadIdx.x % 32 == 0) {
           while (LdRelaxedGpu(count) < pair_units) __nanosleep(32);
           LdAcquireGpu(count);  // the count only grows until every wait is past: all its releases
         }
         __syncwarp();
       };
-      QuantGemvRowLoopBlock<F, 1, true, true>(second, static_cast<unsigned>(unit - geo.first_units), 0, smem, wait);
+      QuantGemvRowLoopBlock<Int4Format, 1, true, true>(second, static_cast<unsigned>(unit - geo.first_units), 0, smem,
+                                                       wait);
     }
     __syncthreads();  // shared memory and unit_at are free again
     if (threadIdx.x == 0) unit_at = next;
@@ -1414,25 +1372,24 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
   return cudaSuccess;
 }
 
-// Whether a planned launch takes the in-block combine (QuantGemvCombine::in_block): one activation
-// row on tiled codes in the specialized kernels, a row-looped plan, one token's indexed items, at
-// most kQuantGemvMaxTileItems.
+// Whether a planned launch (either format) takes the in-block combine (QuantGemvCombine::in_block):
+// one activation row on tiled codes in the specialized kernels, a row-looped plan, one token's
+// indexed items, at most one per warp.
 bool TileCombined(const Params& p, const QuantGemvProblem& problem, bool specialized) {
   const QuantGemvCombine& cb = p.combine;
   return p.row_loops > 0 && cb.in_block && cb.counters != nullptr && specialized && QuantGemvRowOperands(p.m) == 1 &&
          p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr &&
-         cb.top_k == problem.batch && problem.batch <= kQuantGemvMaxTileItems;
+         cb.top_k == problem.batch && problem.batch <= kWarps;
 }
-static_assert(kQuantGemvMaxTileItems <= 2 * kWarps, "an item past the warps' own takes at most one group a warp");
-// Its blocks (one per tile of 16 * row_loops rows) and their shared memory (p.tile_items set): each
-// warp's staging area, then the tile's rows of every item (of at least kWarps).
+// Its blocks (one per tile of 16 * row_loops rows) and their shared memory: each warp's staging area,
+// then the tile's rows of every item.
 int64_t TileCombineBlocks(const Params& p) {
   const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
   return (p.n + tile_rows - 1) / tile_rows;
 }
 size_t TileCombineShared(const Params& p, bool block_scaled) {
-  return static_cast<size_t>(kWarps) * TileWarpBytes(p, block_scaled) +
-         static_cast<size_t>(std::max(p.tile_items, kWarps)) * kWarpRows * p.row_loops * sizeof(float);
+  return static_cast<size_t>(kWarps) *
+         (TileWarpBytes(p, block_scaled) + static_cast<size_t>(kWarpRows) * p.row_loops * sizeof(float));
 }
 
 // Plans (or checks `plan`) into `chosen` and fills the split fields of `p` (weights, sizes and shift
@@ -1478,8 +1435,7 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
     if (TileCombined(p, problem, specialized)) {
       p.tile_items = static_cast<int>(problem.batch);
       const size_t tile_shared = TileCombineShared(p, F::kBlockScaled);
-      const auto kernel = p.tile_items > kWarps ? QuantGemvRowLoopKernel<F, 1, true, true, true>
-                                                : QuantGemvRowLoopKernel<F, 1, true, true, false>;
+      const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
       if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
       return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
     }
@@ -1505,12 +1461,12 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
                                 stream, p);
 }
 
-// Fp8Gemv's checks and fields, before planning.
-cudaError_t Fp8Setup(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
-                     float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
-                     int64_t k, float alpha, float beta, const QuantGemvItems& items, Params& p,
-                     QuantGemvProblem& problem) {
-  p = Params{};
+// The launchers' shared body, with a grouped launch's items (none: all nullptr).
+cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
+                    float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
+                    int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
+                    const QuantGemvItems& items, cudaStream_t stream) {
+  Params p{};
   if (const cudaError_t error = CommonParams(a, a_type, lda, batch_stride_a, c, ldc, batch_stride_c, bias, batch, m, n,
                                              k, alpha, beta, items, p);
       error != cudaSuccess) {
@@ -1546,7 +1502,7 @@ cudaError_t Fp8Setup(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   p.row0 = b.row0;
   p.col0 = static_cast<int>(b.col0);
   p.shift = p.col0 % kUnitColumns;
-  problem = QuantGemvProblem{};
+  QuantGemvProblem problem;
   problem.int4 = false;
   problem.batch = batch;
   problem.m = m;
@@ -1558,21 +1514,6 @@ cudaError_t Fp8Setup(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   // So is an indexed one, which stands in for a grouped round's bf16 copies of its f32 rows.
   problem.a_bytes = p.a_bf16 || p.silu_up > 0 || p.ids != nullptr ? 2 : 4;
   problem.weight_bytes = static_cast<double>(batch) * n * k;
-  return cudaSuccess;
-}
-
-// The launchers' shared body, with a grouped launch's items (none: all nullptr).
-cudaError_t Fp8Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_stride_a, const Fp8BlockWeights& b,
-                    float* c, int64_t ldc, int64_t batch_stride_c, const float* bias, int64_t batch, int64_t m, int64_t n,
-                    int64_t k, float alpha, float beta, const QuantGemvPlan* plan, bool programmatic,
-                    const QuantGemvItems& items, cudaStream_t stream) {
-  Params p;
-  QuantGemvProblem problem;
-  if (const cudaError_t error = Fp8Setup(a, a_type, lda, batch_stride_a, b, c, ldc, batch_stride_c, bias, batch, m, n,
-                                         k, alpha, beta, items, p, problem);
-      error != cudaSuccess) {
-    return error;
-  }
   return Launch<Fp8Format>(p, problem, plan, programmatic, stream);
 }
 
@@ -1652,7 +1593,7 @@ cudaError_t Int4Gemv(const void* a, GemvType a_type, int64_t lda, int64_t batch_
   return Launch<Int4Format>(p, problem, plan, programmatic, stream);
 }
 
-// The format's setup and the plan of one product of a chain.
+// Int4Setup and the plan of one product of a chain.
 cudaError_t ChainSetup(const Int4GroupedProduct& d, Params& p, QuantGemvProblem& problem, QuantGemvPlan& plan) {
   if (const cudaError_t error = Int4Setup(d.a, d.a_type, d.lda, d.batch_stride_a, d.b, d.c, d.ldc, d.batch_stride_c,
                                           nullptr, d.max_items, d.m, d.n, d.k, 1.0f, 0.0f, d.items, p, problem);
@@ -1661,19 +1602,11 @@ cudaError_t ChainSetup(const Int4GroupedProduct& d, Params& p, QuantGemvProblem&
   }
   return PlanParams(p, problem, nullptr, plan);
 }
-cudaError_t ChainSetup(const Fp8GroupedProduct& d, Params& p, QuantGemvProblem& problem, QuantGemvPlan& plan) {
-  if (const cudaError_t error = Fp8Setup(d.a, d.a_type, d.lda, d.batch_stride_a, d.b, d.c, d.ldc, d.batch_stride_c,
-                                         nullptr, d.max_items, d.m, d.n, d.k, 1.0f, 0.0f, d.items, p, problem);
-      error != cudaSuccess) {
-    return error;
-  }
-  return PlanParams(p, problem, nullptr, plan);
-}
 
-// LaunchInt4GroupGemvChain and LaunchFp8BlockGemvChain: F the format, Product its GroupedProduct.
-template <typename F, typename Product>
-cudaError_t LaunchChain(const Product& first, const Product& second, int32_t* sync, bool programmatic,
-                        cudaStream_t stream) {
+}  // namespace
+
+cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
+                                     bool programmatic, cudaStream_t stream) {
   Params p1, p2;
   QuantGemvProblem problem1, problem2;
   QuantGemvPlan plan1, plan2;
@@ -1711,9 +1644,8 @@ cudaError_t LaunchChain(const Product& first, const Product& second, int32_t* sy
   geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
-  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, F::kBlockScaled));
-  const auto kernel = QuantGemvChainKernel<F>;
-  if (const cudaError_t error = AllowShared(kernel, shared); error != cudaSuccess) return error;
+  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, false));
+  if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
   if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
@@ -1724,20 +1656,8 @@ cudaError_t LaunchChain(const Product& first, const Product& second, int32_t* sy
   // multiprocessor, whose shared memory (at most kQuantGemvSharedMax each) fits beside them; more
   // blocks would only take their tickets after the work is gone.
   const int blocks = std::max(1, std::min(geo.units, kQuantGemvBlocksPerSm * sm_count));
-  return LaunchKernel(programmatic, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, stream, p1, p2,
-                      static_cast<int*>(sync), geo);
-}
-
-}  // namespace
-
-cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
-                                     bool programmatic, cudaStream_t stream) {
-  return LaunchChain<Int4Format>(first, second, sync, programmatic, stream);
-}
-
-cudaError_t LaunchFp8BlockGemvChain(const Fp8GroupedProduct& first, const Fp8GroupedProduct& second, int32_t* sync,
-                                    bool programmatic, cudaStream_t stream) {
-  return LaunchChain<Fp8Format>(first, second, sync, programmatic, stream);
+  return LaunchKernel(programmatic, QuantGemvChainKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared,
+                      stream, p1, p2, static_cast<int*>(sync), geo);
 }
 
 QuantGemvTiledKernel GetQuantGemvTiledKernel() {

@@ -160,18 +160,13 @@ struct QuantGemvCombine {
   bool accumulate = false;
   // One token's pairs, combined inside each block (a decode round's down product): with tokens 1,
   // indexed items (QuantGemvIndexedItems, one id an item, no count) whose ids are the token's ids,
-  // pair_rows set, and top_k = the launch's items <= kQuantGemvMaxTileItems, a launch (either
-  // format) of one activation row on tiled codes whose plan is row-looped gives each block one tile
-  // of rows of every item (warp j item j; the groups of items past the warps dealt out to them) and
-  // combines the tile in shared memory: the same terms in the same order, so the same bits, without
-  // the counters' fences, atomics and last-block pass. Any other launch ignores it and combines
-  // through the counters, which must be set either way.
+  // pair_rows set, and top_k = the launch's items <= kQuantGemvWarps, a launch (INT4 or FP8) of one
+  // activation row on tiled codes whose plan is row-looped gives each block one tile of rows of
+  // every item (warp j item j) and combines the tile in shared memory: the same terms in the same
+  // order, so the same bits, without the counters' fences, atomics and last-block pass. Any other
+  // launch ignores it and combines through the counters, which must be set either way.
   bool in_block = false;
 };
-
-// Most items of an in-block combine (QuantGemvCombine::in_block): a token's top-8 and a shared
-// expert joined to them with room to spare; twice a block's warps.
-inline constexpr int64_t kQuantGemvMaxTileItems = 16;
 
 // A grouped launch's items named by ids rather than by pointer arrays (a decode round's routed
 // experts, without a kernel that writes their pointers first): item i is role i % per_id of table
@@ -261,25 +256,20 @@ cudaError_t LaunchInt4GroupGemvGrouped(const void* a, GemvType a_type, int64_t l
 
 // ---- Chained launches (a decode round's gate-up and down products in one kernel) ----------------
 
-// One grouped product's arguments, as LaunchInt4GroupGemvGrouped (Weights = Int4GroupWeights) or
-// LaunchFp8BlockGemvGrouped (Fp8BlockWeights) takes them.
-template <typename Weights>
-struct GroupedProduct {
+// One grouped INT4 product's arguments, as LaunchInt4GroupGemvGrouped takes them.
+struct Int4GroupedProduct {
   const void* a = nullptr;
   GemvType a_type = GemvType::kF32;
   int64_t lda = 0, batch_stride_a = 0;
-  Weights b;
+  Int4GroupWeights b;
   float* c = nullptr;
   int64_t ldc = 0, batch_stride_c = 0;
   QuantGemvItems items;
   int64_t max_items = 0, m = 0, n = 0, k = 0;
 };
-using Int4GroupedProduct = GroupedProduct<Int4GroupWeights>;
-using Fp8GroupedProduct = GroupedProduct<Fp8BlockWeights>;
 
 // Ints of a chained launch's device counters: one 128-byte line each for the next block's unit of
-// work, the blocks done, and each of the second product's items (kQuantGemvMaxChainItems: one a warp
-// of a block).
+// work, the blocks done, and each of the second product's items (kQuantGemvMaxChainItems).
 inline constexpr int64_t kQuantGemvMaxChainItems = 8;
 inline constexpr int64_t kQuantGemvChainSyncInts = (2 + kQuantGemvMaxChainItems) * 32;
 
@@ -289,8 +279,7 @@ inline constexpr int64_t kQuantGemvChainSyncInts = (2 + kQuantGemvMaxChainItems)
 // and its up rows item 2j + 1, i.e. batch_stride_a == 2 * first.batch_stride_c and silu_up_offset
 // == first.batch_stride_c; indexed items, one per id, over the same ids; its combine in the block,
 // QuantGemvCombine::in_block), with the results of the two launches
-// LaunchInt4GroupGemvGrouped(first) then LaunchInt4GroupGemvGrouped(second) (LaunchFp8BlockGemvChain:
-// LaunchFp8BlockGemvGrouped), bit for bit: the same
+// LaunchInt4GroupGemvGrouped(first) then LaunchInt4GroupGemvGrouped(second), bit for bit: the same
 // plans, the same sums in the same order. The kernel's blocks take units of work in turn from a
 // device counter, all of first's before any of second's, and second's item j waits until first's
 // blocks of items 2j and 2j + 1 have counted themselves done: no block waits on work that no running
@@ -305,7 +294,5 @@ inline constexpr int64_t kQuantGemvChainSyncInts = (2 + kQuantGemvMaxChainItems)
 // kernel (the caller launches the two products instead), and the grouped launchers' errors.
 cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4GroupedProduct& second, int32_t* sync,
                                      bool programmatic, cudaStream_t stream);
-cudaError_t LaunchFp8BlockGemvChain(const Fp8GroupedProduct& first, const Fp8GroupedProduct& second, int32_t* sync,
-                                    bool programmatic, cudaStream_t stream);
 
 }  // namespace eagle3::cuda

@@ -21,7 +21,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 
 #include "core_kernels.cuh"
 #include "programmatic_launch.cuh"
@@ -677,13 +676,11 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   combine.pair_rows = kQuantMoeJobPairs;
   combine.in_block = shape.combine_in_block;
   down.combine = combine;
-  if (shape.chain_round && shape.combine_in_block && ws.chain_sync != nullptr) {
-    // Both GEMVs as one kernel where their plans allow (else the two launches below); the weights
-    // as RoundProduct describes them.
-    const auto grouped = [&](auto weights, const QuantGemvItems& items, int64_t max_items,
-                             const QuantMoeGemvLayout& layout, const void* a, int64_t stride_a, float* c, int64_t n,
-                             int64_t k) {
-      GroupedProduct<decltype(weights)> d;
+  if (int4 && shape.chain_round && shape.combine_in_block && ws.chain_sync != nullptr) {
+    // Both GEMVs as one kernel where their plans allow (else the two launches below).
+    const auto grouped = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
+                             const void* a, int64_t stride_a, float* c, int64_t n, int64_t k) {
+      Int4GroupedProduct d;
       d.a = a;
       d.a_type = GemvType::kF32;
       d.lda = k;
@@ -692,11 +689,7 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
       d.b.tiled = layout.tiled;
       d.b.scale_ld = layout.scales_ld;
       d.b.col0 = layout.col_off;
-      if constexpr (std::is_same_v<decltype(weights), Int4GroupWeights>) {
-        d.b.group_size = shape.block_cols;
-      } else {
-        d.b.row0 = layout.row_off;
-      }
+      d.b.group_size = shape.block_cols;
       d.c = c;
       d.ldc = n;
       d.batch_stride_c = kQuantMoeJobPairs * n;  // as RoundProduct places item i's rows
@@ -707,14 +700,10 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
       d.k = k;
       return d;
     };
-    const auto chain = [&](auto weights, auto launch) {
-      return launch(grouped(weights, gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden),
-                    grouped(weights, down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden,
-                            inter),
-                    ws.chain_sync, programmatic, stream);
-    };
-    const cudaError_t chained =
-        int4 ? chain(Int4GroupWeights{}, LaunchInt4GroupGemvChain) : chain(Fp8BlockWeights{}, LaunchFp8BlockGemvChain);
+    const cudaError_t chained = LaunchInt4GroupGemvChain(
+        grouped(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden),
+        grouped(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter),
+        ws.chain_sync, programmatic, stream);
     if (chained != cudaErrorNotSupported) return chained;
   }
   if (const cudaError_t error = product(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden);

@@ -156,15 +156,16 @@ struct QuantMoeShape {
   // id leaves its pair without rows and is recorded by the GEMVs. Two kernels a decode round instead
   // of three, the same bits (the same plans, products and combine order; false: the slots kernel).
   bool direct_one_token = true;
-  // With direct_one_token, a round's down GEMV (either format) combines in its blocks
+  // With direct_one_token, a round's down GEMV (INT4 or FP8) combines in its blocks
   // (QuantGemvCombine::in_block: each block one tile of hidden rows of every pair, the token's
-  // experts one warp each, a joined shared expert's rows dealt out to the warps, no counters) where
-  // its launch allows (tiled codes, a row-looped plan, top_k <= kQuantGemvMaxTileItems); the same
-  // bits.
+  // experts one warp each, no counters) where its launch allows (tiled codes, a row-looped plan,
+  // top_k <= 8: a round with a joined shared expert's ninth pair combines through the counters); the
+  // same bits.
   bool combine_in_block = true;
-  // With combine_in_block, a round's gate-up and down GEMVs as one kernel (LaunchInt4GroupGemvChain,
-  // LaunchFp8BlockGemvChain) where their plans allow: one kernel's fixed costs instead of two's,
+  // With combine_in_block, an INT4 round's gate-up and down GEMVs as one kernel
+  // (LaunchInt4GroupGemvChain) where their plans allow: one kernel's fixed costs instead of two's,
   // the down GEMV's first weight loads in flight while the gate-up's last blocks run; the same bits.
+  // (An FP8 form was measured slower than FP8's in-block combine alone: benchmarks/NOTES.md.)
   bool chain_round = true;
 };
 

@@ -597,67 +597,6 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     }
   }
 
-  // One-token calls on warp-tiled experts, whose gate-up and down products the default backend runs
-  // as one kernel (CudaBackendOptions::quant_moe_chain_round), against a backend that launches them
-  // apart: the same bits call after call (the chain's counters reset by each call: a stale one would
-  // skip or repeat work, or hang the next), accumulating or not, with a bad id (the token's row kept,
-  // the error reported, the next call whole again), and replayed from a captured graph.
-  void CheckChainedRound(const QuantizationConfig& quantization, int64_t routed) {
-    cuda::CudaBackendOptions options = Options();
-    options.quant_moe_chain_round = false;
-    auto backend = cuda::CudaBackend::Create(options);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    std::unique_ptr<cuda::CudaBackend> unchained = std::move(*backend);
-    const RankExperts r = MakeRankExperts(quantization, routed, kRankHidden, kRankInter, 4);
-    const std::vector<QuantizedExpertWeights> d_views = ToDevice(r);
-    std::vector<Tensor> tiles;
-    std::vector<QuantizedExpertWeights> d_tiled;
-    ASSERT_NO_FATAL_FAILURE(d_tiled = Tiled(d_views, tiles));
-    for (int call = 0; call < 4; ++call) {
-      SCOPED_TRACE(testing::Message() << "call " << call);
-      const Tensor x = Random(Shape{1, kRankHidden}, 30 + call);
-      Tensor ids, weights;
-      Routing(1, routed, /*shared=*/false, /*skewed=*/false, 30 + call, ids, weights);
-      const bool bad = call == 2;
-      if (bad) ids.data_as<int32_t>()[5] = static_cast<int32_t>(routed);
-      const Tensor d_x = Upload(x), d_ids = Upload(ids), d_weights = Upload(weights);
-      for (const bool accumulate : {false, true}) {
-        absl::Status sync, sync_ref;
-        const float fill = accumulate ? 0.5f : 3.0f;
-        const Tensor got = Call(*gpu_, d_x, d_ids, d_weights, d_tiled, fill, sync, accumulate);
-        const Tensor want = Call(*unchained, d_x, d_ids, d_weights, d_tiled, fill, sync_ref, accumulate);
-        ExpectBitwiseEqual(got, want, accumulate ? "accumulate: chained vs two kernels" : "chained vs two kernels");
-        if (bad) {
-          EXPECT_THAT(std::string(sync.message()), HasSubstr("token 0"));
-          EXPECT_THAT(std::string(sync_ref.message()), HasSubstr("token 0"));
-          for (int64_t h = 0; h < kRankHidden; ++h) ASSERT_EQ(got.data_as<float>()[h], fill) << "column " << h;
-        } else {
-          EXPECT_TRUE(sync.ok()) << sync;
-          Tensor cpu_want = Filled(Shape{1, kRankHidden}, fill);
-          EXPECT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, cpu_want, accumulate).ok());
-          EXPECT_LE(parity::RelError(got, cpu_want), kExactTol);
-        }
-      }
-    }
-    // Captured and replayed: the eager call's bits.
-    Tensor ids, weights;
-    Routing(1, routed, /*shared=*/false, /*skewed=*/false, 40, ids, weights);
-    Tensor d_x = Upload(Random(Shape{1, kRankHidden}, 40));
-    const Tensor d_ids = Upload(ids), d_weights = Upload(weights);
-    Tensor d_out = Upload(Filled(Shape{1, kRankHidden}, 0.0f));
-    ASSERT_TRUE(gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_tiled, d_out, false).ok());
-    auto graph = cuda::CudaGraph::Capture(gpu_->stream(), [&] {
-      return gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_tiled, d_out, false);
-    });
-    ASSERT_TRUE(graph.ok()) << graph.status();
-    ASSERT_TRUE(gpu_->Copy(Random(Shape{1, kRankHidden}, 41), d_x).ok());
-    for (int replay = 0; replay < 3; ++replay) ASSERT_TRUE((*graph)->Launch(gpu_->stream()).ok());
-    const Tensor replayed = Download(d_out);
-    ASSERT_TRUE(gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_tiled, d_out, false).ok());
-    ExpectBitwiseEqual(Download(d_out), replayed, "eager after replay");
-    EXPECT_TRUE(gpu_->Synchronize().ok());
-  }
-
   std::unique_ptr<cuda::CudaBackend> separate_;
   std::unique_ptr<cuda::CudaBackend> staged_;
 };
@@ -666,6 +605,7 @@ TEST_F(CudaQuantizedMoeFoldTest, DeepseekV3Fp8WithSharedExpert) {
   CheckFold(DeepseekV3Fp8Quantization(), 256, /*shared=*/true);
 }
 TEST_F(CudaQuantizedMoeFoldTest, KimiK25Int4) { CheckFold(KimiK2ThinkingInt4Quantization(), 384, /*shared=*/false); }
+
 // A V3 step's MoE call joins the shared expert as a ninth pair up to a few rows and runs the top-8
 // alone past them, in either order on one backend: a fresh backend's workspace, sized by a top-8
 // call at the rank's shape (whose pair capacity then also holds the 9-pair call's rounds), must
@@ -693,9 +633,66 @@ TEST_F(CudaQuantizedMoeFoldTest, MorePairsATokenThanTheFirstCall) {
     }
   }
 }
-TEST_F(CudaQuantizedMoeFoldTest, KimiK25Int4ChainedRound) { CheckChainedRound(KimiK2ThinkingInt4Quantization(), 384); }
-// The top-8 alone (a round without the joined shared expert, whose 9 pairs the chain does not take).
-TEST_F(CudaQuantizedMoeFoldTest, DeepseekV3Fp8ChainedRound) { CheckChainedRound(DeepseekV3Fp8Quantization(), 256); }
+// One-token INT4 calls on warp-tiled experts, whose gate-up and down products the default backend
+// runs as one kernel (CudaBackendOptions::quant_moe_chain_round), against a backend that launches
+// them apart: the same bits call after call (the chain's counters reset by each call: a stale one
+// would skip or repeat work, or hang the next), accumulating or not, with a bad id (the token's row
+// kept, the error reported, the next call whole again), and replayed from a captured graph.
+TEST_F(CudaQuantizedMoeFoldTest, KimiK25Int4ChainedRound) {
+  cuda::CudaBackendOptions options = Options();
+  options.quant_moe_chain_round = false;
+  auto backend = cuda::CudaBackend::Create(options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::unique_ptr<cuda::CudaBackend> unchained = std::move(*backend);
+  const RankExperts r = MakeRankExperts(KimiK2ThinkingInt4Quantization(), 384, kRankHidden, kRankInter, 4);
+  const std::vector<QuantizedExpertWeights> d_views = ToDevice(r);
+  std::vector<Tensor> tiles;
+  std::vector<QuantizedExpertWeights> d_tiled;
+  ASSERT_NO_FATAL_FAILURE(d_tiled = Tiled(d_views, tiles));
+  for (int call = 0; call < 4; ++call) {
+    SCOPED_TRACE(testing::Message() << "call " << call);
+    const Tensor x = Random(Shape{1, kRankHidden}, 30 + call);
+    Tensor ids, weights;
+    Routing(1, 384, /*shared=*/false, /*skewed=*/false, 30 + call, ids, weights);
+    const bool bad = call == 2;
+    if (bad) ids.data_as<int32_t>()[5] = 384;
+    const Tensor d_x = Upload(x), d_ids = Upload(ids), d_weights = Upload(weights);
+    for (const bool accumulate : {false, true}) {
+      absl::Status sync, sync_ref;
+      const float fill = accumulate ? 0.5f : 3.0f;
+      const Tensor got = Call(*gpu_, d_x, d_ids, d_weights, d_tiled, fill, sync, accumulate);
+      const Tensor want = Call(*unchained, d_x, d_ids, d_weights, d_tiled, fill, sync_ref, accumulate);
+      ExpectBitwiseEqual(got, want, accumulate ? "accumulate: chained vs two kernels" : "chained vs two kernels");
+      if (bad) {
+        EXPECT_THAT(std::string(sync.message()), HasSubstr("token 0"));
+        EXPECT_THAT(std::string(sync_ref.message()), HasSubstr("token 0"));
+        for (int64_t h = 0; h < kRankHidden; ++h) ASSERT_EQ(got.data_as<float>()[h], fill) << "column " << h;
+      } else {
+        EXPECT_TRUE(sync.ok()) << sync;
+        Tensor cpu_want = Filled(Shape{1, kRankHidden}, fill);
+        EXPECT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, cpu_want, accumulate).ok());
+        EXPECT_LE(parity::RelError(got, cpu_want), kExactTol);
+      }
+    }
+  }
+  // Captured and replayed: the eager call's bits.
+  Tensor ids, weights;
+  Routing(1, 384, /*shared=*/false, /*skewed=*/false, 40, ids, weights);
+  Tensor d_x = Upload(Random(Shape{1, kRankHidden}, 40));
+  const Tensor d_ids = Upload(ids), d_weights = Upload(weights);
+  Tensor d_out = Upload(Filled(Shape{1, kRankHidden}, 0.0f));
+  ASSERT_TRUE(gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_tiled, d_out, false).ok());
+  auto graph = cuda::CudaGraph::Capture(gpu_->stream(), [&] {
+    return gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_tiled, d_out, false);
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE(gpu_->Copy(Random(Shape{1, kRankHidden}, 41), d_x).ok());
+  for (int replay = 0; replay < 3; ++replay) ASSERT_TRUE((*graph)->Launch(gpu_->stream()).ok());
+  const Tensor replayed = Download(d_out);
+  ASSERT_TRUE(gpu_->QuantizedMoeExperts(d_x, d_ids, d_weights, d_tiled, d_out, false).ok());
+  ExpectBitwiseEqual(Download(d_out), replayed, "eager after replay");
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
 
 TEST_F(CudaQuantizedMoeTest, NewExpertSetWhileCapturingIsRefused) {
   const QuantizedExperts experts = MakeQuantizedExperts(DeepseekV3Fp8Quantization(), 3, AlignedLayouts(), 5);

@@ -28,7 +28,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -1027,17 +1026,15 @@ double CombineError(const std::vector<float>& out, const std::vector<float>& row
 // QuantGemvCombine::in_block: one token's gated down product (INT4 or FP8) over indexed items (a
 // decode round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped
 // plan), combined in each block against the same launch combined through the counters: out and
-// every item's rows the same bits, for top_k = 8 items (all of a block's warps), 6 (two idle), and
-// 9, 12 and 16 (items past the warps: a joined shared expert's), with and without accumulate, and
-// with one id past the table (the token keeps its row, the item's rows are not written, the index
-// is recorded), among the warps' own items or past them.
+// every item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle),
+// with and without accumulate, and with one id past the table (the token keeps its row, the item's
+// rows are not written, the index is recorded).
 void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id) {
   SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << ", top_k " << top_k
                                   << (accumulate ? ", accumulate" : "") << (bad_id ? ", a bad id" : ""));
   const int64_t entries = 10, n = 9000, k = 256;
   constexpr int kErrorCode = 6 << kDeviceErrorIndexBits;
   constexpr int64_t kErrorIndex = 3;
-  const int64_t bad_at = top_k > 8 ? top_k - 1 : top_k / 2;
   const ItemWeights w = UploadItemWeights(int4, entries, n, k, 630, /*reversed=*/false, /*tiled=*/true);
   struct Entry {
     const void* codes;
@@ -1047,7 +1044,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
   for (int64_t e = 0; e < entries; ++e) table[e] = {w.code_ptrs[e], w.scale_ptrs[e]};
   std::vector<int32_t> ids(top_k);
   for (int64_t j = 0; j < top_k; ++j) ids[j] = static_cast<int32_t>((3 * j + 1) % entries);
-  if (bad_id) ids[bad_at] = static_cast<int32_t>(entries);
+  if (bad_id) ids[top_k / 2] = static_cast<int32_t>(entries);
   std::mt19937 rng(static_cast<uint32_t>(top_k * 4 + (accumulate ? 2 : 0) + (bad_id ? 1 : 0)));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> gate_up(static_cast<size_t>(top_k * 2 * k)), weights(top_k), out0(n);
@@ -1135,7 +1132,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
   if (!bad_id) {
     EXPECT_LE(CombineError(out_got, c_ref, weights, out0, n, accumulate), 1e-5);
   } else {
-    for (int64_t o = 0; o < n; ++o) ASSERT_EQ(c_got[bad_at * n + o], -7.0f) << "the bad id's rows written";
+    for (int64_t o = 0; o < n; ++o) ASSERT_EQ(c_got[(top_k / 2) * n + o], -7.0f) << "the bad id's rows written";
   }
 }
 
@@ -1146,37 +1143,32 @@ TEST_F(QuantGemvTest, CombineInBlock) {
   for (const bool int4 : {true, false}) {
     // The shapes take row-looped plans (the in-block combine's) on devices of up to 132
     // multiprocessors.
-    for (const int64_t top_k : {6, 16}) {
-      QuantGemvProblem problem = ProblemOf(int4, top_k, 1, 9000, 256, 0);
-      problem.a_bytes = 2;  // gated rows are planned as their bf16 activations
-      if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0) << top_k << " items";
-    }
-    for (const int64_t top_k : {8, 6, 9, 12, 16}) {
+    QuantGemvProblem problem = ProblemOf(int4, 6, 1, 9000, 256, 0);
+    problem.a_bytes = 2;  // gated rows are planned as their bf16 activations
+    if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0);
+    for (const int64_t top_k : {8, 6}) {
       for (const bool accumulate : {false, true}) CheckCombineInBlock(int4, top_k, accumulate, /*bad_id=*/false);
       CheckCombineInBlock(int4, top_k, /*accumulate=*/true, /*bad_id=*/true);
     }
   }
 }
 
-// A decode round's gate-up and down products as one kernel (LaunchInt4GroupGemvChain, or
-// LaunchFp8BlockGemvChain for Product = Fp8GroupedProduct) against the two grouped launches it
-// stands for: the gate-up rows of every good pair, the down rows and the combined row bitwise
-// equal, the same error recorded, the chain's counters back at zero; launched `launches` times in a
-// row (programmatic), each launch the same bits (a counter left non-zero would make the next launch
-// skip or repeat work, or hang). Tiled experts of the Kimi-K2 / DeepSeek-V3 rank shape (hidden
-// 7168, expert slice 256), whose gate-up plan is split over a cluster that the chain folds into one
-// block's warps on devices of up to 132 multiprocessors.
-template <typename Product>
+// A decode round's gate-up and down products as one kernel (LaunchInt4GroupGemvChain) against the
+// two grouped launches it stands for: the gate-up rows of every good pair, the down rows and the
+// combined row bitwise equal, the same error recorded, the chain's counters back at zero; launched
+// `launches` times in a row (programmatic), each launch the same bits (a counter left non-zero
+// would make the next launch skip or repeat work, or hang). Tiled int4 experts of the Kimi-K2
+// rank shape (hidden 7168, expert slice 256), whose gate-up plan is split over a cluster that the
+// chain folds into one block's warps on devices of up to 132 multiprocessors.
 void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
-  constexpr bool kInt4 = std::is_same_v<Product, Int4GroupedProduct>;
-  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "fp8") << ", top_k " << top_k
-                                  << (accumulate ? ", accumulate" : "") << (bad_id ? ", a bad id" : ""));
+  SCOPED_TRACE(testing::Message() << "top_k " << top_k << (accumulate ? ", accumulate" : "")
+                                  << (bad_id ? ", a bad id" : ""));
   const int64_t entries = 10, hidden = 7168, inter = 256;
   constexpr int kErrorCode = 6 << kDeviceErrorIndexBits;
   constexpr int64_t kErrorIndex = 2;
-  const ItemWeights gate = UploadItemWeights(kInt4, entries, inter, hidden, 700, false, /*tiled=*/true);
-  const ItemWeights up = UploadItemWeights(kInt4, entries, inter, hidden, 720, false, /*tiled=*/true);
-  const ItemWeights down = UploadItemWeights(kInt4, entries, hidden, inter, 740, false, /*tiled=*/true);
+  const ItemWeights gate = UploadItemWeights(true, entries, inter, hidden, 700, false, /*tiled=*/true);
+  const ItemWeights up = UploadItemWeights(true, entries, inter, hidden, 720, false, /*tiled=*/true);
+  const ItemWeights down = UploadItemWeights(true, entries, hidden, inter, 740, false, /*tiled=*/true);
   struct Entry {
     const void* codes[3];
     const void* scales[3];
@@ -1205,7 +1197,7 @@ void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
   Upload(counters, std::vector<int32_t>(tiles, 0));
   Upload(sync, std::vector<int32_t>(kQuantGemvChainSyncInts, 0));
   const auto products = [&](DeviceBuffer& gate_up_c, DeviceBuffer& down_c, DeviceBuffer& out,
-                            Product& first, Product& second) {
+                            Int4GroupedProduct& first, Int4GroupedProduct& second) {
     QuantGemvIndexedItems ix;
     ix.ids = ids_dev.as<int32_t>();
     ix.table = table_dev.ptr;
@@ -1214,14 +1206,13 @@ void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
     ix.error_flag = flag.as<int>();
     ix.error_code = kErrorCode;
     ix.error_index = kErrorIndex;
-    decltype(Product::b) b;
+    Int4GroupWeights b;
     b.tiled = true;
-    if constexpr (kInt4) b.group_size = 32;
-    const auto scale_ld = [&](const ItemWeights& w) { return kInt4 ? w.q[0].groups() : w.f[0].scale_cols(); };
+    b.group_size = 32;
     first.a = x_dev.ptr;
     first.lda = hidden;
     first.b = b;
-    first.b.scale_ld = scale_ld(gate);
+    first.b.scale_ld = gate.q[0].groups();
     first.c = gate_up_c.as<float>();
     first.ldc = inter;
     first.batch_stride_c = 3 * inter;  // a gap between items, as an MoE round's slots leave
@@ -1239,7 +1230,7 @@ void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
     second.lda = inter;
     second.batch_stride_a = 2 * first.batch_stride_c;
     second.b = b;
-    second.b.scale_ld = scale_ld(down);
+    second.b.scale_ld = down.q[0].groups();
     second.c = down_c.as<float>();
     second.ldc = hidden;
     second.batch_stride_c = hidden;
@@ -1277,21 +1268,14 @@ void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
   };
   // The reference: the two launches.
   DeviceBuffer ref_gate_up(gate_up_floats * 4), ref_down(top_k * hidden * 4), ref_out(hidden * 4);
-  Product first, second;
+  Int4GroupedProduct first, second;
   products(ref_gate_up, ref_down, ref_out, first, second);
   fresh(ref_gate_up, ref_down, ref_out);
-  for (const Product* d : {&first, &second}) {
-    cudaError_t launched;
-    if constexpr (kInt4) {
-      launched = LaunchInt4GroupGemvGrouped(d->a, d->a_type, d->lda, d->batch_stride_a, d->b, d->c, d->ldc,
-                                            d->batch_stride_c, nullptr, d->items, d->max_items, d->m, d->n, d->k, 1.0f,
-                                            0.0f, true, nullptr);
-    } else {
-      launched = LaunchFp8BlockGemvGrouped(d->a, d->a_type, d->lda, d->batch_stride_a, d->b, d->c, d->ldc,
-                                           d->batch_stride_c, nullptr, d->items, d->max_items, d->m, d->n, d->k, 1.0f,
-                                           0.0f, true, nullptr);
-    }
-    ASSERT_EQ(launched, cudaSuccess);
+  for (const Int4GroupedProduct* d : {&first, &second}) {
+    ASSERT_EQ(LaunchInt4GroupGemvGrouped(d->a, d->a_type, d->lda, d->batch_stride_a, d->b, d->c, d->ldc,
+                                         d->batch_stride_c, nullptr, d->items, d->max_items, d->m, d->n, d->k, 1.0f,
+                                         0.0f, true, nullptr),
+              cudaSuccess);
   }
   const int want_flag = bad_id ? kErrorCode | static_cast<int>(kErrorIndex) : 0;
   EXPECT_EQ(Download<int>(flag, 1)[0], want_flag);
@@ -1304,11 +1288,7 @@ void CheckChain(int64_t top_k, bool accumulate, bool bad_id, int launches) {
   for (int l = 0; l < launches; ++l) {
     SCOPED_TRACE(testing::Message() << "launch " << l);
     fresh(gate_up_c, down_c, out);
-    if constexpr (kInt4) {
-      ASSERT_EQ(LaunchInt4GroupGemvChain(first, second, sync.as<int32_t>(), true, nullptr), cudaSuccess);
-    } else {
-      ASSERT_EQ(LaunchFp8BlockGemvChain(first, second, sync.as<int32_t>(), true, nullptr), cudaSuccess);
-    }
+    ASSERT_EQ(LaunchInt4GroupGemvChain(first, second, sync.as<int32_t>(), true, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(Download<int>(flag, 1)[0], want_flag);
     EXPECT_EQ(Download<int32_t>(sync, kQuantGemvChainSyncInts), std::vector<int32_t>(kQuantGemvChainSyncInts, 0))
@@ -1338,18 +1318,14 @@ TEST_F(QuantGemvTest, ChainedRound) {
   // The chain takes these plans where the gate-up's cluster ranks fold into one block's 8 warps and
   // the down product is row-looped: the H100's and H200's 132 multiprocessors.
   if (sms != 132) GTEST_SKIP() << sms << " multiprocessors: the chain's plans are checked on 132";
-  for (const bool int4 : {true, false}) {
-    QuantGemvProblem gate_up = ProblemOf(int4, 16, 1, 256, 7168, 0);
-    gate_up.a_bytes = 2;
-    const QuantGemvPlan plan = ChooseQuantGemvPlan(gate_up, sms);
-    EXPECT_GT(plan.split, 1) << "no cluster ranks to fold";
-  }
+  QuantGemvProblem gate_up = ProblemOf(/*int4=*/true, 16, 1, 256, 7168, 0);
+  gate_up.a_bytes = 2;
+  const QuantGemvPlan plan = ChooseQuantGemvPlan(gate_up, sms);
+  EXPECT_GT(plan.split, 1) << "no cluster ranks to fold";
   for (const int64_t top_k : {8, 6}) {
-    CheckChain<Int4GroupedProduct>(top_k, /*accumulate=*/false, /*bad_id=*/false, 3);
-    CheckChain<Int4GroupedProduct>(top_k, /*accumulate=*/true, /*bad_id=*/false, 1);
-    CheckChain<Int4GroupedProduct>(top_k, /*accumulate=*/true, /*bad_id=*/true, 2);
-    CheckChain<Fp8GroupedProduct>(top_k, /*accumulate=*/false, /*bad_id=*/false, 3);
-    CheckChain<Fp8GroupedProduct>(top_k, /*accumulate=*/true, /*bad_id=*/true, 2);
+    CheckChain(top_k, /*accumulate=*/false, /*bad_id=*/false, 3);
+    CheckChain(top_k, /*accumulate=*/true, /*bad_id=*/false, 1);
+    CheckChain(top_k, /*accumulate=*/true, /*bad_id=*/true, 2);
   }
 }
 
