@@ -23,8 +23,10 @@
 //    bf16 and the outputs y f32 in per-job 8-row slots (QuantMoeSlotRows <= pairs + 8 (experts + 1)
 //    rows) of one round of min(max_rows, what fits kYBytes of y) tokens: about 650 tokens at
 //    V3 / K2.5 TP8 (top-8, H 7168, max_experts 512); longer calls run in several rounds. Sized at the
-//    first call from its top_k, H and I; a call that needs more allocates a larger one, keeping the
-//    old (a captured graph may still use it).
+//    first call from its top_k, H and I; a call of more pairs a token (a joined shared expert's
+//    ninth after a call of 8) runs as many tokens a round as the pairs fit, and only a call that needs
+//    more rows, experts or pairs than fit allocates a larger one, keeping the old (a captured graph
+//    may still use it).
 // Neither first use may happen while the stream is being captured into a CUDA graph: run the step
 // once before capturing (FailedPrecondition otherwise).
 #include <algorithm>

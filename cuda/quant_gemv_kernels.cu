@@ -564,13 +564,14 @@ __device__ void StageActivations(const Params& p, int64_t item, int m, int unit0
 
 // fp8: stages the f32 scale_inv of the tile's units for the scale rows of the block's rows
 // [block_row, block_row + block_rows): [scale_rows][units] (scale_rows: at least the rows those rows
-// touch), after the activation rows.
+// touch), after the activation rows. Threads t0, t0 + stride, ... take its entries (the block's, or
+// one warp's lanes).
 __device__ void StageScales(const Params& p, int64_t item, int64_t block_row, int block_rows, int scale_rows,
-                            int unit0, int units, float* staged) {
+                            int unit0, int units, float* staged, int t0, int stride) {
   const int64_t first_row = (p.row0 + block_row) >> 7;
   const int64_t last_row = (p.row0 + min(block_row + block_rows, p.n) - 1) >> 7;
   const float* scale = ItemScale<float>(p, item);
-  for (int i = threadIdx.x; i < scale_rows * units; i += kThreads) {
+  for (int i = t0; i < scale_rows * units; i += stride) {
     const int r = i / units, u = unit0 + i % units;
     staged[i] = first_row + r <= last_row && u < p.units ? scale[(first_row + r) * p.scale_ld + (p.col0 >> 7) + u]
                                                          : 0.0f;
@@ -813,7 +814,8 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at));
+      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at),
+                  threadIdx.x, kThreads);
     }
     __syncthreads();
     const int n_t = tile_steps(t);
@@ -938,8 +940,12 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm) QuantGemvKern
 // without spills (ptxas; int4 with a 2-step ring, which its 16 rows' two steps of a 256-column K
 // fill), so they ask for them: more warps to hide their dependent latency, with as many bytes in
 // flight a multiprocessor as 2 blocks' 4-step rings give. The others keep 2 blocks and their rings.
-template <typename F, int kOperands, bool kTiled>
-inline constexpr int kRowLoopBlocksPerSm = kOperands == 1 && kTiled ? 3 : kQuantGemvBlocksPerSm;
+// The in-block combine's fp8 form needs more registers (ptxas spills at 3 blocks' 80) and loses
+// nothing at 2: its decode grids (one tile of 16 * row_loops rows a block: 224 blocks at hidden 7168
+// and 2 row loops) are within 2 blocks a multiprocessor.
+template <typename F, int kOperands, bool kTiled, bool kTileCombine = false>
+inline constexpr int kRowLoopBlocksPerSm =
+    kOperands == 1 && kTiled && !(kTileCombine && F::kBlockScaled) ? 3 : kQuantGemvBlocksPerSm;
 template <typename F, int kOperands, bool kTiled>
 inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
 
@@ -961,9 +967,16 @@ __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const
   }
 }
 
+// The in-block combine's shared memory a warp stages into: its item's activation row, then (fp8)
+// the scale rows of its block's tile, [row_loops + 1][units] f32 (StageScales), 16-byte aligned.
+__host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled) {
+  return p.act_stride + (block_scaled ? ((p.row_loops + 1) * p.units * 4 + 15) / 16 * 16 : 0);
+}
+
 // kTileCombine (QuantGemvCombine::in_block, one activation row): the block's rows are one tile of
 // kWarpRows * row_loops rows of every item, warp j taking item j's groups of it in turn (group i
-// at rows block_row + 16 i), staging item j's row itself (no block barrier before the products),
+// at rows block_row + 16 i), staging item j's row (and fp8 scale rows) itself in its own area (no
+// block barrier before the products),
 // and the block combining the tile after one barrier. Otherwise the block is one item's rows and
 // its warps' groups interleave, kBlockRows apart.
 //
@@ -977,13 +990,14 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   constexpr int kDepth = kRowLoopDepth<F, kOperands, kTiled>;
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
-  static_assert(!kTileCombine || (kOperands == 1 && !F::kBlockScaled), "the in-block combine: int4, one row");
+  static_assert(!kTileCombine || kOperands == 1, "the in-block combine: one activation row");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
   const int64_t block_row = static_cast<int64_t>(bx) * kGroupStride * p.row_loops;
   const int64_t item = kTileCombine ? warp : by;
-  // The in-block combine's tile: every item's rows of the block (f32, after the warps' staged rows).
-  float* const tile = reinterpret_cast<float*>(smem + kWarps * p.act_stride);
+  // The in-block combine's tile: every item's rows of the block (f32, after the warps' areas).
+  const int warp_bytes = TileWarpBytes(p, F::kBlockScaled);
+  float* const tile = reinterpret_cast<float*>(smem + kWarps * warp_bytes);
   const int tile_rows = kWarpRows * p.row_loops;
   if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
   if (!kTileCombine && p.item_count != nullptr && item >= *p.item_count) return;
@@ -1060,17 +1074,22 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
       wait);
 
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
-  // in-block combine: each warp its own item's row, at warp * act_stride.
+  // in-block combine: each warp its own item's row and scale rows, in its own area.
   const int block_rows = kBlockRows * p.row_loops;
-  const int scales_at = p.m * p.act_stride;
-  unsigned char* const act_smem = kTileCombine ? smem + warp * p.act_stride : smem;
+  unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
+  unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
   if constexpr (kTileCombine) {
     StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
+    if constexpr (F::kBlockScaled) {
+      StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales), lane,
+                  32);
+    }
     __syncwarp();
   } else {
     StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(smem + scales_at));
+      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                  threadIdx.x, kThreads);
     }
     __syncthreads();
   }
@@ -1135,8 +1154,8 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         // multiples of kUnitSteps), so cons_step % kUnitSteps == d % kUnitSteps.
         if (d % kUnitSteps == kUnitSteps - 1) {
           const int u = cons_step / kUnitSteps;
-          const float s_lo = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[0] + 4 * u);
-          const float s_hi = *reinterpret_cast<const float*>(smem + scales_at + scale_row_at[1] + 4 * u);
+          const float s_lo = *reinterpret_cast<const float*>(scales + scale_row_at[0] + 4 * u);
+          const float s_hi = *reinterpret_cast<const float*>(scales + scale_row_at[1] + 4 * u);
           FoldBlockSums(acc, sum, s_lo, s_hi);
         }
       }
@@ -1164,7 +1183,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
 }
 
 template <typename F, int kOperands, bool kTiled, bool kTileCombine>
-__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled>))
+__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled, kTileCombine>))
     QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine>(p, blockIdx.x, blockIdx.y, smem, WaitForPredecessors{});
@@ -1353,23 +1372,24 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
   return cudaSuccess;
 }
 
-// Whether a planned int4 launch takes the in-block combine (QuantGemvCombine::in_block): one
-// activation row on tiled codes in the specialized kernels, a row-looped plan, one token's indexed
-// items, at most one per warp.
+// Whether a planned launch (either format) takes the in-block combine (QuantGemvCombine::in_block):
+// one activation row on tiled codes in the specialized kernels, a row-looped plan, one token's
+// indexed items, at most one per warp.
 bool TileCombined(const Params& p, const QuantGemvProblem& problem, bool specialized) {
   const QuantGemvCombine& cb = p.combine;
   return p.row_loops > 0 && cb.in_block && cb.counters != nullptr && specialized && QuantGemvRowOperands(p.m) == 1 &&
          p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr &&
          cb.top_k == problem.batch && problem.batch <= kWarps;
 }
-// Its blocks (one per tile of 16 * row_loops rows) and their shared memory: each warp's staged row,
+// Its blocks (one per tile of 16 * row_loops rows) and their shared memory: each warp's staging area,
 // then the tile's rows of every item.
 int64_t TileCombineBlocks(const Params& p) {
   const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
   return (p.n + tile_rows - 1) / tile_rows;
 }
-size_t TileCombineShared(const Params& p) {
-  return static_cast<size_t>(kWarps) * (p.act_stride + static_cast<size_t>(kWarpRows) * p.row_loops * sizeof(float));
+size_t TileCombineShared(const Params& p, bool block_scaled) {
+  return static_cast<size_t>(kWarps) *
+         (TileWarpBytes(p, block_scaled) + static_cast<size_t>(kWarpRows) * p.row_loops * sizeof(float));
 }
 
 // Plans (or checks `plan`) into `chosen` and fills the split fields of `p` (weights, sizes and shift
@@ -1410,16 +1430,14 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   const size_t shared = QuantGemvSharedBytes(problem, chosen);
   const bool specialized = p.tiled && GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
-    if constexpr (!F::kBlockScaled) {
-      // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one
-      // block per tile of 16 * row_loops rows of every item.
-      if (TileCombined(p, problem, specialized)) {
-        p.tile_items = static_cast<int>(problem.batch);
-        const size_t tile_shared = TileCombineShared(p);
-        const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
-        if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
-        return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
-      }
+    // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one block
+    // per tile of 16 * row_loops rows of every item.
+    if (TileCombined(p, problem, specialized)) {
+      p.tile_items = static_cast<int>(problem.batch);
+      const size_t tile_shared = TileCombineShared(p, F::kBlockScaled);
+      const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
+      if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
+      return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
     }
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
@@ -1626,7 +1644,7 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
-  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2));
+  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, false));
   if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;

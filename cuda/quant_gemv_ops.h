@@ -160,7 +160,7 @@ struct QuantGemvCombine {
   bool accumulate = false;
   // One token's pairs, combined inside each block (a decode round's down product): with tokens 1,
   // indexed items (QuantGemvIndexedItems, one id an item, no count) whose ids are the token's ids,
-  // pair_rows set, and top_k = the launch's items <= kQuantGemvWarps, an INT4 launch of one
+  // pair_rows set, and top_k = the launch's items <= kQuantGemvWarps, a launch (INT4 or FP8) of one
   // activation row on tiled codes whose plan is row-looped gives each block one tile of rows of
   // every item (warp j item j) and combines the tile in shared memory: the same terms in the same
   // order, so the same bits, without the counters' fences, atomics and last-block pass. Any other

@@ -790,8 +790,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     return cudaErrorInvalidValue;
   }
   if (tokens == 0) return cudaSuccess;
-  if (ws.max_tokens < 1 || ws.top_k < top_k || ws.max_experts < shape.num_experts || ws.hidden < hidden ||
-      ws.inter < inter || ws.max_tokens * ws.top_k > INT_MAX) {
+  if (ws.max_tokens < 1 || ws.max_tokens * ws.top_k < top_k || ws.max_experts < shape.num_experts ||
+      ws.hidden < hidden || ws.inter < inter || ws.max_tokens * ws.top_k > INT_MAX) {
     return cudaErrorInvalidValue;
   }
   if (out == nullptr || error_flag == nullptr || ws.sorted == nullptr || ws.jobs == nullptr ||
@@ -808,7 +808,8 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
                   (shape.fold_combine && ws.counters == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  // Rounds of at most max_tokens tokens, each with the workspace's top_k-based pair capacity (and,
+  // Rounds of at most max_tokens tokens, each with the workspace's pair capacity (max_tokens *
+  // top_k: a call of more pairs a token than the workspace's top_k takes fewer tokens a round; and,
   // grouped, few enough pairs that the gate-up GEMV's 2 items per job fit the grid's y limit).
   int64_t round_tokens = top_k > 0 ? std::min(ws.max_tokens, ws.max_tokens * ws.top_k / top_k) : ws.max_tokens;
   if (grouped) round_tokens = std::min(round_tokens, std::max<int64_t>(1, kMaxGridY / 2 / top_k));

@@ -156,14 +156,16 @@ struct QuantMoeShape {
   // id leaves its pair without rows and is recorded by the GEMVs. Two kernels a decode round instead
   // of three, the same bits (the same plans, products and combine order; false: the slots kernel).
   bool direct_one_token = true;
-  // With direct_one_token, an INT4 round's down GEMV combines in its blocks (QuantGemvCombine::
-  // in_block: each block one tile of hidden rows of every pair, the token's experts one warp each,
-  // no counters) where its launch allows (tiled codes, a row-looped plan, top_k <= 8); the same
-  // bits.
+  // With direct_one_token, a round's down GEMV (INT4 or FP8) combines in its blocks
+  // (QuantGemvCombine::in_block: each block one tile of hidden rows of every pair, the token's
+  // experts one warp each, no counters) where its launch allows (tiled codes, a row-looped plan,
+  // top_k <= 8: a round with a joined shared expert's ninth pair combines through the counters); the
+  // same bits.
   bool combine_in_block = true;
   // With combine_in_block, an INT4 round's gate-up and down GEMVs as one kernel
   // (LaunchInt4GroupGemvChain) where their plans allow: one kernel's fixed costs instead of two's,
   // the down GEMV's first weight loads in flight while the gate-up's last blocks run; the same bits.
+  // (An FP8 form was measured slower than FP8's in-block combine alone: benchmarks/NOTES.md.)
   bool chain_round = true;
 };
 
@@ -262,8 +264,9 @@ QuantMoeWorkspace QuantMoeWorkspaceAt(void* buffer, int64_t max_tokens, int64_t 
 // experts:  [shape.num_experts], device table (views on the device)
 // out:      [tokens, hidden], f32, row stride out_stride, device; no overlap with the inputs
 // error_flag: [1], i32, device
-// workspace: as above with max_tokens >= 1, top_k, max_experts >= num_experts, hidden and inter
-//            >= the call's
+// workspace: as above with max_tokens >= 1, max_tokens * top_k >= the call's top_k (its pairs, not
+//            its top_k, bound a round: a call of more pairs a token takes fewer tokens a round),
+//            max_experts >= num_experts, hidden and inter >= the call's
 // programmatic: the kernels are launched as programmatic dependents (programmatic_launch.cuh), each
 // waiting for the kernels before it before it touches memory: launches overlap, work does not.
 // Returns cudaErrorInvalidValue for sizes or a workspace outside this, a missing pointer, or tiled

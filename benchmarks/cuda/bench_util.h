@@ -98,7 +98,7 @@ inline cuda::CudaBackend* Backend() {
     // their own (CudaBackendOptions::quant_moe_direct_decode).
     const char* direct = std::getenv("EAGLE3_BENCH_QUANT_MOE_DIRECT");
     if (direct != nullptr && direct[0] != '\0') options.quant_moe_direct_decode = direct[0] != '0';
-    // EAGLE3_BENCH_QUANT_MOE_IN_BLOCK=0: one-token INT4 calls combine through the down product's
+    // EAGLE3_BENCH_QUANT_MOE_IN_BLOCK=0: one-token calls combine through the down product's
     // counters (CudaBackendOptions::quant_moe_combine_in_block).
     const char* in_block = std::getenv("EAGLE3_BENCH_QUANT_MOE_IN_BLOCK");
     if (in_block != nullptr && in_block[0] != '\0') options.quant_moe_combine_in_block = in_block[0] != '0';

@@ -7,6 +7,9 @@
 //   the next of 16 routings (so successive calls touch different experts, as successive layers do).
 //   model 0: Kimi-K2.5 INT4 (pack-quantized, group 32, bf16 scales), 384 experts;
 //   model 1: DeepSeek-V3 FP8 (e4m3, 128 x 128 f32 block scales), 256 experts;
+//   model 2 (quantized only): model 1 with its shared expert joined as expert 256, which every token
+//   takes with weight 1 beside its top-8 (9 pairs a token), as a V3 / R1 / K2-Instruct decode
+//   step's MoE call runs it (FeedForwardBlock);
 //   both hidden 7168, moe_intermediate 2048 -> 256 per rank (rank 3's slices: gate / up rows and
 //   down columns [768, 1024)).
 //
@@ -49,7 +52,10 @@ constexpr int64_t kRankRow0 = 3 * kInter;
 constexpr int64_t kTopK = 8;
 constexpr int kRoutings = 16;
 
-int64_t ExpertsOf(int64_t model) { return model == 0 ? 384 : 256; }
+int64_t ExpertsOf(int64_t model) { return model == 0 ? 384 : model == 1 ? 256 : 257; }
+// Model 2's joined shared expert: its last, every token's pair kTopK.
+bool JoinsShared(int64_t model) { return model == 2; }
+const char* LabelOf(int64_t model) { return model == 0 ? "k25_int4" : model == 1 ? "v3_fp8" : "v3_fp8_shared"; }
 
 // Every expert's quantized slices of one rank: one device tensor per kind, views into it.
 struct QuantRank {
@@ -130,34 +136,44 @@ std::unique_ptr<DenseRank> MakeDenseRank(int64_t model) {
 // One rank's weights per model, made on first use and kept (gigabytes each).
 template <typename Rank, typename Make>
 Rank& Cached(int64_t model, Make&& make) {
-  static std::unique_ptr<Rank> ranks[2];
+  static std::unique_ptr<Rank> ranks[3];
   if (!ranks[model]) ranks[model] = make(model);
   return *ranks[model];
 }
 
-// kRoutings top-8 routings of `tokens` tokens (distinct experts per token), their device ids and
-// weights, and the mean count of distinct experts per routing.
+// kRoutings top-8 routings of `tokens` tokens (distinct experts per token) over the model's routed
+// experts (and its joined shared expert, pair kTopK of every token), their device ids and weights,
+// and the mean count of distinct experts per routing.
 struct Routings {
   std::vector<Tensor> ids, weights;
   std::vector<std::vector<int32_t>> touched;  // per routing: its distinct experts, ascending
   double distinct = 0;
+  int64_t top_k = kTopK;  // pairs a token
 };
 
-Routings MakeRoutings(int64_t tokens, int64_t experts) {
+Routings MakeRoutings(int64_t tokens, int64_t model) {
   Routings r;
+  const bool shared = JoinsShared(model);
+  const int64_t routed = ExpertsOf(model) - (shared ? 1 : 0), k = kTopK + (shared ? 1 : 0);
+  r.top_k = k;
   std::mt19937 rng(1234 + static_cast<uint32_t>(tokens));
-  std::vector<int32_t> perm(static_cast<size_t>(experts));
+  std::vector<int32_t> perm(static_cast<size_t>(routed));
   for (int i = 0; i < kRoutings; ++i) {
-    Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, kTopK});
-    Tensor weights = *Tensor::Empty(DType::kF32, Shape{tokens, kTopK});
+    Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, k});
+    Tensor weights = *Tensor::Empty(DType::kF32, Shape{tokens, k});
     std::set<int32_t> touched;
     for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t e = 0; e < experts; ++e) perm[e] = static_cast<int32_t>(e);
+      for (int64_t e = 0; e < routed; ++e) perm[e] = static_cast<int32_t>(e);
       std::shuffle(perm.begin(), perm.end(), rng);
       for (int64_t j = 0; j < kTopK; ++j) {
-        ids.data_as<int32_t>()[t * kTopK + j] = perm[j];
-        weights.data_as<float>()[t * kTopK + j] = 0.125f;
+        ids.data_as<int32_t>()[t * k + j] = perm[j];
+        weights.data_as<float>()[t * k + j] = 0.125f;
         touched.insert(perm[j]);
+      }
+      if (shared) {
+        ids.data_as<int32_t>()[t * k + kTopK] = static_cast<int32_t>(routed);
+        weights.data_as<float>()[t * k + kTopK] = 1.0f;
+        touched.insert(static_cast<int32_t>(routed));
       }
     }
     r.distinct += static_cast<double>(touched.size()) / kRoutings;
@@ -172,8 +188,8 @@ void RunMoe(benchmark::State& state, bool quantized) {
   cuda::CudaBackend* b = Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
   const int64_t model = state.range(0), tokens = state.range(1);
-  state.SetLabel(model == 0 ? "k25_int4" : "v3_fp8");
-  const Routings routings = MakeRoutings(tokens, ExpertsOf(model));
+  state.SetLabel(LabelOf(model));
+  const Routings routings = MakeRoutings(tokens, model);
   Tensor x = RandomDevice(DType::kF32, Shape{tokens, kHidden}, 3);
   Tensor out = *Tensor::Empty(DType::kF32, Shape{tokens, kHidden}, b->allocator());
   double bytes_per_expert = 0;
@@ -201,7 +217,7 @@ void RunMoe(benchmark::State& state, bool quantized) {
   if (!Check(state, status, "timed call")) return;
   state.counters["distinct_experts"] = routings.distinct;
   ReportRoofline(state, seconds, routings.distinct * bytes_per_expert,
-                 2.0 * 3 * kInter * kHidden * static_cast<double>(tokens * kTopK));
+                 2.0 * 3 * kInter * kHidden * static_cast<double>(tokens * routings.top_k));
 }
 
 // BM_StreamCeiling/model/tokens: the bytes BM_QuantMoe's model counts for the same routings (each
@@ -213,8 +229,8 @@ void BM_StreamCeiling(benchmark::State& state) {
   cuda::CudaBackend* b = Backend();
   if (b == nullptr) return state.SkipWithError("no CUDA device");
   const int64_t model = state.range(0), tokens = state.range(1);
-  state.SetLabel(model == 0 ? "k25_int4" : "v3_fp8");
-  const Routings routings = MakeRoutings(tokens, ExpertsOf(model));
+  state.SetLabel(LabelOf(model));
+  const Routings routings = MakeRoutings(tokens, model);
   QuantRank& q = Cached<QuantRank>(model, MakeQuantRank);
   std::vector<Tensor> tables;
   std::vector<int> counts;
@@ -278,7 +294,7 @@ void BM_DenseMoe(benchmark::State& state) { RunMoe(state, false); }
 void MoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 8, 16, 64}}); }
 // The quantized rounds also at 10, 12 and 14 tokens: gate-up grids of 160 to 224 items, between one
 // wave of blocks and two, where the GEMV chooser's plan changes most from one size to the next.
-void QuantMoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 8, 10, 12, 14, 16, 64}}); }
+void QuantMoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1, 2}, {1, 4, 8, 10, 12, 14, 16, 64}}); }
 BENCHMARK(BM_QuantMoe)->ArgNames({"model", "tokens"})->Apply(QuantMoeArgs)->Apply(Timed);
 BENCHMARK(BM_DenseMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
 BENCHMARK(BM_StreamCeiling)->ArgNames({"model", "tokens"})->Apply(QuantMoeArgs)->Apply(Timed);

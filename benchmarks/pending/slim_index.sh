@@ -5,7 +5,7 @@
 # back. Commit nothing while it is on: the commit would delete them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-paths=(benchmarks/runs models)
+paths=(${SLIM_PATHS:-benchmarks/runs models})
 case "${1:-}" in
   on)
     git rm -r -q --cached --ignore-unmatch "${paths[@]}"

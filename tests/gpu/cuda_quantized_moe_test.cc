@@ -606,6 +606,33 @@ TEST_F(CudaQuantizedMoeFoldTest, DeepseekV3Fp8WithSharedExpert) {
 }
 TEST_F(CudaQuantizedMoeFoldTest, KimiK25Int4) { CheckFold(KimiK2ThinkingInt4Quantization(), 384, /*shared=*/false); }
 
+// A V3 step's MoE call joins the shared expert as a ninth pair up to a few rows and runs the top-8
+// alone past them, in either order on one backend: a fresh backend's workspace, sized by a top-8
+// call at the rank's shape (whose pair capacity then also holds the 9-pair call's rounds), must
+// take the 9-pair call that follows (once refused as a workspace of too small a top_k), and the
+// reverse order likewise.
+TEST_F(CudaQuantizedMoeFoldTest, MorePairsATokenThanTheFirstCall) {
+  const RankExperts r = MakeRankExperts(DeepseekV3Fp8Quantization(), 257, kRankHidden, kRankInter, 5);
+  const std::vector<QuantizedExpertWeights> d_views = ToDevice(r);
+  for (const bool shared_first : {false, true}) {
+    SCOPED_TRACE(shared_first ? "9 pairs first" : "8 pairs first");
+    auto fresh = cuda::CudaBackend::Create(Options());
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    for (const bool shared : {shared_first, !shared_first}) {
+      SCOPED_TRACE(shared ? "9 pairs" : "8 pairs");
+      const uint32_t seed = shared ? 71 : 72;
+      const Tensor x = Random(Shape{2, kRankHidden}, seed);
+      Tensor ids, weights;
+      Routing(2, 256, shared, /*skewed=*/false, seed, ids, weights);
+      absl::Status sync;
+      const Tensor got = Call(**fresh, Upload(x), Upload(ids), Upload(weights), d_views, 0.0f, sync);
+      EXPECT_TRUE(sync.ok()) << sync;
+      Tensor want = Filled(Shape{2, kRankHidden}, 0.0f);
+      ASSERT_TRUE(cpu_.QuantizedMoeExperts(x, ids, weights, r.views, want, false).ok());
+      EXPECT_LE(parity::RelError(got, want), kExactTol);
+    }
+  }
+}
 // One-token INT4 calls on warp-tiled experts, whose gate-up and down products the default backend
 // runs as one kernel (CudaBackendOptions::quant_moe_chain_round), against a backend that launches
 // them apart: the same bits call after call (the chain's counters reset by each call: a stale one

@@ -1023,19 +1023,19 @@ double CombineError(const std::vector<float>& out, const std::vector<float>& row
   return diff / scale;
 }
 
-// QuantGemvCombine::in_block: one token's gated INT4 down product over indexed items (a decode
-// round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped plan),
-// combined in each block against the same launch combined through the counters: out and every
-// item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle), with
-// and without accumulate, and with one id past the table (the token keeps its row, the item's rows
-// are not written, the index is recorded).
-void CheckCombineInBlock(int64_t top_k, bool accumulate, bool bad_id) {
-  SCOPED_TRACE(testing::Message() << "top_k " << top_k << (accumulate ? ", accumulate" : "")
-                                  << (bad_id ? ", a bad id" : ""));
+// QuantGemvCombine::in_block: one token's gated down product (INT4 or FP8) over indexed items (a
+// decode round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped
+// plan), combined in each block against the same launch combined through the counters: out and
+// every item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle),
+// with and without accumulate, and with one id past the table (the token keeps its row, the item's
+// rows are not written, the index is recorded).
+void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id) {
+  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << ", top_k " << top_k
+                                  << (accumulate ? ", accumulate" : "") << (bad_id ? ", a bad id" : ""));
   const int64_t entries = 10, n = 9000, k = 256;
   constexpr int kErrorCode = 6 << kDeviceErrorIndexBits;
   constexpr int64_t kErrorIndex = 3;
-  const ItemWeights w = UploadItemWeights(/*int4=*/true, entries, n, k, 630, /*reversed=*/false, /*tiled=*/true);
+  const ItemWeights w = UploadItemWeights(int4, entries, n, k, 630, /*reversed=*/false, /*tiled=*/true);
   struct Entry {
     const void* codes;
     const void* scales;
@@ -1094,14 +1094,24 @@ void CheckCombineInBlock(int64_t top_k, bool accumulate, bool bad_id) {
     list.combine.num_experts = static_cast<int>(entries);
     list.combine.accumulate = accumulate;
     list.combine.in_block = v == 1;
-    Int4GroupWeights b;
-    b.tiled = true;
-    b.ld = w.q[0].words();
-    b.scale_ld = w.q[0].groups();
-    b.group_size = 32;
-    ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * k, b, c_dev[v]->as<float>(), n, n, nullptr,
-                                         list, top_k, 1, n, k, 1.0f, 0.0f, true, nullptr),
-              cudaSuccess);
+    if (int4) {
+      Int4GroupWeights b;
+      b.tiled = true;
+      b.ld = w.q[0].words();
+      b.scale_ld = w.q[0].groups();
+      b.group_size = 32;
+      ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * k, b, c_dev[v]->as<float>(), n, n,
+                                           nullptr, list, top_k, 1, n, k, 1.0f, 0.0f, true, nullptr),
+                cudaSuccess);
+    } else {
+      Fp8BlockWeights b;
+      b.tiled = true;
+      b.ld = k;
+      b.scale_ld = w.f[0].scale_cols();
+      ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * k, b, c_dev[v]->as<float>(), n, n, nullptr,
+                                          list, top_k, 1, n, k, 1.0f, 0.0f, true, nullptr),
+                cudaSuccess);
+    }
     EXPECT_EQ(Download<int>(flag, 1)[0], bad_id ? kErrorCode | static_cast<int>(kErrorIndex) : 0);
   }
   EXPECT_EQ(Download<int32_t>(counters, tiles), std::vector<int32_t>(tiles, 0)) << "counters left non-zero";
@@ -1130,13 +1140,16 @@ TEST_F(QuantGemvTest, CombineInBlock) {
   int device = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
-  // The shapes take row-looped plans (the in-block combine's) on devices of up to 132 multiprocessors.
-  QuantGemvProblem problem = ProblemOf(/*int4=*/true, 6, 1, 9000, 256, 0);
-  problem.a_bytes = 2;  // gated rows are planned as their bf16 activations
-  if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0);
-  for (const int64_t top_k : {8, 6}) {
-    for (const bool accumulate : {false, true}) CheckCombineInBlock(top_k, accumulate, /*bad_id=*/false);
-    CheckCombineInBlock(top_k, /*accumulate=*/true, /*bad_id=*/true);
+  for (const bool int4 : {true, false}) {
+    // The shapes take row-looped plans (the in-block combine's) on devices of up to 132
+    // multiprocessors.
+    QuantGemvProblem problem = ProblemOf(int4, 6, 1, 9000, 256, 0);
+    problem.a_bytes = 2;  // gated rows are planned as their bf16 activations
+    if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0);
+    for (const int64_t top_k : {8, 6}) {
+      for (const bool accumulate : {false, true}) CheckCombineInBlock(int4, top_k, accumulate, /*bad_id=*/false);
+      CheckCombineInBlock(int4, top_k, /*accumulate=*/true, /*bad_id=*/true);
+    }
   }
 }
 

@@ -89,12 +89,13 @@ struct CudaBackendOptions {
   // the token's row to bf16 as it stages it, and a bad id is recorded by the products. Two kernels
   // per MoE layer at decode instead of three; the same bits. Off: the staging kernel.
   bool quant_moe_direct_decode = true;
-  // With quant_moe_direct_decode, an INT4 call of one token combines the experts' rows inside the
-  // down product's blocks (each block a tile of hidden rows of every routed expert, one warp an
-  // expert) instead of through per-tile counters and a last-block pass: no fences or atomics, the
-  // same bits. Taken where the experts' codes are tiled and there are at most 8 of them a token.
+  // With quant_moe_direct_decode, a call of one token (INT4 or FP8 experts) combines the experts'
+  // rows inside the down product's blocks (each block a tile of hidden rows of every routed expert,
+  // one warp an expert) instead of through per-tile counters and a last-block pass: no fences or
+  // atomics, the same bits. Taken where the experts' codes are tiled and there are at most 8 of them
+  // a token.
   bool quant_moe_combine_in_block = true;
-  // With quant_moe_combine_in_block, such a call's gate-up and down products run as one kernel
+  // With quant_moe_combine_in_block, such an INT4 call's gate-up and down products run as one kernel
   // whose blocks take the gate-up's units of work first and then the down product's tiles, each
   // down warp waiting (on a device counter) only for its own expert's gate-up rows: one kernel's
   // fixed costs instead of two's, and the down weights' first loads in flight while the gate-up
