@@ -5,7 +5,9 @@
 # BM_QuantMoe and quant_gemv_benchmark BM_QuantGemv (tiled, as 2026-12-05c), 3 repetitions, JSON;
 # then the K2.5 INT4 and V3 FP8 TP 8 ranks' decode (batch 1, 1K) and 8-token verify (batch 1, 4K)
 # steps with bf16 caches, and K2.5's decode step again with the chained round off
-# (EAGLE3_BENCH_QUANT_MOE_CHAIN=0). ~450 s with the machine's start. Logs under $OUT/n.
+# (EAGLE3_BENCH_QUANT_MOE_CHAIN=0). ~450 s with the machine's start. Logs under $OUT/n. BM_QuantMoe
+# now has model 2 (V3 with its shared expert joined: 9 pairs, a V3 decode step's call): add its
+# 1-token row to benchmarks/targets.json's MoE cases when the run lands in RESULTS.
 set -u
 source .gpu-host/env.sh
 R=$OUT/n; mkdir -p $R; start=$(date +%s)
