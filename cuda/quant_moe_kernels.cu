@@ -86,7 +86,6 @@ __device__ __forceinline__ float ScaleAt(const QuantMoeMatrix& m, const RowsPara
 
 // FP8 block-scaled: a chunk is 16 codes (one 16-byte load).
 struct Fp8 {
-  static constexpr bool kInt4 = false;
   __device__ static RawChunk Fetch(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int c0) {
     const uint8_t* row = static_cast<const uint8_t*>(m.codes) + r * m.codes_ld;
     return {__ldcs(reinterpret_cast<const uint4*>(row + c0)), ScaleAt<false>(m, p, r, c0)};
@@ -109,7 +108,6 @@ struct Fp8 {
 
 // INT4 group: a chunk is 16 values, two packed words (one 8-byte load); value u stored as q + 8.
 struct Int4 {
-  static constexpr bool kInt4 = true;
   __device__ static RawChunk Fetch(const QuantMoeMatrix& m, const RowsParams& p, int64_t r, int c0) {
     const uint32_t* row = static_cast<const uint32_t*>(m.codes) + r * m.codes_ld;
     const uint2 v = __ldcs(reinterpret_cast<const uint2*>(row + c0 / 8));
