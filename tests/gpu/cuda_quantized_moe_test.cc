@@ -633,6 +633,7 @@ TEST_F(CudaQuantizedMoeFoldTest, MorePairsATokenThanTheFirstCall) {
     }
   }
 }
+
 // One-token INT4 calls on warp-tiled experts, whose gate-up and down products the default backend
 // runs as one kernel (CudaBackendOptions::quant_moe_chain_round), against a backend that launches
 // them apart: the same bits call after call (the chain's counters reset by each call: a stale one
