@@ -953,13 +953,13 @@ inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTile
 // + rows), from `tile` (item j's row r at tile[j * rows + r], written by warp j before the barrier
 // that precedes this call): CombineTile's sum, term for term, for the launch's one token.
 __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const float* tile, int64_t n,
-                                               int64_t row_begin, int rows) {
+                                               int64_t row_begin, int rows, int threads) {
   const int64_t t = cb.token0;
   const int32_t* id = cb.ids + t * cb.ids_stride;
   bool good = true;
   for (int j = 0; j < cb.top_k; ++j) good = good && id[j] >= 0 && id[j] < cb.num_experts;
   if (!good) return;  // the token keeps its row
-  for (int r = threadIdx.x; r < rows && row_begin + r < n; r += kThreads) {
+  for (int r = threadIdx.x; r < rows && row_begin + r < n; r += threads) {
     float* o = cb.out + t * cb.out_stride + row_begin + r;
     float acc = cb.accumulate ? *o : 0.0f;
     for (int j = 0; j < cb.top_k; ++j) acc += cb.weights[t * cb.weights_stride + j] * tile[j * rows + r];
@@ -980,10 +980,13 @@ __host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled)
 // and the block combining the tile after one barrier. Otherwise the block is one item's rows and
 // its warps' groups interleave, kBlockRows apart.
 //
+// kBlockWarps: the block's warps, kWarps but for the in-block combine of more items than that
+// (kQuantGemvMaxTileItems), whose block has a warp an item.
+//
 // QuantGemvRowLoopBlock is block bx (by: its item, where not kTileCombine) of the grid, as
 // QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
 // kTileCombine) before the activations are read.
-template <typename F, int kOperands, bool kTiled, bool kTileCombine, typename Wait>
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, int kBlockWarps = kWarps, typename Wait>
 __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned bx, unsigned by, unsigned char* smem,
                                                       const Wait& wait) {
   constexpr int kUnitSteps = F::kUnitSteps;
@@ -991,13 +994,14 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   constexpr int kChains = kOperands == 1 ? 2 : kOperands;
   static_assert(kDepth % kUnitSteps == 0, "a ring cycle holds whole units");
   static_assert(!kTileCombine || kOperands == 1, "the in-block combine: one activation row");
+  static_assert(kBlockWarps == kWarps || kTileCombine, "only the in-block combine widens the block");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
   const int64_t block_row = static_cast<int64_t>(bx) * kGroupStride * p.row_loops;
   const int64_t item = kTileCombine ? warp : by;
   // The in-block combine's tile: every item's rows of the block (f32, after the warps' areas).
   const int warp_bytes = TileWarpBytes(p, F::kBlockScaled);
-  float* const tile = reinterpret_cast<float*>(smem + kWarps * warp_bytes);
+  float* const tile = reinterpret_cast<float*>(smem + kBlockWarps * warp_bytes);
   const int tile_rows = kWarpRows * p.row_loops;
   if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
   if (!kTileCombine && p.item_count != nullptr && item >= *p.item_count) return;
@@ -1012,7 +1016,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         RecordDeviceError(p.error_flag, p.error_code, p.error_index);
       }
       __syncthreads();
-      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
+      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32);
     } else {
       if (p.early_items) wait(false);
       RecordBadId(p);
@@ -1176,17 +1180,22 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   }
   if constexpr (kTileCombine) {
     __syncthreads();
-    CombineInBlock(p.combine, tile, p.n, block_row, tile_rows);
+    CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32);
   } else if (p.combine.counters != nullptr) {
     CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
   }
 }
 
-template <typename F, int kOperands, bool kTiled, bool kTileCombine>
-__global__ void __launch_bounds__(kThreads, (kRowLoopBlocksPerSm<F, kOperands, kTiled, kTileCombine>))
+// The wider in-block block (kBlockWarps > kWarps) keeps 2 blocks a multiprocessor, its registers
+// capped as the fp8 8-warp form's are at 2 (kQuantGemvMaxTileItems says why 9 warps fit).
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, int kBlockWarps = kWarps>
+__global__ void __launch_bounds__(kBlockWarps * 32, (kBlockWarps == kWarps
+                                                         ? kRowLoopBlocksPerSm<F, kOperands, kTiled, kTileCombine>
+                                                         : kQuantGemvBlocksPerSm))
     QuantGemvRowLoopKernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine>(p, blockIdx.x, blockIdx.y, smem, WaitForPredecessors{});
+  QuantGemvRowLoopBlock<F, kOperands, kTiled, kTileCombine, kBlockWarps>(p, blockIdx.x, blockIdx.y, smem,
+                                                                         WaitForPredecessors{});
 }
 
 // ---- Chained products (LaunchInt4GroupGemvChain) ------------------------------------------------
@@ -1374,21 +1383,24 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
 
 // Whether a planned launch (either format) takes the in-block combine (QuantGemvCombine::in_block):
 // one activation row on tiled codes in the specialized kernels, a row-looped plan, one token's
-// indexed items, at most one per warp.
+// indexed items, at most kQuantGemvMaxTileItems (a warp an item).
 bool TileCombined(const Params& p, const QuantGemvProblem& problem, bool specialized) {
   const QuantGemvCombine& cb = p.combine;
   return p.row_loops > 0 && cb.in_block && cb.counters != nullptr && specialized && QuantGemvRowOperands(p.m) == 1 &&
          p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr &&
-         cb.top_k == problem.batch && problem.batch <= kWarps;
+         cb.top_k == problem.batch && problem.batch <= kQuantGemvMaxTileItems;
 }
-// Its blocks (one per tile of 16 * row_loops rows) and their shared memory: each warp's staging area,
-// then the tile's rows of every item.
+// Its blocks' warps (kWarps, or one an item past that), its blocks (one per tile of 16 * row_loops
+// rows) and their shared memory: each warp's staging area, then the tile's rows of every warp's item.
+int TileCombineWarps(const QuantGemvProblem& problem) {
+  return problem.batch <= kWarps ? kWarps : static_cast<int>(kQuantGemvMaxTileItems);
+}
 int64_t TileCombineBlocks(const Params& p) {
   const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
   return (p.n + tile_rows - 1) / tile_rows;
 }
-size_t TileCombineShared(const Params& p, bool block_scaled) {
-  return static_cast<size_t>(kWarps) *
+size_t TileCombineShared(const Params& p, bool block_scaled, int warps) {
+  return static_cast<size_t>(warps) *
          (TileWarpBytes(p, block_scaled) + static_cast<size_t>(kWarpRows) * p.row_loops * sizeof(float));
 }
 
@@ -1434,10 +1446,12 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
     // per tile of 16 * row_loops rows of every item.
     if (TileCombined(p, problem, specialized)) {
       p.tile_items = static_cast<int>(problem.batch);
-      const size_t tile_shared = TileCombineShared(p, F::kBlockScaled);
-      const auto kernel = QuantGemvRowLoopKernel<F, 1, true, true>;
+      const int warps = TileCombineWarps(problem);
+      const size_t tile_shared = TileCombineShared(p, F::kBlockScaled, warps);
+      const auto kernel = warps == kWarps ? QuantGemvRowLoopKernel<F, 1, true, true>
+                                          : QuantGemvRowLoopKernel<F, 1, true, true, kQuantGemvMaxTileItems>;
       if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
-      return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(kThreads), tile_shared, stream, p);
+      return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(32 * warps), tile_shared, stream, p);
     }
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
@@ -1644,7 +1658,7 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
-  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, false));
+  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, false, kWarps));
   if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;

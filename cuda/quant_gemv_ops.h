@@ -160,13 +160,19 @@ struct QuantGemvCombine {
   bool accumulate = false;
   // One token's pairs, combined inside each block (a decode round's down product): with tokens 1,
   // indexed items (QuantGemvIndexedItems, one id an item, no count) whose ids are the token's ids,
-  // pair_rows set, and top_k = the launch's items <= kQuantGemvWarps, a launch (INT4 or FP8) of one
-  // activation row on tiled codes whose plan is row-looped gives each block one tile of rows of
-  // every item (warp j item j) and combines the tile in shared memory: the same terms in the same
+  // pair_rows set, and top_k = the launch's items <= kQuantGemvMaxTileItems, a launch (INT4 or FP8)
+  // of one activation row on tiled codes whose plan is row-looped gives each block one tile of rows
+  // of every item (warp j item j) and combines the tile in shared memory: the same terms in the same
   // order, so the same bits, without the counters' fences, atomics and last-block pass. Any other
   // launch ignores it and combines through the counters, which must be set either way.
   bool in_block = false;
 };
+
+// Most items of the in-block combine (QuantGemvCombine::in_block), a block's warp each: a top-8
+// round with the shared expert joined as a ninth pair (DeepSeek-V3 / R1, Kimi-K2-Instruct). Past 8
+// items the block has 9 warps, which at the fp8 form's registers still fit 2 blocks a
+// multiprocessor (2 * 288 threads at up to 112 registers); a tenth would not.
+inline constexpr int kQuantGemvMaxTileItems = 9;
 
 // A grouped launch's items named by ids rather than by pointer arrays (a decode round's routed
 // experts, without a kernel that writes their pointers first): item i is role i % per_id of table

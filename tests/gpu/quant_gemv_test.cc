@@ -1026,9 +1026,11 @@ double CombineError(const std::vector<float>& out, const std::vector<float>& row
 // QuantGemvCombine::in_block: one token's gated down product (INT4 or FP8) over indexed items (a
 // decode round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped
 // plan), combined in each block against the same launch combined through the counters: out and
-// every item's rows the same bits, for top_k = 8 items (all of a block's warps) and 6 (two idle),
-// with and without accumulate, and with one id past the table (the token keeps its row, the item's
-// rows are not written, the index is recorded).
+// every item's rows the same bits, for top_k = 8 items (all of a block's warps), 6 (two idle) and 9
+// (kQuantGemvMaxTileItems: the block of 9 warps), with and without accumulate, and with one id past
+// the table (the token keeps its row, the item's rows are not written, the index is recorded). The
+// in-block launch is given counters poisoned far past any tile's count, which it must leave as they
+// are: a launch that fell back to the counters would never complete a tile, and so fail both checks.
 void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id) {
   SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << ", top_k " << top_k
                                   << (accumulate ? ", accumulate" : "") << (bad_id ? ", a bad id" : ""));
@@ -1053,8 +1055,9 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
   for (float& v : out0) v = normal(rng);
   const int64_t tiles = (n + 15) / 16;
   DeviceBuffer a_dev(gate_up.size() * 4), table_dev(table.size() * sizeof(Entry)), ids_dev(ids.size() * 4),
-      weights_dev(weights.size() * 4), counters(tiles * 4), flag(4), c0(top_k * n * 4), c1(top_k * n * 4),
-      out0_dev(n * 4), out1_dev(n * 4);
+      weights_dev(weights.size() * 4), counters(tiles * 4), poisoned(tiles * 4), flag(4), c0(top_k * n * 4),
+      c1(top_k * n * 4), out0_dev(n * 4), out1_dev(n * 4);
+  constexpr int32_t kPoison = 1 << 24;
   DeviceBuffer* const c_dev[2] = {&c0, &c1};
   DeviceBuffer* const out_dev[2] = {&out0_dev, &out1_dev};
   Upload(a_dev, gate_up);
@@ -1062,6 +1065,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
   Upload(ids_dev, ids);
   Upload(weights_dev, weights);
   Upload(counters, std::vector<int32_t>(tiles, 0));
+  Upload(poisoned, std::vector<int32_t>(tiles, kPoison));
   for (int v = 0; v < 2; ++v) {
     Upload(*c_dev[v], std::vector<float>(static_cast<size_t>(top_k * n), -7.0f));
     Upload(*out_dev[v], out0);
@@ -1080,7 +1084,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
     list.indexed.error_index = kErrorIndex;
     list.indexed.ids_final = true;
     list.silu_up_offset = k;
-    list.combine.counters = counters.as<int32_t>();
+    list.combine.counters = (v == 1 ? poisoned : counters).as<int32_t>();
     list.combine.row_ld = n;
     list.combine.ids = ids_dev.as<int32_t>();
     list.combine.ids_stride = top_k;
@@ -1115,6 +1119,8 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
     EXPECT_EQ(Download<int>(flag, 1)[0], bad_id ? kErrorCode | static_cast<int>(kErrorIndex) : 0);
   }
   EXPECT_EQ(Download<int32_t>(counters, tiles), std::vector<int32_t>(tiles, 0)) << "counters left non-zero";
+  EXPECT_EQ(Download<int32_t>(poisoned, tiles), std::vector<int32_t>(tiles, kPoison))
+      << "the in-block launch used the counters";
   const std::vector<float> c_ref = Download<float>(c0, static_cast<size_t>(top_k * n));
   const std::vector<float> c_got = Download<float>(c1, static_cast<size_t>(top_k * n));
   const std::vector<float> out_ref = Download<float>(out0_dev, static_cast<size_t>(n));
@@ -1146,7 +1152,7 @@ TEST_F(QuantGemvTest, CombineInBlock) {
     QuantGemvProblem problem = ProblemOf(int4, 6, 1, 9000, 256, 0);
     problem.a_bytes = 2;  // gated rows are planned as their bf16 activations
     if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0);
-    for (const int64_t top_k : {8, 6}) {
+    for (const int64_t top_k : {int64_t{8}, int64_t{6}, int64_t{kQuantGemvMaxTileItems}}) {
       for (const bool accumulate : {false, true}) CheckCombineInBlock(int4, top_k, accumulate, /*bad_id=*/false);
       CheckCombineInBlock(int4, top_k, /*accumulate=*/true, /*bad_id=*/true);
     }
