@@ -116,6 +116,7 @@ struct Params {
   bool early_items;  // QuantGemvIndexedItems::ids_final: the items are read before the wait
   int tile_items;    // the in-block combine's items (QuantGemvCombine::in_block), else 0
   int fold_ranks;    // QuantGemvBlock<..., kFoldRanks>: the plan's cluster ranks, folded into wk
+  bool scales_early; // experiment (EAGLE3_EXP_SCALES_EARLY): fp8's first scale staging before the wait
 };
 
 // An indexed item's table entry (Params::ids), or nullptr where its id names none.
@@ -799,7 +800,18 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   };
 
   typename F::Item ring[kDepth];
-  FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); });
+  // fp8's scales are weights, final before the launch: the first tile's are staged while the
+  // kernels before finish (the barrier after the first activation staging publishes them).
+  const bool scales_early = F::kBlockScaled && p.scales_early;
+  FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); }, [&](bool) {
+    if constexpr (F::kBlockScaled) {
+      if (scales_early) {
+        StageScales(p, item, block_row, block_rows, 2, unit0, tile_units,
+                    reinterpret_cast<float*>(smem + p.m * p.act_stride), threadIdx.x, kThreads);
+      }
+    }
+    PdlWait();
+  });
   if constexpr (kTiled) advance(kDepth);
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
@@ -814,8 +826,10 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at),
-                  threadIdx.x, kThreads);
+      if (t > 0 || !scales_early) {
+        StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units,
+                    reinterpret_cast<float*>(smem + scales_at), threadIdx.x, kThreads);
+      }
     }
     __syncthreads();
     const int n_t = tile_steps(t);
@@ -1068,6 +1082,26 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
     }
   };
 
+  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
+  // in-block combine: each warp its own item's row and scale rows, in its own area. The scales are
+  // weights, final before the launch: with scales_early they are staged before the wait, while
+  // the kernels before finish.
+  const int block_rows = kBlockRows * p.row_loops;
+  unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
+  unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
+  const auto stage_scales = [&] {
+    if constexpr (F::kBlockScaled) {
+      if constexpr (kTileCombine) {
+        StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                    lane, 32);
+      } else {
+        StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                    threadIdx.x, kThreads);
+      }
+    }
+  };
+  const bool scales_early = F::kBlockScaled && p.scales_early;
+
   typename F::Item ring[kDepth];
   FillRingThenWait<kDepth>(
       total_steps,
@@ -1075,26 +1109,18 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
         advance();
       },
-      wait);
+      [&](bool has_item) {
+        if (scales_early) stage_scales();
+        wait(has_item);
+      });
 
-  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
-  // in-block combine: each warp its own item's row and scale rows, in its own area.
-  const int block_rows = kBlockRows * p.row_loops;
-  unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
-  unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
   if constexpr (kTileCombine) {
     StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
-    if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales), lane,
-                  32);
-    }
+    if (!scales_early) stage_scales();
     __syncwarp();
   } else {
     StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
-    if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
-                  threadIdx.x, kThreads);
-    }
+    if (!scales_early) stage_scales();
     __syncthreads();
   }
 
@@ -1317,6 +1343,11 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
     return cudaErrorInvalidValue;
   }
   p.combine = cb;
+  static const bool scales_early = [] {
+    const char* value = std::getenv("EAGLE3_EXP_SCALES_EARLY");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  p.scales_early = scales_early;
   const QuantGemvIndexedItems& ix = items.indexed;
   if (ix.ids != nullptr) {
     const auto in_entry = [&](int64_t at) { return at >= 0 && at % 8 == 0 && at + 8 <= ix.entry_bytes; };
