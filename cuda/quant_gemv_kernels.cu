@@ -3,9 +3,9 @@
 //
 // A weight stream is bound by the bytes in flight: by Little's law the HBM needs some megabytes of
 // loads outstanding to run at its rate, so every lane keeps QuantGemvDepth steps of 16-byte weight
-// loads in flight in a register ring (the first ones issued before the programmatic-launch wait),
-// and the planner (quant_gemv_plan.cc) sizes the grid and the K split so that the whole machine
-// holds enough of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight
+// loads in flight in a register ring (the first ones, and fp8's first staged scales, issued before
+// the programmatic-launch wait), and the planner (quant_gemv_plan.cc) sizes the grid and the K
+// split so that the whole machine holds enough of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight
 // from its load to the widening and the tensor cores.
 //
 // Products: each m16n8k16 product takes 16 weight rows as its A operand (a warp's rows g and g + 8
@@ -116,7 +116,6 @@ struct Params {
   bool early_items;  // QuantGemvIndexedItems::ids_final: the items are read before the wait
   int tile_items;    // the in-block combine's items (QuantGemvCombine::in_block), else 0
   int fold_ranks;    // QuantGemvBlock<..., kFoldRanks>: the plan's cluster ranks, folded into wk
-  bool scales_early; // experiment (EAGLE3_EXP_SCALES_EARLY): fp8's first scale staging before the wait
 };
 
 // An indexed item's table entry (Params::ids), or nullptr where its id names none.
@@ -802,13 +801,10 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   typename F::Item ring[kDepth];
   // fp8's scales are weights, final before the launch: the first tile's are staged while the
   // kernels before finish (the barrier after the first activation staging publishes them).
-  const bool scales_early = F::kBlockScaled && p.scales_early;
   FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); }, [&](bool) {
     if constexpr (F::kBlockScaled) {
-      if (scales_early) {
-        StageScales(p, item, block_row, block_rows, 2, unit0, tile_units,
-                    reinterpret_cast<float*>(smem + p.m * p.act_stride), threadIdx.x, kThreads);
-      }
+      StageScales(p, item, block_row, block_rows, 2, unit0, tile_units,
+                  reinterpret_cast<float*>(smem + p.m * p.act_stride), threadIdx.x, kThreads);
     }
     PdlWait();
   });
@@ -826,7 +822,7 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
-      if (t > 0 || !scales_early) {
+      if (t > 0) {
         StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units,
                     reinterpret_cast<float*>(smem + scales_at), threadIdx.x, kThreads);
       }
@@ -1084,8 +1080,8 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
 
   // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
   // in-block combine: each warp its own item's row and scale rows, in its own area. The scales are
-  // weights, final before the launch: with scales_early they are staged before the wait, while
-  // the kernels before finish.
+  // weights, final before the launch: they are staged before the wait, while the kernels before
+  // finish.
   const int block_rows = kBlockRows * p.row_loops;
   unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
   unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
@@ -1100,7 +1096,6 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
       }
     }
   };
-  const bool scales_early = F::kBlockScaled && p.scales_early;
 
   typename F::Item ring[kDepth];
   FillRingThenWait<kDepth>(
@@ -1110,17 +1105,15 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         advance();
       },
       [&](bool has_item) {
-        if (scales_early) stage_scales();
+        stage_scales();
         wait(has_item);
       });
 
   if constexpr (kTileCombine) {
     StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
-    if (!scales_early) stage_scales();
     __syncwarp();
   } else {
     StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
-    if (!scales_early) stage_scales();
     __syncthreads();
   }
 
@@ -1343,11 +1336,6 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
     return cudaErrorInvalidValue;
   }
   p.combine = cb;
-  static const bool scales_early = [] {
-    const char* value = std::getenv("EAGLE3_EXP_SCALES_EARLY");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
-  p.scales_early = scales_early;
   const QuantGemvIndexedItems& ix = items.indexed;
   if (ix.ids != nullptr) {
     const auto in_entry = [&](int64_t at) { return at >= 0 && at % 8 == 0 && at + 8 <= ix.entry_bytes; };
