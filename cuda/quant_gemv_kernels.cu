@@ -3,9 +3,9 @@
 //
 // A weight stream is bound by the bytes in flight: by Little's law the HBM needs some megabytes of
 // loads outstanding to run at its rate, so every lane keeps QuantGemvDepth steps of 16-byte weight
-// loads in flight in a register ring (the first ones issued before the programmatic-launch wait),
-// and the planner (quant_gemv_plan.cc) sizes the grid and the K split so that the whole machine
-// holds enough of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight
+// loads in flight in a register ring (the first ones, and fp8's first staged scales, issued before
+// the programmatic-launch wait), and the planner (quant_gemv_plan.cc) sizes the grid and the K
+// split so that the whole machine holds enough of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight
 // from its load to the widening and the tensor cores.
 //
 // Products: each m16n8k16 product takes 16 weight rows as its A operand (a warp's rows g and g + 8
@@ -799,7 +799,15 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   };
 
   typename F::Item ring[kDepth];
-  FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); });
+  // fp8's scales are weights, final before the launch: the first tile's are staged while the
+  // kernels before finish (the barrier after the first activation staging publishes them).
+  FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); }, [&](bool) {
+    if constexpr (F::kBlockScaled) {
+      StageScales(p, item, block_row, block_rows, 2, unit0, tile_units,
+                  reinterpret_cast<float*>(smem + p.m * p.act_stride), threadIdx.x, kThreads);
+    }
+    PdlWait();
+  });
   if constexpr (kTiled) advance(kDepth);
 
   float acc[kChains][4], sum[kOperands][4];  // sum: fp8's block-scaled sums
@@ -814,8 +822,10 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
     const int tile_unit0 = unit0 + t * tile_units;
     StageActivations<F>(p, item, m, tile_unit0, tile_units, smem, threadIdx.x, kThreads);
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units, reinterpret_cast<float*>(smem + scales_at),
-                  threadIdx.x, kThreads);
+      if (t > 0) {
+        StageScales(p, item, block_row, block_rows, 2, tile_unit0, tile_units,
+                    reinterpret_cast<float*>(smem + scales_at), threadIdx.x, kThreads);
+      }
     }
     __syncthreads();
     const int n_t = tile_steps(t);
@@ -1068,6 +1078,25 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
     }
   };
 
+  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
+  // in-block combine: each warp its own item's row and scale rows, in its own area. The scales are
+  // weights, final before the launch: they are staged before the wait, while the kernels before
+  // finish.
+  const int block_rows = kBlockRows * p.row_loops;
+  unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
+  unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
+  const auto stage_scales = [&] {
+    if constexpr (F::kBlockScaled) {
+      if constexpr (kTileCombine) {
+        StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                    lane, 32);
+      } else {
+        StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
+                    threadIdx.x, kThreads);
+      }
+    }
+  };
+
   typename F::Item ring[kDepth];
   FillRingThenWait<kDepth>(
       total_steps,
@@ -1075,26 +1104,16 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         F::template Load<kTiled>(p, load_rows, load_tile, load_step, c, ring[d]);
         advance();
       },
-      wait);
+      [&](bool has_item) {
+        stage_scales();
+        wait(has_item);
+      });
 
-  // The whole K staged once (units: one tile), and fp8's scale rows of the block's rows after it;
-  // in-block combine: each warp its own item's row and scale rows, in its own area.
-  const int block_rows = kBlockRows * p.row_loops;
-  unsigned char* const act_smem = kTileCombine ? smem + warp * warp_bytes : smem;
-  unsigned char* const scales = kTileCombine ? act_smem + p.act_stride : smem + p.m * p.act_stride;
   if constexpr (kTileCombine) {
     StageActivations<F>(p, item, m, 0, p.units, act_smem, lane, 32);
-    if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, tile_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales), lane,
-                  32);
-    }
     __syncwarp();
   } else {
     StageActivations<F>(p, item, m, 0, p.units, smem, threadIdx.x, kThreads);
-    if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, p.row_loops + 1, 0, p.units, reinterpret_cast<float*>(scales),
-                  threadIdx.x, kThreads);
-    }
     __syncthreads();
   }
 
