@@ -5,8 +5,8 @@
 // loads outstanding to run at its rate, so every lane keeps QuantGemvDepth steps of 16-byte weight
 // loads in flight in a register ring (the first ones, and fp8's first staged scales, issued before
 // the programmatic-launch wait), and the planner (quant_gemv_plan.cc) sizes the grid and the K
-// split so that the whole machine holds enough of them. Registers, not shared memory, hold the ring: a lane's chunk goes straight
-// from its load to the widening and the tensor cores.
+// split so that the whole machine holds enough of them. Registers, not shared memory, hold the
+// ring: a lane's chunk goes straight from its load to the widening and the tensor cores.
 //
 // Products: each m16n8k16 product takes 16 weight rows as its A operand (a warp's rows g and g + 8
 // of lane (g, c), widened to bf16 in registers straight into the A fragment) and 8 activation rows as
@@ -799,12 +799,13 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   };
 
   typename F::Item ring[kDepth];
+  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
   // fp8's scales are weights, final before the launch: the first tile's are staged while the
   // kernels before finish (the barrier after the first activation staging publishes them).
   FillRingThenWait<kDepth>(total_steps, [&](int d) { load(d, ring[d]); }, [&](bool) {
     if constexpr (F::kBlockScaled) {
-      StageScales(p, item, block_row, block_rows, 2, unit0, tile_units,
-                  reinterpret_cast<float*>(smem + p.m * p.act_stride), threadIdx.x, kThreads);
+      StageScales(p, item, block_row, block_rows, 2, unit0, tile_units, reinterpret_cast<float*>(smem + scales_at),
+                  threadIdx.x, kThreads);
     }
     PdlWait();
   });
@@ -815,7 +816,6 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   Zero(sum);
   int act_row[kOperands];
   ActRows(p, m, g, c, act_row);
-  const int scales_at = p.m * p.act_stride;  // fp8: the staged scales, after the activation rows
   int done = 0;  // steps of the warp consumed before the current tile
   for (int t = 0; t < p.tiles; ++t) {
     if (t > 0) __syncthreads();  // every warp is done with the previous tile
