@@ -1002,7 +1002,7 @@ __host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled)
 // kBlockWarps: the block's warps, kWarps but for the in-block combine of more items than that
 // (kQuantGemvMaxTileItems), whose block has a warp an item.
 //
-// QuantGemvRowLoopBlock is block bx (by: its item, where not kTileCombine) of the grid, as
+// QuantGemvRowLoopBlock is block bx (by: its item, or for kTileCombine its token) of the grid, as
 // QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
 // kTileCombine) before the activations are read.
 template <typename F, int kOperands, bool kTiled, bool kTileCombine, int kBlockWarps = kWarps, typename Wait>
@@ -1168,7 +1168,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         if (p.beta != 0.0f) v += p.beta * *out;
         if (p.bias != nullptr) v += p.bias[row];
         *out = v;
-        if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
+        if constexpr (kTileCombine) tile[warp * tile_rows + (row - block_row)] = v;
       }
     }
   };
