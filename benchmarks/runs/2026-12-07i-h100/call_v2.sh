@@ -1,7 +1,7 @@
 #!/bin/bash
 # Call V2 (thirty-eighth session), from branch direct-tokens with the in-block tile fix (call V1 faulted:
 # a token past the first wrote its tile rows by item, past the shared tile); built here; BM_QuantMoe
-# (main's paths) and =16 (direct rounds up to 16 tokens), alternated, twice; then the whole gpu suite
+# models 0-2 at 1-16 tokens with EAGLE3_BENCH_QUANT_MOE_DIRECT_TOKENS=1 (main's paths) and =16 (direct rounds up to 16 tokens), alternated, twice; then the whole gpu suite
 # (no sanitizer), which covers main's merged fp8 scales-early form too. ~6 min with the start.
 # Logs: $OUT/v2 (v2.tgz).
 set -u
