@@ -1,8 +1,10 @@
 #!/bin/bash
 # Call V2 (thirty-eighth session), from branch direct-tokens with the in-block tile fix (call V1 faulted:
 # a token past the first wrote its tile rows by item, past the shared tile); built here; BM_QuantMoe
-# models 0-2 at 1-16 tokens with EAGLE3_BENCH_QUANT_MOE_DIRECT_TOKENS=1 (main's paths) and =16 (direct rounds up to 16 tokens), alternated, twice; then the whole gpu suite
-# (no sanitizer), which covers main's merged fp8 scales-early form too. ~6 min with the start.
+# models 0-2 at 1-16 tokens with EAGLE3_BENCH_QUANT_MOE_DIRECT_TOKENS=1 (main's paths) and =16
+# (direct rounds up to 16 tokens), alternated, twice; then the whole gpu suite (no sanitizer), which
+# covers main's merged fp8 scales-early form too; then memcheck over the in-block and indexed-item
+# tests. ~7 min with the start.
 # Logs: $OUT/v2 (v2.tgz).
 set -u
 source .gpu-host/env.sh
@@ -30,4 +32,7 @@ done
 scripts/gpu_suite.sh /tmp/b/tests $R/suite --sanitize none --jobs 4 --test-seconds 200 > $R/suite.log 2>&1
 log "suite rc=$? $(grep -c ' rc=0 ' $R/suite/summary.txt) binaries rc=0 of $(grep -c ' rc=' $R/suite/summary.txt)"
 grep -v ' rc=0 ' $R/suite/summary.txt > $R/suite_not_ok.txt
+timeout 150 compute-sanitizer --tool memcheck /tmp/b/tests/quant_gemv_test \
+  --gtest_filter='*CombineInBlock*:*GroupedIndexedItems*' > $R/memcheck.txt 2>&1
+log "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $R/memcheck.txt | tr '\n' ' ')"
 log done
