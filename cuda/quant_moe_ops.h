@@ -162,7 +162,8 @@ struct QuantMoeShape {
   // slots, SiLU-mul or combine kernel, at the cost of reading an expert once for each of the round's
   // tokens that chose it. Its products are planned for one activation row an item, so their fp32
   // sums may be ordered otherwise than the grouped path's (not the same bits as the kernels; within
-  // the same tolerances of the reference). 1: rounds of one token only.
+  // the same tolerances of the reference). 1: rounds of one token only (CudaBackend sets it by
+  // format from CudaBackendOptions::quant_moe_direct_max_tokens_int4 / _fp8).
   int64_t direct_max_tokens = 1;
   // With direct_one_token, a round's down GEMV (INT4 or FP8) combines in its blocks
   // (QuantGemvCombine::in_block: each block one tile of hidden rows of one token's pairs, its

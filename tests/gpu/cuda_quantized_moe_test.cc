@@ -465,6 +465,9 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
 
   void CheckFold(const QuantizationConfig& quantization, int64_t routed, bool shared) {
     const int64_t top_k = shared ? 9 : 8, num_experts = routed + (shared ? 1 : 0);
+    const int64_t direct_max = quantization.format == WeightFormat::kInt4Group
+                                   ? gpu_->options().quant_moe_direct_max_tokens_int4
+                                   : gpu_->options().quant_moe_direct_max_tokens_fp8;
     const RankExperts r = MakeRankExperts(quantization, num_experts, kRankHidden, kRankInter, 3);
     const std::vector<QuantizedExpertWeights> d_views = ToDevice(r);
     // The same experts with their codes in warp tiles (as CudaBackend's loads keep routed experts):
@@ -481,7 +484,7 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     // held to the kernels within the bf16 model's tolerance (only fp32 summation order differs),
     // to itself bit for bit, and to the reference; the staged backend's folds stay the kernels' bits.
     const auto check = [&](int64_t tokens, bool skewed) {
-      const bool direct = tokens > 1 && tokens <= gpu_->options().quant_moe_direct_max_tokens;
+      const bool direct = tokens > 1 && tokens <= direct_max;
       SCOPED_TRACE(testing::Message() << tokens << " tokens" << (skewed ? ", skewed" : "")
                                       << (tokens * top_k <= cuda::kQuantMoeFoldPairs ? ", folded" : ", not folded")
                                       << (direct ? ", direct" : ""));
@@ -518,7 +521,7 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
       EXPECT_TRUE(sync.ok()) << sync;
       ExpectBitwiseEqual(Call(*gpu_, d_x, d_ids, d_weights, d_tiled, NAN, sync), got, "warp tiles vs row-major");
       EXPECT_TRUE(sync.ok()) << sync;
-      ExpectBitwiseEqual(Call(*separate_, d_x, d_ids, d_weights, d_tiled, 0.75f, sync, true), got_acc,
+      ExpectBitwiseEqual(Call(*separate_, d_x, d_ids, d_weights, d_tiled, 0.75f, sync, true), separate_acc,
                          "accumulate, kernels: warp tiles vs row-major");
       EXPECT_TRUE(sync.ok()) << sync;
       Tensor want = Filled(Shape{tokens, kRankHidden}, 0.0f);
