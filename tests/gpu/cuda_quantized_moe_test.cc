@@ -13,7 +13,7 @@
 //    quant_moe_fold_grouping, _fold_silu and _fold_combine off): the grouping in the slots kernel
 //    (calls of up to kQuantMoeFoldPairs pairs), SiLU-mul in the down product's staging and the
 //    combine in its last blocks (calls of one token), at the V3 (with the shared expert) and K2 rank
-//    shapes: 1, 2, 4, 8 tokens and the largest folded call, experts of several jobs, accumulate on
+//    shapes: 1, 2, 4, 8, 12 tokens and the largest folded call, experts of several jobs, accumulate on
 //    and off, bad ids, a call of no jobs, and the first call again after the others; every call
 //    also on the experts' codes in warp tiles (TileQuantizedCodes, as loads keep them), bit for bit
 //    equal to the row-major ones, and tiled and row-major experts mixed in one call refused; calls
@@ -533,7 +533,7 @@ class CudaQuantizedMoeFoldTest : public CudaQuantizedMoeRankTest {
     // the workspace would leave out jobs of the next call; then jobs of 8 pairs and experts of
     // several jobs (skewed), one token past the fold (the grouping kernel on both backends).
     const Tensor first = check(1, false);
-    for (const int64_t tokens : {int64_t{2}, int64_t{4}, int64_t{8}, folded}) check(tokens, false);
+    for (const int64_t tokens : {int64_t{2}, int64_t{4}, int64_t{8}, int64_t{12}, folded}) check(tokens, false);
     check(4, true);  // direct: every token's experts the same 8, each read once a token
     check(folded, true);
     check(folded + 1, false);
