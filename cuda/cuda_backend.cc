@@ -156,6 +156,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat("CudaBackend: moe_grouped_min_tokens (",
                                                    options.moe_grouped_min_tokens, ") must be >= 1"));
   }
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"quant_moe_direct_max_tokens_int4",
+                                                                     options.quant_moe_direct_max_tokens_int4},
+                                     {"quant_moe_direct_max_tokens_fp8", options.quant_moe_direct_max_tokens_fp8}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaBackend: ", name, " (", value, ") must be >= 1 (1: one-token calls only)"));
+    }
+  }
   auto state = std::make_unique<State>();
   state->options = options;
   state->allocator = DeviceAllocator(options.device);

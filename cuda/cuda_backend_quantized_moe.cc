@@ -296,6 +296,8 @@ absl::Status CudaBackend::QuantizedMoeExperts(const TensorView& x, const TensorV
   shape.fold_silu = s.options.quant_moe_fold_silu;
   shape.fold_combine = s.options.quant_moe_fold_combine;
   shape.direct_one_token = s.options.quant_moe_direct_decode;
+  shape.direct_max_tokens = shape.format == QuantMoeFormat::kInt4Group ? s.options.quant_moe_direct_max_tokens_int4
+                                                                      : s.options.quant_moe_direct_max_tokens_fp8;
   shape.combine_in_block = s.options.quant_moe_combine_in_block;
   shape.chain_round = s.options.quant_moe_chain_round;
   const QuantMoeExpert* table = nullptr;

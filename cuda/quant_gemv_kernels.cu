@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -114,7 +115,9 @@ struct Params {
   int error_code;
   int64_t error_index;
   bool early_items;  // QuantGemvIndexedItems::ids_final: the items are read before the wait
-  int tile_items;    // the in-block combine's items (QuantGemvCombine::in_block), else 0
+  int tile_items;    // the in-block combine's items a token (QuantGemvCombine::in_block), else 0
+  int token_items;   // QuantGemvIndexedItems::token_items
+  bool a_by_token;   // QuantGemvIndexedItems::a_by_token
   int fold_ranks;    // QuantGemvBlock<..., kFoldRanks>: the plan's cluster ranks, folded into wk
 };
 
@@ -132,8 +135,9 @@ __device__ __forceinline__ const char* EntryPointer(const Params& p, int64_t ite
 // Item `item`'s operands: its pointer from the grouped launch's array, or its entry's (indexed
 // items), or the batched stride's. A branch per block (or per staged tile), never per load.
 __device__ __forceinline__ const char* ItemA(const Params& p, int64_t item) {
-  return p.a_items != nullptr ? static_cast<const char*>(p.a_items[item])
-                              : static_cast<const char*>(p.a) + item * p.stride_a * (p.a_bf16 ? 2 : 4);
+  if (p.a_items != nullptr) return static_cast<const char*>(p.a_items[item]);
+  const int64_t row = p.a_by_token ? static_cast<int>(item) / p.token_items : item;
+  return static_cast<const char*>(p.a) + row * p.stride_a * (p.a_bf16 ? 2 : 4);
 }
 __device__ __forceinline__ const char* ItemB(const Params& p, int64_t item) {
   if (p.ids != nullptr) return EntryPointer(p, item, p.codes_at);
@@ -156,11 +160,15 @@ __device__ __forceinline__ int ItemRows(const Params& p, int64_t item) {
   return p.rows_items != nullptr ? min(p.m, p.rows_items[item]) : p.m;
 }
 
+// The index an indexed item's bad id records: its token's (QuantGemvIndexedItems::token_items).
+__device__ __forceinline__ int64_t ItemErrorIndex(const Params& p, int64_t item) {
+  return p.error_index + (p.token_items > 0 ? static_cast<int>(item) / p.token_items : 0);
+}
 // A block of an item without rows: an indexed item's bad id is recorded (every block of the item
 // records the same index, which RecordDeviceError keeps once).
-__device__ __forceinline__ void RecordBadId(const Params& p) {
+__device__ __forceinline__ void RecordBadId(const Params& p, int64_t item) {
   if (p.ids != nullptr && p.error_flag != nullptr && threadIdx.x == 0) {
-    RecordDeviceError(p.error_flag, p.error_code, p.error_index);
+    RecordDeviceError(p.error_flag, p.error_code, ItemErrorIndex(p, item));
   }
 }
 
@@ -720,7 +728,7 @@ __device__ __forceinline__ void QuantGemvBlock(const Params& p, unsigned bx, uns
   const int m = ItemRows(p, item);
   if (m <= 0) {  // the whole cluster: its blocks share the item
     if (p.early_items) PdlWait();  // before the combine reads out, and before the block exits
-    RecordBadId(p);
+    RecordBadId(p, item);
     if (p.combine.counters != nullptr && rank == 0) {
       CombineTile(p.combine, p.c, p.item_count, p.n, row_block, block_row, block_row + block_rows);
     }
@@ -960,11 +968,12 @@ template <typename F, int kOperands, bool kTiled>
 inline constexpr int kRowLoopDepth = !F::kBlockScaled && kOperands == 1 && kTiled ? 2 : QuantGemvDepth(kOperands);
 
 // The in-block combine (QuantGemvCombine::in_block) of a block's tile of rows [row_begin, row_begin
-// + rows), from `tile` (item j's row r at tile[j * rows + r], written by warp j before the barrier
-// that precedes this call): CombineTile's sum, term for term, for the launch's one token.
+// + rows) for the launch's token `token` (from 0), from `tile` (the token's item j's row r at
+// tile[j * rows + r], written by warp j before the barrier that precedes this call): CombineTile's
+// sum, term for term.
 __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const float* tile, int64_t n,
-                                               int64_t row_begin, int rows, int threads) {
-  const int64_t t = cb.token0;
+                                               int64_t row_begin, int rows, int threads, int64_t token) {
+  const int64_t t = cb.token0 + token;
   const int32_t* id = cb.ids + t * cb.ids_stride;
   bool good = true;
   for (int j = 0; j < cb.top_k; ++j) good = good && id[j] >= 0 && id[j] < cb.num_experts;
@@ -993,7 +1002,7 @@ __host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled)
 // kBlockWarps: the block's warps, kWarps but for the in-block combine of more items than that
 // (kQuantGemvMaxTileItems), whose block has a warp an item.
 //
-// QuantGemvRowLoopBlock is block bx (by: its item, where not kTileCombine) of the grid, as
+// QuantGemvRowLoopBlock is block bx (by: its item, or for kTileCombine its token) of the grid, as
 // QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
 // kTileCombine) before the activations are read.
 template <typename F, int kOperands, bool kTiled, bool kTileCombine, int kBlockWarps = kWarps, typename Wait>
@@ -1008,7 +1017,8 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   constexpr int kGroupStride = kTileCombine ? kWarpRows : kBlockRows;  // rows between a warp's groups
   const int64_t block_row = static_cast<int64_t>(bx) * kGroupStride * p.row_loops;
-  const int64_t item = kTileCombine ? warp : by;
+  // The in-block combine: block row by is token by's, warp j its item j.
+  const int64_t item = kTileCombine ? static_cast<int64_t>(by) * p.tile_items + warp : by;
   // The in-block combine's tile: every item's rows of the block (f32, after the warps' areas).
   const int warp_bytes = TileWarpBytes(p, F::kBlockScaled);
   float* const tile = reinterpret_cast<float*>(smem + kBlockWarps * warp_bytes);
@@ -1023,13 +1033,13 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
       PdlLaunchDependents();
       if (p.early_items) wait(false);
       if (warp < p.tile_items && lane == 0 && p.error_flag != nullptr) {
-        RecordDeviceError(p.error_flag, p.error_code, p.error_index);
+        RecordDeviceError(p.error_flag, p.error_code, ItemErrorIndex(p, item));
       }
       __syncthreads();
-      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32);
+      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32, by);
     } else {
       if (p.early_items) wait(false);
-      RecordBadId(p);
+      RecordBadId(p, item);
       if (p.combine.counters != nullptr) CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + kBlockRows * p.row_loops);
     }
     return;
@@ -1158,7 +1168,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         if (p.beta != 0.0f) v += p.beta * *out;
         if (p.bias != nullptr) v += p.bias[row];
         *out = v;
-        if constexpr (kTileCombine) tile[item * tile_rows + (row - block_row)] = v;
+        if constexpr (kTileCombine) tile[warp * tile_rows + (row - block_row)] = v;
       }
     }
   };
@@ -1199,7 +1209,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   }
   if constexpr (kTileCombine) {
     __syncthreads();
-    CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32);
+    CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32, by);
   } else if (p.combine.counters != nullptr) {
     CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
   }
@@ -1342,7 +1352,9 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
     if (items.codes != nullptr || items.scales != nullptr || items.rows != nullptr || ix.table == nullptr ||
         (ix.per_id != 1 && ix.per_id != 2) || batch % ix.per_id != 0 || ix.entry_bytes < 8 ||
         ix.entry_bytes % 8 != 0 || ix.num_entries < 0 || ix.error_index < 0 ||
-        reinterpret_cast<uintptr_t>(ix.table) % 8 != 0 || (ix.ids_final && items.count != nullptr)) {
+        reinterpret_cast<uintptr_t>(ix.table) % 8 != 0 || (ix.ids_final && items.count != nullptr) ||
+        ix.token_items < 0 || ix.token_items > INT_MAX || ix.token_items % ix.per_id != 0 ||
+        (ix.a_by_token && (ix.token_items == 0 || items.a != nullptr))) {
       return cudaErrorInvalidValue;
     }
     for (int r = 0; r < ix.per_id; ++r) {
@@ -1362,6 +1374,8 @@ cudaError_t CommonParams(const void* a, GemvType a_type, int64_t lda, int64_t ba
     p.error_code = ix.error_code;
     p.error_index = ix.error_index;
     p.early_items = ix.ids_final;
+    p.token_items = static_cast<int>(ix.token_items);
+    p.a_by_token = ix.a_by_token;
   }
   p.c = c;
   p.ldc = m > 1 ? ldc : 0;
@@ -1401,19 +1415,20 @@ cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
 }
 
 // Whether a planned launch (either format) takes the in-block combine (QuantGemvCombine::in_block):
-// one activation row on tiled codes in the specialized kernels, a row-looped plan, one token's
-// indexed items, at most kQuantGemvMaxTileItems (a warp an item).
+// one activation row on tiled codes in the specialized kernels, a row-looped plan, indexed items
+// tokens x top_k token-major (token_items = top_k past one token), at most kQuantGemvMaxTileItems a
+// token (a warp an item).
 bool TileCombined(const Params& p, const QuantGemvProblem& problem, bool specialized) {
   const QuantGemvCombine& cb = p.combine;
   return p.row_loops > 0 && cb.in_block && cb.counters != nullptr && specialized && QuantGemvRowOperands(p.m) == 1 &&
-         p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens == 1 && cb.slot_of == nullptr &&
-         cb.top_k == problem.batch && problem.batch <= kQuantGemvMaxTileItems;
+         p.ids != nullptr && p.per_id == 1 && p.item_count == nullptr && cb.tokens >= 1 && cb.slot_of == nullptr &&
+         cb.top_k >= 1 && cb.top_k <= kQuantGemvMaxTileItems &&
+         static_cast<int64_t>(cb.tokens) * cb.top_k == problem.batch && (cb.tokens == 1 || p.token_items == cb.top_k);
 }
 // Its blocks' warps (kWarps, or one an item past that), its blocks (one per tile of 16 * row_loops
-// rows) and their shared memory: each warp's staging area, then the tile's rows of every warp's item.
-int TileCombineWarps(const QuantGemvProblem& problem) {
-  return problem.batch <= kWarps ? kWarps : static_cast<int>(kQuantGemvMaxTileItems);
-}
+// rows and token) and their shared memory: each warp's staging area, then the tile's rows of every
+// warp's item.
+int TileCombineWarps(const Params& p) { return p.combine.top_k <= kWarps ? kWarps : kQuantGemvMaxTileItems; }
 int64_t TileCombineBlocks(const Params& p) {
   const int64_t tile_rows = static_cast<int64_t>(kWarpRows) * p.row_loops;
   return (p.n + tile_rows - 1) / tile_rows;
@@ -1464,13 +1479,14 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
     // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one block
     // per tile of 16 * row_loops rows of every item.
     if (TileCombined(p, problem, specialized)) {
-      p.tile_items = static_cast<int>(problem.batch);
-      const int warps = TileCombineWarps(problem);
+      p.tile_items = p.combine.top_k;
+      const int warps = TileCombineWarps(p);
       const size_t tile_shared = TileCombineShared(p, F::kBlockScaled, warps);
       const auto kernel = warps == kWarps ? QuantGemvRowLoopKernel<F, 1, true, true>
                                           : QuantGemvRowLoopKernel<F, 1, true, true, kQuantGemvMaxTileItems>;
       if (const cudaError_t error = AllowShared(kernel, tile_shared); error != cudaSuccess) return error;
-      return LaunchKernel(programmatic, kernel, dim3(TileCombineBlocks(p)), dim3(32 * warps), tile_shared, stream, p);
+      const dim3 grid(static_cast<unsigned>(TileCombineBlocks(p)), static_cast<unsigned>(p.combine.tokens));
+      return LaunchKernel(programmatic, kernel, grid, dim3(32 * warps), tile_shared, stream, p);
     }
     const int64_t block_rows = static_cast<int64_t>(kBlockRows) * p.row_loops;
     const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(problem.batch));
@@ -1657,7 +1673,8 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
                      second.a == first.c && second.a_type == GemvType::kF32 &&
                      second.batch_stride_a == 2 * first.batch_stride_c &&
                      second.items.silu_up_offset == first.batch_stride_c && first.max_items == 2 * second.max_items &&
-                     second.k == first.n && second.max_items <= kQuantGemvMaxChainItems;
+                     second.k == first.n && second.max_items <= kQuantGemvMaxChainItems &&
+                     second.items.combine.tokens == 1;
   // first's plan with its cluster ranks as warps (QuantGemvBlock<..., kFoldRanks>): each rank's units
   // a whole number of its warps' parts, its K range in one tile; second's with the in-block combine.
   const int ways = plan1.wk * plan1.split;

@@ -158,13 +158,14 @@ struct QuantGemvCombine {
   int64_t token0 = 0;
   int tokens = 0, top_k = 0, num_experts = 0;
   bool accumulate = false;
-  // One token's pairs, combined inside each block (a decode round's down product): with tokens 1,
-  // indexed items (QuantGemvIndexedItems, one id an item, no count) whose ids are the token's ids,
-  // pair_rows set, and top_k = the launch's items <= kQuantGemvMaxTileItems, a launch (INT4 or FP8)
-  // of one activation row on tiled codes whose plan is row-looped gives each block one tile of rows
-  // of every item (warp j item j) and combines the tile in shared memory: the same terms in the same
-  // order, so the same bits, without the counters' fences, atomics and last-block pass. Any other
-  // launch ignores it and combines through the counters, which must be set either way.
+  // Each token's pairs, combined inside a block (a decode or small verify round's down product):
+  // with indexed items (QuantGemvIndexedItems, one id an item, no count) whose ids are the tokens'
+  // ids token-major (token_items = top_k where tokens > 1), pair_rows set, top_k <=
+  // kQuantGemvMaxTileItems and the launch's items tokens * top_k, a launch (INT4 or FP8) of one
+  // activation row on tiled codes whose plan is row-looped gives each block one tile of rows of one
+  // token's items (warp j its item j) and combines the tile in shared memory: the same terms in the
+  // same order, so the same bits, without the counters' fences, atomics and last-block pass. Any
+  // other launch ignores it and combines through the counters, which must be set either way.
   bool in_block = false;
 };
 
@@ -194,6 +195,12 @@ struct QuantGemvIndexedItems {
   int* error_flag = nullptr;         // device; nullptr: bad ids are not recorded
   int error_code = 0;
   int64_t error_index = 0;
+  // Items of one token (a decode or verify round of several tokens, its pairs token-major): item i
+  // is token t = i / token_items's, and a bad id of it records error_index + t; with a_by_token its
+  // activation row is also its token's, row t of `a` (batch_stride_a apart) rather than row i. 0:
+  // every item one token's (error_index), activation rows by item.
+  int64_t token_items = 0;
+  bool a_by_token = false;
   // The ids were written before the kernel just before a programmatic launch, and that kernel waits
   // for its own predecessors before it lets this launch start (the grouped launches here do): the
   // launch then reads the ids, the table and the weights before its programmatic wait, which it

@@ -625,20 +625,24 @@ cudaError_t GroupedProducts(const float* x, int64_t x_stride, const RoundIds& ro
                  inter);
 }
 
-// A grouped round of one token whose pairs are its jobs (QuantMoeShape::direct_one_token): the
-// gate-up GEMV over items 2j, 2j + 1 = pair j's gate and up, found from ids[j] in the expert table,
-// reading the token's f32 row x (rounded to bf16 as the slots kernel rounds it) into rows 8 i of
-// ws.gate_up; then the down GEMV over items j, gated from those rows, into rows 8 j of ws.y, with
-// the combine as its epilogue (pair j's row 8 j). The products are planned as GroupedProducts plans
-// them (the same item counts and sizes): the same bits.
-cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExpert* experts,
+// A grouped round whose pairs are its jobs (QuantMoeShape::direct_one_token, direct_max_tokens):
+// the gate-up GEMV over items 2j, 2j + 1 = pair j's gate and up (pair j = t * top_k + i: token t's
+// slot i), found from ids[j] in the expert table, reading token t's f32 row of x (rounded to bf16
+// as the slots kernel rounds it) into rows 8 i of ws.gate_up; then the down GEMV over items j, gated
+// from those rows, into rows 8 j of ws.y, with the combine as its epilogue (pair j's row 8 j). A
+// round of one token plans its products as GroupedProducts plans them (the same item counts and
+// sizes): the same bits. A round of several tokens (ids token-major, round.stride == top_k) reads
+// an expert that two of its tokens chose once for each; its products are planned for one row an
+// item, so their fp32 sums may be ordered otherwise than the grouped path's jobs of 8 rows.
+cudaError_t DirectRound(const float* x, int64_t x_stride, const RoundIds& round, const QuantMoeExpert* experts,
                         const QuantMoeShape& shape, const QuantMoeWorkspace& ws, QuantGemvCombine combine,
                         bool programmatic, cudaStream_t stream) {
-  const int64_t hidden = shape.hidden, inter = shape.inter, top_k = round.top_k;
+  const int64_t hidden = shape.hidden, inter = shape.inter, top_k = round.top_k, pairs = round.tokens * top_k;
   const bool int4 = shape.format == QuantMoeFormat::kInt4Group;
   const auto indexed = [&](int per_id, const QuantMoeGemvLayout& layout, std::initializer_list<size_t> roles) {
     QuantGemvIndexedItems ix;
     ix.ids = round.ids + round.token0 * round.stride;
+    if (round.tokens > 1) ix.token_items = per_id * top_k;
     ix.table = experts;
     ix.entry_bytes = static_cast<int64_t>(sizeof(QuantMoeExpert));
     ix.num_entries = round.num_experts;
@@ -664,6 +668,7 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   };
   QuantGemvItems gate_up;
   gate_up.indexed = indexed(2, shape.gate_up, {offsetof(QuantMoeExpert, gate), offsetof(QuantMoeExpert, up)});
+  gate_up.indexed.a_by_token = round.tokens > 1;
   QuantGemvItems down;
   down.indexed = indexed(1, shape.down, {offsetof(QuantMoeExpert, down)});
   // The ids were final before the gate-up GEMV, which waits before it lets this launch start: the
@@ -674,7 +679,7 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
   combine.pair_rows = kQuantMoeJobPairs;
   combine.in_block = shape.combine_in_block;
   down.combine = combine;
-  if (int4 && shape.chain_round && shape.combine_in_block && ws.chain_sync != nullptr) {
+  if (int4 && shape.chain_round && shape.combine_in_block && ws.chain_sync != nullptr && round.tokens == 1) {
     // Both GEMVs as one kernel where their plans allow (else the two launches below).
     const auto grouped = [&](const QuantGemvItems& items, int64_t max_items, const QuantMoeGemvLayout& layout,
                              const void* a, int64_t stride_a, float* c, int64_t n, int64_t k) {
@@ -704,11 +709,12 @@ cudaError_t DirectRound(const float* x, const RoundIds& round, const QuantMoeExp
         ws.chain_sync, programmatic, stream);
     if (chained != cudaErrorNotSupported) return chained;
   }
-  if (const cudaError_t error = product(gate_up, 2 * top_k, shape.gate_up, x, 0, ws.gate_up, inter, hidden);
+  if (const cudaError_t error = product(gate_up, 2 * pairs, shape.gate_up, x, round.tokens > 1 ? x_stride : 0,
+                                        ws.gate_up, inter, hidden);
       error != cudaSuccess) {
     return error;
   }
-  return product(down, top_k, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter);
+  return product(down, pairs, shape.down, ws.gate_up, 2 * kQuantMoeJobPairs * inter, ws.y, hidden, inter);
 }
 
 // Ints of the tile counters, rounded up to a 128-byte line: the chain's counters start on a line.
@@ -853,10 +859,21 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       }
     }
     if (hidden == 0) continue;
-    // Step 4 folded into the down GEMV (grouped path, rounds of one token: QuantMoeShape::
-    // fold_combine): its last block of each tile of hidden rows writes the tile's rows of out.
+    // A direct round (QuantMoeShape::direct_one_token): one token, or up to direct_max_tokens whose
+    // ids are token-major and whose pairs each fit a job's slot of the workspace; past one token
+    // only where the down GEMV can combine each token's pairs in its blocks (at most
+    // kQuantGemvMaxTileItems a token), as one block per tile combining every token's pairs would
+    // be slower than the kernels the round leaves out.
+    const bool direct = grouped && shape.direct_one_token && shape.fold_silu && shape.fold_combine &&
+                        (n == 1 ? job_pairs == 1
+                                : n <= shape.direct_max_tokens && shape.combine_in_block && ids_stride == top_k &&
+                                      top_k <= kQuantGemvMaxTileItems && n * top_k <= ws.max_jobs &&
+                                      2 * n * top_k <= kMaxGridY);
+    // Step 4 folded into the down GEMV (grouped path, rounds of one token or direct rounds:
+    // QuantMoeShape::fold_combine): its last block of each tile of hidden rows writes the tile's
+    // rows of out, or each of its blocks its token's tile (QuantGemvCombine::in_block).
     QuantGemvCombine combine;
-    if (grouped && shape.fold_combine && job_pairs == 1) {
+    if (grouped && shape.fold_combine && (job_pairs == 1 || direct)) {
       combine.counters = ws.counters;
       combine.row_ld = hidden;
       combine.ids = ids;
@@ -872,10 +889,9 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
       combine.num_experts = static_cast<int>(shape.num_experts);
       combine.accumulate = accumulate;
     }
-    if (grouped && shape.direct_one_token && n == 1 && job_pairs == 1 && shape.fold_silu &&
-        combine.counters != nullptr) {
+    if (direct && combine.counters != nullptr) {
       if (const cudaError_t error =
-              DirectRound(x + t0 * x_stride, round, experts, shape, ws, combine, programmatic, stream);
+              DirectRound(x + t0 * x_stride, x_stride, round, experts, shape, ws, combine, programmatic, stream);
           error != cudaSuccess) {
         return error;
       }

@@ -156,11 +156,20 @@ struct QuantMoeShape {
   // id leaves its pair without rows and is recorded by the GEMVs. Two kernels a decode round instead
   // of three, the same bits (the same plans, products and combine order; false: the slots kernel).
   bool direct_one_token = true;
+  // With direct_one_token, rounds of 2 to direct_max_tokens tokens run direct too, each pair its own
+  // job (t * top_k + j: token t's slot j; ids token-major, at most kQuantGemvMaxTileItems a token),
+  // where the down GEMV combines each token's pairs in its blocks (combine_in_block): no grouping,
+  // slots, SiLU-mul or combine kernel, at the cost of reading an expert once for each of the round's
+  // tokens that chose it. Its products are planned for one activation row an item, so their fp32
+  // sums may be ordered otherwise than the grouped path's (not the same bits as the kernels; within
+  // the same tolerances of the reference). 1: rounds of one token only (CudaBackend sets it by
+  // format from CudaBackendOptions::quant_moe_direct_max_tokens_int4 / _fp8).
+  int64_t direct_max_tokens = 1;
   // With direct_one_token, a round's down GEMV (INT4 or FP8) combines in its blocks
-  // (QuantGemvCombine::in_block: each block one tile of hidden rows of every pair, the token's
+  // (QuantGemvCombine::in_block: each block one tile of hidden rows of one token's pairs, its
   // experts one warp each, no counters) where its launch allows (tiled codes, a row-looped plan,
-  // top_k <= 8: a round with a joined shared expert's ninth pair combines through the counters); the
-  // same bits.
+  // top_k <= kQuantGemvMaxTileItems: a top-8 round with a joined shared expert's ninth pair takes a
+  // block of 9 warps); the same bits.
   bool combine_in_block = true;
   // With combine_in_block, an INT4 round's gate-up and down GEMVs as one kernel
   // (LaunchInt4GroupGemvChain) where their plans allow: one kernel's fixed costs instead of two's,

@@ -98,6 +98,14 @@ inline cuda::CudaBackend* Backend() {
     // their own (CudaBackendOptions::quant_moe_direct_decode).
     const char* direct = std::getenv("EAGLE3_BENCH_QUANT_MOE_DIRECT");
     if (direct != nullptr && direct[0] != '\0') options.quant_moe_direct_decode = direct[0] != '0';
+    // EAGLE3_BENCH_QUANT_MOE_DIRECT_TOKENS=N: calls of up to N tokens run direct, either format
+    // (CudaBackendOptions::quant_moe_direct_max_tokens_int4 / _fp8; 1: one-token calls only).
+    if (const char* direct_tokens = std::getenv("EAGLE3_BENCH_QUANT_MOE_DIRECT_TOKENS"); direct_tokens != nullptr) {
+      if (const long long n = std::atoll(direct_tokens); n > 0) {
+        options.quant_moe_direct_max_tokens_int4 = n;
+        options.quant_moe_direct_max_tokens_fp8 = n;
+      }
+    }
     // EAGLE3_BENCH_QUANT_MOE_IN_BLOCK=0: one-token calls combine through the down product's
     // counters (CudaBackendOptions::quant_moe_combine_in_block).
     const char* in_block = std::getenv("EAGLE3_BENCH_QUANT_MOE_IN_BLOCK");

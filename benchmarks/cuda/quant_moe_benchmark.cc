@@ -292,9 +292,12 @@ void BM_QuantMoe(benchmark::State& state) { RunMoe(state, true); }
 void BM_DenseMoe(benchmark::State& state) { RunMoe(state, false); }
 
 void MoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1}, {1, 4, 8, 16, 64}}); }
-// The quantized rounds also at 10, 12 and 14 tokens: gate-up grids of 160 to 224 items, between one
-// wave of blocks and two, where the GEMV chooser's plan changes most from one size to the next.
-void QuantMoeArgs(benchmark::internal::Benchmark* bm) { bm->ArgsProduct({{0, 1, 2}, {1, 4, 8, 10, 12, 14, 16, 64}}); }
+// The quantized rounds also at 2 tokens (the smallest direct round of several tokens) and at 10, 12
+// and 14: gate-up grids of 160 to 224 items, between one wave of blocks and two, where the GEMV
+// chooser's plan changes most from one size to the next.
+void QuantMoeArgs(benchmark::internal::Benchmark* bm) {
+  bm->ArgsProduct({{0, 1, 2}, {1, 2, 4, 8, 10, 12, 14, 16, 64}});
+}
 BENCHMARK(BM_QuantMoe)->ArgNames({"model", "tokens"})->Apply(QuantMoeArgs)->Apply(Timed);
 BENCHMARK(BM_DenseMoe)->ArgNames({"model", "tokens"})->Apply(MoeArgs)->Apply(Timed);
 BENCHMARK(BM_StreamCeiling)->ArgNames({"model", "tokens"})->Apply(QuantMoeArgs)->Apply(Timed);

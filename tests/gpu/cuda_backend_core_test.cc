@@ -117,6 +117,10 @@ TEST_F(CudaBackendCoreTest, CreateReportsDeviceAndStream) {
   auto bad_switch = cuda::CudaBackend::Create({.moe_grouped_min_tokens = 0});
   EXPECT_EQ(bad_switch.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad_switch.status().message().find("moe_grouped_min_tokens"), std::string::npos) << bad_switch.status();
+  auto bad_direct = cuda::CudaBackend::Create({.quant_moe_direct_max_tokens_fp8 = 0});
+  EXPECT_EQ(bad_direct.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_direct.status().message().find("quant_moe_direct_max_tokens_fp8 (0)"), std::string::npos)
+      << bad_direct.status();
 
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);

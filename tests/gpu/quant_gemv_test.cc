@@ -889,10 +889,12 @@ TEST_F(QuantGemvTest, Int4GroupedProgrammatic) {
 // pointer arrays and row counts (the same sizes, so the same plan), from one f32 activation row
 // shared by all items (stride 0); the bad id's two items keep their rows, and its index is
 // recorded in the flag. ids_final: the launch reads its items before its programmatic wait (the ids
-// are uploaded before it, so they are final).
-void CheckIndexed(bool int4, bool tiled, bool ids_final) {
+// are uploaded before it, so they are final). by_token: the ids are two tokens' (two ids, four items
+// each: token_items, a_by_token), each token its own activation row (the reference: pointer arrays
+// to the rows), and the bad id, in token 1, records kErrorIndex + 1.
+void CheckIndexed(bool int4, bool tiled, bool ids_final, bool by_token = false) {
   SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << (tiled ? ", tiled codes" : ", row-major codes")
-                                  << (ids_final ? ", ids final" : ""));
+                                  << (ids_final ? ", ids final" : "") << (by_token ? ", two tokens" : ""));
   const int64_t entries = 3, n = 96, k = 256, m = 1;
   const std::vector<int32_t> ids = {2, 0, static_cast<int32_t>(entries), 1};
   const int64_t items = 2 * static_cast<int64_t>(ids.size());
@@ -920,11 +922,15 @@ void CheckIndexed(bool int4, bool tiled, bool ids_final) {
     scales[i] = w.scale_ptrs[good ? 2 * e + i % 2 : 0];
     rows[i] = good ? 1 : 0;
   }
-  const Activations a = RandomActivations(k, int4 ? 621 : 622);
+  const int64_t token_items = by_token ? items / 2 : items;  // items of one activation row
+  const Activations a = RandomActivations((by_token ? 2 : 1) * k, int4 ? 621 : 622);
   DeviceBuffer a_dev(a.f32.size() * 4), table_dev(table.size() * sizeof(Entry)), ids_dev(ids.size() * 4),
       code_table(items * 8), scale_table(items * 8), rows_dev(items * 4), flag(4),
-      c_ref(static_cast<size_t>(items * n) * 4), c_ix(static_cast<size_t>(items * n) * 4);
+      c_ref(static_cast<size_t>(items * n) * 4), c_ix(static_cast<size_t>(items * n) * 4), a_table(items * 8);
   Upload(a_dev, a.f32);
+  std::vector<const void*> a_rows(items);
+  for (int64_t i = 0; i < items; ++i) a_rows[i] = a_dev.as<float>() + (i / token_items) * k;
+  Upload(a_table, a_rows);
   Upload(table_dev, table);
   Upload(ids_dev, ids);
   Upload(code_table, codes);
@@ -936,6 +942,10 @@ void CheckIndexed(bool int4, bool tiled, bool ids_final) {
   by_pointer.codes = code_table.as<const void* const>();
   by_pointer.scales = scale_table.as<const void* const>();
   by_pointer.rows = rows_dev.as<int32_t>();
+  if (by_token) {
+    by_pointer.a = a_table.as<const void* const>();
+    by_pointer.a_aligned16 = true;
+  }
   QuantGemvItems by_id;
   by_id.indexed.ids = ids_dev.as<int32_t>();
   by_id.indexed.table = table_dev.ptr;
@@ -951,6 +961,10 @@ void CheckIndexed(bool int4, bool tiled, bool ids_final) {
   by_id.indexed.error_code = kErrorCode;
   by_id.indexed.error_index = kErrorIndex;
   by_id.indexed.ids_final = ids_final;
+  if (by_token) {
+    by_id.indexed.token_items = token_items;
+    by_id.indexed.a_by_token = true;
+  }
   for (const bool indexed : {false, true}) {
     const QuantGemvItems& list = indexed ? by_id : by_pointer;
     float* c = (indexed ? c_ix : c_ref).as<float>();
@@ -960,16 +974,16 @@ void CheckIndexed(bool int4, bool tiled, bool ids_final) {
       b.tiled = tiled;
       b.scale_ld = w.q[0].groups();
       b.group_size = 32;
-      ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, 0, b, c, n, m * n, nullptr, list, items, m,
-                                           n, k, 1.0f, 0.0f, true, nullptr),
+      ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, by_token ? k : 0, b, c, n, m * n, nullptr,
+                                           list, items, m, n, k, 1.0f, 0.0f, true, nullptr),
                 cudaSuccess);
     } else {
       Fp8BlockWeights b;
       b.ld = k;
       b.tiled = tiled;
       b.scale_ld = w.f[0].scale_cols();
-      ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kF32, k, 0, b, c, n, m * n, nullptr, list, items, m, n,
-                                          k, 1.0f, 0.0f, true, nullptr),
+      ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kF32, k, by_token ? k : 0, b, c, n, m * n, nullptr,
+                                          list, items, m, n, k, 1.0f, 0.0f, true, nullptr),
                 cudaSuccess);
     }
   }
@@ -986,10 +1000,11 @@ void CheckIndexed(bool int4, bool tiled, bool ids_final) {
         EXPECT_EQ(g, -7.0f) << "item " << i << " of a bad id was written";
         continue;
       }
-      const int64_t mat = 2 * e + i % 2;
+      const int64_t mat = 2 * e + i % 2, row = i / token_items;
       double want = 0;
       for (int64_t col = 0; col < k; ++col) {
-        want += static_cast<double>(int4 ? w.q[mat].Weight(o, col) : w.f[mat].Weight(o, col)) * a.values[col];
+        want += static_cast<double>(int4 ? w.q[mat].Weight(o, col) : w.f[mat].Weight(o, col)) *
+                a.values[row * k + col];
       }
       diff = std::max(diff, std::fabs(g - want));
       scale = std::max(scale, std::fabs(want));
@@ -998,7 +1013,7 @@ void CheckIndexed(bool int4, bool tiled, bool ids_final) {
       EXPECT_LE(diff / scale, kTol) << "item " << i;
     }
   }
-  EXPECT_EQ(Download<int>(flag, 1)[0], kErrorCode | static_cast<int>(kErrorIndex));
+  EXPECT_EQ(Download<int>(flag, 1)[0], kErrorCode | static_cast<int>(kErrorIndex + (by_token ? 1 : 0)));
 }
 
 TEST_F(QuantGemvTest, GroupedIndexedItems) {
@@ -1006,6 +1021,8 @@ TEST_F(QuantGemvTest, GroupedIndexedItems) {
     CheckIndexed(int4, /*tiled=*/false, /*ids_final=*/false);
     CheckIndexed(int4, /*tiled=*/true, /*ids_final=*/false);
     CheckIndexed(int4, /*tiled=*/true, /*ids_final=*/true);
+    CheckIndexed(int4, /*tiled=*/true, /*ids_final=*/true, /*by_token=*/true);
+    CheckIndexed(int4, /*tiled=*/false, /*ids_final=*/false, /*by_token=*/true);
   }
 }
 
@@ -1023,18 +1040,20 @@ double CombineError(const std::vector<float>& out, const std::vector<float>& row
   return diff / scale;
 }
 
-// QuantGemvCombine::in_block: one token's gated down product (INT4 or FP8) over indexed items (a
-// decode round's, as DirectRound launches it: ids final, one id an item, tiled codes, a row-looped
-// plan), combined in each block against the same launch combined through the counters: out and
-// every item's rows the same bits, for top_k = 8 items (all of a block's warps), 6 (two idle) and 9
-// (kQuantGemvMaxTileItems: the block of 9 warps), with and without accumulate, and with one id past
-// the table (the token keeps its row, the item's rows are not written, the index is recorded). The
-// in-block launch is given counters poisoned far past any tile's count, which it must leave as they
-// are: a launch that fell back to the counters would never complete a tile, and so fail both checks.
-void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id) {
-  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << ", top_k " << top_k
+// QuantGemvCombine::in_block: the gated down product (INT4 or FP8) of `tokens` tokens over indexed
+// items (a decode or small verify round's, as DirectRound launches it: ids final, one id an item,
+// token-major, tiled codes, a row-looped plan), combined in each block against the same launch
+// combined through the counters: out and every item's rows the same bits, for top_k = 8 items a
+// token (all of a block's warps), 6 (two idle) and 9 (kQuantGemvMaxTileItems: the block of 9 warps),
+// with and without accumulate, and with one id past the table in the last token (that token keeps
+// its row, the item's rows are not written, its token's index is recorded; the other tokens are
+// combined). The in-block launch is given counters poisoned far past any tile's count, which it must
+// leave as they are: a launch that fell back to the counters would never complete a tile, and so
+// fail both checks.
+void CheckCombineInBlock(bool int4, int64_t tokens, int64_t top_k, bool accumulate, bool bad_id) {
+  SCOPED_TRACE(testing::Message() << (int4 ? "int4" : "fp8") << ", " << tokens << " tokens, top_k " << top_k
                                   << (accumulate ? ", accumulate" : "") << (bad_id ? ", a bad id" : ""));
-  const int64_t entries = 10, n = 9000, k = 256;
+  const int64_t entries = 10, n = 9000, k = 256, pairs = tokens * top_k;
   constexpr int kErrorCode = 6 << kDeviceErrorIndexBits;
   constexpr int64_t kErrorIndex = 3;
   const ItemWeights w = UploadItemWeights(int4, entries, n, k, 630, /*reversed=*/false, /*tiled=*/true);
@@ -1044,19 +1063,20 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
   };
   std::vector<Entry> table(entries);
   for (int64_t e = 0; e < entries; ++e) table[e] = {w.code_ptrs[e], w.scale_ptrs[e]};
-  std::vector<int32_t> ids(top_k);
-  for (int64_t j = 0; j < top_k; ++j) ids[j] = static_cast<int32_t>((3 * j + 1) % entries);
-  if (bad_id) ids[top_k / 2] = static_cast<int32_t>(entries);
-  std::mt19937 rng(static_cast<uint32_t>(top_k * 4 + (accumulate ? 2 : 0) + (bad_id ? 1 : 0)));
+  std::vector<int32_t> ids(pairs);
+  for (int64_t q = 0; q < pairs; ++q) ids[q] = static_cast<int32_t>((3 * q + 1 + q / top_k) % entries);
+  const int64_t bad_pair = (tokens - 1) * top_k + top_k / 2;  // in the last token
+  if (bad_id) ids[bad_pair] = static_cast<int32_t>(entries);
+  std::mt19937 rng(static_cast<uint32_t>(tokens * 64 + top_k * 4 + (accumulate ? 2 : 0) + (bad_id ? 1 : 0)));
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> gate_up(static_cast<size_t>(top_k * 2 * k)), weights(top_k), out0(n);
+  std::vector<float> gate_up(static_cast<size_t>(pairs * 2 * k)), weights(pairs), out0(tokens * n);
   for (float& v : gate_up) v = normal(rng);
   for (float& v : weights) v = normal(rng);
   for (float& v : out0) v = normal(rng);
   const int64_t tiles = (n + 15) / 16;
   DeviceBuffer a_dev(gate_up.size() * 4), table_dev(table.size() * sizeof(Entry)), ids_dev(ids.size() * 4),
-      weights_dev(weights.size() * 4), counters(tiles * 4), poisoned(tiles * 4), flag(4), c0(top_k * n * 4),
-      c1(top_k * n * 4), out0_dev(n * 4), out1_dev(n * 4);
+      weights_dev(weights.size() * 4), counters(tiles * 4), poisoned(tiles * 4), flag(4), c0(pairs * n * 4),
+      c1(pairs * n * 4), out0_dev(tokens * n * 4), out1_dev(tokens * n * 4);
   constexpr int32_t kPoison = 1 << 24;
   DeviceBuffer* const c_dev[2] = {&c0, &c1};
   DeviceBuffer* const out_dev[2] = {&out0_dev, &out1_dev};
@@ -1067,7 +1087,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
   Upload(counters, std::vector<int32_t>(tiles, 0));
   Upload(poisoned, std::vector<int32_t>(tiles, kPoison));
   for (int v = 0; v < 2; ++v) {
-    Upload(*c_dev[v], std::vector<float>(static_cast<size_t>(top_k * n), -7.0f));
+    Upload(*c_dev[v], std::vector<float>(static_cast<size_t>(pairs * n), -7.0f));
     Upload(*out_dev[v], out0);
   }
   for (int v = 0; v < 2; ++v) {  // 0: the counters' combine, 1: in the block
@@ -1083,6 +1103,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
     list.indexed.error_code = kErrorCode;
     list.indexed.error_index = kErrorIndex;
     list.indexed.ids_final = true;
+    if (tokens > 1) list.indexed.token_items = top_k;
     list.silu_up_offset = k;
     list.combine.counters = (v == 1 ? poisoned : counters).as<int32_t>();
     list.combine.row_ld = n;
@@ -1093,7 +1114,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
     list.combine.pair_rows = 1;
     list.combine.out = out_dev[v]->as<float>();
     list.combine.out_stride = n;
-    list.combine.tokens = 1;
+    list.combine.tokens = static_cast<int>(tokens);
     list.combine.top_k = static_cast<int>(top_k);
     list.combine.num_experts = static_cast<int>(entries);
     list.combine.accumulate = accumulate;
@@ -1105,7 +1126,7 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
       b.scale_ld = w.q[0].groups();
       b.group_size = 32;
       ASSERT_EQ(LaunchInt4GroupGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * k, b, c_dev[v]->as<float>(), n, n,
-                                           nullptr, list, top_k, 1, n, k, 1.0f, 0.0f, true, nullptr),
+                                           nullptr, list, pairs, 1, n, k, 1.0f, 0.0f, true, nullptr),
                 cudaSuccess);
     } else {
       Fp8BlockWeights b;
@@ -1113,32 +1134,40 @@ void CheckCombineInBlock(bool int4, int64_t top_k, bool accumulate, bool bad_id)
       b.ld = k;
       b.scale_ld = w.f[0].scale_cols();
       ASSERT_EQ(LaunchFp8BlockGemvGrouped(a_dev.ptr, GemvType::kF32, k, 2 * k, b, c_dev[v]->as<float>(), n, n, nullptr,
-                                          list, top_k, 1, n, k, 1.0f, 0.0f, true, nullptr),
+                                          list, pairs, 1, n, k, 1.0f, 0.0f, true, nullptr),
                 cudaSuccess);
     }
-    EXPECT_EQ(Download<int>(flag, 1)[0], bad_id ? kErrorCode | static_cast<int>(kErrorIndex) : 0);
+    EXPECT_EQ(Download<int>(flag, 1)[0], bad_id ? kErrorCode | static_cast<int>(kErrorIndex + tokens - 1) : 0);
   }
   EXPECT_EQ(Download<int32_t>(counters, tiles), std::vector<int32_t>(tiles, 0)) << "counters left non-zero";
   EXPECT_EQ(Download<int32_t>(poisoned, tiles), std::vector<int32_t>(tiles, kPoison))
       << "the in-block launch used the counters";
-  const std::vector<float> c_ref = Download<float>(c0, static_cast<size_t>(top_k * n));
-  const std::vector<float> c_got = Download<float>(c1, static_cast<size_t>(top_k * n));
-  const std::vector<float> out_ref = Download<float>(out0_dev, static_cast<size_t>(n));
-  const std::vector<float> out_got = Download<float>(out1_dev, static_cast<size_t>(n));
-  for (int64_t i = 0; i < top_k * n; ++i) {
+  const std::vector<float> c_ref = Download<float>(c0, static_cast<size_t>(pairs * n));
+  const std::vector<float> c_got = Download<float>(c1, static_cast<size_t>(pairs * n));
+  const std::vector<float> out_ref = Download<float>(out0_dev, static_cast<size_t>(tokens * n));
+  const std::vector<float> out_got = Download<float>(out1_dev, static_cast<size_t>(tokens * n));
+  for (int64_t i = 0; i < pairs * n; ++i) {
     ASSERT_EQ(std::memcmp(&c_got[i], &c_ref[i], 4), 0) << "item " << i / n << " row " << i % n << ": " << c_got[i]
                                                        << " vs " << c_ref[i];
   }
-  for (int64_t o = 0; o < n; ++o) {
-    ASSERT_EQ(std::memcmp(&out_got[o], &out_ref[o], 4), 0) << "row " << o << ": " << out_got[o] << " vs "
-                                                           << out_ref[o];
-    if (bad_id) ASSERT_EQ(out_got[o], out0[o]) << "the token's row written, row " << o;
+  for (int64_t o = 0; o < tokens * n; ++o) {
+    ASSERT_EQ(std::memcmp(&out_got[o], &out_ref[o], 4), 0) << "token " << o / n << " row " << o % n << ": "
+                                                           << out_got[o] << " vs " << out_ref[o];
+    if (bad_id && o >= (tokens - 1) * n) ASSERT_EQ(out_got[o], out0[o]) << "the token's row written, row " << o % n;
   }
-  // The reference is a combine the other tests check against the products; here, that it combined.
-  if (!bad_id) {
-    EXPECT_LE(CombineError(out_got, c_ref, weights, out0, n, accumulate), 1e-5);
-  } else {
-    for (int64_t o = 0; o < n; ++o) ASSERT_EQ(c_got[(top_k / 2) * n + o], -7.0f) << "the bad id's rows written";
+  // The reference is a combine the other tests check against the products; here, that each good
+  // token's row combined its own items.
+  for (int64_t t = 0; t < tokens - (bad_id ? 1 : 0); ++t) {
+    SCOPED_TRACE(testing::Message() << "token " << t);
+    const auto span = [&](const std::vector<float>& v, int64_t at, int64_t count) {
+      return std::vector<float>(v.begin() + at, v.begin() + at + count);
+    };
+    EXPECT_LE(CombineError(span(out_got, t * n, n), span(c_ref, t * top_k * n, top_k * n),
+                           span(weights, t * top_k, top_k), span(out0, t * n, n), n, accumulate),
+              1e-5);
+  }
+  if (bad_id) {
+    for (int64_t o = 0; o < n; ++o) ASSERT_EQ(c_got[bad_pair * n + o], -7.0f) << "the bad id's rows written";
   }
 }
 
@@ -1153,8 +1182,16 @@ TEST_F(QuantGemvTest, CombineInBlock) {
     problem.a_bytes = 2;  // gated rows are planned as their bf16 activations
     if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0);
     for (const int64_t top_k : {int64_t{8}, int64_t{6}, int64_t{kQuantGemvMaxTileItems}}) {
-      for (const bool accumulate : {false, true}) CheckCombineInBlock(int4, top_k, accumulate, /*bad_id=*/false);
-      CheckCombineInBlock(int4, top_k, /*accumulate=*/true, /*bad_id=*/true);
+      for (const bool accumulate : {false, true}) CheckCombineInBlock(int4, 1, top_k, accumulate, /*bad_id=*/false);
+      CheckCombineInBlock(int4, 1, top_k, /*accumulate=*/true, /*bad_id=*/true);
+    }
+    // Rounds of several tokens (a block row of the grid a token).
+    for (const int64_t tokens : {int64_t{2}, int64_t{5}}) {
+      const int64_t top_k = tokens == 2 ? kQuantGemvMaxTileItems : 8;
+      problem.batch = tokens * top_k;
+      if (sms <= 132) EXPECT_GT(ChooseQuantGemvPlan(problem, sms).row_loops, 0) << tokens << " tokens";
+      CheckCombineInBlock(int4, tokens, top_k, /*accumulate=*/tokens == 2, /*bad_id=*/false);
+      CheckCombineInBlock(int4, tokens, top_k, /*accumulate=*/true, /*bad_id=*/true);
     }
   }
 }
@@ -2044,6 +2081,14 @@ TEST_F(QuantGemvTest, BadArgumentsRefused) {
          x.indexed.ids_final = true;
          x.count = counters.as<int32_t>();
        }},
+      {"negative token_items", [&](QuantGemvItems& x) { x.indexed.token_items = -1; }},
+      {"a_by_token without token_items", [&](QuantGemvItems& x) { x.indexed.a_by_token = true; }},
+      {"a_by_token beside an a array",
+       [&](QuantGemvItems& x) {
+         x.indexed.token_items = 1;
+         x.indexed.a_by_token = true;
+         x.a = c_table.as<const void* const>();
+       }},
   };
   for (const auto& [what, mutate] : bad_indexed) {
     QuantGemvItems x = ix_good;
@@ -2058,6 +2103,9 @@ TEST_F(QuantGemvTest, BadArgumentsRefused) {
     EXPECT_EQ(indexed(x, 3), cudaErrorInvalidValue) << "max_items not a multiple of per_id";
     x.indexed.scales_at[1] = 16;
     EXPECT_EQ(indexed(x, 2), cudaErrorInvalidValue) << "role 1's scales pointer past the entry";
+    x.indexed.scales_at[1] = 8;
+    x.indexed.token_items = 1;
+    EXPECT_EQ(indexed(x, 2), cudaErrorInvalidValue) << "token_items not a multiple of per_id";
   }
 
   // Nothing was launched by a refused call.

@@ -89,6 +89,18 @@ struct CudaBackendOptions {
   // the token's row to bf16 as it stages it, and a bad id is recorded by the products. Two kernels
   // per MoE layer at decode instead of three; the same bits. Off: the staging kernel.
   bool quant_moe_direct_decode = true;
+  // With quant_moe_direct_decode, calls of 2 to this many tokens (small verify steps, batched
+  // decode) run the same way: each (token, expert) pair found from its id by the products, one
+  // launch for the gate-up products and one for the down products, whose blocks combine each
+  // token's experts (at most 9 a token, codes tiled), instead of the grouping, staging, SiLU-mul and
+  // combine kernels around them. An expert two of the call's tokens chose is read once for each.
+  // Within the grouped path's tolerances of the reference, not its bits (the products are planned
+  // for one row an expert rather than for jobs of 8). 1: one-token calls only. The defaults are
+  // the measured crossovers (benchmarks/NOTES.md: INT4 K2.5 ranks gain up to 14 tokens, FP8 V3
+  // ranks at 2 and, with the shared expert joined as decode joins it, 4), on random routings:
+  // tokens that share more experts than those favour the grouped path, which reads each once.
+  int64_t quant_moe_direct_max_tokens_int4 = 14;
+  int64_t quant_moe_direct_max_tokens_fp8 = 4;
   // With quant_moe_direct_decode, a call of one token (INT4 or FP8 experts) combines the experts'
   // rows inside the down product's blocks (each block a tile of hidden rows of every routed expert,
   // one warp an expert) instead of through per-tile counters and a last-block pass: no fences or
