@@ -13,8 +13,8 @@ cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DEAGLE3_ENABLE_CUDA=ON
 cmake --build /tmp/b -j16 --target quant_gemv_test cuda_quantized_moe_test cuda_backend_core_test >> $R/build.log 2>&1
 log "build rc=$?"
 for t in quant_gemv_test cuda_quantized_moe_test cuda_backend_core_test; do
-  (timeout 200 /tmp/b/tests/$t > $R/t_$t.txt 2>&1; echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_$t.txt | tr '\n' ' ')" > $R/rc_$t.txt) &
+  (timeout 200 /tmp/b/tests/$t > $R/t_$t.txt 2>&1
+   log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $R/t_$t.txt | tr '\n' ' ')") &
 done
 wait
-cat $R/rc_*.txt >> $R/log.txt
 log done
