@@ -3,8 +3,9 @@
 // op (MoeExperts) on the same shapes, each against its weight-streaming floor.
 //
 //   BM_QuantMoe/model/tokens and BM_DenseMoe/model/tokens: `tokens` tokens (f32 x [tokens, 7168]),
-//   top-8 random routing (fixed seeds), per call of a CUDA graph of 16 back-to-back calls, each with
-//   the next of 16 routings (so successive calls touch different experts, as successive layers do).
+//   top-8 random routing (fixed seeds; EAGLE3_BENCH_ROUTING_SHARE=p: consecutive tokens share
+//   experts, see MakeRoutings), per call of a CUDA graph of 16 back-to-back calls, each with the
+//   next of 16 routings (so successive calls touch different experts, as successive layers do).
 //   model 0: Kimi-K2.5 INT4 (pack-quantized, group 32, bf16 scales), 384 experts;
 //   model 1: DeepSeek-V3 FP8 (e4m3, 128 x 128 f32 block scales), 256 experts;
 //   model 2 (quantized only): model 1 with its shared expert joined as expert 256, which every token
@@ -143,7 +144,16 @@ Rank& Cached(int64_t model, Make&& make) {
 
 // kRoutings top-8 routings of `tokens` tokens (distinct experts per token) over the model's routed
 // experts (and its joined shared expert, pair kTopK of every token), their device ids and weights,
-// and the mean count of distinct experts per routing.
+// and the mean count of distinct experts per routing. Uniform by default; with
+// EAGLE3_BENCH_ROUTING_SHARE=p (0 < p <= 1), each slot of a token after the first takes, with
+// probability p, one of the previous token's experts it has not taken yet (consecutive tokens of a
+// sequence, as a verify step's are, agree on some of their experts; the grouped path reads such an
+// expert once a call, a direct round once a token).
+double RoutingShare() {
+  const char* v = std::getenv("EAGLE3_BENCH_ROUTING_SHARE");
+  const double p = v != nullptr ? std::atof(v) : 0.0;
+  return p > 0.0 && p <= 1.0 ? p : 0.0;
+}
 struct Routings {
   std::vector<Tensor> ids, weights;
   std::vector<std::vector<int32_t>> touched;  // per routing: its distinct experts, ascending
@@ -158,6 +168,8 @@ Routings MakeRoutings(int64_t tokens, int64_t model) {
   r.top_k = k;
   std::mt19937 rng(1234 + static_cast<uint32_t>(tokens));
   std::vector<int32_t> perm(static_cast<size_t>(routed));
+  const double share = RoutingShare();
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
   for (int i = 0; i < kRoutings; ++i) {
     Tensor ids = *Tensor::Empty(DType::kI32, Shape{tokens, k});
     Tensor weights = *Tensor::Empty(DType::kF32, Shape{tokens, k});
@@ -165,10 +177,30 @@ Routings MakeRoutings(int64_t tokens, int64_t model) {
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t e = 0; e < routed; ++e) perm[e] = static_cast<int32_t>(e);
       std::shuffle(perm.begin(), perm.end(), rng);
+      int32_t* row = ids.data_as<int32_t>() + t * k;
+      if (share > 0.0 && t > 0) {
+        // The previous token's experts, in random order, taken while the coin says so; the rest
+        // from perm, skipping any taken or still to be offered from the previous token.
+        std::vector<int32_t> prev(row - k, row - k + kTopK);
+        std::shuffle(prev.begin(), prev.end(), rng);
+        size_t next_prev = 0, next_perm = 0;
+        for (int64_t j = 0; j < kTopK; ++j) {
+          if (next_prev < prev.size() && coin(rng) < share) {
+            row[j] = prev[next_prev++];
+            continue;
+          }
+          while (std::find(row, row + j, perm[next_perm]) != row + j ||
+                 std::find(prev.begin(), prev.end(), perm[next_perm]) != prev.end()) {
+            ++next_perm;
+          }
+          row[j] = perm[next_perm++];
+        }
+      } else {
+        for (int64_t j = 0; j < kTopK; ++j) row[j] = perm[j];
+      }
       for (int64_t j = 0; j < kTopK; ++j) {
-        ids.data_as<int32_t>()[t * k + j] = perm[j];
         weights.data_as<float>()[t * k + j] = 0.125f;
-        touched.insert(perm[j]);
+        touched.insert(row[j]);
       }
       if (shared) {
         ids.data_as<int32_t>()[t * k + kTopK] = static_cast<int32_t>(routed);
@@ -216,6 +248,7 @@ void RunMoe(benchmark::State& state, bool quantized) {
   const double seconds = RunTimedInGraph(state, b->stream(), kRoutings, run);
   if (!Check(state, status, "timed call")) return;
   state.counters["distinct_experts"] = routings.distinct;
+  if (RoutingShare() > 0.0) state.counters["routing_share"] = RoutingShare();
   ReportRoofline(state, seconds, routings.distinct * bytes_per_expert,
                  2.0 * 3 * kInter * kHidden * static_cast<double>(tokens * routings.top_k));
 }
@@ -283,6 +316,7 @@ void BM_StreamCeiling(benchmark::State& state) {
     return state.SkipWithError((std::string("timed call: ") + cudaGetErrorString(error)).c_str());
   }
   state.counters["distinct_experts"] = routings.distinct;
+  if (RoutingShare() > 0.0) state.counters["routing_share"] = RoutingShare();
   state.counters["blocks"] = blocks;
   state.counters["KiB_in_flight"] = static_cast<double>(blocks) * 256 * loads * 16 / 1024;
   ReportRoofline(state, seconds, routings.distinct * q.bytes_per_expert, 0.0);
