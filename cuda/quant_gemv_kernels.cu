@@ -1477,7 +1477,7 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
   const bool specialized = p.tiled && GetQuantGemvTiledKernel() != QuantGemvTiledKernel::kGeneric;
   if (p.row_loops > 0) {  // one plain block per 128 * row_loops rows (QuantGemvPlanValid: <= 16 rows)
     // The in-block combine where the launch is what QuantGemvCombine::in_block asks for: one block
-    // per tile of 16 * row_loops rows of every item.
+    // per tile of 16 * row_loops rows and token, of each of the token's items.
     if (TileCombined(p, problem, specialized)) {
       p.tile_items = p.combine.top_k;
       const int warps = TileCombineWarps(p);

@@ -861,9 +861,9 @@ cudaError_t LaunchQuantMoeExperts(const float* x, int64_t x_stride, const int32_
     if (hidden == 0) continue;
     // A direct round (QuantMoeShape::direct_one_token): one token, or up to direct_max_tokens whose
     // ids are token-major and whose pairs each fit a job's slot of the workspace; past one token
-    // only where the down GEMV can combine each token's pairs in its blocks (at most
-    // kQuantGemvMaxTileItems a token), as one block per tile combining every token's pairs would
-    // be slower than the kernels the round leaves out.
+    // only with combine_in_block and at most kQuantGemvMaxTileItems pairs a token, so that the down
+    // GEMV can combine each token's pairs in its blocks (on tiled codes; else through its counters,
+    // one block per tile gathering every token's pairs).
     const bool direct = grouped && shape.direct_one_token && shape.fold_silu && shape.fold_combine &&
                         (n == 1 ? job_pairs == 1
                                 : n <= shape.direct_max_tokens && shape.combine_in_block && ids_stride == top_k &&

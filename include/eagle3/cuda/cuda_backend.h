@@ -96,16 +96,15 @@ struct CudaBackendOptions {
   // combine kernels around them. An expert two of the call's tokens chose is read once for each.
   // Within the grouped path's tolerances of the reference, not its bits (the products are planned
   // for one row an expert rather than for jobs of 8). 1: one-token calls only. The defaults are
-  // the measured crossovers (benchmarks/NOTES.md: INT4 K2.5 ranks gain up to 14 tokens, FP8 V3
-  // ranks at 2 and, with the shared expert joined as decode joins it, 4), on random routings:
-  // tokens that share more experts than those favour the grouped path, which reads each once.
+  // where direct rounds stopped gaining on uniform routings (benchmarks/NOTES.md); tokens that
+  // share more experts than those favour the grouped path, which reads each once.
   int64_t quant_moe_direct_max_tokens_int4 = 14;
   int64_t quant_moe_direct_max_tokens_fp8 = 4;
-  // With quant_moe_direct_decode, a call of one token (INT4 or FP8 experts) combines the experts'
-  // rows inside the down product's blocks (each block a tile of hidden rows of every routed expert,
-  // one warp an expert) instead of through per-tile counters and a last-block pass: no fences or
-  // atomics, the same bits. Taken where the experts' codes are tiled and there are at most 8 of them
-  // a token.
+  // With quant_moe_direct_decode, a direct call (INT4 or FP8 experts) combines the experts' rows
+  // inside the down product's blocks (each block a tile of hidden rows of one token's routed
+  // experts, one warp an expert) instead of through per-tile counters and a last-block pass: no
+  // fences or atomics, the same bits. Taken where the experts' codes are tiled and there are at
+  // most 9 of them a token; calls of several tokens run direct only with it.
   bool quant_moe_combine_in_block = true;
   // With quant_moe_combine_in_block, such an INT4 call's gate-up and down products run as one kernel
   // whose blocks take the gate-up's units of work first and then the down product's tiles, each
