@@ -1480,6 +1480,15 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
     // per tile of 16 * row_loops rows and token, of each of the token's items.
     if (TileCombined(p, problem, specialized)) {
       p.tile_items = p.combine.top_k;
+      // Several tokens: fp8's longer blocks (QuantGemvTileRowLoops), where their shared memory
+      // fits; a caller's explicit plan is run as given.
+      if (plan == nullptr && p.combine.tokens > 1) {
+        Params longer = p;
+        longer.row_loops = QuantGemvTileRowLoops(problem, p.row_loops);
+        if (TileCombineShared(longer, F::kBlockScaled, TileCombineWarps(longer)) <= kQuantGemvSharedMax) {
+          p.row_loops = longer.row_loops;
+        }
+      }
       const int warps = TileCombineWarps(p);
       const size_t tile_shared = TileCombineShared(p, F::kBlockScaled, warps);
       const auto kernel = warps == kWarps ? QuantGemvRowLoopKernel<F, 1, true, true>

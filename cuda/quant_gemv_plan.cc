@@ -335,6 +335,13 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
   return RowBlocks(problem, plan.wk) * plan.split <= 0x7fffffff;
 }
 
+int QuantGemvTileRowLoops(const QuantGemvProblem& problem, int row_loops) {
+  if (problem.int4 || row_loops < 1) return row_loops;
+  const int64_t steps = QuantGemvUnits(problem) * QuantGemvUnitSteps(false);  // per group
+  while (row_loops * steps < kQuantGemvTileRowLoopSteps && 2 * row_loops <= kQuantGemvMaxRowLoops) row_loops *= 2;
+  return row_loops;
+}
+
 QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_count) {
   return SplitPlan(problem, std::max(sm_count, 1));
 }

@@ -95,10 +95,12 @@ struct CudaBackendOptions {
   // token's experts (at most 9 a token, codes tiled), instead of the grouping, staging, SiLU-mul and
   // combine kernels around them. An expert two of the call's tokens chose is read once for each.
   // Within the grouped path's tolerances of the reference, not its bits (the products are planned
-  // for one row an expert rather than for jobs of 8). 1: one-token calls only. The defaults are
-  // where direct rounds stopped gaining on uniform routings (benchmarks/NOTES.md); tokens that
-  // share more experts than those favour the grouped path, which reads each once.
-  int64_t quant_moe_direct_max_tokens_int4 = 14;
+  // for one row an expert rather than for jobs of 8). 1: one-token calls only. Tokens that share
+  // experts favour the grouped path, which reads each once: INT4's default is below where direct
+  // rounds stop gaining on uniform routings (14 tokens), near where they cross the grouped path on
+  // routings whose consecutive tokens share about a third of their experts; FP8's is where they
+  // stop gaining on uniform routings (benchmarks/NOTES.md).
+  int64_t quant_moe_direct_max_tokens_int4 = 12;
   int64_t quant_moe_direct_max_tokens_fp8 = 4;
   // With quant_moe_direct_decode, a direct call (INT4 or FP8 experts) combines the experts' rows
   // inside the down product's blocks (each block a tile of hidden rows of one token's routed
