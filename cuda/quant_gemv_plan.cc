@@ -337,7 +337,7 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
 
 int QuantGemvTileRowLoops(const QuantGemvProblem& problem, int row_loops) {
   if (problem.int4 || row_loops < 1) return row_loops;
-  const int64_t steps = QuantGemvUnits(problem) * QuantGemvUnitSteps(false);  // per group
+  const int64_t steps = QuantGemvUnits(problem) * QuantGemvUnitSteps(problem.int4);  // per group
   while (row_loops * steps < kQuantGemvTileRowLoopSteps && 2 * row_loops <= kQuantGemvMaxRowLoops) row_loops *= 2;
   return row_loops;
 }

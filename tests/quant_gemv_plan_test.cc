@@ -269,7 +269,8 @@ TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
     EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 2048, 0), 1), 1) << "long K";
     EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 128, 0), 1), int4 ? 1 : 8) << "one unit";
     EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 0), 0);
-    if (!int4) EXPECT_TRUE(QuantGemvPlanValid(direct_down, QuantGemvPlan{1, 1, 2, 1, QuantGemvTileRowLoops(direct_down, planned)}));
+    const QuantGemvPlan longer{1, 1, 2, 1, QuantGemvTileRowLoops(direct_down, planned)};
+    if (!int4) EXPECT_TRUE(QuantGemvPlanValid(direct_down, longer));
   }
 }
 
