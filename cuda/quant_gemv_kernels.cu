@@ -986,6 +986,46 @@ __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const
   }
 }
 
+// CombineInBlock's inputs other than the tile, read by one warp (`lane` its lane) into shared
+// memory `pre` at a tile's start rather than after its barrier: the token's weights
+// [kQuantGemvMaxTileItems], then 1 where every id names an expert (else 0), then its out rows
+// [rows] where the combine accumulates. Their global reads (dependent L2 trips) then overlap the
+// tile's weight stream instead of following the slowest warp. Valid where nothing writes them while
+// the tile runs: the ids, weights and out are final before the launch's programmatic wait, and the
+// tile's out rows are written only by the tile's own combine.
+constexpr int kPreloadOut = kQuantGemvMaxTileItems + 1;
+__host__ __device__ constexpr size_t PreloadBytes(int rows) { return (kPreloadOut + static_cast<size_t>(rows)) * 4; }
+__device__ __forceinline__ void PreloadCombineInputs(const QuantGemvCombine& cb, float* pre, int64_t n,
+                                                     int64_t row_begin, int rows, int64_t token, int lane) {
+  static_assert(kQuantGemvMaxTileItems <= 32, "a lane for each item");
+  const int64_t t = cb.token0 + token;
+  bool bad = false;
+  if (lane < cb.top_k) {
+    const int32_t id = cb.ids[t * cb.ids_stride + lane];
+    bad = id < 0 || id >= cb.num_experts;
+    pre[lane] = cb.weights[t * cb.weights_stride + lane];
+  }
+  const unsigned any_bad = __ballot_sync(0xffffffffu, bad);
+  if (lane == 0) pre[kQuantGemvMaxTileItems] = any_bad != 0 ? 0.0f : 1.0f;
+  for (int r = lane; r < rows; r += 32) {
+    pre[kPreloadOut + r] = cb.accumulate && row_begin + r < n ? cb.out[t * cb.out_stride + row_begin + r] : 0.0f;
+  }
+}
+
+// CombineInBlock from PreloadCombineInputs' values (after a barrier that follows it): the same sum,
+// term for term.
+__device__ __forceinline__ void CombineInBlockPreloaded(const QuantGemvCombine& cb, const float* tile,
+                                                        const float* pre, int64_t n, int64_t row_begin, int rows,
+                                                        int threads, int64_t token) {
+  if (pre[kQuantGemvMaxTileItems] == 0.0f) return;  // the token keeps its row
+  const int64_t t = cb.token0 + token;
+  for (int r = threadIdx.x; r < rows && row_begin + r < n; r += threads) {
+    float acc = cb.accumulate ? pre[kPreloadOut + r] : 0.0f;
+    for (int j = 0; j < cb.top_k; ++j) acc += pre[j] * tile[j * rows + r];
+    cb.out[t * cb.out_stride + row_begin + r] = acc;
+  }
+}
+
 // The in-block combine's shared memory a warp stages into: its item's activation row, then (fp8)
 // the scale rows of its block's tile, [row_loops + 1][units] f32 (StageScales), 16-byte aligned.
 __host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled) {
@@ -1005,7 +1045,8 @@ __host__ __device__ inline int TileWarpBytes(const Params& p, bool block_scaled)
 // QuantGemvRowLoopBlock is block bx (by: its item, or for kTileCombine its token) of the grid, as
 // QuantGemvBlock is for the kernel above; `wait(has_item)` is the programmatic wait (a warp's, for
 // kTileCombine) before the activations are read.
-template <typename F, int kOperands, bool kTiled, bool kTileCombine, int kBlockWarps = kWarps, typename Wait>
+template <typename F, int kOperands, bool kTiled, bool kTileCombine, int kBlockWarps = kWarps, bool kPreload = false,
+          typename Wait>
 __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned bx, unsigned by, unsigned char* smem,
                                                       const Wait& wait) {
   constexpr int kUnitSteps = F::kUnitSteps;
@@ -1023,6 +1064,20 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   const int warp_bytes = TileWarpBytes(p, F::kBlockScaled);
   float* const tile = reinterpret_cast<float*>(smem + kBlockWarps * warp_bytes);
   const int tile_rows = kWarpRows * p.row_loops;
+  // kPreload (kTileCombine only; the caller's shared memory holds PreloadBytes(tile_rows) after the
+  // tile): the combine's inputs read at the start (PreloadCombineInputs).
+  static_assert(!kPreload || kTileCombine, "the preload is the in-block combine's");
+  float* const pre = tile + kBlockWarps * tile_rows;
+  if constexpr (kPreload) {
+    if (warp == 0) PreloadCombineInputs(p.combine, pre, p.n, block_row, tile_rows, by, lane);
+  }
+  const auto combine = [&] {
+    if constexpr (kPreload) {
+      CombineInBlockPreloaded(p.combine, tile, pre, p.n, block_row, tile_rows, kBlockWarps * 32, by);
+    } else {
+      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32, by);
+    }
+  };
   if (Grouped(p) && !p.early_items) PdlWait();  // as in the kernel above
   if (!kTileCombine && p.item_count != nullptr && item >= *p.item_count) return;
   const int m = !kTileCombine || warp < p.tile_items ? ItemRows(p, item) : 0;  // as in the kernel above
@@ -1036,7 +1091,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
         RecordDeviceError(p.error_flag, p.error_code, ItemErrorIndex(p, item));
       }
       __syncthreads();
-      CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32, by);
+      combine();
     } else {
       if (p.early_items) wait(false);
       RecordBadId(p, item);
@@ -1209,7 +1264,7 @@ __device__ __forceinline__ void QuantGemvRowLoopBlock(const Params& p, unsigned 
   }
   if constexpr (kTileCombine) {
     __syncthreads();
-    CombineInBlock(p.combine, tile, p.n, block_row, tile_rows, kBlockWarps * 32, by);
+    combine();
   } else if (p.combine.counters != nullptr) {
     CombineTile(p.combine, p.c, p.item_count, p.n, bx, block_row, block_row + block_rows);
   }
@@ -1291,8 +1346,8 @@ __global__ void __launch_bounds__(kThreads, kQuantGemvBlocksPerSm)
         }
         __syncwarp();
       };
-      QuantGemvRowLoopBlock<Int4Format, 1, true, true>(second, static_cast<unsigned>(unit - geo.first_units), 0, smem,
-                                                       wait);
+      QuantGemvRowLoopBlock<Int4Format, 1, true, true, kWarps, /*kPreload=*/true>(
+          second, static_cast<unsigned>(unit - geo.first_units), 0, smem, wait);
     }
     __syncthreads();  // shared memory and unit_at are free again
     if (threadIdx.x == 0) unit_at = next;
@@ -1484,7 +1539,7 @@ cudaError_t Launch(Params p, QuantGemvProblem problem, const QuantGemvPlan* plan
       // fits; a caller's explicit plan is run as given.
       if (plan == nullptr && p.combine.tokens > 1) {
         Params longer = p;
-        longer.row_loops = QuantGemvTileRowLoops(problem, p.row_loops);
+        longer.row_loops = QuantGemvTileRowLoops(problem, p.row_loops, p.combine.tokens);
         if (TileCombineShared(longer, F::kBlockScaled, TileCombineWarps(longer)) <= kQuantGemvSharedMax) {
           p.row_loops = longer.row_loops;
         }
@@ -1703,7 +1758,8 @@ cudaError_t LaunchInt4GroupGemvChain(const Int4GroupedProduct& first, const Int4
   geo.first_row_blocks = static_cast<int>((p1.n + kBlockRows / ways - 1) / (kBlockRows / ways));
   geo.first_units = geo.first_row_blocks * static_cast<int>(first.max_items);
   geo.units = geo.first_units + static_cast<int>(TileCombineBlocks(p2));
-  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded), TileCombineShared(p2, false, kWarps));
+  const size_t shared = std::max(QuantGemvSharedBytes(problem1, folded),
+                                 TileCombineShared(p2, false, kWarps) + PreloadBytes(kWarpRows * p2.row_loops));
   if (const cudaError_t error = AllowShared(QuantGemvChainKernel, shared); error != cudaSuccess) return error;
   int device = 0, sm_count = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;

@@ -335,10 +335,12 @@ bool QuantGemvPlanValid(const QuantGemvProblem& problem, const QuantGemvPlan& pl
   return RowBlocks(problem, plan.wk) * plan.split <= 0x7fffffff;
 }
 
-int QuantGemvTileRowLoops(const QuantGemvProblem& problem, int row_loops) {
+int QuantGemvTileRowLoops(const QuantGemvProblem& problem, int row_loops, int64_t tokens) {
   if (problem.int4 || row_loops < 1) return row_loops;
+  const int64_t target =
+      tokens >= kQuantGemvTileRowLoopWideTokens ? kQuantGemvTileRowLoopWideSteps : kQuantGemvTileRowLoopSteps;
   const int64_t steps = QuantGemvUnits(problem) * QuantGemvUnitSteps(problem.int4);  // per group
-  while (row_loops * steps < kQuantGemvTileRowLoopSteps && 2 * row_loops <= kQuantGemvMaxRowLoops) row_loops *= 2;
+  while (row_loops * steps < target && 2 * row_loops <= kQuantGemvMaxRowLoops) row_loops *= 2;
   return row_loops;
 }
 

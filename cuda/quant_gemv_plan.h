@@ -159,18 +159,24 @@ QuantGemvPlan ChooseQuantGemvSplitPlan(const QuantGemvProblem& problem, int sm_c
 // model finds the replacement faster (quant_gemv_plan.cc says why no more blocks).
 QuantGemvPlan ChooseQuantGemvPlan(const QuantGemvProblem& problem, int sm_count);
 
-// Steps of K a warp of fp8's in-block combine of several tokens takes (QuantGemvTileRowLoops).
+// Steps of K a warp of fp8's in-block combine of several tokens takes (QuantGemvTileRowLoops):
+// kQuantGemvTileRowLoopSteps in rounds of fewer than kQuantGemvTileRowLoopWideTokens tokens,
+// kQuantGemvTileRowLoopWideSteps from there.
 inline constexpr int kQuantGemvTileRowLoopSteps = 16;
+inline constexpr int kQuantGemvTileRowLoopWideSteps = 32;
+inline constexpr int64_t kQuantGemvTileRowLoopWideTokens = 4;
 
-// The row loops of the in-block combine of several tokens (QuantGemvCombine::in_block, tokens > 1)
-// on a row-looped plan of `row_loops`: fp8's the fewest, `row_loops` times a power of two, whose
-// warps take kQuantGemvTileRowLoopSteps steps (at most kQuantGemvMaxRowLoops); int4's and any
-// others `row_loops`. ChooseQuantGemvPlan's bound of 8 steps a warp was timed on the plain row
-// loops at 3 blocks a multiprocessor; fp8's in-block blocks run 2 a multiprocessor and stage a
-// gated row and scale rows for each item before the first product, work that fewer, longer blocks
-// repeat less (timed against 8 steps in direct MoE rounds of 2 to 16 tokens: faster at every
-// size; benchmarks/NOTES.md). Int4's were not timed past 8 steps but at 4, which was slower.
-int QuantGemvTileRowLoops(const QuantGemvProblem& problem, int row_loops);
+// The row loops of the in-block combine of `tokens` > 1 tokens (QuantGemvCombine::in_block) on a
+// row-looped plan of `row_loops`: fp8's the fewest, `row_loops` times a power of two, whose warps
+// take the steps above (at most kQuantGemvMaxRowLoops); int4's and any others `row_loops`.
+// ChooseQuantGemvPlan's bound of 8 steps a warp was timed on the plain row loops at 3 blocks a
+// multiprocessor; fp8's in-block blocks run 2 a multiprocessor and stage a gated row and scale rows
+// for each item before the first product, work that fewer, longer blocks repeat less. Timed in
+// direct MoE rounds of 2 to 16 tokens (benchmarks/NOTES.md): 16 steps against 8 faster at every
+// size; 32 against 16 faster from 4 tokens and slower at 2 (where a V3 rank's 32-step blocks,
+// 56 a token, fill under half of an H100's places for them). Int4's were timed at 4 steps and at
+// 16, each slower than as planned.
+int QuantGemvTileRowLoops(const QuantGemvProblem& problem, int row_loops, int64_t tokens);
 
 // LaunchFp8BlockGemv / LaunchInt4GroupGemv (quant_gemv_ops.h: same arguments, semantics and errors)
 // with `plan`, or the chosen plan

@@ -258,19 +258,28 @@ TEST(QuantGemvPlanTest, RowLoopedPlanRules) {
     EXPECT_EQ(ChooseQuantGemvSplitPlan(down, 132).row_loops, 0);
 
     // The in-block combine of several tokens (a direct MoE round's down product, one row an
-    // item): fp8 from the planned 2 groups of 4 steps to 4 (16 steps a warp), int4 as planned;
-    // long K as planned, short K up to 16 steps, 0 stays 0.
+    // item): fp8 from the planned 2 groups of 4 steps to 4 (16 steps a warp) under 4 tokens, to 8
+    // (32 steps) from 4 tokens; int4 as planned; long K as planned, short K up to the steps, 0
+    // stays 0.
     const QuantGemvProblem direct_down = ProblemOf(int4, 16, 1, 7168, 256, 256);
     const int planned = ChooseQuantGemvPlan(direct_down, 132).row_loops;
     EXPECT_EQ(planned, int4 ? 4 : 2);
-    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, planned), 4);
-    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 1), int4 ? 1 : 4);
-    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 8), 8);
-    EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 2048, 0), 1), 1) << "long K";
-    EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 128, 0), 1), int4 ? 1 : 8) << "one unit";
-    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 0), 0);
-    const QuantGemvPlan longer{1, 1, 2, 1, QuantGemvTileRowLoops(direct_down, planned)};
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, planned, 2), 4);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, planned, 3), 4);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, planned, 4), int4 ? 4 : 8);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, planned, 16), int4 ? 4 : 8);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 1, 2), int4 ? 1 : 4);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 1, 4), int4 ? 1 : 8);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 8, 2), 8);
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 16, 4), 16);
+    EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 2048, 0), 1, 4), 1) << "long K";
+    EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 128, 0), 1, 2), int4 ? 1 : 8) << "one unit";
+    EXPECT_EQ(QuantGemvTileRowLoops(ProblemOf(int4, 16, 1, 7168, 128, 0), 1, 4), int4 ? 1 : 16) << "one unit";
+    EXPECT_EQ(QuantGemvTileRowLoops(direct_down, 0, 4), 0);
+    const QuantGemvPlan longer{1, 1, 2, 1, QuantGemvTileRowLoops(direct_down, planned, 2)};
+    const QuantGemvPlan wide{1, 1, 2, 1, QuantGemvTileRowLoops(direct_down, planned, 4)};
     if (!int4) EXPECT_TRUE(QuantGemvPlanValid(direct_down, longer));
+    if (!int4) EXPECT_TRUE(QuantGemvPlanValid(direct_down, wide));
   }
 }
 
