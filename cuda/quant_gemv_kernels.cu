@@ -990,9 +990,10 @@ __device__ __forceinline__ void CombineInBlock(const QuantGemvCombine& cb, const
 // memory `pre` at a tile's start rather than after its barrier: the token's weights
 // [kQuantGemvMaxTileItems], then 1 where every id names an expert (else 0), then its out rows
 // [rows] where the combine accumulates. Their global reads (dependent L2 trips) then overlap the
-// tile's weight stream instead of following the slowest warp. Valid where nothing writes them while
-// the tile runs: the ids, weights and out are final before the launch's programmatic wait, and the
-// tile's out rows are written only by the tile's own combine.
+// tile's weight stream instead of following the slowest warp. Valid once the block has passed its
+// programmatic wait (the chain's blocks wait at their start; the ids, weights and out are final by
+// then) and where nothing else writes them while the tile runs: the tile's out rows are written
+// only by its own combine.
 constexpr int kPreloadOut = kQuantGemvMaxTileItems + 1;
 __host__ __device__ constexpr size_t PreloadBytes(int rows) { return (kPreloadOut + static_cast<size_t>(rows)) * 4; }
 __device__ __forceinline__ void PreloadCombineInputs(const QuantGemvCombine& cb, float* pre, int64_t n,
